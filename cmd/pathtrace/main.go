@@ -1,0 +1,37 @@
+// Command pathtrace follows every flow to a Kubernetes Service VIP on a node and
+// says where the VIP was rewritten to a backend: socket, tc, netfilter or nowhere.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/pathtrace/pathtrace/internal/lab"
+)
+
+// Exit codes are part of the command-line contract.
+const (
+	exitOK      = 0
+	exitRuntime = 1
+	exitUsage   = 2
+)
+
+func main() {
+	// The lab re-executes this binary for its servers and client processes.
+	lab.RunWorkerIfRequested()
+
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "lab":
+			os.Exit(runLab(os.Args[2:]))
+		}
+	}
+	os.Exit(runTrace(os.Args[1:]))
+}
+
+// usageError is a bad-input error: one line saying what is wrong and how to fix it.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }

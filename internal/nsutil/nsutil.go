@@ -1,0 +1,68 @@
+// Package nsutil runs code inside another network namespace. Per-netns kernel
+// objects (AF_PACKET sockets, tcx and netfilter links, netlink sockets) are bound
+// to the netns of the thread that creates them and keep working from any thread
+// afterwards, so creating them is all that needs to happen "inside".
+package nsutil
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// Do runs fn on a locked OS thread that has joined the network namespace at
+// path (a /run/netns/NAME or /proc/PID/ns/net file). An empty path runs fn in
+// the caller's namespace. The thread returns to its original namespace before
+// it is unlocked; if that fails the thread is left locked so the Go runtime
+// destroys it instead of reusing it in the wrong namespace.
+func Do(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
+	target, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer target.Close()
+
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("setns %s: %w", path, err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			// Leave the thread locked: it dies with this goroutine.
+			errc <- fmt.Errorf("return from netns %s: %w", path, err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// Inode returns the inode number of a namespace file, the identity of the
+// namespace (two paths name the same netns when their inodes are equal).
+func Inode(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat netns %s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// Self is the path of the calling process's network namespace.
+const Self = "/proc/self/ns/net"

@@ -1,0 +1,151 @@
+// Package obs is the observation model shared by the producers (probe, capture)
+// and the consumer (flow) of pathtrace's data: one Observation is one thing seen
+// at one point of the datapath. Nothing here talks to the kernel.
+package obs
+
+import (
+	"net"
+	"net/netip"
+	"time"
+)
+
+// Point is where along the path from the Pod's socket to the uplink something was
+// seen. The constants are declared in path order for a request leaving a Pod.
+type Point uint8
+
+const (
+	PointNone Point = iota
+	// PointSockAddr: cgroup connect4/sendmsg4 observer on the client's cgroup
+	// hierarchy. ReqDst is what the application passed to the syscall (syscall
+	// tracepoint), Dst what the socket uses after every sock_addr program that ran
+	// before the observer.
+	PointSockAddr
+	// PointSockState: tp_btf/inet_sock_set_state at TCP_SYN_SENT: the socket's
+	// actual 4-tuple.
+	PointSockState
+	// PointSockEgress: cgroup_skb/egress observer: the first packet a watched socket
+	// sent (its 4-tuple and cookie).
+	PointSockEgress
+	// PointPod: AF_PACKET tap on the Pod's eth0 (inside the Pod netns).
+	PointPod
+	// PointHost: AF_PACKET tap on the host-side veth (RX runs before tc ingress).
+	PointHost
+	// PointTCHead / PointTCTail: tcx observers at the head / tail of the host veth
+	// chain (Dir tells ingress = from the Pod, egress = towards the Pod).
+	PointTCHead
+	PointTCTail
+	// PointNFBefore / PointNFAfter: BPF netfilter observers just below / just above
+	// the NAT priority of a hook (Hook tells which).
+	PointNFBefore
+	PointNFAfter
+	// PointConntrack: a conntrack NEW/UPDATE event; Dst is the original
+	// destination, NATDst the reply source (the backend) when it differs.
+	PointConntrack
+	// PointUplink: AF_PACKET tap on the uplink (TX runs after tc egress).
+	PointUplink
+)
+
+var pointNames = [...]string{"none", "sockaddr", "sockstate", "sockegress", "pod", "host",
+	"tc_head", "tc_tail", "nf_before", "nf_after", "conntrack", "uplink"}
+
+func (p Point) String() string {
+	if int(p) < len(pointNames) {
+		return pointNames[p]
+	}
+	return "point?"
+}
+
+// Dir is the direction of a packet relative to the interface it was seen on.
+type Dir uint8
+
+const (
+	DirUnknown Dir = iota
+	DirIn          // received by the interface (RX; tc ingress)
+	DirOut         // sent by the interface (TX; tc egress)
+)
+
+func (d Dir) String() string {
+	switch d {
+	case DirIn:
+		return "in"
+	case DirOut:
+		return "out"
+	}
+	return "?"
+}
+
+// Hook is a netfilter hook (values of the kernel's enum nf_inet_hooks).
+type Hook uint8
+
+const (
+	HookPrerouting  Hook = 0
+	HookLocalIn     Hook = 1
+	HookForward     Hook = 2
+	HookLocalOut    Hook = 3
+	HookPostrouting Hook = 4
+)
+
+func (h Hook) String() string {
+	return [...]string{"prerouting", "input", "forward", "output", "postrouting"}[h%5]
+}
+
+// Proto is an IP protocol number (6 TCP, 17 UDP).
+type Proto uint8
+
+const (
+	TCP Proto = 6
+	UDP Proto = 17
+)
+
+func (p Proto) String() string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	}
+	return "proto?"
+}
+
+// SockKind tells which socket operation a PointSockAddr observation comes from.
+type SockKind uint8
+
+const (
+	SockConnect SockKind = 1
+	SockSendmsg SockKind = 2
+)
+
+// Observation is one thing seen at one point. Zero values mean "not known".
+type Observation struct {
+	Time  time.Time // wall clock
+	Point Point
+	Dir   Dir
+	Proto Proto
+	Src   netip.AddrPort
+	Dst   netip.AddrPort
+
+	// Socket layer (PointSockAddr, PointSockState, PointSockEgress).
+	Kind   SockKind
+	ReqDst netip.AddrPort // what the application asked for (syscall arguments)
+	Cookie uint64         // socket cookie, links the socket-layer points together
+	PID    uint32
+	Comm   string
+	Cgroup uint64 // cgroup v2 id
+
+	// Packet taps and tc/netfilter observers.
+	Ifindex  int
+	Ifname   string
+	NetNS    uint64 // netns inode
+	Hook     Hook   // PointNF*
+	Prio     int32  // PointNF*: priority the observer is attached at
+	Len      int    // bytes on the wire (captured frames: original length)
+	VLAN     uint16 // VLAN ID (0 = untagged)
+	TPID     uint16 // 0x8100 or 0x88a8 when tagged
+	SrcMAC   net.HardwareAddr
+	DstMAC   net.HardwareAddr
+	TCPFlags uint8
+
+	// PointConntrack.
+	NATDst netip.AddrPort // reply source when it differs from Dst: the backend
+	CTMark uint32
+}
