@@ -1,0 +1,172 @@
+/* Shared by pathtrace's kernel observers: the one event record every observer
+ * emits, and the maps every observer family shares (user space creates them
+ * once per session and hands the same maps to each family it loads).
+ *
+ * Observers only look: they never change a packet or an address, and they
+ * always let the packet or the operation continue. */
+#ifndef PATHTRACE_OBSERVE_H
+#define PATHTRACE_OBSERVE_H
+
+#include "headers/vmlinux.h"
+#include "headers/bpf_helpers.h"
+#include "headers/bpf_endian.h"
+#include "headers/bpf_core_read.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Where an event was seen. User space maps these onto obs.Point. */
+enum pt_point {
+	PT_SOCKADDR = 1,   /* cgroup connect4 / sendmsg4 */
+	PT_SOCKSTATE = 2,  /* inet_sock_set_state -> TCP_SYN_SENT */
+	PT_SOCKEGRESS = 3, /* cgroup_skb egress: first packet of a watched socket */
+	PT_TC_HEAD = 4,
+	PT_TC_TAIL = 5,
+	PT_NF_BEFORE = 6, /* netfilter, just below the NAT priority */
+	PT_NF_AFTER = 7,  /* netfilter, just above the NAT priority */
+	PT_POINTS = 8,
+};
+
+enum pt_dir {
+	PT_DIR_IN = 1,  /* tc ingress */
+	PT_DIR_OUT = 2, /* tc egress */
+};
+
+enum pt_kind {
+	PT_KIND_CONNECT = 1,
+	PT_KIND_SENDMSG = 2,
+};
+
+/* One observation. Addresses and ports are in network byte order, VLAN fields
+ * in host order. Fixed size; user space decodes it field by field. */
+struct pt_event {
+	__u64 ktime_ns; /* bpf_ktime_get_ns: CLOCK_MONOTONIC */
+	__u64 cookie;   /* socket cookie (socket observers) */
+	__u64 cgroup_id;
+	__u32 netns; /* netns inode */
+	__u32 pid;   /* tgid */
+	__u32 ifindex;
+	__u32 len; /* skb->len */
+	__u32 saddr;
+	__u32 daddr;
+	__u32 req_daddr; /* what the application asked for (syscall arguments) */
+	__u16 sport;
+	__u16 dport;
+	__u16 req_dport;
+	__u16 vlan_tci;   /* out-of-band or first in-band tag */
+	__u16 vlan_proto; /* TPID when tagged, else 0 */
+	__u8 point;       /* enum pt_point */
+	__u8 dir;         /* enum pt_dir */
+	__u8 proto;       /* IPPROTO_TCP / IPPROTO_UDP */
+	__u8 hook;        /* netfilter hook (enum nf_inet_hooks) */
+	__u8 kind;        /* enum pt_kind */
+	__u8 tcp_flags;
+	char comm[16];
+	__u8 _pad[4];
+};
+
+/* Never used: keeps struct pt_event in the object's BTF, where a test checks
+ * the Go decoder's offsets against it. */
+const struct pt_event *pt_event_layout __attribute__((unused));
+
+/* Every event goes to one ring buffer, read by one reader per session. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} events SEC(".maps");
+
+/* Reserve failures per point (index enum pt_point): losses are reported,
+ * never hidden. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, PT_POINTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} ringbuf_losses SEC(".maps");
+
+/* IPv4 addresses (network byte order) whose traffic is observed: the Service
+ * VIPs and the backends learned so far. Filled from user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} watch_addrs SEC(".maps");
+
+static __always_inline bool pt_watched(__u32 addr)
+{
+	return addr && bpf_map_lookup_elem(&watch_addrs, &addr);
+}
+
+/* pt_reserve returns a zeroed event stamped with time and point, or NULL after
+ * counting the loss. */
+static __always_inline struct pt_event *pt_reserve(__u8 point)
+{
+	struct pt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__u32 key = point;
+		__u64 *lost = bpf_map_lookup_elem(&ringbuf_losses, &key);
+		if (lost)
+			(*lost)++;
+		return NULL;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ktime_ns = bpf_ktime_get_ns();
+	e->point = point;
+	return e;
+}
+
+/* An IPv4 packet's addresses and, for TCP/UDP, ports (0 in a non-first
+ * fragment). */
+struct pt_tuple {
+	__u32 saddr;
+	__u32 daddr;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 tcp_flags;
+};
+
+/* pt_load_ipv4 reads the IPv4 header at off in skb (and the L4 ports after it).
+ * Returns 0 on success, -1 when the packet is not IPv4 or is too short. */
+static __always_inline int pt_load_ipv4(struct __sk_buff *skb, __u32 off, struct pt_tuple *t)
+{
+	struct iphdr ip;
+	if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0 || ip.version != 4)
+		return -1;
+	t->saddr = ip.saddr;
+	t->daddr = ip.daddr;
+	t->proto = ip.protocol;
+	t->sport = 0;
+	t->dport = 0;
+	t->tcp_flags = 0;
+	if (ip.frag_off & bpf_htons(0x1fff)) /* not the first fragment */
+		return 0;
+	off += ip.ihl * 4;
+	if (ip.protocol == IPPROTO_TCP) {
+		struct tcphdr tcp;
+		if (bpf_skb_load_bytes(skb, off, &tcp, sizeof(tcp)) == 0) {
+			t->sport = tcp.source;
+			t->dport = tcp.dest;
+			t->tcp_flags = ((__u8 *)&tcp)[13];
+		}
+	} else if (ip.protocol == IPPROTO_UDP) {
+		struct udphdr udp;
+		if (bpf_skb_load_bytes(skb, off, &udp, sizeof(udp)) == 0) {
+			t->sport = udp.source;
+			t->dport = udp.dest;
+		}
+	}
+	return 0;
+}
+
+static __always_inline void pt_set_tuple(struct pt_event *e, const struct pt_tuple *t)
+{
+	e->saddr = t->saddr;
+	e->daddr = t->daddr;
+	e->sport = t->sport;
+	e->dport = t->dport;
+	e->proto = t->proto;
+	e->tcp_flags = t->tcp_flags;
+}
+
+#endif

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/probe"
+	"github.com/pathtrace/pathtrace/internal/report"
+	"github.com/pathtrace/pathtrace/internal/session"
+)
+
+// observerStatus is one observer or tap: attached, or why not.
+type observerStatus struct {
+	Observer string `json:"observer"`
+	Where    string `json:"where"`
+	Point    string `json:"point,omitempty"`
+	Hook     string `json:"hook,omitempty"`
+	Prio     int32  `json:"priority,omitempty"`
+	Attached bool   `json:"attached"`
+	Error    string `json:"error,omitempty"`
+	Note     string `json:"note,omitempty"`
+}
+
+func observerStatuses(atts []probe.Attachment) []observerStatus {
+	out := make([]observerStatus, 0, len(atts))
+	for _, a := range atts {
+		s := observerStatus{Observer: a.Observer, Where: a.Where, Attached: a.Err == nil, Note: a.Note, Prio: a.Prio}
+		if a.Point != 0 {
+			s.Point = a.Point.String()
+		}
+		if a.Prio != 0 {
+			s.Hook = a.Hook.String()
+		}
+		if a.Err != nil {
+			s.Error = a.Err.Error()
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// nodeJSON is the node object with the observers appended, "type":"node" first.
+func nodeJSON(node *discover.NodeInfo, atts []probe.Attachment) json.RawMessage {
+	b, err := json.Marshal(node)
+	if err != nil {
+		b = []byte(`{"type":"node"}`)
+	}
+	o, _ := json.Marshal(observerStatuses(atts))
+	b = bytes.TrimSuffix(bytes.TrimSpace(b), []byte("}"))
+	return append(append(append(b, `,"observers":`...), o...), '}')
+}
+
+func writeNodeTable(w io.Writer, node *discover.NodeInfo, atts []probe.Attachment) {
+	node.Table(w)
+	fmt.Fprintln(w, "\nOBSERVERS")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  OBSERVER\tWHERE\tSTATUS")
+	for _, s := range observerStatuses(atts) {
+		status := "attached"
+		if s.Prio != 0 {
+			status = fmt.Sprintf("attached (%s priority %d)", s.Hook, s.Prio)
+		}
+		if !s.Attached {
+			status = "not attached: " + s.Error
+		}
+		if s.Note != "" {
+			status += " (" + s.Note + ")"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Observer, s.Where, status)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+func progressLine(p session.Progress) string {
+	return report.Progress(p.Elapsed, p.Duration, p.Summary, p.Packets, p.Drops)
+}

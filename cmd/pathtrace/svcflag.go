@@ -1,0 +1,43 @@
+package main
+
+import (
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// parseService parses --svc IP[:PORT][/tcp|udp].
+func parseService(s string) (flow.Service, error) {
+	var svc flow.Service
+	spec, proto, hasProto := strings.Cut(s, "/")
+	if hasProto {
+		switch strings.ToLower(proto) {
+		case "tcp":
+			svc.Proto = obs.TCP
+		case "udp":
+			svc.Proto = obs.UDP
+		default:
+			return svc, usagef("--svc %q: protocol %q is not tcp or udp (example: --svc 10.120.0.80:80/tcp)", s, proto)
+		}
+	}
+	host, port, hasPort := spec, "", false
+	if i := strings.LastIndexByte(spec, ':'); i >= 0 {
+		host, port, hasPort = spec[:i], spec[i+1:], true
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil || !addr.Is4() {
+		return svc, usagef("--svc %q: %q is not an IPv4 address (example: --svc 10.120.0.80:80/tcp)", s, host)
+	}
+	svc.Addr = addr
+	if hasPort {
+		p, err := strconv.ParseUint(port, 10, 16)
+		if err != nil || p == 0 {
+			return svc, usagef("--svc %q: port %q is not in 1-65535 (example: --svc 10.120.0.80:80)", s, port)
+		}
+		svc.Port = uint16(p)
+	}
+	return svc, nil
+}

@@ -1,0 +1,32 @@
+package main
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+func TestParseService(t *testing.T) {
+	good := map[string]flow.Service{
+		"10.120.0.80":        {Addr: netip.MustParseAddr("10.120.0.80")},
+		"10.120.0.80:80":     {Addr: netip.MustParseAddr("10.120.0.80"), Port: 80},
+		"10.120.0.80:80/tcp": {Addr: netip.MustParseAddr("10.120.0.80"), Port: 80, Proto: obs.TCP},
+		"10.120.0.10/UDP":    {Addr: netip.MustParseAddr("10.120.0.10"), Proto: obs.UDP},
+	}
+	for in, want := range good {
+		got, err := parseService(in)
+		if err != nil || got != want {
+			t.Errorf("parseService(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"999.1.1.1", "10.0.0.1:99999", "10.0.0.1:0", "10.0.0.1:80/sctp", "", "::1", "web:80", "10.0.0.1:"} {
+		_, err := parseService(in)
+		var ue usageError
+		if !errors.As(err, &ue) {
+			t.Errorf("parseService(%q) = %v; want a usage error", in, err)
+		}
+	}
+}

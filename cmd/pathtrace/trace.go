@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/probe"
+	"github.com/pathtrace/pathtrace/internal/report"
+	"github.com/pathtrace/pathtrace/internal/session"
+)
+
+const traceUsage = `pathtrace follows every flow to a Kubernetes Service VIP on this node and says,
+per flow, WHERE the VIP was rewritten to a backend (socket, tc, netfilter, ipvs or
+nowhere), BY WHAT (program or rule), which backend, what the frame looked like on
+the uplink (802.1Q VLAN, destination MAC) and whether a reply came back.
+
+Usage:
+  pathtrace --svc IP[:PORT][/tcp|udp] [--svc ...] [flags]
+  pathtrace lab up|down|status|client ...   (the built-in test lab; see 'pathtrace lab --help')
+
+Examples:
+  sudo pathtrace --svc 10.120.0.80 --duration 30s
+  sudo pathtrace --svc 10.120.0.80:80/tcp --svc 10.120.0.10:53/udp --pod-ip 10.244.8.23
+  sudo pathtrace --svc 10.96.0.10:53/udp --output json | jq 'select(.type=="flow")'
+  sudo pathtrace --host-netns /run/netns/ptlab-node --svc 10.120.0.80 --duration 10s
+
+How it decides: every place that can rewrite a destination is bracketed by an
+observation just before and just after it (syscall arguments vs cgroup connect4/
+sendmsg4 observers; host-veth tap and tcx head vs tcx tail; netfilter observers at
+NAT priority -101/-99 and conntrack; the uplink TX tap). A flow whose brackets are
+incomplete is reported as "unknown" with the reason, never guessed.
+
+Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing), 2 bad usage.
+
+Flags:
+`
+
+type traceFlags struct {
+	svcs      []string
+	duration  time.Duration
+	podIP     string
+	podNetNS  string
+	podPID    int
+	hostNetNS string
+	hostVeth  string
+	uplink    string
+	cgroup    string
+	output    string
+	snaplen   int
+	maxFlows  int
+	version   bool
+}
+
+func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("pathtrace", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringArrayVar(&f.svcs, "svc", nil, "Service to trace, `IP[:PORT][/tcp|udp]`, repeatable (required); without a port any port of that IP")
+	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C or SIGTERM ends early and still prints the full report")
+	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node)")
+	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
+	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
+	fs.StringVar(&f.hostNetNS, "host-netns", "", "the node's network namespace `path` (default: pathtrace's own; set it for kind/k3d nodes or the lab)")
+	fs.StringVar(&f.hostVeth, "host-veth", "", "host-side veth `name` of the Pod (default: found from the Pod's eth0 peer)")
+	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway, else the route's device)")
+	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
+	fs.StringVarP(&f.output, "output", "o", "table", "report format: table or json (JSON lines: node, one per flow, summary)")
+	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
+	fs.IntVar(&f.maxFlows, "max-flows", 100000, "bound on tracked flows; more are counted as dropped and reported")
+	fs.BoolVar(&f.version, "version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprint(os.Stderr, traceUsage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// validate turns the flags into session options; every error is a usage error.
+func (f *traceFlags) validate() (session.Options, error) {
+	var opt session.Options
+	if len(f.svcs) == 0 {
+		return opt, usagef("--svc is required: the Service VIP to trace, e.g. --svc 10.120.0.80:80/tcp")
+	}
+	for _, s := range f.svcs {
+		svc, err := parseService(s)
+		if err != nil {
+			return opt, err
+		}
+		opt.Services = append(opt.Services, svc)
+	}
+	if f.duration <= 0 {
+		return opt, usagef("--duration %s: must be positive, e.g. --duration 30s", f.duration)
+	}
+	if f.output != "table" && f.output != "json" {
+		return opt, usagef("--output %q: use table or json", f.output)
+	}
+	if f.snaplen < 64 || f.snaplen > 65535 {
+		return opt, usagef("--snaplen %d: use 64-65535 (headers up to L4 need 64)", f.snaplen)
+	}
+	if f.maxFlows < 1 {
+		return opt, usagef("--max-flows %d: must be at least 1", f.maxFlows)
+	}
+	selectors := 0
+	d := &opt.Discover
+	if f.podIP != "" {
+		selectors++
+		a, err := netip.ParseAddr(f.podIP)
+		if err != nil || !a.Is4() {
+			return opt, usagef("--pod-ip %q is not an IPv4 address", f.podIP)
+		}
+		d.PodIP = a
+	}
+	if f.podNetNS != "" {
+		selectors++
+		if err := mustExist("--pod-netns", f.podNetNS); err != nil {
+			return opt, err
+		}
+		d.PodNetNS = f.podNetNS
+	}
+	if f.podPID != 0 {
+		selectors++
+		if f.podPID < 0 {
+			return opt, usagef("--pod-pid %d: not a process id", f.podPID)
+		}
+		if err := mustExist("--pod-pid", fmt.Sprintf("/proc/%d/ns/net", f.podPID)); err != nil {
+			return opt, usagef("--pod-pid %d: no such process", f.podPID)
+		}
+		d.PodPID = f.podPID
+	}
+	if selectors > 1 {
+		return opt, usagef("--pod-ip, --pod-netns and --pod-pid select the same thing: give at most one")
+	}
+	if f.hostNetNS != "" {
+		if err := mustExist("--host-netns", f.hostNetNS); err != nil {
+			return opt, err
+		}
+		d.HostNetNS = f.hostNetNS
+	}
+	if f.cgroup != "" {
+		if err := mustExist("--cgroup", f.cgroup); err != nil {
+			return opt, err
+		}
+		d.Cgroup = f.cgroup
+	}
+	d.HostVeth, d.Uplink = f.hostVeth, f.uplink
+	opt.Duration = f.duration
+	opt.Snaplen = f.snaplen
+	opt.MaxFlows = f.maxFlows
+	return opt, nil
+}
+
+func mustExist(flag, path string) error {
+	if _, err := os.Stat(path); err != nil {
+		return usagef("%s %s: %v", flag, path, errors.Unwrap(err))
+	}
+	return nil
+}
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				return "pathtrace " + bi.Main.Version + " (" + s.Value[:12] + ")"
+			}
+		}
+		return "pathtrace " + bi.Main.Version
+	}
+	return "pathtrace (unknown version)"
+}
+
+func runTrace(args []string) int {
+	var f traceFlags
+	fs := newTraceFlagSet(&f)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return exitOK
+		}
+		fmt.Fprintf(os.Stderr, "pathtrace: %v (see pathtrace --help)\n", err)
+		return exitUsage
+	}
+	if f.version {
+		fmt.Println(version())
+		return exitOK
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "pathtrace: unexpected argument %q: Services are given with --svc (see pathtrace --help)\n", fs.Arg(0))
+		return exitUsage
+	}
+	opt, err := f.validate()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
+		return exitUsage
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "pathtrace: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN for setns): run it with sudo")
+		return exitRuntime
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	rw := report.NewWriter(os.Stdout, f.output)
+	if isTerminal(os.Stderr) {
+		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
+	}
+	opt.Ready = func(node *discover.NodeInfo, atts []probe.Attachment) {
+		rw.Node(nodeJSON(node, atts), func(w io.Writer) { writeNodeTable(w, node, atts) })
+	}
+	res, err := session.Run(ctx, opt)
+	if opt.Progress != nil {
+		fmt.Fprint(os.Stderr, "\r\033[K")
+	}
+	if err != nil {
+		var ue *discover.UsageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(os.Stderr, "pathtrace: %v\n", ue)
+			return exitUsage
+		}
+		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
+		return exitRuntime
+	}
+	rw.Flows(res.Flows)
+	rw.Summary(res.Summary, res.Drops, res.StopReason)
+	return exitOK
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+

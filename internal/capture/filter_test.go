@@ -1,0 +1,157 @@
+package capture
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"golang.org/x/net/bpf"
+)
+
+// runFilter runs a classic BPF program in x/net/bpf's VM, which follows the
+// kernel's semantics (a load past the end of the frame returns 0).
+func runFilter(t testing.TB, prog []bpf.RawInstruction, frame []byte) int {
+	t.Helper()
+	ins, ok := bpf.Disassemble(prog)
+	if !ok {
+		t.Fatalf("program does not disassemble")
+	}
+	vm, err := bpf.NewVM(ins)
+	if err != nil {
+		t.Fatalf("NewVM: %v", err)
+	}
+	n, err := vm.Run(frame)
+	if err != nil {
+		t.Fatalf("vm.Run: %v", err)
+	}
+	return n
+}
+
+func mustFilter(t testing.TB, snaplen int, addrs ...string) []bpf.RawInstruction {
+	t.Helper()
+	var as []netip.Addr
+	for _, a := range addrs {
+		as = append(as, netip.MustParseAddr(a))
+	}
+	prog, err := FilterFor(as, snaplen)
+	if err != nil {
+		t.Fatalf("FilterFor: %v", err)
+	}
+	return prog
+}
+
+func TestFilterFor(t *testing.T) {
+	prog := mustFilter(t, 96, "10.120.0.80", "10.244.20.31")
+	dot1q := tag{tpid: etherTypeDot1Q, vid: 200}
+	qinq := []tag{{tpid: etherTypeDot1AD, vid: 100}, {tpid: etherTypeDot1Q, vid: 200}}
+
+	arp := buildFrame(t, nil, layers.EthernetTypeARP, &layers.ARP{
+		AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4,
+		HwAddressSize: 6, ProtAddressSize: 4, Operation: layers.ARPRequest,
+		SourceHwAddress: macA, SourceProtAddress: net.ParseIP("10.244.8.23").To4(),
+		DstHwAddress: make([]byte, 6), DstProtAddress: net.ParseIP("10.120.0.80").To4(),
+	})
+	ip6 := &layers.IPv6{Version: 6, NextHeader: layers.IPProtocolUDP, HopLimit: 64,
+		SrcIP: net.ParseIP("fd00::1"), DstIP: net.ParseIP("fd00::2")}
+	udp6 := &layers.UDP{SrcPort: 1, DstPort: 2}
+	_ = udp6.SetNetworkLayerForChecksum(ip6)
+	ipv6 := buildFrame(t, nil, layers.EthernetTypeIPv6, ip6, udp6, gopacket.Payload("x"))
+	icmp := buildFrame(t, nil, layers.EthernetTypeIPv4, ipv4("10.244.8.23", "10.244.20.31", layers.IPProtocolICMPv4),
+		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0)})
+
+	tests := []struct {
+		name  string
+		frame []byte
+		want  int
+	}{
+		{"udp to listed", udpFrame(t, "10.244.8.23", "10.120.0.80", 40000, 80), 96},
+		{"tcp from listed", tcpFrame(t, "10.244.20.31", "10.244.8.23", 3000, 40000), 96},
+		{"tcp to second listed", tcpFrame(t, "10.244.8.23", "10.244.20.31", 40000, 3000), 96},
+		{"not listed", udpFrame(t, "10.244.8.23", "10.244.8.24", 40000, 80), 0},
+		{"icmp to listed (any L4)", icmp, 96},
+		{"802.1Q to listed", udpFrame(t, "10.244.8.23", "10.120.0.80", 1, 2, dot1q), 96},
+		{"802.1Q not listed", udpFrame(t, "10.244.8.23", "10.0.0.1", 1, 2, dot1q), 0},
+		{"802.1ad to listed", udpFrame(t, "10.244.8.23", "10.120.0.80", 1, 2, tag{tpid: etherTypeDot1AD, vid: 7}), 96},
+		{"QinQ to listed", udpFrame(t, "10.244.8.23", "10.120.0.80", 1, 2, qinq...), 96},
+		{"QinQ from listed", tcpFrame(t, "10.244.20.31", "10.1.1.1", 1, 2, qinq...), 96},
+		{"QinQ not listed", udpFrame(t, "10.244.8.23", "10.0.0.1", 1, 2, qinq...), 0},
+		{"double 802.1Q", udpFrame(t, "10.244.8.23", "10.120.0.80", 1, 2, dot1q, dot1q), 96},
+		{"three tags", udpFrame(t, "10.244.8.23", "10.120.0.80", 1, 2, dot1q, dot1q, dot1q), 0},
+		{"arp for listed", arp, 0},
+		{"ipv6", ipv6, 0},
+		{"truncated in dst", udpFrame(t, "10.244.8.23", "10.120.0.80", 1, 2)[:14+18], 0},
+		{"truncated in src, listed dst", tcpFrame(t, "10.120.0.80", "10.0.0.1", 1, 2)[:14+14], 0},
+		{"ethernet header only", udpFrame(t, "10.244.8.23", "10.120.0.80", 1, 2)[:14], 0},
+		{"runt", []byte{1, 2, 3}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := runFilter(t, prog, tc.frame); got != tc.want {
+				t.Errorf("filter returned %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFilterForNoAddrsAcceptsNothing(t *testing.T) {
+	prog := mustFilter(t, 96)
+	if len(prog) != 1 {
+		t.Errorf("empty filter has %d instructions, want 1", len(prog))
+	}
+	if got := runFilter(t, prog, udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2)); got != 0 {
+		t.Errorf("empty filter accepted a frame (%d)", got)
+	}
+}
+
+func TestFilterForSnaplenAndDuplicates(t *testing.T) {
+	one := mustFilter(t, 200, "10.0.0.2")
+	dup := mustFilter(t, 200, "10.0.0.2", "::ffff:10.0.0.2", "10.0.0.2")
+	if len(one) != len(dup) {
+		t.Errorf("duplicates not merged: %d vs %d instructions", len(dup), len(one))
+	}
+	if got := runFilter(t, dup, udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2)); got != 200 {
+		t.Errorf("returned %d, want snaplen 200", got)
+	}
+}
+
+func TestFilterForLimits(t *testing.T) {
+	addrs := make([]netip.Addr, MaxFilterAddrs+1)
+	for i := range addrs {
+		addrs[i] = netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
+	}
+	if _, err := FilterFor(addrs, 96); err == nil {
+		t.Errorf("FilterFor accepted %d addresses", len(addrs))
+	}
+	prog, err := FilterFor(addrs[:MaxFilterAddrs], 96)
+	if err != nil {
+		t.Fatalf("FilterFor(%d addresses): %v", MaxFilterAddrs, err)
+	}
+	if len(prog) > 4096 {
+		t.Errorf("%d instructions, the kernel takes at most 4096", len(prog))
+	}
+	last := addrs[MaxFilterAddrs-1].String()
+	if got := runFilter(t, prog, udpFrame(t, "10.9.9.9", last, 1, 2, tag{tpid: etherTypeDot1Q, vid: 1})); got != 96 {
+		t.Errorf("last address as dst: %d, want 96", got)
+	}
+	if got := runFilter(t, prog, udpFrame(t, last, "10.9.9.9", 1, 2)); got != 96 {
+		t.Errorf("last address as src: %d, want 96", got)
+	}
+	if got := runFilter(t, prog, udpFrame(t, addrs[MaxFilterAddrs].String(), "10.9.9.9", 1, 2)); got != 0 {
+		t.Errorf("address beyond the list accepted: %d", got)
+	}
+
+	for _, bad := range []struct {
+		addrs   []netip.Addr
+		snaplen int
+	}{
+		{[]netip.Addr{netip.MustParseAddr("fd00::1")}, 96},
+		{[]netip.Addr{{}}, 96},
+		{nil, 0},
+	} {
+		if _, err := FilterFor(bad.addrs, bad.snaplen); err == nil {
+			t.Errorf("FilterFor(%v, %d) gave no error", bad.addrs, bad.snaplen)
+		}
+	}
+}

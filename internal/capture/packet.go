@@ -1,0 +1,162 @@
+// Package capture taps interfaces with bounded AF_PACKET TPACKET_V3 rings and
+// an in-kernel classic BPF filter, and turns captured frames into
+// observations. It reads what only the tpacket header tells: the direction
+// (sll_pkttype), VLAN tags the kernel carries out of band (with their TPID),
+// and whether the L4 checksum is still to be filled in (CHECKSUM_PARTIAL).
+//
+// An RX tap sees a frame before tc ingress, a TX tap after tc egress
+// (net/core/dev.c), which is what makes taps usable as brackets around tc.
+package capture
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+	"golang.org/x/sys/unix"
+)
+
+// maxInbandTags is how many stacked in-band VLAN tags are decoded (QinQ), the
+// same as FilterFor accepts.
+const maxInbandTags = 2
+
+// Packet is one captured frame and what its tpacket header said about it.
+type Packet struct {
+	Time    time.Time // kernel receive/transmit time, nanosecond resolution, wall clock
+	Ifindex int
+	PktType uint8   // sll_pkttype: unix.PACKET_HOST, PACKET_OUTGOING, ...
+	Dir     obs.Dir // DirOut for PACKET_OUTGOING, DirIn otherwise
+
+	Len    int // length of the frame (without an out-of-band tag)
+	CapLen int // bytes captured, len(Data)
+
+	// The outer VLAN tag: from the tpacket header when the kernel carried it
+	// out of band (VLANOutOfBand), else from the first in-band 802.1Q/802.1ad
+	// header. TPID is 0 when the frame is untagged.
+	VLAN          uint16 // VLAN ID (the low 12 bits of TCI)
+	TCI           uint16 // the whole tag control information (priority, DEI, ID)
+	TPID          uint16
+	VLANOutOfBand bool
+
+	// CsumNotReady: the L4 checksum is incomplete (CHECKSUM_PARTIAL, common on
+	// veths); it is not a bad checksum.
+	CsumNotReady bool
+
+	// Data is the frame as captured, at most the snaplen. In a callback of
+	// Tap.Run it points into the ring and is valid only during the call.
+	Data []byte
+}
+
+func dirOf(pktType uint8) obs.Dir {
+	if pktType == unix.PACKET_OUTGOING {
+		return obs.DirOut
+	}
+	return obs.DirIn
+}
+
+func isVLANType(t uint16) bool { return t == etherTypeDot1Q || t == etherTypeDot1AD }
+
+// inbandTag returns the outer in-band VLAN tag of an Ethernet frame.
+func inbandTag(frame []byte) (tpid, tci uint16, ok bool) {
+	if len(frame) < 16 {
+		return 0, 0, false
+	}
+	tpid = binary.BigEndian.Uint16(frame[12:])
+	if !isVLANType(tpid) {
+		return 0, 0, false
+	}
+	return tpid, binary.BigEndian.Uint16(frame[14:]), true
+}
+
+// Clone returns a copy of p whose Data the caller owns.
+func (p *Packet) Clone() *Packet {
+	c := *p
+	c.Data = append([]byte(nil), p.Data...)
+	return &c
+}
+
+// FrameWithTag returns the frame with an out-of-band VLAN tag written back in
+// after the MAC addresses (TPID as reported, 0x8100 when the kernel did not
+// report one), as libpcap does for Ethernet captures; the wire length is then
+// Len+4. Without an out-of-band tag it returns Data itself.
+func (p *Packet) FrameWithTag() []byte {
+	if !p.VLANOutOfBand || len(p.Data) < 12 {
+		return p.Data
+	}
+	tpid := p.TPID
+	if tpid == 0 {
+		tpid = etherTypeDot1Q
+	}
+	out := make([]byte, len(p.Data)+4)
+	copy(out, p.Data[:12])
+	binary.BigEndian.PutUint16(out[12:], tpid)
+	binary.BigEndian.PutUint16(out[14:], p.TCI)
+	copy(out[16:], p.Data[12:])
+	return out
+}
+
+// Observation decodes Ethernet (with up to two in-band 802.1Q/802.1ad tags),
+// IPv4 and the TCP or UDP header. It reports false for anything else: other
+// ethertypes, other L4 protocols, non-first fragments (no ports) and headers
+// cut by the snaplen. An out-of-band tag takes precedence over in-band ones
+// (it is the outer one). Ifname and NetNS are the caller's to fill in; the
+// MAC addresses are copied, so the observation may outlive Data.
+func (p *Packet) Observation(point obs.Point) (obs.Observation, bool) {
+	f := p.Data
+	if len(f) < 14 {
+		return obs.Observation{}, false
+	}
+	o := obs.Observation{
+		Time: p.Time, Point: point, Dir: p.Dir, Ifindex: p.Ifindex, Len: p.Len,
+	}
+	if p.VLANOutOfBand {
+		o.VLAN, o.TPID = p.VLAN, p.TPID
+	}
+	etype := binary.BigEndian.Uint16(f[12:])
+	l3 := 14
+	for tags := 0; isVLANType(etype); tags++ {
+		if tags == maxInbandTags || len(f) < l3+4 {
+			return obs.Observation{}, false
+		}
+		if tags == 0 && !p.VLANOutOfBand {
+			o.TPID, o.VLAN = etype, binary.BigEndian.Uint16(f[l3:])&0x0fff
+		}
+		etype = binary.BigEndian.Uint16(f[l3+2:])
+		l3 += 4
+	}
+	if etype != etherTypeIPv4 || len(f) < l3+20 {
+		return obs.Observation{}, false
+	}
+	ip := f[l3:]
+	ihl := int(ip[0]&0x0f) * 4
+	if ip[0]>>4 != 4 || ihl < 20 || len(ip) < ihl {
+		return obs.Observation{}, false
+	}
+	if binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
+		return obs.Observation{}, false // a later fragment: no L4 header
+	}
+	l4 := ip[ihl:]
+	switch o.Proto = obs.Proto(ip[9]); o.Proto {
+	case obs.TCP:
+		if len(l4) < 14 { // through the flags byte
+			return obs.Observation{}, false
+		}
+		o.TCPFlags = l4[13]
+	case obs.UDP:
+		if len(l4) < 8 {
+			return obs.Observation{}, false
+		}
+	default:
+		return obs.Observation{}, false
+	}
+	src := netip.AddrFrom4([4]byte(ip[12:16]))
+	dst := netip.AddrFrom4([4]byte(ip[16:20]))
+	o.Src = netip.AddrPortFrom(src, binary.BigEndian.Uint16(l4[0:]))
+	o.Dst = netip.AddrPortFrom(dst, binary.BigEndian.Uint16(l4[2:]))
+	macs := make(net.HardwareAddr, 12)
+	copy(macs, f[:12])
+	o.DstMAC, o.SrcMAC = macs[0:6:6], macs[6:12:12]
+	return o, true
+}

@@ -1,0 +1,196 @@
+package capture
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+func TestObservation(t *testing.T) {
+	when := time.Unix(1700000000, 123456789)
+	tests := []struct {
+		name      string
+		pkt       Packet
+		wantProto obs.Proto
+		wantSrc   string
+		wantDst   string
+		wantFlags uint8
+		wantVLAN  uint16
+		wantTPID  uint16
+	}{
+		{
+			name:      "untagged tcp syn",
+			pkt:       Packet{Data: tcpFrame(t, "10.244.8.23", "10.120.0.80", 40000, 80)},
+			wantProto: obs.TCP, wantSrc: "10.244.8.23:40000", wantDst: "10.120.0.80:80", wantFlags: 0x02,
+		},
+		{
+			name:      "802.1Q udp",
+			pkt:       Packet{Data: udpFrame(t, "10.244.8.23", "10.120.0.10", 5000, 53, tag{tpid: etherTypeDot1Q, vid: 200})},
+			wantProto: obs.UDP, wantSrc: "10.244.8.23:5000", wantDst: "10.120.0.10:53", wantVLAN: 200, wantTPID: etherTypeDot1Q,
+		},
+		{
+			name: "QinQ reports the outer tag",
+			pkt: Packet{Data: udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2,
+				tag{tpid: etherTypeDot1AD, vid: 100, pcp: 3}, tag{tpid: etherTypeDot1Q, vid: 200})},
+			wantProto: obs.UDP, wantSrc: "10.0.0.1:1", wantDst: "10.0.0.2:2", wantVLAN: 100, wantTPID: etherTypeDot1AD,
+		},
+		{
+			name: "out-of-band tag wins over in-band",
+			pkt: Packet{VLANOutOfBand: true, VLAN: 300, TPID: etherTypeDot1AD,
+				Data: udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2, tag{tpid: etherTypeDot1Q, vid: 200})},
+			wantProto: obs.UDP, wantSrc: "10.0.0.1:1", wantDst: "10.0.0.2:2", wantVLAN: 300, wantTPID: etherTypeDot1AD,
+		},
+		{
+			name:      "ip options",
+			pkt:       Packet{Data: withIPOptions(t, tcpFrame(t, "10.0.0.1", "10.0.0.2", 1234, 80))},
+			wantProto: obs.TCP, wantSrc: "10.0.0.1:1234", wantDst: "10.0.0.2:80", wantFlags: 0x02,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tc.pkt
+			p.Time, p.Ifindex, p.Dir, p.Len, p.CapLen = when, 7, obs.DirOut, len(p.Data)+10, len(p.Data)
+			o, ok := p.Observation(obs.PointUplink)
+			if !ok {
+				t.Fatalf("Observation: not decoded")
+			}
+			if o.Proto != tc.wantProto || o.Src.String() != tc.wantSrc || o.Dst.String() != tc.wantDst {
+				t.Errorf("got %v %v -> %v, want %v %s -> %s", o.Proto, o.Src, o.Dst, tc.wantProto, tc.wantSrc, tc.wantDst)
+			}
+			if o.TCPFlags != tc.wantFlags || o.VLAN != tc.wantVLAN || o.TPID != tc.wantTPID {
+				t.Errorf("flags %#x vlan %d tpid %#x, want %#x %d %#x", o.TCPFlags, o.VLAN, o.TPID, tc.wantFlags, tc.wantVLAN, tc.wantTPID)
+			}
+			if !o.Time.Equal(when) || o.Point != obs.PointUplink || o.Dir != obs.DirOut || o.Ifindex != 7 || o.Len != p.Len {
+				t.Errorf("metadata: %+v", o)
+			}
+			if o.SrcMAC.String() != macA.String() || o.DstMAC.String() != macB.String() {
+				t.Errorf("MACs %v -> %v, want %v -> %v", o.SrcMAC, o.DstMAC, macA, macB)
+			}
+			clear(p.Data)
+			if o.SrcMAC.String() != macA.String() {
+				t.Errorf("SrcMAC aliases the frame")
+			}
+		})
+	}
+}
+
+// withIPOptions inserts a 4-byte NOP option into the IPv4 header (IHL 6).
+func withIPOptions(t *testing.T, frame []byte) []byte {
+	t.Helper()
+	p := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+	ip := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	ip.Options = []layers.IPv4Option{{OptionType: 1}, {OptionType: 1}, {OptionType: 1}, {OptionType: 0}}
+	ip.IHL = 6
+	tcp := p.Layer(layers.LayerTypeTCP).(*layers.TCP)
+	_ = tcp.SetNetworkLayerForChecksum(ip)
+	buf := gopacket.NewSerializeBuffer()
+	err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet), ip, tcp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := buf.Bytes()[14] & 0x0f; got != 6 {
+		t.Fatalf("IHL %d, want 6", got)
+	}
+	return buf.Bytes()
+}
+
+func TestObservationRejects(t *testing.T) {
+	frag := udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2)
+	binary.BigEndian.PutUint16(frag[14+6:], 185) // fragment offset 185*8
+	icmp := buildFrame(t, nil, layers.EthernetTypeIPv4, ipv4("10.0.0.1", "10.0.0.2", layers.IPProtocolICMPv4),
+		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0)})
+	ip6 := &layers.IPv6{Version: 6, NextHeader: layers.IPProtocolNoNextHeader, HopLimit: 1,
+		SrcIP: netip.MustParseAddr("fd00::1").AsSlice(), DstIP: netip.MustParseAddr("fd00::2").AsSlice()}
+	dot1q := tag{tpid: etherTypeDot1Q, vid: 1}
+	tests := map[string][]byte{
+		"later fragment":       frag,
+		"icmp":                 icmp,
+		"ipv6":                 buildFrame(t, nil, layers.EthernetTypeIPv6, ip6),
+		"tcp cut before flags": tcpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2)[:14+20+13],
+		"udp cut in header":    udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2)[:14+20+6],
+		"ip cut":               udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2)[:14+19],
+		"tag cut":              udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2, dot1q)[:17],
+		"three tags":           udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2, dot1q, dot1q, dot1q),
+		"runt":                 {0xff, 0xff},
+		"not version 4":        func() []byte { f := udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2); f[14] = 0x65; return f }(),
+		"ihl below 5":          func() []byte { f := udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2); f[14] = 0x44; return f }(),
+	}
+	for name, frame := range tests {
+		p := Packet{Data: frame}
+		if o, ok := p.Observation(obs.PointPod); ok {
+			t.Errorf("%s: decoded as %+v", name, o)
+		}
+	}
+}
+
+func TestFrameWithTag(t *testing.T) {
+	plain := udpFrame(t, "10.244.8.23", "10.120.0.10", 5000, 53)
+	p := Packet{Data: plain, VLANOutOfBand: true, TPID: etherTypeDot1AD, TCI: 5<<13 | 200, VLAN: 200}
+	tagged := p.FrameWithTag()
+	if len(tagged) != len(plain)+4 {
+		t.Fatalf("tagged frame has %d bytes, want %d", len(tagged), len(plain)+4)
+	}
+	want := udpFrame(t, "10.244.8.23", "10.120.0.10", 5000, 53, tag{tpid: etherTypeDot1AD, vid: 200, pcp: 5})
+	if !bytes.Equal(tagged[:len(want)], want) {
+		t.Errorf("tagged frame\n%x\nwant\n%x", tagged, want)
+	}
+	dec := gopacket.NewPacket(tagged, layers.LayerTypeEthernet, gopacket.Default)
+	if d, ok := dec.Layer(layers.LayerTypeDot1Q).(*layers.Dot1Q); !ok || d.VLANIdentifier != 200 || d.Priority != 5 {
+		t.Errorf("gopacket decodes tag %+v", dec.Layer(layers.LayerTypeDot1Q))
+	}
+	if dec.Layer(layers.LayerTypeUDP) == nil {
+		t.Errorf("inner UDP lost: %v", dec)
+	}
+
+	p.TPID = 0 // kernel reported no TPID
+	if got := binary.BigEndian.Uint16(p.FrameWithTag()[12:]); got != etherTypeDot1Q {
+		t.Errorf("default TPID %#x, want 0x8100", got)
+	}
+	untagged := Packet{Data: plain}
+	if got := untagged.FrameWithTag(); &got[0] != &plain[0] || len(got) != len(plain) {
+		t.Errorf("frame without out-of-band tag was changed")
+	}
+}
+
+func TestClone(t *testing.T) {
+	p := Packet{Data: []byte{1, 2, 3}, VLAN: 5}
+	c := p.Clone()
+	p.Data[0] = 9
+	if c.Data[0] != 1 || c.VLAN != 5 {
+		t.Errorf("clone shares data or lost fields: %+v", c)
+	}
+}
+
+// FuzzObservation checks that decoding never panics and agrees with the
+// filter: a frame that decodes is accepted exactly when an address is listed.
+func FuzzObservation(f *testing.F) {
+	f.Add(tcpFrame(f, "10.244.8.23", "10.120.0.80", 40000, 80))
+	f.Add(udpFrame(f, "10.120.0.80", "10.0.0.1", 1, 2, tag{tpid: etherTypeDot1Q, vid: 200}))
+	f.Add(udpFrame(f, "10.0.0.1", "10.0.0.2", 1, 2, tag{tpid: etherTypeDot1AD, vid: 1}, tag{tpid: etherTypeDot1Q, vid: 2}))
+	listed := netip.MustParseAddr("10.120.0.80")
+	prog := mustFilter(f, 96, listed.String())
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		p := Packet{Data: frame, Len: len(frame), CapLen: len(frame)}
+		o, ok := p.Observation(obs.PointHost)
+		if !ok {
+			return
+		}
+		if o.Proto != obs.TCP && o.Proto != obs.UDP || !o.Src.Addr().Is4() || !o.Dst.Addr().Is4() {
+			t.Fatalf("decoded nonsense: %+v", o)
+		}
+		want := 0
+		if o.Src.Addr() == listed || o.Dst.Addr() == listed {
+			want = 96
+		}
+		if got := runFilter(t, prog, frame); got != want {
+			t.Fatalf("filter returned %d for a frame decoded as %v -> %v, want %d", got, o.Src, o.Dst, want)
+		}
+	})
+}

@@ -1,0 +1,352 @@
+package capture
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// Defaults and bounds of a tap.
+const (
+	DefaultSnaplen   = 96      // as `tcpdump -s 96`
+	DefaultRingBytes = 4 << 20 // 4 MiB per tap
+	MinRingBytes     = 16 << 10
+	MaxRingBytes     = 256 << 20
+	maxBlockBytes    = 128 << 10 // many small blocks: a quiet tap retires a block per packet burst
+	frameBytes       = 2048      // only checked by the kernel for V3; packets are packed
+	retireTimeoutMs  = 50        // a partly filled block is handed over after this long
+	pollTimeoutMs    = 50        // bounds how late Run notices cancellation or Close
+)
+
+// ErrClosed is returned by Run and SetFilter on a closed tap.
+var ErrClosed = errors.New("capture: tap closed")
+
+// Config says where a tap captures and how much it may keep.
+type Config struct {
+	NetNS  string // netns file (/run/netns/NAME, /proc/PID/ns/net); "" = the caller's netns
+	Ifname string
+	Role   string // free label used in errors: "pod", "host", "uplink"
+
+	// Snaplen is the number of bytes kept per frame (default DefaultSnaplen):
+	// the filter's return value. A custom Filter brings its own, e.g.
+	// FilterFor(addrs, Snaplen).
+	Snaplen int
+	// RingBytes is the ring memory (default DefaultRingBytes, between
+	// MinRingBytes and MaxRingBytes). It is cut into blocks of at most
+	// 128 KiB (at least 4), each handed to Run when full or after 50 ms.
+	RingBytes int
+	// Filter is the classic BPF socket filter. nil means FilterFor(nil,
+	// Snaplen): accept nothing until SetFilter names the addresses. A tap
+	// never copies unfiltered traffic to user space.
+	Filter []bpf.RawInstruction
+}
+
+// Stats are a tap's counters since Open. Nothing a tap loses goes uncounted:
+// KernelPackets = Packets + KernelDrops + packets still in the ring, and
+// DecodeErrors counts ring entries Run had to skip.
+type Stats struct {
+	Packets       uint64 // delivered to Run's callback
+	KernelPackets uint64 // accepted by the filter (PACKET_STATISTICS tp_packets, drops included)
+	KernelDrops   uint64 // accepted but lost: the ring was full (tp_drops)
+	QueueFreezes  uint64 // times the ring was full (tp_freeze_q_cnt)
+	DecodeErrors  uint64 // ring entries whose header pointed outside their block
+}
+
+// Tap is an AF_PACKET TPACKET_V3 capture on one interface, both directions.
+type Tap struct {
+	cfg       Config
+	fd        int
+	ifindex   int
+	ring      []byte
+	blockSize int
+	blockNr   int
+
+	closing   chan struct{} // closed by Close: Run returns
+	closeOnce sync.Once
+	closeErr  error
+	runMu     sync.Mutex // held by Run while it reads the ring; Close waits for it
+
+	mu     sync.Mutex // fd and the kernel counters below
+	closed bool
+	kernel Stats // KernelPackets, KernelDrops, QueueFreezes
+
+	packets      atomic.Uint64
+	decodeErrors atomic.Uint64
+}
+
+// Open creates the capture socket inside cfg.NetNS and binds it to cfg.Ifname.
+// The socket is created with protocol 0, so it receives nothing until bind:
+// the filter and the ring are in place before the first frame arrives, and
+// there is nothing unfiltered to drain and no counter baseline to take.
+func Open(cfg Config) (*Tap, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	blockSize, blockNr := ringGeometry(cfg.RingBytes)
+	if cfg.Snaplen > blockSize-blockDescLen-128 {
+		return nil, fmt.Errorf("capture %s: snaplen %d does not fit a %d-byte ring block", cfg.name(), cfg.Snaplen, blockSize)
+	}
+	t := &Tap{cfg: cfg, fd: -1, blockSize: blockSize, blockNr: blockNr, closing: make(chan struct{})}
+	err := nsutil.Do(cfg.NetNS, t.open)
+	if err != nil {
+		t.release()
+		return nil, fmt.Errorf("capture %s: %w", cfg.name(), err)
+	}
+	return t, nil
+}
+
+func (c *Config) setDefaults() error {
+	if c.Ifname == "" {
+		return errors.New("capture: no interface name")
+	}
+	if c.Snaplen == 0 {
+		c.Snaplen = DefaultSnaplen
+	}
+	if c.RingBytes == 0 {
+		c.RingBytes = DefaultRingBytes
+	}
+	if c.Snaplen < 0 || c.Snaplen > 65535 {
+		return fmt.Errorf("capture %s: snaplen %d, want 1..65535", c.name(), c.Snaplen)
+	}
+	if c.RingBytes < MinRingBytes || c.RingBytes > MaxRingBytes {
+		return fmt.Errorf("capture %s: ring of %d bytes, want %d..%d", c.name(), c.RingBytes, MinRingBytes, MaxRingBytes)
+	}
+	if c.Filter == nil {
+		f, err := FilterFor(nil, c.Snaplen)
+		if err != nil {
+			return err
+		}
+		c.Filter = f
+	}
+	return nil
+}
+
+func (c *Config) name() string {
+	if c.Role == "" {
+		return c.Ifname
+	}
+	return c.Role + "/" + c.Ifname
+}
+
+// ringGeometry cuts ringBytes into at least four page-aligned blocks of at
+// most maxBlockBytes; the ring never exceeds ringBytes.
+func ringGeometry(ringBytes int) (blockSize, blockNr int) {
+	page := os.Getpagesize()
+	blockSize = min(maxBlockBytes, ringBytes/4) / page * page
+	return blockSize, ringBytes / blockSize
+}
+
+// open runs inside the target netns.
+func (t *Tap) open() error {
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	t.fd = fd
+	ifr, err := unix.NewIfreq(t.cfg.Ifname)
+	if err != nil {
+		return fmt.Errorf("interface name: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFINDEX, ifr); err != nil {
+		return fmt.Errorf("interface %q: %w", t.cfg.Ifname, err)
+	}
+	t.ifindex = int(ifr.Uint32())
+	if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VERSION, unix.TPACKET_V3); err != nil {
+		return fmt.Errorf("PACKET_VERSION TPACKET_V3: %w", err)
+	}
+	if err := attachFilter(fd, t.cfg.Filter); err != nil {
+		return err
+	}
+	req := unix.TpacketReq3{
+		Block_size:     uint32(t.blockSize),
+		Block_nr:       uint32(t.blockNr),
+		Frame_size:     frameBytes,
+		Frame_nr:       uint32(t.blockSize / frameBytes * t.blockNr),
+		Retire_blk_tov: retireTimeoutMs,
+	}
+	if err := unix.SetsockoptTpacketReq3(fd, unix.SOL_PACKET, unix.PACKET_RX_RING, &req); err != nil {
+		return fmt.Errorf("PACKET_RX_RING (%d blocks of %d bytes): %w", t.blockNr, t.blockSize, err)
+	}
+	ring, err := unix.Mmap(fd, 0, t.blockSize*t.blockNr, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mmap ring: %w", err)
+	}
+	t.ring = ring
+	sll := unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: t.ifindex}
+	if err := unix.Bind(fd, &sll); err != nil {
+		return fmt.Errorf("bind to ifindex %d: %w", t.ifindex, err)
+	}
+	return nil
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+func attachFilter(fd int, prog []bpf.RawInstruction) error {
+	if len(prog) == 0 {
+		return errors.New("empty socket filter")
+	}
+	fprog := unix.SockFprog{
+		Len:    uint16(len(prog)),
+		Filter: (*unix.SockFilter)(unsafe.Pointer(&prog[0])), // same layout as struct sock_filter
+	}
+	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fprog); err != nil {
+		return fmt.Errorf("SO_ATTACH_FILTER (%d instructions): %w", len(prog), err)
+	}
+	return nil
+}
+
+// release frees what open acquired; used on failure and by Close.
+func (t *Tap) release() error {
+	var errs []error
+	if t.ring != nil {
+		errs = append(errs, unix.Munmap(t.ring))
+		t.ring = nil
+	}
+	if t.fd >= 0 {
+		errs = append(errs, unix.Close(t.fd))
+		t.fd = -1
+	}
+	return errors.Join(errs...)
+}
+
+// Ifindex is the index of the captured interface in its netns.
+func (t *Tap) Ifindex() int { return t.ifindex }
+
+// SetFilter replaces the socket filter atomically (SO_ATTACH_FILTER swaps the
+// program in place): no frame is seen by neither or by both.
+func (t *Tap) SetFilter(prog []bpf.RawInstruction) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	if err := attachFilter(t.fd, prog); err != nil {
+		return fmt.Errorf("capture %s: %w", t.cfg.name(), err)
+	}
+	return nil
+}
+
+// Run hands each captured frame to fn until ctx is done or the tap is closed,
+// then returns nil; it returns an error only when capturing failed (for
+// example the interface went down or away: ENETDOWN). fn runs on Run's
+// goroutine; the *Packet and its Data point into the ring and are valid only
+// during the call: copy (Packet.Clone) what must outlive it. A slow fn makes
+// the ring fill up; what the kernel then drops is counted in Stats. Only one
+// Run may be active at a time.
+func (t *Tap) Run(ctx context.Context, fn func(*Packet)) error {
+	if fn == nil {
+		return errors.New("capture: Run needs a callback")
+	}
+	if t.isClosed() {
+		return ErrClosed
+	}
+	if !t.runMu.TryLock() {
+		return fmt.Errorf("capture %s: Run is already running", t.cfg.name())
+	}
+	defer t.runMu.Unlock()
+	pfd := []unix.PollFd{{Fd: int32(t.fd), Events: unix.POLLIN}}
+	var p Packet
+	for next := 0; ; {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.closing:
+			return nil
+		default:
+		}
+		block := t.ring[next*t.blockSize : (next+1)*t.blockSize]
+		status := (*uint32)(unsafe.Pointer(&block[blockStatusOff]))
+		if atomic.LoadUint32(status)&unix.TP_STATUS_USER == 0 {
+			if err := t.wait(pfd); err != nil {
+				return fmt.Errorf("capture %s: %w", t.cfg.name(), err)
+			}
+			continue
+		}
+		delivered, malformed := walkBlock(block, &p, fn)
+		t.packets.Add(uint64(delivered))
+		t.decodeErrors.Add(uint64(malformed))
+		atomic.StoreUint32(status, unix.TP_STATUS_KERNEL) // hand the block back
+		next = (next + 1) % t.blockNr
+	}
+}
+
+// wait polls the socket for a retired block, at most pollTimeoutMs.
+func (t *Tap) wait(pfd []unix.PollFd) error {
+	pfd[0].Revents = 0
+	_, err := unix.Poll(pfd, pollTimeoutMs)
+	if err != nil && err != unix.EINTR {
+		return fmt.Errorf("poll: %w", err)
+	}
+	if pfd[0].Revents&unix.POLLERR != 0 {
+		soErr, err := unix.GetsockoptInt(t.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			return fmt.Errorf("SO_ERROR: %w", err)
+		}
+		if soErr != 0 {
+			return fmt.Errorf("socket error: %w", unix.Errno(soErr))
+		}
+	}
+	if pfd[0].Revents&unix.POLLNVAL != 0 {
+		return errors.New("socket is no longer open")
+	}
+	return nil
+}
+
+func (t *Tap) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// Stats returns the counters. Reading PACKET_STATISTICS resets the kernel's
+// counters, so the tap accumulates them; Stats stays valid after Close.
+func (t *Tap) Stats() Stats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.closed {
+		t.pullKernelStats()
+	}
+	s := t.kernel
+	s.Packets = t.packets.Load()
+	s.DecodeErrors = t.decodeErrors.Load()
+	return s
+}
+
+// pullKernelStats adds the kernel counters to t.kernel; t.mu is held. The
+// getsockopt cannot fail on an open AF_PACKET socket with a V3 ring.
+func (t *Tap) pullKernelStats() {
+	st, err := unix.GetsockoptTpacketStatsV3(t.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
+	if err != nil {
+		return
+	}
+	t.kernel.KernelPackets += uint64(st.Packets)
+	t.kernel.KernelDrops += uint64(st.Drops)
+	t.kernel.QueueFreezes += uint64(st.Freeze_q_cnt)
+}
+
+// Close stops Run (it returns within pollTimeoutMs once fn returns), takes the
+// last kernel counters, unmaps the ring and closes the socket. It is
+// idempotent: later calls return the first call's result.
+func (t *Tap) Close() error {
+	t.closeOnce.Do(func() {
+		close(t.closing)
+		t.runMu.Lock()
+		defer t.runMu.Unlock()
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		t.pullKernelStats()
+		t.closed = true
+		if err := t.release(); err != nil {
+			t.closeErr = fmt.Errorf("capture %s: close: %w", t.cfg.name(), err)
+		}
+	})
+	return t.closeErr
+}

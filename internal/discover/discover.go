@@ -1,0 +1,202 @@
+// Package discover reads a node read-only, without the Kubernetes API: which
+// Pods it has (network namespaces with a veth into the node's netns), where to
+// capture (the Pod's eth0, the host-side veth, the uplink), and which Service
+// translation mechanisms are present (cgroup sock_addr programs, tcx and cls_bpf
+// programs, nftables and iptables-legacy NAT rules, IPVS, bridge netfilter).
+// Nothing here attaches, creates or changes anything.
+package discover
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// DefaultMaxPods bounds pod enumeration when Options.MaxPods is 0.
+const DefaultMaxPods = 4096
+
+// Options select what to discover. The zero value covers every Pod of the node
+// in pathtrace's own netns.
+type Options struct {
+	HostNetNS string // node netns path; "" = /proc/self/ns/net
+	// Pod selectors, at most one of them.
+	PodIP    netip.Addr
+	PodNetNS string
+	PodPID   int
+	HostVeth string // override: host-side veth name (in HostNetNS)
+	Uplink   string // override: uplink name (in HostNetNS)
+	Cgroup   string // cgroup v2 dir for socket observers; "" = the cgroup2 root
+	// Services are the VIPs: NAT rules and IPVS services matching them are reported.
+	Services []netip.Addr
+	// MaxPods bounds enumeration; netns beyond it are counted in PodsSkipped.
+	MaxPods int
+	// OwnPrograms lists programs to leave out of attribution (pathtrace's own).
+	OwnPrograms func() []ebpf.ProgramID
+}
+
+// UsageError is an error caused by the user's input (exit code 2). Msg is one
+// line saying what is wrong and how to fix it.
+type UsageError struct{ Msg string }
+
+func (e *UsageError) Error() string { return e.Msg }
+
+func usagef(format string, args ...any) *UsageError {
+	return &UsageError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// Node discovers the node described by opt. User mistakes come back as
+// *UsageError; mechanisms that cannot be read are reported in NodeInfo.Notes,
+// never hidden and never fatal.
+func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
+	if opt.HostNetNS == "" {
+		opt.HostNetNS = nsutil.Self
+	}
+	if opt.MaxPods <= 0 {
+		opt.MaxPods = DefaultMaxPods
+	}
+	if err := checkOptions(&opt); err != nil {
+		return nil, err
+	}
+	host, err := openHost(opt.HostNetNS)
+	if err != nil {
+		return nil, err
+	}
+	defer host.close()
+
+	info := &NodeInfo{
+		Kernel:    kernelRelease(),
+		HostNetNS: NetNS{Path: host.path, Inode: host.inode},
+	}
+	if err := discoverPods(ctx, host, opt, info); err != nil {
+		return nil, err
+	}
+	uplinks, err := discoverUplinks(host, opt, info)
+	if err != nil {
+		return nil, err
+	}
+	info.CapturePoints = capturePoints(host, info, uplinks)
+
+	own := ownSet(opt.OwnPrograms)
+	info.SockPrograms = sockPrograms(opt.Cgroup, own, info)
+	info.TCPrograms = tcPrograms(host, info.CapturePoints, own, info)
+	info.Netfilter = readNetfilter(ctx, host.path, opt.Services, info)
+	info.IPVS = readIPVS(host.path, opt.Services)
+	info.emptyNotNull()
+	return info, ctx.Err()
+}
+
+// emptyNotNull makes empty lists print as [] in JSON, so consumers can tell
+// "looked, found none" from a missing field.
+func (n *NodeInfo) emptyNotNull() {
+	if n.Pods == nil {
+		n.Pods = []Pod{}
+	}
+	if n.CapturePoints == nil {
+		n.CapturePoints = []CapturePoint{}
+	}
+	if n.SockPrograms == nil {
+		n.SockPrograms = []SockProgram{}
+	}
+	if n.TCPrograms == nil {
+		n.TCPrograms = []TCProgram{}
+	}
+	if n.Netfilter.Rules == nil {
+		n.Netfilter.Rules = []NATRule{}
+	}
+	for i := range n.Pods {
+		if n.Pods[i].Uplinks == nil {
+			n.Pods[i].Uplinks = []string{}
+		}
+	}
+}
+
+// checkOptions turns every user mistake that can be seen up front into a
+// UsageError, and fills in the cgroup default.
+func checkOptions(opt *Options) error {
+	selectors := 0
+	for _, set := range []bool{opt.PodIP.IsValid(), opt.PodNetNS != "", opt.PodPID != 0} {
+		if set {
+			selectors++
+		}
+	}
+	if selectors > 1 {
+		return usagef("--pod-ip, --pod-netns and --pod-pid select the same thing: give at most one")
+	}
+	if opt.PodIP.IsValid() && !opt.PodIP.Is4() {
+		return usagef("--pod-ip %s: only IPv4 pod addresses are supported", opt.PodIP)
+	}
+	if err := checkNetNSPath("--host-netns", opt.HostNetNS); err != nil {
+		return err
+	}
+	if opt.PodPID < 0 {
+		return usagef("--pod-pid %d: a PID is a positive number", opt.PodPID)
+	}
+	if opt.PodPID > 0 {
+		path := fmt.Sprintf("/proc/%d/ns/net", opt.PodPID)
+		if _, err := os.Stat(path); err != nil {
+			return usagef("--pod-pid %d: no such process (%s missing); give the PID of a process in the pod", opt.PodPID, path)
+		}
+		opt.PodNetNS = path
+	}
+	if opt.PodNetNS != "" {
+		if err := checkNetNSPath("--pod-netns", opt.PodNetNS); err != nil {
+			return err
+		}
+	}
+	if opt.Cgroup == "" {
+		// A missing cgroup2 mount only loses the socket attribution: noted later.
+		opt.Cgroup, _ = CgroupRoot()
+	} else if st, err := os.Stat(opt.Cgroup); err != nil || !st.IsDir() {
+		return usagef("--cgroup %s: no such directory; give a cgroup v2 directory (default: the cgroup2 root from /proc/self/mountinfo)", opt.Cgroup)
+	} else if !isCgroup2(opt.Cgroup) {
+		return usagef("--cgroup %s: not on a cgroup2 filesystem; give a cgroup v2 directory", opt.Cgroup)
+	}
+	return nil
+}
+
+// nsGetNSType is the NS_GET_NSTYPE ioctl (_IO(0xb7, 0x3)), absent from x/sys.
+const nsGetNSType = 0xb703
+
+func checkNetNSPath(flag, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return usagef("%s %s: cannot open (%v); give a netns file such as /run/netns/NAME or /proc/PID/ns/net", flag, path, unwrapPathError(err))
+	}
+	defer f.Close()
+	typ, err := unix.IoctlRetInt(int(f.Fd()), nsGetNSType)
+	if err != nil || typ != unix.CLONE_NEWNET {
+		return usagef("%s %s: not a network namespace; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", flag, path)
+	}
+	return nil
+}
+
+func unwrapPathError(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		return pe.Err
+	}
+	return err
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+func ownSet(own func() []ebpf.ProgramID) map[ebpf.ProgramID]bool {
+	set := map[ebpf.ProgramID]bool{}
+	if own != nil {
+		for _, id := range own() {
+			set[id] = true
+		}
+	}
+	return set
+}

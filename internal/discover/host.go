@@ -1,0 +1,118 @@
+package discover
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// hostNS is the node's network namespace, opened once: a netns handle, a
+// netlink socket inside it, and one dump of its links.
+type hostNS struct {
+	path  string
+	inode uint64
+	ns    netns.NsHandle
+	nl    *netlink.Handle
+	links map[int]netlink.Link // by ifindex
+}
+
+func openHost(path string) (*hostNS, error) {
+	inode, err := nsutil.Inode(path)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("open node netns %s: %w", path, err)
+	}
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("netlink in node netns %s: %w", path, err)
+	}
+	h := &hostNS{path: path, inode: inode, ns: ns, nl: nl}
+	// Dumping the links also makes the kernel assign an id (from this netns's
+	// view) to every netns holding a veth peer: pod scanning relies on it.
+	links, err := linkList(nl)
+	if err != nil {
+		h.close()
+		return nil, fmt.Errorf("list links in node netns %s: %w", path, err)
+	}
+	h.links = make(map[int]netlink.Link, len(links))
+	for _, l := range links {
+		h.links[l.Attrs().Index] = l
+	}
+	return h, nil
+}
+
+func (h *hostNS) close() {
+	h.nl.Close()
+	h.ns.Close()
+}
+
+// link returns the node link with that ifindex, asking the kernel again for
+// links that appeared after the dump.
+func (h *hostNS) link(index int) (netlink.Link, error) {
+	if l, ok := h.links[index]; ok {
+		return l, nil
+	}
+	l, err := h.nl.LinkByIndex(index)
+	if err != nil {
+		return nil, err
+	}
+	h.links[index] = l
+	return l, nil
+}
+
+func (h *hostNS) linkByName(name string) (netlink.Link, error) {
+	for _, l := range h.links {
+		if l.Attrs().Name == name {
+			return l, nil
+		}
+	}
+	l, err := h.nl.LinkByName(name)
+	if err != nil {
+		return nil, err
+	}
+	h.links[l.Attrs().Index] = l
+	return l, nil
+}
+
+func (h *hostNS) name(index int) string {
+	if l, err := h.link(index); err == nil {
+		return l.Attrs().Name
+	}
+	return fmt.Sprintf("if%d", index)
+}
+
+// linkList dumps links, retrying a few times when a concurrent change
+// interrupted the dump (the result would be inconsistent).
+func linkList(nl *netlink.Handle) ([]netlink.Link, error) {
+	var err error
+	for range 3 {
+		var links []netlink.Link
+		links, err = nl.LinkList()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return links, err
+		}
+	}
+	return nil, err
+}
+
+// masterOf names a link's master and its kind: bridge, openvswitch (the
+// ovs-system datapath), another link kind, or none.
+func (h *hostNS) masterOf(l netlink.Link) (name, kind string) {
+	idx := l.Attrs().MasterIndex
+	if idx == 0 {
+		return "", "none"
+	}
+	m, err := h.link(idx)
+	if err != nil {
+		return fmt.Sprintf("if%d", idx), "unknown"
+	}
+	return m.Attrs().Name, m.Type()
+}

@@ -1,0 +1,187 @@
+package discover
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// parseIPTablesSave reads the nat table of `iptables-save -t nat` output into
+// a natGraph (kube-proxy's KUBE-SERVICES -> KUBE-SVC-* -> KUBE-SEP-* DNAT).
+func parseIPTablesSave(r io.Reader, source string) (*natGraph, error) {
+	g := &natGraph{source: source, table: "nat", chains: map[string][]natRule{}}
+	inNAT := false
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	for line := 1; sc.Scan(); line++ {
+		text := strings.TrimSpace(sc.Text())
+		switch {
+		case text == "" || strings.HasPrefix(text, "#"):
+		case strings.HasPrefix(text, "*"):
+			inNAT = text == "*nat"
+		case !inNAT || text == "COMMIT":
+		case strings.HasPrefix(text, ":"):
+			name, _, _ := strings.Cut(text[1:], " ")
+			if _, ok := g.chains[name]; !ok {
+				g.chains[name] = nil
+			}
+		case strings.HasPrefix(text, "-A "):
+			chain, rule, err := parseIPTablesRule(text)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: %w", line, err)
+			}
+			g.chains[chain] = append(g.chains[chain], rule)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read iptables-save output: %w", err)
+	}
+	for _, base := range []natBase{{"PREROUTING", "prerouting"}, {"OUTPUT", "output"}} {
+		if _, ok := g.chains[base.chain]; ok {
+			g.bases = append(g.bases, base)
+		}
+	}
+	return g, nil
+}
+
+// parseIPTablesRule parses one "-A CHAIN ..." line. Only what attribution
+// needs is kept: -d, -p, --dport, -j/-g and DNAT --to-destination.
+func parseIPTablesRule(text string) (string, natRule, error) {
+	args, err := splitIPTablesArgs(text)
+	if err != nil {
+		return "", natRule{}, err
+	}
+	var r natRule
+	chain := ""
+	neg := false
+	for i := 0; i < len(args); i++ {
+		arg := args[i]
+		next := func() string {
+			if i+1 < len(args) {
+				i++
+				return args[i]
+			}
+			return ""
+		}
+		switch arg {
+		case "!":
+			neg = true
+			continue
+		case "-A", "--append":
+			chain = next()
+		case "-d", "--destination":
+			p, err := parseIPTablesPrefix(next())
+			if err != nil {
+				return "", r, err
+			}
+			r.dst, r.dstNeg = []netip.Prefix{p}, neg
+		case "-p", "--protocol":
+			if v := next(); !neg {
+				r.proto = v
+			}
+		case "--dport", "--destination-port":
+			if v, err := strconv.ParseUint(next(), 10, 16); err == nil && !neg {
+				r.port = uint16(v)
+			}
+		case "-j", "--jump", "-g", "--goto":
+			t := next()
+			if t == "DNAT" {
+				r.dnat = true
+				r.note = "DNAT without --to-destination"
+			} else {
+				r.targets = append(r.targets, t)
+			}
+		case "--to-destination":
+			r.backend, r.note = parseDNATTarget(next())
+		default:
+			// Options this reader ignores (-m comment --comment "...", -s, ...):
+			// skip their value so it is never read as an option.
+			if strings.HasPrefix(arg, "-") && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") && args[i+1] != "!" {
+				i++
+			}
+		}
+		neg = false
+	}
+	if chain == "" {
+		return "", r, fmt.Errorf("rule without -A: %q", text)
+	}
+	return chain, r, nil
+}
+
+// splitIPTablesArgs splits a rule on blanks, keeping "double quoted" words
+// (comments) together.
+func splitIPTablesArgs(s string) ([]string, error) {
+	var args []string
+	var cur strings.Builder
+	inQuote, have := false, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '\\' && inQuote && i+1 < len(s):
+			i++
+			cur.WriteByte(s[i])
+		case c == '"':
+			inQuote, have = !inQuote, true
+		case (c == ' ' || c == '\t') && !inQuote:
+			if have {
+				args = append(args, cur.String())
+				cur.Reset()
+				have = false
+			}
+		default:
+			cur.WriteByte(c)
+			have = true
+		}
+	}
+	if inQuote {
+		return nil, fmt.Errorf("unterminated quote in %q", s)
+	}
+	if have {
+		args = append(args, cur.String())
+	}
+	return args, nil
+}
+
+func parseIPTablesPrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, fmt.Errorf("bad destination %q: %w", s, err)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("bad destination %q: %w", s, err)
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// parseDNATTarget reads "ADDR[-ADDR2][:PORT[-PORT2]]" (or "[V6]:PORT"), keeping
+// the first address and port of a range.
+func parseDNATTarget(s string) (netip.AddrPort, string) {
+	host, port := s, ""
+	if strings.HasPrefix(s, "[") {
+		if end := strings.Index(s, "]"); end > 0 {
+			host, port = s[1:end], strings.TrimPrefix(s[end+1:], ":")
+		}
+	} else if strings.Count(s, ":") == 1 {
+		host, port, _ = strings.Cut(s, ":")
+	}
+	host, _, _ = strings.Cut(host, "-")
+	port, _, _ = strings.Cut(port, "-")
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Sprintf("DNAT target %q: not decoded", s)
+	}
+	var p uint64
+	if port != "" {
+		if p, err = strconv.ParseUint(port, 10, 16); err != nil {
+			return netip.AddrPort{}, fmt.Sprintf("DNAT target %q: not decoded", s)
+		}
+	}
+	return netip.AddrPortFrom(a, uint16(p)), ""
+}

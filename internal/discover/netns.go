@@ -1,0 +1,124 @@
+package discover
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// nsCandidate is a network namespace that may be a pod's, with who holds it.
+type nsCandidate struct {
+	path  string
+	inode uint64
+	pid   int    // a process in it (0 if only a /run/netns name holds it)
+	comm  string // that process's command
+	name  string // its /run/netns name, if any
+}
+
+// runNetNSDir is where `ip netns` and CNI runtimes bind-mount named netns.
+const runNetNSDir = "/run/netns"
+
+// listNetNS returns every network namespace held by a process or a
+// /run/netns name, deduplicated by inode, without the one with skipInode.
+// Named netns come first (their paths stay valid when processes come and go).
+func listNetNS(skipInode uint64) ([]nsCandidate, error) {
+	byInode := map[uint64]int{} // index into out
+	var out []nsCandidate
+	add := func(c nsCandidate) {
+		if c.inode == skipInode {
+			return
+		}
+		if i, ok := byInode[c.inode]; ok {
+			if out[i].pid == 0 && c.pid != 0 {
+				out[i].pid, out[i].comm = c.pid, c.comm
+			}
+			return
+		}
+		byInode[c.inode] = len(out)
+		out = append(out, c)
+	}
+
+	names, err := os.ReadDir(runNetNSDir)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("list %s: %w", runNetNSDir, err)
+	}
+	for _, e := range names {
+		path := filepath.Join(runNetNSDir, e.Name())
+		inode, err := nsutil.Inode(path)
+		if err != nil {
+			continue // a stale file, or one removed meanwhile
+		}
+		add(nsCandidate{path: path, inode: inode, name: e.Name()})
+	}
+
+	pids, err := procPIDs()
+	if err != nil {
+		return nil, err
+	}
+	for _, pid := range pids {
+		path := fmt.Sprintf("/proc/%d/ns/net", pid)
+		inode, ok := nsLinkInode(path)
+		if !ok {
+			continue // exited meanwhile, or a kernel thread without one
+		}
+		add(nsCandidate{path: path, inode: inode, pid: pid, comm: procComm(pid)})
+	}
+	return out, nil
+}
+
+func procPIDs() ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list /proc: %w", err)
+	}
+	var pids []int
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	sort.Ints(pids)
+	return pids, nil
+}
+
+// nsLinkInode reads the inode from a /proc/PID/ns/net link ("net:[4026531840]"),
+// cheaper than a stat through it.
+func nsLinkInode(path string) (uint64, bool) {
+	target, err := os.Readlink(path)
+	if err != nil {
+		return 0, false
+	}
+	s, ok := strings.CutPrefix(target, "net:[")
+	if !ok {
+		return 0, false
+	}
+	inode, err := strconv.ParseUint(strings.TrimSuffix(s, "]"), 10, 64)
+	return inode, err == nil
+}
+
+func procComm(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// holderOf describes the candidate holding a given netns path picked by the user.
+func holderOf(path string, inode uint64) nsCandidate {
+	c := nsCandidate{path: path, inode: inode}
+	if rest, ok := strings.CutPrefix(path, "/proc/"); ok {
+		if pid, err := strconv.Atoi(strings.SplitN(rest, "/", 2)[0]); err == nil {
+			c.pid, c.comm = pid, procComm(pid)
+		}
+	}
+	if dir, name := filepath.Split(path); filepath.Clean(dir) == runNetNSDir {
+		c.name = name
+	}
+	return c
+}

@@ -1,0 +1,471 @@
+package discover
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strconv"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// nftGraphs reads every nftables table with a NAT base chain at prerouting or
+// output into a natGraph. Read-only: list requests only.
+func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
+	chains, err := conn.ListChains()
+	if err != nil {
+		return nil, fmt.Errorf("list nftables chains: %w", err)
+	}
+	type tableKey struct {
+		family nftables.TableFamily
+		name   string
+	}
+	byTable := map[tableKey][]*nftables.Chain{}
+	var order []tableKey
+	for _, c := range chains {
+		k := tableKey{c.Table.Family, c.Table.Name}
+		if _, ok := byTable[k]; !ok {
+			order = append(order, k)
+		}
+		byTable[k] = append(byTable[k], c)
+	}
+	var graphs []*natGraph
+	for _, k := range order {
+		g := &natGraph{source: "nftables", table: familyName(k.family) + " " + k.name, chains: map[string][]natRule{}}
+		for _, c := range byTable[k] {
+			if hook := natHook(c); hook != "" {
+				g.bases = append(g.bases, natBase{c.Name, hook})
+			}
+		}
+		if len(g.bases) == 0 {
+			continue // no DNAT can happen in a table without a NAT hook
+		}
+		sets := &nftSets{conn: conn, table: byTable[k][0].Table, cache: map[string]nftSet{}}
+		for _, c := range byTable[k] {
+			rules, err := conn.GetRules(c.Table, c)
+			if err != nil {
+				return graphs, fmt.Errorf("list rules of %s chain %s: %w", g.table, c.Name, err)
+			}
+			for _, r := range rules {
+				g.chains[c.Name] = append(g.chains[c.Name], nftNATRules(r.Exprs, sets.lookup)...)
+			}
+		}
+		graphs = append(graphs, g)
+	}
+	return graphs, nil
+}
+
+// natHook names the hook of a NAT base chain where DNAT happens, "" otherwise.
+func natHook(c *nftables.Chain) string {
+	if c.Hooknum == nil || c.Type != nftables.ChainTypeNAT {
+		return ""
+	}
+	switch *c.Hooknum {
+	case *nftables.ChainHookPrerouting:
+		return "prerouting"
+	case *nftables.ChainHookOutput:
+		return "output"
+	}
+	return ""
+}
+
+func familyName(f nftables.TableFamily) string {
+	switch f {
+	case nftables.TableFamilyIPv4:
+		return "ip"
+	case nftables.TableFamilyIPv6:
+		return "ip6"
+	case nftables.TableFamilyINet:
+		return "inet"
+	case nftables.TableFamilyBridge:
+		return "bridge"
+	case nftables.TableFamilyARP:
+		return "arp"
+	case nftables.TableFamilyNetdev:
+		return "netdev"
+	}
+	return "family" + strconv.Itoa(int(f))
+}
+
+// nftSet is what a rule's lookup needs of a set: its elements, and whether
+// they are intervals (which this reader does not decode).
+type nftSet struct {
+	elems    []nftables.SetElement
+	interval bool
+}
+
+// setLookup returns a set of the rule's table by name; ok false when unreadable.
+type setLookup func(name string) (nftSet, bool)
+
+type nftSets struct {
+	conn  *nftables.Conn
+	table *nftables.Table
+	cache map[string]nftSet
+}
+
+func (s *nftSets) lookup(name string) (nftSet, bool) {
+	if set, ok := s.cache[name]; ok {
+		return set, true
+	}
+	set, err := s.conn.GetSetByName(s.table, name)
+	if err != nil {
+		return nftSet{}, false
+	}
+	elems, err := s.conn.GetSetElements(set)
+	if err != nil {
+		return nftSet{}, false
+	}
+	s.cache[name] = nftSet{elems: elems, interval: set.Interval}
+	return s.cache[name], true
+}
+
+// nftField is what the evaluator knows a register holds.
+type nftField struct {
+	kind  fieldKind
+	size  int    // bytes the value occupies
+	mask  []byte // daddr after a bitwise and
+	value []byte // immediate data
+}
+
+type fieldKind uint8
+
+const (
+	fieldOther fieldKind = iota
+	fieldDaddr           // IP destination address
+	fieldDport           // transport destination port
+	fieldProto           // meta l4proto
+	fieldImm             // immediate data
+)
+
+// regSlot maps an nftables register to its 4-byte slot: NFT_REG_1..4 are 16
+// bytes wide (4 slots each), NFT_REG32_00..15 one slot each. -1 for the
+// verdict register or an unknown one.
+func regSlot(reg uint32) int {
+	switch {
+	case reg >= unix.NFT_REG_1 && reg <= unix.NFT_REG_4:
+		return int(reg-unix.NFT_REG_1) * 4
+	case reg >= unix.NFT_REG32_00 && reg <= unix.NFT_REG32_15:
+		return int(reg - unix.NFT_REG32_00)
+	}
+	return -1
+}
+
+// nftRuleEval follows one rule's expressions, tracking what each register
+// slot holds, to build the natRule(s) the rule amounts to. A verdict map
+// lookup expands into one natRule per element.
+type nftRuleEval struct {
+	regs map[int]nftField
+	rule natRule
+	out  []natRule // rules produced by verdict maps
+}
+
+// nftNATRules reduces one nftables rule to natRules.
+func nftNATRules(exprs []expr.Any, sets setLookup) []natRule {
+	ev := nftRuleEval{regs: map[int]nftField{}}
+	for _, e := range exprs {
+		ev.step(e, sets)
+	}
+	if ev.out != nil {
+		return ev.out
+	}
+	return []natRule{ev.rule}
+}
+
+func (ev *nftRuleEval) set(reg uint32, f nftField) {
+	if s := regSlot(reg); s >= 0 {
+		ev.regs[s] = f
+	}
+}
+
+func (ev *nftRuleEval) get(reg uint32) nftField {
+	return ev.regs[regSlot(reg)]
+}
+
+func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
+	switch e := e.(type) {
+	case *expr.Payload:
+		if e.OperationType == expr.PayloadLoad {
+			ev.set(e.DestRegister, payloadField(e))
+		}
+	case *expr.Meta:
+		if !e.SourceRegister {
+			f := nftField{kind: fieldOther, size: 4}
+			if e.Key == expr.MetaKeyL4PROTO {
+				f = nftField{kind: fieldProto, size: 1}
+			}
+			ev.set(e.Register, f)
+		}
+	case *expr.Bitwise:
+		f := ev.get(e.SourceRegister)
+		if f.kind == fieldDaddr && int(e.Len) == f.size && len(e.Mask) == f.size {
+			f.mask = e.Mask
+		} else {
+			f = nftField{kind: fieldOther, size: int(e.Len)}
+		}
+		ev.set(e.DestRegister, f)
+	case *expr.Immediate:
+		ev.set(e.Register, nftField{kind: fieldImm, size: len(e.Data), value: e.Data})
+	case *expr.Numgen:
+		ev.set(e.Register, nftField{kind: fieldOther, size: 4})
+	case *expr.Hash:
+		ev.set(e.DestRegister, nftField{kind: fieldOther, size: 4})
+	case *expr.Ct:
+		if !e.SourceRegister {
+			ev.set(e.Register, nftField{kind: fieldOther, size: 4})
+		}
+	case *expr.Fib:
+		ev.set(e.Register, nftField{kind: fieldOther, size: 4})
+	case *expr.Cmp:
+		ev.cmp(e)
+	case *expr.Lookup:
+		ev.lookup(e, sets)
+	case *expr.Verdict:
+		if e.Kind == expr.VerdictJump || e.Kind == expr.VerdictGoto {
+			ev.rule.targets = append(ev.rule.targets, e.Chain)
+		}
+	case *expr.NAT:
+		if e.Type == expr.NATTypeDestNAT {
+			ev.nat(e)
+		}
+	case *expr.Target:
+		if e.Name == "DNAT" {
+			ev.rule.dnat = true
+			ev.rule.backend, ev.rule.note = xtDNATBackend(e.Info)
+		}
+	case *expr.Match:
+		ev.xtMatch(e)
+	}
+}
+
+func payloadField(e *expr.Payload) nftField {
+	switch {
+	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 16 && e.Len == 4: // IPv4 daddr
+		return nftField{kind: fieldDaddr, size: 4}
+	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 24 && e.Len == 16: // IPv6 daddr
+		return nftField{kind: fieldDaddr, size: 16}
+	case e.Base == expr.PayloadBaseTransportHeader && e.Offset == 2 && e.Len == 2:
+		return nftField{kind: fieldDport, size: 2}
+	}
+	return nftField{kind: fieldOther, size: int(e.Len)}
+}
+
+func (ev *nftRuleEval) cmp(e *expr.Cmp) {
+	f := ev.get(e.Register)
+	if e.Op != expr.CmpOpEq && !(e.Op == expr.CmpOpNeq && f.kind == fieldDaddr) {
+		return
+	}
+	switch f.kind {
+	case fieldDaddr:
+		if p, ok := prefixFrom(e.Data, f.mask); ok {
+			ev.rule.dst, ev.rule.dstNeg = []netip.Prefix{p}, e.Op == expr.CmpOpNeq
+		}
+	case fieldDport:
+		if len(e.Data) == 2 {
+			ev.rule.port = binary.BigEndian.Uint16(e.Data)
+		}
+	case fieldProto:
+		if len(e.Data) == 1 {
+			ev.rule.proto = protoName(e.Data[0])
+		}
+	}
+}
+
+// lookup handles a set membership test on the destination, and verdict maps
+// (kube-proxy's `ip daddr . meta l4proto . th dport vmap @service-ips`): each
+// element becomes a rule with the element's key as conditions.
+func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
+	isVmap := e.IsDestRegSet && e.DestRegister == unix.NFT_REG_VERDICT
+	if e.IsDestRegSet && !isVmap {
+		ev.set(e.DestRegister, nftField{kind: fieldOther, size: 4})
+		return
+	}
+	set, ok := sets(e.SetName)
+	if !ok || set.interval {
+		return // unknown condition: the rule may apply
+	}
+	start := regSlot(e.SourceRegister)
+	if !isVmap {
+		if f := ev.regs[start]; f.kind == fieldDaddr {
+			var dst []netip.Prefix
+			for _, el := range set.elems {
+				if k := ev.decodeKey(start, el.Key); k.daddr.IsValid() {
+					dst = append(dst, netip.PrefixFrom(k.daddr, k.daddr.BitLen()))
+				}
+			}
+			ev.rule.dst, ev.rule.dstNeg = dst, e.Invert
+		}
+		return
+	}
+	for _, el := range set.elems {
+		v := el.VerdictData
+		if v == nil {
+			v = verdictFromData(el.Val)
+		}
+		if v == nil || (v.Kind != expr.VerdictJump && v.Kind != expr.VerdictGoto) {
+			continue
+		}
+		r := ev.rule
+		r.targets = []string{v.Chain}
+		k := ev.decodeKey(start, el.Key)
+		if k.daddr.IsValid() {
+			r.dst, r.dstNeg = []netip.Prefix{netip.PrefixFrom(k.daddr, k.daddr.BitLen())}, false
+		}
+		if k.port != 0 {
+			r.port = k.port
+		}
+		if k.proto != "" {
+			r.proto = k.proto
+		}
+		ev.out = append(ev.out, r)
+	}
+}
+
+// verdictFromData decodes a verdict map element's data as the kernel sends it
+// (nested NFTA_VERDICT_CODE and NFTA_VERDICT_CHAIN): google/nftables v0.3.0
+// leaves it undecoded in SetElement.Val when listing elements.
+func verdictFromData(b []byte) *expr.Verdict {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return nil
+	}
+	ad.ByteOrder = binary.BigEndian
+	var v expr.Verdict
+	haveCode := false
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			v.Kind, haveCode = expr.VerdictKind(int32(ad.Uint32())), true
+		case unix.NFTA_VERDICT_CHAIN:
+			v.Chain = ad.String()
+		}
+	}
+	if ad.Err() != nil || !haveCode {
+		return nil
+	}
+	return &v
+}
+
+type setKey struct {
+	daddr netip.Addr
+	port  uint16
+	proto string
+}
+
+// decodeKey reads a (possibly concatenated) set key whose parts were loaded
+// into consecutive register slots from start; each part is padded to 4 bytes.
+func (ev *nftRuleEval) decodeKey(start int, key []byte) setKey {
+	var k setKey
+	slot := start
+	for len(key) > 0 {
+		f, ok := ev.regs[slot]
+		if !ok || f.size <= 0 {
+			break
+		}
+		width := (f.size + 3) &^ 3
+		if width > len(key) {
+			break
+		}
+		part := key[:f.size]
+		switch f.kind {
+		case fieldDaddr:
+			if a, ok := netip.AddrFromSlice(part); ok {
+				k.daddr = a
+			}
+		case fieldDport:
+			k.port = binary.BigEndian.Uint16(part)
+		case fieldProto:
+			k.proto = protoName(part[0])
+		}
+		key, slot = key[width:], slot+width/4
+	}
+	return k
+}
+
+// nat decodes `dnat to ADDR[:PORT]` from the immediate values in its registers.
+func (ev *nftRuleEval) nat(e *expr.NAT) {
+	ev.rule.dnat = true
+	addr := ev.get(e.RegAddrMin)
+	ip, ok := netip.AddrFromSlice(addr.value)
+	if addr.kind != fieldImm || !ok {
+		ev.rule.note = "dnat target from a map or expression: not decoded"
+		return
+	}
+	var port uint16
+	if e.RegProtoMin != 0 {
+		if p := ev.get(e.RegProtoMin); p.kind == fieldImm && len(p.value) >= 2 {
+			port = binary.BigEndian.Uint16(p.value)
+		}
+	}
+	ev.rule.backend = netip.AddrPortFrom(ip, port)
+}
+
+// xtMatch reads the destination port of an iptables-nft `-m tcp/udp --dport`.
+func (ev *nftRuleEval) xtMatch(e *expr.Match) {
+	var ports [2]uint16
+	switch m := e.Info.(type) {
+	case *xt.Tcp:
+		ports, ev.rule.proto = m.DstPorts, "tcp"
+	case *xt.Udp:
+		ports, ev.rule.proto = m.DstPorts, "udp"
+	default:
+		return
+	}
+	if ports[0] == ports[1] {
+		ev.rule.port = ports[0]
+	}
+}
+
+// xtDNATBackend decodes the target of an iptables-nft `-j DNAT`.
+func xtDNATBackend(info xt.InfoAny) (netip.AddrPort, string) {
+	var ipb []byte
+	var port uint16
+	switch r := info.(type) {
+	case *xt.NatIPv4MultiRangeCompat:
+		if len(*r) > 0 {
+			ipb, port = (*r)[0].MinIP, (*r)[0].MinPort
+		}
+	case *xt.NatRange:
+		ipb, port = r.MinIP, r.MinPort
+	case *xt.NatRange2:
+		ipb, port = r.MinIP, r.MinPort
+	}
+	ip, ok := netip.AddrFromSlice(ipb)
+	if !ok {
+		return netip.AddrPort{}, "xt DNAT target: not decoded"
+	}
+	return netip.AddrPortFrom(ip.Unmap(), port), ""
+}
+
+// prefixFrom turns compared address bytes and an optional mask into a prefix.
+func prefixFrom(data, mask []byte) (netip.Prefix, bool) {
+	a, ok := netip.AddrFromSlice(data)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	bits := a.BitLen()
+	if mask != nil {
+		bits = 0
+		for _, b := range mask {
+			for ; b&0x80 != 0; b <<= 1 {
+				bits++
+			}
+		}
+	}
+	return netip.PrefixFrom(a, bits).Masked(), true
+}
+
+func protoName(p byte) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	}
+	return strconv.Itoa(int(p))
+}

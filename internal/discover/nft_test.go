@@ -1,0 +1,206 @@
+package discover
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Expression builders in the shapes nft(8) and iptables-nft emit.
+
+func loadDaddr(reg uint32) expr.Any {
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}
+}
+
+func loadDport(reg uint32) expr.Any {
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+}
+
+func loadProto(reg uint32) expr.Any { return &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg} }
+
+func cmpEq(reg uint32, data ...byte) expr.Any {
+	return &expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: data}
+}
+
+func ip4(s string) []byte { a := netip.MustParseAddr(s).As4(); return a[:] }
+
+func port(p uint16) []byte { return []byte{byte(p >> 8), byte(p)} }
+
+func jump(chain string) expr.Any { return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain} }
+
+func gotoChain(chain string) *expr.Verdict {
+	return &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}
+}
+
+// dnatTo is `dnat to ADDR:PORT` as nft(8) compiles it.
+func dnatTo(addr string, p uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: ip4(addr)},
+		&expr.Immediate{Register: 2, Data: port(p)},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+	}
+}
+
+func noSets(string) (nftSet, bool) { return nftSet{}, false }
+
+func TestNFTRuleDirectMatchAndDNAT(t *testing.T) {
+	// ip daddr 10.120.0.80 meta l4proto tcp th dport 80 jump svc-web
+	r := nftNATRules([]expr.Any{
+		loadDaddr(1), cmpEq(1, ip4("10.120.0.80")...),
+		loadProto(1), cmpEq(1, unix.IPPROTO_TCP),
+		loadDport(1), cmpEq(1, port(80)...),
+		jump("svc-web"),
+	}, noSets)
+	if len(r) != 1 || len(r[0].dst) != 1 || r[0].dst[0] != netip.MustParsePrefix("10.120.0.80/32") ||
+		r[0].proto != "tcp" || r[0].port != 80 || !slices.Equal(r[0].targets, []string{"svc-web"}) || r[0].dnat {
+		t.Fatalf("match rule: got %+v", r)
+	}
+	d := nftNATRules(append([]expr.Any{loadProto(1), cmpEq(1, unix.IPPROTO_TCP)}, dnatTo("10.244.20.31", 3000)...), noSets)
+	if len(d) != 1 || !d[0].dnat || d[0].backend != netip.MustParseAddrPort("10.244.20.31:3000") || len(d[0].dst) != 0 {
+		t.Fatalf("dnat rule: got %+v", d)
+	}
+	// dnat to an address held in a register loaded from the packet: not decodable.
+	u := nftNATRules([]expr.Any{loadDaddr(1), &expr.NAT{Type: expr.NATTypeDestNAT, RegAddrMin: 1}}, noSets)
+	if !u[0].dnat || u[0].backend.IsValid() || u[0].note == "" {
+		t.Fatalf("undecodable dnat: got %+v", u)
+	}
+}
+
+func TestNFTRuleMaskAndNegation(t *testing.T) {
+	// ip daddr != 127.0.0.0/8 jump nodeports
+	r := nftNATRules([]expr.Any{
+		loadDaddr(1),
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 0, 0}, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ip4("127.0.0.0")},
+		jump("nodeports"),
+	}, noSets)
+	if len(r) != 1 || !r[0].dstNeg || r[0].dst[0] != netip.MustParsePrefix("127.0.0.0/8") {
+		t.Fatalf("got %+v", r)
+	}
+	applies, names := r[0].appliesTo(netip.MustParseAddr("10.120.0.80"))
+	if !applies || names {
+		t.Errorf("negated prefix: applies %v names %v, want true false", applies, names)
+	}
+}
+
+// kubeProxyNFT is the shape of kube-proxy's nftables mode: a concatenated-key
+// verdict map of services, a numgen vmap of endpoints, dnat in endpoint chains.
+func kubeProxyNFT() *natGraph {
+	sets := map[string]nftSet{
+		"service-ips": {elems: []nftables.SetElement{
+			{Key: concatKey(ip4("10.120.0.80"), []byte{unix.IPPROTO_TCP}, port(80)), VerdictData: gotoChain("service-web")},
+			{Key: concatKey(ip4("10.120.0.10"), []byte{unix.IPPROTO_UDP}, port(53)), VerdictData: gotoChain("service-dns")},
+			{Key: concatKey(ip4("10.120.0.99"), []byte{unix.IPPROTO_TCP}, port(80)), VerdictData: gotoChain("service-other")},
+		}},
+		"__map0": {elems: []nftables.SetElement{
+			{Key: []byte{0, 0, 0, 0}, VerdictData: gotoChain("endpoint-web-a")},
+			{Key: []byte{1, 0, 0, 0}, VerdictData: gotoChain("endpoint-web-b")},
+		}},
+		"__map1": {elems: []nftables.SetElement{{Key: []byte{0, 0, 0, 0}, VerdictData: gotoChain("endpoint-dns")}}},
+		"__map2": {elems: []nftables.SetElement{{Key: []byte{0, 0, 0, 0}, VerdictData: gotoChain("endpoint-other")}}},
+	}
+	lookup := func(name string) (nftSet, bool) { s, ok := sets[name]; return s, ok }
+	vmap := func(set string, loads ...expr.Any) []expr.Any {
+		return append(loads, &expr.Lookup{SourceRegister: 1, SetName: set, IsDestRegSet: true, DestRegister: unix.NFT_REG_VERDICT})
+	}
+	numgenVmap := func(set string) []expr.Any {
+		return vmap(set, &expr.Numgen{Register: 1, Modulus: 2})
+	}
+	endpoint := func(proto byte, addr string, p uint16) []expr.Any {
+		return append([]expr.Any{loadProto(1), cmpEq(1, proto)}, dnatTo(addr, p)...)
+	}
+	rules := map[string][][]expr.Any{
+		"nat-prerouting": {{jump("services")}},
+		"services": {
+			vmap("service-ips", loadDaddr(1), loadProto(unix.NFT_REG32_01), loadDport(unix.NFT_REG32_02)),
+			{&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true}, cmpEq(1, 2, 0, 0, 0), jump("nodeports")},
+		},
+		"nodeports":           {{loadProto(1), cmpEq(1, unix.IPPROTO_TCP), loadDport(1), cmpEq(1, port(30080)...), jump("service-web")}},
+		"service-web":         {{loadDaddr(1), cmpEq(1, ip4("10.120.0.80")...), jump("mark-for-masquerade")}, numgenVmap("__map0")},
+		"service-dns":         {numgenVmap("__map1")},
+		"service-other":       {numgenVmap("__map2")},
+		"endpoint-web-a":      {endpoint(unix.IPPROTO_TCP, "10.244.20.31", 3000)},
+		"endpoint-web-b":      {endpoint(unix.IPPROTO_TCP, "10.244.20.32", 3000)},
+		"endpoint-dns":        {endpoint(unix.IPPROTO_UDP, "10.244.20.31", 5353)},
+		"endpoint-other":      {endpoint(unix.IPPROTO_TCP, "10.244.30.5", 8080)},
+		"mark-for-masquerade": {{&expr.Immediate{Register: 1, Data: []byte{0, 0x40, 0, 0}}}},
+	}
+	g := &natGraph{source: "nftables", table: "ip kube-proxy", bases: []natBase{{"nat-prerouting", "prerouting"}}, chains: map[string][]natRule{}}
+	for chain, rs := range rules {
+		for _, r := range rs {
+			g.chains[chain] = append(g.chains[chain], nftNATRules(r, lookup)...)
+		}
+	}
+	return g
+}
+
+// concatKey pads each part to 4 bytes, as nftables lays out concatenations.
+func concatKey(parts ...[]byte) []byte {
+	var k []byte
+	for _, p := range parts {
+		k = append(k, p...)
+		for len(k)%4 != 0 {
+			k = append(k, 0)
+		}
+	}
+	return k
+}
+
+func TestNFTKubeProxyShape(t *testing.T) {
+	g := kubeProxyNFT()
+	got := keys(g.match([]netip.Addr{netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10")}))
+	want := []string{
+		"prerouting 10.120.0.10 udp/53 nat-prerouting>services>service-dns>endpoint-dns => 10.244.20.31:5353",
+		"prerouting 10.120.0.80 tcp/80 nat-prerouting>services>service-web>endpoint-web-a => 10.244.20.31:3000",
+		"prerouting 10.120.0.80 tcp/80 nat-prerouting>services>service-web>endpoint-web-b => 10.244.20.32:3000",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("rules:\n got %q\nwant %q", got, want)
+	}
+	if got := g.match([]netip.Addr{netip.MustParseAddr("10.120.0.7")}); len(got) != 0 {
+		t.Errorf("a VIP without rules matched %q", keys(got))
+	}
+}
+
+func TestNFTMembershipSetAndIPTablesNFT(t *testing.T) {
+	sets := map[string]nftSet{"vips": {elems: []nftables.SetElement{{Key: ip4("10.120.0.80")}, {Key: ip4("10.120.0.81")}}}}
+	lookup := func(name string) (nftSet, bool) { s, ok := sets[name]; return s, ok }
+	// ip daddr @vips jump svc
+	r := nftNATRules([]expr.Any{loadDaddr(1), &expr.Lookup{SourceRegister: 1, SetName: "vips"}, jump("svc")}, lookup)
+	if len(r) != 1 || len(r[0].dst) != 2 || r[0].dstNeg {
+		t.Fatalf("membership: got %+v", r)
+	}
+	// iptables-nft: -p tcp -m tcp --dport 80 -j DNAT --to-destination 10.244.20.31:3000
+	x := nftNATRules([]expr.Any{
+		&expr.Match{Name: "tcp", Info: &xt.Tcp{DstPorts: [2]uint16{80, 80}}},
+		&expr.Target{Name: "DNAT", Info: &xt.NatIPv4MultiRangeCompat{{MinIP: net.ParseIP("10.244.20.31").To4(), MinPort: 3000}}},
+	}, noSets)
+	if len(x) != 1 || x[0].proto != "tcp" || x[0].port != 80 || !x[0].dnat || x[0].backend != netip.MustParseAddrPort("10.244.20.31:3000") {
+		t.Fatalf("xt: got %+v", x)
+	}
+}
+
+func TestVerdictFromData(t *testing.T) {
+	// NFTA_VERDICT_CODE = NFT_GOTO (-4), NFTA_VERDICT_CHAIN = "svc-dns", as listed by the kernel.
+	b, err := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_VERDICT_CODE, Data: binary.BigEndian.AppendUint32(nil, uint32(0xfffffffc))},
+		{Type: unix.NFTA_VERDICT_CHAIN, Data: []byte("svc-dns\x00")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := verdictFromData(b); v == nil || v.Kind != expr.VerdictGoto || v.Chain != "svc-dns" {
+		t.Errorf("got %+v, want goto svc-dns", v)
+	}
+	if v := verdictFromData([]byte{1, 2}); v != nil {
+		t.Errorf("garbage: got %+v, want nil", v)
+	}
+}

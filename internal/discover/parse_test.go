@@ -1,0 +1,140 @@
+package discover
+
+import (
+	"encoding/json"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestCgroup2Mount(t *testing.T) {
+	for _, tc := range []struct {
+		file, want string
+	}{
+		{"mountinfo-hybrid", "/sys/fs/cgroup/unified"},
+		{"mountinfo-escaped", "/mnt/my cgroups"},
+	} {
+		f, err := os.Open("testdata/" + tc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := cgroup2Mount(f)
+		f.Close()
+		if err != nil || got != tc.want {
+			t.Errorf("%s: got %q, %v; want %q", tc.file, got, err, tc.want)
+		}
+	}
+	f, err := os.Open("testdata/mountinfo-nocgroup2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if got, err := cgroup2Mount(f); err == nil {
+		t.Errorf("no cgroup2 mount: got %q, want an error", got)
+	}
+}
+
+// key is a comparable summary of a NATRule for assertions.
+func key(r NATRule) string {
+	return r.Hook + " " + r.Service.String() + " " + r.Proto + "/" + strconv.Itoa(int(r.Port)) + " " +
+		strings.Join(r.Chains, ">") + " => " + r.Backend.String()
+}
+
+func keys(rules []NATRule) []string {
+	var out []string
+	for _, r := range rules {
+		out = append(out, key(r))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestParseIPTablesSaveKubeProxy(t *testing.T) {
+	f, err := os.Open("testdata/iptables-save-kube-proxy.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g, err := parseIPTablesSave(f, "iptables-legacy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vips := []netip.Addr{netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10"), netip.MustParseAddr("10.120.0.77")}
+	got := keys(g.match(vips))
+	want := []string{
+		"output 10.120.0.10 udp/53 OUTPUT>KUBE-SERVICES>KUBE-SVC-DNSXXXXXXXXXXXXX>KUBE-SEP-DNSAAAAAAAAAAAAA => 10.244.20.31:5353",
+		"output 10.120.0.80 tcp/80 OUTPUT>KUBE-SERVICES>KUBE-SVC-WEBXXXXXXXXXXXXX>KUBE-SEP-WEBAAAAAAAAAAAAA => 10.244.20.31:3000",
+		"output 10.120.0.80 tcp/80 OUTPUT>KUBE-SERVICES>KUBE-SVC-WEBXXXXXXXXXXXXX>KUBE-SEP-WEBBBBBBBBBBBBBB => 10.244.20.32:3000",
+		"prerouting 10.120.0.10 udp/53 PREROUTING>KUBE-SERVICES>KUBE-SVC-DNSXXXXXXXXXXXXX>KUBE-SEP-DNSAAAAAAAAAAAAA => 10.244.20.31:5353",
+		"prerouting 10.120.0.80 tcp/80 PREROUTING>KUBE-SERVICES>KUBE-SVC-WEBXXXXXXXXXXXXX>KUBE-SEP-WEBAAAAAAAAAAAAA => 10.244.20.31:3000",
+		"prerouting 10.120.0.80 tcp/80 PREROUTING>KUBE-SERVICES>KUBE-SVC-WEBXXXXXXXXXXXXX>KUBE-SEP-WEBBBBBBBBBBBBBB => 10.244.20.32:3000",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("rules:\n got %q\nwant %q", got, want)
+	}
+	for _, r := range g.match(vips) {
+		if r.Source != "iptables-legacy" || r.Table != "nat" {
+			t.Errorf("rule %s: source %q table %q", key(r), r.Source, r.Table)
+		}
+	}
+}
+
+func TestParseIPTablesRuleQuotesAndNegation(t *testing.T) {
+	chain, r, err := parseIPTablesRule(`-A KUBE-SVC-X ! -d 10.0.0.0/8 -m comment --comment "a \"-d 1.2.3.4\" -j NOPE" -j KUBE-SEP-Y`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chain != "KUBE-SVC-X" || !r.dstNeg || len(r.dst) != 1 || r.dst[0] != netip.MustParsePrefix("10.0.0.0/8") ||
+		!slices.Equal(r.targets, []string{"KUBE-SEP-Y"}) {
+		t.Errorf("got chain %q rule %+v", chain, r)
+	}
+	if _, _, err := parseIPTablesRule(`-A X -m comment --comment "unterminated -j Y`); err == nil {
+		t.Error("unterminated quote: want an error")
+	}
+	for in, want := range map[string]string{
+		"10.244.20.31:3000":       "10.244.20.31:3000",
+		"10.244.20.31":            "10.244.20.31:0",
+		"10.0.0.1-10.0.0.9:80-90": "10.0.0.1:80",
+		"[2001:db8::1]:8080":      "[2001:db8::1]:8080",
+	} {
+		if got, note := parseDNATTarget(in); got.String() != want || note != "" {
+			t.Errorf("parseDNATTarget(%q) = %v %q, want %s", in, got, note, want)
+		}
+	}
+	if got, note := parseDNATTarget("nonsense"); got.IsValid() || note == "" {
+		t.Errorf("parseDNATTarget(nonsense) = %v %q, want invalid with a note", got, note)
+	}
+}
+
+func TestParseIPVS(t *testing.T) {
+	f, err := os.Open("testdata/ip_vs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := parseIPVS(f)
+	b, _ := json.Marshal(got)
+	want := `[{"proto":"tcp","service":"10.120.0.80:80","scheduler":"rr","backends":["10.244.20.31:3000","10.244.20.32:3000"]},` +
+		`{"proto":"udp","service":"10.120.0.10:53","scheduler":"rr","backends":["10.244.20.31:5353"]},` +
+		`{"proto":"tcp","service":"[2001:db8::50]:80","scheduler":"rr","backends":["[2001:db8::20:31]:3000"]}]`
+	if string(b) != want {
+		t.Errorf("parseIPVS:\n got %s\nwant %s", b, want)
+	}
+}
+
+func TestNodeInfoJSONHasType(t *testing.T) {
+	b, err := json.Marshal(NodeInfo{Kernel: "6.18"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m["type"] != "node" || m["kernel"] != "6.18" {
+		t.Errorf("got %s", b)
+	}
+}

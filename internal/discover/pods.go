@@ -1,0 +1,357 @@
+package discover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// discoverPods fills info.Pods from the pod selector, or with every pod of the
+// node (bounded by MaxPods), then applies the --host-veth override.
+func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo) error {
+	var hostVeth netlink.Link
+	if opt.HostVeth != "" {
+		l, err := host.linkByName(opt.HostVeth)
+		if err != nil {
+			return usagef("--host-veth %s: no such interface in the node netns %s; list them with `ip link` there", opt.HostVeth, host.path)
+		}
+		hostVeth = l
+	}
+
+	switch {
+	case opt.PodNetNS != "":
+		inode, err := nsutil.Inode(opt.PodNetNS)
+		if err != nil {
+			return usagef("--pod-netns %s: %v", opt.PodNetNS, err)
+		}
+		if inode == host.inode {
+			return usagef("pod netns %s is the node netns itself; select a pod's netns", opt.PodNetNS)
+		}
+		pod, err := inspectPod(host, holderOf(opt.PodNetNS, inode), netip.Addr{})
+		if err != nil {
+			return err
+		}
+		info.Pods = []Pod{*pod}
+	case opt.PodIP.IsValid():
+		pod, err := podByIP(ctx, host, opt.PodIP)
+		if err != nil {
+			return err
+		}
+		info.Pods = []Pod{*pod}
+	default:
+		if err := scanPods(ctx, host, opt.MaxPods, hostVeth, info); err != nil {
+			return err
+		}
+	}
+	for _, p := range info.Pods {
+		if p.HostPeer == nil && hostVeth == nil {
+			info.notef("pod netns %s: %s has no veth peer in the node netns; host-side capture needs --host-veth", p.NetNS.Path, p.Eth0.Name)
+		}
+	}
+	if hostVeth != nil {
+		overrideHostVeth(host, hostVeth, info)
+	}
+	return nil
+}
+
+// overrideHostVeth makes the --host-veth link the host side of the selected
+// pod, or of a pod-less entry when no pod netns leads to it.
+func overrideHostVeth(host *hostNS, l netlink.Link, info *NodeInfo) {
+	peer := hostPeer(host, l)
+	if len(info.Pods) == 0 {
+		info.notef("--host-veth %s: no pod netns found behind it; capturing on the node side only", l.Attrs().Name)
+		info.Pods = []Pod{{HostPeer: peer}}
+		return
+	}
+	for i := range info.Pods {
+		if old := info.Pods[i].HostPeer; old != nil && old.Ifindex != peer.Ifindex {
+			info.notef("--host-veth %s overrides the discovered host veth %s", peer.Name, old.Name)
+		}
+		info.Pods[i].HostPeer = peer
+	}
+}
+
+// scanPods enumerates the pods of the node: netns whose default route leaves
+// through a veth whose peer is in the node netns. With only set, it keeps the
+// pod behind that host link.
+func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link, info *NodeInfo) error {
+	// The node's veths carry, from the node's view, the id of their peer's
+	// netns: a candidate whose id is not among them has no veth to the node,
+	// and is skipped without opening a netlink socket in it.
+	peerIDs := map[int]bool{}
+	for _, l := range host.links {
+		if _, ok := l.(*netlink.Veth); ok && l.Attrs().NetNsID >= 0 {
+			if only == nil || l.Attrs().Index == only.Attrs().Index {
+				peerIDs[l.Attrs().NetNsID] = true
+			}
+		}
+	}
+	if len(peerIDs) == 0 {
+		return nil
+	}
+	cands, err := listNetNS(host.inode)
+	if err != nil {
+		return err
+	}
+	for _, c := range cands {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !peerIDs[host.netnsID(c.path)] {
+			continue
+		}
+		if len(info.Pods) >= maxPods {
+			info.PodsSkipped++
+			continue
+		}
+		pod, err := inspectPod(host, c, netip.Addr{})
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) { // gone meanwhile: not a pod any more
+				info.notef("pod netns %s: %v", c.path, err)
+			}
+			continue
+		}
+		// A pod's default route leaves through its veth into the node; a
+		// netns behind the node's uplink (a gateway, the host of a kind node)
+		// has a veth into the node too, but routes elsewhere.
+		if pod.HostPeer == nil || !pod.defaultViaEth0 || (only != nil && pod.HostPeer.Ifindex != only.Attrs().Index) {
+			continue
+		}
+		info.Pods = append(info.Pods, *pod)
+	}
+	if info.PodsSkipped > 0 {
+		info.notef("%d netns with a veth into the node not examined: --max-pods %d reached", info.PodsSkipped, maxPods)
+	}
+	return nil
+}
+
+// netnsID is the id the node netns gives the netns at path, -1 when none.
+func (h *hostNS) netnsID(path string) int {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return -1
+	}
+	defer ns.Close()
+	id, err := h.nl.GetNetNsIdByFd(int(ns))
+	if err != nil {
+		return -1
+	}
+	return id
+}
+
+// podByIP finds the netns (other than the node's) with ip on an interface.
+func podByIP(ctx context.Context, host *hostNS, ip netip.Addr) (*Pod, error) {
+	if hasAddr(host.nl, ip) {
+		return nil, usagef("--pod-ip %s is an address of the node netns %s, not of a pod; give a pod's IP", ip, host.path)
+	}
+	cands, err := listNetNS(host.inode)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cands {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		found, err := netnsHasAddr(c.path, ip)
+		if err != nil || !found {
+			continue // gone meanwhile, or not the one
+		}
+		return inspectPod(host, c, ip)
+	}
+	return nil, usagef("--pod-ip %s: no pod has this address (%d netns checked); give the IP of a pod running on this node", ip, len(cands))
+}
+
+func netnsHasAddr(path string, ip netip.Addr) (bool, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return false, err
+	}
+	defer ns.Close()
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return false, err
+	}
+	defer nl.Close()
+	return hasAddr(nl, ip), nil
+}
+
+func hasAddr(nl *netlink.Handle, ip netip.Addr) bool {
+	addrs, err := nl.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return false
+	}
+	for _, a := range addrs {
+		if ad, ok := netip.AddrFromSlice(a.IP); ok && ad.Unmap() == ip {
+			return true
+		}
+	}
+	return false
+}
+
+// inspectPod reads a pod netns: its interface towards the node (see
+// pickPodIface), addresses, gateway and gateway MAC, and the host peer.
+func inspectPod(host *hostNS, c nsCandidate, want netip.Addr) (*Pod, error) {
+	ns, err := netns.GetFromPath(c.path)
+	if err != nil {
+		return nil, fmt.Errorf("open pod netns: %w", err)
+	}
+	defer ns.Close()
+	nl, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in pod netns: %w", err)
+	}
+	defer nl.Close()
+
+	links, err := linkList(nl)
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	// Both ids exist once each side has dumped its links (done above and in openHost).
+	hostID, err := nl.GetNetNsIdByFd(int(host.ns))
+	if err != nil {
+		return nil, fmt.Errorf("node netns id seen from the pod: %w", err)
+	}
+	podID, err := host.nl.GetNetNsIdByFd(int(ns))
+	if err != nil {
+		return nil, fmt.Errorf("pod netns id seen from the node: %w", err)
+	}
+	gw, gwIndex := defaultGateway(nl)
+
+	eth0 := pickPodIface(nl, links, hostID, gwIndex, want)
+	if eth0 == nil {
+		return nil, fmt.Errorf("no veth into the node netns %s and no default route", host.path)
+	}
+	pod := &Pod{
+		NetNS:  NetNS{Path: c.path, Inode: c.inode},
+		PID:    c.pid,
+		Comm:   c.comm,
+		NSName: c.name,
+		Eth0:   iface(nl, eth0),
+	}
+	if gwIndex == eth0.Attrs().Index {
+		pod.defaultViaEth0 = true
+		pod.Gateway = gw
+		pod.GatewayMAC = neighbourMAC(nl, eth0.Attrs().Index, gw)
+	}
+	if isVethTo(eth0, hostID) {
+		if hl, err := host.link(eth0.Attrs().ParentIndex); err == nil && isVethTo(hl, podID) && hl.Attrs().ParentIndex == eth0.Attrs().Index {
+			pod.HostPeer = hostPeer(host, hl)
+		}
+	}
+	return pod, nil
+}
+
+// pickPodIface chooses the pod's interface towards the node: the one with want
+// if given, else the veth into the node netns carrying the default route, else
+// the first such veth.
+func pickPodIface(nl *netlink.Handle, links []netlink.Link, hostID, gwIndex int, want netip.Addr) netlink.Link {
+	if want.IsValid() {
+		addrs, _ := nl.AddrList(nil, netlink.FAMILY_V4)
+		for _, a := range addrs {
+			if ad, ok := netip.AddrFromSlice(a.IP); ok && ad.Unmap() == want {
+				for _, l := range links {
+					if l.Attrs().Index == a.LinkIndex {
+						return l
+					}
+				}
+			}
+		}
+		return nil
+	}
+	var first netlink.Link
+	for _, l := range links {
+		if !isVethTo(l, hostID) {
+			continue
+		}
+		if l.Attrs().Index == gwIndex {
+			return l
+		}
+		if first == nil {
+			first = l
+		}
+	}
+	if first != nil {
+		return first
+	}
+	// No veth into the node (macvlan, ipvlan...): the default route's interface
+	// still gives a pod-side capture point.
+	for _, l := range links {
+		if l.Attrs().Index == gwIndex {
+			return l
+		}
+	}
+	return nil
+}
+
+// isVethTo tells whether l is a veth whose peer is in the netns with that id.
+func isVethTo(l netlink.Link, nsid int) bool {
+	_, ok := l.(*netlink.Veth)
+	return ok && nsid >= 0 && l.Attrs().NetNsID == nsid
+}
+
+func hostPeer(host *hostNS, l netlink.Link) *HostPeer {
+	master, kind := host.masterOf(l)
+	return &HostPeer{Iface: iface(host.nl, l), Master: master, MasterKind: kind}
+}
+
+func iface(nl *netlink.Handle, l netlink.Link) Iface {
+	a := l.Attrs()
+	ifc := Iface{Name: a.Name, Ifindex: a.Index, MAC: a.HardwareAddr.String(), Kind: l.Type()}
+	addrs, _ := nl.AddrList(l, netlink.FAMILY_V4)
+	for _, ad := range addrs {
+		if ip, ok := netip.AddrFromSlice(ad.IP); ok && ad.IPNet != nil {
+			ones, _ := ad.Mask.Size()
+			ifc.Addrs = append(ifc.Addrs, netip.PrefixFrom(ip.Unmap(), ones))
+		}
+	}
+	return ifc
+}
+
+// defaultGateway returns the IPv4 default route's gateway and device.
+func defaultGateway(nl *netlink.Handle) (netip.Addr, int) {
+	routes, _ := nl.RouteList(nil, netlink.FAMILY_V4)
+	for _, r := range routes {
+		if !isDefaultRoute(r) {
+			continue
+		}
+		gw, _ := netip.AddrFromSlice(r.Gw)
+		if r.LinkIndex == 0 && len(r.MultiPath) > 0 {
+			gw, _ = netip.AddrFromSlice(r.MultiPath[0].Gw)
+			return gw.Unmap(), r.MultiPath[0].LinkIndex
+		}
+		return gw.Unmap(), r.LinkIndex
+	}
+	return netip.Addr{}, 0
+}
+
+func isDefaultRoute(r netlink.Route) bool {
+	if r.Dst == nil {
+		return true
+	}
+	ones, _ := r.Dst.Mask.Size()
+	return ones == 0
+}
+
+// neighbourMAC reads ip's MAC from the neighbour table (read-only: an entry
+// that is not resolved yet gives "").
+func neighbourMAC(nl *netlink.Handle, index int, ip netip.Addr) string {
+	if !ip.IsValid() {
+		return ""
+	}
+	neighs, _ := nl.NeighList(index, netlink.FAMILY_V4)
+	for _, n := range neighs {
+		if n.IP.Equal(net.IP(ip.AsSlice())) && len(n.HardwareAddr) > 0 && n.State&(unix.NUD_INCOMPLETE|unix.NUD_FAILED) == 0 {
+			return n.HardwareAddr.String()
+		}
+	}
+	return ""
+}

@@ -1,0 +1,197 @@
+package discover
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// sockAttach are the cgroup sock_addr hooks a socket load balancer uses.
+var sockAttach = [...]struct {
+	name string
+	typ  ebpf.AttachType
+}{
+	{"connect4", ebpf.AttachCGroupInet4Connect},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername},
+}
+
+// sockPrograms lists the sock_addr programs effective for cgroup (the
+// client's), each with the cgroup it is attached to: the effective list of the
+// cgroup itself, attributed by querying it and each ancestor up to the root.
+func sockPrograms(cgroup string, own map[ebpf.ProgramID]bool, info *NodeInfo) []SockProgram {
+	if cgroup == "" {
+		info.notef("socket programs not checked: no cgroup2 mount found (pass --cgroup)")
+		return nil
+	}
+	var chain []string // cgroup, parent, ..., root of the cgroup2 mount
+	for dir := filepath.Clean(cgroup); isCgroup2(dir); dir = filepath.Dir(dir) {
+		chain = append(chain, dir)
+		if dir == "/" {
+			break
+		}
+	}
+	var out []SockProgram
+	for _, at := range sockAttach {
+		effective, err := queryCgroup(cgroup, at.typ, unix.BPF_F_QUERY_EFFECTIVE)
+		if err != nil {
+			info.notef("socket programs (%s) not checked on %s: %v", at.name, cgroup, err)
+			continue
+		}
+		attachedAt := map[ebpf.ProgramID]string{}
+		for _, dir := range chain {
+			ids, err := queryCgroup(dir, at.typ, 0)
+			if err != nil {
+				continue
+			}
+			for _, id := range ids {
+				if _, ok := attachedAt[id]; !ok {
+					attachedAt[id] = dir
+				}
+			}
+		}
+		for _, id := range effective {
+			if own[id] {
+				continue
+			}
+			out = append(out, SockProgram{Attach: at.name, Name: programName(id), ID: id, Cgroup: attachedAt[id]})
+		}
+	}
+	return out
+}
+
+func queryCgroup(dir string, typ ebpf.AttachType, flags uint32) ([]ebpf.ProgramID, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: typ, QueryFlags: flags})
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]ebpf.ProgramID, len(res.Programs))
+	for i, p := range res.Programs {
+		ids[i] = p.ID
+	}
+	return ids, nil
+}
+
+// programName is the program's full name: cilium/ebpf takes it from the BTF
+// func info when the kernel's copy is cut to 15 characters.
+func programName(id ebpf.ProgramID) string {
+	p, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return ""
+	}
+	defer p.Close()
+	pi, err := p.Info()
+	if err != nil {
+		return ""
+	}
+	return pi.Name
+}
+
+// tcPrograms lists the tcx and cls_bpf programs on every host and uplink
+// capture point, in both directions.
+func tcPrograms(host *hostNS, cps []CapturePoint, own map[ebpf.ProgramID]bool, info *NodeInfo) []TCProgram {
+	var out []TCProgram
+	for _, cp := range cps {
+		if cp.Role == RolePod {
+			continue
+		}
+		tcx, err := tcxPrograms(host.path, cp)
+		if err != nil {
+			info.notef("tcx programs on %s not checked: %v", cp.Ifname, err)
+		}
+		cls, err := clsBPFPrograms(host, cp)
+		if err != nil {
+			info.notef("cls_bpf filters on %s not checked: %v", cp.Ifname, err)
+		}
+		for _, p := range append(tcx, cls...) {
+			if !own[p.ID] {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// tcxPrograms queries the tcx chains of an interface from a thread inside the
+// node netns (the ifindex means something only there).
+func tcxPrograms(hostPath string, cp CapturePoint) ([]TCProgram, error) {
+	var out []TCProgram
+	err := nsutil.Do(hostPath, func() error {
+		for _, d := range []struct {
+			dir string
+			typ ebpf.AttachType
+		}{{"ingress", ebpf.AttachTCXIngress}, {"egress", ebpf.AttachTCXEgress}} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: cp.Ifindex, Attach: d.typ})
+			if err != nil {
+				return fmt.Errorf("query tcx %s: %w", d.dir, err)
+			}
+			for _, p := range res.Programs {
+				out = append(out, TCProgram{Ifname: cp.Ifname, Ifindex: cp.Ifindex, Role: cp.Role,
+					Dir: d.dir, Via: "tcx", Name: programName(p.ID), ID: p.ID})
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// tcParent is a clsact/ingress qdisc parent that bpf filters hang off.
+type tcParent struct {
+	dir    string
+	handle uint32
+}
+
+// clsBPFPrograms lists the bpf filters on the clsact (or ingress) qdisc of an
+// interface; without such a qdisc there are none.
+func clsBPFPrograms(host *hostNS, cp CapturePoint) ([]TCProgram, error) {
+	l, err := host.link(cp.Ifindex)
+	if err != nil {
+		return nil, err
+	}
+	qdiscs, err := host.nl.QdiscList(l)
+	if err != nil {
+		return nil, fmt.Errorf("list qdiscs: %w", err)
+	}
+	var out []TCProgram
+	for _, q := range qdiscs {
+		var parents []tcParent
+		switch q.Type() {
+		case "clsact":
+			parents = []tcParent{{"ingress", netlink.HANDLE_MIN_INGRESS}, {"egress", netlink.HANDLE_MIN_EGRESS}}
+		case "ingress":
+			parents = []tcParent{{"ingress", netlink.HANDLE_MIN_INGRESS}}
+		}
+		for _, p := range parents {
+			filters, err := host.nl.FilterList(l, p.handle)
+			if err != nil {
+				return out, fmt.Errorf("list %s filters: %w", p.dir, err)
+			}
+			for _, f := range filters {
+				bf, ok := f.(*netlink.BpfFilter)
+				if !ok {
+					continue
+				}
+				name := programName(ebpf.ProgramID(bf.Id))
+				if name == "" {
+					name = bf.Name // the object file and section the loader gave
+				}
+				out = append(out, TCProgram{Ifname: cp.Ifname, Ifindex: cp.Ifindex, Role: cp.Role, Dir: p.dir,
+					Via: "cls_bpf", Name: name, ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
+			}
+		}
+	}
+	return out, nil
+}

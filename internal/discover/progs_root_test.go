@@ -1,0 +1,146 @@
+package discover
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+func loadReturn(t *testing.T, name string, typ ebpf.ProgramType, attach ebpf.AttachType, ret int32) *ebpf.Program {
+	t.Helper()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: typ, AttachType: attach, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, ret), asm.Return()}})
+	if err != nil {
+		t.Fatalf("load %s: %v", name, err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+// TestNodeFindsPrograms attaches a cgroup connect4 program on a test cgroup,
+// a tcx program on the host veth and a cls_bpf filter on the uplink, and
+// expects discovery to attribute each, and to leave out OwnPrograms.
+func TestNodeFindsPrograms(t *testing.T) {
+	tb := newTestbed(t)
+	root, err := CgroupRoot()
+	if err != nil {
+		t.Skipf("no cgroup2: %v", err)
+	}
+	cg := filepath.Join(root, filepath.Base(tb.node)+"-cg")
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(cg) })
+
+	sock := loadReturn(t, "pttest_connect4", ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect, 1)
+	cl, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: ebpf.AttachCGroupInet4Connect, Program: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+
+	const tcxNext, tcActUnspec = -1, -1
+	tcx := loadReturn(t, "pttest_tcx", ebpf.SchedCLS, ebpf.AttachTCXIngress, tcxNext)
+	cls := loadReturn(t, "pttest_cls", ebpf.SchedCLS, ebpf.AttachNone, tcActUnspec)
+	var hv0, up0 int
+	err = nsutil.Do(tb.node, func() error {
+		for name, idx := range map[string]*int{"hv0": &hv0, "up0": &up0} {
+			ifc, err := net.InterfaceByName(name)
+			if err != nil {
+				return err
+			}
+			*idx = ifc.Index
+		}
+		tl, err := link.AttachTCX(link.TCXOptions{Interface: hv0, Program: tcx, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { tl.Close() })
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("attach tcx in the node netns: %v", err)
+	}
+	addClsBPF(t, tb.node, up0, cls)
+
+	opt := Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP), Cgroup: cg}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSock := SockProgram{Attach: "connect4", Name: "pttest_connect4", ID: progID(t, sock), Cgroup: cg}
+	if !slices.Contains(info.SockPrograms, wantSock) {
+		t.Errorf("sock programs: got %+v, want %+v among them", info.SockPrograms, wantSock)
+	}
+	wantTC := []TCProgram{
+		{Ifname: "hv0", Ifindex: hv0, Role: RoleHost, Dir: "ingress", Via: "tcx", Name: "pttest_tcx", ID: progID(t, tcx)},
+		{Ifname: "up0", Ifindex: up0, Role: RoleUplink, Dir: "egress", Via: "cls_bpf", Name: "pttest_cls", ID: progID(t, cls), DirectAction: true},
+	}
+	if !slices.Equal(info.TCPrograms, wantTC) {
+		t.Errorf("tc programs:\n got %+v\nwant %+v", info.TCPrograms, wantTC)
+	}
+
+	opt.OwnPrograms = func() []ebpf.ProgramID { return []ebpf.ProgramID{progID(t, sock), progID(t, tcx), progID(t, cls)} }
+	info, err = Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range info.SockPrograms {
+		if s.ID == wantSock.ID {
+			t.Errorf("own program reported: %+v", s)
+		}
+	}
+	if len(info.TCPrograms) != 0 {
+		t.Errorf("own tc programs reported: %+v", info.TCPrograms)
+	}
+}
+
+// addClsBPF puts prog as a direct-action cls_bpf filter on the egress of a
+// clsact qdisc of the interface (in the netns at nsPath; the netns's removal
+// takes both away).
+func addClsBPF(t *testing.T, nsPath string, ifindex int, prog *ebpf.Program) {
+	t.Helper()
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	qdisc := &netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
+	if err := h.QdiscAdd(qdisc); err != nil {
+		t.Fatalf("add clsact: %v", err)
+	}
+	filter := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: ifindex, Parent: netlink.HANDLE_MIN_EGRESS,
+		Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1}, Fd: prog.FD(), Name: "pttest_cls.o", DirectAction: true}
+	if err := h.FilterAdd(filter); err != nil {
+		t.Fatalf("add cls_bpf: %v", err)
+	}
+}

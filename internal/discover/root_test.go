@@ -1,0 +1,448 @@
+package discover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// testbed is a node in namespaces: a "node" netns with a bridge br0, a "pod"
+// netns whose eth0 is a veth to hv0 on br0, and a "gw" netns (the pod's
+// gateway) behind up0, another veth port of br0.
+type testbed struct {
+	node, pod, gw string // /run/netns paths
+	gwMAC         string
+}
+
+const (
+	podIP = "10.99.8.23"
+	gwIP  = "10.99.8.1"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces")
+	}
+}
+
+func ipCmd(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func newTestbed(t *testing.T) *testbed {
+	needRoot(t)
+	prefix := fmt.Sprintf("pttest-discover-%06x", rand.IntN(1<<24))
+	names := map[string]string{}
+	for _, role := range []string{"node", "pod", "gw"} {
+		name := prefix + "-" + role
+		ipCmd(t, "netns", "add", name)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+		names[role] = name
+		ipCmd(t, "-n", name, "link", "set", "lo", "up")
+	}
+	node, pod, gw := names["node"], names["pod"], names["gw"]
+	ipCmd(t, "-n", node, "link", "add", "br0", "type", "bridge")
+	ipCmd(t, "-n", node, "link", "add", "hv0", "type", "veth", "peer", "name", "eth0", "netns", pod)
+	ipCmd(t, "-n", node, "link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", gw)
+	for _, l := range []string{"hv0", "up0"} {
+		ipCmd(t, "-n", node, "link", "set", l, "master", "br0", "up")
+	}
+	ipCmd(t, "-n", node, "link", "set", "br0", "up")
+	ipCmd(t, "-n", pod, "addr", "add", podIP+"/22", "dev", "eth0")
+	ipCmd(t, "-n", pod, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod, "route", "add", "default", "via", gwIP)
+	ipCmd(t, "-n", gw, "addr", "add", gwIP+"/22", "dev", "eth0")
+	ipCmd(t, "-n", gw, "link", "set", "eth0", "up")
+
+	tb := &testbed{node: "/run/netns/" + node, pod: "/run/netns/" + pod, gw: "/run/netns/" + gw}
+	tb.gwMAC = strings.Fields(strings.SplitN(ipCmd(t, "-n", gw, "-br", "link", "show", "eth0"), "\n", 2)[0])[2]
+	tb.teachGateway(t)
+	return tb
+}
+
+// teachGateway sends a datagram from the pod to its gateway: the ARP exchange
+// puts the gateway MAC in the pod's neighbour table and the bridge learns it
+// on up0.
+func (tb *testbed) teachGateway(t *testing.T) {
+	t.Helper()
+	err := nsutil.Do(tb.pod, func() error {
+		c, err := net.Dial("udp4", gwIP+":9")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("hello"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send from pod: %v", err)
+	}
+	node, pod := filepath.Base(tb.node), filepath.Base(tb.pod)
+	for range 100 {
+		fdb, _ := exec.Command("bridge", "-n", node, "fdb", "show", "br", "br0").Output()
+		if strings.Contains(string(fdb), tb.gwMAC+" dev up0") &&
+			strings.Contains(ipCmd(t, "-n", pod, "neigh", "show", gwIP), tb.gwMAC) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the gateway MAC %s was never learned (pod neighbour table and br0 FDB on up0)", tb.gwMAC)
+}
+
+// checkPod asserts what the testbed's pod must look like.
+func (tb *testbed) checkPod(t *testing.T, info *NodeInfo, p Pod) {
+	t.Helper()
+	inode, err := nsutil.Inode(tb.pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.NetNS.Inode != inode || p.NSName != filepath.Base(tb.pod) {
+		t.Errorf("pod netns: got %+v name %q, want inode %d name %s", p.NetNS, p.NSName, inode, filepath.Base(tb.pod))
+	}
+	if p.Eth0.Name != "eth0" || p.Eth0.Kind != "veth" || !slices.Contains(p.Eth0.Addrs, netip.MustParsePrefix(podIP+"/22")) {
+		t.Errorf("pod eth0: got %+v", p.Eth0)
+	}
+	if p.Gateway != netip.MustParseAddr(gwIP) || p.GatewayMAC != tb.gwMAC {
+		t.Errorf("gateway: got %s %s, want %s %s", p.Gateway, p.GatewayMAC, gwIP, tb.gwMAC)
+	}
+	if p.HostPeer == nil || p.HostPeer.Name != "hv0" || p.HostPeer.Master != "br0" || p.HostPeer.MasterKind != "bridge" {
+		t.Fatalf("host peer: got %+v, want hv0 on bridge br0", p.HostPeer)
+	}
+	if !slices.Equal(p.Uplinks, []string{"up0"}) || !strings.Contains(p.UplinkHow, "FDB") {
+		t.Errorf("uplink: got %v (%s), want up0 from the bridge FDB", p.Uplinks, p.UplinkHow)
+	}
+	roles := map[string]CapturePoint{}
+	for _, cp := range info.CapturePoints {
+		roles[cp.Role+" "+cp.NetNS+" "+cp.Ifname] = cp
+	}
+	if cp, ok := roles["pod "+p.NetNS.Path+" eth0"]; !ok || cp.Ifindex != p.Eth0.Ifindex {
+		t.Errorf("pod capture point: got %+v", info.CapturePoints)
+	}
+	if cp, ok := roles["host "+tb.node+" hv0"]; !ok || cp.Master != "br0" || cp.MasterKind != "bridge" || cp.Ifindex != p.HostPeer.Ifindex {
+		t.Errorf("host capture point: got %+v", info.CapturePoints)
+	}
+	if cp, ok := roles["uplink "+tb.node+" up0"]; !ok || cp.Kind != "veth" || cp.Master != "br0" {
+		t.Errorf("uplink capture point: got %+v", info.CapturePoints)
+	}
+}
+
+func TestNodeFindsPodByIP(t *testing.T) {
+	tb := newTestbed(t)
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 {
+		t.Fatalf("pods: got %+v, want one", info.Pods)
+	}
+	tb.checkPod(t, info, info.Pods[0])
+	if len(info.CapturePoints) != 3 {
+		t.Errorf("capture points: got %+v, want pod, host, uplink", info.CapturePoints)
+	}
+	var table strings.Builder
+	if err := info.Table(&table); err != nil || !strings.Contains(table.String(), "hv0") {
+		t.Errorf("table: %v\n%s", err, table.String())
+	}
+	t.Logf("\n%s", table.String())
+}
+
+func TestNodeEnumeratesPods(t *testing.T) {
+	tb := newTestbed(t)
+	// A second pod on the same bridge: its veth must never be taken for an uplink.
+	pod2 := filepath.Base(tb.pod) + "2"
+	ipCmd(t, "netns", "add", pod2)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod2).Run() })
+	node := filepath.Base(tb.node)
+	ipCmd(t, "-n", node, "link", "add", "hv1", "type", "veth", "peer", "name", "eth0", "netns", pod2)
+	ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
+	ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
+	ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 2 || info.PodsSkipped != 0 {
+		t.Fatalf("pods: got %d (%d skipped), want 2", len(info.Pods), info.PodsSkipped)
+	}
+	for _, p := range info.Pods {
+		if p.NSName == filepath.Base(tb.pod) {
+			tb.checkPod(t, info, p)
+			continue
+		}
+		// pod2 never talked: no gateway MAC, the uplink is the bridge port
+		// that is not a pod veth.
+		if p.HostPeer == nil || p.HostPeer.Name != "hv1" || !slices.Equal(p.Uplinks, []string{"up0"}) || p.GatewayMAC != "" {
+			t.Errorf("second pod: got %+v host %+v", p, p.HostPeer)
+		}
+	}
+
+	bounded, err := Node(context.Background(), Options{HostNetNS: tb.node, MaxPods: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bounded.Pods) != 1 || bounded.PodsSkipped != 1 || !slices.ContainsFunc(bounded.Notes, func(n string) bool { return strings.Contains(n, "max-pods") }) {
+		t.Errorf("MaxPods 1: got %d pods, %d skipped, notes %q", len(bounded.Pods), bounded.PodsSkipped, bounded.Notes)
+	}
+}
+
+func TestNodeUsageErrors(t *testing.T) {
+	tb := newTestbed(t)
+	pod := netip.MustParseAddr(podIP)
+	for _, tc := range []struct {
+		name string
+		opt  Options
+	}{
+		{"pod ip nobody has", Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr("10.99.99.99")}},
+		{"missing pod netns", Options{HostNetNS: tb.node, PodNetNS: "/nonexistent"}},
+		{"pod netns is the node", Options{HostNetNS: tb.node, PodNetNS: tb.node}},
+		{"missing host netns", Options{HostNetNS: "/nonexistent"}},
+		{"host netns not a netns", Options{HostNetNS: "/proc/self/ns/mnt"}},
+		{"missing uplink", Options{HostNetNS: tb.node, PodIP: pod, Uplink: "nosuchif"}},
+		{"missing host veth", Options{HostNetNS: tb.node, PodIP: pod, HostVeth: "nosuchif"}},
+		{"missing cgroup", Options{HostNetNS: tb.node, PodIP: pod, Cgroup: "/nonexistent"}},
+		{"two selectors", Options{HostNetNS: tb.node, PodIP: pod, PodNetNS: tb.pod}},
+		{"no such pid", Options{HostNetNS: tb.node, PodPID: 1 << 30}},
+	} {
+		_, err := Node(context.Background(), tc.opt)
+		var ue *UsageError
+		if !errors.As(err, &ue) || strings.Contains(ue.Msg, "\n") {
+			t.Errorf("%s: got %v (%T), want a one-line *UsageError", tc.name, err, err)
+			continue
+		}
+		t.Logf("%s: %s", tc.name, ue.Msg)
+	}
+	// The overrides themselves work when the names exist.
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodNetNS: tb.pod, Uplink: "up0", HostVeth: "hv0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 || info.Pods[0].UplinkHow != "--uplink" || info.Pods[0].HostPeer.Name != "hv0" {
+		t.Errorf("overrides: got %+v", info.Pods)
+	}
+}
+
+// addNATTables builds, inside the node netns, a DNAT table mixing a plain
+// match-and-jump with kube-proxy's nftables shapes: a concatenated-key
+// verdict map of services and a numgen verdict map of endpoints.
+func (tb *testbed) addNATTables(t *testing.T) {
+	t.Helper()
+	ns, err := netns.GetFromPath(tb.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "pttest-nat"})
+	chain := func(name string, hook *nftables.ChainHook) *nftables.Chain {
+		ch := &nftables.Chain{Name: name, Table: tbl}
+		if hook != nil {
+			ch.Type, ch.Hooknum, ch.Priority = nftables.ChainTypeNAT, hook, nftables.ChainPriorityNATDest
+		}
+		return c.AddChain(ch)
+	}
+	pre := chain("prerouting", nftables.ChainHookPrerouting)
+	out := chain("output", nftables.ChainHookOutput)
+	services, web, dns, other := chain("services", nil), chain("svc-web", nil), chain("svc-dns", nil), chain("svc-other", nil)
+	epA, epB := chain("ep-web-a", nil), chain("ep-web-b", nil)
+	svcIPs := &nftables.Set{Table: tbl, Name: "service-ips", IsMap: true, Concatenation: true,
+		KeyType:  nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService),
+		DataType: nftables.TypeVerdict}
+	if err := c.AddSet(svcIPs, []nftables.SetElement{
+		{Key: concatKey(ip4("10.120.0.10"), []byte{unix.IPPROTO_UDP}, port(53)), VerdictData: gotoChain("svc-dns")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// numgen random mod 2 vmap { 0 : goto ep-web-a, 1 : goto ep-web-b }, as kube-proxy balances.
+	endpoints := &nftables.Set{Table: tbl, Name: "__map%d", Anonymous: true, Constant: true, IsMap: true,
+		KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+	if err := c.AddSet(endpoints, []nftables.SetElement{
+		{Key: []byte{0, 0, 0, 0}, VerdictData: gotoChain("ep-web-a")},
+		{Key: []byte{0, 0, 0, 1}, VerdictData: gotoChain("ep-web-b")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	add := func(ch *nftables.Chain, exprs ...expr.Any) {
+		c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: exprs})
+	}
+	add(pre, loadDaddr(1), cmpEq(1, ip4("10.120.0.80")...), loadProto(1), cmpEq(1, unix.IPPROTO_TCP),
+		loadDport(1), cmpEq(1, port(80)...), jump("svc-web"))
+	add(pre, loadDaddr(1), cmpEq(1, ip4("10.120.0.99")...), jump("svc-other"))
+	add(pre, jump("services"))
+	add(out, jump("services"))
+	add(services, loadDaddr(1), loadProto(unix.NFT_REG32_01), loadDport(unix.NFT_REG32_02),
+		&expr.Lookup{SourceRegister: 1, SetName: svcIPs.Name, SetID: svcIPs.ID, IsDestRegSet: true, DestRegister: unix.NFT_REG_VERDICT})
+	add(web, &expr.Numgen{Register: 1, Modulus: 2, Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: 1, SetName: endpoints.Name, SetID: endpoints.ID, IsDestRegSet: true, DestRegister: unix.NFT_REG_VERDICT})
+	add(epA, dnatTo("10.244.20.31", 3000)...)
+	add(epB, dnatTo("10.244.20.32", 3000)...)
+	add(dns, append([]expr.Any{loadProto(1), cmpEq(1, unix.IPPROTO_UDP)}, dnatTo("10.244.20.31", 5353)...)...)
+	add(other, dnatTo("10.244.30.5", 8080)...)
+	if err := c.Flush(); err != nil {
+		t.Fatalf("create nftables tables in the node netns: %v", err)
+	}
+}
+
+func TestNodeNetfilter(t *testing.T) {
+	tb := newTestbed(t)
+	tb.addNATTables(t)
+	// Per-netns sysctls: set in the node netns to the opposite of the defaults.
+	node := filepath.Base(tb.node)
+	if out, err := exec.Command("ip", "netns", "exec", node, "sh", "-c",
+		"echo 1 > /proc/sys/net/ipv4/ip_forward; [ ! -e "+bridgeNFSysctl+" ] || echo 0 > "+bridgeNFSysctl).CombinedOutput(); err != nil {
+		t.Fatalf("set sysctls: %v %s", err, out)
+	}
+
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP),
+		Services: []netip.Addr{netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nf := info.Netfilter
+	got := keys(nf.Rules)
+	want := []string{
+		"output 10.120.0.10 udp/53 output>services>svc-dns => 10.244.20.31:5353",
+		"prerouting 10.120.0.10 udp/53 prerouting>services>svc-dns => 10.244.20.31:5353",
+		"prerouting 10.120.0.80 tcp/80 prerouting>svc-web>ep-web-a => 10.244.20.31:3000",
+		"prerouting 10.120.0.80 tcp/80 prerouting>svc-web>ep-web-b => 10.244.20.32:3000",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("nat rules:\n got %q\nwant %q", got, want)
+	}
+	for _, r := range nf.Rules {
+		if r.Source != "nftables" || r.Table != "ip pttest-nat" {
+			t.Errorf("rule %s: source %q table %q", key(r), r.Source, r.Table)
+		}
+	}
+	if nf.IPForward == nil || !*nf.IPForward {
+		t.Errorf("ip_forward of the node netns: got %v, want 1", nf.IPForward)
+	}
+	if _, err := os.Stat(bridgeNFSysctl); err == nil && (nf.BridgeNFCallIPTables == nil || *nf.BridgeNFCallIPTables) {
+		t.Errorf("bridge-nf-call-iptables of the node netns: got %v, want 0", nf.BridgeNFCallIPTables)
+	}
+	if info.IPVS.Present != fileExistsIn(t, tb.node, ipvsFile) {
+		t.Errorf("ipvs: got %+v", info.IPVS)
+	}
+	if fileExistsIn(t, tb.node, legacyTablesFile) {
+		names := readIn(t, tb.node, legacyTablesFile)
+		if strings.Contains(names, "nat") {
+			t.Errorf("a legacy nat table exists in the node netns after discovery: %q", names)
+		}
+	}
+	if !strings.HasPrefix(nf.IPTablesLegacy, "absent") {
+		t.Errorf("iptables-legacy: got %q, want absent", nf.IPTablesLegacy)
+	}
+}
+
+func fileExistsIn(t *testing.T, ns, file string) bool {
+	t.Helper()
+	var exists bool
+	if err := nsutil.Do(ns, func() error { _, err := os.Stat(file); exists = err == nil; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return exists
+}
+
+func readIn(t *testing.T, ns, file string) string {
+	t.Helper()
+	var b []byte
+	if err := nsutil.Do(ns, func() error { var err error; b, err = os.ReadFile(file); return err }); err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestNodeLegacyIPTables(t *testing.T) {
+	tb := newTestbed(t)
+	if _, err := exec.LookPath("iptables-legacy"); err != nil {
+		t.Skip("iptables-legacy not installed")
+	}
+	node := filepath.Base(tb.node)
+	for _, rule := range [][]string{
+		{"-N", "KUBE-SVC-PTTEST"},
+		{"-A", "PREROUTING", "-d", "10.120.0.80/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", "KUBE-SVC-PTTEST"},
+		{"-A", "KUBE-SVC-PTTEST", "-p", "tcp", "-m", "comment", "--comment", "web -> backend", "-j", "DNAT", "--to-destination", "10.244.20.31:3000"},
+	} {
+		ipCmd(t, append([]string{"netns", "exec", node, "iptables-legacy", "-t", "nat"}, rule...)...)
+	}
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP),
+		Services: []netip.Addr{netip.MustParseAddr("10.120.0.80")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nf := info.Netfilter
+	want := []string{"prerouting 10.120.0.80 tcp/80 PREROUTING>KUBE-SVC-PTTEST => 10.244.20.31:3000"}
+	if got := keys(nf.Rules); nf.IPTablesLegacy != "read" || !slices.Equal(got, want) || nf.Rules[0].Source != "iptables-legacy" {
+		t.Errorf("legacy: status %q rules %q, want read and %q", nf.IPTablesLegacy, got, want)
+	}
+}
+
+// TestNodeRoutedUplink: a pod veth without master (a routed CNI); the uplink
+// is the device of the node's route towards the VIP.
+func TestNodeRoutedUplink(t *testing.T) {
+	needRoot(t)
+	prefix := fmt.Sprintf("pttest-discover-%06x", rand.IntN(1<<24))
+	node, pod, gw := prefix+"-node", prefix+"-pod", prefix+"-gw"
+	for _, name := range []string{node, pod, gw} {
+		ipCmd(t, "netns", "add", name)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	}
+	ipCmd(t, "-n", node, "link", "add", "hvr", "type", "veth", "peer", "name", "eth0", "netns", pod)
+	ipCmd(t, "-n", node, "link", "add", "upr", "type", "veth", "peer", "name", "eth0", "netns", gw)
+	for _, cmd := range [][]string{
+		{"-n", node, "addr", "add", "10.99.9.1/24", "dev", "hvr"},
+		{"-n", node, "addr", "add", "10.99.10.1/24", "dev", "upr"},
+		{"-n", node, "link", "set", "hvr", "up"},
+		{"-n", node, "link", "set", "upr", "up"},
+		{"-n", node, "route", "add", "default", "via", "10.99.10.254"},
+		{"-n", pod, "addr", "add", "10.99.9.2/24", "dev", "eth0"},
+		{"-n", pod, "link", "set", "eth0", "up"},
+		{"-n", pod, "route", "add", "default", "via", "10.99.9.1"},
+		{"-n", gw, "addr", "add", "10.99.10.254/24", "dev", "eth0"},
+		{"-n", gw, "link", "set", "eth0", "up"},
+	} {
+		ipCmd(t, cmd...)
+	}
+	info, err := Node(context.Background(), Options{HostNetNS: "/run/netns/" + node,
+		Services: []netip.Addr{netip.MustParseAddr("10.120.0.80")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The gw netns has a veth into the node too, but its default route does
+	// not leave through it: not a pod.
+	if len(info.Pods) != 1 || info.Pods[0].NSName != pod {
+		t.Fatalf("pods: got %+v, want only %s", info.Pods, pod)
+	}
+	p := info.Pods[0]
+	if p.HostPeer == nil || p.HostPeer.Name != "hvr" || p.HostPeer.MasterKind != "none" ||
+		!slices.Equal(p.Uplinks, []string{"upr"}) || p.UplinkHow != "route to 10.120.0.80" {
+		t.Errorf("routed pod: got host %+v uplinks %v (%s)", p.HostPeer, p.Uplinks, p.UplinkHow)
+	}
+}

@@ -1,0 +1,152 @@
+package discover
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// Table writes the node block of the human report.
+func (n *NodeInfo) Table(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	p := func(format string, args ...any) { fmt.Fprintf(tw, format, args...) }
+
+	p("NODE\tkernel %s\tnetns %s (inode %d)\n", n.Kernel, n.HostNetNS.Path, n.HostNetNS.Inode)
+	p("\nPODS: %d found, %d skipped\n", len(n.Pods), n.PodsSkipped)
+	if len(n.Pods) > 0 {
+		p("NETNS\tHELD BY\tETH0\tGATEWAY\tHOST VETH\tMASTER\tUPLINK\n")
+		for _, pod := range n.Pods {
+			host, master := "-", "-"
+			if hp := pod.HostPeer; hp != nil {
+				host = fmt.Sprintf("%s #%d %s", hp.Name, hp.Ifindex, hp.MAC)
+				master = hp.MasterKind
+				if hp.Master != "" {
+					master = fmt.Sprintf("%s (%s)", hp.Master, hp.MasterKind)
+				}
+			}
+			p("%s\t%s\t%s\t%s\t%s\t%s\t%s (%s)\n", orDash(pod.NetNS.Path), holder(pod), eth0(pod.Eth0),
+				gateway(pod), host, master, orDash(strings.Join(pod.Uplinks, ",")), pod.UplinkHow)
+		}
+	}
+
+	p("\nCAPTURE POINTS\nROLE\tNETNS\tIFNAME\tIFINDEX\tKIND\tMAC\tMASTER\tDETAIL\n")
+	for _, cp := range n.CapturePoints {
+		master := "-"
+		if cp.Master != "" {
+			master = fmt.Sprintf("%s (%s)", cp.Master, cp.MasterKind)
+		}
+		var detail []string
+		if len(cp.BondMembers) > 0 {
+			detail = append(detail, "bond members "+strings.Join(cp.BondMembers, ","))
+		}
+		if cp.VLANParent != "" {
+			detail = append(detail, fmt.Sprintf("vlan %d on %s", cp.VLANID, cp.VLANParent))
+		}
+		p("%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cp.Role, cp.NetNS, cp.Ifname, cp.Ifindex, cp.Kind,
+			orDash(cp.MAC), master, orDash(strings.Join(detail, "; ")))
+	}
+
+	p("\nMECHANISMS\n")
+	if len(n.SockPrograms) == 0 {
+		p("socket\tno cgroup sock_addr program effective\n")
+	}
+	for _, s := range n.SockPrograms {
+		p("socket\t%s\t%s (id %d)\tcgroup %s\n", s.Attach, orDash(s.Name), s.ID, s.Cgroup)
+	}
+	if len(n.TCPrograms) == 0 {
+		p("tc\tno tcx or cls_bpf program on host veths and uplinks\n")
+	}
+	for _, t := range n.TCPrograms {
+		da := ""
+		if t.DirectAction {
+			da = " direct-action"
+		}
+		p("tc\t%s %s %s\t%s%s (id %d)\t%s\n", t.Ifname, t.Dir, t.Via, orDash(t.Name), da, t.ID, t.Role)
+	}
+	nf := n.Netfilter
+	p("netfilter\tnftables: %s\n", nf.NFTables)
+	p("netfilter\tiptables-legacy: %s\n", nf.IPTablesLegacy)
+	p("netfilter\tbridge-nf-call-iptables %s, ip_forward %s\n", boolWord(nf.BridgeNFCallIPTables), boolWord(nf.IPForward))
+	if len(nf.Rules) == 0 {
+		p("netfilter\tno DNAT rule for the services\n")
+	}
+	for _, r := range nf.Rules {
+		svc := r.Service.String()
+		if r.Port != 0 {
+			svc = fmt.Sprintf("%s:%d", svc, r.Port)
+		}
+		if r.Proto != "" {
+			svc += "/" + r.Proto
+		}
+		backend := r.Backend.String()
+		if !r.Backend.IsValid() {
+			backend = r.Note
+		} else if r.Backend.Port() == 0 {
+			backend = r.Backend.Addr().String() + " (port kept)"
+		}
+		p("netfilter\t%s %s (%s)\t%s -> %s\t%s\n", r.Source, r.Table, r.Hook, svc, backend, strings.Join(r.Chains, " > "))
+	}
+	if !n.IPVS.Present {
+		p("ipvs\t%s\n", n.IPVS.Note)
+	} else if len(n.IPVS.Services) == 0 {
+		p("ipvs\tpresent, no virtual service on the services\n")
+	}
+	for _, s := range n.IPVS.Services {
+		var bs []string
+		for _, b := range s.Backends {
+			bs = append(bs, b.String())
+		}
+		p("ipvs\t%s %s %s\t-> %s\n", s.Proto, s.Service, s.Scheduler, orDash(strings.Join(bs, ", ")))
+	}
+	for _, note := range n.Notes {
+		p("note\t%s\n", note)
+	}
+	return tw.Flush()
+}
+
+func holder(p Pod) string {
+	var parts []string
+	if p.PID != 0 {
+		parts = append(parts, fmt.Sprintf("pid %d %s", p.PID, p.Comm))
+	}
+	if p.NSName != "" {
+		parts = append(parts, p.NSName)
+	}
+	return orDash(strings.Join(parts, ", "))
+}
+
+func eth0(i Iface) string {
+	if i.Name == "" {
+		return "-"
+	}
+	var addrs []string
+	for _, a := range i.Addrs {
+		addrs = append(addrs, a.String())
+	}
+	return fmt.Sprintf("%s #%d %s %s", i.Name, i.Ifindex, i.MAC, strings.Join(addrs, ","))
+}
+
+func gateway(p Pod) string {
+	if !p.Gateway.IsValid() {
+		return "-"
+	}
+	return fmt.Sprintf("%s %s", p.Gateway, orDash(p.GatewayMAC))
+}
+
+func boolWord(b *bool) string {
+	switch {
+	case b == nil:
+		return "absent"
+	case *b:
+		return "1"
+	}
+	return "0"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

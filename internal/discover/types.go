@@ -1,0 +1,168 @@
+package discover
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// NodeInfo is what Node found. It is printed as the first JSON object of a run
+// ({"type":"node",...}) and as the first block of the table.
+type NodeInfo struct {
+	Kernel    string `json:"kernel"`
+	HostNetNS NetNS  `json:"host_netns"`
+	Pods      []Pod  `json:"pods"`
+	// PodsSkipped counts netns with a veth into the node left unexamined
+	// because of Options.MaxPods.
+	PodsSkipped   int            `json:"pods_skipped"`
+	CapturePoints []CapturePoint `json:"capture_points"`
+
+	// Service mechanisms present.
+	SockPrograms []SockProgram `json:"sock_programs"`
+	TCPrograms   []TCProgram   `json:"tc_programs"`
+	Netfilter    Netfilter     `json:"netfilter"`
+	IPVS         IPVS          `json:"ipvs"`
+
+	// Notes say what could not be read or was decided by a fallback.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// MarshalJSON adds "type":"node" so the object identifies itself in a JSON-lines stream.
+func (n NodeInfo) MarshalJSON() ([]byte, error) {
+	type plain NodeInfo
+	return json.Marshal(struct {
+		Type string `json:"type"`
+		plain
+	}{"node", plain(n)})
+}
+
+func (n *NodeInfo) notef(format string, args ...any) {
+	n.Notes = append(n.Notes, fmt.Sprintf(format, args...))
+}
+
+// NetNS identifies a network namespace: a path that opens it, and its inode.
+type NetNS struct {
+	Path  string `json:"path"`
+	Inode uint64 `json:"inode"`
+}
+
+// Iface is a network interface inside some netns.
+type Iface struct {
+	Name    string         `json:"name"`
+	Ifindex int            `json:"ifindex"`
+	MAC     string         `json:"mac"`
+	Kind    string         `json:"kind"`            // link type: veth, macvlan, ...
+	Addrs   []netip.Prefix `json:"addrs,omitempty"` // IPv4
+}
+
+// Pod is a network namespace with a veth whose peer is in the node's netns.
+type Pod struct {
+	NetNS NetNS `json:"netns"`
+	// Who holds the netns: a process (PID, Comm) and/or a /run/netns name.
+	PID    int    `json:"pid,omitempty"`
+	Comm   string `json:"comm,omitempty"`
+	NSName string `json:"netns_name,omitempty"`
+
+	Eth0       Iface      `json:"eth0"`
+	Gateway    netip.Addr `json:"gateway"`     // default route's gateway, zero when none
+	GatewayMAC string     `json:"gateway_mac"` // from the pod's neighbour table, "" until resolved
+	HostPeer   *HostPeer  `json:"host_peer"`   // nil when eth0's peer is not in the node netns
+
+	Uplinks   []string `json:"uplinks"`
+	UplinkHow string   `json:"uplink_how"` // which rule chose Uplinks
+
+	defaultViaEth0 bool // the pod's default route leaves through Eth0
+}
+
+// HostPeer is the node-side end of a pod's veth.
+type HostPeer struct {
+	Iface
+	Master     string `json:"master,omitempty"`
+	MasterKind string `json:"master_kind"` // bridge, openvswitch, none, or the master's link kind
+}
+
+// Capture point roles.
+const (
+	RolePod    = "pod"
+	RoleHost   = "host"
+	RoleUplink = "uplink"
+)
+
+// CapturePoint is an interface pathtrace captures on.
+type CapturePoint struct {
+	Role        string   `json:"role"`
+	NetNS       string   `json:"netns"` // path that opens the netns holding Ifname
+	Ifname      string   `json:"ifname"`
+	Ifindex     int      `json:"ifindex"`
+	MAC         string   `json:"mac"`
+	Kind        string   `json:"kind"` // link type: veth, bond, vlan, device, ...
+	Master      string   `json:"master,omitempty"`
+	MasterKind  string   `json:"master_kind,omitempty"`
+	BondMembers []string `json:"bond_members,omitempty"`
+	VLANParent  string   `json:"vlan_parent,omitempty"`
+	VLANID      int      `json:"vlan_id,omitempty"`
+}
+
+// SockProgram is a cgroup sock_addr program effective for the client's cgroup.
+type SockProgram struct {
+	Attach string         `json:"attach"` // connect4, sendmsg4, recvmsg4, getpeername4
+	Name   string         `json:"name"`   // full name from BTF when available
+	ID     ebpf.ProgramID `json:"id"`
+	Cgroup string         `json:"cgroup"` // the cgroup directory it is attached to
+}
+
+// TCProgram is a tcx or cls_bpf program on a host veth or uplink.
+type TCProgram struct {
+	Ifname       string         `json:"ifname"`
+	Ifindex      int            `json:"ifindex"`
+	Role         string         `json:"role"` // host or uplink
+	Dir          string         `json:"dir"`  // ingress or egress
+	Via          string         `json:"via"`  // tcx or cls_bpf
+	Name         string         `json:"name"`
+	ID           ebpf.ProgramID `json:"id"`
+	DirectAction bool           `json:"direct_action,omitempty"` // cls_bpf only
+}
+
+// Netfilter is what the node's netfilter does to the Service VIPs.
+type Netfilter struct {
+	NFTables       string `json:"nftables"`        // what was read, or why not
+	IPTablesLegacy string `json:"iptables_legacy"` // what was read, or why not
+	// Per-netns sysctls of the node netns; nil when absent.
+	BridgeNFCallIPTables *bool     `json:"bridge_nf_call_iptables"`
+	IPForward            *bool     `json:"ip_forward"`
+	Rules                []NATRule `json:"rules"`
+}
+
+// NATRule is one DNAT reachable for a VIP: the chain path from a NAT base chain
+// to the rule that rewrites the destination.
+type NATRule struct {
+	Source  string     `json:"source"` // nftables or iptables-legacy
+	Table   string     `json:"table"`  // "ip kube-proxy", "nat", ...
+	Hook    string     `json:"hook"`   // prerouting (traffic from pods) or output (from the node)
+	Service netip.Addr `json:"service"`
+	Port    uint16     `json:"port,omitempty"`  // service port the path requires, 0 = any
+	Proto   string     `json:"proto,omitempty"` // tcp, udp, ... "" = any
+	Chains  []string   `json:"chains"`
+	// Backend is the DNAT target; port 0 keeps the destination port. Invalid
+	// when the target could not be decoded (then Note says why).
+	Backend netip.AddrPort `json:"backend"`
+	Note    string         `json:"note,omitempty"`
+}
+
+// IPVS tells whether IPVS is present in the node netns and which of its
+// virtual services are the VIPs.
+type IPVS struct {
+	Present  bool          `json:"present"`
+	Note     string        `json:"note,omitempty"`
+	Services []IPVSService `json:"services,omitempty"`
+}
+
+// IPVSService is an IPVS virtual service and its real servers.
+type IPVSService struct {
+	Proto     string           `json:"proto"`
+	Service   netip.AddrPort   `json:"service"`
+	Scheduler string           `json:"scheduler"`
+	Backends  []netip.AddrPort `json:"backends"`
+}

@@ -1,0 +1,273 @@
+package discover
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// bridgePort is a port of the master of a pod's host veth.
+type bridgePort struct {
+	index   int
+	name    string
+	kind    string // link type
+	podPeer bool   // the host side of a known pod's veth
+}
+
+// fdbEntry is a MAC address a bridge has learned on one of its ports.
+type fdbEntry struct {
+	port int
+	mac  string
+}
+
+// chooseBridgeUplink picks the uplink among the ports of a pod veth's master.
+// Names and link kinds don't tell an uplink (in kind clusters and in the lab it
+// is a veth too), the bridge's forwarding table does: the port on which the
+// bridge learned the pod's gateway MAC. Without that, the ports that are not
+// pod veths, preferring those that are not veths at all.
+func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC string, podPort int) ([]int, string) {
+	if gwMAC != "" {
+		for _, p := range ports {
+			if p.index == podPort {
+				continue
+			}
+			if slices.Contains(fdb, fdbEntry{port: p.index, mac: gwMAC}) {
+				return []int{p.index}, fmt.Sprintf("bridge FDB of %s: gateway MAC %s learned on this port", master, gwMAC)
+			}
+		}
+	}
+	var others, nonVeth []int
+	for _, p := range ports {
+		if p.index == podPort || p.podPeer {
+			continue
+		}
+		others = append(others, p.index)
+		if p.kind != "veth" {
+			nonVeth = append(nonVeth, p.index)
+		}
+	}
+	why := "gateway MAC unknown"
+	if gwMAC != "" {
+		why = "gateway MAC " + gwMAC + " not in the FDB yet"
+	}
+	switch {
+	case len(nonVeth) > 0:
+		return nonVeth, fmt.Sprintf("ports of %s that are not veths (%s)", master, why)
+	case len(others) > 0:
+		return others, fmt.Sprintf("ports of %s that are not pod veths (%s)", master, why)
+	}
+	return nil, fmt.Sprintf("no port of %s besides pod veths", master)
+}
+
+// discoverUplinks sets each pod's uplinks and returns the node's uplink links,
+// deduplicated: the --uplink override, else per pod the bridge/OVS port towards
+// its gateway, or for a routed pod the device of the node's route.
+func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link, error) {
+	var uplinks []netlink.Link
+	add := func(idx int) {
+		if slices.ContainsFunc(uplinks, func(l netlink.Link) bool { return l.Attrs().Index == idx }) {
+			return
+		}
+		if l, err := host.link(idx); err == nil {
+			uplinks = append(uplinks, l)
+		}
+	}
+	if opt.Uplink != "" {
+		l, err := host.linkByName(opt.Uplink)
+		if err != nil {
+			return nil, usagef("--uplink %s: no such interface in the node netns %s; list them with `ip link` there", opt.Uplink, host.path)
+		}
+		for i := range info.Pods {
+			info.Pods[i].Uplinks, info.Pods[i].UplinkHow = []string{l.Attrs().Name}, "--uplink"
+		}
+		add(l.Attrs().Index)
+		return uplinks, nil
+	}
+
+	u := uplinkFinder{host: host, services: opt.Services, podPeers: map[int]bool{}}
+	for _, p := range info.Pods {
+		if p.HostPeer != nil {
+			u.podPeers[p.HostPeer.Ifindex] = true
+		}
+	}
+	for i := range info.Pods {
+		idx, how := u.forPod(&info.Pods[i])
+		info.Pods[i].UplinkHow = how
+		for _, x := range idx {
+			info.Pods[i].Uplinks = append(info.Pods[i].Uplinks, host.name(x))
+			add(x)
+		}
+	}
+	if len(info.Pods) == 0 {
+		idx, how := u.routed()
+		info.notef("no pod found: uplink from the %s", how)
+		for _, x := range idx {
+			add(x)
+		}
+	}
+	if u.fdbErr != nil {
+		info.notef("bridge FDB not read: %v", u.fdbErr)
+	}
+	return uplinks, nil
+}
+
+// uplinkFinder caches what several pods share: the FDB dump and the route.
+type uplinkFinder struct {
+	host     *hostNS
+	services []netip.Addr
+	podPeers map[int]bool
+
+	fdb       []fdbEntry
+	fdbRead   bool
+	fdbErr    error
+	route     []int
+	routeHow  string
+	routeRead bool
+}
+
+func (u *uplinkFinder) forPod(p *Pod) ([]int, string) {
+	if p.HostPeer == nil {
+		return nil, "no host veth"
+	}
+	hl, err := u.host.link(p.HostPeer.Ifindex)
+	if err != nil {
+		return nil, fmt.Sprintf("host veth gone: %v", err)
+	}
+	master := hl.Attrs().MasterIndex
+	if master == 0 {
+		return u.routed()
+	}
+	var ports []bridgePort
+	for _, l := range u.host.links {
+		if a := l.Attrs(); a.MasterIndex == master {
+			ports = append(ports, bridgePort{index: a.Index, name: a.Name, kind: l.Type(), podPeer: u.podPeers[a.Index]})
+		}
+	}
+	slices.SortFunc(ports, func(a, b bridgePort) int { return a.index - b.index })
+	var fdb []fdbEntry
+	if p.HostPeer.MasterKind == "bridge" {
+		fdb = u.bridgeFDB(master)
+	}
+	return chooseBridgeUplink(p.HostPeer.Master, ports, fdb, p.GatewayMAC, p.HostPeer.Ifindex)
+}
+
+// bridgeFDB returns the MACs the bridge with ifindex master learned on its
+// ports (AF_BRIDGE neighbour dump, read once).
+func (u *uplinkFinder) bridgeFDB(master int) []fdbEntry {
+	if !u.fdbRead {
+		u.fdbRead = true
+		neighs, err := u.host.nl.NeighList(0, unix.AF_BRIDGE)
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			u.fdbErr = err
+		}
+		for _, n := range neighs {
+			if n.MasterIndex != 0 && len(n.HardwareAddr) > 0 {
+				u.fdb = append(u.fdb, fdbEntry{port: n.LinkIndex, mac: n.HardwareAddr.String()})
+			}
+		}
+	}
+	// Entries carry their bridge in MasterIndex; ports belong to one bridge,
+	// so filtering by port is done by chooseBridgeUplink's port list.
+	return u.fdb
+}
+
+// routed returns the device of the node's route towards the first VIP that is
+// routed out of the node, else of the default route(s).
+func (u *uplinkFinder) routed() ([]int, string) {
+	if u.routeRead {
+		return u.route, u.routeHow
+	}
+	u.routeRead = true
+	for _, vip := range u.services {
+		routes, err := u.host.nl.RouteGet(net.IP(vip.AsSlice()))
+		if err != nil || len(routes) == 0 {
+			continue
+		}
+		r := routes[0]
+		if r.Type == unix.RTN_LOCAL || r.LinkIndex == 0 || u.isLoopback(r.LinkIndex) {
+			continue // a VIP bound locally (IPVS dummy, ...) tells nothing of the uplink
+		}
+		u.route, u.routeHow = []int{r.LinkIndex}, "route to "+vip.String()
+		return u.route, u.routeHow
+	}
+	routes, _ := u.host.nl.RouteList(nil, netlink.FAMILY_V4)
+	for _, r := range routes {
+		if !isDefaultRoute(r) {
+			continue
+		}
+		if r.LinkIndex != 0 {
+			u.route = append(u.route, r.LinkIndex)
+		}
+		for _, nh := range r.MultiPath {
+			u.route = append(u.route, nh.LinkIndex)
+		}
+	}
+	u.routeHow = "default route"
+	if len(u.route) == 0 {
+		u.routeHow = "no default route in the node netns"
+	}
+	return u.route, u.routeHow
+}
+
+func (u *uplinkFinder) isLoopback(idx int) bool {
+	l, err := u.host.link(idx)
+	return err == nil && l.Attrs().Flags&net.FlagLoopback != 0
+}
+
+// describeLink fills a capture point's link facts: kind, master, bond members,
+// VLAN parent.
+func describeLink(host *hostNS, l netlink.Link, cp *CapturePoint) {
+	a := l.Attrs()
+	cp.Ifname, cp.Ifindex, cp.MAC, cp.Kind = a.Name, a.Index, a.HardwareAddr.String(), l.Type()
+	if a.MasterIndex != 0 {
+		cp.Master, cp.MasterKind = host.masterOf(l)
+	}
+	if _, ok := l.(*netlink.Bond); ok {
+		for _, m := range host.links {
+			if m.Attrs().MasterIndex == a.Index {
+				cp.BondMembers = append(cp.BondMembers, m.Attrs().Name)
+			}
+		}
+		slices.Sort(cp.BondMembers)
+	}
+	if v, ok := l.(*netlink.Vlan); ok {
+		cp.VLANParent, cp.VLANID = host.name(a.ParentIndex), v.VlanId
+	}
+}
+
+// capturePoints lists pod, host and uplink points, each interface once.
+func capturePoints(host *hostNS, info *NodeInfo, uplinks []netlink.Link) []CapturePoint {
+	var cps []CapturePoint
+	for _, p := range info.Pods {
+		if p.NetNS.Path == "" {
+			continue
+		}
+		cps = append(cps, CapturePoint{Role: RolePod, NetNS: p.NetNS.Path, Ifname: p.Eth0.Name,
+			Ifindex: p.Eth0.Ifindex, MAC: p.Eth0.MAC, Kind: p.Eth0.Kind})
+	}
+	seen := map[int]bool{}
+	for _, p := range info.Pods {
+		if p.HostPeer == nil || seen[p.HostPeer.Ifindex] {
+			continue
+		}
+		seen[p.HostPeer.Ifindex] = true
+		cp := CapturePoint{Role: RoleHost, NetNS: host.path}
+		if l, err := host.link(p.HostPeer.Ifindex); err == nil {
+			describeLink(host, l, &cp)
+		} else {
+			cp.Ifname, cp.Ifindex, cp.MAC, cp.Kind = p.HostPeer.Name, p.HostPeer.Ifindex, p.HostPeer.MAC, p.HostPeer.Kind
+		}
+		cps = append(cps, cp)
+	}
+	for _, l := range uplinks {
+		cp := CapturePoint{Role: RoleUplink, NetNS: host.path}
+		describeLink(host, l, &cp)
+		cps = append(cps, cp)
+	}
+	return cps
+}

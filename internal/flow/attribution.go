@@ -1,0 +1,139 @@
+package flow
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// bySocket names the sock_addr programs that can have rewritten the flow: the
+// connect4 ones for a connect, the sendmsg4 ones for an unconnected send.
+func (e *Engine) bySocket(f *flowState) string {
+	var hooks []string
+	switch {
+	case f.kind == obs.SockConnect, f.kind == 0 && f.proto == obs.TCP:
+		hooks = []string{"connect"}
+	case f.kind == obs.SockSendmsg:
+		hooks = []string{"sendmsg"}
+	default:
+		hooks = []string{"connect", "sendmsg"}
+	}
+	family := "4"
+	if f.service.Addr().Is6() {
+		family = "6"
+	}
+	var cands []string
+	for _, p := range e.cfg.Attribution.SockPrograms {
+		at := strings.ToLower(p.AttachType)
+		for _, h := range hooks {
+			if strings.Contains(at, h) && strings.Contains(at, family) {
+				cands = append(cands, describeSock(p))
+				break
+			}
+		}
+	}
+	return oneOf(cands)
+}
+
+func describeSock(p SockProgram) string {
+	s := fmt.Sprintf("%s %s (id %d)", p.AttachType, p.Name, p.ID)
+	if p.Cgroup != "" {
+		s += " on " + p.Cgroup
+	}
+	return s
+}
+
+// byTC names the ingress programs on the host veth; only tcx ones when the tcx
+// tail observer already saw the backend.
+func (e *Engine) byTC(f *flowState) string {
+	tcxOnly := f.cps[cpTCTail].backend
+	var cands []string
+	for _, p := range e.cfg.Attribution.TCPrograms {
+		if p.Direction != "ingress" || (tcxOnly && p.Kind != "tcx") {
+			continue
+		}
+		cands = append(cands, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
+	}
+	return oneOf(cands)
+}
+
+// byNAT names the NAT rules for the VIP that lead to the flow's backend; the
+// rules for the VIP alone when none lists it.
+func (e *Engine) byNAT(f *flowState) string {
+	var backend netip.AddrPort
+	if bs := f.sortedBackends(); len(bs) > 0 {
+		backend = bs[0]
+	}
+	rules := e.natRulesFor(f, backend)
+	if len(rules) == 0 && backend.IsValid() {
+		rules = e.natRulesFor(f, netip.AddrPort{})
+	}
+	cands := make([]string, len(rules))
+	for i, r := range rules {
+		cands[i] = fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
+	}
+	return oneOf(cands)
+}
+
+// natRulesFor returns the NAT rules matching the flow's VIP and, when backend
+// is valid, listing it among their targets.
+func (e *Engine) natRulesFor(f *flowState, backend netip.AddrPort) []NATRule {
+	var out []NATRule
+	for _, r := range e.cfg.Attribution.NATRules {
+		if vipMatches(r.VIP, r.Proto, f) && (!backend.IsValid() || listed(r.Backends, backend)) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (e *Engine) ipvsFor(f *flowState) []IPVSService {
+	var out []IPVSService
+	for _, s := range e.cfg.Attribution.IPVS {
+		if vipMatches(s.VIP, s.Proto, f) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (e *Engine) byIPVS(f *flowState) string {
+	var backend string
+	if bs := f.sortedBackends(); len(bs) > 0 {
+		backend = bs[0].String()
+	}
+	var cands []string
+	for _, s := range e.ipvsFor(f) {
+		cands = append(cands, fmt.Sprintf("ipvs %s %s %s -> %s", s.Proto, s.VIP, s.Scheduler, backend))
+	}
+	return oneOf(cands)
+}
+
+// vipMatches tells whether a rule's VIP (port 0 = any, proto 0 = any) is the flow's.
+func vipMatches(vip netip.AddrPort, proto obs.Proto, f *flowState) bool {
+	return vip.Addr() == f.service.Addr() &&
+		(vip.Port() == 0 || vip.Port() == f.service.Port()) &&
+		(proto == 0 || f.proto == 0 || proto == f.proto)
+}
+
+func listed(list []netip.AddrPort, ap netip.AddrPort) bool {
+	for _, x := range list {
+		if x == ap || (x.Port() == 0 && x.Addr() == ap.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// oneOf joins candidate rewriters, saying when there are several.
+func oneOf(cands []string) string {
+	switch len(cands) {
+	case 0:
+		return ""
+	case 1:
+		return cands[0]
+	}
+	return fmt.Sprintf("one of %d: %s", len(cands), strings.Join(cands, "; "))
+}

@@ -1,0 +1,95 @@
+package flow
+
+import (
+	"net"
+	"net/netip"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// DefaultMaxFlows bounds the flow table when Config.MaxFlows is 0.
+const DefaultMaxFlows = 16384
+
+// Service is a Service VIP to follow. Port 0 matches any port, Proto 0 any protocol.
+type Service struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto obs.Proto
+}
+
+// matches tells whether ap is this Service. A zero proto (not known yet, e.g. a
+// sock_addr observation without it) matches any protocol.
+func (s Service) matches(proto obs.Proto, ap netip.AddrPort) bool {
+	return ap.Addr() == s.Addr &&
+		(s.Port == 0 || s.Port == ap.Port()) &&
+		(s.Proto == 0 || proto == 0 || s.Proto == proto)
+}
+
+// Config is what the engine needs besides the observations.
+type Config struct {
+	Services []Service
+	// Points lists the observation points that were actually active (attached or
+	// capturing). Absence of an observation at an inactive point proves nothing; a
+	// point that produced an observation counts as active anyway.
+	Points      map[obs.Point]bool
+	Attribution Attribution
+	// MaxFlows bounds the flow table (DefaultMaxFlows when 0). Observations of
+	// flows beyond it are counted in the "flows_over_max" drop counter.
+	MaxFlows int
+}
+
+// Attribution is what the node has that can rewrite a VIP, read from the node by
+// discovery. It names the rewriter ("by") once the observations have located the
+// rewrite; it never decides the place itself (except IPVS, which has no observer
+// of its own). pathtrace's own observer programs must not be listed.
+type Attribution struct {
+	// SockPrograms: cgroup sock_addr programs effective for the client's cgroup.
+	SockPrograms []SockProgram
+	// TCPrograms: tcx and cls_bpf programs on the host-side veth.
+	TCPrograms []TCProgram
+	// NATRules: DNAT rules whose match includes a watched VIP.
+	NATRules []NATRule
+	IPVS     []IPVSService
+	// BridgeNFCallIPTables is the node's net.bridge.bridge-nf-call-iptables (nil
+	// when unknown); it explains why NAT rules never saw a bridged flow.
+	BridgeNFCallIPTables *bool
+	// GatewayMACs are the Pods' default-gateway MAC addresses.
+	GatewayMACs []net.HardwareAddr
+}
+
+// SockProgram is a cgroup sock_addr program.
+type SockProgram struct {
+	// AttachType is "connect4", "sendmsg4", "recvmsg4" or "getpeername4" (the
+	// cilium/ebpf names such as "CGroupInet4Connect" are understood too).
+	AttachType string
+	Name       string
+	ID         uint32
+	Cgroup     string // the cgroup directory it is attached to
+}
+
+// TCProgram is a tc program on the host-side veth.
+type TCProgram struct {
+	Direction string // "ingress" (from the Pod) or "egress" (towards the Pod)
+	Kind      string // "tcx" or "cls_bpf"
+	Name      string
+	ID        uint32
+}
+
+// NATRule is a DNAT rule for a VIP.
+type NATRule struct {
+	Source   string         // "nftables" or "iptables-legacy"
+	Table    string         // e.g. "ip kube-proxy" or "nat"
+	Chain    string         // e.g. "service-AB12CD-default/web/tcp/http" or "KUBE-SVC-..."
+	VIP      netip.AddrPort // port 0: any port
+	Proto    obs.Proto      // 0: any protocol
+	Backends []netip.AddrPort
+	Rule     string // the rule as text, e.g. "endpoint-EF34 dnat to 10.244.20.31:3000"
+}
+
+// IPVSService is an IPVS virtual service.
+type IPVSService struct {
+	VIP       netip.AddrPort
+	Proto     obs.Proto
+	Scheduler string
+	Backends  []netip.AddrPort
+}

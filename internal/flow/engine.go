@@ -1,0 +1,237 @@
+// Package flow correlates observations from every point of the datapath into
+// flows (client IP:port <-> Service VIP:port) and decides, for each flow, where
+// the VIP was rewritten to a backend by bracketing every mechanism between an
+// observation just before it and one just after it (DESIGN.md §2).
+package flow
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// reorderWindow is how long an observation waits for the flow it belongs to:
+// sources (ring buffers, packet rings, conntrack netlink) can be a second or so
+// apart.
+const reorderWindow = 3 * time.Second
+
+// Drop counter names reported in Summary.Drops.
+const (
+	DropFlowsOverMax      = "flows_over_max"
+	DropUnmatchedOverflow = "unmatched_overflow"
+)
+
+// clientKey is one endpoint of one protocol: a flow's client, or either end of
+// an observation that is still waiting for its flow.
+type clientKey struct {
+	proto  obs.Proto
+	client netip.AddrPort
+}
+
+// flowKey identifies a flow refused because the table was full.
+type flowKey struct {
+	clientKey
+	service netip.AddrPort
+}
+
+// Engine correlates observations into flows and decides their verdicts. It has
+// no package-level state; it is not safe for concurrent use: one goroutine
+// calls Add, Flows, Summary and Backends (or the caller serialises them).
+type Engine struct {
+	cfg      Config
+	maxFlows int
+	services map[netip.Addr][]Service
+
+	clients map[clientKey][]*flowState
+	nflows  int
+	nextID  int
+	socks   sockTable
+	waiting waiting
+	replays []clientKey // endpoints whose waiting observations may now resolve
+
+	backends map[netip.Addr]bool
+	newest   time.Time
+	observed [256]uint64 // per obs.Point
+
+	refused   map[flowKey]bool // bounded: distinct refused flows, as far as it holds
+	overMax   uint64
+	overflow  uint64
+	unmatched uint64
+}
+
+// NewEngine returns an engine for cfg.
+func NewEngine(cfg Config) *Engine {
+	maxFlows := cfg.MaxFlows
+	if maxFlows <= 0 {
+		maxFlows = DefaultMaxFlows
+	}
+	e := &Engine{
+		cfg:      cfg,
+		maxFlows: maxFlows,
+		services: make(map[netip.Addr][]Service),
+		clients:  make(map[clientKey][]*flowState),
+		socks:    newSockTable(max(4096, 2*maxFlows)),
+		waiting:  newWaiting(max(4096, maxFlows)),
+		backends: make(map[netip.Addr]bool),
+		refused:  make(map[flowKey]bool),
+	}
+	for _, s := range cfg.Services {
+		e.services[s.Addr] = append(e.services[s.Addr], s)
+	}
+	return e
+}
+
+// Add feeds one observation. Observations may arrive out of time order by up
+// to a few seconds.
+func (e *Engine) Add(o obs.Observation) {
+	e.observed[o.Point]++
+	if o.Time.After(e.newest) {
+		e.newest = o.Time
+	}
+	if !e.process(o) {
+		e.waiting.add(o)
+	}
+	for len(e.replays) > 0 {
+		k := e.replays[len(e.replays)-1]
+		e.replays = e.replays[:len(e.replays)-1]
+		for _, p := range e.waiting.take(k) {
+			switch {
+			case p.done:
+			case e.process(p.o):
+				e.waiting.resolved(p)
+			default:
+				e.waiting.putBack(k, p)
+			}
+		}
+	}
+	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow)
+	e.overflow += overflow
+	e.unmatched += unmatched
+}
+
+// process applies o to its flow and reports false when its flow is not known
+// yet (the observation must wait).
+func (e *Engine) process(o obs.Observation) bool {
+	switch o.Point {
+	case obs.PointNone:
+		return true
+	case obs.PointSockAddr:
+		e.sockAddr(o)
+		return true
+	case obs.PointSockState, obs.PointSockEgress:
+		return e.sockTuple(o)
+	case obs.PointConntrack:
+		return e.conntrack(o)
+	}
+	if !o.Src.IsValid() || !o.Dst.IsValid() {
+		e.unmatched++
+		return true
+	}
+	f, reply, r := e.link(o.Proto, o.Src, o.Dst, o.Time, true)
+	if r == linked {
+		e.applyPacket(f, o, reply)
+	}
+	return r != unlinked
+}
+
+func (e *Engine) isService(proto obs.Proto, ap netip.AddrPort) bool {
+	for _, s := range e.services[ap.Addr()] {
+		if s.matches(proto, ap) {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) active(p obs.Point) bool {
+	return e.cfg.Points[p] || e.observed[p] > 0
+}
+
+// Backends returns the backend addresses learned so far, plus those the node's
+// NAT rules and IPVS services list for the watched VIPs, sorted: capture
+// filters and probe watch lists are widened with them.
+func (e *Engine) Backends() []netip.Addr {
+	set := make(map[netip.Addr]bool, len(e.backends))
+	for a := range e.backends {
+		set[a] = true
+	}
+	for _, r := range e.cfg.Attribution.NATRules {
+		if e.watches(r.Proto, r.VIP) {
+			for _, b := range r.Backends {
+				set[b.Addr()] = true
+			}
+		}
+	}
+	for _, s := range e.cfg.Attribution.IPVS {
+		if e.watches(s.Proto, s.VIP) {
+			for _, b := range s.Backends {
+				set[b.Addr()] = true
+			}
+		}
+	}
+	out := make([]netip.Addr, 0, len(set))
+	for a := range set {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// watches tells whether a rule's VIP (port 0 = any) overlaps a watched Service.
+func (e *Engine) watches(proto obs.Proto, vip netip.AddrPort) bool {
+	for _, s := range e.services[vip.Addr()] {
+		if (s.Port == 0 || vip.Port() == 0 || s.Port == vip.Port()) &&
+			(s.Proto == 0 || proto == 0 || s.Proto == proto) {
+			return true
+		}
+	}
+	return false
+}
+
+// Flows returns a snapshot of every flow with its current verdict, sorted by
+// first seen.
+func (e *Engine) Flows() []Flow {
+	out := make([]Flow, 0, e.nflows)
+	for _, list := range e.clients {
+		for _, f := range list {
+			out = append(out, e.snapshot(f))
+		}
+	}
+	slices.SortFunc(out, func(a, b Flow) int {
+		if c := a.First.Compare(b.First); c != 0 {
+			return c
+		}
+		return a.ID - b.ID
+	})
+	return out
+}
+
+// Summary counts flows per verdict, the engine's drops and observations per point.
+func (e *Engine) Summary() Summary {
+	s := Summary{
+		Flows:       e.nflows,
+		RewrittenAt: make(map[Place]int),
+		Drops: map[string]uint64{
+			DropFlowsOverMax:      e.overMax,
+			DropUnmatchedOverflow: e.overflow,
+		},
+		Unmatched:    e.unmatched,
+		Observations: make(map[string]uint64),
+	}
+	for _, p := range Places() {
+		s.RewrittenAt[p] = 0
+	}
+	for _, list := range e.clients {
+		for _, f := range list {
+			s.RewrittenAt[e.decide(f).place]++
+		}
+	}
+	for p, n := range e.observed {
+		if n > 0 {
+			s.Observations[obs.Point(p).String()] = n
+		}
+	}
+	return s
+}

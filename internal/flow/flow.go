@@ -1,0 +1,91 @@
+package flow
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Place is where a flow's destination was rewritten from the VIP to a backend.
+type Place string
+
+const (
+	PlaceSocket    Place = "socket"
+	PlaceTC        Place = "tc"
+	PlaceNetfilter Place = "netfilter"
+	PlaceIPVS      Place = "ipvs"
+	PlaceNowhere   Place = "nowhere"
+	PlaceUnknown   Place = "unknown"
+)
+
+// Places lists every verdict in path order, unknown last.
+func Places() []Place {
+	return []Place{PlaceSocket, PlaceTC, PlaceNetfilter, PlaceIPVS, PlaceNowhere, PlaceUnknown}
+}
+
+// Flow is one client IP:port <-> Service VIP:port flow and its verdict.
+type Flow struct {
+	ID      int            `json:"id"`
+	Proto   string         `json:"proto"`
+	Client  netip.AddrPort `json:"client"`  // port 0 when only the socket layer saw it
+	Service netip.AddrPort `json:"service"` // the VIP:port the client asked for
+	Backend netip.AddrPort `json:"backend"` // "" when none was seen
+	// Backends lists every backend seen when there was more than one.
+	Backends    []netip.AddrPort `json:"backends,omitempty"`
+	RewrittenAt Place            `json:"rewritten_at"`
+	By          string           `json:"by"`
+	// Reason explains the verdict from the observations; always set for unknown.
+	Reason             string      `json:"reason"`
+	VLAN               *uint16     `json:"vlan"` // uplink VLAN ID, 0 untagged, null when never at the uplink
+	UplinkDstMAC       string      `json:"uplink_dst_mac"`
+	UplinkDstIsGateway bool        `json:"uplink_dst_is_gateway"`
+	Reply              bool        `json:"reply"`
+	PID                uint32      `json:"pid,omitempty"`
+	Comm               string      `json:"comm,omitempty"`
+	Cgroup             uint64      `json:"cgroup,omitempty"`
+	First              time.Time   `json:"first"`
+	Last               time.Time   `json:"last"`
+	Points             []PointSeen `json:"points"`
+}
+
+// PointSeen aggregates what one point saw of a flow in one direction.
+type PointSeen struct {
+	Point   string         `json:"point"`
+	Dir     string         `json:"dir,omitempty"`
+	Reply   bool           `json:"reply,omitempty"`
+	Src     netip.AddrPort `json:"src"`
+	Dst     netip.AddrPort `json:"dst"`
+	ReqDst  netip.AddrPort `json:"req_dst,omitzero"` // sockaddr: what the application asked for
+	NATDst  netip.AddrPort `json:"nat_dst,omitzero"` // conntrack: the reply source (backend)
+	Packets uint64         `json:"packets"`
+	Bytes   uint64         `json:"bytes"`
+}
+
+// Summary counts flows per verdict and what the engine could not keep.
+type Summary struct {
+	Flows       int           `json:"flows"`
+	RewrittenAt map[Place]int `json:"rewritten_at"`
+	// Drops are losses by counter name. The engine reports its own,
+	// "flows_over_max" (flows beyond MaxFlows) and "unmatched_overflow"
+	// (observations evicted while waiting for their flow because the waiting
+	// room was full); WithDrops adds the caller's.
+	Drops map[string]uint64 `json:"drops"`
+	// Unmatched counts observations that no flow claimed within the reordering
+	// window (e.g. traffic to a backend that did not go through a VIP).
+	Unmatched uint64 `json:"unmatched"`
+	// Observations counts observations per point name.
+	Observations map[string]uint64 `json:"observations"`
+}
+
+// WithDrops returns a copy of s whose Drops also hold extra (the capture and
+// probe counters: kernel drops per point, ring buffer losses, ...).
+func (s Summary) WithDrops(extra map[string]uint64) Summary {
+	drops := make(map[string]uint64, len(s.Drops)+len(extra))
+	for k, v := range s.Drops {
+		drops[k] = v
+	}
+	for k, v := range extra {
+		drops[k] += v
+	}
+	s.Drops = drops
+	return s
+}

@@ -1,0 +1,455 @@
+// Package flowtest loads recorded observation sequences (testdata/flows/*.json)
+// with the verdicts they must produce, for the flow engine's tests and the
+// report's golden tests.
+//
+// A file holds one scenario: the Services, the active points, what the node
+// has (attribution), the observations in arrival order (times in milliseconds
+// from a fixed base) and the wanted flows. Addresses are "IP:port", protocols
+// "tcp"/"udp", points and hooks by their obs names, MACs as "02:00:...".
+package flowtest
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// At returns the time of a scenario's "ms" offset.
+func At(ms float64) time.Time {
+	return time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(ms * float64(time.Millisecond)))
+}
+
+// Scenario is one recorded sequence and what it must yield.
+type Scenario struct {
+	Name        string // file name without .json
+	Description string
+	// Ordered: the expected result depends on arrival order (MaxFlows decides
+	// which flows are kept), so tests must not permute the observations.
+	Ordered      bool
+	Config       flow.Config
+	Observations []obs.Observation
+	Want         Want
+}
+
+// Want is the expected outcome: exactly these flows (matched by proto, client,
+// service) and, when given, these drop counters.
+type Want struct {
+	Flows []WantFlow        `json:"flows"`
+	Drops map[string]uint64 `json:"drops"`
+}
+
+// WantFlow is one expected flow. VLAN, Reply, Backend and RewrittenAt are always
+// compared (VLAN null or absent: never at the uplink); the rest when set.
+type WantFlow struct {
+	Proto              string  `json:"proto"`
+	Client             string  `json:"client"`
+	Service            string  `json:"service"`
+	Backend            string  `json:"backend"`
+	RewrittenAt        string  `json:"rewritten_at"`
+	ByContains         string  `json:"by_contains"`
+	ReasonContains     string  `json:"reason_contains"`
+	VLAN               *uint16 `json:"vlan"`
+	UplinkDstMAC       string  `json:"uplink_dst_mac"`
+	UplinkDstIsGateway bool    `json:"uplink_dst_is_gateway"`
+	Reply              bool    `json:"reply"`
+	PID                uint32  `json:"pid"`
+	Comm               string  `json:"comm"`
+}
+
+// LoadDir loads every *.json scenario in dir, sorted by name.
+func LoadDir(dir string) ([]Scenario, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, fmt.Errorf("list scenarios in %s: %w", dir, err)
+	}
+	sort.Strings(paths)
+	out := make([]Scenario, 0, len(paths))
+	for _, p := range paths {
+		s, err := Load(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Load reads one scenario file.
+func Load(path string) (Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Scenario{}, fmt.Errorf("read scenario: %w", err)
+	}
+	var f file
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return Scenario{}, fmt.Errorf("parse scenario %s: %w", path, err)
+	}
+	s, err := f.scenario()
+	if err != nil {
+		return Scenario{}, fmt.Errorf("scenario %s: %w", path, err)
+	}
+	s.Name = strings.TrimSuffix(filepath.Base(path), ".json")
+	return s, nil
+}
+
+// Run feeds the observations to a new engine in the given order (indices into
+// Observations; nil for the recorded order).
+func (s Scenario) Run(order []int) *flow.Engine {
+	e := flow.NewEngine(s.Config)
+	if order == nil {
+		for _, o := range s.Observations {
+			e.Add(o)
+		}
+		return e
+	}
+	for _, i := range order {
+		e.Add(s.Observations[i])
+	}
+	return e
+}
+
+// Check compares the engine's flows and drops with the wanted ones and returns
+// every mismatch.
+func (w Want) Check(got []flow.Flow, drops map[string]uint64) []string {
+	var errs []string
+	if len(got) != len(w.Flows) {
+		errs = append(errs, fmt.Sprintf("got %d flows, want %d:%s", len(got), len(w.Flows), describe(got)))
+	}
+	for _, wf := range w.Flows {
+		g, ok := find(got, wf)
+		if !ok {
+			errs = append(errs, fmt.Sprintf("no flow %s %s -> %s", wf.Proto, wf.Client, wf.Service))
+			continue
+		}
+		errs = append(errs, wf.check(g)...)
+	}
+	for name, n := range w.Drops {
+		if drops[name] != n {
+			errs = append(errs, fmt.Sprintf("drop %s = %d, want %d", name, drops[name], n))
+		}
+	}
+	return errs
+}
+
+func find(got []flow.Flow, wf WantFlow) (flow.Flow, bool) {
+	for _, g := range got {
+		if g.Proto == wf.Proto && g.Client.String() == wf.Client && g.Service.String() == wf.Service {
+			return g, true
+		}
+	}
+	return flow.Flow{}, false
+}
+
+func describe(flows []flow.Flow) string {
+	var b strings.Builder
+	for _, f := range flows {
+		fmt.Fprintf(&b, "\n  %s %s -> %s: %s backend=%s reason=%q", f.Proto, f.Client, f.Service, f.RewrittenAt, f.Backend, f.Reason)
+	}
+	return b.String()
+}
+
+func (wf WantFlow) check(g flow.Flow) []string {
+	var errs []string
+	bad := func(field string, got, want any) {
+		errs = append(errs, fmt.Sprintf("flow %s %s -> %s: %s = %v, want %v (reason %q)",
+			wf.Proto, wf.Client, wf.Service, field, got, want, g.Reason))
+	}
+	backend := ""
+	if g.Backend.IsValid() {
+		backend = g.Backend.String()
+	}
+	if backend != wf.Backend {
+		bad("backend", backend, wf.Backend)
+	}
+	if string(g.RewrittenAt) != wf.RewrittenAt {
+		bad("rewritten_at", g.RewrittenAt, wf.RewrittenAt)
+	}
+	if g.RewrittenAt == flow.PlaceUnknown && g.Reason == "" {
+		bad("reason", `""`, "a reason for unknown")
+	}
+	if !strings.Contains(g.By, wf.ByContains) {
+		bad("by", g.By, "containing "+wf.ByContains)
+	}
+	if !strings.Contains(g.Reason, wf.ReasonContains) {
+		bad("reason", g.Reason, "containing "+wf.ReasonContains)
+	}
+	if vlanString(g.VLAN) != vlanString(wf.VLAN) {
+		bad("vlan", vlanString(g.VLAN), vlanString(wf.VLAN))
+	}
+	if wf.UplinkDstMAC != "" && g.UplinkDstMAC != wf.UplinkDstMAC {
+		bad("uplink_dst_mac", g.UplinkDstMAC, wf.UplinkDstMAC)
+	}
+	if g.UplinkDstIsGateway != wf.UplinkDstIsGateway {
+		bad("uplink_dst_is_gateway", g.UplinkDstIsGateway, wf.UplinkDstIsGateway)
+	}
+	if g.Reply != wf.Reply {
+		bad("reply", g.Reply, wf.Reply)
+	}
+	if wf.PID != 0 && g.PID != wf.PID {
+		bad("pid", g.PID, wf.PID)
+	}
+	if wf.Comm != "" && g.Comm != wf.Comm {
+		bad("comm", g.Comm, wf.Comm)
+	}
+	return errs
+}
+
+func vlanString(v *uint16) string {
+	if v == nil {
+		return "null"
+	}
+	return strconv.Itoa(int(*v))
+}
+
+// file is the JSON shape of a scenario.
+type file struct {
+	Description  string        `json:"description"`
+	Ordered      bool          `json:"ordered"`
+	Services     []string      `json:"services"`
+	Points       []string      `json:"points"`
+	MaxFlows     int           `json:"max_flows"`
+	Attribution  attribution   `json:"attribution"`
+	Observations []observation `json:"observations"`
+	Want         Want          `json:"want"`
+}
+
+type attribution struct {
+	SockPrograms []struct {
+		AttachType string `json:"attach_type"`
+		Name       string `json:"name"`
+		ID         uint32 `json:"id"`
+		Cgroup     string `json:"cgroup"`
+	} `json:"sock_programs"`
+	TCPrograms []struct {
+		Direction string `json:"direction"`
+		Kind      string `json:"kind"`
+		Name      string `json:"name"`
+		ID        uint32 `json:"id"`
+	} `json:"tc_programs"`
+	NATRules []struct {
+		Source   string           `json:"source"`
+		Table    string           `json:"table"`
+		Chain    string           `json:"chain"`
+		VIP      netip.AddrPort   `json:"vip"`
+		Proto    string           `json:"proto"`
+		Backends []netip.AddrPort `json:"backends"`
+		Rule     string           `json:"rule"`
+	} `json:"nat_rules"`
+	IPVS []struct {
+		VIP       netip.AddrPort   `json:"vip"`
+		Proto     string           `json:"proto"`
+		Scheduler string           `json:"scheduler"`
+		Backends  []netip.AddrPort `json:"backends"`
+	} `json:"ipvs"`
+	BridgeNFCallIPTables *bool    `json:"bridge_nf_call_iptables"`
+	GatewayMACs          []string `json:"gateway_macs"`
+}
+
+type observation struct {
+	MS       float64        `json:"ms"`
+	Point    string         `json:"point"`
+	Dir      string         `json:"dir"`
+	Proto    string         `json:"proto"`
+	Src      netip.AddrPort `json:"src"`
+	Dst      netip.AddrPort `json:"dst"`
+	Kind     string         `json:"kind"`
+	ReqDst   netip.AddrPort `json:"req_dst"`
+	Cookie   uint64         `json:"cookie"`
+	PID      uint32         `json:"pid"`
+	Comm     string         `json:"comm"`
+	Cgroup   uint64         `json:"cgroup"`
+	Ifname   string         `json:"ifname"`
+	Hook     string         `json:"hook"`
+	Prio     int32          `json:"prio"`
+	Len      int            `json:"len"`
+	VLAN     uint16         `json:"vlan"`
+	SrcMAC   string         `json:"src_mac"`
+	DstMAC   string         `json:"dst_mac"`
+	TCPFlags uint8          `json:"tcp_flags"`
+	NATDst   netip.AddrPort `json:"nat_dst"`
+}
+
+func (f file) scenario() (Scenario, error) {
+	s := Scenario{Description: f.Description, Ordered: f.Ordered, Want: f.Want}
+	cfg := flow.Config{Points: make(map[obs.Point]bool), MaxFlows: f.MaxFlows}
+	for _, svc := range f.Services {
+		v, err := ParseService(svc)
+		if err != nil {
+			return s, err
+		}
+		cfg.Services = append(cfg.Services, v)
+	}
+	for _, name := range f.Points {
+		p, err := parsePoint(name)
+		if err != nil {
+			return s, err
+		}
+		cfg.Points[p] = true
+	}
+	a, err := f.Attribution.convert()
+	if err != nil {
+		return s, err
+	}
+	cfg.Attribution = a
+	s.Config = cfg
+	for i, o := range f.Observations {
+		v, err := o.convert()
+		if err != nil {
+			return s, fmt.Errorf("observation %d: %w", i, err)
+		}
+		s.Observations = append(s.Observations, v)
+	}
+	return s, nil
+}
+
+func (a attribution) convert() (flow.Attribution, error) {
+	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables}
+	for _, p := range a.SockPrograms {
+		out.SockPrograms = append(out.SockPrograms, flow.SockProgram(p))
+	}
+	for _, p := range a.TCPrograms {
+		out.TCPrograms = append(out.TCPrograms, flow.TCProgram(p))
+	}
+	for _, r := range a.NATRules {
+		proto, err := parseProto(r.Proto)
+		if err != nil {
+			return out, err
+		}
+		out.NATRules = append(out.NATRules, flow.NATRule{Source: r.Source, Table: r.Table, Chain: r.Chain,
+			VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule})
+	}
+	for _, v := range a.IPVS {
+		proto, err := parseProto(v.Proto)
+		if err != nil {
+			return out, err
+		}
+		out.IPVS = append(out.IPVS, flow.IPVSService{VIP: v.VIP, Proto: proto, Scheduler: v.Scheduler, Backends: v.Backends})
+	}
+	for _, m := range a.GatewayMACs {
+		mac, err := net.ParseMAC(m)
+		if err != nil {
+			return out, fmt.Errorf("gateway mac: %w", err)
+		}
+		out.GatewayMACs = append(out.GatewayMACs, mac)
+	}
+	return out, nil
+}
+
+func (o observation) convert() (obs.Observation, error) {
+	v := obs.Observation{
+		Time: At(o.MS),
+		Src:  o.Src, Dst: o.Dst, ReqDst: o.ReqDst, NATDst: o.NATDst,
+		Cookie: o.Cookie, PID: o.PID, Comm: o.Comm, Cgroup: o.Cgroup,
+		Ifname: o.Ifname, Prio: o.Prio, Len: o.Len, VLAN: o.VLAN, TCPFlags: o.TCPFlags,
+	}
+	if o.VLAN != 0 {
+		v.TPID = 0x8100
+	}
+	var err error
+	if v.Point, err = parsePoint(o.Point); err != nil {
+		return v, err
+	}
+	if v.Proto, err = parseProto(o.Proto); err != nil {
+		return v, err
+	}
+	switch o.Dir {
+	case "":
+	case "in":
+		v.Dir = obs.DirIn
+	case "out":
+		v.Dir = obs.DirOut
+	default:
+		return v, fmt.Errorf("dir %q: want in or out", o.Dir)
+	}
+	switch o.Kind {
+	case "":
+	case "connect":
+		v.Kind = obs.SockConnect
+	case "sendmsg":
+		v.Kind = obs.SockSendmsg
+	default:
+		return v, fmt.Errorf("kind %q: want connect or sendmsg", o.Kind)
+	}
+	if o.Hook != "" {
+		if v.Hook, err = parseHook(o.Hook); err != nil {
+			return v, err
+		}
+	}
+	for _, m := range []struct {
+		text string
+		dst  *net.HardwareAddr
+	}{{o.SrcMAC, &v.SrcMAC}, {o.DstMAC, &v.DstMAC}} {
+		if m.text == "" {
+			continue
+		}
+		if *m.dst, err = net.ParseMAC(m.text); err != nil {
+			return v, fmt.Errorf("mac: %w", err)
+		}
+	}
+	return v, nil
+}
+
+// ParseService parses "IP[:PORT][/tcp|udp]".
+func ParseService(s string) (flow.Service, error) {
+	var svc flow.Service
+	hostport, proto, hasProto := strings.Cut(s, "/")
+	if hasProto {
+		p, err := parseProto(proto)
+		if err != nil {
+			return svc, err
+		}
+		svc.Proto = p
+	}
+	if ap, err := netip.ParseAddrPort(hostport); err == nil {
+		svc.Addr, svc.Port = ap.Addr(), ap.Port()
+		return svc, nil
+	}
+	addr, err := netip.ParseAddr(hostport)
+	if err != nil {
+		return svc, fmt.Errorf("service %q: %w", s, err)
+	}
+	svc.Addr = addr
+	return svc, nil
+}
+
+func parseProto(s string) (obs.Proto, error) {
+	switch s {
+	case "":
+		return 0, nil
+	case "tcp":
+		return obs.TCP, nil
+	case "udp":
+		return obs.UDP, nil
+	}
+	return 0, fmt.Errorf("proto %q: want tcp or udp", s)
+}
+
+func parsePoint(s string) (obs.Point, error) {
+	for p := obs.PointSockAddr; p <= obs.PointUplink; p++ {
+		if p.String() == s {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown point %q", s)
+}
+
+func parseHook(s string) (obs.Hook, error) {
+	for h := obs.HookPrerouting; h <= obs.HookPostrouting; h++ {
+		if h.String() == s {
+			return h, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown hook %q", s)
+}

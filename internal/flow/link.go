@@ -1,0 +1,322 @@
+package flow
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+type linkResult uint8
+
+const (
+	unlinked linkResult = iota // no flow claims it yet: it waits
+	linked
+	refused // its flow would exceed MaxFlows
+)
+
+// link finds the flow of an observation with addresses src -> dst and tells
+// whether it travels in the reply direction. A VIP on either end names the flow
+// (creating it); otherwise the other end must be a backend the flow is known to
+// use. Failing that, when the client endpoint has exactly one flow and that flow
+// has no backend yet, the other end is its backend: a client endpoint (a socket's
+// local address and port) talks to one peer.
+func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, replies bool) (*flowState, bool, linkResult) {
+	if e.isService(proto, dst) {
+		f, r := e.flowFor(proto, src, dst, 0)
+		return f, false, r
+	}
+	if replies && e.isService(proto, src) {
+		f, r := e.flowFor(proto, dst, src, 0)
+		return f, true, r
+	}
+	out := e.clients[clientKey{proto, src}]
+	for _, f := range out {
+		if f.hasBackend(dst) {
+			return f, false, linked
+		}
+	}
+	var in []*flowState
+	if replies {
+		in = e.clients[clientKey{proto, dst}]
+		for _, f := range in {
+			if f.hasBackend(src) {
+				return f, true, linked
+			}
+		}
+	}
+	if f := soleWithoutBackend(out); f != nil {
+		e.learnBackend(f, dst, at)
+		return f, false, linked
+	}
+	if f := soleWithoutBackend(in); f != nil {
+		e.learnBackend(f, src, at)
+		return f, true, linked
+	}
+	return nil, false, unlinked
+}
+
+func soleWithoutBackend(flows []*flowState) *flowState {
+	if len(flows) == 1 && len(flows[0].backends) == 0 {
+		return flows[0]
+	}
+	return nil
+}
+
+// flowFor returns the flow client -> service, creating it within MaxFlows. A
+// client without a port (socket layer before bind) is told apart by cookie.
+func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64) (*flowState, linkResult) {
+	k := clientKey{proto, client}
+	for _, f := range e.clients[k] {
+		if f.service == service && (client.Port() != 0 || f.cookie == cookie) {
+			return f, linked
+		}
+	}
+	if e.nflows >= e.maxFlows {
+		e.refuse(flowKey{k, service})
+		return nil, refused
+	}
+	e.nextID++
+	f := &flowState{id: e.nextID, proto: proto, client: client, service: service}
+	if client.Port() == 0 {
+		f.cookie = cookie
+	}
+	e.index(f)
+	e.nflows++
+	return f, linked
+}
+
+// refuse counts a flow beyond MaxFlows once, as far as a bounded set of the
+// refused ones remembers them (beyond it, each observation counts).
+func (e *Engine) refuse(k flowKey) {
+	if e.refused[k] {
+		return
+	}
+	if len(e.refused) < max(4096, e.maxFlows) {
+		e.refused[k] = true
+	}
+	e.overMax++
+}
+
+func (e *Engine) index(f *flowState) {
+	k := f.key()
+	e.clients[k] = append(e.clients[k], f)
+	if f.client.Port() != 0 {
+		e.replays = append(e.replays, k)
+	}
+}
+
+func (e *Engine) unindex(f *flowState) {
+	k := f.key()
+	list := e.clients[k]
+	for i, g := range list {
+		if g == f {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(e.clients, k)
+		return
+	}
+	e.clients[k] = list
+}
+
+func (e *Engine) learnBackend(f *flowState, b netip.AddrPort, at time.Time) {
+	if !b.IsValid() || b == f.service || !f.addBackend(b, at) {
+		return
+	}
+	e.backends[b.Addr()] = true
+	if f.client.Port() != 0 {
+		e.replays = append(e.replays, f.key())
+	}
+}
+
+// sight records at checkpoint cp that the request went to dst (the VIP or a
+// backend, which the flow then learns).
+func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs.Point, at time.Time) {
+	isVIP := dst == f.service
+	if !isVIP {
+		e.learnBackend(f, dst, at)
+	}
+	f.cps[cp].see(isVIP, dst, from, at)
+}
+
+func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) {
+	f.touch(o.Time)
+	f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: o.Src, dst: o.Dst}, 1, uint64(o.Len))
+	if reply {
+		f.reply = true
+		if o.Point == obs.PointUplink {
+			f.uplinkReply.note(o)
+		}
+		return
+	}
+	if cp, ok := requestCheckpoint(o); ok {
+		e.sight(f, cp, o.Dst, o.Point, o.Time)
+	}
+	if o.Point == obs.PointUplink && o.Dir != obs.DirIn {
+		f.uplink.note(o)
+	}
+}
+
+// sockAddr handles a connect4/sendmsg4 observation: ReqDst is what the
+// application asked for, Dst what the socket uses. The client port is often not
+// known yet (TCP and UDP connect run before the port is bound).
+func (e *Engine) sockAddr(o obs.Observation) {
+	svc := o.ReqDst
+	if !svc.IsValid() {
+		svc = o.Dst // no syscall observer: only the socket's view
+	}
+	s := e.socks.get(o.Cookie)
+	proto, client := o.Proto, o.Src
+	if s != nil {
+		s.noteProc(o)
+		if s.src.Port() != 0 {
+			client = s.src
+		}
+		if proto == 0 {
+			proto = s.proto
+		}
+	}
+	if proto == 0 && o.Kind == obs.SockSendmsg {
+		proto = obs.UDP // the sendmsg4 hook runs for UDP only
+	}
+	if !e.isService(proto, svc) {
+		return
+	}
+	var f *flowState
+	if s != nil {
+		f = s.flowTo(svc)
+	}
+	if f == nil {
+		var r linkResult
+		if f, r = e.flowFor(proto, client, svc, o.Cookie); r != linked {
+			return
+		}
+	}
+	if s != nil {
+		s.add(f)
+	}
+	f.touch(o.Time)
+	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
+	if f.kind == 0 {
+		f.kind = o.Kind
+	}
+	f.count(pointKey{point: o.Point, src: o.Src, dst: o.Dst, reqDst: o.ReqDst}, 1, 0)
+	if o.ReqDst.IsValid() {
+		e.sight(f, cpApp, o.ReqDst, o.Point, o.Time)
+	}
+	if o.Dst.IsValid() {
+		e.sight(f, cpSockAddr, o.Dst, o.Point, o.Time)
+	}
+}
+
+// sockTuple handles an observation of a socket's actual 4-tuple
+// (inet_sock_set_state, cgroup_skb egress). Its cookie links it to the
+// sockaddr observations of the same socket.
+func (e *Engine) sockTuple(o obs.Observation) bool {
+	if !o.Src.IsValid() || !o.Dst.IsValid() {
+		e.unmatched++
+		return true
+	}
+	s := e.socks.get(o.Cookie)
+	var f *flowState
+	if s != nil {
+		s.noteProc(o)
+		if o.Src.Port() != 0 && (s.src != o.Src || s.proto != o.Proto) {
+			s.src, s.proto = o.Src, o.Proto
+			e.rekey(s)
+		}
+		if f = s.flowTo(o.Dst); f == nil && !e.isService(o.Proto, o.Dst) {
+			// The same socket asked for a VIP and now sends to dst: its backend.
+			if f = soleWithoutBackend(s.flows); f != nil {
+				e.learnBackend(f, o.Dst, o.Time)
+			}
+		}
+	}
+	reply := false
+	if f == nil {
+		var r linkResult
+		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, o.Time, true); r != linked {
+			return r == refused
+		}
+	}
+	if s != nil {
+		s.add(f)
+	}
+	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
+	e.applyPacket(f, o, reply)
+	return true
+}
+
+// rekey moves the socket's flows that were recorded before the client port was
+// known to their full client endpoint, merging each into a flow the packet
+// observers may have started meanwhile.
+func (e *Engine) rekey(s *sockState) {
+	for i, f := range s.flows {
+		if f.client.Port() != 0 {
+			continue
+		}
+		e.unindex(f)
+		f.client, f.cookie = s.src, 0
+		if f.proto == 0 {
+			f.proto = s.proto
+		}
+		if g := e.flowWithService(f.key(), f.service); g != nil {
+			g.absorb(f)
+			e.nflows--
+			s.flows[i] = g
+			e.replays = append(e.replays, g.key()) // g may know new backends
+			continue
+		}
+		e.index(f)
+	}
+	s.flows = dedupe(s.flows)
+}
+
+func (e *Engine) flowWithService(k clientKey, service netip.AddrPort) *flowState {
+	for _, f := range e.clients[k] {
+		if f.service == service {
+			return f
+		}
+	}
+	return nil
+}
+
+func dedupe(flows []*flowState) []*flowState {
+	out := make([]*flowState, 0, len(flows))
+	for _, f := range flows {
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// conntrack handles a conntrack event: Dst is the original destination, NATDst
+// the reply source when NAT changed it. Conntrack sits just before the NAT hook
+// on the way in (original tuple) and confirms after every hook (reply tuple),
+// so it brackets netfilter NAT and IPVS by itself.
+func (e *Engine) conntrack(o obs.Observation) bool {
+	if !o.Src.IsValid() || !o.Dst.IsValid() {
+		e.unmatched++
+		return true
+	}
+	f, _, r := e.link(o.Proto, o.Src, o.Dst, o.Time, false)
+	if r != linked {
+		return r == refused
+	}
+	f.touch(o.Time)
+	f.ctSeen = true
+	f.count(pointKey{point: o.Point, src: o.Src, dst: o.Dst, natDst: o.NATDst}, 1, 0)
+	e.sight(f, cpNFBefore, o.Dst, o.Point, o.Time)
+	final := o.Dst
+	if o.NATDst.IsValid() {
+		final = o.NATDst
+		f.ctNAT = f.ctNAT || o.Dst == f.service
+	}
+	e.sight(f, cpConfirm, final, o.Point, o.Time)
+	return true
+}

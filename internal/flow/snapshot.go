@@ -1,0 +1,103 @@
+package flow
+
+import (
+	"bytes"
+	"cmp"
+	"slices"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// snapshot renders a flow and its current verdict.
+func (e *Engine) snapshot(f *flowState) Flow {
+	v := e.decide(f)
+	out := Flow{
+		ID:          f.id,
+		Client:      f.client,
+		Service:     f.service,
+		RewrittenAt: v.place,
+		By:          v.by,
+		Reason:      v.reason,
+		Reply:       f.reply,
+		PID:         f.pid,
+		Comm:        f.comm,
+		Cgroup:      f.cgroup,
+		First:       f.first,
+		Last:        f.last,
+	}
+	if f.proto != 0 {
+		out.Proto = f.proto.String()
+	}
+	if bs := f.sortedBackends(); len(bs) > 0 {
+		out.Backend = bs[0]
+		if len(bs) > 1 {
+			out.Backends = bs
+		}
+	}
+	switch {
+	case f.uplink.seen:
+		vlan := f.uplink.vlan
+		out.VLAN = &vlan
+		if len(f.uplink.dstMAC) > 0 {
+			out.UplinkDstMAC = f.uplink.dstMAC.String()
+			out.UplinkDstIsGateway = e.isGateway(f.uplink.dstMAC)
+		}
+	case f.uplinkReply.seen:
+		vlan := f.uplinkReply.vlan
+		out.VLAN = &vlan
+	}
+	out.Points = pointsSeen(f.points)
+	return out
+}
+
+func (e *Engine) isGateway(mac []byte) bool {
+	for _, gw := range e.cfg.Attribution.GatewayMACs {
+		if bytes.Equal(gw, mac) {
+			return true
+		}
+	}
+	return false
+}
+
+// pointsSeen lists the per-point entries in path order, requests first.
+func pointsSeen(ps []pointStats) []PointSeen {
+	sorted := slices.Clone(ps)
+	slices.SortFunc(sorted, func(a, b pointStats) int {
+		return cmp.Or(
+			cmp.Compare(a.point, b.point),
+			compareBool(a.reply, b.reply),
+			cmp.Compare(a.dir, b.dir),
+			a.dst.Compare(b.dst),
+			a.src.Compare(b.src),
+			a.reqDst.Compare(b.reqDst),
+			a.natDst.Compare(b.natDst),
+		)
+	})
+	out := make([]PointSeen, len(sorted))
+	for i, p := range sorted {
+		out[i] = PointSeen{
+			Point:   p.point.String(),
+			Reply:   p.reply,
+			Src:     p.src,
+			Dst:     p.dst,
+			ReqDst:  p.reqDst,
+			NATDst:  p.natDst,
+			Packets: p.packets,
+			Bytes:   p.bytes,
+		}
+		if p.dir != obs.DirUnknown {
+			out[i].Dir = p.dir.String()
+		}
+	}
+	return out
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}

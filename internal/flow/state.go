@@ -1,0 +1,221 @@
+package flow
+
+import (
+	"net"
+	"net/netip"
+	"sort"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// Per-flow bounds: a flow has one client endpoint, so these are only reached by
+// pathological traffic (e.g. unconnected UDP spraying backends).
+const (
+	maxBackendsPerFlow = 8
+	maxPointsPerFlow   = 48
+)
+
+// sighting is what one checkpoint saw of a flow's request destination: the VIP,
+// a backend, or both, with the earliest observation of each.
+type sighting struct {
+	vip, backend         bool
+	vipFrom, backendFrom obs.Point
+	vipAt, backendAt     time.Time
+	backendAddr          netip.AddrPort
+}
+
+func (s *sighting) see(isVIP bool, dst netip.AddrPort, from obs.Point, at time.Time) {
+	if isVIP {
+		if !s.vip || at.Before(s.vipAt) {
+			s.vip, s.vipFrom, s.vipAt = true, from, at
+		}
+		return
+	}
+	if !s.backend || at.Before(s.backendAt) {
+		s.backend, s.backendFrom, s.backendAt, s.backendAddr = true, from, at, dst
+	}
+}
+
+func (s *sighting) merge(o sighting) {
+	if o.vip {
+		s.see(true, netip.AddrPort{}, o.vipFrom, o.vipAt)
+	}
+	if o.backend {
+		s.see(false, o.backendAddr, o.backendFrom, o.backendAt)
+	}
+}
+
+func (s sighting) any() bool { return s.vip || s.backend }
+
+// pointKey identifies one aggregated PointSeen entry.
+type pointKey struct {
+	point          obs.Point
+	dir            obs.Dir
+	reply          bool
+	src, dst       netip.AddrPort
+	reqDst, natDst netip.AddrPort
+}
+
+type pointStats struct {
+	pointKey
+	packets, bytes uint64
+}
+
+type backendSeen struct {
+	addr netip.AddrPort
+	at   time.Time
+}
+
+// uplinkFrame is the earliest frame of the flow seen on the uplink.
+type uplinkFrame struct {
+	seen   bool
+	at     time.Time
+	vlan   uint16
+	dstMAC net.HardwareAddr
+}
+
+func (u *uplinkFrame) note(o obs.Observation) {
+	if u.seen && !o.Time.Before(u.at) {
+		return
+	}
+	u.seen, u.at, u.vlan = true, o.Time, o.VLAN
+	u.dstMAC = append(u.dstMAC[:0], o.DstMAC...)
+}
+
+// flowState is the engine's record of one flow.
+type flowState struct {
+	id      int
+	proto   obs.Proto
+	client  netip.AddrPort
+	service netip.AddrPort
+	// cookie tells apart flows of different sockets while their client port is
+	// not known yet (TCP connect before bind); 0 once the port is known.
+	cookie uint64
+
+	backends    []backendSeen
+	cps         [numCheckpoints]sighting
+	ctSeen      bool // conntrack reported this flow
+	ctNAT       bool // ... with the VIP as original destination and a backend replying
+	points      []pointStats
+	first, last time.Time
+	reply       bool
+	kind        obs.SockKind
+
+	pid    uint32
+	comm   string
+	cgroup uint64
+	procAt time.Time
+
+	uplink      uplinkFrame // request direction
+	uplinkReply uplinkFrame // reply direction: VLAN fallback when no request was seen there
+}
+
+func (f *flowState) key() clientKey { return clientKey{f.proto, f.client} }
+
+func (f *flowState) touch(t time.Time) {
+	if f.first.IsZero() || t.Before(f.first) {
+		f.first = t
+	}
+	if t.After(f.last) {
+		f.last = t
+	}
+}
+
+// isRemote tells whether ap is this flow's VIP or one of its backends.
+func (f *flowState) isRemote(ap netip.AddrPort) bool {
+	return ap == f.service || f.hasBackend(ap)
+}
+
+func (f *flowState) hasBackend(ap netip.AddrPort) bool {
+	for _, b := range f.backends {
+		if b.addr == ap {
+			return true
+		}
+	}
+	return false
+}
+
+// addBackend records a backend and reports whether it was new.
+func (f *flowState) addBackend(ap netip.AddrPort, at time.Time) bool {
+	for i, b := range f.backends {
+		if b.addr == ap {
+			if at.Before(b.at) {
+				f.backends[i].at = at
+			}
+			return false
+		}
+	}
+	if len(f.backends) >= maxBackendsPerFlow {
+		return false
+	}
+	f.backends = append(f.backends, backendSeen{ap, at})
+	return true
+}
+
+// sortedBackends returns the backends, earliest seen first.
+func (f *flowState) sortedBackends() []netip.AddrPort {
+	bs := append([]backendSeen(nil), f.backends...)
+	sort.SliceStable(bs, func(i, j int) bool { return bs[i].at.Before(bs[j].at) })
+	out := make([]netip.AddrPort, len(bs))
+	for i, b := range bs {
+		out[i] = b.addr
+	}
+	return out
+}
+
+// count adds packets and bytes to a per-point entry.
+func (f *flowState) count(k pointKey, packets, bytes uint64) {
+	for i := range f.points {
+		if f.points[i].pointKey == k {
+			f.points[i].packets += packets
+			f.points[i].bytes += bytes
+			return
+		}
+	}
+	if len(f.points) < maxPointsPerFlow {
+		f.points = append(f.points, pointStats{k, packets, bytes})
+	}
+}
+
+func (f *flowState) noteProc(pid uint32, comm string, cgroup uint64, at time.Time) {
+	if pid == 0 && comm == "" && cgroup == 0 {
+		return
+	}
+	if f.procAt.IsZero() || at.Before(f.procAt) {
+		f.pid, f.comm, f.cgroup, f.procAt = pid, comm, cgroup, at
+	}
+}
+
+// absorb merges o (the same flow, seen before its client port was known) into f.
+func (f *flowState) absorb(o *flowState) {
+	if o.id < f.id {
+		f.id = o.id
+	}
+	for _, b := range o.backends {
+		f.addBackend(b.addr, b.at)
+	}
+	for i := range f.cps {
+		f.cps[i].merge(o.cps[i])
+	}
+	f.ctSeen = f.ctSeen || o.ctSeen
+	f.ctNAT = f.ctNAT || o.ctNAT
+	for _, p := range o.points {
+		f.count(p.pointKey, p.packets, p.bytes)
+	}
+	f.touch(o.first)
+	f.touch(o.last)
+	f.reply = f.reply || o.reply
+	if f.kind == 0 {
+		f.kind = o.kind
+	}
+	if !o.procAt.IsZero() {
+		f.noteProc(o.pid, o.comm, o.cgroup, o.procAt)
+	}
+	if o.uplink.seen {
+		f.uplink.note(obs.Observation{Time: o.uplink.at, VLAN: o.uplink.vlan, DstMAC: o.uplink.dstMAC})
+	}
+	if o.uplinkReply.seen {
+		f.uplinkReply.note(obs.Observation{Time: o.uplinkReply.at, VLAN: o.uplinkReply.vlan})
+	}
+}

@@ -1,0 +1,347 @@
+package flow
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// checkpoint is a place on a request's path where its destination is observed,
+// in path order. Between two consecutive checkpoints lies at most one place
+// that can rewrite a destination (gapBefore).
+type checkpoint uint8
+
+const (
+	cpApp       checkpoint = iota // sockaddr ReqDst: what the application asked for
+	cpSockAddr                    // sockaddr Dst: after the sock_addr programs before the observer
+	cpSockTuple                   // sockstate / sockegress: the socket's actual tuple
+	cpPod                         // pod eth0 TX tap
+	cpHost                        // host veth RX tap (before tc ingress)
+	cpTCHead                      // tcx head observer, ingress
+	cpTCTail                      // tcx tail observer, ingress
+	cpNFBefore                    // netfilter just below NAT; conntrack original tuple
+	cpNFAfter                     // netfilter just above NAT
+	cpConfirm                     // conntrack reply tuple (after every hook, IPVS included)
+	cpUplink                      // uplink TX tap (after tc egress)
+	numCheckpoints
+)
+
+// requestCheckpoint maps a request-direction packet observation to its checkpoint.
+func requestCheckpoint(o obs.Observation) (checkpoint, bool) {
+	switch o.Point {
+	case obs.PointSockState, obs.PointSockEgress:
+		return cpSockTuple, true
+	case obs.PointPod:
+		return cpPod, o.Dir != obs.DirIn
+	case obs.PointHost:
+		return cpHost, o.Dir != obs.DirOut
+	case obs.PointTCHead:
+		return cpTCHead, o.Dir != obs.DirOut
+	case obs.PointTCTail:
+		return cpTCTail, o.Dir != obs.DirOut
+	case obs.PointNFBefore:
+		return cpNFBefore, natHook(o.Hook)
+	case obs.PointNFAfter:
+		return cpNFAfter, natHook(o.Hook)
+	case obs.PointUplink:
+		return cpUplink, o.Dir != obs.DirIn
+	}
+	return 0, false
+}
+
+// natHook: destination NAT happens at PREROUTING (forwarded, bridged with
+// bridge-nf-call-iptables) and OUTPUT (host-originated).
+func natHook(h obs.Hook) bool { return h == obs.HookPrerouting || h == obs.HookLocalOut }
+
+// gap is what can rewrite a destination between two consecutive checkpoints.
+type gap uint8
+
+const (
+	gapNothing   gap = iota // a veth, or two views of the same step
+	gapSocket               // cgroup sock_addr programs
+	gapPodNetns             // netfilter OUTPUT or tc egress inside the Pod
+	gapTC                   // tc ingress of the host veth: tcx, then cls_bpf
+	gapNetfilter            // DNAT at PREROUTING / OUTPUT
+	gapIPVS                 // IPVS at LOCAL_IN (only when an IPVS service matches)
+)
+
+func gapBefore(cp checkpoint) gap {
+	switch cp {
+	case cpSockAddr, cpSockTuple:
+		return gapSocket
+	case cpPod:
+		return gapPodNetns
+	case cpTCHead, cpTCTail, cpNFBefore:
+		// tcx programs attached ahead of the head observer, the chain itself,
+		// then legacy cls_bpf which runs after the whole tcx chain.
+		return gapTC
+	case cpNFAfter:
+		return gapNetfilter
+	case cpConfirm:
+		return gapIPVS
+	}
+	return gapNothing // cpApp, cpHost (veth), cpUplink (no DNAT after conntrack confirms)
+}
+
+func (g gap) String() string {
+	return [...]string{"nothing", "socket", "the Pod's netns", "tc", "netfilter", "ipvs"}[g]
+}
+
+func (g gap) place() Place {
+	switch g {
+	case gapSocket:
+		return PlaceSocket
+	case gapTC:
+		return PlaceTC
+	case gapNetfilter:
+		return PlaceNetfilter
+	case gapIPVS:
+		return PlaceIPVS
+	}
+	return PlaceUnknown
+}
+
+// describe names a checkpoint for a reason, by the point that saw it.
+func (c checkpoint) describe(from obs.Point) string {
+	switch c {
+	case cpApp:
+		return "the app's request (sockaddr)"
+	case cpSockAddr:
+		return "the socket (sockaddr)"
+	case cpSockTuple:
+		return "the socket tuple (" + from.String() + ")"
+	case cpPod:
+		return "pod eth0 TX"
+	case cpHost:
+		return "host veth RX"
+	case cpTCHead:
+		return "tc head ingress"
+	case cpTCTail:
+		return "tc tail ingress"
+	case cpNFBefore:
+		if from == obs.PointConntrack {
+			return "conntrack (original dst)"
+		}
+		return "netfilter before NAT"
+	case cpNFAfter:
+		return "netfilter after NAT"
+	case cpConfirm:
+		return "conntrack (reply src)"
+	case cpUplink:
+		return "uplink TX"
+	}
+	return "?"
+}
+
+// checkpointPoints are the observation points that feed a checkpoint.
+func checkpointPoints(c checkpoint) []obs.Point {
+	switch c {
+	case cpApp, cpSockAddr:
+		return []obs.Point{obs.PointSockAddr}
+	case cpSockTuple:
+		return []obs.Point{obs.PointSockState, obs.PointSockEgress}
+	case cpPod:
+		return []obs.Point{obs.PointPod}
+	case cpHost:
+		return []obs.Point{obs.PointHost}
+	case cpTCHead:
+		return []obs.Point{obs.PointTCHead}
+	case cpTCTail:
+		return []obs.Point{obs.PointTCTail}
+	case cpNFBefore:
+		return []obs.Point{obs.PointNFBefore, obs.PointConntrack}
+	case cpNFAfter:
+		return []obs.Point{obs.PointNFAfter}
+	case cpConfirm:
+		return []obs.Point{obs.PointConntrack}
+	case cpUplink:
+		return []obs.Point{obs.PointUplink}
+	}
+	return nil
+}
+
+type verdict struct {
+	place  Place
+	by     string
+	reason string
+}
+
+func unknown(format string, a ...any) verdict {
+	return verdict{place: PlaceUnknown, reason: fmt.Sprintf(format, a...)}
+}
+
+// decide brackets the rewrite: the last checkpoint that saw the VIP and the
+// first that saw a backend enclose the place where the destination changed.
+func (e *Engine) decide(f *flowState) verdict {
+	iV, iB := -1, -1
+	for i, s := range f.cps {
+		if s.vip {
+			iV = i
+		}
+		if s.backend && iB < 0 {
+			iB = i
+		}
+	}
+	switch {
+	case iV < 0 && iB < 0:
+		return unknown("only replies were seen, no request")
+	case iB < 0:
+		return e.unrewritten(f, checkpoint(iV))
+	case iV < 0:
+		return unknown("backend %s seen at %s, but no active observation point saw the VIP before it",
+			f.cps[iB].backendAddr, checkpoint(iB).describe(f.cps[iB].backendFrom))
+	case iV >= iB:
+		return unknown("inconsistent: the VIP was seen at %s after backend %s at %s",
+			checkpoint(iV).describe(f.cps[iV].vipFrom), f.cps[iB].backendAddr,
+			checkpoint(iB).describe(f.cps[iB].backendFrom))
+	}
+	return e.bracket(f, checkpoint(iV), checkpoint(iB))
+}
+
+// unrewritten decides a flow no checkpoint saw with a backend.
+func (e *Engine) unrewritten(f *flowState, last checkpoint) verdict {
+	where := last.describe(f.cps[last].vipFrom)
+	switch {
+	case f.cps[cpUplink].vip:
+		v := verdict{place: PlaceNowhere, reason: "the uplink TX showed the VIP as destination: it left the node unrewritten"}
+		if notes := e.nowhereNotes(f); notes != "" {
+			v.reason += "; " + notes
+		}
+		return v
+	case !e.active(obs.PointUplink):
+		return unknown("the VIP was last seen at %s; no rewrite observed and the uplink capture was inactive", where)
+	}
+	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+}
+
+// nowhereNotes explains an unrewritten flow from what the node has.
+func (e *Engine) nowhereNotes(f *flowState) string {
+	var notes []string
+	rules := e.natRulesFor(f, netip.AddrPort{})
+	if len(rules) > 0 {
+		note := fmt.Sprintf("%d NAT rule(s) for the VIP exist but did not apply", len(rules))
+		if b := e.cfg.Attribution.BridgeNFCallIPTables; b != nil && !*b {
+			note += " (bridge-nf-call-iptables=0: bridged frames bypass netfilter)"
+		}
+		notes = append(notes, note)
+	}
+	if e.active(obs.PointNFBefore) && !f.cps[cpNFBefore].any() {
+		notes = append(notes, "netfilter never saw it")
+	}
+	return strings.Join(notes, "; ")
+}
+
+// bracket decides between the last VIP checkpoint iV and the first backend
+// checkpoint iB (iV < iB).
+func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
+	var cands []gap
+	for cp := iV + 1; cp <= iB; cp++ {
+		g := gapBefore(cp)
+		if g == gapNothing || (g == gapIPVS && len(e.ipvsFor(f)) == 0) || slices.Contains(cands, g) {
+			continue
+		}
+		cands = append(cands, g)
+	}
+	base := fmt.Sprintf("VIP %s at %s, backend %s at %s", f.service, iV.describe(f.cps[iV].vipFrom),
+		f.cps[iB].backendAddr, iB.describe(f.cps[iB].backendFrom))
+	var notes []string
+	if len(cands) > 1 && slices.Contains(cands, gapNetfilter) {
+		if why := e.netfilterExcluded(f); why != "" {
+			cands = removeGap(cands, gapNetfilter)
+			notes = append(notes, "netfilter excluded: "+why)
+		}
+	}
+	switch {
+	case len(cands) == 0:
+		return unknown("%s: nothing between these points rewrites destinations (inconsistent observations)", base)
+	case len(cands) > 1:
+		names := make([]string, len(cands))
+		for i, g := range cands {
+			names[i] = g.String()
+		}
+		return unknown("%s: could be %s; %s", base, strings.Join(names, " or "), e.blindSpots(iV, iB))
+	case cands[0] == gapPodNetns:
+		return unknown("%s: rewritten inside the Pod's netns after the socket (netfilter OUTPUT or tc egress on the Pod's eth0)", base)
+	}
+	g := cands[0]
+	v := verdict{place: g.place()}
+	switch g {
+	case gapSocket:
+		v.by = e.bySocket(f)
+	case gapTC:
+		v.by = e.byTC(f)
+		if iB > cpTCTail && e.active(obs.PointTCTail) && !f.cps[cpTCTail].any() {
+			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (or is a cls_bpf program after it)")
+		}
+	case gapNetfilter:
+		v.by = e.byNAT(f)
+		notes = append(notes, e.conntrackNote(f, iV, iB))
+	case gapIPVS:
+		v.by = e.byIPVS(f)
+	}
+	if v.by == "" {
+		notes = append(notes, "no "+g.String()+" rewriter for the VIP was found on the node")
+	}
+	if bs := f.sortedBackends(); len(bs) > 1 {
+		notes = append(notes, fmt.Sprintf("%d backends seen", len(bs)))
+	}
+	v.reason = base
+	for _, n := range notes {
+		if n != "" {
+			v.reason += "; " + n
+		}
+	}
+	return v
+}
+
+// netfilterExcluded tells why netfilter cannot have rewritten a flow that no
+// netfilter checkpoint saw, or "" when nothing tells.
+func (e *Engine) netfilterExcluded(f *flowState) string {
+	switch {
+	case e.active(obs.PointNFBefore) && !f.cps[cpNFBefore].any():
+		return "the netfilter observer never saw this flow"
+	case e.active(obs.PointConntrack) && !f.ctSeen:
+		return "conntrack reported no connection for this flow"
+	}
+	return ""
+}
+
+// conntrackNote says how conntrack relates to a netfilter verdict.
+func (e *Engine) conntrackNote(f *flowState, iV, iB checkpoint) string {
+	switch {
+	case f.cps[iV].vipFrom == obs.PointConntrack && f.cps[iB].backendFrom == obs.PointConntrack:
+		return "from conntrack NAT alone (the netfilter observers did not see it)"
+	case f.ctNAT:
+		return "conntrack NAT corroborates"
+	}
+	return ""
+}
+
+// blindSpots lists the inactive points between two checkpoints.
+func (e *Engine) blindSpots(iV, iB checkpoint) string {
+	var inactive []string
+	for cp := iV + 1; cp < iB; cp++ {
+		for _, p := range checkpointPoints(cp) {
+			if !e.active(p) && !slices.Contains(inactive, p.String()) {
+				inactive = append(inactive, p.String())
+			}
+		}
+	}
+	if len(inactive) == 0 {
+		return "no observation point in between saw it"
+	}
+	return "inactive points in between: " + strings.Join(inactive, ", ")
+}
+
+func removeGap(gs []gap, g gap) []gap {
+	out := gs[:0]
+	for _, x := range gs {
+		if x != g {
+			out = append(out, x)
+		}
+	}
+	return out
+}

@@ -1,0 +1,290 @@
+package flow_test
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+var (
+	client  = netip.MustParseAddrPort("10.244.8.23:40100")
+	vip     = netip.MustParseAddrPort("10.120.0.80:80")
+	backend = netip.MustParseAddrPort("10.244.20.31:3000")
+	other   = netip.MustParseAddrPort("10.244.20.32:3000")
+)
+
+// req is a request-direction observation at point p, ms after the base time.
+func req(ms float64, p obs.Point, dir obs.Dir, dst netip.AddrPort) obs.Observation {
+	return obs.Observation{Time: flowtest.At(ms), Point: p, Dir: dir, Proto: obs.TCP, Src: client, Dst: dst, Len: 60}
+}
+
+func ct(ms float64, dst, natDst netip.AddrPort) obs.Observation {
+	return obs.Observation{Time: flowtest.At(ms), Point: obs.PointConntrack, Proto: obs.TCP, Src: client, Dst: dst, NATDst: natDst}
+}
+
+func httpConfig(points ...obs.Point) flow.Config {
+	cfg := flow.Config{
+		Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.TCP}},
+		Points:   make(map[obs.Point]bool),
+		Attribution: flow.Attribution{
+			TCPrograms: []flow.TCProgram{
+				{Direction: "ingress", Kind: "tcx", Name: "lb_tcx", ID: 7},
+				{Direction: "ingress", Kind: "cls_bpf", Name: "lb_cls", ID: 8},
+				{Direction: "egress", Kind: "tcx", Name: "lb_rev", ID: 9},
+			},
+		},
+	}
+	for _, p := range points {
+		cfg.Points[p] = true
+	}
+	return cfg
+}
+
+func only(t *testing.T, e *flow.Engine) flow.Flow {
+	t.Helper()
+	flows := e.Flows()
+	if len(flows) != 1 {
+		t.Fatalf("got %d flows, want 1: %+v", len(flows), flows)
+	}
+	return flows[0]
+}
+
+func TestVerdicts(t *testing.T) {
+	in, out := obs.DirIn, obs.DirOut
+	tests := []struct {
+		name       string
+		points     []obs.Point
+		obs        []obs.Observation
+		want       flow.Place
+		wantBy     string // substring
+		wantNotBy  string
+		wantReason string // substring
+	}{
+		{
+			name:   "tcx tail sees the backend: tight tcx bracket names tcx programs only",
+			points: []obs.Point{obs.PointTCHead, obs.PointTCTail},
+			obs:    []obs.Observation{req(0, obs.PointTCHead, in, vip), req(0.01, obs.PointTCTail, in, backend)},
+			want:   flow.PlaceTC, wantBy: "tcx ingress lb_tcx (id 7)", wantNotBy: "cls_bpf",
+		},
+		{
+			name:   "tc tail sees the VIP, netfilter the backend: cls_bpf after the tcx chain",
+			points: []obs.Point{obs.PointTCHead, obs.PointTCTail, obs.PointNFBefore},
+			obs: []obs.Observation{req(0, obs.PointTCHead, in, vip), req(0.01, obs.PointTCTail, in, vip),
+				req(0.02, obs.PointNFBefore, 0, backend)},
+			want: flow.PlaceTC, wantBy: "one of 2", wantReason: "at netfilter before NAT",
+		},
+		{
+			name:   "socket tuple shows the VIP, pod eth0 the backend: inside the pod netns",
+			points: []obs.Point{obs.PointSockState, obs.PointPod},
+			obs: []obs.Observation{
+				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 5},
+				req(0.01, obs.PointPod, out, backend)},
+			want: flow.PlaceUnknown, wantReason: "inside the Pod's netns",
+		},
+		{
+			name:   "VIP after the backend is inconsistent",
+			points: []obs.Point{obs.PointPod, obs.PointHost},
+			obs:    []obs.Observation{req(0, obs.PointPod, out, backend), req(0.01, obs.PointHost, in, vip)},
+			want:   flow.PlaceUnknown, wantReason: "inconsistent",
+		},
+		{
+			name:   "rewritten across a veth is impossible",
+			points: []obs.Point{obs.PointPod, obs.PointHost},
+			obs:    []obs.Observation{req(0, obs.PointPod, out, vip), req(0.01, obs.PointHost, in, backend)},
+			want:   flow.PlaceUnknown, wantReason: "nothing between these points rewrites",
+		},
+		{
+			name:   "conntrack NAT but the uplink shows the VIP: conflicting, not guessed",
+			points: []obs.Point{obs.PointConntrack, obs.PointUplink},
+			obs:    []obs.Observation{ct(0.3, vip, backend), req(0.01, obs.PointUplink, out, vip)},
+			want:   flow.PlaceUnknown, wantReason: "inconsistent",
+		},
+		{
+			name:   "conntrack without NAT on the VIP and nothing after: not rewritten by netfilter, uplink inactive",
+			points: []obs.Point{obs.PointHost, obs.PointConntrack},
+			obs:    []obs.Observation{req(0, obs.PointHost, in, vip), ct(0.3, vip, netip.AddrPort{})},
+			want:   flow.PlaceUnknown, wantReason: "uplink capture was inactive",
+		},
+		{
+			name:   "only a reply from the VIP",
+			points: []obs.Point{obs.PointPod},
+			obs: []obs.Observation{{Time: flowtest.At(0), Point: obs.PointPod, Dir: in, Proto: obs.TCP,
+				Src: vip, Dst: client}},
+			want: flow.PlaceUnknown, wantReason: "only replies",
+		},
+		{
+			name:   "netfilter observer at FORWARD is not a NAT checkpoint",
+			points: []obs.Point{obs.PointHost, obs.PointNFAfter, obs.PointUplink},
+			obs: []obs.Observation{req(0, obs.PointHost, in, vip),
+				{Time: flowtest.At(0.02), Point: obs.PointNFAfter, Hook: obs.HookForward, Proto: obs.TCP, Src: client, Dst: backend},
+				req(0.03, obs.PointUplink, out, backend)},
+			want: flow.PlaceUnknown, wantReason: "could be tc or netfilter",
+		},
+		{
+			name:   "host VIP, uplink backend, conntrack attached but silent: netfilter excluded",
+			points: []obs.Point{obs.PointHost, obs.PointConntrack, obs.PointUplink},
+			obs:    []obs.Observation{req(0, obs.PointHost, in, vip), req(0.03, obs.PointUplink, out, backend)},
+			want:   flow.PlaceTC, wantReason: "conntrack reported no connection",
+		},
+		{
+			name:   "IPVS service but no observer between netfilter and the uplink: ambiguous",
+			points: []obs.Point{obs.PointHost, obs.PointUplink},
+			obs:    []obs.Observation{req(0, obs.PointHost, in, vip), req(0.03, obs.PointUplink, out, backend)},
+			want:   flow.PlaceUnknown, wantReason: "could be tc or netfilter or ipvs",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := httpConfig(tt.points...)
+			if strings.Contains(tt.name, "IPVS") {
+				cfg.Attribution.IPVS = []flow.IPVSService{{VIP: vip, Proto: obs.TCP, Scheduler: "rr"}}
+			}
+			// Both arrival orders must agree.
+			for _, reverse := range []bool{false, true} {
+				e := flow.NewEngine(cfg)
+				for i := range tt.obs {
+					if reverse {
+						i = len(tt.obs) - 1 - i
+					}
+					e.Add(tt.obs[i])
+				}
+				f := only(t, e)
+				if f.RewrittenAt != tt.want || !strings.Contains(f.By, tt.wantBy) ||
+					!strings.Contains(f.Reason, tt.wantReason) || (tt.wantNotBy != "" && strings.Contains(f.By, tt.wantNotBy)) {
+					t.Errorf("reverse=%v: got %s by %q reason %q; want %s by ~%q reason ~%q",
+						reverse, f.RewrittenAt, f.By, f.Reason, tt.want, tt.wantBy, tt.wantReason)
+				}
+				if f.RewrittenAt == flow.PlaceUnknown && f.Reason == "" {
+					t.Error("unknown without a reason")
+				}
+			}
+		})
+	}
+}
+
+func TestSeveralBackendsInOneFlow(t *testing.T) {
+	udp := func(o obs.Observation) obs.Observation {
+		o.Proto = obs.UDP
+		return o
+	}
+	cfg := httpConfig(obs.PointNFBefore, obs.PointNFAfter, obs.PointConntrack)
+	cfg.Services[0].Proto = obs.UDP
+	e := flow.NewEngine(cfg)
+	// One UDP client endpoint whose conntrack entry expired between datagrams:
+	// conntrack names each backend, the later packets to the second one follow.
+	e.Add(udp(req(0, obs.PointNFBefore, 0, vip)))
+	e.Add(udp(req(0.01, obs.PointNFAfter, 0, backend)))
+	e.Add(udp(ct(0.02, vip, backend)))
+	e.Add(udp(req(40000, obs.PointNFAfter, 0, other)))
+	e.Add(udp(ct(40000.02, vip, other)))
+	f := only(t, e)
+	if f.Backend != backend || len(f.Backends) != 2 || f.RewrittenAt != flow.PlaceNetfilter ||
+		!strings.Contains(f.Reason, "2 backends seen") {
+		t.Errorf("got backend %s backends %v %s (%s), want %s first of two, netfilter", f.Backend, f.Backends, f.RewrittenAt, f.Reason, backend)
+	}
+}
+
+func TestOneSocketToTwoVIPs(t *testing.T) {
+	dns1 := netip.MustParseAddrPort("10.120.0.10:53")
+	dns2 := netip.MustParseAddrPort("10.120.0.11:53")
+	be1 := netip.MustParseAddrPort("10.244.20.31:5353")
+	be2 := netip.MustParseAddrPort("10.244.20.32:5353")
+	src := netip.MustParseAddrPort("10.244.8.23:51000")
+	cfg := flow.Config{Services: []flow.Service{{Addr: dns1.Addr()}, {Addr: dns2.Addr()}}}
+	e := flow.NewEngine(cfg)
+	add := func(ms float64, p obs.Point, dst, reqDst netip.AddrPort) {
+		e.Add(obs.Observation{Time: flowtest.At(ms), Point: p, Dir: obs.DirOut, Kind: obs.SockSendmsg, Proto: obs.UDP,
+			Src: src, Dst: dst, ReqDst: reqDst, Cookie: 77})
+	}
+	add(0, obs.PointSockAddr, be1, dns1)
+	add(1, obs.PointSockAddr, be2, dns2)
+	add(2, obs.PointPod, be2, netip.AddrPort{})
+	add(3, obs.PointPod, be1, netip.AddrPort{})
+	flows := e.Flows()
+	if len(flows) != 2 {
+		t.Fatalf("got %d flows, want 2", len(flows))
+	}
+	for i, want := range []struct{ svc, be netip.AddrPort }{{dns1, be1}, {dns2, be2}} {
+		f := flows[i]
+		if f.Service != want.svc || f.Backend != want.be || f.RewrittenAt != flow.PlaceSocket || len(f.Points) != 2 {
+			t.Errorf("flow %d: %s -> %s backend %s %s points %d; want %s -> %s socket with 2 points",
+				i, f.Client, f.Service, f.Backend, f.RewrittenAt, len(f.Points), src, want.svc)
+		}
+	}
+}
+
+func TestUplinkFrame(t *testing.T) {
+	gw, _ := net.ParseMAC("02:00:0a:f4:08:01")
+	stranger, _ := net.ParseMAC("02:00:00:00:00:99")
+	cfg := httpConfig(obs.PointUplink)
+	cfg.Attribution.GatewayMACs = []net.HardwareAddr{gw}
+	for _, tt := range []struct {
+		mac  net.HardwareAddr
+		vlan uint16
+		isGW bool
+	}{{gw, 200, true}, {stranger, 0, false}} {
+		e := flow.NewEngine(cfg)
+		o := req(0, obs.PointUplink, obs.DirOut, vip)
+		o.DstMAC, o.VLAN = tt.mac, tt.vlan
+		e.Add(o)
+		f := only(t, e)
+		if f.VLAN == nil || *f.VLAN != tt.vlan || f.UplinkDstMAC != tt.mac.String() || f.UplinkDstIsGateway != tt.isGW {
+			t.Errorf("vlan %v mac %s gw %v; want %d %s %v", f.VLAN, f.UplinkDstMAC, f.UplinkDstIsGateway, tt.vlan, tt.mac, tt.isGW)
+		}
+		if f.RewrittenAt != flow.PlaceNowhere {
+			t.Errorf("got %s, want nowhere", f.RewrittenAt)
+		}
+	}
+}
+
+func TestWaitingBounded(t *testing.T) {
+	cfg := httpConfig(obs.PointUplink)
+	cfg.MaxFlows = 10 // the waiting room holds max(4096, MaxFlows)
+	e := flow.NewEngine(cfg)
+	// Traffic between endpoints no flow ever claims: it waits, then counts.
+	const n = 5000
+	for i := range n {
+		o := req(0, obs.PointUplink, obs.DirOut, backend)
+		o.Src = netip.AddrPortFrom(netip.MustParseAddr("10.244.9.1"), uint16(1000+i))
+		e.Add(o)
+	}
+	s := e.Summary()
+	if s.Drops[flow.DropUnmatchedOverflow] == 0 || s.Drops[flow.DropUnmatchedOverflow] >= n {
+		t.Errorf("unmatched_overflow = %d, want some but not all of %d", s.Drops[flow.DropUnmatchedOverflow], n)
+	}
+	// Time moving past the reordering window expires the rest.
+	late := req(0, obs.PointUplink, obs.DirOut, backend)
+	late.Time = flowtest.At(0).Add(time.Minute)
+	late.Src = netip.MustParseAddrPort("10.244.9.2:1")
+	e.Add(late)
+	s = e.Summary()
+	if got := s.Unmatched + s.Drops[flow.DropUnmatchedOverflow]; got != n {
+		t.Errorf("unmatched %d + overflow %d = %d, want %d", s.Unmatched, s.Drops[flow.DropUnmatchedOverflow], got, n)
+	}
+	if s.Flows != 0 {
+		t.Errorf("flows = %d, want 0", s.Flows)
+	}
+}
+
+func TestMaxFlowsCountsEachRefusedFlowOnce(t *testing.T) {
+	cfg := httpConfig(obs.PointPod)
+	cfg.MaxFlows = 1
+	e := flow.NewEngine(cfg)
+	for port := range uint16(3) {
+		for range 4 {
+			o := req(0, obs.PointPod, obs.DirOut, vip)
+			o.Src = netip.AddrPortFrom(client.Addr(), 50000+port)
+			e.Add(o)
+		}
+	}
+	s := e.Summary()
+	if s.Flows != 1 || s.Drops[flow.DropFlowsOverMax] != 2 {
+		t.Errorf("flows %d, flows_over_max %d; want 1 and 2", s.Flows, s.Drops[flow.DropFlowsOverMax])
+	}
+}

@@ -1,0 +1,114 @@
+package flow
+
+import (
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// waiting holds observations whose flow is not known yet: events reordered
+// across sources, or packets to a backend that arrive before the rewrite
+// observation naming it. Each is indexed by both endpoints, since either may be
+// the client. Bounded in number (the oldest arrivals are evicted first) and in
+// age (older than the reordering window behind the newest observation).
+type waiting struct {
+	queue  []*waitingObs // arrival order; done entries are skipped
+	head   int
+	byEnd  map[clientKey][]*waitingObs
+	live   int
+	pushes int // since the last rebuild: bounds the memory done entries hold
+	limit  int
+}
+
+type waitingObs struct {
+	o    obs.Observation
+	done bool
+}
+
+func newWaiting(limit int) waiting {
+	return waiting{byEnd: make(map[clientKey][]*waitingObs), limit: limit}
+}
+
+func (w *waiting) add(o obs.Observation) {
+	p := &waitingObs{o: o}
+	w.queue = append(w.queue, p)
+	w.index(p)
+	w.live++
+	w.pushes++
+	if w.pushes > 4*w.limit {
+		w.rebuild()
+	}
+}
+
+func (w *waiting) index(p *waitingObs) {
+	src, dst := clientKey{p.o.Proto, p.o.Src}, clientKey{p.o.Proto, p.o.Dst}
+	w.byEnd[src] = append(w.byEnd[src], p)
+	if dst != src {
+		w.byEnd[dst] = append(w.byEnd[dst], p)
+	}
+}
+
+// take removes and returns the live observations waiting on endpoint k, oldest
+// first. The caller marks each one resolved or puts it back.
+func (w *waiting) take(k clientKey) []*waitingObs {
+	list, ok := w.byEnd[k]
+	if !ok {
+		return nil
+	}
+	delete(w.byEnd, k)
+	live := list[:0]
+	for _, p := range list {
+		if !p.done {
+			live = append(live, p)
+		}
+	}
+	return live
+}
+
+func (w *waiting) putBack(k clientKey, p *waitingObs) {
+	w.byEnd[k] = append(w.byEnd[k], p)
+}
+
+func (w *waiting) resolved(p *waitingObs) {
+	p.done = true
+	w.live--
+}
+
+// expire evicts from the oldest arrival: beyond the limit (overflow, a loss) or
+// older than window behind newest (unmatched: nothing claimed it in time).
+func (w *waiting) expire(newest time.Time, window time.Duration) (overflow, unmatched uint64) {
+	horizon := newest.Add(-window)
+	for w.head < len(w.queue) {
+		p := w.queue[w.head]
+		if !p.done {
+			switch {
+			case w.live > w.limit:
+				overflow++
+			case p.o.Time.Before(horizon):
+				unmatched++
+			default:
+				return overflow, unmatched
+			}
+			w.resolved(p)
+		}
+		w.queue[w.head] = nil
+		w.head++
+	}
+	w.queue, w.head = w.queue[:0], 0
+	return overflow, unmatched
+}
+
+// rebuild drops the done entries from the queue and the index.
+func (w *waiting) rebuild() {
+	live := make([]*waitingObs, 0, w.live)
+	for _, p := range w.queue[w.head:] {
+		if !p.done {
+			live = append(live, p)
+		}
+	}
+	w.queue, w.head, w.pushes = live, 0, 0
+	w.byEnd = make(map[clientKey][]*waitingObs, len(live))
+	for _, p := range live {
+		w.index(p)
+	}
+}

@@ -1,0 +1,237 @@
+package probe
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// AttachSocket attaches the socket bracket: the host-wide syscall and TCP
+// state observers (once per Probe) and the cgroup observers on cgroupPath (a
+// cgroup v2 directory; "" = the cgroup2 root). Programs on descendant cgroups
+// and programs attached earlier to the same cgroup run before these, so on
+// the root an observer sees the address a socket-LB program chose.
+func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
+	if cgroupPath == "" {
+		root, err := CgroupRoot()
+		if err != nil {
+			return []Attachment{{Observer: "cgroup sock_addr", Point: obs.PointSockAddr, Err: err}}
+		}
+		cgroupPath = root
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Attachment
+	if !p.globals["sys_enter"] {
+		a := Attachment{Observer: "raw_tracepoint/sys_enter", Where: "host-wide (connect, sendto, sendmsg)",
+			Point: obs.PointSockAddr, Note: "requested destination: the syscall arguments"}
+		a.Err = p.attachGlobal("sys_enter", "pt_sys_enter", func(prog *ebpf.Program) (link.Link, error) {
+			return link.AttachRawTracepoint(link.RawTracepointOptions{Name: "sys_enter", Program: prog})
+		})
+		out = append(out, a)
+	}
+	if !p.globals["inet_sock_set_state"] {
+		a := Attachment{Observer: "tp_btf/inet_sock_set_state", Where: "host-wide (TCP_SYN_SENT)",
+			Point: obs.PointSockState, Note: "source port is 0 unless the socket was bound"}
+		a.Err = p.attachGlobal("inet_sock_set_state", "pt_sock_state", func(prog *ebpf.Program) (link.Link, error) {
+			return link.AttachTracing(link.TracingOptions{Program: prog})
+		})
+		out = append(out, a)
+	}
+	for _, c := range []struct {
+		observer, prog string
+		attach         ebpf.AttachType
+		point          obs.Point
+	}{
+		{"cgroup/connect4", "pt_connect4", ebpf.AttachCGroupInet4Connect, obs.PointSockAddr},
+		{"cgroup/sendmsg4", "pt_sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, obs.PointSockAddr},
+		{"cgroup_skb/egress", "pt_sock_egress", ebpf.AttachCGroupInetEgress, obs.PointSockEgress},
+	} {
+		a := Attachment{Observer: c.observer, Where: cgroupPath, Point: c.point}
+		a.Err = p.attachCgroup(cgroupPath, c.prog, c.attach)
+		out = append(out, a)
+	}
+	return out
+}
+
+// attachGlobal loads and attaches a host-wide observer. Callers hold p.mu.
+func (p *Probe) attachGlobal(key, progName string, attach func(*ebpf.Program) (link.Link, error)) error {
+	prog, err := p.program(p.sockSpec, progName)
+	if err != nil {
+		return err
+	}
+	l, err := attach(prog)
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", progName, err)
+	}
+	p.keep(l)
+	p.globals[key] = true
+	return nil
+}
+
+// attachCgroup attaches a cgroup observer with a bpf_link. A legacy
+// (PROG_ATTACH) fallback would outlive a killed process, so it is refused.
+// Callers hold p.mu.
+func (p *Probe) attachCgroup(path, progName string, attach ebpf.AttachType) error {
+	prog, err := p.program(p.sockSpec, progName)
+	if err != nil {
+		return err
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: attach, Program: prog})
+	if err != nil {
+		return fmt.Errorf("attach %s to %s: %w", progName, path, err)
+	}
+	if _, err := l.Info(); err != nil {
+		l.Close()
+		return fmt.Errorf("attach %s to %s: kernel lacks cgroup bpf_link, refusing a legacy attachment that would outlive pathtrace", progName, path)
+	}
+	p.keep(l)
+	return nil
+}
+
+// AttachTC attaches tcx observers to the interface ifindex of the netns at
+// netnsPath ("" = own): one at the head and one at the tail of its ingress
+// and of its egress chain. The tail observer only runs when the programs
+// before it return TCX_NEXT; a program that ends the chain hides it.
+func (p *Probe) AttachTC(netnsPath string, ifindex int, ifname string) []Attachment {
+	where := fmt.Sprintf("%s (ifindex %d) in %s", ifname, ifindex, netnsLabel(netnsPath))
+	netns, nsErr := netnsInode(netnsPath)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if nsErr == nil {
+		p.ifnames[ifaceKey{netns, ifindex}] = ifname
+	}
+	var out []Attachment
+	for _, c := range []struct {
+		observer, prog string
+		attach         ebpf.AttachType
+		anchor         link.Anchor
+		point          obs.Point
+		dir            obs.Dir
+	}{
+		{"tcx ingress head", "pt_tc_head_in", ebpf.AttachTCXIngress, link.Head(), obs.PointTCHead, obs.DirIn},
+		{"tcx ingress tail", "pt_tc_tail_in", ebpf.AttachTCXIngress, link.Tail(), obs.PointTCTail, obs.DirIn},
+		{"tcx egress head", "pt_tc_head_out", ebpf.AttachTCXEgress, link.Head(), obs.PointTCHead, obs.DirOut},
+		{"tcx egress tail", "pt_tc_tail_out", ebpf.AttachTCXEgress, link.Tail(), obs.PointTCTail, obs.DirOut},
+	} {
+		a := Attachment{Observer: c.observer, Where: where, Point: c.point, Dir: c.dir}
+		a.Err = nsErr
+		if a.Err == nil {
+			a.Err = p.attachTCX(netnsPath, ifindex, c.prog, c.attach, c.anchor)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// attachTCX creates the tcx link from a thread inside the interface's netns.
+// Callers hold p.mu.
+func (p *Probe) attachTCX(netnsPath string, ifindex int, progName string, attach ebpf.AttachType, anchor link.Anchor) error {
+	prog, err := p.program(p.tcSpec, progName)
+	if err != nil {
+		return err
+	}
+	return nsutil.Do(netnsPath, func() error {
+		l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: attach, Anchor: anchor})
+		if err != nil {
+			return fmt.Errorf("attach %s to ifindex %d: %w", progName, ifindex, err)
+		}
+		p.keep(l)
+		return nil
+	})
+}
+
+// NAT runs at priority -100 (NF_IP_PRI_NAT_DST) at PREROUTING and OUTPUT; the
+// observers take the closest free priorities on each side of it.
+const (
+	natPriority   = -100
+	nfPrioAttempts = 32
+)
+
+// AttachNetfilter attaches BPF netfilter observers (IPv4) at PREROUTING and
+// OUTPUT of the netns at netnsPath ("" = own), just below the NAT priority
+// (-101, or the next free one downwards) and just above it (-99, or the next
+// free one upwards). Only one link may hold a given priority of a hook.
+func (p *Probe) AttachNetfilter(netnsPath string) []Attachment {
+	netns, nsErr := netnsInode(netnsPath)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Attachment
+	for _, hook := range []obs.Hook{obs.HookPrerouting, obs.HookLocalOut} {
+		for _, side := range []struct {
+			prog  string
+			point obs.Point
+			step  int32
+		}{
+			{"pt_nf_before", obs.PointNFBefore, -1},
+			{"pt_nf_after", obs.PointNFAfter, +1},
+		} {
+			a := Attachment{Observer: "netfilter " + side.point.String(), Where: hook.String() + " in " + netnsLabel(netnsPath),
+				Point: side.point, Hook: hook}
+			a.Err = nsErr
+			if a.Err == nil {
+				a.Prio, a.Err = p.attachNetfilter(netnsPath, side.prog, hook, side.step)
+			}
+			if a.Err == nil {
+				p.nfPrios[nfKey{netns, hook, side.point}] = a.Prio
+				if a.Prio != natPriority+side.step {
+					a.Note = fmt.Sprintf("priority %d was taken", natPriority+side.step)
+				}
+			}
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// attachNetfilter tries priorities from next to NAT outwards by step until a
+// free one is found. Callers hold p.mu.
+func (p *Probe) attachNetfilter(netnsPath, progName string, hook obs.Hook, step int32) (int32, error) {
+	prog, err := p.program(p.nfSpec, progName)
+	if err != nil {
+		return 0, err
+	}
+	var prio int32
+	err = nsutil.Do(netnsPath, func() error {
+		for i := range int32(nfPrioAttempts) {
+			prio = natPriority + step*(i+1)
+			l, err := link.AttachNetfilter(link.NetfilterOptions{
+				Program:        prog,
+				ProtocolFamily: link.NetfilterProtoIPv4,
+				Hook:           link.NetfilterInetHook(hook),
+				Priority:       prio,
+			})
+			if errors.Is(err, unix.EBUSY) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("attach %s at %s priority %d: %w", progName, hook, prio, err)
+			}
+			p.keep(l)
+			return nil
+		}
+		return fmt.Errorf("attach %s at %s: priorities %d..%d all taken", progName, hook,
+			natPriority+step, natPriority+step*nfPrioAttempts)
+	})
+	return prio, err
+}
+
+func netnsLabel(path string) string {
+	if path == "" {
+		return "own netns"
+	}
+	return "netns " + path
+}
+
+func netnsInode(path string) (uint64, error) {
+	if path == "" {
+		path = nsutil.Self
+	}
+	return nsutil.Inode(path)
+}

@@ -1,0 +1,420 @@
+package probe
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// testEnv is a client netns and a server netns joined by a veth pair
+// (client a0 <-> b0 server). The server netns DNATs vip to the backend (the
+// server's own address) in a nat prerouting chain; lbVIP is for a socket-LB
+// program. Everything is removed by t.Cleanup.
+type testEnv struct {
+	name             string
+	clientNS, srvNS  string // /run/netns paths
+	clientIP, srvIP  netip.Addr
+	vip, lbVIP       netip.Addr
+	b0Index          int
+	tcpPort, udpPort uint16 // service ports on the VIPs
+	backendTCP       netip.AddrPort
+	backendUDP       netip.AddrPort
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, cgroups and BPF links")
+	}
+}
+
+func newTestEnv(t *testing.T) *testEnv {
+	t.Helper()
+	// Random /24s inside 10/8 so parallel test binaries do not collide.
+	net1, net2 := byte(rand.IntN(200)+20), byte(rand.IntN(250)+1)
+	e := &testEnv{
+		name:     fmt.Sprintf("pttest-probe-%06x", rand.IntN(1<<24)),
+		clientIP: netip.AddrFrom4([4]byte{10, net1, net2, 1}),
+		srvIP:    netip.AddrFrom4([4]byte{10, net1, net2, 2}),
+		vip:      netip.AddrFrom4([4]byte{10, net1 + 1, net2, 80}),
+		lbVIP:    netip.AddrFrom4([4]byte{10, net1 + 1, net2, 81}),
+		tcpPort:  80,
+		udpPort:  53,
+	}
+	e.backendTCP = netip.AddrPortFrom(e.srvIP, 3000)
+	e.backendUDP = netip.AddrPortFrom(e.srvIP, 5353)
+	e.clientNS = newNetns(t, e.name+"-c")
+	e.srvNS = newNetns(t, e.name+"-s")
+	e.wire(t)
+	e.dnat(t)
+	return e
+}
+
+// newNetns creates a named network namespace (a bind mount under /run/netns)
+// from a thread that is discarded afterwards.
+func newNetns(t *testing.T, name string) string {
+	t.Helper()
+	path := filepath.Join("/run/netns", name)
+	if err := os.MkdirAll("/run/netns", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		unix.Unmount(path, unix.MNT_DETACH)
+		os.Remove(path)
+	})
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		errc <- unix.Mount(self, path, "none", unix.MS_BIND, "")
+	}()
+	if err := <-errc; err != nil {
+		t.Fatalf("create netns %s: %v", name, err)
+	}
+	return path
+}
+
+func nsHandle(t *testing.T, path string) (*netlink.Handle, netns.NsHandle) {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close(); ns.Close() })
+	return h, ns
+}
+
+func (e *testEnv) wire(t *testing.T) {
+	t.Helper()
+	hc, _ := nsHandle(t, e.clientNS)
+	hs, nss := nsHandle(t, e.srvNS)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "a0"}, PeerName: "b0", PeerNamespace: netlink.NsFd(nss)}
+	if err := hc.LinkAdd(veth); err != nil {
+		t.Fatalf("veth: %v", err)
+	}
+	for _, side := range []struct {
+		h    *netlink.Handle
+		dev  string
+		addr netip.Addr
+	}{{hc, "a0", e.clientIP}, {hs, "b0", e.srvIP}} {
+		for _, name := range []string{"lo", side.dev} {
+			l, err := side.h.LinkByName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := side.h.LinkSetUp(l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l, _ := side.h.LinkByName(side.dev)
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: side.addr.AsSlice(), Mask: net.CIDRMask(24, 32)}}
+		if err := side.h.AddrAdd(l, a); err != nil {
+			t.Fatal(err)
+		}
+		if side.dev == "b0" {
+			e.b0Index = l.Attrs().Index
+		} else {
+			vipNet := netip.PrefixFrom(e.vip, 24).Masked()
+			r := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: e.srvIP.AsSlice(),
+				Dst: &net.IPNet{IP: vipNet.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)}}
+			if err := side.h.RouteAdd(r); err != nil {
+				t.Fatalf("route to VIPs: %v", err)
+			}
+		}
+	}
+}
+
+// dnat installs "ip daddr vip tcp dport 80 dnat to backendTCP" and the UDP
+// twin in a nat prerouting chain of the server netns (conntrack starts
+// tracking there because of it).
+func (e *testEnv) dnat(t *testing.T) {
+	t.Helper()
+	f, err := os.Open(e.srvNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "pttest"})
+	ch := c.AddChain(&nftables.Chain{Name: "prerouting", Table: tbl, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+	vip := e.vip.As4()
+	for _, r := range []struct {
+		proto   byte
+		port    uint16
+		backend netip.AddrPort
+	}{{unix.IPPROTO_TCP, e.tcpPort, e.backendTCP}, {unix.IPPROTO_UDP, e.udpPort, e.backendUDP}} {
+		back := r.backend.Addr().As4()
+		c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{r.proto}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: vip[:]},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, r.port)},
+			&expr.Immediate{Register: 1, Data: back[:]},
+			&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, r.backend.Port())},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+		}})
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("nft dnat rules: %v", err)
+	}
+}
+
+// serve runs TCP and UDP echo servers on the backend addresses inside the
+// server netns until the test ends.
+func (e *testEnv) serve(t *testing.T) {
+	t.Helper()
+	var ln net.Listener
+	var pc net.PacketConn
+	err := nsutil.Do(e.srvNS, func() error {
+		var err error
+		if ln, err = net.Listen("tcp", e.backendTCP.String()); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp", e.backendUDP.String())
+		return err
+	})
+	if err != nil {
+		t.Fatalf("servers: %v", err)
+	}
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err == nil {
+					io.WriteString(c, line)
+				}
+			}()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(buf[:n], from)
+		}
+	}()
+}
+
+// newCgroup creates a child cgroup of the cgroup2 root.
+func newCgroup(t *testing.T, name string) string {
+	t.Helper()
+	root, err := CgroupRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(root, name)
+	if err := os.Mkdir(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Processes leave a cgroup when they exit, a moment after wait returns.
+		for range 50 {
+			if err := os.Remove(path); err == nil || os.IsNotExist(err) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Errorf("cgroup %s left behind", path)
+	})
+	return path
+}
+
+// Client actions of the child process: "tcp", "udpconn", "sendto", "sendmsg".
+const (
+	clientEnvNS      = "PTTEST_PROBE_CLIENT_NETNS"
+	clientEnvActions = "PTTEST_PROBE_CLIENT_ACTIONS" // "action=addr:port,..."
+)
+
+// runClient starts this test binary as a client process inside cgroup and
+// the client netns, and waits for it. It returns the client's PID.
+func (e *testEnv) runClient(t *testing.T, cgroup string, actions ...string) int {
+	t.Helper()
+	cg, err := os.Open(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), clientEnvNS+"="+e.clientNS, clientEnvActions+"="+strings.Join(actions, ","))
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start client: %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("client %v failed (traffic must flow while observed): %v\n%s", actions, err, out.String())
+	}
+	return cmd.Process.Pid
+}
+
+// clientMain is the child process: it performs the actions from inside the
+// client netns and exits non-zero on the first failure.
+func clientMain() {
+	err := nsutil.Do(os.Getenv(clientEnvNS), func() error {
+		for _, a := range strings.Split(os.Getenv(clientEnvActions), ",") {
+			action, addr, _ := strings.Cut(a, "=")
+			if err := clientAction(action, netip.MustParseAddrPort(addr)); err != nil {
+				return fmt.Errorf("%s %s: %w", action, addr, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func clientAction(action string, to netip.AddrPort) error {
+	const msg = "ping\n"
+	deadline := time.Now().Add(3 * time.Second)
+	buf := make([]byte, 64)
+	switch action {
+	case "tcp", "udpconn":
+		network := map[string]string{"tcp": "tcp", "udpconn": "udp"}[action]
+		c, err := net.DialTimeout(network, to.String(), 3*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		if _, err := io.WriteString(c, msg); err != nil {
+			return err
+		}
+		n, err := c.Read(buf)
+		if err != nil {
+			return err
+		}
+		if string(buf[:n]) != msg {
+			return fmt.Errorf("echo %q", buf[:n])
+		}
+		return nil
+	case "sendto", "sendmsg":
+		c, err := net.ListenUDP("udp", nil)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		if action == "sendto" {
+			_, err = c.WriteToUDPAddrPort([]byte(msg), to)
+		} else {
+			_, _, err = c.WriteMsgUDPAddrPort([]byte(msg), nil, to)
+		}
+		if err != nil {
+			return err
+		}
+		n, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return err
+		}
+		if string(buf[:n]) != msg {
+			return fmt.Errorf("echo %q", buf[:n])
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown action %q", action)
+}
+
+func TestMain(m *testing.M) {
+	if os.Getenv(clientEnvActions) != "" {
+		clientMain()
+	}
+	os.Exit(m.Run())
+}
+
+// attachSocketLB attaches, to cgroup, a connect4 program shaped like a socket
+// load balancer: it rewrites from to to. Attached before the observer on the
+// same cgroup, it runs first.
+func attachSocketLB(t *testing.T, cgroup string, from, to netip.AddrPort) {
+	t.Helper()
+	ip := func(a netip.Addr) int32 { b := a.As4(); return int32(binary.LittleEndian.Uint32(b[:])) }
+	port := func(p uint16) int32 { return int32(p>>8 | p<<8) } // network order in the low 16 bits
+	const userIP4, userPort = 4, 24                            // offsets in struct bpf_sock_addr
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "pttest_lb", Type: ebpf.CGroupSockAddr, AttachType: ebpf.AttachCGroupInet4Connect, License: "GPL",
+		Instructions: asm.Instructions{
+			asm.LoadMem(asm.R2, asm.R1, userIP4, asm.Word),
+			asm.JNE.Imm32(asm.R2, ip(from.Addr()), "out"),
+			asm.LoadMem(asm.R2, asm.R1, userPort, asm.Word),
+			asm.JNE.Imm32(asm.R2, port(from.Port()), "out"),
+			asm.Mov.Imm(asm.R2, ip(to.Addr())),
+			asm.StoreMem(asm.R1, userIP4, asm.R2, asm.Word),
+			asm.Mov.Imm(asm.R2, port(to.Port())),
+			asm.StoreMem(asm.R1, userPort, asm.R2, asm.Word),
+			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatalf("socket LB program: %v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: ebpf.AttachCGroupInet4Connect, Program: prog})
+	if err != nil {
+		t.Fatalf("attach socket LB: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
+// cgroupID is the cgroup v2 id: the inode of its directory.
+func cgroupID(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}

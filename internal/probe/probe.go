@@ -1,0 +1,274 @@
+// Package probe loads and attaches pathtrace's kernel observers (socket, tc and
+// netfilter brackets, conntrack events) and turns what they see into
+// obs.Observations. Observers never change a packet or an address and never
+// end a chain. Every attachment is a bpf_link or a socket owned by the
+// process, so nothing outlives it, and nothing is pinned.
+//
+// One Probe is one session: it owns its maps, programs, links and sockets,
+// and several Probes can run side by side in one process.
+package probe
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// Attachment reports one observer: attached (Err == nil) or not, and why.
+// A failed attachment is reported, never fatal on its own.
+type Attachment struct {
+	Observer string // what observes, e.g. "cgroup/connect4", "tcx ingress head"
+	Where    string // where it is attached
+	Point    obs.Point
+	Dir      obs.Dir  // tc observers
+	Hook     obs.Hook // netfilter observers
+	Prio     int32    // netfilter observers: the priority obtained
+	Err      error
+	Note     string
+}
+
+// Stats counts what a Probe saw and what it lost. Losses are never hidden.
+type Stats struct {
+	Events          uint64               // ring-buffer records turned into observations
+	RingbufLosses   uint64               // events the kernel could not reserve room for
+	LossesByPoint   map[obs.Point]uint64 // RingbufLosses by observation point
+	DecodeErrors    uint64               // malformed ring-buffer records
+	ConntrackEvents uint64               // conntrack observations emitted
+	ConntrackErrors uint64               // netlink receive errors (ENOBUFS: events lost)
+	ConntrackDrops  uint64               // conntrack observations dropped: reader behind
+}
+
+// Names of the maps the observer families share; each is created once per
+// Probe and handed to every family that uses it.
+var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "req_dst", "watch_cookies"}
+
+// Probe owns every map, program, link and socket of one session.
+type Probe struct {
+	sockSpec, tcSpec, nfSpec *ebpf.CollectionSpec
+
+	mu       sync.Mutex
+	closed   bool
+	maps     map[string]*ebpf.Map
+	progs    map[string]*ebpf.Program
+	progIDs  []ebpf.ProgramID
+	links    []link.Link
+	globals  map[string]bool // host-wide observers attached once per Probe
+	watched  map[netip.Addr]bool
+	ifnames  map[ifaceKey]string
+	nfPrios  map[nfKey]int32
+	ctSubs   []*ctSubscription
+	ctObs    chan obs.Observation // conntrack observations waiting for Run
+	closing  chan struct{}
+	runWG    sync.WaitGroup
+	running  atomic.Bool
+	counters counters
+}
+
+type counters struct {
+	events, decodeErrors, ctEvents, ctErrors, ctDrops atomic.Uint64
+}
+
+type ifaceKey struct {
+	netns   uint64
+	ifindex int
+}
+
+type nfKey struct {
+	netns uint64
+	hook  obs.Hook
+	point obs.Point
+}
+
+// New parses the observer objects and creates the shared maps (ring buffer of
+// 4 MiB, loss counters, watched addresses). Nothing is attached yet.
+func New() (*Probe, error) {
+	p := &Probe{
+		maps:    map[string]*ebpf.Map{},
+		progs:   map[string]*ebpf.Program{},
+		globals: map[string]bool{},
+		watched: map[netip.Addr]bool{},
+		ifnames: map[ifaceKey]string{},
+		nfPrios: map[nfKey]int32{},
+		ctObs:   make(chan obs.Observation, 4096),
+		closing: make(chan struct{}),
+	}
+	var err error
+	if p.sockSpec, err = loadObserveSock(); err != nil {
+		return nil, fmt.Errorf("parse socket observers: %w", err)
+	}
+	if p.tcSpec, err = loadObserveTC(); err != nil {
+		return nil, fmt.Errorf("parse tc observers: %w", err)
+	}
+	if p.nfSpec, err = loadObserveNF(); err != nil {
+		return nil, fmt.Errorf("parse netfilter observers: %w", err)
+	}
+	// The socket object declares every shared map.
+	for _, name := range sharedMaps {
+		m, err := ebpf.NewMap(p.sockSpec.Maps[name])
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("create map %s: %w", name, err)
+		}
+		p.maps[name] = m
+	}
+	return p, nil
+}
+
+// Watch adds IPv4 addresses (Service VIPs, backends) to the set whose traffic
+// the observers report. It can be called while the Probe runs.
+func (p *Probe) Watch(addrs ...netip.Addr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("probe closed")
+	}
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.Is4() {
+			return fmt.Errorf("watch %s: only IPv4 addresses are observed", a)
+		}
+		if err := p.maps["watch_addrs"].Put(a.As4(), uint8(1)); err != nil {
+			return fmt.Errorf("watch %s: %w", a, err)
+		}
+		p.watched[a] = true
+	}
+	return nil
+}
+
+func (p *Probe) isWatched(a netip.Addr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.watched[a.Unmap()]
+}
+
+// program returns the named program, loading it on first use with only the
+// maps it references, the shared ones replaced by this Probe's. Loading one
+// program at a time keeps one unsupported program from hiding the others.
+// Callers hold p.mu.
+func (p *Probe) program(spec *ebpf.CollectionSpec, name string) (*ebpf.Program, error) {
+	if p.closed {
+		return nil, errors.New("probe closed")
+	}
+	if prog := p.progs[name]; prog != nil {
+		return prog, nil
+	}
+	replace := map[string]*ebpf.Map{}
+	for _, m := range sharedMaps {
+		if _, ok := spec.Maps[m]; ok {
+			replace[m] = p.maps[m]
+		}
+	}
+	// LoadAndAssign loads what the tagged fields need; build a one-field struct
+	// tagged with this program's name.
+	holder := reflect.New(reflect.StructOf([]reflect.StructField{{
+		Name: "Program",
+		Type: reflect.TypeFor[*ebpf.Program](),
+		Tag:  reflect.StructTag(`ebpf:"` + name + `"`),
+	}}))
+	if err := spec.LoadAndAssign(holder.Interface(), &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
+		return nil, fmt.Errorf("load %s: %w", name, err)
+	}
+	prog := holder.Elem().Field(0).Interface().(*ebpf.Program)
+	info, err := prog.Info()
+	if err != nil {
+		prog.Close()
+		return nil, fmt.Errorf("info of %s: %w", name, err)
+	}
+	id, _ := info.ID()
+	p.progs[name] = prog
+	p.progIDs = append(p.progIDs, id)
+	return prog, nil
+}
+
+// OwnProgramIDs returns the kernel IDs of this Probe's programs, so discovery
+// can tell pathtrace's observers from the node's own programs.
+func (p *Probe) OwnProgramIDs() []ebpf.ProgramID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]ebpf.ProgramID(nil), p.progIDs...)
+}
+
+// Stats returns the counters so far.
+func (p *Probe) Stats() Stats {
+	s := Stats{
+		Events:          p.counters.events.Load(),
+		DecodeErrors:    p.counters.decodeErrors.Load(),
+		ConntrackEvents: p.counters.ctEvents.Load(),
+		ConntrackErrors: p.counters.ctErrors.Load(),
+		ConntrackDrops:  p.counters.ctDrops.Load(),
+		LossesByPoint:   map[obs.Point]uint64{},
+	}
+	p.mu.Lock()
+	losses := p.maps["ringbuf_losses"]
+	p.mu.Unlock()
+	if losses == nil {
+		return s
+	}
+	for key := range uint32(bpfPointCount) {
+		var perCPU []uint64
+		if err := losses.Lookup(key, &perCPU); err != nil {
+			continue
+		}
+		for _, n := range perCPU {
+			s.RingbufLosses += n
+			if pt, ok := bpfPoints[key]; ok && n > 0 {
+				s.LossesByPoint[pt] += n
+			}
+		}
+	}
+	return s
+}
+
+// Close detaches every observer and releases every map, program and socket.
+// It waits for Run to return.
+func (p *Probe) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	close(p.closing)
+	links, subs := p.links, p.ctSubs
+	p.links, p.ctSubs = nil, nil
+	p.mu.Unlock()
+
+	var errs []error
+	for i := len(links) - 1; i >= 0; i-- {
+		if err := links[i].Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close link: %w", err))
+		}
+	}
+	for _, s := range subs {
+		s.stop()
+	}
+	p.runWG.Wait()
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for name, prog := range p.progs {
+		if err := prog.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close program %s: %w", name, err))
+		}
+	}
+	for name, m := range p.maps {
+		if err := m.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close map %s: %w", name, err))
+		}
+	}
+	p.progs, p.maps = map[string]*ebpf.Program{}, map[string]*ebpf.Map{}
+	return errors.Join(errs...)
+}
+
+// keep records a link so Close detaches it. Callers hold p.mu.
+func (p *Probe) keep(l link.Link) {
+	p.links = append(p.links, l)
+}

@@ -1,0 +1,418 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+const tcpSYN = 0x02
+
+// collector keeps what Run emits.
+type collector struct {
+	mu  sync.Mutex
+	all []obs.Observation
+}
+
+func (c *collector) add(o obs.Observation) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.all = append(c.all, o)
+}
+
+func (c *collector) matching(pred func(obs.Observation) bool) []obs.Observation {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []obs.Observation
+	for _, o := range c.all {
+		if pred(o) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// waitFor returns the first observation matching pred, waiting for it to
+// arrive (events are asynchronous), or fails the test.
+func (c *collector) waitFor(t *testing.T, what string, pred func(obs.Observation) bool) obs.Observation {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got := c.matching(pred); len(got) > 0 {
+			return got[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no observation: %s (got %d observations)", what, len(c.matching(func(obs.Observation) bool { return true })))
+		}
+	}
+}
+
+// startProbe creates a Probe watching addrs and runs it until the test ends.
+func startProbe(t *testing.T, addrs ...netip.Addr) (*Probe, *collector) {
+	t.Helper()
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.Watch(addrs...); err != nil {
+		t.Fatal(err)
+	}
+	c := &collector{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, c.add) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return p, c
+}
+
+func mustAttach(t *testing.T, atts []Attachment) []Attachment {
+	t.Helper()
+	for _, a := range atts {
+		if a.Err != nil {
+			t.Fatalf("%s at %s: %v", a.Observer, a.Where, a.Err)
+		}
+	}
+	return atts
+}
+
+// attachedLinks returns the IDs of the programs that links currently attach.
+func attachedPrograms(t *testing.T) []ebpf.ProgramID {
+	t.Helper()
+	var ids []ebpf.ProgramID
+	it := new(link.Iterator)
+	defer it.Close()
+	for it.Next() {
+		info, err := it.Link.Info()
+		if err != nil {
+			t.Fatalf("link %d info: %v", it.ID, err)
+		}
+		ids = append(ids, info.Program)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// assertDetached checks that no link attaches any of ids and that the
+// programs themselves are gone.
+func assertDetached(t *testing.T, ids []ebpf.ProgramID) {
+	t.Helper()
+	for _, id := range ids {
+		if slices.Contains(attachedPrograms(t), id) {
+			t.Errorf("program %d still attached by a link after Close", id)
+		}
+	}
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var alive []ebpf.ProgramID
+		for _, id := range ids {
+			if prog, err := ebpf.NewProgramFromID(id); err == nil {
+				prog.Close()
+				alive = append(alive, id)
+			}
+		}
+		if len(alive) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("programs %v still loaded after Close", alive)
+			return
+		}
+	}
+}
+
+func TestObserversBracketTraffic(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	cg := newCgroup(t, env.name)
+	vipTCP := netip.AddrPortFrom(env.vip, env.tcpPort)
+	vipUDP := netip.AddrPortFrom(env.vip, env.udpPort)
+	lbTCP := netip.AddrPortFrom(env.lbVIP, env.tcpPort)
+	// A socket LB on the client's cgroup, attached before the observer: the
+	// observer must see its rewrite as the effective destination.
+	attachSocketLB(t, cg, lbTCP, env.backendTCP)
+
+	p, c := startProbe(t, env.vip, env.lbVIP, env.srvIP)
+	mustAttach(t, p.AttachSocket(cg))
+	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+	nf := mustAttach(t, p.AttachNetfilter(env.srvNS))
+	mustAttach(t, p.AttachConntrack(env.srvNS))
+	for _, a := range nf {
+		if want := map[obs.Point]int32{obs.PointNFBefore: -101, obs.PointNFAfter: -99}[a.Point]; a.Prio != want {
+			t.Errorf("%s at %s: priority %d, want %d in a fresh netns", a.Observer, a.Where, a.Prio, want)
+		}
+	}
+
+	pid := uint32(env.runClient(t, cg,
+		"tcp="+vipTCP.String(), "udpconn="+vipUDP.String(),
+		"sendto="+vipUDP.String(), "sendmsg="+vipUDP.String(), "tcp="+lbTCP.String()))
+	clientNS, _ := nsutil.Inode(env.clientNS)
+	srvNS, _ := nsutil.Inode(env.srvNS)
+	cgid := cgroupID(t, cg)
+
+	// Socket bracket: requested (syscall) against effective (cgroup hook).
+	sockAddr := func(kind obs.SockKind, proto obs.Proto, req netip.AddrPort) func(obs.Observation) bool {
+		return func(o obs.Observation) bool {
+			return o.Point == obs.PointSockAddr && o.PID == pid && o.Kind == kind && o.Proto == proto && o.ReqDst == req
+		}
+	}
+	conn := c.waitFor(t, "connect4 to the TCP VIP", sockAddr(obs.SockConnect, obs.TCP, vipTCP))
+	if conn.Dst != vipTCP || conn.Cgroup != cgid || conn.NetNS != clientNS || conn.Cookie == 0 || conn.Comm == "" {
+		t.Errorf("connect4 observation %+v: want Dst %v (nothing rewrites at the socket), cgroup %d, netns %d, a cookie and a comm",
+			conn, vipTCP, cgid, clientNS)
+	}
+	if o := c.waitFor(t, "connect4 of connected UDP", sockAddr(obs.SockConnect, obs.UDP, vipUDP)); o.Dst != vipUDP {
+		t.Errorf("connected UDP: effective dst %v, want %v", o.Dst, vipUDP)
+	}
+	var sends []obs.Observation
+	for deadline := time.Now().Add(5 * time.Second); len(sends) < 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		sends = c.matching(sockAddr(obs.SockSendmsg, obs.UDP, vipUDP))
+	}
+	if len(sends) != 2 {
+		t.Fatalf("sendmsg4 observations with the requested VIP from sendto and sendmsg: got %d, want 2", len(sends))
+	}
+	for _, o := range sends {
+		if o.Dst != vipUDP {
+			t.Errorf("unconnected UDP: effective dst %v, want %v", o.Dst, vipUDP)
+		}
+	}
+	lb := c.waitFor(t, "connect4 to the socket-LB VIP", sockAddr(obs.SockConnect, obs.TCP, lbTCP))
+	if lb.Dst != env.backendTCP {
+		t.Errorf("socket LB: effective dst %v, want the backend %v", lb.Dst, env.backendTCP)
+	}
+
+	// The cookie ties the socket to its SYN_SENT state and its first packet.
+	state := c.waitFor(t, "SYN_SENT of the TCP connection", func(o obs.Observation) bool {
+		return o.Point == obs.PointSockState && o.Cookie == conn.Cookie
+	})
+	if state.Dst != vipTCP || state.Src.Addr() != env.clientIP || state.PID != pid {
+		t.Errorf("SYN_SENT observation %+v: want %v -> %v by pid %d", state, env.clientIP, vipTCP, pid)
+	}
+	syn := c.waitFor(t, "first packet of the TCP connection", func(o obs.Observation) bool {
+		return o.Point == obs.PointSockEgress && o.Cookie == conn.Cookie
+	})
+	if syn.Dst != vipTCP || syn.Src.Addr() != env.clientIP || syn.Src.Port() == 0 || syn.TCPFlags&tcpSYN == 0 {
+		t.Errorf("first packet %+v: want a SYN from %v to %v", syn, env.clientIP, vipTCP)
+	}
+	if o := c.waitFor(t, "first packet of the LB connection", func(o obs.Observation) bool {
+		return o.Point == obs.PointSockEgress && o.Cookie == lb.Cookie
+	}); o.Dst != env.backendTCP {
+		t.Errorf("first packet of the LB connection to %v, want %v", o.Dst, env.backendTCP)
+	}
+	for _, send := range sends {
+		if o := c.waitFor(t, "first datagram of unconnected UDP", func(o obs.Observation) bool {
+			return o.Point == obs.PointSockEgress && o.Cookie == send.Cookie
+		}); o.Dst != vipUDP || o.Proto != obs.UDP {
+			t.Errorf("unconnected UDP datagram %+v, want to %v", o, vipUDP)
+		}
+	}
+	client := syn.Src
+
+	// tc bracket on b0: nothing rewrites at tc, so head and tail agree.
+	for _, pt := range []obs.Point{obs.PointTCHead, obs.PointTCTail} {
+		in := c.waitFor(t, pt.String()+" ingress of the SYN", func(o obs.Observation) bool {
+			return o.Point == pt && o.Dir == obs.DirIn && o.Src == client && o.Dst == vipTCP
+		})
+		if in.Ifname != "b0" || in.Ifindex != env.b0Index || in.NetNS != srvNS || in.Len == 0 {
+			t.Errorf("%s observation %+v: want b0 (ifindex %d) in netns %d", pt, in, env.b0Index, srvNS)
+		}
+		c.waitFor(t, pt.String()+" egress of the reply from the VIP", func(o obs.Observation) bool {
+			return o.Point == pt && o.Dir == obs.DirOut && o.Src == vipTCP && o.Dst == client
+		})
+	}
+
+	// netfilter bracket: DNAT at prerouting between before and after.
+	nfSeen := func(pt obs.Point, hook obs.Hook, prio int32, src, dst netip.AddrPort) {
+		t.Helper()
+		c.waitFor(t, fmt.Sprintf("%s at %s (prio %d): %v -> %v", pt, hook, prio, src, dst), func(o obs.Observation) bool {
+			return o.Point == pt && o.Hook == hook && o.Prio == prio && o.Src == src && o.Dst == dst && o.NetNS == srvNS
+		})
+	}
+	nfSeen(obs.PointNFBefore, obs.HookPrerouting, -101, client, vipTCP)
+	nfSeen(obs.PointNFAfter, obs.HookPrerouting, -99, client, env.backendTCP)
+	// The server's replies leave from the backend; the reverse NAT comes later.
+	nfSeen(obs.PointNFBefore, obs.HookLocalOut, -101, env.backendTCP, client)
+	nfSeen(obs.PointNFAfter, obs.HookLocalOut, -99, env.backendTCP, client)
+
+	// conntrack: original destination the VIP, reply source the backend.
+	c.waitFor(t, "conntrack entry of the TCP connection", func(o obs.Observation) bool {
+		return o.Point == obs.PointConntrack && o.Src == client && o.Dst == vipTCP && o.NATDst == env.backendTCP && o.NetNS == srvNS
+	})
+	c.waitFor(t, "conntrack entry of UDP", func(o obs.Observation) bool {
+		return o.Point == obs.PointConntrack && o.Proto == obs.UDP && o.Dst == vipUDP && o.NATDst == env.backendUDP
+	})
+
+	s := p.Stats()
+	if s.Events == 0 || s.ConntrackEvents == 0 || s.RingbufLosses != 0 || s.DecodeErrors != 0 || s.ConntrackErrors != 0 {
+		t.Errorf("stats %+v: want events, conntrack events, no losses and no errors", s)
+	}
+
+	ids := p.OwnProgramIDs()
+	if len(ids) != 11 {
+		t.Errorf("%d own programs, want 11 (sys_enter, sock state, 3 cgroup, 4 tcx, 2 netfilter)", len(ids))
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	assertDetached(t, ids)
+}
+
+func TestTwoProbesSideBySide(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	cg := newCgroup(t, env.name)
+	vipTCP := netip.AddrPortFrom(env.vip, env.tcpPort)
+
+	var probes [2]*Probe
+	var seen [2]*collector
+	for i := range probes {
+		probes[i], seen[i] = startProbe(t, env.vip, env.srvIP)
+		mustAttach(t, probes[i].AttachSocket(cg))
+		mustAttach(t, probes[i].AttachTC(env.srvNS, env.b0Index, "b0"))
+		nf := mustAttach(t, probes[i].AttachNetfilter(env.srvNS))
+		for _, a := range nf {
+			want := map[obs.Point]int32{obs.PointNFBefore: -101 - int32(i), obs.PointNFAfter: -99 + int32(i)}[a.Point]
+			if a.Prio != want || (i == 1) != (a.Note != "") {
+				t.Errorf("probe %d: %s at %s: priority %d (note %q), want %d", i, a.Observer, a.Where, a.Prio, a.Note, want)
+			}
+		}
+	}
+
+	env.runClient(t, cg, "tcp="+vipTCP.String())
+	for i, c := range seen {
+		for _, pt := range []obs.Point{obs.PointNFBefore, obs.PointNFAfter} {
+			prio := map[obs.Point]int32{obs.PointNFBefore: -101 - int32(i), obs.PointNFAfter: -99 + int32(i)}[pt]
+			c.waitFor(t, fmt.Sprintf("probe %d: %s at prerouting with priority %d", i, pt, prio), func(o obs.Observation) bool {
+				return o.Point == pt && o.Hook == obs.HookPrerouting && o.Prio == prio
+			})
+		}
+		c.waitFor(t, fmt.Sprintf("probe %d: connect4", i), func(o obs.Observation) bool {
+			return o.Point == obs.PointSockAddr && o.ReqDst == vipTCP
+		})
+	}
+
+	// Closing the first leaves the second attached and working.
+	first, second := probes[0].OwnProgramIDs(), probes[1].OwnProgramIDs()
+	if err := probes[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	assertDetached(t, first)
+	attached := attachedPrograms(t)
+	for _, id := range second {
+		if !slices.Contains(attached, id) {
+			t.Errorf("program %d of the second probe detached by closing the first", id)
+		}
+	}
+	before := len(seen[1].matching(func(o obs.Observation) bool { return o.Point == obs.PointTCHead }))
+	env.runClient(t, cg, "tcp="+vipTCP.String())
+	seen[1].waitFor(t, "second probe still observing", func(o obs.Observation) bool {
+		return o.Point == obs.PointTCHead && len(seen[1].matching(func(o obs.Observation) bool { return o.Point == obs.PointTCHead })) > before
+	})
+	if err := probes[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	assertDetached(t, second)
+}
+
+// A full ring buffer loses events; the losses are counted per point, so for
+// every packet seen at the head and tail of b0 ingress, events + losses agree.
+func TestRingbufLossesCounted(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.Watch(env.vip); err != nil {
+		t.Fatal(err)
+	}
+	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+
+	// Two events per datagram; the 4 MiB ring holds about 43,000.
+	const datagrams = 30000
+	var conn *net.UDPConn
+	if err := nsutil.Do(env.clientNS, func() error {
+		var err error
+		conn, err = net.ListenUDP("udp", nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	to := netip.AddrPortFrom(env.vip, 9)
+	for range datagrams {
+		if _, err := conn.WriteToUDPAddrPort([]byte("x"), to); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal(err)
+		}
+	}
+	if s := p.Stats(); s.RingbufLosses == 0 {
+		t.Fatalf("no ring-buffer losses after %d datagrams with no reader: %+v", datagrams, s)
+	}
+
+	c := &collector{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, c.add) }()
+	count := func(pt obs.Point) int {
+		return len(c.matching(func(o obs.Observation) bool { return o.Point == pt }))
+	}
+	var s Stats
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		s = p.Stats()
+		head := uint64(count(obs.PointTCHead)) + s.LossesByPoint[obs.PointTCHead]
+		tail := uint64(count(obs.PointTCTail)) + s.LossesByPoint[obs.PointTCTail]
+		if head == tail && head > 0 && head <= datagrams {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("head events+losses %d, tail %d (datagrams %d)", head, tail, datagrams)
+		}
+	}
+	if s.RingbufLosses != s.LossesByPoint[obs.PointTCHead]+s.LossesByPoint[obs.PointTCTail] {
+		t.Errorf("losses %d not all at the tc points: %v", s.RingbufLosses, s.LossesByPoint)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestKernelFunctionProbesReport(t *testing.T) {
+	needRoot(t)
+	got := KernelFunctionProbes()
+	var names []string
+	for _, a := range got {
+		names = append(names, a.Observer)
+		if (a.Err == nil) == (a.Note == "") {
+			t.Errorf("%s: want either a reason (err) or a note, got err %v note %q", a.Observer, a.Err, a.Note)
+		}
+	}
+	if !slices.Equal(names, []string{"kprobe", "kprobe-multi", "fentry"}) {
+		t.Errorf("detected %v", names)
+	}
+	_, statErr := os.Stat(kprobePMU)
+	if (statErr != nil) != (got[0].Err != nil) {
+		t.Errorf("kprobe reported %v while %s stat gives %v", got[0].Err, kprobePMU, statErr)
+	}
+}

@@ -1,0 +1,121 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// Run reads the observers' ring buffer and the conntrack subscriptions and
+// calls emit for each observation, one call at a time, until ctx is done or
+// the Probe is closed. It can be called once per Probe.
+func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return errors.New("probe: Run called twice")
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return errors.New("probe closed")
+	}
+	p.runWG.Add(1)
+	events := p.maps["events"]
+	p.mu.Unlock()
+	defer p.runWG.Done()
+
+	rd, err := ringbuf.NewReader(events)
+	if err != nil {
+		return fmt.Errorf("open ring buffer: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-p.closing:
+		}
+		rd.Close() // interrupts Read
+	}()
+
+	var emitMu sync.Mutex
+	serial := func(o obs.Observation) {
+		emitMu.Lock()
+		defer emitMu.Unlock()
+		emit(o)
+	}
+	var ctWG sync.WaitGroup
+	ctWG.Add(1)
+	go func() {
+		defer ctWG.Done()
+		for {
+			select {
+			case o := <-p.ctObs:
+				p.counters.ctEvents.Add(1)
+				serial(o)
+			case <-ctx.Done():
+				return
+			case <-p.closing:
+				return
+			}
+		}
+	}()
+	defer ctWG.Wait()
+	defer cancel()
+
+	epoch, err := monotonicEpoch()
+	if err != nil {
+		return err
+	}
+	var rec ringbuf.Record
+	for {
+		if err := rd.ReadInto(&rec); err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("read ring buffer: %w", err)
+		}
+		o, err := decodeEvent(rec.RawSample, epoch)
+		if err != nil {
+			p.counters.decodeErrors.Add(1)
+			continue
+		}
+		p.name(&o)
+		p.counters.events.Add(1)
+		serial(o)
+	}
+}
+
+// name adds what the record does not carry: the interface name of a tc
+// observation and the priority of a netfilter one.
+func (p *Probe) name(o *obs.Observation) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch o.Point {
+	case obs.PointTCHead, obs.PointTCTail:
+		o.Ifname = p.ifnames[ifaceKey{o.NetNS, o.Ifindex}]
+	case obs.PointNFBefore, obs.PointNFAfter:
+		o.Prio = p.nfPrios[nfKey{o.NetNS, o.Hook, o.Point}]
+	}
+}
+
+// monotonicEpoch returns the wall-clock time at which CLOCK_MONOTONIC (the
+// clock of bpf_ktime_get_ns) was zero, measured around one time.Now call.
+func monotonicEpoch() (time.Time, error) {
+	var before, after unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &before); err != nil {
+		return time.Time{}, fmt.Errorf("read monotonic clock: %w", err)
+	}
+	now := time.Now().Round(0) // wall clock only
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &after); err != nil {
+		return time.Time{}, fmt.Errorf("read monotonic clock: %w", err)
+	}
+	mid := (before.Nano() + after.Nano()) / 2
+	return now.Add(-time.Duration(mid)), nil
+}

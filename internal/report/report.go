@@ -1,0 +1,109 @@
+// Package report writes pathtrace's results: a table for a person, or JSON
+// lines for tools ({"type":"node"} first, one {"type":"flow"} per flow, a
+// {"type":"summary"} last), and a one-line progress for stderr.
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+// Output formats.
+const (
+	FormatTable = "table"
+	FormatJSON  = "json"
+)
+
+// Writer writes the blocks of a report in order: Node, Flows, Summary.
+type Writer struct {
+	w      io.Writer
+	format string
+	// byPlace remembers the distinct rewriters per verdict from Flows, for the
+	// table's summary.
+	byPlace map[flow.Place][]string
+}
+
+// NewWriter returns a writer to w: JSON lines for FormatJSON, tables for
+// anything else (the command line validates the flag).
+func NewWriter(w io.Writer, format string) *Writer {
+	return &Writer{w: w, format: format, byPlace: make(map[flow.Place][]string)}
+}
+
+// Node writes the node block: v as {"type":"node",...} (v must marshal to a
+// JSON object without a "type" key), or whatever table writes.
+func (w *Writer) Node(v any, table func(io.Writer)) error {
+	if w.format != FormatJSON {
+		table(w.w)
+		_, err := fmt.Fprintln(w.w)
+		return err
+	}
+	return w.object("node", v)
+}
+
+// Flows writes one row or one JSON line per flow.
+func (w *Writer) Flows(flows []flow.Flow) error {
+	for _, f := range flows {
+		if f.By != "" && !slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
+			w.byPlace[f.RewrittenAt] = append(w.byPlace[f.RewrittenAt], f.By)
+		}
+	}
+	if w.format != FormatJSON {
+		return writeFlowTable(w.w, flows)
+	}
+	for _, f := range flows {
+		if err := w.object("flow", f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Summary writes the per-verdict counts, every drop counter (the engine's and
+// the caller's drops, e.g. kernel drops per capture point and ring buffer
+// losses; zero ones included) and why the run stopped ("" when not known).
+func (w *Writer) Summary(s flow.Summary, drops map[string]uint64, stop string) error {
+	s = s.WithDrops(drops)
+	if w.format != FormatJSON {
+		return writeSummaryTable(w.w, s, w.byPlace, stop)
+	}
+	return w.object("summary", struct {
+		flow.Summary
+		Stop string `json:"stop_reason,omitempty"`
+	}{s, stop})
+}
+
+// WriteTable writes flows and their summary (drops included) as tables.
+func WriteTable(w io.Writer, flows []flow.Flow, s flow.Summary) error {
+	rw := NewWriter(w, FormatTable)
+	if err := rw.Flows(flows); err != nil {
+		return err
+	}
+	return rw.Summary(s, nil, "")
+}
+
+// object writes v as a JSON object with "type" first.
+func (w *Writer) object(typ string, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", typ, err)
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) < 2 || body[0] != '{' {
+		return fmt.Errorf("encode %s: %T is not a JSON object", typ, v)
+	}
+	out := fmt.Appendf(nil, `{"type":%q`, typ)
+	if rest := bytes.TrimSpace(body[1:]); rest[0] != '}' {
+		out = append(out, ',')
+	}
+	out = append(out, body[1:]...)
+	out = append(out, '\n')
+	if _, err := w.w.Write(out); err != nil {
+		return fmt.Errorf("write %s: %w", typ, err)
+	}
+	return nil
+}

@@ -1,0 +1,164 @@
+package report_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/report"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// callerDrops are the counters the session adds (capture and probe losses).
+var callerDrops = map[string]uint64{"uplink_kernel_drops": 0, "pod_kernel_drops": 2, "ringbuf_lost": 0}
+
+type node struct {
+	Host   string   `json:"host"`
+	Points []string `json:"points"`
+}
+
+func nodeTable(w io.Writer) { fmt.Fprintln(w, "NODE lab-node  points: pod host uplink") }
+
+// run writes a full report of the mixed-modes scenario (one flow per verdict).
+func run(t *testing.T, format string) []byte {
+	t.Helper()
+	s, err := flowtest.Load("../../testdata/flows/mixed-modes.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Run(nil)
+	var buf bytes.Buffer
+	w := report.NewWriter(&buf, format)
+	if err := w.Node(node{Host: "lab-node", Points: []string{"pod", "host", "uplink"}}, nodeTable); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flows(e.Flows()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Summary(e.Summary(), callerDrops, "duration"); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file (go test -update rewrites it):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func TestTableGolden(t *testing.T) {
+	golden(t, "report.table.golden", run(t, report.FormatTable))
+}
+
+func TestJSONGolden(t *testing.T) {
+	golden(t, "report.jsonl.golden", run(t, report.FormatJSON))
+}
+
+// TestJSONContract checks the fields other tools script against.
+func TestJSONContract(t *testing.T) {
+	lines := strings.Split(strings.TrimSpace(string(run(t, report.FormatJSON))), "\n")
+	var types []string
+	for _, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("not a JSON object: %s", l)
+		}
+		typ, _ := m["type"].(string)
+		types = append(types, typ)
+		switch typ {
+		case "flow":
+			for _, k := range []string{"proto", "client", "service", "backend", "rewritten_at", "by", "vlan",
+				"uplink_dst_mac", "reply", "reason"} {
+				if _, ok := m[k]; !ok {
+					t.Errorf("flow line lacks %q: %s", k, l)
+				}
+			}
+			if m["rewritten_at"] == "nowhere" && (m["backend"] != "" || m["vlan"] != 200.0) {
+				t.Errorf("nowhere flow: backend %v vlan %v, want \"\" and 200", m["backend"], m["vlan"])
+			}
+			if m["rewritten_at"] == "unknown" && (m["vlan"] != nil || m["reason"] == "") {
+				t.Errorf("unknown flow never at the uplink: vlan %v reason %v, want null and a reason", m["vlan"], m["reason"])
+			}
+		case "summary":
+			drops, _ := m["drops"].(map[string]any)
+			for _, k := range []string{"flows_over_max", "unmatched_overflow", "uplink_kernel_drops", "pod_kernel_drops"} {
+				if _, ok := drops[k]; !ok {
+					t.Errorf("summary drops lack %q: %s", k, l)
+				}
+			}
+			if m["flows"] != 5.0 {
+				t.Errorf("summary flows = %v, want 5", m["flows"])
+			}
+		}
+	}
+	want := "node flow flow flow flow flow summary"
+	if got := strings.Join(types, " "); got != want {
+		t.Errorf("line types %q, want %q", got, want)
+	}
+}
+
+func TestEmptyTable(t *testing.T) {
+	var buf bytes.Buffer
+	e := flow.NewEngine(flow.Config{})
+	if err := report.WriteTable(&buf, e.Flows(), e.Summary()); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{"No flow", "flows_over_max", "unknown"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("empty table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestNodeMustBeAnObject(t *testing.T) {
+	w := report.NewWriter(io.Discard, report.FormatJSON)
+	if err := w.Node([]int{1}, nodeTable); err == nil {
+		t.Error("a node that is not a JSON object was accepted")
+	}
+}
+
+func TestProgress(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/mixed-modes.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := s.Run(nil).Summary()
+	for _, tt := range []struct {
+		duration time.Duration
+		packets  map[string]uint64
+		want     string
+	}{
+		{30 * time.Second, nil, "12s/30s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)" +
+			"  seen: sockaddr 1 sockstate 1 sockegress 1 pod 20 host 17 tc_head 10 tc_tail 7 nf_before 14 nf_after 7 conntrack 3 uplink 17  drops 2"},
+		{0, map[string]uint64{"uplink:bond0": 17, "pod:eth0": 20}, "12s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)" +
+			"  seen: pod:eth0 20 uplink:bond0 17  drops 2"},
+	} {
+		got := report.Progress(12*time.Second+400*time.Millisecond, tt.duration, sum, tt.packets, callerDrops)
+		if got != tt.want {
+			t.Errorf("progress:\n got %s\nwant %s", got, tt.want)
+		}
+	}
+}

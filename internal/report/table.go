@@ -1,0 +1,145 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"unicode/utf8"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+// maxByWidth keeps the flow table readable; the summary shows "by" in full.
+const maxByWidth = 44
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+}
+
+// writeFlowTable writes one row per flow, then the reason of every unknown.
+func writeFlowTable(w io.Writer, flows []flow.Flow) error {
+	if len(flows) == 0 {
+		_, err := fmt.Fprint(w, "No flow to the watched Service VIPs was seen.\n\n")
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tPROTO\tCLIENT\tSERVICE\tBACKEND\tREWRITTEN AT\tBY\tVLAN\tUPLINK DST MAC\tREPLY")
+	for _, f := range flows {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.ID, orDash(f.Proto), f.Client, f.Service,
+			addrOrDash(f), f.RewrittenAt, orDash(shorten(f.By, maxByWidth)), vlan(f.VLAN), uplinkMAC(f), yesNo(f.Reply))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write flow table: %w", err)
+	}
+	var unknown []flow.Flow
+	for _, f := range flows {
+		if f.RewrittenAt == flow.PlaceUnknown {
+			unknown = append(unknown, f)
+		}
+	}
+	if len(unknown) > 0 {
+		fmt.Fprintln(w, "\nWhy unknown:")
+		for _, f := range unknown {
+			fmt.Fprintf(w, "  %d: %s\n", f.ID, f.Reason)
+		}
+	}
+	_, err := fmt.Fprintln(w)
+	return err
+}
+
+// writeSummaryTable writes the flows per verdict with their rewriters, then
+// every drop counter and why the run stopped.
+func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]string, stop string) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "REWRITTEN AT\tFLOWS\tBY")
+	for _, p := range flow.Places() {
+		by := byPlace[p]
+		if len(by) == 0 {
+			fmt.Fprintf(tw, "%s\t%d\n", p, s.RewrittenAt[p])
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", p, s.RewrittenAt[p], by[0])
+		for _, b := range by[1:] {
+			fmt.Fprintf(tw, "\t\t%s\n", b)
+		}
+	}
+	fmt.Fprintf(tw, "total\t%d\n", s.Flows)
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write summary table: %w", err)
+	}
+
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "DROPS\tCOUNT")
+	names := make([]string, 0, len(s.Drops))
+	for name := range s.Drops {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fmt.Fprintf(tw, "%s\t%d\n", name, s.Drops[name])
+	}
+	if len(names) == 0 {
+		fmt.Fprintln(tw, "(no counters)")
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write drops table: %w", err)
+	}
+	fmt.Fprintf(w, "\nObservations no flow claimed: %d\n", s.Unmatched)
+	if stop != "" {
+		fmt.Fprintf(w, "Stopped: %s\n", stop)
+	}
+	return nil
+}
+
+// shorten cuts s to n runes with an ellipsis.
+func shorten(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return strings.TrimSpace(string(r[:n-1])) + "…"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func addrOrDash(f flow.Flow) string {
+	if !f.Backend.IsValid() {
+		return "-"
+	}
+	return f.Backend.String()
+}
+
+func vlan(v *uint16) string {
+	switch {
+	case v == nil:
+		return "-"
+	case *v == 0:
+		return "untagged"
+	}
+	return fmt.Sprint(*v)
+}
+
+func uplinkMAC(f flow.Flow) string {
+	switch {
+	case f.UplinkDstMAC == "":
+		return "-"
+	case f.UplinkDstIsGateway:
+		return f.UplinkDstMAC + " gw"
+	}
+	return f.UplinkDstMAC
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

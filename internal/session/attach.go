@@ -1,0 +1,154 @@
+package session
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
+	"github.com/pathtrace/pathtrace/internal/probe"
+)
+
+// attachObservers puts the kernel observers in place: socket observers on the
+// cgroup, tcx observers on every host veth, netfilter and conntrack in the node
+// netns. A failed attachment is reported, never fatal on its own: the verdict
+// engine treats its point as inactive.
+func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string) []probe.Attachment {
+	var atts []probe.Attachment
+	atts = append(atts, pr.AttachSocket(cgroup)...)
+	for _, cp := range node.CapturePoints {
+		if cp.Role == discover.RoleHost {
+			atts = append(atts, pr.AttachTC(cp.NetNS, cp.Ifindex, cp.Ifname)...)
+		}
+	}
+	atts = append(atts, pr.AttachNetfilter(node.HostNetNS.Path)...)
+	atts = append(atts, pr.AttachConntrack(node.HostNetNS.Path)...)
+	return atts
+}
+
+var rolePoint = map[string]obs.Point{
+	discover.RolePod:    obs.PointPod,
+	discover.RoleHost:   obs.PointHost,
+	discover.RoleUplink: obs.PointUplink,
+}
+
+// openTaps opens one AF_PACKET ring per capture point, filtered in the kernel
+// to the watched addresses. Several Pods on one bridge share the uplink: it is
+// captured once.
+func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen int) ([]tap, []probe.Attachment) {
+	filter, ferr := capture.FilterFor(watch, snaplen)
+	var taps []tap
+	var atts []probe.Attachment
+	seen := map[string]bool{}
+	for _, cp := range node.CapturePoints {
+		label := cp.Role + ":" + cp.Ifname
+		key := cp.NetNS + "|" + cp.Ifname
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		att := probe.Attachment{Observer: "af_packet " + cp.Role, Where: fmt.Sprintf("%s (ifindex %d, netns %s)", cp.Ifname, cp.Ifindex, cp.NetNS), Point: rolePoint[cp.Role]}
+		if ferr != nil {
+			att.Err = ferr
+			atts = append(atts, att)
+			continue
+		}
+		t, err := capture.Open(capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen, Filter: filter})
+		if err != nil {
+			att.Err = err
+		} else {
+			taps = append(taps, tap{label: label, point: rolePoint[cp.Role], t: t})
+		}
+		atts = append(atts, att)
+	}
+	return taps, atts
+}
+
+// activePoints is the set of observation points that really observe.
+func activePoints(atts []probe.Attachment) map[obs.Point]bool {
+	pts := map[obs.Point]bool{}
+	for _, a := range atts {
+		if a.Err == nil && a.Point != obs.PointNone {
+			pts[a.Point] = true
+		}
+	}
+	return pts
+}
+
+// attribution turns what discovery read from the node into the engine's terms.
+func attribution(node *discover.NodeInfo) flow.Attribution {
+	var a flow.Attribution
+	for _, p := range node.SockPrograms {
+		a.SockPrograms = append(a.SockPrograms, flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup})
+	}
+	for _, p := range node.TCPrograms {
+		if p.Role != discover.RoleHost {
+			continue
+		}
+		a.TCPrograms = append(a.TCPrograms, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID)})
+	}
+	for _, r := range node.Netfilter.Rules {
+		rule := flow.NATRule{
+			Source: r.Source,
+			Table:  r.Table,
+			VIP:    netip.AddrPortFrom(r.Service, r.Port),
+			Proto:  protoOf(r.Proto),
+		}
+		if len(r.Chains) > 0 {
+			rule.Chain = r.Chains[0]
+			for _, c := range r.Chains[1:] {
+				rule.Chain += " -> " + c
+			}
+		}
+		if r.Backend.IsValid() {
+			rule.Backends = []netip.AddrPort{r.Backend}
+			rule.Rule = "dnat to " + r.Backend.String()
+		} else {
+			rule.Rule = r.Note
+		}
+		a.NATRules = append(a.NATRules, rule)
+	}
+	for _, s := range node.IPVS.Services {
+		a.IPVS = append(a.IPVS, flow.IPVSService{VIP: s.Service, Proto: protoOf(s.Proto), Scheduler: s.Scheduler, Backends: s.Backends})
+	}
+	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
+	for _, p := range node.Pods {
+		if mac, err := net.ParseMAC(p.GatewayMAC); err == nil {
+			a.GatewayMACs = append(a.GatewayMACs, mac)
+		}
+	}
+	return a
+}
+
+func protoOf(s string) obs.Proto {
+	switch s {
+	case "tcp":
+		return obs.TCP
+	case "udp":
+		return obs.UDP
+	}
+	return 0
+}
+
+// counters gathers packets per capture point and every loss counter.
+func counters(pr *probe.Probe, taps []tap, eng *flow.Engine) (packets, drops map[string]uint64) {
+	packets, drops = map[string]uint64{}, map[string]uint64{}
+	for _, tp := range taps {
+		st := tp.t.Stats()
+		packets[tp.label] += st.Packets
+		drops[tp.label+" kernel_drops"] += st.KernelDrops
+		drops[tp.label+" decode_errors"] += st.DecodeErrors
+	}
+	ps := pr.Stats()
+	drops["ringbuf_losses"] = ps.RingbufLosses
+	drops["event_decode_errors"] = ps.DecodeErrors
+	drops["conntrack_errors"] = ps.ConntrackErrors
+	drops["conntrack_drops"] = ps.ConntrackDrops
+	for k, v := range eng.Summary().Drops {
+		drops[k] = v
+	}
+	return packets, drops
+}

@@ -1,0 +1,255 @@
+// Package session is pathtrace's reusable tracer core: built from Options, run
+// under a context, it discovers the node, attaches the observers and taps, feeds
+// every observation to the verdict engine and returns a report. The CLI, the
+// incident command and a daemon all drive the same Session; nothing here is
+// package-level, so two sessions can run side by side in one process.
+package session
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
+	"github.com/pathtrace/pathtrace/internal/probe"
+)
+
+// Options say what to trace and for how long.
+type Options struct {
+	Services []flow.Service
+	Duration time.Duration // 0 = until the context ends
+	Discover discover.Options
+	Snaplen  int
+	MaxFlows int
+	// Ready, when set, is called once every observer and tap is in place: a
+	// caller that generates traffic waits for it.
+	Ready func(*discover.NodeInfo, []probe.Attachment)
+	// Progress, when set, is called about once a second while tracing.
+	Progress func(Progress)
+}
+
+// Progress is a live view of a running session.
+type Progress struct {
+	Elapsed, Duration time.Duration
+	Summary           flow.Summary
+	Packets           map[string]uint64 // per capture point
+	Drops             map[string]uint64
+}
+
+// Result is everything a session learned.
+type Result struct {
+	Node        *discover.NodeInfo
+	Attachments []probe.Attachment
+	Flows       []flow.Flow
+	Summary     flow.Summary
+	Drops       map[string]uint64
+	Packets     map[string]uint64
+	StopReason  string
+}
+
+// tap is one capture point with its role label ("pod:eth0", "uplink:bond0").
+type tap struct {
+	label string
+	point obs.Point
+	t     *capture.Tap
+}
+
+// Run traces until the duration elapses or ctx ends, then returns the report.
+// Errors that are the user's fault are *discover.UsageError.
+func Run(ctx context.Context, opt Options) (*Result, error) {
+	if len(opt.Services) == 0 {
+		return nil, &discover.UsageError{Msg: "no Service to trace: give --svc IP[:PORT][/tcp|udp]"}
+	}
+	if opt.Snaplen <= 0 {
+		opt.Snaplen = 96
+	}
+	for _, s := range opt.Services {
+		opt.Discover.Services = append(opt.Discover.Services, s.Addr)
+	}
+
+	pr, err := probe.New()
+	if err != nil {
+		return nil, fmt.Errorf("load observers: %w", err)
+	}
+	defer pr.Close()
+	opt.Discover.OwnPrograms = pr.OwnProgramIDs
+
+	node, err := discover.Node(ctx, opt.Discover)
+	if err != nil {
+		return nil, err
+	}
+
+	watch := initialWatch(opt.Services, node)
+	if err := pr.Watch(watch...); err != nil {
+		return nil, fmt.Errorf("watch addresses: %w", err)
+	}
+
+	cgroup := opt.Discover.Cgroup
+	if cgroup == "" {
+		if cgroup, err = discover.CgroupRoot(); err != nil {
+			return nil, err
+		}
+	}
+	atts := attachObservers(pr, node, cgroup)
+	atts = append(atts, probe.KernelFunctionProbes()...)
+
+	taps, tapAtts := openTaps(node, watch, opt.Snaplen)
+	atts = append(atts, tapAtts...)
+	defer func() {
+		for _, tp := range taps {
+			tp.t.Close()
+		}
+	}()
+
+	eng := flow.NewEngine(flow.Config{
+		Services:    opt.Services,
+		Points:      activePoints(atts),
+		Attribution: attribution(node),
+		MaxFlows:    opt.MaxFlows,
+	})
+
+	if opt.Ready != nil {
+		opt.Ready(node, atts)
+	}
+
+	res := &Result{Node: node, Attachments: atts}
+	res.StopReason = trace(ctx, opt, pr, taps, eng, watch)
+
+	res.Flows = eng.Flows()
+	res.Summary = eng.Summary()
+	res.Packets, res.Drops = counters(pr, taps, eng)
+	return res, nil
+}
+
+// trace runs every producer into the engine until the bound or ctx ends.
+func trace(ctx context.Context, opt Options, pr *probe.Probe, taps []tap, eng *flow.Engine, watch []netip.Addr) string {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := "interrupted"
+	var timer <-chan time.Time
+	if opt.Duration > 0 {
+		t := time.NewTimer(opt.Duration)
+		defer t.Stop()
+		timer = t.C
+	}
+
+	// One consumer owns the engine; producers block when it lags, so the kernel
+	// (ring full) counts what is lost instead of this process dropping silently.
+	observations := make(chan obs.Observation, 4096)
+	var producers sync.WaitGroup
+	producers.Add(1)
+	go func() {
+		defer producers.Done()
+		_ = pr.Run(runCtx, func(o obs.Observation) { send(runCtx, observations, o) })
+	}()
+	for _, tp := range taps {
+		producers.Add(1)
+		go func(tp tap) {
+			defer producers.Done()
+			_ = tp.t.Run(runCtx, func(p *capture.Packet) {
+				if o, ok := p.Observation(tp.point); ok {
+					o.Ifname = tp.label
+					send(runCtx, observations, o)
+				}
+			})
+		}(tp)
+	}
+	go func() { producers.Wait(); close(observations) }()
+
+	start := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	known := len(watch)
+	for {
+		select {
+		case o, ok := <-observations:
+			if !ok {
+				return stop
+			}
+			eng.Add(o)
+			continue
+		case <-tick.C:
+			watch, known = widen(pr, taps, eng, watch, known, opt.Snaplen)
+			if opt.Progress != nil {
+				p := Progress{Elapsed: time.Since(start), Duration: opt.Duration, Summary: eng.Summary()}
+				p.Packets, p.Drops = counters(pr, taps, eng)
+				opt.Progress(p)
+			}
+			continue
+		case <-timer:
+			stop = "duration"
+		case <-ctx.Done():
+		}
+		break
+	}
+	// Let in-flight events land, then drain what the producers still hold.
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	for o := range observations {
+		eng.Add(o)
+	}
+	return stop
+}
+
+func send(ctx context.Context, ch chan<- obs.Observation, o obs.Observation) {
+	select {
+	case ch <- o:
+	case <-ctx.Done():
+	}
+}
+
+// widen adds the backends the engine learned to the observers' watch list and
+// the taps' in-kernel filters, so post-rewrite packets are captured too.
+func widen(pr *probe.Probe, taps []tap, eng *flow.Engine, watch []netip.Addr, known, snaplen int) ([]netip.Addr, int) {
+	seen := make(map[netip.Addr]bool, len(watch))
+	for _, a := range watch {
+		seen[a] = true
+	}
+	var added []netip.Addr
+	for _, b := range eng.Backends() {
+		if !seen[b] {
+			seen[b] = true
+			added = append(added, b)
+		}
+	}
+	if len(added) == 0 {
+		return watch, known
+	}
+	watch = append(watch, added...)
+	_ = pr.Watch(added...)
+	if f, err := capture.FilterFor(watch, snaplen); err == nil {
+		for _, tp := range taps {
+			_ = tp.t.SetFilter(f)
+		}
+	}
+	return watch, len(watch)
+}
+
+// initialWatch is the VIPs plus every backend the node's NAT rules name.
+func initialWatch(svcs []flow.Service, node *discover.NodeInfo) []netip.Addr {
+	seen := map[netip.Addr]bool{}
+	var out []netip.Addr
+	add := func(a netip.Addr) {
+		if a.IsValid() && !seen[a] {
+			seen[a] = true
+			out = append(out, a)
+		}
+	}
+	for _, s := range svcs {
+		add(s.Addr)
+	}
+	for _, r := range node.Netfilter.Rules {
+		add(r.Backend.Addr())
+	}
+	for _, s := range node.IPVS.Services {
+		for _, b := range s.Backends {
+			add(b.Addr())
+		}
+	}
+	return out
+}
