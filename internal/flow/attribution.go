@@ -24,8 +24,12 @@ func (e *Engine) bySocket(f *flowState) string {
 	if f.service.Addr().Is6() {
 		family = "6"
 	}
+	progs := e.cfg.Attribution.SockPrograms
+	if byCg, ok := e.cfg.Attribution.SockProgramsByCgroup[f.cgroup]; ok && f.cgroup != 0 {
+		progs = byCg
+	}
 	var cands []string
-	for _, p := range e.cfg.Attribution.SockPrograms {
+	for _, p := range progs {
 		at := strings.ToLower(p.AttachType)
 		for _, h := range hooks {
 			if strings.Contains(at, h) && strings.Contains(at, family) {
@@ -70,6 +74,7 @@ func (e *Engine) byNAT(f *flowState) string {
 	if len(rules) == 0 && backend.IsValid() {
 		rules = e.natRulesFor(f, netip.AddrPort{})
 	}
+	rules = preferHook(rules, natHookOf(f))
 	cands := make([]string, len(rules))
 	for i, r := range rules {
 		cands[i] = fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
@@ -136,4 +141,56 @@ func oneOf(cands []string) string {
 		return cands[0]
 	}
 	return fmt.Sprintf("one of %d: %s", len(cands), strings.Join(cands, "; "))
+}
+
+// CgroupIDs lists the client cgroups seen on flows whose effective sock_addr
+// programs are not known yet (see SetCgroupSockPrograms).
+func (e *Engine) CgroupIDs() []uint64 {
+	seen := map[uint64]bool{}
+	var out []uint64
+	for _, list := range e.clients {
+		for _, f := range list {
+			if f.cgroup == 0 || seen[f.cgroup] {
+				continue
+			}
+			seen[f.cgroup] = true
+			if _, ok := e.cfg.Attribution.SockProgramsByCgroup[f.cgroup]; !ok {
+				out = append(out, f.cgroup)
+			}
+		}
+	}
+	return out
+}
+
+// SetCgroupSockPrograms records the sock_addr programs effective for a client
+// cgroup; an empty list records that there are none.
+func (e *Engine) SetCgroupSockPrograms(cgroup uint64, progs []SockProgram) {
+	if e.cfg.Attribution.SockProgramsByCgroup == nil {
+		e.cfg.Attribution.SockProgramsByCgroup = map[uint64][]SockProgram{}
+	}
+	e.cfg.Attribution.SockProgramsByCgroup[cgroup] = progs
+}
+
+// natHookOf is the NAT hook a flow went through: PREROUTING when it came in
+// through a Pod's veth, OUTPUT when no Pod-side point saw it (the node's own).
+func natHookOf(f *flowState) string {
+	if f.cps[cpPod].any() || f.cps[cpHost].any() || f.cps[cpTCHead].any() {
+		return "prerouting"
+	}
+	return "output"
+}
+
+// preferHook keeps the rules of that hook when there are any (kube-proxy
+// installs the same chains under both PREROUTING and OUTPUT).
+func preferHook(rules []NATRule, hook string) []NATRule {
+	var kept []NATRule
+	for _, r := range rules {
+		if r.Hook == hook {
+			kept = append(kept, r)
+		}
+	}
+	if len(kept) == 0 {
+		return rules
+	}
+	return kept
 }

@@ -45,6 +45,10 @@ type Config struct {
 type Attribution struct {
 	// SockPrograms: cgroup sock_addr programs effective for the client's cgroup.
 	SockPrograms []SockProgram
+	// SockProgramsByCgroup: the programs effective for a client's own cgroup
+	// (by cgroup id), when known; they take precedence over SockPrograms for
+	// flows whose socket was seen in that cgroup.
+	SockProgramsByCgroup map[uint64][]SockProgram
 	// TCPrograms: tcx and cls_bpf programs on the host-side veth.
 	TCPrograms []TCProgram
 	// NATRules: DNAT rules whose match includes a watched VIP.
@@ -80,6 +84,7 @@ type NATRule struct {
 	Source   string         // "nftables" or "iptables-legacy"
 	Table    string         // e.g. "ip kube-proxy" or "nat"
 	Chain    string         // e.g. "service-AB12CD-default/web/tcp/http" or "KUBE-SVC-..."
+	Hook     string         // "prerouting" (traffic from Pods) or "output" (from the node); "" = unknown
 	VIP      netip.AddrPort // port 0: any port
 	Proto    obs.Proto      // 0: any protocol
 	Backends []netip.AddrPort

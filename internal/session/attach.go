@@ -94,6 +94,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 		rule := flow.NATRule{
 			Source: r.Source,
 			Table:  r.Table,
+			Hook:   r.Hook,
 			VIP:    netip.AddrPortFrom(r.Service, r.Port),
 			Proto:  protoOf(r.Proto),
 		}

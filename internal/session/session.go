@@ -117,8 +117,14 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		opt.Ready(node, atts)
 	}
 
+	root, err := discover.CgroupRoot()
+	if err != nil {
+		root = cgroup
+	}
+	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root}
 	res := &Result{Node: node, Attachments: atts}
-	res.StopReason = trace(ctx, opt, pr, taps, eng, watch)
+	res.StopReason = tr.run(ctx)
+	tr.attributeCgroups()
 
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
@@ -126,14 +132,26 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	return res, nil
 }
 
-// trace runs every producer into the engine until the bound or ctx ends.
-func trace(ctx context.Context, opt Options, pr *probe.Probe, taps []tap, eng *flow.Engine, watch []netip.Addr) string {
+// tracer is one running session's moving parts.
+type tracer struct {
+	opt        Options
+	pr         *probe.Probe
+	taps       []tap
+	eng        *flow.Engine
+	watch      []netip.Addr
+	cgroupRoot string
+	cgroupDone map[uint64]bool
+}
+
+// run feeds every producer into the engine until the bound or ctx ends and
+// says why it stopped.
+func (tr *tracer) run(ctx context.Context) string {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := "interrupted"
 	var timer <-chan time.Time
-	if opt.Duration > 0 {
-		t := time.NewTimer(opt.Duration)
+	if tr.opt.Duration > 0 {
+		t := time.NewTimer(tr.opt.Duration)
 		defer t.Stop()
 		timer = t.C
 	}
@@ -145,9 +163,9 @@ func trace(ctx context.Context, opt Options, pr *probe.Probe, taps []tap, eng *f
 	producers.Add(1)
 	go func() {
 		defer producers.Done()
-		_ = pr.Run(runCtx, func(o obs.Observation) { send(runCtx, observations, o) })
+		_ = tr.pr.Run(runCtx, func(o obs.Observation) { send(runCtx, observations, o) })
 	}()
-	for _, tp := range taps {
+	for _, tp := range tr.taps {
 		producers.Add(1)
 		go func(tp tap) {
 			defer producers.Done()
@@ -164,36 +182,59 @@ func trace(ctx context.Context, opt Options, pr *probe.Probe, taps []tap, eng *f
 	start := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	known := len(watch)
+loop:
 	for {
 		select {
 		case o, ok := <-observations:
 			if !ok {
-				return stop
+				break loop
 			}
-			eng.Add(o)
-			continue
+			tr.eng.Add(o)
 		case <-tick.C:
-			watch, known = widen(pr, taps, eng, watch, known, opt.Snaplen)
-			if opt.Progress != nil {
-				p := Progress{Elapsed: time.Since(start), Duration: opt.Duration, Summary: eng.Summary()}
-				p.Packets, p.Drops = counters(pr, taps, eng)
-				opt.Progress(p)
+			tr.widen()
+			tr.attributeCgroups()
+			if tr.opt.Progress != nil {
+				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary()}
+				p.Packets, p.Drops = counters(tr.pr, tr.taps, tr.eng)
+				tr.opt.Progress(p)
 			}
-			continue
 		case <-timer:
 			stop = "duration"
+			break loop
 		case <-ctx.Done():
+			break loop
 		}
-		break
 	}
 	// Let in-flight events land, then drain what the producers still hold.
 	time.Sleep(200 * time.Millisecond)
 	cancel()
 	for o := range observations {
-		eng.Add(o)
+		tr.eng.Add(o)
 	}
 	return stop
+}
+
+// attributeCgroups resolves the client cgroups seen on flows to the sock_addr
+// programs effective there, for "by" of socket-layer rewrites.
+func (tr *tracer) attributeCgroups() {
+	if tr.cgroupDone == nil {
+		tr.cgroupDone = map[uint64]bool{}
+	}
+	for _, id := range tr.eng.CgroupIDs() {
+		if tr.cgroupDone[id] {
+			continue
+		}
+		tr.cgroupDone[id] = true
+		_, progs, err := discover.SockProgramsForCgroupID(tr.cgroupRoot, id, tr.pr.OwnProgramIDs)
+		if err != nil {
+			continue // the node-wide list from discovery stays the attribution
+		}
+		fps := make([]flow.SockProgram, len(progs))
+		for i, p := range progs {
+			fps[i] = flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup}
+		}
+		tr.eng.SetCgroupSockPrograms(id, fps)
+	}
 }
 
 func send(ctx context.Context, ch chan<- obs.Observation, o obs.Observation) {
@@ -205,29 +246,28 @@ func send(ctx context.Context, ch chan<- obs.Observation, o obs.Observation) {
 
 // widen adds the backends the engine learned to the observers' watch list and
 // the taps' in-kernel filters, so post-rewrite packets are captured too.
-func widen(pr *probe.Probe, taps []tap, eng *flow.Engine, watch []netip.Addr, known, snaplen int) ([]netip.Addr, int) {
-	seen := make(map[netip.Addr]bool, len(watch))
-	for _, a := range watch {
+func (tr *tracer) widen() {
+	seen := make(map[netip.Addr]bool, len(tr.watch))
+	for _, a := range tr.watch {
 		seen[a] = true
 	}
 	var added []netip.Addr
-	for _, b := range eng.Backends() {
+	for _, b := range tr.eng.Backends() {
 		if !seen[b] {
 			seen[b] = true
 			added = append(added, b)
 		}
 	}
 	if len(added) == 0 {
-		return watch, known
+		return
 	}
-	watch = append(watch, added...)
-	_ = pr.Watch(added...)
-	if f, err := capture.FilterFor(watch, snaplen); err == nil {
-		for _, tp := range taps {
+	tr.watch = append(tr.watch, added...)
+	_ = tr.pr.Watch(added...)
+	if f, err := capture.FilterFor(tr.watch, tr.opt.Snaplen); err == nil {
+		for _, tp := range tr.taps {
 			_ = tp.t.SetFilter(f)
 		}
 	}
-	return watch, len(watch)
 }
 
 // initialWatch is the VIPs plus every backend the node's NAT rules name.

@@ -1,0 +1,339 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/pathtrace/pathtrace/internal/lab"
+)
+
+// pathtrace runs the test binary as the pathtrace CLI.
+func pathtrace(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	return cmd
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: builds the lab and attaches BPF observers")
+	}
+}
+
+func TestBadInputExitsTwo(t *testing.T) {
+	cases := [][]string{
+		{"--svc", "999.1.1.1"},
+		{"--svc", "10.0.0.1:99999"},
+		{"--svc", "10.0.0.1", "--duration", "-1s"},
+		{"--svc", "10.0.0.1", "--host-netns", "/nonexistent"},
+		{"--svc", "10.0.0.1", "--output", "xml"},
+		{"--svc", "10.0.0.1", "--pod-ip", "10.0.0.300"},
+		{"--svc", "10.0.0.1", "--pod-ip", "10.0.0.3", "--pod-pid", "1"},
+		{"--duration", "5s"},
+		{"--svc", "10.0.0.1", "--no-such-flag"},
+	}
+	for _, args := range cases {
+		var stderr bytes.Buffer
+		cmd := pathtrace(args...)
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		code := exitCode(err)
+		msg := strings.TrimSpace(stderr.String())
+		if code != exitUsage || msg == "" || strings.Contains(msg, "\n") {
+			t.Errorf("pathtrace %s: exit %d, stderr %q; want exit 2 and one line", strings.Join(args, " "), code, msg)
+		}
+	}
+}
+
+// Inputs that only discovery can reject: a pod IP nobody has, an uplink that
+// does not exist.
+func TestBadNodeInputExitsTwo(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNowhere)
+	for _, args := range [][]string{
+		{"--svc", "10.120.0.80", "--host-netns", l.NodeNetNS(), "--pod-ip", "203.0.113.77", "--duration", "1s"},
+		{"--svc", "10.120.0.80", "--host-netns", l.NodeNetNS(), "--uplink", "nosuchif", "--duration", "1s"},
+	} {
+		var stderr bytes.Buffer
+		cmd := pathtrace(args...)
+		cmd.Stderr = &stderr
+		code := exitCode(cmd.Run())
+		if msg := strings.TrimSpace(stderr.String()); code != exitUsage || strings.Contains(msg, "\n") {
+			t.Errorf("pathtrace %s: exit %d, stderr %q; want exit 2 and one line", strings.Join(args, " "), code, msg)
+		}
+	}
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+func upLab(t *testing.T, mode lab.Mode) *lab.Lab {
+	t.Helper()
+	l := lab.New(fmt.Sprintf("ptlab-cli%d", os.Getpid()%100000))
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := l.Up(ctx, mode); err != nil {
+		t.Fatalf("lab up %s: %v", mode, err)
+	}
+	return l
+}
+
+// run is one pathtrace process whose JSON lines are collected.
+type run struct {
+	cmd    *exec.Cmd
+	lines  chan map[string]any
+	stderr bytes.Buffer
+}
+
+func startJSON(t *testing.T, args ...string) *run {
+	t.Helper()
+	r := &run{lines: make(chan map[string]any, 1024)}
+	r.cmd = pathtrace(append(args, "--output", "json")...)
+	r.cmd.Stderr = &r.stderr
+	out, err := r.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.cmd.Process.Kill(); _ = r.cmd.Wait() })
+	go func() {
+		defer close(r.lines)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				r.lines <- m
+			}
+		}
+	}()
+	return r
+}
+
+// waitNode waits for the node object, printed once every observer is attached.
+func (r *run) waitNode(t *testing.T) map[string]any {
+	t.Helper()
+	select {
+	case m, ok := <-r.lines:
+		if !ok || m["type"] != "node" {
+			t.Fatalf("first JSON line is not the node object: %v (stderr: %s)", m, r.stderr.String())
+		}
+		return m
+	case <-time.After(30 * time.Second):
+		t.Fatalf("pathtrace did not get ready (stderr: %s)", r.stderr.String())
+	}
+	return nil
+}
+
+func (r *run) rest(t *testing.T) (flows []map[string]any, summary map[string]any) {
+	t.Helper()
+	for m := range r.lines {
+		switch m["type"] {
+		case "flow":
+			flows = append(flows, m)
+		case "summary":
+			summary = m
+		}
+	}
+	if err := r.cmd.Wait(); err != nil {
+		t.Fatalf("pathtrace: %v (stderr: %s)", err, r.stderr.String())
+	}
+	return flows, summary
+}
+
+// TestVerdictPerLabMode is the end-to-end check: in each lab mode, with the lab
+// client sending TCP and UDP requests during the run, every flow's verdict,
+// backend, uplink frame and reply are right.
+func TestVerdictPerLabMode(t *testing.T) {
+	needRoot(t)
+	l := lab.New(fmt.Sprintf("ptlab-e2e%d", os.Getpid()%100000))
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	const requests = 3
+	for _, mode := range lab.Modes() {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if err := l.Up(ctx, mode); err != nil {
+				t.Fatalf("lab up: %v", err)
+			}
+			gwMAC, err := l.GatewayMAC()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp",
+				"--svc", lab.UDPVIP.String()+"/udp", "--duration", "60s")
+			r.waitNode(t)
+			res, err := l.Client(ctx, lab.ClientOptions{Requests: requests})
+			if err != nil {
+				t.Fatalf("lab client: %v", err)
+			}
+			// SIGINT ends the run early and must still print the full report.
+			time.Sleep(500 * time.Millisecond)
+			_ = r.cmd.Process.Signal(syscall.SIGINT)
+			flows, summary := r.rest(t)
+
+			works := mode != lab.ModeNowhere
+			for _, pr := range []lab.ProtoResult{res.TCP, res.UDP} {
+				if works && pr.OK != requests || !works && pr.Failed != requests {
+					t.Errorf("client %s: %d ok, %d failed; want all to %s", pr.Target, pr.OK, pr.Failed, map[bool]string{true: "succeed", false: "fail"}[works])
+				}
+			}
+			if summary == nil {
+				t.Fatal("no summary line")
+			}
+			if len(flows) != 2*requests {
+				t.Errorf("%d flows, want %d: %s", len(flows), 2*requests, dump(flows))
+			}
+			for _, f := range flows {
+				checkFlow(t, mode, f, gwMAC.String())
+			}
+		})
+	}
+}
+
+func checkFlow(t *testing.T, mode lab.Mode, f map[string]any, gwMAC string) {
+	t.Helper()
+	desc := dump([]map[string]any{f})
+	want := map[lab.Mode]string{lab.ModeSocket: "socket", lab.ModeTC: "tc", lab.ModeNetfilter: "netfilter", lab.ModeNowhere: "nowhere"}[mode]
+	if f["rewritten_at"] != want {
+		t.Errorf("rewritten_at = %v, want %s: %s", f["rewritten_at"], want, desc)
+	}
+	backend := map[string]string{"tcp": lab.TCPBackend.String(), "udp": lab.UDPBackend.String()}[f["proto"].(string)]
+	if mode == lab.ModeNowhere {
+		backend = ""
+	}
+	if f["backend"] != backend {
+		t.Errorf("backend = %v, want %q: %s", f["backend"], backend, desc)
+	}
+	if v, ok := f["vlan"].(float64); !ok || v != lab.VLAN {
+		t.Errorf("vlan = %v, want %d: %s", f["vlan"], lab.VLAN, desc)
+	}
+	if f["uplink_dst_mac"] != gwMAC {
+		t.Errorf("uplink_dst_mac = %v, want the gateway's %s: %s", f["uplink_dst_mac"], gwMAC, desc)
+	}
+	if f["reply"] != (mode != lab.ModeNowhere) {
+		t.Errorf("reply = %v in mode %s: %s", f["reply"], mode, desc)
+	}
+	by, _ := f["by"].(string)
+	wantBy := map[lab.Mode]string{lab.ModeSocket: "lab_sock4_", lab.ModeTC: "lab_from_container", lab.ModeNetfilter: "kube-proxy"}[mode]
+	if !strings.Contains(by, wantBy) {
+		t.Errorf("by = %q, want it to name %q: %s", by, wantBy, desc)
+	}
+}
+
+func dump(v any) string {
+	b, _ := json.MarshalIndent(v, "", " ")
+	return string(b)
+}
+
+// TestSIGKILLLeavesNothingAttached kills pathtrace while it traces and checks
+// that every BPF program and link it held is gone.
+func TestSIGKILLLeavesNothingAttached(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "60s")
+	r.waitNode(t)
+	progs, links := heldBPF(t, r.cmd.Process.Pid)
+	if len(progs) == 0 || len(links) == 0 {
+		t.Fatalf("pathtrace holds %d programs and %d links; want some", len(progs), len(links))
+	}
+	_ = r.cmd.Process.Signal(syscall.SIGKILL)
+	_ = r.cmd.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := 0
+		for _, id := range links {
+			if lk, err := link.NewFromID(link.ID(id)); err == nil {
+				lk.Close()
+				left++
+			}
+		}
+		for _, id := range progs {
+			if p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id)); err == nil {
+				p.Close()
+				left++
+			}
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of pathtrace's programs/links still exist 10s after SIGKILL", left)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The lab still works: nothing pathtrace did outlived it.
+	res, err := l.Client(context.Background(), lab.ClientOptions{Requests: 2})
+	if err != nil || res.TCP.OK != 2 {
+		t.Fatalf("lab client after SIGKILL: %+v, %v", res.TCP, err)
+	}
+}
+
+// heldBPF lists the BPF program and link ids a process holds fds of.
+func heldBPF(t *testing.T, pid int) (progs, links []uint32) {
+	t.Helper()
+	infos, err := filepath.Glob(fmt.Sprintf("/proc/%d/fdinfo/*", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range infos {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(f)
+		f.Close()
+		isLink := bytes.Contains(b, []byte("link_type:"))
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, ok := strings.Cut(line, ":")
+			if !ok {
+				continue
+			}
+			id, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+			if err != nil {
+				continue
+			}
+			switch {
+			case k == "link_id":
+				links = append(links, uint32(id))
+			case k == "prog_id" && !isLink:
+				progs = append(progs, uint32(id))
+			}
+		}
+	}
+	return progs, links
+}

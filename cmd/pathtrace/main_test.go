@@ -1,0 +1,22 @@
+package main
+
+import (
+	"os"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/lab"
+)
+
+// TestMain lets the test binary stand in for the pathtrace binary: the lab
+// re-executes it for its workers, and the CLI tests re-execute it as pathtrace.
+func TestMain(m *testing.M) {
+	lab.RunWorkerIfRequested()
+	if os.Getenv(runMainEnv) == "1" {
+		os.Args = append([]string{"pathtrace"}, os.Args[1:]...)
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+const runMainEnv = "PATHTRACE_TEST_RUN_MAIN"
