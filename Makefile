@@ -50,7 +50,11 @@ test: check-generated vet fmt-check
 test-unit:
 	$(GO) test -count=1 -short ./...
 
-# The lab in each Service mode, with the lab client's requests (issue 2's check).
+# pathtrace's main job against the built-in lab, in each of the four modes.
+demo: build
+	tools/demo.sh $(BIN)
+
+# The lab alone in each Service mode, with the lab client's requests.
 lab-demo: build
 	@for m in socket tc netfilter nowhere; do \
 		echo "== lab mode $$m"; \

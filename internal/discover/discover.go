@@ -7,6 +7,8 @@
 package discover
 
 import (
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
+
 	"context"
 	"fmt"
 	"net/netip"
@@ -151,10 +153,10 @@ func checkOptions(opt *Options) error {
 	}
 	if opt.Cgroup == "" {
 		// A missing cgroup2 mount only loses the socket attribution: noted later.
-		opt.Cgroup, _ = CgroupRoot()
+		opt.Cgroup, _ = cgroup2.Root()
 	} else if st, err := os.Stat(opt.Cgroup); err != nil || !st.IsDir() {
 		return usagef("--cgroup %s: no such directory; give a cgroup v2 directory (default: the cgroup2 root from /proc/self/mountinfo)", opt.Cgroup)
-	} else if !isCgroup2(opt.Cgroup) {
+	} else if !cgroup2.IsCgroup2(opt.Cgroup) {
 		return usagef("--cgroup %s: not on a cgroup2 filesystem; give a cgroup v2 directory", opt.Cgroup)
 	}
 	return nil

@@ -10,33 +10,6 @@ import (
 	"testing"
 )
 
-func TestCgroup2Mount(t *testing.T) {
-	for _, tc := range []struct {
-		file, want string
-	}{
-		{"mountinfo-hybrid", "/sys/fs/cgroup/unified"},
-		{"mountinfo-escaped", "/mnt/my cgroups"},
-	} {
-		f, err := os.Open("testdata/" + tc.file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := cgroup2Mount(f)
-		f.Close()
-		if err != nil || got != tc.want {
-			t.Errorf("%s: got %q, %v; want %q", tc.file, got, err, tc.want)
-		}
-	}
-	f, err := os.Open("testdata/mountinfo-nocgroup2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if got, err := cgroup2Mount(f); err == nil {
-		t.Errorf("no cgroup2 mount: got %q, want an error", got)
-	}
-}
-
 // key is a comparable summary of a NATRule for assertions.
 func key(r NATRule) string {
 	return r.Hook + " " + r.Service.String() + " " + r.Proto + "/" + strconv.Itoa(int(r.Port)) + " " +

@@ -1,6 +1,8 @@
 package discover
 
 import (
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
+
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,7 +35,7 @@ func sockPrograms(cgroup string, own map[ebpf.ProgramID]bool, info *NodeInfo) []
 		return nil
 	}
 	var chain []string // cgroup, parent, ..., root of the cgroup2 mount
-	for dir := filepath.Clean(cgroup); isCgroup2(dir); dir = filepath.Dir(dir) {
+	for dir := filepath.Clean(cgroup); cgroup2.IsCgroup2(dir); dir = filepath.Dir(dir) {
 		chain = append(chain, dir)
 		if dir == "/" {
 			break

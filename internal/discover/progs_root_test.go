@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
@@ -45,7 +46,7 @@ func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
 // expects discovery to attribute each, and to leave out OwnPrograms.
 func TestNodeFindsPrograms(t *testing.T) {
 	tb := newTestbed(t)
-	root, err := CgroupRoot()
+	root, err := cgroup2.Root()
 	if err != nil {
 		t.Skipf("no cgroup2: %v", err)
 	}

@@ -11,8 +11,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // The lab attaches its programs with plain BPF_PROG_ATTACH (no bpf_link, no

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // A small AF_PACKET tap for the tests: it reads the kernel's out-of-band VLAN

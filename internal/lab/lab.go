@@ -13,6 +13,8 @@
 package lab
 
 import (
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
+
 	"fmt"
 	"net"
 	"net/netip"
@@ -138,7 +140,7 @@ func (l *Lab) BackendNetNS() string { return l.netnsPath(roleBackend) }
 // ClientCgroup is the path of the cgroup v2 directory the lab's client runs in
 // (the socket LB is attached there), or "" when cgroup2 is not mounted.
 func (l *Lab) ClientCgroup() string {
-	root, err := cgroup2Root()
+	root, err := cgroup2.Root()
 	if err != nil {
 		return ""
 	}

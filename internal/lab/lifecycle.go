@@ -1,6 +1,8 @@
 package lab
 
 import (
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
+
 	"context"
 	"errors"
 	"fmt"
@@ -25,7 +27,7 @@ func (l *Lab) Up(ctx context.Context, mode Mode) error {
 	if _, err := ParseMode(string(mode)); err != nil {
 		return err
 	}
-	if _, err := cgroup2Root(); err != nil {
+	if _, err := cgroup2.Root(); err != nil {
 		return fmt.Errorf("lab needs cgroup v2: %w", err)
 	}
 	if !l.complete() {

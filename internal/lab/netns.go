@@ -8,10 +8,11 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // createNetNS makes a network namespace kept alive by a bind mount at path, as

@@ -8,8 +8,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"github.com/vishvananda/netlink"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // Status is what `pathtrace lab status` shows.

@@ -18,32 +18,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func TestParseCgroup2Root(t *testing.T) {
-	hybrid := `31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
-41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-`
-	unified := `25 30 0:23 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate
-`
-	escaped := `41 31 0:38 / /mnt/my\040cgroups rw - cgroup2 none rw
-`
-	for _, tc := range []struct{ name, in, want string }{
-		{"hybrid", hybrid, "/sys/fs/cgroup/unified"},
-		{"unified with optional fields", unified, "/sys/fs/cgroup"},
-		{"escaped space", escaped, "/mnt/my cgroups"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseCgroup2Root(strings.NewReader(tc.in))
-			if err != nil || got != tc.want {
-				t.Fatalf("parseCgroup2Root = %q, %v; want %q", got, err, tc.want)
-			}
-		})
-	}
-	if _, err := parseCgroup2Root(strings.NewReader(hybrid[:strings.Index(hybrid, "41 ")])); err == nil {
-		t.Fatal("no error without a cgroup2 mount")
-	}
-}
-
 // The chain names must be what kube-proxy makes; the expected values are the
 // examples in kube-proxy's nftables proxier.
 func TestKubeProxyChainNames(t *testing.T) {

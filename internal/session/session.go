@@ -6,6 +6,8 @@
 package session
 
 import (
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
+
 	"context"
 	"fmt"
 	"net/netip"
@@ -91,7 +93,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 
 	cgroup := opt.Discover.Cgroup
 	if cgroup == "" {
-		if cgroup, err = discover.CgroupRoot(); err != nil {
+		if cgroup, err = cgroup2.Root(); err != nil {
 			return nil, err
 		}
 	}
@@ -117,7 +119,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		opt.Ready(node, atts)
 	}
 
-	root, err := discover.CgroupRoot()
+	root, err := cgroup2.Root()
 	if err != nil {
 		root = cgroup
 	}
