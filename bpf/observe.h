@@ -3,7 +3,8 @@
  * once per session and hands the same maps to each family it loads).
  *
  * Observers only look: they never change a packet or an address, and they
- * always let the packet or the operation continue. */
+ * always let the packet or the operation continue. The only thing they write
+ * is pathtrace's own maps (events, and what they learn about flows). */
 #ifndef PATHTRACE_OBSERVE_H
 #define PATHTRACE_OBSERVE_H
 
@@ -84,7 +85,9 @@ struct {
 } ringbuf_losses SEC(".maps");
 
 /* IPv4 addresses (network byte order) whose traffic is observed: the Service
- * VIPs and the backends learned so far. Filled from user space. */
+ * VIPs and the backends learned so far. Filled from user space, and by the
+ * socket observers with the backend a socket LB chose, before the first
+ * packet of that connection exists. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
@@ -95,6 +98,77 @@ struct {
 static __always_inline bool pt_watched(__u32 addr)
 {
 	return addr && bpf_map_lookup_elem(&watch_addrs, &addr);
+}
+
+/* The client side of a flow to a watched address, learned in the kernel by
+ * the first observer that sees the flow (before any rewrite), so every later
+ * point follows the flow after its destination changed and its replies, even
+ * when the new destination was never named. */
+struct pt_client {
+	__be32 addr;
+	__be16 port;
+	__u8 proto;
+	__u8 _pad;
+};
+
+/* Bounded: the least recently seen clients make room for new ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct pt_client);
+	__type(value, __u8);
+} watch_clients SEC(".maps");
+
+/* In-kernel learning that failed (a map update refused, e.g. watch_addrs
+ * full), index 0: counted, never hidden. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} learn_errors SEC(".maps");
+
+static __always_inline void pt_count_learn_error(void)
+{
+	__u32 key = 0;
+	__u64 *n = bpf_map_lookup_elem(&learn_errors, &key);
+	if (n)
+		(*n)++;
+}
+
+/* pt_learn_addr adds addr to watch_addrs (a backend a socket LB chose). */
+static __always_inline void pt_learn_addr(__u32 addr)
+{
+	__u8 one = 1;
+	if (addr && !pt_watched(addr) && bpf_map_update_elem(&watch_addrs, &addr, &one, BPF_ANY))
+		pt_count_learn_error();
+}
+
+/* Only TCP and UDP endpoints with a port are learned: a port-less key would
+ * match every fragment and ICMP message of that address. */
+static __always_inline bool pt_client_key(struct pt_client *k, __u32 addr, __u16 port, __u8 proto)
+{
+	if (!addr || !port || (proto != IPPROTO_TCP && proto != IPPROTO_UDP))
+		return false;
+	k->addr = addr;
+	k->port = port;
+	k->proto = proto;
+	k->_pad = 0;
+	return true;
+}
+
+static __always_inline void pt_learn_client(__u32 addr, __u16 port, __u8 proto)
+{
+	struct pt_client k;
+	__u8 one = 1;
+	if (pt_client_key(&k, addr, port, proto) && bpf_map_update_elem(&watch_clients, &k, &one, BPF_ANY))
+		pt_count_learn_error();
+}
+
+static __always_inline bool pt_watched_client(__u32 addr, __u16 port, __u8 proto)
+{
+	struct pt_client k;
+	return pt_client_key(&k, addr, port, proto) && bpf_map_lookup_elem(&watch_clients, &k);
 }
 
 /* pt_reserve returns a zeroed event stamped with time and point, or NULL after
@@ -157,6 +231,17 @@ static __always_inline int pt_load_ipv4(struct __sk_buff *skb, __u32 off, struct
 		}
 	}
 	return 0;
+}
+
+/* pt_interesting is every packet observer's test: a watched address on
+ * either side, or a learned client endpoint on either side (the flow after
+ * its destination was rewritten to an address never named, and its
+ * replies). */
+static __always_inline bool pt_interesting(const struct pt_tuple *t)
+{
+	return pt_watched(t->daddr) || pt_watched(t->saddr) ||
+	       pt_watched_client(t->saddr, t->sport, t->proto) ||
+	       pt_watched_client(t->daddr, t->dport, t->proto);
 }
 
 static __always_inline void pt_set_tuple(struct pt_event *e, const struct pt_tuple *t)

@@ -18,45 +18,62 @@ struct pt_l4 {
 	__u8 tcp_flags;
 };
 
-static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point)
+/* pt_nf_tuple reads the IPv4 header (at the inet hooks skb->data is the IP
+ * header) and the TCP/UDP ports. Returns -1 when the packet is not IPv4. */
+static __always_inline int pt_nf_tuple(struct bpf_dynptr *ptr, struct pt_tuple *t)
+{
+	struct iphdr ipbuf;
+	struct iphdr *ip = bpf_dynptr_slice(ptr, 0, &ipbuf, sizeof(ipbuf));
+	if (!ip || ip->version != 4)
+		return -1;
+	t->saddr = ip->saddr;
+	t->daddr = ip->daddr;
+	t->proto = ip->protocol;
+	t->sport = 0;
+	t->dport = 0;
+	t->tcp_flags = 0;
+	if (ip->frag_off & bpf_htons(0x1fff)) /* not the first fragment */
+		return 0;
+	__u32 l4off = ip->ihl * 4;
+	if (t->proto == IPPROTO_TCP) {
+		struct pt_l4 l4buf;
+		struct pt_l4 *l4 = bpf_dynptr_slice(ptr, l4off, &l4buf, sizeof(l4buf));
+		if (l4) {
+			t->sport = l4->sport;
+			t->dport = l4->dport;
+			t->tcp_flags = l4->tcp_flags;
+		}
+	} else if (t->proto == IPPROTO_UDP) {
+		struct udphdr ubuf;
+		struct udphdr *udp = bpf_dynptr_slice(ptr, l4off, &ubuf, sizeof(ubuf));
+		if (udp) {
+			t->sport = udp->source;
+			t->dport = udp->dest;
+		}
+	}
+	return 0;
+}
+
+/* learn: the observer before NAT records the client endpoint of packets to a
+ * watched address, so the one after NAT (and every later point) follows the
+ * flow to a backend no rule named. */
+static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, bool learn)
 {
 	struct bpf_dynptr ptr;
 	if (bpf_dynptr_from_skb((struct __sk_buff *)ctx->skb, 0, &ptr))
 		return NF_ACCEPT;
-
-	/* At the inet hooks skb->data is the IP header. */
-	struct iphdr ipbuf;
-	struct iphdr *ip = bpf_dynptr_slice(&ptr, 0, &ipbuf, sizeof(ipbuf));
-	if (!ip || ip->version != 4 || (!pt_watched(ip->daddr) && !pt_watched(ip->saddr)))
+	struct pt_tuple t;
+	if (pt_nf_tuple(&ptr, &t) < 0)
+		return NF_ACCEPT;
+	if (learn && pt_watched(t.daddr))
+		pt_learn_client(t.saddr, t.sport, t.proto);
+	if (!pt_interesting(&t))
 		return NF_ACCEPT;
 
 	struct pt_event *e = pt_reserve(point);
 	if (!e)
 		return NF_ACCEPT;
-	e->saddr = ip->saddr;
-	e->daddr = ip->daddr;
-	e->proto = ip->protocol;
-	if (!(ip->frag_off & bpf_htons(0x1fff)) &&
-	    (ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP)) {
-		__u32 l4off = ip->ihl * 4;
-		if (ip->protocol == IPPROTO_TCP) {
-			struct pt_l4 l4buf;
-			struct pt_l4 *l4 = bpf_dynptr_slice(&ptr, l4off, &l4buf, sizeof(l4buf));
-			if (l4) {
-				e->sport = l4->sport;
-				e->dport = l4->dport;
-				e->tcp_flags = l4->tcp_flags;
-			}
-		} else {
-			struct udphdr ubuf;
-			struct udphdr *udp = bpf_dynptr_slice(&ptr, l4off, &ubuf, sizeof(ubuf));
-			if (udp) {
-				e->sport = udp->source;
-				e->dport = udp->dest;
-			}
-		}
-	}
-
+	pt_set_tuple(e, &t);
 	const struct nf_hook_state *state = ctx->state;
 	struct net_device *dev = state->in ? state->in : state->out;
 	e->hook = state->hook;
@@ -70,11 +87,11 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point)
 SEC("netfilter")
 int pt_nf_before(struct bpf_nf_ctx *ctx)
 {
-	return pt_nf_observe(ctx, PT_NF_BEFORE);
+	return pt_nf_observe(ctx, PT_NF_BEFORE, true);
 }
 
 SEC("netfilter")
 int pt_nf_after(struct bpf_nf_ctx *ctx)
 {
-	return pt_nf_observe(ctx, PT_NF_AFTER);
+	return pt_nf_observe(ctx, PT_NF_AFTER, false);
 }

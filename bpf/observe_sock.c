@@ -2,11 +2,16 @@
  * raw sys_enter) against what the socket uses (cgroup connect4/sendmsg4 run
  * after every socket-LB program that precedes this observer in the cgroup
  * order), then the socket's first packet and its TCP SYN_SENT state, which tie
- * the socket cookie to the packet 4-tuple. x86-64 syscall numbers. */
+ * the socket cookie to the packet 4-tuple. x86-64 syscall numbers.
+ *
+ * They also teach the other points, in the kernel and before the packet
+ * reaches them: the backend a socket LB chose (watch_addrs) and the client
+ * endpoint of the first packet (watch_clients). */
 #include "observe.h"
 #include "headers/bpf_tracing.h"
 
 #define AF_INET 2
+#define AF_INET6 10
 #define SYS_CONNECT 42
 #define SYS_SENDTO 44
 #define SYS_SENDMSG 46
@@ -46,6 +51,42 @@ struct pt_sockaddr_in {
 	__u32 addr;
 };
 
+/* sockaddr_in6 up to the address. */
+struct pt_sockaddr_in6 {
+	__u16 family;
+	__u16 port;
+	__u32 flowinfo;
+	__u32 addr[4];
+};
+
+/* An IPv4-mapped IPv6 address (::ffff:a.b.c.d) is how dual-stack sockets
+ * (Go's and Java's defaults) reach IPv4 destinations. */
+static __always_inline bool pt_v4mapped(const __u32 addr[4])
+{
+	return addr[0] == 0 && addr[1] == 0 && addr[2] == bpf_htonl(0xffff);
+}
+
+/* pt_read_sockaddr reads an AF_INET or v4-mapped AF_INET6 user sockaddr;
+ * false for anything else. */
+static __always_inline bool pt_read_sockaddr(const void *uaddr, __u32 *addr, __u16 *port)
+{
+	struct pt_sockaddr_in sa;
+	if (bpf_probe_read_user(&sa, sizeof(sa), uaddr))
+		return false;
+	if (sa.family == AF_INET) {
+		*addr = sa.addr;
+		*port = sa.port;
+		return true;
+	}
+	struct pt_sockaddr_in6 sa6;
+	if (sa.family != AF_INET6 || bpf_probe_read_user(&sa6, sizeof(sa6), uaddr) ||
+	    !pt_v4mapped(sa6.addr))
+		return false;
+	*addr = sa6.addr[3];
+	*port = sa6.port;
+	return true;
+}
+
 SEC("raw_tracepoint/sys_enter")
 int pt_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -75,16 +116,16 @@ int pt_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	if (!uaddr)
 		return 0;
 
-	struct pt_sockaddr_in sa;
-	if (bpf_probe_read_user(&sa, sizeof(sa), uaddr) || sa.family != AF_INET ||
-	    !pt_watched(sa.addr))
+	__u32 daddr;
+	__u16 dport;
+	if (!pt_read_sockaddr(uaddr, &daddr, &dport) || !pt_watched(daddr))
 		return 0;
 
 	__u64 id = bpf_get_current_pid_tgid();
 	struct pt_request req = {
 		.ktime_ns = bpf_ktime_get_ns(),
-		.daddr = sa.addr,
-		.dport = sa.port,
+		.daddr = daddr,
+		.dport = dport,
 		.kind = kind,
 	};
 	bpf_map_update_elem(&req_dst, &id, &req, BPF_ANY);
@@ -105,11 +146,10 @@ static __always_inline void pt_set_task(struct pt_event *e, __u64 pid_tgid)
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 }
 
-static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind)
+/* pt_sock_addr observes a connect or sendmsg whose effective IPv4
+ * destination is daddr (the address every earlier sock_addr program left). */
+static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __u32 daddr)
 {
-	if (ctx->user_family != AF_INET)
-		return 1;
-
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 req_daddr = 0;
 	__u16 req_dport = 0;
@@ -122,9 +162,13 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind)
 		bpf_map_delete_elem(&req_dst, &id);
 	}
 
-	__u32 daddr = ctx->user_ip4;
-	if (!pt_watched(daddr) && !pt_watched(req_daddr))
+	bool req_watched = pt_watched(req_daddr);
+	if (!req_watched && !pt_watched(daddr))
 		return 1;
+	/* A socket LB rewrote a watched destination: follow the backend from
+	 * the connection's first packet on, at every later point. */
+	if (req_watched && daddr != req_daddr)
+		pt_learn_addr(daddr);
 
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	__u8 one = 1;
@@ -148,13 +192,28 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind)
 SEC("cgroup/connect4")
 int pt_connect4(struct bpf_sock_addr *ctx)
 {
-	return pt_sock_addr(ctx, PT_KIND_CONNECT);
+	if (ctx->user_family != AF_INET)
+		return 1;
+	return pt_sock_addr(ctx, PT_KIND_CONNECT, ctx->user_ip4);
+}
+
+/* A dual-stack socket connecting to ::ffff:a.b.c.d runs the connect6 hooks
+ * only. (Its unconnected UDP sends do run sendmsg4.) */
+SEC("cgroup/connect6")
+int pt_connect6(struct bpf_sock_addr *ctx)
+{
+	__u32 addr[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
+	if (ctx->user_family != AF_INET6 || !pt_v4mapped(addr))
+		return 1;
+	return pt_sock_addr(ctx, PT_KIND_CONNECT, addr[3]);
 }
 
 SEC("cgroup/sendmsg4")
 int pt_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return pt_sock_addr(ctx, PT_KIND_SENDMSG);
+	if (ctx->user_family != AF_INET)
+		return 1;
+	return pt_sock_addr(ctx, PT_KIND_SENDMSG, ctx->user_ip4);
 }
 
 /* The first packet a watched socket sends: its 4-tuple as it leaves the
@@ -170,6 +229,9 @@ int pt_sock_egress(struct __sk_buff *skb)
 	struct pt_tuple t;
 	if (pt_load_ipv4(skb, 0, &t) < 0)
 		return 1;
+	/* The source port is known from here on: later points follow the
+	 * client endpoint whatever its destination becomes. */
+	pt_learn_client(t.saddr, t.sport, t.proto);
 	struct pt_event *e = pt_reserve(PT_SOCKEGRESS);
 	if (!e)
 		return 1;
@@ -185,7 +247,9 @@ int pt_sock_egress(struct __sk_buff *skb)
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(pt_sock_state, const struct sock *sk, int oldstate, int newstate)
 {
-	if (newstate != TCP_SYN_SENT || sk->__sk_common.skc_family != AF_INET ||
+	/* AF_INET6 too: a dual-stack socket to ::ffff:a.b.c.d uses skc_daddr. */
+	__u16 family = sk->__sk_common.skc_family;
+	if (newstate != TCP_SYN_SENT || (family != AF_INET && family != AF_INET6) ||
 	    sk->sk_protocol != IPPROTO_TCP)
 		return 0;
 	__u32 daddr = sk->__sk_common.skc_daddr;

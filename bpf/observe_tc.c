@@ -9,7 +9,10 @@
 
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
-static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8 dir)
+/* learn: this observer is the first to see a flow from the Pod (head of
+ * ingress), so it records the client endpoint of packets to a watched
+ * address for the points after a possible rewrite. */
+static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8 dir, bool learn)
 {
 	struct ethhdr eth;
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
@@ -37,7 +40,11 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 		return TCX_NEXT;
 
 	struct pt_tuple t;
-	if (pt_load_ipv4(skb, off, &t) < 0 || (!pt_watched(t.daddr) && !pt_watched(t.saddr)))
+	if (pt_load_ipv4(skb, off, &t) < 0)
+		return TCX_NEXT;
+	if (learn && pt_watched(t.daddr))
+		pt_learn_client(t.saddr, t.sport, t.proto);
+	if (!pt_interesting(&t))
 		return TCX_NEXT;
 
 	struct pt_event *e = pt_reserve(point);
@@ -58,23 +65,23 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 SEC("tcx/ingress")
 int pt_tc_head_in(struct __sk_buff *skb)
 {
-	return pt_tc_observe(skb, PT_TC_HEAD, PT_DIR_IN);
+	return pt_tc_observe(skb, PT_TC_HEAD, PT_DIR_IN, true);
 }
 
 SEC("tcx/ingress")
 int pt_tc_tail_in(struct __sk_buff *skb)
 {
-	return pt_tc_observe(skb, PT_TC_TAIL, PT_DIR_IN);
+	return pt_tc_observe(skb, PT_TC_TAIL, PT_DIR_IN, false);
 }
 
 SEC("tcx/egress")
 int pt_tc_head_out(struct __sk_buff *skb)
 {
-	return pt_tc_observe(skb, PT_TC_HEAD, PT_DIR_OUT);
+	return pt_tc_observe(skb, PT_TC_HEAD, PT_DIR_OUT, false);
 }
 
 SEC("tcx/egress")
 int pt_tc_tail_out(struct __sk_buff *skb)
 {
-	return pt_tc_observe(skb, PT_TC_TAIL, PT_DIR_OUT);
+	return pt_tc_observe(skb, PT_TC_TAIL, PT_DIR_OUT, false);
 }

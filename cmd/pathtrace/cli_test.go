@@ -245,6 +245,9 @@ func checkFlow(t *testing.T, mode lab.Mode, f map[string]any, gwMAC string) {
 	if f["uplink_dst_mac"] != gwMAC {
 		t.Errorf("uplink_dst_mac = %v, want the gateway's %s: %s", f["uplink_dst_mac"], gwMAC, desc)
 	}
+	if f["uplink_dst_is_gateway"] != true {
+		t.Errorf("uplink_dst_is_gateway = %v, want true: %s", f["uplink_dst_is_gateway"], desc)
+	}
 	if f["reply"] != (mode != lab.ModeNowhere) {
 		t.Errorf("reply = %v in mode %s: %s", f["reply"], mode, desc)
 	}

@@ -1,5 +1,6 @@
 // Package capture taps interfaces with bounded AF_PACKET TPACKET_V3 rings and
-// an in-kernel classic BPF filter, and turns captured frames into
+// an in-kernel socket filter (classic BPF, or an eBPF program given by the
+// caller), and turns captured frames into
 // observations. It reads what only the tpacket header tells: the direction
 // (sll_pkttype), VLAN tags the kernel carries out of band (with their TPID),
 // and whether the L4 checksum is still to be filled in (CHECKSUM_PARTIAL).

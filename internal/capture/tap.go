@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -36,17 +37,23 @@ type Config struct {
 	Role   string // free label used in errors: "pod", "host", "uplink"
 
 	// Snaplen is the number of bytes kept per frame (default DefaultSnaplen):
-	// the filter's return value. A custom Filter brings its own, e.g.
-	// FilterFor(addrs, Snaplen).
+	// the filter's return value. A custom Filter or Program brings its own,
+	// e.g. FilterFor(addrs, Snaplen); Snaplen then only sizes the ring check.
 	Snaplen int
 	// RingBytes is the ring memory (default DefaultRingBytes, between
 	// MinRingBytes and MaxRingBytes). It is cut into blocks of at most
 	// 128 KiB (at least 4), each handed to Run when full or after 50 ms.
 	RingBytes int
-	// Filter is the classic BPF socket filter. nil means FilterFor(nil,
-	// Snaplen): accept nothing until SetFilter names the addresses. A tap
-	// never copies unfiltered traffic to user space.
+	// Filter is the classic BPF socket filter. nil (and no Program) means
+	// FilterFor(nil, Snaplen): accept nothing until SetFilter names the
+	// addresses. A tap never copies unfiltered traffic to user space.
 	Filter []bpf.RawInstruction
+	// Program, when set, is an eBPF socket filter (BPF_PROG_TYPE_SOCKET_FILTER)
+	// attached with SO_ATTACH_BPF instead of a classic Filter; its return
+	// value is the number of bytes kept. The socket takes its own reference:
+	// the caller may close Program after Open. Filter and Program exclude
+	// each other.
+	Program *ebpf.Program
 }
 
 // Stats are a tap's counters since Open. Nothing a tap loses goes uncounted:
@@ -119,6 +126,12 @@ func (c *Config) setDefaults() error {
 	if c.RingBytes < MinRingBytes || c.RingBytes > MaxRingBytes {
 		return fmt.Errorf("capture %s: ring of %d bytes, want %d..%d", c.name(), c.RingBytes, MinRingBytes, MaxRingBytes)
 	}
+	if c.Program != nil {
+		if c.Filter != nil {
+			return fmt.Errorf("capture %s: both a classic Filter and an eBPF Program given", c.name())
+		}
+		return nil
+	}
 	if c.Filter == nil {
 		f, err := FilterFor(nil, c.Snaplen)
 		if err != nil {
@@ -162,7 +175,11 @@ func (t *Tap) open() error {
 	if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VERSION, unix.TPACKET_V3); err != nil {
 		return fmt.Errorf("PACKET_VERSION TPACKET_V3: %w", err)
 	}
-	if err := attachFilter(fd, t.cfg.Filter); err != nil {
+	if t.cfg.Program != nil {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ATTACH_BPF, t.cfg.Program.FD()); err != nil {
+			return fmt.Errorf("SO_ATTACH_BPF (program fd %d): %w", t.cfg.Program.FD(), err)
+		}
+	} else if err := attachFilter(fd, t.cfg.Filter); err != nil {
 		return err
 	}
 	req := unix.TpacketReq3{
@@ -221,7 +238,8 @@ func (t *Tap) release() error {
 func (t *Tap) Ifindex() int { return t.ifindex }
 
 // SetFilter replaces the socket filter atomically (SO_ATTACH_FILTER swaps the
-// program in place): no frame is seen by neither or by both.
+// program in place): no frame is seen by neither or by both. On a tap opened
+// with an eBPF Program it replaces that program.
 func (t *Tap) SetFilter(prog []bpf.RawInstruction) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -355,3 +355,24 @@ func neighbourMAC(nl *netlink.Handle, index int, ip netip.Addr) string {
 	}
 	return ""
 }
+
+// RefreshGatewayMACs re-reads each Pod's gateway MAC from its neighbour table:
+// a Pod that had not talked to its gateway yet when discovery ran has resolved
+// it since.
+func RefreshGatewayMACs(node *NodeInfo) {
+	for i := range node.Pods {
+		p := &node.Pods[i]
+		if p.GatewayMAC != "" || !p.Gateway.IsValid() {
+			continue
+		}
+		ns, err := netns.GetFromPath(p.NetNS.Path)
+		if err != nil {
+			continue
+		}
+		if nl, err := netlink.NewHandleAt(ns); err == nil {
+			p.GatewayMAC = neighbourMAC(nl, p.Eth0.Ifindex, p.Gateway)
+			nl.Close()
+		}
+		ns.Close()
+	}
+}

@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 
@@ -169,6 +170,7 @@ func (e *Engine) SetCgroupSockPrograms(cgroup uint64, progs []SockProgram) {
 		e.cfg.Attribution.SockProgramsByCgroup = map[uint64][]SockProgram{}
 	}
 	e.cfg.Attribution.SockProgramsByCgroup[cgroup] = progs
+	e.gen++
 }
 
 // natHookOf is the NAT hook a flow went through: PREROUTING when it came in
@@ -193,4 +195,10 @@ func preferHook(rules []NATRule, hook string) []NATRule {
 		return rules
 	}
 	return kept
+}
+
+// SetGatewayMACs replaces the Pods' gateway MACs (discovery reads them again at
+// the end of a run: a Pod resolves its gateway with its first packet).
+func (e *Engine) SetGatewayMACs(macs []net.HardwareAddr) {
+	e.cfg.Attribution.GatewayMACs = macs
 }

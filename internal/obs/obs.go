@@ -146,6 +146,7 @@ type Observation struct {
 	TCPFlags uint8
 
 	// PointConntrack.
-	NATDst netip.AddrPort // reply source when it differs from Dst: the backend
-	CTMark uint32
+	NATDst   netip.AddrPort // reply source when it differs from Dst: the backend
+	CTMark   uint32
+	CTStatus uint32 // conntrack status bits (IPS_*: IPS_DST_NAT 0x20, IPS_CONFIRMED 0x8, ...)
 }

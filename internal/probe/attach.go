@@ -50,6 +50,7 @@ func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
 		point          obs.Point
 	}{
 		{"cgroup/connect4", "pt_connect4", ebpf.AttachCGroupInet4Connect, obs.PointSockAddr},
+		{"cgroup/connect6", "pt_connect6", ebpf.AttachCGroupInet6Connect, obs.PointSockAddr},
 		{"cgroup/sendmsg4", "pt_sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, obs.PointSockAddr},
 		{"cgroup_skb/egress", "pt_sock_egress", ebpf.AttachCGroupInetEgress, obs.PointSockEgress},
 	} {
@@ -150,7 +151,7 @@ func (p *Probe) attachTCX(netnsPath string, ifindex int, progName string, attach
 // NAT runs at priority -100 (NF_IP_PRI_NAT_DST) at PREROUTING and OUTPUT; the
 // observers take the closest free priorities on each side of it.
 const (
-	natPriority   = -100
+	natPriority    = -100
 	nfPrioAttempts = 32
 )
 

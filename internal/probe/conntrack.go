@@ -142,13 +142,14 @@ func (s *ctSubscription) stop() {
 func conntrackObservation(f conntrack.Flow, netns uint64, now time.Time) obs.Observation {
 	orig, reply := f.TupleOrig, f.TupleReply
 	o := obs.Observation{
-		Time:   now,
-		Point:  obs.PointConntrack,
-		Proto:  obs.Proto(orig.Proto.Protocol),
-		Src:    netip.AddrPortFrom(orig.IP.SourceAddress.Unmap(), orig.Proto.SourcePort),
-		Dst:    netip.AddrPortFrom(orig.IP.DestinationAddress.Unmap(), orig.Proto.DestinationPort),
-		NetNS:  netns,
-		CTMark: f.Mark,
+		Time:     now,
+		Point:    obs.PointConntrack,
+		Proto:    obs.Proto(orig.Proto.Protocol),
+		Src:      netip.AddrPortFrom(orig.IP.SourceAddress.Unmap(), orig.Proto.SourcePort),
+		Dst:      netip.AddrPortFrom(orig.IP.DestinationAddress.Unmap(), orig.Proto.DestinationPort),
+		NetNS:    netns,
+		CTMark:   f.Mark,
+		CTStatus: uint32(f.Status),
 	}
 	back := netip.AddrPortFrom(reply.IP.SourceAddress.Unmap(), reply.Proto.SourcePort)
 	if back.Addr().IsValid() && back != o.Dst {

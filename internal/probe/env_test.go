@@ -38,7 +38,7 @@ type testEnv struct {
 	clientNS, srvNS  string // /run/netns paths
 	clientIP, srvIP  netip.Addr
 	vip, lbVIP       netip.Addr
-	b0Index          int
+	a0Index, b0Index int
 	tcpPort, udpPort uint16 // service ports on the VIPs
 	backendTCP       netip.AddrPort
 	backendUDP       netip.AddrPort
@@ -149,6 +149,7 @@ func (e *testEnv) wire(t *testing.T) {
 		if side.dev == "b0" {
 			e.b0Index = l.Attrs().Index
 		} else {
+			e.a0Index = l.Attrs().Index
 			vipNet := netip.PrefixFrom(e.vip, 24).Masked()
 			r := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: e.srvIP.AsSlice(),
 				Dst: &net.IPNet{IP: vipNet.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)}}
@@ -269,7 +270,9 @@ func newCgroup(t *testing.T, name string) string {
 	return path
 }
 
-// Client actions of the child process: "tcp", "udpconn", "sendto", "sendmsg".
+// Client actions of the child process: "tcp", "tcp6" (a dual-stack socket to
+// ::ffff:addr), "udpconn", "sendto" (AF_INET socket), "sendmsg" (dual-stack
+// socket).
 const (
 	clientEnvNS      = "PTTEST_PROBE_CLIENT_NETNS"
 	clientEnvActions = "PTTEST_PROBE_CLIENT_ACTIONS" // "action=addr:port,..."
@@ -322,9 +325,13 @@ func clientAction(action string, to netip.AddrPort) error {
 	deadline := time.Now().Add(3 * time.Second)
 	buf := make([]byte, 64)
 	switch action {
-	case "tcp", "udpconn":
-		network := map[string]string{"tcp": "tcp", "udpconn": "udp"}[action]
-		c, err := net.DialTimeout(network, to.String(), 3*time.Second)
+	case "tcp", "tcp6", "udpconn":
+		network := map[string]string{"tcp": "tcp", "tcp6": "tcp", "udpconn": "udp"}[action]
+		d := net.Dialer{Timeout: 3 * time.Second}
+		if action == "tcp6" { // a wildcard IPv6 local address makes Go use a dual-stack socket
+			d.LocalAddr = &net.TCPAddr{IP: net.IPv6unspecified}
+		}
+		c, err := d.Dial(network, to.String())
 		if err != nil {
 			return err
 		}
@@ -342,7 +349,8 @@ func clientAction(action string, to netip.AddrPort) error {
 		}
 		return nil
 	case "sendto", "sendmsg":
-		c, err := net.ListenUDP("udp", nil)
+		network := map[string]string{"sendto": "udp4", "sendmsg": "udp"}[action]
+		c, err := net.ListenUDP(network, nil)
 		if err != nil {
 			return err
 		}

@@ -17,11 +17,14 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	observeSockMapEvents        = "events"
+	observeSockMapLearnErrors   = "learn_errors"
 	observeSockMapReqDst        = "req_dst"
 	observeSockMapRingbufLosses = "ringbuf_losses"
 	observeSockMapWatchAddrs    = "watch_addrs"
+	observeSockMapWatchClients  = "watch_clients"
 	observeSockMapWatchCookies  = "watch_cookies"
 	observeSockProgPtConnect4   = "pt_connect4"
+	observeSockProgPtConnect6   = "pt_connect6"
 	observeSockProgPtSendmsg4   = "pt_sendmsg4"
 	observeSockProgPtSockEgress = "pt_sock_egress"
 	observeSockProgPtSockState  = "pt_sock_state"
@@ -72,6 +75,7 @@ type observeSockSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeSockProgramSpecs struct {
 	PtConnect4   *ebpf.ProgramSpec `ebpf:"pt_connect4"`
+	PtConnect6   *ebpf.ProgramSpec `ebpf:"pt_connect6"`
 	PtSendmsg4   *ebpf.ProgramSpec `ebpf:"pt_sendmsg4"`
 	PtSockEgress *ebpf.ProgramSpec `ebpf:"pt_sock_egress"`
 	PtSockState  *ebpf.ProgramSpec `ebpf:"pt_sock_state"`
@@ -83,9 +87,11 @@ type observeSockProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeSockMapSpecs struct {
 	Events        *ebpf.MapSpec `ebpf:"events"`
+	LearnErrors   *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReqDst        *ebpf.MapSpec `ebpf:"req_dst"`
 	RingbufLosses *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	WatchAddrs    *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchClients  *ebpf.MapSpec `ebpf:"watch_clients"`
 	WatchCookies  *ebpf.MapSpec `ebpf:"watch_cookies"`
 }
 
@@ -117,18 +123,22 @@ func (o *observeSockObjects) Close() error {
 // It can be passed to loadObserveSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeSockMaps struct {
 	Events        *ebpf.Map `ebpf:"events"`
+	LearnErrors   *ebpf.Map `ebpf:"learn_errors"`
 	ReqDst        *ebpf.Map `ebpf:"req_dst"`
 	RingbufLosses *ebpf.Map `ebpf:"ringbuf_losses"`
 	WatchAddrs    *ebpf.Map `ebpf:"watch_addrs"`
+	WatchClients  *ebpf.Map `ebpf:"watch_clients"`
 	WatchCookies  *ebpf.Map `ebpf:"watch_cookies"`
 }
 
 func (m *observeSockMaps) Close() error {
 	return _ObserveSockClose(
 		m.Events,
+		m.LearnErrors,
 		m.ReqDst,
 		m.RingbufLosses,
 		m.WatchAddrs,
+		m.WatchClients,
 		m.WatchCookies,
 	)
 }
@@ -145,6 +155,7 @@ type observeSockVariables struct {
 // It can be passed to loadObserveSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeSockPrograms struct {
 	PtConnect4   *ebpf.Program `ebpf:"pt_connect4"`
+	PtConnect6   *ebpf.Program `ebpf:"pt_connect6"`
 	PtSendmsg4   *ebpf.Program `ebpf:"pt_sendmsg4"`
 	PtSockEgress *ebpf.Program `ebpf:"pt_sock_egress"`
 	PtSockState  *ebpf.Program `ebpf:"pt_sock_state"`
@@ -154,6 +165,7 @@ type observeSockPrograms struct {
 func (p *observeSockPrograms) Close() error {
 	return _ObserveSockClose(
 		p.PtConnect4,
+		p.PtConnect6,
 		p.PtSendmsg4,
 		p.PtSockEgress,
 		p.PtSockState,

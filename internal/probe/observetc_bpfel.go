@@ -17,8 +17,10 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	observeTCMapEvents        = "events"
+	observeTCMapLearnErrors   = "learn_errors"
 	observeTCMapRingbufLosses = "ringbuf_losses"
 	observeTCMapWatchAddrs    = "watch_addrs"
+	observeTCMapWatchClients  = "watch_clients"
 	observeTCProgPtTcHeadIn   = "pt_tc_head_in"
 	observeTCProgPtTcHeadOut  = "pt_tc_head_out"
 	observeTCProgPtTcTailIn   = "pt_tc_tail_in"
@@ -79,8 +81,10 @@ type observeTCProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeTCMapSpecs struct {
 	Events        *ebpf.MapSpec `ebpf:"events"`
+	LearnErrors   *ebpf.MapSpec `ebpf:"learn_errors"`
 	RingbufLosses *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	WatchAddrs    *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchClients  *ebpf.MapSpec `ebpf:"watch_clients"`
 }
 
 // observeTCVariableSpecs contains global variables before they are loaded into the kernel.
@@ -111,15 +115,19 @@ func (o *observeTCObjects) Close() error {
 // It can be passed to loadObserveTCObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeTCMaps struct {
 	Events        *ebpf.Map `ebpf:"events"`
+	LearnErrors   *ebpf.Map `ebpf:"learn_errors"`
 	RingbufLosses *ebpf.Map `ebpf:"ringbuf_losses"`
 	WatchAddrs    *ebpf.Map `ebpf:"watch_addrs"`
+	WatchClients  *ebpf.Map `ebpf:"watch_clients"`
 }
 
 func (m *observeTCMaps) Close() error {
 	return _ObserveTCClose(
 		m.Events,
+		m.LearnErrors,
 		m.RingbufLosses,
 		m.WatchAddrs,
+		m.WatchClients,
 	)
 }
 

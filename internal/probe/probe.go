@@ -44,15 +44,20 @@ type Stats struct {
 	ConntrackEvents uint64               // conntrack observations emitted
 	ConntrackErrors uint64               // netlink receive errors (ENOBUFS: events lost)
 	ConntrackDrops  uint64               // conntrack observations dropped: reader behind
+	LearnErrors     uint64               // in-kernel learning refused (watch_addrs full)
 }
 
 // Names of the maps the observer families share; each is created once per
-// Probe and handed to every family that uses it.
-var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "req_dst", "watch_cookies"}
+// Probe and handed to every family that uses it. watch_addrs and
+// watch_clients are also written by the observers themselves: what they learn
+// about a flow in the kernel reaches every later point, the taps' filter
+// included, before the flow's next packet does.
+var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_clients", "learn_errors",
+	"req_dst", "watch_cookies"}
 
 // Probe owns every map, program, link and socket of one session.
 type Probe struct {
-	sockSpec, tcSpec, nfSpec *ebpf.CollectionSpec
+	sockSpec, tcSpec, nfSpec, pktSpec *ebpf.CollectionSpec
 
 	mu       sync.Mutex
 	closed   bool
@@ -110,6 +115,9 @@ func New() (*Probe, error) {
 	if p.nfSpec, err = loadObserveNF(); err != nil {
 		return nil, fmt.Errorf("parse netfilter observers: %w", err)
 	}
+	if p.pktSpec, err = loadObservePkt(); err != nil {
+		return nil, fmt.Errorf("parse tap filter: %w", err)
+	}
 	// The socket object declares every shared map.
 	for _, name := range sharedMaps {
 		m, err := ebpf.NewMap(p.sockSpec.Maps[name])
@@ -149,15 +157,21 @@ func (p *Probe) isWatched(a netip.Addr) bool {
 	return p.watched[a.Unmap()]
 }
 
-// program returns the named program, loading it on first use with only the
-// maps it references, the shared ones replaced by this Probe's. Loading one
-// program at a time keeps one unsupported program from hiding the others.
-// Callers hold p.mu.
+// program returns the named program, loading it on first use. Callers hold
+// p.mu.
 func (p *Probe) program(spec *ebpf.CollectionSpec, name string) (*ebpf.Program, error) {
+	return p.cachedProgram(spec, name, name)
+}
+
+// cachedProgram returns the program kept under key, loading spec's program
+// name on first use with only the maps it references, the shared ones
+// replaced by this Probe's. Loading one program at a time keeps one
+// unsupported program from hiding the others. Callers hold p.mu.
+func (p *Probe) cachedProgram(spec *ebpf.CollectionSpec, key, name string) (*ebpf.Program, error) {
 	if p.closed {
 		return nil, errors.New("probe closed")
 	}
-	if prog := p.progs[name]; prog != nil {
+	if prog := p.progs[key]; prog != nil {
 		return prog, nil
 	}
 	replace := map[string]*ebpf.Map{}
@@ -183,7 +197,7 @@ func (p *Probe) program(spec *ebpf.CollectionSpec, name string) (*ebpf.Program, 
 		return nil, fmt.Errorf("info of %s: %w", name, err)
 	}
 	id, _ := info.ID()
-	p.progs[name] = prog
+	p.progs[key] = prog
 	p.progIDs = append(p.progIDs, id)
 	return prog, nil
 }
@@ -207,10 +221,16 @@ func (p *Probe) Stats() Stats {
 		LossesByPoint:   map[obs.Point]uint64{},
 	}
 	p.mu.Lock()
-	losses := p.maps["ringbuf_losses"]
+	losses, learnErrors := p.maps["ringbuf_losses"], p.maps["learn_errors"]
 	p.mu.Unlock()
-	if losses == nil {
+	if losses == nil || learnErrors == nil {
 		return s
+	}
+	var learnPerCPU []uint64
+	if err := learnErrors.Lookup(uint32(0), &learnPerCPU); err == nil {
+		for _, n := range learnPerCPU {
+			s.LearnErrors += n
+		}
 	}
 	for key := range uint32(bpfPointCount) {
 		var perCPU []uint64

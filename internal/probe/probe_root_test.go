@@ -2,6 +2,7 @@ package probe
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -59,6 +61,20 @@ func (c *collector) waitFor(t *testing.T, what string, pred func(obs.Observation
 	}
 }
 
+// waitCount waits until at least n observations match pred and returns them.
+func (c *collector) waitCount(t *testing.T, what string, n int, pred func(obs.Observation) bool) []obs.Observation {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got := c.matching(pred)
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d observations, want %d", what, len(got), n)
+		}
+	}
+}
+
 // startProbe creates a Probe watching addrs and runs it until the test ends.
 func startProbe(t *testing.T, addrs ...netip.Addr) (*Probe, *collector) {
 	t.Helper()
@@ -93,7 +109,7 @@ func mustAttach(t *testing.T, atts []Attachment) []Attachment {
 	return atts
 }
 
-// attachedLinks returns the IDs of the programs that links currently attach.
+// attachedPrograms returns the IDs of the programs that links currently attach.
 func attachedPrograms(t *testing.T) []ebpf.ProgramID {
 	t.Helper()
 	var ids []ebpf.ProgramID
@@ -164,7 +180,8 @@ func TestObserversBracketTraffic(t *testing.T) {
 
 	pid := uint32(env.runClient(t, cg,
 		"tcp="+vipTCP.String(), "udpconn="+vipUDP.String(),
-		"sendto="+vipUDP.String(), "sendmsg="+vipUDP.String(), "tcp="+lbTCP.String()))
+		"sendto="+vipUDP.String(), "sendmsg="+vipUDP.String(), "tcp="+lbTCP.String(),
+		"tcp6="+vipTCP.String()))
 	clientNS, _ := nsutil.Inode(env.clientNS)
 	srvNS, _ := nsutil.Inode(env.srvNS)
 	cgid := cgroupID(t, cg)
@@ -183,18 +200,19 @@ func TestObserversBracketTraffic(t *testing.T) {
 	if o := c.waitFor(t, "connect4 of connected UDP", sockAddr(obs.SockConnect, obs.UDP, vipUDP)); o.Dst != vipUDP {
 		t.Errorf("connected UDP: effective dst %v, want %v", o.Dst, vipUDP)
 	}
-	var sends []obs.Observation
-	for deadline := time.Now().Add(5 * time.Second); len(sends) < 2 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		sends = c.matching(sockAddr(obs.SockSendmsg, obs.UDP, vipUDP))
-	}
+	sends := c.waitCount(t, "sendmsg4 with the requested VIP from sendto and sendmsg", 2,
+		sockAddr(obs.SockSendmsg, obs.UDP, vipUDP))
 	if len(sends) != 2 {
-		t.Fatalf("sendmsg4 observations with the requested VIP from sendto and sendmsg: got %d, want 2", len(sends))
+		t.Errorf("%d sendmsg4 observations, want 2", len(sends))
 	}
 	for _, o := range sends {
 		if o.Dst != vipUDP {
 			t.Errorf("unconnected UDP: effective dst %v, want %v", o.Dst, vipUDP)
 		}
 	}
+	// Two TCP connections to the VIP: one from an AF_INET socket (connect4),
+	// one from a dual-stack socket to ::ffff:VIP (connect6).
+	c.waitCount(t, "connect of the dual-stack socket to ::ffff:VIP", 2, sockAddr(obs.SockConnect, obs.TCP, vipTCP))
 	lb := c.waitFor(t, "connect4 to the socket-LB VIP", sockAddr(obs.SockConnect, obs.TCP, lbTCP))
 	if lb.Dst != env.backendTCP {
 		t.Errorf("socket LB: effective dst %v, want the backend %v", lb.Dst, env.backendTCP)
@@ -267,8 +285,8 @@ func TestObserversBracketTraffic(t *testing.T) {
 	}
 
 	ids := p.OwnProgramIDs()
-	if len(ids) != 11 {
-		t.Errorf("%d own programs, want 11 (sys_enter, sock state, 3 cgroup, 4 tcx, 2 netfilter)", len(ids))
+	if len(ids) != 12 {
+		t.Errorf("%d own programs, want 12 (sys_enter, sock state, 4 cgroup, 4 tcx, 2 netfilter)", len(ids))
 	}
 	if err := p.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
@@ -323,11 +341,10 @@ func TestTwoProbesSideBySide(t *testing.T) {
 			t.Errorf("program %d of the second probe detached by closing the first", id)
 		}
 	}
-	before := len(seen[1].matching(func(o obs.Observation) bool { return o.Point == obs.PointTCHead }))
+	tcHead := func(o obs.Observation) bool { return o.Point == obs.PointTCHead }
+	before := len(seen[1].matching(tcHead))
 	env.runClient(t, cg, "tcp="+vipTCP.String())
-	seen[1].waitFor(t, "second probe still observing", func(o obs.Observation) bool {
-		return o.Point == obs.PointTCHead && len(seen[1].matching(func(o obs.Observation) bool { return o.Point == obs.PointTCHead })) > before
-	})
+	seen[1].waitCount(t, "second probe still observing", before+1, tcHead)
 	if err := probes[1].Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -396,6 +413,64 @@ func TestRingbufLossesCounted(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A frame sent with an in-band 802.1Q tag arrives with the tag moved out of
+// band (skb_vlan_untag runs before tc): the tc observers report it.
+func TestTCReportsVLANTag(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	p, c := startProbe(t, env.vip)
+	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+
+	hs, _ := nsHandle(t, env.srvNS)
+	b0, err := hs.LinkByName("b0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := taggedUDPFrame(b0.Attrs().HardwareAddr, 200, env.clientIP, env.vip, 4321, 53)
+	err = nsutil.Do(env.clientNS, func() error { return sendFrame(env.a0Index, frame) })
+	if err != nil {
+		t.Fatalf("send tagged frame: %v", err)
+	}
+	want := netip.AddrPortFrom(env.vip, 53)
+	for _, pt := range []obs.Point{obs.PointTCHead, obs.PointTCTail} {
+		o := c.waitFor(t, pt.String()+" of the tagged frame", func(o obs.Observation) bool {
+			return o.Point == pt && o.Dst == want
+		})
+		if o.VLAN != 200 || o.TPID != 0x8100 || o.Proto != obs.UDP || o.Src != netip.AddrPortFrom(env.clientIP, 4321) {
+			t.Errorf("%s: %+v, want VLAN 200 TPID 0x8100 from %v:4321", pt, o, env.clientIP)
+		}
+	}
+}
+
+// sendFrame writes frame as is to the interface ifindex of the caller's netns.
+func sendFrame(ifindex int, frame []byte) error {
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Sendto(fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: ifindex, Halen: 6})
+}
+
+// taggedUDPFrame builds Ethernet + 802.1Q + IPv4 + UDP (one payload byte).
+func taggedUDPFrame(dstMAC net.HardwareAddr, vlan uint16, src, dst netip.Addr, sport, dport uint16) []byte {
+	be := binary.BigEndian
+	f := append([]byte{}, dstMAC...)
+	f = append(f, 0x02, 0, 0, 0, 0, 1)
+	f = be.AppendUint16(f, 0x8100)
+	f = be.AppendUint16(f, vlan)
+	f = be.AppendUint16(f, 0x0800)
+	s4, d4 := src.As4(), dst.As4()
+	ip := []byte{0x45, 0, 0, 29, 0, 0, 0, 0, 64, 17, 0, 0}
+	ip = append(append(ip, s4[:]...), d4[:]...)
+	f = append(f, ip...)
+	f = be.AppendUint16(f, sport)
+	f = be.AppendUint16(f, dport)
+	f = be.AppendUint16(f, 9)
+	f = be.AppendUint16(f, 0)
+	return append(f, 'x')
 }
 
 func TestKernelFunctionProbesReport(t *testing.T) {

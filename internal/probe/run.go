@@ -34,14 +34,26 @@ func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
 	if err != nil {
 		return fmt.Errorf("open ring buffer: %w", err)
 	}
+	epoch, err := monotonicEpoch()
+	if err != nil {
+		rd.Close()
+		return err
+	}
+
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	wg.Add(2)
 	go func() {
+		defer wg.Done()
 		select {
 		case <-ctx.Done():
 		case <-p.closing:
 		}
-		rd.Close() // interrupts Read
+		rd.Close() // interrupts ReadInto
 	}()
 
 	var emitMu sync.Mutex
@@ -50,10 +62,8 @@ func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
 		defer emitMu.Unlock()
 		emit(o)
 	}
-	var ctWG sync.WaitGroup
-	ctWG.Add(1)
 	go func() {
-		defer ctWG.Done()
+		defer wg.Done()
 		for {
 			select {
 			case o := <-p.ctObs:
@@ -66,13 +76,7 @@ func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
 			}
 		}
 	}()
-	defer ctWG.Wait()
-	defer cancel()
 
-	epoch, err := monotonicEpoch()
-	if err != nil {
-		return err
-	}
 	var rec ringbuf.Record
 	for {
 		if err := rd.ReadInto(&rec); err != nil {

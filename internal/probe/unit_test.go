@@ -35,6 +35,7 @@ func ctFlow(src, dst, replySrc, replyDst string, proto uint8) conntrack.Flow {
 	f.TupleReply.IP.SourceAddress, f.TupleReply.IP.DestinationAddress = rs.Addr(), rd.Addr()
 	f.TupleReply.Proto = conntrack.ProtoTuple{Protocol: proto, SourcePort: rs.Port(), DestinationPort: rd.Port()}
 	f.Mark = 9
+	f.Status = conntrack.StatusConfirmed | conntrack.StatusDstNAT
 	return f
 }
 
@@ -47,10 +48,11 @@ func TestConntrackObservationDNAT(t *testing.T) {
 		Src:    netip.MustParseAddrPort("10.244.8.23:40000"),
 		Dst:    netip.MustParseAddrPort("10.120.0.80:80"),
 		NATDst: netip.MustParseAddrPort("10.244.20.31:3000"),
-		NetNS:  55, CTMark: 9,
+		NetNS:  55, CTMark: 9, CTStatus: 0x08 | 0x20, // IPS_CONFIRMED | IPS_DST_NAT
 	}
 	if o.Time != want.Time || o.Point != want.Point || o.Proto != want.Proto || o.Src != want.Src ||
-		o.Dst != want.Dst || o.NATDst != want.NATDst || o.NetNS != want.NetNS || o.CTMark != want.CTMark {
+		o.Dst != want.Dst || o.NATDst != want.NATDst || o.NetNS != want.NetNS || o.CTMark != want.CTMark ||
+		o.CTStatus != want.CTStatus {
 		t.Errorf("got %+v\nwant %+v", o, want)
 	}
 }

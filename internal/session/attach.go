@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
@@ -35,10 +37,18 @@ var rolePoint = map[string]obs.Point{
 	discover.RoleUplink: obs.PointUplink,
 }
 
-// openTaps opens one AF_PACKET ring per capture point, filtered in the kernel
-// to the watched addresses. Several Pods on one bridge share the uplink: it is
-// captured once.
-func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen int) ([]tap, []probe.Attachment) {
+// Notes telling which in-kernel filter a tap uses.
+const (
+	noteEBPFFilter    = "eBPF filter following learned flows"
+	noteClassicFilter = "classic BPF filter (VIPs and known backends)"
+)
+
+// openTaps opens one AF_PACKET ring per capture point, filtered in the
+// kernel: by prog (the probe's eBPF filter, which follows the flows the
+// observers learn in the kernel) when it loaded, else by a classic filter of
+// the watched addresses, which only widen() updates. Several Pods on one
+// bridge share the uplink: it is captured once.
+func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen int, prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
 	filter, ferr := capture.FilterFor(watch, snaplen)
 	var taps []tap
 	var atts []probe.Attachment
@@ -51,16 +61,33 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen int) ([]tap, 
 		}
 		seen[key] = true
 		att := probe.Attachment{Observer: "af_packet " + cp.Role, Where: fmt.Sprintf("%s (ifindex %d, netns %s)", cp.Ifname, cp.Ifindex, cp.NetNS), Point: rolePoint[cp.Role]}
-		if ferr != nil {
-			att.Err = ferr
-			atts = append(atts, att)
-			continue
+		cfg := capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen}
+		var t *capture.Tap
+		var err error
+		whyClassic := progErr
+		if prog != nil {
+			cfg.Program = prog
+			if t, err = capture.Open(cfg); err == nil {
+				att.Note = noteEBPFFilter
+			} else {
+				whyClassic, cfg.Program = err, nil
+			}
 		}
-		t, err := capture.Open(capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen, Filter: filter})
+		if t == nil {
+			if ferr != nil {
+				att.Err = ferr
+				atts = append(atts, att)
+				continue
+			}
+			cfg.Filter = filter
+			if t, err = capture.Open(cfg); err == nil {
+				att.Note = fmt.Sprintf("%s; eBPF filter unavailable: %v", noteClassicFilter, whyClassic)
+			}
+		}
 		if err != nil {
 			att.Err = err
 		} else {
-			taps = append(taps, tap{label: label, point: rolePoint[cp.Role], t: t})
+			taps = append(taps, tap{label: label, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil})
 		}
 		atts = append(atts, att)
 	}
@@ -116,12 +143,18 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 		a.IPVS = append(a.IPVS, flow.IPVSService{VIP: s.Service, Proto: protoOf(s.Proto), Scheduler: s.Scheduler, Backends: s.Backends})
 	}
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
+	a.GatewayMACs = gatewayMACs(node)
+	return a
+}
+
+func gatewayMACs(node *discover.NodeInfo) []net.HardwareAddr {
+	var macs []net.HardwareAddr
 	for _, p := range node.Pods {
 		if mac, err := net.ParseMAC(p.GatewayMAC); err == nil {
-			a.GatewayMACs = append(a.GatewayMACs, mac)
+			macs = append(macs, mac)
 		}
 	}
-	return a
+	return macs
 }
 
 func protoOf(s string) obs.Proto {
@@ -135,20 +168,22 @@ func protoOf(s string) obs.Proto {
 }
 
 // counters gathers packets per capture point and every loss counter.
-func counters(pr *probe.Probe, taps []tap, eng *flow.Engine) (packets, drops map[string]uint64) {
+func (tr *tracer) counters() (packets, drops map[string]uint64) {
 	packets, drops = map[string]uint64{}, map[string]uint64{}
-	for _, tp := range taps {
+	for _, tp := range tr.taps {
 		st := tp.t.Stats()
 		packets[tp.label] += st.Packets
 		drops[tp.label+" kernel_drops"] += st.KernelDrops
 		drops[tp.label+" decode_errors"] += st.DecodeErrors
 	}
-	ps := pr.Stats()
+	ps := tr.pr.Stats()
 	drops["ringbuf_losses"] = ps.RingbufLosses
+	drops["kernel_learn_errors"] = ps.LearnErrors
+	drops["filter_update_errors"] = tr.filterErrors
 	drops["event_decode_errors"] = ps.DecodeErrors
 	drops["conntrack_errors"] = ps.ConntrackErrors
 	drops["conntrack_drops"] = ps.ConntrackDrops
-	for k, v := range eng.Summary().Drops {
+	for k, v := range tr.eng.Summary().Drops {
 		drops[k] = v
 	}
 	return packets, drops

@@ -19,6 +19,7 @@ import (
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/obs"
 	"github.com/pathtrace/pathtrace/internal/probe"
+	"golang.org/x/net/bpf"
 )
 
 // Options say what to trace and for how long.
@@ -59,6 +60,10 @@ type tap struct {
 	label string
 	point obs.Point
 	t     *capture.Tap
+	// classic: the tap filters with a classic BPF program of the watched
+	// addresses, which widen() must replace as backends are learned. The
+	// eBPF filter reads the probe's maps and follows by itself.
+	classic bool
 }
 
 // Run traces until the duration elapses or ctx ends, then returns the report.
@@ -100,7 +105,8 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	atts := attachObservers(pr, node, cgroup)
 	atts = append(atts, probe.KernelFunctionProbes()...)
 
-	taps, tapAtts := openTaps(node, watch, opt.Snaplen)
+	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
+	taps, tapAtts := openTaps(node, watch, opt.Snaplen, tapProg, tapProgErr)
 	atts = append(atts, tapAtts...)
 	defer func() {
 		for _, tp := range taps {
@@ -127,10 +133,12 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res := &Result{Node: node, Attachments: atts}
 	res.StopReason = tr.run(ctx)
 	tr.attributeCgroups()
+	discover.RefreshGatewayMACs(node)
+	eng.SetGatewayMACs(gatewayMACs(node))
 
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
-	res.Packets, res.Drops = counters(pr, taps, eng)
+	res.Packets, res.Drops = tr.counters()
 	return res, nil
 }
 
@@ -143,6 +151,9 @@ type tracer struct {
 	watch      []netip.Addr
 	cgroupRoot string
 	cgroupDone map[uint64]bool
+	// filterErrors counts failed widenings (watch list or tap filter
+	// updates): each one may lose the packets of a learned backend.
+	filterErrors uint64
 }
 
 // run feeds every producer into the engine until the bound or ctx ends and
@@ -197,7 +208,7 @@ loop:
 			tr.attributeCgroups()
 			if tr.opt.Progress != nil {
 				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary()}
-				p.Packets, p.Drops = counters(tr.pr, tr.taps, tr.eng)
+				p.Packets, p.Drops = tr.counters()
 				tr.opt.Progress(p)
 			}
 		case <-timer:
@@ -246,8 +257,11 @@ func send(ctx context.Context, ch chan<- obs.Observation, o obs.Observation) {
 	}
 }
 
-// widen adds the backends the engine learned to the observers' watch list and
-// the taps' in-kernel filters, so post-rewrite packets are captured too.
+// widen adds the backends the engine learned to the observers' watch list
+// (which the eBPF tap filter shares) and to the classic tap filters, so
+// post-rewrite packets are captured too. The observers already learn most
+// of this in the kernel; widen covers what they could not (e.g. a backend
+// only conntrack named). Failures are counted, never ignored.
 func (tr *tracer) widen() {
 	seen := make(map[netip.Addr]bool, len(tr.watch))
 	for _, a := range tr.watch {
@@ -264,10 +278,20 @@ func (tr *tracer) widen() {
 		return
 	}
 	tr.watch = append(tr.watch, added...)
-	_ = tr.pr.Watch(added...)
-	if f, err := capture.FilterFor(tr.watch, tr.opt.Snaplen); err == nil {
-		for _, tp := range tr.taps {
-			_ = tp.t.SetFilter(f)
+	if err := tr.pr.Watch(added...); err != nil {
+		tr.filterErrors++
+	}
+	var f []bpf.RawInstruction
+	var ferr error
+	for _, tp := range tr.taps {
+		if !tp.classic {
+			continue
+		}
+		if f == nil && ferr == nil {
+			f, ferr = capture.FilterFor(tr.watch, tr.opt.Snaplen)
+		}
+		if ferr != nil || tp.t.SetFilter(f) != nil {
+			tr.filterErrors++
 		}
 	}
 }

@@ -1,0 +1,310 @@
+package probe
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// clientKey is struct pt_client as the kernel stores it.
+func clientKey(ap netip.AddrPort, proto obs.Proto) [8]byte {
+	var k [8]byte
+	a := ap.Addr().As4()
+	copy(k[:4], a[:])
+	binary.BigEndian.PutUint16(k[4:], ap.Port())
+	k[6] = byte(proto)
+	return k
+}
+
+func (p *Probe) hasAddr(t *testing.T, a netip.Addr) bool {
+	t.Helper()
+	var v uint8
+	return p.maps["watch_addrs"].Lookup(a.As4(), &v) == nil
+}
+
+func (p *Probe) hasClient(t *testing.T, ap netip.AddrPort, proto obs.Proto) bool {
+	t.Helper()
+	var v uint8
+	return p.maps["watch_clients"].Lookup(clientKey(ap, proto), &v) == nil
+}
+
+// The socket observers learn in the kernel, before the connection's first
+// packet: the backend a socket LB chose, and the client endpoint.
+func TestSocketObserversLearnBackendAndClient(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	cg := newCgroup(t, env.name)
+	lbTCP := netip.AddrPortFrom(env.lbVIP, env.tcpPort)
+	attachSocketLB(t, cg, lbTCP, env.backendTCP)
+
+	p, c := startProbe(t, env.lbVIP) // the backend is not named
+	mustAttach(t, p.AttachSocket(cg))
+	if p.hasAddr(t, env.srvIP) {
+		t.Fatal("backend watched before any connection")
+	}
+	env.runClient(t, cg, "tcp="+lbTCP.String())
+	// Nothing in user space adds addresses: only the kernel can have.
+	if !p.hasAddr(t, env.srvIP) {
+		t.Errorf("watch_addrs lacks the backend %v right after the socket LB rewrote the connect", env.srvIP)
+	}
+	if p.isWatched(env.srvIP) {
+		t.Errorf("backend %v in the user-space watch set: the test would not tell kernel learning", env.srvIP)
+	}
+	first := c.waitFor(t, "first packet of the LB connection", func(o obs.Observation) bool {
+		return o.Point == obs.PointSockEgress && o.Dst == env.backendTCP
+	})
+	if !p.hasClient(t, first.Src, obs.TCP) {
+		t.Errorf("watch_clients lacks the client endpoint %v of the first packet", first.Src)
+	}
+	if s := p.Stats(); s.LearnErrors != 0 {
+		t.Errorf("learn errors: %d", s.LearnErrors)
+	}
+}
+
+// clientUDP opens a UDP socket on an ephemeral port of the client netns.
+func (e *testEnv) clientUDP(t *testing.T) *net.UDPConn {
+	t.Helper()
+	var conn *net.UDPConn
+	if err := nsutil.Do(e.clientNS, func() error {
+		var err error
+		conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(e.clientIP, 0)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func sendUDP(t *testing.T, c *net.UDPConn, to netip.AddrPort, payload []byte) {
+	t.Helper()
+	if _, err := c.WriteToUDPAddrPort(payload, to); err != nil {
+		t.Fatalf("send to %v: %v", to, err)
+	}
+}
+
+// echoUDP sends to the UDP VIP and waits for the backend's echo, so the first
+// observer has seen the datagram to the VIP.
+func (e *testEnv) echoUDP(t *testing.T, c *net.UDPConn) {
+	t.Helper()
+	sendUDP(t, c, netip.AddrPortFrom(e.vip, e.udpPort), []byte("ping"))
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 64)
+	if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+		t.Fatalf("echo through the VIP: %v", err)
+	}
+}
+
+// The first tc observer (head of ingress) and the netfilter observer before
+// NAT learn the client endpoint of a datagram to a watched VIP; from then on
+// every observer reports that endpoint's packets to an address nobody named,
+// and nothing else.
+func TestObserversFollowLearnedClients(t *testing.T) {
+	for _, family := range []string{"tc", "netfilter"} {
+		t.Run(family, func(t *testing.T) {
+			needRoot(t)
+			env := newTestEnv(t)
+			env.serve(t)
+			p, c := startProbe(t, env.vip) // the backend is not watched
+			points := []obs.Point{obs.PointTCHead, obs.PointTCTail}
+			if family == "tc" {
+				mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+			} else {
+				mustAttach(t, p.AttachNetfilter(env.srvNS))
+				points = []obs.Point{obs.PointNFBefore, obs.PointNFAfter}
+			}
+			// An echo nobody named: no rule, no watch.
+			unwatched := netip.AddrPortFrom(env.srvIP, 7)
+			udpEcho(t, env.srvNS, unwatched)
+
+			stranger, learned := env.clientUDP(t), env.clientUDP(t)
+			sendUDP(t, stranger, unwatched, []byte("stranger"))
+			env.echoUDP(t, learned)
+			client := learned.LocalAddr().(*net.UDPAddr).AddrPort()
+			if !p.hasClient(t, client, obs.UDP) {
+				t.Fatalf("watch_clients lacks %v after its datagram to the VIP", client)
+			}
+			sendUDP(t, learned, unwatched, []byte("learned"))
+
+			for _, pt := range points {
+				c.waitFor(t, fmt.Sprintf("%s: learned client %v -> unwatched %v", pt, client, unwatched), func(o obs.Observation) bool {
+					return o.Point == pt && o.Src == client && o.Dst == unwatched && o.Proto == obs.UDP
+				})
+				c.waitFor(t, fmt.Sprintf("%s: reply of the unwatched %v to the learned client", pt, unwatched), func(o obs.Observation) bool {
+					return o.Point == pt && o.Src == unwatched && o.Dst == client
+				})
+			}
+			strangerAddr := stranger.LocalAddr().(*net.UDPAddr).AddrPort()
+			if got := c.matching(func(o obs.Observation) bool { return o.Src == strangerAddr || o.Dst == strangerAddr }); len(got) != 0 {
+				t.Errorf("traffic of an unlearned client to an unwatched address reported: %+v", got)
+			}
+			if p.hasClient(t, strangerAddr, obs.UDP) {
+				t.Errorf("unlearned client %v in watch_clients", strangerAddr)
+			}
+		})
+	}
+}
+
+// udpEcho answers every datagram to addr, in the netns at nsPath, until the
+// test ends.
+func udpEcho(t *testing.T, nsPath string, addr netip.AddrPort) {
+	t.Helper()
+	var pc *net.UDPConn
+	if err := nsutil.Do(nsPath, func() error {
+		var err error
+		pc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
+		return err
+	}); err != nil {
+		t.Fatalf("echo on %v: %v", addr, err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+}
+
+// packets collects what a tap delivers.
+type packets struct {
+	mu   sync.Mutex
+	seen []capture.Packet
+}
+
+func (r *packets) add(p *capture.Packet) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = append(r.seen, *p.Clone())
+}
+
+func (r *packets) all() []capture.Packet {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.seen)
+}
+
+func (r *packets) from(src netip.AddrPort) []capture.Packet {
+	var out []capture.Packet
+	for _, p := range r.all() {
+		if o, ok := p.Observation(obs.PointPod); ok && o.Src == src {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// The taps' eBPF filter shares the observers' maps: a client endpoint the tc
+// observer learned is followed to an address nobody named, watched
+// addresses are found behind in-band 802.1Q and QinQ tags, and everything
+// else stays in the kernel.
+func TestTapFilterFollowsLearnedClients(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	p, _ := startProbe(t, env.vip)
+	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0")) // the learner
+
+	const snaplen = 60
+	prog, err := p.TapFilter(snaplen)
+	if err != nil {
+		t.Fatalf("TapFilter: %v", err)
+	}
+	if again, err := p.TapFilter(snaplen); err != nil || again != prog {
+		t.Errorf("TapFilter(%d) twice: %v, %v; want the same program", snaplen, again, err)
+	}
+	// The client's TX tap runs before b0's tc ingress learns anything.
+	tap, err := capture.Open(capture.Config{NetNS: env.clientNS, Ifname: "a0", Role: "pod", Snaplen: snaplen, Program: prog})
+	if err != nil {
+		t.Fatalf("open tap: %v", err)
+	}
+	t.Cleanup(func() { tap.Close() })
+	var rec packets
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tap.Run(ctx, rec.add) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	hs, _ := nsHandle(t, env.srvNS)
+	b0, err := hs.LinkByName("b0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Frames written to a0 by another packet socket pass a0's TX tap.
+	inject := func(frame []byte) {
+		t.Helper()
+		if err := nsutil.Do(env.clientNS, func() error {
+			return sendFrame(env.a0Index, frame)
+		}); err != nil {
+			t.Fatalf("inject: %v", err)
+		}
+	}
+	mac := b0.Attrs().HardwareAddr
+	tagged := netip.AddrPortFrom(env.clientIP, 4321)
+	qinq := netip.AddrPortFrom(env.clientIP, 4322)
+	taggedOther := netip.AddrPortFrom(env.clientIP, 4323)
+	inject(taggedUDPFrame(mac, 200, tagged.Addr(), env.vip, tagged.Port(), 53))
+	inject(withOuterTag(taggedUDPFrame(mac, 200, qinq.Addr(), env.vip, qinq.Port(), 53), 0x88a8, 300))
+	inject(taggedUDPFrame(mac, 200, taggedOther.Addr(), env.srvIP, taggedOther.Port(), 9))
+
+	stranger, learned := env.clientUDP(t), env.clientUDP(t)
+	unwatched := netip.AddrPortFrom(env.srvIP, 9)
+	big := make([]byte, 100) // longer than snaplen
+	sendUDP(t, stranger, unwatched, big)
+	env.echoUDP(t, learned)
+	client := learned.LocalAddr().(*net.UDPAddr).AddrPort()
+	sendUDP(t, learned, unwatched, big)
+
+	deadline := time.Now().Add(5 * time.Second)
+	for len(rec.from(client)) < 2 || len(rec.from(qinq)) < 1 || len(rec.from(tagged)) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("tap delivered %d frames of the learned client (want its datagram to the VIP and to %v), %d tagged, %d QinQ",
+				len(rec.from(client)), unwatched, len(rec.from(tagged)), len(rec.from(qinq)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var toUnwatched bool
+	for _, pkt := range rec.from(client) {
+		o, _ := pkt.Observation(obs.PointPod)
+		if o.Dst == unwatched {
+			toUnwatched = true
+			if pkt.CapLen != snaplen || pkt.Len <= snaplen {
+				t.Errorf("frame of %d bytes captured %d, want the filter's snaplen %d", pkt.Len, pkt.CapLen, snaplen)
+			}
+		}
+	}
+	if !toUnwatched {
+		t.Errorf("the learned client's datagram to the unwatched %v was not delivered", unwatched)
+	}
+	strangerAddr := stranger.LocalAddr().(*net.UDPAddr).AddrPort()
+	for _, pkt := range rec.all() {
+		o, ok := pkt.Observation(obs.PointPod)
+		if !ok || o.Src == strangerAddr || o.Dst == strangerAddr || o.Src == taggedOther {
+			t.Errorf("unrelated frame delivered (ARP, IPv6, an unlearned client, an unwatched tagged frame): %x", pkt.Data)
+		}
+	}
+}
+
+// withOuterTag puts an outer tag (TPID tpid, VLAN vid) in front of frame's
+// first tag: QinQ.
+func withOuterTag(frame []byte, tpid, vid uint16) []byte {
+	out := append([]byte{}, frame[:12]...)
+	out = binary.BigEndian.AppendUint16(out, tpid)
+	out = binary.BigEndian.AppendUint16(out, vid)
+	return append(out, frame[12:]...)
+}
