@@ -40,8 +40,8 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, __u64); /* socket cookie */
-	__type(value, __u8);
+	__type(key, __u64);   /* socket cookie */
+	__type(value, __u32); /* netns inode of the socket's creator */
 } watch_cookies SEC(".maps");
 
 /* The first 8 bytes of a sockaddr_in: family, port, address. */
@@ -171,8 +171,8 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 		pt_learn_addr(daddr);
 
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	__u8 one = 1;
-	bpf_map_update_elem(&watch_cookies, &cookie, &one, BPF_ANY);
+	__u32 netns = pt_current_netns();
+	bpf_map_update_elem(&watch_cookies, &cookie, &netns, BPF_ANY);
 
 	struct pt_event *e = pt_reserve(PT_SOCKADDR);
 	if (!e)
@@ -222,8 +222,12 @@ SEC("cgroup_skb/egress")
 int pt_sock_egress(struct __sk_buff *skb)
 {
 	__u64 cookie = bpf_get_socket_cookie(skb);
-	if (!cookie || !bpf_map_lookup_elem(&watch_cookies, &cookie))
+	__u32 *watched = cookie ? bpf_map_lookup_elem(&watch_cookies, &cookie) : NULL;
+	if (!watched)
 		return 1;
+	/* The first packet can leave from softirq context (a retransmit): the
+	 * netns comes from the connect/sendmsg that watched the socket. */
+	__u32 netns = *watched;
 	bpf_map_delete_elem(&watch_cookies, &cookie);
 
 	struct pt_tuple t;
@@ -237,6 +241,7 @@ int pt_sock_egress(struct __sk_buff *skb)
 		return 1;
 	pt_set_tuple(e, &t);
 	e->cookie = cookie;
+	e->netns = netns;
 	e->len = skb->len;
 	bpf_ringbuf_submit(e, 0);
 	return 1;

@@ -123,8 +123,8 @@ func (f *traceFlags) validate() (session.Options, error) {
 	}
 	if f.podNetNS != "" {
 		selectors++
-		if err := mustExist("--pod-netns", f.podNetNS); err != nil {
-			return opt, err
+		if _, err := os.Stat(f.podNetNS); err != nil {
+			return opt, usagef("--pod-netns %s: %v; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", f.podNetNS, errors.Unwrap(err))
 		}
 		d.PodNetNS = f.podNetNS
 	}
@@ -133,7 +133,7 @@ func (f *traceFlags) validate() (session.Options, error) {
 		if f.podPID < 0 {
 			return opt, usagef("--pod-pid %d: not a process id", f.podPID)
 		}
-		if err := mustExist("--pod-pid", fmt.Sprintf("/proc/%d/ns/net", f.podPID)); err != nil {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", f.podPID)); err != nil {
 			return opt, usagef("--pod-pid %d: no such process", f.podPID)
 		}
 		d.PodPID = f.podPID
@@ -142,14 +142,14 @@ func (f *traceFlags) validate() (session.Options, error) {
 		return opt, usagef("--pod-ip, --pod-netns and --pod-pid select the same thing: give at most one")
 	}
 	if f.hostNetNS != "" {
-		if err := mustExist("--host-netns", f.hostNetNS); err != nil {
-			return opt, err
+		if _, err := os.Stat(f.hostNetNS); err != nil {
+			return opt, usagef("--host-netns %s: %v; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", f.hostNetNS, errors.Unwrap(err))
 		}
 		d.HostNetNS = f.hostNetNS
 	}
 	if f.cgroup != "" {
-		if err := mustExist("--cgroup", f.cgroup); err != nil {
-			return opt, err
+		if _, err := os.Stat(f.cgroup); err != nil {
+			return opt, usagef("--cgroup %s: %v; give a cgroup v2 directory (default: the cgroup2 root)", f.cgroup, errors.Unwrap(err))
 		}
 		d.Cgroup = f.cgroup
 	}
@@ -158,13 +158,6 @@ func (f *traceFlags) validate() (session.Options, error) {
 	opt.Snaplen = f.snaplen
 	opt.MaxFlows = f.maxFlows
 	return opt, nil
-}
-
-func mustExist(flag, path string) error {
-	if _, err := os.Stat(path); err != nil {
-		return usagef("%s %s: %v", flag, path, errors.Unwrap(err))
-	}
-	return nil
 }
 
 func version() string {

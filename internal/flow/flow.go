@@ -72,6 +72,9 @@ type Summary struct {
 	// Unmatched counts observations that no flow claimed within the reordering
 	// window (e.g. traffic to a backend that did not go through a VIP).
 	Unmatched uint64 `json:"unmatched"`
+	// OutOfScope counts socket-layer observations of clients outside the
+	// traced network namespaces, left out on purpose (set by the session).
+	OutOfScope uint64 `json:"out_of_scope,omitempty"`
 	// Observations counts observations per point name.
 	Observations map[string]uint64 `json:"observations"`
 }

@@ -88,6 +88,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 		return fmt.Errorf("write drops table: %w", err)
 	}
 	fmt.Fprintf(w, "\nObservations no flow claimed: %d\n", s.Unmatched)
+	if s.OutOfScope > 0 {
+		fmt.Fprintf(w, "Socket events of clients outside the traced netns (left out): %d\n", s.OutOfScope)
+	}
 	if stop != "" {
 		fmt.Fprintf(w, "Stopped: %s\n", stop)
 	}

@@ -129,7 +129,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		root = cgroup
 	}
-	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root}
+	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node)}
 	res := &Result{Node: node, Attachments: atts}
 	res.StopReason = tr.run(ctx)
 	tr.attributeCgroups()
@@ -154,6 +154,31 @@ type tracer struct {
 	// filterErrors counts failed widenings (watch list or tap filter
 	// updates): each one may lose the packets of a learned backend.
 	filterErrors uint64
+	// scope is the netns inodes of the traced Pods and the node: the socket
+	// observers are host-wide and would also report other netns' clients.
+	scope      map[uint64]bool
+	outOfScope uint64
+}
+
+// netnsScope is the set of network namespaces whose sockets are traced.
+func netnsScope(node *discover.NodeInfo) map[uint64]bool {
+	scope := map[uint64]bool{node.HostNetNS.Inode: true}
+	for _, p := range node.Pods {
+		scope[p.NetNS.Inode] = true
+	}
+	return scope
+}
+
+// add feeds the engine one observation that is within scope.
+func (tr *tracer) add(o obs.Observation) {
+	switch o.Point {
+	case obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress:
+		if o.NetNS != 0 && !tr.scope[o.NetNS] {
+			tr.outOfScope++
+			return
+		}
+	}
+	tr.eng.Add(o)
 }
 
 // run feeds every producer into the engine until the bound or ctx ends and
@@ -202,7 +227,7 @@ loop:
 			if !ok {
 				break loop
 			}
-			tr.eng.Add(o)
+			tr.add(o)
 		case <-tick.C:
 			tr.widen()
 			tr.attributeCgroups()
@@ -222,7 +247,7 @@ loop:
 	time.Sleep(200 * time.Millisecond)
 	cancel()
 	for o := range observations {
-		tr.eng.Add(o)
+		tr.add(o)
 	}
 	return stop
 }
