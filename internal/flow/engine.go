@@ -54,6 +54,9 @@ type Engine struct {
 	backends map[netip.Addr]bool
 	newest   time.Time
 	observed [256]uint64 // per obs.Point
+	// gen counts changes to what every verdict depends on besides the flow's
+	// own evidence (the active points, the attribution); see flowState.cached.
+	gen uint64
 
 	refused   map[flowKey]bool // bounded: distinct refused flows, as far as it holds
 	overMax   uint64
@@ -86,6 +89,9 @@ func NewEngine(cfg Config) *Engine {
 // Add feeds one observation. Observations may arrive out of time order by up
 // to a few seconds.
 func (e *Engine) Add(o obs.Observation) {
+	if e.observed[o.Point] == 0 {
+		e.gen++ // the point is active from now on
+	}
 	e.observed[o.Point]++
 	if o.Time.After(e.newest) {
 		e.newest = o.Time

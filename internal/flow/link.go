@@ -32,18 +32,14 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, re
 		return f, true, r
 	}
 	out := e.clients[clientKey{proto, src}]
-	for _, f := range out {
-		if f.hasBackend(dst) {
-			return f, false, linked
-		}
+	if f := withBackend(out, dst); f != nil {
+		return f, false, linked
 	}
 	var in []*flowState
 	if replies {
 		in = e.clients[clientKey{proto, dst}]
-		for _, f := range in {
-			if f.hasBackend(src) {
-				return f, true, linked
-			}
+		if f := withBackend(in, src); f != nil {
+			return f, true, linked
 		}
 	}
 	if f := soleWithoutBackend(out); f != nil {
@@ -55,6 +51,16 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, re
 		return f, true, linked
 	}
 	return nil, false, unlinked
+}
+
+// withBackend returns the flow known to use backend b.
+func withBackend(flows []*flowState, b netip.AddrPort) *flowState {
+	for _, f := range flows {
+		if f.hasBackend(b) {
+			return f
+		}
+	}
+	return nil
 }
 
 func soleWithoutBackend(flows []*flowState) *flowState {
@@ -140,7 +146,9 @@ func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs
 	if !isVIP {
 		e.learnBackend(f, dst, at)
 	}
-	f.cps[cp].see(isVIP, dst, from, at)
+	if f.cps[cp].see(isVIP, dst, from, at) {
+		f.evidenceChanged()
+	}
 }
 
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) {
@@ -201,8 +209,9 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	}
 	f.touch(o.Time)
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
-	if f.kind == 0 {
+	if f.kind == 0 && o.Kind != 0 {
 		f.kind = o.Kind
+		f.evidenceChanged()
 	}
 	f.count(pointKey{point: o.Point, src: o.Src, dst: o.Dst, reqDst: o.ReqDst}, 1, 0)
 	if o.ReqDst.IsValid() {
@@ -261,6 +270,7 @@ func (e *Engine) rekey(s *sockState) {
 		}
 		e.unindex(f)
 		f.client, f.cookie = s.src, 0
+		f.evidenceChanged()
 		if f.proto == 0 {
 			f.proto = s.proto
 		}
@@ -309,13 +319,19 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		return r == refused
 	}
 	f.touch(o.Time)
-	f.ctSeen = true
+	if !f.ctSeen {
+		f.ctSeen = true
+		f.evidenceChanged()
+	}
 	f.count(pointKey{point: o.Point, src: o.Src, dst: o.Dst, natDst: o.NATDst}, 1, 0)
 	e.sight(f, cpNFBefore, o.Dst, o.Point, o.Time)
 	final := o.Dst
 	if o.NATDst.IsValid() {
 		final = o.NATDst
-		f.ctNAT = f.ctNAT || o.Dst == f.service
+		if !f.ctNAT && o.Dst == f.service {
+			f.ctNAT = true
+			f.evidenceChanged()
+		}
 	}
 	e.sight(f, cpConfirm, final, o.Point, o.Time)
 	return true

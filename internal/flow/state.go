@@ -25,16 +25,20 @@ type sighting struct {
 	backendAddr          netip.AddrPort
 }
 
-func (s *sighting) see(isVIP bool, dst netip.AddrPort, from obs.Point, at time.Time) {
+// see records a sighting and reports whether it changed anything.
+func (s *sighting) see(isVIP bool, dst netip.AddrPort, from obs.Point, at time.Time) bool {
 	if isVIP {
-		if !s.vip || at.Before(s.vipAt) {
-			s.vip, s.vipFrom, s.vipAt = true, from, at
+		if s.vip && !at.Before(s.vipAt) {
+			return false
 		}
-		return
+		s.vip, s.vipFrom, s.vipAt = true, from, at
+		return true
 	}
-	if !s.backend || at.Before(s.backendAt) {
-		s.backend, s.backendFrom, s.backendAt, s.backendAddr = true, from, at, dst
+	if s.backend && !at.Before(s.backendAt) {
+		return false
 	}
+	s.backend, s.backendFrom, s.backendAt, s.backendAddr = true, from, at, dst
+	return true
 }
 
 func (s *sighting) merge(o sighting) {
@@ -109,7 +113,16 @@ type flowState struct {
 
 	uplink      uplinkFrame // request direction
 	uplinkReply uplinkFrame // reply direction: VLAN fallback when no request was seen there
+
+	// cached is the verdict as of engine generation cachedGen, valid while
+	// cachedOK: every change to the evidence decide reads clears cachedOK.
+	cached    verdict
+	cachedOK  bool
+	cachedGen uint64
 }
+
+// evidenceChanged drops the cached verdict.
+func (f *flowState) evidenceChanged() { f.cachedOK = false }
 
 func (f *flowState) key() clientKey { return clientKey{f.proto, f.client} }
 
@@ -142,6 +155,7 @@ func (f *flowState) addBackend(ap netip.AddrPort, at time.Time) bool {
 		if b.addr == ap {
 			if at.Before(b.at) {
 				f.backends[i].at = at
+				f.evidenceChanged() // the earliest backend may be another one now
 			}
 			return false
 		}
@@ -150,6 +164,7 @@ func (f *flowState) addBackend(ap netip.AddrPort, at time.Time) bool {
 		return false
 	}
 	f.backends = append(f.backends, backendSeen{ap, at})
+	f.evidenceChanged()
 	return true
 }
 
@@ -184,11 +199,13 @@ func (f *flowState) noteProc(pid uint32, comm string, cgroup uint64, at time.Tim
 	}
 	if f.procAt.IsZero() || at.Before(f.procAt) {
 		f.pid, f.comm, f.cgroup, f.procAt = pid, comm, cgroup, at
+		f.evidenceChanged() // the cgroup selects the sock_addr programs
 	}
 }
 
 // absorb merges o (the same flow, seen before its client port was known) into f.
 func (f *flowState) absorb(o *flowState) {
+	f.evidenceChanged()
 	if o.id < f.id {
 		f.id = o.id
 	}

@@ -1,0 +1,46 @@
+package export_test
+
+import (
+	"io"
+	"path/filepath"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/export"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// BenchmarkWritePacket writes uplink frames as captured with the default
+// snaplen (96 bytes, an out-of-band VLAN tag) with a verdict comment: the
+// per-packet cost of --pcap.
+func BenchmarkWritePacket(b *testing.B) {
+	frame := tcpFrame(1400)[:96]
+	comment := "flow 3 request to backend (after translation); rewritten_at=socket by=connect4 lab_sock4_connect (id 5); point=uplink"
+	for _, dst := range []string{"file", "stream"} {
+		b.Run(dst, func(b *testing.B) {
+			var w *export.Writer
+			var err error
+			if dst == "file" {
+				w, err = export.Create(filepath.Join(b.TempDir(), "bench.pcapng"), testIfaces, export.Limits{})
+			} else {
+				w, err = export.NewStream(io.Discard, testIfaces, export.Limits{})
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			p := packet(frame, obs.DirOut, tpid8021Q, 200)
+			p.Len = 1454
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if err := w.WritePacket(2, p, comment); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(w.Bytes())/float64(b.N), "file-B/op")
+			if err := w.Close(nil); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}

@@ -1,0 +1,133 @@
+package export
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+)
+
+// blockOut writes whole pcapng blocks so that the output never ends inside a
+// block, whenever the writing process dies.
+//
+// To a stream (file false) every block goes out in one Write at once.
+//
+// To the capture file it owns (file true), no write(2) crosses a page
+// boundary of the file, because the kernel copies a regular-file write page
+// (folio) by page and gives up between two pages when a fatal signal is
+// pending (mm/filemap.c generic_perform_write): SIGKILL during a write that
+// crosses a boundary leaves the first part of a block at the end of the
+// file; one within a page is all or nothing. So blocks are batched in memory
+// up to the end of the current page, and a block that would cross it starts
+// the next page, the rest of the current one taken by a filler block (a
+// block type for local use, which readers skip). The cost is the filler:
+// on average half a block per page.
+//
+// A block longer than a page less a filler's size (frames above ~4 KB: a
+// snaplen that large and jumbo or GSO frames) cannot avoid crossing; it is
+// written alone, with one write, and SIGKILL during those few microseconds
+// can still cut it. That is the residual risk.
+type blockOut struct {
+	w        io.Writer
+	file     bool
+	pageSize int64
+	off      int64  // bytes written to w
+	pending  []byte // whole blocks not written yet, within the page at off
+}
+
+// fillerType is a pcapng block type for local use (0x80000000 and up), which
+// readers skip: "PT" pad.
+const fillerType = 0x80005054
+
+// minBlock is the smallest pcapng block: type, length, length.
+const minBlock = 12
+
+// fillerBefore returns the size of the filler that must precede a block of n
+// bytes at the current position, 0 for none.
+//
+// Invariant: the free rest of the current page is 0 or at least minBlock, so
+// that a filler always fits.
+func (o *blockOut) fillerBefore(n int64) int64 {
+	if !o.file {
+		return 0
+	}
+	used := o.used()
+	free := o.pageSize - used
+	if n <= o.pageSize-minBlock || n == o.pageSize {
+		if n == free || n <= free-minBlock {
+			return 0
+		}
+		return free // start on the next page
+	}
+	// A block that crosses a boundary wherever it starts: it must not leave
+	// less than a filler's room on its last page.
+	if end := (used + n) % o.pageSize; end != 0 && o.pageSize-end < minBlock {
+		return minBlock
+	}
+	return 0
+}
+
+// put writes (or queues) the filler fillerBefore asked for, then the block,
+// and reports whether blocks are left pending (the caller flushes them
+// within flushInterval).
+func (o *blockOut) put(block []byte) (pending bool, err error) {
+	if !o.file {
+		return false, o.write(block)
+	}
+	if f := o.fillerBefore(int64(len(block))); f > 0 {
+		o.pending = appendFiller(o.pending, f)
+		if o.used() == 0 {
+			if err := o.flush(); err != nil { // the filler ended the page
+				return false, err
+			}
+		}
+	}
+	if o.used()+int64(len(block)) > o.pageSize {
+		// Crosses a boundary whatever we do: alone, in one write.
+		if err := o.flush(); err != nil {
+			return false, err
+		}
+		return false, o.write(block)
+	}
+	o.pending = append(o.pending, block...)
+	if o.used() == 0 {
+		return false, o.flush()
+	}
+	return true, nil
+}
+
+// used is how much of the current page the written and pending blocks fill.
+func (o *blockOut) used() int64 { return (o.off + int64(len(o.pending))) % o.pageSize }
+
+// appendFiller appends a skippable block of n bytes (n >= minBlock, a
+// multiple of 4).
+func appendFiller(b []byte, n int64) []byte {
+	b = binary.LittleEndian.AppendUint32(b, fillerType)
+	b = binary.LittleEndian.AppendUint32(b, uint32(n))
+	b = append(b, make([]byte, n-minBlock)...)
+	return binary.LittleEndian.AppendUint32(b, uint32(n))
+}
+
+func (o *blockOut) flush() error {
+	if len(o.pending) == 0 {
+		return nil
+	}
+	err := o.write(o.pending)
+	o.pending = o.pending[:0]
+	return err
+}
+
+// write writes whole blocks with one Write; after a failed write (a full
+// disk) it cuts the file back to the last whole block.
+func (o *blockOut) write(b []byte) error {
+	n, err := o.w.Write(b)
+	if err == nil {
+		o.off += int64(n)
+		return nil
+	}
+	if t, ok := o.w.(interface{ Truncate(int64) error }); ok && o.file && n > 0 {
+		if terr := t.Truncate(o.off); terr != nil {
+			return fmt.Errorf("%w (and cutting the partial block off failed: %v)", err, terr)
+		}
+	}
+	return err
+}

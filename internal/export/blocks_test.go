@@ -1,0 +1,121 @@
+package export
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+// recorder records each Write, like write(2) calls on the capture file.
+type recorder struct {
+	writes    [][]byte
+	failAfter int // fail the write that would exceed this many bytes (0: never)
+	size      int64
+	truncated int64
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.failAfter > 0 && r.size+int64(len(p)) > int64(r.failAfter) {
+		n := r.failAfter - int(r.size)
+		r.size += int64(n)
+		return n, errors.New("no space left on device")
+	}
+	r.writes = append(r.writes, bytes.Clone(p))
+	r.size += int64(len(p))
+	return len(p), nil
+}
+
+func (r *recorder) Truncate(n int64) error {
+	r.size, r.truncated = n, n
+	return nil
+}
+
+// block is a fake pcapng block of n bytes (type 6, as a packet).
+func block(n int, seq byte) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, 6)
+	b = binary.LittleEndian.AppendUint32(b, uint32(n))
+	b = append(b, bytes.Repeat([]byte{seq}, n-12)...)
+	return binary.LittleEndian.AppendUint32(b, uint32(n))
+}
+
+// TestPageContainedWrites: whatever the block sizes, every write stays within
+// one page, except one that is a single block too large for a page, the
+// blocks come out in order, and fillers are the only additions.
+func TestPageContainedWrites(t *testing.T) {
+	const page = 4096
+	rng := rand.New(rand.NewPCG(4, 2))
+	for round := range 50 {
+		rec := &recorder{}
+		o := blockOut{w: rec, file: true, pageSize: page}
+		var want [][]byte
+		maxSize := []int{200, 1600, 5000, 9000}[round%4]
+		for i := range 500 {
+			n := 12 + 4*rng.IntN(maxSize/4)
+			if i%97 == 0 {
+				n = page - 4*rng.IntN(3) // page-sized and the sizes that leave no room for a filler
+			}
+			b := block(n, byte(i))
+			before := o.off + int64(len(o.pending))
+			cost := o.fillerBefore(int64(n)) + int64(n)
+			if _, err := o.put(b); err != nil {
+				t.Fatal(err)
+			}
+			if after := o.off + int64(len(o.pending)); after-before != cost {
+				t.Fatalf("round %d block %d (%d bytes): grew by %d, fillerBefore promised %d", round, i, n, after-before, cost)
+			}
+			if free := page - o.used(); o.used() != 0 && free < minBlock {
+				t.Fatalf("round %d block %d: %d bytes left on the page, too few for a filler", round, i, free)
+			}
+			want = append(want, b)
+			if rng.IntN(10) == 0 {
+				o.flush() // the flush timer
+			}
+		}
+		if err := o.flush(); err != nil {
+			t.Fatal(err)
+		}
+		var off int64
+		for _, w := range rec.writes {
+			first, last := off/page, (off+int64(len(w))-1)/page
+			oneLargeBlock := int(binary.LittleEndian.Uint32(w[4:])) == len(w) && len(w) > page-minBlock && len(w) != page
+			if first != last && !oneLargeBlock {
+				t.Fatalf("round %d: a write of %d bytes at %d crosses a page boundary", round, len(w), off)
+			}
+			off += int64(len(w))
+		}
+		var got [][]byte
+		for rest := bytes.Join(rec.writes, nil); len(rest) > 0; {
+			n := binary.LittleEndian.Uint32(rest[4:])
+			if n < minBlock || binary.LittleEndian.Uint32(rest[n-4:]) != n {
+				t.Fatalf("round %d: bad block of %d bytes", round, n)
+			}
+			if binary.LittleEndian.Uint32(rest) != fillerType {
+				got = append(got, rest[:n])
+			}
+			rest = rest[n:]
+		}
+		if len(got) != len(want) || !bytes.Equal(bytes.Join(got, nil), bytes.Join(want, nil)) {
+			t.Fatalf("round %d: %d blocks came out, want the %d put in, in order", round, len(got), len(want))
+		}
+	}
+}
+
+// TestFailedWriteLeavesWholeBlocks: a write cut short (disk full) is cut
+// back to the last whole block.
+func TestFailedWriteLeavesWholeBlocks(t *testing.T) {
+	rec := &recorder{failAfter: 100}
+	o := blockOut{w: rec, file: true, pageSize: 4096}
+	o.put(block(64, 1))
+	if err := o.flush(); err != nil {
+		t.Fatal(err)
+	}
+	o.put(block(64, 2))
+	if err := o.flush(); err == nil {
+		t.Fatal("the failing write reported no error")
+	}
+	if rec.size != 64 || rec.truncated != 64 || o.off != 64 {
+		t.Errorf("after the failed write: file %d bytes (truncated to %d), offset %d; want 64", rec.size, rec.truncated, o.off)
+	}
+}

@@ -1,0 +1,105 @@
+package export
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// partialFile is the capture being written: an unnamed file until its header
+// is written, then PATH.partial, renamed to PATH by finish.
+type partialFile struct {
+	*os.File
+	path    string
+	partial string
+	unnamed bool // O_TMPFILE: named by publish
+}
+
+// createPartial refuses to overwrite PATH or PATH.partial. It creates the file
+// unnamed (O_TMPFILE) where the filesystem supports it, so that PATH.partial
+// never exists without a complete header; tmpfile false forces the fallback
+// (PATH.partial created directly, empty until the header is written).
+func createPartial(path string, tmpfile bool) (*partialFile, error) {
+	pf := &partialFile{path: path, partial: path + ".partial"}
+	if _, err := os.Lstat(path); err == nil {
+		return nil, fmt.Errorf("%s exists: pathtrace does not overwrite capture files", path)
+	}
+	if _, err := os.Lstat(pf.partial); err == nil {
+		return nil, fmt.Errorf("%s exists (left by an interrupted capture?): remove it or choose another file", pf.partial)
+	}
+	if tmpfile {
+		fd, err := unix.Open(filepath.Dir(path), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+		switch {
+		case err == nil:
+			pf.File, pf.unnamed = os.NewFile(uintptr(fd), pf.partial), true
+		case !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EINVAL):
+			return nil, fmt.Errorf("create %s: %w", pf.partial, err)
+		}
+	}
+	if pf.File == nil {
+		f, err := os.OpenFile(pf.partial, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("create %s: %w", pf.partial, err)
+		}
+		pf.File = f
+	}
+	// Captures hold payload: 0600 whatever the umask.
+	if err := pf.Chmod(0o600); err != nil {
+		pf.discard()
+		return nil, fmt.Errorf("chmod %s: %w", pf.partial, err)
+	}
+	return pf, nil
+}
+
+// publish gives an unnamed file its name PATH.partial.
+func (pf *partialFile) publish() error {
+	if !pf.unnamed {
+		return nil
+	}
+	proc := "/proc/self/fd/" + strconv.Itoa(int(pf.Fd()))
+	if err := unix.Linkat(unix.AT_FDCWD, proc, unix.AT_FDCWD, pf.partial, unix.AT_SYMLINK_FOLLOW); err != nil {
+		return fmt.Errorf("name the capture file %s: %w", pf.partial, err)
+	}
+	pf.unnamed = false
+	return nil
+}
+
+// finish makes the file durable and renames it to PATH, never over an
+// existing file.
+func (pf *partialFile) finish() error {
+	if err := pf.Sync(); err != nil {
+		pf.Close()
+		return fmt.Errorf("sync %s: %w", pf.partial, err)
+	}
+	if err := pf.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", pf.partial, err)
+	}
+	err := unix.Renameat2(unix.AT_FDCWD, pf.partial, unix.AT_FDCWD, pf.path, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		// No RENAME_NOREPLACE on this filesystem: link (which refuses an
+		// existing name), then drop the old one.
+		if err = os.Link(pf.partial, pf.path); err == nil {
+			err = os.Remove(pf.partial)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("rename %s to %s (the capture stays in %s): %w", pf.partial, pf.path, pf.partial, err)
+	}
+	if d, err := os.Open(filepath.Dir(pf.path)); err == nil {
+		d.Sync() // best effort: makes the rename durable
+		d.Close()
+	}
+	return nil
+}
+
+// discard closes and removes the file (a Create that failed).
+func (pf *partialFile) discard() {
+	pf.Close()
+	if !pf.unnamed {
+		os.Remove(pf.partial)
+	}
+}

@@ -1,0 +1,43 @@
+package export
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestCreatePartial covers both ways of creating the file: unnamed until
+// the header is written (O_TMPFILE), and the fallback for filesystems
+// without it.
+func TestCreatePartial(t *testing.T) {
+	for _, tmpfile := range []bool{true, false} {
+		path := filepath.Join(t.TempDir(), "cap.pcapng")
+		pf, err := createPartial(path, tmpfile)
+		if err != nil {
+			t.Fatalf("tmpfile %v: %v", tmpfile, err)
+		}
+		_, statErr := os.Stat(pf.partial)
+		if named := statErr == nil; named == tmpfile {
+			t.Errorf("tmpfile %v: %s exists before publish: %v", tmpfile, pf.partial, named)
+		}
+		if _, err := pf.WriteString("header"); err != nil {
+			t.Fatal(err)
+		}
+		if err := pf.publish(); err != nil {
+			t.Fatal(err)
+		}
+		if fi, err := os.Stat(pf.partial); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() != 6 {
+			t.Errorf("tmpfile %v: after publish %s: %v %v, want 6 bytes, mode 0600", tmpfile, pf.partial, fi, err)
+		}
+		if err := pf.finish(); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(path); err != nil || string(b) != "header" {
+			t.Errorf("tmpfile %v: %s holds %q (%v)", tmpfile, path, b, err)
+		}
+		if _, err := os.Stat(pf.partial); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("tmpfile %v: %s remains after finish", tmpfile, pf.partial)
+		}
+	}
+}

@@ -1,0 +1,359 @@
+// Package export writes what pathtrace captured as a pcapng file Wireshark
+// opens as is: one interface per capture point, VLAN tags back in the frames,
+// a direction flag and a comment on every packet, bounded in packets and
+// bytes, and readable at any moment, even after the writer was killed.
+package export
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/obs"
+	"golang.org/x/sys/unix"
+)
+
+// ErrLimit is returned by WritePacket once a bound of Limits is reached; the
+// packet was not written, nor will any later one be.
+var ErrLimit = errors.New("capture file limit reached")
+
+// Stop reasons (Writer.StopReason).
+const (
+	StopMaxPackets = "max-packets"
+	StopMaxBytes   = "max-bytes"
+)
+
+// flushInterval bounds how long a written packet may sit in memory before it
+// reaches a capture file.
+const flushInterval = 100 * time.Millisecond
+
+// Interface is one capture point, one pcapng interface (link type Ethernet).
+type Interface struct {
+	Name        string // e.g. "pod:eth0", "host:veth-a", "uplink:bond0"
+	Description string // e.g. "netns /run/netns/x, ifindex 2"
+	Snaplen     int    // bytes kept per frame, 0 = unlimited (see commonSnaplen)
+}
+
+// Limits bound a capture file; 0 means unbounded.
+type Limits struct {
+	MaxPackets uint64
+	// MaxBytes bounds the whole file: section header, interface descriptions,
+	// packets and the statistics written by Close.
+	MaxBytes int64
+}
+
+// InterfaceStats are one interface's counters, written by Close.
+type InterfaceStats struct {
+	Received uint64 // packets the capture point received
+	Dropped  uint64 // packets the kernel dropped (ring full)
+}
+
+// Writer writes one pcapng capture. It is safe for concurrent use.
+type Writer struct {
+	mu     sync.Mutex
+	ng     *pcapgo.NgWriter
+	block  bytes.Buffer // what ng encodes: one block at a time
+	out    blockOut
+	file   *partialFile // nil for a stream
+	flush  *time.Timer  // writes pending blocks of a file
+	ifaces []Interface
+	lim    Limits
+	start  time.Time
+
+	packets uint64
+	bytes   int64 // blocks accepted: written or pending
+	stop    string
+	err     error // the first failed write: the capture cannot go on
+	closed  bool
+}
+
+// Create starts a capture file at path, or streams to stdout when path is
+// "-" (every packet is written at once, for `--pcap - | wireshark -k -i -`).
+// A file is written as PATH.partial, mode 0600, renamed to PATH by Close;
+// Create refuses to overwrite PATH or a PATH.partial left behind. Packets
+// reach the file within 100 ms of WritePacket, in whole blocks only, so that
+// the file is readable at any moment, also after a SIGKILL; the one exception
+// is a frame above ~4 KB, which SIGKILL can cut during its write (blockOut).
+func Create(path string, ifaces []Interface, lim Limits) (*Writer, error) {
+	if path == "-" {
+		return NewStream(os.Stdout, ifaces, lim)
+	}
+	pf, err := createPartial(path, true)
+	if err != nil {
+		return nil, err
+	}
+	w, err := newWriter(pf.File, true, ifaces, lim)
+	if err == nil {
+		err = pf.publish()
+	}
+	if err != nil {
+		pf.discard()
+		return nil, err
+	}
+	w.file = pf
+	w.flush = time.AfterFunc(flushInterval, w.flushPending)
+	w.flush.Stop()
+	return w, nil
+}
+
+// NewStream writes a capture to s, each block with one Write as soon as it is
+// complete. Close does not close s.
+func NewStream(s io.Writer, ifaces []Interface, lim Limits) (*Writer, error) {
+	return newWriter(s, false, ifaces, lim)
+}
+
+// newWriter writes the section header and the interface descriptions.
+func newWriter(dst io.Writer, file bool, ifaces []Interface, lim Limits) (*Writer, error) {
+	if len(ifaces) == 0 {
+		return nil, errors.New("pcapng: no interface to capture on")
+	}
+	w := &Writer{
+		out:    blockOut{w: dst, file: file, pageSize: int64(os.Getpagesize())},
+		ifaces: append([]Interface(nil), ifaces...),
+		lim:    lim,
+		start:  time.Now(),
+	}
+	section := pcapgo.NgWriterOptions{SectionInfo: pcapgo.NgSectionInfo{
+		Hardware: runtime.GOARCH, OS: kernelName(), Application: "pathtrace",
+	}}
+	snaplen := commonSnaplen(ifaces)
+	ng, err := pcapgo.NewNgWriterInterface(&w.block, ngInterface(ifaces[0], snaplen), section)
+	if err != nil {
+		return nil, fmt.Errorf("pcapng header: %w", err)
+	}
+	w.ng = ng
+	for _, ifc := range ifaces[1:] {
+		if _, err := ng.AddInterface(ngInterface(ifc, snaplen)); err != nil {
+			return nil, fmt.Errorf("pcapng interface %s: %w", ifc.Name, err)
+		}
+	}
+	if err := ng.Flush(); err != nil {
+		return nil, fmt.Errorf("pcapng header: %w", err)
+	}
+	header := bytes.Clone(w.block.Bytes())
+	w.block.Reset()
+	for len(header) > 0 {
+		n := binary.LittleEndian.Uint32(header[4:8]) // each block's total length
+		w.block.Write(header[:n])
+		header = header[n:]
+		if err := w.commit(""); errors.Is(err, ErrLimit) {
+			return nil, fmt.Errorf("%w: the header alone exceeds the maximum of %d bytes", ErrLimit, lim.MaxBytes)
+		} else if err != nil {
+			return nil, err
+		}
+	}
+	if err := w.out.flush(); err != nil {
+		return nil, fmt.Errorf("write pcapng header: %w", err)
+	}
+	return w, nil
+}
+
+func ngInterface(ifc Interface, snaplen int) pcapgo.NgInterface {
+	return pcapgo.NgInterface{
+		Name:        ifc.Name,
+		Description: ifc.Description,
+		LinkType:    layers.LinkTypeEthernet,
+		SnapLength:  uint32(snaplen),
+	}
+}
+
+// commonSnaplen is the snaplen every interface declares: the largest (0 =
+// unlimited), because libpcap, hence tcpdump, refuses a file whose
+// interfaces differ in snaplen. Frames are still cut to their own
+// interface's snaplen.
+func commonSnaplen(ifaces []Interface) int {
+	snaplen := 0
+	for i, ifc := range ifaces {
+		if ifc.Snaplen <= 0 {
+			return 0
+		}
+		if i == 0 || ifc.Snaplen > snaplen {
+			snaplen = ifc.Snaplen
+		}
+	}
+	return snaplen
+}
+
+// kernelName is the section's OS, e.g. "Linux 6.18.0".
+func kernelName() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return runtime.GOOS
+	}
+	return unix.ByteSliceToString(u.Sysname[:]) + " " + unix.ByteSliceToString(u.Release[:])
+}
+
+// WritePacket writes p as seen on interface iface (an index into the
+// interfaces given to Create), with comment (none when empty). A VLAN tag the
+// kernel delivered out of band is written back into the frame (with its
+// TPID) and the lengths include it; the frame is then cut to the interface's
+// snaplen, as libpcap does. It returns ErrLimit when a bound of Limits stops
+// the capture (StopReason tells which); after the packet that reaches
+// MaxPackets, StopReason is already set, so the caller can stop at once.
+func (w *Writer) WritePacket(iface int, p *capture.Packet, comment string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.closed:
+		return errors.New("pcapng: write after Close")
+	case w.err != nil:
+		return w.err
+	case w.stop != "":
+		return ErrLimit
+	case iface < 0 || iface >= len(w.ifaces):
+		return fmt.Errorf("pcapng: no interface %d (have %d)", iface, len(w.ifaces))
+	}
+	frame := p.FrameWithTag()
+	length := p.Len + len(frame) - len(p.Data)
+	if snap := w.ifaces[iface].Snaplen; snap > 0 && len(frame) > snap {
+		frame = frame[:snap]
+	}
+	ci := gopacket.CaptureInfo{
+		Timestamp:      p.Time,
+		CaptureLength:  len(frame),
+		Length:         max(length, len(frame)),
+		InterfaceIndex: iface,
+	}
+	opts := pcapgo.NgPacketOptions{Flags: &pcapgo.NgEpbFlags{Direction: direction(p.Dir)}}
+	if comment != "" {
+		opts.Comments = []string{comment}
+	}
+	if err := w.ng.WritePacketWithOptions(ci, frame, opts); err != nil {
+		w.block.Reset()
+		return fmt.Errorf("pcapng: encode packet: %w", err)
+	}
+	if err := w.commit(StopMaxBytes); err != nil {
+		return err
+	}
+	w.packets++
+	if w.lim.MaxPackets > 0 && w.packets >= w.lim.MaxPackets {
+		w.stop = StopMaxPackets
+	}
+	return nil
+}
+
+func direction(d obs.Dir) pcapgo.NgEpbFlag {
+	switch d {
+	case obs.DirIn:
+		return pcapgo.NgEpbFlagDirectionInbound
+	case obs.DirOut:
+		return pcapgo.NgEpbFlagDirectionOutbound
+	}
+	return pcapgo.NgEpbFlagDirectionUnknown
+}
+
+// commit outputs the block ng just encoded when it fits under MaxBytes;
+// otherwise it drops it, records stop (when not empty) and returns ErrLimit.
+func (w *Writer) commit(stop string) error {
+	defer w.block.Reset()
+	if err := w.ng.Flush(); err != nil {
+		return fmt.Errorf("pcapng: encode: %w", err)
+	}
+	n := int64(w.block.Len())
+	n += w.out.fillerBefore(n)
+	if w.lim.MaxBytes > 0 && w.bytes+n > w.lim.MaxBytes {
+		if stop != "" {
+			w.stop = stop
+		}
+		return ErrLimit
+	}
+	pending, err := w.out.put(w.block.Bytes())
+	if err != nil {
+		w.err = fmt.Errorf("write pcapng: %w", err)
+		return w.err
+	}
+	w.bytes += n
+	if pending && w.flush != nil {
+		w.flush.Reset(flushInterval)
+	}
+	return nil
+}
+
+// flushPending runs flushInterval after a block was left pending.
+func (w *Writer) flushPending() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.out.flush(); err != nil && w.err == nil {
+		w.err = fmt.Errorf("write pcapng: %w", err)
+	}
+}
+
+// Packets is the number of packets written.
+func (w *Writer) Packets() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.packets
+}
+
+// Bytes is the size of the file so far (including what is about to be
+// flushed).
+func (w *Writer) Bytes() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.bytes
+}
+
+// StopReason is StopMaxPackets or StopMaxBytes once a bound stopped the
+// capture, "" otherwise.
+func (w *Writer) StopReason() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stop
+}
+
+// Close writes the statistics of each interface (stats[i] for interface i,
+// as far as stats goes) while they fit under MaxBytes, writes out what is
+// pending and, for a file, syncs it and renames PATH.partial to PATH. A
+// stream is not closed.
+func (w *Writer) Close(stats []InterfaceStats) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return errors.New("pcapng: Close called twice")
+	}
+	w.closed = true
+	if w.flush != nil {
+		w.flush.Stop()
+	}
+	err := w.err
+	if err == nil {
+		err = w.writeStats(stats)
+	}
+	if ferr := w.out.flush(); ferr != nil && err == nil {
+		err = fmt.Errorf("write pcapng: %w", ferr)
+	}
+	if w.file != nil {
+		// Only whole blocks are in the file, even after a failed write.
+		err = errors.Join(err, w.file.finish())
+	}
+	return err
+}
+
+func (w *Writer) writeStats(stats []InterfaceStats) error {
+	now := time.Now()
+	for i, s := range stats[:min(len(stats), len(w.ifaces))] {
+		if err := w.ng.WriteInterfaceStats(i, pcapgo.NgInterfaceStatistics{
+			LastUpdate: now, StartTime: w.start, EndTime: now,
+			PacketsReceived: s.Received, PacketsDropped: s.Dropped,
+		}); err != nil {
+			w.block.Reset()
+			return fmt.Errorf("pcapng: encode statistics: %w", err)
+		}
+		if err := w.commit(""); errors.Is(err, ErrLimit) {
+			return nil // no room left: the statistics are optional
+		} else if err != nil {
+			return err
+		}
+	}
+	return nil
+}

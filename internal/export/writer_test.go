@@ -1,0 +1,364 @@
+package export_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/export"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// written is one packet given to the writer and what must come back.
+type written struct {
+	iface   int
+	p       *capture.Packet
+	comment string
+	dirFlag pcapgo.NgEpbFlag
+}
+
+// roundTripPackets covers each interface, both directions, both TPIDs of an
+// out-of-band tag, no comment and no direction.
+func roundTripPackets() []written {
+	frame := tcpFrame(200)
+	return []written{
+		{0, packet(frame, obs.DirOut, 0, 0), "flow 1 request to VIP (before translation); point=pod", pcapgo.NgEpbFlagDirectionOutbound},
+		{1, packet(frame, obs.DirIn, 0, 0), "flow 1 request to VIP (before translation); point=host", pcapgo.NgEpbFlagDirectionInbound},
+		{2, packet(frame, obs.DirOut, tpid8021Q, 200), "flow 1 request to backend (after translation); rewritten_at=tc by=tcx ingress lab_tc (id 9); point=uplink", pcapgo.NgEpbFlagDirectionOutbound},
+		{2, packet(frame, obs.DirIn, tpid8021AD, 200), "flow 1 reply from backend (before reverse translation); point=uplink", pcapgo.NgEpbFlagDirectionInbound},
+		{0, packet(frame, obs.DirUnknown, 0, 0), "", pcapgo.NgEpbFlagDirectionUnknown},
+	}
+}
+
+func writeFile(t *testing.T, path string, lim export.Limits, pkts []written, stats []export.InterfaceStats) *export.Writer {
+	t.Helper()
+	w, err := export.Create(path, testIfaces, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, wp := range pkts {
+		if err := w.WritePacket(wp.iface, wp.p, wp.comment); err != nil {
+			t.Fatalf("packet %d: %v", i, err)
+		}
+	}
+	if err := w.Close(stats); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func TestRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rt.pcapng")
+	pkts := roundTripPackets()
+	stats := []export.InterfaceStats{{Received: 10, Dropped: 1}, {Received: 20}, {Received: 30, Dropped: 3}}
+	w := writeFile(t, path, export.Limits{}, pkts, stats)
+	rb, err := read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Packets() != uint64(len(pkts)) || len(rb.packets) != len(pkts) {
+		t.Fatalf("Packets() = %d, read %d, want %d", w.Packets(), len(rb.packets), len(pkts))
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Size() != w.Bytes() {
+		t.Errorf("file size %v (%v), Bytes() = %d", fi.Size(), err, w.Bytes())
+	}
+	if len(rb.ifaces) != len(testIfaces) {
+		t.Fatalf("read %d interfaces, want %d", len(rb.ifaces), len(testIfaces))
+	}
+	for i, want := range testIfaces {
+		got := rb.ifaces[i]
+		if got.Name != want.Name || got.Description != want.Description ||
+			got.LinkType != layers.LinkTypeEthernet || got.SnapLength != 262144 {
+			t.Errorf("interface %d = %q %q %v snaplen %d, want %+v Ethernet, the largest snaplen", i, got.Name, got.Description,
+				got.LinkType, got.SnapLength, want)
+		}
+		if s := got.Statistics; s.PacketsReceived != stats[i].Received || s.PacketsDropped != stats[i].Dropped {
+			t.Errorf("interface %d statistics received %d dropped %d, want %+v", i, s.PacketsReceived, s.PacketsDropped, stats[i])
+		}
+	}
+	for i, wp := range pkts {
+		checkPacket(t, i, rb.packets[i], wp)
+	}
+}
+
+// checkPacket compares a packet read back with the one written.
+func checkPacket(t *testing.T, i int, got readPacket, wp written) {
+	t.Helper()
+	if got.iface != wp.iface || got.direction != wp.dirFlag {
+		t.Errorf("packet %d: interface %d direction %d, want %d %d", i, got.iface, got.direction, wp.iface, wp.dirFlag)
+	}
+	if wantComments := []string{wp.comment}; wp.comment == "" && len(got.comments) != 0 ||
+		wp.comment != "" && !slices.Equal(got.comments, wantComments) {
+		t.Errorf("packet %d: comments %q, want %q", i, got.comments, wp.comment)
+	}
+	orig := wp.p.Data
+	wantLen, wantData := len(orig), orig
+	if wp.p.VLANOutOfBand {
+		wantLen += 4
+		tag := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, wp.p.TPID), wp.p.TCI)
+		wantData = slices.Concat(orig[:12], tag, orig[12:])
+	}
+	if snap := testIfaces[wp.iface].Snaplen; len(wantData) > snap {
+		wantData = wantData[:snap]
+	}
+	if got.len != wantLen || got.capLen != len(wantData) || !bytes.Equal(got.data, wantData) {
+		t.Errorf("packet %d: length %d captured %d, want %d %d (or the bytes differ)", i, got.len, got.capLen, wantLen, len(wantData))
+	}
+	dec := gopacket.NewPacket(got.data, layers.LayerTypeEthernet, gopacket.Default)
+	eth, _ := dec.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	dot1q, _ := dec.Layer(layers.LayerTypeDot1Q).(*layers.Dot1Q)
+	tcp, _ := dec.Layer(layers.LayerTypeTCP).(*layers.TCP)
+	switch {
+	case eth == nil || tcp == nil || tcp.DstPort != 80:
+		t.Errorf("packet %d: no Ethernet/TCP to port 80 decoded: %v", i, dec)
+	case !wp.p.VLANOutOfBand && dot1q != nil:
+		t.Errorf("packet %d: an untagged frame came back tagged", i)
+	case wp.p.VLANOutOfBand && (dot1q == nil || dot1q.VLANIdentifier != 200 || dot1q.Priority != 3 ||
+		uint16(eth.EthernetType) != wp.p.TPID || dot1q.Type != layers.EthernetTypeIPv4):
+		t.Errorf("packet %d: want VLAN 200 priority 3 under TPID %#x, decoded %v", i, wp.p.TPID, dec)
+	}
+}
+
+func TestMaxPackets(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "max.pcapng")
+	w, err := export.Create(path, testIfaces, export.Limits{MaxPackets: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := packet(tcpFrame(10), obs.DirOut, 0, 0)
+	for i := range 3 {
+		if err := w.WritePacket(0, p, ""); err != nil {
+			t.Fatalf("packet %d: %v", i, err)
+		}
+		if stop, want := w.StopReason(), map[bool]string{false: "", true: export.StopMaxPackets}[i == 2]; stop != want {
+			t.Errorf("after packet %d: StopReason %q, want %q", i, stop, want)
+		}
+	}
+	if err := w.WritePacket(0, p, ""); !errors.Is(err, export.ErrLimit) {
+		t.Errorf("packet beyond MaxPackets: %v, want ErrLimit", err)
+	}
+	if err := w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := readAll(path); n != 3 || err != nil {
+		t.Errorf("file holds %d packets (%v), want 3", n, err)
+	}
+}
+
+// TestMaxBytes: the file never exceeds MaxBytes and holds every packet that
+// fits, for every bound between the header size and the unbounded size.
+func TestMaxBytes(t *testing.T) {
+	dir := t.TempDir()
+	var pkts []written
+	for i := range 40 {
+		pkts = append(pkts, written{iface: i % 3, p: packet(tcpFrame(i*37%900), obs.DirOut, [3]uint16{0, tpid8021Q, tpid8021AD}[i%3], 200),
+			comment: "flow " + string(rune('a'+i%26))})
+	}
+	stats := make([]export.InterfaceStats, len(testIfaces))
+	// Unbounded: the size after each packet.
+	w, err := export.Create(filepath.Join(dir, "unbounded.pcapng"), testIfaces, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(nil)
+	sizes := []int64{w.Bytes()}
+	for _, wp := range pkts {
+		if err := w.WritePacket(wp.iface, wp.p, wp.comment); err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, w.Bytes())
+	}
+	for _, max := range []int64{sizes[0], sizes[0] + 3, sizes[1], sizes[7] - 1, sizes[7], sizes[20] + 50, sizes[len(sizes)-1] + 10} {
+		path := filepath.Join(dir, "bounded.pcapng")
+		os.Remove(path)
+		bw, err := export.Create(path, testIfaces, export.Limits{MaxBytes: max})
+		if err != nil {
+			t.Fatalf("MaxBytes %d: %v", max, err)
+		}
+		written := 0
+		for _, wp := range pkts {
+			err := bw.WritePacket(wp.iface, wp.p, wp.comment)
+			if errors.Is(err, export.ErrLimit) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			written++
+		}
+		fits := 0
+		for fits < len(pkts) && sizes[fits+1] <= max {
+			fits++
+		}
+		wantStop := ""
+		if fits < len(pkts) {
+			wantStop = export.StopMaxBytes
+		}
+		if written != fits || bw.StopReason() != wantStop || bw.Bytes() != sizes[fits] {
+			t.Errorf("MaxBytes %d: wrote %d packets, %d bytes, stop %q; want %d, %d, %q",
+				max, written, bw.Bytes(), bw.StopReason(), fits, sizes[fits], wantStop)
+		}
+		if err := bw.Close(stats); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(path)
+		if err != nil || fi.Size() > max || fi.Size() != bw.Bytes() {
+			t.Errorf("MaxBytes %d: file size %v (%v), Bytes() %d", max, fi.Size(), err, bw.Bytes())
+		}
+		if n, err := readAll(path); n != fits || err != nil {
+			t.Errorf("MaxBytes %d: file holds %d packets (%v), want %d", max, n, err, fits)
+		}
+	}
+}
+
+func TestMaxBytesBelowHeader(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tiny.pcapng")
+	if _, err := export.Create(path, testIfaces, export.Limits{MaxBytes: 64}); !errors.Is(err, export.ErrLimit) {
+		t.Errorf("Create with MaxBytes below the header: %v, want ErrLimit", err)
+	}
+	for _, p := range []string{path, path + ".partial"} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind (%v)", p, err)
+		}
+	}
+}
+
+// TestPartialThenRename: PATH.partial (mode 0600 whatever the umask, readable
+// within the flush interval) while writing, PATH after Close.
+func TestPartialThenRename(t *testing.T) {
+	old := syscall.Umask(0)
+	t.Cleanup(func() { syscall.Umask(old) })
+	path := filepath.Join(t.TempDir(), "cap.pcapng")
+	w, err := export.Create(path, testIfaces, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.Umask(old)
+	partial := path + ".partial"
+	if fi, err := os.Stat(partial); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("%s: %v %v, want mode 0600", partial, fi, err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s exists before Close (%v)", path, err)
+	}
+	if n, err := readAll(partial); n != 0 || err != nil {
+		t.Errorf("fresh %s: %d packets, %v; want a readable empty capture", partial, n, err)
+	}
+	if err := w.WritePacket(1, packet(tcpFrame(100), obs.DirIn, 0, 0), "x"); err != nil {
+		t.Fatal(err)
+	}
+	// The packet reaches the file without Close, within the flush interval.
+	deadline := time.Now().Add(5 * time.Second)
+	for n, _ := readAll(partial); n != 1; n, _ = readAll(partial) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the packet never reached %s before Close", partial)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(partial); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still exists after Close (%v)", partial, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s: %v %v, want mode 0600", path, fi, err)
+	}
+	if n, err := readAll(path); n != 1 || err != nil {
+		t.Errorf("%s: %d packets, %v; want 1", path, n, err)
+	}
+	if err := w.WritePacket(0, packet(tcpFrame(1), obs.DirIn, 0, 0), ""); err == nil {
+		t.Error("WritePacket after Close succeeded")
+	}
+}
+
+func TestRefusesToOverwrite(t *testing.T) {
+	dir := t.TempDir()
+	for _, existing := range []string{"cap.pcapng", "cap.pcapng.partial"} {
+		path := filepath.Join(dir, "cap.pcapng")
+		if err := os.WriteFile(filepath.Join(dir, existing), []byte("keep"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := export.Create(path, testIfaces, export.Limits{}); err == nil {
+			t.Errorf("Create over an existing %s succeeded", existing)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, existing)); string(b) != "keep" {
+			t.Errorf("%s was changed", existing)
+		}
+		os.Remove(filepath.Join(dir, existing))
+	}
+	// PATH appearing while the capture runs is not overwritten either.
+	path := filepath.Join(dir, "race.pcapng")
+	w, err := export.Create(path, testIfaces, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(nil); err == nil {
+		t.Error("Close renamed over a file created meanwhile")
+	}
+	if b, _ := os.ReadFile(path); string(b) != "keep" {
+		t.Error("the file created meanwhile was overwritten")
+	}
+	if n, err := readAll(path + ".partial"); err != nil || n != 0 {
+		t.Errorf("the capture was not kept in .partial: %d packets, %v", n, err)
+	}
+}
+
+// blockWrites records each Write of a stream.
+type blockWrites struct{ writes [][]byte }
+
+func (b *blockWrites) Write(p []byte) (int, error) {
+	b.writes = append(b.writes, bytes.Clone(p))
+	return len(p), nil
+}
+
+// TestStream: a stream gets each packet at once, as one Write of one block,
+// and reads back like a file.
+func TestStream(t *testing.T) {
+	var out blockWrites
+	w, err := export.NewStream(&out, testIfaces, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	headerWrites := len(out.writes) // the section header, one per interface
+	if headerWrites != 1+len(testIfaces) {
+		t.Errorf("header took %d writes, want %d", headerWrites, 1+len(testIfaces))
+	}
+	pkts := roundTripPackets()
+	for i, wp := range pkts {
+		if err := w.WritePacket(wp.iface, wp.p, wp.comment); err != nil {
+			t.Fatal(err)
+		}
+		if len(out.writes) != headerWrites+1+i {
+			t.Fatalf("packet %d: %d writes so far, want %d", i, len(out.writes), headerWrites+1+i)
+		}
+	}
+	for i, b := range out.writes {
+		if len(b) < 12 || binary.LittleEndian.Uint32(b[4:]) != uint32(len(b)) {
+			t.Errorf("write %d of %d bytes is not one whole block", i, len(b))
+		}
+	}
+	if err := w.Close([]export.InterfaceStats{{Received: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	rb, err := readFrom(bytes.NewReader(bytes.Join(out.writes, nil)))
+	if err != nil || len(rb.packets) != len(pkts) {
+		t.Fatalf("stream read back %d packets, %v", len(rb.packets), err)
+	}
+	for i, wp := range pkts {
+		checkPacket(t, i, rb.packets[i], wp)
+	}
+}

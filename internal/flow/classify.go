@@ -1,0 +1,93 @@
+package flow
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// Ref tells which flow a packet belongs to and the flow's verdict at the time
+// it was asked: what a capture file annotates each packet with.
+type Ref struct {
+	ID    int
+	Reply bool // the packet travels backend/VIP -> client
+	// Translated: the packet's service side is a backend, not the VIP: a
+	// request after the rewrite, a reply before it is translated back.
+	Translated bool
+	Verdict    Place // PlaceUnknown while the observations do not tell yet
+	By         string
+}
+
+// Classify finds the flow of a packet observation (Proto, Src, Dst) and its
+// current verdict without changing what the engine knows: it creates no flow
+// and learns no backend, so a packet is found once Add has seen it or a packet
+// like it. The verdict is cached per flow until its evidence changes, which
+// makes Classify a map lookup in the steady state.
+func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
+	if !o.Src.IsValid() || !o.Dst.IsValid() {
+		return Ref{}, false
+	}
+	var f *flowState
+	reply := false
+	switch {
+	case e.isService(o.Proto, o.Dst):
+		f = e.flowWithService(clientKey{o.Proto, o.Src}, o.Dst)
+	case e.isService(o.Proto, o.Src):
+		f, reply = e.flowWithService(clientKey{o.Proto, o.Dst}, o.Src), true
+	default:
+		if f = withBackend(e.clients[clientKey{o.Proto, o.Src}], o.Dst); f == nil {
+			f, reply = withBackend(e.clients[clientKey{o.Proto, o.Dst}], o.Src), true
+		}
+	}
+	if f == nil {
+		return Ref{}, false
+	}
+	serviceSide := o.Dst
+	if reply {
+		serviceSide = o.Src
+	}
+	v := e.cachedVerdict(f)
+	return Ref{ID: f.id, Reply: reply, Translated: serviceSide != f.service, Verdict: v.place, By: v.by}, true
+}
+
+// cachedVerdict is decide, recomputed only when the flow's evidence or the
+// engine's generation changed since the last call.
+func (e *Engine) cachedVerdict(f *flowState) verdict {
+	if !f.cachedOK || f.cachedGen != e.gen {
+		f.cached, f.cachedOK, f.cachedGen = e.decide(f), true, e.gen
+	}
+	return f.cached
+}
+
+// Comment renders the reference as a packet comment, e.g.
+// "flow 3 request to backend (after translation); rewritten_at=socket by=...; point=uplink".
+// The verdict is left out while it is unknown.
+func (r Ref) Comment(point string) string {
+	var b strings.Builder
+	b.WriteString("flow ")
+	b.WriteString(strconv.Itoa(r.ID))
+	switch {
+	case !r.Reply && !r.Translated:
+		b.WriteString(" request to VIP (before translation)")
+	case !r.Reply:
+		b.WriteString(" request to backend (after translation)")
+	case r.Translated:
+		b.WriteString(" reply from backend (before reverse translation)")
+	default:
+		b.WriteString(" reply from VIP (after reverse translation)")
+	}
+	if r.Verdict != "" && r.Verdict != PlaceUnknown {
+		b.WriteString("; rewritten_at=")
+		b.WriteString(string(r.Verdict))
+		if r.By != "" {
+			b.WriteString(" by=")
+			b.WriteString(r.By)
+		}
+	}
+	if point != "" {
+		b.WriteString("; point=")
+		b.WriteString(point)
+	}
+	return b.String()
+}

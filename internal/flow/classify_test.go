@@ -1,0 +1,216 @@
+package flow_test
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// TestVerdictCacheNeverStale feeds every scenario one observation at a time,
+// in every order, with every flow's verdict cached before each observation:
+// the cache must always equal a fresh decision.
+func TestVerdictCacheNeverStale(t *testing.T) {
+	scenarios, err := flowtest.LoadDir(scenarioDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range scenarios {
+		t.Run(s.Name, func(t *testing.T) {
+			for name, order := range orders(s) {
+				if order == nil {
+					order = make([]int, len(s.Observations))
+					for i := range order {
+						order[i] = i
+					}
+				}
+				e := flow.NewEngine(s.Config)
+				for step, i := range order {
+					e.Add(s.Observations[i])
+					if stale := e.StaleVerdicts(); len(stale) > 0 {
+						t.Fatalf("%s order, step %d: stale cached verdicts for flows %v", name, step, stale)
+					}
+					e.WarmVerdicts()
+				}
+			}
+		})
+	}
+}
+
+func TestVerdictCacheFollowsAttribution(t *testing.T) {
+	const cgroup = 77
+	e := flow.NewEngine(httpConfig(obs.PointSockAddr, obs.PointPod))
+	e.Add(obs.Observation{Time: flowtest.At(0), Point: obs.PointSockAddr, Kind: obs.SockConnect,
+		Proto: obs.TCP, Src: client, ReqDst: vip, Dst: backend, Cookie: 1, Cgroup: cgroup})
+	pkt := req(1, obs.PointPod, obs.DirOut, backend)
+	e.Add(pkt)
+	before, ok := e.Classify(pkt)
+	if !ok || before.Verdict != flow.PlaceSocket || before.By != "" {
+		t.Fatalf("before attribution: %+v %v, want socket without a rewriter", before, ok)
+	}
+	e.SetCgroupSockPrograms(cgroup, []flow.SockProgram{{AttachType: "connect4", Name: "lab_sock4", ID: 5}})
+	after, _ := e.Classify(pkt)
+	if after.By != "connect4 lab_sock4 (id 5)" {
+		t.Errorf("after attribution: by = %q, want the cgroup's connect4 program", after.By)
+	}
+	if stale := e.StaleVerdicts(); len(stale) > 0 {
+		t.Errorf("stale verdicts %v", stale)
+	}
+}
+
+// TestVerdictCacheFollowsActivePoints: a point's first observation changes
+// the verdicts of flows it never saw (here, why the VIP was not followed).
+func TestVerdictCacheFollowsActivePoints(t *testing.T) {
+	e := flow.NewEngine(httpConfig(obs.PointPod))
+	pkt := req(0, obs.PointPod, obs.DirOut, vip)
+	e.Add(pkt)
+	e.WarmVerdicts()
+	other := obs.Observation{Time: flowtest.At(1), Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.TCP,
+		Src: netip.MustParseAddrPort("10.244.8.24:40200"), Dst: vip}
+	e.Add(other) // the uplink is active from now on
+	if stale := e.StaleVerdicts(); len(stale) > 0 {
+		t.Errorf("stale verdicts %v after the uplink became active", stale)
+	}
+	if f := e.Flows()[0]; !strings.Contains(f.Reason, "the uplink never saw this flow") {
+		t.Errorf("reason %q does not say the active uplink missed the flow", f.Reason)
+	}
+}
+
+// TestVerdictCacheFollowsProcess: the cgroup learned later selects other
+// sock_addr programs.
+func TestVerdictCacheFollowsProcess(t *testing.T) {
+	const cgroup = 77
+	cfg := httpConfig(obs.PointSockAddr, obs.PointSockState)
+	cfg.Attribution.SockPrograms = []flow.SockProgram{{AttachType: "connect4", Name: "root_lb", ID: 4}}
+	cfg.Attribution.SockProgramsByCgroup = map[uint64][]flow.SockProgram{
+		cgroup: {{AttachType: "connect4", Name: "pod_lb", ID: 5}},
+	}
+	e := flow.NewEngine(cfg)
+	e.Add(obs.Observation{Time: flowtest.At(0), Point: obs.PointSockAddr, Kind: obs.SockConnect,
+		Proto: obs.TCP, ReqDst: vip, Dst: backend, Cookie: 1})
+	e.Add(obs.Observation{Time: flowtest.At(1), Point: obs.PointSockState, Proto: obs.TCP,
+		Src: client, Dst: backend, Cookie: 1})
+	e.WarmVerdicts()
+	// A later sighting at the same point: only the process is new.
+	e.Add(obs.Observation{Time: flowtest.At(2), Point: obs.PointSockState, Proto: obs.TCP,
+		Src: client, Dst: backend, Cookie: 1, Cgroup: cgroup, PID: 42})
+	if stale := e.StaleVerdicts(); len(stale) > 0 {
+		t.Errorf("stale verdicts %v after the cgroup was learned", stale)
+	}
+	if r, ok := e.Classify(req(2, obs.PointPod, obs.DirOut, backend)); !ok || !strings.Contains(r.By, "pod_lb") {
+		t.Errorf("Classify = %+v %v, want the cgroup's program pod_lb", r, ok)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	e := flow.NewEngine(httpConfig(obs.PointPod, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink))
+	podReq := req(0, obs.PointPod, obs.DirOut, vip)
+	uplinkReq := req(3, obs.PointUplink, obs.DirOut, backend)
+	uplinkReply := obs.Observation{Time: flowtest.At(4), Point: obs.PointUplink, Dir: obs.DirIn,
+		Proto: obs.TCP, Src: backend, Dst: client}
+	podReply := obs.Observation{Time: flowtest.At(5), Point: obs.PointPod, Dir: obs.DirIn,
+		Proto: obs.TCP, Src: vip, Dst: client}
+
+	if _, ok := e.Classify(podReq); ok {
+		t.Fatal("classified a packet of a flow the engine has not seen")
+	}
+	e.Add(podReq)
+	e.Add(req(1, obs.PointNFBefore, obs.DirUnknown, vip))
+
+	// The backend is not known yet: Classify must neither find nor learn it.
+	flowsBefore := e.Flows()
+	if _, ok := e.Classify(uplinkReq); ok {
+		t.Error("classified a packet to a backend the flow has not learned")
+	}
+	if got := e.Flows(); !reflect.DeepEqual(got, flowsBefore) || len(e.Backends()) != 0 {
+		t.Errorf("Classify changed the engine: flows %+v -> %+v, backends %v", flowsBefore, got, e.Backends())
+	}
+
+	r, ok := e.Classify(podReq)
+	if !ok || r.Reply || r.Translated || r.Verdict != flow.PlaceUnknown {
+		t.Errorf("pod request before NAT was seen: %+v %v", r, ok)
+	}
+	e.Add(req(2, obs.PointNFAfter, obs.DirUnknown, backend))
+	for _, o := range []obs.Observation{uplinkReq, uplinkReply, podReply} {
+		e.Add(o)
+	}
+	id := only(t, e).ID
+	for _, tc := range []struct {
+		name              string
+		o                 obs.Observation
+		reply, translated bool
+	}{
+		{"pod request", podReq, false, false},
+		{"uplink request", uplinkReq, false, true},
+		{"uplink reply", uplinkReply, true, true},
+		{"pod reply", podReply, true, false},
+	} {
+		r, ok := e.Classify(tc.o)
+		want := flow.Ref{ID: id, Reply: tc.reply, Translated: tc.translated, Verdict: flow.PlaceNetfilter}
+		if !ok || r != want {
+			t.Errorf("%s: Classify = %+v %v, want %+v", tc.name, r, ok, want)
+		}
+	}
+	stranger := obs.Observation{Point: obs.PointUplink, Proto: obs.TCP,
+		Src: netip.MustParseAddrPort("10.244.9.9:5555"), Dst: backend}
+	if _, ok := e.Classify(stranger); ok {
+		t.Error("classified another client's packet to the same backend")
+	}
+}
+
+func TestRefComment(t *testing.T) {
+	tests := []struct {
+		ref   flow.Ref
+		point string
+		want  string
+	}{
+		{flow.Ref{ID: 3, Translated: true, Verdict: flow.PlaceSocket, By: "connect4 lab_sock4_connect (id 5)"}, "uplink",
+			"flow 3 request to backend (after translation); rewritten_at=socket by=connect4 lab_sock4_connect (id 5); point=uplink"},
+		{flow.Ref{ID: 1, Verdict: flow.PlaceUnknown}, "pod",
+			"flow 1 request to VIP (before translation); point=pod"},
+		{flow.Ref{ID: 2, Reply: true, Translated: true, Verdict: flow.PlaceNowhere}, "",
+			"flow 2 reply from backend (before reverse translation); rewritten_at=nowhere"},
+		{flow.Ref{ID: 4, Reply: true, Verdict: flow.PlaceNetfilter, By: "nat"}, "host",
+			"flow 4 reply from VIP (after reverse translation); rewritten_at=netfilter by=nat; point=host"},
+	}
+	for _, tc := range tests {
+		if got := tc.ref.Comment(tc.point); got != tc.want {
+			t.Errorf("Comment(%q) = %q\n want %q", tc.point, got, tc.want)
+		}
+	}
+}
+
+// BenchmarkClassify looks up packets of established netfilter-mode flows, as
+// a capture writer does once per written packet.
+func BenchmarkClassify(b *testing.B) {
+	const nflows = 1000
+	e := flow.NewEngine(httpConfig(obs.PointPod, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink))
+	var pkts []obs.Observation
+	start := flowtest.At(0)
+	for i := range nflows {
+		src := netip.AddrPortFrom(client.Addr(), uint16(20000+i))
+		for _, o := range []obs.Observation{
+			{Point: obs.PointPod, Dir: obs.DirOut, Src: src, Dst: vip},
+			{Point: obs.PointNFBefore, Src: src, Dst: vip},
+			{Point: obs.PointNFAfter, Src: src, Dst: backend},
+			{Point: obs.PointUplink, Dir: obs.DirOut, Src: src, Dst: backend},
+			{Point: obs.PointUplink, Dir: obs.DirIn, Src: backend, Dst: src},
+		} {
+			o.Proto, o.Len, o.Time = obs.TCP, 100, start.Add(time.Duration(len(pkts))*time.Microsecond)
+			e.Add(o)
+			pkts = append(pkts, o)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if r, ok := e.Classify(pkts[i%len(pkts)]); !ok || r.Verdict != flow.PlaceNetfilter {
+			b.Fatalf("packet %d: %+v %v", i%len(pkts), r, ok)
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package incident
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// nftables writes the node netns's nftables ruleset: `nft list ruleset` when
+// nft is installed, else pathtrace's rendering of what netlink lists.
+func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
+	if moduleWouldLoad("nf_tables") {
+		fmt.Fprintln(w, "nf_tables is not loaded: no nftables ruleset (not listed: listing would load the module)")
+		return nil
+	}
+	if nft, err := exec.LookPath("nft"); err == nil {
+		fmt.Fprintf(w, "# %s list ruleset (in netns %s)\n", nft, s.hostPath)
+		err := runCommand(ctx, s.hostPath, w, nft, "list", "ruleset")
+		if err == nil {
+			return nil
+		}
+		fmt.Fprintf(w, "\n# %v\n# falling back to pathtrace's rendering from netlink\n", err)
+		w.notef("nft failed, rendered from netlink instead: %v", err)
+	} else {
+		fmt.Fprintln(w, "# nft is not installed: rendered by pathtrace from netlink (github.com/google/nftables)")
+	}
+	ns, err := netns.GetFromPath(s.hostPath)
+	if err != nil {
+		return fmt.Errorf("open node netns: %w", err)
+	}
+	defer ns.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		return fmt.Errorf("nftables netlink: %w", err)
+	}
+	return renderRuleset(w, conn)
+}
+
+// legacyFamily is one iptables-legacy address family.
+type legacyFamily struct {
+	namesFile string // lists the family's existing legacy tables
+	save      string // its save command
+}
+
+var legacyFamilies = [...]legacyFamily{
+	{"ip_tables_names", "iptables-legacy-save"},
+	{"ip6_tables_names", "ip6tables-legacy-save"},
+}
+
+// iptablesLegacy writes the legacy nat tables that already exist. Any read
+// through the legacy interface (iptables-legacy-save included) creates the
+// table it reads, so the list of existing tables is checked first.
+func (s *snapshot) iptablesLegacy(ctx context.Context, w *topicWriter) error {
+	for _, fam := range legacyFamilies {
+		fmt.Fprintf(w, "## %s -t nat\n", fam.save)
+		tables, err := legacyTables(s.hostPath, fam.namesFile)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			fmt.Fprintf(w, "no legacy tables: %s is absent (module not loaded)\n\n", fam.namesFile)
+			continue
+		case err != nil:
+			fmt.Fprintf(w, "not read: %v\n\n", err)
+			w.notef("%s not read: %v", fam.namesFile, err)
+			continue
+		}
+		fmt.Fprintf(w, "existing legacy tables: %s\n", orDash(strings.Join(tables, " ")))
+		if !containsString(tables, "nat") {
+			fmt.Fprintln(w, "no legacy nat table (not read: reading would create it)")
+			fmt.Fprintln(w)
+			continue
+		}
+		bin, err := exec.LookPath(fam.save)
+		if err != nil {
+			fmt.Fprintf(w, "the legacy nat table exists but %s is not installed: not read\n\n", fam.save)
+			w.notef("legacy nat table exists but %s is not installed", fam.save)
+			continue
+		}
+		if err := runCommand(ctx, s.hostPath, w, bin, "-t", "nat"); err != nil {
+			fmt.Fprintf(w, "not read: %v\n", err)
+			w.notef("%v", err)
+		}
+		fmt.Fprintln(w)
+	}
+	return nil
+}
+
+// legacyTables reads /proc/net/<file> of the netns at path: the thread's own
+// view (/proc/thread-self/net), since /proc/net follows the process's netns.
+func legacyTables(path, file string) ([]string, error) {
+	var b []byte
+	err := nsutil.Do(path, func() error {
+		var err error
+		b, err = os.ReadFile("/proc/thread-self/net/" + file)
+		return err
+	})
+	return strings.Fields(string(b)), err
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

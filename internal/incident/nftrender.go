@@ -1,0 +1,274 @@
+package incident
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/netip"
+	"reflect"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// nftLister is the read side of an nftables connection.
+type nftLister interface {
+	ListTables() ([]*nftables.Table, error)
+	ListChains() ([]*nftables.Chain, error)
+	GetRules(*nftables.Table, *nftables.Chain) ([]*nftables.Rule, error)
+	GetSets(*nftables.Table) ([]*nftables.Set, error)
+	GetSetElements(*nftables.Set) ([]nftables.SetElement, error)
+}
+
+// renderRuleset writes tables, sets, chains (type, hook, priority, policy) and
+// rules as their expressions, for nodes without the nft binary. Not nft's
+// syntax: the low-level expressions nft would decompile, one rule a line.
+func renderRuleset(w io.Writer, conn nftLister) error {
+	tables, err := conn.ListTables()
+	if err != nil {
+		return fmt.Errorf("list nftables tables: %w", err)
+	}
+	chains, err := conn.ListChains()
+	if err != nil {
+		return fmt.Errorf("list nftables chains: %w", err)
+	}
+	if len(tables) == 0 {
+		fmt.Fprintln(w, "no nftables tables")
+	}
+	for _, t := range tables {
+		fmt.Fprintf(w, "table %s %s {\n", familyName(t.Family), t.Name)
+		sets, err := conn.GetSets(t)
+		if err != nil {
+			fmt.Fprintf(w, "\t# sets not read: %v\n", err)
+		}
+		for _, set := range sets {
+			renderSet(w, conn, set)
+		}
+		for _, c := range chains {
+			if c.Table.Name != t.Name || c.Table.Family != t.Family {
+				continue
+			}
+			fmt.Fprintf(w, "\tchain %s {%s\n", c.Name, chainHeader(c))
+			rules, err := conn.GetRules(t, c)
+			if err != nil {
+				fmt.Fprintf(w, "\t\t# rules not read: %v\n", err)
+			}
+			for _, r := range rules {
+				fmt.Fprintf(w, "\t\t%s # handle %d\n", ruleString(r.Exprs), r.Handle)
+			}
+			fmt.Fprintln(w, "\t}")
+		}
+		fmt.Fprintln(w, "}")
+	}
+	return nil
+}
+
+func renderSet(w io.Writer, conn nftLister, set *nftables.Set) {
+	kind := "set"
+	if set.IsMap {
+		kind = "map"
+	}
+	fmt.Fprintf(w, "\t%s %s { type %s", kind, set.Name, set.KeyType.Name)
+	if set.IsMap {
+		fmt.Fprintf(w, " : %s", set.DataType.Name)
+	}
+	if set.Interval {
+		fmt.Fprint(w, "; flags interval")
+	}
+	elems, err := conn.GetSetElements(set)
+	if err != nil {
+		fmt.Fprintf(w, " } # elements not read: %v\n", err)
+		return
+	}
+	fmt.Fprint(w, "; elements = {")
+	for i, e := range elems {
+		if i > 0 {
+			fmt.Fprint(w, ",")
+		}
+		fmt.Fprintf(w, " %s", dataString(e.Key))
+		switch {
+		case e.VerdictData != nil:
+			fmt.Fprintf(w, " : %s", verdictString(e.VerdictData))
+		case len(e.Val) > 0:
+			fmt.Fprintf(w, " : %s", dataString(e.Val))
+		}
+		if e.IntervalEnd {
+			fmt.Fprint(w, " (interval end)")
+		}
+	}
+	fmt.Fprintln(w, " } }")
+}
+
+// chainHeader is "type nat hook prerouting priority -100 policy accept" for a
+// base chain, "" for a regular one.
+func chainHeader(c *nftables.Chain) string {
+	if c.Hooknum == nil {
+		return ""
+	}
+	s := fmt.Sprintf(" # type %s hook %s", c.Type, hookName(c.Table.Family, *c.Hooknum))
+	if c.Device != "" {
+		s += " device " + c.Device
+	}
+	if c.Priority != nil {
+		s += fmt.Sprintf(" priority %d", *c.Priority)
+	}
+	if c.Policy != nil {
+		s += " policy " + map[nftables.ChainPolicy]string{nftables.ChainPolicyDrop: "drop", nftables.ChainPolicyAccept: "accept"}[*c.Policy]
+	}
+	return s
+}
+
+func hookName(f nftables.TableFamily, h nftables.ChainHook) string {
+	if f == nftables.TableFamilyNetdev {
+		switch h {
+		case 0:
+			return "ingress"
+		case 1:
+			return "egress"
+		}
+	}
+	names := []string{"prerouting", "input", "forward", "output", "postrouting", "ingress"}
+	if int(h) < len(names) {
+		return names[h]
+	}
+	return fmt.Sprintf("hook%d", h)
+}
+
+func familyName(f nftables.TableFamily) string {
+	switch f {
+	case nftables.TableFamilyIPv4:
+		return "ip"
+	case nftables.TableFamilyIPv6:
+		return "ip6"
+	case nftables.TableFamilyINet:
+		return "inet"
+	case nftables.TableFamilyBridge:
+		return "bridge"
+	case nftables.TableFamilyARP:
+		return "arp"
+	case nftables.TableFamilyNetdev:
+		return "netdev"
+	}
+	return fmt.Sprintf("family%d", f)
+}
+
+func ruleString(exprs []expr.Any) string {
+	parts := make([]string, len(exprs))
+	for i, e := range exprs {
+		parts[i] = exprString(e)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// exprString renders one expression; the ones NAT attribution turns on are
+// spelled out, the rest printed field by field.
+func exprString(e expr.Any) string {
+	switch e := e.(type) {
+	case *expr.Meta:
+		if e.SourceRegister {
+			return fmt.Sprintf("meta set %s <= reg %d", metaKey(e.Key), e.Register)
+		}
+		return fmt.Sprintf("meta %s => reg %d", metaKey(e.Key), e.Register)
+	case *expr.Payload:
+		base := map[expr.PayloadBase]string{expr.PayloadBaseLLHeader: "link", expr.PayloadBaseNetworkHeader: "network",
+			expr.PayloadBaseTransportHeader: "transport"}[e.Base]
+		if e.OperationType == expr.PayloadWrite {
+			return fmt.Sprintf("payload write reg %d => %s header +%d len %d", e.SourceRegister, base, e.Offset, e.Len)
+		}
+		return fmt.Sprintf("payload %s header +%d len %d => reg %d", base, e.Offset, e.Len, e.DestRegister)
+	case *expr.Cmp:
+		op := map[expr.CmpOp]string{expr.CmpOpEq: "==", expr.CmpOpNeq: "!=", expr.CmpOpLt: "<",
+			expr.CmpOpLte: "<=", expr.CmpOpGt: ">", expr.CmpOpGte: ">="}[e.Op]
+		return fmt.Sprintf("cmp reg %d %s %s", e.Register, op, dataString(e.Data))
+	case *expr.Bitwise:
+		return fmt.Sprintf("bitwise reg %d & %s ^ %s => reg %d", e.SourceRegister, dataString(e.Mask), dataString(e.Xor), e.DestRegister)
+	case *expr.Immediate:
+		return fmt.Sprintf("immediate %s => reg %d", dataString(e.Data), e.Register)
+	case *expr.Verdict:
+		return verdictString(e)
+	case *expr.Lookup:
+		s := fmt.Sprintf("lookup reg %d in @%s", e.SourceRegister, e.SetName)
+		if e.Invert {
+			s = fmt.Sprintf("lookup reg %d not in @%s", e.SourceRegister, e.SetName)
+		}
+		if e.IsDestRegSet {
+			s += fmt.Sprintf(" => reg %d", e.DestRegister)
+		}
+		return s
+	case *expr.NAT:
+		kind := map[expr.NATType]string{expr.NATTypeDestNAT: "dnat", expr.NATTypeSourceNAT: "snat"}[e.Type]
+		s := fmt.Sprintf("%s addr reg %d", orDash(kind), e.RegAddrMin)
+		if e.RegProtoMin != 0 {
+			s += fmt.Sprintf(" port reg %d", e.RegProtoMin)
+		}
+		return s
+	case *expr.Counter:
+		return fmt.Sprintf("counter packets %d bytes %d", e.Packets, e.Bytes)
+	}
+	v := reflect.ValueOf(e)
+	if v.Kind() == reflect.Pointer && !v.IsNil() {
+		v = v.Elem()
+	}
+	return fmt.Sprintf("%s %+v", strings.ToLower(v.Type().Name()), v.Interface())
+}
+
+func verdictString(v *expr.Verdict) string {
+	switch v.Kind {
+	case expr.VerdictAccept:
+		return "accept"
+	case expr.VerdictDrop:
+		return "drop"
+	case expr.VerdictReturn:
+		return "return"
+	case expr.VerdictContinue:
+		return "continue"
+	case expr.VerdictJump:
+		return "jump " + v.Chain
+	case expr.VerdictGoto:
+		return "goto " + v.Chain
+	case expr.VerdictQueue:
+		return "queue"
+	}
+	return fmt.Sprintf("verdict %d %s", v.Kind, v.Chain)
+}
+
+// dataString shows register data in hex, with the reading a rule about
+// Services most likely means: an IPv4 address for 4 bytes, a port (network
+// byte order) for 2.
+func dataString(b []byte) string {
+	s := "0x" + hex.EncodeToString(b)
+	switch len(b) {
+	case 2:
+		s += fmt.Sprintf(" (%d)", binary.BigEndian.Uint16(b))
+	case 4:
+		s += fmt.Sprintf(" (%s)", netip.AddrFrom4([4]byte(b)))
+	case 16:
+		s += fmt.Sprintf(" (%s)", netip.AddrFrom16([16]byte(b)))
+	}
+	return s
+}
+
+func metaKey(k expr.MetaKey) string {
+	switch k {
+	case unix.NFT_META_PROTOCOL:
+		return "protocol"
+	case unix.NFT_META_MARK:
+		return "mark"
+	case unix.NFT_META_IIF:
+		return "iif"
+	case unix.NFT_META_OIF:
+		return "oif"
+	case unix.NFT_META_IIFNAME:
+		return "iifname"
+	case unix.NFT_META_OIFNAME:
+		return "oifname"
+	case unix.NFT_META_NFPROTO:
+		return "nfproto"
+	case unix.NFT_META_L4PROTO:
+		return "l4proto"
+	}
+	return fmt.Sprintf("key%d", k)
+}

@@ -1,0 +1,409 @@
+package incident
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// Bounds of the program listings.
+const (
+	maxCgroups  = 10000
+	maxBPFLinks = 4096
+)
+
+// progDesc describes a loaded program: id, full name (cilium/ebpf takes it
+// from BTF when the kernel's copy is cut to 15 characters), type and tag.
+func (s *snapshot) progDesc(id ebpf.ProgramID) string {
+	d := fmt.Sprintf("prog id %d", id)
+	if s.own[id] {
+		d += " (pathtrace's own observer)"
+	}
+	p, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return fmt.Sprintf("%s (not opened: %v)", d, err)
+	}
+	defer p.Close()
+	info, err := p.Info()
+	if err != nil {
+		return fmt.Sprintf("%s (no info: %v)", d, err)
+	}
+	return fmt.Sprintf("%s name %s type %s tag %s", d, orDash(info.Name), info.Type, info.Tag)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// tcIface is an interface whose tc/tcx/XDP programs are listed.
+type tcIface struct {
+	role, name string
+}
+
+// tcPrograms lists, for every capture interface (and the members of a bond
+// uplink and the parent of a VLAN uplink), the tcx chains in run order, the
+// qdiscs and the filters of a clsact/ingress qdisc (cls_bpf runs after the
+// whole tcx chain), and an XDP program.
+func (s *snapshot) tcPrograms(_ context.Context, w *topicWriter) error {
+	byNS := map[string][]tcIface{}
+	var order []string
+	for _, cp := range s.node.CapturePoints {
+		path := cp.NetNS
+		if path == "" {
+			path = s.hostPath
+		}
+		if _, ok := byNS[path]; !ok {
+			order = append(order, path)
+		}
+		byNS[path] = append(byNS[path], tcIface{cp.Role, cp.Ifname})
+		for _, m := range cp.BondMembers {
+			byNS[path] = append(byNS[path], tcIface{cp.Role + " bond member", m})
+		}
+		if cp.VLANParent != "" {
+			byNS[path] = append(byNS[path], tcIface{cp.Role + " vlan parent", cp.VLANParent})
+		}
+	}
+	if len(order) == 0 {
+		fmt.Fprintln(w, "no capture points were discovered: no interface to list")
+		return nil
+	}
+	for _, path := range order {
+		err := withNetlink(path, func(h *netlink.Handle) error {
+			for _, ifc := range byNS[path] {
+				s.tcIface(w, h, path, ifc)
+			}
+			return nil
+		})
+		if err != nil {
+			fmt.Fprintf(w, "# netns %s not read: %v\n", path, err)
+			w.notef("netns %s not read: %v", path, err)
+		}
+	}
+	return nil
+}
+
+func (s *snapshot) tcIface(w *topicWriter, h *netlink.Handle, nsPath string, ifc tcIface) {
+	l, err := h.LinkByName(ifc.name)
+	if err != nil {
+		fmt.Fprintf(w, "## %s %s (netns %s): not found: %v\n\n", ifc.role, ifc.name, nsPath, err)
+		w.notef("%s %s not found in netns %s: %v", ifc.role, ifc.name, nsPath, err)
+		return
+	}
+	idx := l.Attrs().Index
+	fmt.Fprintf(w, "## %s %s (ifindex %d, netns %s)\n", ifc.role, ifc.name, idx, nsPath)
+
+	// A tcx query takes an ifindex, which means something only from a thread
+	// inside the interface's netns.
+	err = nsutil.Do(nsPath, func() error {
+		for _, d := range []struct {
+			dir string
+			typ ebpf.AttachType
+		}{{"ingress", ebpf.AttachTCXIngress}, {"egress", ebpf.AttachTCXEgress}} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: idx, Attach: d.typ})
+			if err != nil {
+				fmt.Fprintf(w, "tcx %s: not read: %v\n", d.dir, err)
+				continue
+			}
+			fmt.Fprintf(w, "tcx %s (run order):", d.dir)
+			if len(res.Programs) == 0 {
+				fmt.Fprint(w, " none")
+			}
+			fmt.Fprintln(w)
+			for i, p := range res.Programs {
+				linkID, _ := p.LinkID()
+				fmt.Fprintf(w, "  %d. %s link %d\n", i+1, s.progDesc(p.ID), linkID)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(w, "tcx: not read: %v\n", err)
+		w.notef("tcx of %s not read: %v", ifc.name, err)
+	}
+
+	qdiscs, err := h.QdiscList(l)
+	if err != nil {
+		fmt.Fprintf(w, "qdiscs: not read: %v\n\n", err)
+		w.notef("qdiscs of %s not read: %v", ifc.name, err)
+		return
+	}
+	fmt.Fprintln(w, "qdiscs:")
+	for _, q := range qdiscs {
+		a := q.Attrs()
+		fmt.Fprintf(w, "  %s handle %s parent %s\n", q.Type(), netlink.HandleStr(a.Handle), netlink.HandleStr(a.Parent))
+		var parents []tcParent
+		switch q.Type() {
+		case "clsact":
+			parents = []tcParent{{"ingress", netlink.HANDLE_MIN_INGRESS}, {"egress", netlink.HANDLE_MIN_EGRESS}}
+		case "ingress":
+			parents = []tcParent{{"ingress", netlink.HANDLE_MIN_INGRESS}}
+		}
+		for _, p := range parents {
+			s.tcFilters(w, h, l, p)
+		}
+	}
+	if x := l.Attrs().Xdp; x != nil && x.Attached {
+		fmt.Fprintf(w, "xdp: %s mode flags %#x\n", s.progDesc(ebpf.ProgramID(x.ProgId)), x.AttachMode)
+	} else {
+		fmt.Fprintln(w, "xdp: none")
+	}
+	fmt.Fprintln(w)
+}
+
+// tcParent is a clsact/ingress qdisc parent that filters hang off.
+type tcParent struct {
+	dir    string
+	handle uint32
+}
+
+func (s *snapshot) tcFilters(w *topicWriter, h *netlink.Handle, l netlink.Link, p tcParent) {
+	filters, err := h.FilterList(l, p.handle)
+	if err != nil {
+		fmt.Fprintf(w, "    %s filters: not read: %v\n", p.dir, err)
+		w.notef("%s filters of %s not read: %v", p.dir, l.Attrs().Name, err)
+		return
+	}
+	fmt.Fprintf(w, "    %s filters:", p.dir)
+	if len(filters) == 0 {
+		fmt.Fprint(w, " none")
+	}
+	fmt.Fprintln(w)
+	for _, f := range filters {
+		a := f.Attrs()
+		fmt.Fprintf(w, "      %s pref %d handle %s protocol %#04x", f.Type(), a.Priority, netlink.HandleStr(a.Handle), a.Protocol)
+		if bf, ok := f.(*netlink.BpfFilter); ok {
+			fmt.Fprintf(w, " %s section %q", s.progDesc(ebpf.ProgramID(bf.Id)), bf.Name)
+			if bf.DirectAction {
+				fmt.Fprint(w, " direct-action")
+			}
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// sockAttachTypes are the cgroup sock_addr hooks a socket load balancer uses.
+var sockAttachTypes = [...]struct {
+	name string
+	typ  ebpf.AttachType
+}{
+	{"connect4", ebpf.AttachCGroupInet4Connect},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername},
+	{"connect6", ebpf.AttachCGroupInet6Connect},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername},
+}
+
+var errEnough = errors.New("enough")
+
+// cgroupPrograms lists the sock_addr programs of the cgroup2 tree: the ones
+// on the root (every process runs them), then every cgroup with programs of
+// its own, with what is effective there (its own, then its ancestors').
+func (s *snapshot) cgroupPrograms(ctx context.Context, w *topicWriter) error {
+	root, err := cgroup2.Root()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "cgroup2 mount: %s\n\n## on the root (effective for every process in it)\n", root)
+	if err := s.cgroupQuery(w, root, 0); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(w, "\n## cgroups below the root with programs attached")
+	walked, withProgs := 0, 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() || path == root {
+			return nil // a cgroup removed during the walk is not an error
+		}
+		if walked++; walked > maxCgroups {
+			return errEnough
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !hasSockPrograms(path) {
+			return nil
+		}
+		withProgs++
+		fmt.Fprintf(w, "### %s\nattached here:\n", path)
+		if err := s.cgroupQuery(w, path, 0); err != nil {
+			return err
+		}
+		fmt.Fprintln(w, "effective (here first, then the ancestors'):")
+		return s.cgroupQuery(w, path, unix.BPF_F_QUERY_EFFECTIVE)
+	})
+	switch {
+	case errors.Is(err, errEnough):
+		fmt.Fprintf(w, "# walk stopped after %d cgroups\n", maxCgroups)
+		w.notef("cgroup walk stopped after %d cgroups", maxCgroups)
+	case err != nil:
+		return err
+	case withProgs == 0:
+		fmt.Fprintf(w, "none (%d cgroups walked)\n", walked)
+	}
+	return nil
+}
+
+// hasSockPrograms tells whether sock_addr programs are attached to the cgroup
+// at dir itself (a cheap query, made for every cgroup of the walk).
+func hasSockPrograms(dir string) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	for _, at := range sockAttachTypes {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at.typ})
+		if err == nil && len(res.Programs) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// cgroupQuery writes the programs of every sock_addr hook of one cgroup.
+func (s *snapshot) cgroupQuery(w *topicWriter, dir string, flags uint32) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open cgroup: %w", err)
+	}
+	defer f.Close()
+	for _, at := range sockAttachTypes {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at.typ, QueryFlags: flags})
+		if err != nil {
+			fmt.Fprintf(w, "  %s: not read: %v\n", at.name, err)
+			continue
+		}
+		if len(res.Programs) == 0 {
+			fmt.Fprintf(w, "  %s: none\n", at.name)
+			continue
+		}
+		for i, p := range res.Programs {
+			fmt.Fprintf(w, "  %s %d. %s\n", at.name, i+1, s.progDesc(p.ID))
+		}
+	}
+	return nil
+}
+
+// bpfLinks lists every BPF link of the machine with what it is attached to.
+// tcx and netfilter links are invisible to older bpftool; an ifindex here is
+// relative to the link's own netns, which the kernel does not report.
+func (s *snapshot) bpfLinks(ctx context.Context, w *topicWriter) error {
+	it := new(link.Iterator)
+	defer it.Close()
+	n := 0
+	for it.Next() {
+		if n++; n > maxBPFLinks {
+			fmt.Fprintf(w, "# listing stopped after %d links\n", maxBPFLinks)
+			w.notef("listing stopped after %d links", maxBPFLinks)
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		info, err := it.Link.Info()
+		if err != nil {
+			fmt.Fprintf(w, "link %d: no info: %v\n", it.ID, err)
+			continue
+		}
+		fmt.Fprintf(w, "link %d %s%s: %s\n", info.ID, linkTypeName(info.Type), linkTarget(info), s.progDesc(info.Program))
+	}
+	if n == 0 {
+		fmt.Fprintln(w, "no BPF links")
+	}
+	return it.Err()
+}
+
+func linkTypeName(t link.Type) string {
+	switch t {
+	case link.RawTracepointType:
+		return "raw_tracepoint"
+	case link.TracingType:
+		return "tracing"
+	case link.CgroupType:
+		return "cgroup"
+	case link.IterType:
+		return "iter"
+	case link.NetNsType:
+		return "netns"
+	case link.XDPType:
+		return "xdp"
+	case link.PerfEventType:
+		return "perf_event"
+	case link.KprobeMultiType:
+		return "kprobe_multi"
+	case link.TCXType:
+		return "tcx"
+	case link.UprobeMultiType:
+		return "uprobe_multi"
+	case link.NetfilterType:
+		return "netfilter"
+	case link.NetkitType:
+		return "netkit"
+	case link.StructOpsType:
+		return "struct_ops"
+	}
+	return fmt.Sprintf("type%d", t)
+}
+
+// linkTarget says what a link is attached to, for the types pathtrace's
+// verdicts depend on.
+func linkTarget(info *link.Info) string {
+	switch {
+	case info.TCX() != nil:
+		return fmt.Sprintf(" ifindex %d %s", info.TCX().Ifindex, strings.TrimPrefix(info.TCX().AttachType.String(), "BPF_"))
+	case info.Netfilter() != nil:
+		nf := info.Netfilter()
+		return fmt.Sprintf(" %s %s priority %d flags %#x", nfFamily(uint32(nf.ProtocolFamily)), nfHook(uint32(nf.Hook)), nf.Priority, nf.Flags)
+	case info.Cgroup() != nil:
+		return fmt.Sprintf(" cgroup id %d %s", info.Cgroup().CgroupId, strings.TrimPrefix(info.Cgroup().AttachType.String(), "BPF_"))
+	case info.XDP() != nil:
+		return fmt.Sprintf(" ifindex %d", info.XDP().Ifindex)
+	case info.NetNs() != nil:
+		return fmt.Sprintf(" netns inode %d", info.NetNs().NetnsInode)
+	}
+	return ""
+}
+
+func nfFamily(pf uint32) string {
+	switch pf {
+	case unix.NFPROTO_IPV4:
+		return "ipv4"
+	case unix.NFPROTO_IPV6:
+		return "ipv6"
+	}
+	return fmt.Sprintf("pf%d", pf)
+}
+
+func nfHook(h uint32) string {
+	switch h {
+	case unix.NF_INET_PRE_ROUTING:
+		return "prerouting"
+	case unix.NF_INET_LOCAL_IN:
+		return "input"
+	case unix.NF_INET_FORWARD:
+		return "forward"
+	case unix.NF_INET_LOCAL_OUT:
+		return "output"
+	case unix.NF_INET_POST_ROUTING:
+		return "postrouting"
+	}
+	return fmt.Sprintf("hook%d", h)
+}

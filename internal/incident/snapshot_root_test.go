@@ -1,0 +1,509 @@
+package incident
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"github.com/ti-mo/conntrack"
+	vnl "github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+const (
+	testPodIP   = "10.244.8.23"
+	testGwIP    = "10.244.8.1"
+	testVIP     = "10.120.0.80"
+	testBackend = "10.244.20.31"
+)
+
+// testNode is a node in namespaces: "node" with bridge br0 (no VLAN
+// filtering: this kernel lacks it), a "pod" whose eth0 is a veth to hv0 on br0,
+// a "gw" behind up0; an nftables DNAT for the VIP, a conntrack entry for it,
+// a tcx program on hv0, a cls_bpf filter on up0 and a connect4 program on a
+// test cgroup.
+type testNode struct {
+	node, pod, gw string // /run/netns paths
+	cgroup        string
+	progs         map[string]ebpf.ProgramID
+}
+
+func ipCmd(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+func newTestNode(t *testing.T) *testNode {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, BPF programs and a cgroup")
+	}
+	prefix := fmt.Sprintf("pttest-incident-%06x", rand.IntN(1<<24))
+	names := map[string]string{}
+	for _, role := range []string{"node", "pod", "gw"} {
+		name := prefix + "-" + role
+		ipCmd(t, "netns", "add", name)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+		names[role] = name
+		ipCmd(t, "-n", name, "link", "set", "lo", "up")
+	}
+	node, pod, gw := names["node"], names["pod"], names["gw"]
+	ipCmd(t, "-n", node, "link", "add", "br0", "type", "bridge")
+	ipCmd(t, "-n", node, "link", "add", "hv0", "type", "veth", "peer", "name", "eth0", "netns", pod)
+	ipCmd(t, "-n", node, "link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", gw)
+	for _, l := range []string{"hv0", "up0"} {
+		ipCmd(t, "-n", node, "link", "set", l, "master", "br0", "up")
+	}
+	ipCmd(t, "-n", node, "link", "set", "br0", "up")
+	ipCmd(t, "-n", pod, "addr", "add", testPodIP+"/22", "dev", "eth0")
+	ipCmd(t, "-n", pod, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod, "route", "add", "default", "via", testGwIP)
+	ipCmd(t, "-n", gw, "addr", "add", testGwIP+"/22", "dev", "eth0")
+	ipCmd(t, "-n", gw, "link", "set", "eth0", "up")
+
+	tn := &testNode{node: "/run/netns/" + node, pod: "/run/netns/" + pod, gw: "/run/netns/" + gw, progs: map[string]ebpf.ProgramID{}}
+	tn.talk(t)
+	tn.addDNAT(t)
+	tn.addConntrack(t)
+	tn.addPrograms(t, prefix)
+	return tn
+}
+
+// talk sends a datagram from the pod to its gateway, so neighbour tables and
+// the bridge FDB have entries.
+func (tn *testNode) talk(t *testing.T) {
+	t.Helper()
+	err := nsutil.Do(tn.pod, func() error {
+		c, err := net.Dial("udp4", testGwIP+":9")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("hello"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send from pod: %v", err)
+	}
+	for range 100 {
+		out, _ := exec.Command("ip", "-n", filepath.Base(tn.pod), "neigh", "show", testGwIP).Output()
+		if strings.Contains(string(out), "lladdr") {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("the pod never resolved its gateway")
+}
+
+// addDNAT adds kube-proxy's shape of rule: ip daddr VIP tcp dport 80 dnat to
+// backend:3000 at prerouting, NAT priority.
+func (tn *testNode) addDNAT(t *testing.T) {
+	t.Helper()
+	ns, err := netns.GetFromPath(tn.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := conn.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "pttest-incident"})
+	chain := conn.AddChain(&nftables.Chain{Name: "prerouting", Table: table, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+	vip, backend := netip.MustParseAddr(testVIP).As4(), netip.MustParseAddr(testBackend).As4()
+	conn.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: vip[:]},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 80}},
+		&expr.Immediate{Register: 1, Data: backend[:]},
+		&expr.Immediate{Register: 2, Data: []byte{0x0b, 0xb8}},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+	}})
+	if err := conn.Flush(); err != nil {
+		t.Fatalf("add nftables DNAT: %v", err)
+	}
+}
+
+// addConntrack creates the entry a DNATed UDP request to the VIP leaves.
+func (tn *testNode) addConntrack(t *testing.T) {
+	t.Helper()
+	ns, err := netns.GetFromPath(tn.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	conn, err := conntrack.Dial(&netlink.Config{NetNS: int(ns)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	f := conntrack.NewFlow(unix.IPPROTO_UDP, 0, netip.MustParseAddr(testPodIP),
+		netip.MustParseAddr(testVIP), 40000, 53, 600, 0)
+	f.TupleReply.IP.SourceAddress = netip.MustParseAddr(testBackend)
+	f.TupleReply.Proto.SourcePort = 5353
+	if err := conn.Create(f); err != nil {
+		t.Fatalf("create conntrack entry: %v", err)
+	}
+}
+
+func loadReturn(t *testing.T, name string, typ ebpf.ProgramType, attach ebpf.AttachType, ret int32) *ebpf.Program {
+	t.Helper()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: typ, AttachType: attach, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, ret), asm.Return()}})
+	if err != nil {
+		t.Fatalf("load %s: %v", name, err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+func (tn *testNode) addPrograms(t *testing.T, prefix string) {
+	t.Helper()
+	root, err := cgroup2.Root()
+	if err != nil {
+		t.Skipf("no cgroup2: %v", err)
+	}
+	tn.cgroup = filepath.Join(root, prefix)
+	if err := os.Mkdir(tn.cgroup, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(tn.cgroup) })
+	sock := loadReturn(t, "pttest_conn4", ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect, 1)
+	cl, err := link.AttachCgroup(link.CgroupOptions{Path: tn.cgroup, Attach: ebpf.AttachCGroupInet4Connect, Program: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+
+	const tcxNext, tcActUnspec = -1, -1
+	tcx := loadReturn(t, "pttest_tcx", ebpf.SchedCLS, ebpf.AttachTCXIngress, tcxNext)
+	cls := loadReturn(t, "pttest_cls", ebpf.SchedCLS, ebpf.AttachNone, tcActUnspec)
+	err = withNetlink(tn.node, func(h *vnl.Handle) error {
+		hv0, err := h.LinkByName("hv0")
+		if err != nil {
+			return err
+		}
+		up0, err := h.LinkByName("up0")
+		if err != nil {
+			return err
+		}
+		err = nsutil.Do(tn.node, func() error {
+			tl, err := link.AttachTCX(link.TCXOptions{Interface: hv0.Attrs().Index, Program: tcx, Attach: ebpf.AttachTCXIngress})
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { tl.Close() })
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("attach tcx: %w", err)
+		}
+		qdisc := &vnl.GenericQdisc{QdiscType: "clsact", QdiscAttrs: vnl.QdiscAttrs{
+			LinkIndex: up0.Attrs().Index, Handle: vnl.MakeHandle(0xffff, 0), Parent: vnl.HANDLE_CLSACT}}
+		if err := h.QdiscAdd(qdisc); err != nil {
+			return fmt.Errorf("add clsact: %w", err)
+		}
+		return h.FilterAdd(&vnl.BpfFilter{FilterAttrs: vnl.FilterAttrs{LinkIndex: up0.Attrs().Index,
+			Parent: vnl.HANDLE_MIN_INGRESS, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1},
+			Fd: cls.FD(), Name: "pttest_cls.o", DirectAction: true})
+	})
+	if err != nil {
+		t.Fatalf("attach tc programs: %v", err)
+	}
+	tn.progs["conn4"], tn.progs["tcx"], tn.progs["cls"] = progID(t, sock), progID(t, tcx), progID(t, cls)
+}
+
+// nodeInfo is what discovery would report for the test node.
+func (tn *testNode) nodeInfo() *discover.NodeInfo {
+	return &discover.NodeInfo{
+		Kernel:    "test",
+		HostNetNS: discover.NetNS{Path: tn.node},
+		Pods: []discover.Pod{{
+			NetNS: discover.NetNS{Path: tn.pod}, NSName: filepath.Base(tn.pod),
+			Eth0:     discover.Iface{Name: "eth0", Kind: "veth", Addrs: []netip.Prefix{netip.MustParsePrefix(testPodIP + "/22")}},
+			Gateway:  netip.MustParseAddr(testGwIP),
+			HostPeer: &discover.HostPeer{Iface: discover.Iface{Name: "hv0"}, Master: "br0", MasterKind: "bridge"},
+			Uplinks:  []string{"up0"},
+		}},
+		CapturePoints: []discover.CapturePoint{
+			{Role: discover.RolePod, NetNS: tn.pod, Ifname: "eth0", Kind: "veth"},
+			{Role: discover.RoleHost, NetNS: tn.node, Ifname: "hv0", Kind: "veth", Master: "br0"},
+			{Role: discover.RoleUplink, NetNS: tn.node, Ifname: "up0", Kind: "veth", Master: "br0"},
+		},
+		Notes: []string{"a note from discovery"},
+	}
+}
+
+// state renders everything a snapshot must leave as it found: the nftables
+// ruleset, links, addresses and routes, qdiscs, tc filters and tcx chains
+// (with their revision counters) of the node and pod netns, the programs on
+// the test cgroup and the cgroup2 root, and the legacy iptables tables.
+func (tn *testNode) state(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	ns, err := netns.GetFromPath(tn.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := renderRuleset(&b, conn); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{tn.node, tn.pod} {
+		err := withNetlink(path, func(h *vnl.Handle) error {
+			links, err := h.LinkList()
+			if err != nil {
+				return err
+			}
+			for _, l := range links {
+				a := l.Attrs()
+				fmt.Fprintf(&b, "link %d %s %s %v mtu %d master %d %s\n", a.Index, a.Name, l.Type(), a.Flags, a.MTU, a.MasterIndex, a.OperState)
+				addrs, _ := h.AddrList(l, vnl.FAMILY_ALL)
+				for _, ad := range addrs {
+					fmt.Fprintf(&b, "  addr %s\n", ad.IPNet)
+				}
+				qdiscs, _ := h.QdiscList(l)
+				for _, q := range qdiscs {
+					fmt.Fprintf(&b, "  qdisc %s %x %x\n", q.Type(), q.Attrs().Handle, q.Attrs().Parent)
+				}
+				for _, parent := range []uint32{vnl.HANDLE_MIN_INGRESS, vnl.HANDLE_MIN_EGRESS} {
+					filters, _ := h.FilterList(l, parent)
+					for _, f := range filters {
+						fmt.Fprintf(&b, "  filter %x %s %+v\n", parent, f.Type(), *f.Attrs())
+					}
+				}
+				nsutil.Do(path, func() error {
+					for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+						res, err := link.QueryPrograms(link.QueryOptions{Target: a.Index, Attach: at})
+						if err == nil {
+							fmt.Fprintf(&b, "  tcx %s rev %d %v\n", at, res.Revision, res.Programs)
+						}
+					}
+					return nil
+				})
+			}
+			routes, err := h.RouteListFiltered(vnl.FAMILY_ALL, &vnl.Route{Table: unix.RT_TABLE_UNSPEC}, vnl.RT_FILTER_TABLE)
+			if err != nil {
+				return err
+			}
+			for _, r := range routes {
+				fmt.Fprintf(&b, "route %s\n", r)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	root, _ := cgroup2.Root()
+	for _, dir := range []string{root, tn.cgroup} {
+		f, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, at := range sockAttachTypes {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at.typ})
+			if err == nil {
+				fmt.Fprintf(&b, "cgroup %s %s %v\n", dir, at.name, res.Programs)
+			}
+		}
+		f.Close()
+	}
+	for _, fam := range legacyFamilies {
+		tables, err := legacyTables(tn.node, fam.namesFile)
+		fmt.Fprintf(&b, "%s: %v %v\n", fam.namesFile, tables, err)
+	}
+	return b.String()
+}
+
+// wantParts is what each snapshot file must show of the test node.
+func (tn *testNode) wantParts() map[string][]string {
+	return map[string][]string{
+		"kernel.txt":              {"kernel release:", "tcx", "netfilter links", "a note from discovery"},
+		"sysctl.txt":              {"net.bridge.bridge-nf-call-iptables = ", "net.ipv4.ip_forward = 0", "net.ipv4.conf.hv0.rp_filter = ", "net.ipv4.conf.eth0.rp_filter = "},
+		"cgroup-sock.txt":         {tn.cgroup, "connect4 1. prog id", "name pttest_conn4 type CGroupSockAddr"},
+		"tc.txt":                  {"## host hv0", "tcx ingress (run order):", "name pttest_tcx", "## uplink up0", "clsact", "name pttest_cls", "direct-action", "## pod eth0"},
+		"nftables.txt":            {"table ip pttest-incident", "dnat", testBackend},
+		"iptables-legacy-nat.txt": {"no legacy nat table (not read: reading would create it)"},
+		"conntrack.txt":           {"dst=" + testVIP, "src=" + testBackend, "sport=5353", "1 of "},
+		"bridges.txt":             {"## bridge br0", "vlan_filtering false", "port hv0", "port up0", "vlans: ", "forwarding database", "dev up0 master br0"},
+		"ovs.txt":                 {""},
+		"net-node.txt":            {"hv0 kind veth", "br0 kind bridge", "## routes", "## neighbours"},
+		"net-pod-1.txt":           {testPodIP + "/22", "default via " + testGwIP + " dev eth0", testGwIP + " dev eth0 lladdr"},
+		"bpf-links.txt":           {"tcx ifindex", "name pttest_tcx", "cgroup id", "name pttest_conn4"},
+	}
+}
+
+func TestSnapshotCollectsEverythingAndChangesNothing(t *testing.T) {
+	tn := newTestNode(t)
+	before := tn.state(t)
+	dir := t.TempDir()
+	opt := Options{Features: []string{"tcx", "netfilter links", "kprobes absent"},
+		OwnPrograms: func() []ebpf.ProgramID { return []ebpf.ProgramID{tn.progs["tcx"]} }}
+	m, err := Snapshot(context.Background(), tn.nodeInfo(), []netip.Addr{netip.MustParseAddr(testVIP)}, dir, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := tn.state(t); after != before {
+		t.Errorf("the snapshot changed the node:\n--- before\n%s\n--- after\n%s", before, after)
+	}
+	for _, n := range m.Notes {
+		t.Logf("note: %s", n)
+	}
+
+	want := tn.wantParts()
+	listed := map[string]File{}
+	for _, f := range m.Files {
+		listed[f.Name] = f
+	}
+	for name, parts := range want {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if f, ok := listed[name]; !ok || f.Bytes != int64(len(b)) || f.Holds == "" || len(b) == 0 {
+			t.Errorf("%s: manifest entry %+v, file has %d bytes", name, f, len(b))
+		}
+		for _, p := range parts {
+			if !strings.Contains(string(b), p) {
+				t.Errorf("%s lacks %q:\n%s", name, p, b)
+			}
+		}
+	}
+	if len(m.Files) != len(want) {
+		t.Errorf("manifest lists %d files, want %d: %+v", len(m.Files), len(want), m.Files)
+	}
+	if tc, _ := os.ReadFile(filepath.Join(dir, "tc.txt")); !strings.Contains(string(tc), fmt.Sprintf("prog id %d (pathtrace's own observer)", tn.progs["tcx"])) {
+		t.Errorf("tc.txt does not mark pathtrace's own program:\n%s", tc)
+	}
+	got, err := ReadManifest(dir)
+	if err != nil || !slices.Equal(got.Files, m.Files) {
+		t.Errorf("manifest.json: %v %+v", err, got)
+	}
+	if mt, err := os.ReadFile(filepath.Join(dir, ManifestText)); err != nil || !strings.Contains(string(mt), "nftables.txt") {
+		t.Errorf("MANIFEST.txt: %v\n%s", err, mt)
+	}
+}
+
+// TestSnapshotReadsExistingLegacyNAT creates the legacy nat table the way a
+// kube-proxy in iptables-legacy mode would, and expects its rules, without
+// the snapshot creating any other legacy table.
+func TestSnapshotReadsExistingLegacyNAT(t *testing.T) {
+	tn := newTestNode(t)
+	legacy, err := exec.LookPath("iptables-legacy")
+	if err != nil {
+		t.Skip("iptables-legacy is not installed")
+	}
+	if _, err := exec.LookPath("iptables-legacy-save"); err != nil {
+		t.Skip("iptables-legacy-save is not installed")
+	}
+	err = nsutil.Do(tn.node, func() error {
+		out, err := exec.Command(legacy, "-t", "nat", "-A", "PREROUTING", "-d", "10.120.0.81/32", "-p", "tcp",
+			"-j", "DNAT", "--to-destination", "10.244.20.32:3000").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Skipf("cannot create a legacy nat table here: %v", err)
+	}
+	before := tn.state(t)
+	dir := t.TempDir()
+	if _, err := Snapshot(context.Background(), tn.nodeInfo(), nil, dir, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if after := tn.state(t); after != before {
+		t.Errorf("the snapshot changed the node:\n--- before\n%s\n--- after\n%s", before, after)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "iptables-legacy-nat.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"existing legacy tables: nat", "*nat", "--to-destination 10.244.20.32:3000"} {
+		if !strings.Contains(string(b), p) {
+			t.Errorf("iptables-legacy-nat.txt lacks %q:\n%s", p, b)
+		}
+	}
+}
+
+// TestSnapshotBounds cuts files at their cap with a marker and stops
+// collecting when the snapshot's budget is used up, saying so.
+func TestSnapshotBounds(t *testing.T) {
+	tn := newTestNode(t)
+	dir := t.TempDir()
+	const fileCap, total = 1500, 6000
+	m, err := Snapshot(context.Background(), tn.nodeInfo(), []netip.Addr{netip.MustParseAddr(testVIP)}, dir,
+		Options{MaxFileBytes: fileCap, MaxBytes: total})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	cut := 0
+	for _, f := range m.Files {
+		st, err := os.Stat(filepath.Join(dir, f.Name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() > fileCap {
+			t.Errorf("%s: %d bytes, cap %d", f.Name, st.Size(), fileCap)
+		}
+		if f.Truncated {
+			cut++
+			b, _ := os.ReadFile(filepath.Join(dir, f.Name))
+			if !strings.Contains(string(b), "[pathtrace: truncated here:") {
+				t.Errorf("%s is cut without a marker:\n%s", f.Name, b)
+			}
+		}
+		sum += st.Size()
+	}
+	if sum > total {
+		t.Errorf("snapshot files hold %d bytes, budget %d", sum, total)
+	}
+	if cut == 0 {
+		t.Errorf("no file was cut at %d bytes: %+v", fileCap, m.Files)
+	}
+	if !slices.ContainsFunc(m.Notes, func(n string) bool { return strings.Contains(n, "byte budget") }) {
+		t.Errorf("no note says the budget ran out: %q", m.Notes)
+	}
+}

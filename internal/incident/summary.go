@@ -1,0 +1,376 @@
+package incident
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+// SummaryFile is the bundle's plain-words summary.
+const SummaryFile = "SUMMARY.md"
+
+// Bounds that keep SUMMARY.md readable whatever the number of flows.
+const (
+	maxSummaryGroups = 50
+	maxListedIDs     = 10
+)
+
+// WriteSummary writes SUMMARY.md into dir: the verdicts in plain words, one
+// sentence per group of flows that share them, then where pathtrace looked,
+// what it captured and lost, and what could not be read (the node's notes and
+// those of the bundle's manifest, when Snapshot wrote one). stop is why the
+// capture ended.
+func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.NodeInfo, stop string) error {
+	var b strings.Builder
+	b.WriteString("# pathtrace incident summary\n\n")
+	if vips := serviceAddrs(flows); len(vips) > 0 {
+		fmt.Fprintf(&b, "Services traced: %s.  \n", strings.Join(vips, ", "))
+	}
+	if node != nil {
+		fmt.Fprintf(&b, "Node: kernel %s, network namespace %s.  \n", orDash(node.Kernel), orDash(node.HostNetNS.Path))
+	}
+	fmt.Fprintf(&b, "Capture stopped: %s.\n", orDash(stop))
+
+	writeVerdicts(&b, flows, s)
+	if node != nil {
+		writeWhereLooked(&b, node)
+	}
+	writeCaptured(&b, s)
+	notes, err := manifestNotes(dir)
+	if err != nil {
+		notes = append(notes, fmt.Sprintf("the bundle's manifest: %v", err))
+	}
+	if node != nil {
+		notes = append(slices.Clone(node.Notes), notes...)
+	}
+	b.WriteString("\n## What could not be read\n\n")
+	if len(notes) == 0 {
+		b.WriteString("Nothing: every source was read.\n")
+	}
+	for _, n := range notes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	fmt.Fprintf(&b, "\n%s lists every file of this bundle and what it holds.\n", ManifestText)
+
+	if err := os.WriteFile(filepath.Join(dir, SummaryFile), []byte(b.String()), 0o600); err != nil {
+		return fmt.Errorf("incident summary: %w", err)
+	}
+	return nil
+}
+
+func serviceAddrs(flows []flow.Flow) []string {
+	var out []string
+	for _, f := range flows {
+		if a := f.Service.Addr().String(); !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// verdictGroup is flows that one sentence describes: same verdict, same
+// client address, Service, backend(s), reply and uplink facts.
+type verdictGroup struct {
+	key   string
+	first flow.Flow
+	ids   []int
+}
+
+func groupKey(f flow.Flow) string {
+	vlan := "none"
+	if f.VLAN != nil {
+		vlan = fmt.Sprint(*f.VLAN)
+	}
+	reason := ""
+	if f.RewrittenAt == flow.PlaceUnknown {
+		reason = f.Reason // an unknown verdict is explained per cause
+	}
+	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, f.Client.Addr().String(), f.Service.String(),
+		backends(f), fmt.Sprint(f.Reply), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+}
+
+func groupFlows(flows []flow.Flow) []*verdictGroup {
+	byKey := map[string]*verdictGroup{}
+	var groups []*verdictGroup
+	for _, f := range flows {
+		k := groupKey(f)
+		g, ok := byKey[k]
+		if !ok {
+			g = &verdictGroup{key: k, first: f}
+			byKey[k] = g
+			groups = append(groups, g)
+		}
+		g.ids = append(g.ids, f.ID)
+	}
+	order := map[flow.Place]int{}
+	for i, p := range flow.Places() {
+		order[p] = i
+	}
+	slices.SortStableFunc(groups, func(a, b *verdictGroup) int {
+		return order[a.first.RewrittenAt] - order[b.first.RewrittenAt]
+	})
+	return groups
+}
+
+func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary) {
+	b.WriteString("\n## What happened\n\n")
+	if len(flows) == 0 {
+		b.WriteString("No flow to a Service VIP was seen during the capture.\n")
+		return
+	}
+	groups := groupFlows(flows)
+	for i, g := range groups {
+		if i == maxSummaryGroups {
+			fmt.Fprintf(b, "- ... and %d more groups of flows: see the JSON report.\n", len(groups)-i)
+			break
+		}
+		fmt.Fprintf(b, "- %s\n", sentence(g))
+		if g.first.Reason != "" {
+			fmt.Fprintf(b, "  - Evidence (flow %d): %s\n", g.first.ID, g.first.Reason)
+		}
+	}
+	var counts []string
+	for _, p := range flow.Places() {
+		if n := s.RewrittenAt[p]; n > 0 {
+			counts = append(counts, fmt.Sprintf("%d %s", n, p))
+		}
+	}
+	fmt.Fprintf(b, "\nIn all %s: %s.\n", plural(s.Flows, "flow", "flows"), strings.Join(counts, ", "))
+}
+
+// sentence states one group's verdict for a ticket.
+func sentence(g *verdictGroup) string {
+	f, n := g.first, len(g.ids)
+	one := n == 1
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s from %s to %s (%s) ", countWord(n), pick(one, strings.ToUpper(f.Proto)+" flow", strings.ToUpper(f.Proto)+" flows"),
+		f.Client.Addr(), f.Service, idList(g.ids))
+	rewritten := pick(one, "was rewritten", "were rewritten")
+	switch f.RewrittenAt {
+	case flow.PlaceSocket:
+		fmt.Fprintf(&b, "%s at the socket layer (a cgroup sock_addr hook, before any packet existed)", rewritten)
+	case flow.PlaceTC:
+		fmt.Fprintf(&b, "%s in tc on the host side of the pod's veth", rewritten)
+	case flow.PlaceNetfilter:
+		fmt.Fprintf(&b, "%s in netfilter (DNAT) on the node", rewritten)
+	case flow.PlaceIPVS:
+		fmt.Fprintf(&b, "%s in IPVS on the node", rewritten)
+	case flow.PlaceNowhere:
+		fmt.Fprintf(&b, "%s anywhere on this node: %s the uplink with the VIP still as destination",
+			pick(one, "was not rewritten", "were not rewritten"), pick(one, "it left", "they left"))
+	default:
+		fmt.Fprintf(&b, "could not be placed: pathtrace cannot tell where %s rewritten", pick(one, "it was", "they were"))
+	}
+	if placed(f.RewrittenAt) {
+		if bs := backends(f); bs != "" {
+			fmt.Fprintf(&b, " to %s", bs)
+		} else {
+			b.WriteString(" (no backend was seen)")
+		}
+		if f.By != "" {
+			fmt.Fprintf(&b, " by %s", f.By)
+		} else {
+			b.WriteString(" by a program or rule pathtrace could not name")
+		}
+	}
+	if f.Reply {
+		b.WriteString("; replies came back")
+	} else {
+		b.WriteString("; no reply came back")
+	}
+	b.WriteString(uplinkWords(f, one))
+	b.WriteString(".")
+	return b.String()
+}
+
+func placed(p flow.Place) bool {
+	return p == flow.PlaceSocket || p == flow.PlaceTC || p == flow.PlaceNetfilter || p == flow.PlaceIPVS
+}
+
+// uplinkWords says what the frames looked like leaving the node.
+func uplinkWords(f flow.Flow, one bool) string {
+	if f.VLAN == nil {
+		return pick(one, "; it was never seen on the uplink", "; they were never seen on the uplink")
+	}
+	var s string
+	if *f.VLAN == 0 {
+		s = "; on the uplink the frames were untagged"
+	} else {
+		s = fmt.Sprintf("; on the uplink the frames carried VLAN %d", *f.VLAN)
+	}
+	switch {
+	case f.UplinkDstMAC == "":
+	case f.UplinkDstIsGateway:
+		s += fmt.Sprintf(" and went to the gateway's MAC %s", f.UplinkDstMAC)
+	default:
+		s += fmt.Sprintf(" and went to MAC %s, which is not the pod's gateway", f.UplinkDstMAC)
+	}
+	return s
+}
+
+func backends(f flow.Flow) string {
+	if len(f.Backends) > 1 {
+		parts := make([]string, len(f.Backends))
+		for i, b := range f.Backends {
+			parts[i] = b.String()
+		}
+		return "one of " + strings.Join(parts, ", ")
+	}
+	if f.Backend.IsValid() {
+		return f.Backend.String()
+	}
+	return ""
+}
+
+func idList(ids []int) string {
+	word := pick(len(ids) == 1, "flow ", "flows ")
+	parts := make([]string, 0, min(len(ids), maxListedIDs))
+	for i, id := range ids {
+		if i == maxListedIDs {
+			parts = append(parts, fmt.Sprintf("and %d more", len(ids)-i))
+			break
+		}
+		parts = append(parts, fmt.Sprint(id))
+	}
+	return word + strings.Join(parts, ", ")
+}
+
+// countWord spells small counts, as a sentence in a ticket would.
+func countWord(n int) string {
+	words := []string{"No", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten"}
+	if n < len(words) {
+		return words[n]
+	}
+	return fmt.Sprint(n)
+}
+
+func plural(n int, one, many string) string {
+	return fmt.Sprintf("%d %s", n, pick(n == 1, one, many))
+}
+
+func pick(cond bool, a, b string) string {
+	if cond {
+		return a
+	}
+	return b
+}
+
+func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
+	b.WriteString("\n## Where pathtrace looked\n\n")
+	for _, p := range node.Pods {
+		fmt.Fprintf(b, "- Pod %s: %s %s", podLabel(p), p.Eth0.Name, prefixes(p.Eth0.Addrs))
+		if p.Gateway.IsValid() {
+			fmt.Fprintf(b, ", default gateway %s", p.Gateway)
+			if p.GatewayMAC != "" {
+				fmt.Fprintf(b, " (MAC %s)", p.GatewayMAC)
+			}
+		}
+		if p.HostPeer != nil {
+			fmt.Fprintf(b, "; host side %s", p.HostPeer.Name)
+			if p.HostPeer.Master != "" {
+				fmt.Fprintf(b, " on %s %s", p.HostPeer.MasterKind, p.HostPeer.Master)
+			}
+		}
+		if len(p.Uplinks) > 0 {
+			fmt.Fprintf(b, "; uplink %s (%s)", strings.Join(p.Uplinks, ", "), p.UplinkHow)
+		}
+		b.WriteString(".\n")
+	}
+	if node.PodsSkipped > 0 {
+		fmt.Fprintf(b, "- %d more pod network namespaces were not examined.\n", node.PodsSkipped)
+	}
+	var points []string
+	for _, cp := range node.CapturePoints {
+		points = append(points, fmt.Sprintf("%s %s (%s)", cp.Role, cp.Ifname, orDash(cp.Kind)))
+	}
+	fmt.Fprintf(b, "- Capture points: %s.\n", orNone(points))
+
+	var sock []string
+	for _, p := range node.SockPrograms {
+		sock = append(sock, fmt.Sprintf("%s %s (id %d) on %s", p.Attach, orDash(p.Name), p.ID, orDash(p.Cgroup)))
+	}
+	fmt.Fprintf(b, "- Socket-layer programs effective for the client: %s.\n", orNone(sock))
+	var tc []string
+	for _, p := range node.TCPrograms {
+		tc = append(tc, fmt.Sprintf("%s %s %s %s (id %d)", p.Ifname, p.Via, p.Dir, orDash(p.Name), p.ID))
+	}
+	fmt.Fprintf(b, "- tc programs on the host veth and uplink: %s.\n", orNone(tc))
+	var nat []string
+	for _, r := range node.Netfilter.Rules {
+		s := fmt.Sprintf("%s %s %s: %s", r.Source, r.Table, r.Hook, strings.Join(r.Chains, " -> "))
+		if r.Backend.IsValid() {
+			s += " dnat to " + r.Backend.String()
+		}
+		nat = append(nat, s)
+	}
+	fmt.Fprintf(b, "- NAT rules for the VIPs: %s.\n", orNone(nat))
+	fmt.Fprintf(b, "- Bridged traffic meets netfilter (bridge-nf-call-iptables): %s; IP forwarding: %s.\n",
+		boolWords(node.Netfilter.BridgeNFCallIPTables), boolWords(node.Netfilter.IPForward))
+	if node.IPVS.Present {
+		fmt.Fprintf(b, "- IPVS is present with %d virtual service(s) for the VIPs.\n", len(node.IPVS.Services))
+	}
+}
+
+func prefixes(ps []netip.Prefix) string {
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		parts[i] = p.String()
+	}
+	return orDash(strings.Join(parts, ", "))
+}
+
+func orNone(items []string) string {
+	if len(items) == 0 {
+		return "none"
+	}
+	return strings.Join(items, "; ")
+}
+
+func boolWords(b *bool) string {
+	switch {
+	case b == nil:
+		return "absent"
+	case *b:
+		return "yes"
+	}
+	return "no"
+}
+
+func writeCaptured(b *strings.Builder, s flow.Summary) {
+	b.WriteString("\n## What was captured\n\n")
+	fmt.Fprintf(b, "- %s.\n", plural(s.Flows, "flow", "flows"))
+	var obs []string
+	for _, k := range sortedKeys(s.Observations) {
+		obs = append(obs, fmt.Sprintf("%s %d", k, s.Observations[k]))
+	}
+	fmt.Fprintf(b, "- Observations per point: %s.\n", orNone(obs))
+	var drops []string
+	for _, k := range sortedKeys(s.Drops) {
+		if s.Drops[k] > 0 {
+			drops = append(drops, fmt.Sprintf("%s %d", k, s.Drops[k]))
+		}
+	}
+	if len(drops) == 0 {
+		b.WriteString("- Nothing was lost: every drop counter is zero.\n")
+	} else {
+		fmt.Fprintf(b, "- Lost: %s. Flows may be missing or incomplete.\n", strings.Join(drops, ", "))
+	}
+	if s.Unmatched > 0 {
+		fmt.Fprintf(b, "- %d observations matched no flow (e.g. traffic to a backend that did not go through a VIP).\n", s.Unmatched)
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

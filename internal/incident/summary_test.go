@@ -1,0 +1,163 @@
+package incident
+
+import (
+	"bytes"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+func vlan(v uint16) *uint16 { return &v }
+
+// summaryFlows is one incident's flows: three socket-LB'd requests from one
+// client, one per other verdict, and a DNS flow load-balanced over two backends.
+func summaryFlows() []flow.Flow {
+	ap := netip.MustParseAddrPort
+	at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	socket := func(id int, port uint16) flow.Flow {
+		return flow.Flow{ID: id, Proto: "tcp", Client: netip.AddrPortFrom(netip.MustParseAddr("10.244.8.23"), port),
+			Service: ap("10.120.0.80:80"), Backend: ap("10.244.20.31:3000"), RewrittenAt: flow.PlaceSocket,
+			By:     "connect4 lab_sock4_connect (id 41) on /sys/fs/cgroup/unified/lab-client",
+			Reason: "VIP 10.120.0.80:80 at the app's request (sockaddr), backend 10.244.20.31:3000 at the socket (sockaddr)",
+			VLAN:   vlan(200), UplinkDstMAC: "02:00:0a:f4:08:01", UplinkDstIsGateway: true, Reply: true, First: at, Last: at}
+	}
+	return []flow.Flow{
+		socket(1, 40020), socket(2, 40021),
+		{ID: 3, Proto: "tcp", Client: ap("10.244.8.23:40022"), Service: ap("10.120.0.80:80"), Backend: ap("10.244.20.31:3000"),
+			RewrittenAt: flow.PlaceTC, By: "tcx ingress lab_lb_ingress (id 52)",
+			Reason: "VIP 10.120.0.80:80 at tc head ingress, backend 10.244.20.31:3000 at netfilter before NAT",
+			VLAN:   vlan(200), UplinkDstMAC: "02:00:0a:f4:08:01", UplinkDstIsGateway: true, Reply: true},
+		{ID: 4, Proto: "udp", Client: ap("10.244.8.23:51020"), Service: ap("10.120.0.10:53"), Backend: ap("10.244.20.31:5353"),
+			Backends:    []netip.AddrPort{ap("10.244.20.31:5353"), ap("10.244.20.32:5353")},
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip kube-proxy service-dns -> endpoint-1 dnat to 10.244.20.31:5353",
+			Reason: "VIP at netfilter before NAT, backend after NAT", VLAN: vlan(0), UplinkDstMAC: "02:00:0a:f4:08:99", Reply: true},
+		socket(5, 40023),
+		{ID: 6, Proto: "tcp", Client: ap("10.244.8.23:40024"), Service: ap("10.120.0.99:8080"), RewrittenAt: flow.PlaceNowhere,
+			Reason: "the uplink saw the VIP 10.120.0.99:8080 as destination", VLAN: vlan(200), UplinkDstMAC: "02:00:0a:f4:08:01",
+			UplinkDstIsGateway: true},
+		{ID: 7, Proto: "tcp", Client: ap("10.244.8.23:40025"), Service: ap("10.120.0.80:80"), RewrittenAt: flow.PlaceUnknown,
+			Reason: "the VIP was last seen at pod eth0 TX; no rewrite observed and the uplink never saw this flow"},
+	}
+}
+
+func summaryNode() *discover.NodeInfo {
+	yes, no := true, false
+	return &discover.NodeInfo{
+		Kernel:    "6.18.44",
+		HostNetNS: discover.NetNS{Path: "/proc/self/ns/net", Inode: 4026531840},
+		Pods: []discover.Pod{{
+			NetNS: discover.NetNS{Path: "/run/netns/lab-pod"}, NSName: "lab-pod",
+			Eth0:    discover.Iface{Name: "eth0", Kind: "veth", Addrs: []netip.Prefix{netip.MustParsePrefix("10.244.8.23/22")}},
+			Gateway: netip.MustParseAddr("10.244.8.1"), GatewayMAC: "02:00:0a:f4:08:01",
+			HostPeer: &discover.HostPeer{Iface: discover.Iface{Name: "veth-a"}, Master: "br-pod", MasterKind: "bridge"},
+			Uplinks:  []string{"bond0"}, UplinkHow: "bridge FDB: the gateway MAC is learned on bond0",
+		}},
+		CapturePoints: []discover.CapturePoint{
+			{Role: "pod", Ifname: "eth0", Kind: "veth"}, {Role: "host", Ifname: "veth-a", Kind: "veth"},
+			{Role: "uplink", Ifname: "bond0", Kind: "veth"},
+		},
+		SockPrograms: []discover.SockProgram{{Attach: "connect4", Name: "lab_sock4_connect", ID: 41, Cgroup: "/sys/fs/cgroup/unified/lab-client"}},
+		TCPrograms:   []discover.TCProgram{{Ifname: "veth-a", Dir: "ingress", Via: "tcx", Name: "lab_lb_ingress", ID: 52}},
+		Netfilter: discover.Netfilter{BridgeNFCallIPTables: &yes, IPForward: &no, Rules: []discover.NATRule{{
+			Source: "nftables", Table: "ip kube-proxy", Hook: "prerouting", Service: netip.MustParseAddr("10.120.0.10"),
+			Chains: []string{"nat-prerouting", "services", "service-dns"}, Backend: netip.MustParseAddrPort("10.244.20.31:5353")}}},
+		Notes: []string{"IPVS not checked: /proc/net/ip_vs absent"},
+	}
+}
+
+func summarySummary() flow.Summary {
+	return flow.Summary{
+		Flows: 7,
+		RewrittenAt: map[flow.Place]int{flow.PlaceSocket: 3, flow.PlaceTC: 1, flow.PlaceNetfilter: 1,
+			flow.PlaceNowhere: 1, flow.PlaceUnknown: 1},
+		Drops:        map[string]uint64{"flows_over_max": 0, "pod_kernel_drops": 2},
+		Unmatched:    4,
+		Observations: map[string]uint64{"uplink": 30, "pod": 42, "host": 40},
+	}
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test -update creates it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file (go test -update rewrites it):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func TestSummaryGolden(t *testing.T) {
+	dir := t.TempDir()
+	m := Manifest{Notes: []string{"ovs.txt: flows of OVS bridge br-int not read: timeout"}}
+	if err := m.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteSummary(dir, summaryFlows(), summarySummary(), summaryNode(), "duration"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "SUMMARY.golden.md", got)
+}
+
+func TestSummaryWithoutFlowsOrManifest(t *testing.T) {
+	dir := t.TempDir()
+	s := flow.Summary{Drops: map[string]uint64{"pod_kernel_drops": 0}}
+	if err := WriteSummary(dir, nil, s, nil, "interrupted"); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	for _, want := range []string{"No flow to a Service VIP was seen", "Capture stopped: interrupted.",
+		"Nothing was lost", "Nothing: every source was read."} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+func TestSummaryBoundsGroupsAndIDs(t *testing.T) {
+	var flows []flow.Flow
+	for i := range maxSummaryGroups + 5 {
+		flows = append(flows, flow.Flow{ID: i + 1, Proto: "tcp", RewrittenAt: flow.PlaceNowhere,
+			Client:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 1),
+			Service: netip.MustParseAddrPort("10.120.0.80:80")})
+	}
+	for i := range 25 {
+		flows = append(flows, flow.Flow{ID: 1000 + i, Proto: "udp", RewrittenAt: flow.PlaceSocket,
+			Client: netip.MustParseAddrPort("10.9.9.9:1"), Service: netip.MustParseAddrPort("10.120.0.10:53")})
+	}
+	dir := t.TempDir()
+	if err := WriteSummary(dir, flows, flow.Summary{Flows: len(flows)}, nil, "max-flows"); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if n := strings.Count(string(got), "\n- "); n > maxSummaryGroups+1+3 {
+		t.Errorf("%d bullet lines, want at most %d groups", n, maxSummaryGroups)
+	}
+	for _, want := range []string{"25 UDP flows from 10.9.9.9", "flows 1000, 1001", "and 15 more)", "more groups of flows: see the JSON report"} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+}

@@ -1,0 +1,228 @@
+package incident
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+)
+
+func TestTopicWriterKeepsWhatFits(t *testing.T) {
+	w := newTopicWriter(100)
+	fmt.Fprint(w, "line one\nline two\n")
+	got, cut := w.finish()
+	if cut || string(got) != "line one\nline two\n" {
+		t.Errorf("got %q cut %v", got, cut)
+	}
+}
+
+func TestTopicWriterCutsAtLineWithMarker(t *testing.T) {
+	const limit = 200
+	w := newTopicWriter(limit)
+	total := 0
+	for i := range 100 {
+		n, err := fmt.Fprintf(w, "rule %03d: something long enough\n", i)
+		if err != nil || n == 0 {
+			t.Fatalf("write %d: %d %v", i, n, err)
+		}
+		total += n
+	}
+	got, cut := w.finish()
+	if !cut || len(got) > limit {
+		t.Fatalf("cut %v, %d bytes (limit %d)", cut, len(got), limit)
+	}
+	body, marker, ok := strings.Cut(string(got), "[pathtrace: truncated here: ")
+	if !ok {
+		t.Fatalf("no marker:\n%s", got)
+	}
+	if !strings.HasSuffix(body, "something long enough\n") {
+		t.Errorf("not cut at a line boundary:\n%s", got)
+	}
+	var dropped, capN int
+	if _, err := fmt.Sscanf(marker, "%d more bytes not kept (cap %d bytes)]", &dropped, &capN); err != nil {
+		t.Fatalf("marker %q: %v", marker, err)
+	}
+	if kept := len(body); kept+dropped != total || capN != limit {
+		t.Errorf("kept %d + dropped %d != written %d (cap %d)", kept, dropped, total, capN)
+	}
+}
+
+func TestTopicWriterCutsALongLine(t *testing.T) {
+	const limit = 120
+	w := newTopicWriter(limit)
+	fmt.Fprint(w, strings.Repeat("x", 500))
+	got, cut := w.finish()
+	if !cut || len(got) > limit || !strings.Contains(string(got), "x\n[pathtrace: truncated here: ") {
+		t.Errorf("cut %v, %d bytes:\n%s", cut, len(got), got)
+	}
+}
+
+func TestCollectorTimeoutIsANote(t *testing.T) {
+	s := &snapshot{opt: Options{CollectorTimeout: 20 * time.Millisecond}}
+	release := make(chan struct{})
+	defer close(release)
+	stuck := topic{file: "stuck.txt", collect: func(ctx context.Context, w *topicWriter) error {
+		<-release // a call that ignores its context
+		return nil
+	}}
+	body, notes, cut := s.run(context.Background(), stuck, 1000)
+	if cut || len(notes) != 1 || !strings.Contains(notes[0], "deadline exceeded") || !strings.Contains(string(body), "not collected") {
+		t.Errorf("body %q notes %q cut %v", body, notes, cut)
+	}
+
+	failing := topic{file: "fail.txt", collect: func(ctx context.Context, w *topicWriter) error {
+		fmt.Fprintln(w, "partial")
+		return fmt.Errorf("boom")
+	}}
+	body, notes, _ = s.run(context.Background(), failing, 1000)
+	if !strings.HasPrefix(string(body), "partial\n") || !strings.Contains(string(body), "not complete: boom") ||
+		len(notes) != 1 || !strings.Contains(notes[0], "boom") {
+		t.Errorf("body %q notes %q", body, notes)
+	}
+}
+
+func TestSysctlPath(t *testing.T) {
+	for name, want := range map[string]string{
+		"net.ipv4.ip_forward":                  "/proc/sys/net/ipv4/ip_forward",
+		"net.bridge.bridge-nf-call-iptables":   "/proc/sys/net/bridge/bridge-nf-call-iptables",
+		"net.ipv4.conf.eth0.rp_filter":         "/proc/sys/net/ipv4/conf/eth0/rp_filter",
+		"net.ipv4.conf.bond0.200.rp_filter":    "/proc/sys/net/ipv4/conf/bond0.200/rp_filter",
+		"net.netfilter.nf_conntrack_count":     "/proc/sys/net/netfilter/nf_conntrack_count",
+		"net.ipv4.conf.default.rp_filter":      "/proc/sys/net/ipv4/conf/default/rp_filter",
+		"net.ipv6.conf.all.forwarding":         "/proc/sys/net/ipv6/conf/all/forwarding",
+		"net.bridge.bridge-nf-call-ip6tables":  "/proc/sys/net/bridge/bridge-nf-call-ip6tables",
+		"net.ipv4.conf.veth-a.rp_filter":       "/proc/sys/net/ipv4/conf/veth-a/rp_filter",
+		"net.ipv4.conf.lxc.1234.ab.rp_filter":  "/proc/sys/net/ipv4/conf/lxc.1234.ab/rp_filter",
+		"net.netfilter.nf_conntrack_max":       "/proc/sys/net/netfilter/nf_conntrack_max",
+		"net.ipv4.conf.all.rp_filter":          "/proc/sys/net/ipv4/conf/all/rp_filter",
+		"net.ipv4.conf.uplink:0.rp_filter":     "/proc/sys/net/ipv4/conf/uplink:0/rp_filter",
+		"net.ipv4.conf.br-pod.rp_filter":       "/proc/sys/net/ipv4/conf/br-pod/rp_filter",
+		"net.ipv4.conf.ovs-system.rp_filter":   "/proc/sys/net/ipv4/conf/ovs-system/rp_filter",
+		"net.ipv4.conf.cilium_host.rp_filter":  "/proc/sys/net/ipv4/conf/cilium_host/rp_filter",
+		"net.ipv4.conf.eth0.100.200.rp_filter": "/proc/sys/net/ipv4/conf/eth0.100.200/rp_filter",
+	} {
+		if got := sysctlPath(name); got != want {
+			t.Errorf("sysctlPath(%q) = %q, want %q", name, got, want)
+		}
+	}
+}
+
+func TestSysctlNames(t *testing.T) {
+	node := sysctlNames(true, []string{"veth-a", "bond0", "veth-a"})
+	for _, want := range []string{"net.bridge.bridge-nf-call-iptables", "net.ipv4.ip_forward",
+		"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.veth-a.rp_filter", "net.ipv4.conf.bond0.rp_filter"} {
+		if !containsString(node, want) {
+			t.Errorf("node sysctls lack %s: %v", want, node)
+		}
+	}
+	if n := strings.Count(strings.Join(node, " "), "veth-a"); n != 1 {
+		t.Errorf("veth-a listed %d times: %v", n, node)
+	}
+	pod := sysctlNames(false, []string{"eth0"})
+	if containsString(pod, "net.ipv4.ip_forward") || !containsString(pod, "net.ipv4.conf.eth0.rp_filter") {
+		t.Errorf("pod sysctls: %v", pod)
+	}
+}
+
+func TestHasField0(t *testing.T) {
+	mods := "nf_conntrack 184320 3 nf_nat,nft_ct, Live 0x0\nnf_tables 344064 0 - Live 0x0\n"
+	if !hasField0(mods, "nf_tables") || hasField0(mods, "nf_conntrack_netlink") || hasField0(mods, "nf_nat") {
+		t.Error("hasField0 misreads /proc/modules")
+	}
+}
+
+// fakeNFT serves a fixed ruleset: kube-proxy's nftables shape.
+type fakeNFT struct {
+	table *nftables.Table
+	chain []*nftables.Chain
+	rules map[string][]*nftables.Rule
+}
+
+func (f fakeNFT) ListTables() ([]*nftables.Table, error) { return []*nftables.Table{f.table}, nil }
+func (f fakeNFT) ListChains() ([]*nftables.Chain, error) { return f.chain, nil }
+func (f fakeNFT) GetRules(_ *nftables.Table, c *nftables.Chain) ([]*nftables.Rule, error) {
+	return f.rules[c.Name], nil
+}
+func (f fakeNFT) GetSets(t *nftables.Table) ([]*nftables.Set, error) {
+	return []*nftables.Set{{Table: t, Name: "service-ips", KeyType: nftables.TypeIPAddr}}, nil
+}
+func (f fakeNFT) GetSetElements(*nftables.Set) ([]nftables.SetElement, error) {
+	return []nftables.SetElement{{Key: []byte{10, 120, 0, 80}, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: "svc-web"}}}, nil
+}
+
+func TestRenderRuleset(t *testing.T) {
+	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "kube-proxy"}
+	prio := nftables.ChainPriority(-100)
+	policy := nftables.ChainPolicyAccept
+	nat := &nftables.Chain{Name: "nat-prerouting", Table: table, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: &prio, Policy: &policy}
+	svc := &nftables.Chain{Name: "svc-web", Table: table}
+	f := fakeNFT{table: table, chain: []*nftables.Chain{nat, svc}, rules: map[string][]*nftables.Rule{
+		"nat-prerouting": {{Handle: 3, Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: "service-ips"},
+			&expr.Verdict{Kind: expr.VerdictJump, Chain: "svc-web"},
+		}}},
+		"svc-web": {{Handle: 7, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 80}},
+			&expr.Counter{Packets: 3, Bytes: 180},
+			&expr.Immediate{Register: 1, Data: []byte{10, 244, 20, 31}},
+			&expr.Immediate{Register: 2, Data: []byte{0x0b, 0xb8}},
+			&expr.NAT{Type: expr.NATTypeDestNAT, RegAddrMin: 1, RegProtoMin: 2},
+			&expr.Masq{},
+		}}},
+	}}
+	var b strings.Builder
+	if err := renderRuleset(&b, f); err != nil {
+		t.Fatal(err)
+	}
+	want := `table ip kube-proxy {
+	set service-ips { type ipv4_addr; elements = { 0x0a780050 (10.120.0.80) : goto svc-web } }
+	chain nat-prerouting { # type nat hook prerouting priority -100 policy accept
+		payload network header +16 len 4 => reg 1; lookup reg 1 in @service-ips; jump svc-web # handle 3
+	}
+	chain svc-web {
+		meta l4proto => reg 1; cmp reg 1 == 0x06; payload transport header +2 len 2 => reg 1; cmp reg 1 == 0x0050 (80); counter packets 3 bytes 180; immediate 0x0af4141f (10.244.20.31) => reg 1; immediate 0x0bb8 (3000) => reg 2; dnat addr reg 1 port reg 2; masq {Random:false FullyRandom:false Persistent:false ToPorts:false RegProtoMin:0 RegProtoMax:0} # handle 7
+	}
+}
+`
+	if b.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+func TestTopicsCoverEveryPodUpToTheBound(t *testing.T) {
+	node := &discover.NodeInfo{}
+	for i := range maxPodNetNS + 3 {
+		node.Pods = append(node.Pods, discover.Pod{NetNS: discover.NetNS{Path: fmt.Sprintf("/run/netns/p%d", i)}})
+	}
+	s := &snapshot{node: node, hostPath: "/proc/self/ns/net"}
+	pods := 0
+	for _, tp := range s.topics() {
+		if strings.HasPrefix(tp.file, "net-pod-") {
+			pods++
+		}
+	}
+	if pods != maxPodNetNS {
+		t.Errorf("%d pod files, want %d", pods, maxPodNetNS)
+	}
+}
+
+func TestSplitBudget(t *testing.T) {
+	for _, c := range []struct{ max, snap int64 }{{1 << 20, 1 << 18}, {1 << 30, DefaultSnapshotBytes}} {
+		snap, rest := SplitBudget(c.max)
+		if snap != c.snap || snap+rest != c.max {
+			t.Errorf("SplitBudget(%d) = %d, %d", c.max, snap, rest)
+		}
+	}
+}
