@@ -18,6 +18,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
@@ -47,6 +50,10 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"--svc", "10.0.0.1", "--pod-ip", "10.0.0.3", "--pod-pid", "1"},
 		{"--duration", "5s"},
 		{"--svc", "10.0.0.1", "--no-such-flag"},
+		{"--svc", "10.0.0.1", "--pcap", "/nonexistent-dir/x.pcapng"},
+		{"--svc", "10.0.0.1", "--pcap", "/etc/hostname"},
+		{"--svc", "10.0.0.1", "--max-packets", "5"},
+		{"--svc", "10.0.0.1", "--pcap", "/tmp/x.pcapng", "--max-bytes", "12X"},
 	}
 	for _, args := range cases {
 		var stderr bytes.Buffer
@@ -132,9 +139,13 @@ func startJSON(t *testing.T, args ...string) *run {
 		sc.Buffer(make([]byte, 1<<20), 16<<20)
 		for sc.Scan() {
 			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				r.lines <- m
+			if json.Unmarshal(sc.Bytes(), &m) != nil {
+				m = map[string]any{"type": "invalid JSON line", "line": sc.Text()}
 			}
+			if n := bytes.Count(sc.Bytes(), []byte(`"type":`)); m["type"] == "node" && n != 1 {
+				m = map[string]any{"type": "node object with a repeated type key", "line": sc.Text()}
+			}
+			r.lines <- m
 		}
 	}()
 	return r
@@ -163,6 +174,8 @@ func (r *run) rest(t *testing.T) (flows []map[string]any, summary map[string]any
 			flows = append(flows, m)
 		case "summary":
 			summary = m
+		default:
+			t.Errorf("unexpected JSON line: %v", m)
 		}
 	}
 	if err := r.cmd.Wait(); err != nil {
@@ -194,8 +207,9 @@ func TestVerdictPerLabMode(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			pcap := filepath.Join(t.TempDir(), string(mode)+".pcapng")
 			r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp",
-				"--svc", lab.UDPVIP.String()+"/udp", "--duration", "60s")
+				"--svc", lab.UDPVIP.String()+"/udp", "--duration", "60s", "--pcap", pcap)
 			r.waitNode(t)
 			res, err := l.Client(ctx, lab.ClientOptions{Requests: requests})
 			if err != nil {
@@ -221,6 +235,7 @@ func TestVerdictPerLabMode(t *testing.T) {
 			for _, f := range flows {
 				checkFlow(t, mode, f, gwMAC.String())
 			}
+			checkPcap(t, pcap, summary)
 		})
 	}
 }
@@ -339,4 +354,94 @@ func heldBPF(t *testing.T, pid int) (progs, links []uint32) {
 		}
 	}
 	return progs, links
+}
+
+// checkPcap reads the pcapng back: one interface per capture point, VLAN 200
+// written back into uplink frames, direction flags and comments on every
+// packet, snaplen honoured, and per-interface counts equal to the report's.
+func checkPcap(t *testing.T, path string, summary map[string]any) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("pcapng: %v", err)
+	}
+	defer f.Close()
+	if st, _ := f.Stat(); st.Mode().Perm() != 0o600 {
+		t.Errorf("pcapng mode %v, want 0600", st.Mode().Perm())
+	}
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		t.Fatalf("pcapng: %v", err)
+	}
+	counts := map[string]float64{}
+	vlanOnUplink := 0
+	for {
+		data, ci, opts, err := r.ReadPacketDataWithOptions()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("pcapng read: %v", err)
+		}
+		ifc, err := r.Interface(ci.InterfaceIndex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[ifc.Name]++
+		if len(data) > 96+4 {
+			t.Errorf("%s: %d bytes captured, snaplen is 96 (+4 for a written-back tag)", ifc.Name, len(data))
+		}
+		if opts.Flags == nil || opts.Flags.Direction == 0 || len(opts.Comments) == 0 {
+			t.Errorf("%s: packet without direction flag or comment: %+v", ifc.Name, opts)
+		}
+		if strings.HasPrefix(ifc.Name, "uplink:") {
+			pkt := gopacket.NewPacket(data, layers.LayerTypeEthernet, gopacket.Default)
+			if d, ok := pkt.Layer(layers.LayerTypeDot1Q).(*layers.Dot1Q); ok && d.VLANIdentifier == lab.VLAN {
+				vlanOnUplink++
+			}
+		}
+	}
+	if vlanOnUplink == 0 {
+		t.Errorf("no uplink frame carries VLAN %d in the pcapng", lab.VLAN)
+	}
+	checkTshark(t, path)
+	packets, _ := summary["packets"].(map[string]any)
+	for _, point := range []string{"pod:eth0", "host:veth-a", "uplink:bond0"} {
+		if counts[point] == 0 || counts[point] != packets[point] {
+			t.Errorf("pcapng has %v packets on %s, the report says %v", counts[point], point, packets[point])
+		}
+	}
+}
+
+// checkTshark has Wireshark's reader decode the file, where it is installed.
+func checkTshark(t *testing.T, path string) {
+	t.Helper()
+	if _, err := exec.LookPath("tshark"); err != nil {
+		t.Log("tshark not installed: the pcapng was checked with gopacket's reader only")
+		return
+	}
+	out, err := exec.Command("tshark", "-r", path, "-T", "fields",
+		"-e", "frame.interface_name", "-e", "vlan.id", "-e", "frame.comment").Output()
+	if err != nil {
+		t.Fatalf("tshark -r %s: %v", path, err)
+	}
+	names := map[string]bool{}
+	vlan := false
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Split(line, "\t")
+		if len(fields) < 3 || fields[2] == "" {
+			t.Errorf("tshark: packet without comment: %q", line)
+			continue
+		}
+		names[fields[0]] = true
+		vlan = vlan || (strings.HasPrefix(fields[0], "uplink:") && fields[1] == strconv.Itoa(lab.VLAN))
+	}
+	for _, n := range []string{"pod:eth0", "host:veth-a", "uplink:bond0"} {
+		if !names[n] {
+			t.Errorf("tshark shows no packet on interface %s (has %v)", n, names)
+		}
+	}
+	if !vlan {
+		t.Errorf("tshark decodes no VLAN %d on the uplink", lab.VLAN)
+	}
 }

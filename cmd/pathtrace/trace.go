@@ -8,7 +8,10 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -60,6 +63,9 @@ type traceFlags struct {
 	output    string
 	snaplen   int
 	maxFlows  int
+	pcap      string
+	maxPkts   uint64
+	maxBytes  string
 	version   bool
 }
 
@@ -78,6 +84,9 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs.StringVarP(&f.output, "output", "o", "table", "report format: table or json (JSON lines: node, one per flow, summary)")
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
 	fs.IntVar(&f.maxFlows, "max-flows", 100000, "bound on tracked flows; more are counted as dropped and reported")
+	fs.StringVarP(&f.pcap, "pcap", "w", "", "write every captured frame to this pcapng `file`, one interface per capture point (\"-\" = stdout, the report then goes to stderr); written as FILE.partial, renamed when complete, mode 0600")
+	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
+	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, traceUsage)
@@ -154,6 +163,26 @@ func (f *traceFlags) validate() (session.Options, error) {
 		d.Cgroup = f.cgroup
 	}
 	d.HostVeth, d.Uplink = f.hostVeth, f.uplink
+	if (f.maxPkts > 0 || f.maxBytes != "") && f.pcap == "" {
+		return opt, usagef("--max-packets and --max-bytes bound the --pcap file: give --pcap FILE too")
+	}
+	if f.maxBytes != "" {
+		n, err := parseSize(f.maxBytes)
+		if err != nil {
+			return opt, usagef("--max-bytes %q: %v (examples: 1000000, 64M, 1G)", f.maxBytes, err)
+		}
+		opt.PcapLimits.MaxBytes = n
+	}
+	if f.pcap != "" && f.pcap != "-" {
+		if _, err := os.Stat(f.pcap); err == nil {
+			return opt, usagef("--pcap %s: the file exists; pathtrace never overwrites a capture, give a new name", f.pcap)
+		}
+		if st, err := os.Stat(filepath.Dir(f.pcap)); err != nil || !st.IsDir() {
+			return opt, usagef("--pcap %s: no directory %s to write it in", f.pcap, filepath.Dir(f.pcap))
+		}
+	}
+	opt.Pcap = f.pcap
+	opt.PcapLimits.MaxPackets = f.maxPkts
 	opt.Duration = f.duration
 	opt.Snaplen = f.snaplen
 	opt.MaxFlows = f.maxFlows
@@ -203,7 +232,14 @@ func runTrace(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	rw := report.NewWriter(os.Stdout, f.output)
+	// With the capture on stdout the report goes to stderr, and a reader that
+	// goes away (Wireshark closed) becomes a write error, not a silent death.
+	out := io.Writer(os.Stdout)
+	if f.pcap == "-" {
+		out = os.Stderr
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	}
+	rw := report.NewWriter(out, f.output)
 	if isTerminal(os.Stderr) {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
@@ -224,8 +260,29 @@ func runTrace(args []string) int {
 		return exitRuntime
 	}
 	rw.Flows(res.Flows)
-	rw.Summary(res.Summary, res.Drops, res.StopReason)
+	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap})
 	return exitOK
+}
+
+// parseSize reads a byte count with an optional K, M or G suffix (powers of 1024).
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	switch strings.ToUpper(s[len(s)-1:]) {
+	case "K":
+		mult = 1 << 10
+	case "M":
+		mult = 1 << 20
+	case "G":
+		mult = 1 << 30
+	}
+	if mult > 1 {
+		s = s[:len(s)-1]
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return 0, errors.New("not a positive size")
+	}
+	return n * mult, nil
 }
 
 func isTerminal(f *os.File) bool {

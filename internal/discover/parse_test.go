@@ -97,17 +97,3 @@ func TestParseIPVS(t *testing.T) {
 		t.Errorf("parseIPVS:\n got %s\nwant %s", b, want)
 	}
 }
-
-func TestNodeInfoJSONHasType(t *testing.T) {
-	b, err := json.Marshal(NodeInfo{Kernel: "6.18"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	if m["type"] != "node" || m["kernel"] != "6.18" {
-		t.Errorf("got %s", b)
-	}
-}

@@ -1,7 +1,6 @@
 package discover
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 
@@ -27,15 +26,6 @@ type NodeInfo struct {
 
 	// Notes say what could not be read or was decided by a fallback.
 	Notes []string `json:"notes,omitempty"`
-}
-
-// MarshalJSON adds "type":"node" so the object identifies itself in a JSON-lines stream.
-func (n NodeInfo) MarshalJSON() ([]byte, error) {
-	type plain NodeInfo
-	return json.Marshal(struct {
-		Type string `json:"type"`
-		plain
-	}{"node", plain(n)})
 }
 
 func (n *NodeInfo) notef(format string, args ...any) {

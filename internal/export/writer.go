@@ -18,9 +18,10 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
+	"golang.org/x/sys/unix"
+
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/obs"
-	"golang.org/x/sys/unix"
 )
 
 // ErrLimit is returned by WritePacket once a bound of Limits is reached; the
@@ -56,6 +57,18 @@ type Limits struct {
 type InterfaceStats struct {
 	Received uint64 // packets the capture point received
 	Dropped  uint64 // packets the kernel dropped (ring full)
+}
+
+// Summary says what a pcapng file holds, for reports.
+type Summary struct {
+	Path    string `json:"path"`
+	Packets uint64 `json:"packets"`
+	Bytes   int64  `json:"bytes"`
+	// PerInterface is packets written per interface (capture point).
+	PerInterface map[string]uint64 `json:"per_interface"`
+	StopReason   string            `json:"stop_reason,omitempty"`
+	// Error is the write error that ended the file early (disk full, ...).
+	Error string `json:"error,omitempty"`
 }
 
 // Writer writes one pcapng capture. It is safe for concurrent use.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"slices"
 
+	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/flow"
 )
 
@@ -63,18 +64,25 @@ func (w *Writer) Flows(flows []flow.Flow) error {
 	return nil
 }
 
+// Run is what the caller adds to the summary about the run itself.
+type Run struct {
+	Stop    string            `json:"stop_reason,omitempty"` // why it ended: duration, interrupted, max-packets, ...
+	Packets map[string]uint64 `json:"packets,omitempty"`     // frames captured per capture point
+	Pcap    *export.Summary   `json:"pcap,omitempty"`        // the pcapng file, when one was written
+}
+
 // Summary writes the per-verdict counts, every drop counter (the engine's and
 // the caller's drops, e.g. kernel drops per capture point and ring buffer
-// losses; zero ones included) and why the run stopped ("" when not known).
-func (w *Writer) Summary(s flow.Summary, drops map[string]uint64, stop string) error {
+// losses; zero ones included) and what the caller says of the run.
+func (w *Writer) Summary(s flow.Summary, drops map[string]uint64, run Run) error {
 	s = s.WithDrops(drops)
 	if w.format != FormatJSON {
-		return writeSummaryTable(w.w, s, w.byPlace, stop)
+		return writeSummaryTable(w.w, s, w.byPlace, run)
 	}
 	return w.object("summary", struct {
 		flow.Summary
-		Stop string `json:"stop_reason,omitempty"`
-	}{s, stop})
+		Run
+	}{s, run})
 }
 
 // WriteTable writes flows and their summary (drops included) as tables.
@@ -83,7 +91,7 @@ func WriteTable(w io.Writer, flows []flow.Flow, s flow.Summary) error {
 	if err := rw.Flows(flows); err != nil {
 		return err
 	}
-	return rw.Summary(s, nil, "")
+	return rw.Summary(s, nil, Run{})
 }
 
 // object writes v as a JSON object with "type" first.

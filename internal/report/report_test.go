@@ -45,7 +45,7 @@ func run(t *testing.T, format string) []byte {
 	if err := w.Flows(e.Flows()); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Summary(e.Summary(), callerDrops, "duration"); err != nil {
+	if err := w.Summary(e.Summary(), callerDrops, report.Run{Stop: "duration"}); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()

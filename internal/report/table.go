@@ -51,7 +51,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 
 // writeSummaryTable writes the flows per verdict with their rewriters, then
 // every drop counter and why the run stopped.
-func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]string, stop string) error {
+func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]string, run Run) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "REWRITTEN AT\tFLOWS\tBY")
 	for _, p := range flow.Places() {
@@ -91,10 +91,37 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if s.OutOfScope > 0 {
 		fmt.Fprintf(w, "Socket events of clients outside the traced netns (left out): %d\n", s.OutOfScope)
 	}
-	if stop != "" {
-		fmt.Fprintf(w, "Stopped: %s\n", stop)
+	if len(run.Packets) > 0 {
+		fmt.Fprintf(w, "Captured: %s\n", countList(run.Packets))
+	}
+	if p := run.Pcap; p != nil {
+		fmt.Fprintf(w, "Pcapng: %s, %d packets, %d bytes (%s)", p.Path, p.Packets, p.Bytes, countList(p.PerInterface))
+		if p.StopReason != "" {
+			fmt.Fprintf(w, "; ended by %s", p.StopReason)
+		}
+		if p.Error != "" {
+			fmt.Fprintf(w, "; WRITE ERROR: %s", p.Error)
+		}
+		fmt.Fprintln(w)
+	}
+	if run.Stop != "" {
+		fmt.Fprintf(w, "Stopped: %s\n", run.Stop)
 	}
 	return nil
+}
+
+// countList formats counters by name, sorted: "host:veth-a 12, pod:eth0 10".
+func countList(m map[string]uint64) string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %d", n, m[n])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // shorten cuts s to n runes with an ellipsis.

@@ -87,7 +87,7 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen int, prog *eb
 		if err != nil {
 			att.Err = err
 		} else {
-			taps = append(taps, tap{label: label, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil})
+			taps = append(taps, tap{label: label, role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil})
 		}
 		atts = append(atts, att)
 	}

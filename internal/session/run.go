@@ -1,0 +1,231 @@
+package session
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/net/bpf"
+
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
+	"github.com/pathtrace/pathtrace/internal/probe"
+)
+
+// tracer is one running session's moving parts.
+type tracer struct {
+	opt        Options
+	pr         *probe.Probe
+	taps       []tap
+	eng        *flow.Engine
+	watch      []netip.Addr
+	cgroupRoot string
+	cgroupDone map[uint64]bool
+	// filterErrors counts failed widenings (watch list or tap filter
+	// updates): each one may lose the packets of a learned backend.
+	filterErrors uint64
+	// scope is the netns inodes of the traced Pods and the node: the socket
+	// observers are host-wide and would also report other netns' clients.
+	scope      map[uint64]bool
+	outOfScope uint64
+	pcap       *pcapOut // nil without --pcap
+}
+
+// netnsScope is the set of network namespaces whose sockets are traced.
+func netnsScope(node *discover.NodeInfo) map[uint64]bool {
+	scope := map[uint64]bool{node.HostNetNS.Inode: true}
+	for _, p := range node.Pods {
+		scope[p.NetNS.Inode] = true
+	}
+	return scope
+}
+
+// add feeds the engine one observation that is within scope.
+func (tr *tracer) add(o obs.Observation) {
+	switch o.Point {
+	case obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress:
+		if o.NetNS != 0 && !tr.scope[o.NetNS] {
+			tr.outOfScope++
+			return
+		}
+	}
+	tr.eng.Add(o)
+}
+
+// run feeds every producer into the engine until the bound or ctx ends and
+// says why it stopped.
+func (tr *tracer) run(ctx context.Context) string {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := "interrupted"
+	var timer <-chan time.Time
+	if tr.opt.Duration > 0 {
+		t := time.NewTimer(tr.opt.Duration)
+		defer t.Stop()
+		timer = t.C
+	}
+
+	// One consumer owns the engine; producers block when it lags, so the kernel
+	// (ring full) counts what is lost instead of this process dropping silently.
+	items := make(chan item, 4096)
+	var producers sync.WaitGroup
+	producers.Add(1)
+	go func() {
+		defer producers.Done()
+		_ = tr.pr.Run(runCtx, func(o obs.Observation) { send(runCtx, items, item{o: o, isObs: true}) })
+	}()
+	for i, tp := range tr.taps {
+		producers.Add(1)
+		go func(iface int, tp tap) {
+			defer producers.Done()
+			_ = tp.t.Run(runCtx, func(p *capture.Packet) {
+				it := item{iface: iface}
+				it.o, it.isObs = p.Observation(tp.point)
+				it.o.Ifname = tp.label
+				if tr.pcap != nil {
+					it.pkt = p.Clone() // the ring slot is reused after this call
+				}
+				if it.isObs || it.pkt != nil {
+					send(runCtx, items, it)
+				}
+			})
+		}(i, tp)
+	}
+	go func() { producers.Wait(); close(items) }()
+
+	start := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case it, ok := <-items:
+			if !ok {
+				break loop
+			}
+			if reason := tr.consume(it); reason != "" {
+				stop = reason
+				break loop
+			}
+		case <-tick.C:
+			tr.widen()
+			tr.attributeCgroups()
+			if tr.opt.Progress != nil {
+				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary()}
+				p.Packets, p.Drops = tr.counters()
+				tr.opt.Progress(p)
+			}
+		case <-timer:
+			stop = "duration"
+			break loop
+		case <-ctx.Done():
+			break loop
+		}
+	}
+	// Let in-flight events land, then drain what the producers still hold.
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	for it := range items {
+		tr.consume(it)
+	}
+	return stop
+}
+
+// item is one thing a producer hands the consumer: an observation, a
+// captured frame for the pcapng file, or both.
+type item struct {
+	o     obs.Observation
+	isObs bool
+	iface int             // index of the tap in tracer.taps
+	pkt   *capture.Packet // only with --pcap
+}
+
+// consume feeds the engine and the pcapng file; it returns a stop reason when
+// the file reached a bound.
+func (tr *tracer) consume(it item) string {
+	if it.isObs {
+		tr.add(it.o)
+	}
+	if it.pkt == nil {
+		return ""
+	}
+	comment := "no Service flow known for this packet yet"
+	if it.isObs {
+		if ref, ok := tr.eng.Classify(it.o); ok {
+			comment = ref.Comment(tr.taps[it.iface].label)
+		}
+	}
+	return tr.pcap.write(it.iface, it.pkt, comment)
+}
+
+// attributeCgroups resolves the client cgroups seen on flows to the sock_addr
+// programs effective there, for "by" of socket-layer rewrites.
+func (tr *tracer) attributeCgroups() {
+	if tr.cgroupDone == nil {
+		tr.cgroupDone = map[uint64]bool{}
+	}
+	for _, id := range tr.eng.CgroupIDs() {
+		if tr.cgroupDone[id] {
+			continue
+		}
+		tr.cgroupDone[id] = true
+		_, progs, err := discover.SockProgramsForCgroupID(tr.cgroupRoot, id, tr.pr.OwnProgramIDs)
+		if err != nil {
+			continue // the node-wide list from discovery stays the attribution
+		}
+		fps := make([]flow.SockProgram, len(progs))
+		for i, p := range progs {
+			fps[i] = flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup}
+		}
+		tr.eng.SetCgroupSockPrograms(id, fps)
+	}
+}
+
+func send(ctx context.Context, ch chan<- item, it item) {
+	select {
+	case ch <- it:
+	case <-ctx.Done():
+	}
+}
+
+// widen adds the backends the engine learned to the observers' watch list
+// (which the eBPF tap filter shares) and to the classic tap filters, so
+// post-rewrite packets are captured too. The observers already learn most
+// of this in the kernel; widen covers what they could not (e.g. a backend
+// only conntrack named). Failures are counted, never ignored.
+func (tr *tracer) widen() {
+	seen := make(map[netip.Addr]bool, len(tr.watch))
+	for _, a := range tr.watch {
+		seen[a] = true
+	}
+	var added []netip.Addr
+	for _, b := range tr.eng.Backends() {
+		if !seen[b] {
+			seen[b] = true
+			added = append(added, b)
+		}
+	}
+	if len(added) == 0 {
+		return
+	}
+	tr.watch = append(tr.watch, added...)
+	if err := tr.pr.Watch(added...); err != nil {
+		tr.filterErrors++
+	}
+	var f []bpf.RawInstruction
+	var ferr error
+	for _, tp := range tr.taps {
+		if !tp.classic {
+			continue
+		}
+		if f == nil && ferr == nil {
+			f, ferr = capture.FilterFor(tr.watch, tr.opt.Snaplen)
+		}
+		if ferr != nil || tp.t.SetFilter(f) != nil {
+			tr.filterErrors++
+		}
+	}
+}
