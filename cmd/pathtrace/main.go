@@ -22,6 +22,8 @@ func main() {
 
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
+		case "incident":
+			os.Exit(runIncident(os.Args[2:]))
 		case "lab":
 			os.Exit(runLab(os.Args[2:]))
 		}

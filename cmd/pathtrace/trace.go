@@ -31,6 +31,7 @@ the uplink (802.1Q VLAN, destination MAC) and whether a reply came back.
 
 Usage:
   pathtrace --svc IP[:PORT][/tcp|udp] [--svc ...] [flags]
+  pathtrace incident --svc ... --out DIR    (a bounded incident bundle; see 'pathtrace incident --help')
   pathtrace lab up|down|status|client ...   (the built-in test lab; see 'pathtrace lab --help')
 
 Examples:
@@ -72,18 +73,8 @@ type traceFlags struct {
 func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("pathtrace", pflag.ContinueOnError)
 	fs.SortFlags = false
-	fs.StringArrayVar(&f.svcs, "svc", nil, "Service to trace, `IP[:PORT][/tcp|udp]`, repeatable (required); without a port any port of that IP")
-	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C or SIGTERM ends early and still prints the full report")
-	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node)")
-	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
-	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
-	fs.StringVar(&f.hostNetNS, "host-netns", "", "the node's network namespace `path` (default: pathtrace's own; set it for kind/k3d nodes or the lab)")
-	fs.StringVar(&f.hostVeth, "host-veth", "", "host-side veth `name` of the Pod (default: found from the Pod's eth0 peer)")
-	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway, else the route's device)")
-	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
+	addSelectionFlags(fs, f)
 	fs.StringVarP(&f.output, "output", "o", "table", "report format: table or json (JSON lines: node, one per flow, summary)")
-	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
-	fs.IntVar(&f.maxFlows, "max-flows", 100000, "bound on tracked flows; more are counted as dropped and reported")
 	fs.StringVarP(&f.pcap, "pcap", "w", "", "write every captured frame to this pcapng `file`, one interface per capture point (\"-\" = stdout, the report then goes to stderr); written as FILE.partial, renamed when complete, mode 0600")
 	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
 	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
@@ -93,6 +84,22 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// addSelectionFlags adds what the trace and incident commands share: the
+// Services, the duration, and which Pods and node to look at.
+func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
+	fs.StringArrayVar(&f.svcs, "svc", nil, "Service to trace, `IP[:PORT][/tcp|udp]`, repeatable (required); without a port any port of that IP")
+	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C or SIGTERM ends early and still prints the full report")
+	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node)")
+	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
+	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
+	fs.StringVar(&f.hostNetNS, "host-netns", "", "the node's network namespace `path` (default: pathtrace's own; set it for kind/k3d nodes or the lab)")
+	fs.StringVar(&f.hostVeth, "host-veth", "", "host-side veth `name` of the Pod (default: found from the Pod's eth0 peer)")
+	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway, else the route's device)")
+	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
+	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
+	fs.IntVar(&f.maxFlows, "max-flows", 100000, "bound on tracked flows; more are counted as dropped and reported")
 }
 
 // validate turns the flags into session options; every error is a usage error.
