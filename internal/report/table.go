@@ -18,7 +18,8 @@ func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 }
 
-// writeFlowTable writes one row per flow, then the reason of every unknown.
+// writeFlowTable writes one row per flow, then why the flows that reached no
+// backend (nowhere, unknown) did so.
 func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	if len(flows) == 0 {
 		_, err := fmt.Fprint(w, "No flow to the watched Service VIPs was seen.\n\n")
@@ -33,18 +34,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write flow table: %w", err)
 	}
-	var unknown []flow.Flow
-	for _, f := range flows {
-		if f.RewrittenAt == flow.PlaceUnknown {
-			unknown = append(unknown, f)
-		}
-	}
-	if len(unknown) > 0 {
-		fmt.Fprintln(w, "\nWhy unknown:")
-		for _, f := range unknown {
-			fmt.Fprintf(w, "  %d: %s\n", f.ID, f.Reason)
-		}
-	}
+	writeReasons(w, flows)
 	_, err := fmt.Fprintln(w)
 	return err
 }
@@ -172,4 +162,34 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// writeReasons explains the nowhere and unknown verdicts, one line per
+// distinct reason with the flows it applies to: these are the rows an SRE
+// has to act on.
+func writeReasons(w io.Writer, flows []flow.Flow) {
+	for _, place := range []flow.Place{flow.PlaceNowhere, flow.PlaceUnknown} {
+		var order []string
+		ids := map[string][]string{}
+		for _, f := range flows {
+			if f.RewrittenAt != place {
+				continue
+			}
+			if _, ok := ids[f.Reason]; !ok {
+				order = append(order, f.Reason)
+			}
+			ids[f.Reason] = append(ids[f.Reason], fmt.Sprint(f.ID))
+		}
+		if len(order) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\nWhy %s:\n", place)
+		for _, r := range order {
+			label := "flows"
+			if len(ids[r]) == 1 {
+				label = "flow"
+			}
+			fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(ids[r], ", "), r)
+		}
+	}
 }
