@@ -445,3 +445,93 @@ func checkTshark(t *testing.T, path string) {
 		t.Errorf("tshark decodes no VLAN %d on the uplink", lab.VLAN)
 	}
 }
+
+// TestAttachDetachMidTraffic starts and stops pathtrace while the lab client
+// sends a steady stream of requests: observers must never break traffic, at
+// attach, while attached, or at detach.
+func TestAttachDetachMidTraffic(t *testing.T) {
+	needRoot(t)
+	l := lab.New(fmt.Sprintf("ptlab-mid%d", os.Getpid()%100000))
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	for _, mode := range []lab.Mode{lab.ModeSocket, lab.ModeTC, lab.ModeNetfilter} {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := l.Up(ctx, mode); err != nil {
+				t.Fatalf("lab up: %v", err)
+			}
+			type result struct {
+				res lab.ClientResult
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				res, err := l.Client(ctx, lab.ClientOptions{Requests: 60, Interval: 50 * time.Millisecond})
+				done <- result{res, err}
+			}()
+			// Two short runs inside the client's three seconds: attach and
+			// detach both happen while requests are in flight.
+			for i := 0; i < 2; i++ {
+				time.Sleep(400 * time.Millisecond)
+				out, err := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
+					"--svc", lab.UDPVIP.String(), "--duration", "700ms", "-o", "json").CombinedOutput()
+				if err != nil {
+					t.Fatalf("pathtrace: %v\n%s", err, out)
+				}
+			}
+			r := <-done
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			for _, pr := range []lab.ProtoResult{r.res.TCP, r.res.UDP} {
+				if pr.Failed != 0 {
+					t.Errorf("%s: %d of %d requests failed while pathtrace attached and detached: %+v",
+						pr.Target, pr.Failed, pr.OK+pr.Failed, failures(pr))
+				}
+			}
+		})
+	}
+}
+
+func failures(pr lab.ProtoResult) []lab.RequestResult {
+	var out []lab.RequestResult
+	for _, r := range pr.Requests {
+		if !r.OK {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestPodSelection selects the lab's Pod by IP and by netns path: its flows
+// are traced and its capture points are the only Pod points.
+func TestPodSelection(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	for _, sel := range [][]string{{"--pod-ip", lab.PodIP.String()}, {"--pod-netns", l.PodNetNS()}} {
+		r := startJSON(t, append([]string{"--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "30s"}, sel...)...)
+		node := r.waitNode(t)
+		if pods, _ := node["pods"].([]any); len(pods) != 1 {
+			t.Errorf("%v: %d pods in the node object, want 1", sel, len(pods))
+		}
+		if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 2}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+		flows, _ := r.rest(t)
+		tcp := 0
+		for _, f := range flows {
+			if f["proto"] == "tcp" && f["rewritten_at"] == "tc" {
+				tcp++
+			}
+		}
+		if tcp != 2 {
+			t.Errorf("%v: %d TCP flows rewritten at tc, want 2: %s", sel, tcp, dump(flows))
+		}
+	}
+}

@@ -157,6 +157,10 @@ func podByIP(ctx context.Context, host *hostNS, ip netip.Addr) (*Pod, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The same IP can live in several netns (other nodes' pods on a host that
+	// runs several, like kind or the lab): the pod of this node is the one
+	// whose veth leads into the node netns.
+	var detached *Pod
 	for _, c := range cands {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -165,7 +169,19 @@ func podByIP(ctx context.Context, host *hostNS, ip netip.Addr) (*Pod, error) {
 		if err != nil || !found {
 			continue // gone meanwhile, or not the one
 		}
-		return inspectPod(host, c, ip)
+		pod, err := inspectPod(host, c, ip)
+		if err != nil {
+			continue
+		}
+		if pod.HostPeer != nil {
+			return pod, nil
+		}
+		if detached == nil {
+			detached = pod
+		}
+	}
+	if detached != nil {
+		return detached, nil
 	}
 	return nil, usagef("--pod-ip %s: no pod has this address (%d netns checked); give the IP of a pod running on this node", ip, len(cands))
 }
