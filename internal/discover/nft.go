@@ -35,7 +35,7 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 	}
 	var graphs []*natGraph
 	for _, k := range order {
-		g := &natGraph{source: "nftables", table: familyName(k.family) + " " + k.name, chains: map[string][]natRule{}}
+		g := &natGraph{source: "nftables", table: NFTFamilyName(k.family) + " " + k.name, chains: map[string][]natRule{}}
 		for _, c := range byTable[k] {
 			if hook := natHook(c); hook != "" {
 				g.bases = append(g.bases, natBase{c.Name, hook})
@@ -73,7 +73,8 @@ func natHook(c *nftables.Chain) string {
 	return ""
 }
 
-func familyName(f nftables.TableFamily) string {
+// NFTFamilyName is nft's name of a table family (ip, ip6, inet, ...).
+func NFTFamilyName(f nftables.TableFamily) string {
 	switch f {
 	case nftables.TableFamilyIPv4:
 		return "ip"

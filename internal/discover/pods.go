@@ -187,17 +187,12 @@ func podByIP(ctx context.Context, host *hostNS, ip netip.Addr) (*Pod, error) {
 }
 
 func netnsHasAddr(path string, ip netip.Addr) (bool, error) {
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return false, err
-	}
-	defer ns.Close()
-	nl, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return false, err
-	}
-	defer nl.Close()
-	return hasAddr(nl, ip), nil
+	found := false
+	err := nsutil.Netlink(path, func(nl *netlink.Handle) error {
+		found = hasAddr(nl, ip)
+		return nil
+	})
+	return found, err
 }
 
 func hasAddr(nl *netlink.Handle, ip netip.Addr) bool {
@@ -381,14 +376,9 @@ func RefreshGatewayMACs(node *NodeInfo) {
 		if p.GatewayMAC != "" || !p.Gateway.IsValid() {
 			continue
 		}
-		ns, err := netns.GetFromPath(p.NetNS.Path)
-		if err != nil {
-			continue
-		}
-		if nl, err := netlink.NewHandleAt(ns); err == nil {
+		_ = nsutil.Netlink(p.NetNS.Path, func(nl *netlink.Handle) error {
 			p.GatewayMAC = neighbourMAC(nl, p.Eth0.Ifindex, p.Gateway)
-			nl.Close()
-		}
-		ns.Close()
+			return nil
+		})
 	}
 }

@@ -15,15 +15,22 @@ import (
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
-// sockAttach are the cgroup sock_addr hooks a socket load balancer uses.
-var sockAttach = [...]struct {
-	name string
-	typ  ebpf.AttachType
-}{
+// SockHook is a cgroup sock_addr hook a socket load balancer uses.
+type SockHook struct {
+	Name string // connect4, sendmsg4, ...
+	Type ebpf.AttachType
+}
+
+// SockHooks are the hooks of Cilium's socket LB and its kind, v4 then v6.
+var SockHooks = [...]SockHook{
 	{"connect4", ebpf.AttachCGroupInet4Connect},
 	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg},
 	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg},
 	{"getpeername4", ebpf.AttachCgroupInet4GetPeername},
+	{"connect6", ebpf.AttachCGroupInet6Connect},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername},
 }
 
 // sockPrograms lists the sock_addr programs effective for cgroup (the
@@ -42,15 +49,15 @@ func sockPrograms(cgroup string, own map[ebpf.ProgramID]bool, info *NodeInfo) []
 		}
 	}
 	var out []SockProgram
-	for _, at := range sockAttach {
-		effective, err := queryCgroup(cgroup, at.typ, unix.BPF_F_QUERY_EFFECTIVE)
+	for _, at := range SockHooks {
+		effective, err := queryCgroup(cgroup, at.Type, unix.BPF_F_QUERY_EFFECTIVE)
 		if err != nil {
-			info.notef("socket programs (%s) not checked on %s: %v", at.name, cgroup, err)
+			info.notef("socket programs (%s) not checked on %s: %v", at.Name, cgroup, err)
 			continue
 		}
 		attachedAt := map[ebpf.ProgramID]string{}
 		for _, dir := range chain {
-			ids, err := queryCgroup(dir, at.typ, 0)
+			ids, err := queryCgroup(dir, at.Type, 0)
 			if err != nil {
 				continue
 			}
@@ -64,7 +71,7 @@ func sockPrograms(cgroup string, own map[ebpf.ProgramID]bool, info *NodeInfo) []
 			if own[id] {
 				continue
 			}
-			out = append(out, SockProgram{Attach: at.name, Name: programName(id), ID: id, Cgroup: attachedAt[id]})
+			out = append(out, SockProgram{Attach: at.Name, Name: programName(id), ID: id, Cgroup: attachedAt[id]})
 		}
 	}
 	return out

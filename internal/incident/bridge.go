@@ -11,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // maxOVSBridges bounds the per-bridge flow dumps.
@@ -19,7 +21,7 @@ const maxOVSBridges = 16
 // bridges lists the node's Linux bridges with their ports, the VLANs of every
 // port (`bridge vlan`) and the forwarding database (`bridge fdb`).
 func (s *snapshot) bridges(_ context.Context, w *topicWriter) error {
-	return withNetlink(s.hostPath, func(h *netlink.Handle) error {
+	return nsutil.Netlink(s.hostPath, func(h *netlink.Handle) error {
 		links, err := h.LinkList()
 		if err := dumpErr(w, "links", err); err != nil {
 			return err

@@ -6,34 +6,12 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
-
-// netlinkTimeout bounds each netlink request of a collector.
-const netlinkTimeout = 5 * time.Second
-
-// withNetlink runs fn with a netlink handle whose sockets live in the netns
-// at path.
-func withNetlink(path string, fn func(h *netlink.Handle) error) error {
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("netlink in netns %s: %w", path, err)
-	}
-	defer h.Close()
-	if err := h.SetSocketTimeout(netlinkTimeout); err != nil {
-		return fmt.Errorf("netlink timeout: %w", err)
-	}
-	return fn(h)
-}
 
 // dumpErr keeps the partial result of an interrupted dump (the table changed
 // while it was read) and says so.
@@ -53,7 +31,7 @@ func dumpErr(w *topicWriter, what string, err error) error {
 func (s *snapshot) netState(path string) func(context.Context, *topicWriter) error {
 	return func(_ context.Context, w *topicWriter) error {
 		fmt.Fprintf(w, "# netns %s\n", path)
-		return withNetlink(path, func(h *netlink.Handle) error {
+		return nsutil.Netlink(path, func(h *netlink.Handle) error {
 			links, err := h.LinkList()
 			if err := dumpErr(w, "links", err); err != nil {
 				return err

@@ -12,6 +12,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
 )
 
 // nftLister is the read side of an nftables connection.
@@ -39,7 +41,7 @@ func renderRuleset(w io.Writer, conn nftLister) error {
 		fmt.Fprintln(w, "no nftables tables")
 	}
 	for _, t := range tables {
-		fmt.Fprintf(w, "table %s %s {\n", familyName(t.Family), t.Name)
+		fmt.Fprintf(w, "table %s %s {\n", discover.NFTFamilyName(t.Family), t.Name)
 		sets, err := conn.GetSets(t)
 		if err != nil {
 			fmt.Fprintf(w, "\t# sets not read: %v\n", err)
@@ -135,24 +137,6 @@ func hookName(f nftables.TableFamily, h nftables.ChainHook) string {
 		return names[h]
 	}
 	return fmt.Sprintf("hook%d", h)
-}
-
-func familyName(f nftables.TableFamily) string {
-	switch f {
-	case nftables.TableFamilyIPv4:
-		return "ip"
-	case nftables.TableFamilyIPv6:
-		return "ip6"
-	case nftables.TableFamilyINet:
-		return "inet"
-	case nftables.TableFamilyBridge:
-		return "bridge"
-	case nftables.TableFamilyARP:
-		return "arp"
-	case nftables.TableFamilyNetdev:
-		return "netdev"
-	}
-	return fmt.Sprintf("family%d", f)
 }
 
 func ruleString(exprs []expr.Any) string {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/cgroup2"
+	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
@@ -83,7 +84,7 @@ func (s *snapshot) tcPrograms(_ context.Context, w *topicWriter) error {
 		return nil
 	}
 	for _, path := range order {
-		err := withNetlink(path, func(h *netlink.Handle) error {
+		err := nsutil.Netlink(path, func(h *netlink.Handle) error {
 			for _, ifc := range byNS[path] {
 				s.tcIface(w, h, path, ifc)
 			}
@@ -196,21 +197,6 @@ func (s *snapshot) tcFilters(w *topicWriter, h *netlink.Handle, l netlink.Link, 
 	}
 }
 
-// sockAttachTypes are the cgroup sock_addr hooks a socket load balancer uses.
-var sockAttachTypes = [...]struct {
-	name string
-	typ  ebpf.AttachType
-}{
-	{"connect4", ebpf.AttachCGroupInet4Connect},
-	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg},
-	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg},
-	{"getpeername4", ebpf.AttachCgroupInet4GetPeername},
-	{"connect6", ebpf.AttachCGroupInet6Connect},
-	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg},
-	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg},
-	{"getpeername6", ebpf.AttachCgroupInet6GetPeername},
-}
-
 var errEnough = errors.New("enough")
 
 // cgroupPrograms lists the sock_addr programs of the cgroup2 tree: the ones
@@ -269,8 +255,8 @@ func hasSockPrograms(dir string) bool {
 		return false
 	}
 	defer f.Close()
-	for _, at := range sockAttachTypes {
-		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at.typ})
+	for _, at := range discover.SockHooks {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at.Type})
 		if err == nil && len(res.Programs) > 0 {
 			return true
 		}
@@ -285,18 +271,18 @@ func (s *snapshot) cgroupQuery(w *topicWriter, dir string, flags uint32) error {
 		return fmt.Errorf("open cgroup: %w", err)
 	}
 	defer f.Close()
-	for _, at := range sockAttachTypes {
-		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at.typ, QueryFlags: flags})
+	for _, at := range discover.SockHooks {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at.Type, QueryFlags: flags})
 		if err != nil {
-			fmt.Fprintf(w, "  %s: not read: %v\n", at.name, err)
+			fmt.Fprintf(w, "  %s: not read: %v\n", at.Name, err)
 			continue
 		}
 		if len(res.Programs) == 0 {
-			fmt.Fprintf(w, "  %s: none\n", at.name)
+			fmt.Fprintf(w, "  %s: none\n", at.Name)
 			continue
 		}
 		for i, p := range res.Programs {
-			fmt.Fprintf(w, "  %s %d. %s\n", at.name, i+1, s.progDesc(p.ID))
+			fmt.Fprintf(w, "  %s %d. %s\n", at.Name, i+1, s.progDesc(p.ID))
 		}
 	}
 	return nil

@@ -213,7 +213,7 @@ func (tn *testNode) addPrograms(t *testing.T, prefix string) {
 	const tcxNext, tcActUnspec = -1, -1
 	tcx := loadReturn(t, "pttest_tcx", ebpf.SchedCLS, ebpf.AttachTCXIngress, tcxNext)
 	cls := loadReturn(t, "pttest_cls", ebpf.SchedCLS, ebpf.AttachNone, tcActUnspec)
-	err = withNetlink(tn.node, func(h *vnl.Handle) error {
+	err = nsutil.Netlink(tn.node, func(h *vnl.Handle) error {
 		hv0, err := h.LinkByName("hv0")
 		if err != nil {
 			return err
@@ -289,7 +289,7 @@ func (tn *testNode) state(t *testing.T) string {
 		t.Fatal(err)
 	}
 	for _, path := range []string{tn.node, tn.pod} {
-		err := withNetlink(path, func(h *vnl.Handle) error {
+		err := nsutil.Netlink(path, func(h *vnl.Handle) error {
 			links, err := h.LinkList()
 			if err != nil {
 				return err
@@ -340,10 +340,10 @@ func (tn *testNode) state(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, at := range sockAttachTypes {
-			res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at.typ})
+		for _, at := range discover.SockHooks {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at.Type})
 			if err == nil {
-				fmt.Fprintf(&b, "cgroup %s %s %v\n", dir, at.name, res.Programs)
+				fmt.Fprintf(&b, "cgroup %s %s %v\n", dir, at.Name, res.Programs)
 			}
 		}
 		f.Close()

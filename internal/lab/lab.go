@@ -14,6 +14,7 @@ package lab
 
 import (
 	"github.com/pathtrace/pathtrace/internal/cgroup2"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 
 	"fmt"
 	"net"
@@ -153,7 +154,7 @@ func (l *Lab) stateDir() string { return filepath.Join(stateBaseDir, l.name) }
 // destination MAC of the Pod's frames on the uplink.
 func (l *Lab) GatewayMAC() (net.HardwareAddr, error) {
 	var mac net.HardwareAddr
-	err := withHandle(l.GatewayNetNS(), func(h *netlink.Handle) error {
+	err := nsutil.Netlink(l.GatewayNetNS(), func(h *netlink.Handle) error {
 		link, err := h.LinkByName(GatewayPort)
 		if err != nil {
 			return fmt.Errorf("gateway port %s: %w", GatewayPort, err)

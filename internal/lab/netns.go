@@ -8,8 +8,6 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/nsutil"
@@ -69,21 +67,6 @@ func deleteNetNS(path string) error {
 func isNetNS(path string) bool {
 	var fs unix.Statfs_t
 	return unix.Statfs(path, &fs) == nil && fs.Type == unix.NSFS_MAGIC
-}
-
-// withHandle runs fn with a netlink handle bound to the netns at path.
-func withHandle(path string, fn func(h *netlink.Handle) error) error {
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("netlink in %s: %w", path, err)
-	}
-	defer h.Close()
-	return fn(h)
 }
 
 // setSysctls writes net sysctls (dotted names) inside the netns at path.

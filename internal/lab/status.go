@@ -102,7 +102,7 @@ func (l *Lab) Status() (Status, error) {
 // interfaces lists the links of one lab namespace.
 func interfaces(role, path string) ([]InterfaceStatus, error) {
 	var out []InterfaceStatus
-	err := withHandle(path, func(h *netlink.Handle) error {
+	err := nsutil.Netlink(path, func(h *netlink.Handle) error {
 		links, err := h.LinkList()
 		if err != nil {
 			return err

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // buildTopology makes the namespaces, links, addresses and routes of the lab,
@@ -79,7 +81,7 @@ func (l *Lab) buildNode() error {
 	}
 	defer gw.Close()
 
-	return withHandle(l.NodeNetNS(), func(h *netlink.Handle) error {
+	return nsutil.Netlink(l.NodeNetNS(), func(h *netlink.Handle) error {
 		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: HostVeth},
 			PeerName: PodIface, PeerNamespace: netlink.NsFd(pod.Fd())}); err != nil {
 			return fmt.Errorf("veth %s/%s: %w", HostVeth, PodIface, err)
@@ -115,7 +117,7 @@ func (l *Lab) buildGateway() error {
 		return err
 	}
 	defer backend.Close()
-	return withHandle(l.GatewayNetNS(), func(h *netlink.Handle) error {
+	return nsutil.Netlink(l.GatewayNetNS(), func(h *netlink.Handle) error {
 		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: GatewayBackPort},
 			PeerName: BackendIface, PeerNamespace: netlink.NsFd(backend.Fd())}); err != nil {
 			return fmt.Errorf("veth %s/%s: %w", GatewayBackPort, BackendIface, err)
@@ -132,7 +134,7 @@ func (l *Lab) buildGateway() error {
 
 // configureHost addresses an end host (Pod or backend) and gives it a default route.
 func configureHost(netnsPath, iface string, addr netip.Prefix, gateway netip.Addr) error {
-	return withHandle(netnsPath, func(h *netlink.Handle) error {
+	return nsutil.Netlink(netnsPath, func(h *netlink.Handle) error {
 		if err := addAddr(h, iface, addr); err != nil {
 			return err
 		}
@@ -187,7 +189,7 @@ func linksUp(h *netlink.Handle, names ...string) error {
 // address, so the route goes via the Pod's gateway, on-link on the bridge; the
 // bridge ARPs for it from 0.0.0.0 and the gateway answers.
 func (l *Lab) addBridgedDNATRoute() error {
-	return withHandle(l.NodeNetNS(), func(h *netlink.Handle) error {
+	return nsutil.Netlink(l.NodeNetNS(), func(h *netlink.Handle) error {
 		br, err := h.LinkByName(Bridge)
 		if err != nil {
 			return fmt.Errorf("bridge %s: %w", Bridge, err)

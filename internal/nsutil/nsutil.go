@@ -8,7 +8,10 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -66,3 +69,26 @@ func Inode(path string) (uint64, error) {
 
 // Self is the path of the calling process's network namespace.
 const Self = "/proc/self/ns/net"
+
+// netlinkTimeout bounds each netlink request made through Netlink: a reader
+// of node state never hangs on a busy kernel.
+const netlinkTimeout = 5 * time.Second
+
+// Netlink runs fn with a netlink handle whose sockets live in the netns at
+// path (no thread switching needed: the sockets are created inside it).
+func Netlink(path string, fn func(h *netlink.Handle) error) error {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in netns %s: %w", path, err)
+	}
+	defer h.Close()
+	if err := h.SetSocketTimeout(netlinkTimeout); err != nil {
+		return fmt.Errorf("netlink timeout: %w", err)
+	}
+	return fn(h)
+}
