@@ -51,7 +51,7 @@ func (p *pcapOut) write(iface int, pkt *capture.Packet, comment string) string {
 }
 
 // close writes each interface's statistics and publishes the file.
-func (p *pcapOut) close(taps []tap) (*export.Summary, error) {
+func (p *pcapOut) close(taps []tap) *export.Summary {
 	stats := make([]export.InterfaceStats, len(taps))
 	res := &export.Summary{Path: p.path, PerInterface: map[string]uint64{}}
 	for i, tp := range taps {
@@ -59,12 +59,14 @@ func (p *pcapOut) close(taps []tap) (*export.Summary, error) {
 		stats[i] = export.InterfaceStats{Received: st.Packets, Dropped: st.KernelDrops}
 		res.PerInterface[tp.label] = p.perTap[i]
 	}
-	if err := p.w.Close(stats); err != nil {
-		return nil, fmt.Errorf("finish pcapng %s: %w", p.path, err)
+	// A failed close (a reader that went away from "-", a full disk) is
+	// reported with the rest, never at the cost of the report.
+	if err := p.w.Close(stats); err != nil && p.err == nil {
+		p.err = err
 	}
 	if p.err != nil {
 		res.Error = p.err.Error()
 	}
 	res.Packets, res.Bytes, res.StopReason = p.w.Packets(), p.w.Bytes(), p.w.StopReason()
-	return res, nil
+	return res
 }

@@ -144,9 +144,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res := &Result{Node: node, Attachments: atts}
 	res.StopReason = tr.run(ctx)
 	if tr.pcap != nil {
-		if res.Pcap, err = tr.pcap.close(taps); err != nil {
-			return nil, err
-		}
+		res.Pcap = tr.pcap.close(taps)
 	}
 	tr.attributeCgroups()
 	discover.RefreshGatewayMACs(node)
