@@ -1,11 +1,14 @@
 package session
 
 import (
+	"container/heap"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/export"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // pcapOut is the session's pcapng file: one interface per tap, in tap order.
@@ -14,6 +17,8 @@ type pcapOut struct {
 	path   string
 	perTap []uint64
 	err    error // a write error other than the bounds (disk full, ...)
+	held   frameHeap
+	newest time.Time
 }
 
 func openPcap(path string, lim export.Limits, taps []tap, snaplen int) (*pcapOut, error) {
@@ -69,4 +74,57 @@ func (p *pcapOut) close(taps []tap) *export.Summary {
 	}
 	res.Packets, res.Bytes, res.StopReason = p.w.Packets(), p.w.Bytes(), p.w.StopReason()
 	return res
+}
+
+// Frames reach the consumer in ring-block batches per capture point (a block
+// retires after at most 50 ms), so frames of different points arrive out of
+// time order. Holding each frame for reorderWindow lets the file list them in
+// time order across points, as Wireshark users expect; maxHeld bounds memory.
+const (
+	reorderWindow = 200 * time.Millisecond
+	maxHeld       = 1 << 16
+)
+
+// heldFrame is a frame waiting for its turn, with what classifies it.
+type heldFrame struct {
+	iface int
+	pkt   *capture.Packet
+	o     obs.Observation
+	isObs bool
+}
+
+type frameHeap []heldFrame
+
+func (h frameHeap) Len() int           { return len(h) }
+func (h frameHeap) Less(i, j int) bool { return h[i].pkt.Time.Before(h[j].pkt.Time) }
+func (h frameHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *frameHeap) Push(x any)        { *h = append(*h, x.(heldFrame)) }
+func (h *frameHeap) Pop() any {
+	old := *h
+	f := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return f
+}
+
+// hold queues a frame and writes every frame older than the reorder window
+// (or the oldest ones beyond maxHeld). The comment is computed when the frame
+// is written, so it carries the most the engine knows by then.
+func (p *pcapOut) hold(f heldFrame, comment func(heldFrame) string) string {
+	heap.Push(&p.held, f)
+	if f.pkt.Time.After(p.newest) {
+		p.newest = f.pkt.Time
+	}
+	return p.release(p.newest.Add(-reorderWindow), comment)
+}
+
+// release writes the held frames captured before t; it returns a stop reason
+// when the file reached a bound or failed.
+func (p *pcapOut) release(t time.Time, comment func(heldFrame) string) string {
+	for len(p.held) > 0 && (p.held[0].pkt.Time.Before(t) || len(p.held) > maxHeld) {
+		f := heap.Pop(&p.held).(heldFrame)
+		if reason := p.write(f.iface, f.pkt, comment(f)); reason != "" {
+			return reason
+		}
+	}
+	return ""
 }

@@ -111,6 +111,12 @@ loop:
 				break loop
 			}
 		case <-tick.C:
+			if tr.pcap != nil {
+				if reason := tr.pcap.release(time.Now().Add(-reorderWindow), tr.comment); reason != "" {
+					stop = reason
+					break loop
+				}
+			}
 			tr.widen()
 			tr.attributeCgroups()
 			if tr.opt.Progress != nil {
@@ -130,6 +136,9 @@ loop:
 	cancel()
 	for it := range items {
 		tr.consume(it)
+	}
+	if tr.pcap != nil {
+		tr.pcap.release(time.Now().Add(time.Hour), tr.comment) // everything left
 	}
 	return stop
 }
@@ -152,13 +161,18 @@ func (tr *tracer) consume(it item) string {
 	if it.pkt == nil {
 		return ""
 	}
-	comment := "no Service flow known for this packet yet"
-	if it.isObs {
-		if ref, ok := tr.eng.Classify(it.o); ok {
-			comment = ref.Comment(tr.taps[it.iface].label)
+	return tr.pcap.hold(heldFrame{iface: it.iface, pkt: it.pkt, o: it.o, isObs: it.isObs}, tr.comment)
+}
+
+// comment is a frame's pcapng comment: its flow, before or after
+// translation, and the flow's verdict as known now.
+func (tr *tracer) comment(f heldFrame) string {
+	if f.isObs {
+		if ref, ok := tr.eng.Classify(f.o); ok {
+			return ref.Comment(tr.taps[f.iface].label)
 		}
 	}
-	return tr.pcap.write(it.iface, it.pkt, comment)
+	return "no Service flow known for this packet"
 }
 
 // attributeCgroups resolves the client cgroups seen on flows to the sock_addr
