@@ -535,3 +535,54 @@ func TestPodSelection(t *testing.T) {
 		}
 	}
 }
+
+// TestPcapBoundsEndTheRun: --max-packets holds exactly and ends the run with
+// that stop reason; --max-bytes is never exceeded.
+func TestPcapBoundsEndTheRun(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	for _, bound := range [][]string{{"--max-packets", "5"}, {"--max-bytes", "3000"}} {
+		pcap := filepath.Join(t.TempDir(), "bounded.pcapng")
+		r := startJSON(t, append([]string{"--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
+			"--duration", "30s", "--pcap", pcap}, bound...)...)
+		r.waitNode(t)
+		if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 5}); err != nil {
+			t.Fatal(err)
+		}
+		_, summary := r.rest(t) // ends by itself: the bound stops the run
+		want := map[string]string{"--max-packets": "max-packets", "--max-bytes": "max-bytes"}[bound[0]]
+		if summary["stop_reason"] != want {
+			t.Errorf("%v: stop_reason %v, want %s", bound, summary["stop_reason"], want)
+		}
+		st, err := os.Stat(pcap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, _ := os.Open(pcap)
+		rd, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for {
+			if _, _, err := rd.ReadPacketData(); err != nil {
+				if err != io.EOF {
+					t.Errorf("%v: reading the pcapng: %v", bound, err)
+				}
+				break
+			}
+			n++
+		}
+		f.Close()
+		switch bound[0] {
+		case "--max-packets":
+			if n != 5 {
+				t.Errorf("--max-packets 5: the file holds %d packets", n)
+			}
+		case "--max-bytes":
+			if st.Size() > 3000 || n == 0 {
+				t.Errorf("--max-bytes 3000: the file has %d bytes and %d packets", st.Size(), n)
+			}
+		}
+	}
+}
