@@ -244,6 +244,63 @@ static __always_inline bool pt_interesting(const struct pt_tuple *t)
 	       pt_watched_client(t->daddr, t->dport, t->proto);
 }
 
+/* Packet observers (tc, netfilter) report the first PT_EVENTS_PER_FLOW packets
+ * of each flow direction at each point, and every TCP SYN, FIN and RST: a
+ * verdict needs a flow's first packets, and a busy flow must not flood the
+ * ring buffer (the packet taps still see every packet). What is left out is
+ * counted per point in events_summarized: summarized, not lost. */
+#define PT_EVENTS_PER_FLOW 8
+
+struct pt_flow_point {
+	__u32 saddr;
+	__u32 daddr;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 point;
+	__u8 where; /* tc direction or netfilter hook */
+	__u8 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct pt_flow_point);
+	__type(value, __u32);
+} flow_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, PT_POINTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} events_summarized SEC(".maps");
+
+static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 point, __u8 where)
+{
+	if (t->proto == IPPROTO_TCP && (t->tcp_flags & 0x07)) /* FIN, SYN, RST */
+		return true;
+	struct pt_flow_point k = {
+		.saddr = t->saddr, .daddr = t->daddr, .sport = t->sport, .dport = t->dport,
+		.proto = t->proto, .point = point, .where = where,
+	};
+	__u32 *n = bpf_map_lookup_elem(&flow_events, &k);
+	if (!n) {
+		__u32 one = 1;
+		bpf_map_update_elem(&flow_events, &k, &one, BPF_ANY);
+		return true;
+	}
+	if (*n < PT_EVENTS_PER_FLOW) {
+		__sync_fetch_and_add(n, 1);
+		return true;
+	}
+	__u32 key = point;
+	__u64 *summarized = bpf_map_lookup_elem(&events_summarized, &key);
+	if (summarized)
+		(*summarized)++;
+	return false;
+}
+
 static __always_inline void pt_set_tuple(struct pt_event *e, const struct pt_tuple *t)
 {
 	e->saddr = t->saddr;

@@ -67,7 +67,7 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 		return NF_ACCEPT;
 	if (learn && pt_watched(t.daddr))
 		pt_learn_client(t.saddr, t.sport, t.proto);
-	if (!pt_interesting(&t))
+	if (!pt_interesting(&t) || !pt_within_budget(&t, point, ctx->state->hook))
 		return NF_ACCEPT;
 
 	struct pt_event *e = pt_reserve(point);

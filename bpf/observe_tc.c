@@ -44,7 +44,7 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 		return TCX_NEXT;
 	if (learn && pt_watched(t.daddr))
 		pt_learn_client(t.saddr, t.sport, t.proto);
-	if (!pt_interesting(&t))
+	if (!pt_interesting(&t) || !pt_within_budget(&t, point, dir))
 		return TCX_NEXT;
 
 	struct pt_event *e = pt_reserve(point);

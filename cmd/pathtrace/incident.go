@@ -145,7 +145,7 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 const reportReserve = 512 << 10
 
 func writeBundle(ctx context.Context, dir string, opt session.Options, res *session.Result, atts []probe.Attachment, budget int64) error {
-	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap}
+	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized}
 	for _, format := range []string{"txt", "json"} {
 		name := filepath.Join(dir, "report."+format)
 		f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)

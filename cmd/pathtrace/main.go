@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/debug"
 
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
@@ -16,9 +17,14 @@ const (
 	exitUsage   = 2
 )
 
+// memoryLimit is the Go heap's soft limit: on a busy node pathtrace collects
+// garbage sooner rather than grow (its rings and maps are bounded on their own).
+const memoryLimit = 48 << 20
+
 func main() {
 	// The lab re-executes this binary for its servers and client processes.
 	lab.RunWorkerIfRequested()
+	debug.SetMemoryLimit(memoryLimit)
 
 	if len(os.Args) > 1 {
 		switch os.Args[1] {

@@ -267,7 +267,7 @@ func runTrace(args []string) int {
 		return exitRuntime
 	}
 	rw.Flows(res.Flows)
-	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap})
+	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized})
 	return exitOK
 }
 

@@ -16,14 +16,16 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	observeNFMapEvents        = "events"
-	observeNFMapLearnErrors   = "learn_errors"
-	observeNFMapRingbufLosses = "ringbuf_losses"
-	observeNFMapWatchAddrs    = "watch_addrs"
-	observeNFMapWatchClients  = "watch_clients"
-	observeNFProgPtNfAfter    = "pt_nf_after"
-	observeNFProgPtNfBefore   = "pt_nf_before"
-	observeNFVarPtEventLayout = "pt_event_layout"
+	observeNFMapEvents           = "events"
+	observeNFMapEventsSummarized = "events_summarized"
+	observeNFMapFlowEvents       = "flow_events"
+	observeNFMapLearnErrors      = "learn_errors"
+	observeNFMapRingbufLosses    = "ringbuf_losses"
+	observeNFMapWatchAddrs       = "watch_addrs"
+	observeNFMapWatchClients     = "watch_clients"
+	observeNFProgPtNfAfter       = "pt_nf_after"
+	observeNFProgPtNfBefore      = "pt_nf_before"
+	observeNFVarPtEventLayout    = "pt_event_layout"
 )
 
 // loadObserveNF returns the embedded CollectionSpec for observeNF.
@@ -76,11 +78,13 @@ type observeNFProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeNFMapSpecs struct {
-	Events        *ebpf.MapSpec `ebpf:"events"`
-	LearnErrors   *ebpf.MapSpec `ebpf:"learn_errors"`
-	RingbufLosses *ebpf.MapSpec `ebpf:"ringbuf_losses"`
-	WatchAddrs    *ebpf.MapSpec `ebpf:"watch_addrs"`
-	WatchClients  *ebpf.MapSpec `ebpf:"watch_clients"`
+	Events           *ebpf.MapSpec `ebpf:"events"`
+	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
+	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
+	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
 }
 
 // observeNFVariableSpecs contains global variables before they are loaded into the kernel.
@@ -110,16 +114,20 @@ func (o *observeNFObjects) Close() error {
 //
 // It can be passed to loadObserveNFObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeNFMaps struct {
-	Events        *ebpf.Map `ebpf:"events"`
-	LearnErrors   *ebpf.Map `ebpf:"learn_errors"`
-	RingbufLosses *ebpf.Map `ebpf:"ringbuf_losses"`
-	WatchAddrs    *ebpf.Map `ebpf:"watch_addrs"`
-	WatchClients  *ebpf.Map `ebpf:"watch_clients"`
+	Events           *ebpf.Map `ebpf:"events"`
+	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
+	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
+	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
+	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
 }
 
 func (m *observeNFMaps) Close() error {
 	return _ObserveNFClose(
 		m.Events,
+		m.EventsSummarized,
+		m.FlowEvents,
 		m.LearnErrors,
 		m.RingbufLosses,
 		m.WatchAddrs,

@@ -16,14 +16,16 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	observePktMapEvents        = "events"
-	observePktMapLearnErrors   = "learn_errors"
-	observePktMapRingbufLosses = "ringbuf_losses"
-	observePktMapWatchAddrs    = "watch_addrs"
-	observePktMapWatchClients  = "watch_clients"
-	observePktProgPtTapFilter  = "pt_tap_filter"
-	observePktVarPtEventLayout = "pt_event_layout"
-	observePktVarTapSnaplen    = "tap_snaplen"
+	observePktMapEvents           = "events"
+	observePktMapEventsSummarized = "events_summarized"
+	observePktMapFlowEvents       = "flow_events"
+	observePktMapLearnErrors      = "learn_errors"
+	observePktMapRingbufLosses    = "ringbuf_losses"
+	observePktMapWatchAddrs       = "watch_addrs"
+	observePktMapWatchClients     = "watch_clients"
+	observePktProgPtTapFilter     = "pt_tap_filter"
+	observePktVarPtEventLayout    = "pt_event_layout"
+	observePktVarTapSnaplen       = "tap_snaplen"
 )
 
 // loadObservePkt returns the embedded CollectionSpec for observePkt.
@@ -75,11 +77,13 @@ type observePktProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observePktMapSpecs struct {
-	Events        *ebpf.MapSpec `ebpf:"events"`
-	LearnErrors   *ebpf.MapSpec `ebpf:"learn_errors"`
-	RingbufLosses *ebpf.MapSpec `ebpf:"ringbuf_losses"`
-	WatchAddrs    *ebpf.MapSpec `ebpf:"watch_addrs"`
-	WatchClients  *ebpf.MapSpec `ebpf:"watch_clients"`
+	Events           *ebpf.MapSpec `ebpf:"events"`
+	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
+	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
+	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
 }
 
 // observePktVariableSpecs contains global variables before they are loaded into the kernel.
@@ -110,16 +114,20 @@ func (o *observePktObjects) Close() error {
 //
 // It can be passed to loadObservePktObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observePktMaps struct {
-	Events        *ebpf.Map `ebpf:"events"`
-	LearnErrors   *ebpf.Map `ebpf:"learn_errors"`
-	RingbufLosses *ebpf.Map `ebpf:"ringbuf_losses"`
-	WatchAddrs    *ebpf.Map `ebpf:"watch_addrs"`
-	WatchClients  *ebpf.Map `ebpf:"watch_clients"`
+	Events           *ebpf.Map `ebpf:"events"`
+	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
+	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
+	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
+	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
 }
 
 func (m *observePktMaps) Close() error {
 	return _ObservePktClose(
 		m.Events,
+		m.EventsSummarized,
+		m.FlowEvents,
 		m.LearnErrors,
 		m.RingbufLosses,
 		m.WatchAddrs,

@@ -16,20 +16,22 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	observeSockMapEvents        = "events"
-	observeSockMapLearnErrors   = "learn_errors"
-	observeSockMapReqDst        = "req_dst"
-	observeSockMapRingbufLosses = "ringbuf_losses"
-	observeSockMapWatchAddrs    = "watch_addrs"
-	observeSockMapWatchClients  = "watch_clients"
-	observeSockMapWatchCookies  = "watch_cookies"
-	observeSockProgPtConnect4   = "pt_connect4"
-	observeSockProgPtConnect6   = "pt_connect6"
-	observeSockProgPtSendmsg4   = "pt_sendmsg4"
-	observeSockProgPtSockEgress = "pt_sock_egress"
-	observeSockProgPtSockState  = "pt_sock_state"
-	observeSockProgPtSysEnter   = "pt_sys_enter"
-	observeSockVarPtEventLayout = "pt_event_layout"
+	observeSockMapEvents           = "events"
+	observeSockMapEventsSummarized = "events_summarized"
+	observeSockMapFlowEvents       = "flow_events"
+	observeSockMapLearnErrors      = "learn_errors"
+	observeSockMapReqDst           = "req_dst"
+	observeSockMapRingbufLosses    = "ringbuf_losses"
+	observeSockMapWatchAddrs       = "watch_addrs"
+	observeSockMapWatchClients     = "watch_clients"
+	observeSockMapWatchCookies     = "watch_cookies"
+	observeSockProgPtConnect4      = "pt_connect4"
+	observeSockProgPtConnect6      = "pt_connect6"
+	observeSockProgPtSendmsg4      = "pt_sendmsg4"
+	observeSockProgPtSockEgress    = "pt_sock_egress"
+	observeSockProgPtSockState     = "pt_sock_state"
+	observeSockProgPtSysEnter      = "pt_sys_enter"
+	observeSockVarPtEventLayout    = "pt_event_layout"
 )
 
 // loadObserveSock returns the embedded CollectionSpec for observeSock.
@@ -86,13 +88,15 @@ type observeSockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeSockMapSpecs struct {
-	Events        *ebpf.MapSpec `ebpf:"events"`
-	LearnErrors   *ebpf.MapSpec `ebpf:"learn_errors"`
-	ReqDst        *ebpf.MapSpec `ebpf:"req_dst"`
-	RingbufLosses *ebpf.MapSpec `ebpf:"ringbuf_losses"`
-	WatchAddrs    *ebpf.MapSpec `ebpf:"watch_addrs"`
-	WatchClients  *ebpf.MapSpec `ebpf:"watch_clients"`
-	WatchCookies  *ebpf.MapSpec `ebpf:"watch_cookies"`
+	Events           *ebpf.MapSpec `ebpf:"events"`
+	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
+	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	ReqDst           *ebpf.MapSpec `ebpf:"req_dst"`
+	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
+	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
+	WatchCookies     *ebpf.MapSpec `ebpf:"watch_cookies"`
 }
 
 // observeSockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -122,18 +126,22 @@ func (o *observeSockObjects) Close() error {
 //
 // It can be passed to loadObserveSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeSockMaps struct {
-	Events        *ebpf.Map `ebpf:"events"`
-	LearnErrors   *ebpf.Map `ebpf:"learn_errors"`
-	ReqDst        *ebpf.Map `ebpf:"req_dst"`
-	RingbufLosses *ebpf.Map `ebpf:"ringbuf_losses"`
-	WatchAddrs    *ebpf.Map `ebpf:"watch_addrs"`
-	WatchClients  *ebpf.Map `ebpf:"watch_clients"`
-	WatchCookies  *ebpf.Map `ebpf:"watch_cookies"`
+	Events           *ebpf.Map `ebpf:"events"`
+	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
+	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	ReqDst           *ebpf.Map `ebpf:"req_dst"`
+	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
+	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
+	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
+	WatchCookies     *ebpf.Map `ebpf:"watch_cookies"`
 }
 
 func (m *observeSockMaps) Close() error {
 	return _ObserveSockClose(
 		m.Events,
+		m.EventsSummarized,
+		m.FlowEvents,
 		m.LearnErrors,
 		m.ReqDst,
 		m.RingbufLosses,

@@ -16,16 +16,18 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	observeTCMapEvents        = "events"
-	observeTCMapLearnErrors   = "learn_errors"
-	observeTCMapRingbufLosses = "ringbuf_losses"
-	observeTCMapWatchAddrs    = "watch_addrs"
-	observeTCMapWatchClients  = "watch_clients"
-	observeTCProgPtTcHeadIn   = "pt_tc_head_in"
-	observeTCProgPtTcHeadOut  = "pt_tc_head_out"
-	observeTCProgPtTcTailIn   = "pt_tc_tail_in"
-	observeTCProgPtTcTailOut  = "pt_tc_tail_out"
-	observeTCVarPtEventLayout = "pt_event_layout"
+	observeTCMapEvents           = "events"
+	observeTCMapEventsSummarized = "events_summarized"
+	observeTCMapFlowEvents       = "flow_events"
+	observeTCMapLearnErrors      = "learn_errors"
+	observeTCMapRingbufLosses    = "ringbuf_losses"
+	observeTCMapWatchAddrs       = "watch_addrs"
+	observeTCMapWatchClients     = "watch_clients"
+	observeTCProgPtTcHeadIn      = "pt_tc_head_in"
+	observeTCProgPtTcHeadOut     = "pt_tc_head_out"
+	observeTCProgPtTcTailIn      = "pt_tc_tail_in"
+	observeTCProgPtTcTailOut     = "pt_tc_tail_out"
+	observeTCVarPtEventLayout    = "pt_event_layout"
 )
 
 // loadObserveTC returns the embedded CollectionSpec for observeTC.
@@ -80,11 +82,13 @@ type observeTCProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeTCMapSpecs struct {
-	Events        *ebpf.MapSpec `ebpf:"events"`
-	LearnErrors   *ebpf.MapSpec `ebpf:"learn_errors"`
-	RingbufLosses *ebpf.MapSpec `ebpf:"ringbuf_losses"`
-	WatchAddrs    *ebpf.MapSpec `ebpf:"watch_addrs"`
-	WatchClients  *ebpf.MapSpec `ebpf:"watch_clients"`
+	Events           *ebpf.MapSpec `ebpf:"events"`
+	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
+	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
+	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
 }
 
 // observeTCVariableSpecs contains global variables before they are loaded into the kernel.
@@ -114,16 +118,20 @@ func (o *observeTCObjects) Close() error {
 //
 // It can be passed to loadObserveTCObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeTCMaps struct {
-	Events        *ebpf.Map `ebpf:"events"`
-	LearnErrors   *ebpf.Map `ebpf:"learn_errors"`
-	RingbufLosses *ebpf.Map `ebpf:"ringbuf_losses"`
-	WatchAddrs    *ebpf.Map `ebpf:"watch_addrs"`
-	WatchClients  *ebpf.Map `ebpf:"watch_clients"`
+	Events           *ebpf.Map `ebpf:"events"`
+	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
+	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
+	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
+	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
 }
 
 func (m *observeTCMaps) Close() error {
 	return _ObserveTCClose(
 		m.Events,
+		m.EventsSummarized,
+		m.FlowEvents,
 		m.LearnErrors,
 		m.RingbufLosses,
 		m.WatchAddrs,

@@ -45,6 +45,10 @@ type Stats struct {
 	ConntrackErrors uint64               // netlink receive errors (ENOBUFS: events lost)
 	ConntrackDrops  uint64               // conntrack observations dropped: reader behind
 	LearnErrors     uint64               // in-kernel learning refused (watch_addrs full)
+	// Summarized counts packets the tc and netfilter observers did not report
+	// because their flow direction had already been reported PT_EVENTS_PER_FLOW
+	// times at that point (the taps still capture them): not a loss.
+	Summarized uint64
 }
 
 // Names of the maps the observer families share; each is created once per
@@ -53,7 +57,7 @@ type Stats struct {
 // about a flow in the kernel reaches every later point, the taps' filter
 // included, before the flow's next packet does.
 var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_clients", "learn_errors",
-	"req_dst", "watch_cookies"}
+	"req_dst", "watch_cookies", "flow_events", "events_summarized"}
 
 // Probe owns every map, program, link and socket of one session.
 type Probe struct {
@@ -221,11 +225,12 @@ func (p *Probe) Stats() Stats {
 		LossesByPoint:   map[obs.Point]uint64{},
 	}
 	p.mu.Lock()
-	losses, learnErrors := p.maps["ringbuf_losses"], p.maps["learn_errors"]
+	losses, learnErrors, summarized := p.maps["ringbuf_losses"], p.maps["learn_errors"], p.maps["events_summarized"]
 	p.mu.Unlock()
-	if losses == nil || learnErrors == nil {
+	if losses == nil || learnErrors == nil || summarized == nil {
 		return s
 	}
+	s.Summarized = sumPerCPU(summarized, bpfPointCount)
 	var learnPerCPU []uint64
 	if err := learnErrors.Lookup(uint32(0), &learnPerCPU); err == nil {
 		for _, n := range learnPerCPU {
@@ -291,4 +296,19 @@ func (p *Probe) Close() error {
 // keep records a link so Close detaches it. Callers hold p.mu.
 func (p *Probe) keep(l link.Link) {
 	p.links = append(p.links, l)
+}
+
+// sumPerCPU adds up every CPU's value of every key below n of a per-CPU array.
+func sumPerCPU(m *ebpf.Map, n int) uint64 {
+	var total uint64
+	for key := range uint32(n) {
+		var perCPU []uint64
+		if err := m.Lookup(key, &perCPU); err != nil {
+			continue
+		}
+		for _, v := range perCPU {
+			total += v
+		}
+	}
+	return total
 }

@@ -351,6 +351,53 @@ func TestTwoProbesSideBySide(t *testing.T) {
 	assertDetached(t, second)
 }
 
+// A flow's packets past the per-flow budget are summarized, not reported: the
+// first PT_EVENTS_PER_FLOW (8) of a flow direction reach user space at each
+// point, the rest are counted.
+func TestBusyFlowIsSummarized(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.Watch(env.vip); err != nil {
+		t.Fatal(err)
+	}
+	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+	c := &collector{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = p.Run(ctx, c.add) }()
+
+	const datagrams = 100
+	var conn *net.UDPConn
+	if err := nsutil.Do(env.clientNS, func() error {
+		var err error
+		conn, err = net.ListenUDP("udp", nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for range datagrams {
+		if _, err := conn.WriteToUDPAddrPort([]byte("x"), netip.AddrPortFrom(env.vip, 9)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	head := func(o obs.Observation) bool { return o.Point == obs.PointTCHead && o.Dir == obs.DirIn }
+	c.waitCount(t, "the flow's first packets at tc head", 8, head)
+	time.Sleep(200 * time.Millisecond)
+	if n := len(c.matching(head)); n != 8 {
+		t.Errorf("%d tc head events for one flow of %d datagrams, want 8", n, datagrams)
+	}
+	// head and tail each summarize the 92 others.
+	if s := p.Stats(); s.Summarized != 2*(datagrams-8) || s.RingbufLosses != 0 {
+		t.Errorf("stats %+v: want %d summarized and no loss", s, 2*(datagrams-8))
+	}
+}
+
 // A full ring buffer loses events; the losses are counted per point, so for
 // every packet seen at the head and tail of b0 ingress, events + losses agree.
 func TestRingbufLossesCounted(t *testing.T) {
@@ -377,8 +424,10 @@ func TestRingbufLossesCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	to := netip.AddrPortFrom(env.vip, 9)
-	for range datagrams {
+	// Each datagram to its own port: a flow of its own, reported in full (the
+	// per-flow budget would summarize one flow's packets).
+	for i := range datagrams {
+		to := netip.AddrPortFrom(env.vip, uint16(1+i))
 		if _, err := conn.WriteToUDPAddrPort([]byte("x"), to); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatal(err)
 		}

@@ -69,6 +69,10 @@ type Run struct {
 	Stop    string            `json:"stop_reason,omitempty"` // why it ended: duration, interrupted, max-packets, ...
 	Packets map[string]uint64 `json:"packets,omitempty"`     // frames captured per capture point
 	Pcap    *export.Summary   `json:"pcap,omitempty"`        // the pcapng file, when one was written
+	// Summarized counts packets the tc and netfilter observers left out of
+	// their reports because the flow direction was already reported at that
+	// point often enough (the taps still captured them): not a loss.
+	Summarized uint64 `json:"observer_events_summarized"`
 }
 
 // Summary writes the per-verdict counts, every drop counter (the engine's and

@@ -81,6 +81,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if s.OutOfScope > 0 {
 		fmt.Fprintf(w, "Socket events of clients outside the traced netns (left out): %d\n", s.OutOfScope)
 	}
+	if run.Summarized > 0 {
+		fmt.Fprintf(w, "Observer events summarized (busy flows past their first packets; the taps saw every packet): %d\n", run.Summarized)
+	}
 	if len(run.Packets) > 0 {
 		fmt.Fprintf(w, "Captured: %s\n", countList(run.Packets))
 	}

@@ -82,7 +82,7 @@ func (p *pcapOut) close(taps []tap) *export.Summary {
 // time order across points, as Wireshark users expect; maxHeld bounds memory.
 const (
 	reorderWindow = 200 * time.Millisecond
-	maxHeld       = 1 << 16
+	maxHeld       = 8192
 )
 
 // heldFrame is a frame waiting for its turn, with what classifies it.

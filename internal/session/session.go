@@ -58,6 +58,8 @@ type Result struct {
 	// StopReason: "duration", "interrupted", "max-packets", "max-bytes" or
 	// "pcap-error".
 	StopReason string
+	// Summarized: packets the tc and netfilter observers summarized (probe.Stats).
+	Summarized uint64
 	// Pcap is what was written to Options.Pcap.
 	Pcap *export.Summary
 }
@@ -153,6 +155,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
 	res.Packets, res.Drops = tr.counters()
+	res.Summarized = pr.Stats().Summarized
 	return res, nil
 }
 
