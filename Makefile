@@ -61,8 +61,14 @@ lab-demo: build
 		$(BIN) lab up --mode $$m && $(BIN) lab client --requests 5; \
 	done; $(BIN) lab down
 
-bench:
+# Go benchmarks, then pathtrace against tcpdump in a lab of its own (root, a few
+# minutes); the results and the exact commands go to BENCH.md. tcpdump is
+# installed with apt-get when missing.
+bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+	@command -v tcpdump >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y tcpdump; }
+	$(GO) run ./tools/bench --pathtrace $(BIN) --out BENCH.md
 
 clean:
 	rm -rf bin

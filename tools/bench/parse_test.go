@@ -1,0 +1,107 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+func TestParseSchedstat(t *testing.T) {
+	got, err := parseSchedstat([]byte("172964825 18827563 486\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 172964825 * time.Nanosecond; got != want {
+		t.Errorf("run time = %v, want %v", got, want)
+	}
+	if _, err := parseSchedstat([]byte("0 0\n")); err == nil {
+		t.Error("short schedstat accepted")
+	}
+}
+
+func TestParseSystemBusy(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	stat := "cpu  100 10 50 9000 30 5 20 15 7 0\ncpu0 1 2 3 4 5 6 7 8 9 0\n"
+	got, err := parseSystemBusy([]byte(stat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := ticks(100 + 10 + 50 + 5 + 20 + 15); got != want {
+		t.Errorf("busy = %v, want %v", got, want)
+	}
+	if _, err := parseSystemBusy([]byte("intr 1 2 3\n")); err == nil {
+		t.Error("line without cpu accepted")
+	}
+}
+
+func TestParseTcpdumpStats(t *testing.T) {
+	stderr := "tcpdump: listening on bond0, link-type EN10MB (Ethernet), snapshot length 96 bytes\n" +
+		"^C\n1234 packets captured\n1300 packets received by filter\n66 packets dropped by kernel\n"
+	var res captureResult
+	if err := parseTcpdumpStats(stderr, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Captured["bond0"] != 1234 || res.KernelDrops["bond0"] != 66 {
+		t.Errorf("captured %v drops %v, want 1234 and 66", res.Captured, res.KernelDrops)
+	}
+	if err := parseTcpdumpStats("tcpdump: bond0: No such device exists\n", &res); err == nil {
+		t.Error("stderr without counters accepted")
+	}
+}
+
+func TestParsePathtraceSummary(t *testing.T) {
+	line := `{"type":"summary","flows":3,"drops":{"host:veth-a kernel_drops":2,"pod:eth0 kernel_drops":0,` +
+		`"uplink:bond0 kernel_drops":5,"ringbuf_losses":7,"flows_over_max":1,"pod:eth0 decode_errors":0},` +
+		`"observations":{"host":6,"pod":6,"uplink":6,"tc_head":6,"sockaddr":3},` +
+		`"packets":{"host:veth-a":6,"pod:eth0":6,"uplink:bond0":4}}`
+	var res captureResult
+	if err := parsePathtraceSummary([]byte(line), &res); err != nil {
+		t.Fatal(err)
+	}
+	if got := res.totalCaptured(); got != 16 {
+		t.Errorf("captured %d, want 16", got)
+	}
+	if got := uplinkCount(res.Captured); got != 4 {
+		t.Errorf("uplink %d, want 4", got)
+	}
+	if res.KernelDrops["host:veth-a"] != 2 || res.KernelDrops["uplink:bond0"] != 5 || res.totalDrops() != 7 {
+		t.Errorf("kernel drops %v", res.KernelDrops)
+	}
+	if res.OtherLosses != 8 || res.LossCounters["ringbuf_losses"] != 7 {
+		t.Errorf("other losses %d, want 8 (ring buffer 7 + flows over max 1)", res.OtherLosses)
+	}
+	if res.Events != 9 || res.Flows != 3 {
+		t.Errorf("events %d flows %d, want 9 (tc_head + sockaddr) and 3", res.Events, res.Flows)
+	}
+	if err := parsePathtraceSummary(nil, &res); err == nil {
+		t.Error("missing summary accepted")
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var s []time.Duration
+	for i := 100; i >= 1; i-- {
+		s = append(s, time.Duration(i))
+	}
+	for _, c := range []struct {
+		pct  float64
+		want time.Duration
+	}{{50, 50}, {99, 99}, {100, 100}, {1, 1}} {
+		if got := percentile(s, c.pct); got != c.want {
+			t.Errorf("p%v = %v, want %v", c.pct, got, c.want)
+		}
+	}
+	if s[0] != 100 {
+		t.Error("percentile reordered its input")
+	}
+}
+
+func TestGroupByRate(t *testing.T) {
+	runs := []windowRun{
+		{Tool: toolNone, Rate: 10}, {Tool: toolTcpdump, Rate: 10}, {Tool: toolPathtrace, Rate: 10},
+		{Tool: toolNone, Rate: 0}, {Tool: toolTcpdump, Rate: 0}, {Tool: toolPathtrace, Rate: 0},
+	}
+	g := groupByRate(runs)
+	if len(g) != 2 || g[0].rate != 10 || g[1].rate != 0 || g[1].pathtrace.Tool != toolPathtrace || g[0].tcpdump.Tool != toolTcpdump {
+		t.Errorf("groups %+v", g)
+	}
+}

@@ -1,0 +1,404 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/lab"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+var (
+	// unrelatedDst is where the unrelated traffic goes: the Pod's gateway on
+	// the discard port. It is neither a Service nor a backend, so no capture
+	// point may keep it; the gateway answers with rate-limited ICMP errors.
+	unrelatedDst = netip.AddrPortFrom(lab.GatewayIP, 9)
+	// bulkDst is the bulk sink the benchmark runs in the gateway's netns, on
+	// its backend-side address: never a backend, so pathtrace only captures
+	// the bulk flow when told to watch it (a learned backend is watched on
+	// every port).
+	bulkDst = netip.AddrPortFrom(lab.GatewayBackendIP, 5001)
+)
+
+// settle is how long a capture keeps running after the traffic stops before
+// its CPU is read: longer than tcpdump's 1 s buffer timeout, so both tools
+// have handed every packet to user space.
+const settle = 1100 * time.Millisecond
+
+// How many times the overhead runs alternate between nothing attached and
+// pathtrace: throughput varies more from run to run than connect latency.
+const (
+	latencyRounds = 2
+	bulkRounds    = 3
+)
+
+type bench struct {
+	cfg  config
+	lab  *lab.Lab
+	dir  string // capture files, removed after each run
+	udp  *udpSender
+	sink *bulkSink
+	seq  int
+
+	commands  map[string][]string // the exact command line of each tool, for the report
+	loadStart string              // load average when the measurements started
+}
+
+// trafficFunc sends the traffic of one measured window.
+type trafficFunc func(ctx context.Context) (sent uint64, elapsed time.Duration, err error)
+
+// windowRun is one measured window: a capture tool (or none) running while
+// some traffic flows.
+type windowRun struct {
+	Tool    string
+	Rate    int // offered datagrams per second, 0 = as fast as the generator goes
+	Sent    uint64
+	Elapsed time.Duration     // the generator's sending time
+	Window  time.Duration     // sending time + settle: what CPU figures cover
+	Wire    map[string]uint64 // RX+TX packets of veth-a and bond0 during the window
+	SysBusy time.Duration     // busy time of all CPUs during the window
+	RSS     []uint64          // VmRSS samples, one per second (long runs)
+	Cap     *captureResult    // nil for toolNone
+}
+
+func (r windowRun) sentPPS() float64 { return float64(r.Sent) / r.Elapsed.Seconds() }
+
+// toolArgv is the command line of tool, with its capture file in the
+// benchmark's directory. pathtrace watches both lab Services plus extraSvcs.
+func (b *bench) toolArgv(tool string, extraSvcs ...string) []string {
+	b.seq++
+	var argv []string
+	switch tool {
+	case toolPathtrace:
+		argv = []string{b.cfg.pathtrace, "--host-netns", b.lab.NodeNetNS(),
+			"--svc", lab.TCPVIP.String() + "/tcp", "--svc", lab.UDPVIP.String() + "/udp"}
+		for _, s := range extraSvcs {
+			argv = append(argv, "--svc", s)
+		}
+		argv = append(argv, "--duration", "1h", "--pcap", filepath.Join(b.dir, "pathtrace-"+strconv.Itoa(b.seq)+".pcapng"), "--output", "json")
+	case toolTcpdump:
+		// -Z root: Debian's tcpdump otherwise writes its file as user tcpdump,
+		// which cannot create files in the benchmark's private directory.
+		argv = []string{"ip", "netns", "exec", filepath.Base(b.lab.NodeNetNS()),
+			b.cfg.tcpdump, "-i", lab.Uplink, "-w", filepath.Join(b.dir, "tcpdump-"+strconv.Itoa(b.seq)+".pcap"), "-s", "96", "-n", "-Z", "root"}
+	}
+	key := tool
+	if len(extraSvcs) > 0 {
+		key += " (watching the bulk flow)"
+	}
+	if _, ok := b.commands[key]; !ok {
+		b.commands[key] = argv
+	}
+	return argv
+}
+
+// captureFile is the file argv writes.
+func captureFile(argv []string) string {
+	for i, a := range argv[:len(argv)-1] {
+		if a == "--pcap" || a == "-w" {
+			return argv[i+1]
+		}
+	}
+	return ""
+}
+
+// window runs traffic with tool capturing (argv; nil for none) and measures
+// the window from the first datagram to settle after the last.
+func (b *bench) window(ctx context.Context, tool string, argv []string, rate int, traffic trafficFunc, sampleRSS bool) (windowRun, error) {
+	run := windowRun{Tool: tool, Rate: rate}
+	var p *toolProc
+	if argv != nil {
+		var err error
+		if p, err = startTool(ctx, tool, argv); err != nil {
+			return run, err
+		}
+		defer p.kill()
+		defer os.Remove(captureFile(argv))
+	}
+	if err := sleepCtx(ctx, 300*time.Millisecond); err != nil { // let start-up work finish
+		return run, err
+	}
+	var c0 time.Duration
+	if p != nil {
+		var err error
+		if c0, err = p.cpu(); err != nil {
+			return run, err
+		}
+	}
+	s0, err := systemBusy()
+	if err != nil {
+		return run, err
+	}
+	l0, err := linkPackets(b.lab.NodeNetNS(), lab.HostVeth, lab.Uplink)
+	if err != nil {
+		return run, err
+	}
+	t0 := time.Now()
+	rssCtx, stopRSS := context.WithCancel(ctx)
+	defer stopRSS()
+	var rss <-chan []uint64
+	if sampleRSS && p != nil {
+		rss = sampleRSSEverySecond(rssCtx, p.pid())
+	}
+	run.Sent, run.Elapsed, err = traffic(ctx)
+	if err != nil {
+		return run, err
+	}
+	if err := sleepCtx(ctx, settle); err != nil {
+		return run, err
+	}
+	if rss != nil {
+		stopRSS()
+		run.RSS = <-rss
+	}
+	var c1 time.Duration
+	if p != nil {
+		if c1, err = p.cpu(); err != nil {
+			return run, err
+		}
+	}
+	s1, err := systemBusy()
+	if err != nil {
+		return run, err
+	}
+	l1, err := linkPackets(b.lab.NodeNetNS(), lab.HostVeth, lab.Uplink)
+	if err != nil {
+		return run, err
+	}
+	run.Window, run.SysBusy = time.Since(t0), s1-s0
+	run.Wire = map[string]uint64{}
+	for k := range l1 {
+		run.Wire[k] = l1[k] - l0[k]
+	}
+	if p != nil {
+		if run.Cap, err = p.finish(); err != nil {
+			return run, err
+		}
+		run.Cap.WindowCPU = c1 - c0
+	}
+	return run, nil
+}
+
+// sampleRSSEverySecond records VmRSS of pid each second until ctx ends,
+// then sends the samples.
+func sampleRSSEverySecond(ctx context.Context, pid int) <-chan []uint64 {
+	out := make(chan []uint64, 1)
+	go func() {
+		var samples []uint64
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				out <- samples
+				return
+			case <-tick.C:
+				if rss, err := vmRSS(pid); err == nil {
+					samples = append(samples, rss)
+				}
+			}
+		}
+	}()
+	return out
+}
+
+// vmRSS is the resident set of pid in bytes, from /proc/PID/status.
+func vmRSS(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+func (b *bench) udpTraffic(dst netip.AddrPort, rate int, d time.Duration) trafficFunc {
+	return func(ctx context.Context) (uint64, time.Duration, error) {
+		return b.udp.send(ctx, dst, rate, d)
+	}
+}
+
+func idle(d time.Duration) trafficFunc {
+	return func(ctx context.Context) (uint64, time.Duration, error) {
+		return 0, d, sleepCtx(ctx, d)
+	}
+}
+
+// churnTraffic sends one datagram from a new socket (a new source port, a
+// new flow) rate times a second, as a busy DNS client does.
+func (b *bench) churnTraffic(dst netip.AddrPort, rate int, d time.Duration) trafficFunc {
+	return func(ctx context.Context) (sent uint64, elapsed time.Duration, err error) {
+		sa := &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}
+		payload := make([]byte, udpPayload)
+		start := time.Now()
+		err = nsutil.Do(b.lab.PodNetNS(), func() error {
+			for {
+				elapsed = time.Since(start)
+				if elapsed >= d || ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if int64(elapsed.Seconds()*float64(rate)) <= int64(sent) {
+					time.Sleep(50 * time.Microsecond)
+					continue
+				}
+				fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
+					return fmt.Errorf("socket: %w", err)
+				}
+				err = unix.Sendto(fd, payload, 0, sa)
+				unix.Close(fd)
+				if err != nil {
+					return fmt.Errorf("sendto %s: %w", dst, err)
+				}
+				sent++
+			}
+		})
+		return sent, elapsed, err
+	}
+}
+
+// results is everything one benchmark run measured.
+type results struct {
+	Capture   []windowRun // per rate: none, tcpdump, pathtrace
+	Unrelated []windowRun // none, pathtrace idle, pathtrace with unrelated traffic
+	Long      windowRun   // pathtrace, one new flow per datagram
+	Latency   map[string][]time.Duration
+	Bulk      []bulkRun
+}
+
+type bulkRun struct {
+	Tool   string // toolNone, toolPathtrace, or toolPathtrace + " (watching the bulk flow)"
+	Bps    float64
+	Window time.Duration
+	Cap    *captureResult
+}
+
+// run measures everything, in the order of the report.
+func (b *bench) run(ctx context.Context) (*results, error) {
+	res := &results{Latency: map[string][]time.Duration{}}
+	progress := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
+
+	for _, rate := range b.cfg.rates {
+		for _, tool := range []string{toolNone, toolTcpdump, toolPathtrace} {
+			progress("capture: %s at %s", tool, rateName(rate))
+			r, err := b.window(ctx, tool, b.argvOrNil(tool), rate, b.udpTraffic(lab.UDPVIP, rate, b.cfg.window), false)
+			if err != nil {
+				return nil, fmt.Errorf("capture %s at %s: %w", tool, rateName(rate), err)
+			}
+			res.Capture = append(res.Capture, r)
+		}
+	}
+
+	progress("unrelated traffic: none, pathtrace idle, pathtrace")
+	for _, step := range []struct {
+		tool    string
+		traffic trafficFunc
+	}{
+		{toolNone, b.udpTraffic(unrelatedDst, 0, b.cfg.window)},
+		{toolPathtrace, idle(b.cfg.window)},
+		{toolPathtrace, b.udpTraffic(unrelatedDst, 0, b.cfg.window)},
+	} {
+		r, err := b.window(ctx, step.tool, b.argvOrNil(step.tool), 0, step.traffic, false)
+		if err != nil {
+			return nil, fmt.Errorf("unrelated traffic, %s: %w", step.tool, err)
+		}
+		res.Unrelated = append(res.Unrelated, r)
+	}
+
+	progress("long run: pathtrace, %s with a new flow per datagram", b.cfg.long)
+	long, err := b.window(ctx, toolPathtrace, b.toolArgv(toolPathtrace), b.cfg.churnRate,
+		b.churnTraffic(lab.UDPVIP, b.cfg.churnRate, b.cfg.long), true)
+	if err != nil {
+		return nil, fmt.Errorf("long run: %w", err)
+	}
+	res.Long = long
+
+	// Overhead: alternate runs without and with pathtrace, so that a drift
+	// of the machine shows up on both sides.
+	for round := range latencyRounds {
+		for _, tool := range []string{toolNone, toolPathtrace} {
+			progress("connect latency, round %d: %s", round+1, tool)
+			lat, err := b.latencyRun(ctx, tool)
+			if err != nil {
+				return nil, fmt.Errorf("connect latency with %s: %w", tool, err)
+			}
+			res.Latency[tool] = append(res.Latency[tool], lat...)
+		}
+	}
+	for round := range bulkRounds {
+		for _, variant := range []string{toolNone, toolPathtrace, toolPathtrace + " (watching the bulk flow)"} {
+			progress("TCP throughput, round %d: %s", round+1, variant)
+			br, err := b.bulkRun(ctx, variant)
+			if err != nil {
+				return nil, fmt.Errorf("TCP throughput with %s: %w", variant, err)
+			}
+			res.Bulk = append(res.Bulk, br)
+		}
+	}
+	return res, nil
+}
+
+func (b *bench) argvOrNil(tool string) []string {
+	if tool == toolNone {
+		return nil
+	}
+	return b.toolArgv(tool)
+}
+
+// latencyRun times the configured number of connects to the TCP VIP with
+// tool running (or nothing).
+func (b *bench) latencyRun(ctx context.Context, tool string) ([]time.Duration, error) {
+	var lat []time.Duration
+	_, err := b.window(ctx, tool, b.argvOrNil(tool), 0, func(ctx context.Context) (uint64, time.Duration, error) {
+		start := time.Now()
+		var err error
+		lat, err = connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects)
+		return uint64(len(lat)), time.Since(start), err
+	}, false)
+	return lat, err
+}
+
+// bulkRun measures one bulk TCP transfer from the Pod to the sink with
+// nothing, pathtrace, or pathtrace also watching the bulk flow (every
+// segment then passes its filters and is written to the capture file).
+func (b *bench) bulkRun(ctx context.Context, variant string) (bulkRun, error) {
+	var argv []string
+	switch variant {
+	case toolPathtrace:
+		argv = b.toolArgv(toolPathtrace)
+	case toolPathtrace + " (watching the bulk flow)":
+		argv = b.toolArgv(toolPathtrace, bulkDst.String()+"/tcp")
+	}
+	tool := toolNone
+	if argv != nil {
+		tool = toolPathtrace
+	}
+	var bps float64
+	r, err := b.window(ctx, tool, argv, 0, func(ctx context.Context) (uint64, time.Duration, error) {
+		start := time.Now()
+		var err error
+		bps, err = bulkThroughput(ctx, b.lab.PodNetNS(), b.sink, bulkDst, b.cfg.window)
+		return 0, time.Since(start), err
+	}, false)
+	return bulkRun{Tool: variant, Bps: bps, Window: r.Window, Cap: r.Cap}, err
+}
+
+func rateName(rate int) string {
+	if rate == 0 {
+		return "max"
+	}
+	return fmt.Sprintf("%d pps", rate)
+}

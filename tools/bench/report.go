@@ -1,0 +1,463 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/lab"
+)
+
+// Targets of the issue.
+const (
+	rssLimit          = 64 << 20
+	maxLatencyRatio   = 1.05
+	minThroughputRate = 0.98
+)
+
+// markdown renders the results with the machine, the exact commands and a
+// verdict for every target.
+func (b *bench) markdown(res *results, started time.Time) string {
+	var w strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&w, format, a...) }
+
+	p("# pathtrace capture benchmark\n\n")
+	p("Written by `make bench` on %s (the benchmark took %s). Numbers from one run on this machine; rerun to compare.\n\n",
+		started.UTC().Format("2006-01-02 15:04 MST"), time.Since(started).Round(time.Second))
+	p("| | |\n|---|---|\n")
+	p("| kernel | %s |\n", kernelRelease())
+	p("| CPU | %s, **%d cores** (shared by the traffic generator, the lab's backend, the forwarding softirqs and the capture) |\n", cpuModel(), runtime.NumCPU())
+	p("| load average | %s at the start, %s at the end (other work on the machine shows in the system CPU columns) |\n", b.loadStart, loadAverage())
+	p("| Go | %s |\n", runtime.Version())
+	p("| pathtrace | %s, built from the working tree at commit %s |\n", orDash(firstLine(b.cfg.pathtrace, "--version")), orDash(firstLine("git", "rev-parse", "--short", "HEAD")))
+	p("| tcpdump | %s |\n", orDash(strings.Join(strings.Fields(firstLines(2, b.cfg.tcpdump, "--version")), " ")))
+	p("| lab | `%s`, mode `tc`: the UDP VIP %s is rewritten to %s by a tcx program on `%s`; `%s` carries VLAN %d |\n\n",
+		b.lab.Name(), lab.UDPVIP, lab.UDPBackend, lab.HostVeth, lab.Uplink, lab.VLAN)
+
+	p("## Commands\n\n")
+	p("```\nmake bench\n# runs: go test -run '^$' -bench . -benchmem ./...\n#       go build -o bin/pathtrace ./cmd/pathtrace\n#       go run ./tools/bench --pathtrace bin/pathtrace --out BENCH.md\n```\n\n")
+	p("Capture commands measured (each started fresh per run, stopped with SIGTERM / SIGINT, on which both print their counters; capture files in a temporary directory, deleted after each run):\n\n```\n")
+	for _, k := range slices.Sorted(maps.Keys(b.commands)) {
+		p("# %s\n%s\n", k, shellJoin(b.commands[k]))
+	}
+	p("```\n\n")
+	p("Traffic, all inside the lab's namespaces: a Go generator thread inside the Pod's netns sends %d-byte UDP datagrams (%d-byte frames, cut by snaplen 96) from one unconnected socket with `sendmmsg` (batches of %d) to %s, paced or as fast as one thread goes; the backend echoes each one, so every point carries requests and replies. ", udpPayload, udpPayload+42, udpBatch, lab.UDPVIP)
+	p("Each run: the tool starts, 0.3 s pause, %s of traffic, %s settle (longer than tcpdump's 1 s buffer timeout), then CPU, link counters and the tool's own counters are read. ", b.cfg.window, settle)
+	p("*Process CPU* is the run time of the tool's threads (`/proc/PID/task/*/schedstat`, ns) over that window; *system CPU* is the busy time of all CPUs from `/proc/stat` (10 ms steps) over the same window, which also holds the softirq work (socket filters, AF_PACKET copies, tcx observers) that no process is charged for; *wire* packets are RX+TX counters of `%s`; *peak RSS* is the process's `ru_maxrss` (VmHWM) over its whole life. \"s/M\" = CPU seconds per million packets (= µs per packet).\n\n", lab.Uplink)
+
+	b.captureSection(p, res)
+	b.unrelatedSection(p, res)
+	b.longSection(p, res)
+	b.overheadSection(p, res)
+	b.targetsSection(p, res)
+	b.limitsSection(p, res)
+	return w.String()
+}
+
+type printer func(format string, a ...any)
+
+func (b *bench) captureSection(p printer, res *results) {
+	p("## 1. Capture of matching traffic\n\n")
+	p("pathtrace captures at three points (`pod:eth0`, `host:%s`, `uplink:%s`), tcpdump at one (`%s`).\n\n", lab.HostVeth, lab.Uplink, lab.Uplink)
+	p("| offered | tool | sent pps | wire pkts %s | captured, all points | captured on %s | kernel drops | other losses | BPF observer events | process CPU | CPU s/M captured | CPU s/M wire | system CPU s/M wire | peak RSS |\n", lab.Uplink, lab.Uplink)
+	p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range res.Capture {
+		wire := r.Wire[lab.Uplink]
+		row := fmt.Sprintf("| %s | %s | %s | %s |", rateName(r.Rate), r.Tool, count(r.sentPPS()), count(float64(wire)))
+		if r.Cap == nil {
+			row += " – | – | – | – | – | – | – | – |"
+		} else {
+			c := r.Cap
+			events := "–"
+			if r.Tool == toolPathtrace {
+				events = count(float64(c.Events))
+			}
+			row += fmt.Sprintf(" %s | %s | %d | %d | %s | %.2f s (%.0f%%) | %s | %s |", count(float64(c.totalCaptured())), count(float64(uplinkCount(c.Captured))),
+				c.totalDrops(), c.OtherLosses, events, c.WindowCPU.Seconds(), 100*c.WindowCPU.Seconds()/r.Window.Seconds(),
+				perMillion(c.WindowCPU, c.totalCaptured()), perMillion(c.WindowCPU, wire))
+		}
+		row += fmt.Sprintf(" %s |", perMillion(r.SysBusy, wire))
+		if r.Cap != nil {
+			row += " " + mib(r.Cap.PeakRSS) + " |"
+		} else {
+			row += " – |"
+		}
+		p("%s\n", row)
+	}
+	var losses []string
+	for _, r := range res.Capture {
+		if r.Cap == nil || r.Cap.OtherLosses == 0 {
+			continue
+		}
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(r.Cap.LossCounters)) {
+			if n := r.Cap.LossCounters[k]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%s %d", k, n))
+			}
+		}
+		losses = append(losses, fmt.Sprintf("%s at %s: %s", r.Tool, rateName(r.Rate), strings.Join(parts, ", ")))
+	}
+	if len(losses) > 0 {
+		p("\nOther losses by pathtrace counter: %s.\n", strings.Join(losses, "; "))
+	}
+	p("\nRatios, pathtrace ÷ tcpdump at the same offered rate (system CPU overhead = system CPU per wire packet minus that of the run with nothing attached):\n\n")
+	p("| offered | kernel drops tcpdump / pathtrace | captured ÷ wire packets on %s, tcpdump / pathtrace | process CPU per captured packet | process CPU per wire packet | system CPU overhead per wire packet (tcpdump / pathtrace, s/M) | peak RSS |\n", lab.Uplink)
+	p("|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, g := range groupByRate(res.Capture) {
+		td, pt := g.tcpdump.Cap, g.pathtrace.Cap
+		tdWire, ptWire := g.tcpdump.Wire[lab.Uplink], g.pathtrace.Wire[lab.Uplink]
+		p("| %s | %d / %d | %s / %s | %s | %s | %s / %s | %s |\n", rateName(g.rate), td.totalDrops(), pt.totalDrops()+pt.OtherLosses,
+			ratio(float64(uplinkCount(td.Captured)), float64(tdWire)), ratio(float64(uplinkCount(pt.Captured)), float64(ptWire)),
+			ratio(cpuPer(pt.WindowCPU, pt.totalCaptured()), cpuPer(td.WindowCPU, td.totalCaptured())),
+			ratio(cpuPer(pt.WindowCPU, ptWire), cpuPer(td.WindowCPU, tdWire)),
+			overhead(g.tcpdump, g.none), overhead(g.pathtrace, g.none),
+			ratio(float64(pt.PeakRSS), float64(td.PeakRSS)))
+	}
+	p("\n")
+}
+
+func (b *bench) unrelatedSection(p printer, res *results) {
+	none, idleRun, busy := res.Unrelated[0], res.Unrelated[1], res.Unrelated[2]
+	p("## 2. Unrelated traffic\n\n")
+	p("UDP from the Pod to %s (the gateway's discard port: neither a Service nor a backend), as fast as the generator goes, with pathtrace watching both lab Services. The in-kernel filters must reject all of it.\n\n", unrelatedDst)
+	p("| run | sent pps | wire pkts %s | pathtrace captured | pathtrace CPU | CPU s/M wire | system CPU s/M wire |\n|---|---:|---:|---:|---:|---:|---:|\n", lab.Uplink)
+	for _, r := range []struct {
+		name string
+		run  windowRun
+	}{{"nothing attached", none}, {"pathtrace, no traffic at all", idleRun}, {"pathtrace, unrelated traffic", busy}} {
+		wire := r.run.Wire[lab.Uplink]
+		captured, cpu, cpuWire := "–", "–", "–"
+		if c := r.run.Cap; c != nil {
+			captured = fmt.Sprint(c.totalCaptured())
+			cpu = fmt.Sprintf("%.2f s (%.1f%%)", c.WindowCPU.Seconds(), 100*c.WindowCPU.Seconds()/r.run.Window.Seconds())
+			cpuWire = perMillion(c.WindowCPU, wire)
+		}
+		p("| %s | %s | %s | %s | %s | %s | %s |\n", r.name, count(r.run.sentPPS()), count(float64(wire)), captured, cpu, cpuWire, perMillion(r.run.SysBusy, wire))
+	}
+	p("\nThe idle pathtrace used %.2f s of CPU over its whole life, %.2f s of it in the window: the rest is start-up (discovery, loading and attaching its BPF programs) and the final report.\n\n",
+		idleRun.Cap.TotalCPU.Seconds(), idleRun.Cap.WindowCPU.Seconds())
+}
+
+func (b *bench) longSection(p printer, res *results) {
+	r := res.Long
+	c := r.Cap
+	p("## 3. Memory over a longer run\n\n")
+	p("pathtrace for %s while the Pod sends one datagram from a new socket (a new flow) %d times a second to %s, as a busy DNS client does: %d flows offered, %d in the report, %d packets captured, %d kernel drops, %d other losses (flows over `--max-flows` included).\n\n",
+		r.Elapsed.Round(time.Second), r.Rate, lab.UDPVIP, r.Sent, c.Flows, c.totalCaptured(), c.totalDrops(), c.OtherLosses)
+	var samples []string
+	for i, s := range r.RSS {
+		samples = append(samples, fmt.Sprintf("%ds %s", i+1, mib(s)))
+	}
+	p("VmRSS each second: %s. Peak RSS over the whole life (report included): **%s**. Process CPU: %.2f s (%s per flow).\n\n",
+		strings.Join(samples, ", "), mib(c.PeakRSS), c.WindowCPU.Seconds(), perFlow(c.WindowCPU, r.Sent))
+}
+
+func (b *bench) overheadSection(p printer, res *results) {
+	p("## 4. Overhead on the traced system\n\n")
+	base, with := res.Latency[toolNone], res.Latency[toolPathtrace]
+	p("`connect()` to the TCP VIP %s from the Pod (blocking, new socket each, closed with RST), %d samples per side in %d alternating rounds; pathtrace watches the VIP, so every connection is a traced flow:\n\n", lab.TCPVIP, len(base), latencyRounds)
+	p("| | median | p90 | p99 |\n|---|---:|---:|---:|\n")
+	p("| nothing attached | %s | %s | %s |\n", us(percentile(base, 50)), us(percentile(base, 90)), us(percentile(base, 99)))
+	p("| pathtrace running | %s | %s | %s |\n", us(percentile(with, 50)), us(percentile(with, 90)), us(percentile(with, 99)))
+	p("| ratio (target ≤ %.2f×) | %s | %s | %s |\n\n", maxLatencyRatio, latRatio(with, base, 50), latRatio(with, base, 90), latRatio(with, base, 99))
+
+	p("UDP datagrams per second one sending thread reaches with the capture running (the runs at the maximum rate above): ")
+	var maxRates []string
+	var noneMax float64
+	for _, r := range res.Capture {
+		if r.Rate == 0 {
+			if r.Tool == toolNone {
+				noneMax = r.sentPPS()
+			}
+			maxRates = append(maxRates, fmt.Sprintf("%s %s (%s)", r.Tool, count(r.sentPPS()), ratio(r.sentPPS(), noneMax)))
+		}
+	}
+	p("to the VIP %s; to unrelated destinations nothing attached %s, pathtrace %s (%s).\n\n", strings.Join(maxRates, ", "),
+		count(res.Unrelated[0].sentPPS()), count(res.Unrelated[2].sentPPS()), ratio(res.Unrelated[2].sentPPS(), res.Unrelated[0].sentPPS()))
+
+	p("TCP throughput of one bulk connection from the Pod to a sink in the gateway's netns on its backend-side address (%s, not a backend: through `%s`, the bridge, `%s` with its VLAN programs and the gateway's routing), %s per run, %d alternating rounds. \"Watching the bulk flow\" adds `--svc %s/tcp`, so every segment passes pathtrace's filters at all three points and is written to its file:\n\n",
+		bulkDst, lab.HostVeth, lab.Uplink, b.cfg.window, bulkRounds, bulkDst)
+	p("| run | Gbit/s per round | mean | ratio to nothing attached (target ≥ %.2f×) | pathtrace captured / drops | pathtrace process CPU |\n|---|---|---:|---:|---:|---:|\n", minThroughputRate)
+	baseMean := bulkMean(res.Bulk, toolNone)
+	for _, variant := range []string{toolNone, toolPathtrace, toolPathtrace + " (watching the bulk flow)"} {
+		var rounds []string
+		var caps, cpus []string
+		for _, r := range res.Bulk {
+			if r.Tool != variant {
+				continue
+			}
+			rounds = append(rounds, fmt.Sprintf("%.2f", r.Bps/1e9))
+			if r.Cap != nil {
+				caps = append(caps, fmt.Sprintf("%d / %d", r.Cap.totalCaptured(), r.Cap.totalDrops()+r.Cap.OtherLosses))
+				cpus = append(cpus, fmt.Sprintf("%.0f%%", 100*r.Cap.WindowCPU.Seconds()/r.Window.Seconds()))
+			}
+		}
+		m := bulkMean(res.Bulk, variant)
+		p("| %s | %s | %.2f | %s | %s | %s |\n", variant, strings.Join(rounds, ", "), m/1e9, ratio(m, baseMean), orDash(strings.Join(caps, ", ")), orDash(strings.Join(cpus, ", ")))
+	}
+	p("\n")
+}
+
+func (b *bench) targetsSection(p printer, res *results) {
+	p("## Targets\n\n")
+	p("| target | result | met |\n|---|---|---|\n")
+
+	var dropFails, cpuFails, cpuOK []string
+	for _, g := range groupByRate(res.Capture) {
+		td, pt := g.tcpdump.Cap, g.pathtrace.Cap
+		if td.totalDrops() == 0 && pt.totalDrops()+pt.OtherLosses > 0 {
+			dropFails = append(dropFails, fmt.Sprintf("%s: %d", rateName(g.rate), pt.totalDrops()+pt.OtherLosses))
+		}
+		pc, tc := cpuPer(pt.WindowCPU, pt.totalCaptured()), cpuPer(td.WindowCPU, td.totalCaptured())
+		s := fmt.Sprintf("%s: %s", rateName(g.rate), ratio(pc, tc))
+		if pc > tc {
+			cpuFails = append(cpuFails, s)
+		} else {
+			cpuOK = append(cpuOK, s)
+		}
+	}
+	if len(dropFails) == 0 {
+		p("| zero drops at every rate where tcpdump has zero | none | yes |\n")
+	} else {
+		p("| zero drops at every rate where tcpdump has zero | pathtrace lost packets where tcpdump lost none: %s | **no** |\n", strings.Join(dropFails, "; "))
+	}
+	p("| process CPU per captured packet ≤ tcpdump's | pathtrace ÷ tcpdump: %s | %s |\n", strings.Join(append(cpuOK, cpuFails...), "; "), yesNo(len(cpuFails) == 0))
+
+	var peak uint64
+	for _, r := range append(append([]windowRun{res.Long}, res.Capture...), res.Unrelated...) {
+		if r.Cap != nil && r.Tool == toolPathtrace {
+			peak = max(peak, r.Cap.PeakRSS)
+		}
+	}
+	for _, r := range res.Bulk {
+		if r.Cap != nil {
+			peak = max(peak, r.Cap.PeakRSS)
+		}
+	}
+	p("| pathtrace RSS ≤ 64 MiB whatever the duration | peak %s over every run (long run: %s) | %s |\n", mib(peak), mib(res.Long.Cap.PeakRSS), yesNo(peak <= rssLimit))
+
+	none, idleRun, busy := res.Unrelated[0], res.Unrelated[1], res.Unrelated[2]
+	processNearZero := busy.Cap.totalCaptured() == 0 && busy.Cap.WindowCPU <= idleRun.Cap.WindowCPU+50*time.Millisecond
+	p("| unrelated traffic costs pathtrace near zero | process: %.3f s CPU with %s unrelated packets on `%s`, %.3f s with no traffic, %d captured (%s); kernel: system CPU %s s/M per unrelated packet with pathtrace, %s with nothing attached; one sender reaches %s of its rate | process %s, kernel %s |\n",
+		busy.Cap.WindowCPU.Seconds(), count(float64(busy.Wire[lab.Uplink])), lab.Uplink, idleRun.Cap.WindowCPU.Seconds(), busy.Cap.totalCaptured(), yesNo(processNearZero),
+		perMillion(busy.SysBusy, busy.Wire[lab.Uplink]), perMillion(none.SysBusy, none.Wire[lab.Uplink]), ratio(busy.sentPPS(), none.sentPPS()),
+		yesNo(processNearZero), yesNo(busy.sentPPS() >= minThroughputRate*none.sentPPS()))
+
+	base, with := res.Latency[toolNone], res.Latency[toolPathtrace]
+	med := float64(percentile(with, 50)) / float64(percentile(base, 50))
+	p99 := float64(percentile(with, 99)) / float64(percentile(base, 99))
+	p("| connect() latency ≤ %.2f× | median %.2f×, p99 %.2f× | %s |\n", maxLatencyRatio, med, p99, yesNo(med <= maxLatencyRatio && p99 <= maxLatencyRatio))
+
+	baseMean := bulkMean(res.Bulk, toolNone)
+	unwatched := bulkMean(res.Bulk, toolPathtrace) / baseMean
+	watched := bulkMean(res.Bulk, toolPathtrace+" (watching the bulk flow)") / baseMean
+	p("| TCP throughput ≥ %.2f× | %.2f× (bulk flow not watched), %.2f× (bulk flow watched and captured) | %s |\n\n",
+		minThroughputRate, unwatched, watched, yesNo(unwatched >= minThroughputRate && watched >= minThroughputRate))
+}
+
+func (b *bench) limitsSection(p printer, res *results) {
+	p("## The lab's limit, and what limits these figures\n\n")
+	var best windowRun // the fastest run with nothing attached
+	for _, r := range res.Capture {
+		if r.Tool == toolNone && (best.Sent == 0 || r.sentPPS() > best.sentPPS()) {
+			best = r
+		}
+	}
+	p("- **Physical limit of the lab** (nothing attached, the fastest of the runs above): one sending thread reaches **%s datagrams/s** to the VIP (offered %s), i.e. %s packets/s through `%s` and %s through `%s` (RX+TX, requests and echoes). ",
+		count(best.sentPPS()), rateName(best.Rate), count(float64(best.Wire[lab.HostVeth])/best.Elapsed.Seconds()), lab.HostVeth, count(float64(best.Wire[lab.Uplink])/best.Elapsed.Seconds()), lab.Uplink)
+	p("To unrelated traffic (no echo) it reaches %s datagrams/s. Every hop is a veth: the sender's `sendmmsg` carries each datagram through the Pod's stack, `%s`, the bridge, `%s` (VLAN push), the gateway's routing and the backend's socket in its own softirq, so one core's speed is the limit (the none rows above show how much the same run varies).\n",
+		count(res.Unrelated[0].sentPPS()), lab.HostVeth, lab.Uplink)
+	p("- The machine has **%d cores** for everything: the generator thread (and the softirqs it runs), the backend's Go echo server, and the capture process. At the top rates the capture competes with traffic for CPU, so drops and offered-vs-sent gaps there measure CPU starvation as much as capture efficiency; the offered rates are only reached while a core is left over.\n", runtime.NumCPU())
+	p("- System CPU is read in 10 ms steps over a %s window and includes everything else the machine did meanwhile (see the load average): at the low rates its per-packet figures are mostly background. Short runs also keep the pcapng writer's page cache warm; disk speed is not measured. Runs are sequential, so at the top rates each tool sees the traffic its own overhead leaves: compare per-packet figures there, not totals.\n", b.cfg.window+settle)
+	p("- The capture cost that runs in softirq (the eBPF/classic socket filter, the copy into the ring, pathtrace's tcx observers and their ring-buffer events) is charged to whichever task is on the CPU, usually the sender: it shows only in the *system CPU* columns, not in the process CPU.\n")
+	p("- pathtrace keeps %d-byte snaps at three points and writes each packet with a per-packet comment (flow id, before/after translation, verdict); tcpdump keeps one point, no comment.\n", 96)
+}
+
+// rateGroup is the three runs at one offered rate.
+type rateGroup struct {
+	rate                     int
+	none, tcpdump, pathtrace windowRun
+}
+
+func groupByRate(runs []windowRun) []rateGroup {
+	var groups []rateGroup
+	for _, r := range runs {
+		if len(groups) == 0 || groups[len(groups)-1].rate != r.Rate || r.Tool == toolNone {
+			groups = append(groups, rateGroup{rate: r.Rate})
+		}
+		g := &groups[len(groups)-1]
+		switch r.Tool {
+		case toolNone:
+			g.none = r
+		case toolTcpdump:
+			g.tcpdump = r
+		case toolPathtrace:
+			g.pathtrace = r
+		}
+	}
+	return groups
+}
+
+// uplinkCount is the packets captured on the uplink (pathtrace names its
+// points role:ifname, tcpdump's only point is the ifname).
+func uplinkCount(captured map[string]uint64) uint64 {
+	for k, v := range captured {
+		if k == lab.Uplink || strings.HasSuffix(k, ":"+lab.Uplink) {
+			return v
+		}
+	}
+	return 0
+}
+
+func cpuPer(cpu time.Duration, pkts uint64) float64 {
+	if pkts == 0 {
+		return 0
+	}
+	return cpu.Seconds() / float64(pkts)
+}
+
+// minPackets is the fewest packets a per-packet figure is given for: below,
+// stray frames (ARP, IPv6 router solicitations) would make it meaningless.
+const minPackets = 1000
+
+func perMillion(cpu time.Duration, pkts uint64) string {
+	if pkts < minPackets {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", cpu.Seconds()*1e6/float64(pkts))
+}
+
+func perFlow(cpu time.Duration, flows uint64) string {
+	if flows == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f µs", cpu.Seconds()*1e6/float64(flows))
+}
+
+// overhead is the system CPU per wire packet of run minus that of none.
+func overhead(run, none windowRun) string {
+	w, w0 := run.Wire[lab.Uplink], none.Wire[lab.Uplink]
+	if w < minPackets || w0 < minPackets {
+		return "–"
+	}
+	return fmt.Sprintf("%+.2f", (cpuPer(run.SysBusy, w)-cpuPer(none.SysBusy, w0))*1e6)
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+func latRatio(with, base []time.Duration, pct float64) string {
+	return ratio(float64(percentile(with, pct)), float64(percentile(base, pct)))
+}
+
+// percentile is the nearest-rank percentile of samples.
+func percentile(samples []time.Duration, pct float64) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	i := int(pct/100*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func bulkMean(runs []bulkRun, variant string) float64 {
+	var total float64
+	var n int
+	for _, r := range runs {
+		if r.Tool == variant {
+			total += r.Bps
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return total / float64(n)
+}
+
+func count(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e4:
+		return fmt.Sprintf("%.0fk", v/1e3)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "–"
+	}
+	return s
+}
+
+// shellJoin quotes argv for a reader to paste, shortening the benchmark's
+// temporary and binary paths.
+func shellJoin(argv []string) string {
+	var out []string
+	for _, a := range argv {
+		if filepath.IsAbs(a) && strings.HasPrefix(filepath.Base(filepath.Dir(a)), "ptbench-") {
+			a = "$DIR/" + filepath.Base(a)
+		}
+		if wd, err := os.Getwd(); err == nil && strings.HasPrefix(a, wd+"/") {
+			a = strings.TrimPrefix(a, wd+"/")
+		}
+		out = append(out, a)
+	}
+	return strings.Join(out, " ")
+}
+
+// loadAverage is the 1-, 5- and 15-minute load average.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+func kernelRelease() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func firstLine(argv ...string) string { return firstLines(1, argv...) }
+
+// firstLines is the first n lines of what argv prints (stdout and stderr),
+// "" when it fails.
+func firstLines(n int, argv ...string) string {
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		return ""
+	}
+	lines := strings.SplitN(strings.TrimSpace(string(out)), "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
