@@ -20,7 +20,9 @@ import (
 // up to the end of the current page, and a block that would cross it starts
 // the next page, the rest of the current one taken by a filler block (a
 // block type for local use, which readers skip). The cost is the filler:
-// on average half a block per page.
+// on average half a block per page. Since no block crosses a page boundary,
+// a write of many pages cut at any boundary still ends between blocks: pages
+// are batched up to flushBytes per write (or flushInterval, whichever first).
 //
 // A block longer than a page less a filler's size (frames above ~4 KB: a
 // snaplen that large and jumbo or GSO frames) cannot avoid crossing; it is
@@ -31,7 +33,7 @@ type blockOut struct {
 	file     bool
 	pageSize int64
 	off      int64  // bytes written to w
-	pending  []byte // whole blocks not written yet, within the page at off
+	pending  []byte // whole blocks not written yet
 }
 
 // fillerType is a pcapng block type for local use (0x80000000 and up), which
@@ -40,6 +42,10 @@ const fillerType = 0x80005054
 
 // minBlock is the smallest pcapng block: type, length, length.
 const minBlock = 12
+
+// flushBytes is how much a file write carries at most when batching whole
+// pages: one write(2) per 64 KiB instead of per page.
+const flushBytes = 64 << 10
 
 // fillerBefore returns the size of the filler that must precede a block of n
 // bytes at the current position, 0 for none.
@@ -75,10 +81,8 @@ func (o *blockOut) put(block []byte) (pending bool, err error) {
 	}
 	if f := o.fillerBefore(int64(len(block))); f > 0 {
 		o.pending = appendFiller(o.pending, f)
-		if o.used() == 0 {
-			if err := o.flush(); err != nil { // the filler ended the page
-				return false, err
-			}
+		if err := o.flushFullPages(); err != nil {
+			return false, err
 		}
 	}
 	if o.used()+int64(len(block)) > o.pageSize {
@@ -89,10 +93,19 @@ func (o *blockOut) put(block []byte) (pending bool, err error) {
 		return false, o.write(block)
 	}
 	o.pending = append(o.pending, block...)
-	if o.used() == 0 {
-		return false, o.flush()
+	if err := o.flushFullPages(); err != nil {
+		return false, err
 	}
-	return true, nil
+	return len(o.pending) > 0, nil
+}
+
+// flushFullPages writes the pending blocks once they end a page and amount to
+// flushBytes.
+func (o *blockOut) flushFullPages() error {
+	if o.used() == 0 && len(o.pending) >= flushBytes {
+		return o.flush()
+	}
+	return nil
 }
 
 // used is how much of the current page the written and pending blocks fill.

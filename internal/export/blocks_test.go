@@ -40,9 +40,10 @@ func block(n int, seq byte) []byte {
 	return binary.LittleEndian.AppendUint32(b, uint32(n))
 }
 
-// TestPageContainedWrites: whatever the block sizes, every write stays within
-// one page, except one that is a single block too large for a page, the
-// blocks come out in order, and fillers are the only additions.
+// TestPageContainedWrites: whatever the block sizes, no block crosses a page
+// boundary of the file (except a single block too large for a page, written
+// alone), so a write cut at any page boundary ends between blocks; the blocks
+// come out in order, and fillers are the only additions.
 func TestPageContainedWrites(t *testing.T) {
 	const page = 4096
 	rng := rand.New(rand.NewPCG(4, 2))
@@ -78,10 +79,16 @@ func TestPageContainedWrites(t *testing.T) {
 		}
 		var off int64
 		for _, w := range rec.writes {
-			first, last := off/page, (off+int64(len(w))-1)/page
-			oneLargeBlock := int(binary.LittleEndian.Uint32(w[4:])) == len(w) && len(w) > page-minBlock && len(w) != page
-			if first != last && !oneLargeBlock {
-				t.Fatalf("round %d: a write of %d bytes at %d crosses a page boundary", round, len(w), off)
+			for rest, at := w, off; len(rest) > 0; {
+				n := int64(binary.LittleEndian.Uint32(rest[4:]))
+				oneLargeBlock := n == int64(len(w)) && n > page-minBlock && n != page
+				if at/page != (at+n-1)/page && !oneLargeBlock {
+					t.Fatalf("round %d: a block of %d bytes at %d crosses a page boundary", round, n, at)
+				}
+				rest, at = rest[n:], at+n
+			}
+			if len(w) > flushBytes+page {
+				t.Fatalf("round %d: a write of %d bytes, more than a batch", round, len(w))
 			}
 			off += int64(len(w))
 		}
