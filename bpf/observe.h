@@ -189,6 +189,18 @@ static __always_inline struct pt_event *pt_reserve(__u8 point)
 	return e;
 }
 
+/* Events are submitted without waking the reader, which polls the ring every
+ * few milliseconds (one wakeup per event would cost more than the event); a
+ * ring filling up wakes it at once. */
+#define PT_WAKEUP_BYTES (512 << 10)
+
+static __always_inline void pt_submit(struct pt_event *e)
+{
+	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > PT_WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP
+										       : BPF_RB_NO_WAKEUP;
+	bpf_ringbuf_submit(e, flags);
+}
+
 /* An IPv4 packet's addresses and, for TCP/UDP, ports (0 in a non-first
  * fragment). */
 struct pt_tuple {

@@ -80,7 +80,7 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 	e->netns = BPF_CORE_READ(state, net, ns.inum);
 	e->ifindex = dev ? BPF_CORE_READ(dev, ifindex) : 0;
 	e->len = BPF_CORE_READ(ctx->skb, len);
-	bpf_ringbuf_submit(e, 0);
+	pt_submit(e);
 	return NF_ACCEPT;
 }
 

@@ -132,18 +132,46 @@ int pt_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
-static __always_inline __u32 pt_current_netns(void)
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+/* The netns the socket lives in: a thread may send on a socket it made in
+ * another netns than its own. */
+static __always_inline __u32 pt_sock_netns(struct bpf_sock_addr *ctx)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	return BPF_CORE_READ(task, nsproxy, net_ns, ns.inum);
+	struct bpf_sock_addr_kern *k = bpf_cast_to_kern_ctx(ctx);
+	return BPF_CORE_READ(k, sk, __sk_common.skc_net.net, ns.inum);
 }
 
 static __always_inline void pt_set_task(struct pt_event *e, __u64 pid_tgid)
 {
 	e->pid = pid_tgid >> 32;
 	e->cgroup_id = bpf_get_current_cgroup_id();
-	e->netns = pt_current_netns();
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
+}
+
+/* The destinations each unconnected UDP socket already sent to. */
+struct pt_sock_dst {
+	__u64 cookie;
+	__u32 daddr;
+	__u16 dport;
+	__u16 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct pt_sock_dst);
+	__type(value, __u8);
+} sent_to SEC(".maps");
+
+static __always_inline bool pt_sent_before(__u64 cookie, __u32 daddr, __u16 dport)
+{
+	struct pt_sock_dst k = {.cookie = cookie, .daddr = daddr, .dport = dport};
+	__u8 one = 1;
+	if (bpf_map_lookup_elem(&sent_to, &k))
+		return true;
+	bpf_map_update_elem(&sent_to, &k, &one, BPF_ANY);
+	return false;
 }
 
 /* pt_sock_addr observes a connect or sendmsg whose effective IPv4
@@ -171,7 +199,11 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 		pt_learn_addr(daddr);
 
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	__u32 netns = pt_current_netns();
+	/* An unconnected UDP socket sending again to the same destination is the
+	 * same flow: reported once, not once per datagram. */
+	if (kind == PT_KIND_SENDMSG && pt_sent_before(cookie, daddr, (__u16)ctx->user_port))
+		return 1;
+	__u32 netns = pt_sock_netns(ctx);
 	bpf_map_update_elem(&watch_cookies, &cookie, &netns, BPF_ANY);
 
 	struct pt_event *e = pt_reserve(PT_SOCKADDR);
@@ -184,8 +216,9 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 	e->req_daddr = req_daddr;
 	e->req_dport = req_dport;
 	e->cookie = cookie;
+	e->netns = netns;
 	pt_set_task(e, id);
-	bpf_ringbuf_submit(e, 0);
+	pt_submit(e);
 	return 1;
 }
 
@@ -243,7 +276,7 @@ int pt_sock_egress(struct __sk_buff *skb)
 	e->cookie = cookie;
 	e->netns = netns;
 	e->len = skb->len;
-	bpf_ringbuf_submit(e, 0);
+	pt_submit(e);
 	return 1;
 }
 
@@ -272,6 +305,6 @@ int BPF_PROG(pt_sock_state, const struct sock *sk, int oldstate, int newstate)
 	e->cookie = bpf_get_socket_cookie((void *)sk);
 	pt_set_task(e, bpf_get_current_pid_tgid());
 	e->netns = sk->__sk_common.skc_net.net->ns.inum; /* the socket's, not the task's */
-	bpf_ringbuf_submit(e, 0);
+	pt_submit(e);
 	return 0;
 }

@@ -58,7 +58,7 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 	e->vlan_proto = vlan_proto;
 	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
 	e->netns = BPF_CORE_READ(kskb, dev, nd_net.net, ns.inum);
-	bpf_ringbuf_submit(e, 0);
+	pt_submit(e);
 	return TCX_NEXT;
 }
 

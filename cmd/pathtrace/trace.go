@@ -99,7 +99,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway, else the route's device)")
 	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
-	fs.IntVar(&f.maxFlows, "max-flows", 100000, "bound on tracked flows; more are counted as dropped and reported")
+	fs.IntVar(&f.maxFlows, "max-flows", 4096, "bound on tracked flows (about 7 KiB each); more are counted as dropped (flows_over_max) and reported")
 }
 
 // validate turns the flags into session options; every error is a usage error.

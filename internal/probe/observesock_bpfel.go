@@ -22,6 +22,7 @@ const (
 	observeSockMapLearnErrors      = "learn_errors"
 	observeSockMapReqDst           = "req_dst"
 	observeSockMapRingbufLosses    = "ringbuf_losses"
+	observeSockMapSentTo           = "sent_to"
 	observeSockMapWatchAddrs       = "watch_addrs"
 	observeSockMapWatchClients     = "watch_clients"
 	observeSockMapWatchCookies     = "watch_cookies"
@@ -94,6 +95,7 @@ type observeSockMapSpecs struct {
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReqDst           *ebpf.MapSpec `ebpf:"req_dst"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
+	SentTo           *ebpf.MapSpec `ebpf:"sent_to"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
 	WatchCookies     *ebpf.MapSpec `ebpf:"watch_cookies"`
@@ -132,6 +134,7 @@ type observeSockMaps struct {
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReqDst           *ebpf.Map `ebpf:"req_dst"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
+	SentTo           *ebpf.Map `ebpf:"sent_to"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
 	WatchCookies     *ebpf.Map `ebpf:"watch_cookies"`
@@ -145,6 +148,7 @@ func (m *observeSockMaps) Close() error {
 		m.LearnErrors,
 		m.ReqDst,
 		m.RingbufLosses,
+		m.SentTo,
 		m.WatchAddrs,
 		m.WatchClients,
 		m.WatchCookies,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -12,6 +13,10 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
+
+// readerPoll is how often the ring buffer is read when no observer woke the
+// reader: the latest an event reaches the engine.
+const readerPoll = 20 * time.Millisecond
 
 // Run reads the observers' ring buffer and the conntrack subscriptions and
 // calls emit for each observation, one call at a time, until ctx is done or
@@ -77,9 +82,16 @@ func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
 		}
 	}()
 
+	// The observers submit without waking the reader (a full ring does wake
+	// it): poll every readerPoll and read everything there is.
 	var rec ringbuf.Record
+	rd.SetDeadline(time.Now().Add(readerPoll))
 	for {
 		if err := rd.ReadInto(&rec); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				rd.SetDeadline(time.Now().Add(readerPoll))
+				continue
+			}
 			if errors.Is(err, ringbuf.ErrClosed) {
 				return nil
 			}
