@@ -260,6 +260,13 @@ func (t *Tap) SetFilter(prog []bpf.RawInstruction) error {
 // the ring fill up; what the kernel then drops is counted in Stats. Only one
 // Run may be active at a time.
 func (t *Tap) Run(ctx context.Context, fn func(*Packet)) error {
+	return t.RunBlocks(ctx, fn, nil)
+}
+
+// RunBlocks is Run that also calls blockDone after the packets of each ring
+// block (a batch: up to a block of frames, or what arrived within the
+// block's retire timeout), so a caller can hand its work on in batches.
+func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func()) error {
 	if fn == nil {
 		return errors.New("capture: Run needs a callback")
 	}
@@ -292,6 +299,9 @@ func (t *Tap) Run(ctx context.Context, fn func(*Packet)) error {
 		t.packets.Add(uint64(delivered))
 		t.decodeErrors.Add(uint64(malformed))
 		atomic.StoreUint32(status, unix.TP_STATUS_KERNEL) // hand the block back
+		if blockDone != nil {
+			blockDone()
+		}
 		next = (next + 1) % t.blockNr
 	}
 }

@@ -70,18 +70,26 @@ func (tr *tracer) run(ctx context.Context) string {
 
 	// One consumer owns the engine; producers block when it lags, so the kernel
 	// (ring full) counts what is lost instead of this process dropping silently.
-	items := make(chan item, 4096)
+	// Taps hand over a batch per ring block, not a send per packet.
+	items := make(chan []item, 256)
 	var producers sync.WaitGroup
 	producers.Add(1)
 	go func() {
 		defer producers.Done()
-		_ = tr.pr.Run(runCtx, func(o obs.Observation) { send(runCtx, items, item{o: o, isObs: true}) })
+		_ = tr.pr.Run(runCtx, func(o obs.Observation) { send(items, []item{{o: o, isObs: true}}) })
 	}()
 	for i, tp := range tr.taps {
 		producers.Add(1)
 		go func(iface int, tp tap) {
 			defer producers.Done()
-			_ = tp.t.Run(runCtx, func(p *capture.Packet) {
+			var batch []item
+			flush := func() {
+				if len(batch) > 0 {
+					send(items, batch)
+					batch = nil
+				}
+			}
+			_ = tp.t.RunBlocks(runCtx, func(p *capture.Packet) {
 				it := item{iface: iface}
 				it.o, it.isObs = p.Observation(tp.point)
 				it.o.Ifname = tp.label
@@ -89,9 +97,13 @@ func (tr *tracer) run(ctx context.Context) string {
 					it.pkt = p.Clone() // the ring slot is reused after this call
 				}
 				if it.isObs || it.pkt != nil {
-					send(runCtx, items, it)
+					batch = append(batch, it)
 				}
-			})
+				if len(batch) == maxBatch {
+					flush()
+				}
+			}, flush)
+			flush()
 		}(i, tp)
 	}
 	go func() { producers.Wait(); close(items) }()
@@ -102,11 +114,11 @@ func (tr *tracer) run(ctx context.Context) string {
 loop:
 	for {
 		select {
-		case it, ok := <-items:
+		case batch, ok := <-items:
 			if !ok {
 				break loop
 			}
-			if reason := tr.consume(it); reason != "" {
+			if reason := tr.consumeAll(batch); reason != "" {
 				stop = reason
 				break loop
 			}
@@ -134,8 +146,8 @@ loop:
 	// Let in-flight events land, then drain what the producers still hold.
 	time.Sleep(200 * time.Millisecond)
 	cancel()
-	for it := range items {
-		tr.consume(it)
+	for batch := range items {
+		tr.consumeAll(batch)
 	}
 	if tr.pcap != nil {
 		tr.pcap.release(time.Now().Add(time.Hour), tr.comment) // everything left
@@ -150,6 +162,20 @@ type item struct {
 	isObs bool
 	iface int             // index of the tap in tracer.taps
 	pkt   *capture.Packet // only with --pcap
+}
+
+// maxBatch bounds the frames a tap hands over at once.
+const maxBatch = 256
+
+// consumeAll consumes every item of a batch and returns the first stop reason.
+func (tr *tracer) consumeAll(batch []item) string {
+	var stop string
+	for _, it := range batch {
+		if reason := tr.consume(it); reason != "" && stop == "" {
+			stop = reason
+		}
+	}
+	return stop
 }
 
 // consume feeds the engine and the pcapng file; it returns a stop reason when
@@ -198,12 +224,9 @@ func (tr *tracer) attributeCgroups() {
 	}
 }
 
-func send(ctx context.Context, ch chan<- item, it item) {
-	select {
-	case ch <- it:
-	case <-ctx.Done():
-	}
-}
+// send hands a batch to the consumer, which reads until every producer has
+// stopped: nothing a tap counted is left out of the engine or the file.
+func send(ch chan<- []item, batch []item) { ch <- batch }
 
 // widen adds the backends the engine learned to the observers' watch list
 // (which the eBPF tap filter shares) and to the classic tap filters, so
