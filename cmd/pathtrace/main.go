@@ -24,7 +24,9 @@ const memoryLimit = 48 << 20
 func main() {
 	// The lab re-executes this binary for its servers and client processes.
 	lab.RunWorkerIfRequested()
-	debug.SetMemoryLimit(memoryLimit)
+	if os.Getenv("GOMEMLIMIT") == "" { // the user's setting wins
+		debug.SetMemoryLimit(memoryLimit)
+	}
 
 	if len(os.Args) > 1 {
 		switch os.Args[1] {

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -238,6 +239,9 @@ func runTrace(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if path := os.Getenv("PATHTRACE_CPUPROFILE"); path != "" {
+		defer profileCPU(path)()
+	}
 
 	// With the capture on stdout the report goes to stderr, and a reader that
 	// goes away (Wireshark closed) becomes a write error, not a silent death.
@@ -269,6 +273,22 @@ func runTrace(args []string) int {
 	rw.Flows(res.Flows)
 	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized})
 	return exitOK
+}
+
+// profileCPU writes a CPU profile of the run to path (for developers: set
+// PATHTRACE_CPUPROFILE); the returned function ends it.
+func profileCPU(path string) func() {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace: cpu profile: %v\n", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace: cpu profile: %v\n", err)
+		f.Close()
+		return func() {}
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }
 }
 
 // parseSize reads a byte count with an optional K, M or G suffix (powers of 1024).

@@ -1,7 +1,6 @@
 package session
 
 import (
-	"container/heap"
 	"errors"
 	"fmt"
 	"time"
@@ -16,8 +15,9 @@ type pcapOut struct {
 	w      *export.Writer
 	path   string
 	perTap []uint64
-	err    error // a write error other than the bounds (disk full, ...)
-	held   frameHeap
+	err    error  // a write error other than the bounds (disk full, ...)
+	queues []fifo // per tap, in tap order
+	held   int
 	newest time.Time
 }
 
@@ -34,7 +34,7 @@ func openPcap(path string, lim export.Limits, taps []tap, snaplen int) (*pcapOut
 	if err != nil {
 		return nil, fmt.Errorf("pcapng %s: %w", path, err)
 	}
-	return &pcapOut{w: w, path: path, perTap: make([]uint64, len(taps))}, nil
+	return &pcapOut{w: w, path: path, perTap: make([]uint64, len(taps)), queues: make([]fifo, len(taps))}, nil
 }
 
 // write appends one frame; a reached bound or a write error returns the stop
@@ -93,16 +93,26 @@ type heldFrame struct {
 	isObs bool
 }
 
-type frameHeap []heldFrame
+// fifo is one capture point's held frames, already in time order (a tap
+// delivers its frames in order): merging the points' fifos orders the file.
+type fifo struct {
+	frames []heldFrame
+	head   int
+}
 
-func (h frameHeap) Len() int           { return len(h) }
-func (h frameHeap) Less(i, j int) bool { return h[i].pkt.Time.Before(h[j].pkt.Time) }
-func (h frameHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *frameHeap) Push(x any)        { *h = append(*h, x.(heldFrame)) }
-func (h *frameHeap) Pop() any {
-	old := *h
-	f := old[len(old)-1]
-	*h = old[:len(old)-1]
+func (q *fifo) len() int { return len(q.frames) - q.head }
+
+func (q *fifo) pop() heldFrame {
+	f := q.frames[q.head]
+	q.frames[q.head] = heldFrame{}
+	q.head++
+	// Reuse the space of popped frames: under steady traffic the queue never
+	// runs empty, and appending after a dead prefix would grow it forever.
+	if q.head == len(q.frames) || q.head >= 1024 && q.head > len(q.frames)/2 {
+		n := copy(q.frames, q.frames[q.head:])
+		clear(q.frames[n:])
+		q.frames, q.head = q.frames[:n], 0
+	}
 	return f
 }
 
@@ -110,18 +120,33 @@ func (h *frameHeap) Pop() any {
 // (or the oldest ones beyond maxHeld). The comment is computed when the frame
 // is written, so it carries the most the engine knows by then.
 func (p *pcapOut) hold(f heldFrame, comment func(heldFrame) string) string {
-	heap.Push(&p.held, f)
+	q := &p.queues[f.iface]
+	q.frames = append(q.frames, f)
+	p.held++
 	if f.pkt.Time.After(p.newest) {
 		p.newest = f.pkt.Time
 	}
 	return p.release(p.newest.Add(-reorderWindow), comment)
 }
 
-// release writes the held frames captured before t; it returns a stop reason
-// when the file reached a bound or failed.
+// release writes the held frames captured before t, oldest first across the
+// capture points; it returns a stop reason when the file reached a bound or
+// failed.
 func (p *pcapOut) release(t time.Time, comment func(heldFrame) string) string {
-	for len(p.held) > 0 && (p.held[0].pkt.Time.Before(t) || len(p.held) > maxHeld) {
-		f := heap.Pop(&p.held).(heldFrame)
+	for p.held > 0 {
+		oldest := -1
+		for i := range p.queues {
+			q := &p.queues[i]
+			if q.len() > 0 && (oldest < 0 || q.frames[q.head].pkt.Time.Before(p.queues[oldest].frames[p.queues[oldest].head].pkt.Time)) {
+				oldest = i
+			}
+		}
+		q := &p.queues[oldest]
+		if !q.frames[q.head].pkt.Time.Before(t) && p.held <= maxHeld {
+			return ""
+		}
+		f := q.pop()
+		p.held--
 		if reason := p.write(f.iface, f.pkt, comment(f)); reason != "" {
 			return reason
 		}

@@ -32,6 +32,7 @@ type tracer struct {
 	scope      map[uint64]bool
 	outOfScope uint64
 	pcap       *pcapOut // nil without --pcap
+	batches    sync.Pool
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
@@ -71,7 +72,7 @@ func (tr *tracer) run(ctx context.Context) string {
 	// One consumer owns the engine; producers block when it lags, so the kernel
 	// (ring full) counts what is lost instead of this process dropping silently.
 	// Taps hand over a batch per ring block, not a send per packet.
-	items := make(chan []item, 256)
+	items := make(chan []item, 16) // at most 16 blocks of frames in flight
 	var producers sync.WaitGroup
 	producers.Add(1)
 	go func() {
@@ -82,11 +83,11 @@ func (tr *tracer) run(ctx context.Context) string {
 		producers.Add(1)
 		go func(iface int, tp tap) {
 			defer producers.Done()
-			var batch []item
+			batch := tr.newBatch()
 			flush := func() {
 				if len(batch) > 0 {
 					send(items, batch)
-					batch = nil
+					batch = tr.newBatch()
 				}
 			}
 			_ = tp.t.RunBlocks(runCtx, func(p *capture.Packet) {
@@ -167,15 +168,30 @@ type item struct {
 // maxBatch bounds the frames a tap hands over at once.
 const maxBatch = 256
 
-// consumeAll consumes every item of a batch and returns the first stop reason.
+// consumeAll consumes every item of a batch, gives the batch back for reuse
+// and returns the first stop reason.
 func (tr *tracer) consumeAll(batch []item) string {
 	var stop string
-	for _, it := range batch {
-		if reason := tr.consume(it); reason != "" && stop == "" {
+	for i := range batch {
+		if reason := tr.consume(batch[i]); reason != "" && stop == "" {
 			stop = reason
 		}
 	}
+	if cap(batch) == maxBatch {
+		clear(batch)
+		tr.batches.Put(batch[:0])
+	}
 	return stop
+}
+
+// newBatch returns an empty batch, reusing consumed ones: at tens of
+// thousands of frames a second, fresh batches would keep the garbage
+// collector busy.
+func (tr *tracer) newBatch() []item {
+	if b, ok := tr.batches.Get().([]item); ok {
+		return b
+	}
+	return make([]item, 0, maxBatch)
 }
 
 // consume feeds the engine and the pcapng file; it returns a stop reason when
