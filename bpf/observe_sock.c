@@ -15,6 +15,7 @@
 #define SYS_CONNECT 42
 #define SYS_SENDTO 44
 #define SYS_SENDMSG 46
+#define SYS_SENDMMSG 307
 /* A request older than this is stale (its syscall never reached a cgroup
  * hook, e.g. sendto on a connected TCP socket). */
 #define REQUEST_MAX_AGE_NS 1000000000ULL
@@ -103,8 +104,9 @@ int pt_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		uaddr = (void *)BPF_CORE_READ(regs, r8);
 		kind = PT_KIND_SENDMSG;
 		break;
-	case SYS_SENDMSG: { /* sendmsg(fd, msg, flags) */
-		struct user_msghdr *msg = (void *)BPF_CORE_READ(regs, si);
+	case SYS_SENDMSG:    /* sendmsg(fd, msg, flags) */
+	case SYS_SENDMMSG: { /* sendmmsg(fd, msgvec, vlen, flags): its first message (glibc's resolver) */
+		struct user_msghdr *msg = (void *)BPF_CORE_READ(regs, si); /* struct mmsghdr starts with it */
 		if (!msg || bpf_probe_read_user(&uaddr, sizeof(uaddr), &msg->msg_name))
 			return 0;
 		kind = PT_KIND_SENDMSG;

@@ -24,6 +24,7 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/nsutil"
@@ -272,7 +273,8 @@ func newCgroup(t *testing.T, name string) string {
 
 // Client actions of the child process: "tcp", "tcp6" (a dual-stack socket to
 // ::ffff:addr), "udpconn", "sendto" (AF_INET socket), "sendmsg" (dual-stack
-// socket).
+// socket), "sendmmsg" (AF_INET socket, one sendmmsg(2) call, as glibc's
+// resolver sends).
 const (
 	clientEnvNS      = "PTTEST_PROBE_CLIENT_NETNS"
 	clientEnvActions = "PTTEST_PROBE_CLIENT_ACTIONS" // "action=addr:port,..."
@@ -348,17 +350,20 @@ func clientAction(action string, to netip.AddrPort) error {
 			return fmt.Errorf("echo %q", buf[:n])
 		}
 		return nil
-	case "sendto", "sendmsg":
-		network := map[string]string{"sendto": "udp4", "sendmsg": "udp"}[action]
+	case "sendto", "sendmsg", "sendmmsg":
+		network := map[string]string{"sendto": "udp4", "sendmsg": "udp", "sendmmsg": "udp4"}[action]
 		c, err := net.ListenUDP(network, nil)
 		if err != nil {
 			return err
 		}
 		defer c.Close()
 		c.SetDeadline(deadline)
-		if action == "sendto" {
+		switch action {
+		case "sendto":
 			_, err = c.WriteToUDPAddrPort([]byte(msg), to)
-		} else {
+		case "sendmmsg":
+			_, err = ipv4.NewPacketConn(c).WriteBatch([]ipv4.Message{{Buffers: [][]byte{[]byte(msg)}, Addr: net.UDPAddrFromAddrPort(to)}}, 0)
+		default:
 			_, _, err = c.WriteMsgUDPAddrPort([]byte(msg), nil, to)
 		}
 		if err != nil {

@@ -180,7 +180,7 @@ func TestObserversBracketTraffic(t *testing.T) {
 
 	pid := uint32(env.runClient(t, cg,
 		"tcp="+vipTCP.String(), "udpconn="+vipUDP.String(),
-		"sendto="+vipUDP.String(), "sendmsg="+vipUDP.String(), "tcp="+lbTCP.String(),
+		"sendto="+vipUDP.String(), "sendmsg="+vipUDP.String(), "sendmmsg="+vipUDP.String(), "tcp="+lbTCP.String(),
 		"tcp6="+vipTCP.String()))
 	clientNS, _ := nsutil.Inode(env.clientNS)
 	srvNS, _ := nsutil.Inode(env.srvNS)
@@ -200,10 +200,10 @@ func TestObserversBracketTraffic(t *testing.T) {
 	if o := c.waitFor(t, "connect4 of connected UDP", sockAddr(obs.SockConnect, obs.UDP, vipUDP)); o.Dst != vipUDP {
 		t.Errorf("connected UDP: effective dst %v, want %v", o.Dst, vipUDP)
 	}
-	sends := c.waitCount(t, "sendmsg4 with the requested VIP from sendto and sendmsg", 2,
+	sends := c.waitCount(t, "sendmsg4 with the requested VIP from sendto, sendmsg and sendmmsg", 3,
 		sockAddr(obs.SockSendmsg, obs.UDP, vipUDP))
-	if len(sends) != 2 {
-		t.Errorf("%d sendmsg4 observations, want 2", len(sends))
+	if len(sends) != 3 {
+		t.Errorf("%d sendmsg4 observations, want 3", len(sends))
 	}
 	for _, o := range sends {
 		if o.Dst != vipUDP {
