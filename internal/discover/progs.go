@@ -157,10 +157,22 @@ func tcxPrograms(hostPath string, cp CapturePoint) ([]TCProgram, error) {
 	return out, err
 }
 
-// tcParent is a clsact/ingress qdisc parent that bpf filters hang off.
-type tcParent struct {
-	dir    string
-	handle uint32
+// TCParent is a clsact/ingress qdisc parent that bpf filters hang off.
+type TCParent struct {
+	Dir    string // ingress or egress
+	Handle uint32
+}
+
+// TCParents are the filter parents a qdisc offers bpf classifiers: ingress
+// and egress of clsact, ingress of the old ingress qdisc, none otherwise.
+func TCParents(q netlink.Qdisc) []TCParent {
+	switch q.Type() {
+	case "clsact":
+		return []TCParent{{"ingress", netlink.HANDLE_MIN_INGRESS}, {"egress", netlink.HANDLE_MIN_EGRESS}}
+	case "ingress":
+		return []TCParent{{"ingress", netlink.HANDLE_MIN_INGRESS}}
+	}
+	return nil
 }
 
 // clsBPFPrograms lists the bpf filters on the clsact (or ingress) qdisc of an
@@ -176,17 +188,10 @@ func clsBPFPrograms(host *hostNS, cp CapturePoint) ([]TCProgram, error) {
 	}
 	var out []TCProgram
 	for _, q := range qdiscs {
-		var parents []tcParent
-		switch q.Type() {
-		case "clsact":
-			parents = []tcParent{{"ingress", netlink.HANDLE_MIN_INGRESS}, {"egress", netlink.HANDLE_MIN_EGRESS}}
-		case "ingress":
-			parents = []tcParent{{"ingress", netlink.HANDLE_MIN_INGRESS}}
-		}
-		for _, p := range parents {
-			filters, err := host.nl.FilterList(l, p.handle)
+		for _, p := range TCParents(q) {
+			filters, err := host.nl.FilterList(l, p.Handle)
 			if err != nil {
-				return out, fmt.Errorf("list %s filters: %w", p.dir, err)
+				return out, fmt.Errorf("list %s filters: %w", p.Dir, err)
 			}
 			for _, f := range filters {
 				bf, ok := f.(*netlink.BpfFilter)
@@ -197,7 +202,7 @@ func clsBPFPrograms(host *hostNS, cp CapturePoint) ([]TCProgram, error) {
 				if name == "" {
 					name = bf.Name // the object file and section the loader gave
 				}
-				out = append(out, TCProgram{Ifname: cp.Ifname, Ifindex: cp.Ifindex, Role: cp.Role, Dir: p.dir,
+				out = append(out, TCProgram{Ifname: cp.Ifname, Ifindex: cp.Ifindex, Role: cp.Role, Dir: p.Dir,
 					Via: "cls_bpf", Name: name, ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
 			}
 		}

@@ -147,14 +147,7 @@ func (s *snapshot) tcIface(w *topicWriter, h *netlink.Handle, nsPath string, ifc
 	for _, q := range qdiscs {
 		a := q.Attrs()
 		fmt.Fprintf(w, "  %s handle %s parent %s\n", q.Type(), netlink.HandleStr(a.Handle), netlink.HandleStr(a.Parent))
-		var parents []tcParent
-		switch q.Type() {
-		case "clsact":
-			parents = []tcParent{{"ingress", netlink.HANDLE_MIN_INGRESS}, {"egress", netlink.HANDLE_MIN_EGRESS}}
-		case "ingress":
-			parents = []tcParent{{"ingress", netlink.HANDLE_MIN_INGRESS}}
-		}
-		for _, p := range parents {
+		for _, p := range discover.TCParents(q) {
 			s.tcFilters(w, h, l, p)
 		}
 	}
@@ -166,20 +159,15 @@ func (s *snapshot) tcIface(w *topicWriter, h *netlink.Handle, nsPath string, ifc
 	fmt.Fprintln(w)
 }
 
-// tcParent is a clsact/ingress qdisc parent that filters hang off.
-type tcParent struct {
-	dir    string
-	handle uint32
-}
-
-func (s *snapshot) tcFilters(w *topicWriter, h *netlink.Handle, l netlink.Link, p tcParent) {
-	filters, err := h.FilterList(l, p.handle)
+// tcFilters writes the filters hanging off one qdisc parent of l.
+func (s *snapshot) tcFilters(w *topicWriter, h *netlink.Handle, l netlink.Link, p discover.TCParent) {
+	filters, err := h.FilterList(l, p.Handle)
 	if err != nil {
-		fmt.Fprintf(w, "    %s filters: not read: %v\n", p.dir, err)
-		w.notef("%s filters of %s not read: %v", p.dir, l.Attrs().Name, err)
+		fmt.Fprintf(w, "    %s filters: not read: %v\n", p.Dir, err)
+		w.notef("%s filters of %s not read: %v", p.Dir, l.Attrs().Name, err)
 		return
 	}
-	fmt.Fprintf(w, "    %s filters:", p.dir)
+	fmt.Fprintf(w, "    %s filters:", p.Dir)
 	if len(filters) == 0 {
 		fmt.Fprint(w, " none")
 	}
