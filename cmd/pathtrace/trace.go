@@ -270,6 +270,9 @@ func runTrace(args []string) int {
 		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
 		return exitRuntime
 	}
+	if path := os.Getenv("PATHTRACE_MEMPROFILE"); path != "" {
+		profileHeap(path)
+	}
 	rw.Flows(res.Flows)
 	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized})
 	return exitOK
@@ -289,6 +292,18 @@ func profileCPU(path string) func() {
 		return func() {}
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }
+}
+
+// profileHeap writes a heap profile at the end of the run, while the flows
+// are still live (for developers: set PATHTRACE_MEMPROFILE).
+func profileHeap(path string) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = errors.Join(pprof.WriteHeapProfile(f), f.Close())
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace: heap profile: %v\n", err)
+	}
 }
 
 // parseSize reads a byte count with an optional K, M or G suffix (powers of 1024).

@@ -71,93 +71,139 @@ func inbandTag(frame []byte) (tpid, tci uint16, ok bool) {
 	return tpid, binary.BigEndian.Uint16(frame[14:]), true
 }
 
-// Clone returns a copy of p whose Data the caller owns.
+// Clone returns a copy of p whose Data the caller owns (in a Run callback,
+// Data points into the ring).
 func (p *Packet) Clone() *Packet {
 	c := *p
 	c.Data = append([]byte(nil), p.Data...)
 	return &c
 }
 
-// FrameWithTag returns the frame with an out-of-band VLAN tag written back in
-// after the MAC addresses (TPID as reported, 0x8100 when the kernel did not
-// report one), as libpcap does for Ethernet captures; the wire length is then
-// Len+4. Without an out-of-band tag it returns Data itself.
-func (p *Packet) FrameWithTag() []byte {
+// AppendFrame appends the frame to dst with an out-of-band VLAN tag written
+// back in after the MAC addresses (TPID as reported, 0x8100 when the kernel
+// did not report one), as libpcap does for Ethernet captures; the wire
+// length is then Len+4. Without an out-of-band tag it appends Data as is.
+func (p *Packet) AppendFrame(dst []byte) []byte {
 	if !p.VLANOutOfBand || len(p.Data) < 12 {
-		return p.Data
+		return append(dst, p.Data...)
 	}
 	tpid := p.TPID
 	if tpid == 0 {
 		tpid = etherTypeDot1Q
 	}
-	out := make([]byte, len(p.Data)+4)
-	copy(out, p.Data[:12])
-	binary.BigEndian.PutUint16(out[12:], tpid)
-	binary.BigEndian.PutUint16(out[14:], p.TCI)
-	copy(out[16:], p.Data[12:])
-	return out
+	dst = append(dst, p.Data[:12]...)
+	dst = binary.BigEndian.AppendUint16(dst, tpid)
+	dst = binary.BigEndian.AppendUint16(dst, p.TCI)
+	return append(dst, p.Data[12:]...)
 }
 
-// Observation decodes Ethernet (with up to two in-band 802.1Q/802.1ad tags),
-// IPv4 and the TCP or UDP header. It reports false for anything else: other
-// ethertypes, other L4 protocols, non-first fragments (no ports) and headers
-// cut by the snaplen. An out-of-band tag takes precedence over in-band ones
-// (it is the outer one). Ifname and NetNS are the caller's to fill in; the
-// MAC addresses are copied, so the observation may outlive Data.
-func (p *Packet) Observation(point obs.Point) (obs.Observation, bool) {
+// TagLen is how many bytes AppendFrame adds to Data: 4 for a tag written
+// back, else 0.
+func (p *Packet) TagLen() int {
+	if p.VLANOutOfBand && len(p.Data) >= 12 {
+		return 4
+	}
+	return 0
+}
+
+// Tuple is what identifies a frame's flow and direction: its IPv4 addresses,
+// L4 protocol and ports. It is comparable, a map key.
+type Tuple struct {
+	Src, Dst     [4]byte
+	Sport, Dport uint16
+	Proto        obs.Proto
+}
+
+// decoded is what decoding a frame found: the tuple, the TCP flags, and the
+// in-band outer tag when there is one.
+type decoded struct {
+	tuple    Tuple
+	tcpFlags uint8
+	tpid     uint16 // in-band outer tag (0 = none)
+	vlan     uint16
+}
+
+// Tuple decodes a frame's IPv4 TCP/UDP tuple without allocating; false for
+// every frame Observation rejects.
+func (p *Packet) Tuple() (Tuple, bool) {
+	l, ok := p.decode()
+	return l.tuple, ok
+}
+
+// decode reads Ethernet (with up to two in-band 802.1Q/802.1ad tags), IPv4
+// and the TCP or UDP header. It fails for anything else: other ethertypes,
+// other L4 protocols, non-first fragments (no ports) and headers cut by the
+// snaplen.
+func (p *Packet) decode() (l decoded, ok bool) {
 	f := p.Data
 	if len(f) < 14 {
-		return obs.Observation{}, false
-	}
-	o := obs.Observation{
-		Time: p.Time, Point: point, Dir: p.Dir, Ifindex: p.Ifindex, Len: p.Len,
-	}
-	if p.VLANOutOfBand {
-		o.VLAN, o.TPID = p.VLAN, p.TPID
+		return l, false
 	}
 	etype := binary.BigEndian.Uint16(f[12:])
 	l3 := 14
 	for tags := 0; isVLANType(etype); tags++ {
 		if tags == maxInbandTags || len(f) < l3+4 {
-			return obs.Observation{}, false
+			return l, false
 		}
-		if tags == 0 && !p.VLANOutOfBand {
-			o.TPID, o.VLAN = etype, binary.BigEndian.Uint16(f[l3:])&0x0fff
+		if tags == 0 {
+			l.tpid, l.vlan = etype, binary.BigEndian.Uint16(f[l3:])&0x0fff
 		}
 		etype = binary.BigEndian.Uint16(f[l3+2:])
 		l3 += 4
 	}
 	if etype != etherTypeIPv4 || len(f) < l3+20 {
-		return obs.Observation{}, false
+		return l, false
 	}
 	ip := f[l3:]
 	ihl := int(ip[0]&0x0f) * 4
 	if ip[0]>>4 != 4 || ihl < 20 || len(ip) < ihl {
-		return obs.Observation{}, false
+		return l, false
 	}
 	if binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
-		return obs.Observation{}, false // a later fragment: no L4 header
+		return l, false // a later fragment: no L4 header
 	}
 	l4 := ip[ihl:]
-	switch o.Proto = obs.Proto(ip[9]); o.Proto {
+	switch l.tuple.Proto = obs.Proto(ip[9]); l.tuple.Proto {
 	case obs.TCP:
 		if len(l4) < 14 { // through the flags byte
-			return obs.Observation{}, false
+			return l, false
 		}
-		o.TCPFlags = l4[13]
+		l.tcpFlags = l4[13]
 	case obs.UDP:
 		if len(l4) < 8 {
-			return obs.Observation{}, false
+			return l, false
 		}
 	default:
+		return l, false
+	}
+	l.tuple.Src, l.tuple.Dst = [4]byte(ip[12:16]), [4]byte(ip[16:20])
+	l.tuple.Sport, l.tuple.Dport = binary.BigEndian.Uint16(l4[0:]), binary.BigEndian.Uint16(l4[2:])
+	return l, true
+}
+
+// Observation decodes the frame (see Tuple) into an observation. An
+// out-of-band tag takes precedence over in-band ones (it is the outer one).
+// Ifname and NetNS are the caller's to fill in; the MAC addresses are
+// copied, so the observation may outlive Data.
+func (p *Packet) Observation(point obs.Point) (obs.Observation, bool) {
+	l, ok := p.decode()
+	if !ok {
 		return obs.Observation{}, false
 	}
-	src := netip.AddrFrom4([4]byte(ip[12:16]))
-	dst := netip.AddrFrom4([4]byte(ip[16:20]))
-	o.Src = netip.AddrPortFrom(src, binary.BigEndian.Uint16(l4[0:]))
-	o.Dst = netip.AddrPortFrom(dst, binary.BigEndian.Uint16(l4[2:]))
+	o := obs.Observation{
+		Time: p.Time, Point: point, Dir: p.Dir, Ifindex: p.Ifindex, Len: p.Len,
+		Proto:    l.tuple.Proto,
+		Src:      netip.AddrPortFrom(netip.AddrFrom4(l.tuple.Src), l.tuple.Sport),
+		Dst:      netip.AddrPortFrom(netip.AddrFrom4(l.tuple.Dst), l.tuple.Dport),
+		TCPFlags: l.tcpFlags,
+		TPID:     l.tpid,
+		VLAN:     l.vlan,
+	}
+	if p.VLANOutOfBand {
+		o.VLAN, o.TPID = p.VLAN, p.TPID
+	}
 	macs := make(net.HardwareAddr, 12)
-	copy(macs, f[:12])
+	copy(macs, p.Data[:12])
 	o.DstMAC, o.SrcMAC = macs[0:6:6], macs[6:12:12]
 	return o, true
 }

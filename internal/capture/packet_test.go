@@ -130,10 +130,10 @@ func TestObservationRejects(t *testing.T) {
 	}
 }
 
-func TestFrameWithTag(t *testing.T) {
+func TestAppendFrame(t *testing.T) {
 	plain := udpFrame(t, "10.244.8.23", "10.120.0.10", 5000, 53)
 	p := Packet{Data: plain, VLANOutOfBand: true, TPID: etherTypeDot1AD, TCI: 5<<13 | 200, VLAN: 200}
-	tagged := p.FrameWithTag()
+	tagged := p.AppendFrame(nil)
 	if len(tagged) != len(plain)+4 {
 		t.Fatalf("tagged frame has %d bytes, want %d", len(tagged), len(plain)+4)
 	}
@@ -150,21 +150,15 @@ func TestFrameWithTag(t *testing.T) {
 	}
 
 	p.TPID = 0 // kernel reported no TPID
-	if got := binary.BigEndian.Uint16(p.FrameWithTag()[12:]); got != etherTypeDot1Q {
+	if got := binary.BigEndian.Uint16(p.AppendFrame(nil)[12:]); got != etherTypeDot1Q {
 		t.Errorf("default TPID %#x, want 0x8100", got)
 	}
-	untagged := Packet{Data: plain}
-	if got := untagged.FrameWithTag(); &got[0] != &plain[0] || len(got) != len(plain) {
-		t.Errorf("frame without out-of-band tag was changed")
+	if p.TagLen() != 4 {
+		t.Errorf("TagLen %d with an out-of-band tag, want 4", p.TagLen())
 	}
-}
-
-func TestClone(t *testing.T) {
-	p := Packet{Data: []byte{1, 2, 3}, VLAN: 5}
-	c := p.Clone()
-	p.Data[0] = 9
-	if c.Data[0] != 1 || c.VLAN != 5 {
-		t.Errorf("clone shares data or lost fields: %+v", c)
+	untagged := Packet{Data: plain}
+	if got := untagged.AppendFrame([]byte{7}); got[0] != 7 || !bytes.Equal(got[1:], plain) || untagged.TagLen() != 0 {
+		t.Errorf("frame without out-of-band tag was changed")
 	}
 }
 
@@ -193,4 +187,13 @@ func FuzzObservation(f *testing.F) {
 			t.Fatalf("filter returned %d for a frame decoded as %v -> %v, want %d", got, o.Src, o.Dst, want)
 		}
 	})
+}
+
+func TestClone(t *testing.T) {
+	p := Packet{Data: []byte{1, 2, 3}, VLAN: 5}
+	c := p.Clone()
+	p.Data[0] = 9
+	if c.Data[0] != 1 || c.VLAN != 5 {
+		t.Errorf("clone shares data or lost fields: %+v", c)
+	}
 }

@@ -427,7 +427,7 @@ func inject(t *testing.T, nsPath, ifname string, frame []byte) {
 
 // TestTapVLANTags sends a QinQ frame over the veth: the sender's TX tap sees
 // both tags in band; on the receiving side the kernel moves the outer tag out
-// of band (skb_vlan_untag runs before the RX taps), and FrameWithTag must give
+// of band (skb_vlan_untag runs before the RX taps), and AppendFrame must give
 // back the frame that was sent.
 func TestTapVLANTags(t *testing.T) {
 	needRoot(t)
@@ -470,8 +470,8 @@ func TestTapVLANTags(t *testing.T) {
 	if o, ok := got.Observation(obs.PointUplink); !ok || o.VLAN != 100 || o.TPID != etherTypeDot1AD || o.Dst.String() != "192.0.2.2:4002" {
 		t.Errorf("RX observation %+v (decoded %v)", o, ok)
 	}
-	if back := got.FrameWithTag(); string(back) != string(frame) {
-		t.Errorf("FrameWithTag\n%x\nwant the frame sent\n%x", back, frame)
+	if back := got.AppendFrame(nil); string(back) != string(frame) {
+		t.Errorf("AppendFrame\n%x\nwant the frame sent\n%x", back, frame)
 	}
 }
 

@@ -43,12 +43,20 @@ func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
 	if f == nil {
 		return Ref{}, false
 	}
-	serviceSide := o.Dst
+	return e.ref(f, reply, translated(f, o, reply)), true
+}
+
+// translated tells whether a packet's service side is a backend, not the VIP.
+func translated(f *flowState, o obs.Observation, reply bool) bool {
 	if reply {
-		serviceSide = o.Src
+		return o.Src != f.service
 	}
+	return o.Dst != f.service
+}
+
+func (e *Engine) ref(f *flowState, reply, translated bool) Ref {
 	v := e.cachedVerdict(f)
-	return Ref{ID: f.id, Reply: reply, Translated: serviceSide != f.service, Verdict: v.place, By: v.by}, true
+	return Ref{ID: f.id, Reply: reply, Translated: translated, Verdict: v.place, By: v.by}
 }
 
 // cachedVerdict is decide, recomputed only when the flow's evidence or the

@@ -88,15 +88,14 @@ func NewEngine(cfg Config) *Engine {
 
 // Add feeds one observation. Observations may arrive out of time order by up
 // to a few seconds.
-func (e *Engine) Add(o obs.Observation) {
-	if e.observed[o.Point] == 0 {
-		e.gen++ // the point is active from now on
-	}
-	e.observed[o.Point]++
-	if o.Time.After(e.newest) {
-		e.newest = o.Time
-	}
-	if !e.process(o) {
+func (e *Engine) Add(o obs.Observation) { e.add(o) }
+
+// add is Add; for a packet counted in a flow (or refused with it) it also
+// returns the handle Repeat takes.
+func (e *Engine) add(o obs.Observation) (Handle, bool) {
+	e.note(o.Point, o.Time)
+	done, h, ok := e.process(o)
+	if !done {
 		e.waiting.add(o)
 	}
 	for len(e.replays) > 0 {
@@ -105,41 +104,69 @@ func (e *Engine) Add(o obs.Observation) {
 		for _, p := range e.waiting.take(k) {
 			switch {
 			case p.done:
-			case e.process(p.o):
+			case e.processed(p.o):
 				e.waiting.resolved(p)
 			default:
 				e.waiting.putBack(k, p)
 			}
 		}
 	}
+	e.expire()
+	return h, ok
+}
+
+// note counts an observation at point p and advances the engine's clock.
+func (e *Engine) note(p obs.Point, at time.Time) {
+	if e.observed[p] == 0 {
+		e.gen++ // the point is active from now on
+	}
+	e.observed[p]++
+	if at.After(e.newest) {
+		e.newest = at
+	}
+}
+
+func (e *Engine) expire() {
 	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow)
 	e.overflow += overflow
 	e.unmatched += unmatched
 }
 
+func (e *Engine) processed(o obs.Observation) bool {
+	done, _, _ := e.process(o)
+	return done
+}
+
 // process applies o to its flow and reports false when its flow is not known
-// yet (the observation must wait).
-func (e *Engine) process(o obs.Observation) bool {
+// yet (the observation must wait). For a packet it also returns the handle of
+// the counter it went to.
+func (e *Engine) process(o obs.Observation) (done bool, h Handle, ok bool) {
 	switch o.Point {
 	case obs.PointNone:
-		return true
+		return true, h, false
 	case obs.PointSockAddr:
 		e.sockAddr(o)
-		return true
+		return true, h, false
 	case obs.PointSockState, obs.PointSockEgress:
-		return e.sockTuple(o)
+		return e.sockTuple(o), h, false
 	case obs.PointConntrack:
-		return e.conntrack(o)
+		return e.conntrack(o), h, false
 	}
 	if !o.Src.IsValid() || !o.Dst.IsValid() {
 		e.unmatched++
-		return true
+		return true, h, false
 	}
 	f, reply, r := e.link(o.Proto, o.Src, o.Dst, o.Time, true)
-	if r == linked {
-		e.applyPacket(f, o, reply)
+	switch r {
+	case linked:
+		if slot := e.applyPacket(f, o, reply); slot >= 0 {
+			return true, Handle{f: f, slot: slot, reply: reply, translated: translated(f, o, reply)}, true
+		}
+		return true, h, false
+	case refused:
+		return true, Handle{refused: true}, true
 	}
-	return r != unlinked
+	return false, h, false
 }
 
 func (e *Engine) isService(proto obs.Proto, ap netip.AddrPort) bool {

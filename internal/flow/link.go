@@ -151,15 +151,15 @@ func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs
 	}
 }
 
-func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) {
+func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
 	f.touch(o.Time)
-	f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: o.Src, dst: o.Dst}, 1, uint64(o.Len))
+	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: o.Src, dst: o.Dst}, 1, uint64(o.Len))
 	if reply {
 		f.reply = true
 		if o.Point == obs.PointUplink {
 			f.uplinkReply.note(o)
 		}
-		return
+		return slot
 	}
 	if cp, ok := requestCheckpoint(o); ok {
 		e.sight(f, cp, o.Dst, o.Point, o.Time)
@@ -167,6 +167,7 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) {
 	if o.Point == obs.PointUplink && o.Dir != obs.DirIn {
 		f.uplink.note(o)
 	}
+	return slot
 }
 
 // sockAddr handles a connect4/sendmsg4 observation: ReqDst is what the

@@ -119,10 +119,15 @@ type flowState struct {
 	cached    verdict
 	cachedOK  bool
 	cachedGen uint64
+	// evidence counts evidenceChanged calls: a packet comment made for this
+	// flow stays valid while it and the engine's gen are unchanged.
+	evidence uint64
+	// merged: absorbed into another flow; handles to it are stale.
+	merged bool
 }
 
 // evidenceChanged drops the cached verdict.
-func (f *flowState) evidenceChanged() { f.cachedOK = false }
+func (f *flowState) evidenceChanged() { f.cachedOK = false; f.evidence++ }
 
 func (f *flowState) key() clientKey { return clientKey{f.proto, f.client} }
 
@@ -179,18 +184,21 @@ func (f *flowState) sortedBackends() []netip.AddrPort {
 	return out
 }
 
-// count adds packets and bytes to a per-point entry.
-func (f *flowState) count(k pointKey, packets, bytes uint64) {
+// count adds packets and bytes to a per-point entry and returns its index
+// in f.points, -1 when the flow has no room for another entry.
+func (f *flowState) count(k pointKey, packets, bytes uint64) int {
 	for i := range f.points {
 		if f.points[i].pointKey == k {
 			f.points[i].packets += packets
 			f.points[i].bytes += bytes
-			return
+			return i
 		}
 	}
 	if len(f.points) < maxPointsPerFlow {
 		f.points = append(f.points, pointStats{k, packets, bytes})
+		return len(f.points) - 1
 	}
+	return -1
 }
 
 func (f *flowState) noteProc(pid uint32, comm string, cgroup uint64, at time.Time) {
@@ -205,6 +213,7 @@ func (f *flowState) noteProc(pid uint32, comm string, cgroup uint64, at time.Tim
 
 // absorb merges o (the same flow, seen before its client port was known) into f.
 func (f *flowState) absorb(o *flowState) {
+	o.merged = true
 	f.evidenceChanged()
 	if o.id < f.id {
 		f.id = o.id

@@ -18,10 +18,24 @@ import (
 // reader: the latest an event reaches the engine.
 const readerPoll = 20 * time.Millisecond
 
-// Run reads the observers' ring buffer and the conntrack subscriptions and
-// calls emit for each observation, one call at a time, until ctx is done or
-// the Probe is closed. It can be called once per Probe.
+// maxEmit bounds the observations RunBatches hands over at once.
+const maxEmit = 256
+
+// Run is RunBatches with one call per observation.
 func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
+	return p.RunBatches(ctx, func(batch []obs.Observation) {
+		for _, o := range batch {
+			emit(o)
+		}
+	})
+}
+
+// RunBatches reads the observers' ring buffer and the conntrack
+// subscriptions and calls emit with batches of observations (at most
+// maxEmit; emit owns the slice), one call at a time, until ctx is done or
+// the Probe is closed. A batch is handed over as soon as the ring buffer has
+// nothing more to read. It can be called once per Probe, Run included.
+func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return errors.New("probe: Run called twice")
 	}
@@ -62,18 +76,28 @@ func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
 	}()
 
 	var emitMu sync.Mutex
-	serial := func(o obs.Observation) {
+	serial := func(batch []obs.Observation) {
 		emitMu.Lock()
 		defer emitMu.Unlock()
-		emit(o)
+		emit(batch)
 	}
 	go func() {
 		defer wg.Done()
 		for {
 			select {
 			case o := <-p.ctObs:
-				p.counters.ctEvents.Add(1)
-				serial(o)
+				batch := []obs.Observation{o}
+			more: // take what else is queued, without waiting
+				for len(batch) < maxEmit {
+					select {
+					case o := <-p.ctObs:
+						batch = append(batch, o)
+					default:
+						break more
+					}
+				}
+				p.counters.ctEvents.Add(uint64(len(batch)))
+				serial(batch)
 			case <-ctx.Done():
 				return
 			case <-p.closing:
@@ -85,8 +109,19 @@ func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
 	// The observers submit without waking the reader (a full ring does wake
 	// it): poll every readerPoll and read everything there is.
 	var rec ringbuf.Record
+	var batch []obs.Observation
+	flush := func() {
+		if len(batch) > 0 {
+			serial(batch)
+			batch = nil
+		}
+	}
+	defer flush()
 	rd.SetDeadline(time.Now().Add(readerPoll))
 	for {
+		if len(batch) == maxEmit || len(batch) > 0 && rd.AvailableBytes() == 0 {
+			flush()
+		}
 		if err := rd.ReadInto(&rec); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				rd.SetDeadline(time.Now().Add(readerPoll))
@@ -104,7 +139,7 @@ func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
 		}
 		p.name(&o)
 		p.counters.events.Add(1)
-		serial(o)
+		batch = append(batch, o)
 	}
 }
 

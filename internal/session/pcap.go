@@ -7,7 +7,6 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/export"
-	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // pcapOut is the session's pcapng file: one interface per tap, in tap order.
@@ -15,9 +14,11 @@ type pcapOut struct {
 	w      *export.Writer
 	path   string
 	perTap []uint64
-	err    error  // a write error other than the bounds (disk full, ...)
-	queues []fifo // per tap, in tap order
-	held   int
+	err    error // a write error other than the bounds (disk full, ...)
+	// queues holds, per tap in tap order, the batches with frames not
+	// written yet, oldest first.
+	queues [][]*batch
+	held   int // frames in queues
 	newest time.Time
 }
 
@@ -34,7 +35,7 @@ func openPcap(path string, lim export.Limits, taps []tap, snaplen int) (*pcapOut
 	if err != nil {
 		return nil, fmt.Errorf("pcapng %s: %w", path, err)
 	}
-	return &pcapOut{w: w, path: path, perTap: make([]uint64, len(taps)), queues: make([]fifo, len(taps))}, nil
+	return &pcapOut{w: w, path: path, perTap: make([]uint64, len(taps)), queues: make([][]*batch, len(taps))}, nil
 }
 
 // write appends one frame; a reached bound or a write error returns the stop
@@ -85,71 +86,82 @@ const (
 	maxHeld       = 8192
 )
 
-// heldFrame is a frame waiting for its turn, with what classifies it.
-type heldFrame struct {
-	iface int
-	pkt   *capture.Packet
-	o     obs.Observation
-	isObs bool
-}
-
-// fifo is one capture point's held frames, already in time order (a tap
-// delivers its frames in order): merging the points' fifos orders the file.
-type fifo struct {
-	frames []heldFrame
-	head   int
-}
-
-func (q *fifo) len() int { return len(q.frames) - q.head }
-
-func (q *fifo) pop() heldFrame {
-	f := q.frames[q.head]
-	q.frames[q.head] = heldFrame{}
-	q.head++
-	// Reuse the space of popped frames: under steady traffic the queue never
-	// runs empty, and appending after a dead prefix would grow it forever.
-	if q.head == len(q.frames) || q.head >= 1024 && q.head > len(q.frames)/2 {
-		n := copy(q.frames, q.frames[q.head:])
-		clear(q.frames[n:])
-		q.frames, q.head = q.frames[:n], 0
+// hold queues a batch of frames and writes every frame older than the
+// reorder window (or the oldest ones beyond maxHeld). A frame's comment is
+// made when it is written, so it carries the most the engine knows by then.
+func (p *pcapOut) hold(b *batch, tr *tracer) string {
+	if len(b.frames) == 0 {
+		tr.putBatch(b)
+		return ""
 	}
-	return f
+	p.queues[b.tap] = append(p.queues[b.tap], b)
+	p.held += len(b.frames)
+	if last := b.frames[len(b.frames)-1].pkt.Time; last.After(p.newest) {
+		p.newest = last
+	}
+	return p.release(p.newest.Add(-reorderWindow), tr)
 }
 
-// hold queues a frame and writes every frame older than the reorder window
-// (or the oldest ones beyond maxHeld). The comment is computed when the frame
-// is written, so it carries the most the engine knows by then.
-func (p *pcapOut) hold(f heldFrame, comment func(heldFrame) string) string {
-	q := &p.queues[f.iface]
-	q.frames = append(q.frames, f)
-	p.held++
-	if f.pkt.Time.After(p.newest) {
-		p.newest = f.pkt.Time
+// head is the time of the oldest frame not written of queue i.
+func (p *pcapOut) head(i int) (time.Time, bool) {
+	q := p.queues[i]
+	if len(q) == 0 {
+		return time.Time{}, false
 	}
-	return p.release(p.newest.Add(-reorderWindow), comment)
+	return q[0].frames[q[0].next].pkt.Time, true
 }
 
 // release writes the held frames captured before t, oldest first across the
-// capture points; it returns a stop reason when the file reached a bound or
-// failed.
-func (p *pcapOut) release(t time.Time, comment func(heldFrame) string) string {
+// capture points (a tap delivers its own frames in time order, so merging
+// the queues' heads orders the file); it returns a stop reason when the file
+// reached a bound or failed.
+func (p *pcapOut) release(t time.Time, tr *tracer) string {
 	for p.held > 0 {
-		oldest := -1
+		// The queue with the oldest head writes until it passes the head of
+		// the next oldest one.
+		oldest, second := -1, -1
+		var oldestAt, secondAt time.Time
 		for i := range p.queues {
-			q := &p.queues[i]
-			if q.len() > 0 && (oldest < 0 || q.frames[q.head].pkt.Time.Before(p.queues[oldest].frames[p.queues[oldest].head].pkt.Time)) {
-				oldest = i
+			at, ok := p.head(i)
+			switch {
+			case !ok:
+			case oldest < 0 || at.Before(oldestAt):
+				second, secondAt = oldest, oldestAt
+				oldest, oldestAt = i, at
+			case second < 0 || at.Before(secondAt):
+				second, secondAt = i, at
 			}
 		}
-		q := &p.queues[oldest]
-		if !q.frames[q.head].pkt.Time.Before(t) && p.held <= maxHeld {
-			return ""
-		}
-		f := q.pop()
-		p.held--
-		if reason := p.write(f.iface, f.pkt, comment(f)); reason != "" {
-			return reason
+		for {
+			at, ok := p.head(oldest)
+			if !ok || second >= 0 && secondAt.Before(at) {
+				break
+			}
+			if !at.Before(t) && p.held <= maxHeld {
+				return ""
+			}
+			if reason := p.writeHead(oldest, tr); reason != "" {
+				return reason
+			}
 		}
 	}
 	return ""
+}
+
+// writeHead writes the oldest held frame of queue i, and gives its batch
+// back once every frame of it is written.
+func (p *pcapOut) writeHead(i int, tr *tracer) string {
+	q := p.queues[i]
+	b := q[0]
+	f := &b.frames[b.next]
+	reason := p.write(i, &f.pkt, tr.comment(i, f))
+	b.next++
+	p.held--
+	if b.next == len(b.frames) {
+		copy(q, q[1:])
+		q[len(q)-1] = nil
+		p.queues[i] = q[:len(q)-1]
+		tr.putBatch(b)
+	}
+	return reason
 }

@@ -33,6 +33,7 @@ type tracer struct {
 	outOfScope uint64
 	pcap       *pcapOut // nil without --pcap
 	batches    sync.Pool
+	classes    map[classKey]*packetClass
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
@@ -72,35 +73,32 @@ func (tr *tracer) run(ctx context.Context) string {
 	// One consumer owns the engine; producers block when it lags, so the kernel
 	// (ring full) counts what is lost instead of this process dropping silently.
 	// Taps hand over a batch per ring block, not a send per packet.
-	items := make(chan []item, 16) // at most 16 blocks of frames in flight
+	items := make(chan *batch, 16) // at most 16 batches in flight
 	var producers sync.WaitGroup
 	producers.Add(1)
 	go func() {
 		defer producers.Done()
-		_ = tr.pr.Run(runCtx, func(o obs.Observation) { send(items, []item{{o: o, isObs: true}}) })
+		_ = tr.pr.RunBatches(runCtx, func(o []obs.Observation) {
+			b := tr.newBatch(-1)
+			b.obs = o
+			items <- b
+		})
 	}()
 	for i, tp := range tr.taps {
 		producers.Add(1)
 		go func(iface int, tp tap) {
 			defer producers.Done()
-			batch := tr.newBatch()
+			b := tr.newBatch(iface)
 			flush := func() {
-				if len(batch) > 0 {
-					send(items, batch)
-					batch = tr.newBatch()
+				if len(b.frames) > 0 {
+					b.seal()
+					items <- b
+					b = tr.newBatch(iface)
 				}
 			}
 			_ = tp.t.RunBlocks(runCtx, func(p *capture.Packet) {
-				it := item{iface: iface}
-				it.o, it.isObs = p.Observation(tp.point)
-				it.o.Ifname = tp.label
-				if tr.pcap != nil {
-					it.pkt = p.Clone() // the ring slot is reused after this call
-				}
-				if it.isObs || it.pkt != nil {
-					batch = append(batch, it)
-				}
-				if len(batch) == maxBatch {
+				b.add(p)
+				if b.full() {
 					flush()
 				}
 			}, flush)
@@ -115,17 +113,17 @@ func (tr *tracer) run(ctx context.Context) string {
 loop:
 	for {
 		select {
-		case batch, ok := <-items:
+		case b, ok := <-items:
 			if !ok {
 				break loop
 			}
-			if reason := tr.consumeAll(batch); reason != "" {
+			if reason := tr.consume(b); reason != "" {
 				stop = reason
 				break loop
 			}
 		case <-tick.C:
 			if tr.pcap != nil {
-				if reason := tr.pcap.release(time.Now().Add(-reorderWindow), tr.comment); reason != "" {
+				if reason := tr.pcap.release(time.Now().Add(-reorderWindow), tr); reason != "" {
 					stop = reason
 					break loop
 				}
@@ -147,74 +145,33 @@ loop:
 	// Let in-flight events land, then drain what the producers still hold.
 	time.Sleep(200 * time.Millisecond)
 	cancel()
-	for batch := range items {
-		tr.consumeAll(batch)
+	for b := range items {
+		tr.consume(b)
 	}
 	if tr.pcap != nil {
-		tr.pcap.release(time.Now().Add(time.Hour), tr.comment) // everything left
+		tr.pcap.release(time.Now().Add(time.Hour), tr) // everything left
 	}
 	return stop
 }
 
-// item is one thing a producer hands the consumer: an observation, a
-// captured frame for the pcapng file, or both.
-type item struct {
-	o     obs.Observation
-	isObs bool
-	iface int             // index of the tap in tracer.taps
-	pkt   *capture.Packet // only with --pcap
-}
-
-// maxBatch bounds the frames a tap hands over at once.
-const maxBatch = 256
-
-// consumeAll consumes every item of a batch, gives the batch back for reuse
-// and returns the first stop reason.
-func (tr *tracer) consumeAll(batch []item) string {
-	var stop string
-	for i := range batch {
-		if reason := tr.consume(batch[i]); reason != "" && stop == "" {
-			stop = reason
+// consume feeds a batch to the engine and the pcapng file; it returns a stop
+// reason when the file reached a bound.
+func (tr *tracer) consume(b *batch) string {
+	if b.tap < 0 {
+		for _, o := range b.obs {
+			tr.add(o)
 		}
-	}
-	if cap(batch) == maxBatch {
-		clear(batch)
-		tr.batches.Put(batch[:0])
-	}
-	return stop
-}
-
-// newBatch returns an empty batch, reusing consumed ones: at tens of
-// thousands of frames a second, fresh batches would keep the garbage
-// collector busy.
-func (tr *tracer) newBatch() []item {
-	if b, ok := tr.batches.Get().([]item); ok {
-		return b
-	}
-	return make([]item, 0, maxBatch)
-}
-
-// consume feeds the engine and the pcapng file; it returns a stop reason when
-// the file reached a bound.
-func (tr *tracer) consume(it item) string {
-	if it.isObs {
-		tr.add(it.o)
-	}
-	if it.pkt == nil {
+		tr.putBatch(b)
 		return ""
 	}
-	return tr.pcap.hold(heldFrame{iface: it.iface, pkt: it.pkt, o: it.o, isObs: it.isObs}, tr.comment)
-}
-
-// comment is a frame's pcapng comment: its flow, before or after
-// translation, and the flow's verdict as known now.
-func (tr *tracer) comment(f heldFrame) string {
-	if f.isObs {
-		if ref, ok := tr.eng.Classify(f.o); ok {
-			return ref.Comment(tr.taps[f.iface].label)
-		}
+	for i := range b.frames {
+		b.frames[i].class = tr.classify(b.tap, &b.frames[i].pkt)
 	}
-	return "no Service flow known for this packet"
+	if tr.pcap == nil {
+		tr.putBatch(b)
+		return ""
+	}
+	return tr.pcap.hold(b, tr)
 }
 
 // attributeCgroups resolves the client cgroups seen on flows to the sock_addr
@@ -239,10 +196,6 @@ func (tr *tracer) attributeCgroups() {
 		tr.eng.SetCgroupSockPrograms(id, fps)
 	}
 }
-
-// send hands a batch to the consumer, which reads until every producer has
-// stopped: nothing a tap counted is left out of the engine or the file.
-func send(ch chan<- []item, batch []item) { ch <- batch }
 
 // widen adds the backends the engine learned to the observers' watch list
 // (which the eBPF tap filter shares) and to the classic tap filters, so

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,7 +36,11 @@ type config struct {
 	long      time.Duration
 	churnRate int
 	connects  int
+	only      map[string]bool // sections to run; nil = all, and BENCH.md is written
 }
+
+// sections are the parts of the benchmark, in the order they run.
+var sections = []string{"capture", "unrelated", "long", "latency", "bulk"}
 
 func main() {
 	// The lab's backend servers are this binary re-executed.
@@ -57,7 +62,18 @@ func parseFlags() (config, error) {
 	flag.DurationVar(&cfg.long, "long", 20*time.Second, "traffic time of the long run (RSS over time, one new flow per datagram)")
 	flag.IntVar(&cfg.churnRate, "churn-rate", 5000, "new flows per second in the long run")
 	flag.IntVar(&cfg.connects, "connects", 1500, "connect() calls per latency run")
+	only := flag.String("only", "", "comma-separated sections to run ("+strings.Join(sections, ",")+"), printing a short summary instead of writing --out: for quick comparisons while developing")
 	flag.Parse()
+	if *only != "" {
+		cfg.only = map[string]bool{}
+		for _, s := range strings.Split(*only, ",") {
+			if !slices.Contains(sections, s) {
+				return cfg, fmt.Errorf("--only: %q is not one of %s", s, strings.Join(sections, ","))
+			}
+			cfg.only[s] = true
+		}
+		cfg.out = ""
+	}
 	for _, s := range strings.Split(rates, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 0 {
@@ -124,6 +140,10 @@ func run() (err error) {
 	res, err := b.run(ctx)
 	if err != nil {
 		return err
+	}
+	if cfg.only != nil {
+		fmt.Print(quickSummary(res))
+		return nil
 	}
 	md := b.markdown(res, started)
 	fmt.Print(md)

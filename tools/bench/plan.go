@@ -286,22 +286,46 @@ type bulkRun struct {
 	Cap    *captureResult
 }
 
-// run measures everything, in the order of the report.
+// run measures every wanted section, in the order of the report.
 func (b *bench) run(ctx context.Context) (*results, error) {
 	res := &results{Latency: map[string][]time.Duration{}}
-	progress := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
+	for _, s := range []struct {
+		name string
+		run  func(context.Context, *results) error
+	}{
+		{"capture", b.captureRuns},
+		{"unrelated", b.unrelatedRuns},
+		{"long", b.longRun},
+		{"latency", b.latencyRuns},
+		{"bulk", b.bulkRuns},
+	} {
+		if b.cfg.only != nil && !b.cfg.only[s.name] {
+			continue
+		}
+		if err := s.run(ctx, res); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
 
+func progress(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
+
+func (b *bench) captureRuns(ctx context.Context, res *results) error {
 	for _, rate := range b.cfg.rates {
 		for _, tool := range []string{toolNone, toolTcpdump, toolPathtrace} {
 			progress("capture: %s at %s", tool, rateName(rate))
 			r, err := b.window(ctx, tool, b.argvOrNil(tool), rate, b.udpTraffic(lab.UDPVIP, rate, b.cfg.window), false)
 			if err != nil {
-				return nil, fmt.Errorf("capture %s at %s: %w", tool, rateName(rate), err)
+				return fmt.Errorf("capture %s at %s: %w", tool, rateName(rate), err)
 			}
 			res.Capture = append(res.Capture, r)
 		}
 	}
+	return nil
+}
 
+func (b *bench) unrelatedRuns(ctx context.Context, res *results) error {
 	progress("unrelated traffic: none, pathtrace idle, pathtrace")
 	for _, step := range []struct {
 		tool    string
@@ -313,42 +337,52 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 	} {
 		r, err := b.window(ctx, step.tool, b.argvOrNil(step.tool), 0, step.traffic, false)
 		if err != nil {
-			return nil, fmt.Errorf("unrelated traffic, %s: %w", step.tool, err)
+			return fmt.Errorf("unrelated traffic, %s: %w", step.tool, err)
 		}
 		res.Unrelated = append(res.Unrelated, r)
 	}
+	return nil
+}
 
+func (b *bench) longRun(ctx context.Context, res *results) error {
 	progress("long run: pathtrace, %s with a new flow per datagram", b.cfg.long)
 	long, err := b.window(ctx, toolPathtrace, b.toolArgv(toolPathtrace), b.cfg.churnRate,
 		b.churnTraffic(lab.UDPVIP, b.cfg.churnRate, b.cfg.long), true)
 	if err != nil {
-		return nil, fmt.Errorf("long run: %w", err)
+		return fmt.Errorf("long run: %w", err)
 	}
 	res.Long = long
+	return nil
+}
 
-	// Overhead: alternate runs without and with pathtrace, so that a drift
-	// of the machine shows up on both sides.
+// latencyRuns alternate runs without and with pathtrace, so that a drift of
+// the machine shows up on both sides.
+func (b *bench) latencyRuns(ctx context.Context, res *results) error {
 	for round := range latencyRounds {
 		for _, tool := range []string{toolNone, toolPathtrace} {
 			progress("connect latency, round %d: %s", round+1, tool)
 			lat, err := b.latencyRun(ctx, tool)
 			if err != nil {
-				return nil, fmt.Errorf("connect latency with %s: %w", tool, err)
+				return fmt.Errorf("connect latency with %s: %w", tool, err)
 			}
 			res.Latency[tool] = append(res.Latency[tool], lat...)
 		}
 	}
+	return nil
+}
+
+func (b *bench) bulkRuns(ctx context.Context, res *results) error {
 	for round := range bulkRounds {
 		for _, variant := range []string{toolNone, toolPathtrace, toolPathtrace + " (watching the bulk flow)"} {
 			progress("TCP throughput, round %d: %s", round+1, variant)
 			br, err := b.bulkRun(ctx, variant)
 			if err != nil {
-				return nil, fmt.Errorf("TCP throughput with %s: %w", variant, err)
+				return fmt.Errorf("TCP throughput with %s: %w", variant, err)
 			}
 			res.Bulk = append(res.Bulk, br)
 		}
 	}
-	return res, nil
+	return nil
 }
 
 func (b *bench) argvOrNil(tool string) []string {

@@ -461,3 +461,38 @@ func firstLines(n int, argv ...string) string {
 	lines := strings.SplitN(strings.TrimSpace(string(out)), "\n", n+1)
 	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
+
+// quickSummary is the short text of a partial run (--only): the figures to
+// compare between two builds, one line each.
+func quickSummary(res *results) string {
+	var w strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&w, format, a...) }
+	for _, r := range res.Capture {
+		if r.Cap == nil {
+			p("capture %-9s %-9s sent %s pps\n", rateName(r.Rate), r.Tool, count(r.sentPPS()))
+			continue
+		}
+		c := r.Cap
+		p("capture %-9s %-9s sent %s pps, captured %d, drops %d+%d, CPU %s s/M captured, peak RSS %s\n", rateName(r.Rate), r.Tool,
+			count(r.sentPPS()), c.totalCaptured(), c.totalDrops(), c.OtherLosses, perMillion(c.WindowCPU, c.totalCaptured()), mib(c.PeakRSS))
+	}
+	for _, r := range res.Unrelated {
+		p("unrelated %-9s sent %s pps, system CPU %s s/M wire\n", r.Tool, count(r.sentPPS()), perMillion(r.SysBusy, r.Wire[lab.Uplink]))
+	}
+	if c := res.Long.Cap; c != nil {
+		p("long: %d flows offered, %d captured, drops %d+%d, CPU %s per flow, peak RSS %s\n", res.Long.Sent, c.totalCaptured(),
+			c.totalDrops(), c.OtherLosses, perFlow(c.WindowCPU, res.Long.Sent), mib(c.PeakRSS))
+	}
+	if base, with := res.Latency[toolNone], res.Latency[toolPathtrace]; len(base) > 0 {
+		p("connect: median %s → %s (%s), p99 %s → %s (%s)\n", us(percentile(base, 50)), us(percentile(with, 50)), latRatio(with, base, 50),
+			us(percentile(base, 99)), us(percentile(with, 99)), latRatio(with, base, 99))
+	}
+	if len(res.Bulk) > 0 {
+		base := bulkMean(res.Bulk, toolNone)
+		for _, variant := range []string{toolNone, toolPathtrace, toolPathtrace + " (watching the bulk flow)"} {
+			m := bulkMean(res.Bulk, variant)
+			p("bulk %-40s %.2f Gbit/s (%s)\n", variant, m/1e9, ratio(m, base))
+		}
+	}
+	return w.String()
+}

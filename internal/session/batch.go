@@ -1,0 +1,72 @@
+package session
+
+import (
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// A batch is what a producer hands the consumer at once: the frames of (at
+// most) one ring block of one tap, or observations from the probe. Batches
+// are reused: at tens of thousands of frames a second, fresh ones would keep
+// the garbage collector busy.
+type batch struct {
+	tap    int     // index in tracer.taps; -1 for the probe's observations
+	frames []frame // in capture (time) order
+	// data holds the frames' bytes: a ring slot is reused once its block is
+	// handed back to the kernel, so every frame is copied, once.
+	data []byte
+	obs  []obs.Observation
+	next int // with --pcap: the first frame not written yet
+}
+
+// frame is one captured frame and what the consumer made of it.
+type frame struct {
+	pkt    capture.Packet // Data points into the batch's data once sealed
+	off, n int            // where in data
+	class  *packetClass   // nil: not (yet) a packet of a known flow
+}
+
+// A batch is handed over when it reaches maxBatch frames or maxBatchBytes of
+// frame data, or at the end of a ring block.
+const (
+	maxBatch      = 256
+	maxBatchBytes = 256 << 10
+)
+
+// add copies p into the batch.
+func (b *batch) add(p *capture.Packet) {
+	f := frame{pkt: *p, off: len(b.data), n: len(p.Data)}
+	f.pkt.Data = nil
+	b.data = append(b.data, p.Data...)
+	b.frames = append(b.frames, f)
+}
+
+func (b *batch) full() bool { return len(b.frames) >= maxBatch || len(b.data) >= maxBatchBytes }
+
+// seal points every frame at its bytes; data does not grow any more.
+func (b *batch) seal() {
+	for i := range b.frames {
+		f := &b.frames[i]
+		f.pkt.Data = b.data[f.off : f.off+f.n : f.off+f.n]
+	}
+}
+
+// newBatch returns an empty batch for tap (-1: observations).
+func (tr *tracer) newBatch(tap int) *batch {
+	b, ok := tr.batches.Get().(*batch)
+	if !ok {
+		b = &batch{}
+	}
+	b.tap = tap
+	return b
+}
+
+// putBatch gives a consumed batch back for reuse.
+func (tr *tracer) putBatch(b *batch) {
+	if cap(b.frames) > maxBatch+1 || cap(b.data) > 2*maxBatchBytes {
+		return // grown by an unusual frame: let it go
+	}
+	clear(b.frames) // drop the references to classes
+	b.frames, b.data, b.obs, b.next = b.frames[:0], b.data[:0], nil, 0
+	tr.batches.Put(b)
+}
