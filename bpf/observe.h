@@ -69,10 +69,13 @@ struct pt_event {
  * the Go decoder's offsets against it. */
 const struct pt_event *pt_event_layout __attribute__((unused));
 
-/* Every event goes to one ring buffer, read by one reader per session. */
+/* Every event goes to one ring buffer, read by one reader per session. 1 MiB
+ * holds ~10k events; the per-flow budget keeps the rate far below what the
+ * reader drains in one poll, and a reserve failure is counted per point. The
+ * reader maps the data pages twice: 2 MiB of its RSS. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 << 20);
+	__uint(max_entries, 1 << 20);
 } events SEC(".maps");
 
 /* Reserve failures per point (index enum pt_point): losses are reported,
@@ -192,7 +195,7 @@ static __always_inline struct pt_event *pt_reserve(__u8 point)
 /* Events are submitted without waking the reader, which polls the ring every
  * few milliseconds (one wakeup per event would cost more than the event); a
  * ring filling up wakes it at once. */
-#define PT_WAKEUP_BYTES (512 << 10)
+#define PT_WAKEUP_BYTES (256 << 10)
 
 static __always_inline void pt_submit(struct pt_event *e)
 {

@@ -54,6 +54,9 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"--svc", "10.0.0.1", "--pcap", "/etc/hostname"},
 		{"--svc", "10.0.0.1", "--max-packets", "5"},
 		{"--svc", "10.0.0.1", "--pcap", "/tmp/x.pcapng", "--max-bytes", "12X"},
+		{"--svc", "10.0.0.1", "--buffer-size", ""},
+		{"--svc", "10.0.0.1", "--buffer-size", "1K"},
+		{"--svc", "10.0.0.1", "--buffer-size", "1G"},
 	}
 	for _, args := range cases {
 		var stderr bytes.Buffer

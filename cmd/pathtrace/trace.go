@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
+	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/probe"
 	"github.com/pathtrace/pathtrace/internal/report"
@@ -64,6 +65,7 @@ type traceFlags struct {
 	cgroup    string
 	output    string
 	snaplen   int
+	bufSize   string
 	maxFlows  int
 	pcap      string
 	maxPkts   uint64
@@ -100,6 +102,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway, else the route's device)")
 	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
+	fs.StringVar(&f.bufSize, "buffer-size", "2M", "kernel ring of each capture point, `size` in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops")
 	fs.IntVar(&f.maxFlows, "max-flows", 4096, "bound on tracked flows (about 7 KiB each); more are counted as dropped (flows_over_max) and reported")
 }
 
@@ -125,6 +128,11 @@ func (f *traceFlags) validate() (session.Options, error) {
 	if f.snaplen < 64 || f.snaplen > 65535 {
 		return opt, usagef("--snaplen %d: use 64-65535 (headers up to L4 need 64)", f.snaplen)
 	}
+	ring, err := parseSize(f.bufSize)
+	if err != nil || ring < capture.MinRingBytes || ring > capture.MaxRingBytes {
+		return opt, usagef("--buffer-size %s: use %dK to %dM, e.g. --buffer-size 8M", f.bufSize, capture.MinRingBytes>>10, capture.MaxRingBytes>>20)
+	}
+	opt.RingBytes = int(ring)
 	if f.maxFlows < 1 {
 		return opt, usagef("--max-flows %d: must be at least 1", f.maxFlows)
 	}
@@ -308,6 +316,9 @@ func profileHeap(path string) {
 
 // parseSize reads a byte count with an optional K, M or G suffix (powers of 1024).
 func parseSize(s string) (int64, error) {
+	if s == "" {
+		return 0, errors.New("not a positive size")
+	}
 	mult := int64(1)
 	switch strings.ToUpper(s[len(s)-1:]) {
 	case "K":

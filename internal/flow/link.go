@@ -146,14 +146,14 @@ func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs
 	if !isVIP {
 		e.learnBackend(f, dst, at)
 	}
-	if f.cps[cp].see(isVIP, dst, from, at) {
+	if f.cps[cp].see(isVIP, endpointOf(dst), from, at.UnixNano()) {
 		f.evidenceChanged()
 	}
 }
 
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
 	f.touch(o.Time)
-	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: o.Src, dst: o.Dst}, 1, uint64(o.Len))
+	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)}, 1, uint64(o.Len))
 	if reply {
 		f.reply = true
 		if o.Point == obs.PointUplink {
@@ -214,7 +214,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 		f.kind = o.Kind
 		f.evidenceChanged()
 	}
-	f.count(pointKey{point: o.Point, src: o.Src, dst: o.Dst, reqDst: o.ReqDst}, 1, 0)
+	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), reqDst: endpointOf(o.ReqDst)}, 1, 0)
 	if o.ReqDst.IsValid() {
 		e.sight(f, cpApp, o.ReqDst, o.Point, o.Time)
 	}
@@ -324,7 +324,7 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		f.ctSeen = true
 		f.evidenceChanged()
 	}
-	f.count(pointKey{point: o.Point, src: o.Src, dst: o.Dst, natDst: o.NATDst}, 1, 0)
+	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), natDst: endpointOf(o.NATDst)}, 1, 0)
 	e.sight(f, cpNFBefore, o.Dst, o.Point, o.Time)
 	final := o.Dst
 	if o.NATDst.IsValid() {

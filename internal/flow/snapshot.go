@@ -67,10 +67,10 @@ func pointsSeen(ps []pointStats) []PointSeen {
 			cmp.Compare(a.point, b.point),
 			compareBool(a.reply, b.reply),
 			cmp.Compare(a.dir, b.dir),
-			a.dst.Compare(b.dst),
-			a.src.Compare(b.src),
-			a.reqDst.Compare(b.reqDst),
-			a.natDst.Compare(b.natDst),
+			a.dst.addrPort().Compare(b.dst.addrPort()),
+			a.src.addrPort().Compare(b.src.addrPort()),
+			a.reqDst.addrPort().Compare(b.reqDst.addrPort()),
+			a.natDst.addrPort().Compare(b.natDst.addrPort()),
 		)
 	})
 	out := make([]PointSeen, len(sorted))
@@ -78,10 +78,10 @@ func pointsSeen(ps []pointStats) []PointSeen {
 		out[i] = PointSeen{
 			Point:   p.point.String(),
 			Reply:   p.reply,
-			Src:     p.src,
-			Dst:     p.dst,
-			ReqDst:  p.reqDst,
-			NATDst:  p.natDst,
+			Src:     p.src.addrPort(),
+			Dst:     p.dst.addrPort(),
+			ReqDst:  p.reqDst.addrPort(),
+			NATDst:  p.natDst.addrPort(),
 			Packets: p.packets,
 			Bytes:   p.bytes,
 		}

@@ -14,6 +14,8 @@ import (
 const (
 	maxBackendsPerFlow = 8
 	maxPointsPerFlow   = 48
+	// initialPoints is room for a TCP flow seen at every point both ways.
+	initialPoints = 12
 )
 
 // sighting is what one checkpoint saw of a flow's request destination: the VIP,
@@ -21,20 +23,20 @@ const (
 type sighting struct {
 	vip, backend         bool
 	vipFrom, backendFrom obs.Point
-	vipAt, backendAt     time.Time
-	backendAddr          netip.AddrPort
+	vipAt, backendAt     int64 // unix nanoseconds
+	backendAddr          endpoint
 }
 
 // see records a sighting and reports whether it changed anything.
-func (s *sighting) see(isVIP bool, dst netip.AddrPort, from obs.Point, at time.Time) bool {
+func (s *sighting) see(isVIP bool, dst endpoint, from obs.Point, at int64) bool {
 	if isVIP {
-		if s.vip && !at.Before(s.vipAt) {
+		if s.vip && at >= s.vipAt {
 			return false
 		}
 		s.vip, s.vipFrom, s.vipAt = true, from, at
 		return true
 	}
-	if s.backend && !at.Before(s.backendAt) {
+	if s.backend && at >= s.backendAt {
 		return false
 	}
 	s.backend, s.backendFrom, s.backendAt, s.backendAddr = true, from, at, dst
@@ -43,7 +45,7 @@ func (s *sighting) see(isVIP bool, dst netip.AddrPort, from obs.Point, at time.T
 
 func (s *sighting) merge(o sighting) {
 	if o.vip {
-		s.see(true, netip.AddrPort{}, o.vipFrom, o.vipAt)
+		s.see(true, endpoint{}, o.vipFrom, o.vipAt)
 	}
 	if o.backend {
 		s.see(false, o.backendAddr, o.backendFrom, o.backendAt)
@@ -57,8 +59,8 @@ type pointKey struct {
 	point          obs.Point
 	dir            obs.Dir
 	reply          bool
-	src, dst       netip.AddrPort
-	reqDst, natDst netip.AddrPort
+	src, dst       endpoint
+	reqDst, natDst endpoint
 }
 
 type pointStats struct {
@@ -195,6 +197,9 @@ func (f *flowState) count(k pointKey, packets, bytes uint64) int {
 		}
 	}
 	if len(f.points) < maxPointsPerFlow {
+		if f.points == nil {
+			f.points = make([]pointStats, 0, initialPoints)
+		}
 		f.points = append(f.points, pointStats{k, packets, bytes})
 		return len(f.points) - 1
 	}

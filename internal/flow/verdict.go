@@ -192,10 +192,10 @@ func (e *Engine) decide(f *flowState) verdict {
 		return e.unrewritten(f, checkpoint(iV))
 	case iV < 0:
 		return unknown("backend %s seen at %s, but no active observation point saw the VIP before it",
-			f.cps[iB].backendAddr, checkpoint(iB).describe(f.cps[iB].backendFrom))
+			f.cps[iB].backendAddr.addrPort(), checkpoint(iB).describe(f.cps[iB].backendFrom))
 	case iV >= iB:
 		return unknown("inconsistent: the VIP was seen at %s after backend %s at %s",
-			checkpoint(iV).describe(f.cps[iV].vipFrom), f.cps[iB].backendAddr,
+			checkpoint(iV).describe(f.cps[iV].vipFrom), f.cps[iB].backendAddr.addrPort(),
 			checkpoint(iB).describe(f.cps[iB].backendFrom))
 	}
 	return e.bracket(f, checkpoint(iV), checkpoint(iB))
@@ -246,7 +246,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
 		cands = append(cands, g)
 	}
 	base := fmt.Sprintf("VIP %s at %s, backend %s at %s", f.service, iV.describe(f.cps[iV].vipFrom),
-		f.cps[iB].backendAddr, iB.describe(f.cps[iB].backendFrom))
+		f.cps[iB].backendAddr.addrPort(), iB.describe(f.cps[iB].backendFrom))
 	var notes []string
 	if len(cands) > 1 && slices.Contains(cands, gapNetfilter) {
 		if why := e.netfilterExcluded(f); why != "" {

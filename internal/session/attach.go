@@ -48,7 +48,7 @@ const (
 // observers learn in the kernel) when it loaded, else by a classic filter of
 // the watched addresses, which only widen() updates. Several Pods on one
 // bridge share the uplink: it is captured once.
-func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen int, prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
+func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes int, prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
 	filter, ferr := capture.FilterFor(watch, snaplen)
 	var taps []tap
 	var atts []probe.Attachment
@@ -61,7 +61,7 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen int, prog *eb
 		}
 		seen[key] = true
 		att := probe.Attachment{Observer: "af_packet " + cp.Role, Where: fmt.Sprintf("%s (ifindex %d, netns %s)", cp.Ifname, cp.Ifindex, cp.NetNS), Point: rolePoint[cp.Role]}
-		cfg := capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen}
+		cfg := capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen, RingBytes: ringBytes}
 		var t *capture.Tap
 		var err error
 		whyClassic := progErr

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"runtime/debug"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
@@ -26,7 +27,9 @@ type Options struct {
 	Duration time.Duration // 0 = until the context ends
 	Discover discover.Options
 	Snaplen  int
-	MaxFlows int
+	// RingBytes is each capture point's kernel ring (0 = capture's default).
+	RingBytes int
+	MaxFlows  int
 	// Ready, when set, is called once every observer and tap is in place: a
 	// caller that generates traffic waits for it.
 	Ready func(*discover.NodeInfo, []probe.Attachment)
@@ -115,7 +118,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	atts = append(atts, probe.KernelFunctionProbes()...)
 
 	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
-	taps, tapAtts := openTaps(node, watch, opt.Snaplen, tapProg, tapProgErr)
+	taps, tapAtts := openTaps(node, watch, opt.Snaplen, opt.RingBytes, tapProg, tapProgErr)
 	atts = append(atts, tapAtts...)
 	defer func() {
 		for _, tp := range taps {
@@ -144,6 +147,9 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		opt.Ready(node, atts)
 	}
 	res := &Result{Node: node, Attachments: atts}
+	// Loading the observers parsed the kernel's BTF (megabytes, garbage now):
+	// give that memory back before the capture, which must stay small.
+	debug.FreeOSMemory()
 	res.StopReason = tr.run(ctx)
 	if tr.pcap != nil {
 		res.Pcap = tr.pcap.close(taps)
