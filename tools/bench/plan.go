@@ -276,7 +276,10 @@ type results struct {
 	Unrelated []windowRun // none, pathtrace idle, pathtrace with unrelated traffic
 	Long      windowRun   // pathtrace, one new flow per datagram
 	Latency   map[string][]time.Duration
-	Bulk      []bulkRun
+	// LatencyCPU is pathtrace's process CPU over its latency runs, and how
+	// long those were.
+	LatencyCPU, LatencyWindow time.Duration
+	Bulk                      []bulkRun
 }
 
 type bulkRun struct {
@@ -359,13 +362,17 @@ func (b *bench) longRun(ctx context.Context, res *results) error {
 // the machine shows up on both sides.
 func (b *bench) latencyRuns(ctx context.Context, res *results) error {
 	for round := range latencyRounds {
-		for _, tool := range []string{toolNone, toolPathtrace} {
+		for _, tool := range []string{toolNone, toolTcpdump, toolPathtrace} {
 			progress("connect latency, round %d: %s", round+1, tool)
-			lat, err := b.latencyRun(ctx, tool)
+			lat, r, err := b.latencyRun(ctx, tool)
 			if err != nil {
 				return fmt.Errorf("connect latency with %s: %w", tool, err)
 			}
 			res.Latency[tool] = append(res.Latency[tool], lat...)
+			if tool == toolPathtrace {
+				res.LatencyCPU += r.Cap.WindowCPU
+				res.LatencyWindow += r.Window
+			}
 		}
 	}
 	return nil
@@ -394,15 +401,15 @@ func (b *bench) argvOrNil(tool string) []string {
 
 // latencyRun times the configured number of connects to the TCP VIP with
 // tool running (or nothing).
-func (b *bench) latencyRun(ctx context.Context, tool string) ([]time.Duration, error) {
+func (b *bench) latencyRun(ctx context.Context, tool string) ([]time.Duration, windowRun, error) {
 	var lat []time.Duration
-	_, err := b.window(ctx, tool, b.argvOrNil(tool), 0, func(ctx context.Context) (uint64, time.Duration, error) {
+	r, err := b.window(ctx, tool, b.argvOrNil(tool), 0, func(ctx context.Context) (uint64, time.Duration, error) {
 		start := time.Now()
 		var err error
 		lat, err = connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects)
 		return uint64(len(lat)), time.Since(start), err
 	}, false)
-	return lat, err
+	return lat, r, err
 }
 
 // bulkRun measures one bulk TCP transfer from the Pod to the sink with

@@ -163,9 +163,13 @@ func (b *bench) overheadSection(p printer, res *results) {
 	base, with := res.Latency[toolNone], res.Latency[toolPathtrace]
 	p("`connect()` to the TCP VIP %s from the Pod (blocking, new socket each, closed with RST), %d samples per side in %d alternating rounds; pathtrace watches the VIP, so every connection is a traced flow:\n\n", lab.TCPVIP, len(base), latencyRounds)
 	p("| | median | p90 | p99 |\n|---|---:|---:|---:|\n")
+	td := res.Latency[toolTcpdump]
 	p("| nothing attached | %s | %s | %s |\n", us(percentile(base, 50)), us(percentile(base, 90)), us(percentile(base, 99)))
+	p("| tcpdump on `%s` running (for reference) | %s | %s | %s |\n", lab.Uplink, us(percentile(td, 50)), us(percentile(td, 90)), us(percentile(td, 99)))
 	p("| pathtrace running | %s | %s | %s |\n", us(percentile(with, 50)), us(percentile(with, 90)), us(percentile(with, 99)))
-	p("| ratio (target ≤ %.2f×) | %s | %s | %s |\n\n", maxLatencyRatio, latRatio(with, base, 50), latRatio(with, base, 90), latRatio(with, base, 99))
+	p("| ratio tcpdump / nothing | %s | %s | %s |\n", latRatio(td, base, 50), latRatio(td, base, 90), latRatio(td, base, 99))
+	p("| ratio pathtrace / nothing (target ≤ %.2f×) | %s | %s | %s |\n\n", maxLatencyRatio, latRatio(with, base, 50), latRatio(with, base, 90), latRatio(with, base, 99))
+	p("pathtrace's own process used %.0f%% of a core during its latency runs.\n\n", 100*res.LatencyCPU.Seconds()/res.LatencyWindow.Seconds())
 
 	p("UDP datagrams per second one sending thread reaches with the capture running (the runs at the maximum rate above): ")
 	var maxRates []string
@@ -483,9 +487,13 @@ func quickSummary(res *results) string {
 		p("long: %d flows offered, %d captured, drops %d+%d, CPU %s per flow, peak RSS %s\n", res.Long.Sent, c.totalCaptured(),
 			c.totalDrops(), c.OtherLosses, perFlow(c.WindowCPU, res.Long.Sent), mib(c.PeakRSS))
 	}
+	if base, td := res.Latency[toolNone], res.Latency[toolTcpdump]; len(base) > 0 {
+		p("connect with tcpdump: median %s → %s (%s), p99 %s → %s (%s)\n", us(percentile(base, 50)), us(percentile(td, 50)), latRatio(td, base, 50),
+			us(percentile(base, 99)), us(percentile(td, 99)), latRatio(td, base, 99))
+	}
 	if base, with := res.Latency[toolNone], res.Latency[toolPathtrace]; len(base) > 0 {
-		p("connect: median %s → %s (%s), p99 %s → %s (%s)\n", us(percentile(base, 50)), us(percentile(with, 50)), latRatio(with, base, 50),
-			us(percentile(base, 99)), us(percentile(with, 99)), latRatio(with, base, 99))
+		p("connect: median %s → %s (%s), p99 %s → %s (%s); pathtrace CPU %.0f%% of a core meanwhile\n", us(percentile(base, 50)), us(percentile(with, 50)), latRatio(with, base, 50),
+			us(percentile(base, 99)), us(percentile(with, 99)), latRatio(with, base, 99), 100*res.LatencyCPU.Seconds()/res.LatencyWindow.Seconds())
 	}
 	if len(res.Bulk) > 0 {
 		base := bulkMean(res.Bulk, toolNone)
