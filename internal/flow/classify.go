@@ -59,11 +59,15 @@ func (e *Engine) ref(f *flowState, reply, translated bool) Ref {
 	return Ref{ID: f.id, Reply: reply, Translated: translated, Verdict: v.place, By: v.by}
 }
 
-// cachedVerdict is decide, recomputed only when the flow's evidence or the
+// cachedVerdict is decide without its reason, recomputed only when the flow's evidence or the
 // engine's generation changed since the last call.
 func (e *Engine) cachedVerdict(f *flowState) verdict {
 	if !f.cachedOK || f.cachedGen != e.gen {
-		f.cached, f.cachedOK, f.cachedGen = e.decide(f), true, e.gen
+		v := e.decide(f)
+		// Packet comments read place and by only; the reason is long, and
+		// the report makes it afresh: thousands of flows need not keep it.
+		v.reason = ""
+		f.cached, f.cachedOK, f.cachedGen = v, true, e.gen
 	}
 	return f.cached
 }

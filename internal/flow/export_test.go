@@ -6,7 +6,7 @@ func (e *Engine) StaleVerdicts() []int {
 	var stale []int
 	for _, list := range e.clients {
 		for _, f := range list {
-			if f.cachedOK && f.cachedGen == e.gen && f.cached != e.decide(f) {
+			if v := e.decide(f); f.cachedOK && f.cachedGen == e.gen && (f.cached.place != v.place || f.cached.by != v.by) {
 				stale = append(stale, f.id)
 			}
 		}
