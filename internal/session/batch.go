@@ -51,11 +51,20 @@ func (b *batch) seal() {
 	}
 }
 
-// newBatch returns an empty batch for tap (-1: observations).
+// freeBatches is how many consumed batches are kept for reuse: more than
+// are in flight (the channel, one filling per tap) plus what the pcapng
+// merge holds (maxHeld frames) in the steady state.
+const freeBatches = 64
+
+// newBatch returns an empty batch for tap (-1: observations), a reused one
+// when there is one. Not a sync.Pool: it drops its content at every garbage
+// collection, and the allocations that follow bring the next one sooner.
 func (tr *tracer) newBatch(tap int) *batch {
-	b, ok := tr.batches.Get().(*batch)
-	if !ok {
-		b = &batch{}
+	var b *batch
+	select {
+	case b = <-tr.free:
+	default:
+		b = &batch{frames: make([]frame, 0, maxBatch)}
 	}
 	b.tap = tap
 	return b
@@ -63,10 +72,13 @@ func (tr *tracer) newBatch(tap int) *batch {
 
 // putBatch gives a consumed batch back for reuse.
 func (tr *tracer) putBatch(b *batch) {
-	if cap(b.frames) > maxBatch+1 || cap(b.data) > 2*maxBatchBytes {
-		return // grown by an unusual frame: let it go
+	if cap(b.data) > 2*maxBatchBytes {
+		return // grown by unusually large frames: let it go
 	}
 	clear(b.frames) // drop the references to classes
 	b.frames, b.data, b.obs, b.next = b.frames[:0], b.data[:0], nil, 0
-	tr.batches.Put(b)
+	select {
+	case tr.free <- b:
+	default:
+	}
 }

@@ -32,7 +32,7 @@ type tracer struct {
 	scope      map[uint64]bool
 	outOfScope uint64
 	pcap       *pcapOut // nil without --pcap
-	batches    sync.Pool
+	free       chan *batch // consumed batches, for reuse
 	classes    map[classKey]*packetClass
 }
 

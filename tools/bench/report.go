@@ -477,8 +477,8 @@ func quickSummary(res *results) string {
 			continue
 		}
 		c := r.Cap
-		p("capture %-9s %-9s sent %s pps, captured %d, drops %d+%d, CPU %s s/M captured, peak RSS %s\n", rateName(r.Rate), r.Tool,
-			count(r.sentPPS()), c.totalCaptured(), c.totalDrops(), c.OtherLosses, perMillion(c.WindowCPU, c.totalCaptured()), mib(c.PeakRSS))
+		p("capture %-9s %-9s sent %s pps, captured %d, drops %d+%d %v, CPU %s s/M captured, peak RSS %s\n", rateName(r.Rate), r.Tool,
+			count(r.sentPPS()), c.totalCaptured(), c.totalDrops(), c.OtherLosses, c.KernelDrops, perMillion(c.WindowCPU, c.totalCaptured()), mib(c.PeakRSS))
 	}
 	for _, r := range res.Unrelated {
 		p("unrelated %-9s sent %s pps, system CPU %s s/M wire\n", r.Tool, count(r.sentPPS()), perMillion(r.SysBusy, r.Wire[lab.Uplink]))
