@@ -32,8 +32,8 @@ func (p *Probe) Run(ctx context.Context, emit func(obs.Observation)) error {
 
 // RunBatches reads the observers' ring buffer and the conntrack
 // subscriptions and calls emit with batches of observations (at most
-// maxEmit; emit owns the slice), one call at a time, until ctx is done or
-// the Probe is closed. A batch is handed over as soon as the ring buffer has
+// maxEmit; the slice is reused once emit returns: emit copies what it keeps),
+// one call at a time, until ctx is done or the Probe is closed. A batch is handed over as soon as the ring buffer has
 // nothing more to read. It can be called once per Probe, Run included.
 func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) error {
 	if !p.running.CompareAndSwap(false, true) {
@@ -83,10 +83,11 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 	}
 	go func() {
 		defer wg.Done()
+		var ctBatch []obs.Observation
 		for {
 			select {
 			case o := <-p.ctObs:
-				batch := []obs.Observation{o}
+				batch := append(ctBatch[:0], o)
 			more: // take what else is queued, without waiting
 				for len(batch) < maxEmit {
 					select {
@@ -98,6 +99,7 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 				}
 				p.counters.ctEvents.Add(uint64(len(batch)))
 				serial(batch)
+				ctBatch = batch
 			case <-ctx.Done():
 				return
 			case <-p.closing:
@@ -113,7 +115,7 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 	flush := func() {
 		if len(batch) > 0 {
 			serial(batch)
-			batch = nil
+			batch = batch[:0]
 		}
 	}
 	defer flush()

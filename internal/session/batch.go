@@ -51,10 +51,14 @@ func (b *batch) seal() {
 	}
 }
 
+// maxObs is the largest batch of observations kept for reuse (the probe's
+// batches are smaller).
+const maxObs = 512
+
 // freeBatches is how many consumed batches are kept for reuse: more than
 // are in flight (the channel, one filling per tap) plus what the pcapng
 // merge holds (maxHeld frames) in the steady state.
-const freeBatches = 64
+const freeBatches = 32
 
 // newBatch returns an empty batch for tap (-1: observations), a reused one
 // when there is one. Not a sync.Pool: it drops its content at every garbage
@@ -72,11 +76,12 @@ func (tr *tracer) newBatch(tap int) *batch {
 
 // putBatch gives a consumed batch back for reuse.
 func (tr *tracer) putBatch(b *batch) {
-	if cap(b.data) > 2*maxBatchBytes {
+	if cap(b.data) > 2*maxBatchBytes || cap(b.obs) > maxObs {
 		return // grown by unusually large frames: let it go
 	}
 	clear(b.frames) // drop the references to classes
-	b.frames, b.data, b.obs, b.next = b.frames[:0], b.data[:0], nil, 0
+	clear(b.obs)
+	b.frames, b.data, b.obs, b.next = b.frames[:0], b.data[:0], b.obs[:0], 0
 	select {
 	case tr.free <- b:
 	default:

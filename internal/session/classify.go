@@ -25,7 +25,7 @@ type classKey struct {
 
 // maxClasses bounds the table of packet kinds: beyond it the table starts
 // over, and kinds seen again are correlated again (correct, only slower).
-const maxClasses = 1 << 15
+const maxClasses = 1 << 13
 
 // classify counts a captured frame in its flow and returns its class, nil
 // for a frame that is no packet of a known flow (not IPv4 TCP/UDP, or its

@@ -31,7 +31,7 @@ type tracer struct {
 	// observers are host-wide and would also report other netns' clients.
 	scope      map[uint64]bool
 	outOfScope uint64
-	pcap       *pcapOut // nil without --pcap
+	pcap       *pcapOut    // nil without --pcap
 	free       chan *batch // consumed batches, for reuse
 	classes    map[classKey]*packetClass
 }
@@ -80,7 +80,7 @@ func (tr *tracer) run(ctx context.Context) string {
 		defer producers.Done()
 		_ = tr.pr.RunBatches(runCtx, func(o []obs.Observation) {
 			b := tr.newBatch(-1)
-			b.obs = o
+			b.obs = append(b.obs, o...)
 			items <- b
 		})
 	}()

@@ -158,6 +158,10 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	discover.RefreshGatewayMACs(node)
 	eng.SetGatewayMACs(gatewayMACs(node))
 
+	// The capture's working memory (frame batches, packet classes) is
+	// garbage now: return it before the report adds its own.
+	tr.classes, tr.free = nil, nil
+	debug.FreeOSMemory()
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
 	res.Packets, res.Drops = tr.counters()
