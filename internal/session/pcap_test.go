@@ -1,0 +1,209 @@
+package session
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
+
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/export"
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+var (
+	client = netip.MustParseAddrPort("10.244.8.23:40000")
+	vip    = netip.MustParseAddrPort("10.120.0.10:53")
+	base   = time.Unix(1_700_000_000, 0)
+)
+
+// udpFrame is an Ethernet/IPv4/UDP frame from src to dst.
+func udpFrame(t testing.TB, src, dst netip.AddrPort) []byte {
+	t.Helper()
+	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: src.Addr().AsSlice(), DstIP: dst.Addr().AsSlice()}
+	udp := &layers.UDP{SrcPort: layers.UDPPort(src.Port()), DstPort: layers.UDPPort(dst.Port())}
+	udp.SetNetworkLayerForChecksum(ip)
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, eth, ip, udp, gopacket.Payload("query")); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// testTracer is a tracer of two capture points writing its pcapng to out,
+// without a kernel: only the consumer side runs.
+func testTracer(t testing.TB, out io.Writer) *tracer {
+	t.Helper()
+	taps := []tap{{label: "pod:eth0", point: obs.PointPod}, {label: "uplink:bond0", point: obs.PointUplink}}
+	w, err := export.NewStream(out, []export.Interface{{Name: taps[0].label, Snaplen: 96}, {Name: taps[1].label, Snaplen: 96}}, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
+	return &tracer{taps: taps, eng: eng, classes: map[classKey]*packetClass{}, free: make(chan *batch, freeBatches),
+		pcap: &pcapOut{w: w, perTap: make([]uint64, len(taps)), queues: make([][]*batch, len(taps))}}
+}
+
+// frames hands tap one batch of request frames captured at the given
+// offsets from base.
+func frames(t *testing.T, tr *tracer, tapIdx int, offsets ...time.Duration) string {
+	t.Helper()
+	b := tr.newBatch(tapIdx)
+	raw := udpFrame(t, client, vip)
+	for _, off := range offsets {
+		b.add(&capture.Packet{Time: base.Add(off), Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw})
+	}
+	b.seal()
+	return tr.consume(b)
+}
+
+type readPacket struct {
+	iface   int
+	at      time.Time
+	comment string
+}
+
+func readBack(t *testing.T, data []byte) []readPacket {
+	t.Helper()
+	r, err := pcapgo.NewNgReader(bytes.NewReader(data), pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []readPacket
+	for {
+		_, ci, opts, err := r.ReadPacketDataWithOptions()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := readPacket{iface: ci.InterfaceIndex, at: ci.Timestamp}
+		if len(opts.Comments) > 0 {
+			p.comment = opts.Comments[0]
+		}
+		out = append(out, p)
+	}
+}
+
+// TestPcapMergesPointsInTimeOrder: two points' batches arrive out of time
+// order with each other; the file lists every frame in time order, each with
+// its flow's comment, and the engine counted every frame.
+func TestPcapMergesPointsInTimeOrder(t *testing.T) {
+	var out bytes.Buffer
+	tr := testTracer(t, &out)
+	ms := time.Millisecond
+	for _, step := range []struct {
+		tap     int
+		offsets []time.Duration
+	}{
+		{1, []time.Duration{1 * ms, 3 * ms, 5 * ms}}, // the uplink's block comes first
+		{0, []time.Duration{0, 2 * ms, 4 * ms}},
+		{0, []time.Duration{6 * ms, 300 * ms}},
+		{1, []time.Duration{7 * ms, 301 * ms}},
+	} {
+		if reason := frames(t, tr, step.tap, step.offsets...); reason != "" {
+			t.Fatalf("stop reason %q", reason)
+		}
+	}
+	// Frames older than the reorder window behind the newest went out already.
+	if tr.pcap.held != 2 {
+		t.Errorf("%d frames held, want the 2 within %s of the newest", tr.pcap.held, reorderWindow)
+	}
+	tr.pcap.release(base.Add(time.Hour), tr)
+	got := readBack(t, out.Bytes())
+	if len(got) != 10 {
+		t.Fatalf("read %d packets, want 10", len(got))
+	}
+	for i, p := range got {
+		if i > 0 && p.at.Before(got[i-1].at) {
+			t.Errorf("packet %d at %s is before packet %d at %s", i, p.at.Sub(base), i-1, got[i-1].at.Sub(base))
+		}
+		if !strings.HasPrefix(p.comment, "flow 1 request to VIP (before translation)") {
+			t.Errorf("packet %d comment %q", i, p.comment)
+		}
+	}
+	if got[0].iface != 0 || got[1].iface != 1 {
+		t.Errorf("first packets on interfaces %d, %d; want 0 (at 0 ms), 1 (at 1 ms)", got[0].iface, got[1].iface)
+	}
+	flows := tr.eng.Flows()
+	if len(flows) != 1 {
+		t.Fatalf("%d flows, want 1", len(flows))
+	}
+	perPoint := map[string]uint64{}
+	for _, p := range flows[0].Points {
+		perPoint[p.Point] += p.Packets
+	}
+	if perPoint["pod"] != 5 || perPoint["uplink"] != 5 {
+		t.Errorf("packets per point %v, want pod 5 and uplink 5", perPoint)
+	}
+	if len(tr.free) == 0 {
+		t.Error("no written batch came back for reuse")
+	}
+}
+
+// TestPcapHoldIsBounded: beyond maxHeld frames the oldest are written even
+// within the reorder window, so memory stays bounded whatever the rate.
+func TestPcapHoldIsBounded(t *testing.T) {
+	tr := testTracer(t, io.Discard)
+	offsets := make([]time.Duration, maxBatch)
+	for n := 0; n < maxHeld+3*maxBatch; n += maxBatch {
+		for i := range offsets {
+			offsets[i] = time.Duration(n+i) * time.Microsecond // all within the window
+		}
+		frames(t, tr, 0, offsets...)
+		if tr.pcap.held > maxHeld {
+			t.Fatalf("%d frames held, bound is %d", tr.pcap.held, maxHeld)
+		}
+	}
+	if tr.pcap.perTap[0] == 0 {
+		t.Error("nothing written although the bound was passed")
+	}
+}
+
+// TestCommentFollowsVerdict: a kind's cached comment is made again once the
+// flow's verdict changes, and a frame no flow claims says so.
+func TestCommentFollowsVerdict(t *testing.T) {
+	tr := testTracer(t, io.Discard)
+	tr.eng = flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointPod: true, obs.PointTCHead: true, obs.PointTCTail: true, obs.PointUplink: true},
+	})
+	raw := udpFrame(t, client, vip)
+	p := &capture.Packet{Time: base, Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw}
+	f := &frame{pkt: *p, class: tr.classify(0, p)}
+	if f.class == nil {
+		t.Fatal("a request to the VIP was not classified")
+	}
+	first := tr.comment(0, f)
+	if !strings.HasPrefix(first, "flow 1 request to VIP") || strings.Contains(first, "rewritten_at") {
+		t.Errorf("comment before any rewrite %q", first)
+	}
+	// The tc head observer sees the VIP, the tail the backend: rewritten at
+	// tc. The pod frame's cached comment must follow.
+	backend := netip.MustParseAddrPort("10.244.20.31:5353")
+	tr.eng.Add(obs.Observation{Time: base.Add(time.Microsecond), Point: obs.PointTCHead, Dir: obs.DirIn, Proto: obs.UDP, Src: client, Dst: vip})
+	tr.eng.Add(obs.Observation{Time: base.Add(2 * time.Microsecond), Point: obs.PointTCTail, Dir: obs.DirIn, Proto: obs.UDP, Src: client, Dst: backend})
+	if got := tr.eng.Flows()[0].RewrittenAt; got != flow.PlaceTC {
+		t.Fatalf("verdict %s, want tc: the test needs a verdict change", got)
+	}
+	if again := tr.comment(0, f); !strings.HasPrefix(again, "flow 1 request to VIP (before translation); rewritten_at=tc") {
+		t.Errorf("comment after the verdict %q (before: %q)", again, first)
+	}
+	other := udpFrame(t, netip.MustParseAddrPort("10.244.8.99:1000"), netip.MustParseAddrPort("10.0.0.9:9"))
+	o := &capture.Packet{Time: base, Dir: obs.DirOut, Len: len(other), CapLen: len(other), Data: other}
+	if got := tr.comment(0, &frame{pkt: *o}); got != "no Service flow known for this packet" {
+		t.Errorf("comment of an unrelated frame %q", got)
+	}
+}
+
