@@ -1,8 +1,8 @@
-/* Socket bracket: what the application asked for (syscall arguments, read at
- * raw sys_enter) against what the socket uses (cgroup connect4/sendmsg4 run
- * after every socket-LB program that precedes this observer in the cgroup
- * order), then the socket's first packet and its TCP SYN_SENT state, which tie
- * the socket cookie to the packet 4-tuple. x86-64 syscall numbers.
+/* Socket bracket: what the application asked for (syscall arguments, read
+ * where the syscall enters) against what the socket uses (cgroup
+ * connect4/sendmsg4 run after every socket-LB program that precedes this
+ * observer in the cgroup order), then the socket's first packet and its TCP
+ * SYN_SENT state, which tie the socket cookie to the packet 4-tuple.
  *
  * They also teach the other points, in the kernel and before the packet
  * reaches them: the backend a socket LB chose (watch_addrs) and the client
@@ -88,41 +88,15 @@ static __always_inline bool pt_read_sockaddr(const void *uaddr, __u32 *addr, __u
 	return true;
 }
 
-SEC("raw_tracepoint/sys_enter")
-int pt_sys_enter(struct bpf_raw_tracepoint_args *ctx)
+/* pt_note_request remembers, per thread, the watched destination a
+ * connect/sendto/sendmsg/sendmmsg asked for, until the thread's cgroup
+ * sock_addr hook reads it. */
+static __always_inline void pt_note_request(const void *uaddr, __u8 kind)
 {
-	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
-	void *uaddr = NULL;
-	__u8 kind;
-
-	switch (ctx->args[1]) {
-	case SYS_CONNECT: /* connect(fd, addr, len) */
-		uaddr = (void *)BPF_CORE_READ(regs, si);
-		kind = PT_KIND_CONNECT;
-		break;
-	case SYS_SENDTO: /* sendto(fd, buf, len, flags, addr, addrlen) */
-		uaddr = (void *)BPF_CORE_READ(regs, r8);
-		kind = PT_KIND_SENDMSG;
-		break;
-	case SYS_SENDMSG:    /* sendmsg(fd, msg, flags) */
-	case SYS_SENDMMSG: { /* sendmmsg(fd, msgvec, vlen, flags): its first message (glibc's resolver) */
-		struct user_msghdr *msg = (void *)BPF_CORE_READ(regs, si); /* struct mmsghdr starts with it */
-		if (!msg || bpf_probe_read_user(&uaddr, sizeof(uaddr), &msg->msg_name))
-			return 0;
-		kind = PT_KIND_SENDMSG;
-		break;
-	}
-	default:
-		return 0;
-	}
-	if (!uaddr)
-		return 0;
-
 	__u32 daddr;
 	__u16 dport;
-	if (!pt_read_sockaddr(uaddr, &daddr, &dport) || !pt_watched(daddr))
-		return 0;
-
+	if (!uaddr || !pt_read_sockaddr(uaddr, &daddr, &dport) || !pt_watched(daddr))
+		return;
 	__u64 id = bpf_get_current_pid_tgid();
 	struct pt_request req = {
 		.ktime_ns = bpf_ktime_get_ns(),
@@ -131,6 +105,66 @@ int pt_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		.kind = kind,
 	};
 	bpf_map_update_elem(&req_dst, &id, &req, BPF_ANY);
+}
+
+/* The msg_name of a user msghdr (struct mmsghdr starts with one). */
+static __always_inline const void *pt_msg_name(const struct user_msghdr *msg)
+{
+	void *name = NULL;
+	if (!msg || bpf_probe_read_user(&name, sizeof(name), &msg->msg_name))
+		return NULL;
+	return name;
+}
+
+/* One tracepoint per syscall: the program runs for these four syscalls only
+ * (the arguments by name, on any architecture). Needs tracefs for the
+ * tracepoint IDs; without it, pt_sys_enter below runs on every syscall. */
+SEC("tracepoint/syscalls/sys_enter_connect")
+int pt_enter_connect(struct trace_event_raw_sys_enter *ctx)
+{
+	pt_note_request((const void *)ctx->args[1], PT_KIND_CONNECT); /* connect(fd, addr, len) */
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendto")
+int pt_enter_sendto(struct trace_event_raw_sys_enter *ctx)
+{
+	pt_note_request((const void *)ctx->args[4], PT_KIND_SENDMSG); /* sendto(fd, buf, len, flags, addr, addrlen) */
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendmsg")
+int pt_enter_sendmsg(struct trace_event_raw_sys_enter *ctx)
+{
+	pt_note_request(pt_msg_name((const void *)ctx->args[1]), PT_KIND_SENDMSG); /* sendmsg(fd, msg, flags) */
+	return 0;
+}
+
+/* sendmmsg(fd, msgvec, vlen, flags): its first message (glibc's resolver). */
+SEC("tracepoint/syscalls/sys_enter_sendmmsg")
+int pt_enter_sendmms(struct trace_event_raw_sys_enter *ctx)
+{
+	pt_note_request(pt_msg_name((const void *)ctx->args[1]), PT_KIND_SENDMSG);
+	return 0;
+}
+
+/* The fallback: every syscall, x86-64 numbers and registers. */
+SEC("raw_tracepoint/sys_enter")
+int pt_sys_enter(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	switch (ctx->args[1]) {
+	case SYS_CONNECT:
+		pt_note_request((void *)BPF_CORE_READ(regs, si), PT_KIND_CONNECT);
+		break;
+	case SYS_SENDTO:
+		pt_note_request((void *)BPF_CORE_READ(regs, r8), PT_KIND_SENDMSG);
+		break;
+	case SYS_SENDMSG:
+	case SYS_SENDMMSG:
+		pt_note_request(pt_msg_name((void *)BPF_CORE_READ(regs, si)), PT_KIND_SENDMSG);
+		break;
+	}
 	return 0;
 }
 

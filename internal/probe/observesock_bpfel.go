@@ -28,6 +28,10 @@ const (
 	observeSockMapWatchCookies     = "watch_cookies"
 	observeSockProgPtConnect4      = "pt_connect4"
 	observeSockProgPtConnect6      = "pt_connect6"
+	observeSockProgPtEnterConnect  = "pt_enter_connect"
+	observeSockProgPtEnterSendmms  = "pt_enter_sendmms"
+	observeSockProgPtEnterSendmsg  = "pt_enter_sendmsg"
+	observeSockProgPtEnterSendto   = "pt_enter_sendto"
 	observeSockProgPtSendmsg4      = "pt_sendmsg4"
 	observeSockProgPtSockEgress    = "pt_sock_egress"
 	observeSockProgPtSockState     = "pt_sock_state"
@@ -77,12 +81,16 @@ type observeSockSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeSockProgramSpecs struct {
-	PtConnect4   *ebpf.ProgramSpec `ebpf:"pt_connect4"`
-	PtConnect6   *ebpf.ProgramSpec `ebpf:"pt_connect6"`
-	PtSendmsg4   *ebpf.ProgramSpec `ebpf:"pt_sendmsg4"`
-	PtSockEgress *ebpf.ProgramSpec `ebpf:"pt_sock_egress"`
-	PtSockState  *ebpf.ProgramSpec `ebpf:"pt_sock_state"`
-	PtSysEnter   *ebpf.ProgramSpec `ebpf:"pt_sys_enter"`
+	PtConnect4     *ebpf.ProgramSpec `ebpf:"pt_connect4"`
+	PtConnect6     *ebpf.ProgramSpec `ebpf:"pt_connect6"`
+	PtEnterConnect *ebpf.ProgramSpec `ebpf:"pt_enter_connect"`
+	PtEnterSendmms *ebpf.ProgramSpec `ebpf:"pt_enter_sendmms"`
+	PtEnterSendmsg *ebpf.ProgramSpec `ebpf:"pt_enter_sendmsg"`
+	PtEnterSendto  *ebpf.ProgramSpec `ebpf:"pt_enter_sendto"`
+	PtSendmsg4     *ebpf.ProgramSpec `ebpf:"pt_sendmsg4"`
+	PtSockEgress   *ebpf.ProgramSpec `ebpf:"pt_sock_egress"`
+	PtSockState    *ebpf.ProgramSpec `ebpf:"pt_sock_state"`
+	PtSysEnter     *ebpf.ProgramSpec `ebpf:"pt_sys_enter"`
 }
 
 // observeSockMapSpecs contains maps before they are loaded into the kernel.
@@ -166,18 +174,26 @@ type observeSockVariables struct {
 //
 // It can be passed to loadObserveSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeSockPrograms struct {
-	PtConnect4   *ebpf.Program `ebpf:"pt_connect4"`
-	PtConnect6   *ebpf.Program `ebpf:"pt_connect6"`
-	PtSendmsg4   *ebpf.Program `ebpf:"pt_sendmsg4"`
-	PtSockEgress *ebpf.Program `ebpf:"pt_sock_egress"`
-	PtSockState  *ebpf.Program `ebpf:"pt_sock_state"`
-	PtSysEnter   *ebpf.Program `ebpf:"pt_sys_enter"`
+	PtConnect4     *ebpf.Program `ebpf:"pt_connect4"`
+	PtConnect6     *ebpf.Program `ebpf:"pt_connect6"`
+	PtEnterConnect *ebpf.Program `ebpf:"pt_enter_connect"`
+	PtEnterSendmms *ebpf.Program `ebpf:"pt_enter_sendmms"`
+	PtEnterSendmsg *ebpf.Program `ebpf:"pt_enter_sendmsg"`
+	PtEnterSendto  *ebpf.Program `ebpf:"pt_enter_sendto"`
+	PtSendmsg4     *ebpf.Program `ebpf:"pt_sendmsg4"`
+	PtSockEgress   *ebpf.Program `ebpf:"pt_sock_egress"`
+	PtSockState    *ebpf.Program `ebpf:"pt_sock_state"`
+	PtSysEnter     *ebpf.Program `ebpf:"pt_sys_enter"`
 }
 
 func (p *observeSockPrograms) Close() error {
 	return _ObserveSockClose(
 		p.PtConnect4,
 		p.PtConnect6,
+		p.PtEnterConnect,
+		p.PtEnterSendmms,
+		p.PtEnterSendmsg,
+		p.PtEnterSendto,
 		p.PtSendmsg4,
 		p.PtSockEgress,
 		p.PtSockState,

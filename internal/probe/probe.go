@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -204,6 +205,22 @@ func (p *Probe) cachedProgram(spec *ebpf.CollectionSpec, key, name string) (*ebp
 	p.progs[key] = prog
 	p.progIDs = append(p.progIDs, id)
 	return prog, nil
+}
+
+// unloadProgram closes the program kept under key, loaded but not attached
+// after all. Callers hold p.mu.
+func (p *Probe) unloadProgram(key string) {
+	prog := p.progs[key]
+	if prog == nil {
+		return
+	}
+	if info, err := prog.Info(); err == nil {
+		if id, ok := info.ID(); ok {
+			p.progIDs = slices.DeleteFunc(p.progIDs, func(x ebpf.ProgramID) bool { return x == id })
+		}
+	}
+	prog.Close()
+	delete(p.progs, key)
 }
 
 // OwnProgramIDs returns the kernel IDs of this Probe's programs, so discovery
