@@ -206,4 +206,3 @@ func TestCommentFollowsVerdict(t *testing.T) {
 		t.Errorf("comment of an unrelated frame %q", got)
 	}
 }
-
