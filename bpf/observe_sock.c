@@ -1,8 +1,9 @@
-/* Socket bracket: what the application asked for (syscall arguments, read
- * where the syscall enters) against what the socket uses (cgroup
+/* Socket bracket: what the application asked for (the syscall's own
+ * arguments in user memory) against what the socket uses (cgroup
  * connect4/sendmsg4 run after every socket-LB program that precedes this
- * observer in the cgroup order), then the socket's first packet and its TCP
- * SYN_SENT state, which tie the socket cookie to the packet 4-tuple.
+ * observer in the cgroup order, which rewrote the kernel's copy), then the
+ * socket's first packet and its TCP SYN_SENT state, which tie the socket
+ * cookie to the packet 4-tuple. x86-64 syscall numbers and registers.
  *
  * They also teach the other points, in the kernel and before the packet
  * reaches them: the backend a socket LB chose (watch_addrs) and the client
@@ -16,26 +17,6 @@
 #define SYS_SENDTO 44
 #define SYS_SENDMSG 46
 #define SYS_SENDMMSG 307
-/* A request older than this is stale (its syscall never reached a cgroup
- * hook, e.g. sendto on a connected TCP socket). */
-#define REQUEST_MAX_AGE_NS 1000000000ULL
-
-struct pt_request {
-	__u64 ktime_ns;
-	__u32 daddr;
-	__u16 dport;
-	__u8 kind; /* enum pt_kind */
-	__u8 _pad;
-};
-
-/* What each thread last asked for, until its cgroup hook consumes it. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u64); /* pid_tgid */
-	__type(value, struct pt_request);
-} req_dst SEC(".maps");
-
 /* Sockets that connected or sent to a watched address and whose first packet
  * has not been seen yet. */
 struct {
@@ -88,26 +69,7 @@ static __always_inline bool pt_read_sockaddr(const void *uaddr, __u32 *addr, __u
 	return true;
 }
 
-/* pt_note_request remembers, per thread, the watched destination a
- * connect/sendto/sendmsg/sendmmsg asked for, until the thread's cgroup
- * sock_addr hook reads it. */
-static __always_inline void pt_note_request(const void *uaddr, __u8 kind)
-{
-	__u32 daddr;
-	__u16 dport;
-	if (!uaddr || !pt_read_sockaddr(uaddr, &daddr, &dport) || !pt_watched(daddr))
-		return;
-	__u64 id = bpf_get_current_pid_tgid();
-	struct pt_request req = {
-		.ktime_ns = bpf_ktime_get_ns(),
-		.daddr = daddr,
-		.dport = dport,
-		.kind = kind,
-	};
-	bpf_map_update_elem(&req_dst, &id, &req, BPF_ANY);
-}
-
-/* The msg_name of a user msghdr (struct mmsghdr starts with one). */
+/* The msg_name of a user msghdr. */
 static __always_inline const void *pt_msg_name(const struct user_msghdr *msg)
 {
 	void *name = NULL;
@@ -116,56 +78,57 @@ static __always_inline const void *pt_msg_name(const struct user_msghdr *msg)
 	return name;
 }
 
-/* One tracepoint per syscall: the program runs for these four syscalls only
- * (the arguments by name, on any architecture). Needs tracefs for the
- * tracepoint IDs; without it, pt_sys_enter below runs on every syscall. */
-SEC("tracepoint/syscalls/sys_enter_connect")
-int pt_enter_connect(struct trace_event_raw_sys_enter *ctx)
+/* The messages of a sendmmsg checked for one destination. */
+#define PT_MMSG_MAX 4
+
+/* pt_mmsg_name is the destination of a sendmmsg whose messages (at most
+ * PT_MMSG_MAX) all go to the same one, as the resolver's A and AAAA queries
+ * do; NULL otherwise: the hook cannot tell which message it runs for. */
+static __always_inline const void *pt_mmsg_name(const struct mmsghdr *vec, __u64 vlen)
 {
-	pt_note_request((const void *)ctx->args[1], PT_KIND_CONNECT); /* connect(fd, addr, len) */
-	return 0;
+	if (!vec || vlen == 0 || vlen > PT_MMSG_MAX)
+		return NULL;
+	const void *first = pt_msg_name(&vec[0].msg_hdr);
+	__u32 addr0, addr;
+	__u16 port0, port;
+	if (!first || !pt_read_sockaddr(first, &addr0, &port0))
+		return NULL;
+	for (int i = 1; i < PT_MMSG_MAX; i++) {
+		if (i >= vlen)
+			break;
+		const void *name = pt_msg_name(&vec[i].msg_hdr);
+		if (!name || !pt_read_sockaddr(name, &addr, &port) || addr != addr0 || port != port0)
+			return NULL;
+	}
+	return first;
 }
 
-SEC("tracepoint/syscalls/sys_enter_sendto")
-int pt_enter_sendto(struct trace_event_raw_sys_enter *ctx)
+/* pt_requested reads the destination the application asked for: the user
+ * sockaddr of the syscall this hook runs in, found in the registers the task
+ * saved when it entered the kernel. Socket-LB programs rewrite the kernel's
+ * copy only, so this is what the application asked for whichever ran
+ * before. No syscall hook is needed: nothing runs for the node's other
+ * syscalls. False when the hook does not run in such a syscall of the
+ * current task (io_uring workers, kernel sockets). */
+static __always_inline bool pt_requested(__u32 *addr, __u16 *port)
 {
-	pt_note_request((const void *)ctx->args[4], PT_KIND_SENDMSG); /* sendto(fd, buf, len, flags, addr, addrlen) */
-	return 0;
-}
-
-SEC("tracepoint/syscalls/sys_enter_sendmsg")
-int pt_enter_sendmsg(struct trace_event_raw_sys_enter *ctx)
-{
-	pt_note_request(pt_msg_name((const void *)ctx->args[1]), PT_KIND_SENDMSG); /* sendmsg(fd, msg, flags) */
-	return 0;
-}
-
-/* sendmmsg(fd, msgvec, vlen, flags): its first message (glibc's resolver). */
-SEC("tracepoint/syscalls/sys_enter_sendmmsg")
-int pt_enter_sendmms(struct trace_event_raw_sys_enter *ctx)
-{
-	pt_note_request(pt_msg_name((const void *)ctx->args[1]), PT_KIND_SENDMSG);
-	return 0;
-}
-
-/* The fallback: every syscall, x86-64 numbers and registers. */
-SEC("raw_tracepoint/sys_enter")
-int pt_sys_enter(struct bpf_raw_tracepoint_args *ctx)
-{
-	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
-	switch (ctx->args[1]) {
-	case SYS_CONNECT:
-		pt_note_request((void *)BPF_CORE_READ(regs, si), PT_KIND_CONNECT);
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	const void *uaddr = NULL;
+	switch (BPF_CORE_READ(regs, orig_ax)) {
+	case SYS_CONNECT: /* connect(fd, addr, len) */
+		uaddr = (const void *)BPF_CORE_READ(regs, si);
 		break;
-	case SYS_SENDTO:
-		pt_note_request((void *)BPF_CORE_READ(regs, r8), PT_KIND_SENDMSG);
+	case SYS_SENDTO: /* sendto(fd, buf, len, flags, addr, addrlen) */
+		uaddr = (const void *)BPF_CORE_READ(regs, r8);
 		break;
-	case SYS_SENDMSG:
-	case SYS_SENDMMSG:
-		pt_note_request(pt_msg_name((void *)BPF_CORE_READ(regs, si)), PT_KIND_SENDMSG);
+	case SYS_SENDMSG: /* sendmsg(fd, msg, flags) */
+		uaddr = pt_msg_name((const void *)BPF_CORE_READ(regs, si));
+		break;
+	case SYS_SENDMMSG: /* sendmmsg(fd, msgvec, vlen, flags) */
+		uaddr = pt_mmsg_name((const void *)BPF_CORE_READ(regs, si), BPF_CORE_READ(regs, dx));
 		break;
 	}
-	return 0;
+	return uaddr && pt_read_sockaddr(uaddr, addr, port);
 }
 
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
@@ -214,17 +177,10 @@ static __always_inline bool pt_sent_before(__u64 cookie, __u32 daddr, __u16 dpor
  * destination is daddr (the address every earlier sock_addr program left). */
 static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __u32 daddr)
 {
-	__u64 id = bpf_get_current_pid_tgid();
 	__u32 req_daddr = 0;
 	__u16 req_dport = 0;
-	struct pt_request *req = bpf_map_lookup_elem(&req_dst, &id);
-	if (req) {
-		if (req->kind == kind && bpf_ktime_get_ns() - req->ktime_ns < REQUEST_MAX_AGE_NS) {
-			req_daddr = req->daddr;
-			req_dport = req->dport;
-		}
-		bpf_map_delete_elem(&req_dst, &id);
-	}
+	if (!pt_requested(&req_daddr, &req_dport))
+		req_daddr = req_dport = 0;
 
 	bool req_watched = pt_watched(req_daddr);
 	if (!req_watched && !pt_watched(daddr))
@@ -253,7 +209,7 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 	e->req_dport = req_dport;
 	e->cookie = cookie;
 	e->netns = netns;
-	pt_set_task(e, id);
+	pt_set_task(e, bpf_get_current_pid_tgid());
 	pt_submit(e);
 	return 1;
 }

@@ -32,15 +32,6 @@ func pathtrace(args ...string) *exec.Cmd {
 	return cmd
 }
 
-// pathtraceInMountNS is pathtrace in a mount namespace of its own, with
-// tracefs mounted or hidden there (setTracefs).
-func pathtraceInMountNS(tracefs string, args ...string) *exec.Cmd {
-	cmd := pathtrace(args...)
-	cmd.Env = append(cmd.Env, tracefsEnv+"="+tracefs)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS} // mounts private to it
-	return cmd
-}
-
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -252,47 +243,6 @@ func TestVerdictPerLabMode(t *testing.T) {
 				checkFlow(t, mode, f, gwMAC.String())
 			}
 			checkPcap(t, pcap, summary)
-		})
-	}
-}
-
-// TestSyscallObserverFallback: the requested destination comes from the
-// per-syscall tracepoints where tracefs is mounted, else from the raw
-// sys_enter tracepoint; the socket-LB verdict needs it either way.
-func TestSyscallObserverFallback(t *testing.T) {
-	needRoot(t)
-	l := upLab(t, lab.ModeSocket)
-	for tracefs, observer := range map[string]string{"mount": "tracepoint/syscalls", "unmount": "raw_tracepoint/sys_enter"} {
-		t.Run(tracefs, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			r := startCmdJSON(t, pathtraceInMountNS(tracefs, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp",
-				"--svc", lab.UDPVIP.String()+"/udp", "--duration", "60s", "--output", "json"))
-			node := r.waitNode(t)
-			attached := false
-			for _, o := range node["observers"].([]any) {
-				o := o.(map[string]any)
-				if o["observer"] == observer && o["attached"] == true {
-					attached = true
-				}
-			}
-			if !attached {
-				t.Errorf("observer %s not attached: %s", observer, dump(node["observers"]))
-			}
-			if _, err := l.Client(ctx, lab.ClientOptions{Requests: 2}); err != nil {
-				t.Fatalf("lab client: %v", err)
-			}
-			time.Sleep(500 * time.Millisecond)
-			_ = r.cmd.Process.Signal(syscall.SIGINT)
-			flows, _ := r.rest(t)
-			if len(flows) != 4 {
-				t.Errorf("%d flows, want 4: %s", len(flows), dump(flows))
-			}
-			for _, f := range flows {
-				if f["rewritten_at"] != "socket" {
-					t.Errorf("rewritten_at = %v, want socket: %s", f["rewritten_at"], dump(f))
-				}
-			}
 		})
 	}
 }

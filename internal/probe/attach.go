@@ -12,8 +12,8 @@ import (
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
-// AttachSocket attaches the socket bracket: the host-wide syscall and TCP
-// state observers (once per Probe) and the cgroup observers on cgroupPath (a
+// AttachSocket attaches the socket bracket: the host-wide TCP state observer
+// (once per Probe) and the cgroup observers on cgroupPath (a
 // cgroup v2 directory; "" = the cgroup2 root). Programs on descendant cgroups
 // and programs attached earlier to the same cgroup run before these, so on
 // the root an observer sees the address a socket-LB program chose.
@@ -28,9 +28,6 @@ func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []Attachment
-	if !p.globals["sys_enter"] {
-		out = append(out, p.attachSyscalls())
-	}
 	if !p.globals["inet_sock_set_state"] {
 		a := Attachment{Observer: "tp_btf/inet_sock_set_state", Where: "host-wide (TCP_SYN_SENT)",
 			Point: obs.PointSockState, Note: "source port is 0 unless the socket was bound"}
@@ -39,73 +36,22 @@ func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
 		})
 		out = append(out, a)
 	}
+	const requested = "requested destination: the syscall's arguments (saved registers)"
 	for _, c := range []struct {
-		observer, prog string
-		attach         ebpf.AttachType
-		point          obs.Point
+		observer, prog, note string
+		attach               ebpf.AttachType
+		point                obs.Point
 	}{
-		{"cgroup/connect4", "pt_connect4", ebpf.AttachCGroupInet4Connect, obs.PointSockAddr},
-		{"cgroup/connect6", "pt_connect6", ebpf.AttachCGroupInet6Connect, obs.PointSockAddr},
-		{"cgroup/sendmsg4", "pt_sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, obs.PointSockAddr},
-		{"cgroup_skb/egress", "pt_sock_egress", ebpf.AttachCGroupInetEgress, obs.PointSockEgress},
+		{"cgroup/connect4", "pt_connect4", requested, ebpf.AttachCGroupInet4Connect, obs.PointSockAddr},
+		{"cgroup/connect6", "pt_connect6", requested, ebpf.AttachCGroupInet6Connect, obs.PointSockAddr},
+		{"cgroup/sendmsg4", "pt_sendmsg4", requested, ebpf.AttachCGroupUDP4Sendmsg, obs.PointSockAddr},
+		{"cgroup_skb/egress", "pt_sock_egress", "", ebpf.AttachCGroupInetEgress, obs.PointSockEgress},
 	} {
-		a := Attachment{Observer: c.observer, Where: cgroupPath, Point: c.point}
+		a := Attachment{Observer: c.observer, Where: cgroupPath, Point: c.point, Note: c.note}
 		a.Err = p.attachCgroup(cgroupPath, c.prog, c.attach)
 		out = append(out, a)
 	}
 	return out
-}
-
-// syscallTracepoints are the syscalls whose destination argument the socket
-// bracket reads, with their programs.
-var syscallTracepoints = []struct{ name, prog string }{
-	{"sys_enter_connect", "pt_enter_connect"},
-	{"sys_enter_sendto", "pt_enter_sendto"},
-	{"sys_enter_sendmsg", "pt_enter_sendmsg"},
-	{"sys_enter_sendmmsg", "pt_enter_sendmms"},
-}
-
-// attachSyscalls attaches the requested-destination observers: one
-// tracepoint per syscall, which only those syscalls run, or, when that is
-// not possible (tracefs not mounted: the tracepoints' IDs are read there),
-// the raw sys_enter tracepoint, which every syscall on the node runs.
-// Callers hold p.mu.
-func (p *Probe) attachSyscalls() Attachment {
-	a := Attachment{Observer: "tracepoint/syscalls", Where: "host-wide (connect, sendto, sendmsg, sendmmsg)",
-		Point: obs.PointSockAddr, Note: "requested destination: the syscall arguments"}
-	var links []link.Link
-	var err error
-	for _, tp := range syscallTracepoints {
-		var prog *ebpf.Program
-		if prog, err = p.program(p.sockSpec, tp.prog); err != nil {
-			break
-		}
-		var l link.Link
-		if l, err = link.Tracepoint("syscalls", tp.name, prog, nil); err != nil {
-			err = fmt.Errorf("tracepoint syscalls/%s: %w", tp.name, err)
-			break
-		}
-		links = append(links, l)
-	}
-	if err == nil {
-		for _, l := range links {
-			p.keep(l)
-		}
-		p.globals["sys_enter"] = true
-		return a
-	}
-	for _, l := range links {
-		l.Close()
-	}
-	for _, tp := range syscallTracepoints {
-		p.unloadProgram(tp.prog)
-	}
-	a.Observer = "raw_tracepoint/sys_enter"
-	a.Note += fmt.Sprintf(" (runs on every syscall: %v)", err)
-	a.Err = p.attachGlobal("sys_enter", "pt_sys_enter", func(prog *ebpf.Program) (link.Link, error) {
-		return link.AttachRawTracepoint(link.RawTracepointOptions{Name: "sys_enter", Program: prog})
-	})
-	return a
 }
 
 // attachGlobal loads and attaches a host-wide observer. Callers hold p.mu.

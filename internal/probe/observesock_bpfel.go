@@ -20,7 +20,6 @@ const (
 	observeSockMapEventsSummarized = "events_summarized"
 	observeSockMapFlowEvents       = "flow_events"
 	observeSockMapLearnErrors      = "learn_errors"
-	observeSockMapReqDst           = "req_dst"
 	observeSockMapRingbufLosses    = "ringbuf_losses"
 	observeSockMapSentTo           = "sent_to"
 	observeSockMapWatchAddrs       = "watch_addrs"
@@ -28,14 +27,9 @@ const (
 	observeSockMapWatchCookies     = "watch_cookies"
 	observeSockProgPtConnect4      = "pt_connect4"
 	observeSockProgPtConnect6      = "pt_connect6"
-	observeSockProgPtEnterConnect  = "pt_enter_connect"
-	observeSockProgPtEnterSendmms  = "pt_enter_sendmms"
-	observeSockProgPtEnterSendmsg  = "pt_enter_sendmsg"
-	observeSockProgPtEnterSendto   = "pt_enter_sendto"
 	observeSockProgPtSendmsg4      = "pt_sendmsg4"
 	observeSockProgPtSockEgress    = "pt_sock_egress"
 	observeSockProgPtSockState     = "pt_sock_state"
-	observeSockProgPtSysEnter      = "pt_sys_enter"
 	observeSockVarPtEventLayout    = "pt_event_layout"
 )
 
@@ -81,16 +75,11 @@ type observeSockSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeSockProgramSpecs struct {
-	PtConnect4     *ebpf.ProgramSpec `ebpf:"pt_connect4"`
-	PtConnect6     *ebpf.ProgramSpec `ebpf:"pt_connect6"`
-	PtEnterConnect *ebpf.ProgramSpec `ebpf:"pt_enter_connect"`
-	PtEnterSendmms *ebpf.ProgramSpec `ebpf:"pt_enter_sendmms"`
-	PtEnterSendmsg *ebpf.ProgramSpec `ebpf:"pt_enter_sendmsg"`
-	PtEnterSendto  *ebpf.ProgramSpec `ebpf:"pt_enter_sendto"`
-	PtSendmsg4     *ebpf.ProgramSpec `ebpf:"pt_sendmsg4"`
-	PtSockEgress   *ebpf.ProgramSpec `ebpf:"pt_sock_egress"`
-	PtSockState    *ebpf.ProgramSpec `ebpf:"pt_sock_state"`
-	PtSysEnter     *ebpf.ProgramSpec `ebpf:"pt_sys_enter"`
+	PtConnect4   *ebpf.ProgramSpec `ebpf:"pt_connect4"`
+	PtConnect6   *ebpf.ProgramSpec `ebpf:"pt_connect6"`
+	PtSendmsg4   *ebpf.ProgramSpec `ebpf:"pt_sendmsg4"`
+	PtSockEgress *ebpf.ProgramSpec `ebpf:"pt_sock_egress"`
+	PtSockState  *ebpf.ProgramSpec `ebpf:"pt_sock_state"`
 }
 
 // observeSockMapSpecs contains maps before they are loaded into the kernel.
@@ -101,7 +90,6 @@ type observeSockMapSpecs struct {
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
-	ReqDst           *ebpf.MapSpec `ebpf:"req_dst"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	SentTo           *ebpf.MapSpec `ebpf:"sent_to"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
@@ -140,7 +128,6 @@ type observeSockMaps struct {
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
-	ReqDst           *ebpf.Map `ebpf:"req_dst"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	SentTo           *ebpf.Map `ebpf:"sent_to"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
@@ -154,7 +141,6 @@ func (m *observeSockMaps) Close() error {
 		m.EventsSummarized,
 		m.FlowEvents,
 		m.LearnErrors,
-		m.ReqDst,
 		m.RingbufLosses,
 		m.SentTo,
 		m.WatchAddrs,
@@ -174,30 +160,20 @@ type observeSockVariables struct {
 //
 // It can be passed to loadObserveSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeSockPrograms struct {
-	PtConnect4     *ebpf.Program `ebpf:"pt_connect4"`
-	PtConnect6     *ebpf.Program `ebpf:"pt_connect6"`
-	PtEnterConnect *ebpf.Program `ebpf:"pt_enter_connect"`
-	PtEnterSendmms *ebpf.Program `ebpf:"pt_enter_sendmms"`
-	PtEnterSendmsg *ebpf.Program `ebpf:"pt_enter_sendmsg"`
-	PtEnterSendto  *ebpf.Program `ebpf:"pt_enter_sendto"`
-	PtSendmsg4     *ebpf.Program `ebpf:"pt_sendmsg4"`
-	PtSockEgress   *ebpf.Program `ebpf:"pt_sock_egress"`
-	PtSockState    *ebpf.Program `ebpf:"pt_sock_state"`
-	PtSysEnter     *ebpf.Program `ebpf:"pt_sys_enter"`
+	PtConnect4   *ebpf.Program `ebpf:"pt_connect4"`
+	PtConnect6   *ebpf.Program `ebpf:"pt_connect6"`
+	PtSendmsg4   *ebpf.Program `ebpf:"pt_sendmsg4"`
+	PtSockEgress *ebpf.Program `ebpf:"pt_sock_egress"`
+	PtSockState  *ebpf.Program `ebpf:"pt_sock_state"`
 }
 
 func (p *observeSockPrograms) Close() error {
 	return _ObserveSockClose(
 		p.PtConnect4,
 		p.PtConnect6,
-		p.PtEnterConnect,
-		p.PtEnterSendmms,
-		p.PtEnterSendmsg,
-		p.PtEnterSendto,
 		p.PtSendmsg4,
 		p.PtSockEgress,
 		p.PtSockState,
-		p.PtSysEnter,
 	)
 }
 

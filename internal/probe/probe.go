@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -58,7 +57,7 @@ type Stats struct {
 // about a flow in the kernel reaches every later point, the taps' filter
 // included, before the flow's next packet does.
 var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_clients", "learn_errors",
-	"req_dst", "watch_cookies", "flow_events", "events_summarized"}
+	"watch_cookies", "flow_events", "events_summarized"}
 
 // Probe owns every map, program, link and socket of one session.
 type Probe struct {
@@ -205,22 +204,6 @@ func (p *Probe) cachedProgram(spec *ebpf.CollectionSpec, key, name string) (*ebp
 	p.progs[key] = prog
 	p.progIDs = append(p.progIDs, id)
 	return prog, nil
-}
-
-// unloadProgram closes the program kept under key, loaded but not attached
-// after all. Callers hold p.mu.
-func (p *Probe) unloadProgram(key string) {
-	prog := p.progs[key]
-	if prog == nil {
-		return
-	}
-	if info, err := prog.Info(); err == nil {
-		if id, ok := info.ID(); ok {
-			p.progIDs = slices.DeleteFunc(p.progIDs, func(x ebpf.ProgramID) bool { return x == id })
-		}
-	}
-	prog.Close()
-	delete(p.progs, key)
 }
 
 // OwnProgramIDs returns the kernel IDs of this Probe's programs, so discovery
