@@ -14,7 +14,7 @@ import (
 // per-packet cost of --pcap.
 func BenchmarkWritePacket(b *testing.B) {
 	frame := tcpFrame(1400)[:96]
-	comment := "flow 3 request to backend (after translation); rewritten_at=socket by=connect4 lab_sock4_connect (id 5); point=uplink"
+	comment := "flow 3 request to backend (after translation); rewritten_at=socket by=connect4 lab_sock4_connect (id 5)"
 	for _, dst := range []string{"file", "stream"} {
 		b.Run(dst, func(b *testing.B) {
 			var w *export.Writer

@@ -32,10 +32,10 @@ type written struct {
 func roundTripPackets() []written {
 	frame := tcpFrame(200)
 	return []written{
-		{0, packet(frame, obs.DirOut, 0, 0), "flow 1 request to VIP (before translation); point=pod", pcapgo.NgEpbFlagDirectionOutbound},
-		{1, packet(frame, obs.DirIn, 0, 0), "flow 1 request to VIP (before translation); point=host", pcapgo.NgEpbFlagDirectionInbound},
-		{2, packet(frame, obs.DirOut, tpid8021Q, 200), "flow 1 request to backend (after translation); rewritten_at=tc by=tcx ingress lab_tc (id 9); point=uplink", pcapgo.NgEpbFlagDirectionOutbound},
-		{2, packet(frame, obs.DirIn, tpid8021AD, 200), "flow 1 reply from backend (before reverse translation); point=uplink", pcapgo.NgEpbFlagDirectionInbound},
+		{0, packet(frame, obs.DirOut, 0, 0), "flow 1 request to VIP (before translation)", pcapgo.NgEpbFlagDirectionOutbound},
+		{1, packet(frame, obs.DirIn, 0, 0), "flow 1 request to VIP (before translation)", pcapgo.NgEpbFlagDirectionInbound},
+		{2, packet(frame, obs.DirOut, tpid8021Q, 200), "flow 1 request to backend (after translation); rewritten_at=tc by=tcx ingress lab_tc (id 9)", pcapgo.NgEpbFlagDirectionOutbound},
+		{2, packet(frame, obs.DirIn, tpid8021AD, 200), "flow 1 reply from backend (before reverse translation)", pcapgo.NgEpbFlagDirectionInbound},
 		{0, packet(frame, obs.DirUnknown, 0, 0), "", pcapgo.NgEpbFlagDirectionUnknown},
 	}
 }

@@ -73,9 +73,11 @@ func (e *Engine) cachedVerdict(f *flowState) verdict {
 }
 
 // Comment renders the reference as a packet comment, e.g.
-// "flow 3 request to backend (after translation); rewritten_at=socket by=...; point=uplink".
-// The verdict is left out while it is unknown.
-func (r Ref) Comment(point string) string {
+// "flow 3 request to backend (after translation); rewritten_at=socket by=...".
+// The verdict is left out while it is unknown. The capture point is not in
+// it: each packet block names its interface, and a comment is written for
+// every packet.
+func (r Ref) Comment() string {
 	var b strings.Builder
 	b.WriteString("flow ")
 	b.WriteString(strconv.Itoa(r.ID))
@@ -96,10 +98,6 @@ func (r Ref) Comment(point string) string {
 			b.WriteString(" by=")
 			b.WriteString(r.By)
 		}
-	}
-	if point != "" {
-		b.WriteString("; point=")
-		b.WriteString(point)
 	}
 	return b.String()
 }

@@ -165,22 +165,21 @@ func TestClassify(t *testing.T) {
 
 func TestRefComment(t *testing.T) {
 	tests := []struct {
-		ref   flow.Ref
-		point string
-		want  string
+		ref  flow.Ref
+		want string
 	}{
-		{flow.Ref{ID: 3, Translated: true, Verdict: flow.PlaceSocket, By: "connect4 lab_sock4_connect (id 5)"}, "uplink",
-			"flow 3 request to backend (after translation); rewritten_at=socket by=connect4 lab_sock4_connect (id 5); point=uplink"},
-		{flow.Ref{ID: 1, Verdict: flow.PlaceUnknown}, "pod",
-			"flow 1 request to VIP (before translation); point=pod"},
-		{flow.Ref{ID: 2, Reply: true, Translated: true, Verdict: flow.PlaceNowhere}, "",
+		{flow.Ref{ID: 3, Translated: true, Verdict: flow.PlaceSocket, By: "connect4 lab_sock4_connect (id 5)"},
+			"flow 3 request to backend (after translation); rewritten_at=socket by=connect4 lab_sock4_connect (id 5)"},
+		{flow.Ref{ID: 1, Verdict: flow.PlaceUnknown},
+			"flow 1 request to VIP (before translation)"},
+		{flow.Ref{ID: 2, Reply: true, Translated: true, Verdict: flow.PlaceNowhere},
 			"flow 2 reply from backend (before reverse translation); rewritten_at=nowhere"},
-		{flow.Ref{ID: 4, Reply: true, Verdict: flow.PlaceNetfilter, By: "nat"}, "host",
-			"flow 4 reply from VIP (after reverse translation); rewritten_at=netfilter by=nat; point=host"},
+		{flow.Ref{ID: 4, Reply: true, Verdict: flow.PlaceNetfilter, By: "nat"},
+			"flow 4 reply from VIP (after reverse translation); rewritten_at=netfilter by=nat"},
 	}
 	for _, tc := range tests {
-		if got := tc.ref.Comment(tc.point); got != tc.want {
-			t.Errorf("Comment(%q) = %q\n want %q", tc.point, got, tc.want)
+		if got := tc.ref.Comment(); got != tc.want {
+			t.Errorf("Comment() = %q\n want %q", got, tc.want)
 		}
 	}
 }

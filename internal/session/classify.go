@@ -58,13 +58,12 @@ func (tr *tracer) classify(tapIdx int, p *capture.Packet) *packetClass {
 // comment is a frame's pcapng comment: its flow, before or after
 // translation, and the flow's verdict as known now.
 func (tr *tracer) comment(tapIdx int, f *frame) string {
-	label := tr.taps[tapIdx].label
 	if c := f.class; c != nil {
 		if c.comment != "" && tr.eng.StampOf(c.h) == c.stamp {
 			return c.comment
 		}
 		if ref, stamp, ok := tr.eng.RefOf(c.h); ok {
-			c.comment, c.stamp = ref.Comment(label), stamp
+			c.comment, c.stamp = ref.Comment(), stamp
 			return c.comment
 		}
 		if c.h.Refused() {
@@ -75,7 +74,7 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 	// was merged since: classify it now, without counting it again.
 	if o, ok := f.pkt.Observation(tr.taps[tapIdx].point); ok {
 		if ref, ok := tr.eng.Classify(o); ok {
-			return ref.Comment(label)
+			return ref.Comment()
 		}
 	}
 	return "no Service flow known for this packet"
