@@ -78,6 +78,7 @@ type Writer struct {
 	epb    []byte       // the packet block being written
 	out    blockOut
 	file   *partialFile // nil for a stream
+	async  *asyncFile   // the file's writer; nil for a stream
 	flush  *time.Timer  // writes pending blocks of a file
 	ifaces []Interface
 	lim    Limits
@@ -94,9 +95,11 @@ type Writer struct {
 // "-" (every packet is written at once, for `--pcap - | wireshark -k -i -`).
 // A file is written as PATH.partial, mode 0600, renamed to PATH by Close;
 // Create refuses to overwrite PATH or a PATH.partial left behind. Packets
-// reach the file within 100 ms of WritePacket, in whole blocks only, so that
-// the file is readable at any moment, also after a SIGKILL; the one exception
-// is a frame above ~4 KB, which SIGKILL can cut during its write (blockOut).
+// go to the file's writer goroutine within 100 ms of WritePacket (a slow
+// disk delays the file, not the caller, up to asyncDepth chunks), in whole
+// blocks only, so that the file is readable at any moment, also after a
+// SIGKILL; the one exception is a frame above ~4 KB, which SIGKILL can cut
+// during its write (blockOut).
 func Create(path string, ifaces []Interface, lim Limits) (*Writer, error) {
 	if path == "-" {
 		return NewStream(os.Stdout, ifaces, lim)
@@ -113,7 +116,10 @@ func Create(path string, ifaces []Interface, lim Limits) (*Writer, error) {
 		pf.discard()
 		return nil, err
 	}
-	w.file = pf
+	// The header is in the file (written directly); packets go through the
+	// file's own writer goroutine.
+	w.file, w.async = pf, newAsyncFile(pf.File)
+	w.out.w = w.async
 	w.flush = time.AfterFunc(flushInterval, w.flushPending)
 	w.flush.Stop()
 	return w, nil
@@ -385,6 +391,11 @@ func (w *Writer) Close(stats []InterfaceStats) error {
 	}
 	if ferr := w.out.flush(); ferr != nil && err == nil {
 		err = fmt.Errorf("write pcapng: %w", ferr)
+	}
+	if w.async != nil {
+		if aerr := w.async.Close(); aerr != nil && err == nil {
+			err = fmt.Errorf("write pcapng: %w", aerr)
+		}
 	}
 	if w.file != nil {
 		// Only whole blocks are in the file, even after a failed write.

@@ -1,0 +1,95 @@
+package export
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestAsyncFileDoesNotWaitForTheDisk: with the file's reader (here a pipe)
+// stalled, Write returns at once up to the queue's depth; every chunk then
+// arrives, in order, once the reader drains.
+func TestAsyncFileDoesNotWaitForTheDisk(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	a := newAsyncFile(w)
+	var want bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range asyncDepth / 2 { // far beyond the pipe's 64 KiB buffer
+			chunk := bytes.Repeat([]byte{byte(i)}, flushBytes)
+			want.Write(chunk)
+			if _, err := a.Write(chunk); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Write waited for the stalled reader")
+	}
+	got := make(chan []byte)
+	go func() { b, _ := io.ReadAll(r); got <- b }()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if b := <-got; !bytes.Equal(b, want.Bytes()) {
+		t.Errorf("read %d bytes, want the %d written, in order", len(b), want.Len())
+	}
+}
+
+// TestAsyncFileDiskFull: on a full filesystem the error reaches the caller
+// (at a later Write or at Close) and the file holds whole chunks only.
+func TestAsyncFileDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts a small tmpfs")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	f, err := os.Create(filepath.Join(dir, "full"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	a := newAsyncFile(f)
+	chunk := bytes.Repeat([]byte{7}, 48<<10)
+	var werr error
+	for range 64 {
+		if _, werr = a.Write(chunk); werr != nil {
+			break
+		}
+	}
+	cerr := a.Close()
+	for _, err := range []error{werr, cerr} {
+		if err != nil && !errors.Is(err, syscall.ENOSPC) {
+			t.Errorf("error %v, want ENOSPC", err)
+		}
+	}
+	if cerr == nil {
+		t.Fatal("Close reported no error although the disk filled up")
+	}
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size()%int64(len(chunk)) != 0 {
+		t.Errorf("file of %d bytes: a chunk was cut (chunks are %d bytes)", st.Size(), len(chunk))
+	}
+}
