@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/gopacket/gopacket/pcapgo"
 )
@@ -16,9 +17,11 @@ import (
 type readback struct {
 	packets []readPacket
 	ifaces  []pcapgo.NgInterface
+	section pcapgo.NgSectionInfo
 }
 
 type readPacket struct {
+	at          time.Time
 	iface       int
 	data        []byte
 	capLen, len int
@@ -56,7 +59,7 @@ func readFrom(r io.Reader) (readback, error) {
 		if err != nil {
 			return rb, fmt.Errorf("packet %d: %w", len(rb.packets)+1, err)
 		}
-		p := readPacket{iface: ci.InterfaceIndex, data: bytes.Clone(data), capLen: ci.CaptureLength,
+		p := readPacket{at: ci.Timestamp, iface: ci.InterfaceIndex, data: bytes.Clone(data), capLen: ci.CaptureLength,
 			len: ci.Length, comments: opts.Comments}
 		if opts.Flags != nil {
 			p.direction = opts.Flags.Direction
@@ -70,6 +73,7 @@ func readFrom(r io.Reader) (readback, error) {
 		}
 		rb.ifaces = append(rb.ifaces, ifc)
 	}
+	rb.section = ng.SectionInfo()
 	return rb, nil
 }
 

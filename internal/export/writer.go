@@ -5,8 +5,6 @@
 package export
 
 import (
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -15,12 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gopacket/gopacket/layers"
-	"github.com/gopacket/gopacket/pcapgo"
 	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
-	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // ErrLimit is returned by WritePacket once a bound of Limits is reached; the
@@ -73,9 +68,7 @@ type Summary struct {
 // Writer writes one pcapng capture. It is safe for concurrent use.
 type Writer struct {
 	mu     sync.Mutex
-	ng     *pcapgo.NgWriter
-	block  bytes.Buffer // what ng encodes: one block at a time
-	epb    []byte       // the packet block being written
+	block  []byte // the block being written
 	out    blockOut
 	file   *partialFile // nil for a stream
 	async  *asyncFile   // the file's writer; nil for a stream
@@ -142,30 +135,13 @@ func newWriter(dst io.Writer, file bool, ifaces []Interface, lim Limits) (*Write
 		lim:    lim,
 		start:  time.Now(),
 	}
-	section := pcapgo.NgWriterOptions{SectionInfo: pcapgo.NgSectionInfo{
-		Hardware: runtime.GOARCH, OS: kernelName(), Application: "pathtrace",
-	}}
 	snaplen := commonSnaplen(ifaces)
-	ng, err := pcapgo.NewNgWriterInterface(&w.block, ngInterface(ifaces[0], snaplen), section)
-	if err != nil {
-		return nil, fmt.Errorf("pcapng header: %w", err)
+	headers := [][]byte{appendSHB(nil, runtime.GOARCH, kernelName(), "pathtrace")}
+	for _, ifc := range ifaces {
+		headers = append(headers, appendIDB(nil, ifc.Name, ifc.Description, snaplen))
 	}
-	w.ng = ng
-	for _, ifc := range ifaces[1:] {
-		if _, err := ng.AddInterface(ngInterface(ifc, snaplen)); err != nil {
-			return nil, fmt.Errorf("pcapng interface %s: %w", ifc.Name, err)
-		}
-	}
-	if err := ng.Flush(); err != nil {
-		return nil, fmt.Errorf("pcapng header: %w", err)
-	}
-	header := bytes.Clone(w.block.Bytes())
-	w.block.Reset()
-	for len(header) > 0 {
-		n := binary.LittleEndian.Uint32(header[4:8]) // each block's total length
-		w.block.Write(header[:n])
-		header = header[n:]
-		if err := w.commit(""); errors.Is(err, ErrLimit) {
+	for _, h := range headers {
+		if err := w.commitBlock(h, ""); errors.Is(err, ErrLimit) {
 			return nil, fmt.Errorf("%w: the header alone exceeds the maximum of %d bytes", ErrLimit, lim.MaxBytes)
 		} else if err != nil {
 			return nil, err
@@ -175,15 +151,6 @@ func newWriter(dst io.Writer, file bool, ifaces []Interface, lim Limits) (*Write
 		return nil, fmt.Errorf("write pcapng header: %w", err)
 	}
 	return w, nil
-}
-
-func ngInterface(ifc Interface, snaplen int) pcapgo.NgInterface {
-	return pcapgo.NgInterface{
-		Name:        ifc.Name,
-		Description: ifc.Description,
-		LinkType:    layers.LinkTypeEthernet,
-		SnapLength:  uint32(snaplen),
-	}
 }
 
 // commonSnaplen is the snaplen every interface declares: the largest (0 =
@@ -232,8 +199,8 @@ func (w *Writer) WritePacket(iface int, p *capture.Packet, comment string) error
 	case iface < 0 || iface >= len(w.ifaces):
 		return fmt.Errorf("pcapng: no interface %d (have %d)", iface, len(w.ifaces))
 	}
-	w.epb = appendEPB(w.epb[:0], iface, p, w.ifaces[iface].Snaplen, comment)
-	if err := w.commitBlock(w.epb, StopMaxBytes); err != nil {
+	w.block = appendEPB(w.block[:0], iface, p, w.ifaces[iface].Snaplen, comment)
+	if err := w.commitBlock(w.block, StopMaxBytes); err != nil {
 		return err
 	}
 	w.packets++
@@ -241,79 +208,6 @@ func (w *Writer) WritePacket(iface int, p *capture.Packet, comment string) error
 		w.stop = StopMaxPackets
 	}
 	return nil
-}
-
-// pcapng option codes of an enhanced packet block.
-const (
-	optEnd     = 0
-	optComment = 1
-	optFlags   = 2 // epb_flags
-)
-
-// appendEPB appends an enhanced packet block of p on interface iface
-// (timestamps in nanoseconds, as the interface descriptions declare), its
-// frame cut to snaplen (0 = whole), with its direction flag and comment. It
-// is written by hand, not with pcapgo, because it runs for every packet: no
-// allocation, one copy of the frame.
-func appendEPB(b []byte, iface int, p *capture.Packet, snaplen int, comment string) []byte {
-	wire := p.Len + p.TagLen()
-	start := len(b)
-	b = append(b, make([]byte, 28)...)
-	b = p.AppendFrame(b)
-	capLen := len(b) - start - 28
-	if snaplen > 0 && capLen > snaplen {
-		b, capLen = b[:start+28+snaplen], snaplen
-	}
-	for len(b)%4 != 0 {
-		b = append(b, 0)
-	}
-	b = binary.LittleEndian.AppendUint16(b, optFlags)
-	b = binary.LittleEndian.AppendUint16(b, 4)
-	b = binary.LittleEndian.AppendUint32(b, uint32(direction(p.Dir)))
-	if comment != "" {
-		b = binary.LittleEndian.AppendUint16(b, optComment)
-		b = binary.LittleEndian.AppendUint16(b, uint16(min(len(comment), 0xffff)))
-		b = append(b, comment[:min(len(comment), 0xffff)]...)
-		for len(b)%4 != 0 {
-			b = append(b, 0)
-		}
-	}
-	b = binary.LittleEndian.AppendUint32(b, optEnd) // code and length 0
-	total := uint32(len(b) - start + 4)
-	b = binary.LittleEndian.AppendUint32(b, total)
-	ts := uint64(p.Time.UnixNano())
-	h := b[start:]
-	binary.LittleEndian.PutUint32(h[0:], ngBlockEnhancedPacket)
-	binary.LittleEndian.PutUint32(h[4:], total)
-	binary.LittleEndian.PutUint32(h[8:], uint32(iface))
-	binary.LittleEndian.PutUint32(h[12:], uint32(ts>>32))
-	binary.LittleEndian.PutUint32(h[16:], uint32(ts))
-	binary.LittleEndian.PutUint32(h[20:], uint32(capLen))
-	binary.LittleEndian.PutUint32(h[24:], uint32(max(wire, capLen)))
-	return b
-}
-
-// ngBlockEnhancedPacket is the pcapng block type of a packet.
-const ngBlockEnhancedPacket = 6
-
-func direction(d obs.Dir) pcapgo.NgEpbFlag {
-	switch d {
-	case obs.DirIn:
-		return pcapgo.NgEpbFlagDirectionInbound
-	case obs.DirOut:
-		return pcapgo.NgEpbFlagDirectionOutbound
-	}
-	return pcapgo.NgEpbFlagDirectionUnknown
-}
-
-// commit outputs the block ng just encoded when it fits under MaxBytes;
-// otherwise it drops it, records stop (when not empty) and returns ErrLimit.
-func (w *Writer) commit(stop string) error {
-	defer w.block.Reset()
-	if err := w.ng.Flush(); err != nil {
-		return fmt.Errorf("pcapng: encode: %w", err)
-	}
-	return w.commitBlock(w.block.Bytes(), stop)
 }
 
 // commitBlock outputs one encoded block when it fits under MaxBytes;
@@ -407,14 +301,8 @@ func (w *Writer) Close(stats []InterfaceStats) error {
 func (w *Writer) writeStats(stats []InterfaceStats) error {
 	now := time.Now()
 	for i, s := range stats[:min(len(stats), len(w.ifaces))] {
-		if err := w.ng.WriteInterfaceStats(i, pcapgo.NgInterfaceStatistics{
-			LastUpdate: now, StartTime: w.start, EndTime: now,
-			PacketsReceived: s.Received, PacketsDropped: s.Dropped,
-		}); err != nil {
-			w.block.Reset()
-			return fmt.Errorf("pcapng: encode statistics: %w", err)
-		}
-		if err := w.commit(""); errors.Is(err, ErrLimit) {
+		w.block = appendISB(w.block[:0], i, w.start, now, s.Received, s.Dropped)
+		if err := w.commitBlock(w.block, ""); errors.Is(err, ErrLimit) {
 			return nil // no room left: the statistics are optional
 		} else if err != nil {
 			return err

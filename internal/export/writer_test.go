@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -88,6 +89,12 @@ func TestRoundTrip(t *testing.T) {
 	}
 	for i, wp := range pkts {
 		checkPacket(t, i, rb.packets[i], wp)
+		if !rb.packets[i].at.Equal(wp.p.Time) {
+			t.Errorf("packet %d at %s, written at %s (nanosecond timestamps)", i, rb.packets[i].at, wp.p.Time)
+		}
+	}
+	if si := rb.section; si.Application != "pathtrace" || si.Hardware == "" || !strings.HasPrefix(si.OS, "Linux") {
+		t.Errorf("section header %+v: want the application, hardware and OS", si)
 	}
 }
 
