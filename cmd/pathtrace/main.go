@@ -19,10 +19,10 @@ const (
 
 // memoryLimit is the Go runtime's soft limit: on a busy node pathtrace
 // collects garbage sooner rather than grow. With the binary's pages, the
-// event ring and three 2 MiB capture rings (about 20 MiB, bounded on their
+// event ring and three 4 MiB capture rings (about 24 MiB, bounded on their
 // own) it keeps the process under 64 MiB at the default --max-flows; a much
 // larger --max-flows needs GOMEMLIMIT raised, or the collector runs often.
-const memoryLimit = 44 << 20
+const memoryLimit = 42 << 20
 
 func main() {
 	// The lab re-executes this binary for its servers and client processes.

@@ -18,7 +18,7 @@ import (
 // Defaults and bounds of a tap.
 const (
 	DefaultSnaplen   = 96      // as `tcpdump -s 96`
-	DefaultRingBytes = 2 << 20 // 2 MiB per tap, as tcpdump's default buffer
+	DefaultRingBytes = 4 << 20 // 4 MiB per tap
 	MinRingBytes     = 16 << 10
 	MaxRingBytes     = 256 << 20
 	maxBlockBytes    = 128 << 10 // many small blocks: a quiet tap retires a block per packet burst
