@@ -215,6 +215,32 @@ struct pt_tuple {
 	__u8 tcp_flags;
 };
 
+#define ETH_P_IP 0x0800
+#define ETH_P_8021Q 0x8100
+#define ETH_P_8021AD 0x88A8
+
+/* pt_parse_l4 fills t's ports and TCP flags from the first bytes of the L4
+ * header (at least 14 of them for TCP, 8 for UDP). */
+static __always_inline void pt_parse_l4(struct pt_tuple *t, const __u8 *l4, __u32 len)
+{
+	if ((t->proto == IPPROTO_TCP && len >= 14) || (t->proto == IPPROTO_UDP && len >= 8)) {
+		t->sport = *(const __u16 *)&l4[0];
+		t->dport = *(const __u16 *)&l4[2];
+		if (t->proto == IPPROTO_TCP)
+			t->tcp_flags = l4[13];
+	}
+}
+
+static __always_inline void pt_parse_ip(struct pt_tuple *t, const struct iphdr *ip)
+{
+	t->saddr = ip->saddr;
+	t->daddr = ip->daddr;
+	t->proto = ip->protocol;
+	t->sport = 0;
+	t->dport = 0;
+	t->tcp_flags = 0;
+}
+
 /* pt_load_ipv4 reads the IPv4 header at off in skb (and the L4 ports after it).
  * Returns 0 on success, -1 when the packet is not IPv4 or is too short. */
 static __always_inline int pt_load_ipv4(struct __sk_buff *skb, __u32 off, struct pt_tuple *t)
@@ -222,30 +248,70 @@ static __always_inline int pt_load_ipv4(struct __sk_buff *skb, __u32 off, struct
 	struct iphdr ip;
 	if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0 || ip.version != 4)
 		return -1;
-	t->saddr = ip.saddr;
-	t->daddr = ip.daddr;
-	t->proto = ip.protocol;
-	t->sport = 0;
-	t->dport = 0;
-	t->tcp_flags = 0;
+	pt_parse_ip(t, &ip);
 	if (ip.frag_off & bpf_htons(0x1fff)) /* not the first fragment */
 		return 0;
 	off += ip.ihl * 4;
-	if (ip.protocol == IPPROTO_TCP) {
-		struct tcphdr tcp;
-		if (bpf_skb_load_bytes(skb, off, &tcp, sizeof(tcp)) == 0) {
-			t->sport = tcp.source;
-			t->dport = tcp.dest;
-			t->tcp_flags = ((__u8 *)&tcp)[13];
-		}
-	} else if (ip.protocol == IPPROTO_UDP) {
-		struct udphdr udp;
-		if (bpf_skb_load_bytes(skb, off, &udp, sizeof(udp)) == 0) {
-			t->sport = udp.source;
-			t->dport = udp.dest;
-		}
-	}
+	__u8 l4[14];
+	if (ip.protocol == IPPROTO_TCP && bpf_skb_load_bytes(skb, off, l4, 14) == 0)
+		pt_parse_l4(t, l4, 14);
+	else if (ip.protocol == IPPROTO_UDP && bpf_skb_load_bytes(skb, off, l4, 8) == 0)
+		pt_parse_l4(t, l4, 8);
 	return 0;
+}
+
+/* An untagged Ethernet frame's headers up to the TCP flags, when the IPv4
+ * header has no options: what most packets carry, read with one helper
+ * call into eth, ip and l4, which are contiguous (the leading pad aligns the
+ * IP header). */
+struct pt_frame_head {
+	__u8 _pad[2];
+	struct ethhdr eth;
+	struct iphdr ip;
+	__u8 l4[14];
+};
+
+#define PT_FRAME_HEAD_LEN (sizeof(struct ethhdr) + sizeof(struct iphdr) + 14)
+_Static_assert(__builtin_offsetof(struct pt_frame_head, l4) == 2 + PT_FRAME_HEAD_LEN - 14,
+	       "eth, ip and l4 of struct pt_frame_head must be contiguous");
+
+/* pt_load_frame reads an Ethernet frame's IPv4 tuple: in one read when the
+ * frame is untagged and its IP header has no options (nor is a later
+ * fragment), else header by header, skipping up to two in-band VLAN tags
+ * (after the kernel moved the outer one out of band, if it did). It reports
+ * the first in-band tag in *tci / *tpid (0 when none). Returns 0 for an IPv4
+ * packet, -1 otherwise. */
+static __always_inline int pt_load_frame(struct __sk_buff *skb, struct pt_tuple *t, __u16 *tci, __u16 *tpid)
+{
+	struct pt_frame_head h;
+	*tci = *tpid = 0;
+	long full = bpf_skb_load_bytes(skb, 0, &h.eth, PT_FRAME_HEAD_LEN);
+	if (full < 0 && bpf_skb_load_bytes(skb, 0, &h.eth, sizeof(h.eth)) < 0)
+		return -1;
+	if (full == 0 && h.eth.h_proto == bpf_htons(ETH_P_IP) && h.ip.version == 4 && h.ip.ihl == 5 &&
+	    !(h.ip.frag_off & bpf_htons(0x1fff))) {
+		pt_parse_ip(t, &h.ip);
+		pt_parse_l4(t, h.l4, sizeof(h.l4));
+		return 0;
+	}
+	__u32 off = sizeof(h.eth);
+	__u16 proto = h.eth.h_proto;
+	for (int i = 0; i < 2; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+		struct vlan_hdr vh;
+		if (bpf_skb_load_bytes(skb, off, &vh, sizeof(vh)) < 0)
+			return -1;
+		if (i == 0) {
+			*tci = bpf_ntohs(vh.h_vlan_TCI);
+			*tpid = bpf_ntohs(proto);
+		}
+		proto = vh.h_vlan_encapsulated_proto;
+		off += sizeof(vh);
+	}
+	if (proto != bpf_htons(ETH_P_IP))
+		return -1;
+	return pt_load_ipv4(skb, off, t);
 }
 
 /* pt_interesting is every packet observer's test: a watched address on

@@ -6,11 +6,6 @@
  * with no user-space round trip. It only reads. */
 #include "observe.h"
 
-#define ETH_P_IP 0x0800
-#define ETH_P_8021Q 0x8100
-#define ETH_P_8021AD 0x88A8
-#define MAX_VLAN_TAGS 2
-
 /* Bytes kept per accepted frame; set at load time. */
 volatile const __u32 tap_snaplen = 96;
 
@@ -20,24 +15,9 @@ volatile const __u32 tap_snaplen = 96;
 SEC("socket")
 int pt_tap_filter(struct __sk_buff *skb)
 {
-	__u32 off = 12; /* EtherType */
-	__u16 proto;
-	if (bpf_skb_load_bytes(skb, off, &proto, sizeof(proto)) < 0)
-		return 0;
-	off += sizeof(proto);
-	for (int i = 0; i < MAX_VLAN_TAGS; i++) {
-		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
-			break;
-		/* TCI, then the next EtherType. */
-		if (bpf_skb_load_bytes(skb, off + 2, &proto, sizeof(proto)) < 0)
-			return 0;
-		off += 4;
-	}
-	if (proto != bpf_htons(ETH_P_IP))
-		return 0;
-
 	struct pt_tuple t;
-	if (pt_load_ipv4(skb, off, &t) < 0 || !pt_interesting(&t))
+	__u16 tci, tpid;
+	if (pt_load_frame(skb, &t, &tci, &tpid) < 0 || !pt_interesting(&t))
 		return 0;
 	return tap_snaplen;
 }

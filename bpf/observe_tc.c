@@ -3,10 +3,6 @@
  * (the program that may rewrite the packet) always runs. */
 #include "observe.h"
 
-#define ETH_P_IP 0x0800
-#define ETH_P_8021Q 0x8100
-#define ETH_P_8021AD 0x88A8
-
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
 /* learn: this observer is the first to see a flow from the Pod (head of
@@ -14,34 +10,14 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
  * address for the points after a possible rewrite. */
 static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8 dir, bool learn)
 {
-	struct ethhdr eth;
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+	struct pt_tuple t;
+	__u16 vlan_tci, vlan_proto;
+	if (pt_load_frame(skb, &t, &vlan_tci, &vlan_proto) < 0)
 		return TCX_NEXT;
-
-	__u32 off = sizeof(eth);
-	__u16 proto = bpf_ntohs(eth.h_proto);
-	__u16 vlan_tci = 0, vlan_proto = 0;
-	if (skb->vlan_present) { /* tag carried out of band */
+	if (skb->vlan_present) { /* the outer tag, carried out of band */
 		vlan_tci = skb->vlan_tci;
 		vlan_proto = bpf_ntohs(skb->vlan_proto);
 	}
-	if (proto == ETH_P_8021Q || proto == ETH_P_8021AD) { /* one in-band tag */
-		struct vlan_hdr vh;
-		if (bpf_skb_load_bytes(skb, off, &vh, sizeof(vh)) < 0)
-			return TCX_NEXT;
-		if (!vlan_proto) {
-			vlan_tci = bpf_ntohs(vh.h_vlan_TCI);
-			vlan_proto = proto;
-		}
-		proto = bpf_ntohs(vh.h_vlan_encapsulated_proto);
-		off += sizeof(vh);
-	}
-	if (proto != ETH_P_IP)
-		return TCX_NEXT;
-
-	struct pt_tuple t;
-	if (pt_load_ipv4(skb, off, &t) < 0)
-		return TCX_NEXT;
 	if (learn && pt_watched(t.daddr))
 		pt_learn_client(t.saddr, t.sport, t.proto);
 	if (!pt_interesting(&t) || !pt_within_budget(&t, point, dir))

@@ -1,0 +1,98 @@
+package probe
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// frameOpts shapes a test frame for the taps' filter.
+type frameOpts struct {
+	tags      []uint16 // in-band tag TPIDs, outer first
+	ipOptions int      // 4-byte words of IP options
+	proto     uint8
+	fragment  bool // a later fragment (no L4 header)
+	payload   int
+	etherType uint16 // 0: IPv4
+}
+
+// testFrame is an Ethernet frame from 10.244.8.23:40000 to dst.
+func testFrame(dst netip.AddrPort, o frameOpts) []byte {
+	f := make([]byte, 12) // MAC addresses
+	for _, tpid := range o.tags {
+		f = binary.BigEndian.AppendUint16(f, tpid)
+		f = binary.BigEndian.AppendUint16(f, 200)
+	}
+	if o.etherType != 0 {
+		return append(binary.BigEndian.AppendUint16(f, o.etherType), make([]byte, 28)...)
+	}
+	f = binary.BigEndian.AppendUint16(f, 0x0800)
+	l4 := 8
+	if o.proto == 6 {
+		l4 = 20
+	}
+	ihl := 5 + o.ipOptions
+	total := ihl*4 + l4 + o.payload
+	ip := []byte{byte(0x40 | ihl), 0, byte(total >> 8), byte(total), 0, 0, 0, 0, 64, o.proto, 0, 0, 10, 244, 8, 23}
+	if o.fragment {
+		ip[6], ip[7] = 0x00, 0x10 // offset 128 bytes
+	}
+	d := dst.Addr().As4()
+	ip = append(ip, d[:]...)
+	ip = append(ip, make([]byte, o.ipOptions*4)...)
+	hdr := binary.BigEndian.AppendUint16(nil, 40000)
+	hdr = binary.BigEndian.AppendUint16(hdr, dst.Port())
+	hdr = append(hdr, make([]byte, l4-4)...)
+	if o.proto == 6 {
+		hdr[13] = 0x02 // SYN
+	}
+	return append(append(append(f, ip...), hdr...), make([]byte, o.payload)...)
+}
+
+// TestTapFilterFrames runs the taps' eBPF filter on crafted frames: every
+// shape of a watched packet is kept (snaplen), anything else is dropped (0).
+func TestTapFilterFrames(t *testing.T) {
+	needRoot(t)
+	vip := netip.MustParseAddrPort("10.120.0.10:53")
+	other := netip.MustParseAddrPort("10.0.0.9:53")
+	p, _ := startProbe(t, vip.Addr())
+	const snaplen = 96
+	prog, err := p.TapFilter(snaplen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const udp, tcp = 17, 6
+	for _, tc := range []struct {
+		name string
+		dst  netip.AddrPort
+		o    frameOpts
+		keep bool
+	}{
+		{"UDP to the VIP", vip, frameOpts{proto: udp, payload: 64}, true},
+		{"UDP elsewhere", other, frameOpts{proto: udp, payload: 64}, false},
+		{"TCP SYN to the VIP", vip, frameOpts{proto: tcp}, true},
+		{"short UDP to the VIP (no payload)", vip, frameOpts{proto: udp}, true},
+		{"IP options, to the VIP", vip, frameOpts{proto: udp, ipOptions: 2, payload: 8}, true},
+		{"IP options, elsewhere", other, frameOpts{proto: udp, ipOptions: 2, payload: 8}, false},
+		{"later fragment to the VIP", vip, frameOpts{proto: udp, fragment: true, payload: 64}, true},
+		{"802.1Q to the VIP", vip, frameOpts{tags: []uint16{0x8100}, proto: udp, payload: 64}, true},
+		{"QinQ to the VIP", vip, frameOpts{tags: []uint16{0x88a8, 0x8100}, proto: udp, payload: 64}, true},
+		{"three tags to the VIP", vip, frameOpts{tags: []uint16{0x88a8, 0x8100, 0x8100}, proto: udp, payload: 64}, false},
+		{"802.1Q elsewhere", other, frameOpts{tags: []uint16{0x8100}, proto: udp, payload: 64}, false},
+		{"ARP", vip, frameOpts{etherType: 0x0806}, false},
+	} {
+		// A socket filter's test run starts after the MAC header it pulls:
+		// an outer header in front leaves the frame where a packet socket
+		// sees it, at its own MAC header.
+		outer := append(make([]byte, 12), 0x08, 0x00)
+		ret, err := prog.Run(&ebpf.RunOptions{Data: append(outer, testFrame(tc.dst, tc.o)...)})
+		if err != nil {
+			t.Fatalf("%s: test run: %v", tc.name, err)
+		}
+		if want := map[bool]uint32{true: snaplen, false: 0}[tc.keep]; ret != want {
+			t.Errorf("%s: filter returned %d, want %d", tc.name, ret, want)
+		}
+	}
+}
