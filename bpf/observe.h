@@ -160,11 +160,16 @@ static __always_inline bool pt_client_key(struct pt_client *k, __u32 addr, __u16
 	return true;
 }
 
+/* pt_learn_client adds a client endpoint to watch_clients. Every packet of a
+ * flow to a watched address comes here: a lookup (which also keeps the entry
+ * recent in the LRU) is far cheaper than an update, which only the first one
+ * needs. */
 static __always_inline void pt_learn_client(__u32 addr, __u16 port, __u8 proto)
 {
 	struct pt_client k;
 	__u8 one = 1;
-	if (pt_client_key(&k, addr, port, proto) && bpf_map_update_elem(&watch_clients, &k, &one, BPF_ANY))
+	if (pt_client_key(&k, addr, port, proto) && !bpf_map_lookup_elem(&watch_clients, &k) &&
+	    bpf_map_update_elem(&watch_clients, &k, &one, BPF_ANY))
 		pt_count_learn_error();
 }
 
