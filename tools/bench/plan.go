@@ -183,6 +183,9 @@ func (b *bench) window(ctx context.Context, tool string, argv []string, rate int
 			return run, err
 		}
 		run.Cap.WindowCPU = c1 - c0
+		if st, err := os.Stat(captureFile(argv)); err == nil {
+			run.Cap.FileBytes = uint64(st.Size())
+		}
 	}
 	return run, nil
 }

@@ -65,21 +65,21 @@ type printer func(format string, a ...any)
 func (b *bench) captureSection(p printer, res *results) {
 	p("## 1. Capture of matching traffic\n\n")
 	p("pathtrace captures at three points (`pod:eth0`, `host:%s`, `uplink:%s`), tcpdump at one (`%s`).\n\n", lab.HostVeth, lab.Uplink, lab.Uplink)
-	p("| offered | tool | sent pps | wire pkts %s | captured, all points | captured on %s | kernel drops | other losses | BPF observer events | process CPU | CPU s/M captured | CPU s/M wire | system CPU s/M wire | peak RSS |\n", lab.Uplink, lab.Uplink)
-	p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| offered | tool | sent pps | wire pkts %s | captured, all points | captured on %s | kernel drops | other losses | BPF observer events | file bytes per captured packet | process CPU | CPU s/M captured | CPU s/M wire | system CPU s/M wire | peak RSS |\n", lab.Uplink, lab.Uplink)
+	p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range res.Capture {
 		wire := r.Wire[lab.Uplink]
 		row := fmt.Sprintf("| %s | %s | %s | %s |", rateName(r.Rate), r.Tool, count(r.sentPPS()), count(float64(wire)))
 		if r.Cap == nil {
-			row += " – | – | – | – | – | – | – | – |"
+			row += " – | – | – | – | – | – | – | – | – |"
 		} else {
 			c := r.Cap
 			events := "–"
 			if r.Tool == toolPathtrace {
 				events = count(float64(c.Events))
 			}
-			row += fmt.Sprintf(" %s | %s | %d | %d | %s | %.2f s (%.0f%%) | %s | %s |", count(float64(c.totalCaptured())), count(float64(uplinkCount(c.Captured))),
-				c.totalDrops(), c.OtherLosses, events, c.WindowCPU.Seconds(), 100*c.WindowCPU.Seconds()/r.Window.Seconds(),
+			row += fmt.Sprintf(" %s | %s | %d | %d | %s | %s | %.2f s (%.0f%%) | %s | %s |", count(float64(c.totalCaptured())), count(float64(uplinkCount(c.Captured))),
+				c.totalDrops(), c.OtherLosses, events, bytesPer(c.FileBytes, c.totalCaptured()), c.WindowCPU.Seconds(), 100*c.WindowCPU.Seconds()/r.Window.Seconds(),
 				perMillion(c.WindowCPU, c.totalCaptured()), perMillion(c.WindowCPU, wire))
 		}
 		row += fmt.Sprintf(" %s |", perMillion(r.SysBusy, wire))
@@ -280,7 +280,18 @@ func (b *bench) limitsSection(p printer, res *results) {
 	p("- The machine has **%d cores** for everything: the generator thread (and the softirqs it runs), the backend's Go echo server, and the capture process. At the top rates the capture competes with traffic for CPU, so drops and offered-vs-sent gaps there measure CPU starvation as much as capture efficiency; the offered rates are only reached while a core is left over.\n", runtime.NumCPU())
 	p("- System CPU is read in 10 ms steps over a %s window and includes everything else the machine did meanwhile (see the load average): at the low rates its per-packet figures are mostly background. Short runs also keep the pcapng writer's page cache warm; disk speed is not measured. Runs are sequential, so at the top rates each tool sees the traffic its own overhead leaves: compare per-packet figures there, not totals.\n", b.cfg.window+settle)
 	p("- The capture cost that runs in softirq (the eBPF/classic socket filter, the copy into the ring, pathtrace's tcx observers and their ring-buffer events) is charged to whichever task is on the CPU, usually the sender: it shows only in the *system CPU* columns, not in the process CPU.\n")
-	p("- pathtrace keeps %d-byte snaps at three points and writes each packet with a per-packet comment (flow id, before/after translation, verdict); tcpdump keeps one point, no comment.\n", 96)
+	p("- pathtrace keeps %d-byte snaps at three points and writes each packet with a per-packet comment (flow id, before/after translation, verdict); tcpdump keeps one point, no comment.", 96)
+	for _, g := range groupByRate(res.Capture) {
+		if g.rate != 0 {
+			continue
+		}
+		td, pt := g.tcpdump.Cap, g.pathtrace.Cap
+		p(" At the maximum rate its file holds %s bytes per packet against tcpdump's %s: the process CPU of both includes writing them (`write(2)` copies every byte into the page cache), so the larger blocks alone keep its CPU per packet above tcpdump's.",
+			bytesPer(pt.FileBytes, pt.totalCaptured()), bytesPer(td.FileBytes, td.totalCaptured()))
+	}
+	p("\n")
+	p("- In the kernel, an AF_PACKET tap clones every frame its device transmits before its filter runs, and copies what the filter keeps; pathtrace has three taps where tcpdump has one, and its socket, tc and netfilter observers run on the traced packets too (reporting the first packets of each flow). That is the cost the traced system sees: the connect() and throughput ratios above, with tcpdump's own connect() ratio as the reference for one tap.\n")
+	p("- The machine is a virtual machine whose speed varies from minute to minute (other tenants): the overhead runs alternate with and without pathtrace for that reason, and two runs of the same build differ by tens of percent in the ratios.\n")
 }
 
 // rateGroup is the three runs at one offered rate.
@@ -400,6 +411,14 @@ func count(v float64) string {
 		return fmt.Sprintf("%.1fk", v/1e3)
 	}
 	return fmt.Sprintf("%.0f", v)
+}
+
+// bytesPer is a file's size per packet it holds (headers included).
+func bytesPer(size, pkts uint64) string {
+	if pkts == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", float64(size)/float64(pkts))
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

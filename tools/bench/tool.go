@@ -35,6 +35,7 @@ type captureResult struct {
 	WindowCPU    time.Duration     // utime+stime during the measured window
 	TotalCPU     time.Duration     // utime+stime over the whole life (rusage)
 	PeakRSS      uint64            // bytes, rusage maxrss (VmHWM) over the whole life
+	FileBytes    uint64            // size of the capture file it wrote
 }
 
 func (c *captureResult) totalCaptured() uint64 { return sum(c.Captured) }
