@@ -11,7 +11,6 @@ package capture
 
 import (
 	"encoding/binary"
-	"net"
 	"net/netip"
 	"time"
 
@@ -183,8 +182,8 @@ func (p *Packet) decode() (l decoded, ok bool) {
 
 // Observation decodes the frame (see Tuple) into an observation. An
 // out-of-band tag takes precedence over in-band ones (it is the outer one).
-// Ifname and NetNS are the caller's to fill in; the MAC addresses are
-// copied, so the observation may outlive Data.
+// Ifname and NetNS are the caller's to fill in; the observation may outlive
+// Data.
 func (p *Packet) Observation(point obs.Point) (obs.Observation, bool) {
 	l, ok := p.decode()
 	if !ok {
@@ -202,8 +201,6 @@ func (p *Packet) Observation(point obs.Point) (obs.Observation, bool) {
 	if p.VLANOutOfBand {
 		o.VLAN, o.TPID = p.VLAN, p.TPID
 	}
-	macs := make(net.HardwareAddr, 12)
-	copy(macs, p.Data[:12])
-	o.DstMAC, o.SrcMAC = macs[0:6:6], macs[6:12:12]
+	o.DstMAC, o.SrcMAC = obs.MAC(p.Data[0:6]), obs.MAC(p.Data[6:12])
 	return o, true
 }

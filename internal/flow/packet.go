@@ -64,25 +64,28 @@ func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
 	return true
 }
 
-// Stamp changes whenever the Ref of a handle may have changed: a caller
-// keeps what it made of a Ref (a packet comment) while the stamp holds. The
-// zero Stamp is never the stamp of a live flow.
-type Stamp struct{ evidence, gen uint64 }
-
-// RefOf is Classify for the packets of h, and the Stamp it is valid for.
-// Refused flows have no Ref (false).
-func (e *Engine) RefOf(h Handle) (Ref, Stamp, bool) {
-	if h.f == nil || h.f.merged {
-		return Ref{}, Stamp{}, false
+// CommentOf is the pcapng comment of the packets of h (Ref.Comment), made
+// once per flow and kind (request or reply, before or after translation)
+// while the flow's verdict holds: every packet of a flow at every capture
+// point shares it. False for a refused flow or one merged into another.
+func (e *Engine) CommentOf(h Handle) (string, bool) {
+	f := h.f
+	if f == nil || f.merged {
+		return "", false
 	}
-	r := e.ref(h.f, h.reply, h.translated)
-	return r, e.StampOf(h), true
-}
-
-// StampOf is the current stamp of h's flow.
-func (e *Engine) StampOf(h Handle) Stamp {
-	if h.f == nil || h.f.merged {
-		return Stamp{}
+	if f.commentsEvidence != f.evidence || f.commentsGen != e.gen {
+		f.comments = [4]string{}
+		f.commentsEvidence, f.commentsGen = f.evidence, e.gen
 	}
-	return Stamp{h.f.evidence, e.gen + 1}
+	i := 0
+	if h.reply {
+		i |= 1
+	}
+	if h.translated {
+		i |= 2
+	}
+	if f.comments[i] == "" {
+		f.comments[i] = e.ref(f, h.reply, h.translated).Comment()
+	}
+	return f.comments[i], true
 }

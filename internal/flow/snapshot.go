@@ -38,9 +38,9 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	case f.uplink.seen:
 		vlan := f.uplink.vlan
 		out.VLAN = &vlan
-		if len(f.uplink.dstMAC) > 0 {
+		if !f.uplink.dstMAC.IsZero() {
 			out.UplinkDstMAC = f.uplink.dstMAC.String()
-			out.UplinkDstIsGateway = e.isGateway(f.uplink.dstMAC)
+			out.UplinkDstIsGateway = e.isGateway(f.uplink.dstMAC[:])
 		}
 	case f.uplinkReply.seen:
 		vlan := f.uplinkReply.vlan

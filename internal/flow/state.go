@@ -1,7 +1,6 @@
 package flow
 
 import (
-	"net"
 	"net/netip"
 	"sort"
 	"time"
@@ -78,7 +77,7 @@ type uplinkFrame struct {
 	seen   bool
 	at     time.Time
 	vlan   uint16
-	dstMAC net.HardwareAddr
+	dstMAC obs.MAC
 }
 
 func (u *uplinkFrame) note(o obs.Observation) {
@@ -86,7 +85,7 @@ func (u *uplinkFrame) note(o obs.Observation) {
 		return
 	}
 	u.seen, u.at, u.vlan = true, o.Time, o.VLAN
-	u.dstMAC = append(u.dstMAC[:0], o.DstMAC...)
+	u.dstMAC = o.DstMAC
 }
 
 // flowState is the engine's record of one flow.
@@ -126,6 +125,10 @@ type flowState struct {
 	evidence uint64
 	// merged: absorbed into another flow; handles to it are stale.
 	merged bool
+	// comments are the pcapng comments of its packets by kind (CommentOf),
+	// valid while evidence and the engine's gen are as recorded.
+	comments                      [4]string
+	commentsEvidence, commentsGen uint64
 }
 
 // evidenceChanged drops the cached verdict.

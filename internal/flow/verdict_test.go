@@ -231,7 +231,7 @@ func TestUplinkFrame(t *testing.T) {
 	}{{gw, 200, true}, {stranger, 0, false}} {
 		e := flow.NewEngine(cfg)
 		o := req(0, obs.PointUplink, obs.DirOut, vip)
-		o.DstMAC, o.VLAN = tt.mac, tt.vlan
+		o.DstMAC, o.VLAN = obs.MAC(tt.mac), tt.vlan
 		e.Add(o)
 		f := only(t, e)
 		if f.VLAN == nil || *f.VLAN != tt.vlan || f.UplinkDstMAC != tt.mac.String() || f.UplinkDstIsGateway != tt.isGW {

@@ -115,6 +115,15 @@ const (
 	SockSendmsg SockKind = 2
 )
 
+// MAC is an Ethernet address, kept by value (no allocation per packet); the
+// zero MAC means not known.
+type MAC [6]byte
+
+// IsZero tells whether m is unknown.
+func (m MAC) IsZero() bool { return m == MAC{} }
+
+func (m MAC) String() string { return net.HardwareAddr(m[:]).String() }
+
 // Observation is one thing seen at one point. Zero values mean "not known".
 type Observation struct {
 	Time  time.Time // wall clock
@@ -141,8 +150,8 @@ type Observation struct {
 	Len      int    // bytes on the wire (captured frames: original length)
 	VLAN     uint16 // VLAN ID (0 = untagged)
 	TPID     uint16 // 0x8100 or 0x88a8 when tagged
-	SrcMAC   net.HardwareAddr
-	DstMAC   net.HardwareAddr
+	SrcMAC   MAC
+	DstMAC   MAC
 	TCPFlags uint8
 
 	// PointConntrack.

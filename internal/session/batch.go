@@ -2,6 +2,7 @@ package session
 
 import (
 	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
@@ -23,7 +24,8 @@ type batch struct {
 type frame struct {
 	pkt    capture.Packet // Data points into the batch's data once sealed
 	off, n int            // where in data
-	class  *packetClass   // nil: not (yet) a packet of a known flow
+	h      flow.Handle    // the flow counter it went to, when known
+	known  bool
 }
 
 // A batch is handed over when it reaches maxBatch frames or maxBatchBytes of
@@ -68,7 +70,10 @@ func (tr *tracer) newBatch(tap int) *batch {
 	select {
 	case b = <-tr.free:
 	default:
-		b = &batch{frames: make([]frame, 0, maxBatch)}
+		b = &batch{}
+	}
+	if tap >= 0 && b.frames == nil {
+		b.frames = make([]frame, 0, maxBatch)
 	}
 	b.tap = tap
 	return b
@@ -79,7 +84,7 @@ func (tr *tracer) putBatch(b *batch) {
 	if cap(b.data) > 2*maxBatchBytes || cap(b.obs) > maxObs {
 		return // grown by unusually large frames: let it go
 	}
-	clear(b.frames) // drop the references to classes
+	clear(b.frames) // drop the references to flows
 	clear(b.obs)
 	b.frames, b.data, b.obs, b.next = b.frames[:0], b.data[:0], b.obs[:0], 0
 	select {

@@ -1,11 +1,14 @@
 package session
 
 import (
+	"encoding/binary"
 	"io"
+	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
@@ -35,4 +38,69 @@ func BenchmarkConsume(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/frame")
+}
+
+// BenchmarkNewFlow is the user-space cost of one short TCP connection to the
+// VIP, as the connect() latency benchmark makes them: the socket observers'
+// events and 4 packets (SYN, SYN-ACK, ACK, RST) at each of two capture
+// points, written with their comments; handed over in batches of 64
+// connections, as ring blocks and ring-buffer reads do. Every flow is new.
+func BenchmarkNewFlow(b *testing.B) {
+	tr := testTracer(b, io.Discard)
+	tcpVIP := netip.AddrPortFrom(vip.Addr(), 80)
+	tr.eng = flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: tcpVIP.Addr(), Port: tcpVIP.Port(), Proto: obs.TCP}}, MaxFlows: b.N + 1})
+	frames := [][]byte{tcpFrame(b, client, tcpVIP), tcpFrame(b, tcpVIP, client), tcpFrame(b, client, tcpVIP), tcpFrame(b, client, tcpVIP)}
+	const perBatch = 64
+	b.ReportAllocs()
+	b.ResetTimer()
+	at := base
+	for start := 0; start < b.N; start += perBatch {
+		ob := tr.newBatch(-1)
+		fbs := []*batch{tr.newBatch(0), tr.newBatch(1)}
+		for i := start; i < min(start+perBatch, b.N); i++ {
+			c := netip.AddrPortFrom(client.Addr(), uint16(1024+i%60000))
+			at = at.Add(50 * time.Microsecond)
+			cookie := uint64(i + 1)
+			ob.obs = append(ob.obs,
+				obs.Observation{Time: at, Point: obs.PointSockAddr, Kind: obs.SockConnect, Proto: obs.TCP, Src: netip.AddrPortFrom(client.Addr(), 0), Dst: tcpVIP, ReqDst: tcpVIP, Cookie: cookie, PID: 42, Comm: "client", Cgroup: 7},
+				obs.Observation{Time: at, Point: obs.PointSockState, Proto: obs.TCP, Src: c, Dst: tcpVIP, Cookie: cookie, PID: 42, Comm: "client"},
+				obs.Observation{Time: at, Point: obs.PointSockEgress, Proto: obs.TCP, Src: c, Dst: tcpVIP, Cookie: cookie, TCPFlags: 0x02},
+			)
+			for k, f := range frames {
+				dir := obs.DirOut
+				if k == 1 {
+					setPorts(f, 80, c.Port())
+					dir = obs.DirIn
+				} else {
+					setPorts(f, c.Port(), 80)
+				}
+				for tap, fb := range fbs {
+					fb.add(&capture.Packet{Time: at.Add(time.Duration(k*5+tap) * time.Microsecond), Dir: dir, Len: len(f), CapLen: len(f), Data: f})
+				}
+			}
+		}
+		tr.consume(ob)
+		for _, fb := range fbs {
+			fb.seal()
+			if reason := tr.consume(fb); reason != "" {
+				b.Fatal(reason)
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/flow")
+}
+
+// tcpFrame is an Ethernet/IPv4/TCP frame.
+func tcpFrame(t testing.TB, src, dst netip.AddrPort) []byte {
+	t.Helper()
+	f := udpFrame(t, src, dst)
+	f[14+9] = 6 // protocol TCP; the UDP header's place holds the ports
+	return append(f, make([]byte, 20)...)
+}
+
+// setPorts rewrites a frame's L4 ports in place.
+func setPorts(f []byte, sport, dport uint16) {
+	binary.BigEndian.PutUint16(f[34:], sport)
+	binary.BigEndian.PutUint16(f[36:], dport)
 }

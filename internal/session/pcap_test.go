@@ -50,7 +50,7 @@ func testTracer(t testing.TB, out io.Writer) *tracer {
 		t.Fatal(err)
 	}
 	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
-	return &tracer{taps: taps, eng: eng, classes: map[classKey]*packetClass{}, free: make(chan *batch, freeBatches),
+	return &tracer{taps: taps, eng: eng, classes: map[classKey]flow.Handle{}, free: make(chan *batch, freeBatches),
 		pcap: &pcapOut{w: w, perTap: make([]uint64, len(taps)), queues: make([][]*batch, len(taps))}}
 }
 
@@ -181,8 +181,8 @@ func TestCommentFollowsVerdict(t *testing.T) {
 	})
 	raw := udpFrame(t, client, vip)
 	p := &capture.Packet{Time: base, Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw}
-	f := &frame{pkt: *p, class: tr.classify(0, p)}
-	if f.class == nil {
+	f := &frame{pkt: *p}
+	if f.h, f.known = tr.classify(0, p); !f.known {
 		t.Fatal("a request to the VIP was not classified")
 	}
 	first := tr.comment(0, f)

@@ -33,7 +33,7 @@ type tracer struct {
 	outOfScope uint64
 	pcap       *pcapOut    // nil without --pcap
 	free       chan *batch // consumed batches, for reuse
-	classes    map[classKey]*packetClass
+	classes    map[classKey]flow.Handle
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
@@ -165,7 +165,8 @@ func (tr *tracer) consume(b *batch) string {
 		return ""
 	}
 	for i := range b.frames {
-		b.frames[i].class = tr.classify(b.tap, &b.frames[i].pkt)
+		f := &b.frames[i]
+		f.h, f.known = tr.classify(b.tap, &f.pkt)
 	}
 	if tr.pcap == nil {
 		tr.putBatch(b)

@@ -137,7 +137,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		root = cgroup
 	}
-	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: map[classKey]*packetClass{}, free: make(chan *batch, freeBatches)}
+	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: map[classKey]flow.Handle{}, free: make(chan *batch, freeBatches)}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
 			return nil, err

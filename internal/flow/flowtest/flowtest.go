@@ -389,14 +389,16 @@ func (o observation) convert() (obs.Observation, error) {
 	}
 	for _, m := range []struct {
 		text string
-		dst  *net.HardwareAddr
+		dst  *obs.MAC
 	}{{o.SrcMAC, &v.SrcMAC}, {o.DstMAC, &v.DstMAC}} {
 		if m.text == "" {
 			continue
 		}
-		if *m.dst, err = net.ParseMAC(m.text); err != nil {
-			return v, fmt.Errorf("mac: %w", err)
+		mac, err := net.ParseMAC(m.text)
+		if err != nil || len(mac) != len(m.dst) {
+			return v, fmt.Errorf("mac %q: want 6 bytes (%v)", m.text, err)
 		}
+		*m.dst = obs.MAC(mac)
 	}
 	return v, nil
 }
