@@ -280,8 +280,8 @@ type results struct {
 	Long      windowRun   // pathtrace, one new flow per datagram
 	Latency   map[string][]time.Duration
 	// LatencyCPU is pathtrace's process CPU over its latency runs, and how
-	// long those were.
-	LatencyCPU, LatencyWindow time.Duration
+	// long their connections took.
+	LatencyCPU, LatencyElapsed time.Duration
 	Bulk                      []bulkRun
 }
 
@@ -374,7 +374,7 @@ func (b *bench) latencyRuns(ctx context.Context, res *results) error {
 			res.Latency[tool] = append(res.Latency[tool], lat...)
 			if tool == toolPathtrace {
 				res.LatencyCPU += r.Cap.WindowCPU
-				res.LatencyWindow += r.Window
+				res.LatencyElapsed += r.Elapsed
 			}
 		}
 	}

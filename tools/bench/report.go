@@ -169,7 +169,8 @@ func (b *bench) overheadSection(p printer, res *results) {
 	p("| pathtrace running | %s | %s | %s |\n", us(percentile(with, 50)), us(percentile(with, 90)), us(percentile(with, 99)))
 	p("| ratio tcpdump / nothing | %s | %s | %s |\n", latRatio(td, base, 50), latRatio(td, base, 90), latRatio(td, base, 99))
 	p("| ratio pathtrace / nothing (target ≤ %.2f×) | %s | %s | %s |\n\n", maxLatencyRatio, latRatio(with, base, 50), latRatio(with, base, 90), latRatio(with, base, 99))
-	p("pathtrace's own process used %.0f%% of a core during its latency runs.\n\n", 100*res.LatencyCPU.Seconds()/res.LatencyWindow.Seconds())
+	p("pathtrace's own process used %s of CPU per traced connection, %.0f%% of a core while the connections ran: on this 2-core machine it competes with the client and the backend for the CPUs, which is part of the added latency.\n\n",
+		perFlow(res.LatencyCPU, uint64(len(with))), 100*res.LatencyCPU.Seconds()/res.LatencyElapsed.Seconds())
 
 	p("UDP datagrams per second one sending thread reaches with the capture running (the runs at the maximum rate above): ")
 	var maxRates []string
@@ -515,8 +516,8 @@ func quickSummary(res *results) string {
 			us(percentile(base, 99)), us(percentile(td, 99)), latRatio(td, base, 99))
 	}
 	if base, with := res.Latency[toolNone], res.Latency[toolPathtrace]; len(base) > 0 {
-		p("connect: median %s → %s (%s), p99 %s → %s (%s); pathtrace CPU %.0f%% of a core meanwhile\n", us(percentile(base, 50)), us(percentile(with, 50)), latRatio(with, base, 50),
-			us(percentile(base, 99)), us(percentile(with, 99)), latRatio(with, base, 99), 100*res.LatencyCPU.Seconds()/res.LatencyWindow.Seconds())
+		p("connect: median %s → %s (%s), p99 %s → %s (%s); pathtrace CPU %s per connection, %.0f%% of a core while they ran\n", us(percentile(base, 50)), us(percentile(with, 50)), latRatio(with, base, 50),
+			us(percentile(base, 99)), us(percentile(with, 99)), latRatio(with, base, 99), perFlow(res.LatencyCPU, uint64(len(with))), 100*res.LatencyCPU.Seconds()/res.LatencyElapsed.Seconds())
 	}
 	if len(res.Bulk) > 0 {
 		base := bulkMean(res.Bulk, toolNone)
