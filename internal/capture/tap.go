@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -24,7 +26,6 @@ const (
 	maxBlockBytes    = 128 << 10 // many small blocks: a quiet tap retires a block per packet burst
 	frameBytes       = 2048      // only checked by the kernel for V3; packets are packed
 	retireTimeoutMs  = 50        // a partly filled block is handed over after this long
-	pollTimeoutMs    = 50        // bounds how late Run notices cancellation or Close
 )
 
 // ErrClosed is returned by Run and SetFilter on a closed tap.
@@ -69,9 +70,13 @@ type Stats struct {
 
 // Tap is an AF_PACKET TPACKET_V3 capture on one interface, both directions.
 type Tap struct {
-	cfg       Config
-	fd        int
-	ifindex   int
+	cfg     Config
+	fd      int
+	ifindex int
+	// poller is a duplicate of fd in Go's network poller: Run waits for
+	// retired blocks there, parking its goroutine instead of an OS thread
+	// in poll(2) (fewer wake-ups and context switches at high rates).
+	poller    *os.File
 	ring      []byte
 	blockSize int
 	blockNr   int
@@ -103,6 +108,9 @@ func Open(cfg Config) (*Tap, error) {
 	}
 	t := &Tap{cfg: cfg, fd: -1, blockSize: blockSize, blockNr: blockNr, closing: make(chan struct{})}
 	err := nsutil.Do(cfg.NetNS, t.open)
+	if err == nil {
+		err = t.openPoller()
+	}
 	if err != nil {
 		t.release()
 		return nil, fmt.Errorf("capture %s: %w", cfg.name(), err)
@@ -204,6 +212,23 @@ func (t *Tap) open() error {
 	return nil
 }
 
+// openPoller registers a duplicate of the socket with Go's poller.
+// O_NONBLOCK is shared by both descriptors, which only matters to the
+// poller: the ring is read from memory.
+func (t *Tap) openPoller() error {
+	dup, err := unix.Dup(t.fd)
+	if err != nil {
+		return fmt.Errorf("dup: %w", err)
+	}
+	unix.CloseOnExec(dup)
+	if err := unix.SetNonblock(dup, true); err != nil {
+		unix.Close(dup)
+		return fmt.Errorf("non-blocking socket: %w", err)
+	}
+	t.poller = os.NewFile(uintptr(dup), t.cfg.name())
+	return nil
+}
+
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 func attachFilter(fd int, prog []bpf.RawInstruction) error {
@@ -223,6 +248,10 @@ func attachFilter(fd int, prog []bpf.RawInstruction) error {
 // release frees what open acquired; used on failure and by Close.
 func (t *Tap) release() error {
 	var errs []error
+	if t.poller != nil {
+		errs = append(errs, t.poller.Close())
+		t.poller = nil
+	}
 	if t.ring != nil {
 		errs = append(errs, unix.Munmap(t.ring))
 		t.ring = nil
@@ -277,7 +306,25 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 		return fmt.Errorf("capture %s: Run is already running", t.cfg.name())
 	}
 	defer t.runMu.Unlock()
-	pfd := []unix.PollFd{{Fd: int32(t.fd), Events: unix.POLLIN}}
+	conn, err := t.poller.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("capture %s: %w", t.cfg.name(), err)
+	}
+	// Cancellation wakes the wait; Close does the same. A deadline an
+	// earlier Run left behind is cleared.
+	if err := t.poller.SetReadDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("capture %s: %w", t.cfg.name(), err)
+	}
+	woken := make(chan struct{})
+	stopWaker := context.AfterFunc(ctx, func() {
+		defer close(woken)
+		t.poller.SetReadDeadline(time.Now())
+	})
+	defer func() {
+		if !stopWaker() {
+			<-woken // it ran: let it finish before a next Run clears the deadline
+		}
+	}()
 	var p Packet
 	for next := 0; ; {
 		select {
@@ -289,8 +336,9 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 		}
 		block := t.ring[next*t.blockSize : (next+1)*t.blockSize]
 		status := (*uint32)(unsafe.Pointer(&block[blockStatusOff]))
-		if atomic.LoadUint32(status)&unix.TP_STATUS_USER == 0 {
-			if err := t.wait(pfd); err != nil {
+		retired := func() bool { return atomic.LoadUint32(status)&unix.TP_STATUS_USER != 0 }
+		if !retired() {
+			if err := t.wait(conn, retired); err != nil {
 				return fmt.Errorf("capture %s: %w", t.cfg.name(), err)
 			}
 			continue
@@ -306,24 +354,33 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 	}
 }
 
-// wait polls the socket for a retired block, at most pollTimeoutMs.
-func (t *Tap) wait(pfd []unix.PollFd) error {
-	pfd[0].Revents = 0
-	_, err := unix.Poll(pfd, pollTimeoutMs)
-	if err != nil && err != unix.EINTR {
-		return fmt.Errorf("poll: %w", err)
-	}
-	if pfd[0].Revents&unix.POLLERR != 0 {
-		soErr, err := unix.GetsockoptInt(t.fd, unix.SOL_SOCKET, unix.SO_ERROR)
-		if err != nil {
-			return fmt.Errorf("SO_ERROR: %w", err)
+// wait parks until retired() or the socket reports an error (the
+// interface went down or away), or the poller's deadline passes (Run's
+// context ended, or Close).
+func (t *Tap) wait(conn syscall.RawConn, retired func() bool) error {
+	var sockErr error
+	err := conn.Read(func(fd uintptr) bool {
+		if retired() {
+			return true
 		}
-		if soErr != 0 {
-			return fmt.Errorf("socket error: %w", unix.Errno(soErr))
+		// Woken without a retired block, or not yet waited: an error
+		// ends the capture, else wait for the next wake-up.
+		soErr, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		switch {
+		case err != nil:
+			sockErr = fmt.Errorf("SO_ERROR: %w", err)
+		case soErr != 0:
+			sockErr = fmt.Errorf("socket error: %w", unix.Errno(soErr))
 		}
-	}
-	if pfd[0].Revents&unix.POLLNVAL != 0 {
-		return errors.New("socket is no longer open")
+		return sockErr != nil
+	})
+	switch {
+	case sockErr != nil:
+		return sockErr
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil // the caller checks why
+	case err != nil:
+		return fmt.Errorf("wait for the ring: %w", err)
 	}
 	return nil
 }
@@ -360,12 +417,15 @@ func (t *Tap) pullKernelStats() {
 	t.kernel.QueueFreezes += uint64(st.Freeze_q_cnt)
 }
 
-// Close stops Run (it returns within pollTimeoutMs once fn returns), takes the
+// Close stops Run (it returns once fn returns), takes the
 // last kernel counters, unmaps the ring and closes the socket. It is
 // idempotent: later calls return the first call's result.
 func (t *Tap) Close() error {
 	t.closeOnce.Do(func() {
 		close(t.closing)
+		if t.poller != nil {
+			t.poller.SetReadDeadline(time.Now()) // wakes a waiting Run
+		}
 		t.runMu.Lock()
 		defer t.runMu.Unlock()
 		t.mu.Lock()

@@ -514,3 +514,45 @@ func TestTapReportsInterfaceGone(t *testing.T) {
 		t.Fatalf("Run kept running after its interface was deleted")
 	}
 }
+
+// TestTapRunAgain: a Run that ended with its context leaves the tap usable:
+// the next Run waits for frames again (not spinning on the expired wake-up)
+// and receives them.
+func TestTapRunAgain(t *testing.T) {
+	needRoot(t)
+	l := newLab(t)
+	a1, b1 := udpListen(t, l.a, "192.0.2.1:4001"), udpListen(t, l.b, "192.0.2.2:4002")
+	tap, err := Open(Config{NetNS: l.a, Ifname: "pta", Role: "pod", Filter: mustFilter(t, DefaultSnaplen, "192.0.2.2")})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { tap.Close() })
+	var first recorder
+	if err := startRun(t, tap, first.add)(); err != nil {
+		t.Fatalf("first Run: %v", err)
+	}
+	var rec recorder
+	stop := startRun(t, tap, rec.add)
+	cpu0 := processCPU(t)
+	time.Sleep(300 * time.Millisecond) // idle: the second Run must park
+	if busy := processCPU(t) - cpu0; busy > 150*time.Millisecond {
+		t.Errorf("the second Run used %s of CPU in 300 ms without traffic: it spins", busy)
+	}
+	send(t, a1, b1, 3)
+	waitFor(t, "3 datagrams in the second Run", func() bool {
+		return len(rec.matching(t, "192.0.2.1:4001", "192.0.2.2:4002")) == 3
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("second Run: %v", err)
+	}
+}
+
+// processCPU is the CPU time this process used so far.
+func processCPU(t *testing.T) time.Duration {
+	t.Helper()
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
