@@ -282,7 +282,7 @@ type results struct {
 	// LatencyCPU is pathtrace's process CPU over its latency runs, and how
 	// long their connections took.
 	LatencyCPU, LatencyElapsed time.Duration
-	Bulk                      []bulkRun
+	Bulk                       []bulkRun
 }
 
 type bulkRun struct {
