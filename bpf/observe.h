@@ -69,13 +69,14 @@ struct pt_event {
  * the Go decoder's offsets against it. */
 const struct pt_event *pt_event_layout __attribute__((unused));
 
-/* Every event goes to one ring buffer, read by one reader per session. 1 MiB
- * holds ~10k events; the per-flow budget keeps the rate far below what the
- * reader drains in one poll, and a reserve failure is counted per point. The
- * reader maps the data pages twice: 2 MiB of its RSS. */
+/* Every event goes to one ring buffer, read by one reader per session. 512
+ * KiB hold ~5000 events, five times what a 5000-new-flows-a-second client
+ * makes between two polls (the per-flow budget bounds the rest); a ring
+ * filling up wakes the reader early, and a reserve failure is counted per
+ * point. The reader maps the data pages twice: 1 MiB of its RSS. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 20);
+	__uint(max_entries, 512 << 10);
 } events SEC(".maps");
 
 /* Reserve failures per point (index enum pt_point): losses are reported,
@@ -200,7 +201,7 @@ static __always_inline struct pt_event *pt_reserve(__u8 point)
 /* Events are submitted without waking the reader, which polls the ring every
  * few milliseconds (one wakeup per event would cost more than the event); a
  * ring filling up wakes it at once. */
-#define PT_WAKEUP_BYTES (256 << 10)
+#define PT_WAKEUP_BYTES (128 << 10)
 
 static __always_inline void pt_submit(struct pt_event *e)
 {

@@ -508,8 +508,8 @@ func quickSummary(res *results) string {
 		for _, s := range res.Long.RSS {
 			samples = append(samples, fmt.Sprintf("%.1f", float64(s)/(1<<20)))
 		}
-		p("long: %d flows offered, %d captured, drops %d+%d, CPU %s per flow, peak RSS %s, VmRSS each second (MiB) %s\n", res.Long.Sent, c.totalCaptured(),
-			c.totalDrops(), c.OtherLosses, perFlow(c.WindowCPU, res.Long.Sent), mib(c.PeakRSS), strings.Join(samples, " "))
+		p("long: %d flows offered, %d captured, drops %d+%d %v, CPU %s per flow, peak RSS %s, VmRSS each second (MiB) %s\n", res.Long.Sent, c.totalCaptured(),
+			c.totalDrops(), c.OtherLosses, c.LossCounters, perFlow(c.WindowCPU, res.Long.Sent), mib(c.PeakRSS), strings.Join(samples, " "))
 	}
 	if base, td := res.Latency[toolNone], res.Latency[toolTcpdump]; len(base) > 0 {
 		p("connect with tcpdump: median %s → %s (%s), p99 %s → %s (%s)\n", us(percentile(base, 50)), us(percentile(td, 50)), latRatio(td, base, 50),
