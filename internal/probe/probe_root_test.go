@@ -413,8 +413,12 @@ func TestRingbufLossesCounted(t *testing.T) {
 	}
 	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
 
-	// Two events per datagram; the 4 MiB ring holds about 43,000.
+	// Two events per datagram; the 512 KiB ring holds about 5,000.
 	const datagrams = 30000
+	// The server answers some datagrams (no socket on their port) with ICMP
+	// errors from the VIP, which the egress observers report too; the kernel
+	// rate-limits them (net.ipv4.icmp_msgs_burst, 50 by default).
+	const icmpErrors = 100
 	var conn *net.UDPConn
 	if err := nsutil.Do(env.clientNS, func() error {
 		var err error
@@ -448,11 +452,11 @@ func TestRingbufLossesCounted(t *testing.T) {
 		s = p.Stats()
 		head := uint64(count(obs.PointTCHead)) + s.LossesByPoint[obs.PointTCHead]
 		tail := uint64(count(obs.PointTCTail)) + s.LossesByPoint[obs.PointTCTail]
-		if head == tail && head > 0 && head <= datagrams {
+		if head == tail && head >= datagrams && head <= datagrams+icmpErrors {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("head events+losses %d, tail %d (datagrams %d)", head, tail, datagrams)
+			t.Fatalf("head events+losses %d, tail %d (datagrams %d, ICMP errors at most %d)", head, tail, datagrams, icmpErrors)
 		}
 	}
 	if s.RingbufLosses != s.LossesByPoint[obs.PointTCHead]+s.LossesByPoint[obs.PointTCTail] {
