@@ -10,14 +10,6 @@ extern int bpf_dynptr_from_skb(struct __sk_buff *skb, __u64 flags,
 extern void *bpf_dynptr_slice(const struct bpf_dynptr *ptr, __u32 offset, void *buffer__opt,
 			      __u32 buffer__szk) __ksym;
 
-/* L4 ports; the TCP flags byte sits at offset 13 of the TCP header. */
-struct pt_l4 {
-	__be16 sport;
-	__be16 dport;
-	__u8 _seq_ack[9];
-	__u8 tcp_flags;
-};
-
 /* pt_nf_tuple reads the IPv4 header (at the inet hooks skb->data is the IP
  * header) and the TCP/UDP ports. Returns -1 when the packet is not IPv4. */
 static __always_inline int pt_nf_tuple(struct bpf_dynptr *ptr, struct pt_tuple *t)
@@ -26,31 +18,16 @@ static __always_inline int pt_nf_tuple(struct bpf_dynptr *ptr, struct pt_tuple *
 	struct iphdr *ip = bpf_dynptr_slice(ptr, 0, &ipbuf, sizeof(ipbuf));
 	if (!ip || ip->version != 4)
 		return -1;
-	t->saddr = ip->saddr;
-	t->daddr = ip->daddr;
-	t->proto = ip->protocol;
-	t->sport = 0;
-	t->dport = 0;
-	t->tcp_flags = 0;
+	pt_parse_ip(t, ip);
 	if (ip->frag_off & bpf_htons(0x1fff)) /* not the first fragment */
 		return 0;
 	__u32 l4off = ip->ihl * 4;
-	if (t->proto == IPPROTO_TCP) {
-		struct pt_l4 l4buf;
-		struct pt_l4 *l4 = bpf_dynptr_slice(ptr, l4off, &l4buf, sizeof(l4buf));
-		if (l4) {
-			t->sport = l4->sport;
-			t->dport = l4->dport;
-			t->tcp_flags = l4->tcp_flags;
-		}
-	} else if (t->proto == IPPROTO_UDP) {
-		struct udphdr ubuf;
-		struct udphdr *udp = bpf_dynptr_slice(ptr, l4off, &ubuf, sizeof(ubuf));
-		if (udp) {
-			t->sport = udp->source;
-			t->dport = udp->dest;
-		}
-	}
+	__u8 buf[14]; /* through the TCP flags; a UDP header is 8 bytes */
+	const __u8 *l4;
+	if (t->proto == IPPROTO_TCP && (l4 = bpf_dynptr_slice(ptr, l4off, buf, 14)))
+		pt_parse_l4(t, l4, 14);
+	else if (t->proto == IPPROTO_UDP && (l4 = bpf_dynptr_slice(ptr, l4off, buf, 8)))
+		pt_parse_l4(t, l4, 8);
 	return 0;
 }
 
