@@ -159,9 +159,12 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	eng.SetGatewayMACs(gatewayMACs(node))
 
 	// The capture's working memory (frame batches, packet classes) is
-	// garbage now: return it before the report adds its own.
+	// garbage now: return it before the report adds its own, and keep the
+	// heap tight from here on (the report of thousands of flows is built and
+	// printed once; CPU no longer matters, memory still does).
 	tr.classes, tr.free = nil, nil
 	debug.FreeOSMemory()
+	debug.SetGCPercent(10)
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
 	res.Packets, res.Drops = tr.counters()
