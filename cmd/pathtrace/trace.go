@@ -103,7 +103,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
 	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops")
-	fs.IntVar(&f.maxFlows, "max-flows", 4096, "bound on tracked flows (about 7 KiB each); more are counted as dropped (flows_over_max) and reported")
+	fs.IntVar(&f.maxFlows, "max-flows", 4096, "bound on tracked flows (about 3 KiB each); more are counted as dropped (flows_over_max) and reported, their packets still captured")
 }
 
 // validate turns the flags into session options; every error is a usage error.
