@@ -17,6 +17,9 @@
 #define SYS_SENDTO 44
 #define SYS_SENDMSG 46
 #define SYS_SENDMMSG 307
+#define PF_IO_WORKER 0x00000010 /* include/linux/sched.h */
+#define PF_KTHREAD 0x00200000
+
 /* Sockets that connected or sent to a watched address and whose first packet
  * has not been seen yet. */
 struct {
@@ -109,10 +112,15 @@ static __always_inline const void *pt_mmsg_name(const struct mmsghdr *vec, __u64
  * copy only, so this is what the application asked for whichever ran
  * before. No syscall hook is needed: nothing runs for the node's other
  * syscalls. False when the hook does not run in such a syscall of the
- * current task (io_uring workers, kernel sockets). */
+ * current task (kernel threads, io_uring workers). */
 static __always_inline bool pt_requested(__u32 *addr, __u16 *port)
 {
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	struct task_struct *task = bpf_get_current_task_btf();
+	/* Kernel threads and io_uring workers have no syscall of their own in
+	 * their saved registers. */
+	if (BPF_CORE_READ(task, flags) & (PF_KTHREAD | PF_IO_WORKER))
+		return false;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	const void *uaddr = NULL;
 	switch (BPF_CORE_READ(regs, orig_ax)) {
 	case SYS_CONNECT: /* connect(fd, addr, len) */
