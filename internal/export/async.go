@@ -7,8 +7,9 @@ import (
 )
 
 // asyncDepth bounds the chunks waiting for the disk (each up to flushBytes,
-// or one large block): past it, writing blocks (back-pressure).
-const asyncDepth = 64
+// or one large block): past it, writing blocks (back-pressure). With
+// flushBytes of 256 KiB, a stalled disk holds at most 4 MiB.
+const asyncDepth = 16
 
 // asyncFile writes the capture file from a goroutine of its own: a disk that
 // stalls (a journal commit, writeback throttling) then delays the file, not
@@ -45,6 +46,20 @@ func (a *asyncFile) Write(p []byte) (int, error) {
 	}
 	a.queue <- append(buf[:0], p...)
 	return len(p), nil
+}
+
+// handOff queues p itself, without a copy: the caller gives p up and gets
+// an empty buffer to fill next (nil when none is free yet).
+func (a *asyncFile) handOff(p []byte) (next []byte, err error) {
+	if err := a.failed(); err != nil {
+		return p[:0], err
+	}
+	a.queue <- p
+	select {
+	case next = <-a.free:
+	default:
+	}
+	return next[:0], nil
 }
 
 func (a *asyncFile) run() {

@@ -73,6 +73,7 @@ type Writer struct {
 	file   *partialFile // nil for a stream
 	async  *asyncFile   // the file's writer; nil for a stream
 	flush  *time.Timer  // writes pending blocks of a file
+	armed  bool         // flush is running: pending blocks will be written
 	ifaces []Interface
 	lim    Limits
 	start  time.Time
@@ -227,7 +228,10 @@ func (w *Writer) commitBlock(block []byte, stop string) error {
 		return w.err
 	}
 	w.bytes += n
-	if pending && w.flush != nil {
+	if pending && w.flush != nil && !w.armed {
+		// Armed once for the oldest pending block, not re-armed for every
+		// block (that cost more than encoding it).
+		w.armed = true
 		w.flush.Reset(flushInterval)
 	}
 	return nil
@@ -237,6 +241,7 @@ func (w *Writer) commitBlock(block []byte, stop string) error {
 func (w *Writer) flushPending() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.armed = false
 	if err := w.out.flush(); err != nil && w.err == nil {
 		w.err = fmt.Errorf("write pcapng: %w", err)
 	}
