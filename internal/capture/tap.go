@@ -23,9 +23,13 @@ const (
 	DefaultRingBytes = 4 << 20 // 4 MiB per tap
 	MinRingBytes     = 16 << 10
 	MaxRingBytes     = 256 << 20
-	maxBlockBytes    = 128 << 10 // many small blocks: a quiet tap retires a block per packet burst
-	frameBytes       = 2048      // only checked by the kernel for V3; packets are packed
-	retireTimeoutMs  = 50        // a partly filled block is handed over after this long
+	// Blocks: at least 16 in the default ring (a quiet tap retires a block
+	// per packet burst), large enough that a busy tap wakes its reader a few
+	// hundred times a second, not thousands (each wake costs the Go
+	// scheduler more than a hundred frames do).
+	maxBlockBytes   = 256 << 10
+	frameBytes      = 2048 // only checked by the kernel for V3; packets are packed
+	retireTimeoutMs = 50   // a partly filled block is handed over after this long
 )
 
 // ErrClosed is returned by Run and SetFilter on a closed tap.
