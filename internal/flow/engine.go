@@ -58,10 +58,12 @@ type Engine struct {
 	// own evidence (the active points, the attribution); see flowState.cached.
 	gen uint64
 
-	refused   map[flowKey]bool // bounded: distinct refused flows, as far as it holds
-	overMax   uint64
-	overflow  uint64
-	unmatched uint64
+	refused map[flowKey]bool // bounded: distinct refused flows, as far as it holds
+	// refusedClients are the client endpoints of the flows in refused.
+	refusedClients map[clientKey]bool
+	overMax        uint64
+	overflow       uint64
+	unmatched      uint64
 }
 
 // NewEngine returns an engine for cfg.
@@ -79,6 +81,8 @@ func NewEngine(cfg Config) *Engine {
 		waiting:  newWaiting(max(4096, maxFlows)),
 		backends: make(map[netip.Addr]bool),
 		refused:  make(map[flowKey]bool),
+
+		refusedClients: make(map[clientKey]bool),
 	}
 	for _, s := range cfg.Services {
 		e.services[s.Addr] = append(e.services[s.Addr], s)

@@ -288,3 +288,37 @@ func TestMaxFlowsCountsEachRefusedFlowOnce(t *testing.T) {
 		t.Errorf("flows %d, flows_over_max %d; want 1 and 2", s.Flows, s.Drops[flow.DropFlowsOverMax])
 	}
 }
+
+// A refused flow's packets after the rewrite, and the replies, are refused
+// with it: they neither wait for a flow that will never exist nor count as
+// unmatched.
+func TestRefusedFlowPacketsAfterRewrite(t *testing.T) {
+	cfg := httpConfig(obs.PointPod, obs.PointUplink)
+	cfg.MaxFlows = 1
+	e := flow.NewEngine(cfg)
+	for port := range uint16(3) {
+		src := netip.AddrPortFrom(client.Addr(), 50000+port)
+		o := req(0, obs.PointPod, obs.DirOut, vip)
+		o.Src = src
+		e.Add(o)
+		after := req(1, obs.PointUplink, obs.DirOut, backend)
+		after.Src = src
+		reply := req(2, obs.PointUplink, obs.DirIn, src)
+		reply.Src = backend
+		for _, p := range []obs.Observation{after, reply} {
+			h, ok := e.AddPacket(p)
+			if port > 0 && (!ok || !h.Refused()) {
+				t.Errorf("port %d: %s -> %s: handle ok=%v refused=%v, want a refused handle", src.Port(), p.Src, p.Dst, ok, h.Refused())
+			}
+		}
+	}
+	late := req(0, obs.PointPod, obs.DirOut, vip)
+	late.Src = netip.AddrPortFrom(client.Addr(), 50001) // a refused flow again
+	late.Time = flowtest.At(0).Add(time.Minute)         // expires whatever waits
+	e.Add(late)
+	s := e.Summary()
+	if s.Flows != 1 || s.Drops[flow.DropFlowsOverMax] != 2 || s.Unmatched != 0 || s.Drops[flow.DropUnmatchedOverflow] != 0 {
+		t.Errorf("flows %d, flows_over_max %d, unmatched %d, overflow %d; want 1, 2, 0, 0",
+			s.Flows, s.Drops[flow.DropFlowsOverMax], s.Unmatched, s.Drops[flow.DropUnmatchedOverflow])
+	}
+}

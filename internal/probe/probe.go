@@ -178,6 +178,9 @@ func (p *Probe) cachedProgram(spec *ebpf.CollectionSpec, key, name string) (*ebp
 	if prog := p.progs[key]; prog != nil {
 		return prog, nil
 	}
+	if spec == nil {
+		return nil, errors.New("load " + name + ": the probe no longer loads programs (ReleaseSpecs)")
+	}
 	replace := map[string]*ebpf.Map{}
 	for _, m := range sharedMaps {
 		if _, ok := spec.Maps[m]; ok {
@@ -204,6 +207,15 @@ func (p *Probe) cachedProgram(spec *ebpf.CollectionSpec, key, name string) (*ebp
 	p.progs[key] = prog
 	p.progIDs = append(p.progIDs, id)
 	return prog, nil
+}
+
+// ReleaseSpecs drops the parsed objects (their BTF takes megabytes) once
+// every observer is loaded: programs loaded so far stay usable, no new one
+// can be loaded.
+func (p *Probe) ReleaseSpecs() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sockSpec, p.tcSpec, p.nfSpec, p.pktSpec = nil, nil, nil, nil
 }
 
 // OwnProgramIDs returns the kernel IDs of this Probe's programs, so discovery

@@ -28,6 +28,9 @@ func (p *Probe) TapFilter(snaplen int) (*ebpf.Program, error) {
 	if prog := p.progs[key]; prog != nil {
 		return prog, nil
 	}
+	if p.pktSpec == nil {
+		return nil, fmt.Errorf("tap filter: the probe no longer loads programs (ReleaseSpecs)")
+	}
 	spec := p.pktSpec.Copy()
 	v, ok := spec.Variables["tap_snaplen"]
 	if !ok {

@@ -57,18 +57,27 @@ func (b *batch) seal() {
 // batches are smaller).
 const maxObs = 512
 
-// freeBatches is how many consumed batches are kept for reuse: more than
-// are in flight (the channel, one filling per tap) plus what the pcapng
-// merge holds (maxHeld frames) in the steady state.
-const freeBatches = 32
+// freeBatches is how many consumed frame batches are kept for reuse: more
+// than are in flight (the channel, one filling per tap) plus what the pcapng
+// merge holds (maxHeld frames) in the steady state. freeObsBatches is the
+// same for the probe's observations, which come one batch per ring-buffer
+// read: a few suffice. Kept apart, a batch never holds both kinds of arrays.
+const (
+	freeBatches    = 32
+	freeObsBatches = 4
+)
 
 // newBatch returns an empty batch for tap (-1: observations), a reused one
 // when there is one. Not a sync.Pool: it drops its content at every garbage
 // collection, and the allocations that follow bring the next one sooner.
 func (tr *tracer) newBatch(tap int) *batch {
+	free := tr.free
+	if tap < 0 {
+		free = tr.freeObs
+	}
 	var b *batch
 	select {
-	case b = <-tr.free:
+	case b = <-free:
 	default:
 		b = &batch{}
 	}
@@ -87,8 +96,12 @@ func (tr *tracer) putBatch(b *batch) {
 	clear(b.frames) // drop the references to flows
 	clear(b.obs)
 	b.frames, b.data, b.obs, b.next = b.frames[:0], b.data[:0], b.obs[:0], 0
+	free := tr.free
+	if b.tap < 0 {
+		free = tr.freeObs
+	}
 	select {
-	case tr.free <- b:
+	case free <- b:
 	default:
 	}
 }

@@ -32,7 +32,8 @@ type tracer struct {
 	scope      map[uint64]bool
 	outOfScope uint64
 	pcap       *pcapOut    // nil without --pcap
-	free       chan *batch // consumed batches, for reuse
+	free       chan *batch // consumed frame batches, for reuse
+	freeObs    chan *batch // consumed observation batches, for reuse
 	classes    map[classKey]flow.Handle
 }
 

@@ -120,6 +120,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
 	taps, tapAtts := openTaps(node, watch, opt.Snaplen, opt.RingBytes, tapProg, tapProgErr)
 	atts = append(atts, tapAtts...)
+	pr.ReleaseSpecs() // everything is loaded: their BTF would stay live for nothing
 	defer func() {
 		for _, tp := range taps {
 			tp.t.Close()
@@ -137,7 +138,8 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		root = cgroup
 	}
-	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: map[classKey]flow.Handle{}, free: make(chan *batch, freeBatches)}
+	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: map[classKey]flow.Handle{},
+		free: make(chan *batch, freeBatches), freeObs: make(chan *batch, freeObsBatches)}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
 			return nil, err
@@ -162,7 +164,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// garbage now: return it before the report adds its own, and keep the
 	// heap tight from here on (the report of thousands of flows is built and
 	// printed once; CPU no longer matters, memory still does).
-	tr.classes, tr.free = nil, nil
+	tr.classes, tr.free, tr.freeObs = nil, nil, nil
 	debug.FreeOSMemory()
 	debug.SetGCPercent(10)
 	res.Flows = eng.Flows()
