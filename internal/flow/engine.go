@@ -58,9 +58,10 @@ type Engine struct {
 	// own evidence (the active points, the attribution); see flowState.cached.
 	gen uint64
 
-	refused map[flowKey]bool // bounded: distinct refused flows, as far as it holds
-	// refusedClients are the client endpoints of the flows in refused.
-	refusedClients map[clientKey]bool
+	// refused are the flows refused recently, refusedClients their client
+	// endpoints: bounded, see refuse.
+	refused        recentSet[flowKey]
+	refusedClients recentSet[clientKey]
 	overMax        uint64
 	overflow       uint64
 	unmatched      uint64
@@ -80,10 +81,10 @@ func NewEngine(cfg Config) *Engine {
 		socks:    newSockTable(max(4096, 2*maxFlows)),
 		waiting:  newWaiting(max(4096, maxFlows)),
 		backends: make(map[netip.Addr]bool),
-		refused:  make(map[flowKey]bool),
-
-		refusedClients: make(map[clientKey]bool),
 	}
+	// Two generations of half the flow table each remember the refused flows.
+	e.refused = newRecentSet[flowKey](max(2048, maxFlows/2))
+	e.refusedClients = newRecentSet[clientKey](max(2048, maxFlows/2))
 	for _, s := range cfg.Services {
 		e.services[s.Addr] = append(e.services[s.Addr], s)
 	}

@@ -53,7 +53,7 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, re
 	// The client end of a refused flow: its packets after the rewrite (and
 	// their replies) are refused with it, not kept waiting for a flow that
 	// will never exist.
-	if e.refusedClients[clientKey{proto, src}] || replies && e.refusedClients[clientKey{proto, dst}] {
+	if e.refusedClients.has(clientKey{proto, src}) || replies && e.refusedClients.has(clientKey{proto, dst}) {
 		return nil, false, refused
 	}
 	return nil, false, unlinked
@@ -100,20 +100,15 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 }
 
 // refuse counts a flow beyond MaxFlows once, as far as a bounded set of the
-// refused ones remembers them (the set starts over when full: a flow refused
-// before that is counted again if it is seen again). The set also names the
+// recently refused ones remembers it (recentSet). The set also names the
 // refused flows' client endpoints, whose later packets link refuses too.
 func (e *Engine) refuse(k flowKey) {
-	if e.refused[k] {
+	if e.refused.has(k) {
 		return
 	}
-	if len(e.refused) >= max(4096, e.maxFlows) {
-		clear(e.refused)
-		clear(e.refusedClients)
-	}
-	e.refused[k] = true
+	e.refused.add(k)
 	if k.client.Port() != 0 {
-		e.refusedClients[k.clientKey] = true
+		e.refusedClients.add(k.clientKey)
 	}
 	e.overMax++
 }

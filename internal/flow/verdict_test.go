@@ -322,3 +322,31 @@ func TestRefusedFlowPacketsAfterRewrite(t *testing.T) {
 			s.Flows, s.Drops[flow.DropFlowsOverMax], s.Unmatched, s.Drops[flow.DropUnmatchedOverflow])
 	}
 }
+
+// Far more refused flows than the refused set holds, each seen again a
+// little later (as a busy client's packets interleave at several points):
+// every one is still counted once.
+func TestManyRefusedFlowsCountedOnce(t *testing.T) {
+	cfg := httpConfig(obs.PointPod)
+	cfg.MaxFlows = 1
+	e := flow.NewEngine(cfg)
+	const n, lag = 20000, 500
+	src := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(8 + i/60000), 23}), uint16(1024+i%60000))
+	}
+	first := req(0, obs.PointPod, obs.DirOut, vip)
+	e.Add(first) // the one flow the table holds
+	for i := range n + lag {
+		for _, j := range []int{i, i - lag} {
+			if j < 0 || j >= n {
+				continue
+			}
+			o := req(0, obs.PointPod, obs.DirOut, vip)
+			o.Src = src(j)
+			e.Add(o)
+		}
+	}
+	if got := e.Summary().Drops[flow.DropFlowsOverMax]; got != n {
+		t.Errorf("flows_over_max = %d, want %d", got, n)
+	}
+}
