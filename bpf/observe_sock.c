@@ -29,6 +29,24 @@ struct {
 	__type(value, __u32); /* netns inode of the socket's creator */
 } watch_cookies SEC(".maps");
 
+/* read_requested (key 0) is 1 while another sock_addr program may rewrite
+ * destinations on this node (a socket LB): only then does the requested
+ * destination differ from the one the hook sees, and need reading from the
+ * syscall's arguments. User space sets it (1 until it has looked). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} read_requested SEC(".maps");
+
+static __always_inline bool pt_must_read_requested(void)
+{
+	__u32 key = 0;
+	__u32 *v = bpf_map_lookup_elem(&read_requested, &key);
+	return !v || *v;
+}
+
 /* The first 8 bytes of a sockaddr_in: family, port, address. */
 struct pt_sockaddr_in {
 	__u16 family;
@@ -185,9 +203,11 @@ static __always_inline bool pt_sent_before(__u64 cookie, __u32 daddr, __u16 dpor
  * destination is daddr (the address every earlier sock_addr program left). */
 static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __u32 daddr)
 {
-	__u32 req_daddr = 0;
-	__u16 req_dport = 0;
-	if (!pt_requested(&req_daddr, &req_dport))
+	/* With no other sock_addr program on the node, nothing rewrote the
+	 * destination: it is the one requested. */
+	__u32 req_daddr = daddr;
+	__u16 req_dport = (__u16)ctx->user_port;
+	if (pt_must_read_requested() && !pt_requested(&req_daddr, &req_dport))
 		req_daddr = req_dport = 0;
 
 	bool req_watched = pt_watched(req_daddr);

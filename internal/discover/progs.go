@@ -1,8 +1,7 @@
 package discover
 
 import (
-	"github.com/pathtrace/pathtrace/internal/cgroup2"
-
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
@@ -208,4 +208,39 @@ func clsBPFPrograms(host *hostNS, cp CapturePoint) ([]TCProgram, error) {
 		}
 	}
 	return out, nil
+}
+
+// NewSockAddrProgram reports whether a cgroup sock_addr program other than
+// pathtrace's own (own) is loaded on the node, looking only at programs with
+// an ID above after, and returns the highest ID it saw: passed back as
+// after, it limits the next look to programs loaded since (the kernel hands
+// out IDs in increasing order). A socket LB must be such a program.
+func NewSockAddrProgram(after ebpf.ProgramID, own func(ebpf.ProgramID) bool) (found bool, last ebpf.ProgramID, err error) {
+	last = after
+	for {
+		id, err := ebpf.ProgramGetNextID(last)
+		if errors.Is(err, os.ErrNotExist) {
+			return found, last, nil
+		}
+		if err != nil {
+			return found, last, fmt.Errorf("list BPF programs: %w", err)
+		}
+		last = id
+		if found || own(id) {
+			continue
+		}
+		p, err := ebpf.NewProgramFromID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // unloaded meanwhile
+		}
+		if err != nil {
+			return found, last, fmt.Errorf("open BPF program %d: %w", id, err)
+		}
+		info, err := p.Info()
+		p.Close()
+		if err != nil {
+			return found, last, fmt.Errorf("info of BPF program %d: %w", id, err)
+		}
+		found = info.Type == ebpf.CGroupSockAddr
+	}
 }

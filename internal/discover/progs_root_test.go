@@ -145,3 +145,34 @@ func addClsBPF(t *testing.T, nsPath string, ifindex int, prog *ebpf.Program) {
 		t.Fatalf("add cls_bpf: %v", err)
 	}
 }
+
+// TestNewSockAddrProgram: a cgroup sock_addr program loaded after the last
+// look is found, unless it is pathtrace's own; other program types are not;
+// a look from the returned ID on sees only what loaded since. (Other tests
+// may load programs meanwhile: each look counts all but the one under test
+// as pathtrace's own.)
+func TestNewSockAddrProgram(t *testing.T) {
+	needRoot(t)
+	allBut := func(id ebpf.ProgramID) func(ebpf.ProgramID) bool {
+		return func(p ebpf.ProgramID) bool { return p != id }
+	}
+	_, last, err := NewSockAddrProgram(0, allBut(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	filter := progID(t, loadReturn(t, "pttest_filter", ebpf.SocketFilter, ebpf.AttachNone, 0))
+	if found, _, err := NewSockAddrProgram(last, allBut(filter)); err != nil || found {
+		t.Errorf("socket filter %d: found %v, err %v; want neither", filter, found, err)
+	}
+	sock := progID(t, loadReturn(t, "pttest_sendmsg4", ebpf.CGroupSockAddr, ebpf.AttachCGroupUDP4Sendmsg, 1))
+	found, l, err := NewSockAddrProgram(last, allBut(sock))
+	if err != nil || !found || l < sock {
+		t.Fatalf("foreign sock_addr program %d: found %v, last %d, err %v", sock, found, l, err)
+	}
+	if found, _, err := NewSockAddrProgram(last, func(ebpf.ProgramID) bool { return true }); err != nil || found {
+		t.Errorf("every program pathtrace's own: found %v, err %v; want neither", found, err)
+	}
+	if found, _, err := NewSockAddrProgram(l, allBut(sock)); err != nil || found {
+		t.Errorf("looking after %d, program %d: found %v, err %v; want neither", l, sock, found, err)
+	}
+}

@@ -36,7 +36,7 @@ func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
 		})
 		out = append(out, a)
 	}
-	const requested = "requested destination: the syscall's arguments (saved registers)"
+	const requested = "requested destination: the syscall's arguments (saved registers) while another sock_addr program is loaded, else the destination itself"
 	for _, c := range []struct {
 		observer, prog, note string
 		attach               ebpf.AttachType

@@ -20,6 +20,7 @@ const (
 	observeSockMapEventsSummarized = "events_summarized"
 	observeSockMapFlowEvents       = "flow_events"
 	observeSockMapLearnErrors      = "learn_errors"
+	observeSockMapReadRequested    = "read_requested"
 	observeSockMapRingbufLosses    = "ringbuf_losses"
 	observeSockMapSentTo           = "sent_to"
 	observeSockMapWatchAddrs       = "watch_addrs"
@@ -90,6 +91,7 @@ type observeSockMapSpecs struct {
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	ReadRequested    *ebpf.MapSpec `ebpf:"read_requested"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	SentTo           *ebpf.MapSpec `ebpf:"sent_to"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
@@ -128,6 +130,7 @@ type observeSockMaps struct {
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	ReadRequested    *ebpf.Map `ebpf:"read_requested"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	SentTo           *ebpf.Map `ebpf:"sent_to"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
@@ -141,6 +144,7 @@ func (m *observeSockMaps) Close() error {
 		m.EventsSummarized,
 		m.FlowEvents,
 		m.LearnErrors,
+		m.ReadRequested,
 		m.RingbufLosses,
 		m.SentTo,
 		m.WatchAddrs,

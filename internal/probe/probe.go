@@ -57,7 +57,7 @@ type Stats struct {
 // about a flow in the kernel reaches every later point, the taps' filter
 // included, before the flow's next packet does.
 var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_clients", "learn_errors",
-	"watch_cookies", "flow_events", "events_summarized"}
+	"watch_cookies", "flow_events", "events_summarized", "read_requested"}
 
 // Probe owns every map, program, link and socket of one session.
 type Probe struct {
@@ -131,7 +131,26 @@ func New() (*Probe, error) {
 		}
 		p.maps[name] = m
 	}
+	if err := p.ReadRequested(true); err != nil {
+		p.Close()
+		return nil, err
+	}
 	return p, nil
+}
+
+// ReadRequested tells the socket observers whether to read the destination
+// the application requested from the syscall's arguments: needed only while
+// another sock_addr program (a socket LB) may have rewritten the one they
+// see; otherwise both are the same and the read is saved. On by default.
+func (p *Probe) ReadRequested(on bool) error {
+	v := uint32(0)
+	if on {
+		v = 1
+	}
+	if err := p.maps["read_requested"].Put(uint32(0), v); err != nil {
+		return fmt.Errorf("socket observers: set read_requested: %w", err)
+	}
+	return nil
 }
 
 // Watch adds IPv4 addresses (Service VIPs, backends) to the set whose traffic

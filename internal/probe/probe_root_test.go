@@ -544,3 +544,38 @@ func TestKernelFunctionProbesReport(t *testing.T) {
 		t.Errorf("kprobe reported %v while %s stat gives %v", got[0].Err, kprobePMU, statErr)
 	}
 }
+
+// TestReadRequestedOff: with reading off (no socket LB on the node), the
+// requested destination is the one the hook sees. A socket LB present while
+// reading is off (one loaded since pathtrace last looked) then goes unseen:
+// its connection reports the backend as requested, which is why user space
+// turns reading on as soon as such a program exists.
+func TestReadRequestedOff(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	cg := newCgroup(t, env.name)
+	vipTCP := netip.AddrPortFrom(env.vip, env.tcpPort)
+	vipUDP := netip.AddrPortFrom(env.vip, env.udpPort)
+	lbTCP := netip.AddrPortFrom(env.lbVIP, env.tcpPort)
+	attachSocketLB(t, cg, lbTCP, env.backendTCP)
+
+	p, c := startProbe(t, env.vip, env.lbVIP, env.srvIP)
+	if err := p.ReadRequested(false); err != nil {
+		t.Fatal(err)
+	}
+	mustAttach(t, p.AttachSocket(cg))
+	pid := uint32(env.runClient(t, cg, "tcp="+vipTCP.String(), "sendmmsg="+vipUDP.String(), "tcp="+lbTCP.String()))
+	for _, want := range []struct {
+		kind     obs.SockKind
+		req, dst netip.AddrPort
+	}{
+		{obs.SockConnect, vipTCP, vipTCP},
+		{obs.SockSendmsg, vipUDP, vipUDP},
+		{obs.SockConnect, env.backendTCP, env.backendTCP},
+	} {
+		c.waitFor(t, fmt.Sprintf("%v requested %v, effective %v", want.kind, want.req, want.dst), func(o obs.Observation) bool {
+			return o.Point == obs.PointSockAddr && o.PID == pid && o.Kind == want.kind && o.ReqDst == want.req && o.Dst == want.dst
+		})
+	}
+}

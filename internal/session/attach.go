@@ -188,3 +188,38 @@ func (tr *tracer) counters() (packets, drops map[string]uint64) {
 	}
 	return packets, drops
 }
+
+// lbWatch saves the socket observers reading requested destinations from
+// the syscalls' arguments while no other sock_addr program is on the node:
+// then nothing can have rewritten the destination they see. It looks again
+// every second, at programs loaded since, and turns reading back on for good
+// once one appears (a socket LB loaded mid-trace goes unseen for at most
+// that second) or when it cannot tell.
+type lbWatch struct {
+	pr      *probe.Probe
+	last    ebpf.ProgramID
+	reading bool
+}
+
+func newLBWatch(pr *probe.Probe) *lbWatch {
+	w := &lbWatch{pr: pr, reading: true} // the probe's default
+	w.check()
+	return w
+}
+
+func (w *lbWatch) check() {
+	if w == nil || w.reading && w.last != 0 {
+		return // on for good
+	}
+	own := map[ebpf.ProgramID]bool{}
+	for _, id := range w.pr.OwnProgramIDs() {
+		own[id] = true
+	}
+	found, last, err := discover.NewSockAddrProgram(w.last, func(id ebpf.ProgramID) bool { return own[id] })
+	w.last = max(last, 1)
+	if want := found || err != nil; want != w.reading {
+		if w.pr.ReadRequested(want) == nil {
+			w.reading = want
+		}
+	}
+}

@@ -34,6 +34,7 @@ type tracer struct {
 	pcap       *pcapOut    // nil without --pcap
 	free       chan *batch // consumed frame batches, for reuse
 	freeObs    chan *batch // consumed observation batches, for reuse
+	lb         *lbWatch
 	classes    map[classKey]flow.Handle
 }
 
@@ -130,6 +131,7 @@ loop:
 				}
 			}
 			tr.widen()
+			tr.lb.check()
 			tr.attributeCgroups()
 			if tr.opt.Progress != nil {
 				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary()}

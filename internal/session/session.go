@@ -121,6 +121,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	taps, tapAtts := openTaps(node, watch, opt.Snaplen, opt.RingBytes, tapProg, tapProgErr)
 	atts = append(atts, tapAtts...)
 	pr.ReleaseSpecs() // everything is loaded: their BTF would stay live for nothing
+	lb := newLBWatch(pr)
 	defer func() {
 		for _, tp := range taps {
 			tp.t.Close()
@@ -138,7 +139,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		root = cgroup
 	}
-	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: map[classKey]flow.Handle{},
+	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: map[classKey]flow.Handle{}, lb: lb,
 		free: make(chan *batch, freeBatches), freeObs: make(chan *batch, freeObsBatches)}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
