@@ -37,6 +37,7 @@ const settle = 1100 * time.Millisecond
 // pathtrace: throughput varies more from run to run than connect latency.
 const (
 	latencyRounds = 2
+	pacedEvery    = time.Millisecond // paced connects: 1000 a second
 	bulkRounds    = 3
 )
 
@@ -275,10 +276,11 @@ func (b *bench) churnTraffic(dst netip.AddrPort, rate int, d time.Duration) traf
 
 // results is everything one benchmark run measured.
 type results struct {
-	Capture   []windowRun // per rate: none, tcpdump, pathtrace
-	Unrelated []windowRun // none, pathtrace idle, pathtrace with unrelated traffic
-	Long      windowRun   // pathtrace, one new flow per datagram
-	Latency   map[string][]time.Duration
+	Capture   []windowRun                // per rate: none, tcpdump, pathtrace
+	Unrelated []windowRun                // none, pathtrace idle, pathtrace with unrelated traffic
+	Long      windowRun                  // pathtrace, one new flow per datagram
+	Latency   map[string][]time.Duration // back to back, by tool
+	Paced     map[string][]time.Duration // one every pacedEvery, by tool
 	// LatencyCPU is pathtrace's process CPU over its latency runs, and how
 	// long their connections took.
 	LatencyCPU, LatencyElapsed time.Duration
@@ -294,7 +296,7 @@ type bulkRun struct {
 
 // run measures every wanted section, in the order of the report.
 func (b *bench) run(ctx context.Context) (*results, error) {
-	res := &results{Latency: map[string][]time.Duration{}}
+	res := &results{Latency: map[string][]time.Duration{}, Paced: map[string][]time.Duration{}}
 	for _, s := range []struct {
 		name string
 		run  func(context.Context, *results) error
@@ -367,11 +369,12 @@ func (b *bench) latencyRuns(ctx context.Context, res *results) error {
 	for round := range latencyRounds {
 		for _, tool := range []string{toolNone, toolTcpdump, toolPathtrace} {
 			progress("connect latency, round %d: %s", round+1, tool)
-			lat, r, err := b.latencyRun(ctx, tool)
+			lat, paced, r, err := b.latencyRun(ctx, tool)
 			if err != nil {
 				return fmt.Errorf("connect latency with %s: %w", tool, err)
 			}
 			res.Latency[tool] = append(res.Latency[tool], lat...)
+			res.Paced[tool] = append(res.Paced[tool], paced...)
 			if tool == toolPathtrace {
 				res.LatencyCPU += r.Cap.WindowCPU
 				res.LatencyElapsed += r.Elapsed
@@ -403,16 +406,21 @@ func (b *bench) argvOrNil(tool string) []string {
 }
 
 // latencyRun times the configured number of connects to the TCP VIP with
-// tool running (or nothing).
-func (b *bench) latencyRun(ctx context.Context, tool string) ([]time.Duration, windowRun, error) {
-	var lat []time.Duration
-	r, err := b.window(ctx, tool, b.argvOrNil(tool), 0, func(ctx context.Context) (uint64, time.Duration, error) {
+// tool running (or nothing): back to back (the client as busy as it can be,
+// competing with the capture for the CPUs), then paced, one every
+// pacedEvery (what each connection pays in the kernel path, the machine
+// otherwise mostly idle).
+func (b *bench) latencyRun(ctx context.Context, tool string) (lat, paced []time.Duration, r windowRun, err error) {
+	r, err = b.window(ctx, tool, b.argvOrNil(tool), 0, func(ctx context.Context) (uint64, time.Duration, error) {
 		start := time.Now()
 		var err error
-		lat, err = connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects)
-		return uint64(len(lat)), time.Since(start), err
+		if lat, err = connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects, 0); err != nil {
+			return 0, 0, err
+		}
+		paced, err = connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects, pacedEvery)
+		return uint64(len(lat) + len(paced)), time.Since(start), err
 	}, false)
-	return lat, r, err
+	return lat, paced, r, err
 }
 
 // bulkRun measures one bulk TCP transfer from the Pod to the sink with

@@ -83,15 +83,20 @@ func (s *udpSender) send(ctx context.Context, dst netip.AddrPort, rate int, d ti
 }
 
 // connectLatencies times n blocking connect() calls to dst from the Pod's
-// netns, one new socket each. Each socket is closed with an RST (SO_LINGER 0)
+// netns, one new socket each: back to back when every is 0, else one
+// starting every that often. Each socket is closed with an RST (SO_LINGER 0)
 // so that no TIME_WAIT piles up and slows later port selection.
-func connectLatencies(ctx context.Context, podNetNS string, dst netip.AddrPort, n int) ([]time.Duration, error) {
+func connectLatencies(ctx context.Context, podNetNS string, dst netip.AddrPort, n int, every time.Duration) ([]time.Duration, error) {
 	sa := &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}
 	out := make([]time.Duration, 0, n)
 	err := nsutil.Do(podNetNS, func() error {
-		for range n {
+		begin := time.Now()
+		for i := range n {
 			if err := ctx.Err(); err != nil {
 				return err
+			}
+			if every > 0 {
+				time.Sleep(time.Until(begin.Add(time.Duration(i) * every)))
 			}
 			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 			if err != nil {
