@@ -29,7 +29,7 @@ const (
 	// scheduler more than a hundred frames do).
 	maxBlockBytes   = 256 << 10
 	frameBytes      = 2048 // only checked by the kernel for V3; packets are packed
-	retireTimeoutMs = 50   // a partly filled block is handed over after this long
+	retireTimeoutMs = 100  // a partly filled block is handed over after this long
 )
 
 // ErrClosed is returned by Run and SetFilter on a closed tap.
@@ -47,7 +47,7 @@ type Config struct {
 	Snaplen int
 	// RingBytes is the ring memory (default DefaultRingBytes, between
 	// MinRingBytes and MaxRingBytes). It is cut into blocks of at most
-	// 128 KiB (at least 4), each handed to Run when full or after 50 ms.
+	// 256 KiB (at least 4), each handed to Run when full or after 100 ms.
 	RingBytes int
 	// Filter is the classic BPF socket filter. nil (and no Program) means
 	// FilterFor(nil, Snaplen): accept nothing until SetFilter names the

@@ -16,7 +16,7 @@ import (
 
 // readerPoll is how often the ring buffer is read when no observer woke the
 // reader: the latest an event reaches the engine.
-const readerPoll = 20 * time.Millisecond
+const readerPoll = 50 * time.Millisecond
 
 // maxEmit bounds the observations RunBatches hands over at once.
 const maxEmit = 256

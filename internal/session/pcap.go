@@ -78,7 +78,7 @@ func (p *pcapOut) close(taps []tap) *export.Summary {
 }
 
 // Frames reach the consumer in ring-block batches per capture point (a block
-// retires after at most 50 ms), so frames of different points arrive out of
+// retires after at most 100 ms), so frames of different points arrive out of
 // time order. Holding each frame for reorderWindow lets the file list them in
 // time order across points, as Wireshark users expect; maxHeld bounds memory.
 const (
