@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/debug"
 
 	"github.com/pathtrace/pathtrace/internal/lab"
@@ -24,9 +25,23 @@ const (
 // larger --max-flows needs GOMEMLIMIT raised, or the collector runs often.
 const memoryLimit = 42 << 20
 
+// captureProcs is how many threads run pathtrace's Go code at once, given
+// the CPUs the runtime would use: at most half of them, and at most 2 (one
+// consumer owns the flow engine; the taps and the file writer feed it). On a
+// 2-core node that is 1: the capture then never takes a core from the traced
+// workload, and its goroutines hand work to each other without waking
+// threads (measured in the lab: 0.28-0.33 us of CPU per captured packet
+// instead of 0.35-0.42, and no more drops).
+func captureProcs(cpus int) int {
+	return max(1, min(2, cpus/2))
+}
+
 func main() {
 	// The lab re-executes this binary for its servers and client processes.
 	lab.RunWorkerIfRequested()
+	if os.Getenv("GOMAXPROCS") == "" { // the user's setting wins
+		runtime.GOMAXPROCS(captureProcs(runtime.GOMAXPROCS(0)))
+	}
 	if os.Getenv("GOMEMLIMIT") == "" { // the user's setting wins
 		debug.SetMemoryLimit(memoryLimit)
 	}

@@ -20,3 +20,11 @@ func TestMain(m *testing.M) {
 }
 
 const runMainEnv = "PATHTRACE_TEST_RUN_MAIN"
+
+func TestCaptureProcs(t *testing.T) {
+	for cpus, want := range map[int]int{1: 1, 2: 1, 3: 1, 4: 2, 5: 2, 64: 2} {
+		if got := captureProcs(cpus); got != want {
+			t.Errorf("captureProcs(%d) = %d, want %d", cpus, got, want)
+		}
+	}
+}
