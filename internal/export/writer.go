@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,6 +28,9 @@ const (
 	StopMaxPackets = "max-packets"
 	StopMaxBytes   = "max-bytes"
 )
+
+// Addressable copies, for Writer.stop.
+var stopMaxPackets, stopMaxBytes = StopMaxPackets, StopMaxBytes
 
 // flushInterval bounds how long a written packet may sit in memory before it
 // reaches a capture file.
@@ -80,9 +84,11 @@ type Writer struct {
 
 	packets uint64
 	bytes   int64 // blocks accepted: written or pending
-	stop    string
-	err     error // the first failed write: the capture cannot go on
-	closed  bool
+	// stop is the stop reason (a bound was reached), "" while none: written
+	// under mu, read without it by StopReason after every packet.
+	stop   atomic.Pointer[string]
+	err    error // the first failed write: the capture cannot go on
+	closed bool
 }
 
 // Create starts a capture file at path, or streams to stdout when path is
@@ -142,7 +148,7 @@ func newWriter(dst io.Writer, file bool, ifaces []Interface, lim Limits) (*Write
 		headers = append(headers, appendIDB(nil, ifc.Name, ifc.Description, snaplen))
 	}
 	for _, h := range headers {
-		if err := w.commitBlock(h, ""); errors.Is(err, ErrLimit) {
+		if err := w.commitBlock(h, nil); errors.Is(err, ErrLimit) {
 			return nil, fmt.Errorf("%w: the header alone exceeds the maximum of %d bytes", ErrLimit, lim.MaxBytes)
 		} else if err != nil {
 			return nil, err
@@ -195,30 +201,30 @@ func (w *Writer) WritePacket(iface int, p *capture.Packet, comment string) error
 		return errors.New("pcapng: write after Close")
 	case w.err != nil:
 		return w.err
-	case w.stop != "":
+	case w.stop.Load() != nil:
 		return ErrLimit
 	case iface < 0 || iface >= len(w.ifaces):
 		return fmt.Errorf("pcapng: no interface %d (have %d)", iface, len(w.ifaces))
 	}
 	w.block = appendEPB(w.block[:0], iface, p, w.ifaces[iface].Snaplen, comment)
-	if err := w.commitBlock(w.block, StopMaxBytes); err != nil {
+	if err := w.commitBlock(w.block, &stopMaxBytes); err != nil {
 		return err
 	}
 	w.packets++
 	if w.lim.MaxPackets > 0 && w.packets >= w.lim.MaxPackets {
-		w.stop = StopMaxPackets
+		w.stop.Store(&stopMaxPackets)
 	}
 	return nil
 }
 
 // commitBlock outputs one encoded block when it fits under MaxBytes;
-// otherwise it drops it, records stop (when not empty) and returns ErrLimit.
-func (w *Writer) commitBlock(block []byte, stop string) error {
+// otherwise it drops it, records stop (when not nil) and returns ErrLimit.
+func (w *Writer) commitBlock(block []byte, stop *string) error {
 	n := int64(len(block))
 	n += w.out.fillerBefore(n)
 	if w.lim.MaxBytes > 0 && w.bytes+n > w.lim.MaxBytes {
-		if stop != "" {
-			w.stop = stop
+		if stop != nil {
+			w.stop.Store(stop)
 		}
 		return ErrLimit
 	}
@@ -265,9 +271,10 @@ func (w *Writer) Bytes() int64 {
 // StopReason is StopMaxPackets or StopMaxBytes once a bound stopped the
 // capture, "" otherwise.
 func (w *Writer) StopReason() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.stop
+	if s := w.stop.Load(); s != nil {
+		return *s
+	}
+	return ""
 }
 
 // Close writes the statistics of each interface (stats[i] for interface i,
@@ -307,7 +314,7 @@ func (w *Writer) writeStats(stats []InterfaceStats) error {
 	now := time.Now()
 	for i, s := range stats[:min(len(stats), len(w.ifaces))] {
 		w.block = appendISB(w.block[:0], i, w.start, now, s.Received, s.Dropped)
-		if err := w.commitBlock(w.block, ""); errors.Is(err, ErrLimit) {
+		if err := w.commitBlock(w.block, nil); errors.Is(err, ErrLimit) {
 			return nil // no room left: the statistics are optional
 		} else if err != nil {
 			return err

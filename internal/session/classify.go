@@ -20,6 +20,65 @@ type classKey struct {
 // over, and kinds seen again are correlated again (correct, only slower).
 const maxClasses = 1 << 13
 
+// classTable maps packet kinds to handles. The last few kinds looked up are
+// kept apart and compared first: a ring block mostly alternates between a
+// flow's requests and replies, and a comparison is cheaper than hashing.
+type classTable struct {
+	m      map[classKey]flow.Handle
+	recent [4]classEntry
+	next   int // the recent slot replaced next
+}
+
+type classEntry struct {
+	k  classKey
+	h  flow.Handle
+	ok bool
+}
+
+func newClassTable() *classTable { return &classTable{m: map[classKey]flow.Handle{}} }
+
+func (c *classTable) get(k classKey) (flow.Handle, bool) {
+	for i := range c.recent {
+		if e := &c.recent[i]; e.ok && e.k == k {
+			return e.h, true
+		}
+	}
+	h, ok := c.m[k]
+	if ok {
+		c.remember(k, h)
+	}
+	return h, ok
+}
+
+func (c *classTable) put(k classKey, h flow.Handle) {
+	if len(c.m) >= maxClasses {
+		clear(c.m)
+		c.recent = [4]classEntry{}
+	}
+	c.m[k] = h
+	c.remember(k, h)
+}
+
+func (c *classTable) remove(k classKey) {
+	delete(c.m, k)
+	for i := range c.recent {
+		if c.recent[i].k == k {
+			c.recent[i] = classEntry{}
+		}
+	}
+}
+
+func (c *classTable) remember(k classKey, h flow.Handle) {
+	for i := range c.recent {
+		if e := &c.recent[i]; e.ok && e.k == k {
+			e.h = h
+			return
+		}
+	}
+	c.recent[c.next] = classEntry{k: k, h: h, ok: true}
+	c.next = (c.next + 1) % len(c.recent)
+}
+
 // classify counts a captured frame in its flow and returns its handle;
 // false for a frame that is no packet of a known flow (not IPv4 TCP/UDP,
 // or its flow is not known yet: the engine keeps it waiting).
@@ -30,20 +89,17 @@ func (tr *tracer) classify(tapIdx int, p *capture.Packet) (flow.Handle, bool) {
 	}
 	tp := &tr.taps[tapIdx]
 	k := classKey{uint16(tapIdx), p.Dir, t}
-	if h, ok := tr.classes[k]; ok && tr.eng.Repeat(h, tp.point, p.Time, p.Len) {
+	if h, ok := tr.classes.get(k); ok && tr.eng.Repeat(h, tp.point, p.Time, p.Len) {
 		return h, true
 	}
 	o, _ := p.Observation(tp.point)
 	o.Ifname = tp.label
 	h, ok := tr.eng.AddPacket(o)
 	if !ok {
-		delete(tr.classes, k)
+		tr.classes.remove(k)
 		return h, false
 	}
-	if len(tr.classes) >= maxClasses {
-		clear(tr.classes)
-	}
-	tr.classes[k] = h
+	tr.classes.put(k, h)
 	return h, true
 }
 

@@ -50,7 +50,7 @@ func testTracer(t testing.TB, out io.Writer) *tracer {
 		t.Fatal(err)
 	}
 	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
-	return &tracer{taps: taps, eng: eng, classes: map[classKey]flow.Handle{}, free: make(chan *batch, freeBatches),
+	return &tracer{taps: taps, eng: eng, classes: newClassTable(), free: make(chan *batch, freeBatches),
 		pcap: &pcapOut{w: w, perTap: make([]uint64, len(taps)), queues: make([][]*batch, len(taps))}}
 }
 

@@ -35,7 +35,7 @@ type tracer struct {
 	free       chan *batch // consumed frame batches, for reuse
 	freeObs    chan *batch // consumed observation batches, for reuse
 	lb         *lbWatch
-	classes    map[classKey]flow.Handle
+	classes    *classTable
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.

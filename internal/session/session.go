@@ -139,7 +139,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		root = cgroup
 	}
-	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: map[classKey]flow.Handle{}, lb: lb,
+	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
 		free: make(chan *batch, freeBatches), freeObs: make(chan *batch, freeObsBatches)}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {

@@ -1,0 +1,66 @@
+package session
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// The table answers like a plain map whatever its recent-kinds cache holds:
+// after puts, removals and the reset at maxClasses.
+func TestClassTableActsAsMap(t *testing.T) {
+	c := newClassTable()
+	want := map[classKey]flow.Handle{}
+	key := func(i int) classKey {
+		return classKey{tap: uint16(i % 3), tuple: capture.Tuple{Sport: uint16(i)}}
+	}
+	// check looks up first (the key just changed, while the cache may still
+	// hold it), then every key.
+	check := func(step string, first int) {
+		t.Helper()
+		for _, i := range append([]int{first}, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11) {
+			k := key(i)
+			h, ok := c.get(k)
+			wh, wok := want[k]
+			if ok != wok || h != wh {
+				t.Fatalf("%s: key %d: got %v/%v, want %v/%v", step, i, h, ok, wh, wok)
+			}
+		}
+	}
+	// Distinct handles: the first packets of 12 flows.
+	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
+	var handles []flow.Handle
+	for i := range 12 {
+		h, ok := eng.AddPacket(obs.Observation{Time: base, Point: obs.PointPod, Dir: obs.DirOut, Proto: obs.UDP,
+			Src: netip.AddrPortFrom(client.Addr(), uint16(1000+i)), Dst: vip, Len: 60})
+		if !ok {
+			t.Fatal("no handle for a packet to the VIP")
+		}
+		handles = append(handles, h)
+	}
+	for i := range 12 {
+		c.put(key(i), handles[i])
+		want[key(i)] = handles[i]
+		check("put", i)
+	}
+	for _, i := range []int{11, 3, 10} {
+		c.get(key(i)) // recently used
+		c.remove(key(i))
+		delete(want, key(i))
+		check("remove", i)
+	}
+	c.put(key(3), handles[5])
+	want[key(3)] = handles[5]
+	check("put again", 3)
+	last := 100
+	for ; len(c.m) < maxClasses; last++ {
+		c.put(key(last), handles[0])
+	}
+	c.put(key(1000000), handles[1]) // the table starts over
+	clear(want)
+	want[key(1000000)] = handles[1]
+	check("reset", last-1)
+}
