@@ -99,9 +99,88 @@ struct {
 	__type(value, __u8);
 } watch_addrs SEC(".maps");
 
+/* A quick "maybe" in front of watch_addrs and watch_clients: one bit per
+ * hash of each watched address and each learned client endpoint. A clear bit
+ * means "not watched" without a hash-map lookup, which is the answer for
+ * almost every packet of unrelated traffic; a set bit means "look it up".
+ * Each bit array has one writer: user space sets the bits of the addresses
+ * it watches (whole value, one writer at a time), the observers those they
+ * learn (atomic OR). A bit is set before its map entry is added and never
+ * cleared, so a clear bit is never wrong; an evicted client leaves a set
+ * bit, which only costs a lookup. */
+#define PT_ADDR_BITS (1 << 14)
+#define PT_CLIENT_BITS (1 << 16)
+
+struct pt_user_bits {
+	__u64 addrs[PT_ADDR_BITS / 64];
+};
+
+struct pt_kernel_bits {
+	__u64 addrs[PT_ADDR_BITS / 64];
+	__u64 clients[PT_CLIENT_BITS / 64];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pt_user_bits);
+} watch_bits_user SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pt_kernel_bits);
+} watch_bits_kernel SEC(".maps");
+
+/* pt_mix is a 32-bit integer hash (lowbias32); user space has the same
+ * (probe.mix32). */
+static __always_inline __u32 pt_mix(__u32 x)
+{
+	x ^= x >> 16;
+	x *= 0x7feb352d;
+	x ^= x >> 15;
+	x *= 0x846ca68b;
+	x ^= x >> 16;
+	return x;
+}
+
+static __always_inline __u32 pt_addr_bit(__u32 addr)
+{
+	return pt_mix(addr) & (PT_ADDR_BITS - 1);
+}
+
+static __always_inline __u32 pt_client_bit(__u32 addr, __u16 port, __u8 proto)
+{
+	return pt_mix(addr ^ pt_mix(((__u32)port << 8) | proto)) & (PT_CLIENT_BITS - 1);
+}
+
+static __always_inline bool pt_bit(const __u64 *words, __u32 bit)
+{
+	return words[bit / 64] & (1ULL << (bit % 64));
+}
+
+static __always_inline bool pt_addr_maybe(__u32 addr)
+{
+	__u32 key = 0, bit = pt_addr_bit(addr);
+	struct pt_user_bits *u = bpf_map_lookup_elem(&watch_bits_user, &key);
+	struct pt_kernel_bits *k = bpf_map_lookup_elem(&watch_bits_kernel, &key);
+	/* Without the arrays (never the case), fall back to the lookup. */
+	return !u || !k || pt_bit(u->addrs, bit) || pt_bit(k->addrs, bit);
+}
+
+static __always_inline void pt_set_kernel_addr_bit(__u32 addr)
+{
+	__u32 key = 0, bit = pt_addr_bit(addr);
+	struct pt_kernel_bits *k = bpf_map_lookup_elem(&watch_bits_kernel, &key);
+	if (k)
+		__sync_fetch_and_or(&k->addrs[bit / 64], 1ULL << (bit % 64));
+}
+
 static __always_inline bool pt_watched(__u32 addr)
 {
-	return addr && bpf_map_lookup_elem(&watch_addrs, &addr);
+	return addr && pt_addr_maybe(addr) && bpf_map_lookup_elem(&watch_addrs, &addr);
 }
 
 /* The client side of a flow to a watched address, learned in the kernel by
@@ -144,7 +223,10 @@ static __always_inline void pt_count_learn_error(void)
 static __always_inline void pt_learn_addr(__u32 addr)
 {
 	__u8 one = 1;
-	if (addr && !pt_watched(addr) && bpf_map_update_elem(&watch_addrs, &addr, &one, BPF_ANY))
+	if (!addr || pt_watched(addr))
+		return;
+	pt_set_kernel_addr_bit(addr); /* before the entry: see watch_bits_user */
+	if (bpf_map_update_elem(&watch_addrs, &addr, &one, BPF_ANY))
 		pt_count_learn_error();
 }
 
@@ -165,19 +247,34 @@ static __always_inline bool pt_client_key(struct pt_client *k, __u32 addr, __u16
  * flow to a watched address comes here: a lookup (which also keeps the entry
  * recent in the LRU) is far cheaper than an update, which only the first one
  * needs. */
+static __always_inline bool pt_client_maybe(__u32 addr, __u16 port, __u8 proto)
+{
+	__u32 key = 0;
+	struct pt_kernel_bits *k = bpf_map_lookup_elem(&watch_bits_kernel, &key);
+	return !k || pt_bit(k->clients, pt_client_bit(addr, port, proto));
+}
+
 static __always_inline void pt_learn_client(__u32 addr, __u16 port, __u8 proto)
 {
 	struct pt_client k;
 	__u8 one = 1;
-	if (pt_client_key(&k, addr, port, proto) && !bpf_map_lookup_elem(&watch_clients, &k) &&
-	    bpf_map_update_elem(&watch_clients, &k, &one, BPF_ANY))
+	if (!pt_client_key(&k, addr, port, proto))
+		return;
+	if (pt_client_maybe(addr, port, proto) && bpf_map_lookup_elem(&watch_clients, &k))
+		return;
+	__u32 key = 0, bit = pt_client_bit(addr, port, proto);
+	struct pt_kernel_bits *b = bpf_map_lookup_elem(&watch_bits_kernel, &key);
+	if (b) /* before the entry: see watch_bits_user */
+		__sync_fetch_and_or(&b->clients[bit / 64], 1ULL << (bit % 64));
+	if (bpf_map_update_elem(&watch_clients, &k, &one, BPF_ANY))
 		pt_count_learn_error();
 }
 
 static __always_inline bool pt_watched_client(__u32 addr, __u16 port, __u8 proto)
 {
 	struct pt_client k;
-	return pt_client_key(&k, addr, port, proto) && bpf_map_lookup_elem(&watch_clients, &k);
+	return pt_client_key(&k, addr, port, proto) && pt_client_maybe(addr, port, proto) &&
+	       bpf_map_lookup_elem(&watch_clients, &k);
 }
 
 /* pt_reserve returns a zeroed event stamped with time and point, or NULL after

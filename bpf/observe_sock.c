@@ -29,6 +29,44 @@ struct {
 	__type(value, __u32); /* netns inode of the socket's creator */
 } watch_cookies SEC(".maps");
 
+/* The egress observer runs for every packet of every socket under the
+ * cgroup: a bit per hash of each watched cookie answers "not watched"
+ * without the hash-map lookup (as watch_bits_kernel does for addresses; set
+ * before the entry, never cleared). */
+#define PT_COOKIE_BITS (1 << 16)
+
+struct pt_cookie_bits {
+	__u64 w[PT_COOKIE_BITS / 64];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pt_cookie_bits);
+} watch_cookie_bits SEC(".maps");
+
+static __always_inline __u32 pt_cookie_bit(__u64 cookie)
+{
+	return pt_mix((__u32)cookie ^ pt_mix(cookie >> 32)) & (PT_COOKIE_BITS - 1);
+}
+
+static __always_inline bool pt_cookie_maybe(__u64 cookie)
+{
+	__u32 key = 0;
+	struct pt_cookie_bits *b = bpf_map_lookup_elem(&watch_cookie_bits, &key);
+	return !b || pt_bit(b->w, pt_cookie_bit(cookie));
+}
+
+static __always_inline void pt_watch_cookie(__u64 cookie, __u32 netns)
+{
+	__u32 key = 0, bit = pt_cookie_bit(cookie);
+	struct pt_cookie_bits *b = bpf_map_lookup_elem(&watch_cookie_bits, &key);
+	if (b)
+		__sync_fetch_and_or(&b->w[bit / 64], 1ULL << (bit % 64));
+	bpf_map_update_elem(&watch_cookies, &cookie, &netns, BPF_ANY);
+}
+
 /* read_requested (key 0) is 1 while another sock_addr program may rewrite
  * destinations on this node (a socket LB): only then does the requested
  * destination differ from the one the hook sees, and need reading from the
@@ -224,7 +262,7 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 	if (kind == PT_KIND_SENDMSG && pt_sent_before(cookie, daddr, (__u16)ctx->user_port))
 		return 1;
 	__u32 netns = pt_sock_netns(ctx);
-	bpf_map_update_elem(&watch_cookies, &cookie, &netns, BPF_ANY);
+	pt_watch_cookie(cookie, netns);
 
 	struct pt_event *e = pt_reserve(PT_SOCKADDR);
 	if (!e)
@@ -275,7 +313,7 @@ SEC("cgroup_skb/egress")
 int pt_sock_egress(struct __sk_buff *skb)
 {
 	__u64 cookie = bpf_get_socket_cookie(skb);
-	__u32 *watched = cookie ? bpf_map_lookup_elem(&watch_cookies, &cookie) : NULL;
+	__u32 *watched = cookie && pt_cookie_maybe(cookie) ? bpf_map_lookup_elem(&watch_cookies, &cookie) : NULL;
 	if (!watched)
 		return 1;
 	/* The first packet can leave from softirq context (a retransmit): the

@@ -22,6 +22,8 @@ const (
 	observeNFMapLearnErrors      = "learn_errors"
 	observeNFMapRingbufLosses    = "ringbuf_losses"
 	observeNFMapWatchAddrs       = "watch_addrs"
+	observeNFMapWatchBitsKernel  = "watch_bits_kernel"
+	observeNFMapWatchBitsUser    = "watch_bits_user"
 	observeNFMapWatchClients     = "watch_clients"
 	observeNFProgPtNfAfter       = "pt_nf_after"
 	observeNFProgPtNfBefore      = "pt_nf_before"
@@ -84,6 +86,8 @@ type observeNFMapSpecs struct {
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
+	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
 }
 
@@ -120,6 +124,8 @@ type observeNFMaps struct {
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
+	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
+	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
 }
 
@@ -131,6 +137,8 @@ func (m *observeNFMaps) Close() error {
 		m.LearnErrors,
 		m.RingbufLosses,
 		m.WatchAddrs,
+		m.WatchBitsKernel,
+		m.WatchBitsUser,
 		m.WatchClients,
 	)
 }

@@ -22,6 +22,8 @@ const (
 	observePktMapLearnErrors      = "learn_errors"
 	observePktMapRingbufLosses    = "ringbuf_losses"
 	observePktMapWatchAddrs       = "watch_addrs"
+	observePktMapWatchBitsKernel  = "watch_bits_kernel"
+	observePktMapWatchBitsUser    = "watch_bits_user"
 	observePktMapWatchClients     = "watch_clients"
 	observePktProgPtTapFilter     = "pt_tap_filter"
 	observePktVarPtEventLayout    = "pt_event_layout"
@@ -83,6 +85,8 @@ type observePktMapSpecs struct {
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
+	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
 }
 
@@ -120,6 +124,8 @@ type observePktMaps struct {
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
+	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
+	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
 }
 
@@ -131,6 +137,8 @@ func (m *observePktMaps) Close() error {
 		m.LearnErrors,
 		m.RingbufLosses,
 		m.WatchAddrs,
+		m.WatchBitsKernel,
+		m.WatchBitsUser,
 		m.WatchClients,
 	)
 }

@@ -24,7 +24,10 @@ const (
 	observeSockMapRingbufLosses    = "ringbuf_losses"
 	observeSockMapSentTo           = "sent_to"
 	observeSockMapWatchAddrs       = "watch_addrs"
+	observeSockMapWatchBitsKernel  = "watch_bits_kernel"
+	observeSockMapWatchBitsUser    = "watch_bits_user"
 	observeSockMapWatchClients     = "watch_clients"
+	observeSockMapWatchCookieBits  = "watch_cookie_bits"
 	observeSockMapWatchCookies     = "watch_cookies"
 	observeSockProgPtConnect4      = "pt_connect4"
 	observeSockProgPtConnect6      = "pt_connect6"
@@ -95,7 +98,10 @@ type observeSockMapSpecs struct {
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	SentTo           *ebpf.MapSpec `ebpf:"sent_to"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
+	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
+	WatchCookieBits  *ebpf.MapSpec `ebpf:"watch_cookie_bits"`
 	WatchCookies     *ebpf.MapSpec `ebpf:"watch_cookies"`
 }
 
@@ -134,7 +140,10 @@ type observeSockMaps struct {
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	SentTo           *ebpf.Map `ebpf:"sent_to"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
+	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
+	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
+	WatchCookieBits  *ebpf.Map `ebpf:"watch_cookie_bits"`
 	WatchCookies     *ebpf.Map `ebpf:"watch_cookies"`
 }
 
@@ -148,7 +157,10 @@ func (m *observeSockMaps) Close() error {
 		m.RingbufLosses,
 		m.SentTo,
 		m.WatchAddrs,
+		m.WatchBitsKernel,
+		m.WatchBitsUser,
 		m.WatchClients,
+		m.WatchCookieBits,
 		m.WatchCookies,
 	)
 }

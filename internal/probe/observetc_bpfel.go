@@ -22,6 +22,8 @@ const (
 	observeTCMapLearnErrors      = "learn_errors"
 	observeTCMapRingbufLosses    = "ringbuf_losses"
 	observeTCMapWatchAddrs       = "watch_addrs"
+	observeTCMapWatchBitsKernel  = "watch_bits_kernel"
+	observeTCMapWatchBitsUser    = "watch_bits_user"
 	observeTCMapWatchClients     = "watch_clients"
 	observeTCProgPtTcHeadIn      = "pt_tc_head_in"
 	observeTCProgPtTcHeadOut     = "pt_tc_head_out"
@@ -88,6 +90,8 @@ type observeTCMapSpecs struct {
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
+	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
+	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
 }
 
@@ -124,6 +128,8 @@ type observeTCMaps struct {
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
+	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
+	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
 }
 
@@ -135,6 +141,8 @@ func (m *observeTCMaps) Close() error {
 		m.LearnErrors,
 		m.RingbufLosses,
 		m.WatchAddrs,
+		m.WatchBitsKernel,
+		m.WatchBitsUser,
 		m.WatchClients,
 	)
 }

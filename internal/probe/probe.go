@@ -9,6 +9,7 @@
 package probe
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -57,7 +58,7 @@ type Stats struct {
 // about a flow in the kernel reaches every later point, the taps' filter
 // included, before the flow's next packet does.
 var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_clients", "learn_errors",
-	"watch_cookies", "flow_events", "events_summarized", "read_requested"}
+	"watch_cookies", "flow_events", "events_summarized", "read_requested", "watch_bits_user", "watch_bits_kernel", "watch_cookie_bits"}
 
 // Probe owns every map, program, link and socket of one session.
 type Probe struct {
@@ -71,6 +72,7 @@ type Probe struct {
 	links    []link.Link
 	globals  map[string]bool // host-wide observers attached once per Probe
 	watched  map[netip.Addr]bool
+	userBits [addrBits / 64]uint64 // watch_bits_user's value
 	ifnames  map[ifaceKey]string
 	nfPrios  map[nfKey]int32
 	ctSubs   []*ctSubscription
@@ -166,12 +168,38 @@ func (p *Probe) Watch(addrs ...netip.Addr) error {
 		if !a.Is4() {
 			return fmt.Errorf("watch %s: only IPv4 addresses are observed", a)
 		}
+		// The address's bit first: an observer that finds its bit clear
+		// does not look the address up (watch_bits_user in observe.h).
+		bit := addrBit(a.As4())
+		p.userBits[bit/64] |= 1 << (bit % 64)
+		if err := p.maps["watch_bits_user"].Put(uint32(0), &p.userBits); err != nil {
+			return fmt.Errorf("watch %s: %w", a, err)
+		}
 		if err := p.maps["watch_addrs"].Put(a.As4(), uint8(1)); err != nil {
 			return fmt.Errorf("watch %s: %w", a, err)
 		}
 		p.watched[a] = true
 	}
 	return nil
+}
+
+// addrBits is PT_ADDR_BITS of observe.h.
+const addrBits = 1 << 14
+
+// addrBit is an address's bit in watch_bits_user: pt_addr_bit of
+// observe.h, on the address as the observers load it from a packet.
+func addrBit(a [4]byte) uint32 {
+	return mix32(binary.NativeEndian.Uint32(a[:])) & (addrBits - 1)
+}
+
+// mix32 is pt_mix of observe.h (lowbias32).
+func mix32(x uint32) uint32 {
+	x ^= x >> 16
+	x *= 0x7feb352d
+	x ^= x >> 15
+	x *= 0x846ca68b
+	x ^= x >> 16
+	return x
 }
 
 func (p *Probe) isWatched(a netip.Addr) bool {
