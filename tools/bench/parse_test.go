@@ -37,13 +37,13 @@ func TestParseTcpdumpStats(t *testing.T) {
 	stderr := "tcpdump: listening on bond0, link-type EN10MB (Ethernet), snapshot length 96 bytes\n" +
 		"^C\n1234 packets captured\n1300 packets received by filter\n66 packets dropped by kernel\n"
 	var res captureResult
-	if err := parseTcpdumpStats(stderr, &res); err != nil {
+	if err := parseTcpdumpStats(stderr, "bond0", &res); err != nil {
 		t.Fatal(err)
 	}
 	if res.Captured["bond0"] != 1234 || res.KernelDrops["bond0"] != 66 {
 		t.Errorf("captured %v drops %v, want 1234 and 66", res.Captured, res.KernelDrops)
 	}
-	if err := parseTcpdumpStats("tcpdump: bond0: No such device exists\n", &res); err == nil {
+	if err := parseTcpdumpStats("tcpdump: bond0: No such device exists\n", "bond0", &res); err == nil {
 		t.Error("stderr without counters accepted")
 	}
 }

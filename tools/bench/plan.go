@@ -49,7 +49,7 @@ type bench struct {
 	sink *bulkSink
 	seq  int
 
-	commands  map[string][]string // the exact command line of each tool, for the report
+	commands  map[string][]string // the exact command lines of each tool, for the report
 	loadStart string              // load average when the measurements started
 }
 
@@ -72,67 +72,91 @@ type windowRun struct {
 
 func (r windowRun) sentPPS() float64 { return float64(r.Sent) / r.Elapsed.Seconds() }
 
-// toolArgv is the command line of tool, with its capture file in the
-// benchmark's directory. pathtrace watches both lab Services plus extraSvcs.
-func (b *bench) toolArgv(tool string, extraSvcs ...string) []string {
+// toolArgvs are the command lines of tool (one per process), with their
+// capture files in the benchmark's directory. pathtrace watches both lab
+// Services plus extraSvcs.
+func (b *bench) toolArgvs(tool string, extraSvcs ...string) [][]string {
 	b.seq++
-	var argv []string
+	var argvs [][]string
 	switch tool {
 	case toolPathtrace:
-		argv = []string{b.cfg.pathtrace, "--host-netns", b.lab.NodeNetNS(),
+		argv := []string{b.cfg.pathtrace, "--host-netns", b.lab.NodeNetNS(),
 			"--svc", lab.TCPVIP.String() + "/tcp", "--svc", lab.UDPVIP.String() + "/udp"}
 		for _, s := range extraSvcs {
 			argv = append(argv, "--svc", s)
 		}
-		argv = append(argv, "--duration", "1h", "--pcap", filepath.Join(b.dir, "pathtrace-"+strconv.Itoa(b.seq)+".pcapng"), "--output", "json")
+		argvs = [][]string{append(argv, "--duration", "1h", "--pcap", filepath.Join(b.dir, "pathtrace-"+strconv.Itoa(b.seq)+".pcapng"), "--output", "json")}
 	case toolTcpdump:
-		// -Z root: Debian's tcpdump otherwise writes its file as user tcpdump,
-		// which cannot create files in the benchmark's private directory.
-		argv = []string{"ip", "netns", "exec", filepath.Base(b.lab.NodeNetNS()),
-			b.cfg.tcpdump, "-i", lab.Uplink, "-w", filepath.Join(b.dir, "tcpdump-"+strconv.Itoa(b.seq)+".pcap"), "-s", "96", "-n", "-Z", "root"}
+		argvs = [][]string{b.tcpdumpArgv(b.lab.NodeNetNS(), lab.Uplink)}
+	case toolTcpdump3:
+		// What pathtrace keeps, as a filter in the kernel: the two VIPs and
+		// their backend.
+		filter := fmt.Sprintf("host %s or host %s or host %s", lab.TCPVIP.Addr(), lab.UDPVIP.Addr(), lab.BackendIP)
+		for _, point := range []struct{ netns, ifname string }{
+			{b.lab.PodNetNS(), lab.PodIface}, {b.lab.NodeNetNS(), lab.HostVeth}, {b.lab.NodeNetNS(), lab.Uplink},
+		} {
+			argvs = append(argvs, append(b.tcpdumpArgv(point.netns, point.ifname), filter))
+		}
 	}
 	key := tool
 	if len(extraSvcs) > 0 {
 		key += " (watching the bulk flow)"
 	}
 	if _, ok := b.commands[key]; !ok {
-		b.commands[key] = argv
+		for _, argv := range argvs {
+			b.commands[key] = append(b.commands[key], shellJoin(argv))
+		}
 	}
-	return argv
+	return argvs
+}
+
+// tcpdumpArgv captures ifname in netns to a file of its own. -Z root:
+// Debian's tcpdump otherwise writes its file as user tcpdump, which cannot
+// create files in the benchmark's private directory.
+func (b *bench) tcpdumpArgv(netns, ifname string) []string {
+	file := filepath.Join(b.dir, fmt.Sprintf("tcpdump-%d-%s.pcap", b.seq, ifname))
+	return []string{"ip", "netns", "exec", filepath.Base(netns), b.cfg.tcpdump, "-i", ifname, "-w", file, "-s", "96", "-n", "-Z", "root"}
 }
 
 // captureFile is the file argv writes.
 func captureFile(argv []string) string {
+	if f := argValue(argv, "--pcap"); f != "" {
+		return f
+	}
+	return argValue(argv, "-w")
+}
+
+// argValue is the argument after flag in argv, "" when none.
+func argValue(argv []string, flag string) string {
 	for i, a := range argv[:len(argv)-1] {
-		if a == "--pcap" || a == "-w" {
+		if a == flag {
 			return argv[i+1]
 		}
 	}
 	return ""
 }
 
-// window runs traffic with tool capturing (argv; nil for none) and measures
-// the window from the first datagram to settle after the last.
-func (b *bench) window(ctx context.Context, tool string, argv []string, rate int, traffic trafficFunc, sampleRSS bool) (windowRun, error) {
+// window runs traffic with tool capturing (argvs: one per process; nil for
+// none) and measures the window from the first datagram to settle after the
+// last.
+func (b *bench) window(ctx context.Context, tool string, argvs [][]string, rate int, traffic trafficFunc, sampleRSS bool) (windowRun, error) {
 	run := windowRun{Tool: tool, Rate: rate}
-	var p *toolProc
-	if argv != nil {
-		var err error
-		if p, err = startTool(ctx, tool, argv); err != nil {
+	var procs procSet
+	defer procs.kill()
+	for _, argv := range argvs {
+		defer os.Remove(captureFile(argv))
+		p, err := startTool(ctx, processKind(tool), argv)
+		if err != nil {
 			return run, err
 		}
-		defer p.kill()
-		defer os.Remove(captureFile(argv))
+		procs = append(procs, p)
 	}
 	if err := sleepCtx(ctx, 300*time.Millisecond); err != nil { // let start-up work finish
 		return run, err
 	}
-	var c0 time.Duration
-	if p != nil {
-		var err error
-		if c0, err = p.cpu(); err != nil {
-			return run, err
-		}
+	c0, err := procs.cpu()
+	if err != nil {
+		return run, err
 	}
 	s0, err := systemBusy()
 	if err != nil {
@@ -146,8 +170,8 @@ func (b *bench) window(ctx context.Context, tool string, argv []string, rate int
 	rssCtx, stopRSS := context.WithCancel(ctx)
 	defer stopRSS()
 	var rss <-chan []uint64
-	if sampleRSS && p != nil {
-		rss = sampleRSSEverySecond(rssCtx, p.pid())
+	if sampleRSS && len(procs) == 1 {
+		rss = sampleRSSEverySecond(rssCtx, procs[0].pid())
 	}
 	run.Sent, run.Elapsed, err = traffic(ctx)
 	if err != nil {
@@ -160,11 +184,9 @@ func (b *bench) window(ctx context.Context, tool string, argv []string, rate int
 		stopRSS()
 		run.RSS = <-rss
 	}
-	var c1 time.Duration
-	if p != nil {
-		if c1, err = p.cpu(); err != nil {
-			return run, err
-		}
+	c1, err := procs.cpu()
+	if err != nil {
+		return run, err
 	}
 	s1, err := systemBusy()
 	if err != nil {
@@ -179,13 +201,15 @@ func (b *bench) window(ctx context.Context, tool string, argv []string, rate int
 	for k := range l1 {
 		run.Wire[k] = l1[k] - l0[k]
 	}
-	if p != nil {
-		if run.Cap, err = p.finish(); err != nil {
+	if len(procs) > 0 {
+		if run.Cap, err = procs.finish(); err != nil {
 			return run, err
 		}
 		run.Cap.WindowCPU = c1 - c0
-		if st, err := os.Stat(captureFile(argv)); err == nil {
-			run.Cap.FileBytes = uint64(st.Size())
+		for _, argv := range argvs {
+			if st, err := os.Stat(captureFile(argv)); err == nil {
+				run.Cap.FileBytes += uint64(st.Size())
+			}
 		}
 	}
 	return run, nil
@@ -323,7 +347,7 @@ func (b *bench) captureRuns(ctx context.Context, res *results) error {
 	for _, rate := range b.cfg.rates {
 		for _, tool := range []string{toolNone, toolTcpdump, toolPathtrace} {
 			progress("capture: %s at %s", tool, rateName(rate))
-			r, err := b.window(ctx, tool, b.argvOrNil(tool), rate, b.udpTraffic(lab.UDPVIP, rate, b.cfg.window), false)
+			r, err := b.window(ctx, tool, b.argvsOrNil(tool), rate, b.udpTraffic(lab.UDPVIP, rate, b.cfg.window), false)
 			if err != nil {
 				return fmt.Errorf("capture %s at %s: %w", tool, rateName(rate), err)
 			}
@@ -334,7 +358,7 @@ func (b *bench) captureRuns(ctx context.Context, res *results) error {
 }
 
 func (b *bench) unrelatedRuns(ctx context.Context, res *results) error {
-	progress("unrelated traffic: none, pathtrace idle, pathtrace")
+	progress("unrelated traffic: none, pathtrace idle, pathtrace, tcpdump at three points")
 	for _, step := range []struct {
 		tool    string
 		traffic trafficFunc
@@ -342,8 +366,9 @@ func (b *bench) unrelatedRuns(ctx context.Context, res *results) error {
 		{toolNone, b.udpTraffic(unrelatedDst, 0, b.cfg.window)},
 		{toolPathtrace, idle(b.cfg.window)},
 		{toolPathtrace, b.udpTraffic(unrelatedDst, 0, b.cfg.window)},
+		{toolTcpdump3, b.udpTraffic(unrelatedDst, 0, b.cfg.window)},
 	} {
-		r, err := b.window(ctx, step.tool, b.argvOrNil(step.tool), 0, step.traffic, false)
+		r, err := b.window(ctx, step.tool, b.argvsOrNil(step.tool), 0, step.traffic, false)
 		if err != nil {
 			return fmt.Errorf("unrelated traffic, %s: %w", step.tool, err)
 		}
@@ -354,7 +379,7 @@ func (b *bench) unrelatedRuns(ctx context.Context, res *results) error {
 
 func (b *bench) longRun(ctx context.Context, res *results) error {
 	progress("long run: pathtrace, %s with a new flow per datagram", b.cfg.long)
-	long, err := b.window(ctx, toolPathtrace, b.toolArgv(toolPathtrace), b.cfg.churnRate,
+	long, err := b.window(ctx, toolPathtrace, b.toolArgvs(toolPathtrace), b.cfg.churnRate,
 		b.churnTraffic(lab.UDPVIP, b.cfg.churnRate, b.cfg.long), true)
 	if err != nil {
 		return fmt.Errorf("long run: %w", err)
@@ -367,7 +392,7 @@ func (b *bench) longRun(ctx context.Context, res *results) error {
 // the machine shows up on both sides.
 func (b *bench) latencyRuns(ctx context.Context, res *results) error {
 	for round := range latencyRounds {
-		for _, tool := range []string{toolNone, toolTcpdump, toolPathtrace} {
+		for _, tool := range []string{toolNone, toolTcpdump, toolTcpdump3, toolPathtrace} {
 			progress("connect latency, round %d: %s", round+1, tool)
 			lat, paced, r, err := b.latencyRun(ctx, tool)
 			if err != nil {
@@ -386,7 +411,7 @@ func (b *bench) latencyRuns(ctx context.Context, res *results) error {
 
 func (b *bench) bulkRuns(ctx context.Context, res *results) error {
 	for round := range bulkRounds {
-		for _, variant := range []string{toolNone, toolPathtrace, toolPathtrace + " (watching the bulk flow)"} {
+		for _, variant := range bulkVariants {
 			progress("TCP throughput, round %d: %s", round+1, variant)
 			br, err := b.bulkRun(ctx, variant)
 			if err != nil {
@@ -398,11 +423,11 @@ func (b *bench) bulkRuns(ctx context.Context, res *results) error {
 	return nil
 }
 
-func (b *bench) argvOrNil(tool string) []string {
+func (b *bench) argvsOrNil(tool string) [][]string {
 	if tool == toolNone {
 		return nil
 	}
-	return b.toolArgv(tool)
+	return b.toolArgvs(tool)
 }
 
 // latencyRun times the configured number of connects to the TCP VIP with
@@ -411,7 +436,7 @@ func (b *bench) argvOrNil(tool string) []string {
 // pacedEvery (what each connection pays in the kernel path, the machine
 // otherwise mostly idle).
 func (b *bench) latencyRun(ctx context.Context, tool string) (lat, paced []time.Duration, r windowRun, err error) {
-	r, err = b.window(ctx, tool, b.argvOrNil(tool), 0, func(ctx context.Context) (uint64, time.Duration, error) {
+	r, err = b.window(ctx, tool, b.argvsOrNil(tool), 0, func(ctx context.Context) (uint64, time.Duration, error) {
 		start := time.Now()
 		var err error
 		if lat, err = connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects, 0); err != nil {
@@ -423,23 +448,23 @@ func (b *bench) latencyRun(ctx context.Context, tool string) (lat, paced []time.
 	return lat, paced, r, err
 }
 
+// Bulk variants: nothing, pathtrace, pathtrace also watching the bulk flow
+// (every segment then passes its filters and is written to the capture
+// file), and tcpdump at pathtrace's three capture points (the cost of the
+// taps alone).
+const bulkWatched = toolPathtrace + " (watching the bulk flow)"
+
+var bulkVariants = []string{toolNone, toolPathtrace, bulkWatched, toolTcpdump3}
+
 // bulkRun measures one bulk TCP transfer from the Pod to the sink with
-// nothing, pathtrace, or pathtrace also watching the bulk flow (every
-// segment then passes its filters and is written to the capture file).
+// variant running.
 func (b *bench) bulkRun(ctx context.Context, variant string) (bulkRun, error) {
-	var argv []string
-	switch variant {
-	case toolPathtrace:
-		argv = b.toolArgv(toolPathtrace)
-	case toolPathtrace + " (watching the bulk flow)":
-		argv = b.toolArgv(toolPathtrace, bulkDst.String()+"/tcp")
-	}
-	tool := toolNone
-	if argv != nil {
-		tool = toolPathtrace
+	tool, argvs := variant, b.argvsOrNil(variant)
+	if variant == bulkWatched {
+		tool, argvs = toolPathtrace, b.toolArgvs(toolPathtrace, bulkDst.String()+"/tcp")
 	}
 	var bps float64
-	r, err := b.window(ctx, tool, argv, 0, func(ctx context.Context) (uint64, time.Duration, error) {
+	r, err := b.window(ctx, tool, argvs, 0, func(ctx context.Context) (uint64, time.Duration, error) {
 		start := time.Now()
 		var err error
 		bps, err = bulkThroughput(ctx, b.lab.PodNetNS(), b.sink, bulkDst, b.cfg.window)

@@ -44,7 +44,7 @@ func (b *bench) markdown(res *results, started time.Time) string {
 	p("```\nmake bench\n# runs: go test -run '^$' -bench . -benchmem ./...\n#       go build -o bin/pathtrace ./cmd/pathtrace\n#       go run ./tools/bench --pathtrace bin/pathtrace --out BENCH.md\n```\n\n")
 	p("Capture commands measured (each started fresh per run, stopped with SIGTERM / SIGINT, on which both print their counters; capture files in a temporary directory, deleted after each run):\n\n```\n")
 	for _, k := range slices.Sorted(maps.Keys(b.commands)) {
-		p("# %s\n%s\n", k, shellJoin(b.commands[k]))
+		p("# %s\n%s\n", k, strings.Join(b.commands[k], "\n"))
 	}
 	p("```\n\n")
 	p("Traffic, all inside the lab's namespaces: a Go generator thread inside the Pod's netns sends %d-byte UDP datagrams (%d-byte frames, cut by snaplen 96) from one unconnected socket with `sendmmsg` (batches of %d) to %s, paced or as fast as one thread goes; the backend echoes each one, so every point carries requests and replies. ", udpPayload, udpPayload+42, udpBatch, lab.UDPVIP)
@@ -125,12 +125,20 @@ func (b *bench) captureSection(p printer, res *results) {
 func (b *bench) unrelatedSection(p printer, res *results) {
 	none, idleRun, busy := res.Unrelated[0], res.Unrelated[1], res.Unrelated[2]
 	p("## 2. Unrelated traffic\n\n")
-	p("UDP from the Pod to %s (the gateway's discard port: neither a Service nor a backend), as fast as the generator goes, with pathtrace watching both lab Services. The in-kernel filters must reject all of it.\n\n", unrelatedDst)
-	p("| run | sent pps | wire pkts %s | pathtrace captured | pathtrace CPU | CPU s/M wire | system CPU s/M wire |\n|---|---:|---:|---:|---:|---:|---:|\n", lab.Uplink)
-	for _, r := range []struct {
+	p("UDP from the Pod to %s (the gateway's discard port: neither a Service nor a backend), as fast as the generator goes, with pathtrace watching both lab Services. The in-kernel filters must reject all of it. For reference, the same with %s (`tcpdump -w` on `%s`, `%s` and `%s`, each filtered in the kernel to the VIPs and the backend as pathtrace is: the cost of filtered AF_PACKET capture at those points, without pathtrace's observers).\n\n",
+		unrelatedDst, toolTcpdump3, lab.PodIface, lab.HostVeth, lab.Uplink)
+	p("| run | sent pps | wire pkts %s | captured | process CPU | CPU s/M wire | system CPU s/M wire |\n|---|---:|---:|---:|---:|---:|---:|\n", lab.Uplink)
+	rows := []struct {
 		name string
 		run  windowRun
-	}{{"nothing attached", none}, {"pathtrace, no traffic at all", idleRun}, {"pathtrace, unrelated traffic", busy}} {
+	}{{"nothing attached", none}, {"pathtrace, no traffic at all", idleRun}, {"pathtrace, unrelated traffic", busy}}
+	if len(res.Unrelated) > 3 {
+		rows = append(rows, struct {
+			name string
+			run  windowRun
+		}{toolTcpdump3 + ", unrelated traffic", res.Unrelated[3]})
+	}
+	for _, r := range rows {
 		wire := r.run.Wire[lab.Uplink]
 		captured, cpu, cpuWire := "–", "–", "–"
 		if c := r.run.Cap; c != nil {
@@ -160,18 +168,20 @@ func (b *bench) longSection(p printer, res *results) {
 
 func (b *bench) overheadSection(p printer, res *results) {
 	p("## 4. Overhead on the traced system\n\n")
-	p("`connect()` to the TCP VIP %s from the Pod (blocking, new socket each, closed with RST), %d samples per side and pacing in %d alternating rounds; pathtrace watches the VIP, so every connection is a traced flow. *Back to back*: the client connects as fast as it can, so on this 2-core machine the capture's own CPU competes with the client and the backend. *Paced*: one connection every %s, the machine otherwise mostly idle, so the added latency is what each connection pays in the kernel path (observers, taps).\n\n",
-		lab.TCPVIP, len(res.Latency[toolNone])/latencyRounds, latencyRounds, pacedEvery)
+	p("`connect()` to the TCP VIP %s from the Pod (blocking, new socket each, closed with RST), %d samples per side and pacing in %d alternating rounds; pathtrace watches the VIP, so every connection is a traced flow; %s (filtered to the VIPs and the backend) shows what AF_PACKET capture at pathtrace's points costs by itself. *Back to back*: the client connects as fast as it can, so on this 2-core machine the capture's own CPU competes with the client and the backend. *Paced*: one connection every %s, the machine otherwise mostly idle, so the added latency is what each connection pays in the kernel path (observers, taps).\n\n",
+		lab.TCPVIP, len(res.Latency[toolNone])/latencyRounds, latencyRounds, toolTcpdump3, pacedEvery)
 	for _, pacing := range []struct {
 		name string
 		lat  map[string][]time.Duration
 	}{{"back to back", res.Latency}, {"paced", res.Paced}} {
-		base, td, with := pacing.lat[toolNone], pacing.lat[toolTcpdump], pacing.lat[toolPathtrace]
+		base, td, td3, with := pacing.lat[toolNone], pacing.lat[toolTcpdump], pacing.lat[toolTcpdump3], pacing.lat[toolPathtrace]
 		p("| %s | median | p90 | p99 |\n|---|---:|---:|---:|\n", pacing.name)
 		p("| nothing attached | %s | %s | %s |\n", us(percentile(base, 50)), us(percentile(base, 90)), us(percentile(base, 99)))
 		p("| tcpdump on `%s` running (for reference) | %s | %s | %s |\n", lab.Uplink, us(percentile(td, 50)), us(percentile(td, 90)), us(percentile(td, 99)))
+		p("| %s running (for reference) | %s | %s | %s |\n", toolTcpdump3, us(percentile(td3, 50)), us(percentile(td3, 90)), us(percentile(td3, 99)))
 		p("| pathtrace running | %s | %s | %s |\n", us(percentile(with, 50)), us(percentile(with, 90)), us(percentile(with, 99)))
 		p("| ratio tcpdump / nothing | %s | %s | %s |\n", latRatio(td, base, 50), latRatio(td, base, 90), latRatio(td, base, 99))
+		p("| ratio %s / nothing | %s | %s | %s |\n", toolTcpdump3, latRatio(td3, base, 50), latRatio(td3, base, 90), latRatio(td3, base, 99))
 		p("| ratio pathtrace / nothing (target ≤ %.2f×) | %s | %s | %s |\n\n", maxLatencyRatio, latRatio(with, base, 50), latRatio(with, base, 90), latRatio(with, base, 99))
 	}
 	p("pathtrace's own process used %s of CPU per traced connection (both pacings), %.0f%% of a core while the connections ran.\n\n",
@@ -191,11 +201,11 @@ func (b *bench) overheadSection(p printer, res *results) {
 	p("to the VIP %s; to unrelated destinations nothing attached %s, pathtrace %s (%s).\n\n", strings.Join(maxRates, ", "),
 		count(res.Unrelated[0].sentPPS()), count(res.Unrelated[2].sentPPS()), ratio(res.Unrelated[2].sentPPS(), res.Unrelated[0].sentPPS()))
 
-	p("TCP throughput of one bulk connection from the Pod to a sink in the gateway's netns on its backend-side address (%s, not a backend: through `%s`, the bridge, `%s` with its VLAN programs and the gateway's routing), %s per run, %d alternating rounds. \"Watching the bulk flow\" adds `--svc %s/tcp`, so every segment passes pathtrace's filters at all three points and is written to its file:\n\n",
-		bulkDst, lab.HostVeth, lab.Uplink, b.cfg.window, bulkRounds, bulkDst)
-	p("| run | Gbit/s per round | mean | ratio to nothing attached (target ≥ %.2f×) | pathtrace captured / drops | pathtrace process CPU |\n|---|---|---:|---:|---:|---:|\n", minThroughputRate)
+	p("TCP throughput of one bulk connection from the Pod to a sink in the gateway's netns on its backend-side address (%s, not a backend: through `%s`, the bridge, `%s` with its VLAN programs and the gateway's routing), %s per run, %d alternating rounds. \"Watching the bulk flow\" adds `--svc %s/tcp`, so every segment passes pathtrace's filters at all three points and is written to its file; %s (filtered to the VIPs and the backend) rejects every segment at the same points, as pathtrace does when not watching the bulk flow:\n\n",
+		bulkDst, lab.HostVeth, lab.Uplink, b.cfg.window, bulkRounds, bulkDst, toolTcpdump3)
+	p("| run | Gbit/s per round | mean | ratio to nothing attached (target ≥ %.2f×) | captured / drops | process CPU |\n|---|---|---:|---:|---:|---:|\n", minThroughputRate)
 	baseMean := bulkMean(res.Bulk, toolNone)
-	for _, variant := range []string{toolNone, toolPathtrace, toolPathtrace + " (watching the bulk flow)"} {
+	for _, variant := range bulkVariants {
 		var rounds []string
 		var caps, cpus []string
 		for _, r := range res.Bulk {
@@ -246,7 +256,7 @@ func (b *bench) targetsSection(p printer, res *results) {
 		}
 	}
 	for _, r := range res.Bulk {
-		if r.Cap != nil {
+		if r.Cap != nil && r.Tool != toolTcpdump3 {
 			peak = max(peak, r.Cap.PeakRSS)
 		}
 	}
@@ -258,6 +268,11 @@ func (b *bench) targetsSection(p printer, res *results) {
 		busy.Cap.WindowCPU.Seconds(), count(float64(busy.Wire[lab.Uplink])), lab.Uplink, idleRun.Cap.WindowCPU.Seconds(), busy.Cap.totalCaptured(), yesNo(processNearZero),
 		perMillion(busy.SysBusy, busy.Wire[lab.Uplink]), perMillion(none.SysBusy, none.Wire[lab.Uplink]), ratio(busy.sentPPS(), none.sentPPS()),
 		yesNo(processNearZero), yesNo(busy.sentPPS() >= minThroughputRate*none.sentPPS()))
+	if len(res.Unrelated) > 3 {
+		td3 := res.Unrelated[3]
+		p("| (reference: %s) | system CPU %s s/M per unrelated packet; one sender reaches %s of its rate | – |\n",
+			toolTcpdump3, perMillion(td3.SysBusy, td3.Wire[lab.Uplink]), ratio(td3.sentPPS(), none.sentPPS()))
+	}
 
 	latMet := true
 	var latRes []string
@@ -265,19 +280,21 @@ func (b *bench) targetsSection(p printer, res *results) {
 		name string
 		lat  map[string][]time.Duration
 	}{{"paced", res.Paced}, {"back to back", res.Latency}} {
-		base, with := pacing.lat[toolNone], pacing.lat[toolPathtrace]
+		base, with, td3 := pacing.lat[toolNone], pacing.lat[toolPathtrace], pacing.lat[toolTcpdump3]
 		med := float64(percentile(with, 50)) / float64(percentile(base, 50))
 		p99 := float64(percentile(with, 99)) / float64(percentile(base, 99))
 		latMet = latMet && med <= maxLatencyRatio && p99 <= maxLatencyRatio
-		latRes = append(latRes, fmt.Sprintf("%s: median %.2f×, p99 %.2f×", pacing.name, med, p99))
+		latRes = append(latRes, fmt.Sprintf("%s: median %.2f×, p99 %.2f× (%s: %s, %s)", pacing.name, med, p99,
+			toolTcpdump3, latRatio(td3, base, 50), latRatio(td3, base, 99)))
 	}
 	p("| connect() latency ≤ %.2f× | %s | %s |\n", maxLatencyRatio, strings.Join(latRes, "; "), yesNo(latMet))
 
 	baseMean := bulkMean(res.Bulk, toolNone)
 	unwatched := bulkMean(res.Bulk, toolPathtrace) / baseMean
-	watched := bulkMean(res.Bulk, toolPathtrace+" (watching the bulk flow)") / baseMean
-	p("| TCP throughput ≥ %.2f× | %.2f× (bulk flow not watched), %.2f× (bulk flow watched and captured) | %s |\n\n",
-		minThroughputRate, unwatched, watched, yesNo(unwatched >= minThroughputRate && watched >= minThroughputRate))
+	watched := bulkMean(res.Bulk, bulkWatched) / baseMean
+	p("| TCP throughput ≥ %.2f× | %.2f× (bulk flow not watched), %.2f× (bulk flow watched and captured); %s: %.2f× | %s |\n\n",
+		minThroughputRate, unwatched, watched, toolTcpdump3, bulkMean(res.Bulk, toolTcpdump3)/baseMean,
+		yesNo(unwatched >= minThroughputRate && watched >= minThroughputRate))
 }
 
 func (b *bench) limitsSection(p printer, res *results) {
@@ -515,7 +532,7 @@ func quickSummary(res *results) string {
 			count(r.sentPPS()), c.totalCaptured(), c.totalDrops(), c.OtherLosses, c.KernelDrops, perMillion(c.WindowCPU, c.totalCaptured()), mib(c.PeakRSS))
 	}
 	for _, r := range res.Unrelated {
-		p("unrelated %-9s sent %s pps, system CPU %s s/M wire\n", r.Tool, count(r.sentPPS()), perMillion(r.SysBusy, r.Wire[lab.Uplink]))
+		p("unrelated %-23s sent %s pps, system CPU %s s/M wire\n", r.Tool, count(r.sentPPS()), perMillion(r.SysBusy, r.Wire[lab.Uplink]))
 	}
 	if c := res.Long.Cap; c != nil {
 		var samples []string
@@ -533,9 +550,9 @@ func quickSummary(res *results) string {
 		if len(base) == 0 {
 			continue
 		}
-		for _, tool := range []string{toolTcpdump, toolPathtrace} {
+		for _, tool := range []string{toolTcpdump, toolTcpdump3, toolPathtrace} {
 			with := pacing.lat[tool]
-			p("connect %-12s %-9s median %s → %s (%s), p99 %s → %s (%s)\n", pacing.name, tool, us(percentile(base, 50)), us(percentile(with, 50)), latRatio(with, base, 50),
+			p("connect %-12s %-23s median %s → %s (%s), p99 %s → %s (%s)\n", pacing.name, tool, us(percentile(base, 50)), us(percentile(with, 50)), latRatio(with, base, 50),
 				us(percentile(base, 99)), us(percentile(with, 99)), latRatio(with, base, 99))
 		}
 	}
@@ -544,7 +561,7 @@ func quickSummary(res *results) string {
 	}
 	if len(res.Bulk) > 0 {
 		base := bulkMean(res.Bulk, toolNone)
-		for _, variant := range []string{toolNone, toolPathtrace, toolPathtrace + " (watching the bulk flow)"} {
+		for _, variant := range bulkVariants {
 			m := bulkMean(res.Bulk, variant)
 			p("bulk %-40s %.2f Gbit/s (%s)\n", variant, m/1e9, ratio(m, base))
 		}

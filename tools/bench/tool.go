@@ -17,12 +17,70 @@ import (
 	"time"
 )
 
-// Tools whose capture is measured; toolNone is the run with nothing attached.
+// Tools whose capture is measured; toolNone is the run with nothing attached,
+// toolTcpdump3 three tcpdump processes at pathtrace's three capture points,
+// filtered in the kernel to the lab's VIPs and backend (the cost of filtered
+// AF_PACKET capture there, without pathtrace's observers).
 const (
 	toolNone      = "none"
 	toolTcpdump   = "tcpdump"
+	toolTcpdump3  = "tcpdump at three points"
 	toolPathtrace = "pathtrace"
 )
+
+// processKind is the kind of process a tool runs.
+func processKind(tool string) string {
+	if tool == toolTcpdump3 {
+		return toolTcpdump
+	}
+	return tool
+}
+
+// procSet is the processes of one tool, measured together.
+type procSet []*toolProc
+
+// cpu is their CPU time so far.
+func (s procSet) cpu() (time.Duration, error) {
+	var sum time.Duration
+	for _, p := range s {
+		c, err := p.cpu()
+		if err != nil {
+			return 0, err
+		}
+		sum += c
+	}
+	return sum, nil
+}
+
+func (s procSet) kill() {
+	for _, p := range s {
+		p.kill()
+	}
+}
+
+// finish stops every process and adds up what they reported (peak RSS too:
+// the processes run side by side).
+func (s procSet) finish() (*captureResult, error) {
+	total := &captureResult{Captured: map[string]uint64{}, KernelDrops: map[string]uint64{}}
+	for _, p := range s {
+		r, err := p.finish()
+		if err != nil {
+			return nil, err
+		}
+		if len(s) == 1 {
+			return r, nil
+		}
+		for k, v := range r.Captured {
+			total.Captured[k] += v
+		}
+		for k, v := range r.KernelDrops {
+			total.KernelDrops[k] += v
+		}
+		total.TotalCPU += r.TotalCPU
+		total.PeakRSS += r.PeakRSS
+	}
+	return total, nil
+}
 
 // captureResult is what one capture process reported and cost.
 type captureResult struct {
@@ -192,7 +250,7 @@ func (p *toolProc) finish() (*captureResult, error) {
 		}
 		err = parsePathtraceSummary(p.summary, res)
 	case toolTcpdump:
-		err = parseTcpdumpStats(p.stderr.String(), res)
+		err = parseTcpdumpStats(p.stderr.String(), argValue(p.argv, "-i"), res)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w (stderr: %s)", p.kind, err, p.stderrTailLocked())
@@ -265,7 +323,7 @@ func parsePathtraceSummary(line []byte, res *captureResult) error {
 var tcpdumpStat = regexp.MustCompile(`(?m)^(\d+) packets (captured|dropped by kernel)$`)
 
 // parseTcpdumpStats reads the counters tcpdump prints on stderr when it ends.
-func parseTcpdumpStats(stderr string, res *captureResult) error {
+func parseTcpdumpStats(stderr, iface string, res *captureResult) error {
 	found := map[string]uint64{}
 	for _, m := range tcpdumpStat.FindAllStringSubmatch(stderr, -1) {
 		n, err := strconv.ParseUint(m[1], 10, 64)
@@ -279,7 +337,7 @@ func parseTcpdumpStats(stderr string, res *captureResult) error {
 	if !ok1 || !ok2 {
 		return errors.New("no \"packets captured\"/\"dropped by kernel\" lines")
 	}
-	res.Captured = map[string]uint64{"bond0": captured}
-	res.KernelDrops = map[string]uint64{"bond0": dropped}
+	res.Captured = map[string]uint64{iface: captured}
+	res.KernelDrops = map[string]uint64{iface: dropped}
 	return nil
 }
