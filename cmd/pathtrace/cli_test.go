@@ -593,3 +593,26 @@ func TestPcapBoundsEndTheRun(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxFlowsCountedOnce: with --max-flows 1, the flows beyond it are each
+// counted once in the report's drops (they were counted twice, once by the
+// engine and once more with the capture's counters).
+func TestMaxFlowsCountedOnce(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "30s", "--max-flows", "1")
+	r.waitNode(t)
+	const requests = 4
+	res, err := l.Client(context.Background(), lab.ClientOptions{Requests: requests})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, summary := r.rest(t)
+	drops, _ := summary["drops"].(map[string]any)
+	if tcpOK := res.TCP.OK; tcpOK != requests || len(flows) != 1 || drops["flows_over_max"] != float64(requests-1) {
+		t.Errorf("%d TCP requests ok, %d flows, flows_over_max %v; want %d, 1, %d (drops %v)",
+			res.TCP.OK, len(flows), drops["flows_over_max"], requests, requests-1, drops)
+	}
+}

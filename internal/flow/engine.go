@@ -82,9 +82,10 @@ func NewEngine(cfg Config) *Engine {
 		waiting:  newWaiting(max(4096, maxFlows)),
 		backends: make(map[netip.Addr]bool),
 	}
-	// Two generations of half the flow table each remember the refused flows.
-	e.refused = newRecentSet[flowKey](max(2048, maxFlows/2))
-	e.refusedClients = newRecentSet[clientKey](max(2048, maxFlows/2))
+	// Two generations the size of the flow table remember the refused flows:
+	// a flow is counted again only when seen after that many newer ones.
+	e.refused = newRecentSet[flowKey](max(4096, maxFlows))
+	e.refusedClients = newRecentSet[clientKey](max(4096, maxFlows))
 	for _, s := range cfg.Services {
 		e.services[s.Addr] = append(e.services[s.Addr], s)
 	}

@@ -101,15 +101,15 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 
 // refuse counts a flow beyond MaxFlows once, as far as a bounded set of the
 // recently refused ones remembers it (recentSet). The set also names the
-// refused flows' client endpoints, whose later packets link refuses too.
+// refused flows' client endpoints, whose later packets link refuses too. A
+// socket not bound yet (client port 0) is not counted: its first packet
+// names its port, and the flow is counted then.
 func (e *Engine) refuse(k flowKey) {
-	if e.refused.has(k) {
+	if k.client.Port() == 0 || e.refused.has(k) {
 		return
 	}
 	e.refused.add(k)
-	if k.client.Port() != 0 {
-		e.refusedClients.add(k.clientKey)
-	}
+	e.refusedClients.add(k.clientKey)
 	e.overMax++
 }
 

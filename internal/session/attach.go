@@ -167,7 +167,8 @@ func protoOf(s string) obs.Proto {
 	return 0
 }
 
-// counters gathers packets per capture point and every loss counter.
+// counters gathers packets per capture point and every loss counter outside
+// the engine (whose own are in its Summary: reports add both, WithDrops).
 func (tr *tracer) counters() (packets, drops map[string]uint64) {
 	packets, drops = map[string]uint64{}, map[string]uint64{}
 	for _, tp := range tr.taps {
@@ -183,9 +184,6 @@ func (tr *tracer) counters() (packets, drops map[string]uint64) {
 	drops["event_decode_errors"] = ps.DecodeErrors
 	drops["conntrack_errors"] = ps.ConntrackErrors
 	drops["conntrack_drops"] = ps.ConntrackDrops
-	for k, v := range tr.eng.Summary().Drops {
-		drops[k] = v
-	}
 	return packets, drops
 }
 

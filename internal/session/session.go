@@ -47,7 +47,7 @@ type Progress struct {
 	Elapsed, Duration time.Duration
 	Summary           flow.Summary
 	Packets           map[string]uint64 // per capture point
-	Drops             map[string]uint64
+	Drops             map[string]uint64 // losses outside the engine (its own are in Summary)
 }
 
 // Result is everything a session learned.
@@ -56,7 +56,7 @@ type Result struct {
 	Attachments []probe.Attachment
 	Flows       []flow.Flow
 	Summary     flow.Summary
-	Drops       map[string]uint64
+	Drops       map[string]uint64 // losses outside the engine (its own are in Summary)
 	Packets     map[string]uint64
 	// StopReason: "duration", "interrupted", "max-packets", "max-bytes" or
 	// "pcap-error".
@@ -156,6 +156,12 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res.StopReason = tr.run(ctx)
 	if tr.pcap != nil {
 		res.Pcap = tr.pcap.close(taps)
+	}
+	// The capture is over: unmap the rings (megabytes each) before the
+	// report is built, which is when the process needs the most memory. Their
+	// counters stay readable.
+	for _, tp := range taps {
+		tp.t.Close()
 	}
 	tr.attributeCgroups()
 	discover.RefreshGatewayMACs(node)
