@@ -161,6 +161,12 @@ static __always_inline bool pt_bit(const __u64 *words, __u32 bit)
 	return words[bit / 64] & (1ULL << (bit % 64));
 }
 
+/* pt_set_bit sets a bit shared with other CPUs (the observers' arrays). */
+static __always_inline void pt_set_bit(__u64 *words, __u32 bit)
+{
+	__sync_fetch_and_or(&words[bit / 64], 1ULL << (bit % 64));
+}
+
 static __always_inline bool pt_addr_maybe(__u32 addr)
 {
 	__u32 key = 0, bit = pt_addr_bit(addr);
@@ -172,10 +178,10 @@ static __always_inline bool pt_addr_maybe(__u32 addr)
 
 static __always_inline void pt_set_kernel_addr_bit(__u32 addr)
 {
-	__u32 key = 0, bit = pt_addr_bit(addr);
+	__u32 key = 0;
 	struct pt_kernel_bits *k = bpf_map_lookup_elem(&watch_bits_kernel, &key);
 	if (k)
-		__sync_fetch_and_or(&k->addrs[bit / 64], 1ULL << (bit % 64));
+		pt_set_bit(k->addrs, pt_addr_bit(addr));
 }
 
 static __always_inline bool pt_watched(__u32 addr)
@@ -262,10 +268,10 @@ static __always_inline void pt_learn_client(__u32 addr, __u16 port, __u8 proto)
 		return;
 	if (pt_client_maybe(addr, port, proto) && bpf_map_lookup_elem(&watch_clients, &k))
 		return;
-	__u32 key = 0, bit = pt_client_bit(addr, port, proto);
+	__u32 key = 0;
 	struct pt_kernel_bits *b = bpf_map_lookup_elem(&watch_bits_kernel, &key);
 	if (b) /* before the entry: see watch_bits_user */
-		__sync_fetch_and_or(&b->clients[bit / 64], 1ULL << (bit % 64));
+		pt_set_bit(b->clients, pt_client_bit(addr, port, proto));
 	if (bpf_map_update_elem(&watch_clients, &k, &one, BPF_ANY))
 		pt_count_learn_error();
 }

@@ -60,10 +60,10 @@ static __always_inline bool pt_cookie_maybe(__u64 cookie)
 
 static __always_inline void pt_watch_cookie(__u64 cookie, __u32 netns)
 {
-	__u32 key = 0, bit = pt_cookie_bit(cookie);
+	__u32 key = 0;
 	struct pt_cookie_bits *b = bpf_map_lookup_elem(&watch_cookie_bits, &key);
 	if (b)
-		__sync_fetch_and_or(&b->w[bit / 64], 1ULL << (bit % 64));
+		pt_set_bit(b->w, pt_cookie_bit(cookie));
 	bpf_map_update_elem(&watch_cookies, &cookie, &netns, BPF_ANY);
 }
 

@@ -431,3 +431,15 @@ func cgroupID(t *testing.T, path string) uint64 {
 	}
 	return st.Ino
 }
+
+// newLBEnv is a serving test env with a client cgroup on which a socket LB
+// rewrites the LB VIP's TCP port (lbTCP) to the TCP backend.
+func newLBEnv(t *testing.T) (env *testEnv, cg string, lbTCP netip.AddrPort) {
+	t.Helper()
+	env = newTestEnv(t)
+	env.serve(t)
+	cg = newCgroup(t, env.name)
+	lbTCP = netip.AddrPortFrom(env.lbVIP, env.tcpPort)
+	attachSocketLB(t, cg, lbTCP, env.backendTCP)
+	return env, cg, lbTCP
+}

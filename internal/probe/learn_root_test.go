@@ -42,11 +42,7 @@ func (p *Probe) hasClient(t *testing.T, ap netip.AddrPort, proto obs.Proto) bool
 // packet: the backend a socket LB chose, and the client endpoint.
 func TestSocketObserversLearnBackendAndClient(t *testing.T) {
 	needRoot(t)
-	env := newTestEnv(t)
-	env.serve(t)
-	cg := newCgroup(t, env.name)
-	lbTCP := netip.AddrPortFrom(env.lbVIP, env.tcpPort)
-	attachSocketLB(t, cg, lbTCP, env.backendTCP)
+	env, cg, lbTCP := newLBEnv(t)
 
 	p, c := startProbe(t, env.lbVIP) // the backend is not named
 	mustAttach(t, p.AttachSocket(cg))

@@ -157,15 +157,11 @@ func assertDetached(t *testing.T, ids []ebpf.ProgramID) {
 
 func TestObserversBracketTraffic(t *testing.T) {
 	needRoot(t)
-	env := newTestEnv(t)
-	env.serve(t)
-	cg := newCgroup(t, env.name)
-	vipTCP := netip.AddrPortFrom(env.vip, env.tcpPort)
-	vipUDP := netip.AddrPortFrom(env.vip, env.udpPort)
-	lbTCP := netip.AddrPortFrom(env.lbVIP, env.tcpPort)
 	// A socket LB on the client's cgroup, attached before the observer: the
 	// observer must see its rewrite as the effective destination.
-	attachSocketLB(t, cg, lbTCP, env.backendTCP)
+	env, cg, lbTCP := newLBEnv(t)
+	vipTCP := netip.AddrPortFrom(env.vip, env.tcpPort)
+	vipUDP := netip.AddrPortFrom(env.vip, env.udpPort)
 
 	p, c := startProbe(t, env.vip, env.lbVIP, env.srvIP)
 	mustAttach(t, p.AttachSocket(cg))
@@ -552,13 +548,9 @@ func TestKernelFunctionProbesReport(t *testing.T) {
 // turns reading on as soon as such a program exists.
 func TestReadRequestedOff(t *testing.T) {
 	needRoot(t)
-	env := newTestEnv(t)
-	env.serve(t)
-	cg := newCgroup(t, env.name)
+	env, cg, lbTCP := newLBEnv(t)
 	vipTCP := netip.AddrPortFrom(env.vip, env.tcpPort)
 	vipUDP := netip.AddrPortFrom(env.vip, env.udpPort)
-	lbTCP := netip.AddrPortFrom(env.lbVIP, env.tcpPort)
-	attachSocketLB(t, cg, lbTCP, env.backendTCP)
 
 	p, c := startProbe(t, env.vip, env.lbVIP, env.srvIP)
 	if err := p.ReadRequested(false); err != nil {
