@@ -8,11 +8,30 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 /* learn: this observer is the first to see a flow from the Pod (head of
  * ingress), so it records the client endpoint of packets to a watched
  * address for the points after a possible rewrite. */
+/* pt_tc_load_frame is pt_load_frame reading the headers in place when they
+ * are in the linear data (tc programs may), which spares the helper call on
+ * almost every packet. */
+static __always_inline int pt_tc_load_frame(struct __sk_buff *skb, struct pt_tuple *t, __u16 *tci, __u16 *tpid)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	__u8 *l4 = (__u8 *)(ip + 1);
+	if ((void *)(l4 + 14) <= end && eth->h_proto == bpf_htons(ETH_P_IP) && ip->version == 4 && ip->ihl == 5 &&
+	    !(ip->frag_off & bpf_htons(0x1fff))) {
+		*tci = *tpid = 0;
+		pt_parse_ip(t, ip);
+		pt_parse_l4(t, l4, 14);
+		return 0;
+	}
+	return pt_load_frame(skb, t, tci, tpid);
+}
+
 static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8 dir, bool learn)
 {
 	struct pt_tuple t;
 	__u16 vlan_tci, vlan_proto;
-	if (pt_load_frame(skb, &t, &vlan_tci, &vlan_proto) < 0)
+	if (pt_tc_load_frame(skb, &t, &vlan_tci, &vlan_proto) < 0)
 		return TCX_NEXT;
 	if (skb->vlan_present) { /* the outer tag, carried out of band */
 		vlan_tci = skb->vlan_tci;
