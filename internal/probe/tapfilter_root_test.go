@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // frameOpts shapes a test frame for the taps' filter.
@@ -93,6 +95,57 @@ func TestTapFilterFrames(t *testing.T) {
 		}
 		if want := map[bool]uint32{true: snaplen, false: 0}[tc.keep]; ret != want {
 			t.Errorf("%s: filter returned %d, want %d", tc.name, ret, want)
+		}
+	}
+}
+
+// TestTCObserverFrames runs the tc head observer on crafted frames: it reads
+// untagged, option-less headers in place and everything else through the
+// helper, and either way learns the client of a packet to a watched address.
+func TestTCObserverFrames(t *testing.T) {
+	needRoot(t)
+	vip := netip.MustParseAddrPort("10.120.0.10:53")
+	other := netip.MustParseAddrPort("10.0.0.9:53")
+	p, _ := startProbe(t, vip.Addr())
+	p.mu.Lock()
+	prog, err := p.program(p.tcSpec, "pt_tc_head_in")
+	p.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := netip.MustParseAddrPort("10.244.8.23:40000")
+	const udp, tcp = 17, 6
+	for _, tc := range []struct {
+		name  string
+		dst   netip.AddrPort
+		o     frameOpts
+		learn bool
+	}{
+		{"UDP to the VIP (read in place)", vip, frameOpts{proto: udp, payload: 64}, true},
+		{"TCP SYN to the VIP (read in place)", vip, frameOpts{proto: tcp}, true},
+		{"short UDP to the VIP (helper)", vip, frameOpts{proto: udp}, true},
+		{"IP options, to the VIP (helper)", vip, frameOpts{proto: udp, ipOptions: 2, payload: 8}, true},
+		{"802.1Q to the VIP (helper)", vip, frameOpts{tags: []uint16{0x8100}, proto: udp, payload: 64}, true},
+		{"later fragment to the VIP (no ports)", vip, frameOpts{proto: udp, fragment: true, payload: 64}, false},
+		{"UDP elsewhere", other, frameOpts{proto: udp, payload: 64}, false},
+		{"three tags to the VIP", vip, frameOpts{tags: []uint16{0x88a8, 0x8100, 0x8100}, proto: udp, payload: 64}, false},
+	} {
+		proto := obs.Proto(tc.o.proto)
+		ret, err := prog.Run(&ebpf.RunOptions{Data: testFrame(tc.dst, tc.o)})
+		if err != nil {
+			t.Fatalf("%s: test run: %v", tc.name, err)
+		}
+		if int32(ret) != -1 { // TCX_NEXT: observers never end the chain
+			t.Errorf("%s: returned %d, want TCX_NEXT", tc.name, int32(ret))
+		}
+		got := p.hasClient(t, client, proto)
+		if got != tc.learn {
+			t.Errorf("%s: client %v learned %v, want %v", tc.name, client, got, tc.learn)
+		}
+		if got { // the next case starts with nothing learned
+			if err := p.maps["watch_clients"].Delete(clientKey(client, proto)); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
