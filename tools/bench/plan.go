@@ -38,7 +38,7 @@ const settle = 1100 * time.Millisecond
 const (
 	latencyRounds = 2
 	pacedEvery    = time.Millisecond // paced connects: 1000 a second
-	bulkRounds    = 3
+	bulkRounds    = 5
 )
 
 type bench struct {
