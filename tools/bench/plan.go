@@ -36,7 +36,7 @@ const settle = 1100 * time.Millisecond
 // How many times the overhead runs alternate between nothing attached and
 // pathtrace: throughput varies more from run to run than connect latency.
 const (
-	latencyRounds = 2
+	latencyRounds = 3
 	pacedEvery    = time.Millisecond // paced connects: 1000 a second
 	bulkRounds    = 5
 )
