@@ -50,13 +50,13 @@ test: check-generated vet fmt-check
 test-unit:
 	$(GO) test -count=1 -short ./...
 
-# pathtrace's main job against the built-in lab, in each of the four modes.
+# pathtrace's main job against the built-in lab, in each of the five modes.
 demo: build
 	tools/demo.sh $(BIN)
 
 # The lab alone in each Service mode, with the lab client's requests.
 lab-demo: build
-	@for m in socket tc netfilter nowhere; do \
+	@for m in socket tc tc-legacy netfilter nowhere; do \
 		echo "== lab mode $$m"; \
 		$(BIN) lab up --mode $$m && $(BIN) lab client --requests 5; \
 	done; $(BIN) lab down

@@ -7,7 +7,7 @@ set -euo pipefail
 bin=${1:-bin/pathtrace}
 shift || true
 modes=("$@")
-[ ${#modes[@]} -gt 0 ] || modes=(socket tc netfilter nowhere)
+[ ${#modes[@]} -gt 0 ] || modes=(socket tc tc-legacy netfilter nowhere)
 name=ptlab-demo
 out=$(mktemp)
 trap '"$bin" lab down --name "$name" >/dev/null 2>&1 || true; rm -f "$out"' EXIT

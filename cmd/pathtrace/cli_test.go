@@ -250,7 +250,8 @@ func TestVerdictPerLabMode(t *testing.T) {
 func checkFlow(t *testing.T, mode lab.Mode, f map[string]any, gwMAC string) {
 	t.Helper()
 	desc := dump([]map[string]any{f})
-	want := map[lab.Mode]string{lab.ModeSocket: "socket", lab.ModeTC: "tc", lab.ModeNetfilter: "netfilter", lab.ModeNowhere: "nowhere"}[mode]
+	want := map[lab.Mode]string{lab.ModeSocket: "socket", lab.ModeTC: "tc", lab.ModeTCLegacy: "tc",
+		lab.ModeNetfilter: "netfilter", lab.ModeNowhere: "nowhere"}[mode]
 	if f["rewritten_at"] != want {
 		t.Errorf("rewritten_at = %v, want %s: %s", f["rewritten_at"], want, desc)
 	}
@@ -274,7 +275,8 @@ func checkFlow(t *testing.T, mode lab.Mode, f map[string]any, gwMAC string) {
 		t.Errorf("reply = %v in mode %s: %s", f["reply"], mode, desc)
 	}
 	by, _ := f["by"].(string)
-	wantBy := map[lab.Mode]string{lab.ModeSocket: "lab_sock4_", lab.ModeTC: "lab_from_container", lab.ModeNetfilter: "kube-proxy"}[mode]
+	wantBy := map[lab.Mode]string{lab.ModeSocket: "lab_sock4_", lab.ModeTC: "tcx ingress lab_from_container",
+		lab.ModeTCLegacy: "cls_bpf ingress lab_from_container", lab.ModeNetfilter: "kube-proxy"}[mode]
 	if !strings.Contains(by, wantBy) {
 		t.Errorf("by = %q, want it to name %q: %s", by, wantBy, desc)
 	}

@@ -37,14 +37,16 @@ Services: 10.120.0.80:80/tcp -> 10.244.20.31:3000, 10.120.0.10:53/udp -> 10.244.
 Modes (where the VIP is translated):
   socket     cgroup connect4/sendmsg4/recvmsg4/getpeername4 programs on the client's cgroup
   tc         tcx programs on veth-a: DNAT on ingress, reverse NAT on egress
+  tc-legacy  the same programs as cls_bpf filters (clsact, direct-action) on veth-a, as older
+             Cilium and Calico attach them: the kernel runs them after the whole tcx chain
   netfilter  kube-proxy nftables rules (table ip kube-proxy) in the node, bridge-nf-call-iptables=1
   nowhere    the same rules with bridge-nf-call-iptables=0: frames leave the uplink with the VIP,
              the gateway answers ICMP unreachable and every request fails fast
-The client succeeds in socket, tc and netfilter mode and fails in nowhere mode.
+The client succeeds in every mode but nowhere, where it fails.
 
 Flags:
   --name NAME       lab instance name (default "ptlab"), prefix of every object
-  --mode MODE       up: socket, tc, netfilter or nowhere (default "socket")
+  --mode MODE       up: socket, tc, tc-legacy, netfilter or nowhere (default "socket")
   --requests N      client: requests per protocol (default 5)
   --interval D      client: pause between requests, e.g. 200ms (default 0)
   --timeout D       client: per-request timeout (default 1s)

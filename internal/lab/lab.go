@@ -31,12 +31,13 @@ type Mode string
 const (
 	ModeSocket    Mode = "socket"    // cgroup connect4/sendmsg4/recvmsg4/getpeername4 on the client cgroup
 	ModeTC        Mode = "tc"        // tcx DNAT on the host veth, reverse NAT on its egress
+	ModeTCLegacy  Mode = "tc-legacy" // the same LB as cls_bpf filters under clsact (runs after tcx)
 	ModeNetfilter Mode = "netfilter" // kube-proxy nftables DNAT, bridge-nf-call-iptables=1
 	ModeNowhere   Mode = "nowhere"   // the same rules, bridge-nf-call-iptables=0: nobody translates
 )
 
 // Modes lists every mode in the order of the datapath.
-func Modes() []Mode { return []Mode{ModeSocket, ModeTC, ModeNetfilter, ModeNowhere} }
+func Modes() []Mode { return []Mode{ModeSocket, ModeTC, ModeTCLegacy, ModeNetfilter, ModeNowhere} }
 
 // ParseMode checks that s names a mode.
 func ParseMode(s string) (Mode, error) {
@@ -45,7 +46,7 @@ func ParseMode(s string) (Mode, error) {
 			return m, nil
 		}
 	}
-	return "", fmt.Errorf("unknown lab mode %q (want socket, tc, netfilter or nowhere)", s)
+	return "", fmt.Errorf("unknown lab mode %q (want socket, tc, tc-legacy, netfilter or nowhere)", s)
 }
 
 // Topology. The addresses are the seed article's anonymised ones; they never

@@ -193,10 +193,11 @@ func TestSwitchModes(t *testing.T) {
 		ModeSocket: append([]string{labLBProgLabSock4Connect, labLBProgLabSock4Getpeer,
 			labLBProgLabSock4Recvmsg, labLBProgLabSock4Sendmsg}, vlanOnly...),
 		ModeTC:        append([]string{labLBProgLabFromContainer, labLBProgLabToContainer}, vlanOnly...),
+		ModeTCLegacy:  append([]string{labLBProgLabFromContainer, labLBProgLabToContainer}, vlanOnly...),
 		ModeNetfilter: vlanOnly,
 		ModeNowhere:   vlanOnly,
 	}
-	for _, mode := range []Mode{ModeTC, ModeNetfilter, ModeNowhere, ModeSocket, ModeNetfilter, ModeTC, ModeTC} {
+	for _, mode := range []Mode{ModeTC, ModeTCLegacy, ModeNetfilter, ModeNowhere, ModeSocket, ModeTCLegacy, ModeTC, ModeTC} {
 		if err := l.Up(context.Background(), mode); err != nil {
 			t.Fatalf("Up(%s): %v", mode, err)
 		}

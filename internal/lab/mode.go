@@ -15,6 +15,8 @@ func (l *Lab) applyMode(mode Mode) error {
 		return l.attachSocketLB()
 	case ModeTC:
 		return l.attachTCLB()
+	case ModeTCLegacy:
+		return l.attachLegacyTCLB()
 	case ModeNetfilter, ModeNowhere:
 		if err := installKubeProxyRules(l.NodeNetNS()); err != nil {
 			return fmt.Errorf("kube-proxy rules: %w", err)
@@ -35,6 +37,7 @@ func (l *Lab) clearMode() error {
 		errs = append(errs, detachLabPrograms(hook))
 	}
 	errs = append(errs,
+		l.detachLegacyTCLB(),
 		removeKubeProxyRules(l.NodeNetNS()),
 		l.setBridgeNFCallIPTables(false),
 		flushConntrack(l.NodeNetNS()),

@@ -85,6 +85,9 @@ func (l *Lab) Status() (Status, error) {
 		errs = append(errs, err)
 		st.Programs = append(st.Programs, progs...)
 	}
+	legacy, err := l.legacyTCPrograms()
+	errs = append(errs, err)
+	st.Programs = append(st.Programs, legacy...)
 	if isNetNS(l.NodeNetNS()) {
 		var err error
 		st.KubeProxyRules, err = hasKubeProxyRules(l.NodeNetNS())
