@@ -88,10 +88,13 @@ func (b *bench) toolArgvs(tool string, extraSvcs ...string) [][]string {
 		argvs = [][]string{append(argv, "--duration", "1h", "--pcap", filepath.Join(b.dir, "pathtrace-"+strconv.Itoa(b.seq)+".pcapng"), "--output", "json")}
 	case toolTcpdump:
 		argvs = [][]string{b.tcpdumpArgv(b.lab.NodeNetNS(), lab.Uplink)}
-	case toolTcpdump3:
+	case toolTcpdump3, toolIdleTaps:
 		// What pathtrace keeps, as a filter in the kernel: the two VIPs and
-		// their backend.
+		// their backend; idle taps keep nothing (TEST-NET-1 is in no lab).
 		filter := fmt.Sprintf("host %s or host %s or host %s", lab.TCPVIP.Addr(), lab.UDPVIP.Addr(), lab.BackendIP)
+		if tool == toolIdleTaps {
+			filter = "host 192.0.2.1"
+		}
 		for _, point := range []struct{ netns, ifname string }{
 			{b.lab.PodNetNS(), lab.PodIface}, {b.lab.NodeNetNS(), lab.HostVeth}, {b.lab.NodeNetNS(), lab.Uplink},
 		} {
@@ -388,11 +391,14 @@ func (b *bench) longRun(ctx context.Context, res *results) error {
 	return nil
 }
 
+// latencyTools are the runs of the connect() measurement, in round order.
+var latencyTools = []string{toolNone, toolTcpdump, toolIdleTaps, toolTcpdump3, toolPathtrace}
+
 // latencyRuns alternate runs without and with pathtrace, so that a drift of
 // the machine shows up on both sides.
 func (b *bench) latencyRuns(ctx context.Context, res *results) error {
 	for round := range latencyRounds {
-		for _, tool := range []string{toolNone, toolTcpdump, toolTcpdump3, toolPathtrace} {
+		for _, tool := range latencyTools {
 			progress("connect latency, round %d: %s", round+1, tool)
 			lat, paced, r, err := b.latencyRun(ctx, tool)
 			if err != nil {

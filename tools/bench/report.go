@@ -168,19 +168,22 @@ func (b *bench) longSection(p printer, res *results) {
 
 func (b *bench) overheadSection(p printer, res *results) {
 	p("## 4. Overhead on the traced system\n\n")
-	p("`connect()` to the TCP VIP %s from the Pod (blocking, new socket each, closed with RST), %d samples per side and pacing in %d alternating rounds; pathtrace watches the VIP, so every connection is a traced flow; %s (filtered to the VIPs and the backend) shows what AF_PACKET capture at pathtrace's points costs by itself. *Back to back*: the client connects as fast as it can, so on this 2-core machine the capture's own CPU competes with the client and the backend. *Paced*: one connection every %s, the machine otherwise mostly idle, so the added latency is what each connection pays in the kernel path (observers, taps).\n\n",
-		lab.TCPVIP, len(res.Latency[toolNone])/latencyRounds, latencyRounds, toolTcpdump3, pacedEvery)
+	p("`connect()` to the TCP VIP %s from the Pod (blocking, new socket each, closed with RST), %d samples per side and pacing in %d alternating rounds; pathtrace watches the VIP, so every connection is a traced flow; %s (filtered to the VIPs and the backend) shows what AF_PACKET capture at pathtrace's points costs by itself, and %s (the same three tcpdumps with a filter no packet matches) what merely having a tap at each of those points costs. *Back to back*: the client connects as fast as it can, so on this 2-core machine the capture's own CPU competes with the client and the backend. *Paced*: one connection every %s, the machine otherwise mostly idle, so the added latency is what each connection pays in the kernel path (observers, taps).\n\n",
+		lab.TCPVIP, len(res.Latency[toolNone])/latencyRounds, latencyRounds, toolTcpdump3, toolIdleTaps, pacedEvery)
 	for _, pacing := range []struct {
 		name string
 		lat  map[string][]time.Duration
 	}{{"back to back", res.Latency}, {"paced", res.Paced}} {
 		base, td, td3, with := pacing.lat[toolNone], pacing.lat[toolTcpdump], pacing.lat[toolTcpdump3], pacing.lat[toolPathtrace]
+		idle := pacing.lat[toolIdleTaps]
 		p("| %s | median | p90 | p99 |\n|---|---:|---:|---:|\n", pacing.name)
 		p("| nothing attached | %s | %s | %s |\n", us(percentile(base, 50)), us(percentile(base, 90)), us(percentile(base, 99)))
 		p("| tcpdump on `%s` running (for reference) | %s | %s | %s |\n", lab.Uplink, us(percentile(td, 50)), us(percentile(td, 90)), us(percentile(td, 99)))
+		p("| %s running (tcpdump at the three points, a filter no packet matches) | %s | %s | %s |\n", toolIdleTaps, us(percentile(idle, 50)), us(percentile(idle, 90)), us(percentile(idle, 99)))
 		p("| %s running (for reference) | %s | %s | %s |\n", toolTcpdump3, us(percentile(td3, 50)), us(percentile(td3, 90)), us(percentile(td3, 99)))
 		p("| pathtrace running | %s | %s | %s |\n", us(percentile(with, 50)), us(percentile(with, 90)), us(percentile(with, 99)))
 		p("| ratio tcpdump / nothing | %s | %s | %s |\n", latRatio(td, base, 50), latRatio(td, base, 90), latRatio(td, base, 99))
+		p("| ratio %s / nothing | %s | %s | %s |\n", toolIdleTaps, latRatio(idle, base, 50), latRatio(idle, base, 90), latRatio(idle, base, 99))
 		p("| ratio %s / nothing | %s | %s | %s |\n", toolTcpdump3, latRatio(td3, base, 50), latRatio(td3, base, 90), latRatio(td3, base, 99))
 		p("| ratio pathtrace / nothing (target ≤ %.2f×) | %s | %s | %s |\n\n", maxLatencyRatio, latRatio(with, base, 50), latRatio(with, base, 90), latRatio(with, base, 99))
 	}
@@ -284,8 +287,9 @@ func (b *bench) targetsSection(p printer, res *results) {
 		med := float64(percentile(with, 50)) / float64(percentile(base, 50))
 		p99 := float64(percentile(with, 99)) / float64(percentile(base, 99))
 		latMet = latMet && med <= maxLatencyRatio && p99 <= maxLatencyRatio
-		latRes = append(latRes, fmt.Sprintf("%s: median %.2f×, p99 %.2f× (%s: %s, %s)", pacing.name, med, p99,
-			toolTcpdump3, latRatio(td3, base, 50), latRatio(td3, base, 99)))
+		idle := pacing.lat[toolIdleTaps]
+		latRes = append(latRes, fmt.Sprintf("%s: median %.2f×, p99 %.2f× (%s: %s, %s; %s: %s, %s)", pacing.name, med, p99,
+			toolTcpdump3, latRatio(td3, base, 50), latRatio(td3, base, 99), toolIdleTaps, latRatio(idle, base, 50), latRatio(idle, base, 99)))
 	}
 	p("| connect() latency ≤ %.2f× | %s | %s |\n", maxLatencyRatio, strings.Join(latRes, "; "), yesNo(latMet))
 
@@ -550,7 +554,7 @@ func quickSummary(res *results) string {
 		if len(base) == 0 {
 			continue
 		}
-		for _, tool := range []string{toolTcpdump, toolTcpdump3, toolPathtrace} {
+		for _, tool := range latencyTools[1:] {
 			with := pacing.lat[tool]
 			p("connect %-12s %-23s median %s → %s (%s), p99 %s → %s (%s)\n", pacing.name, tool, us(percentile(base, 50)), us(percentile(with, 50)), latRatio(with, base, 50),
 				us(percentile(base, 99)), us(percentile(with, 99)), latRatio(with, base, 99))

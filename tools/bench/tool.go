@@ -20,17 +20,20 @@ import (
 // Tools whose capture is measured; toolNone is the run with nothing attached,
 // toolTcpdump3 three tcpdump processes at pathtrace's three capture points,
 // filtered in the kernel to the lab's VIPs and backend (the cost of filtered
-// AF_PACKET capture there, without pathtrace's observers).
+// AF_PACKET capture there, without pathtrace's observers); toolIdleTaps the
+// same three processes with a filter no lab packet matches (what merely
+// having taps at those points costs).
 const (
 	toolNone      = "none"
 	toolTcpdump   = "tcpdump"
 	toolTcpdump3  = "tcpdump at three points"
+	toolIdleTaps  = "three idle taps"
 	toolPathtrace = "pathtrace"
 )
 
 // processKind is the kind of process a tool runs.
 func processKind(tool string) string {
-	if tool == toolTcpdump3 {
+	if tool == toolTcpdump3 || tool == toolIdleTaps {
 		return toolTcpdump
 	}
 	return tool
