@@ -54,7 +54,6 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 	var atts []probe.Attachment
 	seen := map[string]bool{}
 	for _, cp := range node.CapturePoints {
-		label := cp.Role + ":" + cp.Ifname
 		key := cp.NetNS + "|" + cp.Ifname
 		if seen[key] {
 			continue
@@ -87,11 +86,47 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 		if err != nil {
 			att.Err = err
 		} else {
-			taps = append(taps, tap{label: label, role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil})
+			taps = append(taps, tap{role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil})
 		}
 		atts = append(atts, att)
 	}
+	labels := pointLabels(taps, node.Pods)
+	for i := range taps {
+		taps[i].label = labels[i]
+	}
 	return taps, atts
+}
+
+// pointLabels names each tap's capture point for the report and the pcapng
+// interfaces: "role:ifname", made unique where several points share it (every
+// Pod's eth0) with the Pod's IPv4 address, else its netns name or path.
+func pointLabels(taps []tap, pods []discover.Pod) []string {
+	n := map[string]int{}
+	for _, tp := range taps {
+		n[tp.role+":"+tp.ifname]++
+	}
+	labels := make([]string, len(taps))
+	for i, tp := range taps {
+		labels[i] = tp.role + ":" + tp.ifname
+		if n[labels[i]] < 2 {
+			continue
+		}
+		where := tp.netns
+		for _, p := range pods {
+			if p.NetNS.Path != tp.netns {
+				continue
+			}
+			switch {
+			case len(p.Eth0.Addrs) > 0:
+				where = p.Eth0.Addrs[0].Addr().String()
+			case p.NSName != "":
+				where = p.NSName
+			}
+			break
+		}
+		labels[i] += "@" + where
+	}
+	return labels
 }
 
 // activePoints is the set of observation points that really observe.
