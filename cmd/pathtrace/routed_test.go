@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// TestRoutedNode traces a Service on a routed node, as Calico-like CNIs
+// build them: the Pod's host veth has no master and an address of its own,
+// kube-proxy-shaped nftables rules translate the VIP in the node, and the
+// uplink is the device of the node's route towards the VIP, whose frames go
+// to the next hop's MAC, untagged. The Service has two backends, taken in
+// turn: each flow names its own backend and endpoint rule. Names and
+// addresses share nothing with the lab.
+func TestRoutedNode(t *testing.T) {
+	needRoot(t)
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("nft is not installed (apt-get install nftables)")
+	}
+	const vip = "10.79.0.10:80"
+	backends := []string{"10.78.0.7:8080", "10.78.0.8:8080"}
+	prefix := fmt.Sprintf("ptrt%d", os.Getpid()%100000)
+	node, pod, gw := prefix+"-node", prefix+"-pod", prefix+"-gw"
+	for _, name := range []string{node, pod, gw} {
+		mustRun(t, nil, "ip", "netns", "add", name)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	}
+	for _, args := range [][]string{
+		{"link", "add", "rt-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
+		{"link", "add", "rt-up", "netns", node, "type", "veth", "peer", "name", "rt-down", "netns", gw},
+		{"-n", pod, "addr", "add", "10.77.1.5/24", "dev", "eth0"},
+		{"-n", pod, "link", "set", "eth0", "up"},
+		{"-n", pod, "route", "add", "default", "via", "10.77.1.1"},
+		{"-n", node, "addr", "add", "10.77.1.1/24", "dev", "rt-pod1"},
+		{"-n", node, "addr", "add", "192.168.77.2/24", "dev", "rt-up"},
+		{"-n", node, "link", "set", "rt-pod1", "up"},
+		{"-n", node, "link", "set", "rt-up", "up"},
+		{"-n", node, "route", "add", "default", "via", "192.168.77.1"},
+		{"-n", gw, "addr", "add", "192.168.77.1/24", "dev", "rt-down"},
+		{"-n", gw, "addr", "add", strings.Split(backends[0], ":")[0] + "/32", "dev", "lo"},
+		{"-n", gw, "addr", "add", strings.Split(backends[1], ":")[0] + "/32", "dev", "lo"},
+		{"-n", gw, "link", "set", "rt-down", "up"},
+		{"-n", gw, "link", "set", "lo", "up"},
+		{"-n", gw, "route", "add", "10.77.1.0/24", "via", "192.168.77.2"},
+	} {
+		mustRun(t, nil, "ip", args...)
+	}
+	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	rules := fmt.Sprintf(`table ip rt-kube-proxy {
+	chain services {
+		ip daddr %s tcp dport %s goto service-web
+	}
+	chain service-web {
+		numgen inc mod 2 vmap { 0 : goto endpoint-web-0, 1 : goto endpoint-web-1 }
+	}
+	chain endpoint-web-0 {
+		meta l4proto tcp dnat to %s
+	}
+	chain endpoint-web-1 {
+		meta l4proto tcp dnat to %s
+	}
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}
+}
+`, strings.Split(vip, ":")[0], strings.Split(vip, ":")[1], backends[0], backends[1])
+	mustRun(t, strings.NewReader(rules), "ip", "netns", "exec", node, "nft", "-f", "-")
+
+	var gwMAC string
+	err := nsutil.Do("/run/netns/"+gw, func() error {
+		ifi, err := net.InterfaceByName("rt-down")
+		if err != nil {
+			return err
+		}
+		gwMAC = ifi.HardwareAddr.String()
+		for _, b := range backends {
+			ln, err := net.Listen("tcp", b)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { ln.Close() })
+			go serveOK(ln)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("backends in %s: %v", gw, err)
+	}
+
+	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
+	r.waitNode(t)
+	const requests = 4
+	err = nsutil.Do("/run/netns/"+pod, func() error {
+		for range requests {
+			c, err := net.DialTimeout("tcp", vip, time.Second)
+			if err != nil {
+				return err
+			}
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			_, err = c.Read(make([]byte, 2))
+			c.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("request from the Pod: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, _ := r.rest(t)
+	if len(flows) != requests {
+		t.Fatalf("%d flows, want %d: %s", len(flows), requests, dump(flows))
+	}
+	perBackend := map[string]int{}
+	for _, f := range flows {
+		desc := dump([]map[string]any{f})
+		by, _ := f["by"].(string)
+		i := slices.Index(backends, fmt.Sprint(f["backend"]))
+		perBackend[fmt.Sprint(f["backend"])]++
+		if f["rewritten_at"] != "netfilter" || i < 0 || !strings.Contains(by, fmt.Sprintf("rt-kube-proxy nat-prerouting -> services -> service-web -> endpoint-web-%d", i)) {
+			t.Errorf("want rewritten at netfilter by table rt-kube-proxy, to a backend by its endpoint chain: %s", desc)
+		}
+		if f["uplink_dst_mac"] != gwMAC || f["vlan"] != float64(0) || f["reply"] != true {
+			t.Errorf("want the frame to leave untagged to the next hop %s and a reply: %s", gwMAC, desc)
+		}
+	}
+	if perBackend[backends[0]] != requests/2 || perBackend[backends[1]] != requests/2 {
+		t.Errorf("flows per backend %v, want %d each (the rules take them in turn)", perBackend, requests/2)
+	}
+}
+
+// serveOK answers every connection with "ok" until ln is closed.
+func serveOK(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c.Write([]byte("ok"))
+		c.Close()
+	}
+}
+
+// mustRun runs a command (with stdin when not nil) and fails the test if it fails.
+func mustRun(t *testing.T, stdin *strings.Reader, name string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	if stdin != nil {
+		cmd.Stdin = stdin
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s %v: %v: %s", name, args, err, out.String())
+	}
+}
