@@ -21,6 +21,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/probe"
 	"github.com/pathtrace/pathtrace/internal/report"
 	"github.com/pathtrace/pathtrace/internal/session"
@@ -273,6 +274,10 @@ func runTrace(args []string) int {
 		var ue *discover.UsageError
 		if errors.As(err, &ue) {
 			fmt.Fprintf(os.Stderr, "pathtrace: %v\n", ue)
+			return exitUsage
+		}
+		if errors.Is(err, export.ErrLimit) { // the bound cannot even hold the file's header
+			fmt.Fprintf(os.Stderr, "pathtrace: --max-bytes %s: %v; give a larger bound, e.g. --max-bytes 64M\n", f.maxBytes, err)
 			return exitUsage
 		}
 		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
