@@ -363,12 +363,19 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 // context ended, or Close).
 func (t *Tap) wait(conn syscall.RawConn, retired func() bool) error {
 	var sockErr error
+	waited := false
 	err := conn.Read(func(fd uintptr) bool {
 		if retired() {
 			return true
 		}
-		// Woken without a retired block, or not yet waited: an error
-		// ends the capture, else wait for the next wake-up.
+		// The socket turns readable when a block retires, or on an error.
+		// Not waited yet: wait (no syscall: each one would also wake the Go
+		// runtime's monitor thread). Woken without a retired block: an
+		// error ends the capture, else wait for the next wake-up.
+		if !waited {
+			waited = true
+			return false
+		}
 		soErr, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
 		switch {
 		case err != nil:
