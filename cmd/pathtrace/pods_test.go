@@ -36,17 +36,7 @@ func TestSeveralPods(t *testing.T) {
 	if _, err := l.Client(ctx, lab.ClientOptions{Requests: 2}); err != nil {
 		t.Fatal(err)
 	}
-	err := nsutil.Do(pod2, func() error {
-		for range 2 {
-			c, err := net.DialTimeout("tcp", lab.TCPVIP.String(), time.Second)
-			if err != nil {
-				return err
-			}
-			c.Close()
-		}
-		return nil
-	})
-	if err != nil {
+	if err := connectFrom(pod2, lab.TCPVIP.String(), 2); err != nil {
 		t.Fatalf("connect from the second Pod: %v", err)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -71,6 +61,20 @@ func TestSeveralPods(t *testing.T) {
 			t.Errorf("pcapng interface %q holds no packet: %v", name, per)
 		}
 	}
+}
+
+// connectFrom opens and closes n TCP connections to addr from inside netns.
+func connectFrom(netns, addr string, n int) error {
+	return nsutil.Do(netns, func() error {
+		for range n {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				return err
+			}
+			c.Close()
+		}
+		return nil
+	})
 }
 
 // addPod creates a Pod netns on the lab's bridge with address ip (a /22 of

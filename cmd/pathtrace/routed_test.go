@@ -101,23 +101,8 @@ func TestRoutedNode(t *testing.T) {
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
 	r.waitNode(t)
 	const requests = 4
-	err = nsutil.Do("/run/netns/"+pod, func() error {
-		for range requests {
-			c, err := net.DialTimeout("tcp", vip, time.Second)
-			if err != nil {
-				return err
-			}
-			c.SetReadDeadline(time.Now().Add(time.Second))
-			_, err = c.Read(make([]byte, 2))
-			c.Close()
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("request from the Pod: %v", err)
+	if err := connectFrom("/run/netns/"+pod, vip, requests); err != nil {
+		t.Fatalf("connect from the Pod: %v", err)
 	}
 	time.Sleep(300 * time.Millisecond)
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)

@@ -262,16 +262,29 @@ type tcLBObjects struct {
 	Services      *ebpf.Map     `ebpf:"lab_services"`
 }
 
-// attachTCLB attaches the tc LB to the host veth: DNAT on ingress, reverse on egress.
-func (l *Lab) attachTCLB() error {
+// loadTCLB loads the tc LB with the lab's Services in its map. Close it
+// once attached: the attachments keep the programs alive.
+func loadTCLB() (*tcLBObjects, error) {
 	var objs tcLBObjects
 	if err := loadLB(&objs); err != nil {
-		return err
+		return nil, err
 	}
-	defer closeAll(objs.FromContainer, objs.ToContainer, objs.Services)
 	if err := fillServices(objs.Services); err != nil {
+		objs.close()
+		return nil, err
+	}
+	return &objs, nil
+}
+
+func (o *tcLBObjects) close() { closeAll(o.FromContainer, o.ToContainer, o.Services) }
+
+// attachTCLB attaches the tc LB to the host veth: DNAT on ingress, reverse on egress.
+func (l *Lab) attachTCLB() error {
+	objs, err := loadTCLB()
+	if err != nil {
 		return err
 	}
+	defer objs.close()
 	if err := attachProgram(tcxIngress(l.NodeNetNS(), HostVeth), objs.FromContainer); err != nil {
 		return err
 	}

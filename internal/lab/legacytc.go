@@ -29,14 +29,11 @@ var legacyHooks = []struct {
 // DNAT on ingress, reverse NAT on egress. The filters keep the programs
 // alive.
 func (l *Lab) attachLegacyTCLB() error {
-	var objs tcLBObjects
-	if err := loadLB(&objs); err != nil {
+	objs, err := loadTCLB()
+	if err != nil {
 		return err
 	}
-	defer closeAll(objs.FromContainer, objs.ToContainer, objs.Services)
-	if err := fillServices(objs.Services); err != nil {
-		return err
-	}
+	defer objs.close()
 	progs := []*ebpf.Program{objs.FromContainer, objs.ToContainer}
 	names := []string{labLBProgLabFromContainer, labLBProgLabToContainer}
 	return nsutil.Netlink(l.NodeNetNS(), func(h *netlink.Handle) error {
