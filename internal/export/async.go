@@ -2,6 +2,7 @@ package export
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"sync"
 )
@@ -20,6 +21,7 @@ const asyncDepth = 16
 // last whole chunk and refuses every later one.
 type asyncFile struct {
 	f      *os.File
+	start  int64 // the file's size when the asyncFile took over (the header)
 	queue  chan []byte
 	free   chan []byte
 	done   chan struct{}
@@ -30,6 +32,11 @@ type asyncFile struct {
 
 func newAsyncFile(f *os.File) *asyncFile {
 	a := &asyncFile{f: f, queue: make(chan []byte, asyncDepth), free: make(chan []byte, asyncDepth), done: make(chan struct{})}
+	// A failed write cuts the file back to its last whole chunk: an offset
+	// that must count what was written before (0 for a pipe).
+	if off, err := f.Seek(0, io.SeekCurrent); err == nil {
+		a.start = off
+	}
 	go a.run()
 	return a
 }
@@ -64,7 +71,7 @@ func (a *asyncFile) handOff(p []byte) (next []byte, err error) {
 
 func (a *asyncFile) run() {
 	defer close(a.done)
-	var written int64
+	written := a.start
 	for buf := range a.queue {
 		if a.failed() == nil {
 			n, err := a.f.Write(buf)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -367,5 +368,45 @@ func TestStream(t *testing.T) {
 	}
 	for i, wp := range pkts {
 		checkPacket(t, i, rb.packets[i], wp)
+	}
+}
+
+// TestDiskFullLeavesReadableFile: when the filesystem fills up mid-capture
+// the error reaches the caller, and the file still ends after a whole block
+// (the header is counted where a failed write is cut back).
+func TestDiskFullLeavesReadableFile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts a small tmpfs")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	path := filepath.Join(dir, "full.pcapng")
+	w, err := export.Create(path, testIfaces, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := packet(tcpFrame(1400), obs.DirOut, 0, 0)
+	var werr error
+	for i := 0; i < 100000 && werr == nil; i++ {
+		werr = w.WritePacket(i%len(testIfaces), p, "flow 1 request to VIP (before translation)")
+	}
+	cerr := w.Close(nil)
+	if werr == nil && cerr == nil {
+		t.Fatal("no error although the filesystem filled up")
+	}
+	for _, err := range []error{werr, cerr} {
+		if err != nil && !errors.Is(err, syscall.ENOSPC) {
+			t.Errorf("error %v, want ENOSPC", err)
+		}
+	}
+	file := path
+	if _, err := os.Stat(file); err != nil {
+		file = path + ".partial" // the rename may fail on a full filesystem
+	}
+	if n, err := readAll(file); err != nil || n == 0 {
+		t.Errorf("%s after the disk filled: %d packets, %v; want whole blocks only", file, n, err)
 	}
 }
