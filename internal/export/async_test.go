@@ -3,6 +3,7 @@ package export
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -22,7 +23,7 @@ func TestAsyncFileDoesNotWaitForTheDisk(t *testing.T) {
 	}
 	defer r.Close()
 	defer w.Close()
-	a := newAsyncFile(w)
+	a := newAsyncFile(w, 0)
 	var want bytes.Buffer
 	done := make(chan struct{})
 	go func() {
@@ -74,7 +75,7 @@ func TestAsyncFileDiskFull(t *testing.T) {
 	if _, err := f.Write(make([]byte, header)); err != nil {
 		t.Fatal(err)
 	}
-	a := newAsyncFile(f)
+	a := newAsyncFile(f, 0)
 	chunk := bytes.Repeat([]byte{7}, 48<<10)
 	var werr error
 	for range 64 {
@@ -97,5 +98,58 @@ func TestAsyncFileDiskFull(t *testing.T) {
 	}
 	if (st.Size()-header)%int64(len(chunk)) != 0 {
 		t.Errorf("file of %d bytes: a chunk was cut (a %d-byte header, then chunks of %d bytes)", st.Size(), header, len(chunk))
+	}
+}
+
+// TestAsyncFileReservesAhead: blocks are reserved past the data while the
+// file is written (never past the limit), and Close gives them back.
+func TestAsyncFileReservesAhead(t *testing.T) {
+	dir := t.TempDir()
+	probe, err := os.Create(filepath.Join(dir, "probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	if err := syscall.Fallocate(int(probe.Fd()), 1 /* FALLOC_FL_KEEP_SIZE */, 0, 4096); err != nil {
+		t.Skipf("the filesystem of %s cannot reserve blocks: %v", dir, err)
+	}
+	for _, limit := range []int64{0, 600 << 10} {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprint("reserve-", limit)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		a := newAsyncFile(f, limit)
+		chunk := bytes.Repeat([]byte{7}, 256<<10)
+		if _, err := a.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+		var st syscall.Stat_t
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Size == int64(len(chunk)) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		allocated := st.Blocks * 512
+		want := int64(len(chunk)) + reserveAhead
+		if limit > 0 {
+			want = limit
+		}
+		if allocated < want-4096 || allocated > want+4096 {
+			t.Errorf("limit %d: %d bytes allocated while writing %d, want about %d", limit, allocated, st.Size, want)
+		}
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Size != int64(len(chunk)) || st.Blocks*512 > st.Size+4096 {
+			t.Errorf("limit %d: after Close %d bytes, %d allocated; want nothing allocated past the end", limit, st.Size, st.Blocks*512)
+		}
 	}
 }

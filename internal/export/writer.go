@@ -118,7 +118,7 @@ func Create(path string, ifaces []Interface, lim Limits) (*Writer, error) {
 	}
 	// The header is in the file (written directly); packets go through the
 	// file's own writer goroutine.
-	w.file, w.async = pf, newAsyncFile(pf.File)
+	w.file, w.async = pf, newAsyncFile(pf.File, lim.MaxBytes)
 	w.out.w = w.async
 	w.flush = time.AfterFunc(flushInterval, w.flushPending)
 	w.flush.Stop()
