@@ -53,19 +53,28 @@ func TestAsyncFileDoesNotWaitForTheDisk(t *testing.T) {
 	}
 }
 
+// SmallFilesystem mounts a tmpfs of size (as mount's size= option) on a
+// test directory, to fill up; it is unmounted when the test ends. Skips
+// unless root. Exported for the package's external tests.
+func SmallFilesystem(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts a small tmpfs")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	return dir
+}
+
 // TestAsyncFileDiskFull: on a full filesystem the error reaches the caller
 // (at a later Write or at Close) and the file holds whole chunks only,
 // after what was written before the asyncFile took over (the pcapng
 // header, which Create writes directly).
 func TestAsyncFileDiskFull(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: mounts a small tmpfs")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	dir := SmallFilesystem(t, "256k")
 	f, err := os.Create(filepath.Join(dir, "full"))
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -375,15 +374,7 @@ func TestStream(t *testing.T) {
 // the error reaches the caller, and the file still ends after a whole block
 // (the header is counted where a failed write is cut back).
 func TestDiskFullLeavesReadableFile(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: mounts a small tmpfs")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", dir).Run() })
-	path := filepath.Join(dir, "full.pcapng")
+	path := filepath.Join(export.SmallFilesystem(t, "512k"), "full.pcapng")
 	w, err := export.Create(path, testIfaces, export.Limits{})
 	if err != nil {
 		t.Fatal(err)
