@@ -17,23 +17,77 @@ import (
 
 // TestRoutedNode traces a Service on a routed node, as Calico-like CNIs
 // build them: the Pod's host veth has no master and an address of its own,
-// kube-proxy-shaped nftables rules translate the VIP in the node, and the
-// uplink is the device of the node's route towards the VIP, whose frames go
-// to the next hop's MAC, untagged. The Service has two backends, taken in
-// turn: each flow names its own backend and endpoint rule. Names and
-// addresses share nothing with the lab.
+// kube-proxy-shaped NAT rules translate the VIP in the node (nftables, and
+// iptables-legacy as kube-proxy's iptables mode writes them), and the uplink
+// is the device of the node's route towards the VIP, whose frames go to the
+// next hop's MAC, untagged. The Service has two backends, taken in turn:
+// each flow names its own backend and endpoint rule. Names and addresses
+// share nothing with the lab.
 func TestRoutedNode(t *testing.T) {
 	needRoot(t)
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("nft is not installed (apt-get install nftables)")
-	}
 	const vip = "10.79.0.10:80"
 	backends := []string{"10.78.0.7:8080", "10.78.0.8:8080"}
-	prefix := fmt.Sprintf("ptrt%d", os.Getpid()%100000)
+	vipIP, vipPort, _ := strings.Cut(vip, ":")
+	for _, nat := range []struct {
+		name, tool string
+		install    func(t *testing.T, node string)
+		// by is what a flow's "by" holds for backend i.
+		by string
+	}{
+		{"nftables", "nft", func(t *testing.T, node string) {
+			rules := fmt.Sprintf(`table ip rt-kube-proxy {
+	chain services {
+		ip daddr %s tcp dport %s goto service-web
+	}
+	chain service-web {
+		numgen inc mod 2 vmap { 0 : goto endpoint-web-0, 1 : goto endpoint-web-1 }
+	}
+	chain endpoint-web-0 {
+		meta l4proto tcp dnat to %s
+	}
+	chain endpoint-web-1 {
+		meta l4proto tcp dnat to %s
+	}
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}
+}
+`, vipIP, vipPort, backends[0], backends[1])
+			mustRun(t, strings.NewReader(rules), "ip", "netns", "exec", node, "nft", "-f", "-")
+		}, "nftables ip rt-kube-proxy nat-prerouting -> services -> service-web -> endpoint-web-%d"},
+		{"iptables-legacy", "iptables-legacy", func(t *testing.T, node string) {
+			ipt := func(args ...string) {
+				mustRun(t, nil, "ip", append([]string{"netns", "exec", node, "iptables-legacy", "-t", "nat"}, args...)...)
+			}
+			for _, chain := range []string{"KUBE-SERVICES", "KUBE-SVC-WEB", "KUBE-SEP-WEB0", "KUBE-SEP-WEB1"} {
+				ipt("-N", chain)
+			}
+			ipt("-A", "PREROUTING", "-j", "KUBE-SERVICES")
+			ipt("-A", "KUBE-SERVICES", "-d", vipIP+"/32", "-p", "tcp", "--dport", vipPort, "-j", "KUBE-SVC-WEB")
+			ipt("-A", "KUBE-SVC-WEB", "-m", "statistic", "--mode", "nth", "--every", "2", "--packet", "0", "-j", "KUBE-SEP-WEB0")
+			ipt("-A", "KUBE-SVC-WEB", "-j", "KUBE-SEP-WEB1")
+			ipt("-A", "KUBE-SEP-WEB0", "-p", "tcp", "-j", "DNAT", "--to-destination", backends[0])
+			ipt("-A", "KUBE-SEP-WEB1", "-p", "tcp", "-j", "DNAT", "--to-destination", backends[1])
+		}, "iptables-legacy nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-WEB -> KUBE-SEP-WEB%d"},
+	} {
+		t.Run(nat.name, func(t *testing.T) {
+			if _, err := exec.LookPath(nat.tool); err != nil {
+				t.Skipf("%s is not installed", nat.tool)
+			}
+			routedNode(t, nat.name, vip, backends, nat.install, nat.by)
+		})
+	}
+}
+
+// routedNode builds the routed node, installs its NAT rules and checks the
+// flows of a few connections from its Pod to vip.
+func routedNode(t *testing.T, name, vip string, backends []string, install func(*testing.T, string), by string) {
+	prefix := fmt.Sprintf("ptrt%d-%s", os.Getpid()%100000, name[:3])
 	node, pod, gw := prefix+"-node", prefix+"-pod", prefix+"-gw"
-	for _, name := range []string{node, pod, gw} {
-		mustRun(t, nil, "ip", "netns", "add", name)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	for _, ns := range []string{node, pod, gw} {
+		mustRun(t, nil, "ip", "netns", "add", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
 	}
 	for _, args := range [][]string{
 		{"link", "add", "rt-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
@@ -56,26 +110,7 @@ func TestRoutedNode(t *testing.T) {
 		mustRun(t, nil, "ip", args...)
 	}
 	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	rules := fmt.Sprintf(`table ip rt-kube-proxy {
-	chain services {
-		ip daddr %s tcp dport %s goto service-web
-	}
-	chain service-web {
-		numgen inc mod 2 vmap { 0 : goto endpoint-web-0, 1 : goto endpoint-web-1 }
-	}
-	chain endpoint-web-0 {
-		meta l4proto tcp dnat to %s
-	}
-	chain endpoint-web-1 {
-		meta l4proto tcp dnat to %s
-	}
-	chain nat-prerouting {
-		type nat hook prerouting priority dstnat; policy accept;
-		jump services
-	}
-}
-`, strings.Split(vip, ":")[0], strings.Split(vip, ":")[1], backends[0], backends[1])
-	mustRun(t, strings.NewReader(rules), "ip", "netns", "exec", node, "nft", "-f", "-")
+	install(t, node)
 
 	var gwMAC string
 	err := nsutil.Do("/run/netns/"+gw, func() error {
@@ -113,11 +148,11 @@ func TestRoutedNode(t *testing.T) {
 	perBackend := map[string]int{}
 	for _, f := range flows {
 		desc := dump([]map[string]any{f})
-		by, _ := f["by"].(string)
+		got, _ := f["by"].(string)
 		i := slices.Index(backends, fmt.Sprint(f["backend"]))
 		perBackend[fmt.Sprint(f["backend"])]++
-		if f["rewritten_at"] != "netfilter" || i < 0 || !strings.Contains(by, fmt.Sprintf("rt-kube-proxy nat-prerouting -> services -> service-web -> endpoint-web-%d", i)) {
-			t.Errorf("want rewritten at netfilter by table rt-kube-proxy, to a backend by its endpoint chain: %s", desc)
+		if f["rewritten_at"] != "netfilter" || i < 0 || !strings.Contains(got, fmt.Sprintf(by, i)) {
+			t.Errorf("want rewritten at netfilter to a backend, by its endpoint chain (%s): %s", fmt.Sprintf(by, max(i, 0)), desc)
 		}
 		if f["uplink_dst_mac"] != gwMAC || f["vlan"] != float64(0) || f["reply"] != true {
 			t.Errorf("want the frame to leave untagged to the next hop %s and a reply: %s", gwMAC, desc)
