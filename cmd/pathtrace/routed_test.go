@@ -57,19 +57,13 @@ func TestRoutedNode(t *testing.T) {
 			mustRun(t, strings.NewReader(rules), "ip", "netns", "exec", node, "nft", "-f", "-")
 		}, "nftables ip rt-kube-proxy nat-prerouting -> services -> service-web -> endpoint-web-%d"},
 		{"iptables-legacy", "iptables-legacy", func(t *testing.T, node string) {
-			ipt := func(args ...string) {
-				mustRun(t, nil, "ip", append([]string{"netns", "exec", node, "iptables-legacy", "-t", "nat"}, args...)...)
-			}
-			for _, chain := range []string{"KUBE-SERVICES", "KUBE-SVC-WEB", "KUBE-SEP-WEB0", "KUBE-SEP-WEB1"} {
-				ipt("-N", chain)
-			}
-			ipt("-A", "PREROUTING", "-j", "KUBE-SERVICES")
-			ipt("-A", "KUBE-SERVICES", "-d", vipIP+"/32", "-p", "tcp", "--dport", vipPort, "-j", "KUBE-SVC-WEB")
-			ipt("-A", "KUBE-SVC-WEB", "-m", "statistic", "--mode", "nth", "--every", "2", "--packet", "0", "-j", "KUBE-SEP-WEB0")
-			ipt("-A", "KUBE-SVC-WEB", "-j", "KUBE-SEP-WEB1")
-			ipt("-A", "KUBE-SEP-WEB0", "-p", "tcp", "-j", "DNAT", "--to-destination", backends[0])
-			ipt("-A", "KUBE-SEP-WEB1", "-p", "tcp", "-j", "DNAT", "--to-destination", backends[1])
+			kubeProxyIPTables(t, "iptables-legacy", node, vip, backends)
 		}, "iptables-legacy nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-WEB -> KUBE-SEP-WEB%d"},
+		// iptables-nft writes the same chains as nftables rules with
+		// xtables matches, in table ip nat.
+		{"iptables-nft", "iptables-nft", func(t *testing.T, node string) {
+			kubeProxyIPTables(t, "iptables-nft", node, vip, backends)
+		}, "nftables ip nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-WEB -> KUBE-SEP-WEB%d"},
 	} {
 		t.Run(nat.name, func(t *testing.T) {
 			if _, err := exec.LookPath(nat.tool); err != nil {
@@ -80,10 +74,29 @@ func TestRoutedNode(t *testing.T) {
 	}
 }
 
+// kubeProxyIPTables writes kube-proxy's iptables-mode chains for vip with
+// iptables (the iptables-legacy or iptables-nft command) in node: the
+// Service chain takes the backends in turn.
+func kubeProxyIPTables(t *testing.T, iptables, node, vip string, backends []string) {
+	vipIP, vipPort, _ := strings.Cut(vip, ":")
+	ipt := func(args ...string) {
+		mustRun(t, nil, "ip", append([]string{"netns", "exec", node, iptables, "-t", "nat"}, args...)...)
+	}
+	for _, chain := range []string{"KUBE-SERVICES", "KUBE-SVC-WEB", "KUBE-SEP-WEB0", "KUBE-SEP-WEB1"} {
+		ipt("-N", chain)
+	}
+	ipt("-A", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	ipt("-A", "KUBE-SERVICES", "-d", vipIP+"/32", "-p", "tcp", "--dport", vipPort, "-j", "KUBE-SVC-WEB")
+	ipt("-A", "KUBE-SVC-WEB", "-m", "statistic", "--mode", "nth", "--every", "2", "--packet", "0", "-j", "KUBE-SEP-WEB0")
+	ipt("-A", "KUBE-SVC-WEB", "-j", "KUBE-SEP-WEB1")
+	ipt("-A", "KUBE-SEP-WEB0", "-p", "tcp", "-j", "DNAT", "--to-destination", backends[0])
+	ipt("-A", "KUBE-SEP-WEB1", "-p", "tcp", "-j", "DNAT", "--to-destination", backends[1])
+}
+
 // routedNode builds the routed node, installs its NAT rules and checks the
 // flows of a few connections from its Pod to vip.
 func routedNode(t *testing.T, name, vip string, backends []string, install func(*testing.T, string), by string) {
-	prefix := fmt.Sprintf("ptrt%d-%s", os.Getpid()%100000, name[:3])
+	prefix := fmt.Sprintf("ptrt%d-%s", os.Getpid()%100000, name)
 	node, pod, gw := prefix+"-node", prefix+"-pod", prefix+"-gw"
 	for _, ns := range []string{node, pod, gw} {
 		mustRun(t, nil, "ip", "netns", "add", ns)
