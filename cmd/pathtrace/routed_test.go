@@ -18,11 +18,11 @@ import (
 // TestRoutedNode traces a Service on a routed node, as Calico-like CNIs
 // build them: the Pod's host veth has no master and an address of its own,
 // kube-proxy-shaped NAT rules translate the VIP in the node (nftables, and
-// iptables-legacy as kube-proxy's iptables mode writes them), and the uplink
-// is the device of the node's route towards the VIP, whose frames go to the
-// next hop's MAC, untagged. The Service has two backends, taken in turn:
-// each flow names its own backend and endpoint rule. Names and addresses
-// share nothing with the lab.
+// kube-proxy's iptables-mode chains with iptables-legacy and iptables-nft),
+// and the uplink is the device of the node's route towards the VIP, whose
+// frames go to the next hop's MAC, untagged. The Service has two backends,
+// taken in turn: each flow names its own backend and endpoint rule. Names
+// and addresses share nothing with the lab.
 func TestRoutedNode(t *testing.T) {
 	needRoot(t)
 	const vip = "10.79.0.10:80"
