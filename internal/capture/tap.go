@@ -363,19 +363,16 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 // context ended, or Close).
 func (t *Tap) wait(conn syscall.RawConn, retired func() bool) error {
 	var sockErr error
-	waited := false
 	err := conn.Read(func(fd uintptr) bool {
 		if retired() {
 			return true
 		}
 		// The socket turns readable when a block retires, or on an error.
-		// Not waited yet: wait (no syscall: each one would also wake the Go
-		// runtime's monitor thread). Woken without a retired block: an
-		// error ends the capture, else wait for the next wake-up.
-		if !waited {
-			waited = true
-			return false
-		}
+		// Check for an error before every park, not only after a wake-up:
+		// Read forgets a wake-up that came before it was called (the
+		// runtime resets the readiness, expecting this function to look),
+		// so an interface deleted while Run was busy would leave it parked
+		// for good.
 		soErr, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
 		switch {
 		case err != nil:

@@ -476,19 +476,52 @@ func TestTapVLANTags(t *testing.T) {
 }
 
 // TestTapReportsInterfaceGone: when the captured interface disappears (a Pod
-// deleted mid-session), Run ends with ENETDOWN instead of idling silently.
+// deleted mid-session), Run ends with ENETDOWN instead of idling silently:
+// whether it went while Run was parked, or before Run looked (the wake-up
+// then came before Run's wait, which the runtime forgets: CI once caught
+// Run parked for good that way).
 func TestTapReportsInterfaceGone(t *testing.T) {
 	needRoot(t)
-	l := newLab(t)
-	tap, err := Open(Config{NetNS: l.a, Ifname: "pta"})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
+	for _, tc := range []struct {
+		name        string
+		deleteFirst bool
+	}{{"while Run waits", false}, {"before Run", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLab(t)
+			tap, err := Open(Config{NetNS: l.a, Ifname: "pta"})
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			t.Cleanup(func() { tap.Close() })
+			done := make(chan error, 1)
+			run := func() { go func() { done <- tap.Run(context.Background(), func(*Packet) {}) }() }
+			if !tc.deleteFirst {
+				run()
+				// Let Run reach its wait: a frame it hands over proves
+				// it is in its loop; the ring's 100 ms retire then parks it.
+				inject(t, l.a, "pta", udpFrame(t, "192.0.2.1", "192.0.2.2", 4001, 4002))
+				time.Sleep(300 * time.Millisecond)
+			}
+			deleteLink(t, l.a, "pta")
+			if tc.deleteFirst {
+				run()
+			}
+			select {
+			case err := <-done:
+				if !errors.Is(err, unix.ENETDOWN) {
+					t.Errorf("Run returned %v, want ENETDOWN", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("Run kept running after its interface was deleted")
+			}
+		})
 	}
-	t.Cleanup(func() { tap.Close() })
-	done := make(chan error, 1)
-	go func() { done <- tap.Run(context.Background(), func(*Packet) {}) }()
+}
 
-	ns, err := netns.GetFromPath(l.a)
+// deleteLink deletes the interface ifname in the netns at nsPath.
+func deleteLink(t *testing.T, nsPath, ifname string) {
+	t.Helper()
+	ns, err := netns.GetFromPath(nsPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,20 +531,12 @@ func TestTapReportsInterfaceGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	link, err := h.LinkByName("pta")
+	link, err := h.LinkByName(ifname)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := h.LinkDel(link); err != nil {
-		t.Fatalf("delete pta: %v", err)
-	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, unix.ENETDOWN) {
-			t.Errorf("Run returned %v, want ENETDOWN", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatalf("Run kept running after its interface was deleted")
+		t.Fatalf("delete %s: %v", ifname, err)
 	}
 }
 
