@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -97,23 +98,59 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 	}
 	for i := range info.Pods {
 		idx, how := u.forPod(&info.Pods[i])
-		info.Pods[i].UplinkHow = how
-		for _, x := range idx {
-			info.Pods[i].Uplinks = append(info.Pods[i].Uplinks, host.name(x))
-			add(x)
+		for j, x := range idx {
+			lower, why := taggedLower(host.links, x)
+			if why != "" {
+				idx[j] = lower
+				how += "; " + why
+			}
+			info.Pods[i].Uplinks = append(info.Pods[i].Uplinks, host.name(idx[j]))
+			add(idx[j])
 		}
+		info.Pods[i].UplinkHow = how
 	}
 	if len(info.Pods) == 0 {
 		idx, how := u.routed()
-		info.notef("no pod found: uplink from the %s", how)
 		for _, x := range idx {
-			add(x)
+			lower, why := taggedLower(host.links, x)
+			if why != "" {
+				how += "; " + why
+			}
+			add(lower)
 		}
+		info.notef("no pod found: uplink from the %s", how)
 	}
 	if u.fdbErr != nil {
 		info.notef("bridge FDB not read: %v", u.fdbErr)
 	}
 	return uplinks, nil
+}
+
+// taggedLower returns, for an uplink that is a VLAN device (bond0.200), the
+// device below it (bond0, also below stacked tags) and why: the VLAN device
+// hands its frames down untagged, so only below it does the capture show the
+// tag the frames leave the node with. Another link comes back as is, with
+// why "". A lower device in another netns (or unknown) stops the descent.
+func taggedLower(links map[int]netlink.Link, index int) (int, string) {
+	var vlans []string
+	for {
+		v, ok := links[index].(*netlink.Vlan)
+		if !ok {
+			break
+		}
+		a := v.Attrs()
+		lower, ok := links[a.ParentIndex]
+		if !ok || a.NetNsID >= 0 || a.ParentIndex == index {
+			break
+		}
+		vlans = append(vlans, fmt.Sprintf("%s (vlan %d)", a.Name, v.VlanId))
+		index = lower.Attrs().Index
+	}
+	if len(vlans) == 0 {
+		return index, ""
+	}
+	return index, fmt.Sprintf("captured below VLAN device %s, on %s, where the frames carry the tag",
+		strings.Join(vlans, " on "), links[index].Attrs().Name)
 }
 
 // uplinkFinder caches what several pods share: the FDB dump and the route.

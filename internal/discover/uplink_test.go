@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 )
 
 func TestChooseBridgeUplink(t *testing.T) {
@@ -33,6 +35,49 @@ func TestChooseBridgeUplink(t *testing.T) {
 		got, how := chooseBridgeUplink("br0", tc.ports, tc.fdb, tc.gwMAC, 5)
 		if !slices.Equal(got, tc.want) || !strings.Contains(how, tc.howWord) {
 			t.Errorf("%s: got %v %q, want %v and a reason with %q", tc.name, got, how, tc.want, tc.howWord)
+		}
+	}
+}
+
+// TestTaggedLower: an uplink that is a VLAN device (the route's device on
+// many bare-metal nodes) is captured on the device below it, where frames
+// carry their tag, also below stacked tags; not across netns, not for other
+// links. (This kernel has no 802.1Q module, so the links are built here.)
+func TestTaggedLower(t *testing.T) {
+	attrs := func(index, parent int, name string) netlink.LinkAttrs {
+		a := netlink.NewLinkAttrs()
+		a.Index, a.ParentIndex, a.Name = index, parent, name
+		return a
+	}
+	bond := &netlink.Bond{LinkAttrs: attrs(2, 0, "bond0")}
+	outer := &netlink.Vlan{LinkAttrs: attrs(3, 2, "bond0.100"), VlanId: 100}
+	inner := &netlink.Vlan{LinkAttrs: attrs(4, 3, "bond0.100.200"), VlanId: 200}
+	single := &netlink.Vlan{LinkAttrs: attrs(5, 2, "bond0.300"), VlanId: 300}
+	elsewhere := &netlink.Vlan{LinkAttrs: attrs(6, 2, "vlan400"), VlanId: 400}
+	elsewhere.NetNsID = 1 // its ParentIndex is an ifindex of another netns
+	orphan := &netlink.Vlan{LinkAttrs: attrs(7, 99, "vlan500"), VlanId: 500}
+	links := map[int]netlink.Link{}
+	for _, l := range []netlink.Link{bond, outer, inner, single, elsewhere, orphan} {
+		links[l.Attrs().Index] = l
+	}
+	for _, tc := range []struct {
+		index, want int
+		why         []string // parts of the reason, none when the link stays
+	}{
+		{5, 2, []string{"bond0.300 (vlan 300)", "on bond0"}},
+		{4, 2, []string{"bond0.100.200 (vlan 200) on bond0.100 (vlan 100)", "on bond0"}},
+		{2, 2, nil},
+		{6, 6, nil},
+		{7, 7, nil},
+	} {
+		got, why := taggedLower(links, tc.index)
+		if got != tc.want || (why == "") != (tc.why == nil) {
+			t.Errorf("%s: got ifindex %d %q, want %d", links[tc.index].Attrs().Name, got, why, tc.want)
+		}
+		for _, w := range tc.why {
+			if !strings.Contains(why, w) {
+				t.Errorf("%s: reason %q lacks %q", links[tc.index].Attrs().Name, why, w)
+			}
 		}
 	}
 }
