@@ -57,6 +57,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"--svc", "10.0.0.1", "--buffer-size", ""},
 		{"--svc", "10.0.0.1", "--buffer-size", "1K"},
 		{"--svc", "10.0.0.1", "--buffer-size", "1G"},
+		{"--svc", "10.0.0.1", "--nice", "-21"},
+		{"--svc", "10.0.0.1", "--nice", "20"},
 	}
 	for _, args := range cases {
 		var stderr bytes.Buffer
@@ -330,6 +332,38 @@ func TestSIGKILLLeavesNothingAttached(t *testing.T) {
 	if err != nil || res.TCP.OK != 2 {
 		t.Fatalf("lab client after SIGKILL: %+v, %v", res.TCP, err)
 	}
+}
+
+// TestThreadsRunAtTheirNice: every thread of a running pathtrace, those the
+// Go runtime started after the flag took effect too, has the --nice value.
+func TestThreadsRunAtTheirNice(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "60s", "--nice", "-3")
+	r.waitNode(t)
+	// Traffic makes the runtime start threads for the work it brings.
+	if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 20}); err != nil {
+		t.Fatalf("lab client: %v", err)
+	}
+	pid := r.cmd.Process.Pid
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) < 2 {
+		t.Fatalf("threads of pathtrace: %d, %v", len(tasks), err)
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Fields after the command name in parentheses start at field 3
+		// (state); nice is field 19.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 17 || fields[16] != "-3" {
+			t.Errorf("thread %s: stat %q, want nice -3", task.Name(), stat)
+		}
+	}
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	r.rest(t)
 }
 
 // heldBPF lists the BPF program and link ids a process holds fds of.

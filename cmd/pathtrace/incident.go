@@ -74,6 +74,9 @@ func runIncident(args []string) int {
 		fmt.Fprintln(os.Stderr, "pathtrace incident: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN for setns): run it with sudo")
 		return exitRuntime
 	}
+	if err := setNice(f.nice); err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace incident: %v; capturing at the priority it has\n", err)
+	}
 	release, err := incident.Lock(incident.DefaultRunDir)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)

@@ -68,6 +68,7 @@ type traceFlags struct {
 	snaplen   int
 	bufSize   string
 	maxFlows  int
+	nice      int
 	pcap      string
 	maxPkts   uint64
 	maxBytes  string
@@ -104,6 +105,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
 	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops")
+	fs.IntVar(&f.nice, "nice", defaultNice, "nice `value` of pathtrace's threads, -20 to 19: below 0 the capture drains its rings ahead of the node's ordinary work, so a saturated node costs no frames (its CPU use stays the same); 0 runs it like any process")
 	fs.IntVar(&f.maxFlows, "max-flows", 4096, "bound on tracked flows (about 3 KiB each); more are counted as dropped (flows_over_max) and reported, their packets still captured")
 }
 
@@ -134,6 +136,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		return opt, usagef("--buffer-size %s: use %dK to %dM, e.g. --buffer-size 8M", f.bufSize, capture.MinRingBytes>>10, capture.MaxRingBytes>>20)
 	}
 	opt.RingBytes = int(ring)
+	if f.nice < -20 || f.nice > 19 {
+		return opt, usagef("--nice %d: use -20 to 19 (0 = the default priority)", f.nice)
+	}
 	if f.maxFlows < 1 {
 		return opt, usagef("--max-flows %d: must be at least 1", f.maxFlows)
 	}
@@ -244,6 +249,9 @@ func runTrace(args []string) int {
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "pathtrace: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN for setns): run it with sudo")
 		return exitRuntime
+	}
+	if err := setNice(f.nice); err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace: %v; capturing at the priority it has\n", err)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
