@@ -55,8 +55,9 @@ func newAsyncFile(f *os.File, limit int64) *asyncFile {
 // reserveAhead is how far past the data the file's blocks are reserved
 // (fallocate, the size unchanged). A buffered write then finds each new
 // page's block already allocated, where ext4 would otherwise make a delayed
-// allocation per page: about 4% of pathtrace's CPU at high packet rates. Close gives back what the data did not use; a killed capture keeps
-// at most this much reserved past the end of its file, never past MaxBytes
+// allocation per page: about 4% of pathtrace's CPU at high packet rates.
+// Close gives back what the data did not use; a killed capture keeps at
+// most this much reserved past the end of its file, never past MaxBytes
 // (truncate -s to its size gives it back).
 const reserveAhead = 4 << 20
 
