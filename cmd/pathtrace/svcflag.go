@@ -23,6 +23,9 @@ func parseService(s string) (flow.Service, error) {
 			return svc, usagef("--svc %q: protocol %q is not tcp or udp (example: --svc 10.120.0.80:80/tcp)", s, proto)
 		}
 	}
+	if strings.Count(spec, ":") > 1 || strings.HasPrefix(spec, "[") {
+		return svc, usagef("--svc %q: an IPv6 VIP; pathtrace traces IPv4 Services only (a dual-stack Service has an IPv4 ClusterIP too: kubectl get svc -o wide)", s)
+	}
 	host, port, hasPort := spec, "", false
 	if i := strings.LastIndexByte(spec, ':'); i >= 0 {
 		host, port, hasPort = spec[:i], spec[i+1:], true

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/pathtrace/pathtrace/internal/flow"
@@ -27,6 +28,12 @@ func TestParseService(t *testing.T) {
 		var ue usageError
 		if !errors.As(err, &ue) {
 			t.Errorf("parseService(%q) = %v; want a usage error", in, err)
+		}
+	}
+	// An IPv6 VIP is named as such, whole, not cut at its first colon.
+	for _, in := range []string{"fd00::10", "[fd00::10]:80/tcp", "::1"} {
+		if _, err := parseService(in); err == nil || !strings.Contains(err.Error(), "IPv6") {
+			t.Errorf("parseService(%q) = %v; want an error naming IPv6", in, err)
 		}
 	}
 }
