@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -14,30 +15,37 @@ import (
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
-// secondPodIP is a free address of the lab Pod's subnet.
-const secondPodIP = "10.244.8.24"
+// otherPodIPs are free addresses of the lab Pod's subnet.
+var otherPodIPs = []string{"10.244.8.24", "10.244.8.25"}
 
-// TestSeveralPods adds a second Pod to the lab's bridge and traces both at
-// once: both Pods are found, each one's flows get their verdict, and each
-// Pod's eth0 is a capture point (pcapng interface, counter) of its own.
+// TestSeveralPods adds two Pods to the lab's bridge and traces all three at
+// once: every Pod is found, each one's flows get their verdict, each Pod's
+// eth0 is a capture point (pcapng interface, counter) of its own, and the
+// Pods' six capture points share their rings (the uplink keeps a whole one).
 func TestSeveralPods(t *testing.T) {
 	needRoot(t)
 	l := upLab(t, lab.ModeNetfilter)
-	pod2 := addPod(t, l, secondPodIP)
+	var pods []string
+	for _, ip := range otherPodIPs {
+		pods = append(pods, addPod(t, l, ip))
+	}
 
 	pcap := filepath.Join(t.TempDir(), "pods.pcapng")
 	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "30s", "--pcap", pcap)
 	node := r.waitNode(t)
-	if pods, _ := node["pods"].([]any); len(pods) != 2 {
-		t.Errorf("%d pods in the node object, want 2", len(pods))
+	if pods, _ := node["pods"].([]any); len(pods) != 3 {
+		t.Errorf("%d pods in the node object, want 3", len(pods))
 	}
+	checkSharedRings(t, node, 6)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := l.Client(ctx, lab.ClientOptions{Requests: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if err := connectFrom(pod2, lab.TCPVIP.String(), 2); err != nil {
-		t.Fatalf("connect from the second Pod: %v", err)
+	for _, pod := range pods {
+		if err := connectFrom(pod, lab.TCPVIP.String(), 2); err != nil {
+			t.Fatalf("connect from %s: %v", pod, err)
+		}
 	}
 	time.Sleep(300 * time.Millisecond)
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
@@ -51,15 +59,43 @@ func TestSeveralPods(t *testing.T) {
 			}
 		}
 	}
-	if perClient[lab.PodIP.String()] != 2 || perClient[secondPodIP] != 2 {
-		t.Errorf("TCP flows rewritten by netfilter per client: %v, want 2 for each Pod: %s", perClient, dump(flows))
-	}
+	clients := append([]string{lab.PodIP.String()}, otherPodIPs...)
 	pc, _ := summary["pcap"].(map[string]any)
 	per, _ := pc["per_interface"].(map[string]any)
-	for _, name := range []string{"pod:eth0@" + lab.PodIP.String(), "pod:eth0@" + secondPodIP} {
-		if n, _ := per[name].(float64); n == 0 {
-			t.Errorf("pcapng interface %q holds no packet: %v", name, per)
+	for _, ip := range clients {
+		if perClient[ip] != 2 {
+			t.Errorf("TCP flows rewritten by netfilter per client: %v, want 2 for each Pod: %s", perClient, dump(flows))
 		}
+		if n, _ := per["pod:eth0@"+ip].(float64); n == 0 {
+			t.Errorf("pcapng interface pod:eth0@%s holds no packet: %v", ip, per)
+		}
+	}
+}
+
+// checkSharedRings checks the node object's af_packet observers: the Pods'
+// points (eth0 and host veth) name a ring smaller than --buffer-size's 4M
+// and say it is shared, the uplink's does not.
+func checkSharedRings(t *testing.T, node map[string]any, podPoints int) {
+	t.Helper()
+	observers, _ := node["observers"].([]any)
+	shared := 0
+	for _, o := range observers {
+		obs, _ := o.(map[string]any)
+		name, _ := obs["observer"].(string)
+		note, _ := obs["note"].(string)
+		switch name {
+		case "af_packet pod", "af_packet host":
+			if strings.Contains(note, fmt.Sprintf("the Pods' %d capture points share", podPoints)) && !strings.Contains(note, "ring 4M") {
+				shared++
+			}
+		case "af_packet uplink":
+			if strings.Contains(note, "share") {
+				t.Errorf("the uplink's ring is shared: %q", note)
+			}
+		}
+	}
+	if shared != podPoints {
+		t.Errorf("%d af_packet observers note a shared ring, want %d: %v", shared, podPoints, observers)
 	}
 }
 
@@ -82,13 +118,15 @@ func connectFrom(netns, addr string, n int) error {
 // the test ends.
 func addPod(t *testing.T, l *lab.Lab, ip string) string {
 	t.Helper()
-	name := filepath.Base(l.PodNetNS()) + "2"
+	suffix := ip[strings.LastIndexByte(ip, '.')+1:]
+	name := filepath.Base(l.PodNetNS()) + suffix
+	hostVeth := "veth-pt" + suffix
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() }) // takes both veth ends with it
 	node := filepath.Base(l.NodeNetNS())
 	for _, args := range [][]string{
 		{"netns", "add", name},
-		{"link", "add", "veth-pt2", "netns", node, "type", "veth", "peer", "name", lab.PodIface, "netns", name},
-		{"-n", node, "link", "set", "veth-pt2", "master", lab.Bridge, "up"},
+		{"link", "add", hostVeth, "netns", node, "type", "veth", "peer", "name", lab.PodIface, "netns", name},
+		{"-n", node, "link", "set", hostVeth, "master", lab.Bridge, "up"},
 		{"-n", name, "addr", "add", ip + "/22", "dev", lab.PodIface},
 		{"-n", name, "link", "set", lab.PodIface, "up"},
 		{"-n", name, "route", "add", "default", "via", lab.GatewayIP.String()},

@@ -104,7 +104,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway, else the route's device; below a VLAN device, where frames carry the tag; a name given here is captured as is)")
 	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
-	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops")
+	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops; with more than two Pods, the Pods' points share 4 such rings")
 	fs.IntVar(&f.nice, "nice", defaultNice, "nice `value` of pathtrace's threads, -20 to 19: below 0 the capture drains its rings ahead of the node's ordinary work, so it loses fewer frames when the CPUs are saturated (its CPU use stays the same); 0 runs it like any process")
 	fs.IntVar(&f.maxFlows, "max-flows", 4096, "bound on tracked flows (about 3 KiB each); more are counted as dropped (flows_over_max) and reported, their packets still captured")
 }

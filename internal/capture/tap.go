@@ -169,6 +169,14 @@ func ringGeometry(ringBytes int) (blockSize, blockNr int) {
 	return blockSize, ringBytes / blockSize
 }
 
+// MinRingFor is the smallest ring whose blocks hold a frame of snaplen
+// bytes (Open refuses a smaller one).
+func MinRingFor(snaplen int) int {
+	page := os.Getpagesize()
+	block := (snaplen + blockDescLen + 128 + page - 1) / page * page
+	return max(MinRingBytes, 4*block)
+}
+
 // open runs inside the target netns.
 func (t *Tap) open() error {
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)

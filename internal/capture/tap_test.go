@@ -49,6 +49,25 @@ func TestRingGeometry(t *testing.T) {
 	}
 }
 
+// TestMinRingFor: the smallest ring for a snaplen has blocks that hold it
+// (Open's check), and a ring a page per block smaller would not.
+func TestMinRingFor(t *testing.T) {
+	page := os.Getpagesize()
+	fits := func(ring, snaplen int) bool {
+		size, _ := ringGeometry(ring)
+		return snaplen <= size-blockDescLen-128
+	}
+	for _, snaplen := range []int{64, DefaultSnaplen, 1500, 9000, 65535} {
+		ring := MinRingFor(snaplen)
+		if ring < MinRingBytes || !fits(ring, snaplen) {
+			t.Errorf("MinRingFor(%d) = %d: its blocks do not hold the frame", snaplen, ring)
+		}
+		if smaller := ring - 4*page; smaller >= MinRingBytes && fits(smaller, snaplen) {
+			t.Errorf("MinRingFor(%d) = %d, but %d holds the frame too", snaplen, ring, smaller)
+		}
+	}
+}
+
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {

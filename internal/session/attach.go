@@ -52,15 +52,19 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 	filter, ferr := capture.FilterFor(watch, snaplen)
 	var taps []tap
 	var atts []probe.Attachment
+	var points []discover.CapturePoint
 	seen := map[string]bool{}
 	for _, cp := range node.CapturePoints {
 		key := cp.NetNS + "|" + cp.Ifname
-		if seen[key] {
-			continue
+		if !seen[key] {
+			seen[key] = true
+			points = append(points, cp)
 		}
-		seen[key] = true
+	}
+	rings, shared := ringSizes(points, ringBytes, snaplen)
+	for i, cp := range points {
 		att := probe.Attachment{Observer: "af_packet " + cp.Role, Where: fmt.Sprintf("%s (ifindex %d, netns %s)", cp.Ifname, cp.Ifindex, cp.NetNS), Point: rolePoint[cp.Role]}
-		cfg := capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen, RingBytes: ringBytes}
+		cfg := capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen, RingBytes: rings[i]}
 		var t *capture.Tap
 		var err error
 		whyClassic := progErr
@@ -83,6 +87,9 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 				att.Note = fmt.Sprintf("%s; eBPF filter unavailable: %v", noteClassicFilter, whyClassic)
 			}
 		}
+		if err == nil && cp.Role != discover.RoleUplink && shared != "" {
+			att.Note += fmt.Sprintf("; ring %s, %s", sizeString(rings[i]), shared)
+		}
 		if err != nil {
 			att.Err = err
 		} else {
@@ -95,6 +102,53 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 		taps[i].label = labels[i]
 	}
 	return taps, atts
+}
+
+// podRingShare is how many rings of --buffer-size the Pods' capture points
+// (each Pod's eth0 and host veth) share at most. With one or two Pods every
+// point has a whole ring; with many, each has a slice, for the kernel holds
+// a ring's memory whether its Pod sends or not: a node of 110 Pods would
+// otherwise pin 220 rings. The uplinks keep whole rings: they carry every
+// Pod's traffic.
+const podRingShare = 4
+
+// ringSizes returns each point's ring and, when the Pods' points share
+// theirs, a note saying so ("" otherwise). A slice is never smaller than a
+// ring that holds a snaplen frame (capture.MinRingFor).
+func ringSizes(points []discover.CapturePoint, ringBytes, snaplen int) ([]int, string) {
+	if ringBytes <= 0 {
+		ringBytes = capture.DefaultRingBytes
+	}
+	podPoints := 0
+	for _, cp := range points {
+		if cp.Role != discover.RoleUplink {
+			podPoints++
+		}
+	}
+	per, note := ringBytes, ""
+	if budget := podRingShare * ringBytes; podPoints*ringBytes > budget {
+		const step = 16 << 10
+		per = min(ringBytes, max(budget/podPoints/step*step, capture.MinRingFor(snaplen)))
+	}
+	if per < ringBytes {
+		note = fmt.Sprintf("the Pods' %d capture points share %d rings of --buffer-size (--pod-ip gives one Pod whole rings)", podPoints, podRingShare)
+	}
+	rings := make([]int, len(points))
+	for i, cp := range points {
+		rings[i] = ringBytes
+		if cp.Role != discover.RoleUplink {
+			rings[i] = per
+		}
+	}
+	return rings, note
+}
+
+// sizeString is a byte count in KiB or MiB, as --buffer-size takes them.
+func sizeString(n int) string {
+	if n%(1<<20) == 0 {
+		return fmt.Sprintf("%dM", n>>20)
+	}
+	return fmt.Sprintf("%dK", n>>10)
 }
 
 // pointLabels names each tap's capture point for the report and the pcapng
