@@ -77,6 +77,10 @@ type TCProgram struct {
 	Kind      string // "tcx" or "cls_bpf"
 	Name      string
 	ID        uint32
+	// Ifindex is the host veth it is attached to (in the node netns): a
+	// flow's tc rewrite is attributed to its own veth's programs. 0 =
+	// unknown, a candidate for every flow.
+	Ifindex int
 }
 
 // NATRule is a DNAT rule for a VIP.

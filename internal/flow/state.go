@@ -112,6 +112,11 @@ type flowState struct {
 	cgroup uint64
 	procAt time.Time
 
+	// hostIfindex is the node-side interface (the Pod's host veth) the
+	// request entered by, 0 while unknown: the tc programs that can have
+	// rewritten it are that interface's.
+	hostIfindex int
+
 	uplink      uplinkFrame // request direction
 	uplinkReply uplinkFrame // reply direction: VLAN fallback when no request was seen there
 
@@ -231,6 +236,9 @@ func (f *flowState) absorb(o *flowState) {
 	}
 	for i := range f.cps {
 		f.cps[i].merge(o.cps[i])
+	}
+	if f.hostIfindex == 0 {
+		f.hostIfindex = o.hostIfindex
 	}
 	f.ctSeen = f.ctSeen || o.ctSeen
 	f.ctNAT = f.ctNAT || o.ctNAT

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -47,11 +48,11 @@ const (
 // kernel: by prog (the probe's eBPF filter, which follows the flows the
 // observers learn in the kernel) when it loaded, else by a classic filter of
 // the watched addresses, which only widen() updates. Several Pods on one
-// bridge share the uplink: it is captured once.
+// bridge share the uplink: it is captured once. The rings are opened
+// concurrently: setting up a ring waits for an RCU grace period, about
+// 10 ms, which a node of many Pods would otherwise pay once per point.
 func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes int, prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
 	filter, ferr := capture.FilterFor(watch, snaplen)
-	var taps []tap
-	var atts []probe.Attachment
 	var points []discover.CapturePoint
 	seen := map[string]bool{}
 	for _, cp := range node.CapturePoints {
@@ -62,8 +63,12 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 		}
 	}
 	rings, shared := ringSizes(points, ringBytes, snaplen)
-	for i, cp := range points {
+	opened := make([]tap, len(points))
+	atts := make([]probe.Attachment, len(points))
+	concurrently(len(points), func(i int) {
+		cp := points[i]
 		att := probe.Attachment{Observer: "af_packet " + cp.Role, Where: fmt.Sprintf("%s (ifindex %d, netns %s)", cp.Ifname, cp.Ifindex, cp.NetNS), Point: rolePoint[cp.Role]}
+		defer func() { atts[i] = att }()
 		cfg := capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen, RingBytes: rings[i]}
 		var t *capture.Tap
 		var err error
@@ -79,29 +84,58 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 		if t == nil {
 			if ferr != nil {
 				att.Err = ferr
-				atts = append(atts, att)
-				continue
+				return
 			}
 			cfg.Filter = filter
 			if t, err = capture.Open(cfg); err == nil {
 				att.Note = fmt.Sprintf("%s; eBPF filter unavailable: %v", noteClassicFilter, whyClassic)
 			}
 		}
-		if err == nil && cp.Role != discover.RoleUplink && shared != "" {
-			att.Note += fmt.Sprintf("; ring %s, %s", sizeString(rings[i]), shared)
-		}
 		if err != nil {
 			att.Err = err
-		} else {
-			taps = append(taps, tap{role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil})
+			return
 		}
-		atts = append(atts, att)
+		if cp.Role != discover.RoleUplink && shared != "" {
+			att.Note += fmt.Sprintf("; ring %s, %s", sizeString(rings[i]), shared)
+		}
+		opened[i] = tap{role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil}
+	})
+	var taps []tap
+	for _, tp := range opened {
+		if tp.t != nil {
+			taps = append(taps, tp)
+		}
 	}
 	labels := pointLabels(taps, node.Pods)
 	for i := range taps {
 		taps[i].label = labels[i]
 	}
 	return taps, atts
+}
+
+// closeTaps closes every tap at once: closing a ring waits for RCU grace
+// periods too.
+func closeTaps(taps []tap) {
+	concurrently(len(taps), func(i int) { taps[i].t.Close() })
+}
+
+// maxConcurrent bounds the goroutines (each on a thread of its own while it
+// is in another netns or in the kernel) that open or close taps at once.
+const maxConcurrent = 16
+
+// concurrently runs fn(0) ... fn(n-1), at most maxConcurrent at a time, and
+// returns when all have.
+func concurrently(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, maxConcurrent)
+	for i := range n {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			fn(i)
+		})
+	}
+	wg.Wait()
 }
 
 // podRingShare is how many rings of --buffer-size the Pods' capture points
@@ -204,7 +238,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 		if p.Role != discover.RoleHost {
 			continue
 		}
-		a.TCPrograms = append(a.TCPrograms, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID)})
+		a.TCPrograms = append(a.TCPrograms, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: p.Ifindex})
 	}
 	for _, r := range node.Netfilter.Rules {
 		rule := flow.NATRule{

@@ -122,11 +122,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	atts = append(atts, tapAtts...)
 	pr.ReleaseSpecs() // everything is loaded: their BTF would stay live for nothing
 	lb := newLBWatch(pr)
-	defer func() {
-		for _, tp := range taps {
-			tp.t.Close()
-		}
-	}()
+	defer closeTaps(taps)
 
 	eng := flow.NewEngine(flow.Config{
 		Services:    opt.Services,
@@ -160,9 +156,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// The capture is over: unmap the rings (megabytes each) before the
 	// report is built, which is when the process needs the most memory. Their
 	// counters stay readable.
-	for _, tp := range taps {
-		tp.t.Close()
-	}
+	closeTaps(taps)
 	tr.attributeCgroups()
 	discover.RefreshGatewayMACs(node)
 	eng.SetGatewayMACs(gatewayMACs(node))

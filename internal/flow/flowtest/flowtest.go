@@ -56,6 +56,7 @@ type WantFlow struct {
 	Service            string  `json:"service"`
 	Backend            string  `json:"backend"`
 	RewrittenAt        string  `json:"rewritten_at"`
+	By                 string  `json:"by"` // the whole of it
 	ByContains         string  `json:"by_contains"`
 	ReasonContains     string  `json:"reason_contains"`
 	VLAN               *uint16 `json:"vlan"`
@@ -179,6 +180,9 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	if g.RewrittenAt == flow.PlaceUnknown && g.Reason == "" {
 		bad("reason", `""`, "a reason for unknown")
 	}
+	if wf.By != "" && g.By != wf.By {
+		bad("by", g.By, wf.By)
+	}
 	if !strings.Contains(g.By, wf.ByContains) {
 		bad("by", g.By, "containing "+wf.ByContains)
 	}
@@ -237,6 +241,7 @@ type attribution struct {
 		Kind      string `json:"kind"`
 		Name      string `json:"name"`
 		ID        uint32 `json:"id"`
+		Ifindex   int    `json:"ifindex"`
 	} `json:"tc_programs"`
 	NATRules []struct {
 		Source   string           `json:"source"`
@@ -271,6 +276,7 @@ type observation struct {
 	Comm     string         `json:"comm"`
 	Cgroup   uint64         `json:"cgroup"`
 	Ifname   string         `json:"ifname"`
+	Ifindex  int            `json:"ifindex"`
 	Hook     string         `json:"hook"`
 	Prio     int32          `json:"prio"`
 	Len      int            `json:"len"`
@@ -352,7 +358,7 @@ func (o observation) convert() (obs.Observation, error) {
 		Time: At(o.MS),
 		Src:  o.Src, Dst: o.Dst, ReqDst: o.ReqDst, NATDst: o.NATDst,
 		Cookie: o.Cookie, PID: o.PID, Comm: o.Comm, Cgroup: o.Cgroup,
-		Ifname: o.Ifname, Prio: o.Prio, Len: o.Len, VLAN: o.VLAN, TCPFlags: o.TCPFlags,
+		Ifname: o.Ifname, Ifindex: o.Ifindex, Prio: o.Prio, Len: o.Len, VLAN: o.VLAN, TCPFlags: o.TCPFlags,
 	}
 	if o.VLAN != 0 {
 		v.TPID = 0x8100
