@@ -56,7 +56,8 @@ func (e *Engine) byTC(f *flowState) string {
 	tcxOnly := f.cps[cpTCTail].backend
 	var cands []string
 	for _, p := range e.cfg.Attribution.TCPrograms {
-		if p.Direction != "ingress" || (tcxOnly && p.Kind != "tcx") {
+		if p.Direction != "ingress" || (tcxOnly && p.Kind != "tcx") ||
+			(p.Ifindex != 0 && f.hostIfindex != 0 && p.Ifindex != f.hostIfindex) {
 			continue
 		}
 		cands = append(cands, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
