@@ -221,7 +221,7 @@ func TestVerdictPerLabMode(t *testing.T) {
 			pcap := filepath.Join(t.TempDir(), string(mode)+".pcapng")
 			r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp",
 				"--svc", lab.UDPVIP.String()+"/udp", "--duration", "60s", "--pcap", pcap)
-			r.waitNode(t)
+			checkTCObservers(t, r.waitNode(t), mode == lab.ModeTC || mode == lab.ModeTCLegacy)
 			res, err := l.Client(ctx, lab.ClientOptions{Requests: requests})
 			if err != nil {
 				t.Fatalf("lab client: %v", err)
@@ -248,6 +248,29 @@ func TestVerdictPerLabMode(t *testing.T) {
 			}
 			checkPcap(t, pcap, summary)
 		})
+	}
+}
+
+// checkTCObservers: the host veth's four tcx observers are attached when a
+// tc program is there to bracket (attached), else reported as skipped for
+// that reason.
+func checkTCObservers(t *testing.T, node map[string]any, attached bool) {
+	t.Helper()
+	observers, _ := node["observers"].([]any)
+	n := 0
+	for _, o := range observers {
+		obs, _ := o.(map[string]any)
+		if name, _ := obs["observer"].(string); !strings.HasPrefix(name, "tcx ") {
+			continue
+		}
+		n++
+		why, _ := obs["error"].(string)
+		if obs["attached"] != attached || !attached && !strings.Contains(why, "no tc program") {
+			t.Errorf("%v: want attached %v (or skipped: no tc program)", obs, attached)
+		}
+	}
+	if n != 4 {
+		t.Errorf("%d tcx observers in the node object, want 4: %v", n, observers)
 	}
 }
 

@@ -111,19 +111,22 @@ func programName(id ebpf.ProgramID) string {
 
 // tcPrograms lists the tcx and cls_bpf programs on every host and uplink
 // capture point, in both directions.
+// A point whose programs could not be read is marked TCUnread.
 func tcPrograms(host *hostNS, cps []CapturePoint, own map[ebpf.ProgramID]bool, info *NodeInfo) []TCProgram {
 	var out []TCProgram
-	for _, cp := range cps {
+	for i, cp := range cps {
 		if cp.Role == RolePod {
 			continue
 		}
 		tcx, err := tcxPrograms(host.path, cp)
 		if err != nil {
 			info.notef("tcx programs on %s not checked: %v", cp.Ifname, err)
+			cps[i].TCUnread = true
 		}
 		cls, err := clsBPFPrograms(host, cp)
 		if err != nil {
 			info.notef("cls_bpf filters on %s not checked: %v", cp.Ifname, err)
+			cps[i].TCUnread = true
 		}
 		for _, p := range append(tcx, cls...) {
 			if !own[p.ID] {

@@ -93,6 +93,8 @@ type CapturePoint struct {
 	BondMembers []string `json:"bond_members,omitempty"`
 	VLANParent  string   `json:"vlan_parent,omitempty"`
 	VLANID      int      `json:"vlan_id,omitempty"`
+	// TCUnread: its tc programs could not be listed (see the notes).
+	TCUnread bool `json:"tc_unread,omitempty"`
 }
 
 // SockProgram is a cgroup sock_addr program effective for the client's cgroup.

@@ -89,6 +89,20 @@ func (p *Probe) attachCgroup(path, progName string, attach ebpf.AttachType) erro
 	return nil
 }
 
+// tcObservers are the tcx observers AttachTC attaches to an interface.
+var tcObservers = []struct {
+	observer, prog string
+	attach         ebpf.AttachType
+	anchor         link.Anchor
+	point          obs.Point
+	dir            obs.Dir
+}{
+	{"tcx ingress head", "pt_tc_head_in", ebpf.AttachTCXIngress, link.Head(), obs.PointTCHead, obs.DirIn},
+	{"tcx ingress tail", "pt_tc_tail_in", ebpf.AttachTCXIngress, link.Tail(), obs.PointTCTail, obs.DirIn},
+	{"tcx egress head", "pt_tc_head_out", ebpf.AttachTCXEgress, link.Head(), obs.PointTCHead, obs.DirOut},
+	{"tcx egress tail", "pt_tc_tail_out", ebpf.AttachTCXEgress, link.Tail(), obs.PointTCTail, obs.DirOut},
+}
+
 // AttachTC attaches tcx observers to the interface ifindex of the netns at
 // netnsPath ("" = own): one at the head and one at the tail of its ingress
 // and of its egress chain. The tail observer only runs when the programs
@@ -102,24 +116,24 @@ func (p *Probe) AttachTC(netnsPath string, ifindex int, ifname string) []Attachm
 		p.ifnames[ifaceKey{netns, ifindex}] = ifname
 	}
 	var out []Attachment
-	for _, c := range []struct {
-		observer, prog string
-		attach         ebpf.AttachType
-		anchor         link.Anchor
-		point          obs.Point
-		dir            obs.Dir
-	}{
-		{"tcx ingress head", "pt_tc_head_in", ebpf.AttachTCXIngress, link.Head(), obs.PointTCHead, obs.DirIn},
-		{"tcx ingress tail", "pt_tc_tail_in", ebpf.AttachTCXIngress, link.Tail(), obs.PointTCTail, obs.DirIn},
-		{"tcx egress head", "pt_tc_head_out", ebpf.AttachTCXEgress, link.Head(), obs.PointTCHead, obs.DirOut},
-		{"tcx egress tail", "pt_tc_tail_out", ebpf.AttachTCXEgress, link.Tail(), obs.PointTCTail, obs.DirOut},
-	} {
+	for _, c := range tcObservers {
 		a := Attachment{Observer: c.observer, Where: where, Point: c.point, Dir: c.dir}
 		a.Err = nsErr
 		if a.Err == nil {
 			a.Err = p.attachTCX(netnsPath, ifindex, c.prog, c.attach, c.anchor)
 		}
 		out = append(out, a)
+	}
+	return out
+}
+
+// SkippedTC reports the four tcx observers of AttachTC as not attached, for
+// why.
+func SkippedTC(netnsPath string, ifindex int, ifname string, why error) []Attachment {
+	where := fmt.Sprintf("%s (ifindex %d) in %s", ifname, ifindex, netnsLabel(netnsPath))
+	var out []Attachment
+	for _, c := range tcObservers {
+		out = append(out, Attachment{Observer: c.observer, Where: where, Point: c.point, Dir: c.dir, Err: why})
 	}
 	return out
 }

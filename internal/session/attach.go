@@ -1,6 +1,7 @@
 package session
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -16,20 +17,46 @@ import (
 )
 
 // attachObservers puts the kernel observers in place: socket observers on the
-// cgroup, tcx observers on every host veth, netfilter and conntrack in the node
-// netns. A failed attachment is reported, never fatal on its own: the verdict
-// engine treats its point as inactive.
+// cgroup, tcx observers on every host veth that has a tc program, netfilter
+// and conntrack in the node netns. A failed attachment is reported, never
+// fatal on its own: the verdict engine treats its point as inactive.
 func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string) []probe.Attachment {
 	var atts []probe.Attachment
 	atts = append(atts, pr.AttachSocket(cgroup)...)
 	for _, cp := range node.CapturePoints {
-		if cp.Role == discover.RoleHost {
+		if cp.Role != discover.RoleHost {
+			continue
+		}
+		if hasTCProgram(node, cp) {
 			atts = append(atts, pr.AttachTC(cp.NetNS, cp.Ifindex, cp.Ifname)...)
+		} else {
+			atts = append(atts, probe.SkippedTC(cp.NetNS, cp.Ifindex, cp.Ifname, errNoTCProgram)...)
 		}
 	}
 	atts = append(atts, pr.AttachNetfilter(node.HostNetNS.Path)...)
 	atts = append(atts, pr.AttachConntrack(node.HostNetNS.Path)...)
 	return atts
+}
+
+// errNoTCProgram is why a host veth gets no tcx observers. With no tc
+// program there, nothing at tc can rewrite its Pod's packets, and the host
+// veth's tap (before tc) brackets the same place; a tcx attachment costs an
+// RCU grace period (about 10 ms) under the global RTNL lock at start and at
+// stop, which a node of 110 kube-proxy Pods would pay 880 times.
+var errNoTCProgram = errors.New("no tc program (tcx or cls_bpf) on this veth to bracket; its tap covers the place")
+
+// hasTCProgram tells whether discovery found a tc program on the host veth
+// cp, or could not tell.
+func hasTCProgram(node *discover.NodeInfo, cp discover.CapturePoint) bool {
+	if cp.TCUnread {
+		return true
+	}
+	for _, p := range node.TCPrograms {
+		if p.Role == discover.RoleHost && p.Ifindex == cp.Ifindex {
+			return true
+		}
+	}
+	return false
 }
 
 var rolePoint = map[string]obs.Point{
