@@ -59,7 +59,28 @@ func writeNodeTable(w io.Writer, node *discover.NodeInfo, atts []probe.Attachmen
 	fmt.Fprintln(w, "\nOBSERVERS")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  OBSERVER\tWHERE\tSTATUS")
-	for _, s := range observerStatuses(atts) {
+	for _, r := range observerRows(observerStatuses(atts)) {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", r.observer, r.where, r.status)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+type observerRow struct{ observer, where, status string }
+
+// maxSameRows is how many places of one observer with one status the table
+// lists one by one; beyond, one row stands for them all (a node of a hundred
+// Pods has a hundred of each Pod-side observer). The JSON lists every one.
+const maxSameRows = 3
+
+// observerRows renders the statuses as table rows, in order, folding the
+// places of an observer that share a status into one row when they are many.
+func observerRows(statuses []observerStatus) []observerRow {
+	var rows []observerRow
+	type key struct{ observer, status string }
+	groups := map[key][]string{}
+	var order []key
+	for _, s := range statuses {
 		status := "attached"
 		if s.Prio != 0 {
 			status = fmt.Sprintf("attached (%s priority %d)", s.Hook, s.Prio)
@@ -70,10 +91,23 @@ func writeNodeTable(w io.Writer, node *discover.NodeInfo, atts []probe.Attachmen
 		if s.Note != "" {
 			status += " (" + s.Note + ")"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Observer, s.Where, status)
+		k := key{s.Observer, status}
+		if groups[k] == nil {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], s.Where)
 	}
-	tw.Flush()
-	fmt.Fprintln(w)
+	for _, k := range order {
+		places := groups[k]
+		if len(places) > maxSameRows {
+			rows = append(rows, observerRow{k.observer, fmt.Sprintf("%d places, e.g. %s (all in --output json)", len(places), places[0]), k.status})
+			continue
+		}
+		for _, where := range places {
+			rows = append(rows, observerRow{k.observer, where, k.status})
+		}
+	}
+	return rows
 }
 
 func progressLine(p session.Progress) string {
