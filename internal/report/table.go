@@ -3,6 +3,7 @@ package report
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -63,15 +64,11 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	fmt.Fprintln(w)
 	tw = newTable(w)
 	fmt.Fprintln(tw, "DROPS\tCOUNT")
-	names := make([]string, 0, len(s.Drops))
-	for name := range s.Drops {
-		names = append(names, name)
+	rows := dropRows(s.Drops)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\n", r.name, r.count)
 	}
-	slices.Sort(names)
-	for _, name := range names {
-		fmt.Fprintf(tw, "%s\t%d\n", name, s.Drops[name])
-	}
-	if len(names) == 0 {
+	if len(rows) == 0 {
 		fmt.Fprintln(tw, "(no counters)")
 	}
 	if err := tw.Flush(); err != nil {
@@ -138,6 +135,42 @@ func addrOrDash(f flow.Flow) string {
 		return "-"
 	}
 	return f.Backend.String()
+}
+
+type dropRow struct {
+	name  string
+	count uint64
+}
+
+// maxZeroRows is how many zero rows of one per-point counter the drops table
+// lists by name; beyond (a node of many Pods has two points per Pod), they
+// take one row, so the counters that are not zero stand out.
+const maxZeroRows = 3
+
+// dropRows sorts the drop counters by name. Per-point counters are named
+// "POINT COUNTER"; the zero ones of a counter, when many, fold into one row
+// "COUNTER at N points".
+func dropRows(drops map[string]uint64) []dropRow {
+	names := slices.Sorted(maps.Keys(drops))
+	zeros := map[string]int{}
+	for _, name := range names {
+		if _, counter, perPoint := strings.Cut(name, " "); perPoint && drops[name] == 0 {
+			zeros[counter]++
+		}
+	}
+	var rows []dropRow
+	folded := map[string]bool{}
+	for _, name := range names {
+		_, counter, perPoint := strings.Cut(name, " ")
+		switch {
+		case !perPoint || drops[name] != 0 || zeros[counter] <= maxZeroRows:
+			rows = append(rows, dropRow{name, drops[name]})
+		case !folded[counter]:
+			folded[counter] = true
+			rows = append(rows, dropRow{fmt.Sprintf("%s at %d points", counter, zeros[counter]), 0})
+		}
+	}
+	return rows
 }
 
 func vlan(v *uint16) string {

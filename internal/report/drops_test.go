@@ -1,0 +1,32 @@
+package report
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestDropRowsFoldZeroPoints: with many capture points, the zero rows of a
+// per-point counter fold into one; its non-zero rows and the node-wide
+// counters stay, by name.
+func TestDropRowsFoldZeroPoints(t *testing.T) {
+	drops := map[string]uint64{"ringbuf_losses": 0, "host:veth-a kernel_drops": 7}
+	for i := range 5 {
+		drops[fmt.Sprintf("pod:eth0@10.0.0.%d kernel_drops", i)] = 0
+		drops[fmt.Sprintf("pod:eth0@10.0.0.%d decode_errors", i)] = 0
+	}
+	drops["host:veth-a decode_errors"] = 0
+	var got []string
+	for _, r := range dropRows(drops) {
+		got = append(got, fmt.Sprintf("%s=%d", r.name, r.count))
+	}
+	want := "decode_errors at 6 points=0 host:veth-a kernel_drops=7 kernel_drops at 5 points=0 ringbuf_losses=0"
+	if strings.Join(got, " ") != want {
+		t.Errorf("rows %q\nwant %q", strings.Join(got, " "), want)
+	}
+	// Few points: every row by name, as before.
+	few := map[string]uint64{"pod:eth0 kernel_drops": 0, "host:veth-a kernel_drops": 0, "uplink:bond0 kernel_drops": 0}
+	if rows := dropRows(few); len(rows) != 3 {
+		t.Errorf("three points: %v, want a row each", rows)
+	}
+}
