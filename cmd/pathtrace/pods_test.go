@@ -99,6 +99,60 @@ func checkSharedRings(t *testing.T, node map[string]any, podPoints int) {
 	}
 }
 
+// addedPodVeth is the host veth addPod gives the Pod of address ip.
+func addedPodVeth(ip string) string { return "veth-pt" + ip[strings.LastIndexByte(ip, '.')+1:] }
+
+// TestSeveralPodsTC: two Pods, each host veth with its own copy of the tc LB
+// (one program name, two ids, as Cilium attaches one per endpoint): each
+// flow's "by" names the program of its own Pod's veth, never "one of".
+func TestSeveralPodsTC(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	ip := otherPodIPs[0]
+	pod := addPod(t, l, ip)
+	if err := l.AttachTCLBTo(addedPodVeth(ip)); err != nil {
+		t.Fatal(err)
+	}
+
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "30s")
+	node := r.waitNode(t)
+	// The id of the ingress LB on each host veth, from discovery.
+	idOn := map[string]float64{}
+	progs, _ := node["tc_programs"].([]any)
+	for _, p := range progs {
+		prog, _ := p.(map[string]any)
+		if prog["dir"] == "ingress" && prog["name"] == "lab_from_container" {
+			idOn[fmt.Sprint(prog["ifname"])] = prog["id"].(float64)
+		}
+	}
+	if len(idOn) != 2 || idOn[lab.HostVeth] == idOn[addedPodVeth(ip)] {
+		t.Fatalf("want a tc LB of its own on each host veth, discovery found %v", idOn)
+	}
+	if err := connectFrom(l.PodNetNS(), lab.TCPVIP.String(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := connectFrom(pod, lab.TCPVIP.String(), 2); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, _ := r.rest(t)
+
+	vethOf := map[string]string{lab.PodIP.String(): lab.HostVeth, ip: addedPodVeth(ip)}
+	perClient := map[string]int{}
+	for _, f := range flows {
+		client, _, _ := net.SplitHostPort(fmt.Sprint(f["client"]))
+		perClient[client]++
+		want := fmt.Sprintf("tcx ingress lab_from_container (id %d)", int(idOn[vethOf[client]]))
+		if f["rewritten_at"] != "tc" || f["by"] != want {
+			t.Errorf("want rewritten at tc by %q (the LB of %s): %s", want, vethOf[client], dump([]map[string]any{f}))
+		}
+	}
+	if perClient[lab.PodIP.String()] != 2 || perClient[ip] != 2 {
+		t.Errorf("flows per client %v, want 2 each", perClient)
+	}
+}
+
 // connectFrom opens and closes n TCP connections to addr from inside netns.
 func connectFrom(netns, addr string, n int) error {
 	return nsutil.Do(netns, func() error {
@@ -118,9 +172,8 @@ func connectFrom(netns, addr string, n int) error {
 // the test ends.
 func addPod(t *testing.T, l *lab.Lab, ip string) string {
 	t.Helper()
-	suffix := ip[strings.LastIndexByte(ip, '.')+1:]
-	name := filepath.Base(l.PodNetNS()) + suffix
-	hostVeth := "veth-pt" + suffix
+	name := filepath.Base(l.PodNetNS()) + ip[strings.LastIndexByte(ip, '.')+1:]
+	hostVeth := addedPodVeth(ip)
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() }) // takes both veth ends with it
 	node := filepath.Base(l.NodeNetNS())
 	for _, args := range [][]string{

@@ -279,16 +279,22 @@ func loadTCLB() (*tcLBObjects, error) {
 func (o *tcLBObjects) close() { closeAll(o.FromContainer, o.ToContainer, o.Services) }
 
 // attachTCLB attaches the tc LB to the host veth: DNAT on ingress, reverse on egress.
-func (l *Lab) attachTCLB() error {
+func (l *Lab) attachTCLB() error { return l.AttachTCLBTo(HostVeth) }
+
+// AttachTCLBTo attaches a copy of the tc LB of mode tc (programs of their
+// own, as Cilium loads one per endpoint) to hostVeth, a veth in the node
+// netns, e.g. the host side of a Pod added to the lab's bridge. It stays
+// until the veth is deleted (or, for the lab's own, until the mode changes).
+func (l *Lab) AttachTCLBTo(hostVeth string) error {
 	objs, err := loadTCLB()
 	if err != nil {
 		return err
 	}
 	defer objs.close()
-	if err := attachProgram(tcxIngress(l.NodeNetNS(), HostVeth), objs.FromContainer); err != nil {
+	if err := attachProgram(tcxIngress(l.NodeNetNS(), hostVeth), objs.FromContainer); err != nil {
 		return err
 	}
-	return attachProgram(tcxEgress(l.NodeNetNS(), HostVeth), objs.ToContainer)
+	return attachProgram(tcxEgress(l.NodeNetNS(), hostVeth), objs.ToContainer)
 }
 
 func loadLB(objs any) error {
