@@ -108,7 +108,7 @@ var tcObservers = []struct {
 // and of its egress chain. The tail observer only runs when the programs
 // before it return TCX_NEXT; a program that ends the chain hides it.
 func (p *Probe) AttachTC(netnsPath string, ifindex int, ifname string) []Attachment {
-	where := fmt.Sprintf("%s (ifindex %d) in %s", ifname, ifindex, netnsLabel(netnsPath))
+	where := tcWhere(netnsPath, ifindex, ifname)
 	netns, nsErr := netnsInode(netnsPath)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -127,10 +127,15 @@ func (p *Probe) AttachTC(netnsPath string, ifindex int, ifname string) []Attachm
 	return out
 }
 
+// tcWhere names the interface of a tcx observer.
+func tcWhere(netnsPath string, ifindex int, ifname string) string {
+	return fmt.Sprintf("%s (ifindex %d) in %s", ifname, ifindex, netnsLabel(netnsPath))
+}
+
 // SkippedTC reports the four tcx observers of AttachTC as not attached, for
 // why.
 func SkippedTC(netnsPath string, ifindex int, ifname string, why error) []Attachment {
-	where := fmt.Sprintf("%s (ifindex %d) in %s", ifname, ifindex, netnsLabel(netnsPath))
+	where := tcWhere(netnsPath, ifindex, ifname)
 	var out []Attachment
 	for _, c := range tcObservers {
 		out = append(out, Attachment{Observer: c.observer, Where: where, Point: c.point, Dir: c.dir, Err: why})
