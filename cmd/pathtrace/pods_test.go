@@ -153,6 +153,40 @@ func TestSeveralPodsTC(t *testing.T) {
 	}
 }
 
+// TestPodDeletedMidTrace deletes a Pod's veth (as the CNI does when the Pod
+// goes) while pathtrace traces: the report names both of its capture points
+// as ended, with when and why, and the other Pod's flows are traced on.
+func TestPodDeletedMidTrace(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	ip := otherPodIPs[0]
+	addPod(t, l, ip)
+
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "30s")
+	r.waitNode(t)
+	mustRun(t, nil, "ip", "-n", filepath.Base(l.NodeNetNS()), "link", "del", addedPodVeth(ip))
+	time.Sleep(300 * time.Millisecond)
+	if err := connectFrom(l.PodNetNS(), lab.TCPVIP.String(), 2); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, summary := r.rest(t)
+
+	ended, _ := summary["capture_ended"].(map[string]any)
+	for _, point := range []string{"pod:eth0@" + ip, "host:" + addedPodVeth(ip)} {
+		if why, _ := ended[point].(string); !strings.Contains(why, "network is down") {
+			t.Errorf("capture_ended[%q] = %q, want it ended with ENETDOWN: %v", point, why, ended)
+		}
+	}
+	if len(ended) != 2 {
+		t.Errorf("capture_ended %v, want only the deleted Pod's two points", ended)
+	}
+	if len(flows) != 2 {
+		t.Errorf("%d flows, want the 2 of the remaining Pod: %s", len(flows), dump(flows))
+	}
+}
+
 // connectFrom opens and closes n TCP connections to addr from inside netns.
 func connectFrom(netns, addr string, n int) error {
 	return nsutil.Do(netns, func() error {

@@ -26,7 +26,7 @@ const (
 // what it captured and lost, and what could not be read (the node's notes and
 // those of the bundle's manifest, when Snapshot wrote one). stop is why the
 // capture ended.
-func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.NodeInfo, stop string) error {
+func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.NodeInfo, stop string, ended map[string]string) error {
 	var b strings.Builder
 	b.WriteString("# pathtrace incident summary\n\n")
 	if vips := serviceAddrs(flows); len(vips) > 0 {
@@ -41,7 +41,7 @@ func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.
 	if node != nil {
 		writeWhereLooked(&b, node)
 	}
-	writeCaptured(&b, s)
+	writeCaptured(&b, s, ended)
 	notes, err := manifestNotes(dir)
 	if err != nil {
 		notes = append(notes, fmt.Sprintf("the bundle's manifest: %v", err))
@@ -342,7 +342,7 @@ func boolWords(b *bool) string {
 	return "no"
 }
 
-func writeCaptured(b *strings.Builder, s flow.Summary) {
+func writeCaptured(b *strings.Builder, s flow.Summary, ended map[string]string) {
 	b.WriteString("\n## What was captured\n\n")
 	fmt.Fprintf(b, "- %s.\n", plural(s.Flows, "flow", "flows"))
 	var obs []string
@@ -360,6 +360,9 @@ func writeCaptured(b *strings.Builder, s flow.Summary) {
 		b.WriteString("- Nothing was lost: every drop counter is zero.\n")
 	} else {
 		fmt.Fprintf(b, "- Lost: %s. Flows may be missing or incomplete.\n", strings.Join(drops, ", "))
+	}
+	for _, point := range sortedKeys(ended) {
+		fmt.Fprintf(b, "- The capture at %s %s: later frames there are missing.\n", point, ended[point])
 	}
 	if s.Unmatched > 0 {
 		fmt.Fprintf(b, "- %d observations matched no flow (e.g. traffic to a backend that did not go through a VIP).\n", s.Unmatched)

@@ -111,7 +111,7 @@ func TestSummaryGolden(t *testing.T) {
 	if err := m.Write(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteSummary(dir, summaryFlows(), summarySummary(), summaryNode(), "duration"); err != nil {
+	if err := WriteSummary(dir, summaryFlows(), summarySummary(), summaryNode(), "duration", nil); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile(filepath.Join(dir, SummaryFile))
@@ -124,7 +124,7 @@ func TestSummaryGolden(t *testing.T) {
 func TestSummaryWithoutFlowsOrManifest(t *testing.T) {
 	dir := t.TempDir()
 	s := flow.Summary{Drops: map[string]uint64{"pod_kernel_drops": 0}}
-	if err := WriteSummary(dir, nil, s, nil, "interrupted"); err != nil {
+	if err := WriteSummary(dir, nil, s, nil, "interrupted", nil); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
@@ -133,6 +133,28 @@ func TestSummaryWithoutFlowsOrManifest(t *testing.T) {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("summary lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+// TestSummaryNamesLossesAndEndedCaptures: the capture's own losses (kernel
+// drops of a tap, as the caller adds them to the engine's) and a capture
+// point that ended early are stated, never "nothing was lost".
+func TestSummaryNamesLossesAndEndedCaptures(t *testing.T) {
+	dir := t.TempDir()
+	s := flow.Summary{Drops: map[string]uint64{"flows_over_max": 0}}.WithDrops(map[string]uint64{"uplink:bond0 kernel_drops": 12})
+	ended := map[string]string{"pod:eth0@10.0.0.5": "ended at 03:12:09: capture pod eth0: socket error: network is down"}
+	if err := WriteSummary(dir, nil, s, nil, "duration", ended); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	for _, want := range []string{"Lost: uplink:bond0 kernel_drops 12.",
+		"The capture at pod:eth0@10.0.0.5 ended at 03:12:09: capture pod eth0: socket error: network is down: later frames there are missing."} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(string(got), "Nothing was lost") {
+		t.Errorf("summary says nothing was lost:\n%s", got)
 	}
 }
 
@@ -148,7 +170,7 @@ func TestSummaryBoundsGroupsAndIDs(t *testing.T) {
 			Client: netip.MustParseAddrPort("10.9.9.9:1"), Service: netip.MustParseAddrPort("10.120.0.10:53")})
 	}
 	dir := t.TempDir()
-	if err := WriteSummary(dir, flows, flow.Summary{Flows: len(flows)}, nil, "max-flows"); err != nil {
+	if err := WriteSummary(dir, flows, flow.Summary{Flows: len(flows)}, nil, "max-flows", nil); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))

@@ -73,6 +73,10 @@ type Run struct {
 	// their reports because the flow direction was already reported at that
 	// point often enough (the taps still captured them): not a loss.
 	Summarized uint64 `json:"observer_events_summarized"`
+	// CaptureEnded: capture points whose capture ended early (interface
+	// down or deleted), with when and why; what they would have seen later
+	// is missing.
+	CaptureEnded map[string]string `json:"capture_ended,omitempty"`
 }
 
 // Summary writes the per-verdict counts, every drop counter (the engine's and

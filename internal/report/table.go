@@ -84,6 +84,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if len(run.Packets) > 0 {
 		fmt.Fprintf(w, "Captured: %s\n", countList(run.Packets))
 	}
+	for _, point := range slices.Sorted(maps.Keys(run.CaptureEnded)) {
+		fmt.Fprintf(w, "Capture at %s %s: later frames there are missing\n", point, run.CaptureEnded[point])
+	}
 	if p := run.Pcap; p != nil {
 		fmt.Fprintf(w, "Pcapng: %s, %d packets, %d bytes (%s)", p.Path, p.Packets, p.Bytes, countList(p.PerInterface))
 		if p.StopReason != "" {

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sync"
 	"time"
@@ -31,11 +32,14 @@ type tracer struct {
 	// observers are host-wide and would also report other netns' clients.
 	scope      map[uint64]bool
 	outOfScope uint64
-	pcap       *pcapOut    // nil without --pcap
-	free       chan *batch // consumed frame batches, for reuse
-	freeObs    chan *batch // consumed observation batches, for reuse
-	lb         *lbWatch
-	classes    *classTable
+	pcap       *pcapOut // nil without --pcap
+	// ended says, per tap, why its capture ended before the session did
+	// ("" while it runs); each producer writes its own, read once they end.
+	ended   []string
+	free    chan *batch // consumed frame batches, for reuse
+	freeObs chan *batch // consumed observation batches, for reuse
+	lb      *lbWatch
+	classes *classTable
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
@@ -98,13 +102,16 @@ func (tr *tracer) run(ctx context.Context) string {
 					b = tr.newBatch(iface)
 				}
 			}
-			_ = tp.t.RunBlocks(runCtx, func(p *capture.Packet) {
+			err := tp.t.RunBlocks(runCtx, func(p *capture.Packet) {
 				b.add(p)
 				if b.full() {
 					flush()
 				}
 			}, flush)
 			flush()
+			if err != nil { // the interface went down or away (a Pod deleted)
+				tr.ended[iface] = fmt.Sprintf("ended at %s: %v", time.Now().Format("15:04:05"), err)
+			}
 		}(i, tp)
 	}
 	go func() { producers.Wait(); close(items) }()

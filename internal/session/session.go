@@ -65,6 +65,9 @@ type Result struct {
 	Summarized uint64
 	// Pcap is what was written to Options.Pcap.
 	Pcap *export.Summary
+	// CaptureEnded names the capture points whose capture ended before the
+	// session (their interface went down or away), with when and why.
+	CaptureEnded map[string]string
 }
 
 // tap is one capture point with its role label ("pod:eth0", "uplink:bond0").
@@ -136,7 +139,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		root = cgroup
 	}
 	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
-		free: make(chan *batch, freeBatches), freeObs: make(chan *batch, freeObsBatches)}
+		free: make(chan *batch, freeBatches), freeObs: make(chan *batch, freeObsBatches), ended: make([]string, len(taps))}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
 			return nil, err
@@ -171,6 +174,14 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
 	res.Packets, res.Drops = tr.counters()
+	for i, why := range tr.ended {
+		if why != "" {
+			if res.CaptureEnded == nil {
+				res.CaptureEnded = map[string]string{}
+			}
+			res.CaptureEnded[taps[i].label] = why
+		}
+	}
 	res.Summarized = pr.Stats().Summarized
 	return res, nil
 }
