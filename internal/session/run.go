@@ -111,6 +111,9 @@ func (tr *tracer) run(ctx context.Context) string {
 			flush()
 			if err != nil { // the interface went down or away (a Pod deleted)
 				tr.ended[iface] = fmt.Sprintf("ended at %s: %v", time.Now().Format("15:04:05"), err)
+				// Give its ring back now, and the deleted Pod's netns, which
+				// the socket keeps alive; the counters stay readable.
+				tp.t.Close()
 			}
 		}(i, tp)
 	}
