@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -244,8 +245,10 @@ func (tr *tracer) widen() {
 		if f == nil && ferr == nil {
 			f, ferr = capture.FilterFor(tr.watch, tr.opt.Snaplen)
 		}
-		if ferr != nil || tp.t.SetFilter(f) != nil {
+		if ferr != nil {
 			tr.filterErrors++
+		} else if err := tp.t.SetFilter(f); err != nil && !errors.Is(err, capture.ErrClosed) {
+			tr.filterErrors++ // a closed tap's interface went away: nothing to filter
 		}
 	}
 }
