@@ -223,7 +223,7 @@ func TestVerdictPerLabMode(t *testing.T) {
 			pcap := filepath.Join(t.TempDir(), string(mode)+".pcapng")
 			r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp",
 				"--svc", lab.UDPVIP.String()+"/udp", "--duration", "60s", "--pcap", pcap)
-			checkTCObservers(t, r.waitNode(t), mode == lab.ModeTC || mode == lab.ModeTCLegacy)
+			checkTCObservers(t, r.waitNode(t), mode)
 			res, err := l.Client(ctx, lab.ClientOptions{Requests: requests})
 			if err != nil {
 				t.Fatalf("lab client: %v", err)
@@ -253,22 +253,34 @@ func TestVerdictPerLabMode(t *testing.T) {
 	}
 }
 
-// checkTCObservers: the host veth's four tcx observers are attached when a
-// tc program is there to bracket (attached), else reported as skipped for
-// that reason.
-func checkTCObservers(t *testing.T, node map[string]any, attached bool) {
+// checkTCObservers: the host veth's tcx observers are attached where they
+// bracket something: all four with a tcx program there (mode tc), the heads
+// only with legacy cls_bpf alone (tc-legacy: the tails would see what the
+// heads do), none without a tc program; each one left out says why.
+func checkTCObservers(t *testing.T, node map[string]any, mode lab.Mode) {
 	t.Helper()
 	observers, _ := node["observers"].([]any)
 	n := 0
 	for _, o := range observers {
 		obs, _ := o.(map[string]any)
-		if name, _ := obs["observer"].(string); !strings.HasPrefix(name, "tcx ") {
+		name, _ := obs["observer"].(string)
+		if !strings.HasPrefix(name, "tcx ") {
 			continue
 		}
 		n++
-		why, _ := obs["error"].(string)
-		if obs["attached"] != attached || !attached && !strings.Contains(why, "no tc program") {
-			t.Errorf("%v: want attached %v (or skipped: no tc program)", obs, attached)
+		tail := strings.HasSuffix(name, " tail")
+		want, why := false, "no tc program"
+		switch {
+		case mode == lab.ModeTC:
+			want = true
+		case mode == lab.ModeTCLegacy && !tail:
+			want = true
+		case mode == lab.ModeTCLegacy:
+			why = "the head observer sees what the tail would"
+		}
+		got, _ := obs["error"].(string)
+		if obs["attached"] != want || !want && !strings.Contains(got, why) {
+			t.Errorf("%v: want attached %v (else skipped: %s)", obs, want, why)
 		}
 	}
 	if n != 4 {

@@ -108,6 +108,19 @@ var tcObservers = []struct {
 // and of its egress chain. The tail observer only runs when the programs
 // before it return TCX_NEXT; a program that ends the chain hides it.
 func (p *Probe) AttachTC(netnsPath string, ifindex int, ifname string) []Attachment {
+	return p.attachTC(netnsPath, ifindex, ifname, nil)
+}
+
+// AttachTCHeads is AttachTC without the tail observers, reported as not
+// attached for why: where no other tcx program is in the chain, the head
+// observer sees what the tail would (legacy cls_bpf filters run after the
+// whole tcx chain), and each attachment costs an RCU grace period.
+func (p *Probe) AttachTCHeads(netnsPath string, ifindex int, ifname string, why error) []Attachment {
+	return p.attachTC(netnsPath, ifindex, ifname, why)
+}
+
+// attachTC attaches the tcx observers, the tails unless skipTails says why not.
+func (p *Probe) attachTC(netnsPath string, ifindex int, ifname string, skipTails error) []Attachment {
 	where := tcWhere(netnsPath, ifindex, ifname)
 	netns, nsErr := netnsInode(netnsPath)
 	p.mu.Lock()
@@ -118,8 +131,12 @@ func (p *Probe) AttachTC(netnsPath string, ifindex int, ifname string) []Attachm
 	var out []Attachment
 	for _, c := range tcObservers {
 		a := Attachment{Observer: c.observer, Where: where, Point: c.point, Dir: c.dir}
-		a.Err = nsErr
-		if a.Err == nil {
+		switch {
+		case nsErr != nil:
+			a.Err = nsErr
+		case skipTails != nil && c.point == obs.PointTCTail:
+			a.Err = skipTails
+		default:
 			a.Err = p.attachTCX(netnsPath, ifindex, c.prog, c.attach, c.anchor)
 		}
 		out = append(out, a)

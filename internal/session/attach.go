@@ -23,14 +23,18 @@ import (
 func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string) []probe.Attachment {
 	var atts []probe.Attachment
 	atts = append(atts, pr.AttachSocket(cgroup)...)
+	tails := needTails(node)
 	for _, cp := range node.CapturePoints {
 		if cp.Role != discover.RoleHost {
 			continue
 		}
-		if hasTCProgram(node, cp) {
-			atts = append(atts, pr.AttachTC(cp.NetNS, cp.Ifindex, cp.Ifname)...)
-		} else {
+		switch {
+		case !hasTCProgram(node, cp):
 			atts = append(atts, probe.SkippedTC(cp.NetNS, cp.Ifindex, cp.Ifname, errNoTCProgram)...)
+		case !tails:
+			atts = append(atts, pr.AttachTCHeads(cp.NetNS, cp.Ifindex, cp.Ifname, errNoOtherTCX)...)
+		default:
+			atts = append(atts, pr.AttachTC(cp.NetNS, cp.Ifindex, cp.Ifname)...)
 		}
 	}
 	atts = append(atts, pr.AttachNetfilter(node.HostNetNS.Path)...)
@@ -44,6 +48,29 @@ func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string) []
 // RCU grace period (about 10 ms) under the global RTNL lock at start and at
 // stop, which a node of 110 kube-proxy Pods would pay 880 times.
 var errNoTCProgram = errors.New("no tc program (tcx or cls_bpf) on this veth to bracket; its tap covers the place")
+
+// errNoOtherTCX is why the tail observers are left out on a node whose host
+// veths carry only legacy cls_bpf filters (older Cilium and Calico): the
+// tcx chain holds nothing but pathtrace's head, so the head sees what the
+// tail would. Decided for the whole node, so that "the tail never saw it"
+// keeps its meaning wherever tails are attached.
+var errNoOtherTCX = errors.New("no tcx program on any host veth besides pathtrace's: the head observer sees what the tail would (cls_bpf runs after the whole tcx chain)")
+
+// needTails tells whether some host veth has a tcx program (or could not be
+// read): only then can a tail observer see something its head does not.
+func needTails(node *discover.NodeInfo) bool {
+	for _, cp := range node.CapturePoints {
+		if cp.Role == discover.RoleHost && cp.TCUnread {
+			return true
+		}
+	}
+	for _, p := range node.TCPrograms {
+		if p.Role == discover.RoleHost && p.Via == "tcx" {
+			return true
+		}
+	}
+	return false
+}
 
 // hasTCProgram tells whether discovery found a tc program on the host veth
 // cp, or could not tell.
