@@ -14,7 +14,7 @@ import (
 // rings while the traffic it watches keeps the node's CPUs busy: at nice 0,
 // the lab's saturated benchmark left the whole process unscheduled for about
 // 120 ms now and then, and all three rings overflowed together (frames lost
-// in 5 of 10 runs of the 100k pps and faster steps; in 1 of 17 at -5). The
+// in 5 of 10 runs of the 100k pps and faster steps; in 1 of 18 at -5). The
 // capture's CPU is the same either way, bounded by the traffic: it only
 // gets it sooner.
 const defaultNice = -5
