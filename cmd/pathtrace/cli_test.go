@@ -259,16 +259,13 @@ func TestVerdictPerLabMode(t *testing.T) {
 // heads do), none without a tc program; each one left out says why.
 func checkTCObservers(t *testing.T, node map[string]any, mode lab.Mode) {
 	t.Helper()
-	observers, _ := node["observers"].([]any)
 	n := 0
-	for _, o := range observers {
-		obs, _ := o.(map[string]any)
-		name, _ := obs["observer"].(string)
-		if !strings.HasPrefix(name, "tcx ") {
+	for _, o := range nodeObservers(node) {
+		if !strings.HasPrefix(o.name, "tcx ") {
 			continue
 		}
 		n++
-		tail := strings.HasSuffix(name, " tail")
+		tail := strings.HasSuffix(o.name, " tail")
 		want, why := false, "no tc program"
 		switch {
 		case mode == lab.ModeTC:
@@ -278,14 +275,34 @@ func checkTCObservers(t *testing.T, node map[string]any, mode lab.Mode) {
 		case mode == lab.ModeTCLegacy:
 			why = "the head observer sees what the tail would"
 		}
-		got, _ := obs["error"].(string)
-		if obs["attached"] != want || !want && !strings.Contains(got, why) {
-			t.Errorf("%v: want attached %v (else skipped: %s)", obs, want, why)
+		if o.attached != want || !want && !strings.Contains(o.err, why) {
+			t.Errorf("%+v: want attached %v (else skipped: %s)", o, want, why)
 		}
 	}
 	if n != 4 {
-		t.Errorf("%d tcx observers in the node object, want 4: %v", n, observers)
+		t.Errorf("%d tcx observers in the node object, want 4: %+v", n, nodeObservers(node))
 	}
+}
+
+// observer is one entry of the node object's observers list.
+type observer struct {
+	name, note, err string
+	attached        bool
+}
+
+func nodeObservers(node map[string]any) []observer {
+	list, _ := node["observers"].([]any)
+	var out []observer
+	for _, o := range list {
+		m, _ := o.(map[string]any)
+		var ob observer
+		ob.name, _ = m["observer"].(string)
+		ob.note, _ = m["note"].(string)
+		ob.err, _ = m["error"].(string)
+		ob.attached, _ = m["attached"].(bool)
+		out = append(out, ob)
+	}
+	return out
 }
 
 func checkFlow(t *testing.T, mode lab.Mode, f map[string]any, gwMAC string) {

@@ -77,25 +77,21 @@ func TestSeveralPods(t *testing.T) {
 // and say it is shared, the uplink's does not.
 func checkSharedRings(t *testing.T, node map[string]any, podPoints int) {
 	t.Helper()
-	observers, _ := node["observers"].([]any)
 	shared := 0
-	for _, o := range observers {
-		obs, _ := o.(map[string]any)
-		name, _ := obs["observer"].(string)
-		note, _ := obs["note"].(string)
-		switch name {
+	for _, o := range nodeObservers(node) {
+		switch o.name {
 		case "af_packet pod", "af_packet host":
-			if strings.Contains(note, fmt.Sprintf("the Pods' %d capture points share", podPoints)) && !strings.Contains(note, "ring 4M") {
+			if strings.Contains(o.note, fmt.Sprintf("the Pods' %d capture points share", podPoints)) && !strings.Contains(o.note, "ring 4M") {
 				shared++
 			}
 		case "af_packet uplink":
-			if strings.Contains(note, "share") {
-				t.Errorf("the uplink's ring is shared: %q", note)
+			if strings.Contains(o.note, "share") {
+				t.Errorf("the uplink's ring is shared: %q", o.note)
 			}
 		}
 	}
 	if shared != podPoints {
-		t.Errorf("%d af_packet observers note a shared ring, want %d: %v", shared, podPoints, observers)
+		t.Errorf("%d af_packet observers note a shared ring, want %d: %+v", shared, podPoints, nodeObservers(node))
 	}
 }
 
