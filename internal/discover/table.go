@@ -31,7 +31,20 @@ func (n *NodeInfo) Table(w io.Writer) error {
 	}
 
 	p("\nCAPTURE POINTS\nROLE\tNETNS\tIFNAME\tIFINDEX\tKIND\tMAC\tMASTER\tDETAIL\n")
+	perRole := map[string]int{}
 	for _, cp := range n.CapturePoints {
+		perRole[cp.Role]++
+	}
+	folded := map[string]bool{}
+	for _, cp := range n.CapturePoints {
+		if perRole[cp.Role] > maxSameRows && cp.Role != RoleUplink {
+			// The PODS table above names every Pod's eth0 and host veth.
+			if !folded[cp.Role] {
+				folded[cp.Role] = true
+				p("%s\t%d points, one per Pod (see PODS)\t-\t-\t-\t-\t-\t-\n", cp.Role, perRole[cp.Role])
+			}
+			continue
+		}
 		master := "-"
 		if cp.Master != "" {
 			master = fmt.Sprintf("%s (%s)", cp.Master, cp.MasterKind)
@@ -57,12 +70,33 @@ func (n *NodeInfo) Table(w io.Writer) error {
 	if len(n.TCPrograms) == 0 {
 		p("tc\tno tcx or cls_bpf program on host veths and uplinks\n")
 	}
+	type progKind struct{ role, dir, via, name string }
+	ids := map[progKind][]string{}
 	for _, t := range n.TCPrograms {
-		da := ""
-		if t.DirectAction {
-			da = " direct-action"
+		k := progKind{t.Role, t.Dir, t.Via, t.Name}
+		ids[k] = append(ids[k], fmt.Sprint(t.ID))
+	}
+	printed := map[progKind]bool{}
+	for _, t := range n.TCPrograms {
+		k := progKind{t.Role, t.Dir, t.Via, t.Name}
+		switch same := ids[k]; {
+		case len(same) > maxSameRows:
+			// One program per Pod (Cilium loads one per endpoint): one row.
+			if !printed[k] {
+				printed[k] = true
+				shown := strings.Join(same[:min(len(same), maxSameRows)], ", ")
+				if len(same) > maxSameRows {
+					shown += ", …"
+				}
+				p("tc\t%d %s interfaces %s %s\t%s (ids %s)\t%s\n", len(same), t.Role, t.Dir, t.Via, orDash(t.Name), shown, t.Role)
+			}
+		default:
+			da := ""
+			if t.DirectAction {
+				da = " direct-action"
+			}
+			p("tc\t%s %s %s\t%s%s (id %d)\t%s\n", t.Ifname, t.Dir, t.Via, orDash(t.Name), da, t.ID, t.Role)
 		}
-		p("tc\t%s %s %s\t%s%s (id %d)\t%s\n", t.Ifname, t.Dir, t.Via, orDash(t.Name), da, t.ID, t.Role)
 	}
 	nf := n.Netfilter
 	p("netfilter\tnftables: %s\n", nf.NFTables)
@@ -104,6 +138,11 @@ func (n *NodeInfo) Table(w io.Writer) error {
 	}
 	return tw.Flush()
 }
+
+// maxSameRows is how many capture points of a Pod-side role, or tc programs
+// of one kind, the table lists one by one; a node of a hundred Pods folds
+// them into one row each (the JSON lists every one).
+const maxSameRows = 3
 
 func holder(p Pod) string {
 	var parts []string

@@ -1,0 +1,61 @@
+package discover
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// TestTableFoldsManyPods: with more than three Pods, the Pod-side capture
+// points take one row per role and the tc programs of one kind (one per
+// Pod, as Cilium loads them) one row; with fewer, every one has its row.
+func TestTableFoldsManyPods(t *testing.T) {
+	node := func(pods int) *NodeInfo {
+		n := &NodeInfo{}
+		for i := range pods {
+			veth := fmt.Sprintf("lxc%d", i)
+			n.Pods = append(n.Pods, Pod{NetNS: NetNS{Path: fmt.Sprintf("/run/netns/p%d", i)}})
+			n.CapturePoints = append(n.CapturePoints,
+				CapturePoint{Role: RolePod, NetNS: fmt.Sprintf("/run/netns/p%d", i), Ifname: "eth0"},
+				CapturePoint{Role: RoleHost, Ifname: veth, Ifindex: 10 + i})
+			n.TCPrograms = append(n.TCPrograms, TCProgram{Ifname: veth, Ifindex: 10 + i, Role: RoleHost, Dir: "ingress", Via: "tcx",
+				Name: "cil_from_container", ID: ebpf.ProgramID(100 + i)})
+		}
+		n.CapturePoints = append(n.CapturePoints, CapturePoint{Role: RoleUplink, Ifname: "bond0"})
+		return n
+	}
+	var many bytes.Buffer
+	if err := node(5).Table(&many); err != nil {
+		t.Fatal(err)
+	}
+	var folded, progRows []string
+	for _, line := range strings.Split(many.String(), "\n") {
+		if strings.Contains(line, "one per Pod (see PODS)") {
+			folded = append(folded, line)
+		}
+		if strings.Contains(line, "cil_from_container") {
+			progRows = append(progRows, line)
+		}
+	}
+	if len(folded) != 2 || strings.Contains(many.String(), "lxc3") {
+		t.Errorf("5 Pods: want one row for the pod points and one for the host points, no veth listed:\n%s", many.String())
+	}
+	if len(progRows) != 1 || !strings.Contains(progRows[0], "5 host interfaces ingress tcx") || !strings.Contains(progRows[0], "(ids 100, 101, 102, …)") {
+		t.Errorf("5 Pods: want one row for the 5 copies of the program:\n%s", many.String())
+	}
+	var few bytes.Buffer
+	if err := node(2).Table(&few); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"lxc0 ingress tcx", "lxc1 ingress tcx", "cil_from_container (id 101)"} {
+		if !strings.Contains(few.String(), want) {
+			t.Errorf("2 Pods: lacks %q:\n%s", want, few.String())
+		}
+	}
+	if strings.Contains(few.String(), "one per Pod") {
+		t.Errorf("2 Pods: folded:\n%s", few.String())
+	}
+}
