@@ -2,6 +2,7 @@ package session
 
 import (
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net/netip"
 	"testing"
@@ -14,30 +15,52 @@ import (
 
 // BenchmarkConsume is the user-space cost of one captured frame of a known
 // flow, from the tap's ring to the pcapng encoder: copy into a batch,
-// classification (the Repeat path), the time-ordered merge of two points and
-// the packet block with its comment. The file write itself is left out
-// (io.Discard).
+// classification (the Repeat path), the time-ordered merge of the points and
+// the packet block with its comment. Each frame is seen at three points a
+// microsecond apart, as a request crosses a Pod's eth0, its host veth and
+// the uplink, so the merge switches points at every frame. "many Pods" has
+// the capture points of 41 Pods, three of them with traffic. The file write
+// itself is left out (io.Discard).
 func BenchmarkConsume(b *testing.B) {
-	tr := testTracer(b, io.Discard)
-	raw := udpFrame(b, client, vip)
-	p := capture.Packet{Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw}
-	b.ReportAllocs()
-	b.ResetTimer()
-	at := base
-	for n := 0; n < b.N; n += maxBatch {
-		bt := tr.newBatch(n / maxBatch % 2)
-		for range maxBatch {
-			at = at.Add(time.Microsecond)
-			p.Time = at
-			bt.add(&p)
-		}
-		bt.seal()
-		if reason := tr.consume(bt); reason != "" {
-			b.Fatal(reason)
-		}
+	points := []tap{{label: "pod:eth0", point: obs.PointPod}, {label: "host:veth-a", point: obs.PointHost}, {label: "uplink:bond0", point: obs.PointUplink}}
+	many := []tap{{label: "uplink:bond0", point: obs.PointUplink}}
+	for i := range 41 {
+		many = append(many, tap{label: fmt.Sprintf("pod%d:eth0", i), point: obs.PointPod}, tap{label: fmt.Sprintf("host:veth%d", i), point: obs.PointHost})
 	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/frame")
+	for _, c := range []struct {
+		name   string
+		taps   []tap
+		active []int
+	}{
+		{"3 points", points, []int{0, 1, 2}},
+		{"many Pods", many, []int{39, 40, 0}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			tr := testTracerOf(b, io.Discard, c.taps)
+			raw := udpFrame(b, client, vip)
+			p := capture.Packet{Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw}
+			b.ReportAllocs()
+			b.ResetTimer()
+			at := base
+			perRound := maxBatch * len(c.active)
+			for n := 0; n < b.N; n += perRound {
+				for k, tapIdx := range c.active {
+					bt := tr.newBatch(tapIdx)
+					for j := range maxBatch {
+						p.Time = at.Add(time.Duration(3*j+k) * time.Microsecond)
+						bt.add(&p)
+					}
+					bt.seal()
+					if reason := tr.consume(bt); reason != "" {
+						b.Fatal(reason)
+					}
+				}
+				at = at.Add(3 * maxBatch * time.Microsecond)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/frame")
+		})
+	}
 }
 
 // BenchmarkNewFlow is the user-space cost of one short TCP connection to the

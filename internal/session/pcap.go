@@ -18,8 +18,18 @@ type pcapOut struct {
 	// queues holds, per tap in tap order, the batches with frames not
 	// written yet, oldest first.
 	queues [][]*batch
+	// heads is a min-heap of the queues holding frames, by the time of
+	// their oldest frame: the merge costs log(points with frames) per frame,
+	// not a look at every capture point (a node's Pods bring hundreds).
+	heads  []queueHead
 	held   int // frames in queues
 	newest time.Time
+}
+
+// queueHead is a queue in pcapOut.heads and the time of its oldest frame.
+type queueHead struct {
+	at    int64 // Unix nanoseconds
+	queue int
 }
 
 func openPcap(path string, lim export.Limits, taps []tap, snaplen int) (*pcapOut, error) {
@@ -94,6 +104,9 @@ func (p *pcapOut) hold(b *batch, tr *tracer) string {
 		tr.putBatch(b)
 		return ""
 	}
+	if len(p.queues[b.tap]) == 0 {
+		p.pushHead(b.tap, b.frames[0].pkt.Time.UnixNano())
+	}
 	p.queues[b.tap] = append(p.queues[b.tap], b)
 	p.held += len(b.frames)
 	if last := b.frames[len(b.frames)-1].pkt.Time; last.After(p.newest) {
@@ -102,50 +115,72 @@ func (p *pcapOut) hold(b *batch, tr *tracer) string {
 	return p.release(p.newest.Add(-reorderWindow), tr)
 }
 
-// head is the time of the oldest frame not written of queue i.
-func (p *pcapOut) head(i int) (time.Time, bool) {
-	q := p.queues[i]
-	if len(q) == 0 {
-		return time.Time{}, false
-	}
-	return q[0].frames[q[0].next].pkt.Time, true
-}
-
 // release writes the held frames captured before t, oldest first across the
 // capture points (a tap delivers its own frames in time order, so merging
 // the queues' heads orders the file); it returns a stop reason when the file
 // reached a bound or failed.
 func (p *pcapOut) release(t time.Time, tr *tracer) string {
-	for p.held > 0 {
-		// The queue with the oldest head writes until it passes the head of
-		// the next oldest one.
-		oldest, second := -1, -1
-		var oldestAt, secondAt time.Time
-		for i := range p.queues {
-			at, ok := p.head(i)
-			switch {
-			case !ok:
-			case oldest < 0 || at.Before(oldestAt):
-				second, secondAt = oldest, oldestAt
-				oldest, oldestAt = i, at
-			case second < 0 || at.Before(secondAt):
-				second, secondAt = i, at
-			}
+	before := t.UnixNano()
+	for len(p.heads) > 0 {
+		top := p.heads[0]
+		if top.at >= before && p.held <= maxHeld {
+			return ""
 		}
-		for {
-			at, ok := p.head(oldest)
-			if !ok || second >= 0 && secondAt.Before(at) {
-				break
-			}
-			if !at.Before(t) && p.held <= maxHeld {
-				return ""
-			}
-			if reason := p.writeHead(oldest, tr); reason != "" {
-				return reason
-			}
+		reason := p.writeHead(top.queue, tr)
+		if q := p.queues[top.queue]; len(q) == 0 {
+			p.popHead()
+		} else {
+			p.heads[0].at = q[0].frames[q[0].next].pkt.Time.UnixNano()
+			p.siftDown(0)
+		}
+		if reason != "" {
+			return reason
 		}
 	}
 	return ""
+}
+
+func (p *pcapOut) pushHead(queue int, at int64) {
+	p.heads = append(p.heads, queueHead{at: at, queue: queue})
+	for i := len(p.heads) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !p.heads[i].before(p.heads[parent]) {
+			break
+		}
+		p.heads[i], p.heads[parent] = p.heads[parent], p.heads[i]
+		i = parent
+	}
+}
+
+func (p *pcapOut) popHead() {
+	last := len(p.heads) - 1
+	p.heads[0] = p.heads[last]
+	p.heads = p.heads[:last]
+	p.siftDown(0)
+}
+
+func (p *pcapOut) siftDown(i int) {
+	for {
+		least, l := i, 2*i+1
+		if l < len(p.heads) && p.heads[l].before(p.heads[least]) {
+			least = l
+		}
+		if r := l + 1; r < len(p.heads) && p.heads[r].before(p.heads[least]) {
+			least = r
+		}
+		if least == i {
+			return
+		}
+		p.heads[i], p.heads[least] = p.heads[least], p.heads[i]
+		i = least
+	}
+}
+
+// before orders equal times by capture point, as the points are listed
+// (Pod, host, uplink: the order a request crosses them), so the file's
+// order does not depend on which batch came first.
+func (h queueHead) before(o queueHead) bool {
+	return h.at < o.at || h.at == o.at && h.queue < o.queue
 }
 
 // writeHead writes the oldest held frame of queue i, and gives its batch

@@ -44,8 +44,17 @@ func udpFrame(t testing.TB, src, dst netip.AddrPort) []byte {
 // without a kernel: only the consumer side runs.
 func testTracer(t testing.TB, out io.Writer) *tracer {
 	t.Helper()
-	taps := []tap{{label: "pod:eth0", point: obs.PointPod}, {label: "uplink:bond0", point: obs.PointUplink}}
-	w, err := export.NewStream(out, []export.Interface{{Name: taps[0].label, Snaplen: 96}, {Name: taps[1].label, Snaplen: 96}}, export.Limits{})
+	return testTracerOf(t, out, []tap{{label: "pod:eth0", point: obs.PointPod}, {label: "uplink:bond0", point: obs.PointUplink}})
+}
+
+// testTracerOf is testTracer with the given capture points.
+func testTracerOf(t testing.TB, out io.Writer, taps []tap) *tracer {
+	t.Helper()
+	ifaces := make([]export.Interface, len(taps))
+	for i, tp := range taps {
+		ifaces[i] = export.Interface{Name: tp.label, Snaplen: 96}
+	}
+	w, err := export.NewStream(out, ifaces, export.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
