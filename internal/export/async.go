@@ -11,16 +11,16 @@ import (
 
 // asyncDepth bounds the chunks waiting for the disk (each up to flushBytes,
 // or one large block): past it, writing blocks (back-pressure). With
-// flushBytes of 256 KiB, a stalled disk holds at most 4 MiB.
-const asyncDepth = 16
+// flushBytes of 1 MiB, a stalled disk holds at most 4 MiB.
+const asyncDepth = 4
 
 // asyncFile writes the capture file from a goroutine of its own: a disk that
 // stalls (a journal commit, writeback throttling) then delays the file, not
 // the capture, whose kernel rings would overflow meanwhile. Each chunk is
 // written with one write(2), as blockOut hands it over (whole blocks, never
 // crossing a page where it can avoid it), so the file stays readable after a
-// SIGKILL at any moment. After a failed write it cuts the file back to the
-// last whole chunk and refuses every later one.
+// SIGKILL at any moment. After a failed write (a full disk) it cuts the file
+// back to the last whole block it holds and refuses every later chunk.
 type asyncFile struct {
 	f *os.File
 	// size is the file's size: what was written before the asyncFile took
@@ -31,7 +31,7 @@ type asyncFile struct {
 	// reserveAhead); limit caps it (MaxBytes, 0 = none).
 	reserved, limit int64
 	noReserve       bool // the filesystem cannot reserve: no more tries
-	queue           chan []byte
+	queue           chan chunk
 	free            chan []byte
 	done            chan struct{}
 	mu              sync.Mutex
@@ -42,7 +42,7 @@ type asyncFile struct {
 // newAsyncFile writes f from its current offset on; limit (0 = none) caps
 // the blocks reserved ahead of the data.
 func newAsyncFile(f *os.File, limit int64) *asyncFile {
-	a := &asyncFile{f: f, limit: limit, queue: make(chan []byte, asyncDepth), free: make(chan []byte, asyncDepth), done: make(chan struct{})}
+	a := &asyncFile{f: f, limit: limit, queue: make(chan chunk, asyncDepth), free: make(chan []byte, asyncDepth), done: make(chan struct{})}
 	// A failed write cuts the file back to its last whole chunk: an offset
 	// that must count what was written before (0 for a pipe).
 	if off, err := f.Seek(0, io.SeekCurrent); err == nil {
@@ -93,17 +93,19 @@ func (a *asyncFile) Write(p []byte) (int, error) {
 	case buf = <-a.free:
 	default:
 	}
-	a.queue <- append(buf[:0], p...)
+	a.queue <- chunk{buf: append(buf[:0], p...)}
 	return len(p), nil
 }
 
 // handOff queues p itself, without a copy: the caller gives p up and gets
-// an empty buffer to fill next (nil when none is free yet).
+// an empty buffer to fill next (nil when none is free yet). Every page
+// boundary of the file that p reaches lies between two of its blocks
+// (blockOut's batches), so a write of p cut short keeps its whole pages.
 func (a *asyncFile) handOff(p []byte) (next []byte, err error) {
 	if err := a.failed(); err != nil {
 		return p[:0], err
 	}
-	a.queue <- p
+	a.queue <- chunk{buf: p, pageCut: true}
 	select {
 	case next = <-a.free:
 	default:
@@ -111,18 +113,33 @@ func (a *asyncFile) handOff(p []byte) (next []byte, err error) {
 	return next[:0], nil
 }
 
+// chunk is one write(2). pageCut says that each page boundary of the file
+// within it lies between two blocks.
+type chunk struct {
+	buf     []byte
+	pageCut bool
+}
+
 func (a *asyncFile) run() {
 	defer close(a.done)
-	for buf := range a.queue {
+	pageSize := int64(os.Getpagesize())
+	for c := range a.queue {
 		if a.failed() == nil {
-			a.reserve(a.size + int64(len(buf)))
-			n, err := a.f.Write(buf)
+			a.reserve(a.size + int64(len(c.buf)))
+			n, err := a.f.Write(c.buf)
 			if err != nil {
-				if n > 0 {
-					if terr := a.f.Truncate(a.size); terr != nil {
+				// A filesystem write cut short (no space left) ends on a page
+				// boundary: keep the whole blocks before it, if they are.
+				keep := a.size
+				if end := a.size + int64(n); c.pageCut && end-end%pageSize > a.size {
+					keep = end - end%pageSize
+				}
+				if keep != a.size+int64(n) {
+					if terr := a.f.Truncate(keep); terr != nil {
 						err = fmt.Errorf("%w (and cutting the partial block off failed: %v)", err, terr)
 					}
 				}
+				a.size = keep
 				a.mu.Lock()
 				a.err = err
 				a.mu.Unlock()
@@ -130,9 +147,9 @@ func (a *asyncFile) run() {
 				a.size += int64(n)
 			}
 		}
-		if cap(buf) <= 2*flushBytes {
+		if cap(c.buf) <= 2*flushBytes {
 			select {
-			case a.free <- buf:
+			case a.free <- c.buf:
 			default:
 			}
 		}
