@@ -11,8 +11,8 @@ import (
 
 // asyncDepth bounds the chunks waiting for the disk (each up to flushBytes,
 // or one large block): past it, writing blocks (back-pressure). With
-// flushBytes of 1 MiB, a stalled disk holds at most 4 MiB.
-const asyncDepth = 4
+// flushBytes of 256 KiB, a stalled disk holds at most 4 MiB.
+const asyncDepth = 16
 
 // asyncFile writes the capture file from a goroutine of its own: a disk that
 // stalls (a journal commit, writeback throttling) then delays the file, not

@@ -110,6 +110,39 @@ func TestAsyncFileDiskFull(t *testing.T) {
 	}
 }
 
+// TestAsyncFileDiskFullKeepsWholePages: a handed-off chunk (blockOut's
+// batches, whose page boundaries lie between blocks) cut short by a full
+// disk keeps the whole pages it wrote; a copied chunk (Write: one large
+// block) is cut off entirely, as TestAsyncFileDiskFull checks.
+func TestAsyncFileDiskFullKeepsWholePages(t *testing.T) {
+	dir := SmallFilesystem(t, "256k")
+	f, err := os.Create(filepath.Join(dir, "full"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const header = 100
+	if _, err := f.Write(make([]byte, header)); err != nil {
+		t.Fatal(err)
+	}
+	a := newAsyncFile(f, 0)
+	// One chunk larger than the filesystem: nothing before it to keep.
+	if _, err := a.handOff(bytes.Repeat([]byte{7}, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Close: %v, want ENOSPC", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := int64(os.Getpagesize())
+	if st.Size()%page != 0 || st.Size() < 128<<10 {
+		t.Errorf("file of %d bytes after the disk filled; want the whole pages written (a multiple of %d, most of 256 KiB)", st.Size(), page)
+	}
+}
+
 // TestAsyncFileReservesAhead: blocks are reserved past the data while the
 // file is written (never past the limit), and Close gives them back.
 func TestAsyncFileReservesAhead(t *testing.T) {
