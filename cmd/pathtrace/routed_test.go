@@ -21,8 +21,10 @@ import (
 // kube-proxy's iptables-mode chains with iptables-legacy and iptables-nft),
 // and the uplink is the device of the node's route towards the VIP, whose
 // frames go to the next hop's MAC, untagged. The Service has two backends,
-// taken in turn: each flow names its own backend and endpoint rule. Names
-// and addresses share nothing with the lab.
+// taken in turn: each flow names its own backend and endpoint rule. A
+// process in the node's own netns (a hostNetwork Pod, the kubelet) connects
+// too: its flows are translated at OUTPUT, and its socket's egress hook runs
+// after that NAT. Names and addresses share nothing with the lab.
 func TestRoutedNode(t *testing.T) {
 	needRoot(t)
 	const vip = "10.79.0.10:80"
@@ -31,8 +33,10 @@ func TestRoutedNode(t *testing.T) {
 	for _, nat := range []struct {
 		name, tool string
 		install    func(t *testing.T, node string)
-		// by is what a flow's "by" holds for backend i.
-		by string
+		// by is what a flow's "by" holds for the hook's chain and backend i;
+		// hooks are the chains of PREROUTING (the Pod) and OUTPUT (the node).
+		by    string
+		hooks [2]string
 	}{
 		{"nftables", "nft", func(t *testing.T, node string) {
 			rules := fmt.Sprintf(`table ip rt-kube-proxy {
@@ -52,24 +56,28 @@ func TestRoutedNode(t *testing.T) {
 		type nat hook prerouting priority dstnat; policy accept;
 		jump services
 	}
+	chain nat-output {
+		type nat hook output priority -100; policy accept;
+		jump services
+	}
 }
 `, vipIP, vipPort, backends[0], backends[1])
 			mustRun(t, strings.NewReader(rules), "ip", "netns", "exec", node, "nft", "-f", "-")
-		}, "nftables ip rt-kube-proxy nat-prerouting -> services -> service-web -> endpoint-web-%d"},
+		}, "nftables ip rt-kube-proxy %s -> services -> service-web -> endpoint-web-%d", [2]string{"nat-prerouting", "nat-output"}},
 		{"iptables-legacy", "iptables-legacy", func(t *testing.T, node string) {
 			kubeProxyIPTables(t, "iptables-legacy", node, vip, backends)
-		}, "iptables-legacy nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-WEB -> KUBE-SEP-WEB%d"},
+		}, "iptables-legacy nat %s -> KUBE-SERVICES -> KUBE-SVC-WEB -> KUBE-SEP-WEB%d", [2]string{"PREROUTING", "OUTPUT"}},
 		// iptables-nft writes the same chains as nftables rules with
 		// xtables matches, in table ip nat.
 		{"iptables-nft", "iptables-nft", func(t *testing.T, node string) {
 			kubeProxyIPTables(t, "iptables-nft", node, vip, backends)
-		}, "nftables ip nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-WEB -> KUBE-SEP-WEB%d"},
+		}, "nftables ip nat %s -> KUBE-SERVICES -> KUBE-SVC-WEB -> KUBE-SEP-WEB%d", [2]string{"PREROUTING", "OUTPUT"}},
 	} {
 		t.Run(nat.name, func(t *testing.T) {
 			if _, err := exec.LookPath(nat.tool); err != nil {
 				t.Skipf("%s is not installed", nat.tool)
 			}
-			routedNode(t, nat.name, vip, backends, nat.install, nat.by)
+			routedNode(t, nat.name, vip, backends, nat.install, nat.by, nat.hooks)
 		})
 	}
 }
@@ -86,6 +94,7 @@ func kubeProxyIPTables(t *testing.T, iptables, node, vip string, backends []stri
 		ipt("-N", chain)
 	}
 	ipt("-A", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	ipt("-A", "OUTPUT", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
 	ipt("-A", "KUBE-SERVICES", "-d", vipIP+"/32", "-p", "tcp", "--dport", vipPort, "-j", "KUBE-SVC-WEB")
 	ipt("-A", "KUBE-SVC-WEB", "-m", "statistic", "--mode", "nth", "--every", "2", "--packet", "0", "-j", "KUBE-SEP-WEB0")
 	ipt("-A", "KUBE-SVC-WEB", "-j", "KUBE-SEP-WEB1")
@@ -94,8 +103,8 @@ func kubeProxyIPTables(t *testing.T, iptables, node, vip string, backends []stri
 }
 
 // routedNode builds the routed node, installs its NAT rules and checks the
-// flows of a few connections from its Pod to vip.
-func routedNode(t *testing.T, name, vip string, backends []string, install func(*testing.T, string), by string) {
+// flows of a few connections to vip from its Pod, then from the node itself.
+func routedNode(t *testing.T, name, vip string, backends []string, install func(*testing.T, string), by string, hooks [2]string) {
 	prefix := fmt.Sprintf("ptrt%d-%s", os.Getpid()%100000, name)
 	node, pod, gw := prefix+"-node", prefix+"-pod", prefix+"-gw"
 	for _, ns := range []string{node, pod, gw} {
@@ -152,27 +161,39 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 	if err := connectFrom("/run/netns/"+pod, vip, requests); err != nil {
 		t.Fatalf("connect from the Pod: %v", err)
 	}
+	if err := connectFrom("/run/netns/"+node, vip, requests); err != nil {
+		t.Fatalf("connect from the node: %v", err)
+	}
 	time.Sleep(300 * time.Millisecond)
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
 	flows, _ := r.rest(t)
-	if len(flows) != requests {
-		t.Fatalf("%d flows, want %d: %s", len(flows), requests, dump(flows))
+	if len(flows) != 2*requests {
+		t.Fatalf("%d flows, want %d: %s", len(flows), 2*requests, dump(flows))
 	}
-	perBackend := map[string]int{}
+	perBackend, perClient := map[string]int{}, map[string]int{}
 	for _, f := range flows {
 		desc := dump([]map[string]any{f})
 		got, _ := f["by"].(string)
 		i := slices.Index(backends, fmt.Sprint(f["backend"]))
 		perBackend[fmt.Sprint(f["backend"])]++
-		if f["rewritten_at"] != "netfilter" || i < 0 || !strings.Contains(got, fmt.Sprintf(by, i)) {
-			t.Errorf("want rewritten at netfilter to a backend, by its endpoint chain (%s): %s", fmt.Sprintf(by, max(i, 0)), desc)
+		client, _, _ := strings.Cut(fmt.Sprint(f["client"]), ":")
+		perClient[client]++
+		hook := hooks[0] // from the Pod
+		if client == "192.168.77.2" {
+			hook = hooks[1] // from the node, by its route's source address
+		}
+		if want := fmt.Sprintf(by, hook, max(i, 0)); f["rewritten_at"] != "netfilter" || i < 0 || !strings.Contains(got, want) {
+			t.Errorf("want rewritten at netfilter to a backend, by its endpoint chain (%s): %s", want, desc)
 		}
 		if f["uplink_dst_mac"] != gwMAC || f["vlan"] != float64(0) || f["reply"] != true {
 			t.Errorf("want the frame to leave untagged to the next hop %s and a reply: %s", gwMAC, desc)
 		}
 	}
-	if perBackend[backends[0]] != requests/2 || perBackend[backends[1]] != requests/2 {
-		t.Errorf("flows per backend %v, want %d each (the rules take them in turn)", perBackend, requests/2)
+	if perBackend[backends[0]] != requests || perBackend[backends[1]] != requests {
+		t.Errorf("flows per backend %v, want %d each (the rules take them in turn)", perBackend, requests)
+	}
+	if perClient["10.77.1.5"] != requests || perClient["192.168.77.2"] != requests {
+		t.Errorf("flows per client %v, want %d from the Pod (10.77.1.5) and %d from the node (192.168.77.2)", perClient, requests, requests)
 	}
 }
 

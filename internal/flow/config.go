@@ -36,6 +36,12 @@ type Config struct {
 	// MaxFlows bounds the flow table (DefaultMaxFlows when 0). Observations of
 	// flows beyond it are counted in the "flows_over_max" drop counter.
 	MaxFlows int
+	// HostNetNS is the node's netns inode (0: unknown). A client there (a
+	// node process, a hostNetwork Pod) sends through the node's netfilter
+	// OUTPUT and POSTROUTING hooks before its cgroup egress hook, so its
+	// egress tuple is seen after the node's NAT, where a Pod's is seen
+	// before it.
+	HostNetNS uint64
 }
 
 // Attribution is what the node has that can rewrite a VIP, read from the node by

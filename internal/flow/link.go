@@ -169,7 +169,7 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 		}
 		return slot
 	}
-	if cp, ok := requestCheckpoint(o); ok {
+	if cp, ok := e.requestCheckpoint(o); ok {
 		if (cp == cpHost || cp == cpTCHead || cp == cpTCTail) && f.hostIfindex == 0 && o.Ifindex > 0 {
 			f.hostIfindex = o.Ifindex
 			f.evidenceChanged() // names the tc programs of the flow's veth

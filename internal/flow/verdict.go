@@ -15,24 +15,30 @@ import (
 type checkpoint uint8
 
 const (
-	cpApp       checkpoint = iota // sockaddr ReqDst: what the application asked for
-	cpSockAddr                    // sockaddr Dst: after the sock_addr programs before the observer
-	cpSockTuple                   // sockstate / sockegress: the socket's actual tuple
-	cpPod                         // pod eth0 TX tap
-	cpHost                        // host veth RX tap (before tc ingress)
-	cpTCHead                      // tcx head observer, ingress
-	cpTCTail                      // tcx tail observer, ingress
-	cpNFBefore                    // netfilter just below NAT; conntrack original tuple
-	cpNFAfter                     // netfilter just above NAT
-	cpConfirm                     // conntrack reply tuple (after every hook, IPVS included)
-	cpUplink                      // uplink TX tap (after tc egress)
+	cpApp        checkpoint = iota // sockaddr ReqDst: what the application asked for
+	cpSockAddr                     // sockaddr Dst: after the sock_addr programs before the observer
+	cpSockTuple                    // sockstate / sockegress: the socket's actual tuple
+	cpPod                          // pod eth0 TX tap
+	cpHost                         // host veth RX tap (before tc ingress)
+	cpTCHead                       // tcx head observer, ingress
+	cpTCTail                       // tcx tail observer, ingress
+	cpNFBefore                     // netfilter just below NAT; conntrack original tuple
+	cpNFAfter                      // netfilter just above NAT
+	cpConfirm                      // conntrack reply tuple (after every hook, IPVS included)
+	cpNodeEgress                   // sockegress of a node-netns socket: after OUTPUT and POSTROUTING
+	cpUplink                       // uplink TX tap (after tc egress)
 	numCheckpoints
 )
 
 // requestCheckpoint maps a request-direction packet observation to its checkpoint.
-func requestCheckpoint(o obs.Observation) (checkpoint, bool) {
+func (e *Engine) requestCheckpoint(o obs.Observation) (checkpoint, bool) {
 	switch o.Point {
-	case obs.PointSockState, obs.PointSockEgress:
+	case obs.PointSockEgress:
+		if e.cfg.HostNetNS != 0 && o.NetNS == e.cfg.HostNetNS {
+			return cpNodeEgress, true
+		}
+		return cpSockTuple, true
+	case obs.PointSockState:
 		return cpSockTuple, true
 	case obs.PointPod:
 		return cpPod, o.Dir != obs.DirIn
@@ -83,7 +89,7 @@ func gapBefore(cp checkpoint) gap {
 	case cpConfirm:
 		return gapIPVS
 	}
-	return gapNothing // cpApp, cpHost (veth), cpUplink (no DNAT after conntrack confirms)
+	return gapNothing // cpApp, cpHost (veth), cpNodeEgress, cpUplink (no DNAT after conntrack confirms)
 }
 
 func (g gap) String() string {
@@ -130,6 +136,8 @@ func (c checkpoint) describe(from obs.Point) string {
 		return "netfilter after NAT"
 	case cpConfirm:
 		return "conntrack (reply src)"
+	case cpNodeEgress:
+		return "the node socket's egress (" + from.String() + ")"
 	case cpUplink:
 		return "uplink TX"
 	}
@@ -157,6 +165,8 @@ func checkpointPoints(c checkpoint) []obs.Point {
 		return []obs.Point{obs.PointNFAfter}
 	case cpConfirm:
 		return []obs.Point{obs.PointConntrack}
+	case cpNodeEgress:
+		return []obs.Point{obs.PointSockEgress}
 	case cpUplink:
 		return []obs.Point{obs.PointUplink}
 	}

@@ -91,7 +91,7 @@ func groupKey(f flow.Flow) string {
 	if f.RewrittenAt == flow.PlaceUnknown {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
-	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, f.Client.Addr().String(), f.Service.String(),
+	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
 		backends(f), fmt.Sprint(f.Reply), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
 }
 
@@ -144,13 +144,22 @@ func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary) {
 	fmt.Fprintf(b, "\nIn all %s: %s.\n", plural(s.Flows, "flow", "flows"), strings.Join(counts, ", "))
 }
 
+// clientAddr is the flow's client address, "an unknown address" when no
+// source was seen (a connect that failed before the kernel chose one).
+func clientAddr(f flow.Flow) string {
+	if !f.Client.IsValid() {
+		return "an unknown address"
+	}
+	return f.Client.Addr().String()
+}
+
 // sentence states one group's verdict for a ticket.
 func sentence(g *verdictGroup) string {
 	f, n := g.first, len(g.ids)
 	one := n == 1
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s from %s to %s (%s) ", countWord(n), pick(one, strings.ToUpper(f.Proto)+" flow", strings.ToUpper(f.Proto)+" flows"),
-		f.Client.Addr(), f.Service, idList(g.ids))
+		clientAddr(f), f.Service, idList(g.ids))
 	rewritten := pick(one, "was rewritten", "were rewritten")
 	switch f.RewrittenAt {
 	case flow.PlaceSocket:

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -160,5 +161,20 @@ func TestProgress(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("progress:\n got %s\nwant %s", got, tt.want)
 		}
+	}
+}
+
+// TestClientUnknown: a flow whose connect failed before the kernel chose a
+// source address (no route) has no client; the table says "-", not Go's
+// "invalid AddrPort".
+func TestClientUnknown(t *testing.T) {
+	var buf bytes.Buffer
+	flows := []flow.Flow{{ID: 3, Proto: "tcp", Service: netip.MustParseAddrPort("10.120.0.80:80"), RewrittenAt: flow.PlaceUnknown, Reason: "no route"}}
+	if err := report.WriteTable(&buf, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if strings.Contains(out, "invalid") || !strings.Contains(out, "3   tcp    -  ") {
+		t.Errorf("a flow without a client is shown as:\n%s", out)
 	}
 }

@@ -29,7 +29,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "ID\tPROTO\tCLIENT\tSERVICE\tBACKEND\tREWRITTEN AT\tBY\tVLAN\tUPLINK DST MAC\tREPLY")
 	for _, f := range flows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.ID, orDash(f.Proto), f.Client, f.Service,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.ID, orDash(f.Proto), clientOrDash(f), f.Service,
 			addrOrDash(f), f.RewrittenAt, orDash(shorten(f.By, maxByWidth)), vlan(f.VLAN), uplinkMAC(f), yesNo(f.Reply))
 	}
 	if err := tw.Flush(); err != nil {
@@ -131,6 +131,15 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// clientOrDash is the flow's client, "-" when no source address was seen
+// (a connect that failed before the kernel chose one, e.g. no route).
+func clientOrDash(f flow.Flow) string {
+	if !f.Client.IsValid() {
+		return "-"
+	}
+	return f.Client.String()
 }
 
 func addrOrDash(f flow.Flow) string {

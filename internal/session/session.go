@@ -132,6 +132,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		Points:      activePoints(atts),
 		Attribution: attribution(node),
 		MaxFlows:    opt.MaxFlows,
+		HostNetNS:   node.HostNetNS.Inode,
 	})
 
 	root, err := cgroup2.Root()

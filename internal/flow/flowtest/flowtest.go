@@ -224,6 +224,7 @@ type file struct {
 	Services     []string      `json:"services"`
 	Points       []string      `json:"points"`
 	MaxFlows     int           `json:"max_flows"`
+	HostNetNS    uint64        `json:"host_netns"`
 	Attribution  attribution   `json:"attribution"`
 	Observations []observation `json:"observations"`
 	Want         Want          `json:"want"`
@@ -285,11 +286,12 @@ type observation struct {
 	DstMAC   string         `json:"dst_mac"`
 	TCPFlags uint8          `json:"tcp_flags"`
 	NATDst   netip.AddrPort `json:"nat_dst"`
+	NetNS    uint64         `json:"netns"`
 }
 
 func (f file) scenario() (Scenario, error) {
 	s := Scenario{Description: f.Description, Ordered: f.Ordered, Want: f.Want}
-	cfg := flow.Config{Points: make(map[obs.Point]bool), MaxFlows: f.MaxFlows}
+	cfg := flow.Config{Points: make(map[obs.Point]bool), MaxFlows: f.MaxFlows, HostNetNS: f.HostNetNS}
 	for _, svc := range f.Services {
 		v, err := ParseService(svc)
 		if err != nil {
@@ -357,7 +359,7 @@ func (o observation) convert() (obs.Observation, error) {
 	v := obs.Observation{
 		Time: At(o.MS),
 		Src:  o.Src, Dst: o.Dst, ReqDst: o.ReqDst, NATDst: o.NATDst,
-		Cookie: o.Cookie, PID: o.PID, Comm: o.Comm, Cgroup: o.Cgroup,
+		Cookie: o.Cookie, PID: o.PID, Comm: o.Comm, Cgroup: o.Cgroup, NetNS: o.NetNS,
 		Ifname: o.Ifname, Ifindex: o.Ifindex, Prio: o.Prio, Len: o.Len, VLAN: o.VLAN, TCPFlags: o.TCPFlags,
 	}
 	if o.VLAN != 0 {
