@@ -220,3 +220,44 @@ func addPod(t *testing.T, l *lab.Lab, ip string) string {
 	}
 	return "/run/netns/" + name
 }
+
+// TestTwoTracesAtOnce runs two pathtraces on one node, as two SREs may: the
+// second finds the first's observers on the host veth and the cgroup, and
+// must not take them for rewriters. Both name the lab's tc LB alone.
+func TestTwoTracesAtOnce(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	args := []string{"--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String() + "/tcp", "--duration", "30s"}
+	first := startJSON(t, args...)
+	first.waitNode(t)
+	second := startJSON(t, args...)
+	node := second.waitNode(t)
+	progs, _ := node["tc_programs"].([]any)
+	var lb float64
+	for _, p := range progs {
+		prog, _ := p.(map[string]any)
+		if name := fmt.Sprint(prog["name"]); strings.HasPrefix(name, "pt_") {
+			t.Errorf("the second trace lists the first's observer %s as a tc program of the node", name)
+		}
+		if prog["dir"] == "ingress" && prog["name"] == "lab_from_container" {
+			lb = prog["id"].(float64)
+		}
+	}
+	if err := connectFrom(l.PodNetNS(), lab.TCPVIP.String(), 2); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	want := fmt.Sprintf("tcx ingress lab_from_container (id %d)", int(lb))
+	for i, r := range []*run{first, second} {
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+		flows, _ := r.rest(t)
+		if len(flows) != 2 {
+			t.Errorf("trace %d: %d flows, want 2: %s", i+1, len(flows), dump(flows))
+		}
+		for _, f := range flows {
+			if f["rewritten_at"] != "tc" || f["by"] != want {
+				t.Errorf("trace %d: want rewritten at tc by %q: %s", i+1, want, dump([]map[string]any{f}))
+			}
+		}
+	}
+}

@@ -38,8 +38,9 @@ type Options struct {
 	Services []netip.Addr
 	// MaxPods bounds enumeration; netns beyond it are counted in PodsSkipped.
 	MaxPods int
-	// OwnPrograms lists programs to leave out of attribution (pathtrace's own).
-	OwnPrograms func() []ebpf.ProgramID
+	// IsObserver tells the programs to leave out of attribution: pathtrace's
+	// observers, its own and those of another pathtrace on the node.
+	IsObserver func(ebpf.ProgramID) bool
 }
 
 // UsageError is an error caused by the user's input (exit code 2). Msg is one
@@ -84,7 +85,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	}
 	info.CapturePoints = capturePoints(host, info, uplinks)
 
-	own := ownSet(opt.OwnPrograms)
+	own := observerFilter(opt.IsObserver)
 	info.SockPrograms = sockPrograms(opt.Cgroup, own, info)
 	info.TCPrograms = tcPrograms(host, info.CapturePoints, own, info)
 	info.Netfilter = readNetfilter(ctx, host.path, opt.Services, info)
@@ -193,12 +194,10 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-func ownSet(own func() []ebpf.ProgramID) map[ebpf.ProgramID]bool {
-	set := map[ebpf.ProgramID]bool{}
-	if own != nil {
-		for _, id := range own() {
-			set[id] = true
-		}
+// observerFilter is isObserver, or a filter that keeps every program.
+func observerFilter(isObserver func(ebpf.ProgramID) bool) func(ebpf.ProgramID) bool {
+	if isObserver == nil {
+		return func(ebpf.ProgramID) bool { return false }
 	}
-	return set
+	return isObserver
 }

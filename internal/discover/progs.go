@@ -36,7 +36,7 @@ var SockHooks = [...]SockHook{
 // sockPrograms lists the sock_addr programs effective for cgroup (the
 // client's), each with the cgroup it is attached to: the effective list of the
 // cgroup itself, attributed by querying it and each ancestor up to the root.
-func sockPrograms(cgroup string, own map[ebpf.ProgramID]bool, info *NodeInfo) []SockProgram {
+func sockPrograms(cgroup string, own func(ebpf.ProgramID) bool, info *NodeInfo) []SockProgram {
 	if cgroup == "" {
 		info.notef("socket programs not checked: no cgroup2 mount found (pass --cgroup)")
 		return nil
@@ -68,7 +68,7 @@ func sockPrograms(cgroup string, own map[ebpf.ProgramID]bool, info *NodeInfo) []
 			}
 		}
 		for _, id := range effective {
-			if own[id] {
+			if own(id) {
 				continue
 			}
 			out = append(out, SockProgram{Attach: at.Name, Name: programName(id), ID: id, Cgroup: attachedAt[id]})
@@ -112,7 +112,7 @@ func programName(id ebpf.ProgramID) string {
 // tcPrograms lists the tcx and cls_bpf programs on every host and uplink
 // capture point, in both directions.
 // A point whose programs could not be read is marked TCUnread.
-func tcPrograms(host *hostNS, cps []CapturePoint, own map[ebpf.ProgramID]bool, info *NodeInfo) []TCProgram {
+func tcPrograms(host *hostNS, cps []CapturePoint, own func(ebpf.ProgramID) bool, info *NodeInfo) []TCProgram {
 	var out []TCProgram
 	for i, cp := range cps {
 		if cp.Role == RolePod {
@@ -129,7 +129,7 @@ func tcPrograms(host *hostNS, cps []CapturePoint, own map[ebpf.ProgramID]bool, i
 			cps[i].TCUnread = true
 		}
 		for _, p := range append(tcx, cls...) {
-			if !own[p.ID] {
+			if !own(p.ID) {
 				out = append(out, p)
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -69,6 +70,10 @@ type Probe struct {
 	maps     map[string]*ebpf.Map
 	progs    map[string]*ebpf.Program
 	progIDs  []ebpf.ProgramID
+	// kinds are the (type, name) of every observer program pathtrace has,
+	// to tell the observers of another pathtrace on the node from the
+	// node's own programs.
+	kinds    map[programKind]bool
 	links    []link.Link
 	globals  map[string]bool // host-wide observers attached once per Probe
 	watched  map[netip.Addr]bool
@@ -81,6 +86,11 @@ type Probe struct {
 	runWG    sync.WaitGroup
 	running  atomic.Bool
 	counters counters
+}
+
+type programKind struct {
+	typ  ebpf.ProgramType
+	name string
 }
 
 type counters struct {
@@ -123,6 +133,12 @@ func New() (*Probe, error) {
 	}
 	if p.pktSpec, err = loadObservePkt(); err != nil {
 		return nil, fmt.Errorf("parse tap filter: %w", err)
+	}
+	p.kinds = map[programKind]bool{}
+	for _, spec := range []*ebpf.CollectionSpec{p.sockSpec, p.tcSpec, p.nfSpec, p.pktSpec} {
+		for name, ps := range spec.Programs {
+			p.kinds[programKind{ps.Type, name}] = true
+		}
 	}
 	// The socket object declares every shared map.
 	for _, name := range sharedMaps {
@@ -271,6 +287,26 @@ func (p *Probe) OwnProgramIDs() []ebpf.ProgramID {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]ebpf.ProgramID(nil), p.progIDs...)
+}
+
+// IsObserver tells whether the program with this ID is one of pathtrace's
+// observers: this Probe's, or another pathtrace's running on the node (the
+// same program type and name). Either way it rewrites nothing and must not
+// be named as a rewriter. A program that cannot be read is not one.
+func (p *Probe) IsObserver(id ebpf.ProgramID) bool {
+	p.mu.Lock()
+	own := slices.Contains(p.progIDs, id)
+	p.mu.Unlock()
+	if own {
+		return true
+	}
+	prog, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return false
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	return err == nil && p.kinds[programKind{info.Type, info.Name}]
 }
 
 // Stats returns the counters so far.

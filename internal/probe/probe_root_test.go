@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
@@ -325,8 +326,27 @@ func TestTwoProbesSideBySide(t *testing.T) {
 		})
 	}
 
-	// Closing the first leaves the second attached and working.
+	// Each tells the other's observers from the node's programs: they are
+	// never named as rewriters.
 	first, second := probes[0].OwnProgramIDs(), probes[1].OwnProgramIDs()
+	for _, id := range second {
+		if !probes[0].IsObserver(id) {
+			t.Errorf("program %d of the second probe is not recognized by the first as a pathtrace observer", id)
+		}
+	}
+	other, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "pt_tc_head_x", Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if info, err := other.Info(); err != nil {
+		t.Fatal(err)
+	} else if id, _ := info.ID(); probes[0].IsObserver(id) {
+		t.Errorf("a program of the node (%s, id %d) is taken for a pathtrace observer", info.Name, id)
+	}
+
+	// Closing the first leaves the second attached and working.
 	if err := probes[0].Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -386,11 +386,7 @@ func (w *lbWatch) check() {
 	if w == nil || w.reading && w.last != 0 {
 		return // on for good
 	}
-	own := map[ebpf.ProgramID]bool{}
-	for _, id := range w.pr.OwnProgramIDs() {
-		own[id] = true
-	}
-	found, last, err := discover.NewSockAddrProgram(w.last, func(id ebpf.ProgramID) bool { return own[id] })
+	found, last, err := discover.NewSockAddrProgram(w.last, w.pr.IsObserver)
 	w.last = max(last, 1)
 	if want := found || err != nil; want != w.reading {
 		if w.pr.ReadRequested(want) == nil {

@@ -200,7 +200,7 @@ func (tr *tracer) attributeCgroups() {
 			continue
 		}
 		tr.cgroupDone[id] = true
-		_, progs, err := discover.SockProgramsForCgroupID(tr.cgroupRoot, id, tr.pr.OwnProgramIDs)
+		_, progs, err := discover.SockProgramsForCgroupID(tr.cgroupRoot, id, tr.pr.IsObserver)
 		if err != nil {
 			continue // the node-wide list from discovery stays the attribution
 		}

@@ -99,7 +99,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		return nil, fmt.Errorf("load observers: %w", err)
 	}
 	defer pr.Close()
-	opt.Discover.OwnPrograms = pr.OwnProgramIDs
+	opt.Discover.IsObserver = pr.IsObserver
 
 	node, err := discover.Node(ctx, opt.Discover)
 	if err != nil {
