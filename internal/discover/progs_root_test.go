@@ -104,7 +104,9 @@ func TestNodeFindsPrograms(t *testing.T) {
 		t.Errorf("tc programs:\n got %+v\nwant %+v", info.TCPrograms, wantTC)
 	}
 
-	opt.IsObserver = func(id ebpf.ProgramID) bool { return slices.Contains([]ebpf.ProgramID{progID(t, sock), progID(t, tcx), progID(t, cls)}, id) }
+	opt.IsObserver = func(id ebpf.ProgramID) bool {
+		return slices.Contains([]ebpf.ProgramID{progID(t, sock), progID(t, tcx), progID(t, cls)}, id)
+	}
 	info, err = Node(context.Background(), opt)
 	if err != nil {
 		t.Fatal(err)

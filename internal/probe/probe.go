@@ -65,11 +65,11 @@ var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_clie
 type Probe struct {
 	sockSpec, tcSpec, nfSpec, pktSpec *ebpf.CollectionSpec
 
-	mu       sync.Mutex
-	closed   bool
-	maps     map[string]*ebpf.Map
-	progs    map[string]*ebpf.Program
-	progIDs  []ebpf.ProgramID
+	mu      sync.Mutex
+	closed  bool
+	maps    map[string]*ebpf.Map
+	progs   map[string]*ebpf.Program
+	progIDs []ebpf.ProgramID
 	// kinds are the (type, name) of every observer program pathtrace has,
 	// to tell the observers of another pathtrace on the node from the
 	// node's own programs.
