@@ -222,3 +222,107 @@ func mustRun(t *testing.T, stdin *strings.Reader, name string, args ...string) {
 		t.Fatalf("%s %v: %v: %s", name, args, err, out.String())
 	}
 }
+
+// TestOverlayNode traces a Service on a node laid out as the CNI bridge
+// plugin and flannel's VXLAN backend do it: the Pod's host veth is a port
+// of a bridge that holds the Pod's gateway address itself (the node routes,
+// nothing else is plugged into the bridge), and the backend lives on
+// another node, reached through a VXLAN device while the VIP follows the
+// default route. The uplink is the tunnel device, where the translated
+// frames leave untagged to the remote node's VTEP MAC.
+func TestOverlayNode(t *testing.T) {
+	needRoot(t)
+	const vip, backend, vtepMAC = "10.66.0.50:80", "10.65.2.7:8080", "02:00:00:00:02:02"
+	prefix := fmt.Sprintf("ptov%d", os.Getpid()%100000)
+	node, other, pod := prefix+"-node", prefix+"-other", prefix+"-pod"
+	for _, ns := range []string{node, other, pod} {
+		mustRun(t, nil, "ip", "netns", "add", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	}
+	for _, args := range [][]string{
+		{"-n", node, "link", "add", "cbr0", "type", "bridge"},
+		{"-n", node, "addr", "add", "10.65.1.1/24", "dev", "cbr0"},
+		{"-n", node, "link", "set", "cbr0", "up"},
+		{"link", "add", "vethov1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
+		{"-n", node, "link", "set", "vethov1", "master", "cbr0", "up"},
+		{"-n", pod, "addr", "add", "10.65.1.5/24", "dev", "eth0"},
+		{"-n", pod, "link", "set", "eth0", "up"},
+		{"-n", pod, "route", "add", "default", "via", "10.65.1.1"},
+		{"link", "add", "ovnic", "netns", node, "type", "veth", "peer", "name", "ovnic", "netns", other},
+		{"-n", node, "addr", "add", "192.168.66.1/24", "dev", "ovnic"},
+		{"-n", node, "link", "set", "ovnic", "up"},
+		{"-n", node, "route", "add", "default", "via", "192.168.66.2"},
+		{"-n", other, "addr", "add", "192.168.66.2/24", "dev", "ovnic"},
+		{"-n", other, "link", "set", "ovnic", "up"},
+		{"-n", node, "link", "add", "tun.1", "type", "vxlan", "id", "1", "local", "192.168.66.1", "dev", "ovnic", "dstport", "8472", "nolearning"},
+		{"-n", other, "link", "add", "tun.1", "type", "vxlan", "id", "1", "local", "192.168.66.2", "dev", "ovnic", "dstport", "8472", "nolearning"},
+		{"-n", node, "link", "set", "tun.1", "address", "02:00:00:00:01:01"},
+		{"-n", other, "link", "set", "tun.1", "address", vtepMAC},
+		{"-n", node, "addr", "add", "10.65.1.0/32", "dev", "tun.1"},
+		{"-n", other, "addr", "add", "10.65.2.0/32", "dev", "tun.1"},
+		{"-n", node, "link", "set", "tun.1", "up"},
+		{"-n", other, "link", "set", "tun.1", "up"},
+		{"-n", node, "route", "add", "10.65.2.0/24", "via", "10.65.2.0", "dev", "tun.1", "onlink"},
+		{"-n", other, "route", "add", "10.65.1.0/24", "via", "10.65.1.0", "dev", "tun.1", "onlink"},
+		{"-n", node, "neigh", "add", "10.65.2.0", "lladdr", vtepMAC, "dev", "tun.1", "nud", "permanent"},
+		{"-n", other, "neigh", "add", "10.65.1.0", "lladdr", "02:00:00:00:01:01", "dev", "tun.1", "nud", "permanent"},
+		{"-n", other, "addr", "add", strings.Split(backend, ":")[0] + "/32", "dev", "lo"},
+		{"-n", other, "link", "set", "lo", "up"},
+	} {
+		mustRun(t, nil, "ip", args...)
+	}
+	mustRun(t, nil, "bridge", "-n", node, "fdb", "append", vtepMAC, "dev", "tun.1", "dst", "192.168.66.2")
+	mustRun(t, nil, "bridge", "-n", other, "fdb", "append", "02:00:00:00:01:01", "dev", "tun.1", "dst", "192.168.66.1")
+	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	vipIP, vipPort, _ := strings.Cut(vip, ":")
+	mustRun(t, strings.NewReader(fmt.Sprintf(`table ip ov-kube-proxy {
+	chain services {
+		ip daddr %s tcp dport %s dnat to %s
+	}
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}
+}
+`, vipIP, vipPort, backend)), "ip", "netns", "exec", node, "nft", "-f", "-")
+	err := nsutil.Do("/run/netns/"+other, func() error {
+		ln, err := net.Listen("tcp", backend)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { ln.Close() })
+		go serveOK(ln)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("backend in %s: %v", other, err)
+	}
+
+	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
+	nodeInfo := r.waitNode(t)
+	var uplinks []string
+	cps, _ := nodeInfo["capture_points"].([]any)
+	for _, c := range cps {
+		if cp, _ := c.(map[string]any); cp["role"] == "uplink" {
+			uplinks = append(uplinks, fmt.Sprint(cp["ifname"]))
+		}
+	}
+	if !slices.Equal(uplinks, []string{"tun.1"}) {
+		t.Errorf("uplinks %v, want [tun.1] (the route to the backend)", uplinks)
+	}
+	const requests = 2
+	if err := connectFrom("/run/netns/"+pod, vip, requests); err != nil {
+		t.Fatalf("connect from the Pod: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, _ := r.rest(t)
+	if len(flows) != requests {
+		t.Fatalf("%d flows, want %d: %s", len(flows), requests, dump(flows))
+	}
+	for _, f := range flows {
+		if f["rewritten_at"] != "netfilter" || f["backend"] != backend || f["uplink_dst_mac"] != vtepMAC || f["vlan"] != float64(0) || f["reply"] != true {
+			t.Errorf("want rewritten at netfilter to %s, leaving tun.1 untagged to %s, and a reply: %s", backend, vtepMAC, dump([]map[string]any{f}))
+		}
+	}
+}

@@ -79,6 +79,10 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	if err := discoverPods(ctx, host, opt, info); err != nil {
 		return nil, err
 	}
+	// The NAT rules and IPVS services name the backends, whose routes tell
+	// a routed node's uplink.
+	info.Netfilter = readNetfilter(ctx, host.path, opt.Services, info)
+	info.IPVS = readIPVS(host.path, opt.Services)
 	uplinks, err := discoverUplinks(host, opt, info)
 	if err != nil {
 		return nil, err
@@ -88,8 +92,6 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	own := observerFilter(opt.IsObserver)
 	info.SockPrograms = sockPrograms(opt.Cgroup, own, info)
 	info.TCPrograms = tcPrograms(host, info.CapturePoints, own, info)
-	info.Netfilter = readNetfilter(ctx, host.path, opt.Services, info)
-	info.IPVS = readIPVS(host.path, opt.Services)
 	info.emptyNotNull()
 	return info, ctx.Err()
 }

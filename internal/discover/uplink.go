@@ -67,7 +67,8 @@ func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC
 
 // discoverUplinks sets each pod's uplinks and returns the node's uplink links,
 // deduplicated: the --uplink override, else per pod the bridge/OVS port towards
-// its gateway, or for a routed pod the device of the node's route.
+// its gateway, or for a routed pod (no master, or a bridge that holds the
+// gateway address itself) the devices of the node's routes.
 func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link, error) {
 	var uplinks []netlink.Link
 	add := func(idx int) {
@@ -90,10 +91,13 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 		return uplinks, nil
 	}
 
-	u := uplinkFinder{host: host, services: opt.Services, podPeers: map[int]bool{}}
+	u := uplinkFinder{host: host, services: opt.Services, backends: knownBackends(info), podSide: map[int]bool{}}
 	for _, p := range info.Pods {
 		if p.HostPeer != nil {
-			u.podPeers[p.HostPeer.Ifindex] = true
+			u.podSide[p.HostPeer.Ifindex] = true
+			if l, err := host.link(p.HostPeer.Ifindex); err == nil && l.Attrs().MasterIndex != 0 {
+				u.podSide[l.Attrs().MasterIndex] = true
+			}
 		}
 	}
 	for i := range info.Pods {
@@ -153,11 +157,37 @@ func taggedLower(links map[int]netlink.Link, index int) (int, string) {
 		strings.Join(vlans, " on "), links[index].Attrs().Name)
 }
 
+// maxBackendRoutes bounds the route lookups towards backends.
+const maxBackendRoutes = 64
+
+// knownBackends are the backend addresses the node's NAT rules and IPVS
+// services give the VIPs, in rule order, each once.
+func knownBackends(info *NodeInfo) []netip.Addr {
+	var out []netip.Addr
+	add := func(a netip.Addr) {
+		if a.IsValid() && !slices.Contains(out, a) && len(out) < maxBackendRoutes {
+			out = append(out, a)
+		}
+	}
+	for _, r := range info.Netfilter.Rules {
+		add(r.Backend.Addr())
+	}
+	for _, s := range info.IPVS.Services {
+		for _, b := range s.Backends {
+			add(b.Addr())
+		}
+	}
+	return out
+}
+
 // uplinkFinder caches what several pods share: the FDB dump and the route.
 type uplinkFinder struct {
 	host     *hostNS
 	services []netip.Addr
-	podPeers map[int]bool
+	backends []netip.Addr
+	// podSide are the host veths of the pods and their masters: a route
+	// through them stays on the node.
+	podSide map[int]bool
 
 	fdb       []fdbEntry
 	fdbRead   bool
@@ -179,10 +209,17 @@ func (u *uplinkFinder) forPod(p *Pod) ([]int, string) {
 	if master == 0 {
 		return u.routed()
 	}
+	if p.Gateway.IsValid() && u.isLocal(p.Gateway) {
+		// The CNI bridge plugin's layout (flannel, kubenet, k3s): the
+		// gateway is the bridge's own address, so the node routes the
+		// pod's traffic, whatever else is plugged into the bridge.
+		idx, how := u.routed()
+		return idx, fmt.Sprintf("the node routes it (gateway %s is an address of the node); %s", p.Gateway, how)
+	}
 	var ports []bridgePort
 	for _, l := range u.host.links {
 		if a := l.Attrs(); a.MasterIndex == master {
-			ports = append(ports, bridgePort{index: a.Index, name: a.Name, kind: l.Type(), podPeer: u.podPeers[a.Index]})
+			ports = append(ports, bridgePort{index: a.Index, name: a.Name, kind: l.Type(), podPeer: u.podSide[a.Index]})
 		}
 	}
 	slices.SortFunc(ports, func(a, b bridgePort) int { return a.index - b.index })
@@ -213,13 +250,33 @@ func (u *uplinkFinder) bridgeFDB(master int) []fdbEntry {
 	return u.fdb
 }
 
-// routed returns the device of the node's route towards the first VIP that is
-// routed out of the node, else of the default route(s).
+// routed returns the devices of the node's routes towards the backends the
+// NAT rules and IPVS name (where the translated packets go: an overlay's
+// tunnel device, say, while the VIP itself follows the default route),
+// else towards the first VIP that is routed out of the node, else of the
+// default route(s). Routes that stay on the node (a local backend pod) do
+// not count.
 func (u *uplinkFinder) routed() ([]int, string) {
 	if u.routeRead {
 		return u.route, u.routeHow
 	}
 	u.routeRead = true
+	var via []string
+	for _, b := range u.backends {
+		if idx, ok := u.routeOut(b); ok {
+			if !slices.Contains(u.route, idx) {
+				u.route = append(u.route, idx)
+			}
+			via = append(via, b.String())
+		}
+	}
+	if len(u.route) > 0 {
+		u.routeHow = "route to backend " + strings.Join(via, ", ")
+		if len(via) > 3 {
+			u.routeHow = fmt.Sprintf("routes to %d backends (%s, ...)", len(via), strings.Join(via[:3], ", "))
+		}
+		return u.route, u.routeHow
+	}
 	for _, vip := range u.services {
 		routes, err := u.host.nl.RouteGet(net.IP(vip.AsSlice()))
 		if err != nil || len(routes) == 0 {
@@ -249,6 +306,26 @@ func (u *uplinkFinder) routed() ([]int, string) {
 		u.routeHow = "no default route in the node netns"
 	}
 	return u.route, u.routeHow
+}
+
+// routeOut is the device of the node's route to a, when it leaves the node:
+// not a local address, not through a pod's veth or its bridge.
+func (u *uplinkFinder) routeOut(a netip.Addr) (int, bool) {
+	routes, err := u.host.nl.RouteGet(net.IP(a.AsSlice()))
+	if err != nil || len(routes) == 0 {
+		return 0, false
+	}
+	r := routes[0]
+	if r.Type == unix.RTN_LOCAL || r.LinkIndex == 0 || u.isLoopback(r.LinkIndex) || u.podSide[r.LinkIndex] {
+		return 0, false
+	}
+	return r.LinkIndex, true
+}
+
+// isLocal tells whether a is an address of the node netns.
+func (u *uplinkFinder) isLocal(a netip.Addr) bool {
+	routes, err := u.host.nl.RouteGet(net.IP(a.AsSlice()))
+	return err == nil && len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL
 }
 
 func (u *uplinkFinder) isLoopback(idx int) bool {
