@@ -101,7 +101,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
 	fs.StringVar(&f.hostNetNS, "host-netns", "", "the node's network namespace `path` (default: pathtrace's own; set it for kind/k3d nodes or the lab)")
 	fs.StringVar(&f.hostVeth, "host-veth", "", "host-side veth `name` of the Pod (default: found from the Pod's eth0 peer)")
-	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway, else the route's device; below a VLAN device, where frames carry the tag; a name given here is captured as is)")
+	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway; for routed Pods the device of the route to the backends, else to the VIP; below a VLAN device, where frames carry the tag; a name given here is captured as is)")
 	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
 	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops; with more than two Pods, the Pods' points share 4 such rings")
