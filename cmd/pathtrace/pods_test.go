@@ -261,3 +261,53 @@ func TestTwoTracesAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestSidecarRedirect: a service mesh's capture (Istio's iptables in the
+// Pod) redirects the app's connection to the VIP to a proxy in the Pod
+// itself. The rewrite is netfilter OUTPUT in the Pod's netns: the socket
+// names the VIP, its first packet (the cgroup egress hook runs after that
+// NAT) the proxy. The flow never leaves the Pod.
+func TestSidecarRedirect(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	const proxy = "127.0.0.1:15001"
+	rules := fmt.Sprintf(`table ip pt-mesh {
+	chain output {
+		type nat hook output priority -100; policy accept;
+		ip daddr %s tcp dport %d redirect to :15001
+	}
+}
+`, lab.TCPVIP.Addr(), lab.TCPVIP.Port())
+	mustRun(t, strings.NewReader(rules), "ip", "netns", "exec", filepath.Base(l.PodNetNS()), "nft", "-f", "-")
+	err := nsutil.Do(l.PodNetNS(), func() error {
+		ln, err := net.Listen("tcp", ":15001")
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { ln.Close() })
+		go serveOK(ln)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("proxy in the Pod: %v", err)
+	}
+
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "30s")
+	r.waitNode(t)
+	if err := connectFrom(l.PodNetNS(), lab.TCPVIP.String(), 2); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, _ := r.rest(t)
+	if len(flows) != 2 {
+		t.Fatalf("%d flows, want 2: %s", len(flows), dump(flows))
+	}
+	for _, f := range flows {
+		reason, _ := f["reason"].(string)
+		if f["rewritten_at"] != "netfilter" || f["backend"] != proxy || f["by"] != "netfilter OUTPUT in the client's netns (its rules are not read)" ||
+			!strings.Contains(reason, "sidecar proxy") || !strings.Contains(reason, "never left the Pod") {
+			t.Errorf("want rewritten at netfilter in the Pod's netns to %s, as a sidecar's capture: %s", proxy, dump([]map[string]any{f}))
+		}
+	}
+}

@@ -45,9 +45,11 @@ Examples:
 
 How it decides: every place that can rewrite a destination is bracketed by an
 observation just before and just after it (syscall arguments vs cgroup connect4/
-sendmsg4 observers; host-veth tap and tcx head vs tcx tail; netfilter observers at
-NAT priority -101/-99 and conntrack; the uplink TX tap). A flow whose brackets are
-incomplete is reported as "unknown" with the reason, never guessed.
+sendmsg4 observers; the socket's destination vs its first packet, which leaves after
+the Pod's own NAT, e.g. a sidecar proxy's redirect; host-veth tap and tcx head vs tcx
+tail; netfilter observers at NAT priority -101/-99 and conntrack; the uplink TX tap).
+A flow whose brackets are incomplete is reported as "unknown" with the reason, never
+guessed.
 
 Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing), 2 bad usage.
 

@@ -17,7 +17,8 @@ type checkpoint uint8
 const (
 	cpApp        checkpoint = iota // sockaddr ReqDst: what the application asked for
 	cpSockAddr                     // sockaddr Dst: after the sock_addr programs before the observer
-	cpSockTuple                    // sockstate / sockegress: the socket's actual tuple
+	cpSockState                    // sockstate: the socket's own destination
+	cpSockEgress                   // sockegress: its first packet, after its netns' OUTPUT NAT
 	cpPod                          // pod eth0 TX tap
 	cpHost                         // host veth RX tap (before tc ingress)
 	cpTCHead                       // tcx head observer, ingress
@@ -37,9 +38,9 @@ func (e *Engine) requestCheckpoint(o obs.Observation) (checkpoint, bool) {
 		if e.cfg.HostNetNS != 0 && o.NetNS == e.cfg.HostNetNS {
 			return cpNodeEgress, true
 		}
-		return cpSockTuple, true
+		return cpSockEgress, true
 	case obs.PointSockState:
-		return cpSockTuple, true
+		return cpSockState, true
 	case obs.PointPod:
 		return cpPod, o.Dir != obs.DirIn
 	case obs.PointHost:
@@ -68,7 +69,8 @@ type gap uint8
 const (
 	gapNothing   gap = iota // a veth, or two views of the same step
 	gapSocket               // cgroup sock_addr programs
-	gapPodNetns             // netfilter OUTPUT or tc egress inside the Pod
+	gapPodNAT               // netfilter OUTPUT in the client's (Pod's) netns
+	gapPodNetns             // tc egress on the Pod's eth0
 	gapTC                   // tc ingress of the host veth: tcx, then cls_bpf
 	gapNetfilter            // DNAT at PREROUTING / OUTPUT
 	gapIPVS                 // IPVS at LOCAL_IN (only when an IPVS service matches)
@@ -76,8 +78,12 @@ const (
 
 func gapBefore(cp checkpoint) gap {
 	switch cp {
-	case cpSockAddr, cpSockTuple:
+	case cpSockAddr, cpSockState:
 		return gapSocket
+	case cpSockEgress:
+		// The cgroup egress hook runs after the socket netns' OUTPUT and
+		// POSTROUTING hooks: a sidecar proxy's REDIRECT happens here.
+		return gapPodNAT
 	case cpPod:
 		return gapPodNetns
 	case cpTCHead, cpTCTail, cpNFBefore:
@@ -93,7 +99,7 @@ func gapBefore(cp checkpoint) gap {
 }
 
 func (g gap) String() string {
-	return [...]string{"nothing", "socket", "the Pod's netns", "tc", "netfilter", "ipvs"}[g]
+	return [...]string{"nothing", "socket", "netfilter in the Pod's netns", "tc egress in the Pod's netns", "tc", "netfilter", "ipvs"}[g]
 }
 
 func (g gap) place() Place {
@@ -102,7 +108,7 @@ func (g gap) place() Place {
 		return PlaceSocket
 	case gapTC:
 		return PlaceTC
-	case gapNetfilter:
+	case gapNetfilter, gapPodNAT:
 		return PlaceNetfilter
 	case gapIPVS:
 		return PlaceIPVS
@@ -117,8 +123,10 @@ func (c checkpoint) describe(from obs.Point) string {
 		return "the app's request (sockaddr)"
 	case cpSockAddr:
 		return "the socket (sockaddr)"
-	case cpSockTuple:
+	case cpSockState:
 		return "the socket tuple (" + from.String() + ")"
+	case cpSockEgress:
+		return "the socket's first packet (" + from.String() + ")"
 	case cpPod:
 		return "pod eth0 TX"
 	case cpHost:
@@ -149,8 +157,10 @@ func checkpointPoints(c checkpoint) []obs.Point {
 	switch c {
 	case cpApp, cpSockAddr:
 		return []obs.Point{obs.PointSockAddr}
-	case cpSockTuple:
-		return []obs.Point{obs.PointSockState, obs.PointSockEgress}
+	case cpSockState:
+		return []obs.Point{obs.PointSockState}
+	case cpSockEgress:
+		return []obs.Point{obs.PointSockEgress}
 	case cpPod:
 		return []obs.Point{obs.PointPod}
 	case cpHost:
@@ -274,7 +284,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
 		}
 		return unknown("%s: could be %s; %s", base, strings.Join(names, " or "), e.blindSpots(iV, iB))
 	case cands[0] == gapPodNetns:
-		return unknown("%s: rewritten inside the Pod's netns after the socket (netfilter OUTPUT or tc egress on the Pod's eth0)", base)
+		return unknown("%s: rewritten inside the Pod's netns by a tc egress program on its eth0 (not read)", base)
 	}
 	g := cands[0]
 	v := verdict{place: g.place()}
@@ -291,6 +301,14 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
 		notes = append(notes, e.conntrackNote(f, iV, iB))
 	case gapIPVS:
 		v.by = e.byIPVS(f)
+	case gapPodNAT:
+		v.by = "netfilter OUTPUT in the client's netns (its rules are not read)"
+		if b := f.cps[iB].backendAddr.addrPort(); b.Addr().IsLoopback() {
+			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own connection to the Service is a flow of its own", b))
+		}
+		if !f.reply && !f.cps[cpPod].any() {
+			notes = append(notes, "it never left the Pod: no capture point could see it or its reply")
+		}
 	}
 	if v.by == "" {
 		notes = append(notes, "no "+g.String()+" rewriter for the VIP was found on the node")

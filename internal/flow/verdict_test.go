@@ -85,7 +85,27 @@ func TestVerdicts(t *testing.T) {
 			obs: []obs.Observation{
 				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 5},
 				req(0.01, obs.PointPod, out, backend)},
-			want: flow.PlaceUnknown, wantReason: "inside the Pod's netns",
+			want: flow.PlaceUnknown, wantReason: "could be netfilter in the Pod's netns or tc egress in the Pod's netns; inactive points in between: sockegress",
+		},
+		{
+			// Istio's capture: the Pod's own OUTPUT chain redirects the
+			// app's connection to the sidecar; the cgroup egress hook runs
+			// after it, so the socket's first packet already goes there.
+			name:   "socket tuple shows the VIP, its first packet the sidecar: netfilter in the pod netns",
+			points: []obs.Point{obs.PointSockState, obs.PointSockEgress, obs.PointPod},
+			obs: []obs.Observation{
+				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 6},
+				{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: netip.MustParseAddrPort("127.0.0.1:15001"), Cookie: 6}},
+			want: flow.PlaceNetfilter, wantBy: "netfilter OUTPUT in the client's netns", wantReason: "sidecar proxy",
+		},
+		{
+			name:   "socket's first packet shows the VIP, pod eth0 the backend: tc egress in the pod netns",
+			points: []obs.Point{obs.PointSockState, obs.PointSockEgress, obs.PointPod},
+			obs: []obs.Observation{
+				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 7},
+				{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 7},
+				req(0.02, obs.PointPod, out, backend)},
+			want: flow.PlaceUnknown, wantReason: "tc egress program on its eth0",
 		},
 		{
 			name:   "VIP after the backend is inconsistent",
