@@ -24,7 +24,10 @@ import (
 // taken in turn: each flow names its own backend and endpoint rule. A
 // process in the node's own netns (a hostNetwork Pod, the kubelet) connects
 // too: its flows are translated at OUTPUT, and its socket's egress hook runs
-// after that NAT. Names and addresses share nothing with the lab.
+// after that NAT. With nftables the node also masquerades what leaves its
+// uplink, so the uplink sees the Pod's flows with the node's address: only
+// conntrack's reply tuple links them. Names and addresses share nothing with
+// the lab.
 func TestRoutedNode(t *testing.T) {
 	needRoot(t)
 	const vip = "10.79.0.10:80"
@@ -59,6 +62,10 @@ func TestRoutedNode(t *testing.T) {
 	chain nat-output {
 		type nat hook output priority -100; policy accept;
 		jump services
+	}
+	chain nat-postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname "rt-up" masquerade
 	}
 }
 `, vipIP, vipPort, backends[0], backends[1])

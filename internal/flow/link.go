@@ -42,6 +42,14 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, re
 			return f, true, linked
 		}
 	}
+	if f := e.snatted(proto, src); f != nil && f.hasBackend(dst) {
+		return f, false, linked
+	}
+	if replies {
+		if f := e.snatted(proto, dst); f != nil && f.hasBackend(src) {
+			return f, true, linked
+		}
+	}
 	if f := soleWithoutBackend(out); f != nil {
 		e.learnBackend(f, dst, at)
 		return f, false, linked
@@ -57,6 +65,14 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, re
 		return nil, false, refused
 	}
 	return nil, false, unlinked
+}
+
+// snatted is the flow a SNAT gave the source ap, if any.
+func (e *Engine) snatted(proto obs.Proto, ap netip.AddrPort) *flowState {
+	if f := e.snat[clientKey{proto, ap}]; f != nil && !f.merged {
+		return f
+	}
+	return nil
 }
 
 // withBackend returns the flow known to use backend b.
@@ -347,5 +363,16 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		}
 	}
 	e.sight(f, cpConfirm, final, o.Point, o.Time)
+	if o.NATSrc.IsValid() && o.NATSrc != f.snat && o.NATSrc != f.client {
+		// Masqueraded on its way out: the uplink sees it with this source.
+		if f.snat.IsValid() {
+			delete(e.snat, clientKey{f.proto, f.snat})
+		}
+		f.snat = o.NATSrc
+		f.evidenceChanged()
+		k := clientKey{f.proto, o.NATSrc}
+		e.snat[k] = f
+		e.replays = append(e.replays, k)
+	}
 	return true
 }

@@ -100,8 +100,9 @@ type flowState struct {
 
 	backends    []backendSeen
 	cps         [numCheckpoints]sighting
-	ctSeen      bool // conntrack reported this flow
-	ctNAT       bool // ... with the VIP as original destination and a backend replying
+	ctSeen      bool           // conntrack reported this flow
+	ctNAT       bool           // ... with the VIP as original destination and a backend replying
+	snat        netip.AddrPort // the source conntrack says the node's SNAT gave it
 	points      []pointStats
 	first, last time.Time
 	reply       bool
@@ -242,6 +243,9 @@ func (f *flowState) absorb(o *flowState) {
 	}
 	f.ctSeen = f.ctSeen || o.ctSeen
 	f.ctNAT = f.ctNAT || o.ctNAT
+	if !f.snat.IsValid() {
+		f.snat = o.snat
+	}
 	for _, p := range o.points {
 		f.count(p.pointKey, p.packets, p.bytes)
 	}

@@ -316,6 +316,9 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
 	if bs := f.sortedBackends(); len(bs) > 1 {
 		notes = append(notes, fmt.Sprintf("%d backends seen", len(bs)))
 	}
+	if f.snat.IsValid() {
+		notes = append(notes, "SNAT on the node: it left with source "+f.snat.String()+" (conntrack)")
+	}
 	v.reason = base
 	for _, n := range notes {
 		if n != "" {

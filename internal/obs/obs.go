@@ -39,7 +39,8 @@ const (
 	PointNFBefore
 	PointNFAfter
 	// PointConntrack: a conntrack NEW/UPDATE event; Dst is the original
-	// destination, NATDst the reply source (the backend) when it differs.
+	// destination, NATDst the reply source (the backend) when it differs,
+	// NATSrc the reply destination when it differs from Src (SNAT).
 	PointConntrack
 	// PointUplink: AF_PACKET tap on the uplink (TX runs after tc egress).
 	PointUplink
@@ -156,6 +157,7 @@ type Observation struct {
 
 	// PointConntrack.
 	NATDst   netip.AddrPort // reply source when it differs from Dst: the backend
+	NATSrc   netip.AddrPort // reply destination when it differs from Src: the node's SNAT (masquerade)
 	CTMark   uint32
 	CTStatus uint32 // conntrack status bits (IPS_*: IPS_DST_NAT 0x20, IPS_CONFIRMED 0x8, ...)
 }

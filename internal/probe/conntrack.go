@@ -138,7 +138,8 @@ func (s *ctSubscription) stop() {
 
 // conntrackObservation describes a conntrack entry: Dst is the original
 // destination, NATDst the reply source when it differs from Dst (the backend
-// a DNAT chose).
+// a DNAT chose), NATSrc the reply destination when it differs from Src (the
+// address and port a SNAT gave the flow).
 func conntrackObservation(f conntrack.Flow, netns uint64, now time.Time) obs.Observation {
 	orig, reply := f.TupleOrig, f.TupleReply
 	o := obs.Observation{
@@ -154,6 +155,9 @@ func conntrackObservation(f conntrack.Flow, netns uint64, now time.Time) obs.Obs
 	back := netip.AddrPortFrom(reply.IP.SourceAddress.Unmap(), reply.Proto.SourcePort)
 	if back.Addr().IsValid() && back != o.Dst {
 		o.NATDst = back
+	}
+	if snat := netip.AddrPortFrom(reply.IP.DestinationAddress.Unmap(), reply.Proto.DestinationPort); snat.Addr().IsValid() && snat != o.Src {
+		o.NATSrc = snat
 	}
 	return o
 }

@@ -286,6 +286,7 @@ type observation struct {
 	DstMAC   string         `json:"dst_mac"`
 	TCPFlags uint8          `json:"tcp_flags"`
 	NATDst   netip.AddrPort `json:"nat_dst"`
+	NATSrc   netip.AddrPort `json:"nat_src"`
 	NetNS    uint64         `json:"netns"`
 }
 
@@ -358,7 +359,7 @@ func (a attribution) convert() (flow.Attribution, error) {
 func (o observation) convert() (obs.Observation, error) {
 	v := obs.Observation{
 		Time: At(o.MS),
-		Src:  o.Src, Dst: o.Dst, ReqDst: o.ReqDst, NATDst: o.NATDst,
+		Src:  o.Src, Dst: o.Dst, ReqDst: o.ReqDst, NATDst: o.NATDst, NATSrc: o.NATSrc,
 		Cookie: o.Cookie, PID: o.PID, Comm: o.Comm, Cgroup: o.Cgroup, NetNS: o.NetNS,
 		Ifname: o.Ifname, Ifindex: o.Ifindex, Prio: o.Prio, Len: o.Len, VLAN: o.VLAN, TCPFlags: o.TCPFlags,
 	}
