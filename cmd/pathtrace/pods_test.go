@@ -279,18 +279,7 @@ func TestSidecarRedirect(t *testing.T) {
 }
 `, lab.TCPVIP.Addr(), lab.TCPVIP.Port())
 	mustRun(t, strings.NewReader(rules), "ip", "netns", "exec", filepath.Base(l.PodNetNS()), "nft", "-f", "-")
-	err := nsutil.Do(l.PodNetNS(), func() error {
-		ln, err := net.Listen("tcp", ":15001")
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { ln.Close() })
-		go serveOK(ln)
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("proxy in the Pod: %v", err)
-	}
+	serveIn(t, l.PodNetNS(), ":15001") // the proxy
 
 	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "30s")
 	r.waitNode(t)

@@ -144,23 +144,15 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 	var gwMAC string
 	err := nsutil.Do("/run/netns/"+gw, func() error {
 		ifi, err := net.InterfaceByName("rt-down")
-		if err != nil {
-			return err
+		if err == nil {
+			gwMAC = ifi.HardwareAddr.String()
 		}
-		gwMAC = ifi.HardwareAddr.String()
-		for _, b := range backends {
-			ln, err := net.Listen("tcp", b)
-			if err != nil {
-				return err
-			}
-			t.Cleanup(func() { ln.Close() })
-			go serveOK(ln)
-		}
-		return nil
+		return err
 	})
 	if err != nil {
-		t.Fatalf("backends in %s: %v", gw, err)
+		t.Fatalf("gateway MAC in %s: %v", gw, err)
 	}
+	serveIn(t, "/run/netns/"+gw, backends...)
 
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
 	r.waitNode(t)
@@ -201,6 +193,26 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 	}
 	if perClient["10.77.1.5"] != requests || perClient["192.168.77.2"] != requests {
 		t.Errorf("flows per client %v, want %d from the Pod (10.77.1.5) and %d from the node (192.168.77.2)", perClient, requests, requests)
+	}
+}
+
+// serveIn serves "ok" on each TCP address in the netns at path until the
+// test ends.
+func serveIn(t *testing.T, netns string, addrs ...string) {
+	t.Helper()
+	err := nsutil.Do(netns, func() error {
+		for _, a := range addrs {
+			ln, err := net.Listen("tcp", a)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { ln.Close() })
+			go serveOK(ln)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("servers %v in %s: %v", addrs, netns, err)
 	}
 }
 
@@ -292,18 +304,7 @@ func TestOverlayNode(t *testing.T) {
 	}
 }
 `, vipIP, vipPort, backend)), "ip", "netns", "exec", node, "nft", "-f", "-")
-	err := nsutil.Do("/run/netns/"+other, func() error {
-		ln, err := net.Listen("tcp", backend)
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { ln.Close() })
-		go serveOK(ln)
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("backend in %s: %v", other, err)
-	}
+	serveIn(t, "/run/netns/"+other, backend)
 
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
 	nodeInfo := r.waitNode(t)

@@ -3,6 +3,7 @@ package discover
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/ebpf"
 )
@@ -141,6 +142,26 @@ type NATRule struct {
 	// when the target could not be decoded (then Note says why).
 	Backend netip.AddrPort `json:"backend"`
 	Note    string         `json:"note,omitempty"`
+}
+
+// Backends are the backend addresses the node's NAT rules and IPVS services
+// give the VIPs, in rule order, each once.
+func (n *NodeInfo) Backends() []netip.Addr {
+	var out []netip.Addr
+	add := func(a netip.Addr) {
+		if a.IsValid() && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	for _, r := range n.Netfilter.Rules {
+		add(r.Backend.Addr())
+	}
+	for _, s := range n.IPVS.Services {
+		for _, b := range s.Backends {
+			add(b.Addr())
+		}
+	}
+	return out
 }
 
 // IPVS tells whether IPVS is present in the node netns and which of its

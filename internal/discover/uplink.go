@@ -91,7 +91,8 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 		return uplinks, nil
 	}
 
-	u := uplinkFinder{host: host, services: opt.Services, backends: knownBackends(info), podSide: map[int]bool{}}
+	backends := info.Backends()
+	u := uplinkFinder{host: host, services: opt.Services, backends: backends[:min(len(backends), maxBackendRoutes)], podSide: map[int]bool{}}
 	for _, p := range info.Pods {
 		if p.HostPeer != nil {
 			u.podSide[p.HostPeer.Ifindex] = true
@@ -159,26 +160,6 @@ func taggedLower(links map[int]netlink.Link, index int) (int, string) {
 
 // maxBackendRoutes bounds the route lookups towards backends.
 const maxBackendRoutes = 64
-
-// knownBackends are the backend addresses the node's NAT rules and IPVS
-// services give the VIPs, in rule order, each once.
-func knownBackends(info *NodeInfo) []netip.Addr {
-	var out []netip.Addr
-	add := func(a netip.Addr) {
-		if a.IsValid() && !slices.Contains(out, a) && len(out) < maxBackendRoutes {
-			out = append(out, a)
-		}
-	}
-	for _, r := range info.Netfilter.Rules {
-		add(r.Backend.Addr())
-	}
-	for _, s := range info.IPVS.Services {
-		for _, b := range s.Backends {
-			add(b.Addr())
-		}
-	}
-	return out
-}
 
 // uplinkFinder caches what several pods share: the FDB dump and the route.
 type uplinkFinder struct {

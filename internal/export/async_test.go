@@ -69,22 +69,31 @@ func SmallFilesystem(t *testing.T, size string) string {
 	return dir
 }
 
+// header is what asyncOnSmallFilesystem writes before the asyncFile takes
+// over, as Create writes the pcapng header.
+const header = 100
+
+// asyncOnSmallFilesystem is an asyncFile on a file of a 256 KiB filesystem,
+// after a header written directly.
+func asyncOnSmallFilesystem(t *testing.T) (*os.File, *asyncFile) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(SmallFilesystem(t, "256k"), "full"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if _, err := f.Write(make([]byte, header)); err != nil {
+		t.Fatal(err)
+	}
+	return f, newAsyncFile(f, 0)
+}
+
 // TestAsyncFileDiskFull: on a full filesystem the error reaches the caller
 // (at a later Write or at Close) and the file holds whole chunks only,
 // after what was written before the asyncFile took over (the pcapng
 // header, which Create writes directly).
 func TestAsyncFileDiskFull(t *testing.T) {
-	dir := SmallFilesystem(t, "256k")
-	f, err := os.Create(filepath.Join(dir, "full"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	const header = 100
-	if _, err := f.Write(make([]byte, header)); err != nil {
-		t.Fatal(err)
-	}
-	a := newAsyncFile(f, 0)
+	f, a := asyncOnSmallFilesystem(t)
 	chunk := bytes.Repeat([]byte{7}, 48<<10)
 	var werr error
 	for range 64 {
@@ -115,17 +124,7 @@ func TestAsyncFileDiskFull(t *testing.T) {
 // disk keeps the whole pages it wrote; a copied chunk (Write: one large
 // block) is cut off entirely, as TestAsyncFileDiskFull checks.
 func TestAsyncFileDiskFullKeepsWholePages(t *testing.T) {
-	dir := SmallFilesystem(t, "256k")
-	f, err := os.Create(filepath.Join(dir, "full"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	const header = 100
-	if _, err := f.Write(make([]byte, header)); err != nil {
-		t.Fatal(err)
-	}
-	a := newAsyncFile(f, 0)
+	f, a := asyncOnSmallFilesystem(t)
 	// One chunk larger than the filesystem: nothing before it to keep.
 	if _, err := a.handOff(bytes.Repeat([]byte{7}, 1<<20)); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
@@ -187,25 +188,18 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	return res, nil
 }
 
-// initialWatch is the VIPs plus every backend the node's NAT rules name.
+// initialWatch is the VIPs plus every backend the node's NAT rules and IPVS
+// services name.
 func initialWatch(svcs []flow.Service, node *discover.NodeInfo) []netip.Addr {
-	seen := map[netip.Addr]bool{}
 	var out []netip.Addr
-	add := func(a netip.Addr) {
-		if a.IsValid() && !seen[a] {
-			seen[a] = true
-			out = append(out, a)
+	for _, s := range svcs {
+		if !slices.Contains(out, s.Addr) {
+			out = append(out, s.Addr)
 		}
 	}
-	for _, s := range svcs {
-		add(s.Addr)
-	}
-	for _, r := range node.Netfilter.Rules {
-		add(r.Backend.Addr())
-	}
-	for _, s := range node.IPVS.Services {
-		for _, b := range s.Backends {
-			add(b.Addr())
+	for _, b := range node.Backends() {
+		if !slices.Contains(out, b) {
+			out = append(out, b)
 		}
 	}
 	return out
