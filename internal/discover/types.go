@@ -3,7 +3,6 @@ package discover
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/cilium/ebpf"
 )
@@ -148,8 +147,10 @@ type NATRule struct {
 // give the VIPs, in rule order, each once.
 func (n *NodeInfo) Backends() []netip.Addr {
 	var out []netip.Addr
+	seen := map[netip.Addr]bool{} // a Service may have thousands of endpoints
 	add := func(a netip.Addr) {
-		if a.IsValid() && !slices.Contains(out, a) {
+		if a.IsValid() && !seen[a] {
+			seen[a] = true
 			out = append(out, a)
 		}
 	}

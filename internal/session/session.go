@@ -193,12 +193,13 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 func initialWatch(svcs []flow.Service, node *discover.NodeInfo) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range svcs {
-		if !slices.Contains(out, s.Addr) {
+		if !slices.Contains(out, s.Addr) { // a few VIPs
 			out = append(out, s.Addr)
 		}
 	}
+	vip := len(out)
 	for _, b := range node.Backends() {
-		if !slices.Contains(out, b) {
+		if !slices.Contains(out[:vip], b) {
 			out = append(out, b)
 		}
 	}
