@@ -281,14 +281,6 @@ func (p *Probe) ReleaseSpecs() {
 	p.sockSpec, p.tcSpec, p.nfSpec, p.pktSpec = nil, nil, nil, nil
 }
 
-// OwnProgramIDs returns the kernel IDs of this Probe's programs, so discovery
-// can tell pathtrace's observers from the node's own programs.
-func (p *Probe) OwnProgramIDs() []ebpf.ProgramID {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]ebpf.ProgramID(nil), p.progIDs...)
-}
-
 // IsObserver tells whether the program with this ID is one of pathtrace's
 // observers: this Probe's, or another pathtrace's running on the node (the
 // same program type and name). Either way it rewrites nothing and must not

@@ -281,7 +281,7 @@ func TestObserversBracketTraffic(t *testing.T) {
 		t.Errorf("stats %+v: want events, conntrack events, no losses and no errors", s)
 	}
 
-	ids := p.OwnProgramIDs()
+	ids := ownProgramIDs(p)
 	if len(ids) != 11 {
 		t.Errorf("%d own programs, want 11 (sock state, 4 cgroup, 4 tcx, 2 netfilter)", len(ids))
 	}
@@ -289,6 +289,13 @@ func TestObserversBracketTraffic(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	assertDetached(t, ids)
+}
+
+// ownProgramIDs are the kernel IDs of p's programs.
+func ownProgramIDs(p *Probe) []ebpf.ProgramID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.progIDs)
 }
 
 func TestTwoProbesSideBySide(t *testing.T) {
@@ -328,7 +335,7 @@ func TestTwoProbesSideBySide(t *testing.T) {
 
 	// Each tells the other's observers from the node's programs: they are
 	// never named as rewriters.
-	first, second := probes[0].OwnProgramIDs(), probes[1].OwnProgramIDs()
+	first, second := ownProgramIDs(probes[0]), ownProgramIDs(probes[1])
 	for _, id := range second {
 		if !probes[0].IsObserver(id) {
 			t.Errorf("program %d of the second probe is not recognized by the first as a pathtrace observer", id)
