@@ -365,8 +365,8 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 	e.sight(f, cpConfirm, final, o.Point, o.Time)
 	if o.NATSrc.IsValid() && o.NATSrc != f.snat && o.NATSrc != f.client {
 		// Masqueraded on its way out: the uplink sees it with this source.
-		if f.snat.IsValid() {
-			delete(e.snat, clientKey{f.proto, f.snat})
+		if old := (clientKey{f.proto, f.snat}); f.snat.IsValid() && e.snat[old] == f {
+			delete(e.snat, old) // unless a later flow got that source since
 		}
 		f.snat = o.NATSrc
 		f.evidenceChanged()
