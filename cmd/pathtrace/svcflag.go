@@ -34,6 +34,9 @@ func parseService(s string) (flow.Service, error) {
 	if err != nil || !addr.Is4() {
 		return svc, usagef("--svc %q: %q is not an IPv4 address (example: --svc 10.120.0.80:80/tcp)", s, host)
 	}
+	if addr.IsUnspecified() || addr.IsMulticast() || addr == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		return svc, usagef("--svc %q: %s cannot be a Service VIP; give the Service's ClusterIP (kubectl get svc NAME -o wide)", s, addr)
+	}
 	svc.Addr = addr
 	if hasPort {
 		p, err := strconv.ParseUint(port, 10, 16)

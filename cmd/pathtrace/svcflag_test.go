@@ -23,7 +23,8 @@ func TestParseService(t *testing.T) {
 			t.Errorf("parseService(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"999.1.1.1", "10.0.0.1:99999", "10.0.0.1:0", "10.0.0.1:80/sctp", "", "::1", "web:80", "10.0.0.1:"} {
+	for _, in := range []string{"999.1.1.1", "10.0.0.1:99999", "10.0.0.1:0", "10.0.0.1:80/sctp", "", "::1", "web:80", "10.0.0.1:",
+		"0.0.0.0", "0.0.0.0:80", "224.0.0.251:5353/udp", "255.255.255.255"} {
 		_, err := parseService(in)
 		var ue usageError
 		if !errors.As(err, &ue) {
