@@ -334,3 +334,62 @@ func TestOverlayNode(t *testing.T) {
 		}
 	}
 }
+
+// TestMacvlanPod traces a Pod whose interface is a macvlan on a node device
+// (Multus, macvlan CNIs), selected with --pod-netns: its frames leave
+// through that device past the node's stack, so no netfilter rule of the
+// node applies; the uplink is the device below the macvlan.
+func TestMacvlanPod(t *testing.T) {
+	needRoot(t)
+	const vip = "10.67.0.10:80"
+	prefix := fmt.Sprintf("ptmv%d", os.Getpid()%100000)
+	node, gw, pod := prefix+"-node", prefix+"-gw", prefix+"-pod"
+	for _, ns := range []string{node, gw, pod} {
+		mustRun(t, nil, "ip", "netns", "add", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	}
+	for _, args := range [][]string{
+		{"link", "add", "mvnic", "netns", node, "type", "veth", "peer", "name", "mvgw", "netns", gw},
+		{"-n", node, "link", "set", "mvnic", "up"},
+		{"-n", gw, "addr", "add", "10.66.5.1/24", "dev", "mvgw"},
+		{"-n", gw, "link", "set", "mvgw", "up"},
+		{"-n", node, "link", "add", "mvpod", "link", "mvnic", "type", "macvlan", "mode", "bridge"},
+		{"-n", node, "link", "set", "mvpod", "netns", pod},
+		{"-n", pod, "addr", "add", "10.66.5.9/24", "dev", "mvpod"},
+		{"-n", pod, "link", "set", "mvpod", "up"},
+		{"-n", pod, "route", "add", "default", "via", "10.66.5.1"},
+	} {
+		mustRun(t, nil, "ip", args...)
+	}
+	// The node's rules for the VIP, which the Pod's frames never meet.
+	vipIP, vipPort, _ := strings.Cut(vip, ":")
+	mustRun(t, strings.NewReader(fmt.Sprintf(`table ip mv-kube-proxy {
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		ip daddr %s tcp dport %s dnat to 10.66.5.1:8080
+	}
+}
+`, vipIP, vipPort)), "ip", "netns", "exec", node, "nft", "-f", "-")
+
+	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--pod-netns", "/run/netns/"+pod, "--svc", vip+"/tcp", "--duration", "30s")
+	nodeInfo := r.waitNode(t)
+	var points []string
+	cps, _ := nodeInfo["capture_points"].([]any)
+	for _, c := range cps {
+		cp, _ := c.(map[string]any)
+		points = append(points, fmt.Sprint(cp["role"], ":", cp["ifname"]))
+	}
+	if !slices.Equal(points, []string{"pod:mvpod", "uplink:mvnic"}) {
+		t.Errorf("capture points %v, want [pod:mvpod uplink:mvnic] (the macvlan and the device below it)", points)
+	}
+	_ = connectFrom("/run/netns/"+pod, vip, 1) // nobody answers: it fails
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, _ := r.rest(t)
+	if len(flows) != 1 {
+		t.Fatalf("%d flows, want 1: %s", len(flows), dump(flows))
+	}
+	if f := flows[0]; f["rewritten_at"] != "nowhere" || f["vlan"] != float64(0) {
+		t.Errorf("want nowhere, seen leaving the uplink untagged: %s", dump(flows))
+	}
+}

@@ -253,10 +253,13 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr) (*Pod, error) {
 		pod.Gateway = gw
 		pod.GatewayMAC = neighbourMAC(nl, eth0.Attrs().Index, gw)
 	}
-	if isVethTo(eth0, hostID) {
-		if hl, err := host.link(eth0.Attrs().ParentIndex); err == nil && isVethTo(hl, podID) && hl.Attrs().ParentIndex == eth0.Attrs().Index {
+	switch a := eth0.Attrs(); {
+	case isVethTo(eth0, hostID):
+		if hl, err := host.link(a.ParentIndex); err == nil && isVethTo(hl, podID) && hl.Attrs().ParentIndex == a.Index {
 			pod.HostPeer = hostPeer(host, hl)
 		}
+	case isStackedOn(eth0, hostID):
+		pod.lower = a.ParentIndex
 	}
 	return pod, nil
 }
@@ -301,6 +304,16 @@ func pickPodIface(nl *netlink.Handle, links []netlink.Link, hostID, gwIndex int,
 		}
 	}
 	return nil
+}
+
+// isStackedOn tells whether l is a macvlan or ipvlan whose lower device is
+// in the netns with that id.
+func isStackedOn(l netlink.Link, nsid int) bool {
+	switch l.(type) {
+	case *netlink.Macvlan, *netlink.Macvtap, *netlink.IPVlan:
+		return nsid >= 0 && l.Attrs().NetNsID == nsid && l.Attrs().ParentIndex != 0
+	}
+	return false
 }
 
 // isVethTo tells whether l is a veth whose peer is in the netns with that id.

@@ -64,6 +64,9 @@ type Pod struct {
 	UplinkHow string   `json:"uplink_how"` // which rule chose Uplinks
 
 	defaultViaEth0 bool // the pod's default route leaves through Eth0
+	// lower is the ifindex in the node netns of the device below Eth0 when
+	// Eth0 is a macvlan or ipvlan on a node device (0 otherwise).
+	lower int
 }
 
 // HostPeer is the node-side end of a pod's veth.

@@ -123,7 +123,11 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 			}
 			add(lower)
 		}
-		info.notef("no pod found: uplink from the %s", how)
+		if len(idx) == 0 {
+			info.notef("no pod found, and no uplink: %s", how)
+		} else {
+			info.notef("no pod found: uplink from the %s", how)
+		}
 	}
 	if u.fdbErr != nil {
 		info.notef("bridge FDB not read: %v", u.fdbErr)
@@ -180,6 +184,13 @@ type uplinkFinder struct {
 
 func (u *uplinkFinder) forPod(p *Pod) ([]int, string) {
 	if p.HostPeer == nil {
+		if p.lower != 0 {
+			if _, err := u.host.link(p.lower); err == nil {
+				// A macvlan or ipvlan Pod sends through this device itself,
+				// past the node's stack.
+				return []int{p.lower}, "the device below the Pod's " + p.Eth0.Kind
+			}
+		}
 		return nil, "no host veth"
 	}
 	hl, err := u.host.link(p.HostPeer.Ifindex)
