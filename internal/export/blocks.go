@@ -9,7 +9,12 @@ import (
 // blockOut writes whole pcapng blocks so that the output never ends inside a
 // block, whenever the writing process dies.
 //
-// To a stream (file false) every block goes out in one Write at once.
+// To a stream (file false, a pipe to Wireshark) whole blocks are batched up
+// to pipeBuf bytes per Write (or flushInterval, whichever first): a pipe
+// write of at most PIPE_BUF bytes is atomic, so a reader never gets part of
+// a block, whenever the writer dies. A block longer than that goes alone.
+// One write per packet cost five times the CPU of the file at 100k
+// packets a second.
 //
 // To the capture file it owns (file true), no write(2) crosses a page
 // boundary of the file, because the kernel copies a regular-file write page
@@ -35,6 +40,9 @@ type blockOut struct {
 	off      int64  // bytes written to w
 	pending  []byte // whole blocks not written yet
 }
+
+// pipeBuf is Linux's PIPE_BUF: the largest pipe write that is atomic.
+const pipeBuf = 4096
 
 // fillerType is a pcapng block type for local use (0x80000000 and up), which
 // readers skip: "PT" pad.
@@ -82,7 +90,16 @@ func (o *blockOut) fillerBefore(n int64) int64 {
 // within flushInterval).
 func (o *blockOut) put(block []byte) (pending bool, err error) {
 	if !o.file {
-		return false, o.write(block)
+		if len(o.pending)+len(block) > pipeBuf {
+			if err := o.flush(); err != nil {
+				return false, err
+			}
+		}
+		if len(block) > pipeBuf {
+			return false, o.write(block)
+		}
+		o.pending = append(o.pending, block...)
+		return true, nil
 	}
 	if f := o.fillerBefore(int64(len(block))); f > 0 {
 		o.pending = appendFiller(o.pending, f)

@@ -35,9 +35,9 @@ func streamToStdout() int {
 	return 0
 }
 
-// TestCreateStdout: with "-" each packet reaches stdout at once (a reader
-// such as `wireshark -k -i -` sees it while the capture runs), and the
-// stream ends cleanly at Close.
+// TestCreateStdout: with "-" each packet reaches stdout within the flush
+// interval (a reader such as `wireshark -k -i -` sees it while the capture
+// runs), and the stream ends cleanly at Close.
 func TestCreateStdout(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), stdoutEnv+"=1")
@@ -58,7 +58,7 @@ func TestCreateStdout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 { // the writer is still running: these were flushed at once
+	for i := range 3 { // the writer is still running: the flush interval sent them
 		_, ci, opts, err := r.ReadPacketDataWithOptions()
 		if err != nil || ci.InterfaceIndex != i || len(opts.Comments) != 1 || opts.Comments[0] != fmt.Sprint("packet ", i) {
 			t.Fatalf("packet %d while streaming: interface %d comments %q, %v", i, ci.InterfaceIndex, opts.Comments, err)

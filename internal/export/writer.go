@@ -92,7 +92,7 @@ type Writer struct {
 }
 
 // Create starts a capture file at path, or streams to stdout when path is
-// "-" (every packet is written at once, for `--pcap - | wireshark -k -i -`).
+// "-" (for `--pcap - | wireshark -k -i -`: see NewStream).
 // A file is written as PATH.partial, mode 0600, renamed to PATH by Close;
 // Create refuses to overwrite PATH or a PATH.partial left behind. Packets
 // go to the file's writer goroutine within 100 ms of WritePacket (a slow
@@ -120,15 +120,28 @@ func Create(path string, ifaces []Interface, lim Limits) (*Writer, error) {
 	// file's own writer goroutine.
 	w.file, w.async = pf, newAsyncFile(pf.File, lim.MaxBytes)
 	w.out.w = w.async
-	w.flush = time.AfterFunc(flushInterval, w.flushPending)
-	w.flush.Stop()
+	w.armFlush()
 	return w, nil
 }
 
-// NewStream writes a capture to s, each block with one Write as soon as it is
-// complete. Close does not close s.
+// NewStream writes a capture to s: the header at once, then packets within
+// flushInterval of WritePacket, in Writes of whole blocks of at most
+// PIPE_BUF bytes (atomic on a pipe), or of one larger block. Close does not
+// close s.
 func NewStream(s io.Writer, ifaces []Interface, lim Limits) (*Writer, error) {
-	return newWriter(s, false, ifaces, lim)
+	w, err := newWriter(s, false, ifaces, lim)
+	if err != nil {
+		return nil, err
+	}
+	w.armFlush()
+	return w, nil
+}
+
+// armFlush makes the timer that writes pending blocks out flushInterval
+// after the first of them (commitBlock starts it).
+func (w *Writer) armFlush() {
+	w.flush = time.AfterFunc(flushInterval, w.flushPending)
+	w.flush.Stop()
 }
 
 // newWriter writes the section header and the interface descriptions.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"strings"
 	"syscall"
 	"testing"
@@ -324,44 +325,88 @@ func TestRefusesToOverwrite(t *testing.T) {
 	}
 }
 
-// blockWrites records each Write of a stream.
-type blockWrites struct{ writes [][]byte }
+// blockWrites records each Write of a stream (the flush timer writes from
+// a goroutine of its own).
+type blockWrites struct {
+	mu     sync.Mutex
+	writes [][]byte
+}
 
 func (b *blockWrites) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.writes = append(b.writes, bytes.Clone(p))
 	return len(p), nil
 }
 
-// TestStream: a stream gets each packet at once, as one Write of one block,
-// and reads back like a file.
+func (b *blockWrites) all() [][]byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.writes)
+}
+
+// TestStream: a stream gets the header at once and each packet within the
+// flush interval, in writes of whole blocks of at most PIPE_BUF bytes (atomic
+// on a pipe: a reader never sees part of a block, whenever the writer dies)
+// or of one larger block, and reads back like a file.
 func TestStream(t *testing.T) {
 	var out blockWrites
 	w, err := export.NewStream(&out, testIfaces, export.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	headerWrites := len(out.writes) // the section header, one per interface
-	if headerWrites != 1+len(testIfaces) {
-		t.Errorf("header took %d writes, want %d", headerWrites, 1+len(testIfaces))
+	if len(out.all()) == 0 {
+		t.Error("the header was not written at once")
 	}
 	pkts := roundTripPackets()
-	for i, wp := range pkts {
+	for range 20 { // beyond PIPE_BUF: more than one batch
+		pkts = append(pkts, pkts[0])
+	}
+	pkts = append(pkts, written{0, packet(tcpFrame(5000), obs.DirOut, 0, 0), "a frame above PIPE_BUF", pcapgo.NgEpbFlagDirectionOutbound})
+	for _, wp := range pkts {
 		if err := w.WritePacket(wp.iface, wp.p, wp.comment); err != nil {
 			t.Fatal(err)
 		}
-		if len(out.writes) != headerWrites+1+i {
-			t.Fatalf("packet %d: %d writes so far, want %d", i, len(out.writes), headerWrites+1+i)
-		}
 	}
-	for i, b := range out.writes {
-		if len(b) < 12 || binary.LittleEndian.Uint32(b[4:]) != uint32(len(b)) {
-			t.Errorf("write %d of %d bytes is not one whole block", i, len(b))
+	// Before Close: the flush timer writes what is pending.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		rb, err := readFrom(bytes.NewReader(bytes.Join(out.all(), nil)))
+		if err == nil && len(rb.packets) == len(pkts) {
+			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("2 s after the last WritePacket the stream holds %d of %d packets (%v)", len(rb.packets), len(pkts), err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if err := w.Close([]export.InterfaceStats{{Received: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	rb, err := readFrom(bytes.NewReader(bytes.Join(out.writes, nil)))
+	writes := out.all()
+	batched, alone := 0, 0
+	for i, b := range writes {
+		blocks := 0
+		for rest := b; len(rest) > 0; blocks++ {
+			if len(rest) < 12 || int(binary.LittleEndian.Uint32(rest[4:])) > len(rest) {
+				t.Fatalf("write %d of %d bytes does not hold whole blocks", i, len(b))
+			}
+			rest = rest[binary.LittleEndian.Uint32(rest[4:]):]
+		}
+		if len(b) > 4096 && blocks > 1 {
+			t.Errorf("write %d holds %d blocks in %d bytes, beyond PIPE_BUF", i, blocks, len(b))
+		}
+		if blocks > 1 {
+			batched++
+		}
+		if len(b) > 4096 {
+			alone++
+		}
+	}
+	if batched < 2 || alone != 1 {
+		t.Errorf("%d writes of several blocks (want 2 or more), %d of one block above PIPE_BUF (want 1)", batched, alone)
+	}
+	rb, err := readFrom(bytes.NewReader(bytes.Join(writes, nil)))
 	if err != nil || len(rb.packets) != len(pkts) {
 		t.Fatalf("stream read back %d packets, %v", len(rb.packets), err)
 	}
