@@ -711,3 +711,70 @@ func TestMaxFlowsCountedOnce(t *testing.T) {
 			res.TCP.OK, len(flows), drops["flows_over_max"], requests, requests-1, drops)
 	}
 }
+
+// TestPcapToStdout: with --pcap - the capture streams to stdout, as
+// `pathtrace --pcap - | wireshark -k -i -` reads it, and the report goes to
+// stderr; the stream holds what the report counts, and a reader sees the
+// first packets while the run goes on.
+func TestPcapToStdout(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--svc", lab.UDPVIP.String()+"/udp",
+		"--duration", "60s", "--pcap", "-", "--output", "json")
+	var report bytes.Buffer
+	cmd.Stderr = &report
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	// The stream is kept as a file (mode 0600, as checkPcap wants of a
+	// capture), a packet is awaited while pathtrace runs.
+	path := filepath.Join(t.TempDir(), "stream.pcapng")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(f, stdout)
+		f.Close()
+		copied <- err
+	}()
+	time.Sleep(time.Second) // pathtrace attaches
+	res, err := l.Client(context.Background(), lab.ClientOptions{Requests: 2})
+	if err != nil || res.TCP.OK != 2 || res.UDP.OK != 2 {
+		t.Fatalf("lab client: %+v %v", res, err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if st, err := os.Stat(path); err == nil && st.Size() > 4096 {
+			break // the header and the first packets, before the run ends
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no packet reached stdout while pathtrace ran")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-copied; err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("pathtrace: %v: %s", err, report.String())
+	}
+	var summary map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(report.String()), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["type"] == "summary" {
+			summary = m
+		}
+	}
+	if summary == nil {
+		t.Fatalf("no summary line on stderr: %s", report.String())
+	}
+	checkPcap(t, path, summary)
+}
