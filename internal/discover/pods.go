@@ -151,7 +151,7 @@ func (h *hostNS) netnsID(path string) int {
 // podByIP finds the netns (other than the node's) with ip on an interface.
 func podByIP(ctx context.Context, host *hostNS, ip netip.Addr) (*Pod, error) {
 	if hasAddr(host.nl, ip) {
-		return nil, usagef("--pod-ip %s is an address of the node netns %s, not of a pod; give a pod's IP", ip, host.path)
+		return nil, usagef("--pod-ip %s is an address of the node netns %s, not of a pod; for a hostNetwork Pod leave --pod-ip out: node processes are traced as clients, each flow names its process", ip, host.path)
 	}
 	cands, err := listNetNS(host.inode)
 	if err != nil {
