@@ -63,6 +63,11 @@ func (e *Engine) requestCheckpoint(o obs.Observation) (checkpoint, bool) {
 // bridge-nf-call-iptables) and OUTPUT (host-originated).
 func natHook(h obs.Hook) bool { return h == obs.HookPrerouting || h == obs.HookLocalOut }
 
+// ByClientNetfilter is the "by" of a rewrite by netfilter in the client's
+// own netns (a sidecar proxy's redirect, between the socket and its first
+// packet), whose rules pathtrace does not read.
+const ByClientNetfilter = "netfilter OUTPUT in the client's netns (its rules are not read)"
+
 // gap is what can rewrite a destination between two consecutive checkpoints.
 type gap uint8
 
@@ -302,7 +307,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
 	case gapIPVS:
 		v.by = e.byIPVS(f)
 	case gapPodNAT:
-		v.by = "netfilter OUTPUT in the client's netns (its rules are not read)"
+		v.by = ByClientNetfilter
 		if b := f.cps[iB].backendAddr.addrPort(); b.Addr().IsLoopback() {
 			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own connection to the Service is a flow of its own", b))
 		}

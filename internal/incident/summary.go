@@ -167,6 +167,10 @@ func sentence(g *verdictGroup) string {
 	case flow.PlaceTC:
 		fmt.Fprintf(&b, "%s in tc on the host side of the pod's veth", rewritten)
 	case flow.PlaceNetfilter:
+		if f.By == flow.ByClientNetfilter {
+			fmt.Fprintf(&b, "%s in netfilter inside the client's own netns (its OUTPUT NAT, as a sidecar proxy's redirect does)", rewritten)
+			break
+		}
 		fmt.Fprintf(&b, "%s in netfilter (DNAT) on the node", rewritten)
 	case flow.PlaceIPVS:
 		fmt.Fprintf(&b, "%s in IPVS on the node", rewritten)
@@ -182,15 +186,21 @@ func sentence(g *verdictGroup) string {
 		} else {
 			b.WriteString(" (no backend was seen)")
 		}
-		if f.By != "" {
-			fmt.Fprintf(&b, " by %s", f.By)
-		} else {
+		switch f.By {
+		case flow.ByClientNetfilter: // said above
+		case "":
 			b.WriteString(" by a program or rule pathtrace could not name")
+		default:
+			fmt.Fprintf(&b, " by %s", f.By)
 		}
 	}
-	if f.Reply {
+	switch {
+	case f.Reply:
 		b.WriteString("; replies came back")
-	} else {
+	case f.By == flow.ByClientNetfilter && f.VLAN == nil:
+		b.WriteString(pick(one, "; it never left the client's netns, where pathtrace does not capture: its reply could not be seen.", "; they never left the client's netns, where pathtrace does not capture: their replies could not be seen."))
+		return b.String()
+	default:
 		b.WriteString("; no reply came back")
 	}
 	b.WriteString(uplinkWords(f, one))

@@ -19,7 +19,8 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 func vlan(v uint16) *uint16 { return &v }
 
 // summaryFlows is one incident's flows: three socket-LB'd requests from one
-// client, one per other verdict, and a DNS flow load-balanced over two backends.
+// client, one per other verdict, a DNS flow load-balanced over two backends,
+// and one a sidecar proxy's redirect kept in its Pod.
 func summaryFlows() []flow.Flow {
 	ap := netip.MustParseAddrPort
 	at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -46,6 +47,10 @@ func summaryFlows() []flow.Flow {
 			UplinkDstIsGateway: true},
 		{ID: 7, Proto: "tcp", Client: ap("10.244.8.23:40025"), Service: ap("10.120.0.80:80"), RewrittenAt: flow.PlaceUnknown,
 			Reason: "the VIP was last seen at pod eth0 TX; no rewrite observed and the uplink never saw this flow"},
+		// A sidecar proxy's redirect in the Pod: it never leaves the Pod.
+		{ID: 8, Proto: "tcp", Client: ap("10.244.8.23:40026"), Service: ap("10.120.0.80:80"), Backend: ap("127.0.0.1:15001"),
+			RewrittenAt: flow.PlaceNetfilter, By: flow.ByClientNetfilter,
+			Reason: "VIP 10.120.0.80:80 at the socket tuple (sockstate), backend 127.0.0.1:15001 at the socket's first packet (sockegress)"},
 	}
 }
 
@@ -76,8 +81,8 @@ func summaryNode() *discover.NodeInfo {
 
 func summarySummary() flow.Summary {
 	return flow.Summary{
-		Flows: 7,
-		RewrittenAt: map[flow.Place]int{flow.PlaceSocket: 3, flow.PlaceTC: 1, flow.PlaceNetfilter: 1,
+		Flows: 8,
+		RewrittenAt: map[flow.Place]int{flow.PlaceSocket: 3, flow.PlaceTC: 1, flow.PlaceNetfilter: 2,
 			flow.PlaceNowhere: 1, flow.PlaceUnknown: 1},
 		Drops:        map[string]uint64{"flows_over_max": 0, "pod_kernel_drops": 2},
 		Unmatched:    4,
