@@ -178,3 +178,17 @@ func TestClientUnknown(t *testing.T) {
 		t.Errorf("a flow without a client is shown as:\n%s", out)
 	}
 }
+
+// TestReplyUnseen: a flow a sidecar's redirect kept in its Pod was never
+// where a reply could be seen: the table says so rather than "no".
+func TestReplyUnseen(t *testing.T) {
+	var buf bytes.Buffer
+	flows := []flow.Flow{{ID: 1, Proto: "tcp", Client: netip.MustParseAddrPort("10.244.8.23:40026"), Service: netip.MustParseAddrPort("10.120.0.80:80"),
+		Backend: netip.MustParseAddrPort("127.0.0.1:15001"), RewrittenAt: flow.PlaceNetfilter, By: flow.ByClientNetfilter}}
+	if err := report.WriteTable(&buf, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	if row := strings.Split(buf.String(), "\n")[1]; !strings.HasSuffix(strings.TrimSpace(row), "unseen") {
+		t.Errorf("row %q, want the reply column to say unseen", row)
+	}
+}

@@ -30,7 +30,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	fmt.Fprintln(tw, "ID\tPROTO\tCLIENT\tSERVICE\tBACKEND\tREWRITTEN AT\tBY\tVLAN\tUPLINK DST MAC\tREPLY")
 	for _, f := range flows {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.ID, orDash(f.Proto), clientOrDash(f), f.Service,
-			addrOrDash(f), f.RewrittenAt, orDash(shorten(f.By, maxByWidth)), vlan(f.VLAN), uplinkMAC(f), yesNo(f.Reply))
+			addrOrDash(f), f.RewrittenAt, orDash(shorten(f.By, maxByWidth)), vlan(f.VLAN), uplinkMAC(f), reply(f))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write flow table: %w", err)
@@ -131,6 +131,15 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// reply says whether a reply came back; "unseen" for a flow that never left
+// its client's netns (a sidecar's redirect), where no capture point is.
+func reply(f flow.Flow) string {
+	if !f.Reply && f.By == flow.ByClientNetfilter && f.VLAN == nil {
+		return "unseen"
+	}
+	return yesNo(f.Reply)
 }
 
 // clientOrDash is the flow's client, "-" when no source address was seen
