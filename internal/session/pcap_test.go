@@ -130,6 +130,9 @@ func TestPcapMergesPointsInTimeOrder(t *testing.T) {
 		t.Errorf("%d frames held, want the 2 within %s of the newest", tr.pcap.held, reorderWindow)
 	}
 	tr.pcap.release(base.Add(time.Hour), tr)
+	if err := tr.pcap.w.Close(nil); err != nil { // writes out what the stream batched
+		t.Fatal(err)
+	}
 	got := readBack(t, out.Bytes())
 	if len(got) != 10 {
 		t.Fatalf("read %d packets, want 10", len(got))
