@@ -49,13 +49,16 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 	p.mu.Unlock()
 	defer p.runWG.Done()
 
+	// This goroutine alone uses the reader, and closes it: closing it from
+	// another one while this one asks AvailableBytes dereferences the ring
+	// the close released.
 	rd, err := ringbuf.NewReader(events)
 	if err != nil {
 		return fmt.Errorf("open ring buffer: %w", err)
 	}
+	defer rd.Close()
 	epoch, err := monotonicEpoch()
 	if err != nil {
-		rd.Close()
 		return err
 	}
 
@@ -65,15 +68,17 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 		cancel()
 		wg.Wait()
 	}()
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
+	stopping := func() bool {
 		select {
 		case <-ctx.Done():
+			return true
 		case <-p.closing:
+			return true
+		default:
+			return false
 		}
-		rd.Close() // interrupts ReadInto
-	}()
+	}
+	wg.Add(1)
 
 	var emitMu sync.Mutex
 	serial := func(batch []obs.Observation) {
@@ -109,7 +114,9 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 	}()
 
 	// The observers submit without waking the reader (a full ring does wake
-	// it): poll every readerPoll and read everything there is.
+	// it): poll every readerPoll and read everything there is. The deadline
+	// error comes once the ring is read dry: when stopping, that is the end
+	// (whatever was submitted before the stop is read, not dropped).
 	var rec ringbuf.Record
 	var batch []obs.Observation
 	flush := func() {
@@ -126,6 +133,9 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 		}
 		if err := rd.ReadInto(&rec); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
+				if stopping() {
+					return nil
+				}
 				rd.SetDeadline(time.Now().Add(readerPoll))
 				continue
 			}
