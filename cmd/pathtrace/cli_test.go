@@ -721,8 +721,10 @@ func TestPcapToStdout(t *testing.T) {
 	l := upLab(t, lab.ModeTC)
 	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--svc", lab.UDPVIP.String()+"/udp",
 		"--duration", "60s", "--pcap", "-", "--output", "json")
-	var report bytes.Buffer
-	cmd.Stderr = &report
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -731,8 +733,21 @@ func TestPcapToStdout(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	// The report's lines, from stderr.
+	lines := make(chan map[string]any, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				lines <- m
+			}
+		}
+	}()
 	// The stream is kept as a file (mode 0600, as checkPcap wants of a
-	// capture), a packet is awaited while pathtrace runs.
+	// capture).
 	path := filepath.Join(t.TempDir(), "stream.pcapng")
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -744,12 +759,19 @@ func TestPcapToStdout(t *testing.T) {
 		f.Close()
 		copied <- err
 	}()
-	time.Sleep(time.Second) // pathtrace attaches
+	select { // the node line comes once every observer is attached
+	case m := <-lines:
+		if m["type"] != "node" {
+			t.Fatalf("first report line %v, want the node", m)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("no node line on stderr")
+	}
 	res, err := l.Client(context.Background(), lab.ClientOptions{Requests: 2})
 	if err != nil || res.TCP.OK != 2 || res.UDP.OK != 2 {
 		t.Fatalf("lab client: %+v %v", res, err)
 	}
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if st, err := os.Stat(path); err == nil && st.Size() > 4096 {
 			break // the header and the first packets, before the run ends
@@ -760,21 +782,20 @@ func TestPcapToStdout(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
+	var summary map[string]any
+	for m := range lines {
+		if m["type"] == "summary" {
+			summary = m
+		}
+	}
 	if err := <-copied; err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
-		t.Fatalf("pathtrace: %v: %s", err, report.String())
-	}
-	var summary map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(report.String()), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil && m["type"] == "summary" {
-			summary = m
-		}
+		t.Fatalf("pathtrace: %v", err)
 	}
 	if summary == nil {
-		t.Fatalf("no summary line on stderr: %s", report.String())
+		t.Fatal("no summary line on stderr")
 	}
 	checkPcap(t, path, summary)
 }
