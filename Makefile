@@ -10,7 +10,7 @@ export BPF2GO_CC    := $(CLANG)
 export BPF2GO_STRIP := $(STRIP)
 export CGO_ENABLED  := 0
 
-.PHONY: all build generate vmlinux check-generated test test-unit vet fmt-check demo lab-demo bench clean deps-generate
+.PHONY: all build generate vmlinux check-generated test test-unit vet fmt-check demo lab-demo bench clean deps-generate deps-race
 
 all: build
 
@@ -21,6 +21,10 @@ build:
 deps-generate:
 	@command -v $(CLANG) >/dev/null && command -v $(STRIP) >/dev/null || \
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y clang-19 llvm-19; }
+
+# The race detector needs cgo, hence a C compiler.
+deps-race:
+	@command -v gcc >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y gcc; }
 
 generate: deps-generate
 	$(GO) generate ./...
@@ -43,9 +47,12 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out"; exit 1; }
 
 # The whole suite: generated objects fresh, vet, gofmt, every test (as root the
-# integration tests build the lab and check real verdicts).
-test: check-generated vet fmt-check
+# integration tests build the lab and check real verdicts), then the internal
+# packages again under the race detector (their goroutines: taps, ring-buffer
+# reader, pcapng writer and its flush timer).
+test: check-generated vet fmt-check deps-race
 	$(GO) test -count=1 -timeout 40m ./...
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./internal/...
 
 test-unit:
 	$(GO) test -count=1 -short ./...
