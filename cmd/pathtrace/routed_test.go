@@ -112,12 +112,8 @@ func kubeProxyIPTables(t *testing.T, iptables, node, vip string, backends []stri
 // routedNode builds the routed node, installs its NAT rules and checks the
 // flows of a few connections to vip from its Pod, then from the node itself.
 func routedNode(t *testing.T, name, vip string, backends []string, install func(*testing.T, string), by string, hooks [2]string) {
-	prefix := fmt.Sprintf("ptrt%d-%s", os.Getpid()%100000, name)
-	node, pod, gw := prefix+"-node", prefix+"-pod", prefix+"-gw"
-	for _, ns := range []string{node, pod, gw} {
-		mustRun(t, nil, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	}
+	ns := testNetns(t, fmt.Sprintf("ptrt%d-%s", os.Getpid()%100000, name), "node", "pod", "gw")
+	node, pod, gw := ns[0], ns[1], ns[2]
 	for _, args := range [][]string{
 		{"link", "add", "rt-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
 		{"link", "add", "rt-up", "netns", node, "type", "veth", "peer", "name", "rt-down", "netns", gw},
@@ -196,6 +192,19 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 	}
 }
 
+// testNetns adds the network namespaces PREFIX-ROLE, one per role, deleted
+// when the test ends, and returns their names.
+func testNetns(t *testing.T, prefix string, roles ...string) []string {
+	t.Helper()
+	names := make([]string, len(roles))
+	for i, role := range roles {
+		names[i] = prefix + "-" + role
+		mustRun(t, nil, "ip", "netns", "add", names[i])
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", names[i]).Run() })
+	}
+	return names
+}
+
 // serveIn serves "ok" on each TCP address in the netns at path until the
 // test ends.
 func serveIn(t *testing.T, netns string, addrs ...string) {
@@ -252,12 +261,8 @@ func mustRun(t *testing.T, stdin *strings.Reader, name string, args ...string) {
 func TestOverlayNode(t *testing.T) {
 	needRoot(t)
 	const vip, backend, vtepMAC = "10.66.0.50:80", "10.65.2.7:8080", "02:00:00:00:02:02"
-	prefix := fmt.Sprintf("ptov%d", os.Getpid()%100000)
-	node, other, pod := prefix+"-node", prefix+"-other", prefix+"-pod"
-	for _, ns := range []string{node, other, pod} {
-		mustRun(t, nil, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	}
+	ns := testNetns(t, fmt.Sprintf("ptov%d", os.Getpid()%100000), "node", "other", "pod")
+	node, other, pod := ns[0], ns[1], ns[2]
 	for _, args := range [][]string{
 		{"-n", node, "link", "add", "cbr0", "type", "bridge"},
 		{"-n", node, "addr", "add", "10.65.1.1/24", "dev", "cbr0"},
@@ -342,12 +347,8 @@ func TestOverlayNode(t *testing.T) {
 func TestMacvlanPod(t *testing.T) {
 	needRoot(t)
 	const vip = "10.67.0.10:80"
-	prefix := fmt.Sprintf("ptmv%d", os.Getpid()%100000)
-	node, gw, pod := prefix+"-node", prefix+"-gw", prefix+"-pod"
-	for _, ns := range []string{node, gw, pod} {
-		mustRun(t, nil, "ip", "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	}
+	ns := testNetns(t, fmt.Sprintf("ptmv%d", os.Getpid()%100000), "node", "gw", "pod")
+	node, gw, pod := ns[0], ns[1], ns[2]
 	for _, args := range [][]string{
 		{"link", "add", "mvnic", "netns", node, "type", "veth", "peer", "name", "mvgw", "netns", gw},
 		{"-n", node, "link", "set", "mvnic", "up"},
