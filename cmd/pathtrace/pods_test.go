@@ -229,9 +229,14 @@ func TestTwoTracesAtOnce(t *testing.T) {
 	l := upLab(t, lab.ModeTC)
 	args := []string{"--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String() + "/tcp", "--duration", "30s"}
 	first := startJSON(t, args...)
-	first.waitNode(t)
+	if notes := fmt.Sprint(first.waitNode(t)["notes"]); strings.Contains(notes, "another pathtrace") {
+		t.Errorf("the first trace, alone on the node, says another runs: %s", notes)
+	}
 	second := startJSON(t, args...)
 	node := second.waitNode(t)
+	if notes := fmt.Sprint(node["notes"]); !strings.Contains(notes, "another pathtrace runs on this node") {
+		t.Errorf("the second trace's notes do not name the first: %s", notes)
+	}
 	progs, _ := node["tc_programs"].([]any)
 	var lb float64
 	for _, p := range progs {

@@ -74,6 +74,7 @@ type Probe struct {
 	// to tell the observers of another pathtrace on the node from the
 	// node's own programs.
 	kinds    map[programKind]bool
+	foreign  map[ebpf.ProgramID]bool // another pathtrace's observers seen
 	links    []link.Link
 	globals  map[string]bool // host-wide observers attached once per Probe
 	watched  map[netip.Addr]bool
@@ -134,7 +135,7 @@ func New() (*Probe, error) {
 	if p.pktSpec, err = loadObservePkt(); err != nil {
 		return nil, fmt.Errorf("parse tap filter: %w", err)
 	}
-	p.kinds = map[programKind]bool{}
+	p.kinds, p.foreign = map[programKind]bool{}, map[ebpf.ProgramID]bool{}
 	for _, spec := range []*ebpf.CollectionSpec{p.sockSpec, p.tcSpec, p.nfSpec, p.pktSpec} {
 		for name, ps := range spec.Programs {
 			p.kinds[programKind{ps.Type, name}] = true
@@ -298,7 +299,22 @@ func (p *Probe) IsObserver(id ebpf.ProgramID) bool {
 	}
 	defer prog.Close()
 	info, err := prog.Info()
-	return err == nil && p.kinds[programKind{info.Type, info.Name}]
+	if err != nil || !p.kinds[programKind{info.Type, info.Name}] {
+		return false
+	}
+	p.mu.Lock()
+	p.foreign[id] = true
+	p.mu.Unlock()
+	return true
+}
+
+// ForeignObservers is how many observer programs of another pathtrace
+// IsObserver has met: another trace runs on the node (and costs the traced
+// system as much again).
+func (p *Probe) ForeignObservers() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.foreign)
 }
 
 // Stats returns the counters so far.
