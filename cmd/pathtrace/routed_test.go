@@ -394,3 +394,54 @@ func TestMacvlanPod(t *testing.T) {
 		t.Errorf("want nowhere, seen leaving the uplink untagged: %s", dump(flows))
 	}
 }
+
+// TestTunnelUplinkWithoutEthernet: the backends' route goes through a tunnel
+// without a link layer (as Calico's IPIP tunl0 or a WireGuard device: here a
+// TUN device). Its packets carry no Ethernet header, which the capture file
+// and the decoder expect, so the uplink is the route to the VIP instead, and
+// the Pod's uplink_how says why.
+func TestTunnelUplinkWithoutEthernet(t *testing.T) {
+	needRoot(t)
+	const vip, backend = "10.69.0.10:80", "10.68.9.7:8080"
+	ns := testNetns(t, fmt.Sprintf("pttn%d", os.Getpid()%100000), "node", "pod", "gw")
+	node, pod, gw := ns[0], ns[1], ns[2]
+	for _, args := range [][]string{
+		{"link", "add", "tn-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
+		{"link", "add", "tn-up", "netns", node, "type", "veth", "peer", "name", "tn-down", "netns", gw},
+		{"-n", pod, "addr", "add", "10.68.1.5/24", "dev", "eth0"},
+		{"-n", pod, "link", "set", "eth0", "up"},
+		{"-n", pod, "route", "add", "default", "via", "10.68.1.1"},
+		{"-n", node, "addr", "add", "10.68.1.1/24", "dev", "tn-pod1"},
+		{"-n", node, "link", "set", "tn-pod1", "up"},
+		{"-n", node, "addr", "add", "192.168.68.2/24", "dev", "tn-up"},
+		{"-n", node, "link", "set", "tn-up", "up"},
+		{"-n", node, "route", "add", "default", "via", "192.168.68.1"},
+		{"-n", node, "tuntap", "add", "dev", "tn-tun", "mode", "tun"},
+		{"-n", node, "link", "set", "tn-tun", "up"},
+		{"-n", node, "route", "add", "10.68.9.0/24", "dev", "tn-tun"},
+	} {
+		mustRun(t, nil, "ip", args...)
+	}
+	vipIP, vipPort, _ := strings.Cut(vip, ":")
+	mustRun(t, strings.NewReader(fmt.Sprintf(`table ip tn-kube-proxy {
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		ip daddr %s tcp dport %s dnat to %s
+	}
+}
+`, vipIP, vipPort, backend)), "ip", "netns", "exec", node, "nft", "-f", "-")
+
+	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
+	nodeInfo := r.waitNode(t)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	r.rest(t)
+	pods, _ := nodeInfo["pods"].([]any)
+	if len(pods) != 1 {
+		t.Fatalf("%d pods, want 1: %v", len(pods), nodeInfo["pods"])
+	}
+	p, _ := pods[0].(map[string]any)
+	how := fmt.Sprint(p["uplink_how"])
+	if fmt.Sprint(p["uplinks"]) != "[tn-up]" || !strings.Contains(how, "tn-tun (none)") {
+		t.Errorf("uplinks %v (%s), want [tn-up], the VIP's route, and tn-tun named as left out", p["uplinks"], how)
+	}
+}

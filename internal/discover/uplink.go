@@ -253,22 +253,43 @@ func (u *uplinkFinder) routed() ([]int, string) {
 		return u.route, u.routeHow
 	}
 	u.routeRead = true
-	var via []string
+	var via, notEther []string
 	for _, b := range u.backends {
-		if idx, ok := u.routeOut(b); ok {
-			if !slices.Contains(u.route, idx) {
-				u.route = append(u.route, idx)
+		idx, ok := u.routeOut(b)
+		if !ok {
+			continue
+		}
+		// A tunnel without a link layer (IPIP, WireGuard) hands the capture
+		// bare IP packets, where the file and the decoder expect Ethernet:
+		// the route to the VIP (the underlay's device) is captured instead.
+		if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
+			if name := l.Attrs().Name + " (" + l.Attrs().EncapType + ")"; !slices.Contains(notEther, name) {
+				notEther = append(notEther, name)
 			}
-			via = append(via, b.String())
+			continue
 		}
+		if !slices.Contains(u.route, idx) {
+			u.route = append(u.route, idx)
+		}
+		via = append(via, b.String())
 	}
-	if len(u.route) > 0 {
+	switch {
+	case len(via) > 3:
+		u.routeHow = fmt.Sprintf("routes to %d backends (%s, ...)", len(via), strings.Join(via[:3], ", "))
+	case len(via) > 0:
 		u.routeHow = "route to backend " + strings.Join(via, ", ")
-		if len(via) > 3 {
-			u.routeHow = fmt.Sprintf("routes to %d backends (%s, ...)", len(via), strings.Join(via[:3], ", "))
+	default:
+		u.route, u.routeHow = u.vipOrDefaultRoute()
+		if len(notEther) > 0 {
+			u.routeHow += "; the backends' routes go through " + strings.Join(notEther, ", ") + ", without an Ethernet header to capture"
 		}
-		return u.route, u.routeHow
 	}
+	return u.route, u.routeHow
+}
+
+// vipOrDefaultRoute returns the device of the node's route towards the first
+// VIP that is routed out of the node, else of the default route(s).
+func (u *uplinkFinder) vipOrDefaultRoute() ([]int, string) {
 	for _, vip := range u.services {
 		routes, err := u.host.nl.RouteGet(net.IP(vip.AsSlice()))
 		if err != nil || len(routes) == 0 {
@@ -278,26 +299,25 @@ func (u *uplinkFinder) routed() ([]int, string) {
 		if r.Type == unix.RTN_LOCAL || r.LinkIndex == 0 || u.isLoopback(r.LinkIndex) {
 			continue // a VIP bound locally (IPVS dummy, ...) tells nothing of the uplink
 		}
-		u.route, u.routeHow = []int{r.LinkIndex}, "route to "+vip.String()
-		return u.route, u.routeHow
+		return []int{r.LinkIndex}, "route to " + vip.String()
 	}
+	var idx []int
 	routes, _ := u.host.nl.RouteList(nil, netlink.FAMILY_V4)
 	for _, r := range routes {
 		if !isDefaultRoute(r) {
 			continue
 		}
 		if r.LinkIndex != 0 {
-			u.route = append(u.route, r.LinkIndex)
+			idx = append(idx, r.LinkIndex)
 		}
 		for _, nh := range r.MultiPath {
-			u.route = append(u.route, nh.LinkIndex)
+			idx = append(idx, nh.LinkIndex)
 		}
 	}
-	u.routeHow = "default route"
-	if len(u.route) == 0 {
-		u.routeHow = "no default route in the node netns"
+	if len(idx) == 0 {
+		return nil, "no default route in the node netns"
 	}
-	return u.route, u.routeHow
+	return idx, "default route"
 }
 
 // routeOut is the device of the node's route to a, when it leaves the node:
