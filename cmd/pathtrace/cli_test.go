@@ -83,6 +83,7 @@ func TestBadNodeInputExitsTwo(t *testing.T) {
 	for _, args := range [][]string{
 		{"--svc", "10.120.0.80", "--host-netns", l.NodeNetNS(), "--pod-ip", "203.0.113.77", "--duration", "1s"},
 		{"--svc", "10.120.0.80", "--host-netns", l.NodeNetNS(), "--uplink", "nosuchif", "--duration", "1s"},
+		{"--svc", "10.120.0.80", "--host-netns", l.NodeNetNS(), "--uplink", "lo", "--duration", "1s"}, // not Ethernet
 		{"--svc", "10.120.0.80", "--host-netns", l.NodeNetNS(), "--duration", "1s", "--max-bytes", "100",
 			"--pcap", filepath.Join(t.TempDir(), "small.pcapng")}, // smaller than the file's header
 	} {

@@ -84,6 +84,9 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 		if err != nil {
 			return nil, usagef("--uplink %s: no such interface in the node netns %s; list them with `ip link` there", opt.Uplink, host.path)
 		}
+		if et := l.Attrs().EncapType; et != "ether" {
+			return nil, usagef("--uplink %s: its link type is %s, not Ethernet, which pathtrace captures; give the Ethernet device the node's packets leave through", opt.Uplink, et)
+		}
 		for i := range info.Pods {
 			info.Pods[i].Uplinks, info.Pods[i].UplinkHow = []string{l.Attrs().Name}, "--uplink"
 		}
