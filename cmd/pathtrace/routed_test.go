@@ -444,4 +444,17 @@ func TestTunnelUplinkWithoutEthernet(t *testing.T) {
 	if fmt.Sprint(p["uplinks"]) != "[tn-up]" || !strings.Contains(how, "tn-tun (none)") {
 		t.Errorf("uplinks %v (%s), want [tn-up], the VIP's route, and tn-tun named as left out", p["uplinks"], how)
 	}
+
+	// With the default route through the tunnel too, there is no Ethernet
+	// device to capture: no uplink, and the Pod says to give one.
+	mustRun(t, nil, "ip", "-n", node, "route", "replace", "default", "dev", "tn-tun")
+	r = startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
+	nodeInfo = r.waitNode(t)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	r.rest(t)
+	pods, _ = nodeInfo["pods"].([]any)
+	p, _ = pods[0].(map[string]any)
+	if ups, _ := p["uplinks"].([]any); len(ups) != 0 || !strings.Contains(fmt.Sprint(p["uplink_how"]), "give --uplink") {
+		t.Errorf("uplinks %v (%s), want none and a hint to give --uplink", p["uplinks"], p["uplink_how"])
+	}
 }

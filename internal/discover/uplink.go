@@ -283,6 +283,12 @@ func (u *uplinkFinder) routed() ([]int, string) {
 		u.routeHow = "route to backend " + strings.Join(via, ", ")
 	default:
 		u.route, u.routeHow = u.vipOrDefaultRoute()
+		for _, idx := range u.route {
+			if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
+				u.route, u.routeHow = nil, fmt.Sprintf("%s: %s has link type %s, not Ethernet: give --uplink", u.routeHow, l.Attrs().Name, l.Attrs().EncapType)
+				break
+			}
+		}
 		if len(notEther) > 0 {
 			u.routeHow += "; the backends' routes go through " + strings.Join(notEther, ", ") + ", without an Ethernet header to capture"
 		}
