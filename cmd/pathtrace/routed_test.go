@@ -114,7 +114,7 @@ func kubeProxyIPTables(t *testing.T, iptables, node, vip string, backends []stri
 func routedNode(t *testing.T, name, vip string, backends []string, install func(*testing.T, string), by string, hooks [2]string) {
 	ns := testNetns(t, fmt.Sprintf("ptrt%d-%s", os.Getpid()%100000, name), "node", "pod", "gw")
 	node, pod, gw := ns[0], ns[1], ns[2]
-	for _, args := range [][]string{
+	ipAll(t, [][]string{
 		{"link", "add", "rt-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
 		{"link", "add", "rt-up", "netns", node, "type", "veth", "peer", "name", "rt-down", "netns", gw},
 		{"-n", pod, "addr", "add", "10.77.1.5/24", "dev", "eth0"},
@@ -131,9 +131,7 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 		{"-n", gw, "link", "set", "rt-down", "up"},
 		{"-n", gw, "link", "set", "lo", "up"},
 		{"-n", gw, "route", "add", "10.77.1.0/24", "via", "192.168.77.2"},
-	} {
-		mustRun(t, nil, "ip", args...)
-	}
+	})
 	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	install(t, node)
 
@@ -190,6 +188,30 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 	if perClient["10.77.1.5"] != requests || perClient["192.168.77.2"] != requests {
 		t.Errorf("flows per client %v, want %d from the Pod (10.77.1.5) and %d from the node (192.168.77.2)", perClient, requests, requests)
 	}
+}
+
+// ipAll runs `ip` with each list of arguments, failing the test at the
+// first that fails.
+func ipAll(t *testing.T, cmds [][]string) {
+	t.Helper()
+	for _, args := range cmds {
+		mustRun(t, nil, "ip", args...)
+	}
+}
+
+// dnatAt installs in the netns node an nftables table that DNATs TCP to
+// vip to target at PREROUTING, as kube-proxy does for a Service.
+func dnatAt(t *testing.T, node, table, vip, target string) {
+	t.Helper()
+	vipIP, vipPort, _ := strings.Cut(vip, ":")
+	rules := fmt.Sprintf(`table ip %s {
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		ip daddr %s tcp dport %s dnat to %s
+	}
+}
+`, table, vipIP, vipPort, target)
+	mustRun(t, strings.NewReader(rules), "ip", "netns", "exec", node, "nft", "-f", "-")
 }
 
 // testNetns adds the network namespaces PREFIX-ROLE, one per role, deleted
@@ -263,7 +285,7 @@ func TestOverlayNode(t *testing.T) {
 	const vip, backend, vtepMAC = "10.66.0.50:80", "10.65.2.7:8080", "02:00:00:00:02:02"
 	ns := testNetns(t, fmt.Sprintf("ptov%d", os.Getpid()%100000), "node", "other", "pod")
 	node, other, pod := ns[0], ns[1], ns[2]
-	for _, args := range [][]string{
+	ipAll(t, [][]string{
 		{"-n", node, "link", "add", "cbr0", "type", "bridge"},
 		{"-n", node, "addr", "add", "10.65.1.1/24", "dev", "cbr0"},
 		{"-n", node, "link", "set", "cbr0", "up"},
@@ -292,23 +314,11 @@ func TestOverlayNode(t *testing.T) {
 		{"-n", other, "neigh", "add", "10.65.1.0", "lladdr", "02:00:00:00:01:01", "dev", "tun.1", "nud", "permanent"},
 		{"-n", other, "addr", "add", strings.Split(backend, ":")[0] + "/32", "dev", "lo"},
 		{"-n", other, "link", "set", "lo", "up"},
-	} {
-		mustRun(t, nil, "ip", args...)
-	}
+	})
 	mustRun(t, nil, "bridge", "-n", node, "fdb", "append", vtepMAC, "dev", "tun.1", "dst", "192.168.66.2")
 	mustRun(t, nil, "bridge", "-n", other, "fdb", "append", "02:00:00:00:01:01", "dev", "tun.1", "dst", "192.168.66.1")
 	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	vipIP, vipPort, _ := strings.Cut(vip, ":")
-	mustRun(t, strings.NewReader(fmt.Sprintf(`table ip ov-kube-proxy {
-	chain services {
-		ip daddr %s tcp dport %s dnat to %s
-	}
-	chain nat-prerouting {
-		type nat hook prerouting priority dstnat; policy accept;
-		jump services
-	}
-}
-`, vipIP, vipPort, backend)), "ip", "netns", "exec", node, "nft", "-f", "-")
+	dnatAt(t, node, "ov-kube-proxy", vip, backend)
 	serveIn(t, "/run/netns/"+other, backend)
 
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
@@ -349,7 +359,7 @@ func TestMacvlanPod(t *testing.T) {
 	const vip = "10.67.0.10:80"
 	ns := testNetns(t, fmt.Sprintf("ptmv%d", os.Getpid()%100000), "node", "gw", "pod")
 	node, gw, pod := ns[0], ns[1], ns[2]
-	for _, args := range [][]string{
+	ipAll(t, [][]string{
 		{"link", "add", "mvnic", "netns", node, "type", "veth", "peer", "name", "mvgw", "netns", gw},
 		{"-n", node, "link", "set", "mvnic", "up"},
 		{"-n", gw, "addr", "add", "10.66.5.1/24", "dev", "mvgw"},
@@ -359,18 +369,9 @@ func TestMacvlanPod(t *testing.T) {
 		{"-n", pod, "addr", "add", "10.66.5.9/24", "dev", "mvpod"},
 		{"-n", pod, "link", "set", "mvpod", "up"},
 		{"-n", pod, "route", "add", "default", "via", "10.66.5.1"},
-	} {
-		mustRun(t, nil, "ip", args...)
-	}
+	})
 	// The node's rules for the VIP, which the Pod's frames never meet.
-	vipIP, vipPort, _ := strings.Cut(vip, ":")
-	mustRun(t, strings.NewReader(fmt.Sprintf(`table ip mv-kube-proxy {
-	chain nat-prerouting {
-		type nat hook prerouting priority dstnat; policy accept;
-		ip daddr %s tcp dport %s dnat to 10.66.5.1:8080
-	}
-}
-`, vipIP, vipPort)), "ip", "netns", "exec", node, "nft", "-f", "-")
+	dnatAt(t, node, "mv-kube-proxy", vip, "10.66.5.1:8080")
 
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--pod-netns", "/run/netns/"+pod, "--svc", vip+"/tcp", "--duration", "30s")
 	nodeInfo := r.waitNode(t)
@@ -405,7 +406,7 @@ func TestTunnelUplinkWithoutEthernet(t *testing.T) {
 	const vip, backend = "10.69.0.10:80", "10.68.9.7:8080"
 	ns := testNetns(t, fmt.Sprintf("pttn%d", os.Getpid()%100000), "node", "pod", "gw")
 	node, pod, gw := ns[0], ns[1], ns[2]
-	for _, args := range [][]string{
+	ipAll(t, [][]string{
 		{"link", "add", "tn-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
 		{"link", "add", "tn-up", "netns", node, "type", "veth", "peer", "name", "tn-down", "netns", gw},
 		{"-n", pod, "addr", "add", "10.68.1.5/24", "dev", "eth0"},
@@ -419,17 +420,8 @@ func TestTunnelUplinkWithoutEthernet(t *testing.T) {
 		{"-n", node, "tuntap", "add", "dev", "tn-tun", "mode", "tun"},
 		{"-n", node, "link", "set", "tn-tun", "up"},
 		{"-n", node, "route", "add", "10.68.9.0/24", "dev", "tn-tun"},
-	} {
-		mustRun(t, nil, "ip", args...)
-	}
-	vipIP, vipPort, _ := strings.Cut(vip, ":")
-	mustRun(t, strings.NewReader(fmt.Sprintf(`table ip tn-kube-proxy {
-	chain nat-prerouting {
-		type nat hook prerouting priority dstnat; policy accept;
-		ip daddr %s tcp dport %s dnat to %s
-	}
-}
-`, vipIP, vipPort, backend)), "ip", "netns", "exec", node, "nft", "-f", "-")
+	})
+	dnatAt(t, node, "tn-kube-proxy", vip, backend)
 
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
 	nodeInfo := r.waitNode(t)
