@@ -23,7 +23,9 @@ func newTable(w io.Writer) *tabwriter.Writer {
 // backend (nowhere, unknown) did so.
 func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	if len(flows) == 0 {
-		_, err := fmt.Fprint(w, "No flow to the watched Service VIPs was seen.\n\n")
+		_, err := fmt.Fprint(w, "No flow to the watched Service VIPs was seen. pathtrace follows the clients of this node\n"+
+			"only (its Pods, its own processes): have one reach the VIP while it runs, and check the\n"+
+			"VIP, port and protocol given to --svc (kubectl get svc -o wide).\n\n")
 		return err
 	}
 	tw := newTable(w)
