@@ -11,7 +11,6 @@ require (
 	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42
 	github.com/spf13/pflag v1.1.0
 	github.com/ti-mo/conntrack v0.6.0
-	github.com/ti-mo/netfilter v0.5.3
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/net v0.62.0
@@ -22,5 +21,6 @@ require (
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/mdlayher/socket v0.5.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
+	github.com/ti-mo/netfilter v0.5.3 // indirect
 	golang.org/x/sync v0.20.0 // indirect
 )

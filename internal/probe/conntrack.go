@@ -1,14 +1,19 @@
 package probe
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/mdlayher/netlink"
 	"github.com/ti-mo/conntrack"
-	"github.com/ti-mo/netfilter"
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -24,13 +29,18 @@ type ctSubscription struct {
 	netns     uint64
 	quit      chan struct{}
 	done      chan struct{}
+
+	mu     sync.Mutex
+	conn   *netlink.Conn        // the listening socket, replaced after a failure
+	filter []bpf.RawInstruction // its kernel filter (conntrackFilter), nil for none
 }
 
 // AttachConntrack subscribes to conntrack NEW and UPDATE events in the netns
 // at netnsPath ("" = own) and reports entries whose original destination is
 // watched, with the reply source as NATDst when it differs (DNAT: the
 // backend). Conntrack only reports connections it tracks: something in that
-// netns (NAT or stateful rules) must have enabled it.
+// netns (NAT or stateful rules) must have enabled it. A socket filter drops
+// the other entries' events in the kernel (Watch keeps it up to date).
 func (p *Probe) AttachConntrack(netnsPath string) []Attachment {
 	a := Attachment{Observer: "conntrack events (new, update)", Where: netnsLabel(netnsPath), Point: obs.PointConntrack}
 	netns, err := netnsInode(netnsPath)
@@ -38,78 +48,112 @@ func (p *Probe) AttachConntrack(netnsPath string) []Attachment {
 		a.Err = err
 		return []Attachment{a}
 	}
-	conn, events, errs, err := listenConntrack(netnsPath)
+	p.mu.Lock()
+	filter := conntrackFilter(slices.Collect(maps.Keys(p.watched)))
+	p.mu.Unlock()
+	conn, err := listenConntrack(netnsPath, filter)
 	if err != nil {
 		a.Err = err
 		return []Attachment{a}
 	}
-	sub := &ctSubscription{netnsPath: netnsPath, netns: netns, quit: make(chan struct{}), done: make(chan struct{})}
+	sub := &ctSubscription{netnsPath: netnsPath, netns: netns, quit: make(chan struct{}), done: make(chan struct{}), conn: conn, filter: filter}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		closeConntrack(conn, events, errs)
+		conn.Close()
 		a.Err = fmt.Errorf("probe closed")
 		return []Attachment{a}
 	}
 	p.ctSubs = append(p.ctSubs, sub)
-	go p.followConntrack(sub, conn, events, errs)
+	go p.followConntrack(sub)
+	if filter == nil {
+		a.Note = "every event read in user space (too many watched addresses for a kernel filter)"
+	}
 	return []Attachment{a}
 }
 
-func listenConntrack(netnsPath string) (*conntrack.Conn, chan conntrack.Event, chan error, error) {
+// listenConntrack opens a ctnetlink socket in the netns at netnsPath that
+// receives NEW and UPDATE events through filter (nil: all of them).
+func listenConntrack(netnsPath string, filter []bpf.RawInstruction) (*netlink.Conn, error) {
 	cfg := &netlink.Config{}
 	if netnsPath != "" {
 		ns, err := os.Open(netnsPath)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("open netns %s: %w", netnsPath, err)
+			return nil, fmt.Errorf("open netns %s: %w", netnsPath, err)
 		}
 		defer ns.Close()
 		cfg.NetNS = int(ns.Fd())
 	}
-	conn, err := conntrack.Dial(cfg)
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("dial conntrack netlink: %w", err)
+		return nil, fmt.Errorf("dial conntrack netlink: %w", err)
 	}
 	if err := conn.SetReadBuffer(ctReadBuffer); err != nil {
 		conn.Close()
-		return nil, nil, nil, fmt.Errorf("conntrack read buffer: %w", err)
+		return nil, fmt.Errorf("conntrack read buffer: %w", err)
 	}
-	events := make(chan conntrack.Event, 1024)
-	errs, err := conn.Listen(events, 1, []netfilter.NetlinkGroup{netfilter.GroupCTNew, netfilter.GroupCTUpdate})
-	if err != nil {
-		conn.Close()
-		return nil, nil, nil, fmt.Errorf("listen to conntrack events: %w", err)
-	}
-	return conn, events, errs, nil
-}
-
-// closeConntrack closes a listening connection. Close waits for the worker,
-// which may be blocked handing over an event or an error: keep draining.
-func closeConntrack(conn *conntrack.Conn, events chan conntrack.Event, errs chan error) {
-	closed := make(chan struct{})
-	go func() {
-		conn.Close()
-		close(closed)
-	}()
-	for {
-		select {
-		case <-events:
-		case <-errs:
-		case <-closed:
-			return
+	// The filter before the groups: no unfiltered event is ever queued.
+	if filter != nil {
+		if err := conn.SetBPF(filter); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("conntrack socket filter: %w", err)
 		}
 	}
+	for _, g := range []uint32{unix.NFNLGRP_CONNTRACK_NEW, unix.NFNLGRP_CONNTRACK_UPDATE} {
+		if err := conn.JoinGroup(g); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("listen to conntrack events: %w", err)
+		}
+	}
+	return conn, nil
+}
+
+// setFilter replaces the kernel filter of the subscription's socket.
+func (s *ctSubscription) setFilter(filter []bpf.RawInstruction) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.filter = filter
+	if filter == nil {
+		return s.conn.RemoveBPF()
+	}
+	return s.conn.SetBPF(filter)
 }
 
 // followConntrack turns events into observations for Run until stopped. A
-// receive error (ENOBUFS when events were lost) is counted and the
-// subscription opened again.
-func (p *Probe) followConntrack(sub *ctSubscription, conn *conntrack.Conn, events chan conntrack.Event, errs chan error) {
+// receive error is counted: ENOBUFS (events were lost) leaves the socket
+// usable, any other opens the subscription again.
+func (p *Probe) followConntrack(sub *ctSubscription) {
 	defer close(sub.done)
+	sub.mu.Lock()
+	conn := sub.conn
+	sub.mu.Unlock()
 	for {
-		select {
-		case ev := <-events:
-			if ev.Flow == nil || !p.isWatched(ev.Flow.TupleOrig.IP.DestinationAddress) {
+		msgs, err := conn.Receive()
+		if err != nil {
+			select {
+			case <-sub.quit:
+				return
+			default:
+			}
+			p.counters.ctErrors.Add(1)
+			if errors.Is(err, unix.ENOBUFS) {
+				continue
+			}
+			sub.mu.Lock()
+			conn.Close()
+			conn, err = listenConntrack(sub.netnsPath, sub.filter)
+			if err == nil {
+				sub.conn = conn
+			}
+			sub.mu.Unlock()
+			if err != nil {
+				return
+			}
+			continue
+		}
+		for _, m := range msgs {
+			var ev conntrack.Event
+			if err := ev.Unmarshal(m); err != nil || ev.Flow == nil || !p.isWatched(ev.Flow.TupleOrig.IP.DestinationAddress) {
 				continue
 			}
 			select {
@@ -117,22 +161,16 @@ func (p *Probe) followConntrack(sub *ctSubscription, conn *conntrack.Conn, event
 			default:
 				p.counters.ctDrops.Add(1)
 			}
-		case <-errs:
-			p.counters.ctErrors.Add(1)
-			closeConntrack(conn, events, errs)
-			var err error
-			if conn, events, errs, err = listenConntrack(sub.netnsPath); err != nil {
-				return
-			}
-		case <-sub.quit:
-			closeConntrack(conn, events, errs)
-			return
 		}
 	}
 }
 
+// stop closes the socket, which ends followConntrack's Receive.
 func (s *ctSubscription) stop() {
 	close(s.quit)
+	s.mu.Lock()
+	s.conn.Close()
+	s.mu.Unlock()
 	<-s.done
 }
 

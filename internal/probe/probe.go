@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -196,6 +197,15 @@ func (p *Probe) Watch(addrs ...netip.Addr) error {
 			return fmt.Errorf("watch %s: %w", a, err)
 		}
 		p.watched[a] = true
+	}
+	// The conntrack subscriptions' kernel filters follow the watch list.
+	if len(p.ctSubs) > 0 && len(addrs) > 0 {
+		filter := conntrackFilter(slices.Collect(maps.Keys(p.watched)))
+		for _, s := range p.ctSubs {
+			if err := s.setFilter(filter); err != nil {
+				return fmt.Errorf("conntrack socket filter: %w", err)
+			}
+		}
 	}
 	return nil
 }

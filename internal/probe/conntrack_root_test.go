@@ -1,0 +1,111 @@
+package probe
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// TestConntrackKernelFilter: the socket filter of a conntrack subscription
+// drops, in the kernel, the events of connections to addresses nobody
+// watches, and lets those of watched ones through, on the messages the
+// kernel really sends.
+func TestConntrackKernelFilter(t *testing.T) {
+	needRoot(t)
+	name := fmt.Sprintf("ptct%d", os.Getpid()%100000)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ns := "/run/netns/" + name
+	// A ct expression turns conntrack on in the netns.
+	rules := "table ip ptct {\n chain out {\n  type filter hook output priority 0; policy accept;\n  ct state new counter\n }\n}\n"
+	cmd := exec.Command("ip", "netns", "exec", name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v: %s", err, out)
+	}
+	connect := func() {
+		t.Helper()
+		err := nsutil.Do(ns, func() error {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return err
+			}
+			defer ln.Close()
+			for range 3 {
+				c, err := net.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					return err
+				}
+				c.Close()
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// events reports whether the subscription read any message in a while.
+	events := func(watched string) bool {
+		t.Helper()
+		conn, err := listenConntrack(ns, conntrackFilter([]netip.Addr{netip.MustParseAddr(watched)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		connect()
+		if err := conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := conn.Receive()
+		return err == nil && len(msgs) > 0
+	}
+	if events("192.0.2.1") {
+		t.Error("events of connections to 127.0.0.1 passed a filter watching 192.0.2.1")
+	}
+	if !events("127.0.0.1") {
+		t.Error("no event of connections to 127.0.0.1 passed a filter watching it")
+	}
+
+	// A Probe's subscription follows its watch list: nothing before the
+	// address is watched, its connections' entries after.
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Watch(netip.MustParseAddr("192.0.2.1")); err != nil {
+		t.Fatal(err)
+	}
+	if a := p.AttachConntrack(ns); a[0].Err != nil {
+		t.Fatal(a[0].Err)
+	}
+	connect()
+	time.Sleep(300 * time.Millisecond)
+	if n := len(p.ctObs); n != 0 || p.counters.ctErrors.Load() != 0 {
+		t.Errorf("%d observations, %d errors before 127.0.0.1 was watched; want none", n, p.counters.ctErrors.Load())
+	}
+	if err := p.Watch(netip.MustParseAddr("127.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	connect()
+	select {
+	case o := <-p.ctObs:
+		if o.Dst.Addr() != netip.MustParseAddr("127.0.0.1") {
+			t.Errorf("observation %+v, want a connection to 127.0.0.1", o)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("no conntrack observation after 127.0.0.1 was watched")
+	}
+}
