@@ -65,6 +65,14 @@ func (p *Probe) AttachConntrack(netnsPath string) []Attachment {
 		return []Attachment{a}
 	}
 	p.ctSubs = append(p.ctSubs, sub)
+	// Addresses watched since the filter was made (Watch did not know this
+	// subscription yet) join it now.
+	if now := conntrackFilter(slices.Collect(maps.Keys(p.watched))); !slices.Equal(now, filter) {
+		filter = now
+		if err := sub.setFilter(filter); err != nil {
+			a.Note = fmt.Sprintf("kernel filter not updated (%v): events of addresses watched since are lost", err)
+		}
+	}
 	go p.followConntrack(sub)
 	if filter == nil {
 		a.Note = "every event read in user space (too many watched addresses for a kernel filter)"
