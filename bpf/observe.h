@@ -11,7 +11,6 @@
 #include "headers/vmlinux.h"
 #include "headers/bpf_helpers.h"
 #include "headers/bpf_endian.h"
-#include "headers/bpf_core_read.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -301,9 +300,12 @@ static __always_inline struct pt_event *pt_reserve(__u8 point)
 	return e;
 }
 
-/* Events are submitted without waking the reader, which polls the ring every
- * few milliseconds (one wakeup per event would cost more than the event); a
- * ring filling up wakes it at once. */
+/* Events are submitted without waking the reader, which polls the ring (every
+ * 50 ms, every 10 ms while events keep coming): one wakeup per event would
+ * cost more than the event. A ring filling up faster than that wakes it at
+ * once: every submit past PT_WAKEUP_BYTES does, until it has read the ring
+ * down again. (Waking only on crossing the mark lost events under a burst
+ * of connections: tried.) */
 #define PT_WAKEUP_BYTES (128 << 10)
 
 static __always_inline void pt_submit(struct pt_event *e)
@@ -423,15 +425,21 @@ static __always_inline int pt_load_frame(struct __sk_buff *skb, struct pt_tuple 
 	return pt_load_ipv4(skb, off, t);
 }
 
+/* pt_interesting_but_dst is pt_interesting without the destination address,
+ * for an observer that already looked that one up. */
+static __always_inline bool pt_interesting_but_dst(const struct pt_tuple *t)
+{
+	return pt_watched(t->saddr) || pt_watched_client(t->saddr, t->sport, t->proto) ||
+	       pt_watched_client(t->daddr, t->dport, t->proto);
+}
+
 /* pt_interesting is every packet observer's test: a watched address on
  * either side, or a learned client endpoint on either side (the flow after
  * its destination was rewritten to an address never named, and its
  * replies). */
 static __always_inline bool pt_interesting(const struct pt_tuple *t)
 {
-	return pt_watched(t->daddr) || pt_watched(t->saddr) ||
-	       pt_watched_client(t->saddr, t->sport, t->proto) ||
-	       pt_watched_client(t->daddr, t->dport, t->proto);
+	return pt_watched(t->daddr) || pt_interesting_but_dst(t);
 }
 
 /* Packet observers (tc, netfilter) report the first PT_EVENTS_PER_FLOW packets

@@ -42,9 +42,10 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 	struct pt_tuple t;
 	if (pt_nf_tuple(&ptr, &t) < 0)
 		return NF_ACCEPT;
-	if (learn && pt_watched(t.daddr))
+	bool dst_watched = pt_watched(t.daddr);
+	if (learn && dst_watched)
 		pt_learn_client(t.saddr, t.sport, t.proto);
-	if (!pt_interesting(&t) || !pt_within_budget(&t, point, ctx->state->hook))
+	if (!(dst_watched || pt_interesting_but_dst(&t)) || !pt_within_budget(&t, point, ctx->state->hook))
 		return NF_ACCEPT;
 
 	struct pt_event *e = pt_reserve(point);
@@ -54,9 +55,9 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 	const struct nf_hook_state *state = ctx->state;
 	struct net_device *dev = state->in ? state->in : state->out;
 	e->hook = state->hook;
-	e->netns = BPF_CORE_READ(state, net, ns.inum);
-	e->ifindex = dev ? BPF_CORE_READ(dev, ifindex) : 0;
-	e->len = BPF_CORE_READ(ctx->skb, len);
+	e->netns = state->net->ns.inum; /* trusted pointers: plain loads */
+	e->ifindex = dev ? dev->ifindex : 0;
+	e->len = ctx->skb->len;
 	pt_submit(e);
 	return NF_ACCEPT;
 }

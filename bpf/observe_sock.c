@@ -171,25 +171,27 @@ static __always_inline const void *pt_mmsg_name(const struct mmsghdr *vec, __u64
  * current task (kernel threads, io_uring workers). */
 static __always_inline bool pt_requested(__u32 *addr, __u16 *port)
 {
+	/* Trusted pointers, here and below: plain loads, no probe-read helper
+	 * calls. */
 	struct task_struct *task = bpf_get_current_task_btf();
 	/* Kernel threads and io_uring workers have no syscall of their own in
 	 * their saved registers. */
-	if (BPF_CORE_READ(task, flags) & (PF_KTHREAD | PF_IO_WORKER))
+	if (task->flags & (PF_KTHREAD | PF_IO_WORKER))
 		return false;
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	const void *uaddr = NULL;
-	switch (BPF_CORE_READ(regs, orig_ax)) {
+	switch (regs->orig_ax) {
 	case SYS_CONNECT: /* connect(fd, addr, len) */
-		uaddr = (const void *)BPF_CORE_READ(regs, si);
+		uaddr = (const void *)regs->si;
 		break;
 	case SYS_SENDTO: /* sendto(fd, buf, len, flags, addr, addrlen) */
-		uaddr = (const void *)BPF_CORE_READ(regs, r8);
+		uaddr = (const void *)regs->r8;
 		break;
 	case SYS_SENDMSG: /* sendmsg(fd, msg, flags) */
-		uaddr = pt_msg_name((const void *)BPF_CORE_READ(regs, si));
+		uaddr = pt_msg_name((const void *)regs->si);
 		break;
 	case SYS_SENDMMSG: /* sendmmsg(fd, msgvec, vlen, flags) */
-		uaddr = pt_mmsg_name((const void *)BPF_CORE_READ(regs, si), BPF_CORE_READ(regs, dx));
+		uaddr = pt_mmsg_name((const void *)regs->si, regs->dx);
 		break;
 	}
 	return uaddr && pt_read_sockaddr(uaddr, addr, port);
@@ -202,7 +204,7 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 static __always_inline __u32 pt_sock_netns(struct bpf_sock_addr *ctx)
 {
 	struct bpf_sock_addr_kern *k = bpf_cast_to_kern_ctx(ctx);
-	return BPF_CORE_READ(k, sk, __sk_common.skc_net.net, ns.inum);
+	return k->sk->__sk_common.skc_net.net->ns.inum;
 }
 
 static __always_inline void pt_set_task(struct pt_event *e, __u64 pid_tgid)

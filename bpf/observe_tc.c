@@ -37,9 +37,10 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 		vlan_tci = skb->vlan_tci;
 		vlan_proto = bpf_ntohs(skb->vlan_proto);
 	}
-	if (learn && pt_watched(t.daddr))
+	bool dst_watched = pt_watched(t.daddr);
+	if (learn && dst_watched)
 		pt_learn_client(t.saddr, t.sport, t.proto);
-	if (!pt_interesting(&t) || !pt_within_budget(&t, point, dir))
+	if (!(dst_watched || pt_interesting_but_dst(&t)) || !pt_within_budget(&t, point, dir))
 		return TCX_NEXT;
 
 	struct pt_event *e = pt_reserve(point);
@@ -51,8 +52,9 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 	e->ifindex = skb->ifindex;
 	e->vlan_tci = vlan_tci;
 	e->vlan_proto = vlan_proto;
+	/* A trusted pointer: plain loads, no probe-read helper calls. */
 	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
-	e->netns = BPF_CORE_READ(kskb, dev, nd_net.net, ns.inum);
+	e->netns = kskb->dev->nd_net.net->ns.inum;
 	pt_submit(e);
 	return TCX_NEXT;
 }
