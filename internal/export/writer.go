@@ -209,6 +209,32 @@ func kernelName() string {
 func (w *Writer) WritePacket(iface int, p *capture.Packet, comment string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.writePacket(iface, p, comment)
+}
+
+// Held is a Writer held for a run of packets (Writer.Hold).
+type Held struct{ w *Writer }
+
+// Hold holds the writer for the caller alone until Release: a caller that
+// writes packets in runs takes the lock once per run instead of once per
+// packet (its two atomic operations were about 5% of the CPU per packet).
+// Meanwhile the writer's own timer waits to flush; hold it for a run, not
+// for as long as the capture lasts.
+func (w *Writer) Hold() Held {
+	w.mu.Lock()
+	return Held{w}
+}
+
+// WritePacket is Writer.WritePacket for the holder.
+func (h Held) WritePacket(iface int, p *capture.Packet, comment string) error {
+	return h.w.writePacket(iface, p, comment)
+}
+
+// Release lets the writer go.
+func (h Held) Release() { h.w.mu.Unlock() }
+
+// writePacket is WritePacket with w.mu held.
+func (w *Writer) writePacket(iface int, p *capture.Packet, comment string) error {
 	switch {
 	case w.closed:
 		return errors.New("pcapng: write after Close")

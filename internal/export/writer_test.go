@@ -446,3 +446,39 @@ func TestDiskFullLeavesReadableFile(t *testing.T) {
 		t.Errorf("%s after the disk filled: %d packets, %v; want whole blocks only", file, n, err)
 	}
 }
+
+// TestHeldWritesLikeWritePacket: a run of packets written through Hold makes
+// the same stream as WritePacket one by one, bounds included.
+func TestHeldWritesLikeWritePacket(t *testing.T) {
+	pkts := roundTripPackets()
+	lim := export.Limits{MaxPackets: uint64(len(pkts) - 1)}
+	var one, held bytes.Buffer
+	w1, err := export.NewStream(&one, testIfaces, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := export.NewStream(&held, testIfaces, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := w2.Hold()
+	for i, wp := range pkts {
+		err1 := w1.WritePacket(wp.iface, wp.p, wp.comment)
+		err2 := h.WritePacket(wp.iface, wp.p, wp.comment)
+		if !errors.Is(err2, err1) {
+			t.Errorf("packet %d: held write returned %v, WritePacket %v", i, err2, err1)
+		}
+	}
+	h.Release()
+	if w2.StopReason() != export.StopMaxPackets || w2.Packets() != lim.MaxPackets {
+		t.Errorf("held writer: stop %q after %d packets, want %q after %d", w2.StopReason(), w2.Packets(), export.StopMaxPackets, lim.MaxPackets)
+	}
+	for _, w := range []*export.Writer{w1, w2} {
+		if err := w.Close(nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(one.Bytes(), held.Bytes()) {
+		t.Errorf("held writes made %d bytes, WritePacket %d: the streams differ", held.Len(), one.Len())
+	}
+}

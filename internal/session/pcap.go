@@ -48,13 +48,14 @@ func openPcap(path string, lim export.Limits, taps []tap, snaplen int) (*pcapOut
 	return &pcapOut{w: w, path: path, perTap: make([]uint64, len(taps)), queues: make([][]*batch, len(taps))}, nil
 }
 
-// write appends one frame; a reached bound or a write error returns the stop
-// reason (the trace ends, and its report says why).
-func (p *pcapOut) write(iface int, pkt *capture.Packet, comment string) string {
+// write appends one frame through the held writer; a reached bound or a
+// write error returns the stop reason (the trace ends, and its report says
+// why).
+func (p *pcapOut) write(w export.Held, iface int, pkt *capture.Packet, comment string) string {
 	if p.err != nil {
 		return "pcap-error"
 	}
-	err := p.w.WritePacket(iface, pkt, comment)
+	err := w.WritePacket(iface, pkt, comment)
 	switch {
 	case err == nil:
 		p.perTap[iface]++
@@ -121,12 +122,22 @@ func (p *pcapOut) hold(b *batch, tr *tracer) string {
 // reached a bound or failed.
 func (p *pcapOut) release(t time.Time, tr *tracer) string {
 	before := t.UnixNano()
+	var w export.Held // held from the first frame due to the last
+	held := false
+	defer func() {
+		if held {
+			w.Release()
+		}
+	}()
 	for len(p.heads) > 0 {
 		top := p.heads[0]
 		if top.at >= before && p.held <= maxHeld {
 			return ""
 		}
-		reason := p.writeHead(top.queue, tr)
+		if !held {
+			w, held = p.w.Hold(), true
+		}
+		reason := p.writeHead(w, top.queue, tr)
 		if q := p.queues[top.queue]; len(q) == 0 {
 			p.popHead()
 		} else {
@@ -185,11 +196,11 @@ func (h queueHead) before(o queueHead) bool {
 
 // writeHead writes the oldest held frame of queue i, and gives its batch
 // back once every frame of it is written.
-func (p *pcapOut) writeHead(i int, tr *tracer) string {
+func (p *pcapOut) writeHead(w export.Held, i int, tr *tracer) string {
 	q := p.queues[i]
 	b := q[0]
 	f := &b.frames[b.next]
-	reason := p.write(i, &f.pkt, tr.comment(i, f))
+	reason := p.write(w, i, &f.pkt, tr.comment(i, f))
 	b.next++
 	p.held--
 	if b.next == len(b.frames) {
