@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestAsyncFileDoesNotWaitForTheDisk: with the file's reader (here a pipe)
@@ -192,5 +194,89 @@ func TestAsyncFileReservesAhead(t *testing.T) {
 		if st.Size != int64(len(chunk)) || st.Blocks*512 > st.Size+4096 {
 			t.Errorf("limit %d: after Close %d bytes, %d allocated; want nothing allocated past the end", limit, st.Size, st.Blocks*512)
 		}
+	}
+}
+
+// TestWriteDirect: writeDirect writes everything, returns the errno of a
+// failed write, and is used for local filesystems only.
+func TestWriteDirect(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "direct")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	want := bytes.Repeat([]byte("pathtrace"), 100_000) // several pages
+	if n, err := writeDirect(int(f.Fd()), want); n != len(want) || err != nil {
+		t.Fatalf("writeDirect: %d, %v; want %d, nil", n, err, len(want))
+	}
+	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("file holds %d bytes (%v), want the %d written", len(got), err, len(want))
+	}
+	ro, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if n, err := writeDirect(int(ro.Fd()), want); n != 0 || !errors.Is(err, syscall.EBADF) {
+		t.Errorf("writeDirect to a read-only fd: %d, %v; want 0, EBADF", n, err)
+	}
+
+	for _, c := range []struct {
+		name  string
+		magic int64
+		local bool
+	}{
+		{"ext4", unix.EXT4_SUPER_MAGIC, true},
+		{"xfs", unix.XFS_SUPER_MAGIC, true},
+		{"tmpfs", unix.TMPFS_MAGIC, true},
+		{"overlayfs", unix.OVERLAYFS_SUPER_MAGIC, true},
+		{"nfs", unix.NFS_SUPER_MAGIC, false},
+		{"fuse", unix.FUSE_SUPER_MAGIC, false},
+		{"cifs", unix.CIFS_SUPER_MAGIC, false},
+		{"pipefs", unix.PIPEFS_MAGIC, false},
+	} {
+		if got := localFilesystem(c.magic); got != c.local {
+			t.Errorf("localFilesystem(%s) = %v, want %v", c.name, got, c.local)
+		}
+	}
+}
+
+// TestAsyncFileLeavesDirectWritesAfterAStall: a file on a local filesystem
+// is written directly until one write takes longer than directStall, then
+// through the runtime; what it holds is the same.
+func TestAsyncFileLeavesDirectWritesAfterAStall(t *testing.T) {
+	dir := t.TempDir()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil || !localFilesystem(int64(st.Type)) {
+		t.Skipf("the test's temporary directory is not on a local filesystem (type %#x, %v)", st.Type, err)
+	}
+	f, err := os.Create(filepath.Join(dir, "stall"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	a := newAsyncFile(f, 0)
+	if !a.direct {
+		t.Fatal("a file on a local filesystem is not written directly")
+	}
+	defer func(d time.Duration) { directStall = d }(directStall)
+	directStall = -1 // every write stalls
+	var want bytes.Buffer
+	for i := range 3 {
+		chunk := bytes.Repeat([]byte{byte('a' + i)}, 10_000)
+		want.Write(chunk)
+		if _, err := a.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if a.direct {
+		t.Error("still written directly after a write that stalled")
+	}
+	if got, err := os.ReadFile(f.Name()); err != nil || !bytes.Equal(got, want.Bytes()) {
+		t.Errorf("file holds %d bytes (%v), want the %d written", len(got), err, want.Len())
 	}
 }
