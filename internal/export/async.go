@@ -82,7 +82,7 @@ func (a *asyncFile) reserve(end int64) {
 	if to <= from {
 		return
 	}
-	if err := unix.Fallocate(int(a.f.Fd()), unix.FALLOC_FL_KEEP_SIZE, from, to-from); err != nil {
+	if err := a.fallocate(from, to-from); err != nil {
 		a.noReserve = true
 		return
 	}
@@ -188,8 +188,10 @@ func (a *asyncFile) Close() error {
 
 // directStall is how long a direct write may take before the file is
 // written through the runtime from then on (the disk stalls: let it delay
-// the file only).
-var directStall = 10 * time.Millisecond // a variable for tests
+// the file only). It is wall time: on saturated CPUs a 100 us write that is
+// preempted takes milliseconds, and that is no stall. At the capture's
+// highest rates the kernel rings hold about three times as long.
+var directStall = 50 * time.Millisecond // a variable for tests
 
 // write writes all of b to the file.
 func (a *asyncFile) write(b []byte) (int, error) {
@@ -198,10 +200,33 @@ func (a *asyncFile) write(b []byte) (int, error) {
 	}
 	start := time.Now()
 	n, err := writeDirect(int(a.f.Fd()), b)
+	a.checkStall(start)
+	return n, err
+}
+
+// fallocate reserves the file's blocks from off on (FALLOC_FL_KEEP_SIZE),
+// directly as write does: allocating 4 MiB of extents takes long enough for
+// the runtime's hand-off too.
+func (a *asyncFile) fallocate(off, n int64) error {
+	fd := int(a.f.Fd())
+	if !a.direct {
+		return unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, off, n)
+	}
+	start := time.Now()
+	_, _, errno := unix.RawSyscall6(unix.SYS_FALLOCATE, uintptr(fd), unix.FALLOC_FL_KEEP_SIZE, uintptr(off), uintptr(n), 0, 0)
+	a.checkStall(start)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// checkStall ends direct calls once one that began at start took longer
+// than directStall.
+func (a *asyncFile) checkStall(start time.Time) {
 	if time.Since(start) > directStall {
 		a.direct = false
 	}
-	return n, err
 }
 
 // writeDirect is write(2) without the Go runtime's syscall bookkeeping. A
