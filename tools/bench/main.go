@@ -40,7 +40,7 @@ type config struct {
 }
 
 // sections are the parts of the benchmark, in the order they run.
-var sections = []string{"capture", "unrelated", "long", "latency", "bulk"}
+var sections = []string{"capture", "unrelated", "long", "latency", "observers", "bulk"}
 
 func main() {
 	// The lab's backend servers are this binary re-executed.

@@ -311,6 +311,7 @@ type results struct {
 	// LatencyCPU is pathtrace's process CPU over its latency runs, and how
 	// long their connections took.
 	LatencyCPU, LatencyElapsed time.Duration
+	Observers                  *observerCost
 	Bulk                       []bulkRun
 }
 
@@ -332,6 +333,7 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 		{"unrelated", b.unrelatedRuns},
 		{"long", b.longRun},
 		{"latency", b.latencyRuns},
+		{"observers", b.observerRuns},
 		{"bulk", b.bulkRuns},
 	} {
 		if b.cfg.only != nil && !b.cfg.only[s.name] {

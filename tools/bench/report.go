@@ -56,6 +56,7 @@ func (b *bench) markdown(res *results, started time.Time) string {
 	b.unrelatedSection(p, res)
 	b.longSection(p, res)
 	b.overheadSection(p, res)
+	b.observerSection(p, res)
 	b.targetsSection(p, res)
 	b.limitsSection(p, res)
 	return w.String()
@@ -327,7 +328,7 @@ func (b *bench) limitsSection(p printer, res *results) {
 			bytesPer(pt.FileBytes, pt.totalCaptured()), bytesPer(td.FileBytes, td.totalCaptured()))
 	}
 	p("\n")
-	p("- In the kernel, an AF_PACKET tap clones every frame its device transmits before its filter runs, and copies what the filter keeps; pathtrace has three taps where tcpdump has one, and its socket, tc and netfilter observers run on every packet of the node that passes their hooks (reporting the first packets of each flow). That is the cost the traced system sees: the unrelated-traffic, connect() and throughput ratios above, where %s (filtered as pathtrace is) measures the taps alone, so what pathtrace costs beyond it is its observers. Per program, `kernel.bpf_stats_enabled` shows where: on an unrelated packet the taps' filter, the tc observer, the cgroup egress observer and sendmsg4 take about 90, 110, 75 and 75 ns; on a new connection to the VIP all observers together take about 6.5 µs (its first packets are reported, and the sockets, clients and flows learned in LRU maps).\n", toolTcpdump3)
+	p("- In the kernel, an AF_PACKET tap clones every frame its device transmits before its filter runs, and copies what the filter keeps; pathtrace has three taps where tcpdump has one, and its socket, tc and netfilter observers run on every packet of the node that passes their hooks (reporting the first packets of each flow). That is the cost the traced system sees: the unrelated-traffic, connect() and throughput ratios above, where %s (filtered as pathtrace is) measures the taps alone, so what pathtrace costs beyond it is its observers. Where, per program, is in section 5 (its first packets are reported, and the sockets, clients and flows learned in LRU maps).\n", toolTcpdump3)
 	p("- The machine is a virtual machine whose speed varies from minute to minute (other tenants): the overhead runs alternate with and without pathtrace for that reason, and two runs of the same build differ by tens of percent in the ratios.\n")
 }
 
@@ -563,6 +564,12 @@ func quickSummary(res *results) string {
 	}
 	if n := len(res.Latency[toolPathtrace]) + len(res.Paced[toolPathtrace]); n > 0 {
 		p("connect: pathtrace CPU %s per connection, %.0f%% of a core while they ran\n", perFlow(res.LatencyCPU, uint64(n)), 100*res.LatencyCPU.Seconds()/res.LatencyElapsed.Seconds())
+	}
+	if o := res.Observers; o != nil {
+		for _, c := range o.Connect {
+			p("observer %-16s %.2f runs per connection, %.0f ns per run\n", c.Name, float64(c.Runs)/float64(o.Connects), float64(c.Time.Nanoseconds())/float64(c.Runs))
+		}
+		p("observers: %s per connection, %s per unrelated datagram\n", perConnect(o), perDatagram(o))
 	}
 	if len(res.Bulk) > 0 {
 		base := bulkMean(res.Bulk, toolNone)

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/lab"
+)
+
+// observerPrefix names pathtrace's kernel programs (observers and the taps'
+// socket filter); the lab's own are lab_*.
+const observerPrefix = "pt_"
+
+// progCost is what one of pathtrace's kernel programs ran over a workload.
+type progCost struct {
+	Name string
+	Runs uint64
+	Time time.Duration
+}
+
+// observerCost is the kernel's own account (BPF run-time statistics) of
+// pathtrace's programs over paced connects to the TCP VIP and over unrelated
+// datagrams.
+type observerCost struct {
+	Connects  int
+	Connect   []progCost
+	Unrelated uint64 // datagrams sent
+	Datagram  []progCost
+}
+
+func total(costs []progCost) time.Duration {
+	var t time.Duration
+	for _, c := range costs {
+		t += c.Time
+	}
+	return t
+}
+
+// observerRuns measures observerCost in a pathtrace run of its own: the
+// statistics add their own cost to every program run, which the overhead
+// runs must not carry.
+func (b *bench) observerRuns(ctx context.Context, res *results) error {
+	progress("observer cost: pathtrace with the kernel's BPF run-time statistics on")
+	_, err := b.window(ctx, toolPathtrace, b.toolArgvs(toolPathtrace), 0, func(ctx context.Context) (uint64, time.Duration, error) {
+		start := time.Now()
+		stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+		if err != nil {
+			return 0, 0, fmt.Errorf("enable BPF run-time statistics: %w", err)
+		}
+		defer stats.Close()
+		s0, err := observerStats()
+		if err != nil {
+			return 0, 0, err
+		}
+		if _, err := connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects, pacedEvery); err != nil {
+			return 0, 0, err
+		}
+		s1, err := observerStats()
+		if err != nil {
+			return 0, 0, err
+		}
+		sent, _, err := b.udp.send(ctx, unrelatedDst, 0, time.Second)
+		if err != nil {
+			return 0, 0, err
+		}
+		s2, err := observerStats()
+		if err != nil {
+			return 0, 0, err
+		}
+		res.Observers = &observerCost{Connects: b.cfg.connects, Connect: costDelta(s0, s1), Unrelated: sent, Datagram: costDelta(s1, s2)}
+		return 0, time.Since(start), nil
+	}, false)
+	if err != nil {
+		return fmt.Errorf("observer cost: %w", err)
+	}
+	return nil
+}
+
+// observerStats sums the run count and run time of pathtrace's programs by
+// name (a name loaded twice, e.g. by two sessions, counts once).
+func observerStats() (map[string]progCost, error) {
+	out := map[string]progCost{}
+	for id := ebpf.ProgramID(0); ; {
+		next, err := ebpf.ProgramGetNextID(id)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list BPF programs: %w", err)
+		}
+		id = next
+		prog, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue // unloaded meanwhile
+		}
+		info, ierr := prog.Info()
+		st, serr := prog.Stats()
+		prog.Close()
+		if ierr != nil || serr != nil || !strings.HasPrefix(info.Name, observerPrefix) {
+			continue
+		}
+		c := out[info.Name]
+		c.Name, c.Runs, c.Time = info.Name, c.Runs+st.RunCount, c.Time+st.Runtime
+		out[info.Name] = c
+	}
+}
+
+// costDelta is what each program ran from before to after, busiest first.
+func costDelta(before, after map[string]progCost) []progCost {
+	var out []progCost
+	for name, a := range after {
+		d := progCost{Name: name, Runs: a.Runs - before[name].Runs, Time: a.Time - before[name].Time}
+		if d.Runs > 0 {
+			out = append(out, d)
+		}
+	}
+	slices.SortFunc(out, func(x, y progCost) int { return int(y.Time - x.Time) })
+	return out
+}
+
+func (b *bench) observerSection(p printer, res *results) {
+	o := res.Observers
+	if o == nil {
+		return
+	}
+	p("## 5. What pathtrace's kernel programs cost\n\n")
+	p("The kernel's own account (`BPF_ENABLE_STATS`, run count and run time of each program) in a pathtrace run of its own: %d connects to %s paced one every %s (each a traced flow: SYN, SYN-ACK, ACK, RST), then unrelated datagrams to %s for 1 s (%d sent). The statistics add two clock reads to every run (some tens of ns), included here; the overhead runs above were made without them.\n\n",
+		o.Connects, lab.TCPVIP, pacedEvery, unrelatedDst, o.Unrelated)
+	p("| program | runs per connection | ns per run | ns per connection | runs per unrelated datagram | ns per run | ns per datagram |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	byName := map[string][2]progCost{}
+	for _, c := range o.Connect {
+		v := byName[c.Name]
+		v[0] = c
+		byName[c.Name] = v
+	}
+	for _, c := range o.Datagram {
+		v := byName[c.Name]
+		v[1] = c
+		byName[c.Name] = v
+	}
+	names := slices.Sorted(maps.Keys(byName))
+	cell := func(c progCost, n uint64) string {
+		if c.Runs == 0 || n == 0 {
+			return "– | – | –"
+		}
+		return fmt.Sprintf("%.2f | %.0f | %.0f", float64(c.Runs)/float64(n), float64(c.Time.Nanoseconds())/float64(c.Runs), float64(c.Time.Nanoseconds())/float64(n))
+	}
+	for _, n := range names {
+		v := byName[n]
+		p("| `%s` | %s | %s |\n", n, cell(v[0], uint64(o.Connects)), cell(v[1], o.Unrelated))
+	}
+	p("| all | | | **%s** | | | **%s** |\n\n", perConnect(o), perDatagram(o))
+}
+
+func perConnect(o *observerCost) string {
+	return fmt.Sprintf("%.1f µs", float64(total(o.Connect).Nanoseconds())/float64(o.Connects)/1e3)
+}
+
+func perDatagram(o *observerCost) string {
+	if o.Unrelated == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f ns", float64(total(o.Datagram).Nanoseconds())/float64(o.Unrelated))
+}
