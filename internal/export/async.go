@@ -22,8 +22,9 @@ const asyncDepth = 16
 // filesystem, from the first write that stalls on: see writeDirect). Each
 // chunk is written with one write(2), as blockOut hands it over (whole
 // blocks, never crossing a page where it can avoid it), so the file stays
-// readable after a SIGKILL at any moment. After a failed write (a full disk) it cuts the file
-// back to the last whole block it holds and refuses every later chunk.
+// readable after a SIGKILL at any moment. After a failed write (a full
+// disk) it cuts the file back to the last whole block it holds and refuses
+// every later chunk.
 type asyncFile struct {
 	f *os.File
 	// size is the file's size: what was written before the asyncFile took
@@ -233,8 +234,8 @@ func (a *asyncFile) checkStall(start time.Time) {
 // write of a chunk into the page cache takes 50-100 us: through the
 // runtime, its monitor thread takes the processor away (handing it to
 // another thread) and then polls every 20 us for a while, which at 100k
-// packets a second was half of pathtrace's context switches and about 8%
-// of its CPU per packet. The goroutine keeps its processor instead, so a
+// packets a second was half of pathtrace's context switches and about a
+// tenth of its CPU per packet. The goroutine keeps its processor instead, so a
 // write that blocks (writeback throttling) holds up the capture's other
 // goroutines meanwhile, as tcpdump's one thread is held: the kernel rings
 // buffer the frames. Only for local filesystems (localFilesystem), where
