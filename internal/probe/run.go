@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
@@ -122,12 +124,23 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 	}()
 
 	// The observers submit without waking the reader (a full ring does wake
-	// it): poll every readerPoll and read everything there is. The deadline
-	// error comes once the ring is read dry: when stopping, that is the end
-	// (whatever was submitted before the stop is read, not dropped).
+	// it): every readerPoll (busyPoll after a busy poll), read everything
+	// there is. The wait parks this goroutine in Go's network poller on a
+	// duplicate of the ring's fd, as the taps wait. The reader's own wait is
+	// epoll_wait(2) on a thread: a blocking syscall, which wakes the
+	// runtime's monitor thread, takes the processor away and hands it to
+	// another thread, and leaves the monitor polling every 20 us for a
+	// while (with 3,000 connections back to back: 7% more CPU per
+	// connection, a third more context switches). The reads themselves
+	// never block (a deadline in the past): when stopping, a last read takes
+	// whatever was submitted before the stop, nothing is dropped.
+	park, err := newRingPark(events)
+	if err != nil {
+		return err
+	}
+	defer park.Close()
 	var rec ringbuf.Record
 	var batch []obs.Observation
-	readBytes := 0 // since the last poll
 	flush := func() {
 		if len(batch) > 0 {
 			serial(batch)
@@ -135,40 +148,96 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 		}
 	}
 	defer flush()
-	rd.SetDeadline(time.Now().Add(readerPoll))
 	for {
-		if len(batch) == maxEmit || len(batch) > 0 && rd.AvailableBytes() == 0 {
-			flush()
-		}
-		if err := rd.ReadInto(&rec); err != nil {
+		stop := stopping() // before the read: what came before the stop is read
+		rd.SetDeadline(time.Now())
+		readBytes := 0
+		// An empty ring is not read at all: ReadInto would ask epoll first,
+		// a syscall that wakes the runtime's monitor too.
+		for rd.AvailableBytes() > 0 {
+			err := rd.ReadInto(&rec)
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				if stopping() {
-					return nil
-				}
-				next := readerPoll
-				if readBytes > busyBytes {
-					next = busyPoll
-				}
-				readBytes = 0
-				rd.SetDeadline(time.Now().Add(next))
-				continue
+				break // read dry
 			}
 			if errors.Is(err, ringbuf.ErrClosed) {
 				return nil
 			}
-			return fmt.Errorf("read ring buffer: %w", err)
+			if err != nil {
+				return fmt.Errorf("read ring buffer: %w", err)
+			}
+			readBytes += len(rec.RawSample)
+			o, err := decodeEvent(rec.RawSample, epoch)
+			if err != nil {
+				p.counters.decodeErrors.Add(1)
+				continue
+			}
+			p.name(&o)
+			p.counters.events.Add(1)
+			if batch = append(batch, o); len(batch) == maxEmit {
+				flush()
+			}
 		}
-		readBytes += len(rec.RawSample)
-		o, err := decodeEvent(rec.RawSample, epoch)
-		if err != nil {
-			p.counters.decodeErrors.Add(1)
-			continue
+		flush()
+		if stop {
+			return nil
 		}
-		p.name(&o)
-		p.counters.events.Add(1)
-		batch = append(batch, o)
+		next := readerPoll
+		if readBytes > busyBytes {
+			next = busyPoll
+		}
+		if err := park.wait(next, func() bool { return rd.AvailableBytes() > busyBytes }); err != nil {
+			return fmt.Errorf("wait for the ring buffer: %w", err)
+		}
 	}
 }
+
+// ringPark waits for the observers' ring buffer in Go's network poller.
+type ringPark struct {
+	f    *os.File
+	conn syscall.RawConn
+}
+
+// newRingPark registers a duplicate of the ring buffer's fd with the poller
+// (the ring's own fd stays the reader's).
+func newRingPark(events *ebpf.Map) (*ringPark, error) {
+	fd, err := unix.FcntlInt(uintptr(events.FD()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("duplicate the ring buffer fd: %w", err)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ring buffer fd: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "events")
+	conn, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("ring buffer fd: %w", err)
+	}
+	return &ringPark{f: f, conn: conn}, nil
+}
+
+// wait parks until the observers wake the reader (the ring filling up),
+// ready() holds, or d passes.
+func (r *ringPark) wait(d time.Duration, ready func() bool) error {
+	if err := r.f.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return err
+	}
+	woken := false
+	err := r.conn.Read(func(uintptr) bool {
+		if woken || ready() {
+			return true
+		}
+		woken = true // the next call comes after a wakeup: read then
+		return false
+	})
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil
+	}
+	return err
+}
+
+func (r *ringPark) Close() error { return r.f.Close() }
 
 // name adds what the record does not carry: the interface name of a tc
 // observation and the priority of a netfilter one.
