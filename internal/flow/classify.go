@@ -69,11 +69,9 @@ func (e *Engine) ref(f *flowState, reply, translated bool) Ref {
 // engine's generation changed since the last call.
 func (e *Engine) cachedVerdict(f *flowState) verdict {
 	if !f.cachedOK || f.cachedGen != e.gen {
-		v := e.decide(f)
-		// Packet comments read place and by only; the reason is long, and
-		// the report makes it afresh: thousands of flows need not keep it.
-		v.reason = ""
-		f.cached, f.cachedOK, f.cachedGen = v, true, e.gen
+		// Packet comments read place and by only; the report makes the
+		// reason afresh: thousands of flows need not keep it.
+		f.cached, f.cachedOK, f.cachedGen = e.decide(f, false), true, e.gen
 	}
 	return f.cached
 }

@@ -35,6 +35,9 @@ func TestVerdictCacheNeverStale(t *testing.T) {
 					if stale := e.StaleVerdicts(); len(stale) > 0 {
 						t.Fatalf("%s order, step %d: stale cached verdicts for flows %v", name, step, stale)
 					}
+					if bad := e.BriefMismatches(); len(bad) > 0 {
+						t.Fatalf("%s order, step %d: the verdict without its reason differs for flows %v", name, step, bad)
+					}
 					e.WarmVerdicts()
 				}
 			}

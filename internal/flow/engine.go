@@ -269,7 +269,7 @@ func (e *Engine) Summary() Summary {
 	}
 	for _, list := range e.clients {
 		for _, f := range list {
-			s.RewrittenAt[e.decide(f).place]++
+			s.RewrittenAt[e.cachedVerdict(f).place]++
 		}
 	}
 	for p, n := range e.observed {

@@ -10,7 +10,7 @@ import (
 
 // snapshot renders a flow and its current verdict.
 func (e *Engine) snapshot(f *flowState) Flow {
-	v := e.decide(f)
+	v := e.decide(f, true)
 	out := Flow{
 		ID:          f.id,
 		Client:      f.client,

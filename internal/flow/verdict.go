@@ -200,7 +200,9 @@ func unknown(format string, a ...any) verdict {
 
 // decide brackets the rewrite: the last checkpoint that saw the VIP and the
 // first that saw a backend enclose the place where the destination changed.
-func (e *Engine) decide(f *flowState) verdict {
+// Without why, the verdict has no reason: packet comments and counts read
+// place and by only, and writing the reason was most of what deciding cost.
+func (e *Engine) decide(f *flowState, why bool) verdict {
 	iV, iB := -1, -1
 	for i, s := range f.cps {
 		if s.vip {
@@ -210,24 +212,35 @@ func (e *Engine) decide(f *flowState) verdict {
 			iB = i
 		}
 	}
-	switch {
-	case iV < 0 && iB < 0:
-		return unknown("only replies were seen, no request")
-	case iB < 0:
-		return e.unrewritten(f, checkpoint(iV))
-	case iV < 0:
-		return unknown("backend %s seen at %s, but no active observation point saw the VIP before it",
-			f.cps[iB].backendAddr.addrPort(), checkpoint(iB).describe(f.cps[iB].backendFrom))
-	case iV >= iB:
+	if iV >= 0 && iB < 0 {
+		return e.unrewritten(f, checkpoint(iV), why)
+	}
+	if iV < 0 || iV >= iB {
+		if !why {
+			return verdict{place: PlaceUnknown}
+		}
+		switch {
+		case iB < 0:
+			return unknown("only replies were seen, no request")
+		case iV < 0:
+			return unknown("backend %s seen at %s, but no active observation point saw the VIP before it",
+				f.cps[iB].backendAddr.addrPort(), checkpoint(iB).describe(f.cps[iB].backendFrom))
+		}
 		return unknown("inconsistent: the VIP was seen at %s after backend %s at %s",
 			checkpoint(iV).describe(f.cps[iV].vipFrom), f.cps[iB].backendAddr.addrPort(),
 			checkpoint(iB).describe(f.cps[iB].backendFrom))
 	}
-	return e.bracket(f, checkpoint(iV), checkpoint(iB))
+	return e.bracket(f, checkpoint(iV), checkpoint(iB), why)
 }
 
 // unrewritten decides a flow no checkpoint saw with a backend.
-func (e *Engine) unrewritten(f *flowState, last checkpoint) verdict {
+func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
+	switch {
+	case !why && f.cps[cpUplink].vip:
+		return verdict{place: PlaceNowhere}
+	case !why:
+		return verdict{place: PlaceUnknown}
+	}
 	where := last.describe(f.cps[last].vipFrom)
 	switch {
 	case f.cps[cpUplink].vip:
@@ -261,7 +274,7 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 
 // bracket decides between the last VIP checkpoint iV and the first backend
 // checkpoint iB (iV < iB).
-func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
+func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	var cands []gap
 	for cp := iV + 1; cp <= iB; cp++ {
 		g := gapBefore(cp)
@@ -270,25 +283,28 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
 		}
 		cands = append(cands, g)
 	}
-	base := fmt.Sprintf("VIP %s at %s, backend %s at %s", f.service, iV.describe(f.cps[iV].vipFrom),
-		f.cps[iB].backendAddr.addrPort(), iB.describe(f.cps[iB].backendFrom))
 	var notes []string
 	if len(cands) > 1 && slices.Contains(cands, gapNetfilter) {
-		if why := e.netfilterExcluded(f); why != "" {
+		if excluded := e.netfilterExcluded(f); excluded != "" {
 			cands = removeGap(cands, gapNetfilter)
-			notes = append(notes, "netfilter excluded: "+why)
+			notes = append(notes, "netfilter excluded: "+excluded)
 		}
 	}
-	switch {
-	case len(cands) == 0:
-		return unknown("%s: nothing between these points rewrites destinations (inconsistent observations)", base)
-	case len(cands) > 1:
-		names := make([]string, len(cands))
-		for i, g := range cands {
-			names[i] = g.String()
+	if len(cands) != 1 || cands[0] == gapPodNetns {
+		if !why {
+			return verdict{place: PlaceUnknown}
 		}
-		return unknown("%s: could be %s; %s", base, strings.Join(names, " or "), e.blindSpots(iV, iB))
-	case cands[0] == gapPodNetns:
+		base := bracketBase(f, iV, iB)
+		switch {
+		case len(cands) == 0:
+			return unknown("%s: nothing between these points rewrites destinations (inconsistent observations)", base)
+		case len(cands) > 1:
+			names := make([]string, len(cands))
+			for i, g := range cands {
+				names[i] = g.String()
+			}
+			return unknown("%s: could be %s; %s", base, strings.Join(names, " or "), e.blindSpots(iV, iB))
+		}
 		return unknown("%s: rewritten inside the Pod's netns by a tc egress program on its eth0 (not read)", base)
 	}
 	g := cands[0]
@@ -298,16 +314,24 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
 		v.by = e.bySocket(f)
 	case gapTC:
 		v.by = e.byTC(f)
-		if iB > cpTCTail && e.active(obs.PointTCTail) && !f.cps[cpTCTail].any() {
-			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (or is a cls_bpf program after it)")
-		}
 	case gapNetfilter:
 		v.by = e.byNAT(f)
-		notes = append(notes, e.conntrackNote(f, iV, iB))
 	case gapIPVS:
 		v.by = e.byIPVS(f)
 	case gapPodNAT:
 		v.by = ByClientNetfilter
+	}
+	if !why {
+		return v
+	}
+	switch g {
+	case gapTC:
+		if iB > cpTCTail && e.active(obs.PointTCTail) && !f.cps[cpTCTail].any() {
+			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (or is a cls_bpf program after it)")
+		}
+	case gapNetfilter:
+		notes = append(notes, e.conntrackNote(f, iV, iB))
+	case gapPodNAT:
 		if b := f.cps[iB].backendAddr.addrPort(); b.Addr().IsLoopback() {
 			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own connection to the Service is a flow of its own", b))
 		}
@@ -324,13 +348,20 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint) verdict {
 	if f.snat.IsValid() {
 		notes = append(notes, "SNAT on the node: it left with source "+f.snat.String()+" (conntrack)")
 	}
-	v.reason = base
+	v.reason = bracketBase(f, iV, iB)
 	for _, n := range notes {
 		if n != "" {
 			v.reason += "; " + n
 		}
 	}
 	return v
+}
+
+// bracketBase is the start of a bracketed verdict's reason: where the VIP
+// was seen last and the backend first.
+func bracketBase(f *flowState, iV, iB checkpoint) string {
+	return fmt.Sprintf("VIP %s at %s, backend %s at %s", f.service, iV.describe(f.cps[iV].vipFrom),
+		f.cps[iB].backendAddr.addrPort(), iB.describe(f.cps[iB].backendFrom))
 }
 
 // netfilterExcluded tells why netfilter cannot have rewritten a flow that no
