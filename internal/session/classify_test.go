@@ -15,7 +15,7 @@ func TestClassTableActsAsMap(t *testing.T) {
 	c := newClassTable()
 	want := map[classKey]flow.Handle{}
 	key := func(i int) classKey {
-		return classKey{tap: uint16(i % 3), tuple: capture.Tuple{Sport: uint16(i)}}
+		return kindOf(i%3, obs.DirOut, capture.Tuple{Sport: uint16(i)})
 	}
 	// check looks up first (the key just changed, while the cache may still
 	// hold it), then every key.
@@ -63,4 +63,29 @@ func TestClassTableActsAsMap(t *testing.T) {
 	clear(want)
 	want[key(1000000)] = handles[1]
 	check("reset", last-1)
+}
+
+// TestKindOfKeepsEveryField: packets that differ in any one field of their
+// kind get different keys.
+func TestKindOfKeepsEveryField(t *testing.T) {
+	base := capture.Tuple{Src: [4]byte{10, 244, 8, 23}, Dst: [4]byte{10, 120, 0, 80}, Sport: 40000, Dport: 80, Proto: obs.TCP}
+	k := kindOf(2, obs.DirOut, base)
+	vary := map[string]classKey{
+		"tap":   kindOf(3, obs.DirOut, base),
+		"dir":   kindOf(2, obs.DirIn, base),
+		"src":   kindOf(2, obs.DirOut, capture.Tuple{Src: [4]byte{10, 244, 8, 24}, Dst: base.Dst, Sport: base.Sport, Dport: base.Dport, Proto: base.Proto}),
+		"dst":   kindOf(2, obs.DirOut, capture.Tuple{Src: base.Src, Dst: [4]byte{10, 120, 0, 81}, Sport: base.Sport, Dport: base.Dport, Proto: base.Proto}),
+		"sport": kindOf(2, obs.DirOut, capture.Tuple{Src: base.Src, Dst: base.Dst, Sport: 40001, Dport: base.Dport, Proto: base.Proto}),
+		"dport": kindOf(2, obs.DirOut, capture.Tuple{Src: base.Src, Dst: base.Dst, Sport: base.Sport, Dport: 81, Proto: base.Proto}),
+		"proto": kindOf(2, obs.DirOut, capture.Tuple{Src: base.Src, Dst: base.Dst, Sport: base.Sport, Dport: base.Dport, Proto: obs.UDP}),
+		"swap":  kindOf(2, obs.DirOut, capture.Tuple{Src: base.Dst, Dst: base.Src, Sport: base.Dport, Dport: base.Sport, Proto: base.Proto}),
+	}
+	for field, other := range vary {
+		if other == k {
+			t.Errorf("another %s, same kind key %x", field, k)
+		}
+	}
+	if kindOf(2, obs.DirOut, base) != k {
+		t.Error("the same packet kind gave another key")
+	}
 }
