@@ -202,6 +202,9 @@ func (a *asyncFile) write(b []byte) (int, error) {
 	start := time.Now()
 	n, err := writeDirect(int(a.f.Fd()), b)
 	a.checkStall(start)
+	if err != nil {
+		err = &os.PathError{Op: "write", Path: a.f.Name(), Err: err} // as os.File.Write says it
+	}
 	return n, err
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -111,6 +112,9 @@ func TestAsyncFileDiskFull(t *testing.T) {
 	}
 	if cerr == nil {
 		t.Fatal("Close reported no error although the disk filled up")
+	}
+	if !strings.Contains(cerr.Error(), f.Name()) {
+		t.Errorf("error %q does not name the file %s", cerr, f.Name())
 	}
 	st, err := f.Stat()
 	if err != nil {
