@@ -68,13 +68,13 @@ lab-demo: build
 		$(BIN) lab up --mode $$m && $(BIN) lab client --requests 5; \
 	done; $(BIN) lab down
 
-# Go benchmarks, then pathtrace against tcpdump in a lab of its own (root, a few
-# minutes); the results and the exact commands go to BENCH.md. tcpdump is
-# installed with apt-get when missing.
+# Go benchmarks, then pathtrace against tcpdump (and Wireshark's dumpcap, for
+# reference) in a lab of its own (root, a few minutes); the results and the
+# exact commands go to BENCH.md. Both are installed with apt-get when missing.
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./...
-	@command -v tcpdump >/dev/null || \
-		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y tcpdump; }
+	@command -v tcpdump >/dev/null && command -v dumpcap >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y tcpdump wireshark-common; }
 	$(GO) run ./tools/bench --pathtrace $(BIN) --out BENCH.md
 
 clean:

@@ -30,6 +30,7 @@ import (
 type config struct {
 	pathtrace string
 	tcpdump   string
+	dumpcap   string // "" when not installed: its reference runs are left out
 	out       string
 	rates     []int // offered datagrams per second; 0 = as fast as the generator goes
 	window    time.Duration
@@ -56,6 +57,7 @@ func parseFlags() (config, error) {
 	var rates string
 	flag.StringVar(&cfg.pathtrace, "pathtrace", "bin/pathtrace", "pathtrace binary to measure")
 	flag.StringVar(&cfg.tcpdump, "tcpdump", "tcpdump", "tcpdump binary to compare with")
+	flag.StringVar(&cfg.dumpcap, "dumpcap", "dumpcap", "Wireshark's dumpcap binary, a reference for pcapng capture at several points (left out when not installed)")
 	flag.StringVar(&cfg.out, "out", "BENCH.md", "Markdown file to write the results to (\"\" = print only)")
 	flag.StringVar(&rates, "rates", "10000,50000,100000,200000,0", "offered UDP rates in datagrams/s, 0 = as fast as the generator goes")
 	flag.DurationVar(&cfg.window, "window", 3*time.Second, "traffic time of each measured run")
@@ -94,6 +96,12 @@ func parseFlags() (config, error) {
 	}
 	if cfg.tcpdump, err = exec.LookPath(cfg.tcpdump); err != nil {
 		return cfg, fmt.Errorf("tcpdump: %w (apt-get install tcpdump)", err)
+	}
+	if path, err := exec.LookPath(cfg.dumpcap); err == nil {
+		cfg.dumpcap = path
+	} else {
+		fmt.Fprintf(os.Stderr, "bench: no dumpcap (%v): its reference runs are left out (apt-get install wireshark-common)\n", err)
+		cfg.dumpcap = ""
 	}
 	return cfg, nil
 }

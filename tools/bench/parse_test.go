@@ -48,6 +48,30 @@ func TestParseTcpdumpStats(t *testing.T) {
 	}
 }
 
+// TestParseDumpcapStats reads what dumpcap 4.0 printed after a capture on
+// two interfaces (-q), \r of its last count line included.
+func TestParseDumpcapStats(t *testing.T) {
+	stderr := "Capturing on 'veth-a' and 'bond0'\nFile: /tmp/x.pcapng\n\rPackets captured: 857557\n" +
+		"Packets received/dropped on interface 'veth-a': 420863/137922 (pcap:6389/dumpcap:131533/flushed:0/ps_ifdrop:0) (75.3%)\n" +
+		"Packets received/dropped on interface 'bond0': 436694/122091 (pcap:8433/dumpcap:113658/flushed:2/ps_ifdrop:1) (78.2%)\n"
+	var res captureResult
+	if err := parseDumpcapStats(stderr, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Captured["veth-a"] != 420863 || res.Captured["bond0"] != 436694 || res.totalCaptured() != 857557 {
+		t.Errorf("captured %v, want veth-a 420863 and bond0 436694", res.Captured)
+	}
+	if res.KernelDrops["veth-a"] != 6389 || res.KernelDrops["bond0"] != 8434 {
+		t.Errorf("kernel drops %v, want veth-a 6389 and bond0 8434 (pcap + ps_ifdrop)", res.KernelDrops)
+	}
+	if res.OtherLosses != 131533+113658+2 {
+		t.Errorf("queue drops %d, want %d (dumpcap + flushed)", res.OtherLosses, 131533+113658+2)
+	}
+	if err := parseDumpcapStats("dumpcap: There are no interfaces on which a capture can be done\n", &res); err == nil {
+		t.Error("stderr without counters accepted")
+	}
+}
+
 func TestParsePathtraceSummary(t *testing.T) {
 	line := `{"type":"summary","flows":3,"drops":{"host:veth-a kernel_drops":2,"pod:eth0 kernel_drops":0,` +
 		`"uplink:bond0 kernel_drops":5,"ringbuf_losses":7,"flows_over_max":1,"pod:eth0 decode_errors":0},` +

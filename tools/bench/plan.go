@@ -88,6 +88,12 @@ func (b *bench) toolArgvs(tool string, extraSvcs ...string) [][]string {
 		argvs = [][]string{append(argv, "--duration", "1h", "--pcap", filepath.Join(b.dir, "pathtrace-"+strconv.Itoa(b.seq)+".pcapng"), "--output", "json")}
 	case toolTcpdump:
 		argvs = [][]string{b.tcpdumpArgv(b.lab.NodeNetNS(), lab.Uplink)}
+	case toolDumpcap:
+		// -q: no running count on stderr; its default 2 MiB buffer per
+		// interface, as tcpdump keeps its default.
+		file := filepath.Join(b.dir, fmt.Sprintf("dumpcap-%d.pcapng", b.seq))
+		argvs = [][]string{{"ip", "netns", "exec", filepath.Base(b.lab.NodeNetNS()), b.cfg.dumpcap, "-q",
+			"-i", lab.HostVeth, "-i", lab.Uplink, "-s", "96", "-w", file}}
 	case toolTcpdump3, toolIdleTaps:
 		// What pathtrace keeps, as a filter in the kernel: the two VIPs and
 		// their backend; idle taps keep nothing (TEST-NET-1 is in no lab).
@@ -303,7 +309,7 @@ func (b *bench) churnTraffic(dst netip.AddrPort, rate int, d time.Duration) traf
 
 // results is everything one benchmark run measured.
 type results struct {
-	Capture   []windowRun                // per rate: none, tcpdump, pathtrace
+	Capture   []windowRun                // per rate: none, tcpdump, pathtrace[, dumpcap]
 	Unrelated []windowRun                // none, pathtrace idle, pathtrace with unrelated traffic
 	Long      windowRun                  // pathtrace, one new flow per datagram
 	Latency   map[string][]time.Duration // back to back, by tool
@@ -349,8 +355,12 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 func progress(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
 
 func (b *bench) captureRuns(ctx context.Context, res *results) error {
+	tools := []string{toolNone, toolTcpdump, toolPathtrace}
+	if b.cfg.dumpcap != "" {
+		tools = append(tools, toolDumpcap)
+	}
 	for _, rate := range b.cfg.rates {
-		for _, tool := range []string{toolNone, toolTcpdump, toolPathtrace} {
+		for _, tool := range tools {
 			progress("capture: %s at %s", tool, rateName(rate))
 			r, err := b.window(ctx, tool, b.argvsOrNil(tool), rate, b.udpTraffic(lab.UDPVIP, rate, b.cfg.window), false)
 			if err != nil {

@@ -37,12 +37,15 @@ func (b *bench) markdown(res *results, started time.Time) string {
 	p("| Go | %s |\n", runtime.Version())
 	p("| pathtrace | %s, built from the working tree at commit %s |\n", orDash(firstLine(b.cfg.pathtrace, "--version")), orDash(firstLine("git", "rev-parse", "--short", "HEAD")))
 	p("| tcpdump | %s |\n", orDash(strings.Join(strings.Fields(firstLines(2, b.cfg.tcpdump, "--version")), " ")))
+	if b.cfg.dumpcap != "" {
+		p("| dumpcap | %s |\n", orDash(firstLine(b.cfg.dumpcap, "--version")))
+	}
 	p("| lab | `%s`, mode `tc`: the UDP VIP %s is rewritten to %s by a tcx program on `%s`; `%s` carries VLAN %d |\n\n",
 		b.lab.Name(), lab.UDPVIP, lab.UDPBackend, lab.HostVeth, lab.Uplink, lab.VLAN)
 
 	p("## Commands\n\n")
 	p("```\nmake bench\n# runs: go test -run '^$' -bench . -benchmem ./...\n#       go build -o bin/pathtrace ./cmd/pathtrace\n#       go run ./tools/bench --pathtrace bin/pathtrace --out BENCH.md\n```\n\n")
-	p("Capture commands measured (each started fresh per run, stopped with SIGTERM / SIGINT, on which both print their counters; capture files in a temporary directory, deleted after each run):\n\n```\n")
+	p("Capture commands measured (each started fresh per run, stopped with SIGTERM / SIGINT, on which each prints its counters; capture files in a temporary directory, deleted after each run):\n\n```\n")
 	for _, k := range slices.Sorted(maps.Keys(b.commands)) {
 		p("# %s\n%s\n", k, strings.Join(b.commands[k], "\n"))
 	}
@@ -66,7 +69,11 @@ type printer func(format string, a ...any)
 
 func (b *bench) captureSection(p printer, res *results) {
 	p("## 1. Capture of matching traffic\n\n")
-	p("pathtrace captures at three points (`pod:eth0`, `host:%s`, `uplink:%s`), tcpdump at one (`%s`).\n\n", lab.HostVeth, lab.Uplink, lab.Uplink)
+	p("pathtrace captures at three points (`pod:eth0`, `host:%s`, `uplink:%s`), tcpdump at one (`%s`).", lab.HostVeth, lab.Uplink, lab.Uplink)
+	if b.cfg.dumpcap != "" {
+		p(" For reference, %s: Wireshark's capture engine writing one pcapng file with an interface per point, as pathtrace does, at `%s` and `%s` (it captures in one netns; the Pod's `eth0` is in another), without comments.", toolDumpcap, lab.HostVeth, lab.Uplink)
+	}
+	p("\n\n")
 	p("| offered | tool | sent pps | wire pkts %s | captured, all points | captured on %s | kernel drops | other losses | BPF observer events | file bytes per captured packet | process CPU | CPU s/M captured | CPU s/M wire | system CPU s/M wire | peak RSS |\n", lab.Uplink, lab.Uplink)
 	p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range res.Capture {
@@ -120,6 +127,23 @@ func (b *bench) captureSection(p printer, res *results) {
 			ratio(cpuPer(pt.WindowCPU, ptWire), cpuPer(td.WindowCPU, tdWire)),
 			overhead(g.tcpdump, g.none), overhead(g.pathtrace, g.none),
 			ratio(float64(pt.PeakRSS), float64(td.PeakRSS)))
+	}
+	p("\n")
+	if b.cfg.dumpcap == "" {
+		return
+	}
+	p("Reference, pathtrace ÷ %s (pcapng at several points in both):\n\n", toolDumpcap)
+	p("| offered | drops dumpcap in the kernel / in its queue | drops pathtrace | file bytes per captured packet, dumpcap / pathtrace | process CPU per captured packet | peak RSS |\n")
+	p("|---|---:|---:|---:|---:|---:|\n")
+	for _, g := range groupByRate(res.Capture) {
+		dc, pt := g.dumpcap.Cap, g.pathtrace.Cap
+		if dc == nil {
+			continue
+		}
+		p("| %s | %d / %d | %d | %s / %s | %s | %s |\n", rateName(g.rate), dc.totalDrops(), dc.OtherLosses, pt.totalDrops()+pt.OtherLosses,
+			bytesPer(dc.FileBytes, dc.totalCaptured()), bytesPer(pt.FileBytes, pt.totalCaptured()),
+			ratio(cpuPer(pt.WindowCPU, pt.totalCaptured()), cpuPer(dc.WindowCPU, dc.totalCaptured())),
+			ratio(float64(pt.PeakRSS), float64(dc.PeakRSS)))
 	}
 	p("\n")
 }
@@ -327,15 +351,18 @@ func (b *bench) limitsSection(p printer, res *results) {
 		p(" At the maximum rate its file holds %s bytes per packet against tcpdump's %s: the process CPU of both includes writing them (`write(2)` copies every byte into the page cache), so the larger blocks alone keep its CPU per packet above tcpdump's.",
 			bytesPer(pt.FileBytes, pt.totalCaptured()), bytesPer(td.FileBytes, td.totalCaptured()))
 	}
+	if b.cfg.dumpcap != "" {
+		p(" The format pathtrace writes (pcapng, an interface per point) costs more than that in the reference tool: see the %s rows.", toolDumpcap)
+	}
 	p("\n")
 	p("- In the kernel, an AF_PACKET tap clones every frame its device transmits before its filter runs, and copies what the filter keeps; pathtrace has three taps where tcpdump has one, and its socket, tc and netfilter observers run on every packet of the node that passes their hooks (reporting the first packets of each flow). That is the cost the traced system sees: the unrelated-traffic, connect() and throughput ratios above, where %s (filtered as pathtrace is) measures the taps alone, so what pathtrace costs beyond it is its observers. Where, per program, is in section 5 (its first packets are reported, and the sockets, clients and flows learned in LRU maps).\n", toolTcpdump3)
 	p("- The machine is a virtual machine whose speed varies from minute to minute (other tenants): the overhead runs alternate with and without pathtrace for that reason, and two runs of the same build differ by tens of percent in the ratios.\n")
 }
 
-// rateGroup is the three runs at one offered rate.
+// rateGroup is the runs at one offered rate.
 type rateGroup struct {
-	rate                     int
-	none, tcpdump, pathtrace windowRun
+	rate                              int
+	none, tcpdump, pathtrace, dumpcap windowRun
 }
 
 func groupByRate(runs []windowRun) []rateGroup {
@@ -352,6 +379,8 @@ func groupByRate(runs []windowRun) []rateGroup {
 			g.tcpdump = r
 		case toolPathtrace:
 			g.pathtrace = r
+		case toolDumpcap:
+			g.dumpcap = r
 		}
 	}
 	return groups

@@ -22,12 +22,16 @@ import (
 // filtered in the kernel to the lab's VIPs and backend (the cost of filtered
 // AF_PACKET capture there, without pathtrace's observers); toolIdleTaps the
 // same three processes with a filter no lab packet matches (what merely
-// having taps at those points costs).
+// having taps at those points costs); toolDumpcap Wireshark's capture engine
+// writing one pcapng with an interface per point, at the two points it can
+// reach from one netns (the host veth and the uplink): what the format
+// pathtrace writes costs in the reference tool.
 const (
 	toolNone      = "none"
 	toolTcpdump   = "tcpdump"
 	toolTcpdump3  = "tcpdump at three points"
 	toolIdleTaps  = "three idle taps"
+	toolDumpcap   = "dumpcap at two points"
 	toolPathtrace = "pathtrace"
 )
 
@@ -149,6 +153,9 @@ func startTool(ctx context.Context, kind string, argv []string) (*toolProc, erro
 	case toolTcpdump:
 		p.stop = syscall.SIGINT
 		readyErr = func(line string) bool { return strings.Contains(line, "listening on") }
+	case toolDumpcap:
+		p.stop = syscall.SIGINT
+		readyErr = func(line string) bool { return strings.HasPrefix(line, "Capturing on") }
 	default:
 		return nil, fmt.Errorf("unknown tool %q", kind)
 	}
@@ -254,6 +261,8 @@ func (p *toolProc) finish() (*captureResult, error) {
 		err = parsePathtraceSummary(p.summary, res)
 	case toolTcpdump:
 		err = parseTcpdumpStats(p.stderr.String(), argValue(p.argv, "-i"), res)
+	case toolDumpcap:
+		err = parseDumpcapStats(p.stderr.String(), res)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w (stderr: %s)", p.kind, err, p.stderrTailLocked())
@@ -342,5 +351,35 @@ func parseTcpdumpStats(stderr, iface string, res *captureResult) error {
 	}
 	res.Captured = map[string]uint64{iface: captured}
 	res.KernelDrops = map[string]uint64{iface: dropped}
+	return nil
+}
+
+var dumpcapStat = regexp.MustCompile(`(?m)^Packets received/dropped on interface '([^']+)': (\d+)/\d+ \(pcap:(\d+)/dumpcap:(\d+)/flushed:(\d+)/ps_ifdrop:(\d+)\)`)
+
+// parseDumpcapStats reads the per-interface counters dumpcap prints on stderr
+// when it ends: received (written to the file), and the drops by where they
+// happened: in the kernel (pcap, ps_ifdrop) or in dumpcap's own queue
+// between its capture threads and its writer (dumpcap, flushed).
+func parseDumpcapStats(stderr string, res *captureResult) error {
+	ms := dumpcapStat.FindAllStringSubmatch(stderr, -1)
+	if len(ms) == 0 {
+		return errors.New("no \"Packets received/dropped on interface\" lines")
+	}
+	res.Captured, res.KernelDrops, res.LossCounters = map[string]uint64{}, map[string]uint64{}, map[string]uint64{}
+	for _, m := range ms {
+		var n [5]uint64
+		for i := range n {
+			v, err := strconv.ParseUint(m[i+2], 10, 64)
+			if err != nil {
+				return err
+			}
+			n[i] = v
+		}
+		iface := m[1]
+		res.Captured[iface] = n[0]
+		res.KernelDrops[iface] = n[1] + n[4]
+		res.OtherLosses += n[2] + n[3]
+		res.LossCounters["dumpcap queue"] += n[2] + n[3]
+	}
 	return nil
 }
