@@ -105,79 +105,77 @@ func (p *Packet) TagLen() int {
 	return 0
 }
 
-// Tuple is what identifies a frame's flow and direction: its IPv4 addresses,
-// L4 protocol and ports. It is comparable, a map key.
-type Tuple struct {
-	Src, Dst     [4]byte
-	Sport, Dport uint16
-	Proto        obs.Proto
-}
-
-// decoded is what decoding a frame found: the tuple, the TCP flags, and the
-// in-band outer tag when there is one.
-type decoded struct {
-	tuple    Tuple
-	tcpFlags uint8
-	tpid     uint16 // in-band outer tag (0 = none)
-	vlan     uint16
-}
+// Tuple is what identifies a frame's flow and direction, packed in two
+// words: Addrs holds the IPv4 source (high half) and destination, Rest the
+// source port (bits 48-63), destination port (32-47) and L4 protocol
+// (24-31); the low 24 bits of Rest are zero, free for the caller's own
+// fields. It is comparable, a map key that hashes as 16 bytes of memory.
+type Tuple struct{ Addrs, Rest uint64 }
 
 // Tuple decodes a frame's IPv4 TCP/UDP tuple without allocating; false for
-// every frame Observation rejects.
+// every frame Observation rejects. It reads the fields straight from the
+// frame: at every captured packet, a decoded struct handed back through
+// memory cost more than the decoding.
 func (p *Packet) Tuple() (Tuple, bool) {
-	l, ok := p.decode()
-	return l.tuple, ok
+	l3, l4, proto, _, _, ok := p.layers()
+	if !ok {
+		return Tuple{}, false
+	}
+	f := p.Data
+	return Tuple{
+		Addrs: binary.BigEndian.Uint64(f[l3+12:]),
+		Rest:  uint64(binary.BigEndian.Uint32(f[l4:]))<<32 | uint64(proto)<<24,
+	}, true
 }
 
-// decode reads Ethernet (with up to two in-band 802.1Q/802.1ad tags), IPv4
-// and the TCP or UDP header. It fails for anything else: other ethertypes,
-// other L4 protocols, non-first fragments (no ports) and headers cut by the
-// snaplen.
-func (p *Packet) decode() (l decoded, ok bool) {
+// layers finds the IPv4 header (at l3) and the TCP or UDP header (at l4) of
+// an Ethernet frame with up to two in-band 802.1Q/802.1ad tags, and the
+// outer in-band tag (tpid 0: none). It fails for anything else: other
+// ethertypes, other L4 protocols, non-first fragments (no ports) and
+// headers cut by the snaplen. Offsets, not a struct: they come back in
+// registers.
+func (p *Packet) layers() (l3, l4 int, proto obs.Proto, tpid, vlan uint16, ok bool) {
 	f := p.Data
 	if len(f) < 14 {
-		return l, false
+		return 0, 0, 0, 0, 0, false
 	}
 	etype := binary.BigEndian.Uint16(f[12:])
-	l3 := 14
+	l3 = 14
 	for tags := 0; isVLANType(etype); tags++ {
 		if tags == maxInbandTags || len(f) < l3+4 {
-			return l, false
+			return 0, 0, 0, 0, 0, false
 		}
 		if tags == 0 {
-			l.tpid, l.vlan = etype, binary.BigEndian.Uint16(f[l3:])&0x0fff
+			tpid, vlan = etype, binary.BigEndian.Uint16(f[l3:])&0x0fff
 		}
 		etype = binary.BigEndian.Uint16(f[l3+2:])
 		l3 += 4
 	}
 	if etype != etherTypeIPv4 || len(f) < l3+20 {
-		return l, false
+		return 0, 0, 0, 0, 0, false
 	}
 	ip := f[l3:]
 	ihl := int(ip[0]&0x0f) * 4
 	if ip[0]>>4 != 4 || ihl < 20 || len(ip) < ihl {
-		return l, false
+		return 0, 0, 0, 0, 0, false
 	}
 	if binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
-		return l, false // a later fragment: no L4 header
+		return 0, 0, 0, 0, 0, false // a later fragment: no L4 header
 	}
-	l4 := ip[ihl:]
-	switch l.tuple.Proto = obs.Proto(ip[9]); l.tuple.Proto {
+	l4 = l3 + ihl
+	switch proto = obs.Proto(ip[9]); proto {
 	case obs.TCP:
-		if len(l4) < 14 { // through the flags byte
-			return l, false
+		if len(f) < l4+14 { // through the flags byte
+			return 0, 0, 0, 0, 0, false
 		}
-		l.tcpFlags = l4[13]
 	case obs.UDP:
-		if len(l4) < 8 {
-			return l, false
+		if len(f) < l4+8 {
+			return 0, 0, 0, 0, 0, false
 		}
 	default:
-		return l, false
+		return 0, 0, 0, 0, 0, false
 	}
-	l.tuple.Src, l.tuple.Dst = [4]byte(ip[12:16]), [4]byte(ip[16:20])
-	l.tuple.Sport, l.tuple.Dport = binary.BigEndian.Uint16(l4[0:]), binary.BigEndian.Uint16(l4[2:])
-	return l, true
+	return l3, l4, proto, tpid, vlan, true
 }
 
 // Observation decodes the frame (see Tuple) into an observation. An
@@ -185,18 +183,21 @@ func (p *Packet) decode() (l decoded, ok bool) {
 // Ifname and NetNS are the caller's to fill in; the observation may outlive
 // Data.
 func (p *Packet) Observation(point obs.Point) (obs.Observation, bool) {
-	l, ok := p.decode()
+	l3, l4, proto, tpid, vlan, ok := p.layers()
 	if !ok {
 		return obs.Observation{}, false
 	}
+	f := p.Data
 	o := obs.Observation{
 		Time: p.Time, Point: point, Dir: p.Dir, Ifindex: p.Ifindex, Len: p.Len,
-		Proto:    l.tuple.Proto,
-		Src:      netip.AddrPortFrom(netip.AddrFrom4(l.tuple.Src), l.tuple.Sport),
-		Dst:      netip.AddrPortFrom(netip.AddrFrom4(l.tuple.Dst), l.tuple.Dport),
-		TCPFlags: l.tcpFlags,
-		TPID:     l.tpid,
-		VLAN:     l.vlan,
+		Proto: proto,
+		Src:   netip.AddrPortFrom(netip.AddrFrom4([4]byte(f[l3+12:l3+16])), binary.BigEndian.Uint16(f[l4:])),
+		Dst:   netip.AddrPortFrom(netip.AddrFrom4([4]byte(f[l3+16:l3+20])), binary.BigEndian.Uint16(f[l4+2:])),
+		TPID:  tpid,
+		VLAN:  vlan,
+	}
+	if proto == obs.TCP {
+		o.TCPFlags = f[l4+13]
 	}
 	if p.VLANOutOfBand {
 		o.VLAN, o.TPID = p.VLAN, p.TPID

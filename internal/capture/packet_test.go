@@ -69,6 +69,10 @@ func TestObservation(t *testing.T) {
 			if !o.Time.Equal(when) || o.Point != obs.PointUplink || o.Dir != obs.DirOut || o.Ifindex != 7 || o.Len != p.Len {
 				t.Errorf("metadata: %+v", o)
 			}
+			tu, ok := p.Tuple()
+			if want := tupleOf(o); !ok || tu != want {
+				t.Errorf("Tuple %x (%v), want %x: the fields of the observation, packed", tu, ok, want)
+			}
 			if o.SrcMAC.String() != macA.String() || o.DstMAC.String() != macB.String() {
 				t.Errorf("MACs %v -> %v, want %v -> %v", o.SrcMAC, o.DstMAC, macA, macB)
 			}
@@ -77,6 +81,15 @@ func TestObservation(t *testing.T) {
 				t.Errorf("SrcMAC aliases the frame")
 			}
 		})
+	}
+}
+
+// tupleOf packs an observation's fields as Tuple documents it.
+func tupleOf(o obs.Observation) Tuple {
+	src, dst := o.Src.Addr().As4(), o.Dst.Addr().As4()
+	return Tuple{
+		Addrs: uint64(binary.BigEndian.Uint32(src[:]))<<32 | uint64(binary.BigEndian.Uint32(dst[:])),
+		Rest:  uint64(o.Src.Port())<<48 | uint64(o.Dst.Port())<<32 | uint64(o.Proto)<<24,
 	}
 }
 
@@ -126,6 +139,9 @@ func TestObservationRejects(t *testing.T) {
 		p := Packet{Data: frame}
 		if o, ok := p.Observation(obs.PointPod); ok {
 			t.Errorf("%s: decoded as %+v", name, o)
+		}
+		if tu, ok := p.Tuple(); ok {
+			t.Errorf("%s: Tuple %x", name, tu)
 		}
 	}
 }

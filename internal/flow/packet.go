@@ -18,11 +18,12 @@ type Handle struct {
 	slot              int        // index in f.points
 	reply, translated bool
 	refused           bool
-	// at is the time of the packet the handle was made for. Everything but
-	// the counters keeps the earliest observation (sightings, the uplink
-	// frame, a learned backend's time), so a packet no earlier than that
-	// one cannot change it.
-	at time.Time
+	// at is the time of the packet the handle was made for (Unix ns: the
+	// handle is copied at every packet, and a time.Time is three words).
+	// Everything but the counters keeps the earliest observation
+	// (sightings, the uplink frame, a learned backend's time), so a packet
+	// no earlier than that one cannot change it.
+	at int64
 }
 
 // Refused tells whether the packets of h belong to a flow refused beyond
@@ -35,7 +36,7 @@ func (h Handle) Refused() bool { return h.refused }
 // again).
 func (e *Engine) AddPacket(o obs.Observation) (Handle, bool) {
 	h, ok := e.add(o)
-	h.at = o.Time
+	h.at = o.Time.UnixNano()
 	return h, ok
 }
 
@@ -44,7 +45,7 @@ func (e *Engine) AddPacket(o obs.Observation) (Handle, bool) {
 // another) or the packet is older than h's: the packet was not counted, the
 // caller must Add it.
 func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
-	if at.Before(h.at) {
+	if at.UnixNano() < h.at {
 		return false
 	}
 	if h.refused {

@@ -1,8 +1,6 @@
 package session
 
 import (
-	"encoding/binary"
-
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -17,11 +15,10 @@ import (
 // every few packets, the table's lookups and inserts were 7% of the CPU).
 type classKey struct{ addrs, rest uint64 }
 
+// kindOf adds the capture point and direction to the low bits capture.Tuple
+// leaves free.
 func kindOf(tap int, dir obs.Dir, t capture.Tuple) classKey {
-	return classKey{
-		addrs: uint64(binary.BigEndian.Uint32(t.Src[:]))<<32 | uint64(binary.BigEndian.Uint32(t.Dst[:])),
-		rest:  uint64(t.Sport)<<48 | uint64(t.Dport)<<32 | uint64(t.Proto)<<24 | uint64(dir)<<16 | uint64(uint16(tap)),
-	}
+	return classKey{addrs: t.Addrs, rest: t.Rest | uint64(dir)<<16 | uint64(uint16(tap))}
 }
 
 // maxClasses bounds the table of packet kinds: beyond it the table starts
@@ -89,17 +86,25 @@ func (c *classTable) remember(k classKey, h flow.Handle) {
 
 // classify counts a captured frame in its flow and returns its handle;
 // false for a frame that is no packet of a known flow (not IPv4 TCP/UDP,
-// or its flow is not known yet: the engine keeps it waiting).
+// or its flow is not known yet: the engine keeps it waiting). This is the
+// path of every captured packet: a packet of a kind seen before is only
+// counted; the rest goes to correlate.
 func (tr *tracer) classify(tapIdx int, p *capture.Packet) (flow.Handle, bool) {
 	t, ok := p.Tuple()
 	if !ok {
 		return flow.Handle{}, false
 	}
-	tp := &tr.taps[tapIdx]
 	k := kindOf(tapIdx, p.Dir, t)
-	if h, ok := tr.classes.get(k); ok && tr.eng.Repeat(h, tp.point, p.Time, p.Len) {
+	if h, ok := tr.classes.get(k); ok && tr.eng.Repeat(h, tr.taps[tapIdx].point, p.Time, p.Len) {
 		return h, true
 	}
+	return tr.correlate(tapIdx, p, k)
+}
+
+// correlate adds the first packet of a kind (or one its handle cannot
+// count) to the engine and remembers the handle it gets for the kind.
+func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey) (flow.Handle, bool) {
+	tp := &tr.taps[tapIdx]
 	o, _ := p.Observation(tp.point)
 	o.Ifname = tp.label
 	h, ok := tr.eng.AddPacket(o)
