@@ -1,6 +1,8 @@
 package session
 
 import (
+	"sync"
+
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -35,12 +37,20 @@ const (
 	maxBatchBytes = 256 << 10
 )
 
-// add copies p into the batch.
+// add copies p into the batch: straight into the next frame, where a frame
+// value appended was built and then copied again (a frame is 150 bytes).
 func (b *batch) add(p *capture.Packet) {
-	f := frame{pkt: *p, off: len(b.data), n: len(p.Data)}
+	n := len(b.frames)
+	if n < cap(b.frames) {
+		b.frames = b.frames[:n+1] // putBatch cleared it
+	} else {
+		b.frames = append(b.frames, frame{})
+	}
+	f := &b.frames[n]
+	f.pkt = *p
 	f.pkt.Data = nil
+	f.off, f.n = len(b.data), len(p.Data)
 	b.data = append(b.data, p.Data...)
-	b.frames = append(b.frames, f)
 }
 
 func (b *batch) full() bool { return len(b.frames) >= maxBatch || len(b.data) >= maxBatchBytes }
@@ -67,18 +77,56 @@ const (
 	freeObsBatches = 4
 )
 
+// batchPool keeps consumed batches for reuse, last in first out: the batch
+// reused next is the one written out last, whose memory is still in the
+// CPU's caches (a queue hands back the coldest, and every frame stored into
+// it missed the cache). Not a sync.Pool: it drops its content at every
+// garbage collection, and the allocations that follow bring the next one
+// sooner.
+type batchPool struct {
+	mu    sync.Mutex
+	items []*batch
+}
+
+func newBatchPool(n int) *batchPool { return &batchPool{items: make([]*batch, 0, n)} }
+
+func (bp *batchPool) get() *batch {
+	bp.mu.Lock()
+	defer bp.mu.Unlock()
+	n := len(bp.items)
+	if n == 0 {
+		return nil
+	}
+	b := bp.items[n-1]
+	bp.items[n-1] = nil
+	bp.items = bp.items[:n-1]
+	return b
+}
+
+// put keeps b unless the pool is full.
+func (bp *batchPool) put(b *batch) {
+	bp.mu.Lock()
+	defer bp.mu.Unlock()
+	if len(bp.items) < cap(bp.items) {
+		bp.items = append(bp.items, b)
+	}
+}
+
+func (bp *batchPool) len() int {
+	bp.mu.Lock()
+	defer bp.mu.Unlock()
+	return len(bp.items)
+}
+
 // newBatch returns an empty batch for tap (-1: observations), a reused one
-// when there is one. Not a sync.Pool: it drops its content at every garbage
-// collection, and the allocations that follow bring the next one sooner.
+// when there is one.
 func (tr *tracer) newBatch(tap int) *batch {
 	free := tr.free
 	if tap < 0 {
 		free = tr.freeObs
 	}
-	var b *batch
-	select {
-	case b = <-free:
-	default:
+	b := free.get()
+	if b == nil {
 		b = &batch{}
 	}
 	if tap >= 0 && b.frames == nil {
@@ -96,12 +144,9 @@ func (tr *tracer) putBatch(b *batch) {
 	clear(b.frames) // drop the references to flows
 	clear(b.obs)
 	b.frames, b.data, b.obs, b.next = b.frames[:0], b.data[:0], b.obs[:0], 0
-	free := tr.free
 	if b.tap < 0 {
-		free = tr.freeObs
-	}
-	select {
-	case free <- b:
-	default:
+		tr.freeObs.put(b)
+	} else {
+		tr.free.put(b)
 	}
 }

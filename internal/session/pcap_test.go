@@ -59,7 +59,7 @@ func testTracerOf(t testing.TB, out io.Writer, taps []tap) *tracer {
 		t.Fatal(err)
 	}
 	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
-	return &tracer{taps: taps, eng: eng, classes: newClassTable(), free: make(chan *batch, freeBatches),
+	return &tracer{taps: taps, eng: eng, classes: newClassTable(), free: newBatchPool(freeBatches),
 		pcap: &pcapOut{w: w, perTap: make([]uint64, len(taps)), queues: make([][]*batch, len(taps))}}
 }
 
@@ -159,7 +159,7 @@ func TestPcapMergesPointsInTimeOrder(t *testing.T) {
 	if perPoint["pod"] != 5 || perPoint["uplink"] != 5 {
 		t.Errorf("packets per point %v, want pod 5 and uplink 5", perPoint)
 	}
-	if len(tr.free) == 0 {
+	if tr.free.len() == 0 {
 		t.Error("no written batch came back for reuse")
 	}
 }

@@ -37,8 +37,8 @@ type tracer struct {
 	// ended says, per tap, why its capture ended before the session did
 	// ("" while it runs); each producer writes its own, read once they end.
 	ended   []string
-	free    chan *batch // consumed frame batches, for reuse
-	freeObs chan *batch // consumed observation batches, for reuse
+	free    *batchPool // consumed frame batches, for reuse
+	freeObs *batchPool // consumed observation batches, for reuse
 	lb      *lbWatch
 	classes *classTable
 }

@@ -144,7 +144,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		root = cgroup
 	}
 	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
-		free: make(chan *batch, freeBatches), freeObs: make(chan *batch, freeObsBatches), ended: make([]string, len(taps))}
+		free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches), ended: make([]string, len(taps))}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
 			return nil, err
