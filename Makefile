@@ -52,6 +52,8 @@ fmt-check:
 # reader, pcapng writer and its flush timer).
 test: check-generated vet fmt-check deps-race
 	$(GO) test -count=1 -timeout 40m ./...
+	# every benchmark once, so none rots between two make bench
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... >/dev/null
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./internal/...
 
 test-unit:

@@ -59,7 +59,7 @@ func testTracerOf(t testing.TB, out io.Writer, taps []tap) *tracer {
 		t.Fatal(err)
 	}
 	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
-	return &tracer{taps: taps, eng: eng, classes: newClassTable(), free: newBatchPool(freeBatches),
+	return &tracer{taps: taps, eng: eng, classes: newClassTable(), free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches),
 		pcap: &pcapOut{w: w, perTap: make([]uint64, len(taps)), queues: make([][]*batch, len(taps))}}
 }
 
