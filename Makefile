@@ -52,8 +52,8 @@ fmt-check:
 # reader, pcapng writer and its flush timer).
 test: check-generated vet fmt-check deps-race
 	$(GO) test -count=1 -timeout 40m ./...
-	# every benchmark once, so none rots between two make bench
-	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... >/dev/null
+	@echo "every benchmark once, so none rots between two make bench:"
+	@out=$$($(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... 2>&1) || { echo "$$out"; exit 1; }
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./internal/...
 
 test-unit:

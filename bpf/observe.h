@@ -300,18 +300,57 @@ static __always_inline struct pt_event *pt_reserve(__u8 point)
 	return e;
 }
 
-/* Events are submitted without waking the reader, which polls the ring (every
- * 50 ms, every 10 ms while events keep coming): one wakeup per event would
- * cost more than the event. A ring filling up faster than that wakes it at
- * once: every submit past PT_WAKEUP_BYTES does, until it has read the ring
- * down again. (Waking only on crossing the mark lost events under a burst
- * of connections: tried.) */
+/* Events are submitted without waking the reader, which polls the ring while
+ * they come (every 50 ms, every 10 ms while many come): one wakeup per event
+ * would cost more than the event. A reader whose last poll found nothing
+ * sleeps until the next submit wakes it (reader_asleep). A ring filling up
+ * between two polls wakes it at once: every submit past PT_WAKEUP_BYTES
+ * does, until it has read the ring down again. (Waking only on crossing the
+ * mark lost events under a burst of connections: tried.) */
 #define PT_WAKEUP_BYTES (128 << 10)
+
+/* reader_asleep (key 0) is 1 while the reader sleeps because its last poll
+ * found nothing: instead of polling an idle ring, it waits for the next
+ * submit, which wakes it and clears the flag. The reader sets the flag, then
+ * looks at the ring once more; a submit reserves (moving the producer
+ * position), then looks at the flag: with a full barrier between each
+ * side's store and load, one of them sees the other's store, so an event
+ * never waits for a reader that went to sleep past it. Mapped into the
+ * reader's memory. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64); /* 64 bits: bpf2go's -mcpu=v1 has no 32-bit exchange */
+} reader_asleep SEC(".maps");
+
+/* submit_fence is a word per CPU for pt_submit's barrier: an exchange is a
+ * fetching atomic, fully ordered, on a line no other CPU writes. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} submit_fence SEC(".maps");
+
+/* pt_wake_sleeper reports whether the reader sleeps, and takes its flag (one
+ * submit wakes it, not every one until it runs). */
+static __always_inline bool pt_wake_sleeper(void)
+{
+	__u32 key = 0;
+	__u64 *fence = bpf_map_lookup_elem(&submit_fence, &key);
+	if (fence)
+		__sync_lock_test_and_set(fence, 0);
+	__u64 *asleep = bpf_map_lookup_elem(&reader_asleep, &key);
+	return asleep && *asleep && __sync_lock_test_and_set(asleep, 0);
+}
 
 static __always_inline void pt_submit(struct pt_event *e)
 {
-	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > PT_WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP
-										       : BPF_RB_NO_WAKEUP;
+	__u64 flags = BPF_RB_NO_WAKEUP;
+	if (pt_wake_sleeper() || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > PT_WAKEUP_BYTES)
+		flags = BPF_RB_FORCE_WAKEUP;
 	bpf_ringbuf_submit(e, flags);
 }
 

@@ -20,7 +20,9 @@ const (
 	observeNFMapEventsSummarized = "events_summarized"
 	observeNFMapFlowEvents       = "flow_events"
 	observeNFMapLearnErrors      = "learn_errors"
+	observeNFMapReaderAsleep     = "reader_asleep"
 	observeNFMapRingbufLosses    = "ringbuf_losses"
+	observeNFMapSubmitFence      = "submit_fence"
 	observeNFMapWatchAddrs       = "watch_addrs"
 	observeNFMapWatchBitsKernel  = "watch_bits_kernel"
 	observeNFMapWatchBitsUser    = "watch_bits_user"
@@ -84,7 +86,9 @@ type observeNFMapSpecs struct {
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
+	SubmitFence      *ebpf.MapSpec `ebpf:"submit_fence"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
 	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
@@ -122,7 +126,9 @@ type observeNFMaps struct {
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
+	SubmitFence      *ebpf.Map `ebpf:"submit_fence"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
 	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
@@ -135,7 +141,9 @@ func (m *observeNFMaps) Close() error {
 		m.EventsSummarized,
 		m.FlowEvents,
 		m.LearnErrors,
+		m.ReaderAsleep,
 		m.RingbufLosses,
+		m.SubmitFence,
 		m.WatchAddrs,
 		m.WatchBitsKernel,
 		m.WatchBitsUser,

@@ -21,8 +21,10 @@ const (
 	observeSockMapFlowEvents       = "flow_events"
 	observeSockMapLearnErrors      = "learn_errors"
 	observeSockMapReadRequested    = "read_requested"
+	observeSockMapReaderAsleep     = "reader_asleep"
 	observeSockMapRingbufLosses    = "ringbuf_losses"
 	observeSockMapSentTo           = "sent_to"
+	observeSockMapSubmitFence      = "submit_fence"
 	observeSockMapWatchAddrs       = "watch_addrs"
 	observeSockMapWatchBitsKernel  = "watch_bits_kernel"
 	observeSockMapWatchBitsUser    = "watch_bits_user"
@@ -95,8 +97,10 @@ type observeSockMapSpecs struct {
 	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReadRequested    *ebpf.MapSpec `ebpf:"read_requested"`
+	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	SentTo           *ebpf.MapSpec `ebpf:"sent_to"`
+	SubmitFence      *ebpf.MapSpec `ebpf:"submit_fence"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
 	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
@@ -137,8 +141,10 @@ type observeSockMaps struct {
 	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReadRequested    *ebpf.Map `ebpf:"read_requested"`
+	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	SentTo           *ebpf.Map `ebpf:"sent_to"`
+	SubmitFence      *ebpf.Map `ebpf:"submit_fence"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
 	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
@@ -154,8 +160,10 @@ func (m *observeSockMaps) Close() error {
 		m.FlowEvents,
 		m.LearnErrors,
 		m.ReadRequested,
+		m.ReaderAsleep,
 		m.RingbufLosses,
 		m.SentTo,
+		m.SubmitFence,
 		m.WatchAddrs,
 		m.WatchBitsKernel,
 		m.WatchBitsUser,

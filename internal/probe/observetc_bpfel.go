@@ -20,7 +20,9 @@ const (
 	observeTCMapEventsSummarized = "events_summarized"
 	observeTCMapFlowEvents       = "flow_events"
 	observeTCMapLearnErrors      = "learn_errors"
+	observeTCMapReaderAsleep     = "reader_asleep"
 	observeTCMapRingbufLosses    = "ringbuf_losses"
+	observeTCMapSubmitFence      = "submit_fence"
 	observeTCMapWatchAddrs       = "watch_addrs"
 	observeTCMapWatchBitsKernel  = "watch_bits_kernel"
 	observeTCMapWatchBitsUser    = "watch_bits_user"
@@ -88,7 +90,9 @@ type observeTCMapSpecs struct {
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
+	SubmitFence      *ebpf.MapSpec `ebpf:"submit_fence"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
 	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
@@ -126,7 +130,9 @@ type observeTCMaps struct {
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
+	SubmitFence      *ebpf.Map `ebpf:"submit_fence"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
 	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
@@ -139,7 +145,9 @@ func (m *observeTCMaps) Close() error {
 		m.EventsSummarized,
 		m.FlowEvents,
 		m.LearnErrors,
+		m.ReaderAsleep,
 		m.RingbufLosses,
+		m.SubmitFence,
 		m.WatchAddrs,
 		m.WatchBitsKernel,
 		m.WatchBitsUser,

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
@@ -27,6 +29,12 @@ const (
 	busyPoll   = 10 * time.Millisecond
 	busyBytes  = 32 << 10
 )
+
+// idleWait is how long the reader sleeps after a poll that found nothing,
+// unless an observer wakes it first (every submit to a sleeping reader
+// does): only a bound in case a wakeup were lost. An idle pathtrace then
+// wakes about once a second, not twenty times. A variable for tests.
+var idleWait = time.Second
 
 // maxEmit bounds the observations RunBatches hands over at once.
 const maxEmit = 256
@@ -124,8 +132,9 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 	}()
 
 	// The observers submit without waking the reader (a full ring does wake
-	// it): every readerPoll (busyPoll after a busy poll), read everything
-	// there is. The wait parks this goroutine in Go's network poller on a
+	// it, and so does the first event after a poll that found nothing: see
+	// sleepFlag): every readerPoll (busyPoll after a busy poll), read
+	// everything there is. The wait parks this goroutine in Go's network poller on a
 	// duplicate of the ring's fd, as the taps wait. The reader's own wait is
 	// epoll_wait(2) on a thread: a blocking syscall, which wakes the
 	// runtime's monitor thread, takes the processor away and hands it to
@@ -139,6 +148,23 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 		return err
 	}
 	defer park.Close()
+	// A stop ends the wait at once: a sleeping reader waits up to idleWait.
+	stopWait := make(chan struct{})
+	defer close(stopWait)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-p.closing:
+		case <-stopWait:
+			return
+		}
+		park.interrupt()
+	}()
+	sleeper, err := mapSleepFlag(p.maps["reader_asleep"])
+	if err != nil {
+		return err
+	}
+	defer sleeper.close()
 	var rec ringbuf.Record
 	var batch []obs.Observation
 	flush := func() {
@@ -182,19 +208,61 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 			return nil
 		}
 		next := readerPoll
-		if readBytes > busyBytes {
+		switch {
+		case readBytes > busyBytes:
 			next = busyPoll
+		case readBytes == 0 && sleeper.sleep(rd):
+			next = idleWait
 		}
-		if err := park.wait(next, func() bool { return rd.AvailableBytes() > busyBytes }); err != nil {
+		err := park.wait(next, func() bool { return rd.AvailableBytes() > busyBytes })
+		sleeper.wake()
+		if err != nil {
 			return fmt.Errorf("wait for the ring buffer: %w", err)
 		}
 	}
 }
 
+// sleepFlag is the observers' reader_asleep flag, mapped into this process
+// (the map is BPF_F_MMAPABLE): set and cleared with atomic exchanges, full
+// barriers, as the protocol in observe.h needs.
+type sleepFlag struct {
+	mem  []byte
+	flag *uint64
+}
+
+func mapSleepFlag(m *ebpf.Map) (*sleepFlag, error) {
+	mem, err := unix.Mmap(m.FD(), 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map reader_asleep: %w", err)
+	}
+	return &sleepFlag{mem: mem, flag: (*uint64)(unsafe.Pointer(&mem[0]))}, nil
+}
+
+// sleep announces that the reader sleeps until the next submit, then looks
+// at the ring once more: false (and awake again) when something arrived
+// meanwhile.
+func (s *sleepFlag) sleep(rd *ringbuf.Reader) bool {
+	atomic.SwapUint64(s.flag, 1)
+	if rd.AvailableBytes() > 0 {
+		s.wake()
+		return false
+	}
+	return true
+}
+
+// wake clears the flag (a submit that woke the reader already did).
+func (s *sleepFlag) wake() { atomic.SwapUint64(s.flag, 0) }
+
+func (s *sleepFlag) close() {
+	s.wake()
+	unix.Munmap(s.mem)
+}
+
 // ringPark waits for the observers' ring buffer in Go's network poller.
 type ringPark struct {
-	f    *os.File
-	conn syscall.RawConn
+	f           *os.File
+	conn        syscall.RawConn
+	interrupted atomic.Bool
 }
 
 // newRingPark registers a duplicate of the ring buffer's fd with the poller
@@ -223,6 +291,9 @@ func (r *ringPark) wait(d time.Duration, ready func() bool) error {
 	if err := r.f.SetReadDeadline(time.Now().Add(d)); err != nil {
 		return err
 	}
+	if r.interrupted.Load() { // before the deadline above replaced its own
+		return nil
+	}
 	woken := false
 	err := r.conn.Read(func(uintptr) bool {
 		if woken || ready() {
@@ -235,6 +306,12 @@ func (r *ringPark) wait(d time.Duration, ready func() bool) error {
 		return nil
 	}
 	return err
+}
+
+// interrupt ends the current wait and every later one at once.
+func (r *ringPark) interrupt() {
+	r.interrupted.Store(true)
+	r.f.SetReadDeadline(time.Now())
 }
 
 func (r *ringPark) Close() error { return r.f.Close() }
