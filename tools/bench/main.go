@@ -33,6 +33,7 @@ type config struct {
 	dumpcap   string // "" when not installed: its reference runs are left out
 	out       string
 	rates     []int // offered datagrams per second; 0 = as fast as the generator goes
+	rounds    int   // capture runs per rate and tool
 	window    time.Duration
 	long      time.Duration
 	churnRate int
@@ -61,6 +62,7 @@ func parseFlags() (config, error) {
 	flag.StringVar(&cfg.out, "out", "BENCH.md", "Markdown file to write the results to (\"\" = print only)")
 	flag.StringVar(&rates, "rates", "10000,50000,100000,200000,0", "offered UDP rates in datagrams/s, 0 = as fast as the generator goes")
 	flag.DurationVar(&cfg.window, "window", 3*time.Second, "traffic time of each measured run")
+	flag.IntVar(&cfg.rounds, "rounds", 3, "capture runs per rate and tool, in alternating rounds: the targets take the median ratio (the machine's speed drifts between runs)")
 	flag.DurationVar(&cfg.long, "long", 20*time.Second, "traffic time of the long run (RSS over time, one new flow per datagram)")
 	flag.IntVar(&cfg.churnRate, "churn-rate", 5000, "new flows per second in the long run")
 	flag.IntVar(&cfg.connects, "connects", 1500, "connect() calls per latency run")
@@ -83,8 +85,8 @@ func parseFlags() (config, error) {
 		}
 		cfg.rates = append(cfg.rates, n)
 	}
-	if cfg.window <= 0 || cfg.long <= 0 || cfg.churnRate <= 0 || cfg.connects <= 0 {
-		return cfg, errors.New("--window, --long, --churn-rate and --connects must be positive")
+	if cfg.window <= 0 || cfg.long <= 0 || cfg.churnRate <= 0 || cfg.connects <= 0 || cfg.rounds <= 0 {
+		return cfg, errors.New("--window, --long, --churn-rate, --connects and --rounds must be positive")
 	}
 	abs, err := filepath.Abs(cfg.pathtrace)
 	if err != nil {

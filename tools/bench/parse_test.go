@@ -128,4 +128,13 @@ func TestGroupByRate(t *testing.T) {
 	if len(g) != 2 || g[0].rate != 10 || g[1].rate != 0 || g[1].pathtrace.Tool != toolPathtrace || g[0].tcpdump.Tool != toolTcpdump {
 		t.Errorf("groups %+v", g)
 	}
+	// Rounds: the same rate again in the next round is a group of its own.
+	rounds := []windowRun{
+		{Tool: toolNone, Rate: 10, Round: 1}, {Tool: toolPathtrace, Rate: 10, Round: 1},
+		{Tool: toolPathtrace, Rate: 10, Round: 2}, {Tool: toolDumpcap, Rate: 10, Round: 2},
+	}
+	g = groupByRate(rounds)
+	if len(g) != 2 || g[0].round != 1 || g[1].round != 2 || g[1].dumpcap.Tool != toolDumpcap || g[1].none.Tool != "" {
+		t.Errorf("groups over rounds %+v", g)
+	}
 }

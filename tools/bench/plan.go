@@ -61,6 +61,7 @@ type trafficFunc func(ctx context.Context) (sent uint64, elapsed time.Duration, 
 type windowRun struct {
 	Tool    string
 	Rate    int // offered datagrams per second, 0 = as fast as the generator goes
+	Round   int // capture runs: 1, 2, ... (--rounds)
 	Sent    uint64
 	Elapsed time.Duration     // the generator's sending time
 	Window  time.Duration     // sending time + settle: what CPU figures cover
@@ -359,14 +360,17 @@ func (b *bench) captureRuns(ctx context.Context, res *results) error {
 	if b.cfg.dumpcap != "" {
 		tools = append(tools, toolDumpcap)
 	}
-	for _, rate := range b.cfg.rates {
-		for _, tool := range tools {
-			progress("capture: %s at %s", tool, rateName(rate))
-			r, err := b.window(ctx, tool, b.argvsOrNil(tool), rate, b.udpTraffic(lab.UDPVIP, rate, b.cfg.window), false)
-			if err != nil {
-				return fmt.Errorf("capture %s at %s: %w", tool, rateName(rate), err)
+	for round := 1; round <= b.cfg.rounds; round++ {
+		for _, rate := range b.cfg.rates {
+			for _, tool := range tools {
+				progress("capture, round %d: %s at %s", round, tool, rateName(rate))
+				r, err := b.window(ctx, tool, b.argvsOrNil(tool), rate, b.udpTraffic(lab.UDPVIP, rate, b.cfg.window), false)
+				if err != nil {
+					return fmt.Errorf("capture %s at %s: %w", tool, rateName(rate), err)
+				}
+				r.Round = round
+				res.Capture = append(res.Capture, r)
 			}
-			res.Capture = append(res.Capture, r)
 		}
 	}
 	return nil
@@ -489,6 +493,15 @@ func (b *bench) bulkRun(ctx context.Context, variant string) (bulkRun, error) {
 		return 0, time.Since(start), err
 	}, false)
 	return bulkRun{Tool: variant, Bps: bps, Window: r.Window, Cap: r.Cap}, err
+}
+
+// runName is a capture run's offered rate, and its round when there are
+// several.
+func (b *bench) runName(rate, round int) string {
+	if b.cfg.rounds <= 1 {
+		return rateName(rate)
+	}
+	return fmt.Sprintf("%s #%d", rateName(rate), round)
 }
 
 func rateName(rate int) string {
