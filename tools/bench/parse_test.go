@@ -138,3 +138,19 @@ func TestGroupByRate(t *testing.T) {
 		t.Errorf("groups over rounds %+v", g)
 	}
 }
+
+func TestMedian(t *testing.T) {
+	v := []float64{3, 1, 2}
+	if got := median(v); got != 2 {
+		t.Errorf("median %v = %v, want 2", v, got)
+	}
+	if v[0] != 3 {
+		t.Error("median reordered its input")
+	}
+	if got := median([]float64{4, 1}); got != 4 {
+		t.Errorf("median of two = %v, want the upper one, 4", got)
+	}
+	if got := median(nil); got != 0 {
+		t.Errorf("median of none = %v, want 0", got)
+	}
+}

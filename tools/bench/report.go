@@ -216,16 +216,22 @@ func (b *bench) overheadSection(p printer, res *results) {
 	p("pathtrace's own process used %s of CPU per traced connection (both pacings), %.0f%% of a core while the connections ran.\n\n",
 		perFlow(res.LatencyCPU, uint64(len(res.Latency[toolPathtrace])+len(res.Paced[toolPathtrace]))), 100*res.LatencyCPU.Seconds()/res.LatencyElapsed.Seconds())
 
-	p("UDP datagrams per second one sending thread reaches with the capture running (the runs at the maximum rate above): ")
-	var maxRates []string
-	var noneMax float64
+	p("UDP datagrams per second one sending thread reaches with the capture running (the runs at the maximum rate above; the median of the rounds): ")
+	perTool := map[string][]float64{}
+	var tools []string
 	for _, r := range res.Capture {
 		if r.Rate == 0 {
-			if r.Tool == toolNone {
-				noneMax = r.sentPPS()
+			if _, ok := perTool[r.Tool]; !ok {
+				tools = append(tools, r.Tool)
 			}
-			maxRates = append(maxRates, fmt.Sprintf("%s %s (%s)", r.Tool, count(r.sentPPS()), ratio(r.sentPPS(), noneMax)))
+			perTool[r.Tool] = append(perTool[r.Tool], r.sentPPS())
 		}
+	}
+	var maxRates []string
+	noneMax := median(perTool[toolNone])
+	for _, tool := range tools {
+		m := median(perTool[tool])
+		maxRates = append(maxRates, fmt.Sprintf("%s %s (%s)", tool, count(m), ratio(m, noneMax)))
 	}
 	p("to the VIP %s; to unrelated destinations nothing attached %s, pathtrace %s (%s).\n\n", strings.Join(maxRates, ", "),
 		count(res.Unrelated[0].sentPPS()), count(res.Unrelated[2].sentPPS()), ratio(res.Unrelated[2].sentPPS(), res.Unrelated[0].sentPPS()))
@@ -277,7 +283,7 @@ func (b *bench) targetsSection(p printer, res *results) {
 			continue
 		}
 		slices.Sort(ratios)
-		med := ratios[len(ratios)/2]
+		med := median(ratios)
 		cpuMet = cpuMet && med <= 1
 		s := fmt.Sprintf("%s: %.2f×", rateName(rate), med)
 		if len(ratios) > 1 {
@@ -414,6 +420,16 @@ func uplinkCount(captured map[string]uint64) uint64 {
 		}
 	}
 	return 0
+}
+
+// median is the middle value of v (the upper one of an even count), 0 for
+// none; v is left as it was.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(v))
+	return s[len(s)/2]
 }
 
 func cpuPer(cpu time.Duration, pkts uint64) float64 {
