@@ -148,7 +148,7 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 const reportReserve = 512 << 10
 
 func writeBundle(ctx context.Context, dir string, opt session.Options, res *session.Result, atts []probe.Attachment, budget int64) error {
-	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded}
+	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, ObserversEnded: res.ObserversEnded}
 	for _, format := range []string{"txt", "json"} {
 		name := filepath.Join(dir, "report."+format)
 		f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -172,7 +172,8 @@ func writeBundle(ctx context.Context, dir string, opt session.Options, res *sess
 	if err != nil {
 		return err
 	}
-	if err := incident.WriteSummary(dir, res.Flows, res.Summary.WithDrops(res.Drops), res.Node, res.StopReason, res.CaptureEnded); err != nil {
+	if err := incident.WriteSummary(dir, res.Flows, res.Summary.WithDrops(res.Drops), res.Node, res.StopReason,
+		incident.Ended{Captures: res.CaptureEnded, Observers: res.ObserversEnded}); err != nil {
 		return err
 	}
 	for _, f := range []struct{ name, holds string }{

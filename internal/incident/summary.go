@@ -12,6 +12,12 @@ import (
 	"github.com/pathtrace/pathtrace/internal/flow"
 )
 
+// Ended is what stopped before the capture did, each with when and why.
+type Ended struct {
+	Captures  map[string]string // per capture point: its interface went down or away
+	Observers string            // the observers' event reader ("" when it ran to the end)
+}
+
 // SummaryFile is the bundle's plain-words summary.
 const SummaryFile = "SUMMARY.md"
 
@@ -25,8 +31,8 @@ const (
 // sentence per group of flows that share them, then where pathtrace looked,
 // what it captured and lost, and what could not be read (the node's notes and
 // those of the bundle's manifest, when Snapshot wrote one). stop is why the
-// capture ended.
-func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.NodeInfo, stop string, ended map[string]string) error {
+// capture ended; ended, what ended before it.
+func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.NodeInfo, stop string, ended Ended) error {
 	var b strings.Builder
 	b.WriteString("# pathtrace incident summary\n\n")
 	if vips := serviceAddrs(flows); len(vips) > 0 {
@@ -361,7 +367,7 @@ func boolWords(b *bool) string {
 	return "no"
 }
 
-func writeCaptured(b *strings.Builder, s flow.Summary, ended map[string]string) {
+func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 	b.WriteString("\n## What was captured\n\n")
 	fmt.Fprintf(b, "- %s.\n", plural(s.Flows, "flow", "flows"))
 	var obs []string
@@ -375,13 +381,19 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended map[string]string) 
 			drops = append(drops, fmt.Sprintf("%s %d", k, s.Drops[k]))
 		}
 	}
-	if len(drops) == 0 {
-		b.WriteString("- Nothing was lost: every drop counter is zero.\n")
-	} else {
+	switch {
+	case len(drops) > 0:
 		fmt.Fprintf(b, "- Lost: %s. Flows may be missing or incomplete.\n", strings.Join(drops, ", "))
+	case len(ended.Captures) == 0 && ended.Observers == "":
+		b.WriteString("- Nothing was lost: every drop counter is zero.\n")
+	default:
+		b.WriteString("- Every drop counter is zero, but what follows ended early.\n")
 	}
-	for _, point := range sortedKeys(ended) {
-		fmt.Fprintf(b, "- The capture at %s %s: later frames there are missing.\n", point, ended[point])
+	for _, point := range sortedKeys(ended.Captures) {
+		fmt.Fprintf(b, "- The capture at %s %s: later frames there are missing.\n", point, ended.Captures[point])
+	}
+	if ended.Observers != "" {
+		fmt.Fprintf(b, "- The observers' events %s: later flows lack their socket, tc and netfilter evidence, and their verdicts are unknown.\n", ended.Observers)
 	}
 	if s.Unmatched > 0 {
 		fmt.Fprintf(b, "- %d observations matched no flow (e.g. traffic to a backend that did not go through a VIP).\n", s.Unmatched)

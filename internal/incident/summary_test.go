@@ -116,7 +116,7 @@ func TestSummaryGolden(t *testing.T) {
 	if err := m.Write(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteSummary(dir, summaryFlows(), summarySummary(), summaryNode(), "duration", nil); err != nil {
+	if err := WriteSummary(dir, summaryFlows(), summarySummary(), summaryNode(), "duration", Ended{}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile(filepath.Join(dir, SummaryFile))
@@ -129,7 +129,7 @@ func TestSummaryGolden(t *testing.T) {
 func TestSummaryWithoutFlowsOrManifest(t *testing.T) {
 	dir := t.TempDir()
 	s := flow.Summary{Drops: map[string]uint64{"pod_kernel_drops": 0}}
-	if err := WriteSummary(dir, nil, s, nil, "interrupted", nil); err != nil {
+	if err := WriteSummary(dir, nil, s, nil, "interrupted", Ended{}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
@@ -147,7 +147,7 @@ func TestSummaryWithoutFlowsOrManifest(t *testing.T) {
 func TestSummaryNamesLossesAndEndedCaptures(t *testing.T) {
 	dir := t.TempDir()
 	s := flow.Summary{Drops: map[string]uint64{"flows_over_max": 0}}.WithDrops(map[string]uint64{"uplink:bond0 kernel_drops": 12})
-	ended := map[string]string{"pod:eth0@10.0.0.5": "ended at 03:12:09: capture pod eth0: socket error: network is down"}
+	ended := Ended{Captures: map[string]string{"pod:eth0@10.0.0.5": "ended at 03:12:09: capture pod eth0: socket error: network is down"}}
 	if err := WriteSummary(dir, nil, s, nil, "duration", ended); err != nil {
 		t.Fatal(err)
 	}
@@ -157,6 +157,20 @@ func TestSummaryNamesLossesAndEndedCaptures(t *testing.T) {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("summary lacks %q:\n%s", want, got)
 		}
+	}
+	if strings.Contains(string(got), "Nothing was lost") {
+		t.Errorf("summary says nothing was lost:\n%s", got)
+	}
+
+	// Every counter zero, but the observers' reader ended: not "nothing was
+	// lost" either.
+	ended = Ended{Observers: "ended at 03:12:10: read ring buffer: bad address"}
+	if err := WriteSummary(dir, nil, flow.Summary{Drops: map[string]uint64{"flows_over_max": 0}}, nil, "duration", ended); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = os.ReadFile(filepath.Join(dir, SummaryFile))
+	if want := "The observers' events ended at 03:12:10: read ring buffer: bad address: later flows lack"; !strings.Contains(string(got), want) {
+		t.Errorf("summary lacks %q:\n%s", want, got)
 	}
 	if strings.Contains(string(got), "Nothing was lost") {
 		t.Errorf("summary says nothing was lost:\n%s", got)
@@ -175,7 +189,7 @@ func TestSummaryBoundsGroupsAndIDs(t *testing.T) {
 			Client: netip.MustParseAddrPort("10.9.9.9:1"), Service: netip.MustParseAddrPort("10.120.0.10:53")})
 	}
 	dir := t.TempDir()
-	if err := WriteSummary(dir, flows, flow.Summary{Flows: len(flows)}, nil, "max-flows", nil); err != nil {
+	if err := WriteSummary(dir, flows, flow.Summary{Flows: len(flows)}, nil, "max-flows", Ended{}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))

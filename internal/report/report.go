@@ -77,6 +77,9 @@ type Run struct {
 	// down or deleted), with when and why; what they would have seen later
 	// is missing.
 	CaptureEnded map[string]string `json:"capture_ended,omitempty"`
+	// ObserversEnded: the observers' event reader ended early, when and
+	// why; later flows lack their socket, tc and netfilter evidence.
+	ObserversEnded string `json:"observers_ended,omitempty"`
 }
 
 // Summary writes the per-verdict counts, every drop counter (the engine's and

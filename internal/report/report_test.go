@@ -192,3 +192,37 @@ func TestReplyUnseen(t *testing.T) {
 		t.Errorf("row %q, want the reply column to say unseen", row)
 	}
 }
+
+// TestRunEndedEarly: a capture point or the observers' reader that ended
+// before the run did is said in both formats, with when and why.
+func TestRunEndedEarly(t *testing.T) {
+	run := report.Run{Stop: "duration",
+		CaptureEnded:   map[string]string{"pod:eth0": "ended at 03:12:09: network is down"},
+		ObserversEnded: "ended at 03:12:10: read ring buffer: bad address"}
+	var table bytes.Buffer
+	if err := report.NewWriter(&table, "table").Summary(flow.Summary{}, nil, run); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Capture at pod:eth0 ended at 03:12:09: network is down: later frames there are missing",
+		"Observer events ended at 03:12:10: read ring buffer: bad address: later flows lack",
+	} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table has no %q:\n%s", want, table.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, "json").Summary(flow.Summary{}, nil, run); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		CaptureEnded   map[string]string `json:"capture_ended"`
+		ObserversEnded string            `json:"observers_ended"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
+		t.Fatalf("%v: %s", err, js.String())
+	}
+	if got.ObserversEnded != run.ObserversEnded || got.CaptureEnded["pod:eth0"] != run.CaptureEnded["pod:eth0"] {
+		t.Errorf("JSON summary %s, want both endings", js.String())
+	}
+}

@@ -89,6 +89,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	for _, point := range slices.Sorted(maps.Keys(run.CaptureEnded)) {
 		fmt.Fprintf(w, "Capture at %s %s: later frames there are missing\n", point, run.CaptureEnded[point])
 	}
+	if run.ObserversEnded != "" {
+		fmt.Fprintf(w, "Observer events %s: later flows lack their socket, tc and netfilter evidence (verdicts unknown)\n", run.ObserversEnded)
+	}
 	if p := run.Pcap; p != nil {
 		fmt.Fprintf(w, "Pcapng: %s, %d packets, %d bytes (%s)", p.Path, p.Packets, p.Bytes, countList(p.PerInterface))
 		if p.StopReason != "" {

@@ -36,7 +36,9 @@ type tracer struct {
 	pcap       *pcapOut // nil without --pcap
 	// ended says, per tap, why its capture ended before the session did
 	// ("" while it runs); each producer writes its own, read once they end.
-	ended   []string
+	ended []string
+	// obsEnded is the same for the observers' event reader.
+	obsEnded string
 	free    *batchPool // consumed frame batches, for reuse
 	freeObs *batchPool // consumed observation batches, for reuse
 	lb      *lbWatch
@@ -85,11 +87,14 @@ func (tr *tracer) run(ctx context.Context) string {
 	producers.Add(1)
 	go func() {
 		defer producers.Done()
-		_ = tr.pr.RunBatches(runCtx, func(o []obs.Observation) {
+		err := tr.pr.RunBatches(runCtx, func(o []obs.Observation) {
 			b := tr.newBatch(-1)
 			b.obs = append(b.obs, o...)
 			items <- b
 		})
+		if err != nil { // the flows after it lack their observer evidence
+			tr.obsEnded = fmt.Sprintf("ended at %s: %v", time.Now().Format("15:04:05"), err)
+		}
 	}()
 	for i, tp := range tr.taps {
 		producers.Add(1)

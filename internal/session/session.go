@@ -69,6 +69,9 @@ type Result struct {
 	// CaptureEnded names the capture points whose capture ended before the
 	// session (their interface went down or away), with when and why.
 	CaptureEnded map[string]string
+	// ObserversEnded says when and why the observers' event reader ended
+	// before the session ("" when it did not).
+	ObserversEnded string
 }
 
 // tap is one capture point with its role label ("pod:eth0", "uplink:bond0").
@@ -187,6 +190,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 			res.CaptureEnded[taps[i].label] = why
 		}
 	}
+	res.ObserversEnded = tr.obsEnded
 	res.Summarized = pr.Stats().Summarized
 	return res, nil
 }
