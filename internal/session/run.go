@@ -39,10 +39,10 @@ type tracer struct {
 	ended []string
 	// obsEnded is the same for the observers' event reader.
 	obsEnded string
-	free    *batchPool // consumed frame batches, for reuse
-	freeObs *batchPool // consumed observation batches, for reuse
-	lb      *lbWatch
-	classes *classTable
+	free     *batchPool // consumed frame batches, for reuse
+	freeObs  *batchPool // consumed observation batches, for reuse
+	lb       *lbWatch
+	classes  *classTable
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
