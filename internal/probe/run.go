@@ -134,15 +134,15 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 	// The observers submit without waking the reader (a full ring does wake
 	// it, and so does the first event after a poll that found nothing: see
 	// sleepFlag): every readerPoll (busyPoll after a busy poll), read
-	// everything there is. The wait parks this goroutine in Go's network poller on a
-	// duplicate of the ring's fd, as the taps wait. The reader's own wait is
-	// epoll_wait(2) on a thread: a blocking syscall, which wakes the
-	// runtime's monitor thread, takes the processor away and hands it to
-	// another thread, and leaves the monitor polling every 20 us for a
-	// while (with 3,000 connections back to back: 7% more CPU per
-	// connection, a third more context switches). The reads themselves
-	// never block (a deadline in the past): when stopping, a last read takes
-	// whatever was submitted before the stop, nothing is dropped.
+	// everything there is. The wait parks this goroutine in Go's network
+	// poller on a duplicate of the ring's fd, as the taps wait. The reader's
+	// own wait is epoll_wait(2) on a thread: a blocking syscall, which wakes
+	// the runtime's monitor thread, takes the processor away and hands it to
+	// another thread, and leaves the monitor polling every 20 us for a while
+	// (with 3,000 connections back to back: 7% more CPU per connection, a
+	// third more context switches). The reads themselves never block (a
+	// deadline in the past): when stopping, a last read takes whatever was
+	// submitted before the stop, nothing is dropped.
 	park, err := newRingPark(events)
 	if err != nil {
 		return err
