@@ -610,40 +610,30 @@ func TestReaderSleepsUntilAnEvent(t *testing.T) {
 	env := newTestEnv(t)
 	p, c := startProbe(t, env.vip)
 	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
-	asleep := func() bool {
-		var v uint64
-		if err := p.maps["reader_asleep"].Lookup(uint32(0), &v); err != nil {
-			t.Fatal(err)
+	waitAsleep := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			var v uint64
+			if err := p.maps["reader_asleep"].Lookup(uint32(0), &v); err != nil {
+				t.Fatal(err)
+			}
+			if v == 1 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal(what)
+			}
 		}
-		return v == 1
 	}
-	for deadline := time.Now().Add(5 * time.Second); !asleep(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the reader of an idle ring never went to sleep")
-		}
-	}
-	err := nsutil.Do(env.clientNS, func() error {
-		conn, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(env.vip, 9)))
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		_, err = conn.Write([]byte("x"))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	waitAsleep("the reader of an idle ring never went to sleep")
+	dst := netip.AddrPortFrom(env.vip, 9)
+	sendUDP(t, env.clientUDP(t), dst, []byte("x"))
 	sent := time.Now()
 	c.waitFor(t, "the datagram at tc head, within 5 s of a reader asleep for a minute", func(o obs.Observation) bool {
-		return o.Point == obs.PointTCHead && o.Dst == netip.AddrPortFrom(env.vip, 9)
+		return o.Point == obs.PointTCHead && o.Dst == dst
 	})
 	t.Logf("event read %v after the send", time.Since(sent).Round(time.Millisecond))
-	for deadline := time.Now().Add(5 * time.Second); !asleep(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the reader did not go back to sleep")
-		}
-	}
+	waitAsleep("the reader did not go back to sleep")
 	start := time.Now()
 	if err := p.Close(); err != nil { // waits for Run to return
 		t.Fatal(err)
