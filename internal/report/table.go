@@ -76,6 +76,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write drops table: %w", err)
 	}
+	for _, h := range dropHints(s.Drops) {
+		fmt.Fprintln(w, h)
+	}
 	fmt.Fprintf(w, "\nObservations no flow claimed: %d\n", s.Unmatched)
 	if s.OutOfScope > 0 {
 		fmt.Fprintf(w, "Socket events of clients outside the traced netns (left out): %d\n", s.OutOfScope)
@@ -166,6 +169,31 @@ func addrOrDash(f flow.Flow) string {
 type dropRow struct {
 	name  string
 	count uint64
+}
+
+// dropHints says how to avoid the losses a rerun with other flags can
+// avoid: a full capture ring, flows beyond --max-flows, a full event ring.
+func dropHints(drops map[string]uint64) []string {
+	var rings []string
+	for _, name := range slices.Sorted(maps.Keys(drops)) {
+		if point, ok := strings.CutSuffix(name, " kernel_drops"); ok && drops[name] > 0 {
+			rings = append(rings, point)
+		}
+	}
+	var hints []string
+	if len(rings) > 0 {
+		hints = append(hints, fmt.Sprintf("Frames were lost at %s: the kernel found the capture ring full (pathtrace fell behind the traffic); "+
+			"a larger --buffer-size (e.g. 16M) or a lower --nice (e.g. -10) loses fewer.", strings.Join(rings, ", ")))
+	}
+	if drops["flows_over_max"] > 0 {
+		hints = append(hints, "More flows than --max-flows: their packets were captured, the flows not followed; "+
+			"raise --max-flows (about 3 KiB each) or trace fewer with --pod-ip or a --svc port.")
+	}
+	if drops["ringbuf_losses"] > 0 {
+		hints = append(hints, "Observer events were lost (their ring buffer was full: new flows came faster than it is read); "+
+			"the verdicts of some flows may be unknown: trace fewer with --pod-ip or a --svc port.")
+	}
+	return hints
 }
 
 // maxZeroRows is how many zero rows of one per-point counter the drops table
