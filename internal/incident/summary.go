@@ -10,6 +10,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/report"
 )
 
 // Ended is what stopped before the capture did, each with when and why.
@@ -384,6 +385,9 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 	switch {
 	case len(drops) > 0:
 		fmt.Fprintf(b, "- Lost: %s. Flows may be missing or incomplete.\n", strings.Join(drops, ", "))
+		for _, h := range report.DropHints(s.Drops) {
+			fmt.Fprintf(b, "  - %s\n", h)
+		}
 	case len(ended.Captures) == 0 && ended.Observers == "":
 		b.WriteString("- Nothing was lost: every drop counter is zero.\n")
 	default:

@@ -152,7 +152,7 @@ func TestSummaryNamesLossesAndEndedCaptures(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
-	for _, want := range []string{"Lost: uplink:bond0 kernel_drops 12.",
+	for _, want := range []string{"Lost: uplink:bond0 kernel_drops 12.", "--buffer-size",
 		"The capture at pod:eth0@10.0.0.5 ended at 03:12:09: capture pod eth0: socket error: network is down: later frames there are missing."} {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("summary lacks %q:\n%s", want, got)

@@ -34,10 +34,10 @@ func TestDropRowsFoldZeroPoints(t *testing.T) {
 // TestDropHints: a loss that a flag can avoid comes with that flag; no
 // hint without a loss.
 func TestDropHints(t *testing.T) {
-	if h := dropHints(map[string]uint64{"uplink:bond0 kernel_drops": 0, "flows_over_max": 0, "ringbuf_losses": 0}); len(h) != 0 {
+	if h := DropHints(map[string]uint64{"uplink:bond0 kernel_drops": 0, "flows_over_max": 0, "ringbuf_losses": 0}); len(h) != 0 {
 		t.Errorf("hints without a loss: %q", h)
 	}
-	h := dropHints(map[string]uint64{"uplink:bond0 kernel_drops": 5, "pod:eth0 kernel_drops": 1, "host:veth-a kernel_drops": 0,
+	h := DropHints(map[string]uint64{"uplink:bond0 kernel_drops": 5, "pod:eth0 kernel_drops": 1, "host:veth-a kernel_drops": 0,
 		"flows_over_max": 3, "ringbuf_losses": 7})
 	want := []string{"Frames were lost at pod:eth0, uplink:bond0:", "--buffer-size", "raise --max-flows", "Observer events were lost"}
 	all := strings.Join(h, "\n")

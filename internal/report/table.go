@@ -76,7 +76,7 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write drops table: %w", err)
 	}
-	for _, h := range dropHints(s.Drops) {
+	for _, h := range DropHints(s.Drops) {
 		fmt.Fprintln(w, h)
 	}
 	fmt.Fprintf(w, "\nObservations no flow claimed: %d\n", s.Unmatched)
@@ -171,9 +171,9 @@ type dropRow struct {
 	count uint64
 }
 
-// dropHints says how to avoid the losses a rerun with other flags can
+// DropHints says how to avoid the losses a rerun with other flags can
 // avoid: a full capture ring, flows beyond --max-flows, a full event ring.
-func dropHints(drops map[string]uint64) []string {
+func DropHints(drops map[string]uint64) []string {
 	var rings []string
 	for _, name := range slices.Sorted(maps.Keys(drops)) {
 		if point, ok := strings.CutSuffix(name, " kernel_drops"); ok && drops[name] > 0 {
