@@ -2,7 +2,9 @@ package capture
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -96,4 +98,10 @@ func parsePacket(block []byte, off int, p *Packet) bool {
 	}
 	p.VLAN = p.TCI & vlanIDMask
 	return true
+}
+
+// blockEmpty reports whether a block the kernel still owns holds no packet
+// yet (the kernel counts them in as it writes).
+func blockEmpty(block []byte) bool {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&block[blockNumPktsOff]))) == 0
 }

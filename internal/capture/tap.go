@@ -30,6 +30,10 @@ const (
 	maxBlockBytes   = 256 << 10
 	frameBytes      = 2048 // only checked by the kernel for V3; packets are packed
 	retireTimeoutMs = 100  // a partly filled block is handed over after this long
+
+	// DrainTimeout bounds how long Run goes on after its context ends: the
+	// kernel hands over the block it was filling within the retire timeout.
+	DrainTimeout = retireTimeoutMs*time.Millisecond + 50*time.Millisecond
 )
 
 // ErrClosed is returned by Run and SetFilter on a closed tap.
@@ -294,9 +298,11 @@ func (t *Tap) SetFilter(prog []bpf.RawInstruction) error {
 }
 
 // Run hands each captured frame to fn until ctx is done or the tap is closed,
-// then returns nil; it returns an error only when capturing failed (for
-// example the interface went down or away: ENETDOWN). fn runs on Run's
-// goroutine; the *Packet and its Data point into the ring and are valid only
+// then returns nil. When ctx ends, Run first delivers the frames the kernel
+// accepted before: it waits for the block the kernel was filling (at most
+// DrainTimeout); Close ends it at once. Run returns an error only when
+// capturing failed (for example the interface went down or away: ENETDOWN).
+// fn runs on Run's goroutine; the *Packet and its Data point into the ring and are valid only
 // during the call: copy (Packet.Clone) what must outlive it. A slow fn makes
 // the ring fill up; what the kernel then drops is counted in Stats. Only one
 // Run may be active at a time.
@@ -338,18 +344,29 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 		}
 	}()
 	var p Packet
+	var drainUntil time.Time // set when ctx ends
 	for next := 0; ; {
 		select {
-		case <-ctx.Done():
-			return nil
 		case <-t.closing:
 			return nil
 		default:
+		}
+		if drainUntil.IsZero() && ctx.Err() != nil {
+			// The packets accepted before the end are delivered: the kernel
+			// hands over the block it was filling within the retire timeout.
+			<-woken // the waker's deadline is set: replace it
+			drainUntil = time.Now().Add(DrainTimeout)
+			if err := t.poller.SetReadDeadline(drainUntil); err != nil {
+				return fmt.Errorf("capture %s: %w", t.cfg.name(), err)
+			}
 		}
 		block := t.ring[next*t.blockSize : (next+1)*t.blockSize]
 		status := (*uint32)(unsafe.Pointer(&block[blockStatusOff]))
 		retired := func() bool { return atomic.LoadUint32(status)&unix.TP_STATUS_USER != 0 }
 		if !retired() {
+			if !drainUntil.IsZero() && (!time.Now().Before(drainUntil) || blockEmpty(block)) {
+				return nil
+			}
 			if err := t.wait(conn, retired); err != nil {
 				return fmt.Errorf("capture %s: %w", t.cfg.name(), err)
 			}

@@ -397,6 +397,34 @@ func TestTapCountsRingDrops(t *testing.T) {
 	t.Logf("ring of %d bytes: %+v", MinRingBytes, s)
 }
 
+// A run that ends right after traffic still delivers it: the kernel hands
+// over a partly filled block only at its retire timeout, long after the end.
+func TestTapDeliversWhatCameBeforeTheEnd(t *testing.T) {
+	needRoot(t)
+	l := newLab(t)
+	a1, b1 := udpListen(t, l.a, "192.0.2.1:4001"), udpListen(t, l.b, "192.0.2.2:4002")
+	send(t, a1, b1, 1) // resolve the neighbour before capturing
+
+	tap, err := Open(Config{NetNS: l.a, Ifname: "pta", Filter: mustFilter(t, DefaultSnaplen, "192.0.2.2")})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { tap.Close() })
+	var r recorder
+	stop := startRun(t, tap, r.add)
+	const sent = 20 // a fraction of a block: only the retire timeout hands it over
+	send(t, a1, b1, sent)
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := len(r.matching(t, "192.0.2.1:4001", "192.0.2.2:4002")); got != sent {
+		t.Errorf("Run delivered %d of the %d datagrams sent before it was stopped", got, sent)
+	}
+	if s := tap.Stats(); s.Packets != s.KernelPackets || s.KernelDrops != 0 {
+		t.Errorf("stats %+v: every packet the filter accepted should have been delivered", s)
+	}
+}
+
 func TestTapMaxFilterAndMissingInterface(t *testing.T) {
 	needRoot(t)
 	l := newLab(t)

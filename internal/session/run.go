@@ -66,10 +66,17 @@ func (tr *tracer) add(o obs.Observation) {
 	tr.eng.Add(o)
 }
 
+// stopGrace is how long the producers go on after the run ends: events for
+// packets already seen wait in the observers' ring for the reader's next
+// poll (every 50 ms at most).
+const stopGrace = 200 * time.Millisecond
+
 // run feeds every producer into the engine until the bound or ctx ends and
 // says why it stopped.
 func (tr *tracer) run(ctx context.Context) string {
-	runCtx, cancel := context.WithCancel(ctx)
+	// The producers outlive ctx by the grace below: what the kernel took
+	// before the stop is still delivered.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := "interrupted"
 	var timer <-chan time.Time
@@ -161,8 +168,23 @@ loop:
 			break loop
 		}
 	}
-	// Let in-flight events land, then drain what the producers still hold.
-	time.Sleep(200 * time.Millisecond)
+	// Let in-flight events land, still consuming, then stop the producers:
+	// each tap then delivers the block the kernel was filling (within
+	// capture.DrainTimeout), and everything they hold is consumed.
+	grace := time.NewTimer(stopGrace)
+	defer grace.Stop()
+settle:
+	for {
+		select {
+		case b, ok := <-items:
+			if !ok {
+				break settle
+			}
+			tr.consume(b)
+		case <-grace.C:
+			break settle
+		}
+	}
 	cancel()
 	for b := range items {
 		tr.consume(b)
