@@ -3,6 +3,7 @@ package flow
 import (
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -42,6 +43,10 @@ type Config struct {
 	// egress tuple is seen after the node's NAT, where a Pod's is seen
 	// before it.
 	HostNetNS uint64
+	// Ready is when every observer and capture point was in place (zero:
+	// unknown). A flow that began before it may have met some points before
+	// they were there.
+	Ready time.Time
 }
 
 // Attribution is what the node has that can rewrite a VIP, read from the node by

@@ -69,6 +69,10 @@ type Engine struct {
 	overMax        uint64
 	overflow       uint64
 	unmatched      uint64
+
+	// stopped is when the run was asked to stop (zero while it runs): flows
+	// that begin after it meet points that are already closing.
+	stopped time.Time
 }
 
 // NewEngine returns an engine for cfg.
@@ -96,6 +100,10 @@ func NewEngine(cfg Config) *Engine {
 	}
 	return e
 }
+
+// Stopping tells the engine the run was asked to stop at t; the
+// observations of its last moments may still come.
+func (e *Engine) Stopping(t time.Time) { e.stopped = t }
 
 // Add feeds one observation. Observations may arrive out of time order by up
 // to a few seconds.
@@ -269,7 +277,16 @@ func (e *Engine) Summary() Summary {
 	}
 	for _, list := range e.clients {
 		for _, f := range list {
-			s.RewrittenAt[e.cachedVerdict(f).place]++
+			place := e.cachedVerdict(f).place
+			s.RewrittenAt[place]++
+			if place == PlaceUnknown {
+				switch e.window(f) {
+				case beforeReady:
+					s.UnknownBeforeReady++
+				case afterStop:
+					s.UnknownAfterStop++
+				}
+			}
 		}
 	}
 	for p, n := range e.observed {

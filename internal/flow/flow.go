@@ -77,6 +77,11 @@ type Summary struct {
 	OutOfScope uint64 `json:"out_of_scope,omitempty"`
 	// Observations counts observations per point name.
 	Observations map[string]uint64 `json:"observations"`
+	// UnknownBeforeReady and UnknownAfterStop count the undecided flows that
+	// began while pathtrace was still attaching (before Config.Ready) or
+	// after the run was asked to stop: points missed them, not the node.
+	UnknownBeforeReady int `json:"unknown_began_before_ready,omitempty"`
+	UnknownAfterStop   int `json:"unknown_began_after_stop,omitempty"`
 }
 
 // WithDrops returns a copy of s whose Drops also hold extra (the capture and

@@ -3,6 +3,7 @@ package flow
 import (
 	"bytes"
 	"cmp"
+	"fmt"
 	"slices"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -11,6 +12,9 @@ import (
 // snapshot renders a flow and its current verdict.
 func (e *Engine) snapshot(f *flowState) Flow {
 	v := e.decide(f, true)
+	if v.place == PlaceUnknown {
+		v.reason = e.outsideWindow(f) + v.reason
+	}
 	out := Flow{
 		ID:          f.id,
 		Client:      f.client,
@@ -100,4 +104,37 @@ func compareBool(a, b bool) int {
 		return 1
 	}
 	return -1
+}
+
+// outsideWindow explains, for an undecided flow, that it began while the
+// capture was starting or ending, when some points were not (or no longer)
+// there to see it: "" for a flow within the window.
+func (e *Engine) outsideWindow(f *flowState) string {
+	const stamp = "15:04:05.000"
+	switch e.window(f) {
+	case beforeReady:
+		return fmt.Sprintf("it began before pathtrace was in place at every point (at %s): its first packets may have passed points not yet there; ",
+			e.cfg.Ready.Format(stamp))
+	case afterStop:
+		return fmt.Sprintf("it began after the capture was asked to stop (at %s): points were closing; ",
+			e.stopped.Format(stamp))
+	}
+	return ""
+}
+
+// Where a flow began relative to the time every point was in place.
+const (
+	withinWindow = iota
+	beforeReady
+	afterStop
+)
+
+func (e *Engine) window(f *flowState) int {
+	switch {
+	case !e.cfg.Ready.IsZero() && f.first.Before(e.cfg.Ready):
+		return beforeReady
+	case !e.stopped.IsZero() && !f.first.Before(e.stopped):
+		return afterStop
+	}
+	return withinWindow
 }

@@ -370,3 +370,46 @@ func TestManyRefusedFlowsCountedOnce(t *testing.T) {
 		t.Errorf("flows_over_max = %d, want %d", got, n)
 	}
 }
+
+// An undecided flow that began while pathtrace was attaching, or after the
+// run was asked to stop, says so (points missed it, not the node); one
+// within the window keeps the plain reason.
+func TestUnknownOutsideTheCaptureWindow(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		began      float64 // ms after the base time; ready at 10, stop at 20
+		wantPrefix string
+		before     int
+		after      int
+	}{
+		{"before ready", 5, "it began before pathtrace was in place", 1, 0},
+		{"within", 15, "", 0, 0},
+		{"after the stop", 25, "it began after the capture was asked to stop", 0, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := httpConfig(obs.PointTCHead, obs.PointUplink)
+			cfg.Ready = flowtest.At(10)
+			e := flow.NewEngine(cfg)
+			// The VIP at tc head and nothing at the uplink: undecided.
+			e.Add(req(c.began, obs.PointTCHead, obs.DirIn, vip))
+			e.Stopping(flowtest.At(20))
+			f := only(t, e)
+			if f.RewrittenAt != flow.PlaceUnknown {
+				t.Fatalf("rewritten_at %s, want unknown: %+v", f.RewrittenAt, f)
+			}
+			plain := strings.HasPrefix(f.Reason, "the VIP was last seen")
+			if c.wantPrefix == "" && !plain || c.wantPrefix != "" && (plain || !strings.HasPrefix(f.Reason, c.wantPrefix)) {
+				t.Errorf("reason %q, want it to start with %q", f.Reason, c.wantPrefix)
+			}
+			if strings.Contains(f.Reason, "before pathtrace was in place") != (c.before == 1) ||
+				strings.Contains(f.Reason, "after the capture was asked to stop") != (c.after == 1) {
+				t.Errorf("reason %q names the wrong end of the window", f.Reason)
+			}
+			s := e.Summary()
+			if s.UnknownBeforeReady != c.before || s.UnknownAfterStop != c.after {
+				t.Errorf("summary counts %d before ready, %d after the stop; want %d, %d",
+					s.UnknownBeforeReady, s.UnknownAfterStop, c.before, c.after)
+			}
+		})
+	}
+}

@@ -31,28 +31,35 @@ func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
 	if !p.globals["inet_sock_set_state"] {
 		a := Attachment{Observer: "tp_btf/inet_sock_set_state", Where: "host-wide (TCP_SYN_SENT)",
 			Point: obs.PointSockState, Note: "source port is 0 unless the socket was bound"}
-		a.Err = p.attachGlobal("inet_sock_set_state", "pt_sock_state", func(prog *ebpf.Program) (link.Link, error) {
+		a.Err = p.attachGlobal("inet_sock_set_state", sockStateProgram, func(prog *ebpf.Program) (link.Link, error) {
 			return link.AttachTracing(link.TracingOptions{Program: prog})
 		})
 		out = append(out, a)
 	}
-	const requested = "requested destination: the syscall's arguments (saved registers) while another sock_addr program is loaded, else the destination itself"
-	for _, c := range []struct {
-		observer, prog, note string
-		attach               ebpf.AttachType
-		point                obs.Point
-	}{
-		{"cgroup/connect4", "pt_connect4", requested, ebpf.AttachCGroupInet4Connect, obs.PointSockAddr},
-		{"cgroup/connect6", "pt_connect6", requested, ebpf.AttachCGroupInet6Connect, obs.PointSockAddr},
-		{"cgroup/sendmsg4", "pt_sendmsg4", requested, ebpf.AttachCGroupUDP4Sendmsg, obs.PointSockAddr},
-		{"cgroup_skb/egress", "pt_sock_egress", "", ebpf.AttachCGroupInetEgress, obs.PointSockEgress},
-	} {
+	for _, c := range cgroupObservers {
 		a := Attachment{Observer: c.observer, Where: cgroupPath, Point: c.point, Note: c.note}
 		a.Err = p.attachCgroup(cgroupPath, c.prog, c.attach)
 		out = append(out, a)
 	}
 	return out
 }
+
+const requested = "requested destination: the syscall's arguments (saved registers) while another sock_addr program is loaded, else the destination itself"
+
+// cgroupObservers are the observers AttachSocket attaches to a cgroup.
+var cgroupObservers = []struct {
+	observer, prog, note string
+	attach               ebpf.AttachType
+	point                obs.Point
+}{
+	{"cgroup/connect4", "pt_connect4", requested, ebpf.AttachCGroupInet4Connect, obs.PointSockAddr},
+	{"cgroup/connect6", "pt_connect6", requested, ebpf.AttachCGroupInet6Connect, obs.PointSockAddr},
+	{"cgroup/sendmsg4", "pt_sendmsg4", requested, ebpf.AttachCGroupUDP4Sendmsg, obs.PointSockAddr},
+	{"cgroup_skb/egress", "pt_sock_egress", "", ebpf.AttachCGroupInetEgress, obs.PointSockEgress},
+}
+
+// sockStateProgram is AttachSocket's host-wide TCP state observer.
+const sockStateProgram = "pt_sock_state"
 
 // attachGlobal loads and attaches a host-wide observer. Callers hold p.mu.
 func (p *Probe) attachGlobal(key, progName string, attach func(*ebpf.Program) (link.Link, error)) error {
@@ -194,14 +201,7 @@ func (p *Probe) AttachNetfilter(netnsPath string) []Attachment {
 	defer p.mu.Unlock()
 	var out []Attachment
 	for _, hook := range []obs.Hook{obs.HookPrerouting, obs.HookLocalOut} {
-		for _, side := range []struct {
-			prog  string
-			point obs.Point
-			step  int32
-		}{
-			{"pt_nf_before", obs.PointNFBefore, -1},
-			{"pt_nf_after", obs.PointNFAfter, +1},
-		} {
+		for _, side := range nfObservers {
 			a := Attachment{Observer: "netfilter " + side.point.String(), Where: hook.String() + " in " + netnsLabel(netnsPath),
 				Point: side.point, Hook: hook}
 			a.Err = nsErr
@@ -218,6 +218,17 @@ func (p *Probe) AttachNetfilter(netnsPath string) []Attachment {
 		}
 	}
 	return out
+}
+
+// nfObservers are the observers AttachNetfilter attaches to each hook, on
+// either side of the NAT priority.
+var nfObservers = []struct {
+	prog  string
+	point obs.Point
+	step  int32
+}{
+	{"pt_nf_before", obs.PointNFBefore, -1},
+	{"pt_nf_after", obs.PointNFAfter, +1},
 }
 
 // attachNetfilter tries priorities from next to NAT outwards by step until a
@@ -264,4 +275,31 @@ func netnsInode(path string) (uint64, error) {
 		path = nsutil.Self
 	}
 	return nsutil.Inode(path)
+}
+
+// Preload loads, without attaching them, the programs the Attach calls of
+// a session will need: the socket bracket and netfilter observers always,
+// the tcx heads when tcHeads, their tails too when tcTails. Loading (the
+// verifier) takes most of the start-up; done first, the observers are then
+// attached within milliseconds of each other, so a flow that begins during
+// start-up rarely meets some observers and not the others. A program that
+// fails to load is left for its Attach call to report.
+func (p *Probe) Preload(tcHeads, tcTails bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	load := func(spec *ebpf.CollectionSpec, name string) {
+		_, _ = p.program(spec, name) // an error comes back from the Attach call
+	}
+	load(p.sockSpec, sockStateProgram)
+	for _, o := range cgroupObservers {
+		load(p.sockSpec, o.prog)
+	}
+	for _, o := range nfObservers {
+		load(p.nfSpec, o.prog)
+	}
+	for _, o := range tcObservers {
+		if tail := o.point == obs.PointTCTail; tcHeads && !tail || tcTails && tail {
+			load(p.tcSpec, o.prog)
+		}
+	}
 }

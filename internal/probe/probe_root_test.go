@@ -165,10 +165,15 @@ func TestObserversBracketTraffic(t *testing.T) {
 	vipUDP := netip.AddrPortFrom(env.vip, env.udpPort)
 
 	p, c := startProbe(t, env.vip, env.lbVIP, env.srvIP)
+	p.Preload(true, true)
+	preloaded := len(p.progs)
 	mustAttach(t, p.AttachSocket(cg))
 	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
 	nf := mustAttach(t, p.AttachNetfilter(env.srvNS))
 	mustAttach(t, p.AttachConntrack(env.srvNS))
+	if len(p.progs) != preloaded {
+		t.Errorf("attaching loaded %d programs Preload had not: it should load every one", len(p.progs)-preloaded)
+	}
 	for _, a := range nf {
 		if want := map[obs.Point]int32{obs.PointNFBefore: -101, obs.PointNFAfter: -99}[a.Point]; a.Prio != want {
 			t.Errorf("%s at %s: priority %d, want %d in a fresh netns", a.Observer, a.Where, a.Prio, want)

@@ -226,3 +226,28 @@ func TestRunEndedEarly(t *testing.T) {
 		t.Errorf("JSON summary %s, want both endings", js.String())
 	}
 }
+
+func TestUnknownOutsideTheWindowNamed(t *testing.T) {
+	s := flow.Summary{Flows: 5, RewrittenAt: map[flow.Place]int{flow.PlaceUnknown: 4}, UnknownBeforeReady: 3, UnknownAfterStop: 1}
+	var table bytes.Buffer
+	if err := report.NewWriter(&table, "table").Summary(s, nil, report.Run{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Of the unknown, 3 began while pathtrace was still attaching",
+		"Of the unknown, 1 began after the capture was asked to stop",
+	} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table has no %q:\n%s", want, table.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, "json").Summary(s, nil, report.Run{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"unknown_began_before_ready":3`, `"unknown_began_after_stop":1`} {
+		if !strings.Contains(js.String(), want) {
+			t.Errorf("JSON summary has no %s: %s", want, js.String())
+		}
+	}
+}

@@ -62,6 +62,12 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write summary table: %w", err)
 	}
+	if s.UnknownBeforeReady > 0 {
+		fmt.Fprintf(w, "Of the unknown, %d began while pathtrace was still attaching: points not yet there missed their first packets.\n", s.UnknownBeforeReady)
+	}
+	if s.UnknownAfterStop > 0 {
+		fmt.Fprintf(w, "Of the unknown, %d began after the capture was asked to stop: its points were closing.\n", s.UnknownAfterStop)
+	}
 
 	fmt.Fprintln(w)
 	tw = newTable(w)

@@ -42,6 +42,16 @@ func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string) []
 	return atts
 }
 
+// preloadObservers loads the observer programs attachObservers will attach,
+// so that attaching them all takes milliseconds, not the verifier's time.
+func preloadObservers(pr *probe.Probe, node *discover.NodeInfo) {
+	heads := false
+	for _, cp := range node.CapturePoints {
+		heads = heads || cp.Role == discover.RoleHost && hasTCProgram(node, cp)
+	}
+	pr.Preload(heads, heads && needTails(node))
+}
+
 // errNoTCProgram is why a host veth gets no tcx observers. With no tc
 // program there, nothing at tc can rewrite its Pod's packets, and the host
 // veth's tap (before tc) brackets the same place; a tcx attachment costs an

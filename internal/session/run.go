@@ -168,6 +168,7 @@ loop:
 			break loop
 		}
 	}
+	tr.eng.Stopping(time.Now())
 	// Let in-flight events land, still consuming, then stop the producers:
 	// each tap then delivers the block the kernel was filling (within
 	// capture.DrainTimeout), and everything they hold is consumed.

@@ -124,12 +124,16 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 			return nil, err
 		}
 	}
+	// Everything is loaded before anything is attached, and the taps open
+	// right after the observers: the start-up window in which a flow meets
+	// some points and not others stays short (and its flows are marked).
+	preloadObservers(pr, node)
+	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
 	atts := attachObservers(pr, node, cgroup)
 	atts = append(atts, probe.KernelFunctionProbes()...)
-
-	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
 	taps, tapAtts := openTaps(node, watch, opt.Snaplen, opt.RingBytes, tapProg, tapProgErr)
 	atts = append(atts, tapAtts...)
+	ready := time.Now()
 	pr.ReleaseSpecs() // everything is loaded: their BTF would stay live for nothing
 	lb := newLBWatch(pr)
 	defer closeTaps(taps)
@@ -140,6 +144,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		Attribution: attribution(node),
 		MaxFlows:    opt.MaxFlows,
 		HostNetNS:   node.HostNetNS.Inode,
+		Ready:       ready,
 	})
 
 	root, err := cgroup2.Root()
