@@ -302,10 +302,10 @@ func (t *Tap) SetFilter(prog []bpf.RawInstruction) error {
 // accepted before: it waits for the block the kernel was filling (at most
 // DrainTimeout); Close ends it at once. Run returns an error only when
 // capturing failed (for example the interface went down or away: ENETDOWN).
-// fn runs on Run's goroutine; the *Packet and its Data point into the ring and are valid only
-// during the call: copy (Packet.Clone) what must outlive it. A slow fn makes
-// the ring fill up; what the kernel then drops is counted in Stats. Only one
-// Run may be active at a time.
+// fn runs on Run's goroutine; the *Packet and its Data point into the ring
+// and are valid only during the call: copy (Packet.Clone) what must outlive
+// it. A slow fn makes the ring fill up; what the kernel then drops is counted
+// in Stats. Only one Run may be active at a time.
 func (t *Tap) Run(ctx context.Context, fn func(*Packet)) error {
 	return t.RunBlocks(ctx, fn, nil)
 }

@@ -44,6 +44,7 @@ func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
 	return out
 }
 
+// requested is the note of the observers that read the requested destination.
 const requested = "requested destination: the syscall's arguments (saved registers) while another sock_addr program is loaded, else the destination itself"
 
 // cgroupObservers are the observers AttachSocket attaches to a cgroup.
@@ -281,8 +282,8 @@ func netnsInode(path string) (uint64, error) {
 // a session will need: the socket bracket and netfilter observers always,
 // the tcx heads when tcHeads, their tails too when tcTails. Loading (the
 // verifier) takes most of the start-up; done first, the observers are then
-// attached within milliseconds of each other, so a flow that begins during
-// start-up rarely meets some observers and not the others. A program that
+// attached within tens of milliseconds of each other, not hundreds, so few
+// flows that begin during start-up meet some observers and not the others. A program that
 // fails to load is left for its Attach call to report.
 func (p *Probe) Preload(tcHeads, tcTails bool) {
 	p.mu.Lock()
