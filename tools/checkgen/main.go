@@ -14,6 +14,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"regexp"
@@ -100,7 +101,7 @@ func describe(object []byte) ([]string, error) {
 	var lines []string
 	add := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
 
-	for _, name := range sortedKeys(spec.Programs) {
+	for _, name := range slices.Sorted(maps.Keys(spec.Programs)) {
 		p := spec.Programs[name]
 		add("program %s: %v %v %q %q %q flags=%d", name, p.Type, p.AttachType, p.AttachTo, p.SectionName, p.License, p.Flags)
 		for i, ins := range p.Instructions {
@@ -116,13 +117,13 @@ func describe(object []byte) ([]string, error) {
 			}
 		}
 	}
-	for _, name := range sortedKeys(spec.Maps) {
+	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
 		m := spec.Maps[name]
 		add("map %s: %v key=%d value=%d entries=%d flags=%d pin=%v extra=%d contents=%v",
 			name, m.Type, m.KeySize, m.ValueSize, m.MaxEntries, m.Flags, m.Pinning, m.MapExtra, m.Contents)
 		add("  key %5v value %5v", m.Key, m.Value)
 	}
-	for _, name := range sortedKeys(spec.Variables) {
+	for _, name := range slices.Sorted(maps.Keys(spec.Variables)) {
 		v := spec.Variables[name]
 		add("variable %s: section %q offset %d %5v = %x", name, v.SectionName, v.Offset, v.Type, v.Value)
 	}
@@ -135,15 +136,6 @@ func describe(object []byte) ([]string, error) {
 	}
 	slices.Sort(types)
 	return append(lines, types...), nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 func git(args ...string) ([]byte, error) {
