@@ -255,6 +255,68 @@ func TestVerdictPerLabMode(t *testing.T) {
 	}
 }
 
+// TestTraceAmidTraffic starts pathtrace, and stops it with SIGINT, while the
+// Pod keeps making requests, as on a busy node. The flows cut by the start or the stop
+// may be undecided, but each says so (and the summary counts them); every
+// other flow gets its verdict.
+func TestTraceAmidTraffic(t *testing.T) {
+	needRoot(t)
+	l := lab.New(fmt.Sprintf("ptlab-amid%d", os.Getpid()%100000))
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := l.Up(ctx, lab.ModeTC); err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	clientCtx, stopClient := context.WithCancel(ctx)
+	clientDone := make(chan struct{})
+	go func() {
+		defer close(clientDone)
+		_, _ = l.Client(clientCtx, lab.ClientOptions{Requests: 1 << 20, Interval: time.Millisecond}) // ends when stopped
+	}()
+	defer func() { stopClient(); <-clientDone }()
+	time.Sleep(300 * time.Millisecond) // the traffic is flowing before pathtrace starts
+
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp",
+		"--svc", lab.UDPVIP.String()+"/udp", "--duration", "1m")
+	r.waitNode(t)
+	time.Sleep(2 * time.Second)
+	_ = r.cmd.Process.Signal(syscall.SIGINT) // as an SRE ends a run
+	flows, summary := r.rest(t)
+	if summary == nil {
+		t.Fatal("no summary line")
+	}
+	var decided, atStart, atEnd int
+	for _, f := range flows {
+		reason, _ := f["reason"].(string)
+		switch {
+		case f["rewritten_at"] == "tc":
+			decided++
+		case f["rewritten_at"] != "unknown":
+			t.Errorf("a flow rewritten at %v in tc mode: %s", f["rewritten_at"], dump([]map[string]any{f}))
+		case strings.HasPrefix(reason, "it began before pathtrace was in place at every point"):
+			atStart++
+		case strings.HasPrefix(reason, "it began after the capture was asked to stop"):
+			atEnd++
+		default:
+			t.Errorf("an unknown flow that began while every point was in place: %s", dump([]map[string]any{f}))
+		}
+	}
+	count := func(key string) int { n, _ := summary[key].(float64); return int(n) }
+	if count("unknown_began_before_ready") != atStart || count("unknown_began_after_stop") != atEnd {
+		t.Errorf("summary counts %v before ready and %v after the stop, the flows' reasons %d and %d",
+			summary["unknown_began_before_ready"], summary["unknown_began_after_stop"], atStart, atEnd)
+	}
+	if decided < 100 {
+		t.Errorf("only %d of %d flows decided in 2 s of requests every millisecond", decided, len(flows))
+	}
+	t.Logf("%d flows: %d rewritten in tc, %d undecided that began before pathtrace was ready, %d after the stop", len(flows), decided, atStart, atEnd)
+}
+
 // checkTCObservers: the host veth's tcx observers are attached where they
 // bracket something: all four with a tcx program there (mode tc), the heads
 // only with legacy cls_bpf alone (tc-legacy: the tails would see what the
