@@ -89,32 +89,49 @@ func (o *blockOut) fillerBefore(n int64) int64 {
 // and reports whether blocks are left pending (the caller flushes them
 // within flushInterval).
 func (o *blockOut) put(block []byte) (pending bool, err error) {
-	if !o.file {
-		if len(o.pending)+len(block) > pipeBuf {
-			if err := o.flush(); err != nil {
-				return false, err
-			}
-		}
-		if len(block) > pipeBuf {
-			return false, o.write(block)
-		}
-		o.pending = append(o.pending, block...)
-		return true, nil
+	dst, inPlace, err := o.room(int64(len(block)))
+	if err != nil {
+		return false, err
 	}
-	if f := o.fillerBefore(int64(len(block))); f > 0 {
-		o.pending = appendFiller(o.pending, f)
-		if err := o.flushFullPages(); err != nil {
-			return false, err
-		}
-	}
-	if o.used()+int64(len(block)) > o.pageSize {
-		// Crosses a boundary whatever we do: alone, in one write.
-		if err := o.flush(); err != nil {
-			return false, err
-		}
+	if !inPlace {
 		return false, o.write(block)
 	}
-	o.pending = append(o.pending, block...)
+	return o.appended(append(dst, block...))
+}
+
+// room readies the output for a block of n bytes (the filler fillerBefore
+// asks for, and a flush when the block would not fit) and returns the
+// pending blocks to append it to, so that it is encoded in place; not
+// inPlace when the block must go alone, in one write of its own.
+func (o *blockOut) room(n int64) (dst []byte, inPlace bool, err error) {
+	if !o.file {
+		if int64(len(o.pending))+n > pipeBuf {
+			if err := o.flush(); err != nil {
+				return nil, false, err
+			}
+		}
+		return o.pending, n <= pipeBuf, nil
+	}
+	if f := o.fillerBefore(n); f > 0 {
+		o.pending = appendFiller(o.pending, f)
+		if err := o.flushFullPages(); err != nil {
+			return nil, false, err
+		}
+	}
+	if o.used()+n > o.pageSize {
+		// Crosses a boundary whatever we do: alone, in one write.
+		return nil, false, o.flush()
+	}
+	return o.pending, true, nil
+}
+
+// appended takes back what room returned with the block appended, and
+// reports whether blocks are left pending.
+func (o *blockOut) appended(pending []byte) (bool, error) {
+	o.pending = pending
+	if !o.file {
+		return true, nil
+	}
 	if err := o.flushFullPages(); err != nil {
 		return false, err
 	}

@@ -6,6 +6,10 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // recorder records each Write, like write(2) calls on the capture file.
@@ -124,5 +128,23 @@ func TestFailedWriteLeavesWholeBlocks(t *testing.T) {
 	}
 	if rec.size != 64 || rec.truncated != 64 || o.off != 64 {
 		t.Errorf("after the failed write: file %d bytes (truncated to %d), offset %d; want 64", rec.size, rec.truncated, o.off)
+	}
+}
+
+// The writer sizes a packet block before encoding it in place: epbLen must
+// be its exact length whatever the frame, tag, snaplen and comment.
+func TestEPBLenIsTheEncodedLength(t *testing.T) {
+	comments := []string{"", "x", "ab", "abc", "abcd", "flow 3 request to VIP (before translation)", string(bytes.Repeat([]byte("c"), 0x10003))}
+	for frameLen := 0; frameLen <= 70; frameLen++ {
+		for _, oob := range []bool{false, true} {
+			for _, snaplen := range []int{0, 1, 14, 60, 61, 62, 63, 64} {
+				for _, comment := range comments {
+					p := &capture.Packet{Time: time.Unix(1, 2), Len: frameLen, Data: make([]byte, frameLen), VLANOutOfBand: oob, TCI: 200, Dir: obs.DirIn}
+					if got, want := epbLen(p, snaplen, comment), len(appendEPB(nil, 0, p, snaplen, comment)); got != want {
+						t.Fatalf("frame %d, tag %v, snaplen %d, comment of %d: epbLen %d, encoded %d", frameLen, oob, snaplen, len(comment), got, want)
+					}
+				}
+			}
+		}
 	}
 }

@@ -162,6 +162,20 @@ func appendEPB(b []byte, iface int, p *capture.Packet, snaplen int, comment stri
 	return endBlock(appendEndOfOptions(b), start)
 }
 
+// epbLen is the length of the block appendEPB appends for the same
+// arguments.
+func epbLen(p *capture.Packet, snaplen int, comment string) int {
+	capLen := len(p.Data) + p.TagLen()
+	if snaplen > 0 && capLen > snaplen {
+		capLen = snaplen
+	}
+	n := 28 + (capLen+3)&^3 + 8 + 4 + 4 // header, frame, flags option, end of options, trailer
+	if comment != "" {
+		n += 4 + (min(len(comment), 0xffff)+3)&^3
+	}
+	return n
+}
+
 func direction(d obs.Dir) uint32 {
 	switch d {
 	case obs.DirIn:

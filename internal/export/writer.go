@@ -245,8 +245,26 @@ func (w *Writer) writePacket(iface int, p *capture.Packet, comment string) error
 	case iface < 0 || iface >= len(w.ifaces):
 		return fmt.Errorf("pcapng: no interface %d (have %d)", iface, len(w.ifaces))
 	}
-	w.block = appendEPB(w.block[:0], iface, p, w.ifaces[iface].Snaplen, comment)
-	if err := w.commitBlock(w.block, &stopMaxBytes); err != nil {
+	// Encoded in place, straight into the pending output: a packet block is
+	// most of what the capture writes, and a copy of it cost more than a
+	// tenth of writing it.
+	snaplen := w.ifaces[iface].Snaplen
+	n := int64(epbLen(p, snaplen, comment))
+	total, err := w.admit(n, &stopMaxBytes)
+	if err != nil {
+		return err
+	}
+	dst, inPlace, err := w.out.room(n)
+	pending := false // blocks wait in memory
+	switch {
+	case err != nil:
+	case !inPlace:
+		w.block = appendEPB(w.block[:0], iface, p, snaplen, comment)
+		err = w.out.write(w.block)
+	default:
+		pending, err = w.out.appended(appendEPB(dst, iface, p, snaplen, comment))
+	}
+	if err := w.committed(total, pending, err); err != nil {
 		return err
 	}
 	w.packets++
@@ -259,20 +277,36 @@ func (w *Writer) writePacket(iface int, p *capture.Packet, comment string) error
 // commitBlock outputs one encoded block when it fits under MaxBytes;
 // otherwise it drops it, records stop (when not nil) and returns ErrLimit.
 func (w *Writer) commitBlock(block []byte, stop *string) error {
-	n := int64(len(block))
-	n += w.out.fillerBefore(n)
-	if w.lim.MaxBytes > 0 && w.bytes+n > w.lim.MaxBytes {
+	total, err := w.admit(int64(len(block)), stop)
+	if err != nil {
+		return err
+	}
+	pending, err := w.out.put(block)
+	return w.committed(total, pending, err)
+}
+
+// admit returns what a block of n bytes adds to the output, the filler
+// before it included, when that fits under MaxBytes; otherwise it records
+// stop (when not nil) and returns ErrLimit.
+func (w *Writer) admit(n int64, stop *string) (int64, error) {
+	total := n + w.out.fillerBefore(n)
+	if w.lim.MaxBytes > 0 && w.bytes+total > w.lim.MaxBytes {
 		if stop != nil {
 			w.stop.Store(stop)
 		}
-		return ErrLimit
+		return 0, ErrLimit
 	}
-	pending, err := w.out.put(block)
+	return total, nil
+}
+
+// committed accounts for a block output, total bytes with its filler (err
+// says how the output went; pending, whether blocks wait in memory).
+func (w *Writer) committed(total int64, pending bool, err error) error {
 	if err != nil {
 		w.err = fmt.Errorf("write pcapng: %w", err)
 		return w.err
 	}
-	w.bytes += n
+	w.bytes += total
 	if pending && w.flush != nil && !w.armed {
 		// Armed once for the oldest pending block, not re-armed for every
 		// block (that cost more than encoding it).
