@@ -109,12 +109,7 @@ func exitCode(err error) int {
 
 func upLab(t *testing.T, mode lab.Mode) *lab.Lab {
 	t.Helper()
-	l := lab.New(fmt.Sprintf("ptlab-cli%d", os.Getpid()%100000))
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
+	l := testLab(t, "ptlab-cli")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := l.Up(ctx, mode); err != nil {
@@ -198,17 +193,25 @@ func (r *run) rest(t *testing.T) (flows []map[string]any, summary map[string]any
 	return flows, summary
 }
 
-// TestVerdictPerLabMode is the end-to-end check: in each lab mode, with the lab
-// client sending TCP and UDP requests during the run, every flow's verdict,
-// backend, uplink frame and reply are right.
-func TestVerdictPerLabMode(t *testing.T) {
-	needRoot(t)
-	l := lab.New(fmt.Sprintf("ptlab-e2e%d", os.Getpid()%100000))
+// testLab is a lab instance of this test process (name prefix plus its PID),
+// removed when the test ends.
+func testLab(t *testing.T, prefix string) *lab.Lab {
+	t.Helper()
+	l := lab.New(fmt.Sprintf("%s%d", prefix, os.Getpid()%100000))
 	t.Cleanup(func() {
 		if err := l.Down(); err != nil {
 			t.Errorf("lab down: %v", err)
 		}
 	})
+	return l
+}
+
+// TestVerdictPerLabMode is the end-to-end check: in each lab mode, with the lab
+// client sending TCP and UDP requests during the run, every flow's verdict,
+// backend, uplink frame and reply are right.
+func TestVerdictPerLabMode(t *testing.T) {
+	needRoot(t)
+	l := testLab(t, "ptlab-e2e")
 	const requests = 3
 	for _, mode := range lab.Modes() {
 		t.Run(string(mode), func(t *testing.T) {
@@ -261,12 +264,7 @@ func TestVerdictPerLabMode(t *testing.T) {
 // other flow gets its verdict.
 func TestTraceAmidTraffic(t *testing.T) {
 	needRoot(t)
-	l := lab.New(fmt.Sprintf("ptlab-amid%d", os.Getpid()%100000))
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
+	l := testLab(t, "ptlab-amid")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := l.Up(ctx, lab.ModeTC); err != nil {
@@ -617,12 +615,7 @@ func checkTshark(t *testing.T, path string) {
 // attach, while attached, or at detach.
 func TestAttachDetachMidTraffic(t *testing.T) {
 	needRoot(t)
-	l := lab.New(fmt.Sprintf("ptlab-mid%d", os.Getpid()%100000))
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
+	l := testLab(t, "ptlab-mid")
 	for _, mode := range []lab.Mode{lab.ModeSocket, lab.ModeTC, lab.ModeNetfilter} {
 		t.Run(string(mode), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
