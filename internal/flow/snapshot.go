@@ -122,14 +122,17 @@ func (e *Engine) outsideWindow(f *flowState) string {
 	return ""
 }
 
-// Where a flow began relative to the time every point was in place.
+// began says when a flow began relative to the capture window: from when
+// every point was in place to when the run was asked to stop.
+type began int
+
 const (
-	withinWindow = iota
+	withinWindow began = iota
 	beforeReady
 	afterStop
 )
 
-func (e *Engine) window(f *flowState) int {
+func (e *Engine) window(f *flowState) began {
 	switch {
 	case !e.cfg.Ready.IsZero() && f.first.Before(e.cfg.Ready):
 		return beforeReady
