@@ -99,6 +99,9 @@ func (b *bench) toolArgvs(tool string, extraSvcs ...string) [][]string {
 		// What pathtrace keeps, as a filter in the kernel: the two VIPs and
 		// their backend; idle taps keep nothing (TEST-NET-1 is in no lab).
 		filter := fmt.Sprintf("host %s or host %s or host %s", lab.TCPVIP.Addr(), lab.UDPVIP.Addr(), lab.BackendIP)
+		for _, s := range extraSvcs {
+			filter += " or " + svcFilter(s)
+		}
 		if tool == toolIdleTaps {
 			filter = "host 192.0.2.1"
 		}
@@ -110,7 +113,7 @@ func (b *bench) toolArgvs(tool string, extraSvcs ...string) [][]string {
 	}
 	key := tool
 	if len(extraSvcs) > 0 {
-		key += " (watching the bulk flow)"
+		key += watchingBulk
 	}
 	if _, ok := b.commands[key]; !ok {
 		for _, argv := range argvs {
@@ -118,6 +121,14 @@ func (b *bench) toolArgvs(tool string, extraSvcs ...string) [][]string {
 		}
 	}
 	return argvs
+}
+
+// svcFilter is the capture filter that keeps what pathtrace's --svc s
+// (address:port/protocol) watches.
+func svcFilter(s string) string {
+	addrPort, proto, _ := strings.Cut(s, "/")
+	ap := netip.MustParseAddrPort(addrPort)
+	return fmt.Sprintf("(host %s and %s port %d)", ap.Addr(), proto, ap.Port())
 }
 
 // tcpdumpArgv captures ifname in netns to a file of its own. -Z root:
@@ -472,18 +483,26 @@ func (b *bench) latencyRun(ctx context.Context, tool string) (lat, paced []time.
 
 // Bulk variants: nothing, pathtrace, pathtrace also watching the bulk flow
 // (every segment then passes its filters and is written to the capture
-// file), and tcpdump at pathtrace's three capture points (the cost of the
-// taps alone).
-const bulkWatched = toolPathtrace + " (watching the bulk flow)"
+// file), tcpdump at pathtrace's three capture points (the cost of the taps
+// alone), and those tcpdumps also keeping the bulk flow (the cost of
+// capturing every segment at three points, without pathtrace's observers).
+const (
+	watchingBulk     = " (watching the bulk flow)"
+	bulkWatched      = toolPathtrace + watchingBulk
+	bulkWatchedTaps3 = toolTcpdump3 + watchingBulk
+)
 
-var bulkVariants = []string{toolNone, toolPathtrace, bulkWatched, toolTcpdump3}
+var bulkVariants = []string{toolNone, toolPathtrace, bulkWatched, toolTcpdump3, bulkWatchedTaps3}
 
 // bulkRun measures one bulk TCP transfer from the Pod to the sink with
 // variant running.
 func (b *bench) bulkRun(ctx context.Context, variant string) (bulkRun, error) {
 	tool, argvs := variant, b.argvsOrNil(variant)
-	if variant == bulkWatched {
+	switch variant {
+	case bulkWatched:
 		tool, argvs = toolPathtrace, b.toolArgvs(toolPathtrace, bulkDst.String()+"/tcp")
+	case bulkWatchedTaps3:
+		tool, argvs = toolTcpdump3, b.toolArgvs(toolTcpdump3, bulkDst.String()+"/tcp")
 	}
 	var bps float64
 	r, err := b.window(ctx, tool, argvs, 0, func(ctx context.Context) (uint64, time.Duration, error) {
