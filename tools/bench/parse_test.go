@@ -154,3 +154,16 @@ func TestMedian(t *testing.T) {
 		t.Errorf("median of none = %v, want 0", got)
 	}
 }
+
+// TestSvcFilter: the tcpdumps that keep the bulk flow keep what pathtrace's
+// --svc for it watches, the address on that port only.
+func TestSvcFilter(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.244.20.1:5001/tcp": "(host 10.244.20.1 and tcp port 5001)",
+		"10.120.0.10:53/udp":   "(host 10.120.0.10 and udp port 53)",
+	} {
+		if got := svcFilter(in); got != want {
+			t.Errorf("svcFilter(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
