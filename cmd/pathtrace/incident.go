@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"syscall"
 
@@ -34,6 +37,12 @@ ticket needs into one directory (and a .tar.gz of it):
                     entries of the VIPs, sysctls, kernel and BPF features
   MANIFEST.txt      every file, its size, and what could not be collected
 
+--max-bytes bounds the directory, and the archive on its own; flows whose
+reports do not fit are counted, not written. The bundle is built in DIR.partial
+and renamed to DIR once complete; a DIR, DIR.partial or DIR.tar.gz that exists
+is refused. Ctrl-C ends the capture and writes the bundle; a second one skips
+the snapshot parts not collected yet; a third stops pathtrace.
+
 Only one incident runs at a time on a node; a second one is refused.
 
 Usage:
@@ -51,7 +60,7 @@ func runIncident(args []string) int {
 	fs := pflag.NewFlagSet("pathtrace incident", pflag.ContinueOnError)
 	fs.SortFlags = false
 	addSelectionFlags(fs, &f)
-	fs.StringVar(&out, "out", "", "bundle `dir` to create (required); DIR.tar.gz is written beside it")
+	fs.StringVar(&out, "out", "", "bundle `dir` to create (required), built as DIR.partial; DIR.tar.gz is written beside it")
 	fs.StringVar(&maxBytes, "max-bytes", "256M", "bound on the whole bundle, `size` in bytes or with K, M, G suffix")
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, incidentUsage)
@@ -83,7 +92,10 @@ func runIncident(args []string) int {
 		return exitRuntime
 	}
 	defer release()
-	if err := os.Mkdir(out, 0o700); err != nil {
+	// The bundle is built in DIR.partial and renamed to DIR once complete:
+	// a bundle under its own name is always whole.
+	building := incident.PartialDir(out)
+	if err := os.Mkdir(building, 0o700); err != nil {
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
 		return exitRuntime
 	}
@@ -100,7 +112,10 @@ func runIncident(args []string) int {
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}
 	if err != nil {
-		os.Remove(out) // empty unless the capture had started
+		stop()
+		if os.Remove(building) != nil { // not empty: the capture had started
+			fmt.Fprintf(os.Stderr, "pathtrace incident: what was captured is left in %s\n", building)
+		}
 		var ue *discover.UsageError
 		if errors.As(err, &ue) {
 			fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", ue)
@@ -110,12 +125,41 @@ func runIncident(args []string) int {
 		return exitRuntime
 	}
 	// The snapshot is taken after the capture: pathtrace's own observers are
-	// gone, and conntrack still holds the traced flows.
-	if err := writeBundle(context.Background(), out, opt, res, atts, budget); err != nil {
-		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
+	// gone, and conntrack still holds the traced flows. An interrupt now cuts
+	// the snapshot short (what is not collected is noted) and the bundle is
+	// finished; a second one stops pathtrace, leaving DIR.partial.
+	bctx, interrupted := bundleContext()
+	stop()
+	defer interrupted()
+	if err := writeBundle(bctx, out, opt, res, atts, budget); err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (what was written is in %s)\n", err, building)
 		return exitRuntime
 	}
 	return exitOK
+}
+
+// bundleContext is cancelled by the first SIGINT or SIGTERM, after which
+// the signals are theirs again (the next one ends the process); the returned
+// func stops watching.
+func bundleContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-sigs:
+			signal.Reset(os.Interrupt, syscall.SIGTERM)
+			fmt.Fprintln(os.Stderr, "pathtrace incident: interrupted: finishing the bundle without the snapshot parts not collected yet (interrupt again to abandon it)")
+			cancel()
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel()
+	}
 }
 
 // incidentOptions validates the flags; the pcapng gets what the snapshot and
@@ -124,8 +168,10 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	if out == "" {
 		return session.Options{}, 0, usagef("--out is required: the bundle directory to create, e.g. --out /var/tmp/incident-1")
 	}
-	if _, err := os.Stat(out); err == nil {
-		return session.Options{}, 0, usagef("--out %s exists: give a new directory, pathtrace never mixes two incidents", out)
+	for _, p := range []string{out, incident.PartialDir(out), tarballOf(out)} {
+		if _, err := os.Lstat(p); err == nil {
+			return session.Options{}, 0, usagef("--out %s: %s exists: give a new directory, pathtrace never mixes two incidents", out, p)
+		}
 	}
 	if st, err := os.Stat(filepath.Dir(out)); err != nil || !st.IsDir() {
 		return session.Options{}, 0, usagef("--out %s: no directory %s to create it in", out, filepath.Dir(out))
@@ -139,30 +185,27 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 		return opt, 0, err
 	}
 	_, rest := incident.SplitBudget(budget)
-	opt.Pcap = filepath.Join(out, "capture.pcapng")
-	opt.PcapLimits.MaxBytes = rest - reportReserve
+	opt.Pcap = filepath.Join(incident.PartialDir(out), "capture.pcapng")
+	opt.PcapLimits.MaxBytes = rest - reportReserve(rest)
 	return opt, budget, nil
 }
 
-// reportReserve is the part of the budget kept for the reports and SUMMARY.md.
-const reportReserve = 512 << 10
+// reportReserve is the part of the budget kept from the pcapng for the
+// reports, SUMMARY.md, the manifest and the archive's headers: an eighth,
+// between 512 KiB and 8 MiB (the JSON report of 4096 flows is about 3 MiB).
+// The reports get what the pcapng left; flows that do not fit are counted,
+// not written (fitReports).
+func reportReserve(rest int64) int64 { return min(max(rest/8, 512<<10), 8<<20) }
 
-func writeBundle(ctx context.Context, dir string, opt session.Options, res *session.Result, atts []probe.Attachment, budget int64) error {
-	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, ObserversEnded: res.ObserversEnded}
-	for _, format := range []string{"txt", "json"} {
-		name := filepath.Join(dir, "report."+format)
-		f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err != nil {
-			return err
-		}
-		rw := report.NewWriter(f, map[string]string{"txt": report.FormatTable, "json": report.FormatJSON}[format])
-		rw.Node(nodeJSON(res.Node, atts), func(w io.Writer) { writeNodeTable(w, res.Node, atts) })
-		rw.Flows(res.Flows)
-		rw.Summary(res.Summary, res.Drops, run)
-		if err := f.Close(); err != nil {
-			return err
-		}
-	}
+// tarballOf is the archive written beside the bundle directory.
+func tarballOf(dir string) string { return strings.TrimSuffix(dir, "/") + ".tar.gz" }
+
+// writeBundle writes the bundle for out in DIR.partial, renames it to out,
+// then archives it. Within budget: the snapshot has its share, the pcapng
+// what the reserve left; the reports get what remains, and the flows that
+// do not fit are counted in them, not written.
+func writeBundle(ctx context.Context, out string, opt session.Options, res *session.Result, atts []probe.Attachment, budget int64) error {
+	dir := incident.PartialDir(out)
 	snapBudget, _ := incident.SplitBudget(budget)
 	var vips []netip.Addr
 	for _, s := range opt.Services {
@@ -172,9 +215,39 @@ func writeBundle(ctx context.Context, dir string, opt session.Options, res *sess
 	if err != nil {
 		return err
 	}
-	if err := incident.WriteSummary(dir, res.Flows, res.Summary.WithDrops(res.Drops), res.Node, res.StopReason,
-		incident.Ended{Captures: res.CaptureEnded, Observers: res.ObserversEnded}); err != nil {
+	summary := func() error {
+		return incident.WriteSummary(dir, res.Flows, res.Summary.WithDrops(res.Drops), res.Node, res.StopReason,
+			incident.Ended{Captures: res.CaptureEnded, Observers: res.ObserversEnded})
+	}
+	if err := summary(); err != nil {
 		return err
+	}
+	used, err := dirBytes(dir)
+	if err != nil {
+		return err
+	}
+	// Kept for what is written after the reports: the manifest (twice what
+	// it is now: the reports' lines and a note join it) and the archive's
+	// headers and its compression's worst case, so the archive fits too.
+	manifest, err := dirBytes(dir, incident.ManifestText, incident.ManifestJSON)
+	if err != nil {
+		return err
+	}
+	after := 16<<10 + 2*manifest + 64<<10 + budget/1024
+	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, ObserversEnded: res.ObserversEnded}
+	written, err := fitReports(dir, budget-used-after, res, atts, run)
+	if err != nil {
+		return err
+	}
+	if left := len(res.Flows) - written; left > 0 {
+		m.Notef("report.txt, report.json: %d of %d flows not written (from id %d on): they did not fit in --max-bytes %d with the capture; SUMMARY.md counts them all",
+			left, len(res.Flows), res.Flows[written].ID, budget)
+		if err := m.Write(dir); err != nil { // WriteSummary reads its notes
+			return err
+		}
+		if err := summary(); err != nil {
+			return err
+		}
 	}
 	for _, f := range []struct{ name, holds string }{
 		{"SUMMARY.md", "the verdicts in plain words"},
@@ -189,19 +262,105 @@ func writeBundle(ctx context.Context, dir string, opt session.Options, res *sess
 	if err := m.Write(dir); err != nil {
 		return err
 	}
-	tarball := strings.TrimSuffix(dir, "/") + ".tar.gz"
+	if err := incident.Publish(out); err != nil {
+		return err
+	}
+	tarball := tarballOf(out)
 	var omitted *incident.OmittedError
-	if err := incident.Tar(dir, tarball, budget); err != nil && !errors.As(err, &omitted) {
+	if err := incident.Tar(out, tarball, budget); err != nil && !errors.As(err, &omitted) {
 		return err
 	} else if omitted != nil {
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", omitted)
 	}
-	summary, err := os.ReadFile(filepath.Join(dir, "SUMMARY.md"))
+	text, err := os.ReadFile(filepath.Join(out, incident.SummaryFile))
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s\nbundle: %s/ and %s\n", summary, dir, tarball)
+	fmt.Printf("%s\nbundle: %s/ and %s\n", text, out, tarball)
 	return nil
+}
+
+// fitReports writes report.txt and report.json into dir within room bytes
+// together: every flow when they fit, else as many flows as fit, in id
+// order, each report then saying how many more there are. It returns how
+// many flows were written.
+func fitReports(dir string, room int64, res *session.Result, atts []probe.Attachment, run report.Run) (int, error) {
+	render := func(k int) (txt, js []byte) {
+		var bt, bj bytes.Buffer
+		for _, r := range []struct {
+			w      *bytes.Buffer
+			format string
+		}{{&bt, report.FormatTable}, {&bj, report.FormatJSON}} {
+			rw := report.NewWriter(r.w, r.format)
+			rw.Node(nodeJSON(res.Node, atts), func(w io.Writer) { writeNodeTable(w, res.Node, atts) })
+			rw.Flows(res.Flows[:k])
+			rw.Omitted(res.Flows[k:], "they did not fit in the incident's --max-bytes with the capture (SUMMARY.md counts them all)")
+			rw.Summary(res.Summary, res.Drops, run)
+		}
+		return bt.Bytes(), bj.Bytes()
+	}
+	fits := func(k int) bool {
+		txt, js := render(k)
+		return int64(len(txt)+len(js)) <= room
+	}
+	k := len(res.Flows)
+	if !fits(k) {
+		// The largest k that fits: sizes grow with k.
+		k = sort.Search(len(res.Flows), func(i int) bool { return !fits(i + 1) })
+	}
+	txt, js := render(k)
+	if int64(len(txt)+len(js)) > room {
+		// Not even the node block fits: cut each report to its half.
+		txt, js = cutAt(txt, room/2), cutAt(js, room/2)
+	}
+	for name, body := range map[string][]byte{"report.txt": txt, "report.json": js} {
+		if err := os.WriteFile(filepath.Join(dir, name), body, 0o600); err != nil {
+			return 0, err
+		}
+	}
+	return k, nil
+}
+
+// cutAt keeps at most n bytes of b, at a line boundary, ending with a line
+// that says it was cut.
+func cutAt(b []byte, n int64) []byte {
+	marker := fmt.Sprintf("[pathtrace: cut here: %d bytes do not fit in the incident's --max-bytes]\n", len(b))
+	keep := max(n-int64(len(marker)), 0)
+	if keep >= int64(len(b)) {
+		return b
+	}
+	b = b[:keep]
+	if nl := bytes.LastIndexByte(b, '\n'); nl >= 0 {
+		b = b[:nl+1]
+	} else {
+		b = b[:0]
+	}
+	if int64(len(b)+len(marker)) > n {
+		return b
+	}
+	return append(b, marker...)
+}
+
+// dirBytes sums the sizes of dir's regular files, or only of those named.
+func dirBytes(dir string, names ...string) (int64, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, e := range entries {
+		if len(names) > 0 && !slices.Contains(names, e.Name()) {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			return 0, err
+		}
+		if info.Mode().IsRegular() {
+			n += info.Size()
+		}
+	}
+	return n, nil
 }
 
 // features lists what the observers found in the kernel, for the snapshot.

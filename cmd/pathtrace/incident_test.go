@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/google/nftables"
+	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -38,7 +40,8 @@ func TestIncidentBundle(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	// The capture file appears once the lock is held and the taps are open.
-	waitFor(t, filepath.Join(out, "capture.pcapng.partial"), cmd)
+	// The bundle is built beside its final name.
+	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
 
 	second := pathtrace("incident", "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
 		"--duration", "1s", "--out", out+"-second")
@@ -63,6 +66,9 @@ func TestIncidentBundle(t *testing.T) {
 	if _, err := os.Stat(out + ".tar.gz"); err != nil {
 		t.Errorf("bundle archive: %v", err)
 	}
+	if _, err := os.Stat(out + ".partial"); err == nil {
+		t.Errorf("%s.partial is left beside the finished bundle", out)
+	}
 	summary, _ := os.ReadFile(filepath.Join(out, "SUMMARY.md"))
 	if !strings.Contains(string(summary), "netfilter") || !strings.Contains(string(summary), "10.244.20.31:3000") {
 		t.Errorf("SUMMARY.md does not state the netfilter verdict:\n%s", summary)
@@ -73,6 +79,105 @@ func TestIncidentBundle(t *testing.T) {
 	}
 	if after := nodeState(t, l); after != before {
 		t.Errorf("the node changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// TestIncidentBundleWithinMaxBytes runs an incident whose flows do not all
+// fit in its --max-bytes beside the capture: the directory and the archive
+// stay within the bound, both reports are whole files that say how many
+// flows they leave out, and the archive holds them.
+func TestIncidentBundleWithinMaxBytes(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	const budget = 1 << 20
+	out := filepath.Join(t.TempDir(), "incident")
+	cmd := pathtrace("incident", "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
+		"--svc", lab.UDPVIP.String(), "--duration", "8s", "--max-bytes", "1M", "--out", out)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
+	// 2 x 1200 flows: their reports alone are about 2 MB.
+	if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 1200}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("pathtrace incident: %v\n%s", err, stderr.String())
+	}
+	var total int64
+	entries, err := os.ReadDir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		info, _ := e.Info()
+		total += info.Size()
+	}
+	if total > budget {
+		t.Errorf("bundle directory holds %d bytes, over --max-bytes %d", total, budget)
+	}
+	if st, err := os.Stat(out + ".tar.gz"); err != nil || st.Size() > budget {
+		t.Errorf("bundle archive: %v (over %d bytes?)", err, budget)
+	}
+	if strings.Contains(stderr.String(), "was written without") {
+		t.Errorf("the archive left files out: %s", stderr.String())
+	}
+	js, _ := os.ReadFile(filepath.Join(out, "report.json"))
+	lines := strings.Split(strings.TrimSpace(string(js)), "\n")
+	if !strings.HasPrefix(lines[0], `{"type":"node"`) || !strings.HasPrefix(lines[len(lines)-1], `{"type":"summary"`) {
+		t.Errorf("report.json is not whole: first %.40q, last %.40q", lines[0], lines[len(lines)-1])
+	}
+	if !strings.Contains(string(js), `{"type":"omitted","flows":`) {
+		t.Errorf("report.json does not say which flows it leaves out (%d bytes)", len(js))
+	}
+	txt, _ := os.ReadFile(filepath.Join(out, "report.txt"))
+	if !strings.Contains(string(txt), "more flows (from id") {
+		t.Errorf("report.txt does not say which flows it leaves out (%d bytes)", len(txt))
+	}
+	manifest, _ := os.ReadFile(filepath.Join(out, "MANIFEST.txt"))
+	if !strings.Contains(string(manifest), "flows not written") {
+		t.Errorf("MANIFEST.txt does not note the flows left out of the reports:\n%s", manifest)
+	}
+}
+
+// TestIncidentKilled kills an incident during its capture: no bundle
+// appears under its name, the capture so far stays readable in
+// DIR.partial, and a new incident with the same --out is refused.
+func TestIncidentKilled(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	out := filepath.Join(t.TempDir(), "incident")
+	cmd := pathtrace("incident", "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
+		"--duration", "30s", "--out", out)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	partial := filepath.Join(out+".partial", "capture.pcapng.partial")
+	waitFor(t, partial, cmd)
+	if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// The frames leave the reorder hold within a second (with no newer
+	// frame to push them out), then the file within flushInterval.
+	time.Sleep(1500 * time.Millisecond)
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	for _, p := range []string{out, out + ".tar.gz"} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s exists after the incident was killed", p)
+		}
+	}
+	if n := countPcapng(t, partial); n == 0 {
+		t.Errorf("%s holds no packet", partial)
+	}
+	again := pathtrace("incident", "--svc", lab.TCPVIP.String(), "--out", out)
+	msg, err := again.CombinedOutput()
+	if exitCode(err) != exitUsage || !strings.Contains(string(msg), ".partial exists") {
+		t.Errorf("incident over a killed one's --out: exit %d, %q; want exit 2 naming %s.partial", exitCode(err), msg, out)
 	}
 }
 
@@ -150,4 +255,65 @@ func nodeState(t *testing.T, l *lab.Lab) string {
 		}
 	}
 	return b.String()
+}
+
+// countPcapng counts the packets of a pcapng file, which must read without
+// error to its end.
+func countPcapng(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	for n := 0; ; n++ {
+		if _, _, err := r.ReadPacketData(); err != nil {
+			if err != io.EOF {
+				t.Errorf("%s: packet %d: %v", path, n+1, err)
+			}
+			return n
+		}
+	}
+}
+
+// TestIncidentBadOutExitsTwo: an --out that is missing, exists, or whose
+// archive or partial bundle exists is refused before anything runs, with
+// one line and exit 2 (as a normal user too: the flags are checked first).
+func TestIncidentBadOutExitsTwo(t *testing.T) {
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "exists")
+	withTarball := filepath.Join(dir, "archived")
+	withPartial := filepath.Join(dir, "killed")
+	for _, p := range []string{existing, withPartial + ".partial"} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(withTarball+".tar.gz", []byte("an earlier incident"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--svc", "10.0.0.1"},
+		{"--svc", "10.0.0.1", "--out", existing},
+		{"--svc", "10.0.0.1", "--out", withTarball},
+		{"--svc", "10.0.0.1", "--out", withPartial},
+		{"--svc", "10.0.0.1", "--out", filepath.Join(dir, "no-such-dir", "x")},
+		{"--svc", "10.0.0.1", "--out", filepath.Join(dir, "new"), "--max-bytes", "100K"},
+	} {
+		var stderr bytes.Buffer
+		cmd := pathtrace(append([]string{"incident"}, args...)...)
+		cmd.Stderr = &stderr
+		code := exitCode(cmd.Run())
+		msg := strings.TrimSpace(stderr.String())
+		if code != exitUsage || msg == "" || strings.Contains(msg, "\n") {
+			t.Errorf("pathtrace incident %s: exit %d, stderr %q; want exit 2 and one line", strings.Join(args, " "), code, msg)
+		}
+	}
+	if b, _ := os.ReadFile(withTarball + ".tar.gz"); string(b) != "an earlier incident" {
+		t.Errorf("the earlier archive changed: %q", b)
+	}
 }

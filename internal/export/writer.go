@@ -53,8 +53,8 @@ type Limits struct {
 
 // InterfaceStats are one interface's counters, written by Close.
 type InterfaceStats struct {
-	Received uint64 // packets the capture point received
-	Dropped  uint64 // packets the kernel dropped (ring full)
+	Received uint64 // isb_ifrecv: packets the capture point took, drops included (libpcap's ps_recv)
+	Dropped  uint64 // isb_ifdrop: packets the kernel dropped (ring full)
 }
 
 // Summary says what a pcapng file holds, for reports.

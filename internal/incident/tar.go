@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // OmittedFile names the archive member that lists what Tar left out.
@@ -39,7 +41,8 @@ func (e *OmittedError) Error() string {
 var firstFiles = []string{SummaryFile, ManifestText, ManifestJSON}
 
 // Tar writes out, a .tar.gz of dir (members under dir's base name, mode 0600,
-// written to out.partial and renamed when complete). maxBytes > 0 bounds the
+// written to out.partial and renamed when complete, never over an existing
+// out). maxBytes > 0 bounds the
 // archive: when everything would not fit, the largest files are left out, an
 // OMITTED.txt member lists them and the result is an *OmittedError. When not
 // even the summary and manifest fit, nothing is written.
@@ -57,7 +60,7 @@ func Tar(dir, out string, maxBytes int64) error {
 		os.Remove(partial)
 		return err
 	}
-	if err := os.Rename(partial, out); err != nil {
+	if err := renameNoReplace(partial, out); err != nil {
 		os.Remove(partial)
 		return fmt.Errorf("incident archive: %w", err)
 	}
@@ -265,3 +268,33 @@ func (l *limitedWriter) Write(p []byte) (int, error) {
 	l.left -= int64(n)
 	return n, err
 }
+
+// renameNoReplace renames old to new, failing when new exists (a file or a
+// directory): an incident never replaces an earlier one's files.
+func renameNoReplace(old, new string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, old, unix.AT_FDCWD, new, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		// No RENAME_NOREPLACE on this filesystem.
+		if _, serr := os.Lstat(new); serr == nil {
+			return &os.LinkError{Op: "rename", Old: old, New: new, Err: os.ErrExist}
+		}
+		return os.Rename(old, new)
+	}
+	if err != nil {
+		return &os.LinkError{Op: "rename", Old: old, New: new, Err: err}
+	}
+	return nil
+}
+
+// Publish renames a bundle built in dir+".partial" to dir, never over an
+// existing dir: a bundle appears under its name only once complete, and one
+// left as DIR.partial (pathtrace killed while writing it) says what it is.
+func Publish(dir string) error {
+	if err := renameNoReplace(PartialDir(dir), dir); err != nil {
+		return fmt.Errorf("incident bundle: %w", err)
+	}
+	return nil
+}
+
+// PartialDir is where the bundle for dir is built.
+func PartialDir(dir string) string { return strings.TrimSuffix(dir, "/") + ".partial" }

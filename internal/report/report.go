@@ -48,11 +48,7 @@ func (w *Writer) Node(v any, table func(io.Writer)) error {
 
 // Flows writes one row or one JSON line per flow.
 func (w *Writer) Flows(flows []flow.Flow) error {
-	for _, f := range flows {
-		if f.By != "" && !slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
-			w.byPlace[f.RewrittenAt] = append(w.byPlace[f.RewrittenAt], f.By)
-		}
-	}
+	w.noteRewriters(flows)
 	if w.format != FormatJSON {
 		return writeFlowTable(w.w, flows)
 	}
@@ -62,6 +58,34 @@ func (w *Writer) Flows(flows []flow.Flow) error {
 		}
 	}
 	return nil
+}
+
+func (w *Writer) noteRewriters(flows []flow.Flow) {
+	for _, f := range flows {
+		if f.By != "" && !slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
+			w.byPlace[f.RewrittenAt] = append(w.byPlace[f.RewrittenAt], f.By)
+		}
+	}
+}
+
+// Omitted says, after Flows, that the flows left are not written here and
+// why (a size bound): a line, or {"type":"omitted","flows":N,"first_id":ID,
+// "reason":...}. The summary written next still counts them, and its table
+// names their rewriters.
+func (w *Writer) Omitted(left []flow.Flow, why string) error {
+	if len(left) == 0 {
+		return nil
+	}
+	w.noteRewriters(left)
+	if w.format != FormatJSON {
+		_, err := fmt.Fprintf(w.w, "%d more flows (from id %d on) are not written here: %s.\n\n", len(left), left[0].ID, why)
+		return err
+	}
+	return w.object("omitted", struct {
+		Flows   int    `json:"flows"`
+		FirstID int    `json:"first_id"`
+		Reason  string `json:"reason"`
+	}{len(left), left[0].ID, why})
 }
 
 // Run is what the caller adds to the summary about the run itself.

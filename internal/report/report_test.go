@@ -251,3 +251,39 @@ func TestUnknownOutsideTheWindowNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestOmittedFlows: flows left out of a report (a size bound) are said, in
+// both formats, between the flows and the summary, and their rewriters still
+// reach the table's summary.
+func TestOmittedFlows(t *testing.T) {
+	svc := netip.MustParseAddrPort("10.120.0.80:80")
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceTC, By: "tcx ingress lb"},
+		{ID: 4, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceNetfilter, By: "nft kube-proxy"},
+		{ID: 5, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceNetfilter, By: "nft kube-proxy"},
+	}
+	for _, format := range []string{report.FormatTable, report.FormatJSON} {
+		var buf bytes.Buffer
+		w := report.NewWriter(&buf, format)
+		if err := w.Flows(flows[:1]); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Omitted(flows[1:], "a bound"); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Summary(flow.Summary{Flows: 3}, nil, report.Run{}); err != nil {
+			t.Fatal(err)
+		}
+		out := buf.String()
+		want := map[string]string{
+			report.FormatTable: "2 more flows (from id 4 on) are not written here: a bound.",
+			report.FormatJSON:  `{"type":"omitted","flows":2,"first_id":4,"reason":"a bound"}`,
+		}[format]
+		if !strings.Contains(out, want) || strings.Index(out, want) > strings.Index(out, "summary") && format == report.FormatJSON {
+			t.Errorf("%s: want %q before the summary in:\n%s", format, want, out)
+		}
+		if format == report.FormatTable && !strings.Contains(out, "nft kube-proxy") {
+			t.Errorf("the table's summary lacks the omitted flows' rewriter:\n%s", out)
+		}
+	}
+}

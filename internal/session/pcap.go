@@ -73,7 +73,7 @@ func (p *pcapOut) close(taps []tap) *export.Summary {
 	res := &export.Summary{Path: p.path, PerInterface: map[string]uint64{}}
 	for i, tp := range taps {
 		st := tp.t.Stats()
-		stats[i] = export.InterfaceStats{Received: st.Packets, Dropped: st.KernelDrops}
+		stats[i] = export.InterfaceStats{Received: st.KernelPackets, Dropped: st.KernelDrops}
 		res.PerInterface[tp.label] = p.perTap[i]
 	}
 	// A failed close (a reader that went away from "-", a full disk) is
