@@ -2,6 +2,8 @@ package export
 
 import (
 	"encoding/binary"
+	"fmt"
+	"io"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
@@ -184,4 +186,31 @@ func direction(d obs.Dir) uint32 {
 		return epbOutbound
 	}
 	return 0
+}
+
+// countPackets walks the blocks of a pcapng file written by this package and
+// counts its packet blocks per interface (of ifaces) and its bytes.
+func countPackets(r io.Reader, ifaces int) (perIface []uint64, size int64, err error) {
+	perIface = make([]uint64, ifaces)
+	var head [12]byte
+	for {
+		if _, err := io.ReadFull(r, head[:]); err == io.EOF {
+			return perIface, size, nil
+		} else if err != nil {
+			return nil, 0, fmt.Errorf("block at byte %d: %w", size, err)
+		}
+		typ, n := le.Uint32(head[0:]), int64(le.Uint32(head[4:]))
+		if n < 12 || n%4 != 0 {
+			return nil, 0, fmt.Errorf("block at byte %d: length %d", size, n)
+		}
+		if typ == blockEnhancedPacket {
+			if i := le.Uint32(head[8:]); int(i) < ifaces {
+				perIface[i]++
+			}
+		}
+		if _, err := io.CopyN(io.Discard, r, n-12); err != nil {
+			return nil, 0, fmt.Errorf("block at byte %d: %w", size, err)
+		}
+		size += n
+	}
 }

@@ -5,11 +5,13 @@
 package export
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,8 +84,9 @@ type Writer struct {
 	lim    Limits
 	start  time.Time
 
-	packets uint64
-	bytes   int64 // blocks accepted: written or pending
+	packets  uint64
+	perIface []uint64 // packets per interface
+	bytes    int64    // blocks accepted: written or pending
 	// stop is the stop reason (a bound was reached), "" while none: written
 	// under mu, read without it by StopReason after every packet.
 	stop   atomic.Pointer[string]
@@ -150,10 +153,11 @@ func newWriter(dst io.Writer, file bool, ifaces []Interface, lim Limits) (*Write
 		return nil, errors.New("pcapng: no interface to capture on")
 	}
 	w := &Writer{
-		out:    blockOut{w: dst, file: file, pageSize: int64(os.Getpagesize())},
-		ifaces: append([]Interface(nil), ifaces...),
-		lim:    lim,
-		start:  time.Now(),
+		out:      blockOut{w: dst, file: file, pageSize: int64(os.Getpagesize())},
+		ifaces:   append([]Interface(nil), ifaces...),
+		perIface: make([]uint64, len(ifaces)),
+		lim:      lim,
+		start:    time.Now(),
 	}
 	snaplen := commonSnaplen(ifaces)
 	headers := [][]byte{appendSHB(nil, runtime.GOARCH, kernelName(), "pathtrace")}
@@ -268,6 +272,7 @@ func (w *Writer) writePacket(iface int, p *capture.Packet, comment string) error
 		return err
 	}
 	w.packets++
+	w.perIface[iface]++
 	if w.lim.MaxPackets > 0 && w.packets >= w.lim.MaxPackets {
 		w.stop.Store(&stopMaxPackets)
 	}
@@ -333,6 +338,33 @@ func (w *Writer) Packets() uint64 {
 	return w.packets
 }
 
+// PerInterface is the number of packets written per interface, in
+// interface order.
+func (w *Writer) PerInterface() []uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.perIface)
+}
+
+// recount sets the counters from the blocks in the file, after a failed
+// write cut it short.
+func (w *Writer) recount() error {
+	f, err := os.Open(w.file.partial)
+	if err != nil {
+		return fmt.Errorf("pcapng: recounting after the write error: %w", err)
+	}
+	defer f.Close()
+	perIface, size, err := countPackets(bufio.NewReaderSize(f, 1<<20), len(w.ifaces))
+	if err != nil {
+		return fmt.Errorf("pcapng: recounting after the write error: %w", err)
+	}
+	w.perIface, w.bytes, w.packets = perIface, size, 0
+	for _, n := range perIface {
+		w.packets += n
+	}
+	return nil
+}
+
 // Bytes is the size of the file so far (including what is about to be
 // flushed).
 func (w *Writer) Bytes() int64 {
@@ -372,8 +404,13 @@ func (w *Writer) Close(stats []InterfaceStats) error {
 		err = fmt.Errorf("write pcapng: %w", ferr)
 	}
 	if w.async != nil {
-		if aerr := w.async.Close(); aerr != nil && err == nil {
-			err = fmt.Errorf("write pcapng: %w", aerr)
+		if aerr := w.async.Close(); aerr != nil {
+			if err == nil {
+				err = fmt.Errorf("write pcapng: %w", aerr)
+			}
+			// Blocks accepted after the failed write never reached the
+			// file: count what it holds.
+			err = errors.Join(err, w.recount())
 		}
 	}
 	if w.file != nil {

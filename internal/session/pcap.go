@@ -11,10 +11,9 @@ import (
 
 // pcapOut is the session's pcapng file: one interface per tap, in tap order.
 type pcapOut struct {
-	w      *export.Writer
-	path   string
-	perTap []uint64
-	err    error // a write error other than the bounds (disk full, ...)
+	w    *export.Writer
+	path string
+	err  error // a write error other than the bounds (disk full, ...)
 	// queues holds, per tap in tap order, the batches with frames not
 	// written yet, oldest first.
 	queues [][]*batch
@@ -45,7 +44,7 @@ func openPcap(path string, lim export.Limits, taps []tap, snaplen int) (*pcapOut
 	if err != nil {
 		return nil, fmt.Errorf("pcapng %s: %w", path, err)
 	}
-	return &pcapOut{w: w, path: path, perTap: make([]uint64, len(taps)), queues: make([][]*batch, len(taps))}, nil
+	return &pcapOut{w: w, path: path, queues: make([][]*batch, len(taps))}, nil
 }
 
 // write appends one frame through the held writer; a reached bound or a
@@ -55,12 +54,7 @@ func (p *pcapOut) write(w export.Held, iface int, pkt *capture.Packet, comment s
 	if p.err != nil {
 		return "pcap-error"
 	}
-	err := w.WritePacket(iface, pkt, comment)
-	switch {
-	case err == nil:
-		p.perTap[iface]++
-	case errors.Is(err, export.ErrLimit):
-	default:
+	if err := w.WritePacket(iface, pkt, comment); err != nil && !errors.Is(err, export.ErrLimit) {
 		p.err = err
 		return "pcap-error"
 	}
@@ -74,12 +68,15 @@ func (p *pcapOut) close(taps []tap) *export.Summary {
 	for i, tp := range taps {
 		st := tp.t.Stats()
 		stats[i] = export.InterfaceStats{Received: st.KernelPackets, Dropped: st.KernelDrops}
-		res.PerInterface[tp.label] = p.perTap[i]
 	}
 	// A failed close (a reader that went away from "-", a full disk) is
-	// reported with the rest, never at the cost of the report.
+	// reported with the rest, never at the cost of the report. The counts
+	// are read after it: a failed write makes them what the file holds.
 	if err := p.w.Close(stats); err != nil && p.err == nil {
 		p.err = err
+	}
+	for i, n := range p.w.PerInterface() {
+		res.PerInterface[taps[i].label] = n
 	}
 	if p.err != nil {
 		res.Error = p.err.Error()

@@ -60,7 +60,7 @@ func testTracerOf(t testing.TB, out io.Writer, taps []tap) *tracer {
 	}
 	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
 	return &tracer{taps: taps, eng: eng, classes: newClassTable(), free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches),
-		pcap: &pcapOut{w: w, perTap: make([]uint64, len(taps)), queues: make([][]*batch, len(taps))}}
+		pcap: &pcapOut{w: w, queues: make([][]*batch, len(taps))}}
 }
 
 // frames hands tap one batch of request frames captured at the given
@@ -178,7 +178,7 @@ func TestPcapHoldIsBounded(t *testing.T) {
 			t.Fatalf("%d frames held, bound is %d", tr.pcap.held, maxHeld)
 		}
 	}
-	if tr.pcap.perTap[0] == 0 {
+	if tr.pcap.w.PerInterface()[0] == 0 {
 		t.Error("nothing written although the bound was passed")
 	}
 }
