@@ -425,6 +425,30 @@ struct pt_frame_head {
 _Static_assert(__builtin_offsetof(struct pt_frame_head, l4) == 2 + PT_FRAME_HEAD_LEN - 14,
 	       "eth, ip and l4 of struct pt_frame_head must be contiguous");
 
+/* pt_skip_vlans finds the IPv4 header of an Ethernet frame whose EtherType
+ * (after the MAC addresses) is proto: it skips up to two in-band 802.1Q /
+ * 802.1ad tags from *off (just after that EtherType), leaving *off at the
+ * IPv4 header. It reports the first in-band tag in *tci / *tpid (unchanged
+ * when none). Returns 0 for IPv4, -1 otherwise (another EtherType, three
+ * tags, or a frame cut in a tag). */
+static __always_inline int pt_skip_vlans(struct __sk_buff *skb, __u16 proto, __u32 *off, __u16 *tci, __u16 *tpid)
+{
+	for (int i = 0; i < 2; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+		struct vlan_hdr vh;
+		if (bpf_skb_load_bytes(skb, *off, &vh, sizeof(vh)) < 0)
+			return -1;
+		if (i == 0) {
+			*tci = bpf_ntohs(vh.h_vlan_TCI);
+			*tpid = bpf_ntohs(proto);
+		}
+		proto = vh.h_vlan_encapsulated_proto;
+		*off += sizeof(vh);
+	}
+	return proto == bpf_htons(ETH_P_IP) ? 0 : -1;
+}
+
 /* pt_load_frame reads an Ethernet frame's IPv4 tuple: in one read when the
  * frame is untagged and its IP header has no options (nor is a later
  * fragment), else header by header, skipping up to two in-band VLAN tags
@@ -445,21 +469,7 @@ static __always_inline int pt_load_frame(struct __sk_buff *skb, struct pt_tuple 
 		return 0;
 	}
 	__u32 off = sizeof(h.eth);
-	__u16 proto = h.eth.h_proto;
-	for (int i = 0; i < 2; i++) {
-		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
-			break;
-		struct vlan_hdr vh;
-		if (bpf_skb_load_bytes(skb, off, &vh, sizeof(vh)) < 0)
-			return -1;
-		if (i == 0) {
-			*tci = bpf_ntohs(vh.h_vlan_TCI);
-			*tpid = bpf_ntohs(proto);
-		}
-		proto = vh.h_vlan_encapsulated_proto;
-		off += sizeof(vh);
-	}
-	if (proto != bpf_htons(ETH_P_IP))
+	if (pt_skip_vlans(skb, h.eth.h_proto, &off, tci, tpid) < 0)
 		return -1;
 	return pt_load_ipv4(skb, off, t);
 }

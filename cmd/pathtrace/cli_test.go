@@ -24,6 +24,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 
+	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
 
@@ -254,7 +255,87 @@ func TestVerdictPerLabMode(t *testing.T) {
 				checkFlow(t, mode, f, gwMAC.String())
 			}
 			checkPcap(t, pcap, summary)
+			if mode == lab.ModeNowhere {
+				checkICMPErrors(t, pcap, flows)
+			}
 		})
+	}
+}
+
+// checkICMPErrors: in the nowhere mode the gateway answers each request that
+// kept the VIP with an ICMP net unreachable, which makes the client fail.
+// The pcapng has them at every capture point, each commented with what it is
+// and the flow of the request it quotes (a flow of the report).
+func checkICMPErrors(t *testing.T, path string, flows []map[string]any) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flowOf := map[string]float64{} // "client service" -> flow ID
+	for _, fl := range flows {
+		id, _ := fl["id"].(float64)
+		flowOf[fmt.Sprint(fl["client"], " ", fl["service"])] = id
+	}
+	perPoint := map[string]int{}
+	for {
+		data, ci, opts, err := r.ReadPacketDataWithOptions()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("pcapng read: %v", err)
+		}
+		p := capture.Packet{Data: data}
+		e, ok := p.ICMPError()
+		if !ok {
+			continue
+		}
+		ifc, err := r.Interface(ci.InterfaceIndex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		comment := ""
+		if len(opts.Comments) > 0 {
+			comment = opts.Comments[0]
+		}
+		id, known := flowOf[e.Src.String()+" "+e.Dst.String()]
+		want := fmt.Sprintf("ICMP destination unreachable (code 0: net unreachable) from %v about flow %v request to VIP (before translation); rewritten_at=nowhere", lab.GatewayIP, id)
+		if e.Type != capture.ICMPDestUnreachable || e.From != lab.GatewayIP || e.To != lab.PodIP || !known || comment != want {
+			t.Errorf("%s: %s from %v to %v about %s (flow known: %v), comment %q; want the gateway's net unreachable about a flow's request to the VIP, comment %q",
+				ifc.Name, e.Kind(), e.From, e.To, e.QuotedString(), known, comment, want)
+			continue
+		}
+		perPoint[ifc.Name]++
+	}
+	for _, point := range []string{"pod:eth0", "host:veth-a", "uplink:bond0"} {
+		if perPoint[point] == 0 {
+			t.Errorf("no ICMP net unreachable from the gateway on %s in the pcapng (per point: %v)", point, perPoint)
+		}
+	}
+	if _, err := exec.LookPath("tshark"); err != nil {
+		return
+	}
+	out, err := exec.Command("tshark", "-r", path, "-Y", "icmp.type == 3", "-T", "fields",
+		"-e", "frame.interface_name", "-e", "icmp.code", "-e", "frame.comment").Output()
+	if err != nil {
+		t.Fatalf("tshark -r %s: %v", path, err)
+	}
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Split(line, "\t")
+		if len(fields) < 3 || fields[1] != "0" || !strings.HasPrefix(fields[2], "ICMP destination unreachable (code 0: net unreachable) from ") {
+			t.Errorf("tshark: ICMP unreachable %q, want a net unreachable with its comment", line)
+		}
+		n++
+	}
+	if total := perPoint["pod:eth0"] + perPoint["host:veth-a"] + perPoint["uplink:bond0"]; n != total {
+		t.Errorf("tshark shows %d ICMP unreachable frames, gopacket's reader %d", n, total)
 	}
 }
 

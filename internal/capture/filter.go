@@ -10,9 +10,13 @@ import (
 
 // MaxFilterAddrs is the most addresses FilterFor accepts. Each address costs
 // four instructions (a compare and an accept, for the source and for the
-// destination) and the prologue 19, which keeps the program under the kernel's
-// limit of 4096 classic BPF instructions.
+// destination) and the rest of the program filterFixed, which keeps the
+// program under the kernel's limit of 4096 classic BPF instructions.
 const MaxFilterAddrs = 1000
+
+// filterFixed is how many instructions FilterFor's program has besides the
+// addresses' compares and accepts.
+const filterFixed = 48
 
 // Ethernet types the filter and the decoder know.
 const (
@@ -28,6 +32,17 @@ const (
 // 802.1ad tags (tags the kernel moved out of band are not in the frame and
 // need no handling). Truncated frames are rejected: a load past the end of the
 // frame ends the filter with 0.
+//
+// An ICMP error message (destination unreachable, time exceeded, parameter
+// problem: ICMPError) is judged by the packet it quotes instead: it is kept
+// when the quoted source or destination is listed, e.g. a router's net
+// unreachable about a request to a VIP. One set of compares serves both (the
+// address list is all of the program's size): an error sent to a listed
+// address is kept too, for the quoted packet came from there, but one a
+// listed address sent about a packet between two unlisted ones (forwarded by
+// it) is dropped. An error whose quote is cut before the addresses is judged
+// by its own. The eBPF tap filter also follows the client endpoints learned
+// in the kernel; this one knows addresses only.
 //
 // Duplicate addresses are counted once; IPv4-mapped IPv6 addresses are
 // unmapped. Other IPv6 addresses, invalid addresses, more than
@@ -78,6 +93,7 @@ func FilterFor(addrs []netip.Addr, snaplen int) ([]bpf.RawInstruction, error) {
 		/* 14 */ bpf.Jump{Skip: 1},
 		/* 15 */ bpf.LoadConstant{Dst: bpf.RegX, Val: 22},
 	}
+	prog = append(prog, icmpQuote...)
 	for _, off := range []uint32{12, 16} { // IPv4 source, destination
 		prog = append(prog, bpf.LoadIndirect{Off: off, Size: 4})
 		for _, a := range uniq {
@@ -92,4 +108,41 @@ func FilterFor(addrs []netip.Addr, snaplen int) ([]bpf.RawInstruction, error) {
 		return nil, fmt.Errorf("filter: assemble: %w", err)
 	}
 	return raw, nil
+}
+
+// icmpQuote follows the prologue (X: the IPv4 header's offset) and moves X
+// to the quoted IPv4 header of an ICMP error message, which the address
+// compares after it then read. Any other frame, an error that is a later
+// fragment, or whose quote is cut before its addresses or is not IPv4 keeps
+// X at its own header. A TCP or UDP frame runs its first two instructions.
+var icmpQuote = []bpf.Instruction{
+	/* 0 */ bpf.LoadIndirect{Off: 9, Size: 1}, // protocol
+	/* 1 */ bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: ipProtoICMP, SkipTrue: 27},
+	/* 2 */ bpf.LoadIndirect{Off: 6, Size: 2}, // flags, fragment offset
+	/* 3 */ bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: 0x1fff, SkipTrue: 25},
+	/* 4 */ bpf.LoadIndirect{Off: 0, Size: 1}, // version, IHL
+	/* 5 */ bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0x0f},
+	/* 6 */ bpf.ALUOpConstant{Op: bpf.ALUOpShiftLeft, Val: 2},
+	/* 7 */ bpf.JumpIf{Cond: bpf.JumpLessThan, Val: 20, SkipTrue: 21},
+	/* 8 */ bpf.StoreScratch{Src: bpf.RegX, N: 0}, // the header, to go back to
+	/* 9 */ bpf.ALUOpX{Op: bpf.ALUOpAdd}, // the ICMP header
+	/* 10 */ bpf.ALUOpConstant{Op: bpf.ALUOpAdd, Val: 8 + 20}, // the end of the quoted header
+	/* 11 */ bpf.TAX{},
+	/* 12 */ bpf.LoadExtension{Num: bpf.ExtLen},
+	/* 13 */ bpf.JumpIfX{Cond: bpf.JumpLessThan, SkipTrue: 14}, // quote cut
+	/* 14 */ bpf.TXA{},
+	/* 15 */ bpf.ALUOpConstant{Op: bpf.ALUOpSub, Val: 8 + 20},
+	/* 16 */ bpf.TAX{},
+	/* 17 */ bpf.LoadIndirect{Off: 0, Size: 1}, // ICMP type
+	/* 18 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: ICMPDestUnreachable, SkipTrue: 2},
+	/* 19 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: ICMPTimeExceeded, SkipTrue: 1},
+	/* 20 */ bpf.JumpIf{Cond: bpf.JumpEqual, Val: ICMPParamProblem, SkipFalse: 7},
+	/* 21 */ bpf.TXA{},
+	/* 22 */ bpf.ALUOpConstant{Op: bpf.ALUOpAdd, Val: 8},
+	/* 23 */ bpf.TAX{}, // the quoted IPv4 header
+	/* 24 */ bpf.LoadIndirect{Off: 0, Size: 1},
+	/* 25 */ bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0xf0},
+	/* 26 */ bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: 0x40, SkipTrue: 1},
+	/* 27 */ bpf.Jump{Skip: 1},
+	/* 28 */ bpf.LoadScratch{Dst: bpf.RegX, N: 0}, // back to the frame's own header
 }

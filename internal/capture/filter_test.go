@@ -95,6 +95,57 @@ func TestFilterFor(t *testing.T) {
 	}
 }
 
+// An ICMP error is judged by the packet it quotes: kept when the quoted
+// source or destination is listed, whoever sent the error to whom.
+func TestFilterForICMPErrors(t *testing.T) {
+	prog := mustFilter(t, 96, "10.120.0.80", "10.244.20.31")
+	const gw, client, other = "10.244.8.1", "10.244.8.23", "10.0.0.9"
+	toVIP := quoteOf(udpFrame(t, client, "10.120.0.80", 41911, 80), 8)
+	toBackend := quoteOf(tcpFrame(t, client, "10.244.20.31", 40000, 3000), 8)
+	elsewhere := quoteOf(udpFrame(t, client, other, 41911, 80), 8)
+	fromBackend := quoteOf(udpFrame(t, "10.244.20.31", other, 5353, 80), 8)
+	dot1q := tag{tpid: etherTypeDot1Q, vid: 200}
+	qinq := []tag{{tpid: etherTypeDot1AD, vid: 100}, dot1q}
+	notIPv4 := append([]byte(nil), toVIP...)
+	notIPv4[0] = 0x65
+	fragment := func(f []byte) []byte { f[14+6], f[14+7] = 0, 0x10; return f }
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		want  int
+	}{
+		{"net unreachable about a request to the VIP", icmpFrame(t, gw, client, 3, 0, toVIP), 96},
+		{"host unreachable about a request to a backend", icmpFrame(t, gw, client, 3, 1, toBackend), 96},
+		{"time exceeded about the VIP", icmpFrame(t, gw, client, 11, 0, toVIP), 96},
+		{"parameter problem about the VIP", icmpFrame(t, gw, client, 12, 0, toVIP), 96},
+		{"the whole request quoted", icmpFrame(t, gw, client, 3, 0, quoteOf(udpFrame(t, client, "10.120.0.80", 1, 80), 13)), 96},
+		{"802.1Q, about the VIP", icmpFrame(t, gw, client, 3, 0, toVIP, dot1q), 96},
+		{"QinQ, about the VIP", icmpFrame(t, gw, client, 3, 0, toVIP, qinq...), 96},
+		{"three tags, about the VIP", icmpFrame(t, gw, client, 3, 0, toVIP, dot1q, dot1q, dot1q), 0},
+		{"outer IP options, about the VIP", withOuterIPOptions(t, icmpFrame(t, gw, client, 3, 0, toVIP)), 96},
+		{"quoted IP options, about a backend", icmpFrame(t, gw, client, 3, 0, quoteOf(withIPOptions(t, tcpFrame(t, client, "10.244.20.31", 1, 2)), 8)), 96},
+		{"port unreachable from a backend", icmpFrame(t, "10.244.20.31", client, 3, 3, toBackend), 96},
+		{"sent to a backend about its own packet", icmpFrame(t, gw, "10.244.20.31", 3, 0, fromBackend), 96},
+		{"about a request elsewhere", icmpFrame(t, gw, client, 3, 0, elsewhere), 0},
+		{"from a backend, about a packet it forwarded", icmpFrame(t, "10.244.20.31", client, 11, 0, elsewhere), 0},
+		{"echo request quoting a request to the VIP", icmpFrame(t, gw, client, 8, 0, toVIP), 0},
+		{"redirect about the VIP", icmpFrame(t, gw, client, 5, 0, toVIP), 0},
+		{"echo reply from a backend", icmpFrame(t, "10.244.20.31", client, 0, 0, elsewhere), 96},
+		{"quote cut, sent to a backend", icmpFrame(t, gw, "10.244.20.31", 3, 0, toVIP[:19]), 96},
+		{"quote cut, about the VIP", icmpFrame(t, gw, client, 3, 0, toVIP[:19]), 0},
+		{"quote not IPv4, from a backend", icmpFrame(t, "10.244.20.31", client, 3, 0, notIPv4), 96},
+		{"quote not IPv4, about the VIP", icmpFrame(t, gw, client, 3, 0, notIPv4), 0},
+		{"later fragment of an error about the VIP", fragment(icmpFrame(t, gw, client, 3, 0, toVIP)), 0},
+		{"later fragment of an error from a backend", fragment(icmpFrame(t, "10.244.20.31", client, 3, 0, elsewhere)), 96},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := runFilter(t, prog, tc.frame); got != tc.want {
+				t.Errorf("filter returned %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestFilterForNoAddrsAcceptsNothing(t *testing.T) {
 	prog := mustFilter(t, 96)
 	if len(prog) != 1 {
@@ -131,7 +182,13 @@ func TestFilterForLimits(t *testing.T) {
 	if len(prog) > 4096 {
 		t.Errorf("%d instructions, the kernel takes at most 4096", len(prog))
 	}
+	if len(prog) != filterFixed+4*MaxFilterAddrs {
+		t.Errorf("%d instructions for %d addresses, want %d+4 each (filterFixed)", len(prog), MaxFilterAddrs, filterFixed)
+	}
 	last := addrs[MaxFilterAddrs-1].String()
+	if got := runFilter(t, prog, icmpFrame(t, "10.9.9.1", "10.9.9.9", 3, 0, quoteOf(udpFrame(t, "10.9.9.9", last, 1, 2), 8))); got != 96 {
+		t.Errorf("ICMP error about the last address: %d, want 96", got)
+	}
 	if got := runFilter(t, prog, udpFrame(t, "10.9.9.9", last, 1, 2, tag{tpid: etherTypeDot1Q, vid: 1})); got != 96 {
 		t.Errorf("last address as dst: %d, want 96", got)
 	}

@@ -179,15 +179,32 @@ func TestAppendFrame(t *testing.T) {
 }
 
 // FuzzObservation checks that decoding never panics and agrees with the
-// filter: a frame that decodes is accepted exactly when an address is listed.
+// filter: a frame that decodes is accepted exactly when an address is listed
+// (for an ICMP error, an address of the packet it quotes).
 func FuzzObservation(f *testing.F) {
 	f.Add(tcpFrame(f, "10.244.8.23", "10.120.0.80", 40000, 80))
 	f.Add(udpFrame(f, "10.120.0.80", "10.0.0.1", 1, 2, tag{tpid: etherTypeDot1Q, vid: 200}))
 	f.Add(udpFrame(f, "10.0.0.1", "10.0.0.2", 1, 2, tag{tpid: etherTypeDot1AD, vid: 1}, tag{tpid: etherTypeDot1Q, vid: 2}))
+	f.Add(icmpFrame(f, "10.244.8.1", "10.244.8.23", 3, 0, quoteOf(udpFrame(f, "10.244.8.23", "10.120.0.80", 1, 80), 8)))
+	f.Add(icmpFrame(f, "10.244.8.1", "10.244.8.23", 11, 0, quoteOf(tcpFrame(f, "10.244.8.23", "10.0.0.1", 1, 80), 8), tag{tpid: etherTypeDot1Q, vid: 2}))
 	listed := netip.MustParseAddr("10.120.0.80")
 	prog := mustFilter(f, 96, listed.String())
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		p := Packet{Data: frame, Len: len(frame), CapLen: len(frame)}
+		if e, ok := p.ICMPError(); ok {
+			// An error is judged by its quote, as the filter does.
+			want := 0
+			if e.Src.Addr() == listed || e.Dst.Addr() == listed {
+				want = 96
+			}
+			if got := runFilter(t, prog, frame); got != want {
+				t.Fatalf("filter returned %d for an ICMP error about %s, want %d", got, e.QuotedString(), want)
+			}
+			if _, ok := p.Observation(obs.PointHost); ok {
+				t.Fatalf("an ICMP error decoded as an observation")
+			}
+			return
+		}
 		o, ok := p.Observation(obs.PointHost)
 		if !ok {
 			return

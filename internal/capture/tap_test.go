@@ -628,3 +628,78 @@ func processCPU(t *testing.T) time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestTapClassicFilterKeepsICMPErrors: the classic filter keeps the net
+// unreachable a router sends about a datagram to a listed address, though
+// neither the router nor the sender is listed (the lab's nowhere mode).
+func TestTapClassicFilterKeepsICMPErrors(t *testing.T) {
+	needRoot(t)
+	l := newLab(t)
+	// b routes (in its own netns) but has no route to 203.0.113.0/24: it
+	// answers a datagram a sends there through it with a net unreachable.
+	if err := nsutil.Do(l.b, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nsA, err := netns.GetFromPath(l.a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsA.Close()
+	h, err := netlink.NewHandleAt(nsA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	pta, err := h.LinkByName("pta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dst, _ := net.ParseCIDR("203.0.113.0/24")
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: pta.Attrs().Index, Dst: dst, Gw: net.ParseIP("192.0.2.2")}); err != nil {
+		t.Fatalf("route: %v", err)
+	}
+
+	const listed = "203.0.113.5"
+	tap, err := Open(Config{NetNS: l.a, Ifname: "pta", Role: "pod", Filter: mustFilter(t, DefaultSnaplen, listed)})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { tap.Close() })
+	var rec recorder
+	stop := startRun(t, tap, rec.add)
+
+	other, client := udpListen(t, l.a, "192.0.2.1:4005"), udpListen(t, l.a, "192.0.2.1:4006")
+	if _, err := other.WriteToUDPAddrPort([]byte("x"), netip.MustParseAddrPort("203.0.113.6:53")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.WriteToUDPAddrPort([]byte("x"), netip.MustParseAddrPort(listed+":53")); err != nil {
+		t.Fatal(err)
+	}
+	errorsAbout := func() (n int, unrelated []string) {
+		for _, p := range rec.snapshot() {
+			if e, ok := p.ICMPError(); ok {
+				if e.Type == ICMPDestUnreachable && e.Code == 0 && e.From.String() == "192.0.2.2" &&
+					e.Src.String() == "192.0.2.1:4006" && e.Dst.String() == listed+":53" && p.Dir == obs.DirIn {
+					n++
+					continue
+				}
+				unrelated = append(unrelated, e.Kind()+" about "+e.QuotedString())
+			} else if o, ok := p.Observation(obs.PointPod); !ok || o.Dst.Addr().String() != listed {
+				unrelated = append(unrelated, hex.EncodeToString(p.Data))
+			}
+		}
+		return n, unrelated
+	}
+	waitFor(t, "the net unreachable about the datagram to "+listed, func() bool {
+		n, _ := errorsAbout()
+		return n == 1
+	})
+	if _, unrelated := errorsAbout(); len(unrelated) > 0 {
+		t.Errorf("delivered frames about other traffic: %v", unrelated)
+	}
+	if err := stop(); err != nil {
+		t.Error(err)
+	}
+}

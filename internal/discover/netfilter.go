@@ -12,6 +12,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
 
+	"github.com/pathtrace/pathtrace/internal/kmod"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
@@ -36,10 +37,16 @@ func readNetfilter(ctx context.Context, hostPath string, vips []netip.Addr, info
 	}
 	nf.IPForward = readBoolSysctl(hostPath, ipForwardSysctl)
 
-	graphs, err := readNFT(hostPath)
-	nf.NFTables = fmt.Sprintf("read %d table(s) with NAT chains", len(graphs))
-	if err != nil {
-		nf.NFTables = fmt.Sprintf("not fully read (%d table(s) read): %v", len(graphs), err)
+	var graphs []*natGraph
+	if why := nftUnreadable(kmod.System); why != "" {
+		nf.NFTables = why
+	} else {
+		var err error
+		graphs, err = readNFT(hostPath)
+		nf.NFTables = fmt.Sprintf("read %d table(s) with NAT chains", len(graphs))
+		if err != nil {
+			nf.NFTables = fmt.Sprintf("not fully read (%d table(s) read): %v", len(graphs), err)
+		}
 	}
 	legacy, status := readLegacyNAT(ctx, hostPath)
 	nf.IPTablesLegacy = status
@@ -50,6 +57,18 @@ func readNetfilter(ctx context.Context, hostPath string, vips []netip.Addr, info
 		nf.Rules = append(nf.Rules, g.match(vips)...)
 	}
 	return nf
+}
+
+// nftUnreadable tells why nftables is not listed on host h ("" when it is):
+// listing opens a NETLINK_NETFILTER socket and asks the nf_tables subsystem,
+// which makes the kernel load nfnetlink and nf_tables when they are not
+// there, and pathtrace never changes the node. Without nf_tables there is
+// no nftables ruleset to read anyway.
+func nftUnreadable(h kmod.Host) string {
+	if m := h.FirstToLoad("nfnetlink", "nf_tables"); m != "" {
+		return fmt.Sprintf("absent: %s not loaded (not listed: listing would load it)", m)
+	}
+	return ""
 }
 
 func readNFT(hostPath string) ([]*natGraph, error) {

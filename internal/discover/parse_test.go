@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/kmod"
 )
 
 // key is a comparable summary of a NATRule for assertions.
@@ -95,5 +97,52 @@ func TestParseIPVS(t *testing.T) {
 		`{"proto":"tcp","service":"[2001:db8::50]:80","scheduler":"rr","backends":["[2001:db8::20:31]:3000"]}]`
 	if string(b) != want {
 		t.Errorf("parseIPVS:\n got %s\nwant %s", b, want)
+	}
+}
+
+// TestNFTUnreadableWithoutModules: nftables is listed only when nfnetlink and
+// nf_tables are loaded or built in, or the kernel cannot load modules:
+// listing would load them otherwise.
+func TestNFTUnreadableWithoutModules(t *testing.T) {
+	tree := func(t *testing.T, procModules string, builtin ...string) kmod.Host {
+		root := t.TempDir()
+		h := kmod.Host{SysModule: root + "/sys/module", ProcModules: root + "/proc/modules",
+			ModulesDisabled: root + "/modules_disabled", LibModules: root + "/lib/modules", Release: "r"}
+		var lib string
+		for _, m := range builtin {
+			lib += "kernel/net/netfilter/" + m + ".ko\n"
+		}
+		if err := os.MkdirAll(root+"/lib/modules/r", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(root+"/lib/modules/r/modules.builtin", []byte(lib), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if procModules != "-" {
+			if err := os.MkdirAll(root+"/proc", 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(h.ProcModules, []byte(procModules), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return h
+	}
+	for _, tc := range []struct {
+		name, proc string
+		builtin    []string
+		want       string
+	}{
+		{"loaded", "nfnetlink 1 1 nf_tables, Live 0x0\nnf_tables 1 0 - Live 0x0\n", nil, ""},
+		{"built in", "", []string{"nfnetlink", "nf_tables"}, ""},
+		{"no module support", "-", nil, ""},
+		{"iptables-legacy node", "nfnetlink 1 0 - Live 0x0\nip_tables 1 0 - Live 0x0\n", nil, "absent: nf_tables not loaded (not listed: listing would load it)"},
+		{"no netfilter netlink", "ip_tables 1 0 - Live 0x0\n", nil, "absent: nfnetlink not loaded (not listed: listing would load it)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := nftUnreadable(tree(t, tc.proc, tc.builtin...)); got != tc.want {
+				t.Errorf("nftUnreadable = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/ti-mo/conntrack"
 	"github.com/vishvananda/netns"
 
+	"github.com/pathtrace/pathtrace/internal/kmod"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
@@ -28,10 +29,10 @@ func (s *snapshot) conntrack(ctx context.Context, w *topicWriter) error {
 	case len(s.vips) == 0:
 		fmt.Fprintln(w, "no VIPs given: nothing selected")
 		return nil
-	case moduleWouldLoad("nf_conntrack"):
+	case kmod.WouldLoad("nf_conntrack"):
 		fmt.Fprintln(w, "nf_conntrack is not loaded: no connection tracking, no entries")
 		return nil
-	case moduleWouldLoad("nf_conntrack_netlink"):
+	case kmod.WouldLoad("nf_conntrack_netlink"):
 		fmt.Fprintln(w, "nf_conntrack_netlink is not loaded: entries not read (reading would load the module)")
 		w.notef("not read: nf_conntrack_netlink is not loaded")
 		return nil

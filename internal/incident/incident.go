@@ -9,7 +9,7 @@
 // Read-only means: nothing is attached, created, loaded or reset. Listing the
 // legacy iptables nat table would create it, so it is read only when
 // ip_tables_names already lists it; netfilter netlink requests that would
-// autoload a kernel module are not made (see moduleWouldLoad).
+// autoload a kernel module are not made (see package kmod).
 package incident
 
 import (

@@ -11,13 +11,14 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
 
+	"github.com/pathtrace/pathtrace/internal/kmod"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // nftables writes the node netns's nftables ruleset: `nft list ruleset` when
 // nft is installed, else pathtrace's rendering of what netlink lists.
 func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
-	if moduleWouldLoad("nf_tables") {
+	if kmod.WouldLoad("nf_tables") {
 		fmt.Fprintln(w, "nf_tables is not loaded: no nftables ruleset (not listed: listing would load the module)")
 		return nil
 	}

@@ -1,7 +1,6 @@
 package incident
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -128,43 +127,6 @@ func readSysctl(name string) string {
 		return fmt.Sprintf("(not read: %v)", err)
 	}
 	return strings.TrimSpace(string(b))
-}
-
-// moduleWouldLoad tells whether a netlink request for the subsystem of kernel
-// module name could make the kernel load it: the kernel has modules, and name
-// is neither loaded nor built in. Loading a module is a change to the node, so
-// such requests are not made.
-func moduleWouldLoad(name string) bool {
-	if _, err := os.Stat(filepath.Join("/sys/module", name)); err == nil {
-		return false // loaded, or built in with parameters
-	}
-	mods, err := os.ReadFile("/proc/modules")
-	if err != nil {
-		return false // no module support: what exists is built in
-	}
-	if hasField0(string(mods), name) {
-		return false
-	}
-	var u unix.Utsname
-	if unix.Uname(&u) == nil {
-		release := unix.ByteSliceToString(u.Release[:])
-		if builtin, err := os.ReadFile(filepath.Join("/lib/modules", release, "modules.builtin")); err == nil &&
-			strings.Contains(string(builtin), "/"+name+".ko") {
-			return false
-		}
-	}
-	return true
-}
-
-// hasField0 tells whether a line of text starts with the word name.
-func hasField0(text, name string) bool {
-	sc := bufio.NewScanner(strings.NewReader(text))
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) > 0 && f[0] == name {
-			return true
-		}
-	}
-	return false
 }
 
 // runCommand runs a read-only command with its stdout into w, inside the

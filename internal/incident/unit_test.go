@@ -131,13 +131,6 @@ func TestSysctlNames(t *testing.T) {
 	}
 }
 
-func TestHasField0(t *testing.T) {
-	mods := "nf_conntrack 184320 3 nf_nat,nft_ct, Live 0x0\nnf_tables 344064 0 - Live 0x0\n"
-	if !hasField0(mods, "nf_tables") || hasField0(mods, "nf_conntrack_netlink") || hasField0(mods, "nf_nat") {
-		t.Error("hasField0 misreads /proc/modules")
-	}
-}
-
 // fakeNFT serves a fixed ruleset: kube-proxy's nftables shape.
 type fakeNFT struct {
 	table *nftables.Table

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/pathtrace/pathtrace/internal/kmod"
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
@@ -35,14 +36,42 @@ type ctSubscription struct {
 	filter []bpf.RawInstruction // its kernel filter (conntrackFilter), nil for none
 }
 
+// ctModules are the kernel modules a subscription needs, in the order it
+// would load them: opening a NETLINK_NETFILTER socket requests nfnetlink,
+// joining the conntrack event groups requests nf_conntrack_netlink
+// (nfnetlink_bind), which brings nf_conntrack.
+var ctModules = []string{"nfnetlink", "nf_conntrack", "nf_conntrack_netlink"}
+
+// conntrackModulesErr tells why no subscription is made on host h: a module
+// it needs is neither loaded nor built in, so subscribing would have the
+// kernel load it, and pathtrace never changes the node. Nil when every one
+// is there (or the kernel cannot load modules).
+func conntrackModulesErr(h kmod.Host) error {
+	switch m := h.FirstToLoad(ctModules...); m {
+	case "":
+		return nil
+	case "nf_conntrack":
+		return errors.New("unavailable: nf_conntrack is not loaded, nothing tracks connections on this node (not subscribed: subscribing would load it, and pathtrace never changes the node)")
+	default:
+		return fmt.Errorf("unavailable: %s is not loaded (not subscribed: subscribing would load it, and pathtrace never changes the node)", m)
+	}
+}
+
 // AttachConntrack subscribes to conntrack NEW and UPDATE events in the netns
 // at netnsPath ("" = own) and reports entries whose original destination is
 // watched, with the reply source as NATDst when it differs (DNAT: the
 // backend). Conntrack only reports connections it tracks: something in that
 // netns (NAT or stateful rules) must have enabled it. A socket filter drops
 // the other entries' events in the kernel (Watch keeps it up to date).
+// Without the conntrack netlink modules already loaded (or built in) it
+// subscribes to nothing and says so (conntrackModulesErr): the kernel would
+// load them for the subscription.
 func (p *Probe) AttachConntrack(netnsPath string) []Attachment {
 	a := Attachment{Observer: "conntrack events (new, update)", Where: netnsLabel(netnsPath), Point: obs.PointConntrack}
+	if err := conntrackModulesErr(p.modules); err != nil {
+		a.Err = err
+		return []Attachment{a}
+	}
 	netns, err := netnsInode(netnsPath)
 	if err != nil {
 		a.Err = err

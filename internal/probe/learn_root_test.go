@@ -205,10 +205,21 @@ func (r *packets) from(src netip.AddrPort) []capture.Packet {
 	return out
 }
 
+// errorsAbout returns the ICMP errors quoting a packet from src.
+func (r *packets) errorsAbout(src netip.AddrPort) []capture.ICMPError {
+	var out []capture.ICMPError
+	for _, p := range r.all() {
+		if e, ok := p.ICMPError(); ok && e.Src == src {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // The taps' eBPF filter shares the observers' maps: a client endpoint the tc
-// observer learned is followed to an address nobody named, watched
-// addresses are found behind in-band 802.1Q and QinQ tags, and everything
-// else stays in the kernel.
+// observer learned is followed to an address nobody named (and so are the
+// ICMP errors about its packets), watched addresses are found behind in-band
+// 802.1Q and QinQ tags, and everything else stays in the kernel.
 func TestTapFilterFollowsLearnedClients(t *testing.T) {
 	needRoot(t)
 	env := newTestEnv(t)
@@ -216,7 +227,7 @@ func TestTapFilterFollowsLearnedClients(t *testing.T) {
 	p, _ := startProbe(t, env.vip)
 	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0")) // the learner
 
-	const snaplen = 60
+	const snaplen = 96 // the default: it holds an ICMP error's quoted ports
 	prog, err := p.TapFilter(snaplen)
 	if err != nil {
 		t.Fatalf("TapFilter: %v", err)
@@ -267,10 +278,12 @@ func TestTapFilterFollowsLearnedClients(t *testing.T) {
 	sendUDP(t, learned, unwatched, big)
 
 	deadline := time.Now().Add(5 * time.Second)
-	for len(rec.from(client)) < 2 || len(rec.from(qinq)) < 1 || len(rec.from(tagged)) < 1 {
+	// The server answers both datagrams to the unwatched port with a port
+	// unreachable: the learned client's is kept, the stranger's is not.
+	for len(rec.from(client)) < 2 || len(rec.from(qinq)) < 1 || len(rec.from(tagged)) < 1 || len(rec.errorsAbout(client)) < 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("tap delivered %d frames of the learned client (want its datagram to the VIP and to %v), %d tagged, %d QinQ",
-				len(rec.from(client)), unwatched, len(rec.from(tagged)), len(rec.from(qinq)))
+			t.Fatalf("tap delivered %d frames of the learned client (want its datagram to the VIP and to %v), %d tagged, %d QinQ, %d ICMP errors about the learned client (want its port unreachable)",
+				len(rec.from(client)), unwatched, len(rec.from(tagged)), len(rec.from(qinq)), len(rec.errorsAbout(client)))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -288,10 +301,19 @@ func TestTapFilterFollowsLearnedClients(t *testing.T) {
 		t.Errorf("the learned client's datagram to the unwatched %v was not delivered", unwatched)
 	}
 	strangerAddr := stranger.LocalAddr().(*net.UDPAddr).AddrPort()
+	for _, e := range rec.errorsAbout(client) {
+		if e.Type != capture.ICMPDestUnreachable || e.Code != 3 || e.Dst != unwatched || e.From != env.srvIP {
+			t.Errorf("ICMP error about the learned client: %s from %v about %s, want a port unreachable from %v about its datagram to %v",
+				e.Kind(), e.From, e.QuotedString(), env.srvIP, unwatched)
+		}
+	}
 	for _, pkt := range rec.all() {
+		if e, ok := pkt.ICMPError(); ok && e.Src == client {
+			continue
+		}
 		o, ok := pkt.Observation(obs.PointPod)
 		if !ok || o.Src == strangerAddr || o.Dst == strangerAddr || o.Src == taggedOther {
-			t.Errorf("unrelated frame delivered (ARP, IPv6, an unlearned client, an unwatched tagged frame): %x", pkt.Data)
+			t.Errorf("unrelated frame delivered (ARP, IPv6, an unlearned client or an ICMP error about it, an unwatched tagged frame): %x", pkt.Data)
 		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/pathtrace/pathtrace/internal/kmod"
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
@@ -85,6 +86,7 @@ type Probe struct {
 	nfPrios  map[nfKey]int32
 	ctSubs   []*ctSubscription
 	ctObs    chan obs.Observation // conntrack observations waiting for Run
+	modules  kmod.Host            // where AttachConntrack looks for its modules
 	closing  chan struct{}
 	runWG    sync.WaitGroup
 	running  atomic.Bool
@@ -123,6 +125,7 @@ func New() (*Probe, error) {
 		nfPrios: map[nfKey]int32{},
 		ctObs:   make(chan obs.Observation, 4096),
 		closing: make(chan struct{}),
+		modules: kmod.System,
 	}
 	var err error
 	if p.sockSpec, err = loadObserveSock(); err != nil {

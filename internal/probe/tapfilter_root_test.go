@@ -3,9 +3,11 @@ package probe
 import (
 	"encoding/binary"
 	"net/netip"
+	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -99,6 +101,131 @@ func TestTapFilterFrames(t *testing.T) {
 	}
 }
 
+// icmpOpts shapes the outer packet of a test ICMP message.
+type icmpOpts struct {
+	tags      []uint16 // in-band tag TPIDs, outer first
+	ipOptions int      // 4-byte words of IP options
+	fragment  bool     // a later fragment of the ICMP message
+}
+
+// icmpFrame is an Ethernet frame from the gateway 10.244.8.1 to the client
+// 10.244.8.23 carrying an ICMP message of type typ and code that quotes
+// quote (an IPv4 packet, e.g. quoted()).
+func icmpFrame(typ, code byte, quote []byte, o icmpOpts) []byte {
+	f := make([]byte, 12) // MAC addresses
+	for _, tpid := range o.tags {
+		f = binary.BigEndian.AppendUint16(f, tpid)
+		f = binary.BigEndian.AppendUint16(f, 200)
+	}
+	f = binary.BigEndian.AppendUint16(f, 0x0800)
+	msg := append([]byte{typ, code, 0, 0, 0, 0, 0, 0}, quote...)
+	ihl := 5 + o.ipOptions
+	total := ihl*4 + len(msg)
+	ip := []byte{byte(0x40 | ihl), 0, byte(total >> 8), byte(total), 0, 0, 0, 0, 64, 1, 0, 0, 10, 244, 8, 1, 10, 244, 8, 23}
+	if o.fragment {
+		ip[6], ip[7] = 0x00, 0x10
+	}
+	ip = append(ip, make([]byte, o.ipOptions*4)...)
+	return append(append(f, ip...), msg...)
+}
+
+// quoted is what an ICMP error quotes of the packet testFrame(dst, o) makes
+// (from 10.244.8.23:40000): its IPv4 header and the first n bytes after it
+// (RFC 792 asks for 8; n < 0 keeps all of them).
+func quoted(dst netip.AddrPort, o frameOpts, n int) []byte {
+	ip := testFrame(dst, o)[14:]
+	if n < 0 {
+		return ip
+	}
+	return ip[:(5+o.ipOptions)*4+n]
+}
+
+// TestTapFilterICMPErrors runs the taps' eBPF filter on ICMP messages: an
+// error (destination unreachable, time exceeded, parameter problem) is kept
+// when the packet it quotes is one the filter would keep (to a watched
+// address, or from a learned client endpoint), whatever its outer addresses;
+// other ICMP messages and errors about other packets are dropped.
+func TestTapFilterICMPErrors(t *testing.T) {
+	needRoot(t)
+	vip := netip.MustParseAddrPort("10.120.0.10:53")
+	other := netip.MustParseAddrPort("10.0.0.9:53")
+	p, _ := startProbe(t, vip.Addr())
+	const snaplen = 96
+	prog, err := p.TapFilter(snaplen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The tc observer learns the client endpoint 10.244.8.23:40000/udp and
+	// /tcp from its packets to the VIP: the filter then keeps errors about
+	// that endpoint's packets to an address nobody named (other), which
+	// only their ports tell.
+	p.mu.Lock()
+	head, err := p.program(p.tcSpec, "pt_tc_head_in")
+	p.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const udp, tcp = 17, 6
+	client := netip.MustParseAddrPort("10.244.8.23:40000")
+	for _, proto := range []uint8{udp, tcp} {
+		if _, err := head.Run(&ebpf.RunOptions{Data: testFrame(vip, frameOpts{proto: proto, payload: 8})}); err != nil {
+			t.Fatal(err)
+		}
+		if !p.hasClient(t, client, obs.Proto(proto)) {
+			t.Fatalf("the tc observer did not learn %v/%d", client, proto)
+		}
+	}
+	// A quote from another client port, to the same address.
+	stranger := func(q []byte) []byte {
+		q = append([]byte(nil), q...)
+		ihl := int(q[0]&0x0f) * 4
+		binary.BigEndian.PutUint16(q[ihl:], 40001)
+		return q
+	}
+	const unreach, timeExceeded, paramProblem, echoReply, echoRequest, redirect = 3, 11, 12, 0, 8, 5
+	udpToVIP := quoted(vip, frameOpts{proto: udp, payload: 32}, 8)
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		keep  bool
+	}{
+		{"net unreachable about UDP to the VIP", icmpFrame(unreach, 0, udpToVIP, icmpOpts{}), true},
+		{"port unreachable, the whole datagram quoted", icmpFrame(unreach, 3, quoted(vip, frameOpts{proto: udp, payload: 32}, -1), icmpOpts{}), true},
+		{"time exceeded about UDP to the VIP", icmpFrame(timeExceeded, 0, udpToVIP, icmpOpts{}), true},
+		{"parameter problem about TCP to the VIP", icmpFrame(paramProblem, 0, quoted(vip, frameOpts{proto: tcp}, 8), icmpOpts{}), true},
+		{"net unreachable about UDP elsewhere", icmpFrame(unreach, 0, stranger(quoted(other, frameOpts{proto: udp}, 8)), icmpOpts{}), false},
+		{"echo reply quoting a packet to the VIP", icmpFrame(echoReply, 0, udpToVIP, icmpOpts{}), false},
+		{"echo request quoting a packet to the VIP", icmpFrame(echoRequest, 0, udpToVIP, icmpOpts{}), false},
+		{"redirect about UDP to the VIP", icmpFrame(redirect, 0, udpToVIP, icmpOpts{}), false},
+		{"802.1Q, about the VIP", icmpFrame(unreach, 0, udpToVIP, icmpOpts{tags: []uint16{0x8100}}), true},
+		{"QinQ, about the VIP", icmpFrame(unreach, 0, udpToVIP, icmpOpts{tags: []uint16{0x88a8, 0x8100}}), true},
+		{"three tags, about the VIP", icmpFrame(unreach, 0, udpToVIP, icmpOpts{tags: []uint16{0x88a8, 0x8100, 0x8100}}), false},
+		{"outer IP options, about the VIP", icmpFrame(unreach, 0, udpToVIP, icmpOpts{ipOptions: 3}), true},
+		{"802.1Q and outer IP options, about the VIP", icmpFrame(unreach, 0, udpToVIP, icmpOpts{tags: []uint16{0x8100}, ipOptions: 1}), true},
+		{"a later fragment of an error about the VIP", icmpFrame(unreach, 0, udpToVIP, icmpOpts{fragment: true}), false},
+		{"about a learned client's UDP elsewhere", icmpFrame(unreach, 0, quoted(other, frameOpts{proto: udp}, 8), icmpOpts{}), true},
+		{"about another port's UDP elsewhere", icmpFrame(unreach, 0, stranger(quoted(other, frameOpts{proto: udp}, 8)), icmpOpts{}), false},
+		{"about a learned client's TCP elsewhere, 8 bytes quoted", icmpFrame(unreach, 1, quoted(other, frameOpts{proto: tcp}, 8), icmpOpts{}), true},
+		{"quoted IP options, learned client elsewhere", icmpFrame(unreach, 0, quoted(other, frameOpts{proto: udp, ipOptions: 2}, 8), icmpOpts{}), true},
+		{"quoted IP options, another port elsewhere", icmpFrame(unreach, 0, stranger(quoted(other, frameOpts{proto: udp, ipOptions: 2}, 8)), icmpOpts{}), false},
+		{"QinQ, outer and quoted IP options, learned client elsewhere", icmpFrame(timeExceeded, 0, quoted(other, frameOpts{proto: udp, ipOptions: 1}, 8), icmpOpts{tags: []uint16{0x88a8, 0x8100}, ipOptions: 2}), true},
+		{"quote cut before the ports, about the VIP", icmpFrame(unreach, 0, quoted(vip, frameOpts{proto: udp}, 0), icmpOpts{}), true},
+		{"quote cut before the ports, learned client elsewhere", icmpFrame(unreach, 0, quoted(other, frameOpts{proto: udp}, 2), icmpOpts{}), false},
+		{"quote cut in the IP header, about the VIP", icmpFrame(unreach, 0, udpToVIP[:16], icmpOpts{}), false},
+		{"quoted later fragment to the VIP", icmpFrame(unreach, 0, quoted(vip, frameOpts{proto: udp, fragment: true}, 8), icmpOpts{}), true},
+		{"quoted later fragment, learned client elsewhere", icmpFrame(unreach, 0, quoted(other, frameOpts{proto: udp, fragment: true}, 8), icmpOpts{}), false},
+	} {
+		outer := append(make([]byte, 12), 0x08, 0x00) // see TestTapFilterFrames
+		ret, err := prog.Run(&ebpf.RunOptions{Data: append(outer, tc.frame...)})
+		if err != nil {
+			t.Fatalf("%s: test run: %v", tc.name, err)
+		}
+		if want := map[bool]uint32{true: snaplen, false: 0}[tc.keep]; ret != want {
+			t.Errorf("%s: filter returned %d, want %d", tc.name, ret, want)
+		}
+	}
+}
+
 // TestTCObserverFrames runs the tc head observer on crafted frames: it reads
 // untagged, option-less headers in place and everything else through the
 // helper, and either way learns the client of a packet to a watched address.
@@ -147,5 +274,75 @@ func TestTCObserverFrames(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// tapFilterRunsPerOp is how many runs the kernel makes per benchmark
+// iteration: the syscall's own cost is then a negligible part of ns/run.
+const tapFilterRunsPerOp = 1 << 16
+
+// BenchmarkTapFilter times the taps' eBPF filter in the kernel
+// (BPF_PROG_TEST_RUN with a repeat count, as `bpftool prog run ... repeat`):
+// ns/run is the figure to watch. It is the wall time over the runs, not the
+// kernel's own per-run figure, which it truncates to whole nanoseconds. The
+// filter runs on every frame of three interfaces, so the frame that matters
+// most is the one of unrelated traffic it drops.
+func BenchmarkTapFilter(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: loads BPF programs")
+	}
+	vip := netip.MustParseAddrPort("10.120.0.10:53")
+	other := netip.MustParseAddrPort("10.0.0.9:53")
+	p, err := New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Watch(vip.Addr(), netip.MustParseAddr("10.244.20.31")); err != nil {
+		b.Fatal(err)
+	}
+	const snaplen = 96
+	prog, err := p.TapFilter(snaplen)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// What the test run itself costs per run: a filter returning 0 at once.
+	empty, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "pttest_empty", Type: ebpf.SocketFilter, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer empty.Close()
+	const udp = 17
+	outer := append(make([]byte, 12), 0x08, 0x00) // see TestTapFilterFrames
+	for _, bc := range []struct {
+		name  string
+		prog  *ebpf.Program
+		frame []byte
+		want  uint32
+	}{
+		{"empty program (test-run cost)", empty, testFrame(other, frameOpts{proto: udp, payload: 64}), 0},
+		{"UDP elsewhere", prog, testFrame(other, frameOpts{proto: udp, payload: 64}), 0},
+		{"UDP to the VIP", prog, testFrame(vip, frameOpts{proto: udp, payload: 64}), snaplen},
+		{"ICMP error elsewhere", prog, icmpFrame(3, 0, quoted(other, frameOpts{proto: udp, payload: 64}, 8), icmpOpts{}), 0},
+		{"ICMP error about the VIP", prog, icmpFrame(3, 0, quoted(vip, frameOpts{proto: udp, payload: 64}, 8), icmpOpts{}), snaplen},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			data := append(append([]byte(nil), outer...), bc.frame...)
+			runs := 0
+			for b.Loop() {
+				ret, _, err := bc.prog.Benchmark(data, tapFilterRunsPerOp, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if ret != bc.want {
+					b.Fatalf("filter returned %d, want %d", ret, bc.want)
+				}
+				runs += tapFilterRunsPerOp
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(runs), "ns/run")
+		})
 	}
 }

@@ -117,7 +117,8 @@ func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey) (flow.Han
 }
 
 // comment is a frame's pcapng comment: its flow, before or after
-// translation, and the flow's verdict as known now.
+// translation, and the flow's verdict as known now; for an ICMP error, what
+// it is and the flow of the packet it quotes (icmpComment).
 func (tr *tracer) comment(tapIdx int, f *frame) string {
 	if f.known {
 		if c, ok := tr.eng.CommentOf(f.h); ok {
@@ -133,6 +134,25 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 		if ref, ok := tr.eng.Classify(o); ok {
 			return ref.Comment()
 		}
+	} else if e, ok := f.pkt.ICMPError(); ok {
+		return tr.icmpComment(tapIdx, e)
 	}
 	return "no Service flow known for this packet"
+}
+
+// icmpComment says what an ICMP error is, who sent it and which flow the
+// packet it quotes belongs to, found as that packet would be (Classify on
+// the quoted tuple), e.g. "ICMP destination unreachable (code 0: net
+// unreachable) from 10.244.8.1 about flow 3 request to VIP (before
+// translation); rewritten_at=nowhere". The error is not a packet of that
+// flow and is not counted in it (classify never gets a handle for it). A
+// quote no known flow claims is named by its tuple.
+func (tr *tracer) icmpComment(tapIdx int, e capture.ICMPError) string {
+	o := e.Observation()
+	o.Point = tr.taps[tapIdx].point
+	about := e.QuotedString() + " (no Service flow known for it)"
+	if ref, ok := tr.eng.Classify(o); ok {
+		about = ref.Comment()
+	}
+	return e.Kind() + " from " + e.From.String() + " about " + about
 }

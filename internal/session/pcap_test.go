@@ -218,3 +218,76 @@ func TestCommentFollowsVerdict(t *testing.T) {
 		t.Errorf("comment of an unrelated frame %q", got)
 	}
 }
+
+// icmpError is an ICMP message from `from` to the quoted packet's source
+// that quotes the IPv4 header and first 8 bytes of the frame quoted.
+func icmpError(t testing.TB, from netip.Addr, typ, code uint8, quoted []byte) []byte {
+	t.Helper()
+	q := quoted[14 : 14+20+8]
+	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, EthernetType: layers.EthernetTypeIPv4}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: from.AsSlice(), DstIP: net.IP(q[12:16])}
+	icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, code)}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, eth, ip, icmp, gopacket.Payload(q)); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestICMPErrorComment: an ICMP error about a flow's request is written with
+// a comment naming the error and the flow, is never counted as a packet of
+// the flow, and one about no known flow names the quoted tuple.
+func TestICMPErrorComment(t *testing.T) {
+	var out bytes.Buffer
+	tr := testTracer(t, &out)
+	gw := netip.MustParseAddr("10.244.8.1")
+	req := udpFrame(t, client, vip)
+	unreach := icmpError(t, gw, 3, 0, req)
+	other := icmpError(t, gw, 11, 0, udpFrame(t, client, netip.MustParseAddrPort("10.0.0.9:9")))
+	b := tr.newBatch(0)
+	for i, raw := range [][]byte{req, unreach, other} {
+		dir := obs.DirOut
+		if i > 0 {
+			dir = obs.DirIn
+		}
+		b.add(&capture.Packet{Time: base.Add(time.Duration(i) * time.Millisecond), Dir: dir, Len: len(raw), CapLen: len(raw), Data: raw})
+	}
+	b.seal()
+	if reason := tr.consume(b); reason != "" {
+		t.Fatalf("stop reason %q", reason)
+	}
+	for i, f := range b.frames { // held: within the reorder window
+		if f.known != (i == 0) {
+			t.Errorf("frame %d classified as a packet of a flow: %v, want %v", i, f.known, i == 0)
+		}
+	}
+	tr.pcap.release(base.Add(time.Hour), tr)
+	if err := tr.pcap.w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	got := readBack(t, out.Bytes())
+	if len(got) != 3 {
+		t.Fatalf("read %d packets, want 3", len(got))
+	}
+	want := []string{
+		"flow 1 request to VIP (before translation)",
+		"ICMP destination unreachable (code 0: net unreachable) from 10.244.8.1 about flow 1 request to VIP (before translation)",
+		"ICMP time exceeded (code 0: TTL exceeded in transit) from 10.244.8.1 about udp 10.244.8.23:40000 -> 10.0.0.9:9 (no Service flow known for it)",
+	}
+	for i, p := range got {
+		if !strings.HasPrefix(p.comment, want[i]) {
+			t.Errorf("packet %d comment %q, want %q", i, p.comment, want[i])
+		}
+	}
+	flows := tr.eng.Flows()
+	if len(flows) != 1 {
+		t.Fatalf("%d flows, want 1", len(flows))
+	}
+	var packets uint64
+	for _, p := range flows[0].Points {
+		packets += p.Packets
+	}
+	if packets != 1 {
+		t.Errorf("the flow counted %d packets, want the request alone", packets)
+	}
+}
