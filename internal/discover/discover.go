@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -157,10 +158,18 @@ func checkOptions(opt *Options) error {
 	if opt.Cgroup == "" {
 		// A missing cgroup2 mount only loses the socket attribution: noted later.
 		opt.Cgroup, _ = cgroup2.Root()
-	} else if st, err := os.Stat(opt.Cgroup); err != nil || !st.IsDir() {
-		return usagef("--cgroup %s: no such directory; give a cgroup v2 directory (default: the cgroup2 root from /proc/self/mountinfo)", opt.Cgroup)
+		return nil
+	}
+	given := opt.Cgroup
+	// Absolute, so that walking up its parents ends at "/" and reports
+	// name real directories (--cgroup . is the working directory).
+	if abs, err := filepath.Abs(opt.Cgroup); err == nil {
+		opt.Cgroup = abs
+	}
+	if st, err := os.Stat(opt.Cgroup); err != nil || !st.IsDir() {
+		return usagef("--cgroup %s: no such directory; give a cgroup v2 directory (default: the cgroup2 root from /proc/self/mountinfo)", given)
 	} else if !cgroup2.IsCgroup2(opt.Cgroup) {
-		return usagef("--cgroup %s: not on a cgroup2 filesystem; give a cgroup v2 directory", opt.Cgroup)
+		return usagef("--cgroup %s: not on a cgroup2 filesystem; give a cgroup v2 directory", given)
 	}
 	return nil
 }
