@@ -142,9 +142,11 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 // device below it (bond0, also below stacked tags) and why: the VLAN device
 // hands its frames down untagged, so only below it does the capture show the
 // tag the frames leave the node with. Another link comes back as is, with
-// why "". A lower device in another netns (or unknown) stops the descent.
+// why "". A lower device in another netns (or unknown, or met already: links
+// re-read after the dump can make a loop) stops the descent.
 func taggedLower(links map[int]netlink.Link, index int) (int, string) {
 	var vlans []string
+	seen := []int{index}
 	for {
 		v, ok := links[index].(*netlink.Vlan)
 		if !ok {
@@ -152,9 +154,10 @@ func taggedLower(links map[int]netlink.Link, index int) (int, string) {
 		}
 		a := v.Attrs()
 		lower, ok := links[a.ParentIndex]
-		if !ok || a.NetNsID >= 0 || a.ParentIndex == index {
+		if !ok || a.NetNsID >= 0 || slices.Contains(seen, a.ParentIndex) {
 			break
 		}
+		seen = append(seen, a.ParentIndex)
 		vlans = append(vlans, fmt.Sprintf("%s (vlan %d)", a.Name, v.VlanId))
 		index = lower.Attrs().Index
 	}

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 )
@@ -56,8 +57,13 @@ func TestTaggedLower(t *testing.T) {
 	elsewhere := &netlink.Vlan{LinkAttrs: attrs(6, 2, "vlan400"), VlanId: 400}
 	elsewhere.NetNsID = 1 // its ParentIndex is an ifindex of another netns
 	orphan := &netlink.Vlan{LinkAttrs: attrs(7, 99, "vlan500"), VlanId: 500}
+	// Two VLAN devices each naming the other as parent: impossible in one
+	// kernel dump, possible when a link re-read after the dump reuses an
+	// ifindex. The descent must stop, not loop.
+	loopA := &netlink.Vlan{LinkAttrs: attrs(8, 9, "loopa"), VlanId: 8}
+	loopB := &netlink.Vlan{LinkAttrs: attrs(9, 8, "loopb"), VlanId: 9}
 	links := map[int]netlink.Link{}
-	for _, l := range []netlink.Link{bond, outer, inner, single, elsewhere, orphan} {
+	for _, l := range []netlink.Link{bond, outer, inner, single, elsewhere, orphan, loopA, loopB} {
 		links[l.Attrs().Index] = l
 	}
 	for _, tc := range []struct {
@@ -69,8 +75,17 @@ func TestTaggedLower(t *testing.T) {
 		{2, 2, nil},
 		{6, 6, nil},
 		{7, 7, nil},
+		{8, 9, []string{"loopa (vlan 8)", "on loopb"}},
 	} {
-		got, why := taggedLower(links, tc.index)
+		var got int
+		var why string
+		done := make(chan struct{})
+		go func() { got, why = taggedLower(links, tc.index); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: taggedLower never returned", links[tc.index].Attrs().Name)
+		}
 		if got != tc.want || (why == "") != (tc.why == nil) {
 			t.Errorf("%s: got ifindex %d %q, want %d", links[tc.index].Attrs().Name, got, why, tc.want)
 		}
