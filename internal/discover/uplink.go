@@ -70,15 +70,6 @@ func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC
 // its gateway, or for a routed pod (no master, or a bridge that holds the
 // gateway address itself) the devices of the node's routes.
 func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link, error) {
-	var uplinks []netlink.Link
-	add := func(idx int) {
-		if slices.ContainsFunc(uplinks, func(l netlink.Link) bool { return l.Attrs().Index == idx }) {
-			return
-		}
-		if l, err := host.link(idx); err == nil {
-			uplinks = append(uplinks, l)
-		}
-	}
 	if opt.Uplink != "" {
 		l, err := host.linkByName(opt.Uplink)
 		if err != nil {
@@ -90,8 +81,7 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 		for i := range info.Pods {
 			info.Pods[i].Uplinks, info.Pods[i].UplinkHow = []string{l.Attrs().Name}, "--uplink"
 		}
-		add(l.Attrs().Index)
-		return uplinks, nil
+		return []netlink.Link{l}, nil
 	}
 
 	backends := info.Backends()
@@ -104,16 +94,31 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 			}
 		}
 	}
+	return u.assign(info), nil
+}
+
+// assign sets each pod's uplinks (below VLAN devices) and returns the node's
+// uplink links, each once; without pods, those of the node's routes.
+func (u *uplinkFinder) assign(info *NodeInfo) []netlink.Link {
+	host := u.host
+	var uplinks []netlink.Link
+	add := func(idx int) {
+		if slices.ContainsFunc(uplinks, func(l netlink.Link) bool { return l.Attrs().Index == idx }) {
+			return
+		}
+		if l, err := host.link(idx); err == nil {
+			uplinks = append(uplinks, l)
+		}
+	}
 	for i := range info.Pods {
 		idx, how := u.forPod(&info.Pods[i])
-		for j, x := range idx {
+		for _, x := range idx {
 			lower, why := taggedLower(host.links, x)
 			if why != "" {
-				idx[j] = lower
 				how += "; " + why
 			}
-			info.Pods[i].Uplinks = append(info.Pods[i].Uplinks, host.name(idx[j]))
-			add(idx[j])
+			info.Pods[i].Uplinks = append(info.Pods[i].Uplinks, host.name(lower))
+			add(lower)
 		}
 		info.Pods[i].UplinkHow = how
 	}
@@ -135,7 +140,7 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 	if u.fdbErr != nil {
 		info.notef("bridge FDB not read: %v", u.fdbErr)
 	}
-	return uplinks, nil
+	return uplinks
 }
 
 // taggedLower returns, for an uplink that is a VLAN device (bond0.200), the

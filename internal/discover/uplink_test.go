@@ -96,3 +96,42 @@ func TestTaggedLower(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutedPodsKeepVLANNote: routed Pods share the node's route (cached
+// once); each Pod's uplink is the device below the route's VLAN device, and
+// each says so. Replacing the VLAN device by its lower device in the cached
+// route itself left the second Pod without the note.
+func TestRoutedPodsKeepVLANNote(t *testing.T) {
+	attrs := func(index, parent int, name string) netlink.LinkAttrs {
+		a := netlink.NewLinkAttrs()
+		a.Index, a.ParentIndex, a.Name = index, parent, name
+		return a
+	}
+	host := &hostNS{links: map[int]netlink.Link{}}
+	for _, l := range []netlink.Link{
+		&netlink.Device{LinkAttrs: attrs(2, 0, "bond0")},
+		&netlink.Vlan{LinkAttrs: attrs(3, 2, "bond0.200"), VlanId: 200},
+		&netlink.Veth{LinkAttrs: attrs(10, 0, "cali1")},
+		&netlink.Veth{LinkAttrs: attrs(11, 0, "cali2")},
+	} {
+		host.links[l.Attrs().Index] = l
+	}
+	info := &NodeInfo{Pods: []Pod{
+		{HostPeer: &HostPeer{Iface: Iface{Name: "cali1", Ifindex: 10}}},
+		{HostPeer: &HostPeer{Iface: Iface{Name: "cali2", Ifindex: 11}}},
+	}}
+	u := &uplinkFinder{host: host, podSide: map[int]bool{10: true, 11: true},
+		routeRead: true, route: []int{3}, routeHow: "route to 10.96.0.10"}
+	uplinks := u.assign(info)
+	if len(uplinks) != 1 || uplinks[0].Attrs().Name != "bond0" {
+		t.Errorf("node uplinks: got %v, want bond0", uplinks)
+	}
+	for _, p := range info.Pods {
+		if !slices.Equal(p.Uplinks, []string{"bond0"}) || !strings.Contains(p.UplinkHow, "captured below VLAN device bond0.200 (vlan 200)") {
+			t.Errorf("pod behind %s: got %v (%s), want bond0, captured below bond0.200", p.HostPeer.Name, p.Uplinks, p.UplinkHow)
+		}
+	}
+	if !slices.Equal(u.route, []int{3}) {
+		t.Errorf("the cached route changed: %v", u.route)
+	}
+}
