@@ -84,7 +84,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	// a routed node's uplink.
 	info.Netfilter = readNetfilter(ctx, host.path, opt.Services, info)
 	info.IPVS = readIPVS(host.path, opt.Services)
-	uplinks, err := discoverUplinks(host, opt, info)
+	uplinks, err := discoverUplinks(ctx, host, opt, info)
 	if err != nil {
 		return nil, err
 	}

@@ -1,8 +1,10 @@
 package discover
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -69,7 +71,7 @@ func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC
 // deduplicated: the --uplink override, else per pod the bridge/OVS port towards
 // its gateway, or for a routed pod (no master, or a bridge that holds the
 // gateway address itself) the devices of the node's routes.
-func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link, error) {
+func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link, error) {
 	if opt.Uplink != "" {
 		l, err := host.linkByName(opt.Uplink)
 		if err != nil {
@@ -91,6 +93,17 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 			u.podSide[p.HostPeer.Ifindex] = true
 			if l, err := host.link(p.HostPeer.Ifindex); err == nil && l.Attrs().MasterIndex != 0 {
 				u.podSide[l.Attrs().MasterIndex] = true
+			}
+		}
+	}
+	// info.Pods lacks the Pods a selector, --host-veth or --max-pods left
+	// out: their host veths are found when a Pod's uplink needs them.
+	if opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" || info.PodsSkipped > 0 {
+		u.scanPodSide = func() {
+			veths, err := podHostVeths(ctx, host)
+			maps.Copy(u.podSide, veths)
+			if err != nil {
+				info.notef("host veths of the Pods not selected not all found (they may be taken for uplinks): %v", err)
 			}
 		}
 	}
@@ -182,8 +195,10 @@ type uplinkFinder struct {
 	services []netip.Addr
 	backends []netip.Addr
 	// podSide are the host veths of the pods and their masters: a route
-	// through them stays on the node.
-	podSide map[int]bool
+	// through them stays on the node. scanPodSide, when set, adds those of
+	// the Pods not in NodeInfo.Pods, on first use.
+	podSide     map[int]bool
+	scanPodSide func()
 
 	fdb       []fdbEntry
 	fdbRead   bool
@@ -191,6 +206,16 @@ type uplinkFinder struct {
 	route     []int
 	routeHow  string
 	routeRead bool
+}
+
+// isPodSide tells whether the node link idx is a Pod's host veth or the
+// master of one.
+func (u *uplinkFinder) isPodSide(idx int) bool {
+	if u.scanPodSide != nil {
+		u.scanPodSide()
+		u.scanPodSide = nil
+	}
+	return u.podSide[idx]
 }
 
 func (u *uplinkFinder) forPod(p *Pod) ([]int, string) {
@@ -222,7 +247,7 @@ func (u *uplinkFinder) forPod(p *Pod) ([]int, string) {
 	var ports []bridgePort
 	for _, l := range u.host.links {
 		if a := l.Attrs(); a.MasterIndex == master {
-			ports = append(ports, bridgePort{index: a.Index, name: a.Name, kind: l.Type(), podPeer: u.podSide[a.Index]})
+			ports = append(ports, bridgePort{index: a.Index, name: a.Name, kind: l.Type(), podPeer: u.isPodSide(a.Index)})
 		}
 	}
 	slices.SortFunc(ports, func(a, b bridgePort) int { return a.index - b.index })
@@ -345,7 +370,7 @@ func (u *uplinkFinder) routeOut(a netip.Addr) (int, bool) {
 		return 0, false
 	}
 	r := routes[0]
-	if r.Type == unix.RTN_LOCAL || r.LinkIndex == 0 || u.isLoopback(r.LinkIndex) || u.podSide[r.LinkIndex] {
+	if r.Type == unix.RTN_LOCAL || r.LinkIndex == 0 || u.isLoopback(r.LinkIndex) || u.isPodSide(r.LinkIndex) {
 		return 0, false
 	}
 	return r.LinkIndex, true
