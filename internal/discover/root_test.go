@@ -593,3 +593,39 @@ func TestOtherPodNotBridgeUplink(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutedUplinkECMP: a multipath route towards the backends (or, without
+// NAT rules, the VIP) leaves through each of its next hops' devices: every
+// one is an uplink.
+func TestRoutedUplinkECMP(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw1", "gw2")
+	for i, gw := range []string{"gw1", "gw2"} {
+		up := fmt.Sprintf("up%d", i+1)
+		n.run(t, "node", "link add "+up+" type veth peer name eth0 netns "+n.name(gw),
+			fmt.Sprintf("addr add 10.99.%d.1/24 dev %s", 40+i, up), "link set "+up+" up")
+		n.run(t, gw, fmt.Sprintf("addr add 10.99.%d.254/24 dev eth0", 40+i), "link set eth0 up")
+	}
+	n.run(t, "node", "route add default via 10.99.40.254",
+		"route add 10.99.50.0/24 nexthop via 10.99.40.254 dev up1 nexthop via 10.99.41.254 dev up2",
+		"route add 10.120.0.0/24 nexthop via 10.99.40.254 dev up1 nexthop via 10.99.41.254 dev up2")
+	n.addRoutedPod(t, "pod", "cali1", "10.99.21.5")
+	svcs := []netip.Addr{netip.MustParseAddr("10.120.0.10")}
+
+	check := func(what string, want []string, wantHow string) {
+		t.Helper()
+		info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), Services: svcs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Pods) != 1 {
+			t.Fatalf("pods: got %+v, want one", info.Pods)
+		}
+		p := info.Pods[0]
+		if !slices.Equal(p.Uplinks, want) || !strings.Contains(p.UplinkHow, wantHow) {
+			t.Errorf("%s: uplinks %v (%s), want %v (%s)", what, p.Uplinks, p.UplinkHow, want, wantHow)
+		}
+	}
+	check("multipath route to the VIP", []string{"up1", "up2"}, "route to 10.120.0.10")
+	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.50.7")
+	check("multipath route to the backend", []string{"up1", "up2"}, "route to backend 10.99.50.7")
+}

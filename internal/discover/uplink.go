@@ -291,23 +291,25 @@ func (u *uplinkFinder) routed() ([]int, string) {
 	u.routeRead = true
 	var via, notEther []string
 	for _, b := range u.backends {
-		idx, ok := u.routeOut(b)
-		if !ok {
-			continue
-		}
-		// A tunnel without a link layer (IPIP, WireGuard) hands the capture
-		// bare IP packets, where the file and the decoder expect Ethernet:
-		// the route to the VIP (the underlay's device) is captured instead.
-		if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
-			if name := l.Attrs().Name + " (" + l.Attrs().EncapType + ")"; !slices.Contains(notEther, name) {
-				notEther = append(notEther, name)
+		out := false
+		for _, idx := range u.routeOut(b) {
+			// A tunnel without a link layer (IPIP, WireGuard) hands the capture
+			// bare IP packets, where the file and the decoder expect Ethernet:
+			// the route to the VIP (the underlay's device) is captured instead.
+			if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
+				if name := l.Attrs().Name + " (" + l.Attrs().EncapType + ")"; !slices.Contains(notEther, name) {
+					notEther = append(notEther, name)
+				}
+				continue
 			}
-			continue
+			if !slices.Contains(u.route, idx) {
+				u.route = append(u.route, idx)
+			}
+			out = true
 		}
-		if !slices.Contains(u.route, idx) {
-			u.route = append(u.route, idx)
+		if out {
+			via = append(via, b.String())
 		}
-		via = append(via, b.String())
 	}
 	switch {
 	case len(via) > 3:
@@ -333,15 +335,15 @@ func (u *uplinkFinder) routed() ([]int, string) {
 // VIP that is routed out of the node, else of the default route(s).
 func (u *uplinkFinder) vipOrDefaultRoute() ([]int, string) {
 	for _, vip := range u.services {
-		routes, err := u.host.nl.RouteGet(net.IP(vip.AsSlice()))
-		if err != nil || len(routes) == 0 {
-			continue
-		}
-		r := routes[0]
-		if r.Type == unix.RTN_LOCAL || r.LinkIndex == 0 || u.isLoopback(r.LinkIndex) {
+		r, ok := u.lookup(vip)
+		if !ok || r.Type == unix.RTN_LOCAL {
 			continue // a VIP bound locally (IPVS dummy, ...) tells nothing of the uplink
 		}
-		return []int{r.LinkIndex}, "route to " + vip.String()
+		idx := slices.DeleteFunc(nextHopDevices(r), u.isLoopback)
+		if len(idx) == 0 {
+			continue
+		}
+		return idx, "route to " + vip.String()
 	}
 	var idx []int
 	routes, _ := u.host.nl.RouteList(nil, netlink.FAMILY_V4)
@@ -349,11 +351,10 @@ func (u *uplinkFinder) vipOrDefaultRoute() ([]int, string) {
 		if !isDefaultRoute(r) {
 			continue
 		}
-		if r.LinkIndex != 0 {
-			idx = append(idx, r.LinkIndex)
-		}
-		for _, nh := range r.MultiPath {
-			idx = append(idx, nh.LinkIndex)
+		for _, x := range nextHopDevices(r) {
+			if !slices.Contains(idx, x) {
+				idx = append(idx, x)
+			}
 		}
 	}
 	if len(idx) == 0 {
@@ -362,18 +363,41 @@ func (u *uplinkFinder) vipOrDefaultRoute() ([]int, string) {
 	return idx, "default route"
 }
 
-// routeOut is the device of the node's route to a, when it leaves the node:
-// not a local address, not through a pod's veth or its bridge.
-func (u *uplinkFinder) routeOut(a netip.Addr) (int, bool) {
-	routes, err := u.host.nl.RouteGet(net.IP(a.AsSlice()))
+// routeOut are the devices of the node's route to a, when it leaves the
+// node: not a local address, not through a pod's veth or its bridge. A
+// multipath route gives each next hop's device (the kernel spreads flows
+// over them).
+func (u *uplinkFinder) routeOut(a netip.Addr) []int {
+	r, ok := u.lookup(a)
+	if !ok || r.Type == unix.RTN_LOCAL {
+		return nil
+	}
+	return slices.DeleteFunc(nextHopDevices(r), func(idx int) bool { return u.isLoopback(idx) || u.isPodSide(idx) })
+}
+
+// lookup is the node's route to a as the FIB holds it (RTM_F_FIB_MATCH):
+// with every next hop of a multipath route, where a plain lookup gives the
+// one next hop this lookup's hash picked.
+func (u *uplinkFinder) lookup(a netip.Addr) (netlink.Route, bool) {
+	routes, err := u.host.nl.RouteGetWithOptions(net.IP(a.AsSlice()), &netlink.RouteGetOptions{FIBMatch: true})
 	if err != nil || len(routes) == 0 {
-		return 0, false
+		return netlink.Route{}, false
 	}
-	r := routes[0]
-	if r.Type == unix.RTN_LOCAL || r.LinkIndex == 0 || u.isLoopback(r.LinkIndex) || u.isPodSide(r.LinkIndex) {
-		return 0, false
+	return routes[0], true
+}
+
+// nextHopDevices are the devices of a route's next hops, each once.
+func nextHopDevices(r netlink.Route) []int {
+	var idx []int
+	if r.LinkIndex != 0 {
+		idx = append(idx, r.LinkIndex)
 	}
-	return r.LinkIndex, true
+	for _, nh := range r.MultiPath {
+		if nh.LinkIndex != 0 && !slices.Contains(idx, nh.LinkIndex) {
+			idx = append(idx, nh.LinkIndex)
+		}
+	}
+	return idx
 }
 
 // isLocal tells whether a is an address of the node netns.
