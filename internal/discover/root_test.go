@@ -629,3 +629,67 @@ func TestRoutedUplinkECMP(t *testing.T) {
 	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.50.7")
 	check("multipath route to the backend", []string{"up1", "up2"}, "route to backend 10.99.50.7")
 }
+
+// TestSourceRoutedUplink: a node routing its Pods by source (AWS VPC CNI's
+// `ip rule from POD lookup N` for Pods on a secondary interface) sends their
+// packets out of that table's device: the uplink is looked up per Pod, as
+// the kernel forwards the Pod's packets (from its address, in on its host
+// veth, or on the bridge holding its gateway), strict reverse-path
+// filtering on. The node's own traffic keeps its route, captured too.
+func TestSourceRoutedUplink(t *testing.T) {
+	n := newNodeNS(t, "node", "pod1", "pod2", "pod3", "gw1", "gw2")
+	for i, gw := range []string{"gw1", "gw2"} {
+		up := fmt.Sprintf("up%d", i+1)
+		n.run(t, "node", "link add "+up+" type veth peer name eth0 netns "+n.name(gw),
+			fmt.Sprintf("addr add 10.99.%d.1/24 dev %s", 40+i, up), "link set "+up+" up")
+		n.run(t, gw, fmt.Sprintf("addr add 10.99.%d.254/24 dev eth0", 40+i), "link set eth0 up")
+	}
+	n.run(t, "node", "route add default via 10.99.40.254", "route add default via 10.99.41.254 table 100")
+	// pod1 is routed by source through up2; pod2 is not.
+	n.addRoutedPod(t, "pod1", "eni1", "10.99.21.5")
+	n.addRoutedPod(t, "pod2", "eni2", "10.99.21.6")
+	n.run(t, "node", "rule add to 10.99.21.5 lookup main priority 512", "rule add from 10.99.21.5 lookup 100 priority 1536")
+	// pod3 sits on a bridge holding its gateway, routed by source through up2.
+	n.run(t, "node", "link add cni0 type bridge", "addr add 10.99.60.1/24 dev cni0", "link set cni0 up",
+		"link add veth3 type veth peer name eth0 netns "+n.name("pod3"), "link set veth3 master cni0 up",
+		"rule add from 10.99.60.5 lookup 100 priority 1536")
+	n.run(t, "pod3", "addr add 10.99.60.5/24 dev eth0", "link set eth0 up", "route add default via 10.99.60.1")
+	if out, err := exec.Command("ip", "netns", "exec", n.name("node"), "sysctl", "-qw",
+		"net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, out)
+	}
+	svcs := []netip.Addr{netip.MustParseAddr("10.120.0.10")}
+	want := map[string]string{"eni1": "up2", "eni2": "up1", "veth3": "up2"}
+
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), Services: svcs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 3 {
+		t.Fatalf("pods: got %d, want 3", len(info.Pods))
+	}
+	for _, p := range info.Pods {
+		t.Logf("%s: %v (%s)", p.HostPeer.Name, p.Uplinks, p.UplinkHow)
+		if w := want[p.HostPeer.Name]; !slices.Equal(p.Uplinks, []string{w}) {
+			t.Errorf("pod behind %s: uplinks %v (%s), want [%s]", p.HostPeer.Name, p.Uplinks, p.UplinkHow, w)
+		}
+	}
+	// pod1 alone: its table's up2, and up1 for the node's own traffic.
+	info, err = Node(context.Background(), Options{HostNetNS: n.path("node"), Services: svcs, PodIP: netip.MustParseAddr("10.99.21.5")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := info.Pods[0]; !slices.Equal(p.Uplinks, []string{"up2"}) {
+		t.Errorf("pod1 selected: uplinks %v (%s), want [up2]", p.Uplinks, p.UplinkHow)
+	}
+	var ups []string
+	for _, cp := range info.CapturePoints {
+		if cp.Role == RoleUplink {
+			ups = append(ups, cp.Ifname)
+		}
+	}
+	t.Logf("pod1 selected: %v (%s); notes %q", info.Pods[0].Uplinks, info.Pods[0].UplinkHow, info.Notes)
+	if !slices.Equal(ups, []string{"up2", "up1"}) || !slices.ContainsFunc(info.Notes, func(s string) bool { return strings.Contains(s, "node's own traffic") }) {
+		t.Errorf("pod1 selected: uplink capture points %v, notes %q; want up2, then up1 for the node's own traffic", ups, info.Notes)
+	}
+}

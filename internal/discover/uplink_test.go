@@ -120,8 +120,9 @@ func TestRoutedPodsKeepVLANNote(t *testing.T) {
 		{HostPeer: &HostPeer{Iface: Iface{Name: "cali1", Ifindex: 10}}},
 		{HostPeer: &HostPeer{Iface: Iface{Name: "cali2", Ifindex: 11}}},
 	}}
-	u := &uplinkFinder{host: host, podSide: map[int]bool{10: true, 11: true},
-		routeRead: true, route: []int{3}, routeHow: "route to 10.96.0.10"}
+	// The node has no source routing rules: every Pod shares the node's route.
+	u := &uplinkFinder{host: host, podSide: map[int]bool{10: true, 11: true}, rulesRead: true,
+		routes: map[routeKey]routeResult{{}: {idx: []int{3}, how: "route to 10.96.0.10"}}}
 	uplinks := u.assign(info)
 	if len(uplinks) != 1 || uplinks[0].Attrs().Name != "bond0" {
 		t.Errorf("node uplinks: got %v, want bond0", uplinks)
@@ -131,7 +132,7 @@ func TestRoutedPodsKeepVLANNote(t *testing.T) {
 			t.Errorf("pod behind %s: got %v (%s), want bond0, captured below bond0.200", p.HostPeer.Name, p.Uplinks, p.UplinkHow)
 		}
 	}
-	if !slices.Equal(u.route, []int{3}) {
-		t.Errorf("the cached route changed: %v", u.route)
+	if r := u.routes[routeKey{}]; !slices.Equal(r.idx, []int{3}) {
+		t.Errorf("the cached route changed: %v", r.idx)
 	}
 }
