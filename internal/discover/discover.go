@@ -37,6 +37,12 @@ type Options struct {
 	Cgroup   string // cgroup v2 dir for socket observers; "" = the cgroup2 root
 	// Services are the VIPs: NAT rules and IPVS services matching them are reported.
 	Services []netip.Addr
+	// ServicePorts are VIPs (Services or not) with the port and protocol
+	// they were given with: a VIP listed here has only the NAT rules and
+	// IPVS services of those ports and protocols reported (and their
+	// backends drive the uplink), a rule that requires no port applying
+	// to every port; an entry without port and protocol keeps all.
+	ServicePorts []ServicePort
 	// MaxPods bounds enumeration; netns beyond it are counted in PodsSkipped.
 	MaxPods int
 	// IsObserver tells the programs to leave out of attribution: pathtrace's
@@ -82,8 +88,10 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	}
 	// The NAT rules and IPVS services name the backends, whose routes tell
 	// a routed node's uplink.
-	info.Netfilter = readNetfilter(ctx, host.path, opt.Services, info)
-	info.IPVS = readIPVS(host.path, opt.Services)
+	svcs := newServiceSet(opt.Services, opt.ServicePorts)
+	opt.Services = svcs.vips
+	info.Netfilter = readNetfilter(ctx, host.path, svcs, info)
+	info.IPVS = readIPVS(host.path, svcs)
 	uplinks, err := discoverUplinks(ctx, host, opt, info)
 	if err != nil {
 		return nil, err

@@ -341,6 +341,25 @@ func TestNodeNetfilter(t *testing.T) {
 			t.Errorf("rule %s: source %q table %q", key(r), r.Source, r.Table)
 		}
 	}
+	// The VIPs as --svc gives them, one twice: each rule once, and only
+	// those of the ports given.
+	web, dns := netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10")
+	for _, tc := range []struct {
+		ports []ServicePort
+		want  []string
+	}{
+		{[]ServicePort{{web, 80, "tcp"}, {web, 0, ""}, {dns, 53, "udp"}}, want},
+		{[]ServicePort{{web, 80, "udp"}, {dns, 53, "udp"}, {dns, 54, "udp"}}, want[:2]},
+	} {
+		info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP),
+			Services: []netip.Addr{web, web, dns}, ServicePorts: tc.ports})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := keys(info.Netfilter.Rules); !slices.Equal(got, tc.want) {
+			t.Errorf("services %v:\n got %q\nwant %q", tc.ports, got, tc.want)
+		}
+	}
 	if nf.IPForward == nil || !*nf.IPForward {
 		t.Errorf("ip_forward of the node netns: got %v, want 1", nf.IPForward)
 	}
