@@ -184,7 +184,13 @@ func (f *traceFlags) validate() (session.Options, error) {
 		if _, err := os.Stat(f.cgroup); err != nil {
 			return opt, usagef("--cgroup %s: %v; give a cgroup v2 directory (default: the cgroup2 root)", f.cgroup, errors.Unwrap(err))
 		}
-		d.Cgroup = f.cgroup
+		// Absolute: discovery walks up its parents to "/", and attachments
+		// and reports name it.
+		abs, err := filepath.Abs(f.cgroup)
+		if err != nil {
+			return opt, usagef("--cgroup %s: %v; give an absolute path", f.cgroup, err)
+		}
+		d.Cgroup = abs
 	}
 	d.HostVeth, d.Uplink = f.hostVeth, f.uplink
 	if (f.maxPkts > 0 || f.maxBytes != "") && f.pcap == "" {

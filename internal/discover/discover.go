@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -36,6 +37,12 @@ type Options struct {
 	Cgroup   string // cgroup v2 dir for socket observers; "" = the cgroup2 root
 	// Services are the VIPs: NAT rules and IPVS services matching them are reported.
 	Services []netip.Addr
+	// ServicePorts are VIPs (Services or not) with the port and protocol
+	// they were given with: a VIP listed here has only the NAT rules and
+	// IPVS services of those ports and protocols reported (and their
+	// backends drive the uplink), a rule that requires no port applying
+	// to every port; an entry without port and protocol keeps all.
+	ServicePorts []ServicePort
 	// MaxPods bounds enumeration; netns beyond it are counted in PodsSkipped.
 	MaxPods int
 	// IsObserver tells the programs to leave out of attribution: pathtrace's
@@ -81,9 +88,11 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	}
 	// The NAT rules and IPVS services name the backends, whose routes tell
 	// a routed node's uplink.
-	info.Netfilter = readNetfilter(ctx, host.path, opt.Services, info)
-	info.IPVS = readIPVS(host.path, opt.Services)
-	uplinks, err := discoverUplinks(host, opt, info)
+	svcs := newServiceSet(opt.Services, opt.ServicePorts)
+	opt.Services = svcs.vips
+	info.Netfilter = readNetfilter(ctx, host.path, svcs, info)
+	info.IPVS = readIPVS(host.path, svcs)
+	uplinks, err := discoverUplinks(ctx, host, opt, info)
 	if err != nil {
 		return nil, err
 	}
@@ -157,10 +166,18 @@ func checkOptions(opt *Options) error {
 	if opt.Cgroup == "" {
 		// A missing cgroup2 mount only loses the socket attribution: noted later.
 		opt.Cgroup, _ = cgroup2.Root()
-	} else if st, err := os.Stat(opt.Cgroup); err != nil || !st.IsDir() {
-		return usagef("--cgroup %s: no such directory; give a cgroup v2 directory (default: the cgroup2 root from /proc/self/mountinfo)", opt.Cgroup)
+		return nil
+	}
+	given := opt.Cgroup
+	// Absolute, so that walking up its parents ends at "/" and reports
+	// name real directories (--cgroup . is the working directory).
+	if abs, err := filepath.Abs(opt.Cgroup); err == nil {
+		opt.Cgroup = abs
+	}
+	if st, err := os.Stat(opt.Cgroup); err != nil || !st.IsDir() {
+		return usagef("--cgroup %s: no such directory; give a cgroup v2 directory (default: the cgroup2 root from /proc/self/mountinfo)", given)
 	} else if !cgroup2.IsCgroup2(opt.Cgroup) {
-		return usagef("--cgroup %s: not on a cgroup2 filesystem; give a cgroup v2 directory", opt.Cgroup)
+		return usagef("--cgroup %s: not on a cgroup2 filesystem; give a cgroup v2 directory", given)
 	}
 	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -14,8 +13,8 @@ import (
 )
 
 // readIPVS reports IPVS in the node netns: present or not, and the virtual
-// services on the VIPs with their real servers.
-func readIPVS(hostPath string, vips []netip.Addr) IPVS {
+// services of the services with their real servers.
+func readIPVS(hostPath string, svcs serviceSet) IPVS {
 	var services []IPVSService
 	err := nsutil.Do(hostPath, func() error {
 		f, err := os.Open(ipvsFile)
@@ -32,13 +31,7 @@ func readIPVS(hostPath string, vips []netip.Addr) IPVS {
 	case err != nil:
 		return IPVS{Note: "not checked: " + err.Error()}
 	}
-	v := IPVS{Present: true}
-	for _, s := range services {
-		if slices.Contains(vips, s.Service.Addr()) {
-			v.Services = append(v.Services, s)
-		}
-	}
-	return v
+	return IPVS{Present: true, Services: ipvsServices(services, svcs)}
 }
 
 // parseIPVS parses /proc/net/ip_vs: service lines ("TCP  0A780050:0050 rr")

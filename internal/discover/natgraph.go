@@ -43,7 +43,10 @@ const maxChainDepth = 32
 // kube-proxy nodeport or masquerade chain never counts as the VIP's.
 func (g *natGraph) match(vips []netip.Addr) []NATRule {
 	var out []NATRule
-	for _, vip := range vips {
+	for i, vip := range vips {
+		if slices.Contains(vips[:i], vip) {
+			continue // given twice (two ports of one Service): its rules once
+		}
 		for _, base := range g.bases {
 			w := natWalk{g: g, vip: vip, hook: base.hook, out: &out, onPath: map[string]bool{}}
 			w.chain(base.chain, []string{base.chain}, false, "", 0)

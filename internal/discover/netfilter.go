@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -29,7 +28,7 @@ const (
 // readNetfilter reports the node netns's netfilter: DNAT rules reachable for
 // the VIPs in nftables and iptables-legacy, and the sysctls deciding whether
 // bridged and routed traffic meets them. It never creates a table.
-func readNetfilter(ctx context.Context, hostPath string, vips []netip.Addr, info *NodeInfo) Netfilter {
+func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *NodeInfo) Netfilter {
 	var nf Netfilter
 	nf.BridgeNFCallIPTables = readBoolSysctl(hostPath, bridgeNFSysctl)
 	if nf.BridgeNFCallIPTables == nil {
@@ -54,7 +53,7 @@ func readNetfilter(ctx context.Context, hostPath string, vips []netip.Addr, info
 		graphs = append(graphs, legacy)
 	}
 	for _, g := range graphs {
-		nf.Rules = append(nf.Rules, g.match(vips)...)
+		nf.Rules = append(nf.Rules, g.matchServices(svcs)...)
 	}
 	return nf
 }

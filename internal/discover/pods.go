@@ -134,6 +134,58 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link,
 	return nil
 }
 
+// podHostVeths returns the node's veths that are a Pod's host veth, for
+// every Pod of the node as scanPods finds them (a netns whose default route
+// leaves through the veth's peer), and their masters: what a selector or a
+// bound left out of info.Pods still stays on the node. It reads only each
+// candidate netns's routes, and only of netns holding a peer of a node veth.
+func podHostVeths(ctx context.Context, host *hostNS) (map[int]bool, error) {
+	byID := map[int][]netlink.Link{} // node veths by the id of their peer's netns
+	for _, l := range host.links {
+		if _, ok := l.(*netlink.Veth); ok && l.Attrs().NetNsID >= 0 {
+			byID[l.Attrs().NetNsID] = append(byID[l.Attrs().NetNsID], l)
+		}
+	}
+	out := map[int]bool{}
+	if len(byID) == 0 {
+		return out, nil
+	}
+	cands, err := listNetNS(host.inode)
+	if err != nil {
+		return out, err
+	}
+	for _, c := range cands {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		id := host.netnsID(c.path)
+		veths := byID[id]
+		if len(veths) == 0 {
+			continue
+		}
+		delete(byID, id)
+		var gwIndex int
+		if err := nsutil.Netlink(c.path, func(nl *netlink.Handle) error {
+			_, gwIndex = defaultGateway(nl)
+			return nil
+		}); err != nil || gwIndex == 0 {
+			continue
+		}
+		for _, l := range veths {
+			if a := l.Attrs(); a.ParentIndex == gwIndex {
+				out[a.Index] = true
+				if a.MasterIndex != 0 {
+					out[a.MasterIndex] = true
+				}
+			}
+		}
+		if len(byID) == 0 {
+			break
+		}
+	}
+	return out, nil
+}
+
 // netnsID is the id the node netns gives the netns at path, -1 when none.
 func (h *hostNS) netnsID(path string) int {
 	ns, err := netns.GetFromPath(path)

@@ -41,13 +41,7 @@ func sockPrograms(cgroup string, own func(ebpf.ProgramID) bool, info *NodeInfo) 
 		info.notef("socket programs not checked: no cgroup2 mount found (pass --cgroup)")
 		return nil
 	}
-	var chain []string // cgroup, parent, ..., root of the cgroup2 mount
-	for dir := filepath.Clean(cgroup); cgroup2.IsCgroup2(dir); dir = filepath.Dir(dir) {
-		chain = append(chain, dir)
-		if dir == "/" {
-			break
-		}
-	}
+	chain := cgroupChain(cgroup, cgroup2.IsCgroup2)
 	var out []SockProgram
 	for _, at := range SockHooks {
 		effective, err := queryCgroup(cgroup, at.Type, unix.BPF_F_QUERY_EFFECTIVE)
@@ -75,6 +69,26 @@ func sockPrograms(cgroup string, own func(ebpf.ProgramID) bool, info *NodeInfo) 
 		}
 	}
 	return out
+}
+
+// cgroupChain lists dir (made absolute), its parent, ... up to the root of
+// the cgroup2 mount (the last directory isCgroup2 holds for). It ends at the
+// top of the path too: filepath.Dir of "/" (or of "." when the working
+// directory is gone and dir stays relative) is itself.
+func cgroupChain(dir string, isCgroup2 func(string) bool) []string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	var chain []string
+	for dir := filepath.Clean(dir); isCgroup2(dir); {
+		chain = append(chain, dir)
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir = parent
+	}
+	return chain
 }
 
 func queryCgroup(dir string, typ ebpf.AttachType, flags uint32) ([]ebpf.ProgramID, error) {

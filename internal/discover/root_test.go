@@ -341,6 +341,25 @@ func TestNodeNetfilter(t *testing.T) {
 			t.Errorf("rule %s: source %q table %q", key(r), r.Source, r.Table)
 		}
 	}
+	// The VIPs as --svc gives them, one twice: each rule once, and only
+	// those of the ports given.
+	web, dns := netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10")
+	for _, tc := range []struct {
+		ports []ServicePort
+		want  []string
+	}{
+		{[]ServicePort{{web, 80, "tcp"}, {web, 0, ""}, {dns, 53, "udp"}}, want},
+		{[]ServicePort{{web, 80, "udp"}, {dns, 53, "udp"}, {dns, 54, "udp"}}, want[:2]},
+	} {
+		info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP),
+			Services: []netip.Addr{web, web, dns}, ServicePorts: tc.ports})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := keys(info.Netfilter.Rules); !slices.Equal(got, tc.want) {
+			t.Errorf("services %v:\n got %q\nwant %q", tc.ports, got, tc.want)
+		}
+	}
 	if nf.IPForward == nil || !*nf.IPForward {
 		t.Errorf("ip_forward of the node netns: got %v, want 1", nf.IPForward)
 	}
@@ -444,5 +463,252 @@ func TestNodeRoutedUplink(t *testing.T) {
 	if p.HostPeer == nil || p.HostPeer.Name != "hvr" || p.HostPeer.MasterKind != "none" ||
 		!slices.Equal(p.Uplinks, []string{"upr"}) || p.UplinkHow != "route to 10.120.0.80" {
 		t.Errorf("routed pod: got host %+v uplinks %v (%s)", p.HostPeer, p.Uplinks, p.UplinkHow)
+	}
+}
+
+// nodeNS is a set of namespaces a test builds and removes (even when it
+// fails), named prefix-ROLE.
+type nodeNS struct {
+	prefix string
+}
+
+func newNodeNS(t *testing.T, roles ...string) *nodeNS {
+	t.Helper()
+	needRoot(t)
+	n := &nodeNS{prefix: fmt.Sprintf("pttest-discover-%06x", rand.IntN(1<<24))}
+	for _, role := range roles {
+		name := n.name(role)
+		ipCmd(t, "netns", "add", name)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+		ipCmd(t, "-n", name, "link", "set", "lo", "up")
+	}
+	return n
+}
+
+func (n *nodeNS) name(role string) string { return n.prefix + "-" + role }
+func (n *nodeNS) path(role string) string { return "/run/netns/" + n.name(role) }
+
+// run runs `ip -n NETNS-OF-ROLE args...` for each command.
+func (n *nodeNS) run(t *testing.T, role string, cmds ...string) {
+	t.Helper()
+	for _, c := range cmds {
+		ipCmd(t, append([]string{"-n", n.name(role)}, strings.Fields(c)...)...)
+	}
+}
+
+// addRoutedPod gives the node a Calico-style Pod: a /32 address behind a
+// host veth without master or address, reached by a /32 route, the Pod's
+// default route via 169.254.1.1 (answered by proxy ARP).
+func (n *nodeNS) addRoutedPod(t *testing.T, role, veth, ip string) {
+	t.Helper()
+	n.run(t, "node", "link add "+veth+" type veth peer name eth0 netns "+n.name(role), "link set "+veth+" up",
+		"route add "+ip+"/32 dev "+veth)
+	n.run(t, role, "addr add "+ip+"/32 dev eth0", "link set eth0 up",
+		"route add 169.254.1.1 dev eth0 scope link", "route add default via 169.254.1.1 dev eth0")
+}
+
+// addDNAT adds, in the node netns, a prerouting and output nat chain that
+// translates vip:port/udp to each backend in turn (a rule per backend: every
+// one is reachable as far as discovery can tell).
+func addDNAT(t *testing.T, nodePath, vip string, svcPort uint16, backends ...string) {
+	t.Helper()
+	ns, err := netns.GetFromPath(nodePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "pttest-dnat"})
+	for _, hook := range []*nftables.ChainHook{nftables.ChainHookPrerouting, nftables.ChainHookOutput} {
+		ch := c.AddChain(&nftables.Chain{Name: fmt.Sprintf("nat-%d", *hook), Table: tbl, Type: nftables.ChainTypeNAT,
+			Hooknum: hook, Priority: nftables.ChainPriorityNATDest})
+		for _, b := range backends {
+			exprs := []expr.Any{loadDaddr(1), cmpEq(1, ip4(vip)...), loadProto(1), cmpEq(1, unix.IPPROTO_UDP),
+				loadDport(1), cmpEq(1, port(svcPort)...)}
+			c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: append(exprs, dnatTo(b, svcPort)...)})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("create nftables table in the node netns: %v", err)
+	}
+}
+
+// TestOtherPodNotRoutedUplink: on a routed node (Calico-style /32 routes to
+// host veths without master), a Service backend that is another Pod of the
+// node is reached through that Pod's host veth, which stays on the node:
+// never an uplink, whether the Pods are all discovered or one is selected.
+func TestOtherPodNotRoutedUplink(t *testing.T) {
+	n := newNodeNS(t, "node", "pod1", "pod2", "gw")
+	n.run(t, "node", "link add mgmt type veth peer name eth0 netns "+n.name("gw"),
+		"addr add 10.99.20.1/24 dev mgmt", "link set mgmt up", "route add default via 10.99.20.254")
+	n.run(t, "gw", "addr add 10.99.20.254/24 dev eth0", "link set eth0 up")
+	n.addRoutedPod(t, "pod1", "cali1", "10.99.21.5")
+	n.addRoutedPod(t, "pod2", "cali2", "10.99.21.6")
+	// Backends: pod2 on this node, and one elsewhere (via mgmt).
+	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.21.6", "10.99.30.7")
+	svcs := []netip.Addr{netip.MustParseAddr("10.120.0.10")}
+
+	for _, opt := range []Options{
+		{HostNetNS: n.path("node"), Services: svcs},
+		{HostNetNS: n.path("node"), Services: svcs, PodIP: netip.MustParseAddr("10.99.21.5")},
+		{HostNetNS: n.path("node"), Services: svcs, PodNetNS: n.path("pod1")},
+		{HostNetNS: n.path("node"), Services: svcs, MaxPods: 1},
+	} {
+		info, err := Node(context.Background(), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Pods) == 0 {
+			t.Fatalf("%+v: no pod found", opt)
+		}
+		for _, p := range info.Pods {
+			if !slices.Equal(p.Uplinks, []string{"mgmt"}) {
+				t.Errorf("pod %s (pod ip %v, netns %q, max %d): uplinks %v (%s), want [mgmt]",
+					p.HostPeer.Name, opt.PodIP, opt.PodNetNS, opt.MaxPods, p.Uplinks, p.UplinkHow)
+			}
+		}
+		for _, cp := range info.CapturePoints {
+			if cp.Role == RoleUplink && cp.Ifname != "mgmt" {
+				t.Errorf("pod ip %v, netns %q, max %d: uplink capture point %s", opt.PodIP, opt.PodNetNS, opt.MaxPods, cp.Ifname)
+			}
+		}
+	}
+}
+
+// TestOtherPodNotBridgeUplink: on a bridge whose FDB does not hold the
+// gateway MAC, the uplink is the bridge port that is not a Pod's veth:
+// another Pod's veth is not one, also when a selector leaves that Pod out.
+func TestOtherPodNotBridgeUplink(t *testing.T) {
+	tb := newTestbed(t)
+	pod2 := filepath.Base(tb.pod) + "2"
+	ipCmd(t, "netns", "add", pod2)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod2).Run() })
+	node := filepath.Base(tb.node)
+	ipCmd(t, "-n", node, "link", "add", "hv1", "type", "veth", "peer", "name", "eth0", "netns", pod2)
+	ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
+	ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
+	ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+
+	// pod2 never talked: no gateway MAC, so no FDB answer.
+	for _, opt := range []Options{
+		{HostNetNS: tb.node, PodIP: netip.MustParseAddr("10.99.8.24")},
+		{HostNetNS: tb.node, PodNetNS: "/run/netns/" + pod2},
+		{HostNetNS: tb.node, HostVeth: "hv1"},
+	} {
+		info, err := Node(context.Background(), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Pods) != 1 {
+			t.Fatalf("pods: got %+v, want pod2 only", info.Pods)
+		}
+		if p := info.Pods[0]; p.HostPeer == nil || p.HostPeer.Name != "hv1" || !slices.Equal(p.Uplinks, []string{"up0"}) {
+			t.Errorf("pod ip %v, netns %q, host veth %q: got host %+v uplinks %v (%s), want up0",
+				opt.PodIP, opt.PodNetNS, opt.HostVeth, p.HostPeer, p.Uplinks, p.UplinkHow)
+		}
+	}
+}
+
+// TestRoutedUplinkECMP: a multipath route towards the backends (or, without
+// NAT rules, the VIP) leaves through each of its next hops' devices: every
+// one is an uplink.
+func TestRoutedUplinkECMP(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw1", "gw2")
+	for i, gw := range []string{"gw1", "gw2"} {
+		up := fmt.Sprintf("up%d", i+1)
+		n.run(t, "node", "link add "+up+" type veth peer name eth0 netns "+n.name(gw),
+			fmt.Sprintf("addr add 10.99.%d.1/24 dev %s", 40+i, up), "link set "+up+" up")
+		n.run(t, gw, fmt.Sprintf("addr add 10.99.%d.254/24 dev eth0", 40+i), "link set eth0 up")
+	}
+	n.run(t, "node", "route add default via 10.99.40.254",
+		"route add 10.99.50.0/24 nexthop via 10.99.40.254 dev up1 nexthop via 10.99.41.254 dev up2",
+		"route add 10.120.0.0/24 nexthop via 10.99.40.254 dev up1 nexthop via 10.99.41.254 dev up2")
+	n.addRoutedPod(t, "pod", "cali1", "10.99.21.5")
+	svcs := []netip.Addr{netip.MustParseAddr("10.120.0.10")}
+
+	check := func(what string, want []string, wantHow string) {
+		t.Helper()
+		info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), Services: svcs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Pods) != 1 {
+			t.Fatalf("pods: got %+v, want one", info.Pods)
+		}
+		p := info.Pods[0]
+		if !slices.Equal(p.Uplinks, want) || !strings.Contains(p.UplinkHow, wantHow) {
+			t.Errorf("%s: uplinks %v (%s), want %v (%s)", what, p.Uplinks, p.UplinkHow, want, wantHow)
+		}
+	}
+	check("multipath route to the VIP", []string{"up1", "up2"}, "route to 10.120.0.10")
+	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.50.7")
+	check("multipath route to the backend", []string{"up1", "up2"}, "route to backend 10.99.50.7")
+}
+
+// TestSourceRoutedUplink: a node routing its Pods by source (AWS VPC CNI's
+// `ip rule from POD lookup N` for Pods on a secondary interface) sends their
+// packets out of that table's device: the uplink is looked up per Pod, as
+// the kernel forwards the Pod's packets (from its address, in on its host
+// veth, or on the bridge holding its gateway), strict reverse-path
+// filtering on. The node's own traffic keeps its route, captured too.
+func TestSourceRoutedUplink(t *testing.T) {
+	n := newNodeNS(t, "node", "pod1", "pod2", "pod3", "gw1", "gw2")
+	for i, gw := range []string{"gw1", "gw2"} {
+		up := fmt.Sprintf("up%d", i+1)
+		n.run(t, "node", "link add "+up+" type veth peer name eth0 netns "+n.name(gw),
+			fmt.Sprintf("addr add 10.99.%d.1/24 dev %s", 40+i, up), "link set "+up+" up")
+		n.run(t, gw, fmt.Sprintf("addr add 10.99.%d.254/24 dev eth0", 40+i), "link set eth0 up")
+	}
+	n.run(t, "node", "route add default via 10.99.40.254", "route add default via 10.99.41.254 table 100")
+	// pod1 is routed by source through up2; pod2 is not.
+	n.addRoutedPod(t, "pod1", "eni1", "10.99.21.5")
+	n.addRoutedPod(t, "pod2", "eni2", "10.99.21.6")
+	n.run(t, "node", "rule add to 10.99.21.5 lookup main priority 512", "rule add from 10.99.21.5 lookup 100 priority 1536")
+	// pod3 sits on a bridge holding its gateway, routed by source through up2.
+	n.run(t, "node", "link add cni0 type bridge", "addr add 10.99.60.1/24 dev cni0", "link set cni0 up",
+		"link add veth3 type veth peer name eth0 netns "+n.name("pod3"), "link set veth3 master cni0 up",
+		"rule add from 10.99.60.5 lookup 100 priority 1536")
+	n.run(t, "pod3", "addr add 10.99.60.5/24 dev eth0", "link set eth0 up", "route add default via 10.99.60.1")
+	if out, err := exec.Command("ip", "netns", "exec", n.name("node"), "sysctl", "-qw",
+		"net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, out)
+	}
+	svcs := []netip.Addr{netip.MustParseAddr("10.120.0.10")}
+	want := map[string]string{"eni1": "up2", "eni2": "up1", "veth3": "up2"}
+
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), Services: svcs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 3 {
+		t.Fatalf("pods: got %d, want 3", len(info.Pods))
+	}
+	for _, p := range info.Pods {
+		t.Logf("%s: %v (%s)", p.HostPeer.Name, p.Uplinks, p.UplinkHow)
+		if w := want[p.HostPeer.Name]; !slices.Equal(p.Uplinks, []string{w}) {
+			t.Errorf("pod behind %s: uplinks %v (%s), want [%s]", p.HostPeer.Name, p.Uplinks, p.UplinkHow, w)
+		}
+	}
+	// pod1 alone: its table's up2, and up1 for the node's own traffic.
+	info, err = Node(context.Background(), Options{HostNetNS: n.path("node"), Services: svcs, PodIP: netip.MustParseAddr("10.99.21.5")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := info.Pods[0]; !slices.Equal(p.Uplinks, []string{"up2"}) {
+		t.Errorf("pod1 selected: uplinks %v (%s), want [up2]", p.Uplinks, p.UplinkHow)
+	}
+	var ups []string
+	for _, cp := range info.CapturePoints {
+		if cp.Role == RoleUplink {
+			ups = append(ups, cp.Ifname)
+		}
+	}
+	t.Logf("pod1 selected: %v (%s); notes %q", info.Pods[0].Uplinks, info.Pods[0].UplinkHow, info.Notes)
+	if !slices.Equal(ups, []string{"up2", "up1"}) || !slices.ContainsFunc(info.Notes, func(s string) bool { return strings.Contains(s, "node's own traffic") }) {
+		t.Errorf("pod1 selected: uplink capture points %v, notes %q; want up2, then up1 for the node's own traffic", ups, info.Notes)
 	}
 }

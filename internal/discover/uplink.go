@@ -1,8 +1,10 @@
 package discover
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -69,16 +71,7 @@ func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC
 // deduplicated: the --uplink override, else per pod the bridge/OVS port towards
 // its gateway, or for a routed pod (no master, or a bridge that holds the
 // gateway address itself) the devices of the node's routes.
-func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link, error) {
-	var uplinks []netlink.Link
-	add := func(idx int) {
-		if slices.ContainsFunc(uplinks, func(l netlink.Link) bool { return l.Attrs().Index == idx }) {
-			return
-		}
-		if l, err := host.link(idx); err == nil {
-			uplinks = append(uplinks, l)
-		}
-	}
+func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link, error) {
 	if opt.Uplink != "" {
 		l, err := host.linkByName(opt.Uplink)
 		if err != nil {
@@ -90,8 +83,7 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 		for i := range info.Pods {
 			info.Pods[i].Uplinks, info.Pods[i].UplinkHow = []string{l.Attrs().Name}, "--uplink"
 		}
-		add(l.Attrs().Index)
-		return uplinks, nil
+		return []netlink.Link{l}, nil
 	}
 
 	backends := info.Backends()
@@ -104,21 +96,63 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 			}
 		}
 	}
+	// info.Pods lacks the Pods a selector, --host-veth or --max-pods left
+	// out: their host veths are found when a Pod's uplink needs them.
+	if opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" || info.PodsSkipped > 0 {
+		u.scanPodSide = func() {
+			veths, err := podHostVeths(ctx, host)
+			maps.Copy(u.podSide, veths)
+			if err != nil {
+				info.notef("host veths of the Pods not selected not all found (they may be taken for uplinks): %v", err)
+			}
+		}
+	}
+	return u.assign(info), nil
+}
+
+// assign sets each pod's uplinks (below VLAN devices) and returns the node's
+// uplink links, each once; without pods, those of the node's routes.
+func (u *uplinkFinder) assign(info *NodeInfo) []netlink.Link {
+	host := u.host
+	var uplinks []netlink.Link
+	add := func(idx int) {
+		if slices.ContainsFunc(uplinks, func(l netlink.Link) bool { return l.Attrs().Index == idx }) {
+			return
+		}
+		if l, err := host.link(idx); err == nil {
+			uplinks = append(uplinks, l)
+		}
+	}
 	for i := range info.Pods {
 		idx, how := u.forPod(&info.Pods[i])
-		for j, x := range idx {
+		for _, x := range idx {
 			lower, why := taggedLower(host.links, x)
 			if why != "" {
-				idx[j] = lower
 				how += "; " + why
 			}
-			info.Pods[i].Uplinks = append(info.Pods[i].Uplinks, host.name(idx[j]))
-			add(idx[j])
+			info.Pods[i].Uplinks = append(info.Pods[i].Uplinks, host.name(lower))
+			add(lower)
 		}
 		info.Pods[i].UplinkHow = how
 	}
+	if u.bySource {
+		// The node's own traffic (hostNetwork clients, traced too) follows
+		// the routes of no Pod's source: its uplinks are captured as well.
+		idx, how := u.routed(routeKey{})
+		var more []string
+		for _, x := range idx {
+			lower, _ := taggedLower(host.links, x)
+			n := len(uplinks)
+			if add(lower); len(uplinks) > n {
+				more = append(more, host.name(lower))
+			}
+		}
+		if len(more) > 0 {
+			info.notef("the node's own traffic leaves through %s (%s), not a Pod's uplink under the node's routing rules: captured too", strings.Join(more, ","), how)
+		}
+	}
 	if len(info.Pods) == 0 {
-		idx, how := u.routed()
+		idx, how := u.routed(routeKey{})
 		for _, x := range idx {
 			lower, why := taggedLower(host.links, x)
 			if why != "" {
@@ -135,16 +169,18 @@ func discoverUplinks(host *hostNS, opt Options, info *NodeInfo) ([]netlink.Link,
 	if u.fdbErr != nil {
 		info.notef("bridge FDB not read: %v", u.fdbErr)
 	}
-	return uplinks, nil
+	return uplinks
 }
 
 // taggedLower returns, for an uplink that is a VLAN device (bond0.200), the
 // device below it (bond0, also below stacked tags) and why: the VLAN device
 // hands its frames down untagged, so only below it does the capture show the
 // tag the frames leave the node with. Another link comes back as is, with
-// why "". A lower device in another netns (or unknown) stops the descent.
+// why "". A lower device in another netns (or unknown, or met already: links
+// re-read after the dump can make a loop) stops the descent.
 func taggedLower(links map[int]netlink.Link, index int) (int, string) {
 	var vlans []string
+	seen := []int{index}
 	for {
 		v, ok := links[index].(*netlink.Vlan)
 		if !ok {
@@ -152,9 +188,10 @@ func taggedLower(links map[int]netlink.Link, index int) (int, string) {
 		}
 		a := v.Attrs()
 		lower, ok := links[a.ParentIndex]
-		if !ok || a.NetNsID >= 0 || a.ParentIndex == index {
+		if !ok || a.NetNsID >= 0 || slices.Contains(seen, a.ParentIndex) {
 			break
 		}
+		seen = append(seen, a.ParentIndex)
 		vlans = append(vlans, fmt.Sprintf("%s (vlan %d)", a.Name, v.VlanId))
 		index = lower.Attrs().Index
 	}
@@ -168,21 +205,49 @@ func taggedLower(links map[int]netlink.Link, index int) (int, string) {
 // maxBackendRoutes bounds the route lookups towards backends.
 const maxBackendRoutes = 64
 
-// uplinkFinder caches what several pods share: the FDB dump and the route.
+// uplinkFinder caches what several pods share: the FDB dump and the routes.
 type uplinkFinder struct {
 	host     *hostNS
 	services []netip.Addr
 	backends []netip.Addr
 	// podSide are the host veths of the pods and their masters: a route
-	// through them stays on the node.
-	podSide map[int]bool
+	// through them stays on the node. scanPodSide, when set, adds those of
+	// the Pods not in NodeInfo.Pods, on first use.
+	podSide     map[int]bool
+	scanPodSide func()
 
-	fdb       []fdbEntry
-	fdbRead   bool
-	fdbErr    error
-	route     []int
-	routeHow  string
-	routeRead bool
+	fdb     []fdbEntry
+	fdbRead bool
+	fdbErr  error
+	// routes are the routed uplinks per lookup start.
+	routes map[routeKey]routeResult
+	// sourceRules: the node has routing rules on source addresses or input
+	// interfaces (read once), so each Pod's packets are looked up apart.
+	sourceRules, rulesRead bool
+	// bySource: some Pod's uplinks came from such a lookup.
+	bySource bool
+}
+
+// routeKey is where route lookups start: a Pod's packets forwarded by the
+// node (from the Pod's address, in on iif), or, zero, the node's own.
+type routeKey struct {
+	src netip.Addr
+	iif int
+}
+
+type routeResult struct {
+	idx []int
+	how string
+}
+
+// isPodSide tells whether the node link idx is a Pod's host veth or the
+// master of one.
+func (u *uplinkFinder) isPodSide(idx int) bool {
+	if u.scanPodSide != nil {
+		u.scanPodSide()
+		u.scanPodSide = nil
+	}
+	return u.podSide[idx]
 }
 
 func (u *uplinkFinder) forPod(p *Pod) ([]int, string) {
@@ -202,19 +267,23 @@ func (u *uplinkFinder) forPod(p *Pod) ([]int, string) {
 	}
 	master := hl.Attrs().MasterIndex
 	if master == 0 {
-		return u.routed()
+		return u.routed(u.podKey(p, hl.Attrs().Index))
 	}
-	if p.Gateway.IsValid() && u.isLocal(p.Gateway) {
+	if gwDev, ok := u.localDevice(p.Gateway); ok {
 		// The CNI bridge plugin's layout (flannel, kubenet, k3s): the
 		// gateway is the bridge's own address, so the node routes the
-		// pod's traffic, whatever else is plugged into the bridge.
-		idx, how := u.routed()
+		// pod's traffic, whatever else is plugged into the bridge. The
+		// packets enter the node's IP stack on the device holding it.
+		if gwDev == 0 || u.isLoopback(gwDev) {
+			gwDev = master
+		}
+		idx, how := u.routed(u.podKey(p, gwDev))
 		return idx, fmt.Sprintf("the node routes it (gateway %s is an address of the node); %s", p.Gateway, how)
 	}
 	var ports []bridgePort
 	for _, l := range u.host.links {
 		if a := l.Attrs(); a.MasterIndex == master {
-			ports = append(ports, bridgePort{index: a.Index, name: a.Name, kind: l.Type(), podPeer: u.podSide[a.Index]})
+			ports = append(ports, bridgePort{index: a.Index, name: a.Name, kind: l.Type(), podPeer: u.isPodSide(a.Index)})
 		}
 	}
 	slices.SortFunc(ports, func(a, b bridgePort) int { return a.index - b.index })
@@ -251,64 +320,85 @@ func (u *uplinkFinder) bridgeFDB(master int) []fdbEntry {
 // else towards the first VIP that is routed out of the node, else of the
 // default route(s). Routes that stay on the node (a local backend pod) do
 // not count.
-func (u *uplinkFinder) routed() ([]int, string) {
-	if u.routeRead {
-		return u.route, u.routeHow
+//
+// A Pod's key (see podKey) looks routes up as the node forwards the Pod's
+// packets, the zero key as the node sends its own; each is looked up once.
+func (u *uplinkFinder) routed(k routeKey) ([]int, string) {
+	if r, ok := u.routes[k]; ok {
+		return r.idx, r.how
 	}
-	u.routeRead = true
+	if u.routes == nil {
+		u.routes = map[routeKey]routeResult{}
+	}
+	var route []int
+	var how string
 	var via, notEther []string
+	var fwd fwdLookups
 	for _, b := range u.backends {
-		idx, ok := u.routeOut(b)
-		if !ok {
-			continue
-		}
-		// A tunnel without a link layer (IPIP, WireGuard) hands the capture
-		// bare IP packets, where the file and the decoder expect Ethernet:
-		// the route to the VIP (the underlay's device) is captured instead.
-		if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
-			if name := l.Attrs().Name + " (" + l.Attrs().EncapType + ")"; !slices.Contains(notEther, name) {
-				notEther = append(notEther, name)
+		out := false
+		for _, idx := range u.routeOut(b, k, &fwd) {
+			// A tunnel without a link layer (IPIP, WireGuard) hands the capture
+			// bare IP packets, where the file and the decoder expect Ethernet:
+			// the route to the VIP (the underlay's device) is captured instead.
+			if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
+				if name := l.Attrs().Name + " (" + l.Attrs().EncapType + ")"; !slices.Contains(notEther, name) {
+					notEther = append(notEther, name)
+				}
+				continue
 			}
-			continue
+			if !slices.Contains(route, idx) {
+				route = append(route, idx)
+			}
+			out = true
 		}
-		if !slices.Contains(u.route, idx) {
-			u.route = append(u.route, idx)
+		if out {
+			via = append(via, b.String())
 		}
-		via = append(via, b.String())
 	}
 	switch {
 	case len(via) > 3:
-		u.routeHow = fmt.Sprintf("routes to %d backends (%s, ...)", len(via), strings.Join(via[:3], ", "))
+		how = fmt.Sprintf("routes to %d backends (%s, ...)", len(via), strings.Join(via[:3], ", "))
 	case len(via) > 0:
-		u.routeHow = "route to backend " + strings.Join(via, ", ")
+		how = "route to backend " + strings.Join(via, ", ")
 	default:
-		u.route, u.routeHow = u.vipOrDefaultRoute()
-		for _, idx := range u.route {
+		route, how = u.vipOrDefaultRoute(k, &fwd)
+		for _, idx := range route {
 			if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
-				u.route, u.routeHow = nil, fmt.Sprintf("%s: %s has link type %s, not Ethernet: give --uplink", u.routeHow, l.Attrs().Name, l.Attrs().EncapType)
+				route, how = nil, fmt.Sprintf("%s: %s has link type %s, not Ethernet: give --uplink", how, l.Attrs().Name, l.Attrs().EncapType)
 				break
 			}
 		}
 		if len(notEther) > 0 {
-			u.routeHow += "; the backends' routes go through " + strings.Join(notEther, ", ") + ", without an Ethernet header to capture"
+			how += "; the backends' routes go through " + strings.Join(notEther, ", ") + ", without an Ethernet header to capture"
 		}
 	}
-	return u.route, u.routeHow
+	if k.src.IsValid() {
+		if fwd.ok > 0 {
+			u.bySource = true
+			how += fmt.Sprintf(" from %s in on %s (the node routes by source or input interface)", k.src, u.host.name(k.iif))
+		}
+		if fwd.err != nil {
+			how += fmt.Sprintf("; forwarded from %s in on %s: %v, so the node's own route", k.src, u.host.name(k.iif), fwd.err)
+		}
+	}
+	u.routes[k] = routeResult{idx: route, how: how}
+	return route, how
 }
 
-// vipOrDefaultRoute returns the device of the node's route towards the first
-// VIP that is routed out of the node, else of the default route(s).
-func (u *uplinkFinder) vipOrDefaultRoute() ([]int, string) {
+// vipOrDefaultRoute returns the devices of the route (from k) towards the
+// first VIP that is routed out of the node, else of the default route(s) of
+// the main table.
+func (u *uplinkFinder) vipOrDefaultRoute(k routeKey, fwd *fwdLookups) ([]int, string) {
 	for _, vip := range u.services {
-		routes, err := u.host.nl.RouteGet(net.IP(vip.AsSlice()))
-		if err != nil || len(routes) == 0 {
-			continue
-		}
-		r := routes[0]
-		if r.Type == unix.RTN_LOCAL || r.LinkIndex == 0 || u.isLoopback(r.LinkIndex) {
+		r, ok := u.lookup(vip, k, fwd)
+		if !ok || r.Type == unix.RTN_LOCAL {
 			continue // a VIP bound locally (IPVS dummy, ...) tells nothing of the uplink
 		}
-		return []int{r.LinkIndex}, "route to " + vip.String()
+		idx := slices.DeleteFunc(nextHopDevices(r), u.isLoopback)
+		if len(idx) == 0 {
+			continue
+		}
+		return idx, "route to " + vip.String()
 	}
 	var idx []int
 	routes, _ := u.host.nl.RouteList(nil, netlink.FAMILY_V4)
@@ -316,11 +406,10 @@ func (u *uplinkFinder) vipOrDefaultRoute() ([]int, string) {
 		if !isDefaultRoute(r) {
 			continue
 		}
-		if r.LinkIndex != 0 {
-			idx = append(idx, r.LinkIndex)
-		}
-		for _, nh := range r.MultiPath {
-			idx = append(idx, nh.LinkIndex)
+		for _, x := range nextHopDevices(r) {
+			if !slices.Contains(idx, x) {
+				idx = append(idx, x)
+			}
 		}
 	}
 	if len(idx) == 0 {
@@ -329,24 +418,104 @@ func (u *uplinkFinder) vipOrDefaultRoute() ([]int, string) {
 	return idx, "default route"
 }
 
-// routeOut is the device of the node's route to a, when it leaves the node:
-// not a local address, not through a pod's veth or its bridge.
-func (u *uplinkFinder) routeOut(a netip.Addr) (int, bool) {
-	routes, err := u.host.nl.RouteGet(net.IP(a.AsSlice()))
+// routeOut are the devices of the node's route to a, when it leaves the
+// node: not a local address, not through a pod's veth or its bridge. A
+// multipath route gives each next hop's device (the kernel spreads flows
+// over them).
+func (u *uplinkFinder) routeOut(a netip.Addr, k routeKey, fwd *fwdLookups) []int {
+	r, ok := u.lookup(a, k, fwd)
+	if !ok || r.Type == unix.RTN_LOCAL {
+		return nil
+	}
+	return slices.DeleteFunc(nextHopDevices(r), func(idx int) bool { return u.isLoopback(idx) || u.isPodSide(idx) })
+}
+
+// fwdLookups counts the forwarded lookups of a routeKey that succeeded,
+// and keeps the first error of one that did not.
+type fwdLookups struct {
+	ok  int
+	err error
+}
+
+// lookup is the node's route to a as the FIB holds it (RTM_F_FIB_MATCH):
+// with every next hop of a multipath route, where a plain lookup gives the
+// one next hop this lookup's hash picked. A Pod's key looks it up as the
+// kernel forwards the Pod's packets (ip route get A from SRC iif DEV), which
+// the routing rules on source and input interface apply to; when that fails
+// (forwarding off, reverse-path filter), the node's own route is taken.
+func (u *uplinkFinder) lookup(a netip.Addr, k routeKey, fwd *fwdLookups) (netlink.Route, bool) {
+	dst := net.IP(a.AsSlice())
+	if k.src.IsValid() {
+		routes, err := u.host.nl.RouteGetWithOptions(dst, &netlink.RouteGetOptions{
+			SrcAddr: net.IP(k.src.AsSlice()), IifIndex: k.iif, FIBMatch: true})
+		if err == nil && len(routes) > 0 {
+			fwd.ok++
+			return routes[0], true
+		}
+		if fwd.err == nil && err != nil {
+			fwd.err = err
+		}
+	}
+	routes, err := u.host.nl.RouteGetWithOptions(dst, &netlink.RouteGetOptions{FIBMatch: true})
 	if err != nil || len(routes) == 0 {
+		return netlink.Route{}, false
+	}
+	return routes[0], true
+}
+
+// podKey is where the lookups for a Pod's packets start: from its address,
+// in on iif, when the node has routing rules on sources or input
+// interfaces; else the node's own lookups, which all Pods then share.
+func (u *uplinkFinder) podKey(p *Pod, iif int) routeKey {
+	if !u.rulesRead {
+		u.rulesRead = true
+		rules, err := u.host.nl.RuleList(netlink.FAMILY_V4)
+		// Unread rules: look up per Pod, which is right either way.
+		u.sourceRules = err != nil || slices.ContainsFunc(rules, selectsSource)
+	}
+	if !u.sourceRules {
+		return routeKey{}
+	}
+	for _, a := range p.Eth0.Addrs {
+		if a.Addr().Is4() {
+			return routeKey{src: a.Addr(), iif: iif}
+		}
+	}
+	return routeKey{}
+}
+
+// selectsSource tells whether a routing rule can treat a Pod's forwarded
+// packets apart from the node's own: one on the source address or the
+// input interface, or one without a table (l3mdev, VRFs).
+func selectsSource(r netlink.Rule) bool {
+	return r.Src != nil || r.IifName != "" || (r.Table == 0 && r.Goto == 0)
+}
+
+// nextHopDevices are the devices of a route's next hops, each once.
+func nextHopDevices(r netlink.Route) []int {
+	var idx []int
+	if r.LinkIndex != 0 {
+		idx = append(idx, r.LinkIndex)
+	}
+	for _, nh := range r.MultiPath {
+		if nh.LinkIndex != 0 && !slices.Contains(idx, nh.LinkIndex) {
+			idx = append(idx, nh.LinkIndex)
+		}
+	}
+	return idx
+}
+
+// localDevice tells whether a is an address of the node netns, and the
+// device holding it (0 when unknown).
+func (u *uplinkFinder) localDevice(a netip.Addr) (int, bool) {
+	if !a.IsValid() {
 		return 0, false
 	}
-	r := routes[0]
-	if r.Type == unix.RTN_LOCAL || r.LinkIndex == 0 || u.isLoopback(r.LinkIndex) || u.podSide[r.LinkIndex] {
+	r, ok := u.lookup(a, routeKey{}, &fwdLookups{})
+	if !ok || r.Type != unix.RTN_LOCAL {
 		return 0, false
 	}
 	return r.LinkIndex, true
-}
-
-// isLocal tells whether a is an address of the node netns.
-func (u *uplinkFinder) isLocal(a netip.Addr) bool {
-	routes, err := u.host.nl.RouteGet(net.IP(a.AsSlice()))
-	return err == nil && len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL
 }
 
 func (u *uplinkFinder) isLoopback(idx int) bool {

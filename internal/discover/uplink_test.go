@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 )
@@ -56,8 +57,13 @@ func TestTaggedLower(t *testing.T) {
 	elsewhere := &netlink.Vlan{LinkAttrs: attrs(6, 2, "vlan400"), VlanId: 400}
 	elsewhere.NetNsID = 1 // its ParentIndex is an ifindex of another netns
 	orphan := &netlink.Vlan{LinkAttrs: attrs(7, 99, "vlan500"), VlanId: 500}
+	// Two VLAN devices each naming the other as parent: impossible in one
+	// kernel dump, possible when a link re-read after the dump reuses an
+	// ifindex. The descent must stop, not loop.
+	loopA := &netlink.Vlan{LinkAttrs: attrs(8, 9, "loopa"), VlanId: 8}
+	loopB := &netlink.Vlan{LinkAttrs: attrs(9, 8, "loopb"), VlanId: 9}
 	links := map[int]netlink.Link{}
-	for _, l := range []netlink.Link{bond, outer, inner, single, elsewhere, orphan} {
+	for _, l := range []netlink.Link{bond, outer, inner, single, elsewhere, orphan, loopA, loopB} {
 		links[l.Attrs().Index] = l
 	}
 	for _, tc := range []struct {
@@ -69,8 +75,17 @@ func TestTaggedLower(t *testing.T) {
 		{2, 2, nil},
 		{6, 6, nil},
 		{7, 7, nil},
+		{8, 9, []string{"loopa (vlan 8)", "on loopb"}},
 	} {
-		got, why := taggedLower(links, tc.index)
+		var got int
+		var why string
+		done := make(chan struct{})
+		go func() { got, why = taggedLower(links, tc.index); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: taggedLower never returned", links[tc.index].Attrs().Name)
+		}
 		if got != tc.want || (why == "") != (tc.why == nil) {
 			t.Errorf("%s: got ifindex %d %q, want %d", links[tc.index].Attrs().Name, got, why, tc.want)
 		}
@@ -79,5 +94,45 @@ func TestTaggedLower(t *testing.T) {
 				t.Errorf("%s: reason %q lacks %q", links[tc.index].Attrs().Name, why, w)
 			}
 		}
+	}
+}
+
+// TestRoutedPodsKeepVLANNote: routed Pods share the node's route (cached
+// once); each Pod's uplink is the device below the route's VLAN device, and
+// each says so. Replacing the VLAN device by its lower device in the cached
+// route itself left the second Pod without the note.
+func TestRoutedPodsKeepVLANNote(t *testing.T) {
+	attrs := func(index, parent int, name string) netlink.LinkAttrs {
+		a := netlink.NewLinkAttrs()
+		a.Index, a.ParentIndex, a.Name = index, parent, name
+		return a
+	}
+	host := &hostNS{links: map[int]netlink.Link{}}
+	for _, l := range []netlink.Link{
+		&netlink.Device{LinkAttrs: attrs(2, 0, "bond0")},
+		&netlink.Vlan{LinkAttrs: attrs(3, 2, "bond0.200"), VlanId: 200},
+		&netlink.Veth{LinkAttrs: attrs(10, 0, "cali1")},
+		&netlink.Veth{LinkAttrs: attrs(11, 0, "cali2")},
+	} {
+		host.links[l.Attrs().Index] = l
+	}
+	info := &NodeInfo{Pods: []Pod{
+		{HostPeer: &HostPeer{Iface: Iface{Name: "cali1", Ifindex: 10}}},
+		{HostPeer: &HostPeer{Iface: Iface{Name: "cali2", Ifindex: 11}}},
+	}}
+	// The node has no source routing rules: every Pod shares the node's route.
+	u := &uplinkFinder{host: host, podSide: map[int]bool{10: true, 11: true}, rulesRead: true,
+		routes: map[routeKey]routeResult{{}: {idx: []int{3}, how: "route to 10.96.0.10"}}}
+	uplinks := u.assign(info)
+	if len(uplinks) != 1 || uplinks[0].Attrs().Name != "bond0" {
+		t.Errorf("node uplinks: got %v, want bond0", uplinks)
+	}
+	for _, p := range info.Pods {
+		if !slices.Equal(p.Uplinks, []string{"bond0"}) || !strings.Contains(p.UplinkHow, "captured below VLAN device bond0.200 (vlan 200)") {
+			t.Errorf("pod behind %s: got %v (%s), want bond0, captured below bond0.200", p.HostPeer.Name, p.Uplinks, p.UplinkHow)
+		}
+	}
+	if r := u.routes[routeKey{}]; !slices.Equal(r.idx, []int{3}) {
+		t.Errorf("the cached route changed: %v", r.idx)
 	}
 }

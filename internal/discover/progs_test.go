@@ -1,0 +1,78 @@
+package discover
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+)
+
+// TestCgroupChainEnds: the walk up from a cgroup ends at the root of the
+// cgroup2 mount, and at the top of the path whatever the filesystem says:
+// a relative path (--cgroup . in a cgroup2 directory) once looped forever on
+// filepath.Dir(".") == ".", growing the chain until memory ran out.
+func TestCgroupChainEnds(t *testing.T) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dir, mount string
+		want       []string
+	}{
+		{"/sys/fs/cgroup/unified/a/b", "/sys/fs/cgroup/unified", []string{"/sys/fs/cgroup/unified/a/b", "/sys/fs/cgroup/unified/a", "/sys/fs/cgroup/unified"}},
+		{"/sys/fs/cgroup/a/", "/", []string{"/sys/fs/cgroup/a", "/sys/fs/cgroup", "/sys/fs", "/sys", "/"}},
+		// Relative paths are taken from the working directory, here on a
+		// cgroup2 mount (at "/" to walk the whole way up).
+		{".", "/", ancestors(cwd)},
+		{"x/y", "/", ancestors(filepath.Join(cwd, "x/y"))},
+	} {
+		calls := 0
+		onMount := func(dir string) bool {
+			if calls++; calls > 1000 {
+				return false // the loop would never end: stop it here
+			}
+			if !filepath.IsAbs(dir) { // statfs(2) resolves it from the working directory
+				dir = filepath.Join(cwd, dir)
+			}
+			return dir == tc.mount || strings.HasPrefix(dir, strings.TrimSuffix(tc.mount, "/")+"/")
+		}
+		if got := cgroupChain(tc.dir, onMount); !slices.Equal(got, tc.want) {
+			t.Errorf("cgroupChain(%q), mount %s: got %d dirs %q..., want %q", tc.dir, tc.mount, len(got), got[:min(len(got), 5)], tc.want)
+		}
+	}
+}
+
+// ancestors is dir (absolute), its parent, ..., "/".
+func ancestors(dir string) []string {
+	var out []string
+	for {
+		out = append(out, dir)
+		if dir == "/" {
+			return out
+		}
+		dir = filepath.Dir(dir)
+	}
+}
+
+// TestCheckOptionsCgroupAbsolute: a relative --cgroup is made absolute when
+// the options are checked (from the cgroup2 mount, as `cd
+// /sys/fs/cgroup/unified && pathtrace --cgroup .` does).
+func TestCheckOptionsCgroupAbsolute(t *testing.T) {
+	root, err := cgroup2.Root()
+	if err != nil || !cgroup2.IsCgroup2(root) {
+		t.Skipf("no cgroup2 mount here: %v", err)
+	}
+	t.Chdir(root)
+	opt := Options{HostNetNS: nsutil.Self, MaxPods: 1, Cgroup: "."}
+	if err := checkOptions(&opt); err != nil {
+		t.Fatal(err)
+	}
+	if opt.Cgroup != root {
+		t.Errorf("--cgroup . in %s: got %q, want %q", root, opt.Cgroup, root)
+	}
+}

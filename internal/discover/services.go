@@ -1,0 +1,73 @@
+package discover
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// ServicePort is a VIP with the port and protocol a Service was given with.
+type ServicePort struct {
+	Addr  netip.Addr
+	Port  uint16 // 0 = any port
+	Proto string // tcp, udp, ...; "" = any protocol
+}
+
+// serviceSet is what discovery looks for: each VIP once, and the ports and
+// protocols that narrow it.
+type serviceSet struct {
+	vips  []netip.Addr
+	ports map[netip.Addr][]ServicePort // none for a VIP: any port
+	any   map[netip.Addr]bool          // given without port or protocol
+}
+
+func newServiceSet(addrs []netip.Addr, ports []ServicePort) serviceSet {
+	s := serviceSet{ports: map[netip.Addr][]ServicePort{}, any: map[netip.Addr]bool{}}
+	for _, a := range addrs {
+		if !slices.Contains(s.vips, a) {
+			s.vips = append(s.vips, a)
+		}
+	}
+	for _, p := range ports {
+		if !slices.Contains(s.vips, p.Addr) {
+			s.vips = append(s.vips, p.Addr)
+		}
+		p.Proto = strings.ToLower(p.Proto)
+		if p.Port == 0 && p.Proto == "" {
+			s.any[p.Addr] = true
+		}
+		s.ports[p.Addr] = append(s.ports[p.Addr], p)
+	}
+	return s
+}
+
+// allows tells whether a translation of vip limited to port and proto (0
+// and "" when it requires none) concerns the services.
+func (s serviceSet) allows(vip netip.Addr, port uint16, proto string) bool {
+	specs := s.ports[vip]
+	if len(specs) == 0 || s.any[vip] {
+		return slices.Contains(s.vips, vip)
+	}
+	return slices.ContainsFunc(specs, func(sp ServicePort) bool {
+		return (sp.Port == 0 || port == 0 || sp.Port == port) && (sp.Proto == "" || proto == "" || sp.Proto == proto)
+	})
+}
+
+// matchServices returns the DNATs reachable for the services' VIPs, each
+// VIP once, keeping those of the services' ports and protocols: a path that
+// requires no port (or protocol) applies to every one.
+func (g *natGraph) matchServices(s serviceSet) []NATRule {
+	return slices.DeleteFunc(g.match(s.vips), func(r NATRule) bool { return !s.allows(r.Service, r.Port, r.Proto) })
+}
+
+// ipvsServices keeps the IPVS virtual services of the services (an IPVS
+// service on port 0 takes every port).
+func ipvsServices(all []IPVSService, s serviceSet) []IPVSService {
+	var out []IPVSService
+	for _, v := range all {
+		if s.allows(v.Service.Addr(), v.Service.Port(), v.Proto) {
+			out = append(out, v)
+		}
+	}
+	return out
+}

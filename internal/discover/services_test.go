@@ -1,0 +1,106 @@
+package discover
+
+import (
+	"net/netip"
+	"os"
+	"slices"
+	"testing"
+)
+
+// TestMatchVIPOnce: a VIP given twice (two ports of one Service) lists each
+// of its rules once.
+func TestMatchVIPOnce(t *testing.T) {
+	g := kubeProxyNFT()
+	web := netip.MustParseAddr("10.120.0.80")
+	once := keys(g.match([]netip.Addr{web}))
+	if twice := keys(g.match([]netip.Addr{web, web})); !slices.Equal(twice, once) {
+		t.Errorf("VIP given twice:\n got %q\nwant %q", twice, once)
+	}
+}
+
+// portGraph: VIP 10.96.0.10 has a udp/53 path, a tcp/80 path and a path
+// that requires no port, each to its own backend.
+func portGraph() *natGraph {
+	vip := []netip.Prefix{netip.MustParsePrefix("10.96.0.10/32")}
+	return &natGraph{source: "nftables", table: "ip test", bases: []natBase{{"pre", "prerouting"}}, chains: map[string][]natRule{
+		"pre": {
+			{dst: vip, proto: "udp", port: 53, targets: []string{"svc-dns"}},
+			{dst: vip, proto: "tcp", port: 80, targets: []string{"svc-web"}},
+			{dst: vip, targets: []string{"svc-any"}},
+		},
+		"svc-dns": {{dnat: true, backend: netip.MustParseAddrPort("10.244.0.53:5353")}},
+		"svc-web": {{dnat: true, backend: netip.MustParseAddrPort("10.244.0.80:8080")}},
+		"svc-any": {{dnat: true, backend: netip.MustParseAddrPort("10.244.0.99:0")}},
+	}}
+}
+
+// TestServicePortsFilterRules: with ports and protocols given, only the
+// rules of those (and those requiring no port) are reported, each once; a
+// VIP given without port keeps all its rules.
+func TestServicePortsFilterRules(t *testing.T) {
+	vip := netip.MustParseAddr("10.96.0.10")
+	const (
+		dns = "prerouting 10.96.0.10 udp/53 pre>svc-dns => 10.244.0.53:5353"
+		web = "prerouting 10.96.0.10 tcp/80 pre>svc-web => 10.244.0.80:8080"
+		any = "prerouting 10.96.0.10 /0 pre>svc-any => 10.244.0.99:0"
+	)
+	for _, tc := range []struct {
+		name  string
+		addrs []netip.Addr
+		ports []ServicePort
+		want  []string
+	}{
+		{"VIP only", []netip.Addr{vip}, nil, []string{any, web, dns}},
+		{"VIP twice", []netip.Addr{vip, vip}, nil, []string{any, web, dns}},
+		{"80/tcp", []netip.Addr{vip}, []ServicePort{{vip, 80, "tcp"}}, []string{any, web}},
+		{"53/udp and 54/udp", []netip.Addr{vip, vip}, []ServicePort{{vip, 53, "udp"}, {vip, 54, "udp"}}, []string{any, dns}},
+		{"any udp port", []netip.Addr{vip}, []ServicePort{{vip, 0, "udp"}}, []string{any, dns}},
+		{"port 80, any protocol", []netip.Addr{vip}, []ServicePort{{vip, 80, ""}}, []string{any, web}},
+		{"80/udp", []netip.Addr{vip}, []ServicePort{{vip, 80, "udp"}}, []string{any}},
+		{"a port, and the VIP without port", []netip.Addr{vip}, []ServicePort{{vip, 80, "tcp"}, {vip, 0, ""}}, []string{any, web, dns}},
+		{"ports only, no Services", nil, []ServicePort{{vip, 53, "UDP"}}, []string{any, dns}},
+	} {
+		rules := portGraph().matchServices(newServiceSet(tc.addrs, tc.ports))
+		if got := keys(rules); !slices.Equal(got, tc.want) {
+			t.Errorf("%s:\n got %q\nwant %q", tc.name, got, tc.want)
+		}
+		// The backends driving the routed uplink are the remaining rules'.
+		n := NodeInfo{Netfilter: Netfilter{Rules: rules}}
+		for _, b := range n.Backends() {
+			if !slices.ContainsFunc(rules, func(r NATRule) bool { return r.Backend.Addr() == b }) {
+				t.Errorf("%s: backend %s of a filtered-out rule", tc.name, b)
+			}
+		}
+	}
+}
+
+// TestServicePortsFilterIPVS: IPVS virtual services are kept by VIP, port
+// and protocol alike.
+func TestServicePortsFilterIPVS(t *testing.T) {
+	f, err := os.Open("testdata/ip_vs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := parseIPVS(f)
+	f.Close()
+	web, dns := netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10")
+	for _, tc := range []struct {
+		name  string
+		addrs []netip.Addr
+		ports []ServicePort
+		want  []string
+	}{
+		{"VIPs", []netip.Addr{web, dns, web}, nil, []string{"tcp 10.120.0.80:80", "udp 10.120.0.10:53"}},
+		{"80/tcp", []netip.Addr{web}, []ServicePort{{web, 80, "tcp"}}, []string{"tcp 10.120.0.80:80"}},
+		{"81/tcp", []netip.Addr{web}, []ServicePort{{web, 81, "tcp"}}, nil},
+		{"53/tcp", []netip.Addr{dns}, []ServicePort{{dns, 53, "tcp"}}, nil},
+	} {
+		var got []string
+		for _, s := range ipvsServices(all, newServiceSet(tc.addrs, tc.ports)) {
+			got = append(got, s.Proto+" "+s.Service.String())
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
