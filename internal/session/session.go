@@ -96,6 +96,11 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	}
 	for _, s := range opt.Services {
 		opt.Discover.Services = append(opt.Discover.Services, s.Addr)
+		sp := discover.ServicePort{Addr: s.Addr, Port: s.Port}
+		if s.Proto != 0 {
+			sp.Proto = s.Proto.String()
+		}
+		opt.Discover.ServicePorts = append(opt.Discover.ServicePorts, sp)
 	}
 
 	pr, err := probe.New()
