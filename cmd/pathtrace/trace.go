@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -166,8 +167,10 @@ func (f *traceFlags) validate() (session.Options, error) {
 		if f.podPID < 0 {
 			return opt, usagef("--pod-pid %d: not a process id", f.podPID)
 		}
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", f.podPID)); err != nil {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", f.podPID)); errors.Is(err, fs.ErrNotExist) {
 			return opt, usagef("--pod-pid %d: no such process", f.podPID)
+		} else if err != nil {
+			return opt, usagef("--pod-pid %d: %v", f.podPID, err)
 		}
 		d.PodPID = f.podPID
 	}
