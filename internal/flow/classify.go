@@ -32,9 +32,14 @@ func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
 	reply := false
 	switch {
 	case e.isService(o.Proto, o.Dst):
-		f = e.flowWithService(clientKey{o.Proto, o.Src}, o.Dst)
+		if f = e.flowWithService(clientKey{o.Proto, o.Src}, o.Dst); f == nil {
+			f = e.snattedTo(o.Proto, o.Src, o.Dst) // beyond the node's SNAT, unrewritten
+		}
 	case e.isService(o.Proto, o.Src):
-		f, reply = e.flowWithService(clientKey{o.Proto, o.Dst}, o.Src), true
+		if f = e.flowWithService(clientKey{o.Proto, o.Dst}, o.Src); f == nil {
+			f = e.snattedTo(o.Proto, o.Dst, o.Src)
+		}
+		reply = true
 	default:
 		if f = withBackend(e.clients[clientKey{o.Proto, o.Src}], o.Dst); f == nil {
 			f, reply = withBackend(e.clients[clientKey{o.Proto, o.Dst}], o.Src), true

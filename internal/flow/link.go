@@ -75,6 +75,15 @@ func (e *Engine) snatted(proto obs.Proto, ap netip.AddrPort) *flowState {
 	return nil
 }
 
+// snattedTo is the flow a SNAT gave the source ap whose packets beyond the
+// SNAT go to far (conntrack's reply source), if any.
+func (e *Engine) snattedTo(proto obs.Proto, ap, far netip.AddrPort) *flowState {
+	if f := e.snatted(proto, ap); f != nil && f.snatDst == far {
+		return f
+	}
+	return nil
+}
+
 // withBackend returns the flow known to use backend b.
 func withBackend(flows []*flowState, b netip.AddrPort) *flowState {
 	for _, f := range flows {
@@ -98,6 +107,13 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 	k := clientKey{proto, client}
 	for _, f := range e.clients[k] {
 		if f.service == service && (client.Port() != 0 || f.cookie == cookie) {
+			return f, linked
+		}
+	}
+	// Beyond the node's SNAT a flow that left unrewritten carries the
+	// source conntrack says the SNAT gave it: not a flow from the node.
+	if client.Port() != 0 {
+		if f := e.snattedTo(proto, client, service); f != nil {
 			return f, linked
 		}
 	}
@@ -304,15 +320,29 @@ func (e *Engine) rekey(s *sockState) {
 			f.proto = s.proto
 		}
 		if g := e.flowWithService(f.key(), f.service); g != nil {
-			g.absorb(f)
-			e.nflows--
+			e.merge(g, f)
 			s.flows[i] = g
-			e.replays = append(e.replays, g.key()) // g may know new backends
 			continue
 		}
 		e.index(f)
 	}
 	s.flows = dedupe(s.flows)
+}
+
+// merge moves what is known of f into g, the same flow seen under another
+// client endpoint (before its port was known, or beyond the node's SNAT).
+// f must be unindexed already.
+func (e *Engine) merge(g, f *flowState) {
+	g.absorb(f)
+	if k := (clientKey{f.proto, f.snat}); f.snat.IsValid() && e.snat[k] == f {
+		if g.snat == f.snat {
+			e.snat[k] = g
+		} else {
+			delete(e.snat, k)
+		}
+	}
+	e.nflows--
+	e.replays = append(e.replays, g.key()) // g may know new backends
 }
 
 func (e *Engine) flowWithService(k clientKey, service netip.AddrPort) *flowState {
@@ -363,16 +393,37 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		}
 	}
 	e.sight(f, cpConfirm, final, o.Point, o.Time)
-	if o.NATSrc.IsValid() && o.NATSrc != f.snat && o.NATSrc != f.client {
-		// Masqueraded on its way out: the uplink sees it with this source.
+	if o.NATSrc.IsValid() && o.NATSrc != f.client && (o.NATSrc != f.snat || final != f.snatDst) {
+		// Masqueraded on its way out: the uplink sees it from this source
+		// to final (conntrack's reply tuple, reversed).
 		if old := (clientKey{f.proto, f.snat}); f.snat.IsValid() && e.snat[old] == f {
 			delete(e.snat, old) // unless a later flow got that source since
 		}
-		f.snat = o.NATSrc
+		f.snat, f.snatDst = o.NATSrc, final
 		f.evidenceChanged()
 		k := clientKey{f.proto, o.NATSrc}
 		e.snat[k] = f
 		e.replays = append(e.replays, k)
+		e.mergeBeyondSNAT(f)
 	}
 	return true
+}
+
+// mergeBeyondSNAT merges into f the flows its packets beyond the node's SNAT
+// made before conntrack named the SNAT: a flow that left the node
+// unrewritten but masqueraded goes from f.snat to its VIP, which named a
+// flow of its own. Only a flow seen nowhere but the uplink is merged: a
+// client of its own (a node socket) is seen before the SNAT too.
+func (e *Engine) mergeBeyondSNAT(f *flowState) {
+	k := clientKey{f.proto, f.snat}
+	var found []*flowState
+	for _, g := range e.clients[k] {
+		if g != f && g.service == f.snatDst && g.onlyBeyondSNAT() {
+			found = append(found, g)
+		}
+	}
+	for _, g := range found {
+		e.unindex(g)
+		e.merge(f, g)
+	}
 }

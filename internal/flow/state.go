@@ -103,6 +103,7 @@ type flowState struct {
 	ctSeen      bool           // conntrack reported this flow
 	ctNAT       bool           // ... with the VIP as original destination and a backend replying
 	snat        netip.AddrPort // the source conntrack says the node's SNAT gave it
+	snatDst     netip.AddrPort // ... and the destination it has beyond the SNAT (conntrack's reply source)
 	points      []pointStats
 	first, last time.Time
 	reply       bool
@@ -225,6 +226,21 @@ func (f *flowState) noteProc(pid uint32, comm string, cgroup uint64, at time.Tim
 	}
 }
 
+// onlyBeyondSNAT tells whether nothing but the uplink saw f's requests and
+// no socket-layer point saw it at all: what a flow's packets beyond the
+// node's SNAT look like.
+func (f *flowState) onlyBeyondSNAT() bool {
+	if f.cookie != 0 || f.kind != 0 || !f.procAt.IsZero() || f.ctSeen {
+		return false
+	}
+	for cp := range f.cps {
+		if checkpoint(cp) != cpUplink && f.cps[cp].any() {
+			return false
+		}
+	}
+	return true
+}
+
 // absorb merges o (the same flow, seen before its client port was known) into f.
 func (f *flowState) absorb(o *flowState) {
 	o.merged = true
@@ -244,7 +260,7 @@ func (f *flowState) absorb(o *flowState) {
 	f.ctSeen = f.ctSeen || o.ctSeen
 	f.ctNAT = f.ctNAT || o.ctNAT
 	if !f.snat.IsValid() {
-		f.snat = o.snat
+		f.snat, f.snatDst = o.snat, o.snatDst
 	}
 	for _, p := range o.points {
 		f.count(p.pointKey, p.packets, p.bytes)
