@@ -69,6 +69,7 @@ type Engine struct {
 	overMax        uint64
 	overflow       uint64
 	unmatched      uint64
+	withoutPorts   uint64
 
 	// stopped is when the run was asked to stop (zero while it runs): flows
 	// that begin after it meet points that are already closing.
@@ -175,6 +176,10 @@ func (e *Engine) process(o obs.Observation) (done bool, h Handle, ok bool) {
 		e.unmatched++
 		return true, h, false
 	}
+	if !hasPorts(o) {
+		e.withoutPorts++
+		return true, h, false
+	}
 	f, reply, r := e.link(o.Proto, o.Src, o.Dst, o.Time, true)
 	switch r {
 	case linked:
@@ -186,6 +191,15 @@ func (e *Engine) process(o obs.Observation) (done bool, h Handle, ok bool) {
 		return true, Handle{refused: true}, true
 	}
 	return false, h, false
+}
+
+// hasPorts tells whether a packet or conntrack observation has what a flow is
+// made of, TCP or UDP ports: observers report ICMP (--svc with any
+// protocol) and IP fragments after the first (no L4 header) with ports 0,
+// which would make a flow of their own or join a socket's flow whose port
+// is not known yet.
+func hasPorts(o obs.Observation) bool {
+	return (o.Proto == obs.TCP || o.Proto == obs.UDP) && o.Src.Port() != 0 && o.Dst.Port() != 0
 }
 
 func (e *Engine) isService(proto obs.Proto, ap netip.AddrPort) bool {
@@ -270,6 +284,7 @@ func (e *Engine) Summary() Summary {
 			DropUnmatchedOverflow: e.overflow,
 		},
 		Unmatched:    e.unmatched,
+		WithoutPorts: e.withoutPorts,
 		Observations: make(map[string]uint64),
 	}
 	for _, p := range Places() {

@@ -373,6 +373,10 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		e.unmatched++
 		return true
 	}
+	if !hasPorts(o) {
+		e.withoutPorts++ // an ICMP conntrack entry
+		return true
+	}
 	f, _, r := e.link(o.Proto, o.Src, o.Dst, o.Time, false)
 	if r != linked {
 		return r == refused
