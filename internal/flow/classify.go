@@ -44,11 +44,10 @@ func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
 		if f = withBackend(e.clients[clientKey{o.Proto, o.Src}], o.Dst); f == nil {
 			f, reply = withBackend(e.clients[clientKey{o.Proto, o.Dst}], o.Src), true
 		}
-		// Beyond the node's SNAT, as link finds it.
-		if g := e.snatted(o.Proto, o.Src); f == nil && g != nil && g.hasBackend(o.Dst) {
-			f, reply = g, false
-		} else if g := e.snatted(o.Proto, o.Dst); f == nil && g != nil && g.hasBackend(o.Src) {
-			f, reply = g, true
+		if f == nil { // beyond the node's SNAT, as link finds it
+			if f, reply = e.snattedTo(o.Proto, o.Src, o.Dst), false; f == nil {
+				f, reply = e.snattedTo(o.Proto, o.Dst, o.Src), true
+			}
 		}
 	}
 	if f == nil {

@@ -50,10 +50,11 @@ type Engine struct {
 	socks   sockTable
 	waiting waiting
 	replays []clientKey // endpoints whose waiting observations may now resolve
-	// snat maps the source a SNAT gave a flow (conntrack's reply
-	// destination) to the flow, one per flow: its packets beyond the SNAT
-	// (the uplink's) carry that source instead of the client's.
-	snat map[clientKey]*flowState
+	// snat maps the source a SNAT gave flows (conntrack's reply
+	// destination) to those flows: their packets beyond the SNAT (the
+	// uplink's) carry that source instead of the client's. A flow is listed
+	// under its current SNAT source only (setSNAT, merge).
+	snat map[clientKey][]*flowState
 
 	backends map[netip.Addr]bool
 	newest   time.Time
@@ -87,7 +88,7 @@ func NewEngine(cfg Config) *Engine {
 		maxFlows: maxFlows,
 		services: make(map[netip.Addr][]Service),
 		clients:  make(map[clientKey][]*flowState),
-		snat:     make(map[clientKey]*flowState),
+		snat:     make(map[clientKey][]*flowState),
 		socks:    newSockTable(max(4096, 2*maxFlows)),
 		waiting:  newWaiting(max(4096, maxFlows)),
 		backends: make(map[netip.Addr]bool),

@@ -42,11 +42,11 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, re
 			return f, true, linked
 		}
 	}
-	if f := e.snatted(proto, src); f != nil && f.hasBackend(dst) {
+	if f := e.snattedTo(proto, src, dst); f != nil {
 		return f, false, linked
 	}
 	if replies {
-		if f := e.snatted(proto, dst); f != nil && f.hasBackend(src) {
+		if f := e.snattedTo(proto, dst, src); f != nil {
 			return f, true, linked
 		}
 	}
@@ -67,21 +67,42 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, re
 	return nil, false, unlinked
 }
 
-// snatted is the flow a SNAT gave the source ap, if any.
-func (e *Engine) snatted(proto obs.Proto, ap netip.AddrPort) *flowState {
-	if f := e.snat[clientKey{proto, ap}]; f != nil && !f.merged {
-		return f
+// snattedTo is the flow a SNAT gave the source ap whose packets beyond the
+// SNAT go to far (conntrack's reply source: its backend, or its VIP when
+// it left unrewritten), if any. Masquerade keeps a source port when it
+// can, so flows of several Pods to different backends share a source.
+func (e *Engine) snattedTo(proto obs.Proto, ap, far netip.AddrPort) *flowState {
+	var found *flowState
+	for _, f := range e.snat[clientKey{proto, ap}] {
+		if f.snatDst == far {
+			found = f // the latest to get it
+		}
 	}
-	return nil
+	return found
 }
 
-// snattedTo is the flow a SNAT gave the source ap whose packets beyond the
-// SNAT go to far (conntrack's reply source), if any.
-func (e *Engine) snattedTo(proto obs.Proto, ap, far netip.AddrPort) *flowState {
-	if f := e.snatted(proto, ap); f != nil && f.snatDst == far {
-		return f
+// setSNAT records that conntrack says f leaves the node from src to dst.
+func (e *Engine) setSNAT(f *flowState, src, dst netip.AddrPort) {
+	e.dropSNAT(f)
+	f.snat, f.snatDst = src, dst
+	f.evidenceChanged()
+	k := clientKey{f.proto, src}
+	e.snat[k] = append(e.snat[k], f)
+	e.replays = append(e.replays, k)
+}
+
+// dropSNAT forgets f's SNAT source in the index (not in f).
+func (e *Engine) dropSNAT(f *flowState) {
+	if !f.snat.IsValid() {
+		return
 	}
-	return nil
+	k := clientKey{f.proto, f.snat}
+	list := slices.DeleteFunc(e.snat[k], func(g *flowState) bool { return g == f })
+	if len(list) == 0 {
+		delete(e.snat, k)
+		return
+	}
+	e.snat[k] = list
 }
 
 // withBackend returns the flow known to use backend b.
@@ -333,14 +354,11 @@ func (e *Engine) rekey(s *sockState) {
 // client endpoint (before its port was known, or beyond the node's SNAT).
 // f must be unindexed already.
 func (e *Engine) merge(g, f *flowState) {
-	g.absorb(f)
-	if k := (clientKey{f.proto, f.snat}); f.snat.IsValid() && e.snat[k] == f {
-		if g.snat == f.snat {
-			e.snat[k] = g
-		} else {
-			delete(e.snat, k)
-		}
+	e.dropSNAT(f)
+	if !g.snat.IsValid() && f.snat.IsValid() {
+		e.setSNAT(g, f.snat, f.snatDst)
 	}
+	g.absorb(f)
 	e.nflows--
 	e.replays = append(e.replays, g.key()) // g may know new backends
 }
@@ -400,14 +418,7 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 	if o.NATSrc.IsValid() && o.NATSrc != f.client && (o.NATSrc != f.snat || final != f.snatDst) {
 		// Masqueraded on its way out: the uplink sees it from this source
 		// to final (conntrack's reply tuple, reversed).
-		if old := (clientKey{f.proto, f.snat}); f.snat.IsValid() && e.snat[old] == f {
-			delete(e.snat, old) // unless a later flow got that source since
-		}
-		f.snat, f.snatDst = o.NATSrc, final
-		f.evidenceChanged()
-		k := clientKey{f.proto, o.NATSrc}
-		e.snat[k] = f
-		e.replays = append(e.replays, k)
+		e.setSNAT(f, o.NATSrc, final)
 		e.mergeBeyondSNAT(f)
 	}
 	return true
