@@ -30,23 +30,26 @@ func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
 	}
 	var f *flowState
 	reply := false
+	m := momentOf(o, false)
 	switch {
 	case e.isService(o.Proto, o.Dst):
-		if f = e.flowWithService(clientKey{o.Proto, o.Src}, o.Dst); f == nil {
-			f = e.snattedTo(o.Proto, o.Src, o.Dst) // beyond the node's SNAT, unrewritten
+		if f = withService(e.clients[clientKey{o.Proto, o.Src}], o.Dst, 0, m); f == nil {
+			f = e.snattedTo(o.Proto, o.Src, o.Dst, m) // beyond the node's SNAT, unrewritten
 		}
 	case e.isService(o.Proto, o.Src):
-		if f = e.flowWithService(clientKey{o.Proto, o.Dst}, o.Src); f == nil {
-			f = e.snattedTo(o.Proto, o.Dst, o.Src)
+		m.reply, reply = true, true
+		if f = withService(e.clients[clientKey{o.Proto, o.Dst}], o.Src, 0, m); f == nil {
+			f = e.snattedTo(o.Proto, o.Dst, o.Src, m)
 		}
-		reply = true
-	default:
-		if f = withBackend(e.clients[clientKey{o.Proto, o.Src}], o.Dst); f == nil {
-			f, reply = withBackend(e.clients[clientKey{o.Proto, o.Dst}], o.Src), true
+	default: // as link finds it, without learning a backend
+		rep := moment{at: m.at, flags: m.flags, reply: true}
+		if f, _ = toPeer(e.clients[clientKey{o.Proto, o.Src}], o.Dst, m, false); f == nil {
+			f, _ = toPeer(e.clients[clientKey{o.Proto, o.Dst}], o.Src, rep, false)
+			reply = true
 		}
-		if f == nil { // beyond the node's SNAT, as link finds it
-			if f, reply = e.snattedTo(o.Proto, o.Src, o.Dst), false; f == nil {
-				f, reply = e.snattedTo(o.Proto, o.Dst, o.Src), true
+		if f == nil { // beyond the node's SNAT
+			if f, reply = e.snattedTo(o.Proto, o.Src, o.Dst, m), false; f == nil {
+				f, reply = e.snattedTo(o.Proto, o.Dst, o.Src, rep), true
 			}
 		}
 	}

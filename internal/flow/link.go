@@ -16,47 +16,55 @@ const (
 	refused // its flow would exceed MaxFlows
 )
 
-// link finds the flow of an observation with addresses src -> dst and tells
-// whether it travels in the reply direction. A VIP on either end names the flow
-// (creating it); otherwise the other end must be a backend the flow is known to
-// use. Failing that, when the client endpoint has exactly one flow and that flow
-// has no backend yet, the other end is its backend: a client endpoint (a socket's
-// local address and port) talks to one peer.
-func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, replies bool) (*flowState, bool, linkResult) {
+// link finds the flow of an observation with addresses src -> dst seen at m
+// (its time and TCP flags; its direction is link's to tell) and tells
+// whether it travels in the reply direction. A VIP on either end names the
+// flow (creating it); otherwise the other end must be a backend the flow is
+// known to use. Failing that, when the client endpoint has exactly one flow
+// and that flow has no backend yet, the other end is its backend: a client
+// endpoint (a socket's local address and port) talks to one peer. A client
+// port is reused: of a client endpoint's flows, a packet goes to the one it
+// can belong to by time and TCP flags (toPeer, withService).
+func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replies bool) (*flowState, bool, linkResult) {
 	if e.isService(proto, dst) {
-		f, r := e.flowFor(proto, src, dst, 0)
+		m.reply = false
+		f, r := e.flowFor(proto, src, dst, 0, m)
 		return f, false, r
 	}
 	if replies && e.isService(proto, src) {
-		f, r := e.flowFor(proto, dst, src, 0)
+		m.reply = true
+		f, r := e.flowFor(proto, dst, src, 0, m)
 		return f, true, r
 	}
-	out := e.clients[clientKey{proto, src}]
-	if f := withBackend(out, dst); f != nil {
+	req, rep := m, m
+	req.reply, rep.reply = false, true
+	fOut, guessOut := toPeer(e.clients[clientKey{proto, src}], dst, req, true)
+	if fOut != nil && !guessOut {
+		return fOut, false, linked
+	}
+	var fIn *flowState
+	guessIn := false
+	if replies {
+		if fIn, guessIn = toPeer(e.clients[clientKey{proto, dst}], src, rep, true); fIn != nil && !guessIn {
+			return fIn, true, linked
+		}
+	}
+	if f := e.snattedTo(proto, src, dst, req); f != nil {
 		return f, false, linked
 	}
-	var in []*flowState
 	if replies {
-		in = e.clients[clientKey{proto, dst}]
-		if f := withBackend(in, src); f != nil {
+		if f := e.snattedTo(proto, dst, src, rep); f != nil {
 			return f, true, linked
 		}
 	}
-	if f := e.snattedTo(proto, src, dst); f != nil {
-		return f, false, linked
+	at := time.Unix(0, m.at)
+	if guessOut {
+		e.learnBackend(fOut, dst, at)
+		return fOut, false, linked
 	}
-	if replies {
-		if f := e.snattedTo(proto, dst, src); f != nil {
-			return f, true, linked
-		}
-	}
-	if f := soleWithoutBackend(out); f != nil {
-		e.learnBackend(f, dst, at)
-		return f, false, linked
-	}
-	if f := soleWithoutBackend(in); f != nil {
-		e.learnBackend(f, src, at)
-		return f, true, linked
+	if guessIn {
+		e.learnBackend(fIn, src, at)
+		return fIn, true, linked
 	}
 	// The client end of a refused flow: its packets after the rewrite (and
 	// their replies) are refused with it, not kept waiting for a flow that
@@ -69,16 +77,15 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, re
 
 // snattedTo is the flow a SNAT gave the source ap whose packets beyond the
 // SNAT go to far (conntrack's reply source: its backend, or its VIP when
-// it left unrewritten), if any. Masquerade keeps a source port when it
-// can, so flows of several Pods to different backends share a source.
-func (e *Engine) snattedTo(proto obs.Proto, ap, far netip.AddrPort) *flowState {
-	var found *flowState
-	for _, f := range e.snat[clientKey{proto, ap}] {
-		if f.snatDst == far {
-			found = f // the latest to get it
-		}
+// it left unrewritten), if any; of several (a reused port), the one that
+// began last before the packet at m. Masquerade keeps a source port when
+// it can, so flows of several Pods to different backends share a source.
+func (e *Engine) snattedTo(proto obs.Proto, ap, far netip.AddrPort, m moment) *flowState {
+	list := e.snat[clientKey{proto, ap}]
+	if len(list) == 0 {
+		return nil
 	}
-	return found
+	return latestBefore(list, m, m.at+int64(sameConnGap), func(f *flowState) bool { return f.snatDst == far })
 }
 
 // setSNAT records that conntrack says f leaves the node from src to dst.
@@ -105,16 +112,7 @@ func (e *Engine) dropSNAT(f *flowState) {
 	e.snat[k] = list
 }
 
-// withBackend returns the flow known to use backend b.
-func withBackend(flows []*flowState, b netip.AddrPort) *flowState {
-	for _, f := range flows {
-		if f.hasBackend(b) {
-			return f
-		}
-	}
-	return nil
-}
-
+// soleWithoutBackend is the one flow of flows when it has no backend yet.
 func soleWithoutBackend(flows []*flowState) *flowState {
 	if len(flows) == 1 && len(flows[0].backends) == 0 {
 		return flows[0]
@@ -122,19 +120,21 @@ func soleWithoutBackend(flows []*flowState) *flowState {
 	return nil
 }
 
-// flowFor returns the flow client -> service, creating it within MaxFlows. A
-// client without a port (socket layer before bind) is told apart by cookie.
-func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64) (*flowState, linkResult) {
+// flowFor returns the flow client -> service of a packet (or socket event)
+// at m, creating it within MaxFlows. A client without a port (socket layer
+// before bind) is told apart by cookie. A packet opening a TCP connection
+// (or a conntrack event) where the flow's connection is over begins a new
+// flow: a reused client port.
+func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment) (*flowState, linkResult) {
 	k := clientKey{proto, client}
-	for _, f := range e.clients[k] {
-		if f.service == service && (client.Port() != 0 || f.cookie == cookie) {
-			return f, linked
-		}
+	f := withService(e.clients[k], service, cookie, m)
+	if f != nil && !(m.starts() && f.tcp.over(m)) {
+		return f, linked
 	}
 	// Beyond the node's SNAT a flow that left unrewritten carries the
 	// source conntrack says the SNAT gave it: not a flow from the node.
-	if client.Port() != 0 {
-		if f := e.snattedTo(proto, client, service); f != nil {
+	if f == nil && client.Port() != 0 {
+		if f := e.snattedTo(proto, client, service, m); f != nil {
 			return f, linked
 		}
 	}
@@ -143,7 +143,7 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 		return nil, refused
 	}
 	e.nextID++
-	f := &flowState{id: e.nextID, proto: proto, client: client, service: service}
+	f = &flowState{id: e.nextID, proto: proto, client: client, service: service}
 	if client.Port() == 0 {
 		f.cookie = cookie
 	}
@@ -214,6 +214,9 @@ func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs
 
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
 	f.touch(o.Time)
+	if o.TCPFlags != 0 && o.Proto == obs.TCP {
+		f.tcp.note(momentOf(o, reply))
+	}
 	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)}, 1, uint64(o.Len))
 	if reply {
 		f.reply = true
@@ -266,7 +269,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	}
 	if f == nil {
 		var r linkResult
-		if f, r = e.flowFor(proto, client, svc, o.Cookie); r != linked {
+		if f, r = e.flowFor(proto, client, svc, o.Cookie, momentOf(o, false)); r != linked {
 			return
 		}
 	}
@@ -314,7 +317,7 @@ func (e *Engine) sockTuple(o obs.Observation) bool {
 	reply := false
 	if f == nil {
 		var r linkResult
-		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, o.Time, true); r != linked {
+		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, momentOf(o, false), true); r != linked {
 			return r == refused
 		}
 	}
@@ -340,7 +343,13 @@ func (e *Engine) rekey(s *sockState) {
 		if f.proto == 0 {
 			f.proto = s.proto
 		}
-		if g := e.flowWithService(f.key(), f.service); g != nil {
+		// The socket's connect opens its connection: a flow of a reused
+		// port whose connection is over is not this one.
+		m := moment{at: f.began(moment{}), flags: tcpSYN}
+		if f.proto != obs.TCP {
+			m.flags = 0
+		}
+		if g := withService(e.clients[f.key()], f.service, 0, m); g != nil && !g.tcp.over(m) {
 			e.merge(g, f)
 			s.flows[i] = g
 			continue
@@ -361,15 +370,6 @@ func (e *Engine) merge(g, f *flowState) {
 	g.absorb(f)
 	e.nflows--
 	e.replays = append(e.replays, g.key()) // g may know new backends
-}
-
-func (e *Engine) flowWithService(k clientKey, service netip.AddrPort) *flowState {
-	for _, f := range e.clients[k] {
-		if f.service == service {
-			return f
-		}
-	}
-	return nil
 }
 
 func dedupe(flows []*flowState) []*flowState {
@@ -395,7 +395,9 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		e.withoutPorts++ // an ICMP conntrack entry
 		return true
 	}
-	f, _, r := e.link(o.Proto, o.Src, o.Dst, o.Time, false)
+	m := momentOf(o, false)
+	m.entry = o.Proto == obs.TCP
+	f, _, r := e.link(o.Proto, o.Src, o.Dst, m, false)
 	if r != linked {
 		return r == refused
 	}

@@ -104,6 +104,7 @@ type flowState struct {
 	ctNAT       bool           // ... with the VIP as original destination and a backend replying
 	snat        netip.AddrPort // the source conntrack says the node's SNAT gave it
 	snatDst     netip.AddrPort // ... and the destination it has beyond the SNAT (conntrack's reply source)
+	tcp         tcpLife        // what its packets' TCP flags told of its connection
 	points      []pointStats
 	first, last time.Time
 	reply       bool
@@ -257,6 +258,7 @@ func (f *flowState) absorb(o *flowState) {
 	if f.hostIfindex == 0 {
 		f.hostIfindex = o.hostIfindex
 	}
+	f.tcp.merge(o.tcp)
 	f.ctSeen = f.ctSeen || o.ctSeen
 	f.ctNAT = f.ctNAT || o.ctNAT
 	if !f.snat.IsValid() {
