@@ -203,7 +203,19 @@ func hasPorts(o obs.Observation) bool {
 	return (o.Proto == obs.TCP || o.Proto == obs.UDP) && o.Src.Port() != 0 && o.Dst.Port() != 0
 }
 
+// fewServices is how many Services isService compares one by one rather
+// than hash a packet's address: every observation asks it of both ends.
+const fewServices = 8
+
 func (e *Engine) isService(proto obs.Proto, ap netip.AddrPort) bool {
+	if len(e.cfg.Services) <= fewServices {
+		for _, s := range e.cfg.Services {
+			if s.matches(proto, ap) {
+				return true
+			}
+		}
+		return false
+	}
 	for _, s := range e.services[ap.Addr()] {
 		if s.matches(proto, ap) {
 			return true

@@ -192,3 +192,28 @@ func TestObservationsWithoutPorts(t *testing.T) {
 		}
 	}
 }
+
+// isService compares a few Services one by one and hashes many: both must
+// answer alike.
+func TestIsServiceFewAndMany(t *testing.T) {
+	for _, n := range []int{1, 8, 9, 40} {
+		cfg := flow.Config{Points: map[obs.Point]bool{obs.PointPod: true}}
+		for i := range n {
+			cfg.Services = append(cfg.Services, flow.Service{Addr: netip.AddrFrom4([4]byte{10, 120, 0, byte(i)}), Port: 80, Proto: obs.TCP})
+		}
+		cfg.Services = append(cfg.Services, flow.Service{Addr: netip.MustParseAddr("10.120.1.1")}) // any port and protocol
+		e := flow.NewEngine(cfg)
+		add := func(proto obs.Proto, dst string) {
+			e.Add(obs.Observation{Time: flowtest.At(0), Point: obs.PointPod, Dir: obs.DirOut, Proto: proto,
+				Src: netip.MustParseAddrPort("10.244.8.23:40100"), Dst: netip.MustParseAddrPort(dst)})
+		}
+		add(obs.TCP, "10.120.0.0:80") // a Service
+		add(obs.UDP, "10.120.0.0:80") // another protocol
+		add(obs.TCP, "10.120.0.0:81") // another port
+		add(obs.UDP, "10.120.1.1:53") // any port and protocol
+		add(obs.TCP, "10.120.2.2:80") // no Service
+		if s := e.Summary(); s.Flows != 2 {
+			t.Errorf("%d services: %d flows, want 2", n+1, s.Flows)
+		}
+	}
+}
