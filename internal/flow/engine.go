@@ -71,6 +71,9 @@ type Engine struct {
 	overflow       uint64
 	unmatched      uint64
 	withoutPorts   uint64
+	// ctLosses are the conntrack events the caller lost (SetConntrackLosses):
+	// then conntrack's silence about a flow proves nothing.
+	ctLosses uint64
 
 	// stopped is when the run was asked to stop (zero while it runs): flows
 	// that begin after it meet points that are already closing.
@@ -101,6 +104,17 @@ func NewEngine(cfg Config) *Engine {
 		e.services[s.Addr] = append(e.services[s.Addr], s)
 	}
 	return e
+}
+
+// SetConntrackLosses tells the engine how many conntrack events were lost
+// so far (netlink receive errors such as ENOBUFS, events dropped by a reader
+// behind): while none were, a flow conntrack did not report, seen from its
+// start, was not tracked by netfilter, which then did not rewrite it.
+func (e *Engine) SetConntrackLosses(n uint64) {
+	if n != e.ctLosses {
+		e.ctLosses = n
+		e.gen++ // verdicts that rested on conntrack's silence
+	}
 }
 
 // Stopping tells the engine the run was asked to stop at t; the

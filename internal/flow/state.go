@@ -147,6 +147,7 @@ func (f *flowState) key() clientKey { return clientKey{f.proto, f.client} }
 func (f *flowState) touch(t time.Time) {
 	if f.first.IsZero() || t.Before(f.first) {
 		f.first = t
+		f.cachedOK = false // whether it began before Ready (conntrackSaw)
 	}
 	if t.After(f.last) {
 		f.last = t
