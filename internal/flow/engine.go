@@ -50,6 +50,9 @@ type Engine struct {
 	socks   sockTable
 	waiting waiting
 	replays []clientKey // endpoints whose waiting observations may now resolve
+	// deferred: link put off a backend guess for the observation being
+	// processed (plausibleGuess); final: its last chance, the guess is made.
+	deferred, final bool
 	// snat maps the source a SNAT gave flows (conntrack's reply
 	// destination) to those flows: their packets beyond the SNAT (the
 	// uplink's) carry that source instead of the client's. A flow is listed
@@ -118,8 +121,24 @@ func (e *Engine) SetConntrackLosses(n uint64) {
 }
 
 // Stopping tells the engine the run was asked to stop at t; the
-// observations of its last moments may still come.
+// observations of its last moments may still come. Flows and Summary then
+// make the backend guesses still put off (plausibleGuess): no observation
+// that could tell otherwise is to come.
 func (e *Engine) Stopping(t time.Time) { e.stopped = t }
+
+// settle gives the observations whose backend guess was put off their last
+// chance once the run is stopping.
+func (e *Engine) settle() {
+	if e.stopped.IsZero() {
+		return
+	}
+	for _, p := range e.waiting.deferredLive() {
+		if !p.done && e.lastChance(p.o) {
+			e.waiting.resolved(p)
+		}
+	}
+	e.replay()
+}
 
 // Add feeds one observation. Observations may arrive out of time order by up
 // to a few seconds.
@@ -129,25 +148,34 @@ func (e *Engine) Add(o obs.Observation) { e.add(o) }
 // returns the handle Repeat takes.
 func (e *Engine) add(o obs.Observation) (Handle, bool) {
 	e.note(o.Point, o.Time)
+	e.deferred = false
 	done, h, ok := e.process(o)
 	if !done {
-		e.waiting.add(o)
+		e.waiting.add(o, e.deferred)
 	}
+	e.replay()
+	e.expire()
+	return h, ok
+}
+
+// replay processes again the waiting observations of the endpoints whose
+// flows changed.
+func (e *Engine) replay() {
 	for len(e.replays) > 0 {
 		k := e.replays[len(e.replays)-1]
 		e.replays = e.replays[:len(e.replays)-1]
 		for _, p := range e.waiting.take(k) {
+			e.deferred = false
 			switch {
 			case p.done:
 			case e.processed(p.o):
 				e.waiting.resolved(p)
 			default:
+				p.deferred = p.deferred || e.deferred
 				e.waiting.putBack(k, p)
 			}
 		}
 	}
-	e.expire()
-	return h, ok
 }
 
 // note counts an observation at point p and advances the engine's clock.
@@ -162,9 +190,20 @@ func (e *Engine) note(p obs.Point, at time.Time) {
 }
 
 func (e *Engine) expire() {
-	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow)
+	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow, e.lastChance)
 	e.overflow += overflow
 	e.unmatched += unmatched
+	e.replay() // what the last chances taught
+}
+
+// lastChance processes an observation whose backend guess was deferred
+// (link) once more as it leaves the waiting room: what could have named its
+// flow otherwise had the reordering window to come, so the guess is made
+// now if it still stands.
+func (e *Engine) lastChance(o obs.Observation) bool {
+	e.final = true
+	defer func() { e.final = false }()
+	return e.processed(o)
 }
 
 func (e *Engine) processed(o obs.Observation) bool {
@@ -286,6 +325,7 @@ func (e *Engine) watches(proto obs.Proto, vip netip.AddrPort) bool {
 // Flows returns a snapshot of every flow with its current verdict, sorted by
 // first seen.
 func (e *Engine) Flows() []Flow {
+	e.settle()
 	out := make([]Flow, 0, e.nflows)
 	for _, list := range e.clients {
 		for _, f := range list {
@@ -303,6 +343,7 @@ func (e *Engine) Flows() []Flow {
 
 // Summary counts flows per verdict, the engine's drops and observations per point.
 func (e *Engine) Summary() Summary {
+	e.settle()
 	s := Summary{
 		Flows:       e.nflows,
 		RewrittenAt: make(map[Place]int),

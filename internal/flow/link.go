@@ -58,11 +58,11 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replie
 		}
 	}
 	at := time.Unix(0, m.at)
-	if guessOut {
+	if guessOut && e.plausibleGuess(fOut, m) {
 		e.learnBackend(fOut, dst, at)
 		return fOut, false, linked
 	}
-	if guessIn {
+	if guessIn && e.plausibleGuess(fIn, m) {
 		e.learnBackend(fIn, src, at)
 		return fIn, true, linked
 	}
@@ -73,6 +73,30 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replie
 		return nil, false, refused
 	}
 	return nil, false, unlinked
+}
+
+// plausibleGuess tells whether a packet at m to (or from) a peer f does not
+// know can be taken for f's backend now: f was active within guessWindow
+// of m. Otherwise the guess is put off: f's next activity, or the flow of
+// another Service the client endpoint talks to (an unconnected UDP socket
+// sends to several), can come within the reordering window; the guess is
+// made as the packet leaves the waiting room if it still stands.
+func (e *Engine) plausibleGuess(f *flowState, m moment) bool {
+	if e.final || f.began(m)-int64(guessWindow) <= m.at && m.at <= f.last.UnixNano()+int64(guessWindow) {
+		return true
+	}
+	f.deferred, e.deferred = true, true
+	return false
+}
+
+// touch notes that f was active at t: a backend guess put off for it may
+// stand now.
+func (e *Engine) touch(f *flowState, t time.Time) {
+	f.touch(t)
+	if f.deferred {
+		f.deferred = false
+		e.replays = append(e.replays, f.key())
+	}
 }
 
 // snattedTo is the flow a SNAT gave the source ap whose packets beyond the
@@ -213,7 +237,7 @@ func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs
 }
 
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
-	f.touch(o.Time)
+	e.touch(f, o.Time)
 	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(o, reply)) {
 		f.evidenceChanged() // whether it was seen from its start (conntrackSaw)
 	}
@@ -276,7 +300,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	if s != nil {
 		s.add(f)
 	}
-	f.touch(o.Time)
+	e.touch(f, o.Time)
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
 	if f.kind == 0 && o.Kind != 0 {
 		f.kind = o.Kind
@@ -401,7 +425,7 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 	if r != linked {
 		return r == refused
 	}
-	f.touch(o.Time)
+	e.touch(f, o.Time)
 	if !f.ctSeen {
 		f.ctSeen = true
 		f.evidenceChanged()

@@ -468,3 +468,102 @@ func TestPortReusedConntrack(t *testing.T) {
 		}
 	}
 }
+
+// One unconnected UDP socket sends to two VIPs a millisecond apart, tc
+// rewriting both: the netfilter observer's report of the second datagram
+// (after the rewrite) can come before the Pod tap's (before it). It is not
+// taken for the first VIP's backend, in any arrival order.
+func TestUDPSocketToTwoVIPs(t *testing.T) {
+	dns1 := netip.MustParseAddrPort("10.120.0.10:53")
+	dns2 := netip.MustParseAddrPort("10.120.0.11:53")
+	be1 := netip.MustParseAddrPort("10.244.20.31:5353")
+	be2 := netip.MustParseAddrPort("10.244.20.32:5353")
+	src := netip.MustParseAddrPort("10.244.8.23:51000")
+	cfg := flow.Config{Services: []flow.Service{{Addr: dns1.Addr()}, {Addr: dns2.Addr()}},
+		Points: map[obs.Point]bool{obs.PointPod: true, obs.PointNFBefore: true, obs.PointUplink: true}}
+	obsv := []obs.Observation{
+		pkt(0, obs.PointPod, obs.DirOut, obs.UDP, src, dns1),
+		pkt(1, obs.PointPod, obs.DirOut, obs.UDP, src, dns2),
+		pkt(1.03, obs.PointNFBefore, 0, obs.UDP, src, be2),
+		pkt(0.03, obs.PointNFBefore, 0, obs.UDP, src, be1),
+	}
+	for _, order := range permutations(len(obsv)) {
+		e := flow.NewEngine(cfg)
+		feed(t, e, obsv, order)
+		flush(e, 2)
+		fs := e.Flows()
+		if len(fs) != 2 || fs[0].Service != dns1 || fs[0].Backend != be1 || fs[1].Service != dns2 || fs[1].Backend != be2 ||
+			fs[0].RewrittenAt != flow.PlaceTC || fs[1].RewrittenAt != flow.PlaceTC || len(fs[0].Backends)+len(fs[1].Backends) != 0 {
+			t.Errorf("order %v: want %s tc to %s and %s tc to %s; got:", order, dns1, be1, dns2, be2)
+			logFlows(t, fs)
+		}
+		if s := e.Summary(); s.Unmatched != 0 {
+			t.Errorf("order %v: %d unmatched", order, s.Unmatched)
+		}
+	}
+}
+
+// The first VIP's datagram left the node unrewritten and unanswered; the
+// second VIP's was rewritten and answered, its uplink frames coming before
+// the Pod tap's: the unrewritten flow takes neither the backend nor the
+// reply.
+func TestUnrewrittenFlowKeepsOtherVIPsBackend(t *testing.T) {
+	dns1 := netip.MustParseAddrPort("10.120.0.10:53")
+	dns2 := netip.MustParseAddrPort("10.120.0.11:53")
+	be2 := netip.MustParseAddrPort("10.244.20.32:5353")
+	src := netip.MustParseAddrPort("10.244.8.23:51000")
+	cfg := flow.Config{Services: []flow.Service{{Addr: dns1.Addr()}, {Addr: dns2.Addr()}},
+		Points: map[obs.Point]bool{obs.PointPod: true, obs.PointUplink: true}}
+	obsv := []obs.Observation{
+		pkt(0, obs.PointPod, obs.DirOut, obs.UDP, src, dns1),
+		pkt(0.03, obs.PointUplink, obs.DirOut, obs.UDP, src, dns1),
+		pkt(1.03, obs.PointUplink, obs.DirOut, obs.UDP, src, be2),
+		pkt(1.4, obs.PointUplink, obs.DirIn, obs.UDP, be2, src),
+		pkt(1, obs.PointPod, obs.DirOut, obs.UDP, src, dns2),
+	}
+	for _, order := range permutations(len(obsv)) {
+		e := flow.NewEngine(cfg)
+		feed(t, e, obsv, order)
+		flush(e, 2)
+		fs := e.Flows()
+		if len(fs) != 2 || fs[0].Service != dns1 || fs[0].RewrittenAt != flow.PlaceNowhere || fs[0].Reply || fs[0].Backend.IsValid() ||
+			fs[1].Service != dns2 || fs[1].Backend != be2 || !fs[1].Reply {
+			t.Errorf("order %v: want %s nowhere without backend or reply, %s to %s with its reply; got:", order, dns1, dns2, be2)
+			logFlows(t, fs)
+		}
+	}
+}
+
+// A single-VIP flow whose packet after the rewrite is seen later than the
+// guess window (a busy node) still gets its backend: at the flow's next
+// activity, or as the packet leaves the waiting room.
+func TestDelayedRewriteSightingStillGuessed(t *testing.T) {
+	dns := netip.MustParseAddrPort("10.120.0.10:53")
+	be := netip.MustParseAddrPort("10.244.20.31:5353")
+	src := netip.MustParseAddrPort("10.244.8.23:51000")
+	cfg := flow.Config{Services: []flow.Service{{Addr: dns.Addr()}},
+		Points: map[obs.Point]bool{obs.PointPod: true, obs.PointNFBefore: true}}
+	for _, end := range []string{"answered", "unanswered", "the run stops"} {
+		e := flow.NewEngine(cfg)
+		e.Add(pkt(0, obs.PointPod, obs.DirOut, obs.UDP, src, dns))
+		e.Add(pkt(2, obs.PointNFBefore, 0, obs.UDP, src, be))
+		switch end {
+		case "answered":
+			e.Add(pkt(5, obs.PointPod, obs.DirIn, obs.UDP, dns, src))
+		case "unanswered":
+			flush(e, 2)
+		default:
+			if s := e.Summary(); s.RewrittenAt[flow.PlaceTC] != 0 {
+				t.Fatalf("%s: guessed before the run stopped", end)
+			}
+			e.Stopping(flowtest.At(10))
+		}
+		f := only(t, e)
+		if f.Backend != be || f.RewrittenAt != flow.PlaceTC {
+			t.Errorf("%s: got backend %s %s (%s), want %s tc", end, f.Backend, f.RewrittenAt, f.Reason, be)
+		}
+		if s := e.Summary(); s.Unmatched != 0 || s.RewrittenAt[flow.PlaceTC] != 1 {
+			t.Errorf("%s: %d unmatched, %d tc; want 0, 1", end, s.Unmatched, s.RewrittenAt[flow.PlaceTC])
+		}
+	}
+}

@@ -57,7 +57,7 @@ func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
 		return false // a closed connection's port reused: link tells
 	}
 	e.note(p, at)
-	h.f.touch(at)
+	e.touch(h.f, at)
 	h.f.points[h.slot].packets++
 	h.f.points[h.slot].bytes += uint64(n)
 	if len(e.replays) > 0 || e.waiting.live > 0 {

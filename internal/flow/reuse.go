@@ -26,6 +26,11 @@ const (
 	// clockSlack is how much earlier than a flow's first sighting a
 	// packet rewritten from it can be stamped (different sources' clocks).
 	clockSlack = 10 * time.Millisecond
+	// guessWindow: a packet after the rewrite is seen within this of the
+	// same packet before it (the node's datapath, clocks of different
+	// sources); what a client endpoint sends to two Services a
+	// millisecond apart is told apart.
+	guessWindow = 500 * time.Microsecond
 	// idleGap: a flow idle this long when another of its client endpoint
 	// began is taken to be over (UDP has no end to see; conntrack forgets
 	// an unanswered UDP flow after 30 s).
@@ -224,7 +229,8 @@ func withService(flows []*flowState, service netip.AddrPort, cookie uint64, m mo
 // use peer that began last before the packet; but a flow without a
 // backend that began just before the packet (within the reordering
 // window), after that one had been idle for idleGap, takes it: what a
-// reused port sends to a backend is the latest connection's.
+// reused port sends to a backend is the latest connection's. A guess is
+// only a candidate: link makes it when plausible (plausibleGuess).
 func toPeer(flows []*flowState, peer netip.AddrPort, m moment, guess bool) (f *flowState, guessed bool) {
 	switch len(flows) {
 	case 0:
@@ -257,7 +263,7 @@ func amongSeveral(flows []*flowState, peer netip.AddrPort, m moment, guess bool)
 	var fresh *flowState
 	for _, f := range flows {
 		b := f.began(m)
-		if len(f.backends) == 0 && b <= limit && m.at-b <= int64(reorderWindow) && !f.tcp.over(m) &&
+		if len(f.backends) == 0 && b <= m.at+int64(guessWindow) && m.at-b <= int64(reorderWindow) && !f.tcp.over(m) &&
 			(fresh == nil || b > fresh.began(m)) {
 			fresh = f
 		}

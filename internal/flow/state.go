@@ -133,6 +133,9 @@ type flowState struct {
 	evidence uint64
 	// merged: absorbed into another flow; handles to it are stale.
 	merged bool
+	// deferred: a backend guess for it waits for its next activity
+	// (plausibleGuess).
+	deferred bool
 	// comments are the pcapng comments of its packets by kind (CommentOf),
 	// valid while evidence and the engine's gen are as recorded.
 	comments                      [4]string
