@@ -30,20 +30,27 @@ func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
 	}
 	var f *flowState
 	reply := false
+	m := momentOf(o, false)
 	switch {
 	case e.isService(o.Proto, o.Dst):
-		f = e.flowWithService(clientKey{o.Proto, o.Src}, o.Dst)
-	case e.isService(o.Proto, o.Src):
-		f, reply = e.flowWithService(clientKey{o.Proto, o.Dst}, o.Src), true
-	default:
-		if f = withBackend(e.clients[clientKey{o.Proto, o.Src}], o.Dst); f == nil {
-			f, reply = withBackend(e.clients[clientKey{o.Proto, o.Dst}], o.Src), true
+		if f = withService(e.clients[clientKey{o.Proto, o.Src}], o.Dst, 0, m); f == nil {
+			f = e.snattedTo(o.Proto, o.Src, o.Dst, m) // beyond the node's SNAT, unrewritten
 		}
-		// Beyond the node's SNAT, as link finds it.
-		if g := e.snatted(o.Proto, o.Src); f == nil && g != nil && g.hasBackend(o.Dst) {
-			f, reply = g, false
-		} else if g := e.snatted(o.Proto, o.Dst); f == nil && g != nil && g.hasBackend(o.Src) {
-			f, reply = g, true
+	case e.isService(o.Proto, o.Src):
+		m.reply, reply = true, true
+		if f = withService(e.clients[clientKey{o.Proto, o.Dst}], o.Src, 0, m); f == nil {
+			f = e.snattedTo(o.Proto, o.Dst, o.Src, m)
+		}
+	default: // as link finds it, without learning a backend
+		rep := moment{at: m.at, flags: m.flags, reply: true}
+		if f, _ = toPeer(e.clients[clientKey{o.Proto, o.Src}], o.Dst, m, false); f == nil {
+			f, _ = toPeer(e.clients[clientKey{o.Proto, o.Dst}], o.Src, rep, false)
+			reply = true
+		}
+		if f == nil { // beyond the node's SNAT
+			if f, reply = e.snattedTo(o.Proto, o.Src, o.Dst, m), false; f == nil {
+				f, reply = e.snattedTo(o.Proto, o.Dst, o.Src, rep), true
+			}
 		}
 	}
 	if f == nil {

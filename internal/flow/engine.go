@@ -50,10 +50,14 @@ type Engine struct {
 	socks   sockTable
 	waiting waiting
 	replays []clientKey // endpoints whose waiting observations may now resolve
-	// snat maps the source a SNAT gave a flow (conntrack's reply
-	// destination) to the flow, one per flow: its packets beyond the SNAT
-	// (the uplink's) carry that source instead of the client's.
-	snat map[clientKey]*flowState
+	// deferred: link put off a backend guess for the observation being
+	// processed (plausibleGuess); final: its last chance, the guess is made.
+	deferred, final bool
+	// snat maps the source a SNAT gave flows (conntrack's reply
+	// destination) to those flows: their packets beyond the SNAT (the
+	// uplink's) carry that source instead of the client's. A flow is listed
+	// under its current SNAT source only (setSNAT, merge).
+	snat map[clientKey][]*flowState
 
 	backends map[netip.Addr]bool
 	newest   time.Time
@@ -69,6 +73,10 @@ type Engine struct {
 	overMax        uint64
 	overflow       uint64
 	unmatched      uint64
+	withoutPorts   uint64
+	// ctLosses are the conntrack events the caller lost (SetConntrackLosses):
+	// then conntrack's silence about a flow proves nothing.
+	ctLosses uint64
 
 	// stopped is when the run was asked to stop (zero while it runs): flows
 	// that begin after it meet points that are already closing.
@@ -86,7 +94,7 @@ func NewEngine(cfg Config) *Engine {
 		maxFlows: maxFlows,
 		services: make(map[netip.Addr][]Service),
 		clients:  make(map[clientKey][]*flowState),
-		snat:     make(map[clientKey]*flowState),
+		snat:     make(map[clientKey][]*flowState),
 		socks:    newSockTable(max(4096, 2*maxFlows)),
 		waiting:  newWaiting(max(4096, maxFlows)),
 		backends: make(map[netip.Addr]bool),
@@ -101,9 +109,36 @@ func NewEngine(cfg Config) *Engine {
 	return e
 }
 
+// SetConntrackLosses tells the engine how many conntrack events were lost
+// so far (netlink receive errors such as ENOBUFS, events dropped by a reader
+// behind): while none were, a flow conntrack did not report, seen from its
+// start, was not tracked by netfilter, which then did not rewrite it.
+func (e *Engine) SetConntrackLosses(n uint64) {
+	if n != e.ctLosses {
+		e.ctLosses = n
+		e.gen++ // verdicts that rested on conntrack's silence
+	}
+}
+
 // Stopping tells the engine the run was asked to stop at t; the
-// observations of its last moments may still come.
+// observations of its last moments may still come. Flows and Summary then
+// make the backend guesses still put off (plausibleGuess): no observation
+// that could tell otherwise is to come.
 func (e *Engine) Stopping(t time.Time) { e.stopped = t }
+
+// settle gives the observations whose backend guess was put off their last
+// chance once the run is stopping.
+func (e *Engine) settle() {
+	if e.stopped.IsZero() {
+		return
+	}
+	for _, p := range e.waiting.deferredLive() {
+		if !p.done && e.lastChance(p.o) {
+			e.waiting.resolved(p)
+		}
+	}
+	e.replay()
+}
 
 // Add feeds one observation. Observations may arrive out of time order by up
 // to a few seconds.
@@ -113,25 +148,34 @@ func (e *Engine) Add(o obs.Observation) { e.add(o) }
 // returns the handle Repeat takes.
 func (e *Engine) add(o obs.Observation) (Handle, bool) {
 	e.note(o.Point, o.Time)
+	e.deferred = false
 	done, h, ok := e.process(o)
 	if !done {
-		e.waiting.add(o)
+		e.waiting.add(o, e.deferred)
 	}
+	e.replay()
+	e.expire()
+	return h, ok
+}
+
+// replay processes again the waiting observations of the endpoints whose
+// flows changed.
+func (e *Engine) replay() {
 	for len(e.replays) > 0 {
 		k := e.replays[len(e.replays)-1]
 		e.replays = e.replays[:len(e.replays)-1]
 		for _, p := range e.waiting.take(k) {
+			e.deferred = false
 			switch {
 			case p.done:
 			case e.processed(p.o):
 				e.waiting.resolved(p)
 			default:
+				p.deferred = p.deferred || e.deferred
 				e.waiting.putBack(k, p)
 			}
 		}
 	}
-	e.expire()
-	return h, ok
 }
 
 // note counts an observation at point p and advances the engine's clock.
@@ -146,9 +190,20 @@ func (e *Engine) note(p obs.Point, at time.Time) {
 }
 
 func (e *Engine) expire() {
-	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow)
+	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow, e.lastChance)
 	e.overflow += overflow
 	e.unmatched += unmatched
+	e.replay() // what the last chances taught
+}
+
+// lastChance processes an observation whose backend guess was deferred
+// (link) once more as it leaves the waiting room: what could have named its
+// flow otherwise had the reordering window to come, so the guess is made
+// now if it still stands.
+func (e *Engine) lastChance(o obs.Observation) bool {
+	e.final = true
+	defer func() { e.final = false }()
+	return e.processed(o)
 }
 
 func (e *Engine) processed(o obs.Observation) bool {
@@ -175,7 +230,11 @@ func (e *Engine) process(o obs.Observation) (done bool, h Handle, ok bool) {
 		e.unmatched++
 		return true, h, false
 	}
-	f, reply, r := e.link(o.Proto, o.Src, o.Dst, o.Time, true)
+	if !hasPorts(o) {
+		e.withoutPorts++
+		return true, h, false
+	}
+	f, reply, r := e.link(o.Proto, o.Src, o.Dst, momentOf(o, false), true)
 	switch r {
 	case linked:
 		if slot := e.applyPacket(f, o, reply); slot >= 0 {
@@ -188,7 +247,28 @@ func (e *Engine) process(o obs.Observation) (done bool, h Handle, ok bool) {
 	return false, h, false
 }
 
+// hasPorts tells whether a packet or conntrack observation has what a flow is
+// made of, TCP or UDP ports: observers report ICMP (--svc with any
+// protocol) and IP fragments after the first (no L4 header) with ports 0,
+// which would make a flow of their own or join a socket's flow whose port
+// is not known yet.
+func hasPorts(o obs.Observation) bool {
+	return (o.Proto == obs.TCP || o.Proto == obs.UDP) && o.Src.Port() != 0 && o.Dst.Port() != 0
+}
+
+// fewServices is how many Services isService compares one by one rather
+// than hash a packet's address: every observation asks it of both ends.
+const fewServices = 8
+
 func (e *Engine) isService(proto obs.Proto, ap netip.AddrPort) bool {
+	if len(e.cfg.Services) <= fewServices {
+		for _, s := range e.cfg.Services {
+			if s.matches(proto, ap) {
+				return true
+			}
+		}
+		return false
+	}
 	for _, s := range e.services[ap.Addr()] {
 		if s.matches(proto, ap) {
 			return true
@@ -245,6 +325,7 @@ func (e *Engine) watches(proto obs.Proto, vip netip.AddrPort) bool {
 // Flows returns a snapshot of every flow with its current verdict, sorted by
 // first seen.
 func (e *Engine) Flows() []Flow {
+	e.settle()
 	out := make([]Flow, 0, e.nflows)
 	for _, list := range e.clients {
 		for _, f := range list {
@@ -262,6 +343,7 @@ func (e *Engine) Flows() []Flow {
 
 // Summary counts flows per verdict, the engine's drops and observations per point.
 func (e *Engine) Summary() Summary {
+	e.settle()
 	s := Summary{
 		Flows:       e.nflows,
 		RewrittenAt: make(map[Place]int),
@@ -270,6 +352,7 @@ func (e *Engine) Summary() Summary {
 			DropUnmatchedOverflow: e.overflow,
 		},
 		Unmatched:    e.unmatched,
+		WithoutPorts: e.withoutPorts,
 		Observations: make(map[string]uint64),
 	}
 	for _, p := range Places() {

@@ -2,12 +2,14 @@ package flow_test
 
 import (
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 const scenarioDir = "../../testdata/flows"
@@ -52,6 +54,14 @@ func orders(s flowtest.Scenario) map[string][]int {
 		out[name] = rng.Perm(n)
 	}
 	return out
+}
+
+func identity(n int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	return order
 }
 
 // TestScenarioSummaries checks the per-place counts and that every flow is
@@ -126,5 +136,84 @@ func TestBackendsFromNATRules(t *testing.T) {
 	got := flow.NewEngine(s.Config).Backends()
 	if len(got) != 2 || got[0].String() != "10.244.20.31" || got[1].String() != "10.244.20.32" {
 		t.Errorf("backends from NAT rules = %v, want [10.244.20.31 10.244.20.32]", got)
+	}
+}
+
+// ICMP to a VIP watched on any protocol, and IP fragments after the first,
+// reach the observers with ports 0: they make no flow, join none, and are
+// counted apart. A socket's observation before its port is bound (port 0,
+// with its cookie) still makes its flow.
+func TestObservationsWithoutPorts(t *testing.T) {
+	dns := netip.MustParseAddrPort("10.120.0.10:53")
+	be := netip.MustParseAddrPort("10.244.20.31:5353")
+	cl := netip.MustParseAddrPort("10.244.8.23:51000")
+	portless := func(ms float64, p obs.Point, proto obs.Proto, dst netip.Addr) obs.Observation {
+		return obs.Observation{Time: flowtest.At(ms), Point: p, Hook: obs.HookPrerouting, Proto: proto,
+			Src: netip.AddrPortFrom(cl.Addr(), 0), Dst: netip.AddrPortFrom(dst, 0)}
+	}
+	obsv := []obs.Observation{
+		{Time: flowtest.At(0), Point: obs.PointHost, Dir: obs.DirIn, Proto: obs.UDP, Src: cl, Dst: dns, Len: 1500},
+		{Time: flowtest.At(0.01), Point: obs.PointNFBefore, Hook: obs.HookPrerouting, Proto: obs.UDP, Src: cl, Dst: dns},
+		{Time: flowtest.At(0.02), Point: obs.PointNFAfter, Hook: obs.HookPrerouting, Proto: obs.UDP, Src: cl, Dst: be},
+		// the datagram's second fragment before and after NAT
+		portless(0.011, obs.PointNFBefore, obs.UDP, dns.Addr()),
+		portless(0.021, obs.PointNFAfter, obs.UDP, be.Addr()),
+		// a ping to the VIP, and its conntrack entry
+		portless(5, obs.PointNFBefore, 1, dns.Addr()),
+		{Time: flowtest.At(5.1), Point: obs.PointConntrack, Proto: 1, Src: netip.AddrPortFrom(cl.Addr(), 0), Dst: netip.AddrPortFrom(dns.Addr(), 0)},
+		// a TCP socket connecting to the VIP before its port is bound
+		{Time: flowtest.At(6), Point: obs.PointSockAddr, Kind: obs.SockConnect, Proto: obs.TCP,
+			Src: netip.AddrPortFrom(cl.Addr(), 0), ReqDst: netip.AddrPortFrom(dns.Addr(), 80), Dst: netip.AddrPortFrom(dns.Addr(), 80), Cookie: 3},
+	}
+	cfg := flow.Config{Services: []flow.Service{{Addr: dns.Addr()}},
+		Points: map[obs.Point]bool{obs.PointHost: true, obs.PointNFBefore: true, obs.PointNFAfter: true, obs.PointConntrack: true, obs.PointSockAddr: true}}
+	for name, order := range orders(flowtest.Scenario{Observations: obsv}) {
+		e := flow.NewEngine(cfg)
+		if order == nil {
+			order = identity(len(obsv))
+		}
+		for _, i := range order {
+			e.Add(obsv[i])
+		}
+		fs := e.Flows()
+		if len(fs) != 2 || fs[0].Client != cl || fs[0].Service != dns || fs[0].RewrittenAt != flow.PlaceNetfilter ||
+			fs[1].Client.Port() != 0 || fs[1].Service.Port() != 80 {
+			t.Errorf("%s order: want the UDP flow (netfilter) and the socket's flow; got %d:", name, len(fs))
+			for _, f := range fs {
+				t.Logf("  %s %s -> %s %s", f.Proto, f.Client, f.Service, f.RewrittenAt)
+			}
+			continue
+		}
+		if n := fs[0].Points; len(n) != 3 {
+			t.Errorf("%s order: the UDP flow has %d per-point entries, want 3 (a fragment joined it): %+v", name, len(n), n)
+		}
+		if s := e.Summary(); s.WithoutPorts != 4 || s.Unmatched != 0 || s.Flows != 2 {
+			t.Errorf("%s order: without_ports %d, unmatched %d, flows %d; want 4, 0, 2", name, s.WithoutPorts, s.Unmatched, s.Flows)
+		}
+	}
+}
+
+// isService compares a few Services one by one and hashes many: both must
+// answer alike.
+func TestIsServiceFewAndMany(t *testing.T) {
+	for _, n := range []int{1, 8, 9, 40} {
+		cfg := flow.Config{Points: map[obs.Point]bool{obs.PointPod: true}}
+		for i := range n {
+			cfg.Services = append(cfg.Services, flow.Service{Addr: netip.AddrFrom4([4]byte{10, 120, 0, byte(i)}), Port: 80, Proto: obs.TCP})
+		}
+		cfg.Services = append(cfg.Services, flow.Service{Addr: netip.MustParseAddr("10.120.1.1")}) // any port and protocol
+		e := flow.NewEngine(cfg)
+		add := func(proto obs.Proto, dst string) {
+			e.Add(obs.Observation{Time: flowtest.At(0), Point: obs.PointPod, Dir: obs.DirOut, Proto: proto,
+				Src: netip.MustParseAddrPort("10.244.8.23:40100"), Dst: netip.MustParseAddrPort(dst)})
+		}
+		add(obs.TCP, "10.120.0.0:80") // a Service
+		add(obs.UDP, "10.120.0.0:80") // another protocol
+		add(obs.TCP, "10.120.0.0:81") // another port
+		add(obs.UDP, "10.120.1.1:53") // any port and protocol
+		add(obs.TCP, "10.120.2.2:80") // no Service
+		if s := e.Summary(); s.Flows != 2 {
+			t.Errorf("%d services: %d flows, want 2", n+1, s.Flows)
+		}
 	}
 }

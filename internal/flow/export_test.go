@@ -1,5 +1,7 @@
 package flow
 
+import "fmt"
+
 // StaleVerdicts lists the flows whose cached verdict is still marked valid but
 // differs from a fresh decision: an evidence change that missed invalidating it.
 func (e *Engine) StaleVerdicts() []int {
@@ -35,4 +37,35 @@ func (e *Engine) WarmVerdicts() {
 			e.cachedVerdict(f)
 		}
 	}
+}
+
+// SNATIndexErrors checks the SNAT index: every listed flow is live, listed
+// once, under its current SNAT source; every live flow with a SNAT source
+// is listed.
+func (e *Engine) SNATIndexErrors() []string {
+	var errs []string
+	listed := map[*flowState]int{}
+	for k, list := range e.snat {
+		if len(list) == 0 {
+			errs = append(errs, fmt.Sprintf("empty list under %v", k.client))
+		}
+		for _, f := range list {
+			listed[f]++
+			if f.merged || f.snat != k.client || f.proto != k.proto {
+				errs = append(errs, fmt.Sprintf("flow %d (merged %v, snat %v) listed under %v", f.id, f.merged, f.snat, k.client))
+			}
+		}
+	}
+	for _, list := range e.clients {
+		for _, f := range list {
+			if f.snat.IsValid() && listed[f] != 1 {
+				errs = append(errs, fmt.Sprintf("flow %d with snat %v listed %d times", f.id, f.snat, listed[f]))
+			}
+			delete(listed, f)
+		}
+	}
+	for f := range listed {
+		errs = append(errs, fmt.Sprintf("flow %d listed but not in the flow table", f.id))
+	}
+	return errs
 }

@@ -72,6 +72,11 @@ type Summary struct {
 	// Unmatched counts observations that no flow claimed within the reordering
 	// window (e.g. traffic to a backend that did not go through a VIP).
 	Unmatched uint64 `json:"unmatched"`
+	// WithoutPorts counts packet and conntrack observations without TCP or
+	// UDP ports (ICMP and other protocols to a VIP watched on any
+	// protocol, IP fragments after the first): a flow is made of ports, so
+	// they belong to none and are left out.
+	WithoutPorts uint64 `json:"without_ports"`
 	// OutOfScope counts socket-layer observations of clients outside the
 	// traced network namespaces, left out on purpose (set by the session).
 	OutOfScope uint64 `json:"out_of_scope,omitempty"`

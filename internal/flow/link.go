@@ -16,47 +16,55 @@ const (
 	refused // its flow would exceed MaxFlows
 )
 
-// link finds the flow of an observation with addresses src -> dst and tells
-// whether it travels in the reply direction. A VIP on either end names the flow
-// (creating it); otherwise the other end must be a backend the flow is known to
-// use. Failing that, when the client endpoint has exactly one flow and that flow
-// has no backend yet, the other end is its backend: a client endpoint (a socket's
-// local address and port) talks to one peer.
-func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, replies bool) (*flowState, bool, linkResult) {
+// link finds the flow of an observation with addresses src -> dst seen at m
+// (its time and TCP flags; its direction is link's to tell) and tells
+// whether it travels in the reply direction. A VIP on either end names the
+// flow (creating it); otherwise the other end must be a backend the flow is
+// known to use. Failing that, when the client endpoint has exactly one flow
+// and that flow has no backend yet, the other end is its backend: a client
+// endpoint (a socket's local address and port) talks to one peer. A client
+// port is reused: of a client endpoint's flows, a packet goes to the one it
+// can belong to by time and TCP flags (toPeer, withService).
+func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replies bool) (*flowState, bool, linkResult) {
 	if e.isService(proto, dst) {
-		f, r := e.flowFor(proto, src, dst, 0)
+		m.reply = false
+		f, r := e.flowFor(proto, src, dst, 0, m)
 		return f, false, r
 	}
 	if replies && e.isService(proto, src) {
-		f, r := e.flowFor(proto, dst, src, 0)
+		m.reply = true
+		f, r := e.flowFor(proto, dst, src, 0, m)
 		return f, true, r
 	}
-	out := e.clients[clientKey{proto, src}]
-	if f := withBackend(out, dst); f != nil {
+	req, rep := m, m
+	req.reply, rep.reply = false, true
+	fOut, guessOut := toPeer(e.clients[clientKey{proto, src}], dst, req, true)
+	if fOut != nil && !guessOut {
+		return fOut, false, linked
+	}
+	var fIn *flowState
+	guessIn := false
+	if replies {
+		if fIn, guessIn = toPeer(e.clients[clientKey{proto, dst}], src, rep, true); fIn != nil && !guessIn {
+			return fIn, true, linked
+		}
+	}
+	if f := e.snattedTo(proto, src, dst, req); f != nil {
 		return f, false, linked
 	}
-	var in []*flowState
 	if replies {
-		in = e.clients[clientKey{proto, dst}]
-		if f := withBackend(in, src); f != nil {
+		if f := e.snattedTo(proto, dst, src, rep); f != nil {
 			return f, true, linked
 		}
 	}
-	if f := e.snatted(proto, src); f != nil && f.hasBackend(dst) {
-		return f, false, linked
+	at := time.Unix(0, m.at)
+	if guessOut && e.plausibleGuess(fOut, m) {
+		e.learnBackend(fOut, dst, at)
+		return fOut, false, linked
 	}
-	if replies {
-		if f := e.snatted(proto, dst); f != nil && f.hasBackend(src) {
-			return f, true, linked
-		}
-	}
-	if f := soleWithoutBackend(out); f != nil {
-		e.learnBackend(f, dst, at)
-		return f, false, linked
-	}
-	if f := soleWithoutBackend(in); f != nil {
-		e.learnBackend(f, src, at)
-		return f, true, linked
+	if guessIn && e.plausibleGuess(fIn, m) {
+		e.learnBackend(fIn, src, at)
+		return fIn, true, linked
 	}
 	// The client end of a refused flow: its packets after the rewrite (and
 	// their replies) are refused with it, not kept waiting for a flow that
@@ -67,24 +75,68 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, at time.Time, re
 	return nil, false, unlinked
 }
 
-// snatted is the flow a SNAT gave the source ap, if any.
-func (e *Engine) snatted(proto obs.Proto, ap netip.AddrPort) *flowState {
-	if f := e.snat[clientKey{proto, ap}]; f != nil && !f.merged {
-		return f
+// plausibleGuess tells whether a packet at m to (or from) a peer f does not
+// know can be taken for f's backend now: f was active within guessWindow
+// of m. Otherwise the guess is put off: f's next activity, or the flow of
+// another Service the client endpoint talks to (an unconnected UDP socket
+// sends to several), can come within the reordering window; the guess is
+// made as the packet leaves the waiting room if it still stands.
+func (e *Engine) plausibleGuess(f *flowState, m moment) bool {
+	if e.final || f.began(m)-int64(guessWindow) <= m.at && m.at <= f.last.UnixNano()+int64(guessWindow) {
+		return true
 	}
-	return nil
+	f.deferred, e.deferred = true, true
+	return false
 }
 
-// withBackend returns the flow known to use backend b.
-func withBackend(flows []*flowState, b netip.AddrPort) *flowState {
-	for _, f := range flows {
-		if f.hasBackend(b) {
-			return f
-		}
+// touch notes that f was active at t: a backend guess put off for it may
+// stand now.
+func (e *Engine) touch(f *flowState, t time.Time) {
+	f.touch(t)
+	if f.deferred {
+		f.deferred = false
+		e.replays = append(e.replays, f.key())
 	}
-	return nil
 }
 
+// snattedTo is the flow a SNAT gave the source ap whose packets beyond the
+// SNAT go to far (conntrack's reply source: its backend, or its VIP when
+// it left unrewritten), if any; of several (a reused port), the one that
+// began last before the packet at m. Masquerade keeps a source port when
+// it can, so flows of several Pods to different backends share a source.
+func (e *Engine) snattedTo(proto obs.Proto, ap, far netip.AddrPort, m moment) *flowState {
+	list := e.snat[clientKey{proto, ap}]
+	if len(list) == 0 {
+		return nil
+	}
+	return latestBefore(list, m, m.at+int64(sameConnGap), func(f *flowState) bool { return f.snatDst == far })
+}
+
+// setSNAT records that conntrack says f leaves the node from src to dst.
+func (e *Engine) setSNAT(f *flowState, src, dst netip.AddrPort) {
+	e.dropSNAT(f)
+	f.snat, f.snatDst = src, dst
+	f.evidenceChanged()
+	k := clientKey{f.proto, src}
+	e.snat[k] = append(e.snat[k], f)
+	e.replays = append(e.replays, k)
+}
+
+// dropSNAT forgets f's SNAT source in the index (not in f).
+func (e *Engine) dropSNAT(f *flowState) {
+	if !f.snat.IsValid() {
+		return
+	}
+	k := clientKey{f.proto, f.snat}
+	list := slices.DeleteFunc(e.snat[k], func(g *flowState) bool { return g == f })
+	if len(list) == 0 {
+		delete(e.snat, k)
+		return
+	}
+	e.snat[k] = list
+}
+
+// soleWithoutBackend is the one flow of flows when it has no backend yet.
 func soleWithoutBackend(flows []*flowState) *flowState {
 	if len(flows) == 1 && len(flows[0].backends) == 0 {
 		return flows[0]
@@ -92,12 +144,21 @@ func soleWithoutBackend(flows []*flowState) *flowState {
 	return nil
 }
 
-// flowFor returns the flow client -> service, creating it within MaxFlows. A
-// client without a port (socket layer before bind) is told apart by cookie.
-func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64) (*flowState, linkResult) {
+// flowFor returns the flow client -> service of a packet (or socket event)
+// at m, creating it within MaxFlows. A client without a port (socket layer
+// before bind) is told apart by cookie. A packet opening a TCP connection
+// (or a conntrack event) where the flow's connection is over begins a new
+// flow: a reused client port.
+func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment) (*flowState, linkResult) {
 	k := clientKey{proto, client}
-	for _, f := range e.clients[k] {
-		if f.service == service && (client.Port() != 0 || f.cookie == cookie) {
+	f := withService(e.clients[k], service, cookie, m)
+	if f != nil && !(m.starts() && f.tcp.over(m)) {
+		return f, linked
+	}
+	// Beyond the node's SNAT a flow that left unrewritten carries the
+	// source conntrack says the SNAT gave it: not a flow from the node.
+	if f == nil && client.Port() != 0 {
+		if f := e.snattedTo(proto, client, service, m); f != nil {
 			return f, linked
 		}
 	}
@@ -106,7 +167,7 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 		return nil, refused
 	}
 	e.nextID++
-	f := &flowState{id: e.nextID, proto: proto, client: client, service: service}
+	f = &flowState{id: e.nextID, proto: proto, client: client, service: service}
 	if client.Port() == 0 {
 		f.cookie = cookie
 	}
@@ -176,7 +237,10 @@ func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs
 }
 
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
-	f.touch(o.Time)
+	e.touch(f, o.Time)
+	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(o, reply)) {
+		f.evidenceChanged() // whether it was seen from its start (conntrackSaw)
+	}
 	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)}, 1, uint64(o.Len))
 	if reply {
 		f.reply = true
@@ -229,14 +293,14 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	}
 	if f == nil {
 		var r linkResult
-		if f, r = e.flowFor(proto, client, svc, o.Cookie); r != linked {
+		if f, r = e.flowFor(proto, client, svc, o.Cookie, momentOf(o, false)); r != linked {
 			return
 		}
 	}
 	if s != nil {
 		s.add(f)
 	}
-	f.touch(o.Time)
+	e.touch(f, o.Time)
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
 	if f.kind == 0 && o.Kind != 0 {
 		f.kind = o.Kind
@@ -277,7 +341,7 @@ func (e *Engine) sockTuple(o obs.Observation) bool {
 	reply := false
 	if f == nil {
 		var r linkResult
-		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, o.Time, true); r != linked {
+		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, momentOf(o, false), true); r != linked {
 			return r == refused
 		}
 	}
@@ -303,11 +367,15 @@ func (e *Engine) rekey(s *sockState) {
 		if f.proto == 0 {
 			f.proto = s.proto
 		}
-		if g := e.flowWithService(f.key(), f.service); g != nil {
-			g.absorb(f)
-			e.nflows--
+		// The socket's connect opens its connection: a flow of a reused
+		// port whose connection is over is not this one.
+		m := moment{at: f.began(moment{}), flags: tcpSYN}
+		if f.proto != obs.TCP {
+			m.flags = 0
+		}
+		if g := withService(e.clients[f.key()], f.service, 0, m); g != nil && !g.tcp.over(m) {
+			e.merge(g, f)
 			s.flows[i] = g
-			e.replays = append(e.replays, g.key()) // g may know new backends
 			continue
 		}
 		e.index(f)
@@ -315,13 +383,17 @@ func (e *Engine) rekey(s *sockState) {
 	s.flows = dedupe(s.flows)
 }
 
-func (e *Engine) flowWithService(k clientKey, service netip.AddrPort) *flowState {
-	for _, f := range e.clients[k] {
-		if f.service == service {
-			return f
-		}
+// merge moves what is known of f into g, the same flow seen under another
+// client endpoint (before its port was known, or beyond the node's SNAT).
+// f must be unindexed already.
+func (e *Engine) merge(g, f *flowState) {
+	e.dropSNAT(f)
+	if !g.snat.IsValid() && f.snat.IsValid() {
+		e.setSNAT(g, f.snat, f.snatDst)
 	}
-	return nil
+	g.absorb(f)
+	e.nflows--
+	e.replays = append(e.replays, g.key()) // g may know new backends
 }
 
 func dedupe(flows []*flowState) []*flowState {
@@ -343,11 +415,17 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		e.unmatched++
 		return true
 	}
-	f, _, r := e.link(o.Proto, o.Src, o.Dst, o.Time, false)
+	if !hasPorts(o) {
+		e.withoutPorts++ // an ICMP conntrack entry
+		return true
+	}
+	m := momentOf(o, false)
+	m.entry = o.Proto == obs.TCP
+	f, _, r := e.link(o.Proto, o.Src, o.Dst, m, false)
 	if r != linked {
 		return r == refused
 	}
-	f.touch(o.Time)
+	e.touch(f, o.Time)
 	if !f.ctSeen {
 		f.ctSeen = true
 		f.evidenceChanged()
@@ -363,16 +441,30 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		}
 	}
 	e.sight(f, cpConfirm, final, o.Point, o.Time)
-	if o.NATSrc.IsValid() && o.NATSrc != f.snat && o.NATSrc != f.client {
-		// Masqueraded on its way out: the uplink sees it with this source.
-		if old := (clientKey{f.proto, f.snat}); f.snat.IsValid() && e.snat[old] == f {
-			delete(e.snat, old) // unless a later flow got that source since
-		}
-		f.snat = o.NATSrc
-		f.evidenceChanged()
-		k := clientKey{f.proto, o.NATSrc}
-		e.snat[k] = f
-		e.replays = append(e.replays, k)
+	if o.NATSrc.IsValid() && o.NATSrc != f.client && (o.NATSrc != f.snat || final != f.snatDst) {
+		// Masqueraded on its way out: the uplink sees it from this source
+		// to final (conntrack's reply tuple, reversed).
+		e.setSNAT(f, o.NATSrc, final)
+		e.mergeBeyondSNAT(f)
 	}
 	return true
+}
+
+// mergeBeyondSNAT merges into f the flows its packets beyond the node's SNAT
+// made before conntrack named the SNAT: a flow that left the node
+// unrewritten but masqueraded goes from f.snat to its VIP, which named a
+// flow of its own. Only a flow seen nowhere but the uplink is merged: a
+// client of its own (a node socket) is seen before the SNAT too.
+func (e *Engine) mergeBeyondSNAT(f *flowState) {
+	k := clientKey{f.proto, f.snat}
+	var found []*flowState
+	for _, g := range e.clients[k] {
+		if g != f && g.service == f.snatDst && g.onlyBeyondSNAT() {
+			found = append(found, g)
+		}
+	}
+	for _, g := range found {
+		e.unindex(g)
+		e.merge(f, g)
+	}
 }

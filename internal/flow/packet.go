@@ -42,8 +42,9 @@ func (e *Engine) AddPacket(o obs.Observation) (Handle, bool) {
 
 // Repeat counts one more packet (wire length n, seen at) like the one h was
 // returned for. It reports false when h is stale (its flow was merged into
-// another) or the packet is older than h's: the packet was not counted, the
-// caller must Add it.
+// another), the packet is older than h's, or h's TCP connection closed
+// well before it (its client port may be reused): the packet was not
+// counted, the caller must Add it.
 func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
 	if at.UnixNano() < h.at {
 		return false
@@ -52,11 +53,11 @@ func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
 		e.note(p, at)
 		return true
 	}
-	if h.f.merged {
-		return false
+	if h.f.merged || h.f.tcp.closedBefore(at.UnixNano()) {
+		return false // a closed connection's port reused: link tells
 	}
 	e.note(p, at)
-	h.f.touch(at)
+	e.touch(h.f, at)
 	h.f.points[h.slot].packets++
 	h.f.points[h.slot].bytes += uint64(n)
 	if len(e.replays) > 0 || e.waiting.live > 0 {

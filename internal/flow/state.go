@@ -103,6 +103,8 @@ type flowState struct {
 	ctSeen      bool           // conntrack reported this flow
 	ctNAT       bool           // ... with the VIP as original destination and a backend replying
 	snat        netip.AddrPort // the source conntrack says the node's SNAT gave it
+	snatDst     netip.AddrPort // ... and the destination it has beyond the SNAT (conntrack's reply source)
+	tcp         tcpLife        // what its packets' TCP flags told of its connection
 	points      []pointStats
 	first, last time.Time
 	reply       bool
@@ -131,6 +133,9 @@ type flowState struct {
 	evidence uint64
 	// merged: absorbed into another flow; handles to it are stale.
 	merged bool
+	// deferred: a backend guess for it waits for its next activity
+	// (plausibleGuess).
+	deferred bool
 	// comments are the pcapng comments of its packets by kind (CommentOf),
 	// valid while evidence and the engine's gen are as recorded.
 	comments                      [4]string
@@ -145,6 +150,7 @@ func (f *flowState) key() clientKey { return clientKey{f.proto, f.client} }
 func (f *flowState) touch(t time.Time) {
 	if f.first.IsZero() || t.Before(f.first) {
 		f.first = t
+		f.cachedOK = false // whether it began before Ready (conntrackSaw)
 	}
 	if t.After(f.last) {
 		f.last = t
@@ -225,6 +231,21 @@ func (f *flowState) noteProc(pid uint32, comm string, cgroup uint64, at time.Tim
 	}
 }
 
+// onlyBeyondSNAT tells whether nothing but the uplink saw f's requests and
+// no socket-layer point saw it at all: what a flow's packets beyond the
+// node's SNAT look like.
+func (f *flowState) onlyBeyondSNAT() bool {
+	if f.cookie != 0 || f.kind != 0 || !f.procAt.IsZero() || f.ctSeen {
+		return false
+	}
+	for cp := range f.cps {
+		if checkpoint(cp) != cpUplink && f.cps[cp].any() {
+			return false
+		}
+	}
+	return true
+}
+
 // absorb merges o (the same flow, seen before its client port was known) into f.
 func (f *flowState) absorb(o *flowState) {
 	o.merged = true
@@ -241,10 +262,11 @@ func (f *flowState) absorb(o *flowState) {
 	if f.hostIfindex == 0 {
 		f.hostIfindex = o.hostIfindex
 	}
+	f.tcp.merge(o.tcp)
 	f.ctSeen = f.ctSeen || o.ctSeen
 	f.ctNAT = f.ctNAT || o.ctNAT
 	if !f.snat.IsValid() {
-		f.snat = o.snat
+		f.snat, f.snatDst = o.snat, o.snatDst
 	}
 	for _, p := range o.points {
 		f.count(p.pointKey, p.packets, p.bytes)

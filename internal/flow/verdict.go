@@ -284,8 +284,10 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		cands = append(cands, g)
 	}
 	var notes []string
+	doubt := ""
 	if len(cands) > 1 && slices.Contains(cands, gapNetfilter) {
-		if excluded := e.netfilterExcluded(f); excluded != "" {
+		var excluded string
+		if excluded, doubt = e.netfilterExcluded(f, why); excluded != "" {
 			cands = removeGap(cands, gapNetfilter)
 			notes = append(notes, "netfilter excluded: "+excluded)
 		}
@@ -303,7 +305,11 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			for i, g := range cands {
 				names[i] = g.String()
 			}
-			return unknown("%s: could be %s; %s", base, strings.Join(names, " or "), e.blindSpots(iV, iB))
+			v := unknown("%s: could be %s; %s", base, strings.Join(names, " or "), e.blindSpots(iV, iB))
+			if doubt != "" {
+				v.reason += "; conntrack reported no connection for this flow, which does not exclude netfilter: " + doubt
+			}
+			return v
 		}
 		return unknown("%s: rewritten inside the Pod's netns by a tc egress program on its eth0 (not read)", base)
 	}
@@ -365,15 +371,56 @@ func bracketBase(f *flowState, iV, iB checkpoint) string {
 }
 
 // netfilterExcluded tells why netfilter cannot have rewritten a flow that no
-// netfilter checkpoint saw, or "" when nothing tells.
-func (e *Engine) netfilterExcluded(f *flowState) string {
+// netfilter checkpoint saw, or "" when nothing tells. When conntrack was
+// silent about the flow but that proves nothing, doubt says why (with why
+// only).
+func (e *Engine) netfilterExcluded(f *flowState, why bool) (excluded, doubt string) {
 	switch {
 	case e.active(obs.PointNFBefore) && !f.cps[cpNFBefore].any():
-		return "the netfilter observer never saw this flow"
+		return "the netfilter observer never saw this flow", ""
 	case e.active(obs.PointConntrack) && !f.ctSeen:
-		return "conntrack reported no connection for this flow"
+		if !e.conntrackSaw(f) {
+			if why {
+				doubt = e.conntrackBlind(f)
+			}
+			return "", doubt
+		}
+		return "conntrack reported no connection for this flow", ""
 	}
-	return ""
+	return "", ""
+}
+
+// conntrackSaw tells whether conntrack would have reported f had netfilter
+// tracked it: it is subscribed to new connections (and their updates),
+// lost none of its events, and f was seen from its start, after the
+// subscription: a TCP flow whose client's first packet seen was its SYN, a
+// UDP flow first seen once every point was in place.
+func (e *Engine) conntrackSaw(f *flowState) bool {
+	if e.ctLosses > 0 || e.window(f) == beforeReady {
+		return false
+	}
+	switch f.proto {
+	case obs.TCP:
+		return f.tcp.syn != 0 && f.tcp.syn-f.tcp.first <= int64(sameConnGap)
+	case obs.UDP:
+		return true
+	}
+	return false
+}
+
+// conntrackBlind says why conntrack's silence about f proves nothing
+// (conntrackSaw false).
+func (e *Engine) conntrackBlind(f *flowState) string {
+	const when = "conntrack reports a connection when it begins"
+	switch {
+	case e.ctLosses > 0:
+		return fmt.Sprintf("conntrack lost %d events during the run", e.ctLosses)
+	case e.window(f) == beforeReady:
+		return "the flow began before pathtrace was in place, and " + when
+	case f.proto == obs.TCP:
+		return "its first packets seen were not a SYN: the connection began before they were seen, and " + when
+	}
+	return "its protocol is not known"
 }
 
 // conntrackNote says how conntrack relates to a netfilter verdict.

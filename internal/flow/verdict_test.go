@@ -28,6 +28,18 @@ func ct(ms float64, dst, natDst netip.AddrPort) obs.Observation {
 	return obs.Observation{Time: flowtest.At(ms), Point: obs.PointConntrack, Proto: obs.TCP, Src: client, Dst: dst, NATDst: natDst}
 }
 
+// flags sets a TCP observation's flags.
+func flags(o obs.Observation, f uint8) obs.Observation {
+	o.TCPFlags = f
+	return o
+}
+
+// udp makes an observation UDP.
+func udp(o obs.Observation) obs.Observation {
+	o.Proto = obs.UDP
+	return o
+}
+
 func httpConfig(points ...obs.Point) flow.Config {
 	cfg := flow.Config{
 		Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.TCP}},
@@ -149,8 +161,28 @@ func TestVerdicts(t *testing.T) {
 		{
 			name:   "host VIP, uplink backend, conntrack attached but silent: netfilter excluded",
 			points: []obs.Point{obs.PointHost, obs.PointConntrack, obs.PointUplink},
+			obs:    []obs.Observation{flags(req(0, obs.PointHost, in, vip), 0x02), flags(req(0.03, obs.PointUplink, out, backend), 0x02)},
+			want:   flow.PlaceTC, wantReason: "netfilter excluded: conntrack reported no connection",
+		},
+		{
+			// A kube-proxy flow that began before the capture: conntrack
+			// reports new connections, so it never will.
+			name:   "conntrack silent about a TCP flow seen from its middle: not excluded",
+			points: []obs.Point{obs.PointHost, obs.PointConntrack, obs.PointUplink},
+			obs:    []obs.Observation{flags(req(0, obs.PointHost, in, vip), 0x10), flags(req(0.03, obs.PointUplink, out, backend), 0x10)},
+			want:   flow.PlaceUnknown, wantReason: "could be tc or netfilter; inactive points in between: tc_head, tc_tail, nf_before, nf_after, sockegress; conntrack reported no connection for this flow, which does not exclude netfilter: its first packets seen were not a SYN",
+		},
+		{
+			name:   "conntrack silent about a TCP flow without flags: not excluded",
+			points: []obs.Point{obs.PointHost, obs.PointConntrack, obs.PointUplink},
 			obs:    []obs.Observation{req(0, obs.PointHost, in, vip), req(0.03, obs.PointUplink, out, backend)},
-			want:   flow.PlaceTC, wantReason: "conntrack reported no connection",
+			want:   flow.PlaceUnknown, wantReason: "which does not exclude netfilter: its first packets seen were not a SYN",
+		},
+		{
+			name:   "conntrack silent about a UDP flow: excluded",
+			points: []obs.Point{obs.PointHost, obs.PointConntrack, obs.PointUplink},
+			obs:    []obs.Observation{udp(req(0, obs.PointHost, in, vip)), udp(req(0.03, obs.PointUplink, out, backend))},
+			want:   flow.PlaceTC, wantReason: "netfilter excluded: conntrack reported no connection",
 		},
 		{
 			name:   "IPVS service but no observer between netfilter and the uplink: ambiguous",
@@ -162,6 +194,7 @@ func TestVerdicts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := httpConfig(tt.points...)
+			cfg.Services[0].Proto = 0 // TCP and UDP
 			if strings.Contains(tt.name, "IPVS") {
 				cfg.Attribution.IPVS = []flow.IPVSService{{VIP: vip, Proto: obs.TCP, Scheduler: "rr"}}
 			}
@@ -189,10 +222,6 @@ func TestVerdicts(t *testing.T) {
 }
 
 func TestSeveralBackendsInOneFlow(t *testing.T) {
-	udp := func(o obs.Observation) obs.Observation {
-		o.Proto = obs.UDP
-		return o
-	}
 	cfg := httpConfig(obs.PointNFBefore, obs.PointNFAfter, obs.PointConntrack)
 	cfg.Services[0].Proto = obs.UDP
 	e := flow.NewEngine(cfg)
@@ -412,4 +441,53 @@ func TestUnknownOutsideTheCaptureWindow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Conntrack's silence about a flow excludes netfilter only when conntrack
+// would have reported it: the flow seen from its start (after every point
+// was in place) and no conntrack event lost.
+func TestConntrackSilence(t *testing.T) {
+	newEngine := func() *flow.Engine {
+		cfg := httpConfig(obs.PointHost, obs.PointConntrack, obs.PointUplink)
+		cfg.Services[0].Proto = 0
+		cfg.Ready = flowtest.At(10)
+		return flow.NewEngine(cfg)
+	}
+	check := func(name string, e *flow.Engine, want flow.Place, reason string) {
+		t.Helper()
+		if stale := e.StaleVerdicts(); len(stale) > 0 {
+			t.Errorf("%s: stale cached verdicts %v", name, stale)
+		}
+		f := only(t, e)
+		if f.RewrittenAt != want || !strings.Contains(f.Reason, reason) {
+			t.Errorf("%s: got %s (%s), want %s with %q", name, f.RewrittenAt, f.Reason, want, reason)
+		}
+		if r, ok := e.Classify(req(20, obs.PointHost, obs.DirIn, vip)); ok && r.Verdict != want {
+			t.Errorf("%s: the packets' verdict is %s, want %s", name, r.Verdict, want)
+		}
+	}
+	// UDP: seen from when the points were in place, then an earlier
+	// reply arrives: it began before.
+	e := newEngine()
+	e.Add(udp(req(20, obs.PointHost, obs.DirIn, vip)))
+	e.Add(udp(req(20.03, obs.PointUplink, obs.DirOut, backend)))
+	e.WarmVerdicts()
+	check("udp after ready", e, flow.PlaceTC, "netfilter excluded: conntrack reported no connection")
+	e.Add(obs.Observation{Time: flowtest.At(5), Point: obs.PointUplink, Dir: obs.DirIn, Proto: obs.UDP, Src: backend, Dst: client})
+	check("udp before ready", e, flow.PlaceUnknown, "does not exclude netfilter: the flow began before pathtrace was in place")
+
+	// TCP from its SYN, before the points were in place.
+	e = newEngine()
+	e.Add(flags(req(5, obs.PointHost, obs.DirIn, vip), 0x02))
+	e.Add(flags(req(5.03, obs.PointUplink, obs.DirOut, backend), 0x02))
+	check("tcp before ready", e, flow.PlaceUnknown, "does not exclude netfilter: the flow began before pathtrace was in place")
+
+	// TCP from its SYN, after: excluded until conntrack loses events.
+	e = newEngine()
+	e.Add(flags(req(20.03, obs.PointUplink, obs.DirOut, backend), 0x10))
+	e.Add(flags(req(20, obs.PointHost, obs.DirIn, vip), 0x02))
+	e.WarmVerdicts()
+	check("tcp from its SYN", e, flow.PlaceTC, "netfilter excluded: conntrack reported no connection")
+	e.SetConntrackLosses(3)
+	check("conntrack lost events", e, flow.PlaceUnknown, "does not exclude netfilter: conntrack lost 3 events during the run")
 }

@@ -23,14 +23,17 @@ type waiting struct {
 type waitingObs struct {
 	o    obs.Observation
 	done bool
+	// deferred: its flow is known but was not taken for sure (a backend
+	// guess put off): it has a last chance as it expires.
+	deferred bool
 }
 
 func newWaiting(limit int) waiting {
 	return waiting{byEnd: make(map[clientKey][]*waitingObs), limit: limit}
 }
 
-func (w *waiting) add(o obs.Observation) {
-	p := &waitingObs{o: o}
+func (w *waiting) add(o obs.Observation, deferred bool) {
+	p := &waitingObs{o: o, deferred: deferred}
 	w.queue = append(w.queue, p)
 	w.index(p)
 	w.live++
@@ -75,8 +78,9 @@ func (w *waiting) resolved(p *waitingObs) {
 }
 
 // expire evicts from the oldest arrival: beyond the limit (overflow, a loss) or
-// older than window behind newest (unmatched: nothing claimed it in time).
-func (w *waiting) expire(newest time.Time, window time.Duration) (overflow, unmatched uint64) {
+// older than window behind newest (unmatched: nothing claimed it in time,
+// unless a deferred one's last chance claims it).
+func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func(obs.Observation) bool) (overflow, unmatched uint64) {
 	horizon := newest.Add(-window)
 	for w.head < len(w.queue) {
 		p := w.queue[w.head]
@@ -85,7 +89,9 @@ func (w *waiting) expire(newest time.Time, window time.Duration) (overflow, unma
 			case w.live > w.limit:
 				overflow++
 			case p.o.Time.Before(horizon):
-				unmatched++
+				if !p.deferred || !lastChance(p.o) {
+					unmatched++
+				}
 			default:
 				return overflow, unmatched
 			}
@@ -96,6 +102,18 @@ func (w *waiting) expire(newest time.Time, window time.Duration) (overflow, unma
 	}
 	w.queue, w.head = w.queue[:0], 0
 	return overflow, unmatched
+}
+
+// deferredLive returns the live observations whose guess was put off, oldest
+// first.
+func (w *waiting) deferredLive() []*waitingObs {
+	var out []*waitingObs
+	for _, p := range w.queue[w.head:] {
+		if !p.done && p.deferred {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // rebuild drops the done entries from the queue and the index.

@@ -287,3 +287,23 @@ func TestOmittedFlows(t *testing.T) {
 		}
 	}
 }
+
+// TestWithoutPortsNamed: packets that can be no flow's (ICMP, later
+// fragments) are counted by name in both formats.
+func TestWithoutPortsNamed(t *testing.T) {
+	s := flow.Summary{WithoutPorts: 7}
+	var table bytes.Buffer
+	if err := report.NewWriter(&table, "table").Summary(s, nil, report.Run{}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "Observations without TCP/UDP ports (ICMP, IP fragments after the first; no flow's): 7"; !strings.Contains(table.String(), want) {
+		t.Errorf("table has no %q:\n%s", want, table.String())
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, "json").Summary(flow.Summary{}, nil, report.Run{}); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"without_ports":0`; !strings.Contains(js.String(), want) {
+		t.Errorf("JSON summary has no %s (it is reported even when zero): %s", want, js.String())
+	}
+}

@@ -86,6 +86,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 		fmt.Fprintln(w, h)
 	}
 	fmt.Fprintf(w, "\nObservations no flow claimed: %d\n", s.Unmatched)
+	if s.WithoutPorts > 0 {
+		fmt.Fprintf(w, "Observations without TCP/UDP ports (ICMP, IP fragments after the first; no flow's): %d\n", s.WithoutPorts)
+	}
 	if s.OutOfScope > 0 {
 		fmt.Fprintf(w, "Socket events of clients outside the traced netns (left out): %d\n", s.OutOfScope)
 	}

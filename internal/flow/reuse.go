@@ -1,0 +1,275 @@
+package flow
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// A client port is reused: flows never end, so a later connection from the
+// same client endpoint must not be taken for an earlier one. What tells
+// them apart: the TCP flags of the packets (a new connection begins with a
+// SYN after the earlier one closed, or after its client acknowledged the
+// SYN-ACK) and, among the flows of one client endpoint, which began last
+// before the packet.
+const (
+	// sameConnGap is how far apart two sightings of one connection can
+	// lie in time for reasons other than the connection itself: the same
+	// packet seen by sources with clocks of their own, a SYN and the
+	// SYN-ACK retransmitted for it, the last ACKs after a close.
+	sameConnGap = time.Second
+	// synRetryWindow: a client retransmits an unanswered SYN for about a
+	// minute (tcp_syn_retries=6 sends the last one 63 s after the first);
+	// a SYN later than this after a flow's first is another connection.
+	synRetryWindow = 3 * time.Minute
+	// clockSlack is how much earlier than a flow's first sighting a
+	// packet rewritten from it can be stamped (different sources' clocks).
+	clockSlack = 10 * time.Millisecond
+	// guessWindow: a packet after the rewrite is seen within this of the
+	// same packet before it (the node's datapath, clocks of different
+	// sources); what a client endpoint sends to two Services a
+	// millisecond apart is told apart.
+	guessWindow = 500 * time.Microsecond
+	// idleGap: a flow idle this long when another of its client endpoint
+	// began is taken to be over (UDP has no end to see; conntrack forgets
+	// an unanswered UDP flow after 30 s).
+	idleGap = 30 * time.Second
+)
+
+// TCP flags (obs.Observation.TCPFlags).
+const (
+	tcpFIN = 0x01
+	tcpSYN = 0x02
+	tcpRST = 0x04
+	tcpACK = 0x10
+)
+
+// moment is what of an observation tells the connections of a reused client
+// endpoint apart: when it was seen, its TCP flags (0: not a TCP packet, or
+// not known) and its direction.
+type moment struct {
+	at    int64 // unix nanoseconds
+	flags uint8
+	reply bool
+	// entry: a conntrack event of a TCP connection (no flags): conntrack
+	// reports nothing of a connection once it has closed, so one well after
+	// a flow's close is another connection's.
+	entry bool
+}
+
+func momentOf(o obs.Observation, reply bool) moment {
+	m := moment{at: o.Time.UnixNano(), reply: reply}
+	if o.Proto == obs.TCP {
+		m.flags = o.TCPFlags
+	}
+	return m
+}
+
+// opens tells whether the packet begins a connection: a SYN from the
+// client, or the SYN-ACK answering it.
+func (m moment) opens() bool {
+	return m.flags&(tcpSYN|tcpRST) == tcpSYN && (m.flags&tcpACK != 0) == m.reply
+}
+
+// starts tells whether m can begin a flow of its own where the client
+// endpoint's flow to the same Service is over.
+func (m moment) starts() bool { return m.opens() || m.entry }
+
+// tcpLife is what a flow's TCP flags told of its connection, each the
+// earliest time (unix ns, 0 = never seen).
+type tcpLife struct {
+	syn   int64    // the client's SYN
+	ack   int64    // a packet from the client acknowledging (the handshake done)
+	fin   [2]int64 // a FIN from the client, from the server
+	rst   int64    // a RST either way
+	first int64    // the client's first packet with flags
+}
+
+func earliest(t *int64, at int64) bool {
+	if *t == 0 || at < *t {
+		*t = at
+		return true
+	}
+	return false
+}
+
+// note records a packet's flags; it reports whether the client's first
+// packet or SYN changed.
+func (l *tcpLife) note(m moment) bool {
+	if m.flags == 0 {
+		return false
+	}
+	changed := false
+	dir := 0
+	if m.reply {
+		dir = 1
+	} else {
+		changed = earliest(&l.first, m.at)
+		switch {
+		case m.flags&(tcpSYN|tcpACK) == tcpSYN:
+			changed = earliest(&l.syn, m.at) || changed
+		case m.flags&(tcpSYN|tcpACK) == tcpACK:
+			earliest(&l.ack, m.at)
+		}
+	}
+	if m.flags&tcpFIN != 0 {
+		earliest(&l.fin[dir], m.at)
+	}
+	if m.flags&tcpRST != 0 {
+		earliest(&l.rst, m.at)
+	}
+	return changed
+}
+
+func (l *tcpLife) merge(o tcpLife) {
+	for _, p := range [...]struct {
+		into *int64
+		at   int64
+	}{{&l.syn, o.syn}, {&l.ack, o.ack}, {&l.fin[0], o.fin[0]}, {&l.fin[1], o.fin[1]}, {&l.rst, o.rst}, {&l.first, o.first}} {
+		if p.at != 0 {
+			earliest(p.into, p.at)
+		}
+	}
+}
+
+// closed is when the connection ended (0: not seen to): its first RST, or
+// the later of the FINs both ways.
+func (l *tcpLife) closed() int64 {
+	if l.rst != 0 {
+		return l.rst
+	}
+	if l.fin[0] != 0 && l.fin[1] != 0 {
+		return max(l.fin[0], l.fin[1])
+	}
+	return 0
+}
+
+// closedBefore tells whether the connection ended well before at.
+func (l *tcpLife) closedBefore(at int64) bool {
+	end := l.closed()
+	return end != 0 && end < at-int64(sameConnGap)
+}
+
+// over tells whether a packet at m cannot be of this connection: it ended
+// well before, or m opens a connection this one's client can no longer be
+// opening (it acknowledged the SYN-ACK, or has retransmitted its SYN for
+// longer than a client does).
+func (l *tcpLife) over(m moment) bool {
+	if m.flags == 0 && !m.entry {
+		return false
+	}
+	if l.closedBefore(m.at) {
+		return true
+	}
+	if !m.opens() || m.reply {
+		return false
+	}
+	return l.ack != 0 && l.ack < m.at-int64(sameConnGap) ||
+		l.syn != 0 && l.syn < m.at-int64(synRetryWindow)
+}
+
+// began is when f was first seen, for a flow not touched yet the moment
+// it is being made at.
+func (f *flowState) began(m moment) int64 {
+	if f.first.IsZero() {
+		return m.at
+	}
+	return f.first.UnixNano()
+}
+
+// latestBefore picks, of the flows ok accepts, the one that began last no
+// later than limit, else the one that began first.
+func latestBefore(flows []*flowState, m moment, limit int64, ok func(*flowState) bool) *flowState {
+	var latest, first *flowState
+	for _, f := range flows {
+		if !ok(f) {
+			continue
+		}
+		b := f.began(m)
+		if first == nil || b < first.began(m) {
+			first = f
+		}
+		if b <= limit && (latest == nil || b > latest.began(m)) {
+			latest = f
+		}
+	}
+	if latest != nil {
+		return latest
+	}
+	return first
+}
+
+// withService returns the flow of the client endpoint's flows to service
+// (of socket cookie when the port is not known) that a packet at m belongs
+// to: of those a reused port made, the one that began last before it.
+func withService(flows []*flowState, service netip.AddrPort, cookie uint64, m moment) *flowState {
+	var found *flowState
+	n := 0
+	for _, f := range flows {
+		if f.service == service && (f.client.Port() != 0 || f.cookie == cookie) {
+			found = f
+			n++
+		}
+	}
+	if n <= 1 {
+		return found
+	}
+	return latestBefore(flows, m, m.at+int64(sameConnGap), func(f *flowState) bool {
+		return f.service == service && (f.client.Port() != 0 || f.cookie == cookie)
+	})
+}
+
+// toPeer returns the flow among a client endpoint's flows whose far end is
+// peer (a backend it is known to use) for a packet at m, and when guess
+// permits, one without a backend yet that the packet must be of: a client
+// endpoint talks to one peer at a time. With one flow, that is the flow
+// unless its connection is over. With several (a reused port, or an
+// unconnected UDP socket talking to several Services), the one known to
+// use peer that began last before the packet; but a flow without a
+// backend that began just before the packet (within the reordering
+// window), after that one had been idle for idleGap, takes it: what a
+// reused port sends to a backend is the latest connection's. A guess is
+// only a candidate: link makes it when plausible (plausibleGuess).
+func toPeer(flows []*flowState, peer netip.AddrPort, m moment, guess bool) (f *flowState, guessed bool) {
+	switch len(flows) {
+	case 0:
+		return nil, false
+	case 1:
+		f := flows[0]
+		switch {
+		case f.tcp.over(m):
+			return nil, false
+		case f.hasBackend(peer):
+			return f, false
+		case guess && len(f.backends) == 0:
+			return f, true
+		}
+		return nil, false
+	}
+	return amongSeveral(flows, peer, m, guess)
+}
+
+// amongSeveral is toPeer for a client endpoint with several flows.
+func amongSeveral(flows []*flowState, peer netip.AddrPort, m moment, guess bool) (f *flowState, guessed bool) {
+	limit := m.at + int64(clockSlack)
+	known := latestBefore(flows, m, limit, func(f *flowState) bool {
+		return f.hasBackend(peer) && !f.tcp.over(m)
+	})
+	// A connection's last packets do not make a backend of a newer flow.
+	if !guess || m.flags&(tcpFIN|tcpRST) != 0 {
+		return known, false
+	}
+	var fresh *flowState
+	for _, f := range flows {
+		b := f.began(m)
+		if len(f.backends) == 0 && b <= m.at+int64(guessWindow) && m.at-b <= int64(reorderWindow) && !f.tcp.over(m) &&
+			(fresh == nil || b > fresh.began(m)) {
+			fresh = f
+		}
+	}
+	if fresh != nil && (known == nil || known.began(m) < fresh.began(m) && known.last.UnixNano() < fresh.began(m)-int64(idleGap)) {
+		return fresh, true
+	}
+	return known, false
+}
