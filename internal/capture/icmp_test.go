@@ -98,7 +98,7 @@ func TestICMPError(t *testing.T) {
 			if o, ok := p.Observation(obs.PointPod); ok {
 				t.Errorf("Observation decoded the error as %v %v -> %v", o.Proto, o.Src, o.Dst)
 			}
-			if tu, ok := p.Tuple(); ok {
+			if tu, _, ok := p.Tuple(); ok {
 				t.Errorf("Tuple decoded the error: %x", tu)
 			}
 		})

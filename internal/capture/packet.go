@@ -113,20 +113,24 @@ func (p *Packet) TagLen() int {
 type Tuple struct{ Addrs, Rest uint64 }
 
 // Tuple decodes a frame's IPv4 TCP/UDP tuple without allocating; false for
-// every frame Observation rejects. It reads the fields straight from the
-// frame: at every captured packet, a decoded struct handed back through
-// memory cost more than the decoding.
-func (p *Packet) Tuple() (Tuple, bool) {
+// every frame Observation rejects. control says the frame is a TCP SYN, FIN
+// or RST: one that may begin or end a connection, and so its flow. It
+// reads the fields straight from the frame: at every captured packet, a
+// decoded struct handed back through memory cost more than the decoding.
+func (p *Packet) Tuple() (t Tuple, control, ok bool) {
 	l3, l4, proto, _, _, ok := p.layers()
 	if !ok {
-		return Tuple{}, false
+		return Tuple{}, false, false
 	}
 	f := p.Data
 	return Tuple{
 		Addrs: binary.BigEndian.Uint64(f[l3+12:]),
 		Rest:  uint64(binary.BigEndian.Uint32(f[l4:]))<<32 | uint64(proto)<<24,
-	}, true
+	}, proto == obs.TCP && f[l4+13]&tcpControl != 0, true
 }
+
+// tcpControl are the TCP flags FIN, SYN and RST.
+const tcpControl = 0x07
 
 // layers finds the IPv4 header (at l3) and the TCP or UDP header (at l4) of
 // an Ethernet frame with up to two in-band 802.1Q/802.1ad tags, and the

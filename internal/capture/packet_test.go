@@ -69,9 +69,12 @@ func TestObservation(t *testing.T) {
 			if !o.Time.Equal(when) || o.Point != obs.PointUplink || o.Dir != obs.DirOut || o.Ifindex != 7 || o.Len != p.Len {
 				t.Errorf("metadata: %+v", o)
 			}
-			tu, ok := p.Tuple()
+			tu, control, ok := p.Tuple()
 			if want := tupleOf(o); !ok || tu != want {
 				t.Errorf("Tuple %x (%v), want %x: the fields of the observation, packed", tu, ok, want)
+			}
+			if want := o.Proto == obs.TCP && o.TCPFlags&0x07 != 0; control != want {
+				t.Errorf("Tuple says control %v for TCP flags %#x (proto %v)", control, o.TCPFlags, o.Proto)
 			}
 			if o.SrcMAC.String() != macA.String() || o.DstMAC.String() != macB.String() {
 				t.Errorf("MACs %v -> %v, want %v -> %v", o.SrcMAC, o.DstMAC, macA, macB)
@@ -140,7 +143,7 @@ func TestObservationRejects(t *testing.T) {
 		if o, ok := p.Observation(obs.PointPod); ok {
 			t.Errorf("%s: decoded as %+v", name, o)
 		}
-		if tu, ok := p.Tuple(); ok {
+		if tu, _, ok := p.Tuple(); ok {
 			t.Errorf("%s: Tuple %x", name, tu)
 		}
 	}

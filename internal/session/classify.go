@@ -90,12 +90,15 @@ func (c *classTable) remember(k classKey, h flow.Handle) {
 // path of every captured packet: a packet of a kind seen before is only
 // counted; the rest goes to correlate.
 func (tr *tracer) classify(tapIdx int, p *capture.Packet) (flow.Handle, bool) {
-	t, ok := p.Tuple()
+	t, control, ok := p.Tuple()
 	if !ok {
 		return flow.Handle{}, false
 	}
 	k := kindOf(tapIdx, p.Dir, t)
-	if h, ok := tr.classes.get(k); ok && tr.eng.Repeat(h, tr.taps[tapIdx].point, p.Time, p.Len) {
+	// A TCP SYN, FIN or RST always goes to the engine: a SYN on a reused
+	// client port begins a new flow, which counting it in the old one
+	// would hide.
+	if h, ok := tr.classes.get(k); ok && !control && tr.eng.Repeat(h, tr.taps[tapIdx].point, p.Time, p.Len) {
 		return h, true
 	}
 	return tr.correlate(tapIdx, p, k)

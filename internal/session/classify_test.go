@@ -1,8 +1,10 @@
 package session
 
 import (
+	"io"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/flow"
@@ -74,7 +76,7 @@ func TestKindOfKeepsEveryField(t *testing.T) {
 		if proto == obs.UDP {
 			p.Data = udpFrame(t, from, to)
 		}
-		tu, ok := p.Tuple()
+		tu, _, ok := p.Tuple()
 		if !ok {
 			t.Fatalf("%s -> %s not decoded", src, dst)
 		}
@@ -99,5 +101,43 @@ func TestKindOfKeepsEveryField(t *testing.T) {
 	}
 	if kindOf(2, obs.DirOut, base) != k {
 		t.Error("the same packet kind gave another key")
+	}
+}
+
+// TestReusedPortBeginsFlow: a tap's TCP SYN, FIN and RST reach the engine
+// even for a kind of packet counted before, so a connection that reuses a
+// closed one's client port is a flow of its own, not more packets of the
+// old one.
+func TestReusedPortBeginsFlow(t *testing.T) {
+	svc := netip.MustParseAddrPort("10.120.0.80:80")
+	tr := testTracer(t, io.Discard)
+	tr.pcap = nil
+	tr.eng = flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: svc.Port(), Proto: obs.TCP}}})
+	send := func(at time.Duration, flags byte) {
+		f := tcpFrame(t, client, svc)
+		f[14+20+13] = flags
+		b := tr.newBatch(0)
+		b.add(&capture.Packet{Time: base.Add(at), Dir: obs.DirOut, Len: len(f), CapLen: len(f), Data: f})
+		b.seal()
+		tr.consume(b)
+	}
+	const syn, rst, ack = 0x02, 0x04, 0x10
+	send(0, syn)
+	send(time.Millisecond, ack)
+	send(2*time.Millisecond, rst|ack)
+	send(5*time.Second, syn) // a new connection from the same port
+	send(5*time.Second+time.Millisecond, ack)
+	flows := tr.eng.Flows()
+	if len(flows) != 2 {
+		t.Fatalf("%d flows, want 2 (the second connection on its own):\n%+v", len(flows), flows)
+	}
+	for _, f := range flows {
+		var n uint64
+		for _, p := range f.Points {
+			n += p.Packets
+		}
+		if n < 2 || n > 3 {
+			t.Errorf("flow %d: %d packets, want its own 2 or 3: %+v", f.ID, n, f.Points)
+		}
 	}
 }

@@ -153,6 +153,7 @@ loop:
 					break loop
 				}
 			}
+			tr.noteConntrackLosses()
 			tr.widen()
 			tr.lb.check()
 			tr.attributeCgroups()
@@ -215,6 +216,14 @@ func (tr *tracer) consume(b *batch) string {
 		return ""
 	}
 	return tr.pcap.hold(b, tr)
+}
+
+// noteConntrackLosses tells the engine how many conntrack events were lost:
+// only while none were does conntrack's silence about a flow mean netfilter
+// did not track it.
+func (tr *tracer) noteConntrackLosses() {
+	ps := tr.pr.Stats()
+	tr.eng.SetConntrackLosses(ps.ConntrackErrors + ps.ConntrackDrops)
 }
 
 // attributeCgroups resolves the client cgroups seen on flows to the sock_addr

@@ -189,6 +189,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	tr.classes, tr.free, tr.freeObs = nil, nil, nil
 	debug.FreeOSMemory()
 	debug.SetGCPercent(10)
+	tr.noteConntrackLosses()
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
 	res.Packets, res.Drops = tr.counters()
