@@ -475,6 +475,16 @@ func checkFlow(t *testing.T, mode lab.Mode, f map[string]any, gwMAC string) {
 	if f["reply"] != (mode != lab.ModeNowhere) {
 		t.Errorf("reply = %v in mode %s: %s", f["reply"], mode, desc)
 	}
+	// The gateway refuses what leaves with the VIP: its net unreachable is
+	// reported with the flow, in that mode only.
+	icmp, _ := f["icmp_error"].(map[string]any)
+	switch {
+	case mode == lab.ModeNowhere && (icmp == nil || icmp["from"] != lab.GatewayIP.String() ||
+		icmp["message"] != "ICMP destination unreachable (code 0: net unreachable)"):
+		t.Errorf("icmp_error = %v, want the gateway's net unreachable: %s", f["icmp_error"], desc)
+	case mode != lab.ModeNowhere && icmp != nil:
+		t.Errorf("icmp_error = %v in mode %s: %s", icmp, mode, desc)
+	}
 	by, _ := f["by"].(string)
 	wantBy := map[lab.Mode]string{lab.ModeSocket: "lab_sock4_", lab.ModeTC: "tcx ingress lab_from_container",
 		lab.ModeTCLegacy: "cls_bpf ingress lab_from_container", lab.ModeNetfilter: "kube-proxy"}[mode]

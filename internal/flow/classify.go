@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -25,11 +26,37 @@ type Ref struct {
 // like it. The verdict is cached per flow until its evidence changes, which
 // makes Classify a map lookup in the steady state.
 func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
-	if !o.Src.IsValid() || !o.Dst.IsValid() {
+	f, reply := e.find(o)
+	if f == nil {
 		return Ref{}, false
 	}
-	var f *flowState
-	reply := false
+	return e.ref(f, reply, translated(f, o, reply)), true
+}
+
+// NoteICMPError records an ICMP error message about a packet of a flow: o
+// is the packet the message quotes (protocol, addresses, ports; Time and
+// Point those of the message), message names it, from is its sender. A
+// request refused on its way (a router's net unreachable, a backend's port
+// unreachable) got an answer, if not a reply: the earliest such message is
+// reported with the flow (Flow.ICMPError). It is not a packet of the flow
+// and is not counted in it. False when no flow claims the quoted packet.
+func (e *Engine) NoteICMPError(o obs.Observation, message string, from netip.Addr) bool {
+	f, _ := e.find(o)
+	if f == nil {
+		return false
+	}
+	if f.icmp == nil || o.Time.Before(f.icmp.At) {
+		f.icmp = &ICMPError{Message: message, From: from, Point: o.Point.String(), At: o.Time}
+	}
+	return true
+}
+
+// find is the flow o belongs to, as its packet would be linked, without
+// learning anything; reply says o travels in the reply direction.
+func (e *Engine) find(o obs.Observation) (f *flowState, reply bool) {
+	if !o.Src.IsValid() || !o.Dst.IsValid() {
+		return nil, false
+	}
 	m := momentOf(o, false)
 	switch {
 	case e.isService(o.Proto, o.Dst):
@@ -53,10 +80,7 @@ func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
 			}
 		}
 	}
-	if f == nil {
-		return Ref{}, false
-	}
-	return e.ref(f, reply, translated(f, o, reply)), true
+	return f, reply
 }
 
 // translated tells whether a packet's service side is a backend, not the VIP.

@@ -216,3 +216,39 @@ func BenchmarkClassify(b *testing.B) {
 		}
 	}
 }
+
+// TestNoteICMPError: an ICMP error about a flow's request is kept with the
+// flow (the earliest one), is no packet of it, and one about no known flow
+// is refused.
+func TestNoteICMPError(t *testing.T) {
+	e := flow.NewEngine(httpConfig(obs.PointPod, obs.PointUplink))
+	e.Add(req(0, obs.PointPod, obs.DirOut, vip))
+	e.Add(req(0.1, obs.PointUplink, obs.DirOut, vip))
+	gw := netip.MustParseAddr("10.244.8.1")
+	quoted := func(ms float64, p obs.Point) obs.Observation {
+		return obs.Observation{Time: flowtest.At(ms), Point: p, Proto: obs.TCP, Src: client, Dst: vip}
+	}
+	if !e.NoteICMPError(quoted(0.5, obs.PointPod), "later", gw) || !e.NoteICMPError(quoted(0.3, obs.PointUplink), "earliest", gw) {
+		t.Fatal("an ICMP error about the flow's request found no flow")
+	}
+	stranger := quoted(0.4, obs.PointUplink)
+	stranger.Src = netip.MustParseAddrPort("10.244.8.99:5000")
+	if e.NoteICMPError(stranger, "stranger", gw) {
+		t.Error("an ICMP error about an unknown flow was taken")
+	}
+	flows := e.Flows()
+	if len(flows) != 1 {
+		t.Fatalf("%d flows, want 1", len(flows))
+	}
+	f := flows[0]
+	if want := (flow.ICMPError{Message: "earliest", From: gw, Point: "uplink", At: flowtest.At(0.3)}); f.ICMPError == nil || *f.ICMPError != want || f.Reply {
+		t.Errorf("ICMP error %+v (reply %v), want %+v and no reply", f.ICMPError, f.Reply, want)
+	}
+	var packets uint64
+	for _, p := range f.Points {
+		packets += p.Packets
+	}
+	if packets != 2 {
+		t.Errorf("%d packets counted, want the 2 requests", packets)
+	}
+}

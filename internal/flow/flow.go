@@ -34,17 +34,29 @@ type Flow struct {
 	RewrittenAt Place            `json:"rewritten_at"`
 	By          string           `json:"by"`
 	// Reason explains the verdict from the observations; always set for unknown.
-	Reason             string      `json:"reason"`
-	VLAN               *uint16     `json:"vlan"` // uplink VLAN ID, 0 untagged, null when never at the uplink
-	UplinkDstMAC       string      `json:"uplink_dst_mac"`
-	UplinkDstIsGateway bool        `json:"uplink_dst_is_gateway"`
-	Reply              bool        `json:"reply"`
-	PID                uint32      `json:"pid,omitempty"`
-	Comm               string      `json:"comm,omitempty"`
-	Cgroup             uint64      `json:"cgroup,omitempty"`
-	First              time.Time   `json:"first"`
-	Last               time.Time   `json:"last"`
-	Points             []PointSeen `json:"points"`
+	Reason             string  `json:"reason"`
+	VLAN               *uint16 `json:"vlan"` // uplink VLAN ID, 0 untagged, null when never at the uplink
+	UplinkDstMAC       string  `json:"uplink_dst_mac"`
+	UplinkDstIsGateway bool    `json:"uplink_dst_is_gateway"`
+	Reply              bool    `json:"reply"`
+	// ICMPError is the first ICMP error message about the flow's packets
+	// (a router's net unreachable, a backend's port unreachable), if any.
+	ICMPError *ICMPError  `json:"icmp_error,omitempty"`
+	PID       uint32      `json:"pid,omitempty"`
+	Comm      string      `json:"comm,omitempty"`
+	Cgroup    uint64      `json:"cgroup,omitempty"`
+	First     time.Time   `json:"first"`
+	Last      time.Time   `json:"last"`
+	Points    []PointSeen `json:"points"`
+}
+
+// ICMPError is an ICMP error message about a flow's packet: what it says,
+// who sent it, and the capture point that saw it first.
+type ICMPError struct {
+	Message string     `json:"message"` // e.g. "ICMP destination unreachable (code 0: net unreachable)"
+	From    netip.Addr `json:"from"`
+	Point   string     `json:"point"`
+	At      time.Time  `json:"at"`
 }
 
 // PointSeen aggregates what one point saw of a flow in one direction.

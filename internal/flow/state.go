@@ -108,6 +108,7 @@ type flowState struct {
 	points      []pointStats
 	first, last time.Time
 	reply       bool
+	icmp        *ICMPError // the first ICMP error about its packets
 	kind        obs.SockKind
 
 	pid    uint32
@@ -274,6 +275,9 @@ func (f *flowState) absorb(o *flowState) {
 	f.touch(o.first)
 	f.touch(o.last)
 	f.reply = f.reply || o.reply
+	if o.icmp != nil && (f.icmp == nil || o.icmp.At.Before(f.icmp.At)) {
+		f.icmp = o.icmp
+	}
 	if f.kind == 0 {
 		f.kind = o.kind
 	}

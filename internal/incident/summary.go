@@ -99,7 +99,15 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), icmpKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+}
+
+// icmpKey is what of an ICMP error the summary says, "" without one.
+func icmpKey(f flow.Flow) string {
+	if f.ICMPError == nil {
+		return ""
+	}
+	return f.ICMPError.Message + " " + f.ICMPError.From.String()
 }
 
 func groupFlows(flows []flow.Flow) []*verdictGroup {
@@ -207,6 +215,8 @@ func sentence(g *verdictGroup) string {
 	case f.By == flow.ByClientNetfilter && f.VLAN == nil:
 		b.WriteString(pick(one, "; it never left the client's netns, where pathtrace does not capture: its reply could not be seen.", "; they never left the client's netns, where pathtrace does not capture: their replies could not be seen."))
 		return b.String()
+	case f.ICMPError != nil:
+		fmt.Fprintf(&b, "; no reply came back, but %s from %s", f.ICMPError.Message, f.ICMPError.From)
 	default:
 		b.WriteString("; no reply came back")
 	}

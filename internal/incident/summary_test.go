@@ -44,7 +44,8 @@ func summaryFlows() []flow.Flow {
 		socket(5, 40023),
 		{ID: 6, Proto: "tcp", Client: ap("10.244.8.23:40024"), Service: ap("10.120.0.99:8080"), RewrittenAt: flow.PlaceNowhere,
 			Reason: "the uplink saw the VIP 10.120.0.99:8080 as destination", VLAN: vlan(200), UplinkDstMAC: "02:00:0a:f4:08:01",
-			UplinkDstIsGateway: true},
+			UplinkDstIsGateway: true, ICMPError: &flow.ICMPError{Message: "ICMP destination unreachable (code 0: net unreachable)",
+				From: netip.MustParseAddr("10.244.8.1"), Point: "uplink", At: at}},
 		{ID: 7, Proto: "tcp", Client: ap("10.244.8.23:40025"), Service: ap("10.120.0.80:80"), RewrittenAt: flow.PlaceUnknown,
 			Reason: "the VIP was last seen at pod eth0 TX; no rewrite observed and the uplink never saw this flow"},
 		// A sidecar proxy's redirect in the Pod: it never leaves the Pod.

@@ -307,3 +307,36 @@ func TestWithoutPortsNamed(t *testing.T) {
 		t.Errorf("JSON summary has no %s (it is reported even when zero): %s", want, js.String())
 	}
 }
+
+// TestICMPErrorInsteadOfReply: a flow answered by an ICMP error shows
+// "icmp" as its reply, and the message and its sender are listed under the
+// table (once for the flows they answered); JSON carries it as icmp_error.
+func TestICMPErrorInsteadOfReply(t *testing.T) {
+	svc := netip.MustParseAddrPort("10.120.0.99:8080")
+	unreach := &flow.ICMPError{Message: "ICMP destination unreachable (code 0: net unreachable)", From: netip.MustParseAddr("10.244.8.1"), Point: "uplink"}
+	flows := []flow.Flow{
+		{ID: 6, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceNowhere, ICMPError: unreach},
+		{ID: 7, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceNowhere, ICMPError: unreach},
+		{ID: 8, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceNowhere},
+	}
+	var table bytes.Buffer
+	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	rows := strings.Split(table.String(), "\n")
+	for i, want := range []string{"icmp", "icmp", "no"} {
+		if got := strings.Fields(rows[i+1]); got[len(got)-1] != want {
+			t.Errorf("row %q: reply %q, want %q", rows[i+1], got[len(got)-1], want)
+		}
+	}
+	if want := "  flows 6, 7: ICMP destination unreachable (code 0: net unreachable) from 10.244.8.1\n"; !strings.Contains(table.String(), want) {
+		t.Errorf("the table does not list the ICMP error %q:\n%s", want, table.String())
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, report.FormatJSON).Flows(flows[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"icmp_error":{"message":"ICMP destination unreachable (code 0: net unreachable)","from":"10.244.8.1","point":"uplink"`; !strings.Contains(js.String(), want) {
+		t.Errorf("JSON flow lacks %s: %s", want, js.String())
+	}
+}

@@ -38,6 +38,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 		return fmt.Errorf("write flow table: %w", err)
 	}
 	writeReasons(w, flows)
+	writeICMPErrors(w, flows)
 	_, err := fmt.Fprintln(w)
 	return err
 }
@@ -153,10 +154,15 @@ func orDash(s string) string {
 // reply says whether a reply came back; "unseen" for a flow that never left
 // its client's netns (a sidecar's redirect), where no capture point is.
 func reply(f flow.Flow) string {
-	if !f.Reply && f.By == flow.ByClientNetfilter && f.VLAN == nil {
+	switch {
+	case f.Reply:
+		return "yes"
+	case f.ICMPError != nil:
+		return "icmp" // an ICMP error came back instead: writeICMPErrors says which
+	case f.By == flow.ByClientNetfilter && f.VLAN == nil:
 		return "unseen"
 	}
-	return yesNo(f.Reply)
+	return "no"
 }
 
 // clientOrDash is the flow's client, "-" when no source address was seen
@@ -256,13 +262,6 @@ func uplinkMAC(f flow.Flow) string {
 	return f.UplinkDstMAC
 }
 
-func yesNo(b bool) string {
-	if b {
-		return "yes"
-	}
-	return "no"
-}
-
 // writeReasons explains the nowhere and unknown verdicts, one line per
 // distinct reason with the flows it applies to: these are the rows an SRE
 // has to act on.
@@ -290,5 +289,33 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 			}
 			fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(ids[r], ", "), r)
 		}
+	}
+}
+
+// writeICMPErrors lists the ICMP errors that came back instead of replies
+// (REPLY "icmp"), the flows of each message and sender together.
+func writeICMPErrors(w io.Writer, flows []flow.Flow) {
+	var order []string
+	ids := map[string][]string{}
+	for _, f := range flows {
+		if f.Reply || f.ICMPError == nil {
+			continue
+		}
+		what := f.ICMPError.Message + " from " + f.ICMPError.From.String()
+		if _, ok := ids[what]; !ok {
+			order = append(order, what)
+		}
+		ids[what] = append(ids[what], fmt.Sprint(f.ID))
+	}
+	if len(order) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nICMP errors instead of replies:\n")
+	for _, what := range order {
+		label := "flows"
+		if len(ids[what]) == 1 {
+			label = "flow"
+		}
+		fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(ids[what], ", "), what)
 	}
 }

@@ -92,6 +92,7 @@ func (c *classTable) remember(k classKey, h flow.Handle) {
 func (tr *tracer) classify(tapIdx int, p *capture.Packet) (flow.Handle, bool) {
 	t, control, ok := p.Tuple()
 	if !ok {
+		tr.noteICMPError(tapIdx, p)
 		return flow.Handle{}, false
 	}
 	k := kindOf(tapIdx, p.Dir, t)
@@ -141,6 +142,18 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 		return tr.icmpComment(tapIdx, e)
 	}
 	return "no Service flow known for this packet"
+}
+
+// noteICMPError tells the engine about an ICMP error message (a frame with
+// no tuple of its own) about a flow's packet: it answered the flow.
+func (tr *tracer) noteICMPError(tapIdx int, p *capture.Packet) {
+	e, ok := p.ICMPError()
+	if !ok {
+		return
+	}
+	o := e.Observation()
+	o.Point, o.Time = tr.taps[tapIdx].point, p.Time
+	tr.eng.NoteICMPError(o, e.Kind(), e.From)
 }
 
 // icmpComment says what an ICMP error is, who sent it and which flow the

@@ -290,4 +290,9 @@ func TestICMPErrorComment(t *testing.T) {
 	if packets != 1 {
 		t.Errorf("the flow counted %d packets, want the request alone", packets)
 	}
+	// The unreachable answered the flow: reported with it, not as a reply.
+	want1 := &flow.ICMPError{Message: "ICMP destination unreachable (code 0: net unreachable)", From: gw, Point: "pod", At: base.Add(time.Millisecond)}
+	if e := flows[0].ICMPError; flows[0].Reply || e == nil || *e != *want1 {
+		t.Errorf("flow reply %v, ICMP error %+v; want no reply and %+v", flows[0].Reply, e, want1)
+	}
 }
