@@ -29,7 +29,7 @@ func openHost(path string) (*hostNS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open node netns %s: %w", path, err)
 	}
-	nl, err := netlink.NewHandleAt(ns)
+	nl, err := nsutil.HandleAt(ns)
 	if err != nil {
 		ns.Close()
 		return nil, fmt.Errorf("netlink in node netns %s: %w", path, err)

@@ -268,7 +268,7 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr) (*Pod, error) {
 		return nil, fmt.Errorf("open pod netns: %w", err)
 	}
 	defer ns.Close()
-	nl, err := netlink.NewHandleAt(ns)
+	nl, err := nsutil.HandleAt(ns)
 	if err != nil {
 		return nil, fmt.Errorf("netlink in pod netns: %w", err)
 	}

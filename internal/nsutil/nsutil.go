@@ -82,13 +82,24 @@ func Netlink(path string, fn func(h *netlink.Handle) error) error {
 		return fmt.Errorf("open netns %s: %w", path, err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := HandleAt(ns)
 	if err != nil {
 		return fmt.Errorf("netlink in netns %s: %w", path, err)
 	}
 	defer h.Close()
-	if err := h.SetSocketTimeout(netlinkTimeout); err != nil {
-		return fmt.Errorf("netlink timeout: %w", err)
-	}
 	return fn(h)
+}
+
+// HandleAt returns a netlink handle whose sockets live in the netns ns,
+// each request bounded by the same timeout as Netlink's. The caller closes it.
+func HandleAt(ns netns.NsHandle) (*netlink.Handle, error) {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.SetSocketTimeout(netlinkTimeout); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("netlink timeout: %w", err)
+	}
+	return h, nil
 }
