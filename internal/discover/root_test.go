@@ -421,6 +421,44 @@ func TestNodeLegacyIPTables(t *testing.T) {
 	if got := keys(nf.Rules); nf.IPTablesLegacy != "read" || !slices.Equal(got, want) || nf.Rules[0].Source != "iptables-legacy" {
 		t.Errorf("legacy: status %q rules %q, want read and %q", nf.IPTablesLegacy, got, want)
 	}
+
+	// Without iptables-legacy-save (iptables before 1.8, CentOS 7), a
+	// legacy iptables-save reads them; the nf_tables one is not used.
+	multi := func(save string) string {
+		bin, err := exec.LookPath(save)
+		if err == nil {
+			bin, err = filepath.EvalSymlinks(bin)
+		}
+		if err != nil {
+			t.Skipf("%s: %v", save, err)
+		}
+		return bin
+	}
+	legacyMulti, nftMulti := multi("iptables-legacy-save"), multi("iptables-nft-save")
+	for _, tc := range []struct {
+		target string // what iptables-save is
+		status string // prefix of the status
+		rules  []string
+	}{
+		{legacyMulti, "read", want},
+		{nftMulti, "not checked: the legacy nat table exists but iptables-legacy-save is not installed and", nil},
+	} {
+		dir := t.TempDir()
+		if err := os.Symlink(tc.target, filepath.Join(dir, "iptables-save")); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("PATH", dir)
+		info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP),
+			Services: []netip.Addr{netip.MustParseAddr("10.120.0.80")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nf := info.Netfilter
+		if got := keys(nf.Rules); !strings.HasPrefix(nf.IPTablesLegacy, tc.status) || !slices.Equal(got, tc.rules) {
+			t.Errorf("iptables-save -> %s only: status %q rules %q, want %q... and %q", tc.target, nf.IPTablesLegacy, got, tc.status, tc.rules)
+		}
+		t.Logf("iptables-save -> %s only: %s", tc.target, nf.IPTablesLegacy)
+	}
 }
 
 // TestNodeRoutedUplink: a pod veth without master (a routed CNI); the uplink
