@@ -83,13 +83,13 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 		Kernel:    kernelRelease(),
 		HostNetNS: NetNS{Path: host.path, Inode: host.inode},
 	}
+	svcs := newServiceSet(opt.Services, opt.ServicePorts)
+	opt.Services = svcs.vips
 	if err := discoverPods(ctx, host, opt, info); err != nil {
 		return nil, err
 	}
 	// The NAT rules and IPVS services name the backends, whose routes tell
 	// a routed node's uplink.
-	svcs := newServiceSet(opt.Services, opt.ServicePorts)
-	opt.Services = svcs.vips
 	info.Netfilter = readNetfilter(ctx, host.path, svcs, info)
 	info.IPVS = readIPVS(host.path, svcs)
 	uplinks, err := discoverUplinks(ctx, host, opt, info)

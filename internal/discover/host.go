@@ -18,6 +18,9 @@ type hostNS struct {
 	ns    netns.NsHandle
 	nl    *netlink.Handle
 	links map[int]netlink.Link // by ifindex
+	// defaultDevs are the devices of the node's default routes, read on
+	// first use (carriesDefault).
+	defaultDevs map[int]bool
 }
 
 func openHost(path string) (*hostNS, error) {

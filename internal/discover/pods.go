@@ -36,31 +36,52 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 		if inode == host.inode {
 			return usagef("pod netns %s is the node netns itself; select a pod's netns", opt.PodNetNS)
 		}
-		pod, err := inspectPod(host, holderOf(opt.PodNetNS, inode), netip.Addr{})
+		pod, err := inspectPod(host, holderOf(opt.PodNetNS, inode), netip.Addr{}, opt.Services)
 		if err != nil {
 			return err
 		}
 		info.Pods = []Pod{*pod}
 	case opt.PodIP.IsValid():
-		pod, err := podByIP(ctx, host, opt.PodIP)
+		pod, err := podByIP(ctx, host, opt.PodIP, opt.Services)
 		if err != nil {
 			return err
 		}
 		info.Pods = []Pod{*pod}
 	default:
-		if err := scanPods(ctx, host, opt.MaxPods, hostVeth, info); err != nil {
+		if err := scanPods(ctx, host, opt.MaxPods, hostVeth, opt.Services, info); err != nil {
 			return err
 		}
 	}
 	for _, p := range info.Pods {
-		if p.HostPeer == nil && hostVeth == nil {
+		switch {
+		case p.HostPeer == nil && hostVeth == nil:
 			info.notef("pod netns %s: %s has no veth peer in the node netns; host-side capture needs --host-veth", p.NetNS.Path, p.Eth0.Name)
+		case p.HostPeer != nil && !p.viaEth0 && p.defaultDev != "":
+			info.notef("pod netns %s: %s: its traffic may not pass the node", p.NetNS.Path, notRoutedWhy(p, opt.Services))
 		}
 	}
 	if hostVeth != nil {
 		overrideHostVeth(host, hostVeth, info)
 	}
 	return nil
+}
+
+// notRoutedWhy says that a pod with a veth into the node sends neither its
+// default route nor a VIP through it.
+func notRoutedWhy(p Pod, vips []netip.Addr) string {
+	why := fmt.Sprintf("its default route leaves through %s, not through %s, its veth into the node (host side %s)", p.defaultDev, p.Eth0.Name, p.HostPeer.Name)
+	if len(vips) > 0 {
+		why += ", nor does its route to the VIPs"
+	}
+	return why
+}
+
+// holderComm is " (COMM)" for a netns held by a process, "" otherwise.
+func holderComm(c nsCandidate) string {
+	if c.comm == "" {
+		return ""
+	}
+	return " (" + c.comm + ")"
 }
 
 // overrideHostVeth makes the --host-veth link the host side of the selected
@@ -80,10 +101,10 @@ func overrideHostVeth(host *hostNS, l netlink.Link, info *NodeInfo) {
 	}
 }
 
-// scanPods enumerates the pods of the node: netns whose default route leaves
-// through a veth whose peer is in the node netns. With only set, it keeps the
-// pod behind that host link.
-func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link, info *NodeInfo) error {
+// scanPods enumerates the pods of the node: netns whose default route (or,
+// with it elsewhere, the route to a VIP) leaves through a veth whose peer is
+// in the node netns. With only set, it keeps the pod behind that host link.
+func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link, vips []netip.Addr, info *NodeInfo) error {
 	// The node's veths carry, from the node's view, the id of their peer's
 	// netns: a candidate whose id is not among them has no veth to the node,
 	// and is skipped without opening a netlink socket in it.
@@ -113,17 +134,26 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link,
 			info.PodsSkipped++
 			continue
 		}
-		pod, err := inspectPod(host, c, netip.Addr{})
+		pod, err := inspectPod(host, c, netip.Addr{}, vips)
 		if err != nil {
 			if !errors.Is(err, os.ErrNotExist) { // gone meanwhile: not a pod any more
 				info.notef("pod netns %s: %v", c.path, err)
 			}
 			continue
 		}
-		// A pod's default route leaves through its veth into the node; a
-		// netns behind the node's uplink (a gateway, the host of a kind node)
-		// has a veth into the node too, but routes elsewhere.
-		if pod.HostPeer == nil || !pod.defaultViaEth0 || (only != nil && pod.HostPeer.Ifindex != only.Attrs().Index) {
+		if pod.HostPeer == nil || (only != nil && pod.HostPeer.Ifindex != only.Attrs().Index) {
+			continue
+		}
+		// A pod routes through its veth into the node; a netns behind the
+		// node's uplink (a gateway, the host of a kind node) has a veth
+		// into the node too, but routes elsewhere, or nowhere. One that
+		// looks like a Pod routing elsewhere (Multus's default route on
+		// net1) is said: unless the node's own default route leaves
+		// through that veth, which makes the netns the node's upstream.
+		if !pod.viaEth0 {
+			if pod.defaultDev != "" && !host.carriesDefault(pod.HostPeer.Ifindex) {
+				info.notef("netns %s%s not taken for a Pod: %s", c.path, holderComm(c), notRoutedWhy(*pod, vips))
+			}
 			continue
 		}
 		info.Pods = append(info.Pods, *pod)
@@ -135,11 +165,12 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link,
 }
 
 // podHostVeths returns the node's veths that are a Pod's host veth, for
-// every Pod of the node as scanPods finds them (a netns whose default route
-// leaves through the veth's peer), and their masters: what a selector or a
-// bound left out of info.Pods still stays on the node. It reads only each
-// candidate netns's routes, and only of netns holding a peer of a node veth.
-func podHostVeths(ctx context.Context, host *hostNS) (map[int]bool, error) {
+// every Pod of the node as scanPods finds them (a netns whose default route,
+// or route to a VIP, leaves through the veth's peer), and their masters:
+// what a selector or a bound left out of info.Pods still stays on the node.
+// It reads only each candidate netns's routes, and only of netns holding a
+// peer of a node veth.
+func podHostVeths(ctx context.Context, host *hostNS, vips []netip.Addr) (map[int]bool, error) {
 	byID := map[int][]netlink.Link{} // node veths by the id of their peer's netns
 	for _, l := range host.links {
 		if _, ok := l.(*netlink.Veth); ok && l.Attrs().NetNsID >= 0 {
@@ -164,21 +195,18 @@ func podHostVeths(ctx context.Context, host *hostNS) (map[int]bool, error) {
 			continue
 		}
 		delete(byID, id)
-		var gwIndex int
-		if err := nsutil.Netlink(c.path, func(nl *netlink.Handle) error {
-			_, gwIndex = defaultGateway(nl)
-			return nil
-		}); err != nil || gwIndex == 0 {
-			continue
-		}
-		for _, l := range veths {
-			if a := l.Attrs(); a.ParentIndex == gwIndex {
-				out[a.Index] = true
-				if a.MasterIndex != 0 {
-					out[a.MasterIndex] = true
+		_ = nsutil.Netlink(c.path, func(nl *netlink.Handle) error {
+			for _, l := range veths {
+				a := l.Attrs()
+				if _, ok := routeThrough(nl, a.ParentIndex, vips); ok {
+					out[a.Index] = true
+					if a.MasterIndex != 0 {
+						out[a.MasterIndex] = true
+					}
 				}
 			}
-		}
+			return nil
+		})
 		if len(byID) == 0 {
 			break
 		}
@@ -201,7 +229,7 @@ func (h *hostNS) netnsID(path string) int {
 }
 
 // podByIP finds the netns (other than the node's) with ip on an interface.
-func podByIP(ctx context.Context, host *hostNS, ip netip.Addr) (*Pod, error) {
+func podByIP(ctx context.Context, host *hostNS, ip netip.Addr, vips []netip.Addr) (*Pod, error) {
 	if hasAddr(host.nl, ip) {
 		return nil, usagef("--pod-ip %s is an address of the node netns %s, not of a pod; for a hostNetwork Pod leave --pod-ip out: node processes are traced as clients, each flow names its process", ip, host.path)
 	}
@@ -221,7 +249,7 @@ func podByIP(ctx context.Context, host *hostNS, ip netip.Addr) (*Pod, error) {
 		if err != nil || !found {
 			continue // gone meanwhile, or not the one
 		}
-		pod, err := inspectPod(host, c, ip)
+		pod, err := inspectPod(host, c, ip, vips)
 		if err != nil {
 			continue
 		}
@@ -261,8 +289,9 @@ func hasAddr(nl *netlink.Handle, ip netip.Addr) bool {
 }
 
 // inspectPod reads a pod netns: its interface towards the node (see
-// pickPodIface), addresses, gateway and gateway MAC, and the host peer.
-func inspectPod(host *hostNS, c nsCandidate, want netip.Addr) (*Pod, error) {
+// pickPodIface), addresses, the route through it (see routeThrough) with
+// its gateway and gateway MAC, and the host peer.
+func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr) (*Pod, error) {
 	ns, err := netns.GetFromPath(c.path)
 	if err != nil {
 		return nil, fmt.Errorf("open pod netns: %w", err)
@@ -300,8 +329,15 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr) (*Pod, error) {
 		NSName: c.name,
 		Eth0:   iface(nl, eth0),
 	}
-	if gwIndex == eth0.Attrs().Index {
-		pod.defaultViaEth0 = true
+	if gwIndex != 0 && gwIndex != eth0.Attrs().Index {
+		pod.defaultDev = linkName(nl, gwIndex)
+	}
+	if gwIndex != eth0.Attrs().Index {
+		gw, pod.viaEth0 = vipRouteThrough(nl, eth0.Attrs().Index, vips)
+	} else {
+		pod.viaEth0 = true
+	}
+	if pod.viaEth0 {
 		pod.Gateway = gw
 		pod.GatewayMAC = neighbourMAC(nl, eth0.Attrs().Index, gw)
 	}
@@ -314,6 +350,65 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr) (*Pod, error) {
 		pod.lower = a.ParentIndex
 	}
 	return pod, nil
+}
+
+// maxVIPRoutes bounds the route lookups towards VIPs in one netns.
+const maxVIPRoutes = 16
+
+// routeThrough tells whether the netns of nl sends through its interface
+// index, and the gateway it sends to: by its default route, else (when that
+// leaves elsewhere, as a Multus Pod's on net1, or is missing) by its route to
+// one of the VIPs. The gateway is zero for an on-link route.
+func routeThrough(nl *netlink.Handle, index int, vips []netip.Addr) (netip.Addr, bool) {
+	if gw, idx := defaultGateway(nl); idx == index {
+		return gw, true
+	}
+	return vipRouteThrough(nl, index, vips)
+}
+
+// vipRouteThrough tells whether the route of the netns of nl to one of the
+// VIPs leaves through its interface index, and that route's gateway.
+func vipRouteThrough(nl *netlink.Handle, index int, vips []netip.Addr) (netip.Addr, bool) {
+	for _, vip := range vips[:min(len(vips), maxVIPRoutes)] {
+		routes, err := nl.RouteGet(net.IP(vip.AsSlice()))
+		if err != nil || len(routes) == 0 || routes[0].Type == unix.RTN_LOCAL {
+			continue
+		}
+		if r := routes[0]; r.LinkIndex == index {
+			gw, _ := netip.AddrFromSlice(r.Gw)
+			return gw.Unmap(), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// linkName names the link with that ifindex in the netns of nl.
+func linkName(nl *netlink.Handle, index int) string {
+	if l, err := nl.LinkByIndex(index); err == nil {
+		return l.Attrs().Name
+	}
+	return fmt.Sprintf("if%d", index)
+}
+
+// carriesDefault tells whether the node's default route leaves through the
+// node link index or its master.
+func (h *hostNS) carriesDefault(index int) bool {
+	if h.defaultDevs == nil {
+		h.defaultDevs = map[int]bool{}
+		routes, _ := h.nl.RouteList(nil, netlink.FAMILY_V4)
+		for _, r := range routes {
+			if isDefaultRoute(r) {
+				for _, idx := range nextHopDevices(r) {
+					h.defaultDevs[idx] = true
+				}
+			}
+		}
+	}
+	if h.defaultDevs[index] {
+		return true
+	}
+	l, err := h.link(index)
+	return err == nil && l.Attrs().MasterIndex != 0 && h.defaultDevs[l.Attrs().MasterIndex]
 }
 
 // pickPodIface chooses the pod's interface towards the node: the one with want

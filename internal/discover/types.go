@@ -56,14 +56,19 @@ type Pod struct {
 	NSName string `json:"netns_name,omitempty"`
 
 	Eth0       Iface      `json:"eth0"`
-	Gateway    netip.Addr `json:"gateway"`     // default route's gateway, zero when none
+	Gateway    netip.Addr `json:"gateway"`     // gateway of the route through Eth0 (see viaEth0), zero when none or on-link
 	GatewayMAC string     `json:"gateway_mac"` // from the pod's neighbour table, "" until resolved
 	HostPeer   *HostPeer  `json:"host_peer"`   // nil when eth0's peer is not in the node netns
 
 	Uplinks   []string `json:"uplinks"`
 	UplinkHow string   `json:"uplink_how"` // which rule chose Uplinks
 
-	defaultViaEth0 bool // the pod's default route leaves through Eth0
+	// viaEth0: the pod's default route leaves through Eth0, or, when it
+	// leaves elsewhere (Multus's net1), its route to one of the VIPs does.
+	viaEth0 bool
+	// defaultDev names the pod's interface of its default route when that
+	// is not Eth0 ("" otherwise, or without one).
+	defaultDev string
 	// lower is the ifindex in the node netns of the device below Eth0 when
 	// Eth0 is a macvlan or ipvlan on a node device (0 otherwise).
 	lower int

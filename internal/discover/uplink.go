@@ -100,7 +100,7 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 	// out: their host veths are found when a Pod's uplink needs them.
 	if opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" || info.PodsSkipped > 0 {
 		u.scanPodSide = func() {
-			veths, err := podHostVeths(ctx, host)
+			veths, err := podHostVeths(ctx, host, opt.Services)
 			maps.Copy(u.podSide, veths)
 			if err != nil {
 				info.notef("host veths of the Pods not selected not all found (they may be taken for uplinks): %v", err)
