@@ -20,9 +20,9 @@ import (
 func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo) error {
 	var hostVeth netlink.Link
 	if opt.HostVeth != "" {
-		l, err := host.linkByName(opt.HostVeth)
+		l, err := checkHostVeth(ctx, host, opt.HostVeth, opt.Services)
 		if err != nil {
-			return usagef("--host-veth %s: no such interface in the node netns %s; list them with `ip link` there", opt.HostVeth, host.path)
+			return err
 		}
 		hostVeth = l
 	}
@@ -82,6 +82,74 @@ func holderComm(c nsCandidate) string {
 		return ""
 	}
 	return " (" + c.comm + ")"
+}
+
+// checkHostVeth turns the --host-veth name into its link: a veth of the node
+// netns whose peer is in another netns, a Pod's (its default route, or its
+// route to a VIP, leaves through the peer) when that netns is found. A netns
+// pathtrace cannot find leaves the override its node side.
+func checkHostVeth(ctx context.Context, host *hostNS, name string, vips []netip.Addr) (netlink.Link, error) {
+	l, err := host.linkByName(name)
+	if err != nil {
+		hint := ""
+		if host.path == nsutil.Self {
+			hint = " (for a Pod of a kind or k3d node, give that node's netns with --host-netns too)"
+		}
+		return nil, usagef("--host-veth %s: no such interface in the node netns %s; list them with `ip link` there%s", name, host.path, hint)
+	}
+	const fix = "give the node side of the Pod's veth (in the Pod, `ip link show eth0` says eth0@ifN: N is its ifindex in the node netns), or leave --host-veth out"
+	a := l.Attrs()
+	if _, ok := l.(*netlink.Veth); !ok {
+		kind := l.Type()
+		if a.Flags&net.FlagLoopback != 0 {
+			kind = "loopback"
+		}
+		return nil, usagef("--host-veth %s: a %s link, not a veth; %s", name, kind, fix)
+	}
+	if a.NetNsID < 0 {
+		return nil, usagef("--host-veth %s: its veth peer %s is in the node netns too, not in a Pod; %s", name, host.name(a.ParentIndex), fix)
+	}
+	c, err := peerNetNS(ctx, host, a.NetNsID)
+	if err != nil || c == nil {
+		return l, nil
+	}
+	var routed bool
+	var defDev string
+	err = nsutil.Netlink(c.path, func(nl *netlink.Handle) error {
+		_, routed = routeThrough(nl, a.ParentIndex, vips)
+		if _, idx := defaultGateway(nl); idx != 0 {
+			defDev = linkName(nl, idx)
+		}
+		return nil
+	})
+	if err != nil || routed {
+		return l, nil
+	}
+	why := "has no default route"
+	if defDev != "" {
+		why = "sends its default route through " + defDev
+	}
+	if len(vips) > 0 {
+		why += ", and no VIP through " + name
+	}
+	return nil, usagef("--host-veth %s: not a Pod's veth: the netns behind it, %s%s, %s (the node's uplink side?); %s", name, c.path, holderComm(*c), why, fix)
+}
+
+// peerNetNS finds the netns the node netns gives the id nsid, nil if none.
+func peerNetNS(ctx context.Context, host *hostNS, nsid int) (*nsCandidate, error) {
+	cands, err := listNetNS(host.inode)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cands {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if host.netnsID(c.path) == nsid {
+			return &c, nil
+		}
+	}
+	return nil, nil
 }
 
 // overrideHostVeth makes the --host-veth link the host side of the selected

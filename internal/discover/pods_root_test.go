@@ -2,7 +2,11 @@ package discover
 
 import (
 	"context"
+	"errors"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +21,62 @@ func hasNote(info *NodeInfo, parts ...string) bool {
 		}
 		return true
 	})
+}
+
+// TestHostVethChecked: --host-veth names a Pod's veth, else discovery says
+// what is wrong in one line: not a veth (lo, a bridge), a veth within the
+// node, or the veth towards the gateway (the netns behind it is no Pod),
+// whichever Pod is selected.
+func TestHostVethChecked(t *testing.T) {
+	tb := newTestbed(t)
+	node := filepath.Base(tb.node)
+	ipCmd(t, "-n", node, "link", "add", "pair0", "type", "veth", "peer", "name", "pair1")
+	svcs := []netip.Addr{netip.MustParseAddr("10.120.0.80")}
+	for _, tc := range []struct {
+		opt  Options
+		want string
+	}{
+		{Options{HostNetNS: tb.node, HostVeth: "lo"}, "a loopback link, not a veth"},
+		{Options{HostNetNS: tb.node, HostVeth: "br0"}, "a bridge link, not a veth"},
+		{Options{HostNetNS: tb.node, HostVeth: "pair0"}, "in the node netns too"},
+		{Options{HostNetNS: tb.node, HostVeth: "up0"}, "not a Pod's veth: the netns behind it, " + tb.gw},
+		{Options{HostNetNS: tb.node, HostVeth: "up0", Services: svcs}, "no VIP through up0"},
+		{Options{HostNetNS: tb.node, HostVeth: "up0", PodNetNS: tb.pod}, "not a Pod's veth"},
+		{Options{HostNetNS: tb.node, HostVeth: "up0", PodIP: netip.MustParseAddr(podIP)}, "not a Pod's veth"},
+	} {
+		info, err := Node(context.Background(), tc.opt)
+		var ue *UsageError
+		if !errors.As(err, &ue) || strings.Contains(ue.Msg, "\n") || !strings.Contains(ue.Msg, tc.want) || !strings.Contains(ue.Msg, "--host-veth") {
+			var pods []Pod
+			if info != nil {
+				pods = info.Pods
+			}
+			t.Errorf("--host-veth %s (pod netns %q, pod ip %v): got %v (%T) pods %+v, want a one-line usage error saying %q",
+				tc.opt.HostVeth, tc.opt.PodNetNS, tc.opt.PodIP, err, err, pods, tc.want)
+			continue
+		}
+		t.Logf("%s: %s", tc.opt.HostVeth, ue.Msg)
+	}
+
+	// A veth whose peer is in a netns no process nor /run/netns name holds:
+	// captured on the node side only, as before.
+	hidden := node + "-hidden"
+	ipCmd(t, "netns", "add", hidden)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", hidden).Run() })
+	ipCmd(t, "-n", node, "link", "add", "hvh", "type", "veth", "peer", "name", "eth0", "netns", hidden)
+	f, err := os.Open("/run/netns/" + hidden) // keeps it alive unnamed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ipCmd(t, "netns", "del", hidden)
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, HostVeth: "hvh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 || info.Pods[0].HostPeer == nil || info.Pods[0].HostPeer.Name != "hvh" || !hasNote(info, "no pod netns found behind it") {
+		t.Errorf("veth to an unnamed netns: pods %+v notes %q, want its node side only", info.Pods, info.Notes)
+	}
 }
 
 // TestPodDefaultRouteElsewhere: a Pod whose default route leaves through
