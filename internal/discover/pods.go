@@ -55,7 +55,7 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 	for _, p := range info.Pods {
 		switch {
 		case p.HostPeer == nil && hostVeth == nil:
-			info.notef("pod netns %s: %s has no veth peer in the node netns; host-side capture needs --host-veth", p.NetNS.Path, p.Eth0.Name)
+			info.notef("%s", noHostPeerNote(ctx, host, p))
 		case p.HostPeer != nil && !p.viaEth0 && p.defaultDev != "":
 			info.notef("pod netns %s: %s: its traffic may not pass the node", p.NetNS.Path, notRoutedWhy(p, opt.Services))
 		}
@@ -64,6 +64,25 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 		overrideHostVeth(host, hostVeth, info)
 	}
 	return nil
+}
+
+// noHostPeerNote says why a pod has no host veth, and what to do about it.
+func noHostPeerNote(ctx context.Context, host *hostNS, p Pod) string {
+	switch {
+	case p.lower != 0:
+		dev := host.name(p.lower)
+		return fmt.Sprintf("pod netns %s: %s is a %s on the node's %s: no host veth to capture on (its packets leave through %s)", p.NetNS.Path, p.Eth0.Name, p.Eth0.Kind, dev, dev)
+	case p.peerElsewhere:
+		// A kind or k3d node is a container: its Pods' veths lead into the
+		// node container's netns, not into pathtrace's.
+		if c := netnsWithID(ctx, p.NetNS, p.peerNSID); c != nil {
+			return fmt.Sprintf("pod netns %s: the veth peer of its %s is in the netns %s%s, not in the node netns %s: when that netns is the node running the Pod (kind, k3d), give --host-netns %s for its host veth, NAT rules and uplink",
+				p.NetNS.Path, p.Eth0.Name, c.path, holderComm(*c), host.path, c.path)
+		}
+		return fmt.Sprintf("pod netns %s: the veth peer of its %s is in another netns than the node netns %s: give --host-netns with the netns of the node running the Pod (kind, k3d: /proc/PID/ns/net of a process of the node container) for its host veth, NAT rules and uplink",
+			p.NetNS.Path, p.Eth0.Name, host.path)
+	}
+	return fmt.Sprintf("pod netns %s: %s has no veth peer in the node netns; host-side capture needs --host-veth", p.NetNS.Path, p.Eth0.Name)
 }
 
 // notRoutedWhy says that a pod with a veth into the node sends neither its
@@ -150,6 +169,29 @@ func peerNetNS(ctx context.Context, host *hostNS, nsid int) (*nsCandidate, error
 		}
 	}
 	return nil, nil
+}
+
+// netnsWithID finds the netns that the netns from gives the id nsid, nil
+// when none (or it cannot be told).
+func netnsWithID(ctx context.Context, from NetNS, nsid int) *nsCandidate {
+	cands, err := listNetNS(from.Inode)
+	if err != nil {
+		return nil
+	}
+	var found *nsCandidate
+	_ = nsutil.Netlink(from.Path, func(nl *netlink.Handle) error {
+		for _, c := range cands {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if netnsIDIn(nl, c.path) == nsid {
+				found = &c
+				return nil
+			}
+		}
+		return nil
+	})
+	return found
 }
 
 // overrideHostVeth makes the --host-veth link the host side of the selected
@@ -283,13 +325,16 @@ func podHostVeths(ctx context.Context, host *hostNS, vips []netip.Addr) (map[int
 }
 
 // netnsID is the id the node netns gives the netns at path, -1 when none.
-func (h *hostNS) netnsID(path string) int {
+func (h *hostNS) netnsID(path string) int { return netnsIDIn(h.nl, path) }
+
+// netnsIDIn is the id the netns of nl gives the netns at path, -1 when none.
+func netnsIDIn(nl *netlink.Handle, path string) int {
 	ns, err := netns.GetFromPath(path)
 	if err != nil {
 		return -1
 	}
 	defer ns.Close()
-	id, err := h.nl.GetNetNsIdByFd(int(ns))
+	id, err := nl.GetNetNsIdByFd(int(ns))
 	if err != nil {
 		return -1
 	}
@@ -416,6 +461,8 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr)
 		}
 	case isStackedOn(eth0, hostID):
 		pod.lower = a.ParentIndex
+	case isVeth(eth0) && a.NetNsID >= 0:
+		pod.peerElsewhere, pod.peerNSID = true, a.NetNsID
 	}
 	return pod, nil
 }
@@ -533,8 +580,12 @@ func isStackedOn(l netlink.Link, nsid int) bool {
 
 // isVethTo tells whether l is a veth whose peer is in the netns with that id.
 func isVethTo(l netlink.Link, nsid int) bool {
+	return isVeth(l) && nsid >= 0 && l.Attrs().NetNsID == nsid
+}
+
+func isVeth(l netlink.Link) bool {
 	_, ok := l.(*netlink.Veth)
-	return ok && nsid >= 0 && l.Attrs().NetNsID == nsid
+	return ok
 }
 
 func hostPeer(host *hostNS, l netlink.Link) *HostPeer {

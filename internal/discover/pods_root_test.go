@@ -79,6 +79,33 @@ func TestHostVethChecked(t *testing.T) {
 	}
 }
 
+// TestPodOfAnotherNode: a Pod whose veth leads into another netns than the
+// node's (pathtrace on a kind host without --host-netns) is told to give
+// --host-netns with the netns holding the peer.
+func TestPodOfAnotherNode(t *testing.T) {
+	n := newNodeNS(t, "node", "kind", "pod")
+	n.run(t, "kind", "link add hvk type veth peer name eth0 netns "+n.name("pod"), "link set hvk up",
+		"route add 10.99.21.5/32 dev hvk")
+	n.run(t, "pod", "addr add 10.99.21.5/32 dev eth0", "link set eth0 up",
+		"route add 169.254.1.1 dev eth0 scope link", "route add default via 169.254.1.1 dev eth0")
+	for _, opt := range []Options{
+		{HostNetNS: n.path("node"), PodNetNS: n.path("pod")},
+		{HostNetNS: n.path("node"), PodIP: netip.MustParseAddr("10.99.21.5")},
+	} {
+		info, err := Node(context.Background(), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Pods) != 1 || info.Pods[0].HostPeer != nil {
+			t.Fatalf("pods: got %+v, want the pod without host peer", info.Pods)
+		}
+		if !hasNote(info, n.path("pod"), "--host-netns "+n.path("kind")) || hasNote(info, "--host-veth") {
+			t.Errorf("pod netns %q, pod ip %v: notes %q, want --host-netns %s", opt.PodNetNS, opt.PodIP, info.Notes, n.path("kind"))
+		}
+		t.Logf("%q", info.Notes)
+	}
+}
+
 // TestPodDefaultRouteElsewhere: a Pod whose default route leaves through
 // another interface (Multus's net1) but which routes the VIPs through its
 // veth into the node is a Pod of the node; one that routes neither is not,

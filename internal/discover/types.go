@@ -69,6 +69,10 @@ type Pod struct {
 	// defaultDev names the pod's interface of its default route when that
 	// is not Eth0 ("" otherwise, or without one).
 	defaultDev string
+	// peerNSID is, when peerElsewhere, the id (from the pod's view) of the
+	// netns holding Eth0's veth peer: a netns that is not the node netns.
+	peerElsewhere bool
+	peerNSID      int
 	// lower is the ifindex in the node netns of the device below Eth0 when
 	// Eth0 is a macvlan or ipvlan on a node device (0 otherwise).
 	lower int
