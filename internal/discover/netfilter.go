@@ -159,6 +159,12 @@ func (t saveTools) legacySave() (bin, why string) {
 	return bin, ""
 }
 
+// LegacySave is the program that dumps the iptables-legacy tables of the
+// netns at hostPath (see legacySave), or "" and why there is none.
+func LegacySave(ctx context.Context, hostPath string) (bin, why string) {
+	return systemSaveTools(ctx, hostPath).legacySave()
+}
+
 // systemSaveTools finds programs in $PATH and runs them in the node netns.
 func systemSaveTools(ctx context.Context, hostPath string) saveTools {
 	return saveTools{lookPath: exec.LookPath, version: func(bin string) (string, error) {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
 
+	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/kmod"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
@@ -49,11 +50,21 @@ func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
 type legacyFamily struct {
 	namesFile string // lists the family's existing legacy tables
 	save      string // its save command
+	// find finds the save command, or says why there is none.
+	find func(ctx context.Context, hostPath string) (bin, why string)
 }
 
 var legacyFamilies = [...]legacyFamily{
-	{"ip_tables_names", "iptables-legacy-save"},
-	{"ip6_tables_names", "ip6tables-legacy-save"},
+	// IPv4: also a legacy iptables-save of iptables before 1.8 (the same
+	// choice as discovery's).
+	{"ip_tables_names", "iptables-legacy-save", discover.LegacySave},
+	{"ip6_tables_names", "ip6tables-legacy-save", func(context.Context, string) (string, string) {
+		bin, err := exec.LookPath("ip6tables-legacy-save")
+		if err != nil {
+			return "", "ip6tables-legacy-save is not installed"
+		}
+		return bin, ""
+	}},
 }
 
 // iptablesLegacy writes the legacy nat tables that already exist. Any read
@@ -78,10 +89,10 @@ func (s *snapshot) iptablesLegacy(ctx context.Context, w *topicWriter) error {
 			fmt.Fprintln(w)
 			continue
 		}
-		bin, err := exec.LookPath(fam.save)
-		if err != nil {
-			fmt.Fprintf(w, "the legacy nat table exists but %s is not installed: not read\n\n", fam.save)
-			w.notef("legacy nat table exists but %s is not installed", fam.save)
+		bin, why := fam.find(ctx, s.hostPath)
+		if bin == "" {
+			fmt.Fprintf(w, "the legacy nat table exists but %s: not read\n\n", why)
+			w.notef("legacy nat table exists but %s", why)
 			continue
 		}
 		if err := runCommand(ctx, s.hostPath, w, bin, "-t", "nat"); err != nil {
