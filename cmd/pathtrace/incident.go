@@ -62,8 +62,11 @@ func runIncident(args []string) int {
 	addSelectionFlags(fs, &f)
 	fs.StringVar(&out, "out", "", "bundle `dir` to create (required), built as DIR.partial; DIR.tar.gz is written beside it")
 	fs.StringVar(&maxBytes, "max-bytes", "256M", "bound on the whole bundle, `size` in bytes or with K, M, G suffix")
+	// Only --help prints this (ContinueOnError: errors are one line each),
+	// to stdout, so that it pages.
+	fs.SetOutput(os.Stdout)
 	fs.Usage = func() {
-		fmt.Fprint(os.Stderr, incidentUsage)
+		fmt.Print(incidentUsage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

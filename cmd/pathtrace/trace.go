@@ -87,8 +87,11 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
 	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
+	// Only --help prints this (ContinueOnError: errors are one line each),
+	// to stdout, so that it pages.
+	fs.SetOutput(os.Stdout)
 	fs.Usage = func() {
-		fmt.Fprint(os.Stderr, traceUsage)
+		fmt.Print(traceUsage)
 		fs.PrintDefaults()
 	}
 	return fs

@@ -99,7 +99,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	info.CapturePoints = capturePoints(host, info, uplinks)
 
 	own := observerFilter(opt.IsObserver)
-	info.SockPrograms = sockPrograms(opt.Cgroup, own, info)
+	info.SockPrograms, info.SockCgroup = sockPrograms(opt.Cgroup, own, info), opt.Cgroup
 	info.TCPrograms = tcPrograms(host, info.CapturePoints, own, info)
 	info.emptyNotNull()
 	return info, ctx.Err()

@@ -62,7 +62,7 @@ func (n *NodeInfo) Table(w io.Writer) error {
 
 	p("\nMECHANISMS\n")
 	if len(n.SockPrograms) == 0 {
-		p("socket\tno cgroup sock_addr program effective\n")
+		p("socket\tno cgroup sock_addr program effective on %s (a client's own cgroup may add some: its flows name them)\n", orDash(n.SockCgroup))
 	}
 	for _, s := range n.SockPrograms {
 		p("socket\t%s\t%s (id %d)\tcgroup %s\n", s.Attach, orDash(s.Name), s.ID, s.Cgroup)

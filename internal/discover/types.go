@@ -18,8 +18,11 @@ type NodeInfo struct {
 	PodsSkipped   int            `json:"pods_skipped"`
 	CapturePoints []CapturePoint `json:"capture_points"`
 
-	// Service mechanisms present.
+	// Service mechanisms present. SockPrograms are those effective on
+	// SockCgroup (--cgroup, by default the cgroup2 root); a client's own
+	// cgroup may add more, named with its flows.
 	SockPrograms []SockProgram `json:"sock_programs"`
+	SockCgroup   string        `json:"sock_cgroup"`
 	TCPrograms   []TCProgram   `json:"tc_programs"`
 	Netfilter    Netfilter     `json:"netfilter"`
 	IPVS         IPVS          `json:"ipvs"`

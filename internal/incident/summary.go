@@ -331,7 +331,8 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 	for _, p := range node.SockPrograms {
 		sock = append(sock, fmt.Sprintf("%s %s (id %d) on %s", p.Attach, orDash(p.Name), p.ID, orDash(p.Cgroup)))
 	}
-	fmt.Fprintf(b, "- Socket-layer programs effective for the client: %s.\n", orNone(sock))
+	fmt.Fprintf(b, "- Socket-layer programs effective on the cgroup %s: %s (a client's own cgroup may add some: the verdicts above name them).\n",
+		orDash(node.SockCgroup), orNone(sock))
 	var tc []string
 	for _, p := range node.TCPrograms {
 		tc = append(tc, fmt.Sprintf("%s %s %s %s (id %d)", p.Ifname, p.Via, p.Dir, orDash(p.Name), p.ID))

@@ -72,6 +72,7 @@ func summaryNode() *discover.NodeInfo {
 			{Role: "uplink", Ifname: "bond0", Kind: "veth"},
 		},
 		SockPrograms: []discover.SockProgram{{Attach: "connect4", Name: "lab_sock4_connect", ID: 41, Cgroup: "/sys/fs/cgroup/unified/lab-client"}},
+		SockCgroup:   "/sys/fs/cgroup/unified/lab-client",
 		TCPrograms:   []discover.TCProgram{{Ifname: "veth-a", Dir: "ingress", Via: "tcx", Name: "lab_lb_ingress", ID: 52}},
 		Netfilter: discover.Netfilter{BridgeNFCallIPTables: &yes, IPForward: &no, Rules: []discover.NATRule{{
 			Source: "nftables", Table: "ip kube-proxy", Hook: "prerouting", Service: netip.MustParseAddr("10.120.0.10"),

@@ -340,3 +340,24 @@ func TestICMPErrorInsteadOfReply(t *testing.T) {
 		t.Errorf("JSON flow lacks %s: %s", want, js.String())
 	}
 }
+
+// TestShortByKeepsWhatTellsFlowsApart: a long "by" in the flow table keeps
+// a program's name and id and a chain's translating rule.
+func TestShortByKeepsWhatTellsFlowsApart(t *testing.T) {
+	for _, tc := range []struct{ by, want string }{
+		{"tcx ingress lab_from_container (id 120524)", "tcx ingress lab_from_container (id 120524)"},
+		{"connect4 lb (id 7) on /sys/fs/cgroup/unified/kubepods/lab-client", "connect4 lb (id 7) on …/lab-client"},
+		{"connect4 cil_sock4_connect (id 1349) on /sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice", "connect4 cil_sock4_connect (id 1349)"},
+		{"nftables ip kube-proxy nat-prerouting -> services -> service-web -> endpoint-web-0", "nftables ip kube-proxy … endpoint-web-0"},
+		{"iptables-legacy nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-ERIFXISQEP7F7OF4 -> KUBE-SEP-AAAABBBBCCCCDDDD", "iptables-legacy nat … KUBE-SEP-AAAABBBBCCCCDDDD"},
+	} {
+		var buf bytes.Buffer
+		f := flow.Flow{ID: 1, Proto: "tcp", Service: netip.MustParseAddrPort("10.120.0.80:80"), RewrittenAt: flow.PlaceNetfilter, By: tc.by}
+		if err := report.WriteTable(&buf, []flow.Flow{f}, flow.Summary{}); err != nil {
+			t.Fatal(err)
+		}
+		if row := strings.Split(buf.String(), "\n")[1]; !strings.Contains(row, tc.want+" ") {
+			t.Errorf("by %q shows as\n%s\nwant %q", tc.by, row, tc.want)
+		}
+	}
+}

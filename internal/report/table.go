@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -13,7 +14,7 @@ import (
 )
 
 // maxByWidth keeps the flow table readable; the summary shows "by" in full.
-const maxByWidth = 44
+const maxByWidth = 48
 
 func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -32,7 +33,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	fmt.Fprintln(tw, "ID\tPROTO\tCLIENT\tSERVICE\tBACKEND\tREWRITTEN AT\tBY\tVLAN\tUPLINK DST MAC\tREPLY")
 	for _, f := range flows {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.ID, orDash(f.Proto), clientOrDash(f), f.Service,
-			addrOrDash(f), f.RewrittenAt, orDash(shorten(f.By, maxByWidth)), vlan(f.VLAN), uplinkMAC(f), reply(f))
+			addrOrDash(f), f.RewrittenAt, orDash(shortBy(f.By, maxByWidth)), vlan(f.VLAN), uplinkMAC(f), reply(f))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write flow table: %w", err)
@@ -136,6 +137,37 @@ func countList(m map[string]uint64) string {
 }
 
 // shorten cuts s to n runes with an ellipsis.
+// shortBy fits a "by" into n runes, giving up first what tells flows apart
+// least: a program's cgroup (its name and id stay whole, for bpftool), then
+// the middle of a rule chain (its table and the rule that translated stay).
+func shortBy(s string, n int) string {
+	fits := func(s string) bool { return utf8.RuneCountInString(s) <= n }
+	if fits(s) {
+		return s
+	}
+	if head, dir, ok := strings.Cut(s, " on /"); ok {
+		if s = head + " on …/" + path.Base("/"+dir); fits(s) {
+			return s
+		}
+		if s = head; fits(s) {
+			return s
+		}
+	}
+	if hops := strings.Split(s, " -> "); len(hops) > 1 {
+		for k := 2; k < len(hops); k++ {
+			if c := hops[0] + " -> … -> " + strings.Join(hops[k:], " -> "); fits(c) {
+				return c
+			}
+		}
+		// The table without its first chain, and as much of the last rule
+		// as fits (kube-proxy's names begin with their hash).
+		if i := strings.LastIndexByte(hops[0], ' '); i > 0 {
+			return shorten(hops[0][:i]+" … "+hops[len(hops)-1], n)
+		}
+	}
+	return shorten(s, n)
+}
+
 func shorten(s string, n int) string {
 	if utf8.RuneCountInString(s) <= n {
 		return s
