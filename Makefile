@@ -14,8 +14,12 @@ export CGO_ENABLED  := 0
 
 all: build
 
+# The version --version prints and incident bundles record (the toolchain's
+# own VCS stamping may be turned off, as GOFLAGS=-buildvcs=false does).
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+
 build:
-	$(GO) build -trimpath -o $(BIN) ./cmd/pathtrace
+	$(GO) build -trimpath -ldflags "-X main.stampedVersion=$(VERSION)" -o $(BIN) ./cmd/pathtrace
 
 # Packages that `make generate` needs, installed only when missing.
 deps-generate:
@@ -64,12 +68,13 @@ test-unit:
 demo: build
 	tools/demo.sh $(BIN)
 
-# The lab alone in each Service mode, with the lab client's requests.
+# The lab alone in each Service mode, with the lab client's requests (a lab
+# of its own: the ptlab a user built stays).
 lab-demo: build
 	@for m in socket tc tc-legacy netfilter nowhere; do \
 		echo "== lab mode $$m"; \
-		$(BIN) lab up --mode $$m && $(BIN) lab client --requests 5; \
-	done; $(BIN) lab down
+		$(BIN) lab up --name ptlab-labdemo --mode $$m && $(BIN) lab client --name ptlab-labdemo --requests 5; \
+	done; $(BIN) lab down --name ptlab-labdemo
 
 # Go benchmarks, then pathtrace against tcpdump (and Wireshark's dumpcap, for
 # reference) in a lab of its own (root, a few minutes); the results and the

@@ -43,9 +43,15 @@ func needRoot(t *testing.T) {
 }
 
 func TestBadInputExitsTwo(t *testing.T) {
+	// A capture whose FILE.partial an interrupted run left.
+	stale := filepath.Join(t.TempDir(), "x.pcapng")
+	if err := os.WriteFile(stale+".partial", nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cases := [][]string{
 		{"--svc", "999.1.1.1"},
 		{"--svc", "10.0.0.1:99999"},
+		{"--svc", "10.0.0.1:80/tcp,10.0.0.2:53/udp"},
 		{"--svc", "10.0.0.1", "--duration", "-1s"},
 		{"--svc", "10.0.0.1", "--host-netns", "/nonexistent"},
 		{"--svc", "10.0.0.1", "--output", "xml"},
@@ -55,6 +61,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"--svc", "10.0.0.1", "--no-such-flag"},
 		{"--svc", "10.0.0.1", "--pcap", "/nonexistent-dir/x.pcapng"},
 		{"--svc", "10.0.0.1", "--pcap", "/etc/hostname"},
+		{"--svc", "10.0.0.1", "--pcap", stale},
 		{"--svc", "10.0.0.1", "--max-packets", "5"},
 		{"--svc", "10.0.0.1", "--pcap", "/tmp/x.pcapng", "--max-bytes", "12X"},
 		{"--svc", "10.0.0.1", "--buffer-size", ""},

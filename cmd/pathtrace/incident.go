@@ -220,7 +220,8 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 	}
 	summary := func() error {
 		return incident.WriteSummary(dir, res.Flows, res.Summary.WithDrops(res.Drops), res.Node, res.StopReason,
-			incident.Ended{Captures: res.CaptureEnded, Observers: res.ObserversEnded})
+			incident.Ended{Captures: res.CaptureEnded, Observers: res.ObserversEnded},
+			incident.Taken{Version: version(), Command: commandLine(os.Args)})
 	}
 	if err := summary(); err != nil {
 		return err
@@ -372,9 +373,24 @@ func features(atts []probe.Attachment) []string {
 	for _, a := range atts {
 		state := "attached"
 		if a.Err != nil {
-			state = "unavailable: " + a.Err.Error()
+			state = "not attached: " + a.Err.Error() // as the report's OBSERVERS table says
 		}
 		out = append(out, fmt.Sprintf("%s (%s): %s", a.Observer, a.Where, state))
 	}
 	return out
+}
+
+// commandLine renders args as a shell would take them back.
+func commandLine(args []string) string {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = a
+		if a == "" || strings.ContainsAny(a, " \t\n'\"\\$`|&;<>()*?[]{}~#") {
+			quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	if len(quoted) > 0 {
+		quoted[0] = filepath.Base(quoted[0])
+	}
+	return strings.Join(quoted, " ")
 }

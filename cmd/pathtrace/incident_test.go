@@ -317,3 +317,12 @@ func TestIncidentBadOutExitsTwo(t *testing.T) {
 		t.Errorf("the earlier archive changed: %q", b)
 	}
 }
+
+// TestCommandLine: the command a bundle records reads back in a shell.
+func TestCommandLine(t *testing.T) {
+	got := commandLine([]string{"/usr/local/bin/pathtrace", "incident", "--svc", "10.120.0.80:80/tcp", "--out", "/var/tmp/inc 42", "--pod-ip", "it's"})
+	want := `pathtrace incident --svc 10.120.0.80:80/tcp --out '/var/tmp/inc 42' --pod-ip 'it'\''s'`
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}

@@ -21,10 +21,13 @@ const labHelp = `pathtrace lab — the seed's cluster datapath in network namesp
 
 Usage:
   pathtrace lab up [--mode MODE] [--name NAME]   build the lab (idempotent) or switch its mode
-  pathtrace lab client [--requests N] [--interval D] [--timeout D] [--json]
-                                                  send requests to the Services from the Pod
-  pathtrace lab status [--json]                   show what exists and a health check
-  pathtrace lab down                              remove everything the lab made
+  pathtrace lab client [--name NAME] [--requests N] [--interval D] [--timeout D] [--json]
+                                                  send requests to the Services from the Pod;
+                                                  prints what failed and exits 0 even so (the
+                                                  nowhere mode fails on purpose)
+  pathtrace lab status [--name NAME] [--json]     show what exists and a health check (exit 1
+                                                  when it fails)
+  pathtrace lab down [--name NAME]                remove everything the lab made
 
 Topology (namespaces NAME-pod, NAME-node, NAME-gw, NAME-backend under /run/netns):
   pod      eth0 10.244.8.23/22, default via 10.244.8.1
@@ -142,8 +145,12 @@ func labCommand(args []string, out io.Writer) error {
 		if err := l.Up(ctx, lab.Mode(*mode)); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "lab %s is up in %s mode (netns %s-{pod,node,gw,backend}); try: pathtrace lab client --requests 5\n",
-			l.Name(), *mode, l.Name())
+		try := "pathtrace lab client --requests 5"
+		if l.Name() != lab.DefaultName {
+			try = "pathtrace lab client --name " + l.Name() + " --requests 5"
+		}
+		fmt.Fprintf(out, "lab %s is up in %s mode (netns %s-{pod,node,gw,backend}); try: %s\n",
+			l.Name(), *mode, l.Name(), try)
 	case "down":
 		if err := l.Down(); err != nil {
 			return err
@@ -155,6 +162,9 @@ func labCommand(args []string, out io.Writer) error {
 			return errors.Join(err, writeJSON(out, st))
 		}
 		printLabStatus(out, st)
+		if err == nil && !st.Healthy {
+			err = errors.New("the health check failed (see above)")
+		}
 		return err
 	case "client":
 		res, err := l.Client(ctx, lab.ClientOptions{Requests: *requests, Interval: *interval, Timeout: *timeout})

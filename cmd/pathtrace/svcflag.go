@@ -12,6 +12,9 @@ import (
 // parseService parses --svc IP[:PORT][/tcp|udp].
 func parseService(s string) (flow.Service, error) {
 	var svc flow.Service
+	if strings.Contains(s, ",") {
+		return svc, usagef("--svc %q: one Service per --svc: repeat the flag (--svc 10.120.0.80:80/tcp --svc 10.120.0.10:53/udp)", s)
+	}
 	spec, proto, hasProto := strings.Cut(s, "/")
 	if hasProto {
 		switch strings.ToLower(proto) {

@@ -101,7 +101,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 // Services, the duration, and which Pods and node to look at.
 func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringArrayVar(&f.svcs, "svc", nil, "Service to trace, `IP[:PORT][/tcp|udp]`, repeatable (required); without a port any port of that IP")
-	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C or SIGTERM ends early and still prints the full report")
+	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C or SIGTERM ends early and still prints the full report (incident: and writes the bundle)")
 	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node)")
 	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
 	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
@@ -213,6 +213,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		if _, err := os.Stat(f.pcap); err == nil {
 			return opt, usagef("--pcap %s: the file exists; pathtrace never overwrites a capture, give a new name", f.pcap)
 		}
+		if _, err := os.Lstat(f.pcap + ".partial"); err == nil {
+			return opt, usagef("--pcap %s: %s.partial exists (left by an interrupted capture?): remove it or give a new name", f.pcap, f.pcap)
+		}
 		if st, err := os.Stat(filepath.Dir(f.pcap)); err != nil || !st.IsDir() {
 			return opt, usagef("--pcap %s: no directory %s to write it in", f.pcap, filepath.Dir(f.pcap))
 		}
@@ -225,7 +228,13 @@ func (f *traceFlags) validate() (session.Options, error) {
 	return opt, nil
 }
 
+// stampedVersion is set by `make build` (-X): the commit it was built from.
+var stampedVersion string
+
 func version() string {
+	if stampedVersion != "" {
+		return "pathtrace " + stampedVersion
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			if s.Key == "vcs.revision" && len(s.Value) >= 12 {

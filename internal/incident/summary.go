@@ -19,6 +19,13 @@ type Ended struct {
 	Observers string            // the observers' event reader ("" when it ran to the end)
 }
 
+// Taken says what took the bundle: pathtrace's version and its command
+// line, for whoever reads the ticket later.
+type Taken struct {
+	Version string
+	Command string
+}
+
 // SummaryFile is the bundle's plain-words summary.
 const SummaryFile = "SUMMARY.md"
 
@@ -32,10 +39,13 @@ const (
 // sentence per group of flows that share them, then where pathtrace looked,
 // what it captured and lost, and what could not be read (the node's notes and
 // those of the bundle's manifest, when Snapshot wrote one). stop is why the
-// capture ended; ended, what ended before it.
-func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.NodeInfo, stop string, ended Ended) error {
+// capture ended; ended, what ended before it; taken, what took it.
+func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.NodeInfo, stop string, ended Ended, taken Taken) error {
 	var b strings.Builder
 	b.WriteString("# pathtrace incident summary\n\n")
+	if taken.Command != "" {
+		fmt.Fprintf(&b, "Taken by %s: `%s`.  \n", orDash(taken.Version), taken.Command)
+	}
 	if vips := serviceAddrs(flows); len(vips) > 0 {
 		fmt.Fprintf(&b, "Services traced: %s.  \n", strings.Join(vips, ", "))
 	}

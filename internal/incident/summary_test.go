@@ -118,7 +118,7 @@ func TestSummaryGolden(t *testing.T) {
 	if err := m.Write(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteSummary(dir, summaryFlows(), summarySummary(), summaryNode(), "duration", Ended{}); err != nil {
+	if err := WriteSummary(dir, summaryFlows(), summarySummary(), summaryNode(), "duration", Ended{}, Taken{Version: "pathtrace v1.2.3", Command: "pathtrace incident --svc 10.120.0.80 --out /var/tmp/inc-42"}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile(filepath.Join(dir, SummaryFile))
@@ -131,7 +131,7 @@ func TestSummaryGolden(t *testing.T) {
 func TestSummaryWithoutFlowsOrManifest(t *testing.T) {
 	dir := t.TempDir()
 	s := flow.Summary{Drops: map[string]uint64{"pod_kernel_drops": 0}}
-	if err := WriteSummary(dir, nil, s, nil, "interrupted", Ended{}); err != nil {
+	if err := WriteSummary(dir, nil, s, nil, "interrupted", Ended{}, Taken{}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
@@ -150,7 +150,7 @@ func TestSummaryNamesLossesAndEndedCaptures(t *testing.T) {
 	dir := t.TempDir()
 	s := flow.Summary{Drops: map[string]uint64{"flows_over_max": 0}}.WithDrops(map[string]uint64{"uplink:bond0 kernel_drops": 12})
 	ended := Ended{Captures: map[string]string{"pod:eth0@10.0.0.5": "ended at 03:12:09: capture pod eth0: socket error: network is down"}}
-	if err := WriteSummary(dir, nil, s, nil, "duration", ended); err != nil {
+	if err := WriteSummary(dir, nil, s, nil, "duration", ended, Taken{}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
@@ -167,7 +167,7 @@ func TestSummaryNamesLossesAndEndedCaptures(t *testing.T) {
 	// Every counter zero, but the observers' reader ended: not "nothing was
 	// lost" either.
 	ended = Ended{Observers: "ended at 03:12:10: read ring buffer: bad address"}
-	if err := WriteSummary(dir, nil, flow.Summary{Drops: map[string]uint64{"flows_over_max": 0}}, nil, "duration", ended); err != nil {
+	if err := WriteSummary(dir, nil, flow.Summary{Drops: map[string]uint64{"flows_over_max": 0}}, nil, "duration", ended, Taken{}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ = os.ReadFile(filepath.Join(dir, SummaryFile))
@@ -191,7 +191,7 @@ func TestSummaryBoundsGroupsAndIDs(t *testing.T) {
 			Client: netip.MustParseAddrPort("10.9.9.9:1"), Service: netip.MustParseAddrPort("10.120.0.10:53")})
 	}
 	dir := t.TempDir()
-	if err := WriteSummary(dir, flows, flow.Summary{Flows: len(flows)}, nil, "max-flows", Ended{}); err != nil {
+	if err := WriteSummary(dir, flows, flow.Summary{Flows: len(flows)}, nil, "max-flows", Ended{}, Taken{}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))

@@ -52,7 +52,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	for _, p := range flow.Places() {
 		by := byPlace[p]
 		if len(by) == 0 {
-			fmt.Fprintf(tw, "%s\t%d\n", p, s.RewrittenAt[p])
+			// The FLOWS cell ends with a tab as in the rows with a BY:
+			// tabwriter aligns a column over consecutive lines having it.
+			fmt.Fprintf(tw, "%s\t%d\t\n", p, s.RewrittenAt[p])
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\n", p, s.RewrittenAt[p], by[0])
@@ -60,7 +62,7 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 			fmt.Fprintf(tw, "\t\t%s\n", b)
 		}
 	}
-	fmt.Fprintf(tw, "total\t%d\n", s.Flows)
+	fmt.Fprintf(tw, "total\t%d\t\n", s.Flows)
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write summary table: %w", err)
 	}
@@ -87,7 +89,7 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	for _, h := range DropHints(s.Drops) {
 		fmt.Fprintln(w, h)
 	}
-	fmt.Fprintf(w, "\nObservations no flow claimed: %d\n", s.Unmatched)
+	fmt.Fprintf(w, "\nObservations not matched to any flow: %d\n", s.Unmatched)
 	if s.WithoutPorts > 0 {
 		fmt.Fprintf(w, "Observations without TCP/UDP ports (ICMP, IP fragments after the first; no flow's): %d\n", s.WithoutPorts)
 	}
