@@ -774,7 +774,9 @@ func TestBusyPortReuse(t *testing.T) {
 	// port opens the next one to the same VIP, kube-proxy picking another
 	// backend: a short-lived HTTP/1.0 client, a port freed by the server
 	// closing first or reused from TIME_WAIT (tcp_tw_reuse).
-	for _, after := range []float64{1500, 61000} {
+	// (Reused sooner than clockSlack after the first's last packets, the
+	// two are beyond what the clocks tell apart.)
+	for _, after := range []float64{15, 200, 1500, 61000} {
 		first := conn{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be1, at: 0, close: true, exchanges: 3}
 		end := 1 + 20 + 5 + 0.4 // its last ACK
 		second := conn{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be2, at: end + after, close: true, exchanges: 2}
@@ -788,6 +790,14 @@ func TestBusyPortReuse(t *testing.T) {
 			cases = append(cases, busyCase{name: name, cfg: cfg, obs: generate(cfg, first, second, third),
 				want: []wantFlow{flowOf(first, flow.PlaceNetfilter), flowOf(third, flow.PlaceNetfilter), flowOf(second, flow.PlaceNetfilter)}})
 		}
+	}
+	// Refused with a RST (nothing listened on the first backend): the
+	// client never acknowledged anything; it retries from the same port.
+	{
+		first := conn{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be1, at: 0, reset: true}
+		second := conn{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be2, at: 200, close: true}
+		cases = append(cases, busyCase{name: "tcp port reused after a RST", cfg: nf, obs: generate(nf, first, second),
+			want: []wantFlow{flowOf(first, flow.PlaceNetfilter), flowOf(second, flow.PlaceNetfilter)}})
 	}
 	// UDP: a DNS client with a new socket per query; its port comes
 	// back 31 s later, when conntrack has forgotten the first query and
@@ -907,6 +917,31 @@ func TestBusyMasquerade(t *testing.T) {
 	cases := []busyCase{
 		{name: "masqueraded pods, netfilter", cfg: nf, obs: generate(nf, a, b, c), want: want},
 		{name: "masqueraded pods, thin", cfg: thin, obs: generate(thin, a, b, c), want: want},
+	}
+	for _, c := range cases {
+		t.Run(c.name, c.run)
+	}
+}
+
+// A slow conntrack reader: its events stamped 150 ms after the packets
+// they report (its receipt time).
+func TestBusySlowConntrack(t *testing.T) {
+	tcp, udp := obs.TCP, obs.UDP
+	nf := busyConfig(nfPoints...)
+	thin := busyConfig(obs.PointHost, obs.PointConntrack, obs.PointUplink)
+	conns := []conn{
+		{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be1, at: 0, close: true, exchanges: 3, ctLag: 150},
+		{proto: tcp, cl: ap(podB, 40100), svc: vip, be: be2, at: 0.05, close: true, ctLag: 150},
+		{proto: udp, cl: ap(podA, 51000), svc: dnsVIP, be: dns1, at: 0.1, ctLag: 150},
+		{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be2, at: 300, close: true, ctLag: 150}, // the port reused
+	}
+	var want []wantFlow
+	for _, c := range conns {
+		want = append(want, flowOf(c, flow.PlaceNetfilter))
+	}
+	cases := []busyCase{
+		{name: "slow conntrack, netfilter", cfg: nf, obs: generate(nf, conns...), want: want},
+		{name: "slow conntrack, thin", cfg: thin, obs: generate(thin, conns...), want: want},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.run)
