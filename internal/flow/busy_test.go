@@ -791,6 +791,15 @@ func TestBusyPortReuse(t *testing.T) {
 				want: []wantFlow{flowOf(first, flow.PlaceNetfilter), flowOf(third, flow.PlaceNetfilter), flowOf(second, flow.PlaceNetfilter)}})
 		}
 	}
+	// The first connection's close was not seen (lost in a full ring):
+	// its client acknowledged the handshake long before the next SYN.
+	// The capture path counts that ACK with Repeat, not Add.
+	{
+		first := conn{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be1, at: 0, exchanges: 2}
+		second := conn{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be2, at: 120000, close: true}
+		cases = append(cases, busyCase{name: "tcp port reused 2 min later, the first close unseen", cfg: nf, obs: generate(nf, first, second),
+			want: []wantFlow{flowOf(first, flow.PlaceNetfilter), flowOf(second, flow.PlaceNetfilter)}})
+	}
 	// Refused with a RST (nothing listened on the first backend): the
 	// client never acknowledged anything; it retries from the same port.
 	{
