@@ -800,6 +800,20 @@ func TestBusyPortReuse(t *testing.T) {
 		cases = append(cases, busyCase{name: "tcp port reused 2 min later, the first close unseen", cfg: nf, obs: generate(nf, first, second),
 			want: []wantFlow{flowOf(first, flow.PlaceNetfilter), flowOf(second, flow.PlaceNetfilter)}})
 	}
+	// A single-backend Service: both connections of the reused port go to
+	// the same backend, and only the host veth, conntrack and the uplink
+	// watch. Conntrack's event for the second can be taken for the first's
+	// (conntrack delivers ahead of the taps): its silence about the second
+	// then proves nothing, and the second is not called tc.
+	{
+		thin := busyConfig(obs.PointHost, obs.PointConntrack, obs.PointUplink)
+		first := conn{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be1, at: 0, close: true, exchanges: 3}
+		second := conn{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be1, at: 226.4, close: true}
+		w2 := flowOf(second, flow.PlaceNetfilter)
+		w2.alt, w2.altReason = flow.PlaceUnknown, "its client port was reused"
+		cases = append(cases, busyCase{name: "tcp port reused, one backend, thin points", cfg: thin, obs: generate(thin, first, second),
+			want: []wantFlow{flowOf(first, flow.PlaceNetfilter), w2}})
+	}
 	// Refused with a RST (nothing listened on the first backend): the
 	// client never acknowledged anything; it retries from the same port.
 	{

@@ -454,6 +454,14 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 	if !f.ctFinal.IsValid() {
 		f.ctFinal = final
 	}
+	if at := o.Time.UnixNano(); at > f.ctLast {
+		f.ctLast = at
+		for _, g := range e.clients[f.key()] {
+			if g != f && g.service == f.service {
+				g.evidenceChanged() // ctMayBeOthers
+			}
+		}
+	}
 	e.touch(f, o.Time)
 	if !f.ctSeen {
 		f.ctSeen = true

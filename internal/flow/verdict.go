@@ -396,7 +396,7 @@ func (e *Engine) netfilterExcluded(f *flowState, why bool) (excluded, doubt stri
 // subscription: a TCP flow whose client's first packet seen was its SYN, a
 // UDP flow first seen once every point was in place.
 func (e *Engine) conntrackSaw(f *flowState) bool {
-	if e.ctLosses > 0 || e.window(f) == beforeReady {
+	if e.ctLosses > 0 || e.window(f) == beforeReady || e.ctMayBeOthers(f) {
 		return false
 	}
 	switch f.proto {
@@ -404,6 +404,21 @@ func (e *Engine) conntrackSaw(f *flowState) bool {
 		return f.tcp.syn != 0 && f.tcp.syn-f.tcp.first <= int64(sameConnGap)
 	case obs.UDP:
 		return true
+	}
+	return false
+}
+
+// ctMayBeOthers tells whether conntrack's report of f may have been taken
+// for another flow of its client endpoint and VIP, an earlier connection
+// of its reused port that conntrack reported after f began: conntrack
+// delivers ahead of the taps, and the two connections' events are alike
+// when the NAT chose the same backend for both.
+func (e *Engine) ctMayBeOthers(f *flowState) bool {
+	began := f.first.UnixNano()
+	for _, g := range e.clients[f.key()] {
+		if g != f && g.service == f.service && g.ctLast >= began-int64(clockSlack) && g.began(moment{}) < began {
+			return true
+		}
 	}
 	return false
 }
@@ -417,6 +432,8 @@ func (e *Engine) conntrackBlind(f *flowState) string {
 		return fmt.Sprintf("conntrack lost %d events during the run", e.ctLosses)
 	case e.window(f) == beforeReady:
 		return "the flow began before pathtrace was in place, and " + when
+	case e.ctMayBeOthers(f):
+		return "its client port was reused just after an earlier connection to the VIP, which conntrack's report of it may have been taken for"
 	case f.proto == obs.TCP:
 		return "its first packets seen were not a SYN: the connection began before they were seen, and " + when
 	}
