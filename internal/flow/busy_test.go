@@ -985,3 +985,72 @@ func TestBusyDNSSockets(t *testing.T) {
 	(busyCase{name: "dns sockets", cfg: all, obs: generate(all, q1, q2, q3, q4),
 		want: []wantFlow{w1, flowOf(q2, flow.PlaceNetfilter), flowOf(q3, flow.PlaceNetfilter)}}).run(t)
 }
+
+// More flows than MaxFlows on a busy node: whichever the arrival order
+// keeps, each kept flow is whole and right, every other one is counted
+// once in flows_over_max, and none of their packets count as unmatched
+// or join a kept flow.
+func TestBusyMaxFlows(t *testing.T) {
+	tcp := obs.TCP
+	cfg := busyConfig(nfPoints...)
+	cfg.MaxFlows = 3
+	conns := []conn{
+		{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be1, at: 0, close: true, exchanges: 2},
+		{proto: tcp, cl: ap(podB, 40100), svc: vip, be: be2, at: 0.02, close: true},
+		{proto: tcp, cl: ap(podC, 40100), svc: vip, be: be3, at: 0.04, close: true},
+		{proto: tcp, cl: ap(podA, 40101), svc: vip, be: be2, at: 0.06, close: true},
+		{proto: tcp, cl: ap(podB, 40101), svc: vip, be: be1, at: 0.08, close: true},
+		// podA's first port again, once its connection closed: a flow of its own, refused
+		{proto: tcp, cl: ap(podA, 40100), svc: vip, be: be3, at: 100, close: true, exchanges: 3},
+	}
+	o := generate(cfg, conns...)
+	for name, order := range deliveryOrders(o, 8) {
+		for _, fast := range []bool{false, true} {
+			seq := make([]obs.Observation, len(order))
+			for i, j := range order {
+				seq[i] = o[j]
+			}
+			e := flow.NewEngine(cfg)
+			if stale := feedSeq(e, seq, fast); stale != "" {
+				t.Errorf("%s order (fast %v): %s", name, fast, stale)
+			}
+			flush(e, 200)
+			fs := e.Flows()
+			s := e.Summary()
+			if len(fs) != 3 || s.Flows != 3 || s.Drops[flow.DropFlowsOverMax] != 3 || s.Unmatched != 0 || s.Drops[flow.DropUnmatchedOverflow] != 0 {
+				t.Errorf("%s order (fast %v): %d flows, summary %d, flows_over_max %d, unmatched %d, overflow %d; want 3, 3, 3, 0, 0",
+					name, fast, len(fs), s.Flows, s.Drops[flow.DropFlowsOverMax], s.Unmatched, s.Drops[flow.DropUnmatchedOverflow])
+				logFlows(t, fs)
+				continue
+			}
+			for _, f := range fs {
+				// The flow of the conn that began at f.First.
+				var c *conn
+				for i := range conns {
+					if conns[i].cl == f.Client && math.Abs(float64(f.First.Sub(flowtest.At(conns[i].at)))) < float64(time.Millisecond) {
+						c = &conns[i]
+					}
+				}
+				if c == nil {
+					t.Errorf("%s order (fast %v): flow of %s began at %s, no connection's start", name, fast, f.Client, f.First.Format("05.000000"))
+					continue
+				}
+				if errs := checkFlows([]flow.Flow{f}, []wantFlow{flowOf(*c, flow.PlaceNetfilter)}); len(errs) > 0 {
+					t.Errorf("%s order (fast %v): %s", name, fast, strings.Join(errs, "; "))
+				}
+				// exactly its packets: 4 points see each client packet, the
+				// SYN, the ACK, its exchanges and the FIN and last ACK.
+				n := uint64(0)
+				for _, p := range f.Points {
+					if p.Point == "host" && !p.Reply {
+						n += p.Packets
+					}
+				}
+				if want := uint64(2 + max(c.exchanges, 1) + 2); n != want || !f.Last.Before(flowtest.At(c.at+100)) {
+					t.Errorf("%s order (fast %v): flow of %s from %s counts %d requests at the host veth, last %s; want %d, before %s",
+						name, fast, f.Client, f.First.Format("05.000000"), n, f.Last.Format("05.000000"), want, flowtest.At(c.at+100).Format("05.000000"))
+				}
+			}
+		}
+	}
+}

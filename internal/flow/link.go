@@ -152,8 +152,18 @@ func soleWithoutBackend(flows []*flowState) *flowState {
 func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment) (*flowState, linkResult) {
 	k := clientKey{proto, client}
 	f := withService(e.clients[k], service, cookie, m)
+	if f != nil && f.tcp.superseded(m) && e.refused.has(flowKey{k, service}) {
+		// The later connection of the port, refused beyond MaxFlows
+		// (had it a flow, withService would have found it).
+		return nil, refused
+	}
 	if f != nil && !(m.starts() && f.tcp.over(m)) {
 		return f, linked
+	}
+	if f != nil && m.opens() && !m.reply {
+		// A later connection of the port: the rest of what is seen of it
+		// is not f's, even when it is refused beyond MaxFlows.
+		earliest(&f.tcp.next, m.at)
 	}
 	// Beyond the node's SNAT a flow that left unrewritten carries the
 	// source conntrack says the SNAT gave it: not a flow from the node.
@@ -194,6 +204,9 @@ func (e *Engine) refuse(k flowKey) {
 	e.refused.add(k)
 	e.refusedClients.add(k.clientKey)
 	e.overMax++
+	// Its packets beyond the rewrite (and their replies) that came first
+	// wait for it: they are refused with it now, not left unmatched.
+	e.replays = append(e.replays, k.clientKey)
 }
 
 func (e *Engine) index(f *flowState) {

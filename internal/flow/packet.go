@@ -59,7 +59,7 @@ func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
 		e.note(p, at)
 		return true
 	}
-	if h.f.merged || h.f.tcp.closedBefore(at.UnixNano()) {
+	if ns := at.UnixNano(); h.f.merged || h.f.tcp.closedBefore(ns) || h.f.tcp.superseded(moment{at: ns}) {
 		return false // a closed connection's port reused: link tells
 	}
 	e.note(p, at)

@@ -84,6 +84,10 @@ type tcpLife struct {
 	fin   [2]int64 // a FIN from the client, from the server
 	rst   int64    // a RST either way
 	first int64    // the client's first packet with flags
+	// next: the SYN of a later connection of the client endpoint to the
+	// same VIP, for which this one was over: what is seen from then on is
+	// not this connection's, be the later one a flow or refused.
+	next int64
 }
 
 func earliest(t *int64, at int64) bool {
@@ -126,7 +130,7 @@ func (l *tcpLife) merge(o tcpLife) {
 	for _, p := range [...]struct {
 		into *int64
 		at   int64
-	}{{&l.syn, o.syn}, {&l.ack, o.ack}, {&l.fin[0], o.fin[0]}, {&l.fin[1], o.fin[1]}, {&l.rst, o.rst}, {&l.first, o.first}} {
+	}{{&l.syn, o.syn}, {&l.ack, o.ack}, {&l.fin[0], o.fin[0]}, {&l.fin[1], o.fin[1]}, {&l.rst, o.rst}, {&l.first, o.first}, {&l.next, o.next}} {
 		if p.at != 0 {
 			earliest(p.into, p.at)
 		}
@@ -143,6 +147,13 @@ func (l *tcpLife) closed() int64 {
 		return max(l.fin[0], l.fin[1])
 	}
 	return 0
+}
+
+// superseded tells whether m is seen once a later connection of the
+// client endpoint began (next), as far as clocks tell: then it is not this
+// connection's.
+func (l *tcpLife) superseded(m moment) bool {
+	return l.next != 0 && m.at >= l.next-int64(clockSlack)
 }
 
 // closedBefore tells whether the connection ended well before at.
@@ -163,7 +174,7 @@ func (l *tcpLife) over(m moment) bool {
 	if m.flags == 0 && !m.entry {
 		return false
 	}
-	if l.closedBefore(m.at) {
+	if l.closedBefore(m.at) || l.superseded(m) {
 		return true
 	}
 	if !m.opens() || m.reply {
