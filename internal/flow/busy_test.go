@@ -1054,3 +1054,21 @@ func TestBusyMaxFlows(t *testing.T) {
 		}
 	}
 }
+
+// Backends answering with ICMP port unreachable (a DNS backend whose
+// server is down), the taps delivering in any order: each flow reports
+// the earliest error, the uplink's, whichever tap delivered first.
+func TestBusyICMPErrors(t *testing.T) {
+	udp, tcp := obs.UDP, obs.TCP
+	nf := busyConfig(nfPoints...)
+	conns := []conn{
+		{proto: udp, cl: ap(podA, 51000), svc: dnsVIP, be: dns1, at: 0, noReply: true, refused: true},
+		{proto: udp, cl: ap(podB, 51000), svc: dnsVIP, be: dns2, at: 0.1},
+		{proto: tcp, cl: ap(podC, 40100), svc: vip, be: be1, at: 0.2, noReply: true, refused: true},
+	}
+	var want []wantFlow
+	for _, c := range conns {
+		want = append(want, flowOf(c, flow.PlaceNetfilter))
+	}
+	(busyCase{name: "icmp errors", cfg: nf, obs: generate(nf, conns...), want: want}).run(t)
+}
