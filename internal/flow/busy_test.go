@@ -900,6 +900,26 @@ func TestBusyHairpin(t *testing.T) {
 		{name: "backend on the node, netfilter, every point", cfg: all, obs: generate(all, c, d, self),
 			want: []wantFlow{flowOf(c, flow.PlaceNetfilter), flowOf(d, flow.PlaceNetfilter), flowOf(self, flow.PlaceNetfilter)}},
 	}
+	// tc rewrites and redirects to the backend's veth (Cilium with a
+	// backend on the node): netfilter and the uplink never see it; the
+	// backend's veth TX shows it delivered, rewritten, and netfilter's
+	// observer never saw it: tc.
+	{
+		tc := busyConfig(obs.PointPod, obs.PointHost, obs.PointTCHead, obs.PointNFBefore, obs.PointConntrack, obs.PointUplink)
+		c, d := c, d
+		c.rw, c.redirect, d.rw = byTC, true, byTC
+		wc := flowOf(c, flow.PlaceTC)
+		wc.reason = "backend 10.244.8.40:3000 at host veth TX to the backend Pod; netfilter excluded"
+		cases = append(cases, busyCase{name: "backend on the node, tc redirect", cfg: tc, obs: generate(tc, c, d),
+			want: []wantFlow{wc, flowOf(d, flow.PlaceTC)}})
+		// Without the netfilter observer nor conntrack, tc or netfilter.
+		thin := busyConfig(obs.PointPod, obs.PointHost, obs.PointUplink)
+		wc.place, wc.reason = flow.PlaceUnknown, "could be tc or netfilter"
+		wd := flowOf(d, flow.PlaceUnknown)
+		wd.reason = wc.reason
+		cases = append(cases, busyCase{name: "backend on the node, tc redirect, thin", cfg: thin, obs: generate(thin, c, d),
+			want: []wantFlow{wc, wd}})
+	}
 	for _, c := range cases {
 		t.Run(c.name, c.run)
 	}

@@ -27,6 +27,7 @@ const (
 	cpNFAfter                      // netfilter just above NAT
 	cpConfirm                      // conntrack reply tuple (after every hook, IPVS included)
 	cpNodeEgress                   // sockegress of a node-netns socket: after OUTPUT and POSTROUTING
+	cpLocal                        // host veth TX tap towards a Pod of the node, its eth0 RX: delivered there
 	cpUplink                       // uplink TX tap (after tc egress)
 	numCheckpoints
 )
@@ -42,9 +43,19 @@ func (e *Engine) requestCheckpoint(o obs.Observation) (checkpoint, bool) {
 	case obs.PointSockState:
 		return cpSockState, true
 	case obs.PointPod:
-		return cpPod, o.Dir != obs.DirIn
+		if o.Dir == obs.DirIn {
+			// A request entering a Pod: the backend's, on this node.
+			return cpLocal, true
+		}
+		return cpPod, true
 	case obs.PointHost:
-		return cpHost, o.Dir != obs.DirOut
+		if o.Dir == obs.DirOut {
+			// A request leaving the node towards a Pod: a backend of
+			// this node (hairpin), after its veth's tc egress, as the
+			// uplink TX is for a remote one.
+			return cpLocal, true
+		}
+		return cpHost, true
 	case obs.PointTCHead:
 		return cpTCHead, o.Dir != obs.DirOut
 	case obs.PointTCTail:
@@ -100,7 +111,7 @@ func gapBefore(cp checkpoint) gap {
 	case cpConfirm:
 		return gapIPVS
 	}
-	return gapNothing // cpApp, cpHost (veth), cpNodeEgress, cpUplink (no DNAT after conntrack confirms)
+	return gapNothing // cpApp, cpHost (veth), cpNodeEgress, cpLocal, cpUplink (no DNAT after conntrack confirms)
 }
 
 func (g gap) String() string {
@@ -151,6 +162,11 @@ func (c checkpoint) describe(from obs.Point) string {
 		return "conntrack (reply src)"
 	case cpNodeEgress:
 		return "the node socket's egress (" + from.String() + ")"
+	case cpLocal:
+		if from == obs.PointPod {
+			return "the backend Pod's eth0 RX"
+		}
+		return "host veth TX to the backend Pod"
 	case cpUplink:
 		return "uplink TX"
 	}
@@ -182,6 +198,8 @@ func checkpointPoints(c checkpoint) []obs.Point {
 		return []obs.Point{obs.PointConntrack}
 	case cpNodeEgress:
 		return []obs.Point{obs.PointSockEgress}
+	case cpLocal:
+		return []obs.Point{obs.PointHost, obs.PointPod}
 	case cpUplink:
 		return []obs.Point{obs.PointUplink}
 	}
@@ -455,6 +473,9 @@ func (e *Engine) conntrackNote(f *flowState, iV, iB checkpoint) string {
 func (e *Engine) blindSpots(iV, iB checkpoint) string {
 	var inactive []string
 	for cp := iV + 1; cp < iB; cp++ {
+		if cp == cpLocal {
+			continue // an end of the path, as the uplink is: never between two
+		}
 		for _, p := range checkpointPoints(cp) {
 			if !e.active(p) && !slices.Contains(inactive, p.String()) {
 				inactive = append(inactive, p.String())
