@@ -270,7 +270,25 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 	case !e.active(obs.PointUplink):
 		return unknown("the VIP was last seen at %s; no rewrite observed and the uplink capture was inactive", where)
 	}
+	if g := e.sharesBackends(f); g != nil {
+		// An unconnected socket to two VIPs of one backend: what it sends
+		// to that backend is either flow's.
+		return unknown("the VIP was last seen at %s; no rewrite observed: its client endpoint also sends to %s, whose backend %s gets packets of the same tuple (they cannot be told apart after the rewrite)",
+			where, g.service, g.sortedBackends()[0])
+	}
 	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+}
+
+// sharesBackends is another flow of f's client endpoint, to another VIP,
+// with a backend, active while f was: the packets of f after its rewrite,
+// if it went to that backend, were taken for that flow's.
+func (e *Engine) sharesBackends(f *flowState) *flowState {
+	for _, g := range e.clients[f.key()] {
+		if g != f && g.service != f.service && len(g.backends) > 0 && !g.last.Before(f.first) && !f.last.Before(g.first) {
+			return g
+		}
+	}
+	return nil
 }
 
 // nowhereNotes explains an unrewritten flow from what the node has.
