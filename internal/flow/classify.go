@@ -39,14 +39,30 @@ func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
 // request refused on its way (a router's net unreachable, a backend's port
 // unreachable) got an answer, if not a reply: the earliest such message is
 // reported with the flow (Flow.ICMPError). It is not a packet of the flow
-// and is not counted in it. False when no flow claims the quoted packet.
+// and is not counted in it. False when no flow claims the quoted packet
+// yet: the message waits for its flow as observations do (a tap's block
+// with the error can come before the packets that make the flow).
 func (e *Engine) NoteICMPError(o obs.Observation, message string, from netip.Addr) bool {
+	note := &icmpNote{message: message, from: from}
+	if e.noteICMP(o, note) {
+		return true
+	}
+	if o.Src.IsValid() && o.Dst.IsValid() {
+		e.waiting.addICMP(o, note)
+		e.expire()
+	}
+	return false
+}
+
+// noteICMP records an ICMP error on the flow of the packet it quotes, if
+// any claims it.
+func (e *Engine) noteICMP(o obs.Observation, note *icmpNote) bool {
 	f, _ := e.find(o)
 	if f == nil {
 		return false
 	}
 	if f.icmp == nil || o.Time.Before(f.icmp.At) {
-		f.icmp = &ICMPError{Message: message, From: from, Point: o.Point.String(), At: o.Time}
+		f.icmp = &ICMPError{Message: note.message, From: note.from, Point: o.Point.String(), At: o.Time}
 	}
 	return true
 }

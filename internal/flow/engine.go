@@ -168,6 +168,12 @@ func (e *Engine) replay() {
 			e.deferred = false
 			switch {
 			case p.done:
+			case p.icmp != nil:
+				if e.noteICMP(p.o, p.icmp) {
+					e.waiting.resolved(p)
+				} else {
+					e.waiting.putBack(k, p)
+				}
 			case e.processed(p.o):
 				e.waiting.resolved(p)
 			default:

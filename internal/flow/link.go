@@ -152,8 +152,18 @@ func soleWithoutBackend(flows []*flowState) *flowState {
 func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment) (*flowState, linkResult) {
 	k := clientKey{proto, client}
 	f := withService(e.clients[k], service, cookie, m)
+	if f != nil && f.tcp.superseded(m) && e.refused.has(flowKey{k, service}) {
+		// The later connection of the port, refused beyond MaxFlows
+		// (had it a flow, withService would have found it).
+		return nil, refused
+	}
 	if f != nil && !(m.starts() && f.tcp.over(m)) {
 		return f, linked
+	}
+	if f != nil && m.opens() && !m.reply {
+		// A later connection of the port: the rest of what is seen of it
+		// is not f's, even when it is refused beyond MaxFlows.
+		earliest(&f.tcp.next, m.at)
 	}
 	// Beyond the node's SNAT a flow that left unrewritten carries the
 	// source conntrack says the SNAT gave it: not a flow from the node.
@@ -162,12 +172,18 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 			return f, linked
 		}
 	}
+	return e.newFlow(proto, client, service, cookie)
+}
+
+// newFlow makes the flow client -> service within MaxFlows.
+func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie uint64) (*flowState, linkResult) {
+	k := clientKey{proto, client}
 	if e.nflows >= e.maxFlows {
 		e.refuse(flowKey{k, service})
 		return nil, refused
 	}
 	e.nextID++
-	f = &flowState{id: e.nextID, proto: proto, client: client, service: service}
+	f := &flowState{id: e.nextID, proto: proto, client: client, service: service}
 	if client.Port() == 0 {
 		f.cookie = cookie
 	}
@@ -188,6 +204,9 @@ func (e *Engine) refuse(k flowKey) {
 	e.refused.add(k)
 	e.refusedClients.add(k.clientKey)
 	e.overMax++
+	// Its packets beyond the rewrite (and their replies) that came first
+	// wait for it: they are refused with it now, not left unmatched.
+	e.replays = append(e.replays, k.clientKey)
 }
 
 func (e *Engine) index(f *flowState) {
@@ -349,6 +368,12 @@ func (e *Engine) sockTuple(o obs.Observation) bool {
 		s.add(f)
 	}
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
+	if o.Point == obs.PointSockState && o.Proto == obs.TCP && !reply &&
+		f.tcp.note(moment{at: o.Time.UnixNano(), flags: tcpSYN}) {
+		// A TCP socket's tuple is reported as it enters SYN_SENT: as
+		// it sends its SYN (the connection begins then; reuse.go).
+		f.evidenceChanged()
+	}
 	e.applyPacket(f, o, reply)
 	return true
 }
@@ -425,6 +450,31 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 	if r != linked {
 		return r == refused
 	}
+	final := o.Dst
+	if o.NATDst.IsValid() {
+		final = o.NATDst
+	}
+	if o.Proto == obs.TCP && o.NATDst.IsValid() && o.Dst == f.service && !ctAgrees(f, final) {
+		// A TCP connection keeps the backend its DNAT chose for its
+		// life: conntrack naming another one for this flow reports
+		// another connection of its reused client port, whose packets
+		// may not be seen yet (conntrack delivers ahead of the taps'
+		// blocks).
+		if f, r = e.ctFlow(f, final); r != linked {
+			return r == refused
+		}
+	}
+	if !f.ctFinal.IsValid() {
+		f.ctFinal = final
+	}
+	if at := o.Time.UnixNano(); at > f.ctLast {
+		f.ctLast = at
+		for _, g := range e.clients[f.key()] {
+			if g != f && g.service == f.service {
+				g.evidenceChanged() // ctMayBeOthers
+			}
+		}
+	}
 	e.touch(f, o.Time)
 	if !f.ctSeen {
 		f.ctSeen = true
@@ -432,9 +482,7 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 	}
 	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), natDst: endpointOf(o.NATDst)}, 1, 0)
 	e.sight(f, cpNFBefore, o.Dst, o.Point, o.Time)
-	final := o.Dst
 	if o.NATDst.IsValid() {
-		final = o.NATDst
 		if !f.ctNAT && o.Dst == f.service {
 			f.ctNAT = true
 			f.evidenceChanged()
@@ -448,6 +496,39 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		e.mergeBeyondSNAT(f)
 	}
 	return true
+}
+
+// ctAgrees tells whether a TCP flow can be the connection conntrack reports
+// DNATed to backend: conntrack reported no other backend for it, nor did
+// its packets show another.
+func ctAgrees(f *flowState, backend netip.AddrPort) bool {
+	if f.ctFinal.IsValid() {
+		return f.ctFinal == backend
+	}
+	return len(f.backends) == 0 || f.hasBackend(backend)
+}
+
+// ctFlow is the flow of a conntrack event DNATed to backend that f, the
+// flow of its client endpoint and VIP it was linked to, cannot be: the
+// latest other flow of theirs reported or seen with backend. Failing
+// that the event waits for its connection's packets to make its flow;
+// with none in the reordering window, it makes it itself (lastChance).
+func (e *Engine) ctFlow(f *flowState, backend netip.AddrPort) (*flowState, linkResult) {
+	var found *flowState
+	for _, g := range e.clients[f.key()] {
+		if g != f && g.service == f.service && (g.ctFinal == backend || !g.ctFinal.IsValid() && g.hasBackend(backend)) &&
+			(found == nil || g.began(moment{}) > found.began(moment{})) {
+			found = g
+		}
+	}
+	switch {
+	case found != nil:
+		return found, linked
+	case e.final:
+		return e.newFlow(f.proto, f.client, f.service, 0)
+	}
+	e.deferred = true
+	return nil, unlinked
 }
 
 // mergeBeyondSNAT merges into f the flows its packets beyond the node's SNAT

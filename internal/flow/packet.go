@@ -18,6 +18,10 @@ type Handle struct {
 	slot              int        // index in f.points
 	reply, translated bool
 	refused           bool
+	// tcpFlags: the packet was TCP with its flags reported (a capture's
+	// always are): the packets like it Repeat counts are then neither
+	// SYN, FIN nor RST (the caller adds those), so they carry an ACK.
+	tcpFlags bool
 	// at is the time of the packet the handle was made for (Unix ns: the
 	// handle is copied at every packet, and a time.Time is three words).
 	// Everything but the counters keeps the earliest observation
@@ -37,6 +41,7 @@ func (h Handle) Refused() bool { return h.refused }
 func (e *Engine) AddPacket(o obs.Observation) (Handle, bool) {
 	h, ok := e.add(o)
 	h.at = o.Time.UnixNano()
+	h.tcpFlags = o.Proto == obs.TCP && o.TCPFlags != 0
 	return h, ok
 }
 
@@ -44,7 +49,8 @@ func (e *Engine) AddPacket(o obs.Observation) (Handle, bool) {
 // returned for. It reports false when h is stale (its flow was merged into
 // another), the packet is older than h's, or h's TCP connection closed
 // well before it (its client port may be reused): the packet was not
-// counted, the caller must Add it.
+// counted, the caller must Add it. A TCP SYN, FIN or RST must be added,
+// never repeated: they tell a connection's life (reuse.go).
 func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
 	if at.UnixNano() < h.at {
 		return false
@@ -53,11 +59,15 @@ func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
 		e.note(p, at)
 		return true
 	}
-	if h.f.merged || h.f.tcp.closedBefore(at.UnixNano()) {
+	if ns := at.UnixNano(); h.f.merged || h.f.tcp.closedBefore(ns) || h.f.tcp.superseded(moment{at: ns}) {
 		return false // a closed connection's port reused: link tells
 	}
 	e.note(p, at)
 	e.touch(h.f, at)
+	if h.tcpFlags && !h.reply {
+		// The client's ACK: it acknowledged the handshake (tcpLife.over).
+		earliest(&h.f.tcp.ack, at.UnixNano())
+	}
 	h.f.points[h.slot].packets++
 	h.f.points[h.slot].bytes += uint64(n)
 	if len(e.replays) > 0 || e.waiting.live > 0 {

@@ -84,6 +84,10 @@ type tcpLife struct {
 	fin   [2]int64 // a FIN from the client, from the server
 	rst   int64    // a RST either way
 	first int64    // the client's first packet with flags
+	// next: the SYN of a later connection of the client endpoint to the
+	// same VIP, for which this one was over: what is seen from then on is
+	// not this connection's, be the later one a flow or refused.
+	next int64
 }
 
 func earliest(t *int64, at int64) bool {
@@ -126,7 +130,7 @@ func (l *tcpLife) merge(o tcpLife) {
 	for _, p := range [...]struct {
 		into *int64
 		at   int64
-	}{{&l.syn, o.syn}, {&l.ack, o.ack}, {&l.fin[0], o.fin[0]}, {&l.fin[1], o.fin[1]}, {&l.rst, o.rst}, {&l.first, o.first}} {
+	}{{&l.syn, o.syn}, {&l.ack, o.ack}, {&l.fin[0], o.fin[0]}, {&l.fin[1], o.fin[1]}, {&l.rst, o.rst}, {&l.first, o.first}, {&l.next, o.next}} {
 		if p.at != 0 {
 			earliest(p.into, p.at)
 		}
@@ -145,6 +149,13 @@ func (l *tcpLife) closed() int64 {
 	return 0
 }
 
+// superseded tells whether m is seen once a later connection of the
+// client endpoint began (next), as far as clocks tell: then it is not this
+// connection's.
+func (l *tcpLife) superseded(m moment) bool {
+	return l.next != 0 && m.at >= l.next-int64(clockSlack)
+}
+
 // closedBefore tells whether the connection ended well before at.
 func (l *tcpLife) closedBefore(at int64) bool {
 	end := l.closed()
@@ -154,18 +165,23 @@ func (l *tcpLife) closedBefore(at int64) bool {
 // over tells whether a packet at m cannot be of this connection: it ended
 // well before, or m opens a connection this one's client can no longer be
 // opening (it acknowledged the SYN-ACK, or has retransmitted its SYN for
-// longer than a client does).
+// longer than a client does). A client sends no SYN once it has
+// acknowledged the SYN-ACK, nor once its connection was reset: a SYN later
+// than that, by more than clocks can disagree, is another connection's,
+// however soon its port was reused (a busy client, tcp_tw_reuse, a server
+// that closed first, a retry after a refusal).
 func (l *tcpLife) over(m moment) bool {
 	if m.flags == 0 && !m.entry {
 		return false
 	}
-	if l.closedBefore(m.at) {
+	if l.closedBefore(m.at) || l.superseded(m) {
 		return true
 	}
 	if !m.opens() || m.reply {
 		return false
 	}
-	return l.ack != 0 && l.ack < m.at-int64(sameConnGap) ||
+	return l.ack != 0 && l.ack < m.at-int64(clockSlack) ||
+		l.rst != 0 && l.rst < m.at-int64(clockSlack) ||
 		l.syn != 0 && l.syn < m.at-int64(synRetryWindow)
 }
 
@@ -179,7 +195,12 @@ func (f *flowState) began(m moment) int64 {
 }
 
 // latestBefore picks, of the flows ok accepts, the one that began last no
-// later than limit, else the one that began first.
+// later than limit, else the one that began first. limit is beyond m by
+// how late a flow's first stamp can be (conntrack's is its receipt
+// time); but a TCP flow whose client's SYN was seen began then, as every
+// clock tells within clockSlack: a packet earlier than that is not its
+// own (it is the previous connection's on a reused port, its last
+// packets seen after the next connection began).
 func latestBefore(flows []*flowState, m moment, limit int64, ok func(*flowState) bool) *flowState {
 	var latest, first *flowState
 	for _, f := range flows {
@@ -190,7 +211,11 @@ func latestBefore(flows []*flowState, m moment, limit int64, ok func(*flowState)
 		if first == nil || b < first.began(m) {
 			first = f
 		}
-		if b <= limit && (latest == nil || b > latest.began(m)) {
+		lim := limit
+		if f.tcp.syn != 0 {
+			b, lim = f.tcp.syn, m.at+int64(clockSlack)
+		}
+		if b <= lim && (latest == nil || f.began(m) > latest.began(m)) {
 			latest = f
 		}
 	}

@@ -102,6 +102,8 @@ type flowState struct {
 	cps         [numCheckpoints]sighting
 	ctSeen      bool           // conntrack reported this flow
 	ctNAT       bool           // ... with the VIP as original destination and a backend replying
+	ctFinal     netip.AddrPort // the destination conntrack first reported for it after NAT (its reply source)
+	ctLast      int64          // its latest conntrack event (unix ns)
 	snat        netip.AddrPort // the source conntrack says the node's SNAT gave it
 	snatDst     netip.AddrPort // ... and the destination it has beyond the SNAT (conntrack's reply source)
 	tcp         tcpLife        // what its packets' TCP flags told of its connection
@@ -266,6 +268,10 @@ func (f *flowState) absorb(o *flowState) {
 	f.tcp.merge(o.tcp)
 	f.ctSeen = f.ctSeen || o.ctSeen
 	f.ctNAT = f.ctNAT || o.ctNAT
+	if !f.ctFinal.IsValid() {
+		f.ctFinal = o.ctFinal
+	}
+	f.ctLast = max(f.ctLast, o.ctLast)
 	if !f.snat.IsValid() {
 		f.snat, f.snatDst = o.snat, o.snatDst
 	}

@@ -27,6 +27,7 @@ const (
 	cpNFAfter                      // netfilter just above NAT
 	cpConfirm                      // conntrack reply tuple (after every hook, IPVS included)
 	cpNodeEgress                   // sockegress of a node-netns socket: after OUTPUT and POSTROUTING
+	cpLocal                        // host veth TX tap towards a Pod of the node, its eth0 RX: delivered there
 	cpUplink                       // uplink TX tap (after tc egress)
 	numCheckpoints
 )
@@ -42,9 +43,19 @@ func (e *Engine) requestCheckpoint(o obs.Observation) (checkpoint, bool) {
 	case obs.PointSockState:
 		return cpSockState, true
 	case obs.PointPod:
-		return cpPod, o.Dir != obs.DirIn
+		if o.Dir == obs.DirIn {
+			// A request entering a Pod: the backend's, on this node.
+			return cpLocal, true
+		}
+		return cpPod, true
 	case obs.PointHost:
-		return cpHost, o.Dir != obs.DirOut
+		if o.Dir == obs.DirOut {
+			// A request leaving the node towards a Pod: a backend of
+			// this node (hairpin), after its veth's tc egress, as the
+			// uplink TX is for a remote one.
+			return cpLocal, true
+		}
+		return cpHost, true
 	case obs.PointTCHead:
 		return cpTCHead, o.Dir != obs.DirOut
 	case obs.PointTCTail:
@@ -100,7 +111,7 @@ func gapBefore(cp checkpoint) gap {
 	case cpConfirm:
 		return gapIPVS
 	}
-	return gapNothing // cpApp, cpHost (veth), cpNodeEgress, cpUplink (no DNAT after conntrack confirms)
+	return gapNothing // cpApp, cpHost (veth), cpNodeEgress, cpLocal, cpUplink (no DNAT after conntrack confirms)
 }
 
 func (g gap) String() string {
@@ -151,6 +162,11 @@ func (c checkpoint) describe(from obs.Point) string {
 		return "conntrack (reply src)"
 	case cpNodeEgress:
 		return "the node socket's egress (" + from.String() + ")"
+	case cpLocal:
+		if from == obs.PointPod {
+			return "the backend Pod's eth0 RX"
+		}
+		return "host veth TX to the backend Pod"
 	case cpUplink:
 		return "uplink TX"
 	}
@@ -182,6 +198,8 @@ func checkpointPoints(c checkpoint) []obs.Point {
 		return []obs.Point{obs.PointConntrack}
 	case cpNodeEgress:
 		return []obs.Point{obs.PointSockEgress}
+	case cpLocal:
+		return []obs.Point{obs.PointHost, obs.PointPod}
 	case cpUplink:
 		return []obs.Point{obs.PointUplink}
 	}
@@ -252,7 +270,25 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 	case !e.active(obs.PointUplink):
 		return unknown("the VIP was last seen at %s; no rewrite observed and the uplink capture was inactive", where)
 	}
+	if g := e.sharesBackends(f); g != nil {
+		// An unconnected socket to two VIPs of one backend: what it sends
+		// to that backend is either flow's.
+		return unknown("the VIP was last seen at %s; no rewrite observed: its client endpoint also sends to %s, whose backend %s gets packets of the same tuple (they cannot be told apart after the rewrite)",
+			where, g.service, g.sortedBackends()[0])
+	}
 	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+}
+
+// sharesBackends is another flow of f's client endpoint, to another VIP,
+// with a backend, active while f was: the packets of f after its rewrite,
+// if it went to that backend, were taken for that flow's.
+func (e *Engine) sharesBackends(f *flowState) *flowState {
+	for _, g := range e.clients[f.key()] {
+		if g != f && g.service != f.service && len(g.backends) > 0 && !g.last.Before(f.first) && !f.last.Before(g.first) {
+			return g
+		}
+	}
+	return nil
 }
 
 // nowhereNotes explains an unrewritten flow from what the node has.
@@ -396,7 +432,7 @@ func (e *Engine) netfilterExcluded(f *flowState, why bool) (excluded, doubt stri
 // subscription: a TCP flow whose client's first packet seen was its SYN, a
 // UDP flow first seen once every point was in place.
 func (e *Engine) conntrackSaw(f *flowState) bool {
-	if e.ctLosses > 0 || e.window(f) == beforeReady {
+	if e.ctLosses > 0 || e.window(f) == beforeReady || e.ctMayBeOthers(f) {
 		return false
 	}
 	switch f.proto {
@@ -404,6 +440,21 @@ func (e *Engine) conntrackSaw(f *flowState) bool {
 		return f.tcp.syn != 0 && f.tcp.syn-f.tcp.first <= int64(sameConnGap)
 	case obs.UDP:
 		return true
+	}
+	return false
+}
+
+// ctMayBeOthers tells whether conntrack's report of f may have been taken
+// for another flow of its client endpoint and VIP, an earlier connection
+// of its reused port that conntrack reported after f began: conntrack
+// delivers ahead of the taps, and the two connections' events are alike
+// when the NAT chose the same backend for both.
+func (e *Engine) ctMayBeOthers(f *flowState) bool {
+	began := f.first.UnixNano()
+	for _, g := range e.clients[f.key()] {
+		if g != f && g.service == f.service && g.ctLast >= began-int64(clockSlack) && g.began(moment{}) < began {
+			return true
+		}
 	}
 	return false
 }
@@ -417,6 +468,8 @@ func (e *Engine) conntrackBlind(f *flowState) string {
 		return fmt.Sprintf("conntrack lost %d events during the run", e.ctLosses)
 	case e.window(f) == beforeReady:
 		return "the flow began before pathtrace was in place, and " + when
+	case e.ctMayBeOthers(f):
+		return "its client port was reused just after an earlier connection to the VIP, which conntrack's report of it may have been taken for"
 	case f.proto == obs.TCP:
 		return "its first packets seen were not a SYN: the connection began before they were seen, and " + when
 	}
@@ -438,6 +491,9 @@ func (e *Engine) conntrackNote(f *flowState, iV, iB checkpoint) string {
 func (e *Engine) blindSpots(iV, iB checkpoint) string {
 	var inactive []string
 	for cp := iV + 1; cp < iB; cp++ {
+		if cp == cpLocal {
+			continue // an end of the path, as the uplink is: never between two
+		}
 		for _, p := range checkpointPoints(cp) {
 			if !e.active(p) && !slices.Contains(inactive, p.String()) {
 				inactive = append(inactive, p.String())

@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -26,6 +27,15 @@ type waitingObs struct {
 	// deferred: its flow is known but was not taken for sure (a backend
 	// guess put off): it has a last chance as it expires.
 	deferred bool
+	// icmp: o is the packet an ICMP error quotes (NoteICMPError), not an
+	// observation: it is neither counted nor processed as one.
+	icmp *icmpNote
+}
+
+// icmpNote is what an ICMP error message says, besides the packet it quotes.
+type icmpNote struct {
+	message string
+	from    netip.Addr
 }
 
 func newWaiting(limit int) waiting {
@@ -33,7 +43,15 @@ func newWaiting(limit int) waiting {
 }
 
 func (w *waiting) add(o obs.Observation, deferred bool) {
-	p := &waitingObs{o: o, deferred: deferred}
+	w.push(&waitingObs{o: o, deferred: deferred})
+}
+
+// addICMP keeps the packet an ICMP error quotes waiting for its flow.
+func (w *waiting) addICMP(o obs.Observation, note *icmpNote) {
+	w.push(&waitingObs{o: o, icmp: note})
+}
+
+func (w *waiting) push(p *waitingObs) {
 	w.queue = append(w.queue, p)
 	w.index(p)
 	w.live++
@@ -86,6 +104,8 @@ func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func
 		p := w.queue[w.head]
 		if !p.done {
 			switch {
+			case p.icmp != nil && (w.live > w.limit || p.o.Time.Before(horizon)):
+				// an ICMP error about no flow's packet: not an observation
 			case w.live > w.limit:
 				overflow++
 			case p.o.Time.Before(horizon):
