@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -430,7 +431,10 @@ func (e *Engine) netfilterExcluded(f *flowState, why bool) (excluded, doubt stri
 // tracked it: it is subscribed to new connections (and their updates),
 // lost none of its events, and f was seen from its start, after the
 // subscription: a TCP flow whose client's first packet seen was its SYN, a
-// UDP flow first seen once every point was in place.
+// UDP flow first seen udpEntryLife after every point was in place (UDP has
+// no first packet to see: a long-lived socket rides an entry made before
+// the run, which conntrack never reports; one first seen that late had sent
+// nothing for so long that any earlier entry of it had expired).
 func (e *Engine) conntrackSaw(f *flowState) bool {
 	if e.ctLosses > 0 || e.window(f) == beforeReady || e.ctMayBeOthers(f) {
 		return false
@@ -439,10 +443,14 @@ func (e *Engine) conntrackSaw(f *flowState) bool {
 	case obs.TCP:
 		return f.tcp.syn != 0 && f.tcp.syn-f.tcp.first <= int64(sameConnGap)
 	case obs.UDP:
-		return true
+		return !e.cfg.Ready.IsZero() && f.first.Sub(e.cfg.Ready) >= udpEntryLife
 	}
 	return false
 }
+
+// udpEntryLife bounds how long conntrack keeps a UDP entry after its last
+// packet: nf_conntrack_udp_timeout_stream (120 s; 180 s before Linux 5.19).
+const udpEntryLife = 180 * time.Second
 
 // ctMayBeOthers tells whether conntrack's report of f may have been taken
 // for another flow of its client endpoint and VIP, an earlier connection
@@ -472,6 +480,8 @@ func (e *Engine) conntrackBlind(f *flowState) string {
 		return "its client port was reused just after an earlier connection to the VIP, which conntrack's report of it may have been taken for"
 	case f.proto == obs.TCP:
 		return "its first packets seen were not a SYN: the connection began before they were seen, and " + when
+	case f.proto == obs.UDP:
+		return fmt.Sprintf("a UDP flow first seen less than %s after pathtrace was in place may ride a conntrack entry made before, and %s", udpEntryLife, when)
 	}
 	return "its protocol is not known"
 }

@@ -179,10 +179,11 @@ func TestVerdicts(t *testing.T) {
 			want:   flow.PlaceUnknown, wantReason: "which does not exclude netfilter: its first packets seen were not a SYN",
 		},
 		{
-			name:   "conntrack silent about a UDP flow: excluded",
+			// A long-lived UDP socket rides an entry made before the run.
+			name:   "conntrack silent about a UDP flow: proves nothing",
 			points: []obs.Point{obs.PointHost, obs.PointConntrack, obs.PointUplink},
 			obs:    []obs.Observation{udp(req(0, obs.PointHost, in, vip)), udp(req(0.03, obs.PointUplink, out, backend))},
-			want:   flow.PlaceTC, wantReason: "netfilter excluded: conntrack reported no connection",
+			want:   flow.PlaceUnknown, wantReason: "may ride a conntrack entry made before",
 		},
 		{
 			name:   "IPVS service but no observer between netfilter and the uplink: ambiguous",
@@ -472,7 +473,15 @@ func TestConntrackSilence(t *testing.T) {
 	e.Add(udp(req(20, obs.PointHost, obs.DirIn, vip)))
 	e.Add(udp(req(20.03, obs.PointUplink, obs.DirOut, backend)))
 	e.WarmVerdicts()
-	check("udp after ready", e, flow.PlaceTC, "netfilter excluded: conntrack reported no connection")
+	check("udp soon after ready", e, flow.PlaceUnknown, "may ride a conntrack entry made before")
+	// UDP first seen long after: any earlier entry of it expired.
+	late := newEngine()
+	late.Add(udp(req(190_010, obs.PointHost, obs.DirIn, vip)))
+	late.Add(udp(req(190_010.03, obs.PointUplink, obs.DirOut, backend)))
+	late.WarmVerdicts()
+	if f := only(t, late); f.RewrittenAt != flow.PlaceTC || !strings.Contains(f.Reason, "netfilter excluded: conntrack reported no connection") {
+		t.Errorf("udp long after ready: got %s (%s), want tc with netfilter excluded", f.RewrittenAt, f.Reason)
+	}
 	e.Add(obs.Observation{Time: flowtest.At(5), Point: obs.PointUplink, Dir: obs.DirIn, Proto: obs.UDP, Src: backend, Dst: client})
 	check("udp before ready", e, flow.PlaceUnknown, "does not exclude netfilter: the flow began before pathtrace was in place")
 
