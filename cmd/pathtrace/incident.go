@@ -135,7 +135,11 @@ func runIncident(args []string) int {
 	stop()
 	defer interrupted()
 	if err := writeBundle(bctx, out, opt, res, atts, budget); err != nil {
-		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (what was written is in %s)\n", err, building)
+		where := building
+		if _, serr := os.Stat(building); serr != nil {
+			where = out // published already: the archive failed
+		}
+		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (what was written is in %s)\n", err, where)
 		return exitRuntime
 	}
 	return exitOK
@@ -308,11 +312,12 @@ func fitReports(dir string, room int64, res *session.Result, atts []probe.Attach
 		return int64(len(txt)+len(js)) <= room
 	}
 	k := len(res.Flows)
-	if !fits(k) {
+	txt, js := render(k)
+	if int64(len(txt)+len(js)) > room {
 		// The largest k that fits: sizes grow with k.
 		k = sort.Search(len(res.Flows), func(i int) bool { return !fits(i + 1) })
+		txt, js = render(k)
 	}
-	txt, js := render(k)
 	if int64(len(txt)+len(js)) > room {
 		// Not even the node block fits: cut each report to its half.
 		txt, js = cutAt(txt, room/2), cutAt(js, room/2)

@@ -67,7 +67,7 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 // there, and pathtrace never changes the node. Without nf_tables there is
 // no nftables ruleset to read anyway.
 func nftUnreadable(h kmod.Host) string {
-	if m := h.FirstToLoad("nfnetlink", "nf_tables"); m != "" {
+	if m := h.FirstToLoad(kmod.NFTables...); m != "" {
 		return fmt.Sprintf("absent: %s not loaded (not listed: listing would load it)", m)
 	}
 	return ""

@@ -680,14 +680,6 @@ func flushAt(e *flow.Engine, t time.Time) {
 	flush(e, float64(t.Sub(flowtest.At(0)))/float64(time.Millisecond))
 }
 
-func withPoints(cfg flow.Config, points ...obs.Point) flow.Config {
-	cfg.Points = map[obs.Point]bool{}
-	for _, p := range points {
-		cfg.Points[p] = true
-	}
-	return cfg
-}
-
 var nfPoints = []obs.Point{obs.PointPod, obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointConntrack, obs.PointUplink}
 
 func TestBusyNode(t *testing.T) {

@@ -114,10 +114,10 @@ func NewEngine(cfg Config) *Engine {
 // behind): while none were, a flow conntrack did not report, seen from its
 // start, was not tracked by netfilter, which then did not rewrite it.
 func (e *Engine) SetConntrackLosses(n uint64) {
-	if n != e.ctLosses {
-		e.ctLosses = n
+	if (n > 0) != (e.ctLosses > 0) {
 		e.gen++ // verdicts that rested on conntrack's silence
 	}
+	e.ctLosses = n
 }
 
 // Stopping tells the engine the run was asked to stop at t; the
@@ -126,9 +126,10 @@ func (e *Engine) SetConntrackLosses(n uint64) {
 // that could tell otherwise is to come.
 func (e *Engine) Stopping(t time.Time) { e.stopped = t }
 
-// settle gives the observations whose backend guess was put off their last
-// chance once the run is stopping.
-func (e *Engine) settle() {
+// Settle gives the observations whose backend guess was put off their last
+// chance once the run is stopping (after Stopping): what the last packets'
+// comments say must agree with the report. Flows and Summary settle too.
+func (e *Engine) Settle() {
 	if e.stopped.IsZero() {
 		return
 	}
@@ -331,7 +332,7 @@ func (e *Engine) watches(proto obs.Proto, vip netip.AddrPort) bool {
 // Flows returns a snapshot of every flow with its current verdict, sorted by
 // first seen.
 func (e *Engine) Flows() []Flow {
-	e.settle()
+	e.Settle()
 	out := make([]Flow, 0, e.nflows)
 	for _, list := range e.clients {
 		for _, f := range list {
@@ -349,7 +350,7 @@ func (e *Engine) Flows() []Flow {
 
 // Summary counts flows per verdict, the engine's drops and observations per point.
 func (e *Engine) Summary() Summary {
-	e.settle()
+	e.Settle()
 	s := Summary{
 		Flows:       e.nflows,
 		RewrittenAt: make(map[Place]int),

@@ -29,12 +29,15 @@ func (s *snapshot) conntrack(ctx context.Context, w *topicWriter) error {
 	case len(s.vips) == 0:
 		fmt.Fprintln(w, "no VIPs given: nothing selected")
 		return nil
-	case kmod.WouldLoad("nf_conntrack"):
+	}
+	switch m := kmod.FirstToLoad(kmod.Conntrack...); m {
+	case "":
+	case "nf_conntrack":
 		fmt.Fprintln(w, "nf_conntrack is not loaded: no connection tracking, no entries")
 		return nil
-	case kmod.WouldLoad("nf_conntrack_netlink"):
-		fmt.Fprintln(w, "nf_conntrack_netlink is not loaded: entries not read (reading would load the module)")
-		w.notef("not read: nf_conntrack_netlink is not loaded")
+	default:
+		fmt.Fprintf(w, "%s is not loaded: entries not read (reading would load the module)\n", m)
+		w.notef("not read: %s is not loaded", m)
 		return nil
 	}
 	if n, err := s.conntrackCount(); err == nil && n > maxConntrackDump {

@@ -19,8 +19,8 @@ import (
 // nftables writes the node netns's nftables ruleset: `nft list ruleset` when
 // nft is installed, else pathtrace's rendering of what netlink lists.
 func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
-	if kmod.WouldLoad("nf_tables") {
-		fmt.Fprintln(w, "nf_tables is not loaded: no nftables ruleset (not listed: listing would load the module)")
+	if m := kmod.FirstToLoad(kmod.NFTables...); m != "" {
+		fmt.Fprintf(w, "%s is not loaded: no nftables ruleset (not listed: listing would load the module)\n", m)
 		return nil
 	}
 	if nft, err := exec.LookPath("nft"); err == nil {

@@ -35,8 +35,14 @@ var System = Host{
 	LibModules:      "/lib/modules",
 }
 
-// WouldLoad is System.WouldLoad.
-func WouldLoad(name string) bool { return System.WouldLoad(name) }
+// The modules a request needs, in the order it would load them. Conntrack:
+// a NETLINK_NETFILTER socket requests nfnetlink, joining or dumping
+// conntrack requests nf_conntrack_netlink, which brings nf_conntrack.
+// NFTables: listing the ruleset requests nfnetlink and nf_tables.
+var (
+	Conntrack = []string{"nfnetlink", "nf_conntrack", "nf_conntrack_netlink"}
+	NFTables  = []string{"nfnetlink", "nf_tables"}
+)
 
 // FirstToLoad is System.FirstToLoad.
 func FirstToLoad(names ...string) string { return System.FirstToLoad(names...) }

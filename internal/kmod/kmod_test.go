@@ -102,7 +102,7 @@ func TestSystem(t *testing.T) {
 	if err != nil || len(entries) == 0 {
 		t.Skipf("no %s here", System.SysModule)
 	}
-	if WouldLoad(entries[0].Name()) {
+	if System.WouldLoad(entries[0].Name()) {
 		t.Errorf("%s is in %s, yet WouldLoad says it would load", entries[0].Name(), System.SysModule)
 	}
 }

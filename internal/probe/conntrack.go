@@ -36,18 +36,12 @@ type ctSubscription struct {
 	filter []bpf.RawInstruction // its kernel filter (conntrackFilter), nil for none
 }
 
-// ctModules are the kernel modules a subscription needs, in the order it
-// would load them: opening a NETLINK_NETFILTER socket requests nfnetlink,
-// joining the conntrack event groups requests nf_conntrack_netlink
-// (nfnetlink_bind), which brings nf_conntrack.
-var ctModules = []string{"nfnetlink", "nf_conntrack", "nf_conntrack_netlink"}
-
 // conntrackModulesErr tells why no subscription is made on host h: a module
 // it needs is neither loaded nor built in, so subscribing would have the
 // kernel load it, and pathtrace never changes the node. Nil when every one
 // is there (or the kernel cannot load modules).
 func conntrackModulesErr(h kmod.Host) error {
-	switch m := h.FirstToLoad(ctModules...); m {
+	switch m := h.FirstToLoad(kmod.Conntrack...); m {
 	case "":
 		return nil
 	case "nf_conntrack":

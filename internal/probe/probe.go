@@ -331,6 +331,12 @@ func (p *Probe) ForeignObservers() int {
 	return len(p.foreign)
 }
 
+// ConntrackLosses is how many conntrack events were lost so far (receive
+// errors and drops): Stats' two counters, without its map lookups.
+func (p *Probe) ConntrackLosses() uint64 {
+	return p.counters.ctErrors.Load() + p.counters.ctDrops.Load()
+}
+
 // Stats returns the counters so far.
 func (p *Probe) Stats() Stats {
 	s := Stats{

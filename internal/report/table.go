@@ -138,7 +138,6 @@ func countList(m map[string]uint64) string {
 	return strings.Join(parts, ", ")
 }
 
-// shorten cuts s to n runes with an ellipsis.
 // shortBy fits a "by" into n runes, giving up first what tells flows apart
 // least: a program's cgroup (its name and id stay whole, for bpftool), then
 // the middle of a rule chain (its table and the rule that translated stay).
@@ -170,6 +169,7 @@ func shortBy(s string, n int) string {
 	return shorten(s, n)
 }
 
+// shorten cuts s to n runes with an ellipsis.
 func shorten(s string, n int) string {
 	if utf8.RuneCountInString(s) <= n {
 		return s

@@ -99,8 +99,10 @@ func (tr *tracer) classify(tapIdx int, p *capture.Packet) (flow.Handle, bool) {
 	// A TCP SYN, FIN or RST always goes to the engine: a SYN on a reused
 	// client port begins a new flow, which counting it in the old one
 	// would hide.
-	if h, ok := tr.classes.get(k); ok && !control && tr.eng.Repeat(h, tr.taps[tapIdx].point, p.Time, p.Len) {
-		return h, true
+	if !control {
+		if h, ok := tr.classes.get(k); ok && tr.eng.Repeat(h, tr.taps[tapIdx].point, p.Time, p.Len) {
+			return h, true
+		}
 	}
 	return tr.correlate(tapIdx, p, k)
 }

@@ -192,6 +192,9 @@ settle:
 		tr.consume(b)
 	}
 	if tr.pcap != nil {
+		// The backend guesses put off until the end are made before the
+		// last frames' comments, as the report will make them.
+		tr.eng.Settle()
 		tr.pcap.release(time.Now().Add(time.Hour), tr) // everything left
 	}
 	return stop
@@ -222,8 +225,7 @@ func (tr *tracer) consume(b *batch) string {
 // only while none were does conntrack's silence about a flow mean netfilter
 // did not track it.
 func (tr *tracer) noteConntrackLosses() {
-	ps := tr.pr.Stats()
-	tr.eng.SetConntrackLosses(ps.ConntrackErrors + ps.ConntrackDrops)
+	tr.eng.SetConntrackLosses(tr.pr.ConntrackLosses())
 }
 
 // attributeCgroups resolves the client cgroups seen on flows to the sock_addr
