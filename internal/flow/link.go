@@ -258,7 +258,7 @@ func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
 	e.touch(f, o.Time)
 	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(o, reply)) {
-		f.evidenceChanged() // whether it was seen from its start (conntrackSaw)
+		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
 	}
 	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)}, 1, uint64(o.Len))
 	if reply {

@@ -153,7 +153,7 @@ func (f *flowState) key() clientKey { return clientKey{f.proto, f.client} }
 func (f *flowState) touch(t time.Time) {
 	if f.first.IsZero() || t.Before(f.first) {
 		f.first = t
-		f.cachedOK = false // whether it began before Ready (conntrackSaw)
+		f.cachedOK = false // whether it began before Ready (conntrackBlind)
 	}
 	if t.After(f.last) {
 		f.last = t

@@ -416,36 +416,15 @@ func (e *Engine) netfilterExcluded(f *flowState, why bool) (excluded, doubt stri
 	case e.active(obs.PointNFBefore) && !f.cps[cpNFBefore].any():
 		return "the netfilter observer never saw this flow", ""
 	case e.active(obs.PointConntrack) && !f.ctSeen:
-		if !e.conntrackSaw(f) {
+		if blind := e.conntrackBlind(f); blind != "" {
 			if why {
-				doubt = e.conntrackBlind(f)
+				doubt = blind
 			}
 			return "", doubt
 		}
 		return "conntrack reported no connection for this flow", ""
 	}
 	return "", ""
-}
-
-// conntrackSaw tells whether conntrack would have reported f had netfilter
-// tracked it: it is subscribed to new connections (and their updates),
-// lost none of its events, and f was seen from its start, after the
-// subscription: a TCP flow whose client's first packet seen was its SYN, a
-// UDP flow first seen udpEntryLife after every point was in place (UDP has
-// no first packet to see: a long-lived socket rides an entry made before
-// the run, which conntrack never reports; one first seen that late had sent
-// nothing for so long that any earlier entry of it had expired).
-func (e *Engine) conntrackSaw(f *flowState) bool {
-	if e.ctLosses > 0 || e.window(f) == beforeReady || e.ctMayBeOthers(f) {
-		return false
-	}
-	switch f.proto {
-	case obs.TCP:
-		return f.tcp.syn != 0 && f.tcp.syn-f.tcp.first <= int64(sameConnGap)
-	case obs.UDP:
-		return !e.cfg.Ready.IsZero() && f.first.Sub(e.cfg.Ready) >= udpEntryLife
-	}
-	return false
 }
 
 // udpEntryLife bounds how long conntrack keeps a UDP entry after its last
@@ -467,8 +446,15 @@ func (e *Engine) ctMayBeOthers(f *flowState) bool {
 	return false
 }
 
-// conntrackBlind says why conntrack's silence about f proves nothing
-// (conntrackSaw false).
+// conntrackBlind says why conntrack's silence about f proves nothing, ""
+// when conntrack would have reported f had netfilter tracked it: it is
+// subscribed to new connections (and their updates), lost none of its
+// events, and f was seen from its start, after the subscription: a TCP flow
+// whose client's first packet seen was its SYN, a UDP flow first seen
+// udpEntryLife after every point was in place (UDP has no first packet to
+// see: a long-lived socket rides an entry made before the run, which
+// conntrack never reports; one first seen that late had sent nothing for so
+// long that any earlier entry of it had expired).
 func (e *Engine) conntrackBlind(f *flowState) string {
 	const when = "conntrack reports a connection when it begins"
 	switch {
@@ -479,8 +465,14 @@ func (e *Engine) conntrackBlind(f *flowState) string {
 	case e.ctMayBeOthers(f):
 		return "its client port was reused just after an earlier connection to the VIP, which conntrack's report of it may have been taken for"
 	case f.proto == obs.TCP:
+		if f.tcp.syn != 0 && f.tcp.syn-f.tcp.first <= int64(sameConnGap) {
+			return ""
+		}
 		return "its first packets seen were not a SYN: the connection began before they were seen, and " + when
 	case f.proto == obs.UDP:
+		if !e.cfg.Ready.IsZero() && f.first.Sub(e.cfg.Ready) >= udpEntryLife {
+			return ""
+		}
 		return fmt.Sprintf("a UDP flow first seen less than %s after pathtrace was in place may ride a conntrack entry made before, and %s", udpEntryLife, when)
 	}
 	return "its protocol is not known"
