@@ -155,7 +155,22 @@ func (tr *tracer) noteICMPError(tapIdx int, p *capture.Packet) {
 	}
 	o := e.Observation()
 	o.Point, o.Time = tr.taps[tapIdx].point, p.Time
-	tr.eng.NoteICMPError(o, e.Kind(), e.From)
+	tr.eng.NoteICMPError(o, tr.icmpKind(e), e.From)
+}
+
+// icmpKind is e.Kind(), made once per type and code: a flood answered by
+// port unreachables brings one error per packet.
+func (tr *tracer) icmpKind(e capture.ICMPError) string {
+	k := uint16(e.Type)<<8 | uint16(e.Code)
+	if s, ok := tr.icmpKinds[k]; ok {
+		return s
+	}
+	if tr.icmpKinds == nil {
+		tr.icmpKinds = map[uint16]string{}
+	}
+	s := e.Kind()
+	tr.icmpKinds[k] = s
+	return s
 }
 
 // icmpComment says what an ICMP error is, who sent it and which flow the
@@ -172,5 +187,5 @@ func (tr *tracer) icmpComment(tapIdx int, e capture.ICMPError) string {
 	if ref, ok := tr.eng.Classify(o); ok {
 		about = ref.Comment()
 	}
-	return e.Kind() + " from " + e.From.String() + " about " + about
+	return tr.icmpKind(e) + " from " + e.From.String() + " about " + about
 }

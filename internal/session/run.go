@@ -43,6 +43,8 @@ type tracer struct {
 	freeObs  *batchPool // consumed observation batches, for reuse
 	lb       *lbWatch
 	classes  *classTable
+	// icmpKinds names the ICMP errors seen, by type<<8 | code.
+	icmpKinds map[uint16]string
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
