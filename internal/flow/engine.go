@@ -241,7 +241,7 @@ func (e *Engine) process(o obs.Observation) (done bool, h Handle, ok bool) {
 		e.withoutPorts++
 		return true, h, false
 	}
-	f, reply, r := e.link(o.Proto, o.Src, o.Dst, momentOf(o, false), true)
+	f, reply, r := e.link(o.Proto, o.Src, o.Dst, momentOf(&o, false), true)
 	switch r {
 	case linked:
 		if slot := e.applyPacket(f, o, reply); slot >= 0 {

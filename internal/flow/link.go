@@ -26,27 +26,91 @@ const (
 // port is reused: of a client endpoint's flows, a packet goes to the one it
 // can belong to by time and TCP flags (toPeer, withService).
 func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replies bool) (*flowState, bool, linkResult) {
-	if e.isService(proto, dst) {
-		m.reply = false
-		f, r := e.flowFor(proto, src, dst, 0, m)
-		return f, false, r
+	var g guesses
+	if f, reply, r := e.lookup(proto, src, dst, m, replies, &g); r != unlinked {
+		return f, reply, r
 	}
-	if replies && e.isService(proto, src) {
-		m.reply = true
-		f, r := e.flowFor(proto, dst, src, 0, m)
-		return f, true, r
+	at := time.Unix(0, m.at)
+	if g.out != nil && e.plausibleGuess(g.out, m) {
+		e.learnBackend(g.out, dst, at)
+		return g.out, false, linked
+	}
+	if g.in != nil && e.plausibleGuess(g.in, m) {
+		e.learnBackend(g.in, src, at)
+		return g.in, true, linked
+	}
+	// The client end of a refused flow: its packets after the rewrite (and
+	// their replies) are refused with it, not kept waiting for a flow that
+	// will never exist.
+	if e.refusedClients.has(clientKey{proto, src}) || replies && e.refusedClients.has(clientKey{proto, dst}) {
+		return nil, false, refused
+	}
+	return nil, false, unlinked
+}
+
+// guesses are link's candidates for a backend guess (lookup): a flow of the
+// source endpoint (out) or of the destination endpoint (in) without a
+// backend yet that the packet may be for; the other end would be its
+// backend (toPeer).
+type guesses struct{ out, in *flowState }
+
+// lookup finds the flow of an observation src -> dst at m, in the one order
+// link and find (Classify) both follow, and tells whether it travels in the
+// reply direction:
+//
+//  1. a Service on dst, or with replies on src, names the flow of the
+//     client endpoint at the other end (withService), or beyond the node's
+//     SNAT, unrewritten, the flow the SNAT gave it (snattedTo);
+//  2. otherwise the flow of src known to use dst as backend, then with
+//     replies the flow of dst known to use src (toPeer);
+//  3. then the flow a SNAT gave src going to dst, with replies the one it
+//     gave dst going to src.
+//
+// With g (link's mode, learning) step 1 is flowFor, which makes the flow
+// when there is none (linked, or refused beyond MaxFlows), and step 2 also
+// fills g with the candidates for a backend guess, which link may take
+// when nothing was found (unlinked). Without g lookup changes nothing and
+// offers no guess (toPeer guesses only when asked).
+func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, m moment, replies bool, g *guesses) (f *flowState, reply bool, r linkResult) {
+	learn := g != nil
+	client, service, toService := src, dst, true
+	switch {
+	case e.isService(proto, dst):
+		m.reply = false
+	case replies && e.isService(proto, src):
+		client, service, reply, m.reply = dst, src, true, true
+	default:
+		toService = false
+	}
+	if toService {
+		if learn {
+			f, r = e.flowFor(proto, client, service, 0, m)
+			return f, reply, r
+		}
+		if f = withService(e.clients[clientKey{proto, client}], service, 0, m); f == nil {
+			f = e.snattedTo(proto, client, service, m) // beyond the node's SNAT, unrewritten
+		}
+		if f == nil {
+			return nil, reply, unlinked
+		}
+		return f, reply, linked
 	}
 	req, rep := m, m
 	req.reply, rep.reply = false, true
-	fOut, guessOut := toPeer(e.clients[clientKey{proto, src}], dst, req, true)
+	fOut, guessOut := toPeer(e.clients[clientKey{proto, src}], dst, req, learn)
 	if fOut != nil && !guessOut {
 		return fOut, false, linked
 	}
-	var fIn *flowState
-	guessIn := false
+	if guessOut {
+		g.out = fOut
+	}
 	if replies {
-		if fIn, guessIn = toPeer(e.clients[clientKey{proto, dst}], src, rep, true); fIn != nil && !guessIn {
+		fIn, guessIn := toPeer(e.clients[clientKey{proto, dst}], src, rep, learn)
+		if fIn != nil && !guessIn {
 			return fIn, true, linked
+		}
+		if guessIn {
+			g.in = fIn
 		}
 	}
 	if f := e.snattedTo(proto, src, dst, req); f != nil {
@@ -56,21 +120,6 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replie
 		if f := e.snattedTo(proto, dst, src, rep); f != nil {
 			return f, true, linked
 		}
-	}
-	at := time.Unix(0, m.at)
-	if guessOut && e.plausibleGuess(fOut, m) {
-		e.learnBackend(fOut, dst, at)
-		return fOut, false, linked
-	}
-	if guessIn && e.plausibleGuess(fIn, m) {
-		e.learnBackend(fIn, src, at)
-		return fIn, true, linked
-	}
-	// The client end of a refused flow: its packets after the rewrite (and
-	// their replies) are refused with it, not kept waiting for a flow that
-	// will never exist.
-	if e.refusedClients.has(clientKey{proto, src}) || replies && e.refusedClients.has(clientKey{proto, dst}) {
-		return nil, false, refused
 	}
 	return nil, false, unlinked
 }
@@ -257,7 +306,7 @@ func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs
 
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
 	e.touch(f, o.Time)
-	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(o, reply)) {
+	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(&o, reply)) {
 		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
 	}
 	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)}, 1, uint64(o.Len))
@@ -312,7 +361,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	}
 	if f == nil {
 		var r linkResult
-		if f, r = e.flowFor(proto, client, svc, o.Cookie, momentOf(o, false)); r != linked {
+		if f, r = e.flowFor(proto, client, svc, o.Cookie, momentOf(&o, false)); r != linked {
 			return
 		}
 	}
@@ -360,7 +409,7 @@ func (e *Engine) sockTuple(o obs.Observation) bool {
 	reply := false
 	if f == nil {
 		var r linkResult
-		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, momentOf(o, false), true); r != linked {
+		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, momentOf(&o, false), true); r != linked {
 			return r == refused
 		}
 	}
@@ -444,7 +493,7 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		e.withoutPorts++ // an ICMP conntrack entry
 		return true
 	}
-	m := momentOf(o, false)
+	m := momentOf(&o, false)
 	m.entry = o.Proto == obs.TCP
 	f, _, r := e.link(o.Proto, o.Src, o.Dst, m, false)
 	if r != linked {
