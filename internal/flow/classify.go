@@ -67,35 +67,13 @@ func (e *Engine) noteICMP(o obs.Observation, note *icmpNote) bool {
 	return true
 }
 
-// find is the flow o belongs to, as its packet would be linked, without
-// learning anything; reply says o travels in the reply direction.
+// find is the flow o belongs to, as its packet would be linked (lookup),
+// without learning anything; reply says o travels in the reply direction.
 func (e *Engine) find(o obs.Observation) (f *flowState, reply bool) {
 	if !o.Src.IsValid() || !o.Dst.IsValid() {
 		return nil, false
 	}
-	m := momentOf(o, false)
-	switch {
-	case e.isService(o.Proto, o.Dst):
-		if f = withService(e.clients[clientKey{o.Proto, o.Src}], o.Dst, 0, m); f == nil {
-			f = e.snattedTo(o.Proto, o.Src, o.Dst, m) // beyond the node's SNAT, unrewritten
-		}
-	case e.isService(o.Proto, o.Src):
-		m.reply, reply = true, true
-		if f = withService(e.clients[clientKey{o.Proto, o.Dst}], o.Src, 0, m); f == nil {
-			f = e.snattedTo(o.Proto, o.Dst, o.Src, m)
-		}
-	default: // as link finds it, without learning a backend
-		rep := moment{at: m.at, flags: m.flags, reply: true}
-		if f, _ = toPeer(e.clients[clientKey{o.Proto, o.Src}], o.Dst, m, false); f == nil {
-			f, _ = toPeer(e.clients[clientKey{o.Proto, o.Dst}], o.Src, rep, false)
-			reply = true
-		}
-		if f == nil { // beyond the node's SNAT
-			if f, reply = e.snattedTo(o.Proto, o.Src, o.Dst, m), false; f == nil {
-				f, reply = e.snattedTo(o.Proto, o.Dst, o.Src, rep), true
-			}
-		}
-	}
+	f, reply, _ = e.lookup(o.Proto, o.Src, o.Dst, momentOf(&o, false), true, nil)
 	return f, reply
 }
 

@@ -50,9 +50,6 @@ type Engine struct {
 	socks   sockTable
 	waiting waiting
 	replays []clientKey // endpoints whose waiting observations may now resolve
-	// deferred: link put off a backend guess for the observation being
-	// processed (plausibleGuess); final: its last chance, the guess is made.
-	deferred, final bool
 	// snat maps the source a SNAT gave flows (conntrack's reply
 	// destination) to those flows: their packets beyond the SNAT (the
 	// uplink's) carry that source instead of the client's. A flow is listed
@@ -149,10 +146,9 @@ func (e *Engine) Add(o obs.Observation) { e.add(o) }
 // returns the handle Repeat takes.
 func (e *Engine) add(o obs.Observation) (Handle, bool) {
 	e.note(o.Point, o.Time)
-	e.deferred = false
-	done, h, ok := e.process(o)
+	done, deferred, h, ok := e.process(o, false)
 	if !done {
-		e.waiting.add(o, e.deferred)
+		e.waiting.add(o, deferred)
 	}
 	e.replay()
 	e.expire()
@@ -166,7 +162,6 @@ func (e *Engine) replay() {
 		k := e.replays[len(e.replays)-1]
 		e.replays = e.replays[:len(e.replays)-1]
 		for _, p := range e.waiting.take(k) {
-			e.deferred = false
 			switch {
 			case p.done:
 			case p.icmp != nil:
@@ -175,11 +170,13 @@ func (e *Engine) replay() {
 				} else {
 					e.waiting.putBack(k, p)
 				}
-			case e.processed(p.o):
-				e.waiting.resolved(p)
 			default:
-				p.deferred = p.deferred || e.deferred
-				e.waiting.putBack(k, p)
+				if done, deferred, _, _ := e.process(p.o, false); done {
+					e.waiting.resolved(p)
+				} else {
+					p.deferred = p.deferred || deferred
+					e.waiting.putBack(k, p)
+				}
 			}
 		}
 	}
@@ -208,50 +205,48 @@ func (e *Engine) expire() {
 // flow otherwise had the reordering window to come, so the guess is made
 // now if it still stands.
 func (e *Engine) lastChance(o obs.Observation) bool {
-	e.final = true
-	defer func() { e.final = false }()
-	return e.processed(o)
-}
-
-func (e *Engine) processed(o obs.Observation) bool {
-	done, _, _ := e.process(o)
+	done, _, _, _ := e.process(o, true)
 	return done
 }
 
 // process applies o to its flow and reports false when its flow is not known
-// yet (the observation must wait). For a packet it also returns the handle of
+// yet (the observation must wait); deferred then tells that a backend guess
+// for it was put off (deferredLink). last is its last chance (lastChance):
+// a guess is made, not put off. For a packet it also returns the handle of
 // the counter it went to.
-func (e *Engine) process(o obs.Observation) (done bool, h Handle, ok bool) {
+func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h Handle, ok bool) {
 	switch o.Point {
 	case obs.PointNone:
-		return true, h, false
+		return true, false, h, false
 	case obs.PointSockAddr:
 		e.sockAddr(o)
-		return true, h, false
+		return true, false, h, false
 	case obs.PointSockState, obs.PointSockEgress:
-		return e.sockTuple(o), h, false
+		done, deferred = e.sockTuple(o, last)
+		return done, deferred, h, false
 	case obs.PointConntrack:
-		return e.conntrack(o), h, false
+		done, deferred = e.conntrack(o, last)
+		return done, deferred, h, false
 	}
 	if !o.Src.IsValid() || !o.Dst.IsValid() {
 		e.unmatched++
-		return true, h, false
+		return true, false, h, false
 	}
 	if !hasPorts(o) {
 		e.withoutPorts++
-		return true, h, false
+		return true, false, h, false
 	}
-	f, reply, r := e.link(o.Proto, o.Src, o.Dst, momentOf(o, false), true)
+	f, reply, r := e.link(o.Proto, o.Src, o.Dst, momentOf(&o, false), true, last)
 	switch r {
 	case linked:
 		if slot := e.applyPacket(f, o, reply); slot >= 0 {
-			return true, Handle{f: f, slot: slot, reply: reply, translated: translated(f, o, reply)}, true
+			return true, false, Handle{f: f, slot: slot, reply: reply, translated: translated(f, o, reply)}, true
 		}
-		return true, h, false
+		return true, false, h, false
 	case refused:
-		return true, Handle{refused: true}, true
+		return true, false, Handle{refused: true}, true
 	}
-	return false, h, false
+	return false, r == deferredLink, h, false
 }
 
 // hasPorts tells whether a packet or conntrack observation has what a flow is

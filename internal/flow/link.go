@@ -14,6 +14,10 @@ const (
 	unlinked linkResult = iota // no flow claims it yet: it waits
 	linked
 	refused // its flow would exceed MaxFlows
+	// deferredLink: no flow claims it for sure yet: a backend guess (or a
+	// conntrack event's flow, ctFlow) was put off. It waits as unlinked
+	// does and has a last chance as it leaves the waiting room (lastChance).
+	deferredLink
 )
 
 // link finds the flow of an observation with addresses src -> dst seen at m
@@ -24,29 +28,98 @@ const (
 // and that flow has no backend yet, the other end is its backend: a client
 // endpoint (a socket's local address and port) talks to one peer. A client
 // port is reused: of a client endpoint's flows, a packet goes to the one it
-// can belong to by time and TCP flags (toPeer, withService).
-func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replies bool) (*flowState, bool, linkResult) {
-	if e.isService(proto, dst) {
-		m.reply = false
-		f, r := e.flowFor(proto, src, dst, 0, m)
-		return f, false, r
+// can belong to by time and TCP flags (toPeer, withService). A guess not
+// plausible yet is put off (deferredLink) unless this is the observation's
+// last chance (last).
+func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replies, last bool) (*flowState, bool, linkResult) {
+	var g guesses
+	if f, reply, r := e.lookup(proto, src, dst, m, replies, &g); r != unlinked {
+		return f, reply, r
 	}
-	if replies && e.isService(proto, src) {
-		m.reply = true
-		f, r := e.flowFor(proto, dst, src, 0, m)
-		return f, true, r
+	at := time.Unix(0, m.at)
+	if g.out != nil && e.plausibleGuess(g.out, m, last) {
+		e.learnBackend(g.out, dst, at)
+		return g.out, false, linked
+	}
+	if g.in != nil && e.plausibleGuess(g.in, m, last) {
+		e.learnBackend(g.in, src, at)
+		return g.in, true, linked
+	}
+	// The client end of a refused flow: its packets after the rewrite (and
+	// their replies) are refused with it, not kept waiting for a flow that
+	// will never exist.
+	if e.refusedClients.has(clientKey{proto, src}) || replies && e.refusedClients.has(clientKey{proto, dst}) {
+		return nil, false, refused
+	}
+	if g.out != nil || g.in != nil {
+		return nil, false, deferredLink
+	}
+	return nil, false, unlinked
+}
+
+// guesses are link's candidates for a backend guess (lookup): a flow of the
+// source endpoint (out) or of the destination endpoint (in) without a
+// backend yet that the packet may be for; the other end would be its
+// backend (toPeer).
+type guesses struct{ out, in *flowState }
+
+// lookup finds the flow of an observation src -> dst at m, in the one order
+// link and find (Classify) both follow, and tells whether it travels in the
+// reply direction:
+//
+//  1. a Service on dst, or with replies on src, names the flow of the
+//     client endpoint at the other end (withService), or beyond the node's
+//     SNAT, unrewritten, the flow the SNAT gave it (snattedTo);
+//  2. otherwise the flow of src known to use dst as backend, then with
+//     replies the flow of dst known to use src (toPeer);
+//  3. then the flow a SNAT gave src going to dst, with replies the one it
+//     gave dst going to src.
+//
+// With g (link's mode, learning) step 1 is flowFor, which makes the flow
+// when there is none (linked, or refused beyond MaxFlows), and step 2 also
+// fills g with the candidates for a backend guess, which link may take
+// when nothing was found (unlinked). Without g lookup changes nothing and
+// offers no guess (toPeer guesses only when asked).
+func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, m moment, replies bool, g *guesses) (f *flowState, reply bool, r linkResult) {
+	learn := g != nil
+	client, service, toService := src, dst, true
+	switch {
+	case e.isService(proto, dst):
+		m.reply = false
+	case replies && e.isService(proto, src):
+		client, service, reply, m.reply = dst, src, true, true
+	default:
+		toService = false
+	}
+	if toService {
+		if learn {
+			f, r = e.flowFor(proto, client, service, 0, m)
+			return f, reply, r
+		}
+		if f = withService(e.clients[clientKey{proto, client}], service, 0, m); f == nil {
+			f = e.snattedTo(proto, client, service, m) // beyond the node's SNAT, unrewritten
+		}
+		if f == nil {
+			return nil, reply, unlinked
+		}
+		return f, reply, linked
 	}
 	req, rep := m, m
 	req.reply, rep.reply = false, true
-	fOut, guessOut := toPeer(e.clients[clientKey{proto, src}], dst, req, true)
+	fOut, guessOut := toPeer(e.clients[clientKey{proto, src}], dst, req, learn)
 	if fOut != nil && !guessOut {
 		return fOut, false, linked
 	}
-	var fIn *flowState
-	guessIn := false
+	if guessOut {
+		g.out = fOut
+	}
 	if replies {
-		if fIn, guessIn = toPeer(e.clients[clientKey{proto, dst}], src, rep, true); fIn != nil && !guessIn {
+		fIn, guessIn := toPeer(e.clients[clientKey{proto, dst}], src, rep, learn)
+		if fIn != nil && !guessIn {
 			return fIn, true, linked
+		}
+		if guessIn {
+			g.in = fIn
 		}
 	}
 	if f := e.snattedTo(proto, src, dst, req); f != nil {
@@ -57,21 +130,6 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replie
 			return f, true, linked
 		}
 	}
-	at := time.Unix(0, m.at)
-	if guessOut && e.plausibleGuess(fOut, m) {
-		e.learnBackend(fOut, dst, at)
-		return fOut, false, linked
-	}
-	if guessIn && e.plausibleGuess(fIn, m) {
-		e.learnBackend(fIn, src, at)
-		return fIn, true, linked
-	}
-	// The client end of a refused flow: its packets after the rewrite (and
-	// their replies) are refused with it, not kept waiting for a flow that
-	// will never exist.
-	if e.refusedClients.has(clientKey{proto, src}) || replies && e.refusedClients.has(clientKey{proto, dst}) {
-		return nil, false, refused
-	}
 	return nil, false, unlinked
 }
 
@@ -80,12 +138,12 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replie
 // of m. Otherwise the guess is put off: f's next activity, or the flow of
 // another Service the client endpoint talks to (an unconnected UDP socket
 // sends to several), can come within the reordering window; the guess is
-// made as the packet leaves the waiting room if it still stands.
-func (e *Engine) plausibleGuess(f *flowState, m moment) bool {
-	if e.final || f.began(m)-int64(guessWindow) <= m.at && m.at <= f.last.UnixNano()+int64(guessWindow) {
+// made as the packet leaves the waiting room if it still stands (last).
+func (e *Engine) plausibleGuess(f *flowState, m moment, last bool) bool {
+	if last || f.began(m)-int64(guessWindow) <= m.at && m.at <= f.last.UnixNano()+int64(guessWindow) {
 		return true
 	}
-	f.deferred, e.deferred = true, true
+	f.deferred = true
 	return false
 }
 
@@ -257,7 +315,7 @@ func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs
 
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
 	e.touch(f, o.Time)
-	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(o, reply)) {
+	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(&o, reply)) {
 		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
 	}
 	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)}, 1, uint64(o.Len))
@@ -312,7 +370,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	}
 	if f == nil {
 		var r linkResult
-		if f, r = e.flowFor(proto, client, svc, o.Cookie, momentOf(o, false)); r != linked {
+		if f, r = e.flowFor(proto, client, svc, o.Cookie, momentOf(&o, false)); r != linked {
 			return
 		}
 	}
@@ -337,10 +395,10 @@ func (e *Engine) sockAddr(o obs.Observation) {
 // sockTuple handles an observation of a socket's actual 4-tuple
 // (inet_sock_set_state, cgroup_skb egress). Its cookie links it to the
 // sockaddr observations of the same socket.
-func (e *Engine) sockTuple(o obs.Observation) bool {
+func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 	if !o.Src.IsValid() || !o.Dst.IsValid() {
 		e.unmatched++
-		return true
+		return true, false
 	}
 	s := e.socks.get(o.Cookie)
 	var f *flowState
@@ -360,8 +418,8 @@ func (e *Engine) sockTuple(o obs.Observation) bool {
 	reply := false
 	if f == nil {
 		var r linkResult
-		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, momentOf(o, false), true); r != linked {
-			return r == refused
+		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, momentOf(&o, false), true, last); r != linked {
+			return r == refused, r == deferredLink
 		}
 	}
 	if s != nil {
@@ -375,7 +433,7 @@ func (e *Engine) sockTuple(o obs.Observation) bool {
 		f.evidenceChanged()
 	}
 	e.applyPacket(f, o, reply)
-	return true
+	return true, false
 }
 
 // rekey moves the socket's flows that were recorded before the client port was
@@ -435,20 +493,20 @@ func dedupe(flows []*flowState) []*flowState {
 // the reply source when NAT changed it. Conntrack sits just before the NAT hook
 // on the way in (original tuple) and confirms after every hook (reply tuple),
 // so it brackets netfilter NAT and IPVS by itself.
-func (e *Engine) conntrack(o obs.Observation) bool {
+func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 	if !o.Src.IsValid() || !o.Dst.IsValid() {
 		e.unmatched++
-		return true
+		return true, false
 	}
 	if !hasPorts(o) {
 		e.withoutPorts++ // an ICMP conntrack entry
-		return true
+		return true, false
 	}
-	m := momentOf(o, false)
+	m := momentOf(&o, false)
 	m.entry = o.Proto == obs.TCP
-	f, _, r := e.link(o.Proto, o.Src, o.Dst, m, false)
+	f, _, r := e.link(o.Proto, o.Src, o.Dst, m, false, last)
 	if r != linked {
-		return r == refused
+		return r == refused, r == deferredLink
 	}
 	final := o.Dst
 	if o.NATDst.IsValid() {
@@ -460,8 +518,8 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		// another connection of its reused client port, whose packets
 		// may not be seen yet (conntrack delivers ahead of the taps'
 		// blocks).
-		if f, r = e.ctFlow(f, final); r != linked {
-			return r == refused
+		if f, r = e.ctFlow(f, final, last); r != linked {
+			return r == refused, r == deferredLink
 		}
 	}
 	if !f.ctFinal.IsValid() {
@@ -495,7 +553,7 @@ func (e *Engine) conntrack(o obs.Observation) bool {
 		e.setSNAT(f, o.NATSrc, final)
 		e.mergeBeyondSNAT(f)
 	}
-	return true
+	return true, false
 }
 
 // ctAgrees tells whether a TCP flow can be the connection conntrack reports
@@ -511,9 +569,10 @@ func ctAgrees(f *flowState, backend netip.AddrPort) bool {
 // ctFlow is the flow of a conntrack event DNATed to backend that f, the
 // flow of its client endpoint and VIP it was linked to, cannot be: the
 // latest other flow of theirs reported or seen with backend. Failing
-// that the event waits for its connection's packets to make its flow;
-// with none in the reordering window, it makes it itself (lastChance).
-func (e *Engine) ctFlow(f *flowState, backend netip.AddrPort) (*flowState, linkResult) {
+// that the event waits for its connection's packets to make its flow
+// (deferredLink); with none in the reordering window, it makes it itself
+// (last: lastChance).
+func (e *Engine) ctFlow(f *flowState, backend netip.AddrPort, last bool) (*flowState, linkResult) {
 	var found *flowState
 	for _, g := range e.clients[f.key()] {
 		if g != f && g.service == f.service && (g.ctFinal == backend || !g.ctFinal.IsValid() && g.hasBackend(backend)) &&
@@ -524,11 +583,10 @@ func (e *Engine) ctFlow(f *flowState, backend netip.AddrPort) (*flowState, linkR
 	switch {
 	case found != nil:
 		return found, linked
-	case e.final:
+	case last:
 		return e.newFlow(f.proto, f.client, f.service, 0)
 	}
-	e.deferred = true
-	return nil, unlinked
+	return nil, deferredLink
 }
 
 // mergeBeyondSNAT merges into f the flows its packets beyond the node's SNAT

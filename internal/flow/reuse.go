@@ -58,7 +58,7 @@ type moment struct {
 	entry bool
 }
 
-func momentOf(o obs.Observation, reply bool) moment {
+func momentOf(o *obs.Observation, reply bool) moment {
 	m := moment{at: o.Time.UnixNano(), reply: reply}
 	if o.Proto == obs.TCP {
 		m.flags = o.TCPFlags
