@@ -167,3 +167,30 @@ func TestSvcFilter(t *testing.T) {
 		}
 	}
 }
+
+// TestBulkRatios: each round's run is compared with the nothing-attached run
+// of its own round, whatever order the runs come in.
+func TestBulkRatios(t *testing.T) {
+	runs := []bulkRun{
+		{Tool: toolNone, Round: 0, Bps: 20e9}, {Tool: toolPathtrace, Round: 0, Bps: 19e9},
+		{Tool: toolPathtrace, Round: 1, Bps: 27e9}, {Tool: toolNone, Round: 1, Bps: 30e9},
+		{Tool: toolNone, Round: 2, Bps: 25e9}, {Tool: toolPathtrace, Round: 2, Bps: 25e9},
+		{Tool: toolPathtrace, Round: 3, Bps: 1e9}, // no nothing-attached run in round 3
+	}
+	got := bulkRatios(runs, toolPathtrace)
+	want := []float64{0.95, 0.9, 1}
+	if len(got) != len(want) {
+		t.Fatalf("bulkRatios = %v, want %v", got, want)
+	}
+	for i := range want {
+		if d := got[i] - want[i]; d > 1e-9 || d < -1e-9 {
+			t.Fatalf("bulkRatios = %v, want %v", got, want)
+		}
+	}
+	if s := ratioRange(got); s != "0.95× (0.90–1.00)" {
+		t.Errorf("ratioRange = %q", s)
+	}
+	if s := ratioRange(nil); s != "–" {
+		t.Errorf("ratioRange(nil) = %q", s)
+	}
+}

@@ -335,6 +335,7 @@ type results struct {
 
 type bulkRun struct {
 	Tool   string // toolNone, toolPathtrace, or toolPathtrace + " (watching the bulk flow)"
+	Round  int
 	Bps    float64
 	Window time.Duration
 	Cap    *captureResult
@@ -450,6 +451,7 @@ func (b *bench) bulkRuns(ctx context.Context, res *results) error {
 			if err != nil {
 				return fmt.Errorf("TCP throughput with %s: %w", variant, err)
 			}
+			br.Round = round
 			res.Bulk = append(res.Bulk, br)
 		}
 	}
