@@ -85,6 +85,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	}
 	svcs := newServiceSet(opt.Services, opt.ServicePorts)
 	opt.Services = svcs.vips
+	svcs.local = host.localAddrs(svcs.vips)
 	if err := discoverPods(ctx, host, opt, info); err != nil {
 		return nil, err
 	}

@@ -3,9 +3,12 @@ package discover
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
@@ -118,4 +121,18 @@ func (h *hostNS) masterOf(l netlink.Link) (name, kind string) {
 		return fmt.Sprintf("if%d", idx), "unknown"
 	}
 	return m.Attrs().Name, m.Type()
+}
+
+// localAddrs returns which of vips the node netns routes as its own
+// (RTN_LOCAL, what `-m addrtype --dst-type LOCAL` and `fib daddr type
+// local` test): a NodePort traced as NODE-IP:PORT.
+func (h *hostNS) localAddrs(vips []netip.Addr) map[netip.Addr]bool {
+	local := map[netip.Addr]bool{}
+	for _, vip := range vips {
+		routes, err := h.nl.RouteGet(net.IP(vip.AsSlice()))
+		if err == nil && len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL {
+			local[vip] = true
+		}
+	}
+	return local
 }

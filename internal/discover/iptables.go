@@ -48,7 +48,8 @@ func parseIPTablesSave(r io.Reader, source string) (*natGraph, error) {
 }
 
 // parseIPTablesRule parses one "-A CHAIN ..." line. Only what attribution
-// needs is kept: -d, -p, --dport, -j/-g and DNAT --to-destination.
+// needs is kept: -d, -p, --dport, --dst-type LOCAL, -j/-g and DNAT
+// --to-destination.
 func parseIPTablesRule(text string) (string, natRule, error) {
 	args, err := splitIPTablesArgs(text)
 	if err != nil {
@@ -93,6 +94,10 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 				r.note = "DNAT without --to-destination"
 			} else {
 				r.targets = append(r.targets, t)
+			}
+		case "--dst-type": // -m addrtype; LOCAL alone is the node's addresses
+			if next() == "LOCAL" {
+				r.localDst, r.localNeg = true, neg
 			}
 		case "--to-destination":
 			r.backend, r.note = parseDNATTarget(next())

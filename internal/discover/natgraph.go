@@ -31,6 +31,10 @@ type natRule struct {
 	dnat    bool
 	backend netip.AddrPort // dnat target; invalid when not decodable
 	note    string         // why backend is invalid
+	// localDst: the rule is limited to the node's own addresses (iptables
+	// `-m addrtype --dst-type LOCAL`, nftables `fib daddr type local`: how
+	// kube-proxy and Docker select NodePorts); localNeg: to other ones.
+	localDst, localNeg bool
 }
 
 // maxChainDepth bounds a walk (rulesets are DAGs; this only stops bad loops).
@@ -40,15 +44,21 @@ const maxChainDepth = 32
 // names the VIP as its destination marks the walk from there on as being about
 // that VIP, and a DNAT reached that way is reported with its chain path.
 // Rules without a destination condition are followed without marking, so a
-// kube-proxy nodeport or masquerade chain never counts as the VIP's.
-func (g *natGraph) match(vips []netip.Addr) []NATRule {
+// kube-proxy masquerade chain never counts as the VIP's.
+func (g *natGraph) match(vips []netip.Addr) []NATRule { return g.matchLocal(vips, nil) }
+
+// matchLocal is match where the VIPs in local are addresses of the node (a
+// NodePort traced as NODE-IP:PORT): a rule limited to the node's addresses
+// names them, so kube-proxy's nodeports chain counts as theirs, and only
+// as theirs.
+func (g *natGraph) matchLocal(vips []netip.Addr, local map[netip.Addr]bool) []NATRule {
 	var out []NATRule
 	for i, vip := range vips {
 		if slices.Contains(vips[:i], vip) {
 			continue // given twice (two ports of one Service): its rules once
 		}
 		for _, base := range g.bases {
-			w := natWalk{g: g, vip: vip, hook: base.hook, out: &out, onPath: map[string]bool{}}
+			w := natWalk{g: g, vip: vip, local: local[vip], hook: base.hook, out: &out, onPath: map[string]bool{}}
 			w.chain(base.chain, []string{base.chain}, false, "", 0)
 		}
 	}
@@ -58,6 +68,7 @@ func (g *natGraph) match(vips []netip.Addr) []NATRule {
 type natWalk struct {
 	g      *natGraph
 	vip    netip.Addr
+	local  bool // vip is an address of the node
 	hook   string
 	out    *[]NATRule
 	onPath map[string]bool
@@ -70,12 +81,21 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 	w.onPath[name] = true
 	defer delete(w.onPath, name)
 	for _, r := range w.g.chains[name] {
-		applies, names := r.appliesTo(w.vip)
+		applies, names := r.appliesTo(w.vip, w.local)
 		if !applies {
 			continue
 		}
 		m, pr, po := matched, proto, port
-		if names {
+		if m && !names {
+			// Conditions add up along the path: a later rule's port or
+			// protocol narrows the VIP's (the nodeports chain picks the
+			// port after the local-address rule), and one that contradicts
+			// it is never met by the VIP's packets.
+			if (r.port != 0 && po != 0 && r.port != po) || (r.proto != "" && pr != "" && r.proto != pr) {
+				continue
+			}
+		}
+		if names || m {
 			m = true
 			if r.proto != "" {
 				pr = r.proto
@@ -96,15 +116,19 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 	}
 }
 
-// appliesTo tells whether a packet to vip can match the rule, and whether the
-// rule names vip as its destination.
-func (r *natRule) appliesTo(vip netip.Addr) (applies, names bool) {
+// appliesTo tells whether a packet to vip (local: an address of the node)
+// can match the rule, and whether the rule names vip as its destination.
+func (r *natRule) appliesTo(vip netip.Addr, local bool) (applies, names bool) {
+	if r.localDst && local == r.localNeg {
+		return false, false
+	}
+	byLocal := r.localDst && !r.localNeg
 	if len(r.dst) == 0 {
-		return true, false
+		return true, byLocal
 	}
 	in := slices.ContainsFunc(r.dst, func(p netip.Prefix) bool { return p.Contains(vip) })
 	if r.dstNeg {
-		return !in, false
+		return !in, byLocal && !in
 	}
 	return in, in
 }

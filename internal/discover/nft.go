@@ -135,11 +135,12 @@ type nftField struct {
 type fieldKind uint8
 
 const (
-	fieldOther fieldKind = iota
-	fieldDaddr           // IP destination address
-	fieldDport           // transport destination port
-	fieldProto           // meta l4proto
-	fieldImm             // immediate data
+	fieldOther    fieldKind = iota
+	fieldDaddr              // IP destination address
+	fieldDport              // transport destination port
+	fieldProto              // meta l4proto
+	fieldImm                // immediate data
+	fieldAddrType           // fib daddr type: the route type of the destination
 )
 
 // regSlot maps an nftables register to its 4-byte slot: NFT_REG_1..4 are 16
@@ -219,7 +220,11 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 			ev.set(e.Register, nftField{kind: fieldOther, size: 4})
 		}
 	case *expr.Fib:
-		ev.set(e.Register, nftField{kind: fieldOther, size: 4})
+		f := nftField{kind: fieldOther, size: 4}
+		if e.FlagDADDR && e.ResultADDRTYPE {
+			f.kind = fieldAddrType
+		}
+		ev.set(e.Register, f)
 	case *expr.Cmp:
 		ev.cmp(e)
 	case *expr.Lookup:
@@ -256,10 +261,15 @@ func payloadField(e *expr.Payload) nftField {
 
 func (ev *nftRuleEval) cmp(e *expr.Cmp) {
 	f := ev.get(e.Register)
-	if e.Op != expr.CmpOpEq && !(e.Op == expr.CmpOpNeq && f.kind == fieldDaddr) {
+	if e.Op != expr.CmpOpEq && !(e.Op == expr.CmpOpNeq && (f.kind == fieldDaddr || f.kind == fieldAddrType)) {
 		return
 	}
 	switch f.kind {
+	case fieldAddrType:
+		// The kernel stores the route type as a u32 in host byte order.
+		if len(e.Data) == 4 && binary.NativeEndian.Uint32(e.Data) == unix.RTN_LOCAL {
+			ev.rule.localDst, ev.rule.localNeg = true, e.Op == expr.CmpOpNeq
+		}
 	case fieldDaddr:
 		if p, ok := prefixFrom(e.Data, f.mask); ok {
 			ev.rule.dst, ev.rule.dstNeg = []netip.Prefix{p}, e.Op == expr.CmpOpNeq
@@ -412,6 +422,16 @@ func (ev *nftRuleEval) xtMatch(e *expr.Match) {
 		ports, ev.rule.proto = m.DstPorts, "tcp"
 	case *xt.Udp:
 		ports, ev.rule.proto = m.DstPorts, "udp"
+	case *xt.AddrTypeV1: // -m addrtype --dst-type LOCAL, as iptables-nft writes it
+		if m.Dest == uint16(xt.AddrTypeLocal) {
+			ev.rule.localDst, ev.rule.localNeg = true, m.Flags&xtAddrTypeInvertDest != 0
+		}
+		return
+	case *xt.AddrType:
+		if m.Dest == uint16(xt.AddrTypeLocal) {
+			ev.rule.localDst, ev.rule.localNeg = true, m.InvertDest
+		}
+		return
 	default:
 		return
 	}
@@ -419,6 +439,10 @@ func (ev *nftRuleEval) xtMatch(e *expr.Match) {
 		ev.rule.port = ports[0]
 	}
 }
+
+// xtAddrTypeInvertDest is XT_ADDRTYPE_INVERT_DEST of xt_addrtype_info_v1's
+// flags (google/nftables names no flag of that field).
+const xtAddrTypeInvertDest = 0x2
 
 // xtDNATBackend decodes the target of an iptables-nft `-j DNAT`.
 func xtDNATBackend(info xt.InfoAny) (netip.AddrPort, string) {

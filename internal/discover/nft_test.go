@@ -85,7 +85,7 @@ func TestNFTRuleMaskAndNegation(t *testing.T) {
 	if len(r) != 1 || !r[0].dstNeg || r[0].dst[0] != netip.MustParsePrefix("127.0.0.0/8") {
 		t.Fatalf("got %+v", r)
 	}
-	applies, names := r[0].appliesTo(netip.MustParseAddr("10.120.0.80"))
+	applies, names := r[0].appliesTo(netip.MustParseAddr("10.120.0.80"), false)
 	if !applies || names {
 		t.Errorf("negated prefix: applies %v names %v, want true false", applies, names)
 	}

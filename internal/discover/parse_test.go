@@ -146,3 +146,44 @@ func TestNFTUnreadableWithoutModules(t *testing.T) {
 		})
 	}
 }
+
+// TestNodePortRules: a VIP that is an address of the node (a NodePort
+// traced as NODE-IP:PORT) reaches its DNATs through the local-destination
+// rule (iptables `-m addrtype --dst-type LOCAL`, nftables `fib daddr type
+// local`), and the port the nodeports chain selects is the Service's; an
+// address that is not the node's never enters that chain.
+func TestNodePortRules(t *testing.T) {
+	f, err := os.Open("testdata/iptables-save-kube-proxy.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ipt, err := parseIPTablesSave(f, "iptables-legacy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := netip.MustParseAddr("192.168.1.10")
+	local := map[netip.Addr]bool{node: true}
+	for _, tc := range []struct {
+		g    *natGraph
+		want []string
+	}{
+		{ipt, []string{
+			"output 192.168.1.10 tcp/30080 OUTPUT>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-WEBXXXXXXXXXXXXX>KUBE-SVC-WEBXXXXXXXXXXXXX>KUBE-SEP-WEBAAAAAAAAAAAAA => 10.244.20.31:3000",
+			"output 192.168.1.10 tcp/30080 OUTPUT>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-WEBXXXXXXXXXXXXX>KUBE-SVC-WEBXXXXXXXXXXXXX>KUBE-SEP-WEBBBBBBBBBBBBBB => 10.244.20.32:3000",
+			"prerouting 192.168.1.10 tcp/30080 PREROUTING>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-WEBXXXXXXXXXXXXX>KUBE-SVC-WEBXXXXXXXXXXXXX>KUBE-SEP-WEBAAAAAAAAAAAAA => 10.244.20.31:3000",
+			"prerouting 192.168.1.10 tcp/30080 PREROUTING>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-WEBXXXXXXXXXXXXX>KUBE-SVC-WEBXXXXXXXXXXXXX>KUBE-SEP-WEBBBBBBBBBBBBBB => 10.244.20.32:3000",
+		}},
+		{kubeProxyNFT(), []string{
+			"prerouting 192.168.1.10 tcp/30080 nat-prerouting>services>nodeports>service-web>endpoint-web-a => 10.244.20.31:3000",
+			"prerouting 192.168.1.10 tcp/30080 nat-prerouting>services>nodeports>service-web>endpoint-web-b => 10.244.20.32:3000",
+		}},
+	} {
+		if got := keys(tc.g.matchLocal([]netip.Addr{node}, local)); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: node address:\n got %q\nwant %q", tc.g.source, got, tc.want)
+		}
+		if got := tc.g.matchLocal([]netip.Addr{node}, nil); len(got) != 0 {
+			t.Errorf("%s: an address that is not the node's matched %q", tc.g.source, keys(got))
+		}
+	}
+}

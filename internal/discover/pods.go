@@ -214,6 +214,13 @@ func overrideHostVeth(host *hostNS, l netlink.Link, info *NodeInfo) {
 // scanPods enumerates the pods of the node: netns whose default route (or,
 // with it elsewhere, the route to a VIP) leaves through a veth whose peer is
 // in the node netns. With only set, it keeps the pod behind that host link.
+//
+// upstreamOnly: a netns that routes only the VIPs through its veth into the
+// node, while the node's default route leads into that netns, is the node's
+// upstream router, not a Pod. Routers learn the Service range (or the
+// node's own address, a NodePort's) from the node where Calico, kube-router
+// or MetalLB advertise them over BGP; taking one for a Pod would make the
+// node's uplink its host veth.
 func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link, vips []netip.Addr, info *NodeInfo) error {
 	// The node's veths carry, from the node's view, the id of their peer's
 	// netns: a candidate whose id is not among them has no veth to the node,
@@ -266,6 +273,9 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link,
 			}
 			continue
 		}
+		if pod.vipRouteOnly && host.carriesDefault(pod.HostPeer.Ifindex) {
+			continue // the node's upstream, see upstreamOnly
+		}
 		info.Pods = append(info.Pods, *pod)
 	}
 	if info.PodsSkipped > 0 {
@@ -308,6 +318,9 @@ func podHostVeths(ctx context.Context, host *hostNS, vips []netip.Addr) (map[int
 		_ = nsutil.Netlink(c.path, func(nl *netlink.Handle) error {
 			for _, l := range veths {
 				a := l.Attrs()
+				if _, idx := defaultGateway(nl); idx != a.ParentIndex && host.carriesDefault(a.Index) {
+					continue // the node's upstream, see upstreamOnly
+				}
 				if _, ok := routeThrough(nl, a.ParentIndex, vips); ok {
 					out[a.Index] = true
 					if a.MasterIndex != 0 {
@@ -447,6 +460,7 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr)
 	}
 	if gwIndex != eth0.Attrs().Index {
 		gw, pod.viaEth0 = vipRouteThrough(nl, eth0.Attrs().Index, vips)
+		pod.vipRouteOnly = pod.viaEth0
 	} else {
 		pod.viaEth0 = true
 	}

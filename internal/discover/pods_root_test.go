@@ -154,3 +154,44 @@ func TestPodDefaultRouteElsewhere(t *testing.T) {
 		t.Logf("services %v: %q", svcs, info.Notes)
 	}
 }
+
+// TestUpstreamRoutesVIPsToNode: the node's upstream router learned the
+// Service range (or the node's own address, for a NodePort) through the
+// node, as it does where Calico, kube-router or MetalLB advertise Service
+// IPs over BGP. Its route to the VIP leaves through its veth into the node,
+// yet it is the netns the node's default route leads to: no Pod, and the
+// node's side of that veth stays the uplink, whether the Pods are all
+// discovered or one is selected.
+func TestUpstreamRoutesVIPsToNode(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw")
+	n.run(t, "node", "link add mgmt type veth peer name eth0 netns "+n.name("gw"),
+		"addr add 10.99.20.1/24 dev mgmt", "link set mgmt up", "route add default via 10.99.20.254")
+	n.run(t, "gw", "addr add 10.99.20.254/24 dev eth0", "link set eth0 up",
+		"route add 10.120.0.0/16 via 10.99.20.1")
+	n.addRoutedPod(t, "pod", "cali1", "10.99.21.5")
+	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.30.7")
+
+	for _, vip := range []string{"10.120.0.10", "10.99.20.1"} {
+		svcs := []netip.Addr{netip.MustParseAddr(vip)}
+		for _, opt := range []Options{
+			{HostNetNS: n.path("node"), Services: svcs},
+			{HostNetNS: n.path("node"), Services: svcs, PodIP: netip.MustParseAddr("10.99.21.5")},
+		} {
+			info, err := Node(context.Background(), opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(info.Pods) != 1 || info.Pods[0].HostPeer == nil || info.Pods[0].HostPeer.Name != "cali1" {
+				t.Fatalf("VIP %s, pod ip %v: pods %+v, want only the Pod behind cali1", vip, opt.PodIP, info.Pods)
+			}
+			if p := info.Pods[0]; !slices.Equal(p.Uplinks, []string{"mgmt"}) {
+				t.Errorf("VIP %s, pod ip %v: uplinks %v (%s), want [mgmt]", vip, opt.PodIP, p.Uplinks, p.UplinkHow)
+			}
+			for _, cp := range info.CapturePoints {
+				if cp.Ifname == "mgmt" && cp.Role != RoleUplink {
+					t.Errorf("VIP %s, pod ip %v: mgmt is a %s capture point, want the uplink only", vip, opt.PodIP, cp.Role)
+				}
+			}
+		}
+	}
+}

@@ -750,3 +750,64 @@ func TestSourceRoutedUplink(t *testing.T) {
 		t.Errorf("pod1 selected: uplink capture points %v, notes %q; want up2, then up1 for the node's own traffic", ups, info.Notes)
 	}
 }
+
+// TestNodePortRulesOnNode: a NodePort traced as NODE-IP:PORT is found by
+// the node's rules as kube-proxy writes them with iptables-legacy,
+// iptables-nft (an xtables addrtype match) and nft (`fib daddr type
+// local`); the node's address is told local from its routes.
+func TestNodePortRulesOnNode(t *testing.T) {
+	for _, tool := range []string{"iptables-legacy", "iptables-nft", "nft"} {
+		t.Run(tool, func(t *testing.T) {
+			if _, err := exec.LookPath(tool); err != nil {
+				t.Skipf("%s is not installed", tool)
+			}
+			n := newNodeNS(t, "node", "pod", "gw")
+			n.run(t, "node", "link add mgmt type veth peer name eth0 netns "+n.name("gw"),
+				"addr add 10.99.20.1/24 dev mgmt", "link set mgmt up", "route add default via 10.99.20.254")
+			n.addRoutedPod(t, "pod", "cali1", "10.99.21.5")
+			if tool == "nft" {
+				rules := `table ip pttest-kp {
+	chain services {
+		fib daddr type local tcp dport 30080 goto svc
+	}
+	chain svc {
+		meta l4proto tcp dnat to 10.99.30.7:8080
+	}
+	chain pre {
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}
+}
+`
+				cmd := exec.Command("ip", "netns", "exec", n.name("node"), "nft", "-f", "-")
+				cmd.Stdin = strings.NewReader(rules)
+				if out, err := cmd.CombinedOutput(); err != nil {
+					t.Fatalf("nft: %v: %s", err, out)
+				}
+			} else {
+				for _, rule := range []string{
+					"-N KUBE-SERVICES", "-N KUBE-NODEPORTS", "-N KUBE-SVC-PTTEST",
+					"-A PREROUTING -j KUBE-SERVICES",
+					"-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS",
+					"-A KUBE-NODEPORTS -p tcp -m tcp --dport 30080 -j KUBE-SVC-PTTEST",
+					"-A KUBE-NODEPORTS -p tcp -m tcp --dport 30081 -j DNAT --to-destination 10.99.30.9:8080",
+					"-A KUBE-SVC-PTTEST -p tcp -j DNAT --to-destination 10.99.30.7:8080",
+				} {
+					ipCmd(t, append([]string{"netns", "exec", n.name("node"), tool, "-t", "nat"}, strings.Fields(rule)...)...)
+				}
+			}
+			info, err := Node(context.Background(), Options{HostNetNS: n.path("node"),
+				ServicePorts: []ServicePort{{Addr: netip.MustParseAddr("10.99.20.1"), Port: 30080, Proto: "tcp"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var backends []string
+			for _, r := range info.Netfilter.Rules {
+				backends = append(backends, fmt.Sprintf("%s %s:%d => %s", r.Hook, r.Service, r.Port, r.Backend))
+			}
+			if want := []string{"prerouting 10.99.20.1:30080 => 10.99.30.7:8080"}; !slices.Equal(backends, want) {
+				t.Errorf("rules %q, want %q", backends, want)
+			}
+		})
+	}
+}

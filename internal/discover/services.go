@@ -19,6 +19,9 @@ type serviceSet struct {
 	vips  []netip.Addr
 	ports map[netip.Addr][]ServicePort // none for a VIP: any port
 	any   map[netip.Addr]bool          // given without port or protocol
+	// local are the VIPs that are addresses of the node (a NodePort traced
+	// as NODE-IP:PORT), which rules limited to local addresses select.
+	local map[netip.Addr]bool
 }
 
 func newServiceSet(addrs []netip.Addr, ports []ServicePort) serviceSet {
@@ -57,7 +60,7 @@ func (s serviceSet) allows(vip netip.Addr, port uint16, proto string) bool {
 // VIP once, keeping those of the services' ports and protocols: a path that
 // requires no port (or protocol) applies to every one.
 func (g *natGraph) matchServices(s serviceSet) []NATRule {
-	return slices.DeleteFunc(g.match(s.vips), func(r NATRule) bool { return !s.allows(r.Service, r.Port, r.Proto) })
+	return slices.DeleteFunc(g.matchLocal(s.vips, s.local), func(r NATRule) bool { return !s.allows(r.Service, r.Port, r.Proto) })
 }
 
 // ipvsServices keeps the IPVS virtual services of the services (an IPVS

@@ -69,6 +69,9 @@ type Pod struct {
 	// viaEth0: the pod's default route leaves through Eth0, or, when it
 	// leaves elsewhere (Multus's net1), its route to one of the VIPs does.
 	viaEth0 bool
+	// vipRouteOnly: viaEth0 holds by a VIP's route alone, not the default
+	// route.
+	vipRouteOnly bool
 	// defaultDev names the pod's interface of its default route when that
 	// is not Eth0 ("" otherwise, or without one).
 	defaultDev string

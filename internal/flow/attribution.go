@@ -174,13 +174,27 @@ func (e *Engine) SetCgroupSockPrograms(cgroup uint64, progs []SockProgram) {
 	e.gen++
 }
 
-// natHookOf is the NAT hook a flow went through: PREROUTING when it came in
-// through a Pod's veth, OUTPUT when no Pod-side point saw it (the node's own).
+// natHookOf is the NAT hook a flow went through: the one the netfilter
+// observers saw it at (a client outside the node, whose request came in on
+// the uplink, meets PREROUTING too); without them, PREROUTING when it came
+// in through a Pod's veth, OUTPUT when no Pod-side point saw it (the node's
+// own).
 func natHookOf(f *flowState) string {
+	if f.natHook != "" {
+		return f.natHook
+	}
 	if f.cps[cpPod].any() || f.cps[cpHost].any() || f.cps[cpTCHead].any() {
 		return "prerouting"
 	}
 	return "output"
+}
+
+// natHookName names a NAT hook as NATRule.Hook does.
+func natHookName(h obs.Hook) string {
+	if h == obs.HookLocalOut {
+		return "output"
+	}
+	return "prerouting"
 }
 
 // preferHook keeps the rules of that hook when there are any (kube-proxy

@@ -331,6 +331,10 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 			f.hostIfindex = o.Ifindex
 			f.evidenceChanged() // names the tc programs of the flow's veth
 		}
+		if (cp == cpNFBefore || cp == cpNFAfter) && f.natHook == "" {
+			f.natHook = natHookName(o.Hook)
+			f.evidenceChanged() // names the rules of that hook
+		}
 		e.sight(f, cp, o.Dst, o.Point, o.Time)
 	}
 	if o.Point == obs.PointUplink && o.Dir != obs.DirIn {

@@ -122,6 +122,9 @@ type flowState struct {
 	// request entered by, 0 while unknown: the tc programs that can have
 	// rewritten it are that interface's.
 	hostIfindex int
+	// natHook is the NAT hook the netfilter observers saw its request at
+	// ("prerouting", "output"), "" while they did not.
+	natHook string
 
 	uplink      uplinkFrame // request direction
 	uplinkReply uplinkFrame // reply direction: VLAN fallback when no request was seen there
@@ -264,6 +267,9 @@ func (f *flowState) absorb(o *flowState) {
 	}
 	if f.hostIfindex == 0 {
 		f.hostIfindex = o.hostIfindex
+	}
+	if f.natHook == "" {
+		f.natHook = o.natHook
 	}
 	f.tcp.merge(o.tcp)
 	f.ctSeen = f.ctSeen || o.ctSeen

@@ -248,6 +248,7 @@ type attribution struct {
 		Source   string           `json:"source"`
 		Table    string           `json:"table"`
 		Chain    string           `json:"chain"`
+		Hook     string           `json:"hook"`
 		VIP      netip.AddrPort   `json:"vip"`
 		Proto    string           `json:"proto"`
 		Backends []netip.AddrPort `json:"backends"`
@@ -337,7 +338,7 @@ func (a attribution) convert() (flow.Attribution, error) {
 			return out, err
 		}
 		out.NATRules = append(out.NATRules, flow.NATRule{Source: r.Source, Table: r.Table, Chain: r.Chain,
-			VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule})
+			Hook: r.Hook, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule})
 	}
 	for _, v := range a.IPVS {
 		proto, err := parseProto(v.Proto)
