@@ -39,6 +39,9 @@ type Flow struct {
 	UplinkDstMAC       string  `json:"uplink_dst_mac"`
 	UplinkDstIsGateway bool    `json:"uplink_dst_is_gateway"`
 	Reply              bool    `json:"reply"`
+	// Refused: the reply was a TCP RST instead of a SYN-ACK (nothing
+	// listened on the backend's port, or a firewall rejected it).
+	Refused bool `json:"refused,omitempty"`
 	// ICMPError is the first ICMP error message about the flow's packets
 	// (a router's net unreachable, a backend's port unreachable), if any.
 	ICMPError *ICMPError  `json:"icmp_error,omitempty"`

@@ -88,6 +88,9 @@ type tcpLife struct {
 	// same VIP, for which this one was over: what is seen from then on is
 	// not this connection's, be the later one a flow or refused.
 	next int64
+	// synAck, rstReply: the server's SYN-ACK, and a RST from the server;
+	// a RST with no SYN-ACK before it refused the connection.
+	synAck, rstReply int64
 }
 
 func earliest(t *int64, at int64) bool {
@@ -122,15 +125,29 @@ func (l *tcpLife) note(m moment) bool {
 	}
 	if m.flags&tcpRST != 0 {
 		earliest(&l.rst, m.at)
+		if m.reply {
+			earliest(&l.rstReply, m.at)
+		}
+	}
+	if m.reply && m.flags&(tcpSYN|tcpACK|tcpRST) == tcpSYN|tcpACK {
+		earliest(&l.synAck, m.at)
 	}
 	return changed
+}
+
+// refused tells whether the server answered the connection with a RST
+// instead of a SYN-ACK: nothing listened on the backend's port (or a
+// firewall rejected it).
+func (l *tcpLife) refused() bool {
+	return l.rstReply != 0 && (l.synAck == 0 || l.rstReply < l.synAck)
 }
 
 func (l *tcpLife) merge(o tcpLife) {
 	for _, p := range [...]struct {
 		into *int64
 		at   int64
-	}{{&l.syn, o.syn}, {&l.ack, o.ack}, {&l.fin[0], o.fin[0]}, {&l.fin[1], o.fin[1]}, {&l.rst, o.rst}, {&l.first, o.first}, {&l.next, o.next}} {
+	}{{&l.syn, o.syn}, {&l.ack, o.ack}, {&l.fin[0], o.fin[0]}, {&l.fin[1], o.fin[1]}, {&l.rst, o.rst}, {&l.first, o.first}, {&l.next, o.next},
+		{&l.synAck, o.synAck}, {&l.rstReply, o.rstReply}} {
 		if p.at != 0 {
 			earliest(p.into, p.at)
 		}

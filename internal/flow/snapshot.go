@@ -23,6 +23,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		By:          v.by,
 		Reason:      v.reason,
 		Reply:       f.reply,
+		Refused:     f.reply && f.tcp.refused(),
 		ICMPError:   f.icmp,
 		PID:         f.pid,
 		Comm:        f.comm,

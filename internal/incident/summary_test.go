@@ -48,6 +48,11 @@ func summaryFlows() []flow.Flow {
 				From: netip.MustParseAddr("10.244.8.1"), Point: "uplink", At: at}},
 		{ID: 7, Proto: "tcp", Client: ap("10.244.8.23:40025"), Service: ap("10.120.0.80:80"), RewrittenAt: flow.PlaceUnknown,
 			Reason: "the VIP was last seen at pod eth0 TX; no rewrite observed and the uplink never saw this flow"},
+		// Nothing listens on the backend's port: it answered with a RST.
+		{ID: 9, Proto: "tcp", Client: ap("10.244.8.23:40027"), Service: ap("10.120.0.80:80"), Backend: ap("10.244.20.33:3000"),
+			RewrittenAt: flow.PlaceTC, By: "tcx ingress lab_lb_ingress (id 52)",
+			Reason: "VIP 10.120.0.80:80 at tc head ingress, backend 10.244.20.33:3000 at netfilter before NAT",
+			VLAN:   vlan(200), UplinkDstMAC: "02:00:0a:f4:08:01", UplinkDstIsGateway: true, Reply: true, Refused: true},
 		// A sidecar proxy's redirect in the Pod: it never leaves the Pod.
 		{ID: 8, Proto: "tcp", Client: ap("10.244.8.23:40026"), Service: ap("10.120.0.80:80"), Backend: ap("127.0.0.1:15001"),
 			RewrittenAt: flow.PlaceNetfilter, By: flow.ByClientNetfilter,

@@ -361,3 +361,30 @@ func TestShortByKeepsWhatTellsFlowsApart(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedReply: a flow whose server answered with a RST instead of a
+// SYN-ACK shows "rst" as its reply; JSON carries "refused":true.
+func TestRefusedReply(t *testing.T) {
+	svc := netip.MustParseAddrPort("10.120.0.80:80")
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceNetfilter, Reply: true, Refused: true},
+		{ID: 2, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceNetfilter, Reply: true},
+	}
+	var table bytes.Buffer
+	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	rows := strings.Split(table.String(), "\n")
+	for i, want := range []string{"rst", "yes"} {
+		if got := strings.Fields(rows[i+1]); got[len(got)-1] != want {
+			t.Errorf("row %q: reply %q, want %q", rows[i+1], got[len(got)-1], want)
+		}
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, report.FormatJSON).Flows(flows); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(js.String(), `"refused":true`); got != 1 {
+		t.Errorf(`JSON has %d "refused":true, want 1: %s`, got, js.String())
+	}
+}

@@ -189,6 +189,8 @@ func orDash(s string) string {
 // its client's netns (a sidecar's redirect), where no capture point is.
 func reply(f flow.Flow) string {
 	switch {
+	case f.Refused:
+		return "rst" // refused: no SYN-ACK, a RST came back
 	case f.Reply:
 		return "yes"
 	case f.ICMPError != nil:

@@ -63,6 +63,7 @@ type WantFlow struct {
 	UplinkDstMAC       string  `json:"uplink_dst_mac"`
 	UplinkDstIsGateway bool    `json:"uplink_dst_is_gateway"`
 	Reply              bool    `json:"reply"`
+	Refused            bool    `json:"refused"`
 	PID                uint32  `json:"pid"`
 	Comm               string  `json:"comm"`
 }
@@ -200,6 +201,9 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	}
 	if g.Reply != wf.Reply {
 		bad("reply", g.Reply, wf.Reply)
+	}
+	if g.Refused != wf.Refused {
+		bad("refused", g.Refused, wf.Refused)
 	}
 	if wf.PID != 0 && g.PID != wf.PID {
 		bad("pid", g.PID, wf.PID)
