@@ -136,6 +136,15 @@ func (e *Engine) Settle() {
 		}
 	}
 	e.replay()
+	// What nothing claimed by the end waits no longer for a flow: a
+	// server's answers from another port are told now (they would be
+	// when they expire), not left out of the report.
+	for _, p := range e.waiting.unclaimedLive() {
+		if !p.strayNoted {
+			p.strayNoted = true
+			e.noteStray(p.o)
+		}
+	}
 }
 
 // Add feeds one observation. Observations may arrive out of time order by up
@@ -194,7 +203,7 @@ func (e *Engine) note(p obs.Point, at time.Time) {
 }
 
 func (e *Engine) expire() {
-	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow, e.lastChance)
+	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow, e.lastChance, e.noteStray)
 	e.overflow += overflow
 	e.unmatched += unmatched
 	e.replay() // what the last chances taught

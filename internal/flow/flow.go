@@ -44,13 +44,28 @@ type Flow struct {
 	Refused bool `json:"refused,omitempty"`
 	// ICMPError is the first ICMP error message about the flow's packets
 	// (a router's net unreachable, a backend's port unreachable), if any.
-	ICMPError *ICMPError  `json:"icmp_error,omitempty"`
-	PID       uint32      `json:"pid,omitempty"`
-	Comm      string      `json:"comm,omitempty"`
-	Cgroup    uint64      `json:"cgroup,omitempty"`
-	First     time.Time   `json:"first"`
-	Last      time.Time   `json:"last"`
-	Points    []PointSeen `json:"points"`
+	ICMPError *ICMPError `json:"icmp_error,omitempty"`
+	// StrayReplies: packets to the client from the Service's or a
+	// backend's address but another port than the flow's, which no flow
+	// took (a UDP server answering from another socket): the client's
+	// socket does not take them either.
+	StrayReplies *StrayReplies `json:"stray_replies,omitempty"`
+	PID          uint32        `json:"pid,omitempty"`
+	Comm         string        `json:"comm,omitempty"`
+	Cgroup       uint64        `json:"cgroup,omitempty"`
+	First        time.Time     `json:"first"`
+	Last         time.Time     `json:"last"`
+	Points       []PointSeen   `json:"points"`
+}
+
+// StrayReplies counts the packets to a flow's client from the first
+// unexpected source, at one capture point (the first to report one): each
+// packet crosses every point.
+type StrayReplies struct {
+	From    netip.AddrPort `json:"from"`
+	Packets uint64         `json:"packets"`
+	Point   string         `json:"point"`
+	At      time.Time      `json:"at"`
 }
 
 // ICMPError is an ICMP error message about a flow's packet: what it says,

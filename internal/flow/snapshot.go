@@ -16,20 +16,21 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		v.reason = e.outsideWindow(f) + v.reason
 	}
 	out := Flow{
-		ID:          f.id,
-		Client:      f.client,
-		Service:     f.service,
-		RewrittenAt: v.place,
-		By:          v.by,
-		Reason:      v.reason,
-		Reply:       f.reply,
-		Refused:     f.reply && f.tcp.refused(),
-		ICMPError:   f.icmp,
-		PID:         f.pid,
-		Comm:        f.comm,
-		Cgroup:      f.cgroup,
-		First:       f.first,
-		Last:        f.last,
+		ID:           f.id,
+		Client:       f.client,
+		Service:      f.service,
+		RewrittenAt:  v.place,
+		By:           v.by,
+		Reason:       v.reason,
+		Reply:        f.reply,
+		Refused:      f.reply && f.tcp.refused(),
+		ICMPError:    f.icmp,
+		StrayReplies: f.stray,
+		PID:          f.pid,
+		Comm:         f.comm,
+		Cgroup:       f.cgroup,
+		First:        f.first,
+		Last:         f.last,
 	}
 	if f.proto != 0 {
 		out.Proto = f.proto.String()

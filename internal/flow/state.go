@@ -111,6 +111,7 @@ type flowState struct {
 	first, last time.Time
 	reply       bool
 	icmp        *ICMPError // the first ICMP error about its packets
+	stray       *StrayReplies
 	kind        obs.SockKind
 
 	pid    uint32
@@ -287,6 +288,9 @@ func (f *flowState) absorb(o *flowState) {
 	f.touch(o.first)
 	f.touch(o.last)
 	f.reply = f.reply || o.reply
+	if f.stray == nil {
+		f.stray = o.stray
+	}
 	if o.icmp != nil && (f.icmp == nil || o.icmp.At.Before(f.icmp.At)) {
 		f.icmp = o.icmp
 	}

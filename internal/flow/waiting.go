@@ -30,6 +30,9 @@ type waitingObs struct {
 	// icmp: o is the packet an ICMP error quotes (NoteICMPError), not an
 	// observation: it is neither counted nor processed as one.
 	icmp *icmpNote
+	// strayNoted: the run ended with it unclaimed, and it was looked at as
+	// a stray reply then (Engine.Settle); once is enough.
+	strayNoted bool
 }
 
 // icmpNote is what an ICMP error message says, besides the packet it quotes.
@@ -97,8 +100,8 @@ func (w *waiting) resolved(p *waitingObs) {
 
 // expire evicts from the oldest arrival: beyond the limit (overflow, a loss) or
 // older than window behind newest (unmatched: nothing claimed it in time,
-// unless a deferred one's last chance claims it).
-func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func(obs.Observation) bool) (overflow, unmatched uint64) {
+// unless a deferred one's last chance claims it; unclaimed is told of it).
+func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func(obs.Observation) bool, unclaimed func(obs.Observation)) (overflow, unmatched uint64) {
 	horizon := newest.Add(-window)
 	for w.head < len(w.queue) {
 		p := w.queue[w.head]
@@ -111,6 +114,9 @@ func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func
 			case p.o.Time.Before(horizon):
 				if !p.deferred || !lastChance(p.o) {
 					unmatched++
+					if !p.strayNoted {
+						unclaimed(p.o)
+					}
 				}
 			default:
 				return overflow, unmatched
@@ -130,6 +136,18 @@ func (w *waiting) deferredLive() []*waitingObs {
 	var out []*waitingObs
 	for _, p := range w.queue[w.head:] {
 		if !p.done && p.deferred {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// unclaimedLive returns the live packets and events nothing claimed yet
+// and no backend guess waits for, oldest first.
+func (w *waiting) unclaimedLive() []*waitingObs {
+	var out []*waitingObs
+	for _, p := range w.queue[w.head:] {
+		if !p.done && !p.deferred && p.icmp == nil {
 			out = append(out, p)
 		}
 	}

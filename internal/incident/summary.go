@@ -109,7 +109,7 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), icmpKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), icmpKey(f), strayKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
 }
 
 // icmpKey is what of an ICMP error the summary says, "" without one.
@@ -118,6 +118,14 @@ func icmpKey(f flow.Flow) string {
 		return ""
 	}
 	return f.ICMPError.Message + " " + f.ICMPError.From.String()
+}
+
+// strayKey is the source of a flow's stray replies, "" without them.
+func strayKey(f flow.Flow) string {
+	if f.Reply || f.StrayReplies == nil {
+		return ""
+	}
+	return f.StrayReplies.From.String()
 }
 
 func groupFlows(flows []flow.Flow) []*verdictGroup {
@@ -230,6 +238,8 @@ func sentence(g *verdictGroup) string {
 		return b.String()
 	case f.ICMPError != nil:
 		fmt.Fprintf(&b, "; no reply came back, but %s from %s", f.ICMPError.Message, f.ICMPError.From)
+	case f.StrayReplies != nil:
+		fmt.Fprintf(&b, "; no reply came back, but %s answered from another port (%s), which the client's socket does not take", f.StrayReplies.From.Addr(), f.StrayReplies.From)
 	default:
 		b.WriteString("; no reply came back")
 	}

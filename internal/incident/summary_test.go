@@ -53,6 +53,11 @@ func summaryFlows() []flow.Flow {
 			RewrittenAt: flow.PlaceTC, By: "tcx ingress lab_lb_ingress (id 52)",
 			Reason: "VIP 10.120.0.80:80 at tc head ingress, backend 10.244.20.33:3000 at netfilter before NAT",
 			VLAN:   vlan(200), UplinkDstMAC: "02:00:0a:f4:08:01", UplinkDstIsGateway: true, Reply: true, Refused: true},
+		// The backend answers from another port than it was asked on.
+		{ID: 10, Proto: "udp", Client: ap("10.244.8.23:51022"), Service: ap("10.120.0.10:53"), Backend: ap("10.244.20.31:5353"),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip kube-proxy service-dns -> endpoint-1 dnat to 10.244.20.31:5353",
+			Reason: "VIP at netfilter before NAT, backend after NAT", VLAN: vlan(0), UplinkDstMAC: "02:00:0a:f4:08:99",
+			StrayReplies: &flow.StrayReplies{From: ap("10.244.20.31:5354"), Packets: 2, Point: "pod", At: at}},
 		// A sidecar proxy's redirect in the Pod: it never leaves the Pod.
 		{ID: 8, Proto: "tcp", Client: ap("10.244.8.23:40026"), Service: ap("10.120.0.80:80"), Backend: ap("127.0.0.1:15001"),
 			RewrittenAt: flow.PlaceNetfilter, By: flow.ByClientNetfilter,

@@ -388,3 +388,29 @@ func TestRefusedReply(t *testing.T) {
 		t.Errorf(`JSON has %d "refused":true, want 1: %s`, got, js.String())
 	}
 }
+
+// TestStrayRepliesListed: a flow without a reply to whose client the
+// backend's address answered from another port is listed under the table
+// with the answers' source; JSON carries stray_replies.
+func TestStrayRepliesListed(t *testing.T) {
+	stray := &flow.StrayReplies{From: netip.MustParseAddrPort("10.244.20.31:5354"), Packets: 3, Point: "pod"}
+	flows := []flow.Flow{
+		{ID: 4, Proto: "udp", Service: netip.MustParseAddrPort("10.120.0.10:53"), Backend: netip.MustParseAddrPort("10.244.20.31:5353"),
+			RewrittenAt: flow.PlaceNetfilter, StrayReplies: stray},
+		{ID: 5, Proto: "udp", Service: netip.MustParseAddrPort("10.120.0.10:53"), RewrittenAt: flow.PlaceNetfilter, Reply: true},
+	}
+	var table bytes.Buffer
+	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "  flow 4: 3 packets from 10.244.20.31:5354, not from 10.120.0.10:53 or 10.244.20.31:5353\n"; !strings.Contains(table.String(), want) {
+		t.Errorf("the table does not list the stray replies %q:\n%s", want, table.String())
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, report.FormatJSON).Flows(flows[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"stray_replies":{"from":"10.244.20.31:5354","packets":3,"point":"pod"`; !strings.Contains(js.String(), want) {
+		t.Errorf("JSON flow lacks %s: %s", want, js.String())
+	}
+}

@@ -40,6 +40,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	}
 	writeReasons(w, flows)
 	writeICMPErrors(w, flows)
+	writeStrayReplies(w, flows)
 	_, err := fmt.Fprintln(w)
 	return err
 }
@@ -354,4 +355,34 @@ func writeICMPErrors(w io.Writer, flows []flow.Flow) {
 		}
 		fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(ids[what], ", "), what)
 	}
+}
+
+// writeStrayReplies lists the flows without a reply to whose client the
+// server's address answered from another port (flow.StrayReplies).
+func writeStrayReplies(w io.Writer, flows []flow.Flow) {
+	var lines []string
+	for _, f := range flows {
+		if f.Reply || f.StrayReplies == nil {
+			continue
+		}
+		s := f.StrayReplies
+		unit := "packets"
+		if s.Packets == 1 {
+			unit = "packet"
+		}
+		lines = append(lines, fmt.Sprintf("  flow %d: %d %s from %s, not from %s", f.ID, s.Packets, unit, s.From, expectedFrom(f)))
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nAnswers from another port (no flow took them; the client's socket drops them):\n%s\n", strings.Join(lines, "\n"))
+}
+
+// expectedFrom is where a flow's replies were due from: its Service, and
+// its backend when one was seen.
+func expectedFrom(f flow.Flow) string {
+	if f.Backend.IsValid() {
+		return f.Service.String() + " or " + f.Backend.String()
+	}
+	return f.Service.String()
 }

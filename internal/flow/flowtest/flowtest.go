@@ -64,6 +64,8 @@ type WantFlow struct {
 	UplinkDstIsGateway bool    `json:"uplink_dst_is_gateway"`
 	Reply              bool    `json:"reply"`
 	Refused            bool    `json:"refused"`
+	StrayFrom          string  `json:"stray_from"`    // compared when set
+	StrayPackets       uint64  `json:"stray_packets"` // compared with stray_from
 	PID                uint32  `json:"pid"`
 	Comm               string  `json:"comm"`
 }
@@ -204,6 +206,16 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	}
 	if g.Refused != wf.Refused {
 		bad("refused", g.Refused, wf.Refused)
+	}
+	if wf.StrayFrom != "" {
+		switch s := g.StrayReplies; {
+		case s == nil:
+			bad("stray_from", "none", wf.StrayFrom)
+		case s.From.String() != wf.StrayFrom || s.Packets != wf.StrayPackets:
+			bad("stray_replies", fmt.Sprintf("%d from %s", s.Packets, s.From), fmt.Sprintf("%d from %s", wf.StrayPackets, wf.StrayFrom))
+		}
+	} else if g.StrayReplies != nil {
+		bad("stray_replies", g.StrayReplies.From, "none")
 	}
 	if wf.PID != 0 && g.PID != wf.PID {
 		bad("pid", g.PID, wf.PID)
