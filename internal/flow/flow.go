@@ -80,6 +80,7 @@ type ICMPError struct {
 // PointSeen aggregates what one point saw of a flow in one direction.
 type PointSeen struct {
 	Point   string         `json:"point"`
+	Iface   string         `json:"iface,omitempty"` // the capture point, as the pcapng names it
 	Dir     string         `json:"dir,omitempty"`
 	Reply   bool           `json:"reply,omitempty"`
 	Src     netip.AddrPort `json:"src"`

@@ -318,7 +318,7 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(&o, reply)) {
 		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
 	}
-	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)}, 1, uint64(o.Len))
+	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst), iface: o.Ifname}, 1, uint64(o.Len))
 	if reply {
 		f.reply = true
 		if o.Point == obs.PointUplink {

@@ -74,6 +74,7 @@ func pointsSeen(ps []pointStats) []PointSeen {
 			cmp.Compare(a.point, b.point),
 			compareBool(a.reply, b.reply),
 			cmp.Compare(a.dir, b.dir),
+			cmp.Compare(a.iface, b.iface),
 			a.dst.addrPort().Compare(b.dst.addrPort()),
 			a.src.addrPort().Compare(b.src.addrPort()),
 			a.reqDst.addrPort().Compare(b.reqDst.addrPort()),
@@ -84,6 +85,7 @@ func pointsSeen(ps []pointStats) []PointSeen {
 	for i, p := range sorted {
 		out[i] = PointSeen{
 			Point:   p.point.String(),
+			Iface:   p.iface,
 			Reply:   p.reply,
 			Src:     p.src.addrPort(),
 			Dst:     p.dst.addrPort(),

@@ -60,6 +60,9 @@ type pointKey struct {
 	reply          bool
 	src, dst       endpoint
 	reqDst, natDst endpoint
+	// iface is the capture point's label (obs.Observation.Ifname): a node's
+	// Pods each have a "pod" and a "host" point.
+	iface string
 }
 
 type pointStats struct {

@@ -2,6 +2,7 @@ package session
 
 import (
 	"io"
+	"maps"
 	"net/netip"
 	"testing"
 	"time"
@@ -139,5 +140,32 @@ func TestReusedPortBeginsFlow(t *testing.T) {
 		if n < 2 || n > 3 {
 			t.Errorf("flow %d: %d packets, want its own 2 or 3: %+v", f.ID, n, f.Points)
 		}
+	}
+}
+
+// TestPointsNameTheirTap: with several Pods, each flow's per-point counts
+// say which tap saw the packets (the label the pcapng names its interface
+// by), not only the role every Pod's tap shares.
+func TestPointsNameTheirTap(t *testing.T) {
+	tr := testTracerOf(t, io.Discard, []tap{
+		{label: "pod:eth0@10.244.8.23", point: obs.PointPod},
+		{label: "pod:eth0@10.244.8.24", point: obs.PointPod},
+	})
+	for tapIdx := range 2 {
+		if reason := frames(t, tr, tapIdx, time.Millisecond, 2*time.Millisecond); reason != "" {
+			t.Fatal(reason)
+		}
+	}
+	flows := tr.eng.Flows()
+	if len(flows) != 1 {
+		t.Fatalf("%d flows, want 1", len(flows))
+	}
+	got := map[string]uint64{}
+	for _, p := range flows[0].Points {
+		got[p.Point+" "+p.Iface] += p.Packets
+	}
+	want := map[string]uint64{"pod pod:eth0@10.244.8.23": 2, "pod pod:eth0@10.244.8.24": 2}
+	if !maps.Equal(got, want) {
+		t.Errorf("points %v, want %v", got, want)
 	}
 }
