@@ -76,6 +76,10 @@ func runIncident(args []string) int {
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (see pathtrace incident --help)\n", err)
 		return exitUsage
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "pathtrace incident: unexpected argument %q: Services are given with --svc, the bundle with --out (see pathtrace incident --help)\n", fs.Arg(0))
+		return exitUsage
+	}
 	f.output = "table"
 	opt, budget, err := incidentOptions(&f, out, maxBytes)
 	if err != nil {
