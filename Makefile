@@ -10,7 +10,7 @@ export BPF2GO_CC    := $(CLANG)
 export BPF2GO_STRIP := $(STRIP)
 export CGO_ENABLED  := 0
 
-.PHONY: all build generate vmlinux check-generated test test-unit vet fmt-check demo lab-demo bench clean deps-generate deps-race
+.PHONY: all build generate vmlinux check-generated test test-unit vet fmt-check demo lab-demo bench clean deps-generate deps-test deps-race
 
 all: build
 
@@ -25,6 +25,13 @@ build:
 deps-generate:
 	@command -v $(CLANG) >/dev/null && command -v $(STRIP) >/dev/null || \
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y clang-19 llvm-19; }
+
+# The integration tests (as root) build their labs and rules with iproute2's
+# ip and bridge and with nft. tshark, tcpdump and iptables-legacy are optional:
+# the tests that use them skip without them.
+deps-test:
+	@command -v ip >/dev/null && command -v bridge >/dev/null && command -v nft >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2 nftables; }
 
 # The race detector needs cgo, hence a C compiler.
 deps-race:
@@ -55,7 +62,7 @@ fmt-check:
 # integration tests build the lab and check real verdicts), then the internal
 # packages again under the race detector (their goroutines: taps, ring-buffer
 # reader, pcapng writer and its flush timer).
-test: check-generated vet fmt-check deps-race
+test: check-generated vet fmt-check deps-test deps-race
 	$(GO) test -count=1 -timeout 40m ./...
 	@echo "every benchmark once, so none rots between two make bench:"
 	@out=$$($(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... 2>&1) || { echo "$$out"; exit 1; }

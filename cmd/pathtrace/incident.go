@@ -32,10 +32,14 @@ ticket needs into one directory (and a .tar.gz of it):
   capture.pcapng    every captured frame, one interface per capture point
   *.txt             a read-only snapshot of the node: links, addresses, routes and
                     neighbours of the node and the Pods, bridge ports, VLANs and FDB,
-                    tc/tcx programs, cgroup socket programs, the nftables ruleset,
+                    Open vSwitch (when ovs-vsctl is installed), tc/tcx programs,
+                    cgroup socket programs, BPF links, the nftables ruleset,
                     iptables-legacy NAT (only if that table exists), conntrack
                     entries of the VIPs, sysctls, kernel and BPF features
   MANIFEST.txt      every file, its size, and what could not be collected
+                    (manifest.json: the same as JSON)
+
+When done it prints SUMMARY.md and a "bundle: DIR/ and DIR.tar.gz" line on stdout.
 
 --max-bytes bounds the directory, and the archive on its own; flows whose
 reports do not fit are counted, not written. The bundle is built in DIR.partial
@@ -44,6 +48,11 @@ is refused. Ctrl-C ends the capture and writes the bundle; a second one skips
 the snapshot parts not collected yet; a third stops pathtrace.
 
 Only one incident runs at a time on a node; a second one is refused.
+It takes the flags of the main command but --output, --pcap, --max-packets and
+--version (the bundle always holds both reports and the capture).
+
+Exit codes: 0 bundle written, 1 runtime failure (not root, another incident running,
+kernel feature missing), 2 bad usage (e.g. an --out that exists).
 
 Usage:
   pathtrace incident --svc IP[:PORT][/tcp|udp] --out DIR [flags]
@@ -74,6 +83,10 @@ func runIncident(args []string) int {
 			return exitOK
 		}
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (see pathtrace incident --help)\n", err)
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "pathtrace incident: unexpected argument %q: Services are given with --svc, the bundle with --out (see pathtrace incident --help)\n", fs.Arg(0))
 		return exitUsage
 	}
 	f.output = "table"

@@ -303,6 +303,9 @@ func TestIncidentBadOutExitsTwo(t *testing.T) {
 		{"--svc", "10.0.0.1", "--out", withPartial},
 		{"--svc", "10.0.0.1", "--out", filepath.Join(dir, "no-such-dir", "x")},
 		{"--svc", "10.0.0.1", "--out", filepath.Join(dir, "new"), "--max-bytes", "100K"},
+		// A stray word (a Service without --svc, a typo) is refused, not
+		// ignored: the incident would trace something else than meant.
+		{"10.0.0.2", "--svc", "10.0.0.1", "--out", filepath.Join(dir, "new"), "--duration", "1s"},
 	} {
 		var stderr bytes.Buffer
 		cmd := pathtrace(append([]string{"incident"}, args...)...)

@@ -43,6 +43,7 @@ Examples:
   sudo pathtrace --svc 10.120.0.80:80/tcp --svc 10.120.0.10:53/udp --pod-ip 10.244.8.23
   sudo pathtrace --svc 10.96.0.10:53/udp --output json | jq 'select(.type=="flow")'
   sudo pathtrace --host-netns /run/netns/ptlab-node --svc 10.120.0.80 --duration 10s
+  sudo pathtrace --svc 10.120.0.80 --duration 30s --pcap /var/tmp/svc.pcapng
 
 How it decides: every place that can rewrite a destination is bracketed by an
 observation just before and just after it (syscall arguments vs cgroup connect4/
@@ -51,6 +52,17 @@ the Pod's own NAT, e.g. a sidecar proxy's redirect; host-veth tap and tcx head v
 tail; netfilter observers at NAT priority -101/-99 and conntrack; the uplink TX tap).
 A flow whose brackets are incomplete is reported as "unknown" with the reason, never
 guessed.
+
+Output (table; --output json has the same as JSON lines): the node (Pods, capture
+points, the Service mechanisms found, every observer's status), then one row per flow:
+  REWRITTEN AT    socket, tc, netfilter, ipvs, nowhere (left the node with the VIP) or unknown
+  BY              the program or rule that rewrote it (shortened; JSON "by" has it whole)
+  VLAN            uplink 802.1Q tag ("untagged"; "-": the flow never reached the uplink)
+  UPLINK DST MAC  destination MAC on the uplink, "gw" when it is the Pod's gateway
+  REPLY           yes, no, rst (refused), icmp (an ICMP error instead, listed below the rows)
+                  or unseen (the flow never left the client's netns)
+then the flows per verdict, every drop counter (a non-zero one says which flag to change)
+and why the run stopped.
 
 Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing), 2 bad usage.
 
@@ -100,17 +112,17 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 // addSelectionFlags adds what the trace and incident commands share: the
 // Services, the duration, and which Pods and node to look at.
 func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
-	fs.StringArrayVar(&f.svcs, "svc", nil, "Service to trace, `IP[:PORT][/tcp|udp]`, repeatable (required); without a port any port of that IP")
+	fs.StringArrayVar(&f.svcs, "svc", nil, "Service `IP[:PORT][/tcp|udp]` to trace, repeatable (required): a ClusterIP, or a NodePort as NODE-IP:PORT; without a port any port of that IP")
 	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C or SIGTERM ends early and still prints the full report (incident: and writes the bundle)")
-	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node)")
+	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node; give at most one of --pod-ip, --pod-netns, --pod-pid)")
 	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
 	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
 	fs.StringVar(&f.hostNetNS, "host-netns", "", "the node's network namespace `path` (default: pathtrace's own; set it for kind/k3d nodes or the lab)")
 	fs.StringVar(&f.hostVeth, "host-veth", "", "host-side veth `name` of the Pod (default: found from the Pod's eth0 peer)")
 	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway; for routed Pods the device of the route to the backends, else to the VIP; below a VLAN device, where frames carry the tag; a name given here is captured as is)")
 	fs.StringVar(&f.cgroup, "cgroup", "", "cgroup v2 `dir` where socket observers attach (default: the cgroup2 root from /proc/self/mountinfo)")
-	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, as tcpdump -s")
-	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops; with more than two Pods, the Pods' points share 4 such rings")
+	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, 64 to 65535, as tcpdump -s")
+	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` 16K to 256M, in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops; with more than two Pods, the Pods' points share 4 such rings")
 	fs.IntVar(&f.nice, "nice", defaultNice, "nice `value` of pathtrace's threads, -20 to 19: below 0 the capture drains its rings ahead of the node's ordinary work, so it loses fewer frames when the CPUs are saturated (its CPU use stays the same); 0 runs it like any process")
 	fs.IntVar(&f.maxFlows, "max-flows", 4096, "bound on tracked flows (about 3 KiB each); more are counted as dropped (flows_over_max) and reported, their packets still captured")
 }
