@@ -37,6 +37,9 @@ func pathtrace(args ...string) *exec.Cmd {
 
 func needRoot(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: builds the lab and attaches BPF observers")
 	}

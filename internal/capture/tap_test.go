@@ -70,6 +70,9 @@ func TestMinRingFor(t *testing.T) {
 
 func needRoot(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces, veths and AF_PACKET sockets")
 	}

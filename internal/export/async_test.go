@@ -61,6 +61,9 @@ func TestAsyncFileDoesNotWaitForTheDisk(t *testing.T) {
 // unless root. Exported for the package's external tests.
 func SmallFilesystem(t *testing.T, size string) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts a small tmpfs")
 	}

@@ -56,6 +56,9 @@ func ipCmd(t *testing.T, args ...string) {
 }
 
 func newTestNode(t *testing.T) *testNode {
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces, BPF programs and a cgroup")
 	}

@@ -18,6 +18,9 @@ import (
 
 func needRoot(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: builds network namespaces, cgroups and BPF programs")
 	}

@@ -47,6 +47,9 @@ type testEnv struct {
 
 func needRoot(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces, cgroups and BPF links")
 	}
