@@ -72,6 +72,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"--svc", "10.0.0.1", "--buffer-size", "1G"},
 		{"--svc", "10.0.0.1", "--nice", "-21"},
 		{"--svc", "10.0.0.1", "--nice", "20"},
+		{"help", "nosuchtopic"},
+		{"help", "lab", "up"},
 	}
 	for _, args := range cases {
 		var stderr bytes.Buffer
@@ -82,6 +84,28 @@ func TestBadInputExitsTwo(t *testing.T) {
 		msg := strings.TrimSpace(stderr.String())
 		if code != exitUsage || msg == "" || strings.Contains(msg, "\n") {
 			t.Errorf("pathtrace %s: exit %d, stderr %q; want exit 2 and one line", strings.Join(args, " "), code, msg)
+		}
+	}
+}
+
+// TestHelpTopics: "pathtrace help [incident|lab]" prints the same help as
+// --help, to stdout, and exits 0.
+func TestHelpTopics(t *testing.T) {
+	for _, c := range []struct{ help, flag []string }{
+		{[]string{"help"}, []string{"--help"}},
+		{[]string{"help", "incident"}, []string{"incident", "--help"}},
+		{[]string{"help", "lab"}, []string{"lab", "--help"}},
+	} {
+		got, err := pathtrace(c.help...).Output()
+		if err != nil {
+			t.Fatalf("pathtrace %s: %v", strings.Join(c.help, " "), err)
+		}
+		want, err := pathtrace(c.flag...).Output()
+		if err != nil {
+			t.Fatalf("pathtrace %s: %v", strings.Join(c.flag, " "), err)
+		}
+		if len(got) == 0 || !bytes.Equal(got, want) {
+			t.Errorf("pathtrace %s printed %d bytes, not what pathtrace %s prints (%d bytes)", strings.Join(c.help, " "), len(got), strings.Join(c.flag, " "), len(want))
 		}
 	}
 }

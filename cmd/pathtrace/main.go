@@ -52,9 +52,30 @@ func main() {
 			os.Exit(runIncident(os.Args[2:]))
 		case "lab":
 			os.Exit(runLab(os.Args[2:]))
+		case "help": // "pathtrace help [incident|lab]", as many tools take it
+			os.Exit(runHelp(os.Args[2:]))
 		}
 	}
 	os.Exit(runTrace(os.Args[1:]))
+}
+
+// runHelp prints the help of the main command, or of the subcommand named.
+func runHelp(args []string) int {
+	if len(args) > 1 {
+		fmt.Fprintln(os.Stderr, "pathtrace: help takes at most one topic (incident or lab)")
+		return 2
+	}
+	if len(args) == 0 {
+		return runTrace([]string{"--help"})
+	}
+	switch args[0] {
+	case "incident":
+		return runIncident([]string{"--help"})
+	case "lab":
+		return runLab([]string{"--help"})
+	}
+	fmt.Fprintf(os.Stderr, "pathtrace: no help topic %q: try pathtrace help, pathtrace help incident or pathtrace help lab\n", args[0])
+	return 2
 }
 
 // usageError is a bad-input error: one line saying what is wrong and how to fix it.
