@@ -37,7 +37,7 @@ Usage:
   pathtrace --svc IP[:PORT][/tcp|udp] [--svc ...] [flags]
   pathtrace incident --svc ... --out DIR    (a bounded incident bundle; see 'pathtrace incident --help')
   pathtrace lab up|down|status|client ...   (the built-in test lab; see 'pathtrace lab --help')
-  pathtrace help [incident|lab]              (this help, or a subcommand's)
+  pathtrace help [incident|lab]             (this help, or a subcommand's)
 
 Examples:
   sudo pathtrace --svc 10.120.0.80 --duration 30s
