@@ -52,7 +52,8 @@ tail; netfilter observers at NAT priority -101/-99 and conntrack; the uplink TX 
 A flow whose brackets are incomplete is reported as "unknown" with the reason, never
 guessed.
 
-Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing), 2 bad usage.
+Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing,
+--pcap cut by a write error: the report is still printed), 2 bad usage.
 
 Flags:
 `
@@ -319,6 +320,13 @@ func runTrace(args []string) int {
 	}
 	rw.Flows(res.Flows)
 	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, ObserversEnded: res.ObserversEnded})
+	// The report is whole, the capture file is not (a full disk, a reader
+	// that went away): a runtime failure, so that a script does not ship the
+	// cut file as the capture it asked for.
+	if res.Pcap != nil && res.Pcap.Error != "" {
+		fmt.Fprintf(os.Stderr, "pathtrace: the capture %s is incomplete (%d packets written): %s\n", pcapName(f.pcap), res.Pcap.Packets, res.Pcap.Error)
+		return exitRuntime
+	}
 	return exitOK
 }
 
@@ -377,4 +385,12 @@ func parseSize(s string) (int64, error) {
 func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// pcapName names the --pcap destination in messages.
+func pcapName(path string) string {
+	if path == "-" {
+		return "stream on stdout"
+	}
+	return "file " + path
 }
