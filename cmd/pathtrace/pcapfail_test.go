@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,5 +106,32 @@ func TestPcapWriteErrorExitsOne(t *testing.T) {
 	}
 	if code != exitRuntime {
 		t.Errorf("exit code %d after a failed capture, want %d", code, exitRuntime)
+	}
+}
+
+// TestPcapStalledReaderStillStops: a `--pcap -` reader that stops reading
+// without going away (a hung Wireshark, a stalled ssh) must not hold
+// pathtrace hostage: SIGTERM still ends the run within seconds, with the
+// report, and the capture is reported cut.
+func TestPcapStalledReaderStillStops(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	s := startStream(t, l) // s.r is never read: the pipe fills up
+	// About 7 KB of capture per request: 40 fill the 64 KiB pipe.
+	if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 40}); err != nil {
+		t.Fatalf("lab client: %v", err)
+	}
+	time.Sleep(500 * time.Millisecond) // the frames reach the writer
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	summary, code := s.finish(t, 20*time.Second)
+	if summary == nil {
+		t.Fatal("no summary line on stderr")
+	}
+	pcap, _ := summary["pcap"].(map[string]any)
+	if pcap == nil || pcap["error"] == nil {
+		t.Errorf("summary's pcap %v, want the stalled stream's error", pcap)
+	}
+	if code != exitRuntime {
+		t.Errorf("exit code %d after a cut capture, want %d", code, exitRuntime)
 	}
 }
