@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -133,5 +134,28 @@ func TestPcapStalledReaderStillStops(t *testing.T) {
 	}
 	if code != exitRuntime {
 		t.Errorf("exit code %d after a cut capture, want %d", code, exitRuntime)
+	}
+}
+
+// TestReportWriteErrorExitsOne: a report that could not be written (stdout
+// on a full disk) is a runtime failure said on stderr, not a silent exit 0
+// with an empty or cut report.
+func TestReportWriteErrorExitsOne(t *testing.T) {
+	needRoot(t)
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	defer full.Close()
+	l := upLab(t, lab.ModeTC)
+	for _, format := range []string{"table", "json"} {
+		cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "1s", "--output", format)
+		cmd.Stdout = full
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "report") {
+			t.Errorf("--output %s into a full disk: exit code %d, want %d, and stderr %q should say the report was not written", format, code, exitRuntime, stderr.String())
+		}
 	}
 }

@@ -320,14 +320,21 @@ func runTrace(args []string) int {
 	}
 	rw.Flows(res.Flows)
 	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, ObserversEnded: res.ObserversEnded})
-	// The report is whole, the capture file is not (a full disk, a reader
-	// that went away): a runtime failure, so that a script does not ship the
-	// cut file as the capture it asked for.
+	code := exitOK
+	// A report lost to its output (stdout on a full disk, closed) is never
+	// a silent success.
+	if err := rw.Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace: the report could not be written: %v\n", err)
+		code = exitRuntime
+	}
+	// The capture file is cut (a full disk, a reader that went away): a
+	// runtime failure, so that a script does not ship the cut file as the
+	// capture it asked for.
 	if res.Pcap != nil && res.Pcap.Error != "" {
 		fmt.Fprintf(os.Stderr, "pathtrace: the capture %s is incomplete (%d packets written): %s\n", pcapName(f.pcap), res.Pcap.Packets, res.Pcap.Error)
-		return exitRuntime
+		code = exitRuntime
 	}
-	return exitOK
+	return code
 }
 
 // profileCPU writes a CPU profile of the run to path (for developers: set
