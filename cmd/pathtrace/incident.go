@@ -13,7 +13,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -115,7 +114,7 @@ func runIncident(args []string) int {
 		return exitRuntime
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
 	if isTerminal(os.Stderr) {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
@@ -163,12 +162,12 @@ func runIncident(args []string) int {
 func bundleContext() (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, stopSignals()...)
 	done := make(chan struct{})
 	go func() {
 		select {
 		case <-sigs:
-			signal.Reset(os.Interrupt, syscall.SIGTERM)
+			signal.Reset(stopSignals()...)
 			fmt.Fprintln(os.Stderr, "pathtrace incident: interrupted: finishing the bundle without the snapshot parts not collected yet (interrupt again to abandon it)")
 			cancel()
 		case <-done:

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -157,5 +158,25 @@ func TestReportWriteErrorExitsOne(t *testing.T) {
 		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "report") {
 			t.Errorf("--output %s into a full disk: exit code %d, want %d, and stderr %q should say the report was not written", format, code, exitRuntime, stderr.String())
 		}
+	}
+}
+
+// TestSIGHUPEndsLikeSIGTERM: the terminal going away (an ssh session that
+// drops at 3 a.m.) sends SIGHUP: the trace ends as on SIGTERM, its capture
+// file complete under its name, as tcpdump does, instead of dying with the
+// file left as FILE.partial and no report.
+func TestSIGHUPEndsLikeSIGTERM(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	path := filepath.Join(t.TempDir(), "hup.pcapng")
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "60s", "--pcap", path)
+	r.waitNode(t)
+	_ = r.cmd.Process.Signal(syscall.SIGHUP)
+	_, summary := r.rest(t) // fails unless it exits 0
+	if summary == nil || summary["stop_reason"] != "interrupted" {
+		t.Errorf("summary %v, want stop_reason interrupted", summary)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("capture file after SIGHUP: %v", err)
 	}
 }

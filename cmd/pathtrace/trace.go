@@ -278,7 +278,7 @@ func runTrace(args []string) int {
 		fmt.Fprintf(os.Stderr, "pathtrace: %v; capturing at the priority it has\n", err)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
 	if path := os.Getenv("PATHTRACE_CPUPROFILE"); path != "" {
 		defer profileCPU(path)()
