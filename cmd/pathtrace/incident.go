@@ -13,9 +13,9 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/incident"
@@ -108,6 +108,17 @@ func runIncident(args []string) int {
 		return exitRuntime
 	}
 	defer release()
+	if avail, err := freeBytes(filepath.Dir(out)); err == nil {
+		fit, err := fitDisk(budget, avail)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "pathtrace incident: --out %s: %v\n", out, err)
+			return exitRuntime
+		}
+		if fit < budget {
+			fmt.Fprintf(os.Stderr, "pathtrace incident: --max-bytes %s lowered to %d KiB: half of what %s has free, so that the bundle and its archive both fit\n", maxBytes, fit>>10, filepath.Dir(out))
+			budget, opt.PcapLimits.MaxBytes = fit, captureBudget(fit)
+		}
+	}
 	// The bundle is built in DIR.partial and renamed to DIR once complete:
 	// a bundle under its own name is always whole.
 	building := incident.PartialDir(out)
@@ -116,7 +127,7 @@ func runIncident(args []string) int {
 		return exitRuntime
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
 	if isTerminal(os.Stderr) {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
@@ -164,12 +175,12 @@ func runIncident(args []string) int {
 func bundleContext() (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, stopSignals()...)
 	done := make(chan struct{})
 	go func() {
 		select {
 		case <-sigs:
-			signal.Reset(os.Interrupt, syscall.SIGTERM)
+			signal.Reset(stopSignals()...)
 			fmt.Fprintln(os.Stderr, "pathtrace incident: interrupted: finishing the bundle without the snapshot parts not collected yet (interrupt again to abandon it)")
 			cancel()
 		case <-done:
@@ -204,10 +215,40 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	if err != nil {
 		return opt, 0, err
 	}
-	_, rest := incident.SplitBudget(budget)
 	opt.Pcap = filepath.Join(incident.PartialDir(out), "capture.pcapng")
-	opt.PcapLimits.MaxBytes = rest - reportReserve(rest)
+	opt.PcapLimits.MaxBytes = captureBudget(budget)
 	return opt, budget, nil
+}
+
+// captureBudget is the pcapng's part of a bundle's budget: what the snapshot
+// and the reports' reserve leave.
+func captureBudget(budget int64) int64 {
+	_, rest := incident.SplitBudget(budget)
+	return rest - reportReserve(rest)
+}
+
+// fitDisk lowers budget to what the filesystem of dir has free, avail bytes:
+// the bundle directory and its archive, each up to budget, must both fit.
+// Without that, on a disk with less free than --max-bytes, the capture took
+// it all and the snapshot and the reports (the verdicts) failed on ENOSPC.
+func fitDisk(budget, avail int64) (int64, error) {
+	fits := avail / 2
+	if fits >= budget {
+		return budget, nil
+	}
+	if fits < 1<<20 {
+		return 0, fmt.Errorf("only %d KiB free where the bundle goes: it and its archive need at least 2 MiB; free some space or give --out on another filesystem", avail>>10)
+	}
+	return fits, nil
+}
+
+// freeBytes is what an unprivileged write could still use of dir's filesystem.
+func freeBytes(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
 }
 
 // reportReserve is the part of the budget kept from the pcapng for the

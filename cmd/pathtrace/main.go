@@ -5,8 +5,10 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"syscall"
 
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
@@ -84,3 +86,15 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+// stopSignals end a trace early, its report and capture file complete:
+// Ctrl-C, SIGTERM, and SIGHUP (the terminal went away: an ssh session that
+// dropped), as tcpdump does, unless SIGHUP is ignored (nohup): asking for
+// it would undo that.
+func stopSignals() []os.Signal {
+	sigs := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		sigs = append(sigs, syscall.SIGHUP)
+	}
+	return sigs
+}

@@ -65,7 +65,8 @@ points, the Service mechanisms found, every observer's status), then one row per
 then the flows per verdict, every drop counter (a non-zero one says which flag to change)
 and why the run stopped.
 
-Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing), 2 bad usage.
+Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing,
+--pcap cut by a write error: the report is still printed), 2 bad usage.
 
 Flags:
 `
@@ -290,7 +291,7 @@ func runTrace(args []string) int {
 		fmt.Fprintf(os.Stderr, "pathtrace: %v; capturing at the priority it has\n", err)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
 	if path := os.Getenv("PATHTRACE_CPUPROFILE"); path != "" {
 		defer profileCPU(path)()
@@ -332,7 +333,21 @@ func runTrace(args []string) int {
 	}
 	rw.Flows(res.Flows)
 	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, ObserversEnded: res.ObserversEnded})
-	return exitOK
+	code := exitOK
+	// A report lost to its output (stdout on a full disk, closed) is never
+	// a silent success.
+	if err := rw.Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace: the report could not be written: %v\n", err)
+		code = exitRuntime
+	}
+	// The capture file is cut (a full disk, a reader that went away): a
+	// runtime failure, so that a script does not ship the cut file as the
+	// capture it asked for.
+	if res.Pcap != nil && res.Pcap.Error != "" {
+		fmt.Fprintf(os.Stderr, "pathtrace: the capture %s is incomplete (%d packets written): %s\n", pcapName(f.pcap), res.Pcap.Packets, res.Pcap.Error)
+		code = exitRuntime
+	}
+	return code
 }
 
 // profileCPU writes a CPU profile of the run to path (for developers: set
@@ -390,4 +405,12 @@ func parseSize(s string) (int64, error) {
 func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// pcapName names the --pcap destination in messages.
+func pcapName(path string) string {
+	if path == "-" {
+		return "stream on stdout"
+	}
+	return "file " + path
 }

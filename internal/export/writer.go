@@ -78,6 +78,7 @@ type Writer struct {
 	out    blockOut
 	file   *partialFile // nil for a stream
 	async  *asyncFile   // the file's writer; nil for a stream
+	stream *stream      // the stream's writer; nil for a file
 	flush  *time.Timer  // writes pending blocks of a file
 	armed  bool         // flush is running: pending blocks will be written
 	ifaces []Interface
@@ -132,12 +133,27 @@ func Create(path string, ifaces []Interface, lim Limits) (*Writer, error) {
 // PIPE_BUF bytes (atomic on a pipe), or of one larger block. Close does not
 // close s.
 func NewStream(s io.Writer, ifaces []Interface, lim Limits) (*Writer, error) {
-	w, err := newWriter(s, false, ifaces, lim)
+	st := newStream(s)
+	w, err := newWriter(st, false, ifaces, lim)
 	if err != nil {
+		st.close()
 		return nil, err
 	}
+	w.stream = st
 	w.armFlush()
 	return w, nil
+}
+
+// Abandon gives up a stream whose reader stopped reading: a write blocked in
+// it, and every later one, fail with ErrStalled, so that Close returns. A
+// caller that must end on time (a trace asked to stop) calls it once the
+// reader had its chance to take the rest. It has no effect on a file, nor
+// once the stream is closed; it may be called from any goroutine, also while
+// a write holds the Writer.
+func (w *Writer) Abandon() {
+	if w.stream != nil {
+		w.stream.giveUp()
+	}
 }
 
 // armFlush makes the timer that writes pending blocks out flushInterval
@@ -416,6 +432,9 @@ func (w *Writer) Close(stats []InterfaceStats) error {
 	if w.file != nil {
 		// Only whole blocks are in the file, even after a failed write.
 		err = errors.Join(err, w.file.finish())
+	}
+	if w.stream != nil {
+		w.stream.close()
 	}
 	return err
 }

@@ -22,7 +22,7 @@ const (
 
 // Writer writes the blocks of a report in order: Node, Flows, Summary.
 type Writer struct {
-	w      io.Writer
+	w      *errWriter
 	format string
 	// byPlace remembers the distinct rewriters per verdict from Flows, for the
 	// table's summary.
@@ -32,7 +32,31 @@ type Writer struct {
 // NewWriter returns a writer to w: JSON lines for FormatJSON, tables for
 // anything else (the command line validates the flag).
 func NewWriter(w io.Writer, format string) *Writer {
-	return &Writer{w: w, format: format, byPlace: make(map[flow.Place][]string)}
+	return &Writer{w: &errWriter{w: w}, format: format, byPlace: make(map[flow.Place][]string)}
+}
+
+// Err is the first error writing the report met (stdout on a full disk,
+// closed), nil when every byte went out. The tables are written with many
+// small writes whose errors are not returned one by one: a caller checks Err
+// once at the end, so that a lost report is never a silent success.
+func (w *Writer) Err() error { return w.w.err }
+
+// errWriter remembers the first write error; it writes nothing after it.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	e.err = err
+	return n, err
 }
 
 // Node writes the node block: v as {"type":"node",...} (v must marshal to a

@@ -3,6 +3,7 @@ package report_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -414,3 +416,24 @@ func TestStrayRepliesListed(t *testing.T) {
 		t.Errorf("JSON flow lacks %s: %s", want, js.String())
 	}
 }
+
+// TestWriterErr: a write error of the tables' many small writes is kept,
+// so the caller learns at the end that the report was lost.
+func TestWriterErr(t *testing.T) {
+	for _, format := range []string{report.FormatTable, report.FormatJSON} {
+		rw := report.NewWriter(failingWriter{}, format)
+		rw.Node(map[string]any{"kernel": "x"}, func(w io.Writer) { fmt.Fprintln(w, "node") })
+		rw.Flows(nil)
+		rw.Summary(flow.Summary{}, nil, report.Run{})
+		if !errors.Is(rw.Err(), syscall.ENOSPC) {
+			t.Errorf("%s: Err() = %v, want ENOSPC", format, rw.Err())
+		}
+	}
+	if err := report.NewWriter(io.Discard, report.FormatTable).Err(); err != nil {
+		t.Errorf("no write yet: Err() = %v", err)
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }

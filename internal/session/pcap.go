@@ -1,6 +1,7 @@
 package session
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -45,6 +46,19 @@ func openPcap(path string, lim export.Limits, taps []tap, snaplen int) (*pcapOut
 		return nil, fmt.Errorf("pcapng %s: %w", path, err)
 	}
 	return &pcapOut{w: w, path: path, queues: make([][]*batch, len(taps))}, nil
+}
+
+// streamGrace is how long a --pcap - reader has, once the run is due to end,
+// to take the rest of the capture.
+const streamGrace = 5 * time.Second
+
+// giveUpAfter gives the stream up streamGrace after due ends. A reader that
+// stops reading (a hung Wireshark, a stalled ssh) blocks the write in
+// progress, and with it the consumer, which then sees neither the signal nor
+// the duration: without this, the trace would wait for that reader forever
+// and never print its report. A file is not concerned.
+func (p *pcapOut) giveUpAfter(due context.Context) {
+	context.AfterFunc(due, func() { time.AfterFunc(streamGrace, p.w.Abandon) })
 }
 
 // write appends one frame through the held writer; a reached bound or a

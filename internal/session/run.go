@@ -87,6 +87,15 @@ func (tr *tracer) run(ctx context.Context) string {
 		defer t.Stop()
 		timer = t.C
 	}
+	if tr.pcap != nil {
+		// due ends when the run is due to: ctx, the duration, or run's return.
+		due, end := context.WithCancel(ctx)
+		if tr.opt.Duration > 0 {
+			due, end = context.WithTimeout(ctx, tr.opt.Duration)
+		}
+		defer end()
+		tr.pcap.giveUpAfter(due)
+	}
 
 	// One consumer owns the engine; producers block when it lags, so the kernel
 	// (ring full) counts what is lost instead of this process dropping silently.

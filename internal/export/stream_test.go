@@ -1,0 +1,66 @@
+package export_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/export"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// stallingWriter takes the first n writes, then blocks every later one until
+// released (a reader that stopped reading without going away).
+type stallingWriter struct {
+	mu      sync.Mutex
+	n       int
+	release chan struct{}
+}
+
+func (s *stallingWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	s.n--
+	stall := s.n < 0
+	s.mu.Unlock()
+	if stall {
+		<-s.release
+	}
+	return len(p), nil
+}
+
+// TestStreamAbandonEndsStalledWrite: a stream whose reader stalls blocks
+// its writes; Abandon ends the one in progress and every later one, so
+// that Close returns (with ErrStalled) instead of waiting for the reader.
+func TestStreamAbandonEndsStalledWrite(t *testing.T) {
+	sw := &stallingWriter{n: 1, release: make(chan struct{})} // the header only
+	defer close(sw.release)
+	w, err := export.NewStream(sw, testIfaces, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() {
+		for i := range 3 {
+			if err := w.WritePacket(i, packet(tcpFrame(100), obs.DirOut, 0, 0), "stalls"); err != nil {
+				break
+			}
+		}
+		closed <- w.Close(nil) // its write blocks in the stalled stream
+	}()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned %v while the stream was stalled", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	w.Abandon()
+	select {
+	case err := <-closed:
+		if !errors.Is(err, export.ErrStalled) {
+			t.Errorf("Close after Abandon: %v, want ErrStalled", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close still blocked after Abandon")
+	}
+	w.Abandon() // after Close: no effect
+}
