@@ -74,6 +74,13 @@ type Stats struct {
 	KernelDrops   uint64 // accepted but lost: the ring was full (tp_drops)
 	QueueFreezes  uint64 // times the ring was full (tp_freeze_q_cnt)
 	DecodeErrors  uint64 // ring entries whose header pointed outside their block
+	// LinkDowns counts the times the interface went down while Run ran,
+	// LinkDown how long it was down in all (an ongoing one up to now),
+	// FirstDown when it first went down: nothing crosses a down interface,
+	// so nothing was captured there meanwhile, and nothing was lost.
+	LinkDowns uint64
+	LinkDown  time.Duration
+	FirstDown time.Time
 }
 
 // Tap is an AF_PACKET TPACKET_V3 capture on one interface, both directions.
@@ -100,6 +107,7 @@ type Tap struct {
 
 	packets      atomic.Uint64
 	decodeErrors atomic.Uint64
+	link         linkState
 }
 
 // Open creates the capture socket inside cfg.NetNS and binds it to cfg.Ifname.
@@ -367,7 +375,20 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 			if !drainUntil.IsZero() && (!time.Now().Before(drainUntil) || blockEmpty(block)) {
 				return nil
 			}
+			if t.link.isDown() {
+				if err := t.waitLinkBack(ctx, retired, drainUntil); err != nil {
+					return fmt.Errorf("capture %s: %w", t.cfg.name(), err)
+				}
+				continue
+			}
 			if err := t.wait(conn, retired); err != nil {
+				if errors.Is(err, unix.ENETDOWN) && t.stillBound() {
+					// The interface went down, not away: the kernel hooks the
+					// socket again when it comes back up (a bond or a NIC
+					// that flaps); until then nothing crosses it.
+					t.link.down(time.Now())
+					continue
+				}
 				return fmt.Errorf("capture %s: %w", t.cfg.name(), err)
 			}
 			continue
@@ -451,6 +472,7 @@ func (t *Tap) Stats() Stats {
 	s := t.kernel
 	s.Packets = t.packets.Load()
 	s.DecodeErrors = t.decodeErrors.Load()
+	s.LinkDowns, s.LinkDown, s.FirstDown = t.link.stats(time.Now())
 	return s
 }
 
@@ -486,4 +508,127 @@ func (t *Tap) Close() error {
 		}
 	})
 	return t.closeErr
+}
+
+// linkPoll is how often a tap whose interface is down looks whether it is
+// back up or was deleted: the kernel reports neither on the socket (an
+// interface deleted while down raises no second error).
+const linkPoll = 250 * time.Millisecond
+
+// waitLinkBack waits while the interface is down: it returns nil when a
+// block retired (the block the kernel was filling when the interface went
+// down retires on its timeout), when the interface is up again, when Close
+// or ctx ends the run, or, once draining (drainUntil set), at drainUntil;
+// an error once the interface was deleted.
+func (t *Tap) waitLinkBack(ctx context.Context, retired func() bool, drainUntil time.Time) error {
+	tick := time.NewTicker(linkPoll)
+	defer tick.Stop()
+	var ended <-chan struct{}
+	if drainUntil.IsZero() {
+		ended = ctx.Done() // then Run starts draining
+	}
+	for {
+		if retired() {
+			return nil
+		}
+		if !t.stillBound() {
+			return fmt.Errorf("socket error: %w (the interface was deleted while down)", unix.ENETDOWN)
+		}
+		if t.linkUp() {
+			t.link.up(time.Now())
+			return nil
+		}
+		if !drainUntil.IsZero() && !time.Now().Before(drainUntil) {
+			return nil
+		}
+		select {
+		case <-t.closing:
+			return nil
+		case <-ended:
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// stillBound tells whether the socket is still bound to its interface: the
+// kernel unbinds it (ifindex -1) when the interface is deleted.
+func (t *Tap) stillBound() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	sa, err := unix.Getsockname(t.fd)
+	ll, ok := sa.(*unix.SockaddrLinklayer)
+	return err == nil && ok && ll.Ifindex == t.ifindex
+}
+
+// linkUp tells whether the interface is administratively up, when the
+// kernel hooks the socket again. The socket lives in the interface's netns,
+// where the ioctls resolve its index.
+func (t *Tap) linkUp() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return false
+	}
+	ifr.SetUint32(uint32(t.ifindex))
+	if unix.IoctlIfreq(t.fd, unix.SIOCGIFNAME, ifr) != nil || unix.IoctlIfreq(t.fd, unix.SIOCGIFFLAGS, ifr) != nil {
+		return false
+	}
+	return ifr.Uint16()&unix.IFF_UP != 0
+}
+
+// linkState is when a tap's interface went down and for how long, read by
+// Stats while Run writes it.
+type linkState struct {
+	mu        sync.Mutex
+	downs     uint64
+	since     time.Time // when the ongoing one began; zero while up
+	first     time.Time
+	downTotal time.Duration
+}
+
+func (l *linkState) down(at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.since.IsZero() {
+		return
+	}
+	l.downs++
+	l.since = at
+	if l.first.IsZero() {
+		l.first = at
+	}
+}
+
+func (l *linkState) up(at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.since.IsZero() {
+		return
+	}
+	l.downTotal += at.Sub(l.since)
+	l.since = time.Time{}
+}
+
+func (l *linkState) isDown() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.since.IsZero()
+}
+
+func (l *linkState) stats(now time.Time) (downs uint64, total time.Duration, first time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	total = l.downTotal
+	if !l.since.IsZero() {
+		total += now.Sub(l.since)
+	}
+	return l.downs, total, l.first
 }

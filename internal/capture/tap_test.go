@@ -568,6 +568,87 @@ func TestTapReportsInterfaceGone(t *testing.T) {
 	}
 }
 
+// TestTapSurvivesLinkFlap: an interface that goes down and comes back up
+// (a bond or NIC that flaps) does not end its capture: frames after it are
+// captured again, and the time it was down is counted. Deleted while down,
+// it ends Run as a deletion does.
+func TestTapSurvivesLinkFlap(t *testing.T) {
+	needRoot(t)
+	l := newLab(t)
+	a1, b1 := udpListen(t, l.a, "192.0.2.1:4001"), udpListen(t, l.b, "192.0.2.2:4002")
+	tap, err := Open(Config{NetNS: l.a, Ifname: "pta", Role: "uplink", Filter: mustFilter(t, DefaultSnaplen, "192.0.2.2")})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { tap.Close() })
+	var rec recorder
+	done := make(chan error, 1)
+	go func() { done <- tap.Run(context.Background(), rec.add) }()
+	send(t, a1, b1, 2)
+	waitFor(t, "2 datagrams before the flap", func() bool { return len(rec.matching(t, "192.0.2.1:4001", "192.0.2.2:4002")) == 2 })
+
+	setLinkUp(t, l.a, "pta", false)
+	waitFor(t, "the link counted down", func() bool { return tap.Stats().LinkDowns == 1 })
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("Run ended while the link was down: %v", err)
+	default:
+	}
+	setLinkUp(t, l.a, "pta", true)
+	setLinkUp(t, l.b, "ptb", true) // a veth's peer loses its carrier, not its state
+	waitFor(t, "the datagrams after the flap", func() bool {
+		send(t, a1, b1, 1)
+		return len(rec.matching(t, "192.0.2.1:4001", "192.0.2.2:4002")) >= 3
+	})
+	if st := tap.Stats(); st.LinkDowns != 1 || st.LinkDown < 300*time.Millisecond || st.FirstDown.IsZero() {
+		t.Errorf("stats after the flap: %d downs, %s down, first at %v; want 1, at least 300ms", st.LinkDowns, st.LinkDown, st.FirstDown)
+	}
+	waitFor(t, "the flap's end noted", func() bool {
+		d1 := tap.Stats().LinkDown
+		time.Sleep(50 * time.Millisecond)
+		return tap.Stats().LinkDown == d1 // no longer growing: up again
+	})
+
+	setLinkUp(t, l.a, "pta", false)
+	waitFor(t, "the second down", func() bool { return tap.Stats().LinkDowns == 2 })
+	deleteLink(t, l.a, "pta")
+	select {
+	case err := <-done:
+		if !errors.Is(err, unix.ENETDOWN) {
+			t.Errorf("Run returned %v, want ENETDOWN", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("Run kept running after its interface was deleted while down")
+	}
+}
+
+// setLinkUp sets the interface ifname in the netns at nsPath up or down.
+func setLinkUp(t *testing.T, nsPath, ifname string, up bool) {
+	t.Helper()
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(ifname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := h.LinkSetDown
+	if up {
+		set = h.LinkSetUp
+	}
+	if err := set(link); err != nil {
+		t.Fatalf("set %s up=%v: %v", ifname, up, err)
+	}
+}
+
 // deleteLink deletes the interface ifname in the netns at nsPath.
 func deleteLink(t *testing.T, nsPath, ifname string) {
 	t.Helper()

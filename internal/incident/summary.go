@@ -15,8 +15,11 @@ import (
 
 // Ended is what stopped before the capture did, each with when and why.
 type Ended struct {
-	Captures  map[string]string // per capture point: its interface went down or away
-	Observers string            // the observers' event reader ("" when it ran to the end)
+	Captures map[string]string // per capture point: its interface went down or away
+	// Gaps: per capture point whose interface went down and the capture
+	// went on (a link that flapped), how often and how long.
+	Gaps      map[string]string
+	Observers string // the observers' event reader ("" when it ran to the end)
 }
 
 // Taken says what took the bundle: pathtrace's version and its command
@@ -429,6 +432,9 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 	}
 	for _, point := range sortedKeys(ended.Captures) {
 		fmt.Fprintf(b, "- The capture at %s %s: later frames there are missing.\n", point, ended.Captures[point])
+	}
+	for _, point := range sortedKeys(ended.Gaps) {
+		fmt.Fprintf(b, "- The interface of %s %s: nothing crossed it meanwhile, and its capture went on.\n", point, ended.Gaps[point])
 	}
 	if ended.Observers != "" {
 		fmt.Fprintf(b, "- The observers' events %s: later flows lack their socket, tc and netfilter evidence, and their verdicts are unknown.\n", ended.Observers)

@@ -125,6 +125,10 @@ type Run struct {
 	// down or deleted), with when and why; what they would have seen later
 	// is missing.
 	CaptureEnded map[string]string `json:"capture_ended,omitempty"`
+	// CaptureGaps: capture points whose interface went down while the run
+	// went on (a link that flapped), with how often and how long: nothing
+	// crossed it meanwhile, so nothing was captured there, and nothing lost.
+	CaptureGaps map[string]string `json:"capture_gaps,omitempty"`
 	// ObserversEnded: the observers' event reader ended early, when and
 	// why; later flows lack their socket, tc and netfilter evidence.
 	ObserversEnded string `json:"observers_ended,omitempty"`

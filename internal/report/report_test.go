@@ -200,6 +200,7 @@ func TestReplyUnseen(t *testing.T) {
 func TestRunEndedEarly(t *testing.T) {
 	run := report.Run{Stop: "duration",
 		CaptureEnded:   map[string]string{"pod:eth0": "ended at 03:12:09: network is down"},
+		CaptureGaps:    map[string]string{"uplink:bond0": "went down once (first at 03:12:05.000), 1.2 s in all"},
 		ObserversEnded: "ended at 03:12:10: read ring buffer: bad address"}
 	var table bytes.Buffer
 	if err := report.NewWriter(&table, "table").Summary(flow.Summary{}, nil, run); err != nil {
@@ -208,6 +209,7 @@ func TestRunEndedEarly(t *testing.T) {
 	for _, want := range []string{
 		"Capture at pod:eth0 ended at 03:12:09: network is down: later frames there are missing",
 		"Observer events ended at 03:12:10: read ring buffer: bad address: later flows lack",
+		"Interface of uplink:bond0 went down once (first at 03:12:05.000), 1.2 s in all: nothing crossed it meanwhile (its capture went on)",
 	} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table has no %q:\n%s", want, table.String())
@@ -219,13 +221,15 @@ func TestRunEndedEarly(t *testing.T) {
 	}
 	var got struct {
 		CaptureEnded   map[string]string `json:"capture_ended"`
+		CaptureGaps    map[string]string `json:"capture_gaps"`
 		ObserversEnded string            `json:"observers_ended"`
 	}
 	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
 		t.Fatalf("%v: %s", err, js.String())
 	}
-	if got.ObserversEnded != run.ObserversEnded || got.CaptureEnded["pod:eth0"] != run.CaptureEnded["pod:eth0"] {
-		t.Errorf("JSON summary %s, want both endings", js.String())
+	if got.ObserversEnded != run.ObserversEnded || got.CaptureEnded["pod:eth0"] != run.CaptureEnded["pod:eth0"] ||
+		got.CaptureGaps["uplink:bond0"] != run.CaptureGaps["uplink:bond0"] {
+		t.Errorf("JSON summary %s, want both endings and the gap", js.String())
 	}
 }
 

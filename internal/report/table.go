@@ -106,6 +106,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	for _, point := range slices.Sorted(maps.Keys(run.CaptureEnded)) {
 		fmt.Fprintf(w, "Capture at %s %s: later frames there are missing\n", point, run.CaptureEnded[point])
 	}
+	for _, point := range slices.Sorted(maps.Keys(run.CaptureGaps)) {
+		fmt.Fprintf(w, "Interface of %s %s: nothing crossed it meanwhile (its capture went on)\n", point, run.CaptureGaps[point])
+	}
 	if run.ObserversEnded != "" {
 		fmt.Fprintf(w, "Observer events %s: later flows lack their socket, tc and netfilter evidence (verdicts unknown)\n", run.ObserversEnded)
 	}

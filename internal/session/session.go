@@ -69,6 +69,10 @@ type Result struct {
 	// CaptureEnded names the capture points whose capture ended before the
 	// session (their interface went down or away), with when and why.
 	CaptureEnded map[string]string
+	// CaptureGaps names the capture points whose interface went down and
+	// came back (or not) while the session ran: nothing crossed it, so
+	// nothing was captured there, for the time said.
+	CaptureGaps map[string]string
 	// ObserversEnded says when and why the observers' event reader ended
 	// before the session ("" when it did not).
 	ObserversEnded string
@@ -201,6 +205,14 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 			res.CaptureEnded[taps[i].label] = why
 		}
 	}
+	for _, tp := range taps {
+		if gap := linkGap(tp.t.Stats()); gap != "" {
+			if res.CaptureGaps == nil {
+				res.CaptureGaps = map[string]string{}
+			}
+			res.CaptureGaps[tp.label] = gap
+		}
+	}
 	res.ObserversEnded = tr.obsEnded
 	res.Summarized = pr.Stats().Summarized
 	return res, nil
@@ -222,4 +234,17 @@ func initialWatch(svcs []flow.Service, node *discover.NodeInfo) []netip.Addr {
 		}
 	}
 	return out
+}
+
+// linkGap says how long a capture point's interface was down, "" when it
+// never went down.
+func linkGap(st capture.Stats) string {
+	if st.LinkDowns == 0 {
+		return ""
+	}
+	times := "once"
+	if st.LinkDowns > 1 {
+		times = fmt.Sprintf("%d times", st.LinkDowns)
+	}
+	return fmt.Sprintf("went down %s (first at %s), %.1f s in all", times, st.FirstDown.Format("15:04:05.000"), st.LinkDown.Seconds())
 }
