@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/cgroup2"
@@ -260,4 +261,39 @@ func NewSockAddrProgram(after ebpf.ProgramID, own func(ebpf.ProgramID) bool) (fo
 		}
 		found = info.Type == ebpf.CGroupSockAddr
 	}
+}
+
+// HostTCPrograms reads again the tcx and cls_bpf programs on the host-side
+// veths among cps, leaving out pathtrace's own (isObserver): a session looks
+// again while it runs, since a CNI agent that restarts or upgrades replaces
+// them. An error says a veth's programs could not be read (a deleted Pod's
+// veth is skipped).
+func HostTCPrograms(hostNetNS string, cps []CapturePoint, isObserver func(ebpf.ProgramID) bool) ([]TCProgram, error) {
+	ns, err := netns.GetFromPath(hostNetNS)
+	if err != nil {
+		return nil, fmt.Errorf("open node netns %s: %w", hostNetNS, err)
+	}
+	defer ns.Close()
+	nl, err := nsutil.HandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in node netns %s: %w", hostNetNS, err)
+	}
+	defer nl.Close()
+	host := &hostNS{path: hostNetNS, ns: ns, nl: nl, links: map[int]netlink.Link{}}
+	var hostCPs []CapturePoint
+	for _, cp := range cps {
+		if cp.Role != RoleHost {
+			continue
+		}
+		if _, err := host.link(cp.Ifindex); err != nil {
+			continue // its Pod was deleted
+		}
+		hostCPs = append(hostCPs, cp)
+	}
+	var scratch NodeInfo
+	progs := tcPrograms(host, hostCPs, observerFilter(isObserver), &scratch)
+	if len(scratch.Notes) > 0 {
+		return progs, errors.New(scratch.Notes[0])
+	}
+	return progs, nil
 }

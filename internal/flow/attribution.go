@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -57,12 +58,30 @@ func (e *Engine) byTC(f *flowState) string {
 	var cands []string
 	for _, p := range e.cfg.Attribution.TCPrograms {
 		if p.Direction != "ingress" || (tcxOnly && p.Kind != "tcx") ||
-			(p.Ifindex != 0 && f.hostIfindex != 0 && p.Ifindex != f.hostIfindex) {
+			(p.Ifindex != 0 && f.hostIfindex != 0 && p.Ifindex != f.hostIfindex) || !presentAt(p, f.first) {
 			continue
 		}
 		cands = append(cands, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
 	}
 	return oneOf(cands)
+}
+
+// presentAt tells whether p could have been on its veth at t: from when it
+// was first seen (or a look before, tcTimeSlack) to when it was seen gone.
+func presentAt(p TCProgram, t time.Time) bool {
+	return (p.Since.IsZero() || !t.Before(p.Since.Add(-tcTimeSlack))) && (p.Until.IsZero() || t.Before(p.Until))
+}
+
+// tcTimeSlack is how much earlier than it was first seen a tc program may
+// have been attached: the session looks every 2 s (and a look takes time).
+const tcTimeSlack = 5 * time.Second
+
+// SetTCPrograms replaces the tc programs of the host veths, each with when
+// it was there (TCProgram.Since, Until): the session looks again while it
+// runs.
+func (e *Engine) SetTCPrograms(progs []TCProgram) {
+	e.cfg.Attribution.TCPrograms = progs
+	e.gen++
 }
 
 // byNAT names the NAT rules for the VIP that lead to the flow's backend; the

@@ -92,6 +92,10 @@ type TCProgram struct {
 	// flow's tc rewrite is attributed to its own veth's programs. 0 =
 	// unknown, a candidate for every flow.
 	Ifindex int
+	// Since and Until bound when it was there, as far as the session saw
+	// (zero: from before the start, to the end): a CNI agent that restarts
+	// replaces its programs, and a flow is attributed to those of its time.
+	Since, Until time.Time
 }
 
 // NATRule is a DNAT rule for a VIP.

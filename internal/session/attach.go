@@ -298,12 +298,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	for _, p := range node.SockPrograms {
 		a.SockPrograms = append(a.SockPrograms, flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup})
 	}
-	for _, p := range node.TCPrograms {
-		if p.Role != discover.RoleHost {
-			continue
-		}
-		a.TCPrograms = append(a.TCPrograms, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: p.Ifindex})
-	}
+	a.TCPrograms = hostTCPrograms(node.TCPrograms)
 	for _, r := range node.Netfilter.Rules {
 		rule := flow.NATRule{
 			Source: r.Source,

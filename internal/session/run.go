@@ -42,6 +42,7 @@ type tracer struct {
 	free     *batchPool // consumed frame batches, for reuse
 	freeObs  *batchPool // consumed observation batches, for reuse
 	lb       *lbWatch
+	tc       *tcWatch
 	classes  *classTable
 	// icmpKinds names the ICMP errors seen, by type<<8 | code.
 	icmpKinds map[uint16]string
@@ -167,6 +168,7 @@ loop:
 			tr.noteConntrackLosses()
 			tr.widen()
 			tr.lb.check()
+			tr.tc.check(time.Now(), tr.eng)
 			tr.attributeCgroups()
 			if tr.opt.Progress != nil {
 				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary()}

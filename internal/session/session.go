@@ -161,6 +161,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		root = cgroup
 	}
 	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
+		tc:   newTCWatch(node, pr.IsObserver, time.Now()),
 		free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches), ended: make([]string, len(taps))}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {

@@ -346,7 +346,7 @@ func (a attribution) convert() (flow.Attribution, error) {
 		out.SockPrograms = append(out.SockPrograms, flow.SockProgram(p))
 	}
 	for _, p := range a.TCPrograms {
-		out.TCPrograms = append(out.TCPrograms, flow.TCProgram(p))
+		out.TCPrograms = append(out.TCPrograms, flow.TCProgram{Direction: p.Direction, Kind: p.Kind, Name: p.Name, ID: p.ID, Ifindex: p.Ifindex})
 	}
 	for _, r := range a.NATRules {
 		proto, err := parseProto(r.Proto)

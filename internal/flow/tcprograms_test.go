@@ -1,0 +1,60 @@
+package flow_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+)
+
+// TestTCProgramsOfTheFlowsTime: a flow's tc rewrite is attributed to the
+// programs on its veth at its time, when a CNI agent replaced them while the
+// trace ran; a flow within the time the session could not tell names both.
+func TestTCProgramsOfTheFlowsTime(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/tc-tcp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog := func(name string, id uint32) flow.TCProgram {
+		return flow.TCProgram{Direction: "ingress", Kind: "tcx", Name: name, ID: id}
+	}
+	for _, c := range []struct {
+		name            string
+		swapSeen, newBy float64 // ms: when the old program was seen gone, the new one first seen
+		want            []string
+	}{
+		{"replaced long before", -30000, -30000, []string{"lb_new (id 60)"}},
+		{"replaced long after", 60000, 60000, []string{"lb_old (id 52)"}},
+		{"replaced around it", 3000, 3000, []string{"one of 2", "lb_old (id 52)", "lb_new (id 60)"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			old, repl := prog("lb_old", 52), prog("lb_new", 60)
+			old.Until, repl.Since = flowtest.At(c.swapSeen), flowtest.At(c.newBy)
+			cfg := s.Config
+			cfg.Attribution.TCPrograms = []flow.TCProgram{old, repl}
+			e := flow.NewEngine(cfg)
+			for _, o := range s.Observations {
+				e.Add(o)
+			}
+			tc := 0
+			for _, f := range e.Flows() {
+				if f.RewrittenAt != flow.PlaceTC {
+					continue
+				}
+				tc++
+				for _, w := range c.want {
+					if !strings.Contains(f.By, w) {
+						t.Errorf("flow %s: by %q, want it to name %q", f.Client, f.By, w)
+					}
+				}
+				if len(c.want) == 1 && strings.Contains(f.By, "one of") {
+					t.Errorf("flow %s: by %q names more than the program of its time", f.Client, f.By)
+				}
+			}
+			if tc == 0 {
+				t.Fatal("no flow was rewritten in tc")
+			}
+		})
+	}
+}

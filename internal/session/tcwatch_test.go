@@ -1,0 +1,42 @@
+package session
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+// TestTCWatchUpdate: a program seen gone is ended at that look, a new one
+// begins then; a look that finds the same programs changes nothing; the
+// programs gone are bounded.
+func TestTCWatchUpdate(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	old := flow.TCProgram{Direction: "ingress", Kind: "tcx", Name: "cil_from_container", ID: 52, Ifindex: 7}
+	repl := flow.TCProgram{Direction: "ingress", Kind: "tcx", Name: "cil_from_container", ID: 60, Ifindex: 7}
+	w := &tcWatch{progs: []flow.TCProgram{old}}
+	if w.update([]flow.TCProgram{old}, t0) {
+		t.Error("the same programs counted as a change")
+	}
+	if !w.update([]flow.TCProgram{repl}, t0.Add(5*time.Second)) {
+		t.Fatal("a replaced program not counted as a change")
+	}
+	if len(w.progs) != 2 || !w.progs[0].Until.Equal(t0.Add(5*time.Second)) || !w.progs[1].Since.Equal(t0.Add(5*time.Second)) || !w.progs[1].Until.IsZero() {
+		t.Fatalf("programs %+v, want the old one ended and the new one begun at the second look", w.progs)
+	}
+	if w.update([]flow.TCProgram{repl}, t0.Add(10*time.Second)) {
+		t.Error("the same programs counted as a change")
+	}
+	// An agent that keeps replacing its program: what is gone stays bounded.
+	for i := range 2 * maxGoneTCPrograms {
+		p := repl
+		p.ID = uint32(100 + i)
+		w.update([]flow.TCProgram{p}, t0.Add(time.Duration(15+i)*time.Second))
+	}
+	if len(w.progs) > maxGoneTCPrograms+1 {
+		t.Errorf("%d programs kept, want at most %d", len(w.progs), maxGoneTCPrograms+1)
+	}
+	if last := w.progs[len(w.progs)-1]; last.ID != uint32(100+2*maxGoneTCPrograms-1) || !last.Until.IsZero() {
+		t.Errorf("the program there now is %+v", last)
+	}
+}
