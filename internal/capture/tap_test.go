@@ -626,31 +626,22 @@ func TestTapSurvivesLinkFlap(t *testing.T) {
 // setLinkUp sets the interface ifname in the netns at nsPath up or down.
 func setLinkUp(t *testing.T, nsPath, ifname string, up bool) {
 	t.Helper()
-	ns, err := netns.GetFromPath(nsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	link, err := h.LinkByName(ifname)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set := h.LinkSetDown
-	if up {
-		set = h.LinkSetUp
-	}
-	if err := set(link); err != nil {
-		t.Fatalf("set %s up=%v: %v", ifname, up, err)
-	}
+	withLink(t, nsPath, ifname, func(h *netlink.Handle, link netlink.Link) error {
+		if up {
+			return h.LinkSetUp(link)
+		}
+		return h.LinkSetDown(link)
+	})
 }
 
 // deleteLink deletes the interface ifname in the netns at nsPath.
 func deleteLink(t *testing.T, nsPath, ifname string) {
+	t.Helper()
+	withLink(t, nsPath, ifname, func(h *netlink.Handle, link netlink.Link) error { return h.LinkDel(link) })
+}
+
+// withLink applies change to the interface ifname in the netns at nsPath.
+func withLink(t *testing.T, nsPath, ifname string, change func(*netlink.Handle, netlink.Link) error) {
 	t.Helper()
 	ns, err := netns.GetFromPath(nsPath)
 	if err != nil {
@@ -666,8 +657,8 @@ func deleteLink(t *testing.T, nsPath, ifname string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.LinkDel(link); err != nil {
-		t.Fatalf("delete %s: %v", ifname, err)
+	if err := change(h, link); err != nil {
+		t.Fatalf("%s in %s: %v", ifname, nsPath, err)
 	}
 }
 
