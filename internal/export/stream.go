@@ -10,9 +10,9 @@ import (
 var ErrStalled = errors.New("the reader stopped reading: the rest of the capture was given up")
 
 // stream writes a capture to a writer that can stop taking data without
-// failing (a `--pcap -` reader that hangs, an ssh whose link stalls). Each
-// Write is made by a goroutine of its own, so that Abandon can end a Write
-// that blocks, and every later one: a write(2) into a full pipe cannot be
+// failing (a `--pcap -` reader that hangs, an ssh whose link stalls). The
+// writes are made by a goroutine of the stream's own, so that Abandon can
+// end a Write that blocks, and every later one: a write(2) into a full pipe cannot be
 // interrupted, and it would hold the capture, and its caller's stop, for as
 // long as the reader sleeps.
 type stream struct {
