@@ -133,6 +133,9 @@ func TestPcapStalledReaderStillStops(t *testing.T) {
 	if pcap == nil || pcap["error"] == nil {
 		t.Errorf("summary's pcap %v, want the stalled stream's error", pcap)
 	}
+	if stop := summary["stop_reason"]; stop != "interrupted" {
+		t.Errorf("stop_reason %v, want interrupted: the run ended on SIGTERM, the stream was given up after", stop)
+	}
 	if code != exitRuntime {
 		t.Errorf("exit code %d after a cut capture, want %d", code, exitRuntime)
 	}

@@ -88,6 +88,7 @@ func (tr *tracer) run(ctx context.Context) string {
 		defer t.Stop()
 		timer = t.C
 	}
+	stopFor := func(reason string) string { return reason }
 	if tr.pcap != nil {
 		// due ends when the run is due to: ctx, the duration, or run's return.
 		due, end := context.WithCancel(ctx)
@@ -96,6 +97,18 @@ func (tr *tracer) run(ctx context.Context) string {
 		}
 		defer end()
 		tr.pcap.giveUpAfter(due)
+		// A stream given up once the run was due (its reader stopped
+		// reading) cut the file, but the run ended for why it was due; the
+		// file's summary keeps the error.
+		stopFor = func(reason string) string {
+			switch {
+			case reason != "pcap-error" || due.Err() == nil:
+				return reason
+			case ctx.Err() != nil:
+				return "interrupted"
+			}
+			return "duration"
+		}
 	}
 
 	// One consumer owns the engine; producers block when it lags, so the kernel
@@ -155,13 +168,13 @@ loop:
 				break loop
 			}
 			if reason := tr.consume(b); reason != "" {
-				stop = reason
+				stop = stopFor(reason)
 				break loop
 			}
 		case <-tick.C:
 			if tr.pcap != nil {
 				if reason := tr.pcap.release(time.Now().Add(-reorderWindow), tr); reason != "" {
-					stop = reason
+					stop = stopFor(reason)
 					break loop
 				}
 			}
