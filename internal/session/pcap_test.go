@@ -2,6 +2,7 @@ package session
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -294,5 +295,27 @@ func TestICMPErrorComment(t *testing.T) {
 	want1 := &flow.ICMPError{Message: "ICMP destination unreachable (code 0: net unreachable)", From: gw, Point: "pod", At: base.Add(time.Millisecond)}
 	if e := flows[0].ICMPError; flows[0].Reply || e == nil || *e != *want1 {
 		t.Errorf("flow reply %v, ICMP error %+v; want no reply and %+v", flows[0].Reply, e, want1)
+	}
+}
+
+// TestDueStop: a capture cut once the run was due (a stream given up) does
+// not change why the run ended; a capture cut before it does.
+func TestDueStop(t *testing.T) {
+	live := context.Background()
+	interrupted, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, c := range []struct {
+		reason   string
+		due, ctx context.Context
+		want     string
+	}{
+		{"pcap-error", live, live, "pcap-error"},                // cut while the run went on
+		{"pcap-error", interrupted, interrupted, "interrupted"}, // given up after Ctrl-C
+		{"pcap-error", interrupted, live, "duration"},           // given up after --duration
+		{"max-bytes", interrupted, interrupted, "max-bytes"},
+	} {
+		if got := dueStop(c.reason, c.due, c.ctx); got != c.want {
+			t.Errorf("dueStop(%s, due ended %v, ctx ended %v) = %s, want %s", c.reason, c.due.Err() != nil, c.ctx.Err() != nil, got, c.want)
+		}
 	}
 }

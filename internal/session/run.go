@@ -97,18 +97,7 @@ func (tr *tracer) run(ctx context.Context) string {
 		}
 		defer end()
 		tr.pcap.giveUpAfter(due)
-		// A stream given up once the run was due (its reader stopped
-		// reading) cut the file, but the run ended for why it was due; the
-		// file's summary keeps the error.
-		stopFor = func(reason string) string {
-			switch {
-			case reason != "pcap-error" || due.Err() == nil:
-				return reason
-			case ctx.Err() != nil:
-				return "interrupted"
-			}
-			return "duration"
-		}
+		stopFor = func(reason string) string { return dueStop(reason, due, ctx) }
 	}
 
 	// One consumer owns the engine; producers block when it lags, so the kernel
@@ -224,6 +213,20 @@ settle:
 		tr.pcap.release(time.Now().Add(time.Hour), tr) // everything left
 	}
 	return stop
+}
+
+// dueStop is the stop reason of a run whose capture file reported reason:
+// a stream given up once the run was due (its reader stopped reading, see
+// pcapOut.giveUpAfter) cut the file, but the run ended for why it was due,
+// ctx or its duration; the file's own summary keeps the error.
+func dueStop(reason string, due, ctx context.Context) string {
+	switch {
+	case reason != "pcap-error" || due.Err() == nil:
+		return reason
+	case ctx.Err() != nil:
+		return "interrupted"
+	}
+	return "duration"
 }
 
 // consume feeds a batch to the engine and the pcapng file; it returns a stop
