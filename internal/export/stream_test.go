@@ -2,9 +2,12 @@ package export_test
 
 import (
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -63,4 +66,58 @@ func TestStreamAbandonEndsStalledWrite(t *testing.T) {
 		t.Fatal("Close still blocked after Abandon")
 	}
 	w.Abandon() // after Close: no effect
+}
+
+// TestPipeStreamAbandon: a pipe whose reader stops reading blocks the
+// stream's writes; Abandon ends them, Close returns ErrStalled, and the
+// pipe's write end is left in blocking mode, as the caller had it.
+func TestPipeStreamAbandon(t *testing.T) {
+	r, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer pw.Close()
+	pw.Fd() // blocking mode, as a process's stdout is
+	w, err := export.NewStream(pw, testIfaces, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ { // until the 64 KiB pipe is full and a write blocks
+			if err := w.WritePacket(i%len(testIfaces), packet(tcpFrame(1400), obs.DirOut, 0, 0), "fills the pipe"); err != nil {
+				break
+			}
+			if i > 10000 {
+				break
+			}
+		}
+		closed <- w.Close(nil)
+	}()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned %v while the pipe was full", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	w.Abandon()
+	select {
+	case err := <-closed:
+		if !errors.Is(err, export.ErrStalled) {
+			t.Errorf("Close after Abandon: %v, want ErrStalled", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close still blocked after Abandon")
+	}
+	rc, err := pw.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flags int
+	if err := rc.Control(func(fd uintptr) { flags, err = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil {
+		t.Fatal(err)
+	}
+	if flags&unix.O_NONBLOCK != 0 {
+		t.Error("the pipe's write end was left non-blocking")
+	}
 }

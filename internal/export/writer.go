@@ -78,7 +78,7 @@ type Writer struct {
 	out    blockOut
 	file   *partialFile // nil for a stream
 	async  *asyncFile   // the file's writer; nil for a stream
-	stream *stream      // the stream's writer; nil for a file
+	stream stallable    // the stream's writer when it can stall; nil for a file
 	flush  *time.Timer  // writes pending blocks of a file
 	armed  bool         // flush is running: pending blocks will be written
 	ifaces []Interface
@@ -133,7 +133,14 @@ func Create(path string, ifaces []Interface, lim Limits) (*Writer, error) {
 // PIPE_BUF bytes (atomic on a pipe), or of one larger block. Close does not
 // close s.
 func NewStream(s io.Writer, ifaces []Interface, lim Limits) (*Writer, error) {
-	st := newStream(s)
+	if cannotStall(s) {
+		w, err := newWriter(s, false, ifaces, lim)
+		if err == nil {
+			w.armFlush()
+		}
+		return w, err
+	}
+	st := newStallable(s)
 	w, err := newWriter(st, false, ifaces, lim)
 	if err != nil {
 		st.close()
