@@ -209,3 +209,37 @@ func (p *Packet) Observation(point obs.Point) (obs.Observation, bool) {
 	o.DstMAC, o.SrcMAC = obs.MAC(p.Data[0:6]), obs.MAC(p.Data[6:12])
 	return o, true
 }
+
+// FragKey identifies the IPv4 datagram a fragment belongs to (source,
+// destination, protocol and identification, RFC 791), packed like Tuple:
+// Addrs the source (high half) and destination, Rest the identification
+// (bits 32-47) and protocol (24-31); the low 24 bits are the caller's.
+type FragKey struct{ Addrs, Rest uint64 }
+
+// Fragment reports whether the frame is an IPv4 fragment, the key of its
+// datagram and whether it is the first fragment (offset 0, which alone
+// carries the TCP/UDP header and so the ports; Tuple decodes it).
+func (p *Packet) Fragment() (k FragKey, first, ok bool) {
+	l3, ok := ipv4Offset(p.Data)
+	if !ok {
+		return FragKey{}, false, false
+	}
+	ip := p.Data[l3:]
+	frag := binary.BigEndian.Uint16(ip[6:])
+	if frag&0x3fff == 0 { // neither more fragments nor an offset
+		return FragKey{}, false, false
+	}
+	return FragKey{
+		Addrs: binary.BigEndian.Uint64(ip[12:]),
+		Rest:  uint64(binary.BigEndian.Uint16(ip[4:]))<<32 | uint64(ip[9])<<24,
+	}, frag&0x1fff == 0, true
+}
+
+// Addrs4 returns the datagram's source and destination.
+func (k FragKey) Addrs4() (src, dst netip.Addr) {
+	return netip.AddrFrom4([4]byte{byte(k.Addrs >> 56), byte(k.Addrs >> 48), byte(k.Addrs >> 40), byte(k.Addrs >> 32)}),
+		netip.AddrFrom4([4]byte{byte(k.Addrs >> 24), byte(k.Addrs >> 16), byte(k.Addrs >> 8), byte(k.Addrs)})
+}
+
+// Proto is the datagram's protocol.
+func (k FragKey) Proto() obs.Proto { return obs.Proto(k.Rest >> 24) }

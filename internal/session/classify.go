@@ -1,6 +1,8 @@
 package session
 
 import (
+	"net/netip"
+
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -92,6 +94,9 @@ func (c *classTable) remember(k classKey, h flow.Handle) {
 func (tr *tracer) classify(tapIdx int, p *capture.Packet) (flow.Handle, bool) {
 	t, control, ok := p.Tuple()
 	if !ok {
+		if h, ok, frag := tr.laterFragment(tapIdx, p); frag {
+			return h, ok
+		}
 		tr.noteICMPError(tapIdx, p)
 		return flow.Handle{}, false
 	}
@@ -101,10 +106,59 @@ func (tr *tracer) classify(tapIdx int, p *capture.Packet) (flow.Handle, bool) {
 	// would hide.
 	if !control {
 		if h, ok := tr.classes.get(k); ok && tr.eng.Repeat(h, tr.taps[tapIdx].point, p.Time, p.Len) {
+			tr.noteFirstFragment(tapIdx, p, h)
 			return h, true
 		}
 	}
-	return tr.correlate(tapIdx, p, k)
+	h, ok := tr.correlate(tapIdx, p, k)
+	if ok {
+		tr.noteFirstFragment(tapIdx, p, h)
+	}
+	return h, ok
+}
+
+// maxFrags bounds the datagrams remembered for their later fragments;
+// beyond it the table starts over (a datagram's fragments follow each
+// other within microseconds).
+const maxFrags = 1 << 10
+
+// noteFirstFragment remembers the flow of a datagram's first fragment (the
+// only one with ports), so that its later fragments are counted in the same
+// flow and share its comment.
+func (tr *tracer) noteFirstFragment(tapIdx int, p *capture.Packet, h flow.Handle) {
+	fk, first, ok := p.Fragment()
+	if !ok || !first {
+		return
+	}
+	if tr.frags == nil || len(tr.frags) >= maxFrags {
+		tr.frags = make(map[classKey]flow.Handle)
+	}
+	tr.frags[fragKind(tapIdx, p.Dir, fk)] = h
+}
+
+// fragKind is kindOf for a fragment's datagram.
+func fragKind(tap int, dir obs.Dir, k capture.FragKey) classKey {
+	return classKey{addrs: k.Addrs, rest: k.Rest | uint64(dir)<<16 | uint64(uint16(tap))}
+}
+
+// laterFragment counts an IPv4 fragment after the first in the flow of its
+// datagram's first fragment, seen at the same capture point. One whose first
+// fragment was in no flow (not seen, or not a Service's) goes to the engine
+// as an observation without ports, which counts it as such (without_ports).
+// frag is false for a frame that is no later fragment.
+func (tr *tracer) laterFragment(tapIdx int, p *capture.Packet) (h flow.Handle, ok, frag bool) {
+	fk, first, frag := p.Fragment()
+	if !frag || first {
+		return flow.Handle{}, false, false
+	}
+	point := tr.taps[tapIdx].point
+	if h, ok := tr.frags[fragKind(tapIdx, p.Dir, fk)]; ok && tr.eng.Repeat(h, point, p.Time, p.Len) {
+		return h, true, true
+	}
+	src, dst := fk.Addrs4()
+	tr.eng.AddPacket(obs.Observation{Time: p.Time, Point: point, Dir: p.Dir, Ifindex: p.Ifindex, Len: p.Len,
+		Proto: fk.Proto(), Src: netip.AddrPortFrom(src, 0), Dst: netip.AddrPortFrom(dst, 0)})
+	return flow.Handle{}, false, true
 }
 
 // correlate adds the first packet of a kind (or one its handle cannot
@@ -142,6 +196,8 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 		}
 	} else if e, ok := f.pkt.ICMPError(); ok {
 		return tr.icmpComment(tapIdx, e)
+	} else if _, first, ok := f.pkt.Fragment(); ok && !first {
+		return "IP fragment after the first (no ports): the flow of its datagram's first fragment is not known"
 	}
 	return "no Service flow known for this packet"
 }

@@ -46,6 +46,10 @@ type tracer struct {
 	classes  *classTable
 	// icmpKinds names the ICMP errors seen, by type<<8 | code.
 	icmpKinds map[uint16]string
+	// frags maps the datagrams whose first fragment was in a flow (per
+	// capture point and direction) to that fragment's handle: the later
+	// fragments carry no ports, only the datagram's IP ID.
+	frags map[classKey]flow.Handle
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
