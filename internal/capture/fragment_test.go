@@ -37,6 +37,9 @@ func TestFragment(t *testing.T) {
 		{"later fragment, in-band tag", true, 185, true, false},
 	} {
 		p := Packet{Data: ipv4Frame(tc.tagged, tc.flagsOffset)}
+		if tup, _, tok := p.Tuple(); tok && tup.FirstFragment() != tc.first {
+			t.Errorf("%s: Tuple says first fragment %v, want %v", tc.name, tup.FirstFragment(), tc.first)
+		}
 		k, first, ok := p.Fragment()
 		if ok != tc.frag || first != tc.first {
 			t.Errorf("%s: fragment %v first %v, want %v %v", tc.name, ok, first, tc.frag, tc.first)

@@ -107,10 +107,19 @@ func (p *Packet) TagLen() int {
 
 // Tuple is what identifies a frame's flow and direction, packed in two
 // words: Addrs holds the IPv4 source (high half) and destination, Rest the
-// source port (bits 48-63), destination port (32-47) and L4 protocol
-// (24-31); the low 24 bits of Rest are zero, free for the caller's own
+// source port (bits 48-63), destination port (32-47), L4 protocol (24-31)
+// and whether the packet is the first fragment of a fragmented datagram
+// (bit 23); the low 23 bits of Rest are zero, free for the caller's own
 // fields. It is comparable, a map key that hashes as 16 bytes of memory.
 type Tuple struct{ Addrs, Rest uint64 }
+
+// firstFragment is Tuple.Rest's bit for the first fragment of a datagram
+// (more fragments follow; later ones have no ports and no Tuple).
+const firstFragment = 1 << 23
+
+// FirstFragment tells whether the packet is the first fragment of a
+// fragmented datagram: its later fragments carry no ports (Fragment).
+func (t Tuple) FirstFragment() bool { return t.Rest&firstFragment != 0 }
 
 // Tuple decodes a frame's IPv4 TCP/UDP tuple without allocating; false for
 // every frame Observation rejects. control says the frame is a TCP SYN, FIN
@@ -123,10 +132,14 @@ func (p *Packet) Tuple() (t Tuple, control, ok bool) {
 		return Tuple{}, false, false
 	}
 	f := p.Data
-	return Tuple{
+	t = Tuple{
 		Addrs: binary.BigEndian.Uint64(f[l3+12:]),
 		Rest:  uint64(binary.BigEndian.Uint32(f[l4:]))<<32 | uint64(proto)<<24,
-	}, proto == obs.TCP && f[l4+13]&tcpControl != 0, true
+	}
+	if f[l3+6]&0x20 != 0 { // more fragments (layers refuses later ones)
+		t.Rest |= firstFragment
+	}
+	return t, proto == obs.TCP && f[l4+13]&tcpControl != 0, true
 }
 
 // tcpControl are the TCP flags FIN, SYN and RST.

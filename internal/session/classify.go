@@ -106,12 +106,14 @@ func (tr *tracer) classify(tapIdx int, p *capture.Packet) (flow.Handle, bool) {
 	// would hide.
 	if !control {
 		if h, ok := tr.classes.get(k); ok && tr.eng.Repeat(h, tr.taps[tapIdx].point, p.Time, p.Len) {
-			tr.noteFirstFragment(tapIdx, p, h)
+			if t.FirstFragment() {
+				tr.noteFirstFragment(tapIdx, p, h)
+			}
 			return h, true
 		}
 	}
 	h, ok := tr.correlate(tapIdx, p, k)
-	if ok {
+	if ok && t.FirstFragment() {
 		tr.noteFirstFragment(tapIdx, p, h)
 	}
 	return h, ok
