@@ -23,8 +23,11 @@ const (
 // memoryLimit is the Go runtime's soft limit: on a busy node pathtrace
 // collects garbage sooner rather than grow. With the binary's pages, the
 // event ring and three 4 MiB capture rings (about 24 MiB, bounded on their
-// own) it keeps the process under 64 MiB at the default --max-flows; a much
-// larger --max-flows needs GOMEMLIMIT raised, or the collector runs often.
+// own) it keeps the process under 64 MiB at the default --max-flows with one
+// Pod; two Pods or more have five rings (8 MiB more), which a lower limit
+// does not make up for: at 4096 flows the live heap is close to it, and the
+// collector then runs all the time. A much larger --max-flows needs
+// GOMEMLIMIT raised, or the collector runs often.
 const memoryLimit = 42 << 20
 
 // captureProcs is how many threads run pathtrace's Go code at once, given

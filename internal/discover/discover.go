@@ -101,7 +101,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 
 	own := observerFilter(opt.IsObserver)
 	info.SockPrograms, info.SockCgroup = sockPrograms(opt.Cgroup, own, info), opt.Cgroup
-	info.TCPrograms = tcPrograms(host, info.CapturePoints, own, info)
+	info.TCPrograms = tcPrograms(host, info.CapturePoints, newProgCache(own), info)
 	info.emptyNotNull()
 	return info, ctx.Err()
 }

@@ -1,10 +1,12 @@
 package discover
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -125,54 +127,79 @@ func programName(id ebpf.ProgramID) string {
 }
 
 // tcPrograms lists the tcx and cls_bpf programs on every host and uplink
-// capture point, in both directions.
-// A point whose programs could not be read is marked TCUnread.
-func tcPrograms(host *hostNS, cps []CapturePoint, own func(ebpf.ProgramID) bool, info *NodeInfo) []TCProgram {
+// capture point, in both directions, leaving out pathtrace's own.
+// A point whose programs could not be read is marked TCUnread; a point whose
+// interface is gone (its Pod deleted since discovery) is left out.
+func tcPrograms(host *hostNS, cps []CapturePoint, progs *progCache, info *NodeInfo) []TCProgram {
 	var out []TCProgram
+	tcx := tcxPrograms(host.path, cps)
+	cls, qdiscErr := clsBPFPrograms(host, cps)
 	for i, cp := range cps {
-		if cp.Role == RolePod {
+		if cp.Role == RolePod || errors.Is(tcx[i].err, unix.ENODEV) {
 			continue
 		}
-		tcx, err := tcxPrograms(host.path, cp)
-		if err != nil {
+		if err := tcx[i].err; err != nil {
 			info.notef("tcx programs on %s not checked: %v", cp.Ifname, err)
 			cps[i].TCUnread = true
 		}
-		cls, err := clsBPFPrograms(host, cp)
-		if err != nil {
+		if err := cmp.Or(qdiscErr, cls[i].err); err != nil {
 			info.notef("cls_bpf filters on %s not checked: %v", cp.Ifname, err)
 			cps[i].TCUnread = true
 		}
-		for _, p := range append(tcx, cls...) {
-			if !own(p.ID) {
-				out = append(out, p)
+		for _, p := range append(tcx[i].progs, cls[i].progs...) {
+			facts := progs.facts(p.ID)
+			if facts.own {
+				continue
 			}
+			if facts.name != "" || p.Name == "" {
+				p.Name = facts.name // a cls_bpf filter without one keeps the loader's
+			}
+			p.Ifname, p.Ifindex, p.Role = cp.Ifname, cp.Ifindex, cp.Role
+			out = append(out, p)
 		}
 	}
 	return out
 }
 
-// tcxPrograms queries the tcx chains of an interface from a thread inside the
-// node netns (the ifindex means something only there).
-func tcxPrograms(hostPath string, cp CapturePoint) ([]TCProgram, error) {
-	var out []TCProgram
+// pointProgs are the programs found on one capture point, still unnamed.
+type pointProgs struct {
+	progs []TCProgram
+	err   error
+}
+
+// tcxPrograms queries the tcx chains of every host and uplink point, from
+// one thread inside the node netns (an ifindex means something only there):
+// a switch per point cost more than the queries. A point whose interface is
+// gone gets ENODEV.
+func tcxPrograms(hostPath string, cps []CapturePoint) []pointProgs {
+	out := make([]pointProgs, len(cps))
 	err := nsutil.Do(hostPath, func() error {
-		for _, d := range []struct {
-			dir string
-			typ ebpf.AttachType
-		}{{"ingress", ebpf.AttachTCXIngress}, {"egress", ebpf.AttachTCXEgress}} {
-			res, err := link.QueryPrograms(link.QueryOptions{Target: cp.Ifindex, Attach: d.typ})
-			if err != nil {
-				return fmt.Errorf("query tcx %s: %w", d.dir, err)
+		for i, cp := range cps {
+			if cp.Role == RolePod {
+				continue
 			}
-			for _, p := range res.Programs {
-				out = append(out, TCProgram{Ifname: cp.Ifname, Ifindex: cp.Ifindex, Role: cp.Role,
-					Dir: d.dir, Via: "tcx", Name: programName(p.ID), ID: p.ID})
+			for _, d := range []struct {
+				dir string
+				typ ebpf.AttachType
+			}{{"ingress", ebpf.AttachTCXIngress}, {"egress", ebpf.AttachTCXEgress}} {
+				res, err := link.QueryPrograms(link.QueryOptions{Target: cp.Ifindex, Attach: d.typ})
+				if err != nil {
+					out[i].err = fmt.Errorf("query tcx %s: %w", d.dir, err)
+					break
+				}
+				for _, p := range res.Programs {
+					out[i].progs = append(out[i].progs, TCProgram{Dir: d.dir, Via: "tcx", ID: p.ID})
+				}
 			}
 		}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		for i := range out {
+			out[i].err = err
+		}
+	}
+	return out
 }
 
 // TCParent is a clsact/ingress qdisc parent that bpf filters hang off.
@@ -193,39 +220,80 @@ func TCParents(q netlink.Qdisc) []TCParent {
 	return nil
 }
 
-// clsBPFPrograms lists the bpf filters on the clsact (or ingress) qdisc of an
-// interface; without such a qdisc there are none.
-func clsBPFPrograms(host *hostNS, cp CapturePoint) ([]TCProgram, error) {
-	l, err := host.link(cp.Ifindex)
+// clsBPFPrograms lists the bpf filters on the clsact (or ingress) qdiscs of
+// the host and uplink points; a point without such a qdisc has none. One dump
+// of the node's qdiscs finds them (its error is returned on its own), and
+// filters are listed only where one is.
+func clsBPFPrograms(host *hostNS, cps []CapturePoint) ([]pointProgs, error) {
+	out := make([]pointProgs, len(cps))
+	qdiscs, err := host.nl.QdiscList(nil)
 	if err != nil {
-		return nil, err
+		return out, fmt.Errorf("list qdiscs: %w", err)
 	}
-	qdiscs, err := host.nl.QdiscList(l)
-	if err != nil {
-		return nil, fmt.Errorf("list qdiscs: %w", err)
-	}
-	var out []TCProgram
+	byLink := map[int][]netlink.Qdisc{}
 	for _, q := range qdiscs {
-		for _, p := range TCParents(q) {
-			filters, err := host.nl.FilterList(l, p.Handle)
-			if err != nil {
-				return out, fmt.Errorf("list %s filters: %w", p.Dir, err)
-			}
-			for _, f := range filters {
-				bf, ok := f.(*netlink.BpfFilter)
-				if !ok {
-					continue
+		byLink[q.Attrs().LinkIndex] = append(byLink[q.Attrs().LinkIndex], q)
+	}
+	for i, cp := range cps {
+		if cp.Role == RolePod {
+			continue
+		}
+		l := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: cp.Ifindex}} // FilterList needs the index only
+		for _, q := range byLink[cp.Ifindex] {
+			for _, p := range TCParents(q) {
+				filters, err := host.nl.FilterList(l, p.Handle)
+				if err != nil {
+					out[i].err = fmt.Errorf("list %s filters: %w", p.Dir, err)
+					break
 				}
-				name := programName(ebpf.ProgramID(bf.Id))
-				if name == "" {
-					name = bf.Name // the object file and section the loader gave
+				for _, f := range filters {
+					if bf, ok := f.(*netlink.BpfFilter); ok {
+						out[i].progs = append(out[i].progs, TCProgram{Dir: p.Dir, Via: "cls_bpf", Name: bf.Name,
+							ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
+					}
 				}
-				out = append(out, TCProgram{Ifname: cp.Ifname, Ifindex: cp.Ifindex, Role: cp.Role, Dir: p.Dir,
-					Via: "cls_bpf", Name: name, ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
 			}
 		}
 	}
 	return out, nil
+}
+
+// progCache tells, by program ID, a program's name and whether it is
+// pathtrace's own, asking the kernel once per ID (opening a program and
+// reading its info is most of what a look at 50 veths costs): neither ever
+// changes, and the kernel hands an ID out again only after 2^31 others.
+type progCache struct {
+	own  func(ebpf.ProgramID) bool
+	seen map[ebpf.ProgramID]progFacts
+	used map[ebpf.ProgramID]progFacts // asked since the last forget
+}
+
+type progFacts struct {
+	name string
+	own  bool
+}
+
+func newProgCache(own func(ebpf.ProgramID) bool) *progCache {
+	return &progCache{own: observerFilter(own), seen: map[ebpf.ProgramID]progFacts{}, used: map[ebpf.ProgramID]progFacts{}}
+}
+
+func (c *progCache) facts(id ebpf.ProgramID) progFacts {
+	f, ok := c.seen[id]
+	if !ok {
+		f = progFacts{own: c.own(id)}
+		if !f.own {
+			f.name = programName(id)
+		}
+		c.seen[id] = f
+	}
+	c.used[id] = f
+	return f
+}
+
+// forget drops the programs not asked about since the last forget (gone
+// from the veths), which bounds the cache.
+func (c *progCache) forget() {
+	c.seen, c.used = c.used, map[ebpf.ProgramID]progFacts{}
 }
 
 // NewSockAddrProgram reports whether a cgroup sock_addr program other than
@@ -263,35 +331,46 @@ func NewSockAddrProgram(after ebpf.ProgramID, own func(ebpf.ProgramID) bool) (fo
 	}
 }
 
-// HostTCPrograms reads again the tcx and cls_bpf programs on the host-side
-// veths among cps, leaving out pathtrace's own (isObserver): a session looks
-// again while it runs, since a CNI agent that restarts or upgrades replaces
-// them. An error says a veth's programs could not be read (a deleted Pod's
-// veth is skipped).
-func HostTCPrograms(hostNetNS string, cps []CapturePoint, isObserver func(ebpf.ProgramID) bool) ([]TCProgram, error) {
-	ns, err := netns.GetFromPath(hostNetNS)
+// TCWatch reads again and again the tcx and cls_bpf programs on the host-side
+// veths among the capture points, leaving out pathtrace's own (isObserver):
+// a session looks every few seconds, since a CNI agent that restarts or
+// upgrades replaces them. It remembers each program's name and whether it is
+// an observer, so a look that finds the programs of the last one costs a few
+// queries per veth (one netns switch, one qdisc dump) and nothing per program.
+type TCWatch struct {
+	hostNetNS string
+	cps       []CapturePoint // the host veths
+	progs     *progCache
+}
+
+func NewTCWatch(hostNetNS string, cps []CapturePoint, isObserver func(ebpf.ProgramID) bool) *TCWatch {
+	w := &TCWatch{hostNetNS: hostNetNS, progs: newProgCache(isObserver)}
+	for _, cp := range cps {
+		if cp.Role == RoleHost {
+			w.cps = append(w.cps, cp)
+		}
+	}
+	return w
+}
+
+// Look reads the programs. An error says a veth's programs could not be
+// read (a deleted Pod's veth is skipped).
+func (w *TCWatch) Look() ([]TCProgram, error) {
+	ns, err := netns.GetFromPath(w.hostNetNS)
 	if err != nil {
-		return nil, fmt.Errorf("open node netns %s: %w", hostNetNS, err)
+		return nil, fmt.Errorf("open node netns %s: %w", w.hostNetNS, err)
 	}
 	defer ns.Close()
 	nl, err := nsutil.HandleAt(ns)
 	if err != nil {
-		return nil, fmt.Errorf("netlink in node netns %s: %w", hostNetNS, err)
+		return nil, fmt.Errorf("netlink in node netns %s: %w", w.hostNetNS, err)
 	}
 	defer nl.Close()
-	host := &hostNS{path: hostNetNS, ns: ns, nl: nl, links: map[int]netlink.Link{}}
-	var hostCPs []CapturePoint
-	for _, cp := range cps {
-		if cp.Role != RoleHost {
-			continue
-		}
-		if _, err := host.link(cp.Ifindex); err != nil {
-			continue // its Pod was deleted
-		}
-		hostCPs = append(hostCPs, cp)
-	}
+	host := &hostNS{path: w.hostNetNS, ns: ns, nl: nl, links: map[int]netlink.Link{}}
 	var scratch NodeInfo
-	progs := tcPrograms(host, hostCPs, observerFilter(isObserver), &scratch)
+	cps := slices.Clone(w.cps) // tcPrograms marks them
+	progs := tcPrograms(host, cps, w.progs, &scratch)
+	w.progs.forget()
 	if len(scratch.Notes) > 0 {
 		return progs, errors.New(scratch.Notes[0])
 	}

@@ -17,11 +17,9 @@ import (
 // The engine gets every program with when it was there (flow.TCProgram
 // Since, Until).
 type tcWatch struct {
-	hostNetNS  string
-	cps        []discover.CapturePoint
-	isObserver func(ebpf.ProgramID) bool
-	progs      []flow.TCProgram // what the engine has, the ones gone included
-	next       time.Time
+	look  *discover.TCWatch
+	progs []flow.TCProgram // what the engine has, the ones gone included
+	next  time.Time
 }
 
 const (
@@ -32,7 +30,7 @@ const (
 )
 
 func newTCWatch(node *discover.NodeInfo, isObserver func(ebpf.ProgramID) bool, now time.Time) *tcWatch {
-	return &tcWatch{hostNetNS: node.HostNetNS.Path, cps: node.CapturePoints, isObserver: isObserver,
+	return &tcWatch{look: discover.NewTCWatch(node.HostNetNS.Path, node.CapturePoints, isObserver),
 		progs: hostTCPrograms(node.TCPrograms), next: now.Add(tcWatchEvery)}
 }
 
@@ -43,7 +41,7 @@ func (w *tcWatch) check(now time.Time, eng *flow.Engine) {
 		return
 	}
 	w.next = now.Add(tcWatchEvery)
-	found, err := discover.HostTCPrograms(w.hostNetNS, w.cps, w.isObserver)
+	found, err := w.look.Look()
 	if err != nil {
 		return
 	}
