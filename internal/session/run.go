@@ -125,15 +125,21 @@ func (tr *tracer) run(ctx context.Context) string {
 		producers.Add(1)
 		go func(iface int, tp tap) {
 			defer producers.Done()
-			b := tr.newBatch(iface)
+			// A tap takes a batch when frames come, not while it waits: a
+			// node's quiet Pods' taps would each hold one (a few hundred
+			// KiB reused from the pool), all live heap for the collector.
+			var b *batch
 			flush := func() {
-				if len(b.frames) > 0 {
+				if b != nil && len(b.frames) > 0 {
 					b.seal()
 					items <- b
-					b = tr.newBatch(iface)
+					b = nil
 				}
 			}
 			err := tp.t.RunBlocks(runCtx, func(p *capture.Packet) {
+				if b == nil {
+					b = tr.newBatch(iface)
+				}
 				b.add(p)
 				if b.full() {
 					flush()
