@@ -51,20 +51,7 @@ func TestStreamAbandonEndsStalledWrite(t *testing.T) {
 		}
 		closed <- w.Close(nil) // its write blocks in the stalled stream
 	}()
-	select {
-	case err := <-closed:
-		t.Fatalf("Close returned %v while the stream was stalled", err)
-	case <-time.After(300 * time.Millisecond):
-	}
-	w.Abandon()
-	select {
-	case err := <-closed:
-		if !errors.Is(err, export.ErrStalled) {
-			t.Errorf("Close after Abandon: %v, want ErrStalled", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("Close still blocked after Abandon")
-	}
+	abandonEndsClose(t, w, closed, 300*time.Millisecond)
 	w.Abandon() // after Close: no effect
 }
 
@@ -95,20 +82,7 @@ func TestPipeStreamAbandon(t *testing.T) {
 		}
 		closed <- w.Close(nil)
 	}()
-	select {
-	case err := <-closed:
-		t.Fatalf("Close returned %v while the pipe was full", err)
-	case <-time.After(500 * time.Millisecond):
-	}
-	w.Abandon()
-	select {
-	case err := <-closed:
-		if !errors.Is(err, export.ErrStalled) {
-			t.Errorf("Close after Abandon: %v, want ErrStalled", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("Close still blocked after Abandon")
-	}
+	abandonEndsClose(t, w, closed, 500*time.Millisecond)
 	rc, err := pw.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -119,5 +93,26 @@ func TestPipeStreamAbandon(t *testing.T) {
 	}
 	if flags&unix.O_NONBLOCK != 0 {
 		t.Error("the pipe's write end was left non-blocking")
+	}
+}
+
+// abandonEndsClose checks that the Close reported on closed stays blocked
+// for stalled (the stream's reader takes nothing), and that Abandon then
+// ends it with ErrStalled.
+func abandonEndsClose(t *testing.T, w *export.Writer, closed <-chan error, stalled time.Duration) {
+	t.Helper()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned %v while the stream was stalled", err)
+	case <-time.After(stalled):
+	}
+	w.Abandon()
+	select {
+	case err := <-closed:
+		if !errors.Is(err, export.ErrStalled) {
+			t.Errorf("Close after Abandon: %v, want ErrStalled", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close still blocked after Abandon")
 	}
 }
