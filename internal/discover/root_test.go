@@ -175,15 +175,7 @@ func TestNodeFindsPodByIP(t *testing.T) {
 func TestNodeEnumeratesPods(t *testing.T) {
 	tb := newTestbed(t)
 	// A second pod on the same bridge: its veth must never be taken for an uplink.
-	pod2 := filepath.Base(tb.pod) + "2"
-	ipCmd(t, "netns", "add", pod2)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod2).Run() })
-	node := filepath.Base(tb.node)
-	ipCmd(t, "-n", node, "link", "add", "hv1", "type", "veth", "peer", "name", "eth0", "netns", pod2)
-	ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
-	ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
-	ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
-	ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+	secondPod(t, tb)
 
 	info, err := Node(context.Background(), Options{HostNetNS: tb.node})
 	if err != nil {
@@ -624,15 +616,7 @@ func TestOtherPodNotRoutedUplink(t *testing.T) {
 // another Pod's veth is not one, also when a selector leaves that Pod out.
 func TestOtherPodNotBridgeUplink(t *testing.T) {
 	tb := newTestbed(t)
-	pod2 := filepath.Base(tb.pod) + "2"
-	ipCmd(t, "netns", "add", pod2)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod2).Run() })
-	node := filepath.Base(tb.node)
-	ipCmd(t, "-n", node, "link", "add", "hv1", "type", "veth", "peer", "name", "eth0", "netns", pod2)
-	ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
-	ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
-	ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
-	ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+	pod2 := secondPod(t, tb)
 
 	// pod2 never talked: no gateway MAC, so no FDB answer.
 	for _, opt := range []Options{
@@ -813,4 +797,20 @@ func TestNodePortRulesOnNode(t *testing.T) {
 			}
 		})
 	}
+}
+
+// secondPod adds a Pod netns on the testbed's bridge (host veth hv1,
+// 10.99.8.24/22, default route via the gateway) and returns its name.
+func secondPod(t *testing.T, tb *testbed) string {
+	t.Helper()
+	pod2 := filepath.Base(tb.pod) + "2"
+	ipCmd(t, "netns", "add", pod2)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod2).Run() })
+	node := filepath.Base(tb.node)
+	ipCmd(t, "-n", node, "link", "add", "hv1", "type", "veth", "peer", "name", "eth0", "netns", pod2)
+	ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
+	ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
+	ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+	return pod2
 }
