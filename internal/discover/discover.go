@@ -91,6 +91,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	}
 	// The NAT rules and IPVS services name the backends, whose routes tell
 	// a routed node's uplink.
+	info.svcs = svcs
 	info.Netfilter = readNetfilter(ctx, host.path, svcs, info)
 	info.IPVS = readIPVS(host.path, svcs)
 	uplinks, err := discoverUplinks(ctx, host, opt, info)

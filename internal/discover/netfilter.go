@@ -61,6 +61,42 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 	return nf
 }
 
+// The sources of NAT rules (NATRule.Source).
+const (
+	SourceNFTables       = "nftables"
+	SourceIPTablesLegacy = "iptables-legacy"
+)
+
+// NATWatch reads again, on demand, the node's NAT rules and IPVS services
+// for the traced VIPs, as discovery read them: kube-proxy rewrites them
+// whenever a Service or its endpoints change, also while a trace runs.
+type NATWatch struct {
+	hostPath string
+	svcs     serviceSet
+}
+
+// NATWatch returns what reads again the NAT rules and IPVS services of n.
+func (n *NodeInfo) NATWatch() *NATWatch {
+	return &NATWatch{hostPath: n.HostNetNS.Path, svcs: n.svcs}
+}
+
+// Look reads the rules and services as they are now. unread names the
+// sources ("nftables", "iptables-legacy", "ipvs") that could not be read in
+// full this time: what they held before need not be gone.
+func (w *NATWatch) Look(ctx context.Context) (nf Netfilter, ipvs IPVS, unread []string) {
+	var scratch NodeInfo // its notes repeat discovery's
+	nf = readNetfilter(ctx, w.hostPath, w.svcs, &scratch)
+	ipvs = readIPVS(w.hostPath, w.svcs)
+	for _, s := range []struct{ source, status string }{
+		{SourceNFTables, nf.NFTables}, {SourceIPTablesLegacy, nf.IPTablesLegacy}, {"ipvs", ipvs.Note},
+	} {
+		if strings.HasPrefix(s.status, "not ") {
+			unread = append(unread, s.source)
+		}
+	}
+	return nf, ipvs, unread
+}
+
 // nftUnreadable tells why nftables is not listed on host h ("" when it is):
 // listing opens a NETLINK_NETFILTER socket and asks the nf_tables subsystem,
 // which makes the kernel load nfnetlink and nf_tables when they are not
@@ -118,7 +154,7 @@ func readLegacyNAT(ctx context.Context, hostPath string) (*natGraph, string) {
 	if err != nil {
 		return nil, fmt.Sprintf("not checked: %s -t nat: %v %s", bin, err, strings.TrimSpace(stderr.String()))
 	}
-	g, err := parseIPTablesSave(&out, "iptables-legacy")
+	g, err := parseIPTablesSave(&out, SourceIPTablesLegacy)
 	if err != nil {
 		return nil, "not checked: " + err.Error()
 	}

@@ -35,7 +35,7 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 	}
 	var graphs []*natGraph
 	for _, k := range order {
-		g := &natGraph{source: "nftables", table: NFTFamilyName(k.family) + " " + k.name, chains: map[string][]natRule{}}
+		g := &natGraph{source: SourceNFTables, table: NFTFamilyName(k.family) + " " + k.name, chains: map[string][]natRule{}}
 		for _, c := range byTable[k] {
 			if hook := natHook(c); hook != "" {
 				g.bases = append(g.bases, natBase{c.Name, hook})

@@ -29,6 +29,9 @@ type NodeInfo struct {
 
 	// Notes say what could not be read or was decided by a fallback.
 	Notes []string `json:"notes,omitempty"`
+
+	// svcs are the traced VIPs and ports, for NATWatch.
+	svcs serviceSet
 }
 
 func (n *NodeInfo) notef(format string, args ...any) {

@@ -85,20 +85,26 @@ func (e *Engine) SetTCPrograms(progs []TCProgram) {
 }
 
 // byNAT names the NAT rules for the VIP that lead to the flow's backend; the
-// rules for the VIP alone when none lists it.
+// rules for the VIP alone, saying so, when none lists it.
 func (e *Engine) byNAT(f *flowState) string {
 	var backend netip.AddrPort
 	if bs := f.sortedBackends(); len(bs) > 0 {
 		backend = bs[0]
 	}
 	rules := e.natRulesFor(f, backend)
-	if len(rules) == 0 && backend.IsValid() {
+	unlisted := len(rules) == 0 && backend.IsValid()
+	if unlisted {
 		rules = e.natRulesFor(f, netip.AddrPort{})
 	}
 	rules = preferHook(rules, natHookOf(f))
 	cands := make([]string, len(rules))
 	for i, r := range rules {
 		cands[i] = fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
+	}
+	if unlisted && len(cands) > 0 {
+		// Rules to other backends: the rule that chose this one was not
+		// read (made and gone between two reads, or not decoded).
+		return fmt.Sprintf("no NAT rule read names backend %s; the VIP's rules: %s", backend, oneOf(cands))
 	}
 	return oneOf(cands)
 }
@@ -108,7 +114,7 @@ func (e *Engine) byNAT(f *flowState) string {
 func (e *Engine) natRulesFor(f *flowState, backend netip.AddrPort) []NATRule {
 	var out []NATRule
 	for _, r := range e.cfg.Attribution.NATRules {
-		if vipMatches(r.VIP, r.Proto, f) && (!backend.IsValid() || listed(r.Backends, backend)) {
+		if vipMatches(r.VIP, r.Proto, f) && (!backend.IsValid() || listed(r.Backends, backend)) && within(r.Since, r.Until, f.first) {
 			out = append(out, r)
 		}
 	}
@@ -118,7 +124,7 @@ func (e *Engine) natRulesFor(f *flowState, backend netip.AddrPort) []NATRule {
 func (e *Engine) ipvsFor(f *flowState) []IPVSService {
 	var out []IPVSService
 	for _, s := range e.cfg.Attribution.IPVS {
-		if vipMatches(s.VIP, s.Proto, f) {
+		if vipMatches(s.VIP, s.Proto, f) && within(s.Since, s.Until, f.first) {
 			out = append(out, s)
 		}
 	}
@@ -135,6 +141,54 @@ func (e *Engine) byIPVS(f *flowState) string {
 		cands = append(cands, fmt.Sprintf("ipvs %s %s %s -> %s", s.Proto, s.VIP, s.Scheduler, backend))
 	}
 	return oneOf(cands)
+}
+
+// within tells whether t is in [since, until], a zero bound being open.
+func within(since, until, t time.Time) bool {
+	return (since.IsZero() || !t.Before(since)) && (until.IsZero() || !t.After(until))
+}
+
+// SetNATAttribution replaces the NAT rules and IPVS services, each with when
+// it was there (Since, Until): the session reads them again while it runs
+// when flows reach backends that none names (UnlistedBackends).
+func (e *Engine) SetNATAttribution(rules []NATRule, ipvs []IPVSService) {
+	e.cfg.Attribution.NATRules, e.cfg.Attribution.IPVS = rules, ipvs
+	e.gen++
+}
+
+// UnlistedBackends counts the Service and backend pairs the flows reached
+// that no NAT rule or IPVS service known when the pair was first seen
+// names: a Service created, or endpoints changed, since the rules were
+// read (or a rewrite outside netfilter, which no rule names anyway).
+func (e *Engine) UnlistedBackends() uint64 { return e.unlisted }
+
+// maxPairs bounds the Service and backend pairs remembered as checked;
+// beyond it the memory starts over (a pair checked again may count again,
+// which only costs the session another read).
+const maxPairs = 1 << 12
+
+// checkListed counts the pair of f's Service and backend b in
+// UnlistedBackends when no rule or IPVS service names it, once per pair.
+func (e *Engine) checkListed(f *flowState, b netip.AddrPort) {
+	k := [2]netip.AddrPort{f.service, b}
+	if _, done := e.pairs[k]; done {
+		return
+	}
+	if len(e.pairs) >= maxPairs {
+		clear(e.pairs)
+	}
+	e.pairs[k] = struct{}{}
+	for _, r := range e.cfg.Attribution.NATRules {
+		if vipMatches(r.VIP, r.Proto, f) && listed(r.Backends, b) {
+			return
+		}
+	}
+	for _, s := range e.cfg.Attribution.IPVS {
+		if vipMatches(s.VIP, s.Proto, f) && listed(s.Backends, b) {
+			return
+		}
+	}
+	e.unlisted++
 }
 
 // vipMatches tells whether a rule's VIP (port 0 = any, proto 0 = any) is the flow's.

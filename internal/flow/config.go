@@ -108,6 +108,11 @@ type NATRule struct {
 	Proto    obs.Proto      // 0: any protocol
 	Backends []netip.AddrPort
 	Rule     string // the rule as text, e.g. "endpoint-EF34 dnat to 10.244.20.31:3000"
+	// Since and Until bound when it was there, as far as the session saw
+	// (zero: from before the start, to the end): kube-proxy rewrites its
+	// rules whenever a Service's endpoints change, and a flow is attributed
+	// to the rules of its time.
+	Since, Until time.Time
 }
 
 // IPVSService is an IPVS virtual service.
@@ -116,4 +121,6 @@ type IPVSService struct {
 	Proto     obs.Proto
 	Scheduler string
 	Backends  []netip.AddrPort
+	// Since and Until: as NATRule's.
+	Since, Until time.Time
 }

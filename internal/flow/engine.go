@@ -57,6 +57,10 @@ type Engine struct {
 	snat map[clientKey][]*flowState
 
 	backends map[netip.Addr]bool
+	// pairs are the Service and backend pairs checked against the NAT rules
+	// and IPVS services; unlisted counts those none named (checkListed).
+	pairs    map[[2]netip.AddrPort]struct{}
+	unlisted uint64
 	newest   time.Time
 	observed [256]uint64 // per obs.Point
 	// gen counts changes to what every verdict depends on besides the flow's
@@ -95,6 +99,7 @@ func NewEngine(cfg Config) *Engine {
 		socks:    newSockTable(max(4096, 2*maxFlows)),
 		waiting:  newWaiting(max(4096, maxFlows)),
 		backends: make(map[netip.Addr]bool),
+		pairs:    make(map[[2]netip.AddrPort]struct{}),
 	}
 	// Two generations the size of the flow table remember the refused flows:
 	// a flow is counted again only when seen after that many newer ones.

@@ -296,6 +296,7 @@ func (e *Engine) learnBackend(f *flowState, b netip.AddrPort, at time.Time) {
 		return
 	}
 	e.backends[b.Addr()] = true
+	e.checkListed(f, b)
 	if f.client.Port() != 0 {
 		e.replays = append(e.replays, f.key())
 	}

@@ -20,6 +20,9 @@ type Ended struct {
 	// went on (a link that flapped), how often and how long.
 	Gaps      map[string]string
 	Observers string // the observers' event reader ("" when it ran to the end)
+	// NATRules: the NAT rules changed during the run and were read again
+	// (session.Result.NATRulesReread); "" when they were not.
+	NATRules string
 }
 
 // Taken says what took the bundle: pathtrace's version and its command
@@ -438,6 +441,9 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 	}
 	if ended.Observers != "" {
 		fmt.Fprintf(b, "- The observers' events %s: later flows lack their socket, tc and netfilter evidence, and their verdicts are unknown.\n", ended.Observers)
+	}
+	if ended.NATRules != "" {
+		fmt.Fprintf(b, "- The NAT rules changed during the capture: %s.\n", ended.NATRules)
 	}
 	if s.Unmatched > 0 {
 		fmt.Fprintf(b, "- %d observations matched no flow (e.g. traffic to a backend that did not go through a VIP).\n", s.Unmatched)

@@ -132,6 +132,10 @@ type Run struct {
 	// ObserversEnded: the observers' event reader ended early, when and
 	// why; later flows lack their socket, tc and netfilter evidence.
 	ObserversEnded string `json:"observers_ended,omitempty"`
+	// NATRulesReread: the NAT rules and IPVS services were read again
+	// while the run went on (flows reached backends no rule read before
+	// named), when, and what changed.
+	NATRulesReread string `json:"nat_rules_reread,omitempty"`
 }
 
 // Summary writes the per-verdict counts, every drop counter (the engine's and

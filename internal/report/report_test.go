@@ -201,7 +201,8 @@ func TestRunEndedEarly(t *testing.T) {
 	run := report.Run{Stop: "duration",
 		CaptureEnded:   map[string]string{"pod:eth0": "ended at 03:12:09: network is down"},
 		CaptureGaps:    map[string]string{"uplink:bond0": "went down once (first at 03:12:05.000), 1.2 s in all"},
-		ObserversEnded: "ended at 03:12:10: read ring buffer: bad address"}
+		ObserversEnded: "ended at 03:12:10: read ring buffer: bad address",
+		NATRulesReread: "read again at 03:12:07 (flows reached backends that no rule read before named): 2 rule(s) or IPVS service(s) appeared, 0 went"}
 	var table bytes.Buffer
 	if err := report.NewWriter(&table, "table").Summary(flow.Summary{}, nil, run); err != nil {
 		t.Fatal(err)
@@ -210,6 +211,7 @@ func TestRunEndedEarly(t *testing.T) {
 		"Capture at pod:eth0 ended at 03:12:09: network is down: later frames there are missing",
 		"Observer events ended at 03:12:10: read ring buffer: bad address: later flows lack",
 		"Interface of uplink:bond0 went down once (first at 03:12:05.000), 1.2 s in all: nothing crossed it meanwhile (its capture went on)",
+		"NAT rules read again at 03:12:07",
 	} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table has no %q:\n%s", want, table.String())
@@ -223,12 +225,13 @@ func TestRunEndedEarly(t *testing.T) {
 		CaptureEnded   map[string]string `json:"capture_ended"`
 		CaptureGaps    map[string]string `json:"capture_gaps"`
 		ObserversEnded string            `json:"observers_ended"`
+		NATRulesReread string            `json:"nat_rules_reread"`
 	}
 	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
 		t.Fatalf("%v: %s", err, js.String())
 	}
 	if got.ObserversEnded != run.ObserversEnded || got.CaptureEnded["pod:eth0"] != run.CaptureEnded["pod:eth0"] ||
-		got.CaptureGaps["uplink:bond0"] != run.CaptureGaps["uplink:bond0"] {
+		got.CaptureGaps["uplink:bond0"] != run.CaptureGaps["uplink:bond0"] || got.NATRulesReread != run.NATRulesReread {
 		t.Errorf("JSON summary %s, want both endings and the gap", js.String())
 	}
 }

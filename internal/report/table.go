@@ -109,6 +109,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	for _, point := range slices.Sorted(maps.Keys(run.CaptureGaps)) {
 		fmt.Fprintf(w, "Interface of %s %s: nothing crossed it meanwhile (its capture went on)\n", point, run.CaptureGaps[point])
 	}
+	if run.NATRulesReread != "" {
+		fmt.Fprintf(w, "NAT rules %s\n", run.NATRulesReread)
+	}
 	if run.ObserversEnded != "" {
 		fmt.Fprintf(w, "Observer events %s: later flows lack their socket, tc and netfilter evidence (verdicts unknown)\n", run.ObserversEnded)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -299,19 +300,24 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 		a.SockPrograms = append(a.SockPrograms, flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup})
 	}
 	a.TCPrograms = hostTCPrograms(node.TCPrograms)
-	for _, r := range node.Netfilter.Rules {
+	a.NATRules = natRulesOf(node.Netfilter.Rules)
+	a.IPVS = ipvsOf(node.IPVS.Services)
+	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
+	a.GatewayMACs = gatewayMACs(node)
+	return a
+}
+
+// natRulesOf are discovery's NAT rules in the engine's terms, one for one.
+func natRulesOf(rules []discover.NATRule) []flow.NATRule {
+	out := make([]flow.NATRule, 0, len(rules))
+	for _, r := range rules {
 		rule := flow.NATRule{
 			Source: r.Source,
 			Table:  r.Table,
 			Hook:   r.Hook,
 			VIP:    netip.AddrPortFrom(r.Service, r.Port),
 			Proto:  protoOf(r.Proto),
-		}
-		if len(r.Chains) > 0 {
-			rule.Chain = r.Chains[0]
-			for _, c := range r.Chains[1:] {
-				rule.Chain += " -> " + c
-			}
+			Chain:  strings.Join(r.Chains, " -> "),
 		}
 		if r.Backend.IsValid() {
 			rule.Backends = []netip.AddrPort{r.Backend}
@@ -319,14 +325,18 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 		} else {
 			rule.Rule = r.Note
 		}
-		a.NATRules = append(a.NATRules, rule)
+		out = append(out, rule)
 	}
-	for _, s := range node.IPVS.Services {
-		a.IPVS = append(a.IPVS, flow.IPVSService{VIP: s.Service, Proto: protoOf(s.Proto), Scheduler: s.Scheduler, Backends: s.Backends})
+	return out
+}
+
+// ipvsOf are discovery's IPVS services in the engine's terms.
+func ipvsOf(services []discover.IPVSService) []flow.IPVSService {
+	out := make([]flow.IPVSService, 0, len(services))
+	for _, s := range services {
+		out = append(out, flow.IPVSService{VIP: s.Service, Proto: protoOf(s.Proto), Scheduler: s.Scheduler, Backends: s.Backends})
 	}
-	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
-	a.GatewayMACs = gatewayMACs(node)
-	return a
+	return out
 }
 
 func gatewayMACs(node *discover.NodeInfo) []net.HardwareAddr {

@@ -43,6 +43,7 @@ type tracer struct {
 	freeObs  *batchPool // consumed observation batches, for reuse
 	lb       *lbWatch
 	tc       *tcWatch
+	nat      *natWatch
 	classes  *classTable
 	// icmpKinds names the ICMP errors seen, by type<<8 | code.
 	icmpKinds map[uint16]string
@@ -181,6 +182,7 @@ loop:
 			tr.widen()
 			tr.lb.check()
 			tr.tc.check(time.Now(), tr.eng)
+			tr.nat.check(ctx, time.Now(), tr.eng, false)
 			tr.attributeCgroups()
 			if tr.opt.Progress != nil {
 				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary()}
@@ -216,6 +218,11 @@ settle:
 	for b := range items {
 		tr.consume(b)
 	}
+	// Before the last comments are made: flows of the last seconds may have
+	// reached backends of rules made since the previous look.
+	lookCtx, lookDone := context.WithTimeout(context.WithoutCancel(ctx), natLookTimeout)
+	tr.nat.check(lookCtx, time.Now(), tr.eng, true)
+	lookDone()
 	if tr.pcap != nil {
 		// The backend guesses put off until the end are made before the
 		// last frames' comments, as the report will make them.

@@ -76,6 +76,9 @@ type Result struct {
 	// ObserversEnded says when and why the observers' event reader ended
 	// before the session ("" when it did not).
 	ObserversEnded string
+	// NATRulesReread says when the NAT rules and IPVS services were read
+	// again during the session, and what changed ("" when they were not).
+	NATRulesReread string
 }
 
 // tap is one capture point with its role label ("pod:eth0", "uplink:bond0").
@@ -114,6 +117,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	defer pr.Close()
 	opt.Discover.IsObserver = pr.IsObserver
 
+	discovered := time.Now() // the NAT rules are read after it
 	node, err := discover.Node(ctx, opt.Discover)
 	if err != nil {
 		return nil, err
@@ -162,6 +166,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	}
 	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
 		tc:   newTCWatch(node, pr.IsObserver, time.Now()),
+		nat:  newNATWatch(node, discovered),
 		free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches), ended: make([]string, len(taps))}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
@@ -215,6 +220,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		}
 	}
 	res.ObserversEnded = tr.obsEnded
+	res.NATRulesReread = tr.nat.summary()
 	res.Summarized = pr.Stats().Summarized
 	return res, nil
 }

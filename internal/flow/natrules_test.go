@@ -1,0 +1,119 @@
+package flow_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+)
+
+// TestNATRulesOfTheFlowsTime: kube-proxy replaced the endpoint rule of the
+// VIP while the trace ran (a rolling restart): a flow is attributed to the
+// rule of its time that names its backend, and a flow whose backend no rule
+// read names says so instead of naming a rule to another backend.
+func TestNATRulesOfTheFlowsTime(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-tcp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := netip.MustParseAddrPort("10.244.20.31:3000")
+	other := netip.MustParseAddrPort("10.244.20.77:3000")
+	rule := func(endpoint string, b netip.AddrPort) flow.NATRule {
+		return flow.NATRule{Source: "nftables", Table: "ip kube-proxy", Chain: "service-ULMVA6XW-default/web/tcp/http",
+			VIP: netip.MustParseAddrPort("10.120.0.80:80"), Backends: []netip.AddrPort{b}, Rule: endpoint + " dnat to " + b.String()}
+	}
+	for _, c := range []struct {
+		name  string
+		rules func() []flow.NATRule
+		want  []string
+		not   string
+	}{
+		{"the flow's rule appeared later", func() []flow.NATRule {
+			old, cur := rule("endpoint-OLD", backend), rule("endpoint-NEW", backend)
+			old.Until, cur.Since = flowtest.At(-5000), flowtest.At(-10000)
+			return []flow.NATRule{old, cur}
+		}, []string{"endpoint-NEW dnat to 10.244.20.31:3000"}, "endpoint-OLD"},
+		{"the flow's rule went later", func() []flow.NATRule {
+			gone, cur := rule("endpoint-GONE", backend), rule("endpoint-NEW", backend)
+			gone.Until, cur.Since = flowtest.At(60000), flowtest.At(55000)
+			return []flow.NATRule{gone, cur}
+		}, []string{"endpoint-GONE dnat to 10.244.20.31:3000"}, "endpoint-NEW"},
+		{"a rule of another time names the backend", func() []flow.NATRule {
+			later, cur := rule("endpoint-LATER", backend), rule("endpoint-NOW", other)
+			later.Since = flowtest.At(60000)
+			return []flow.NATRule{later, cur}
+		}, []string{"no NAT rule read names backend 10.244.20.31:3000", "endpoint-NOW dnat to 10.244.20.77:3000"}, "endpoint-LATER"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := s.Config
+			cfg.Attribution.NATRules = c.rules()
+			e := flow.NewEngine(cfg)
+			for _, o := range s.Observations {
+				e.Add(o)
+			}
+			nf := 0
+			for _, f := range e.Flows() {
+				if f.RewrittenAt != flow.PlaceNetfilter || f.Service.Port() != 80 {
+					continue
+				}
+				nf++
+				for _, w := range c.want {
+					if !strings.Contains(f.By, w) {
+						t.Errorf("flow %s: by %q, want it to name %q", f.Client, f.By, w)
+					}
+				}
+				if strings.Contains(f.By, c.not) {
+					t.Errorf("flow %s: by %q names %s, a rule of another time", f.Client, f.By, c.not)
+				}
+			}
+			if nf == 0 {
+				t.Fatal("no TCP flow was rewritten in netfilter")
+			}
+		})
+	}
+}
+
+// TestUnlistedBackends: a Service and backend pair that no NAT rule names
+// is counted once, however many flows reach it; one a rule names is not;
+// once the rules are replaced, a new pair is checked against the new ones.
+func TestUnlistedBackends(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-tcp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := s.Config
+	e := flow.NewEngine(listed)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	if n := e.UnlistedBackends(); n != 0 {
+		t.Errorf("rules name every backend, yet %d pair(s) counted unlisted", n)
+	}
+
+	unlisted := s.Config
+	unlisted.Attribution.NATRules = nil
+	e = flow.NewEngine(unlisted)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	pairs := map[[2]netip.AddrPort]bool{}
+	for _, f := range e.Flows() {
+		if f.Backend.IsValid() {
+			pairs[[2]netip.AddrPort{f.Service, f.Backend}] = true
+		}
+	}
+	if len(pairs) == 0 {
+		t.Fatal("no flow has a backend")
+	}
+	if n := e.UnlistedBackends(); n != uint64(len(pairs)) {
+		t.Errorf("%d pair(s) counted unlisted, want %d (one per Service and backend)", n, len(pairs))
+	}
+	e.SetNATAttribution(s.Config.Attribution.NATRules, nil)
+	for _, f := range e.Flows() {
+		if f.RewrittenAt == flow.PlaceNetfilter && !strings.Contains(f.By, "dnat to") {
+			t.Errorf("flow %s: by %q after the rules were set, want the rule", f.Client, f.By)
+		}
+	}
+}

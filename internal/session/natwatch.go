@@ -1,0 +1,157 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+// natWatch reads the node's NAT rules and IPVS services again when flows
+// reach a Service backend that none of the rules read so far names:
+// kube-proxy rewrites its rules whenever a Service is created or its
+// endpoints change (a rolling restart during an incident), and a flow's "by"
+// must name the rule that chose its backend, not the rules to the backends
+// of the start. Reading only on such news keeps a node with thousands of
+// Services from paying for a listing every few seconds. The engine gets
+// every rule with when it was there (flow.NATRule Since, Until).
+type natWatch struct {
+	look  *discover.NATWatch
+	node  *discover.NodeInfo // rules that appear are added to its list
+	rules []flow.NATRule     // what the engine has, the ones gone included
+	ipvs  []flow.IPVSService
+	// last is the time of the previous look (discovery's, at first): a rule
+	// first seen now was not there then.
+	last time.Time
+	next time.Time // no look before
+	seen uint64    // the engine's UnlistedBackends at the previous look
+
+	looks, appeared, went int
+	firstLook, lastLook   time.Time
+	listed                int // rules added to node's list
+}
+
+const (
+	// natWatchEvery bounds how often the rules are read.
+	natWatchEvery = 5 * time.Second
+	// maxGoneNAT bounds the rules and IPVS services kept after they went,
+	// and those added to the node's list (endpoints that keep changing): the
+	// oldest gone are forgotten first.
+	maxGoneNAT = 1024
+	// natLookTimeout bounds the look made when the run ends (an
+	// iptables-legacy-save that hangs).
+	natLookTimeout = 5 * time.Second
+)
+
+func newNATWatch(node *discover.NodeInfo, start time.Time) *natWatch {
+	return &natWatch{look: node.NATWatch(), node: node, rules: natRulesOf(node.Netfilter.Rules),
+		ipvs: ipvsOf(node.IPVS.Services), last: start, next: start}
+}
+
+// check reads the rules again when flows reached backends no rule named
+// since the previous look, at most every natWatchEvery (unless final: the
+// run's last look), and tells the engine when they changed.
+func (w *natWatch) check(ctx context.Context, now time.Time, eng *flow.Engine, final bool) {
+	n := eng.UnlistedBackends()
+	if w == nil || n == w.seen || (!final && now.Before(w.next)) {
+		return
+	}
+	w.seen, w.next = n, now.Add(natWatchEvery)
+	nf, ipvs, unread := w.look.Look(ctx)
+	if w.update(nf.Rules, ipvsOf(ipvs.Services), unread, now) {
+		eng.SetNATAttribution(slices.Clone(w.rules), slices.Clone(w.ipvs))
+	}
+	w.last = now
+	w.looks++
+	if w.firstLook.IsZero() {
+		w.firstLook = now
+	}
+	w.lastLook = now
+}
+
+// update ends the rules and services no longer there (unless their source
+// could not be read in full) and adds the new ones, since the previous
+// look; it reports whether anything changed.
+func (w *natWatch) update(found []discover.NATRule, ipvs []flow.IPVSService, unread []string, now time.Time) bool {
+	cur := natRulesOf(found)
+	changed := false
+	for i := range w.rules {
+		r := &w.rules[i]
+		if r.Until.IsZero() && !slices.Contains(unread, r.Source) &&
+			!slices.ContainsFunc(cur, func(c flow.NATRule) bool { return sameNATRule(c, *r) }) {
+			r.Until, changed = now, true
+			w.went++
+		}
+	}
+	for i, c := range cur {
+		if slices.ContainsFunc(w.rules, func(r flow.NATRule) bool { return r.Until.IsZero() && sameNATRule(c, r) }) {
+			continue
+		}
+		c.Since = w.last
+		w.rules, changed = append(w.rules, c), true
+		w.appeared++
+		if w.listed < maxGoneNAT {
+			w.node.Netfilter.Rules = append(w.node.Netfilter.Rules, found[i])
+			w.listed++
+		}
+	}
+	w.rules = forgetGone(w.rules, func(r flow.NATRule) bool { return !r.Until.IsZero() })
+	for i := range w.ipvs {
+		s := &w.ipvs[i]
+		if s.Until.IsZero() && !slices.Contains(unread, "ipvs") &&
+			!slices.ContainsFunc(ipvs, func(c flow.IPVSService) bool { return sameIPVS(c, *s) }) {
+			s.Until, changed = now, true
+			w.went++
+		}
+	}
+	for _, c := range ipvs {
+		if !slices.ContainsFunc(w.ipvs, func(s flow.IPVSService) bool { return s.Until.IsZero() && sameIPVS(c, s) }) {
+			c.Since = w.last
+			w.ipvs, changed = append(w.ipvs, c), true
+			w.appeared++
+		}
+	}
+	w.ipvs = forgetGone(w.ipvs, func(s flow.IPVSService) bool { return !s.Until.IsZero() })
+	return changed
+}
+
+// forgetGone drops the oldest gone entries beyond maxGoneNAT.
+func forgetGone[T any](list []T, gone func(T) bool) []T {
+	n := 0
+	for _, x := range list {
+		if gone(x) {
+			n++
+		}
+	}
+	for ; n > maxGoneNAT; n-- {
+		i := slices.IndexFunc(list, gone)
+		list = slices.Delete(list, i, i+1)
+	}
+	return list
+}
+
+func sameNATRule(a, b flow.NATRule) bool {
+	return a.Source == b.Source && a.Table == b.Table && a.Chain == b.Chain && a.Hook == b.Hook &&
+		a.VIP == b.VIP && a.Proto == b.Proto && a.Rule == b.Rule && slices.Equal(a.Backends, b.Backends)
+}
+
+func sameIPVS(a, b flow.IPVSService) bool {
+	return a.VIP == b.VIP && a.Proto == b.Proto && a.Scheduler == b.Scheduler && slices.Equal(a.Backends, b.Backends)
+}
+
+// summary says what the looks found, for the report; "" when the rules
+// were not read again.
+func (w *natWatch) summary() string {
+	if w == nil || w.looks == 0 {
+		return ""
+	}
+	when := "at " + w.firstLook.Format("15:04:05")
+	if w.looks > 1 {
+		when = fmt.Sprintf("%d times, %s to %s", w.looks, w.firstLook.Format("15:04:05"), w.lastLook.Format("15:04:05"))
+	}
+	return fmt.Sprintf("read again %s (flows reached backends that no rule read before named): %d rule(s) or IPVS service(s) appeared, %d went; each flow's \"by\" names those of its time",
+		when, w.appeared, w.went)
+}

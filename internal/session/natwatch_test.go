@@ -1,0 +1,73 @@
+package session
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+// TestNATWatchUpdate: a rule seen gone is ended at that look, a new one
+// begins at the look before (it was not there then) and joins the node's
+// list; a source that could not be read ends none of its rules; what is
+// gone stays bounded.
+func TestNATWatchUpdate(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	rule := func(source, ip string) discover.NATRule {
+		return discover.NATRule{Source: source, Table: "ip kube-proxy", Hook: "prerouting", Service: netip.MustParseAddr("10.96.0.10"),
+			Port: 53, Proto: "udp", Chains: []string{"nat-prerouting", "services"}, Backend: netip.AddrPortFrom(netip.MustParseAddr(ip), 53)}
+	}
+	old, repl, legacy := rule(discover.SourceNFTables, "10.244.1.5"), rule(discover.SourceNFTables, "10.244.2.9"), rule(discover.SourceIPTablesLegacy, "10.244.3.3")
+	node := &discover.NodeInfo{Netfilter: discover.Netfilter{Rules: []discover.NATRule{old, legacy}}}
+	w := newNATWatch(node, t0)
+	if w.update([]discover.NATRule{old, legacy}, nil, nil, t0.Add(time.Second)) {
+		t.Error("the same rules counted as a change")
+	}
+	w.last = t0.Add(time.Second)
+	// The endpoint moved; iptables-legacy could not be read this time.
+	if !w.update([]discover.NATRule{repl}, nil, []string{discover.SourceIPTablesLegacy}, t0.Add(6*time.Second)) {
+		t.Fatal("a replaced rule not counted as a change")
+	}
+	if len(w.rules) != 3 {
+		t.Fatalf("rules %+v, want the old, the legacy and the new one", w.rules)
+	}
+	if got := w.rules[0]; !got.Until.Equal(t0.Add(6 * time.Second)) {
+		t.Errorf("old rule %+v: want it ended at the second look", got)
+	}
+	if got := w.rules[1]; !got.Until.IsZero() {
+		t.Errorf("legacy rule %+v ended, though its source was not read", got)
+	}
+	if got := w.rules[2]; !got.Since.Equal(t0.Add(time.Second)) || !got.Until.IsZero() || got.Backends[0] != repl.Backend {
+		t.Errorf("new rule %+v: want it begun at the look before", got)
+	}
+	if n := len(node.Netfilter.Rules); n != 3 || node.Netfilter.Rules[2].Backend != repl.Backend {
+		t.Errorf("node lists %d rules, want the new one added", n)
+	}
+	// IPVS: a real server added makes a new service entry.
+	vip := netip.MustParseAddrPort("10.96.0.10:53")
+	svc := flow.IPVSService{VIP: vip, Scheduler: "rr", Backends: []netip.AddrPort{old.Backend}}
+	grown := svc
+	grown.Backends = append([]netip.AddrPort{}, old.Backend, repl.Backend)
+	w.update([]discover.NATRule{repl, legacy}, []flow.IPVSService{svc}, nil, t0.Add(10*time.Second))
+	if !w.update([]discover.NATRule{repl, legacy}, []flow.IPVSService{grown}, nil, t0.Add(15*time.Second)) || len(w.ipvs) != 2 || w.ipvs[0].Until.IsZero() {
+		t.Errorf("IPVS %+v: want the old entry ended and the grown one added", w.ipvs)
+	}
+	// Endpoints that keep changing: what is gone stays bounded, and so
+	// does the node's list.
+	for i := range 2 * maxGoneNAT {
+		r := rule(discover.SourceNFTables, "10.250.0.1")
+		r.Backend = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 250, byte(i >> 8), byte(i)}), 53)
+		w.update([]discover.NATRule{r}, nil, nil, t0.Add(time.Duration(20+i)*time.Second))
+	}
+	if len(w.rules) > maxGoneNAT+1 {
+		t.Errorf("%d rules kept, want at most %d", len(w.rules), maxGoneNAT+1)
+	}
+	if last := w.rules[len(w.rules)-1]; !last.Until.IsZero() {
+		t.Errorf("the rule there now is %+v", last)
+	}
+	if n := len(node.Netfilter.Rules); n > 2+maxGoneNAT {
+		t.Errorf("node lists %d rules, want at most %d", n, 2+maxGoneNAT)
+	}
+}
