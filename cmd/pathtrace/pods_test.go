@@ -331,3 +331,58 @@ func TestSidecarRedirect(t *testing.T) {
 		}
 	}
 }
+
+// TestPodStartedMidTrace adds a Pod to the lab's bridge while pathtrace
+// traces every Pod of the node (a Deployment rolled out during an
+// incident): pathtrace finds it, captures on its eth0 and host veth (pcapng
+// interfaces of their own), takes its socket events in, gives its flows
+// their verdict, and the summary names it.
+func TestPodStartedMidTrace(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	ip := otherPodIPs[1]
+	pcap := filepath.Join(t.TempDir(), "started.pcapng")
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "60s", "--pcap", pcap)
+	r.waitNode(t)
+	pod := addPod(t, l, ip)
+	// Found within two looks (every 2 s, on a 1 s tick): one may come while
+	// the Pod's netns is still being set up.
+	time.Sleep(7 * time.Second)
+	if err := connectFrom(pod, lab.TCPVIP.String(), 2); err != nil {
+		t.Fatalf("connect from %s: %v", pod, err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, summary := r.rest(t)
+
+	n := 0
+	for _, f := range flows {
+		if host, _, _ := net.SplitHostPort(fmt.Sprint(f["client"])); host != ip {
+			continue
+		}
+		n++
+		if f["rewritten_at"] != "netfilter" || f["backend"] != lab.TCPBackend.String() {
+			t.Errorf("flow of the new Pod %v: %v to %v, want netfilter to %s", f["client"], f["rewritten_at"], f["backend"], lab.TCPBackend)
+		}
+		if f["pid"] == nil {
+			t.Errorf("flow of the new Pod %v has no socket evidence: its netns is out of scope", f["client"])
+		}
+		if !strings.Contains(fmt.Sprint(f["points"]), "pod:eth0@"+ip) {
+			t.Errorf("flow of the new Pod %v was not seen on its eth0: %v", f["client"], f["points"])
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d flows from the new Pod %s, want 2: %s", n, ip, dump(flows))
+	}
+	started, _ := summary["pods_started"].([]any)
+	if len(started) != 1 || !strings.Contains(fmt.Sprint(started[0]), ip) || !strings.Contains(fmt.Sprint(started[0]), "pod:eth0@"+ip) {
+		t.Errorf("pods_started %v, want the new Pod with its taps", started)
+	}
+	pc, _ := summary["pcap"].(map[string]any)
+	per, _ := pc["per_interface"].(map[string]any)
+	for _, point := range []string{"pod:eth0@" + ip, "host:" + addedPodVeth(ip)} {
+		if n, _ := per[point].(float64); n == 0 {
+			t.Errorf("pcapng interface %s holds no packet: %v", point, per)
+		}
+	}
+}

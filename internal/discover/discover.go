@@ -7,8 +7,6 @@
 package discover
 
 import (
-	"github.com/pathtrace/pathtrace/internal/cgroup2"
-
 	"context"
 	"fmt"
 	"net/netip"
@@ -16,8 +14,10 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/pathtrace/pathtrace/internal/cgroup2"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
@@ -86,6 +86,12 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	svcs := newServiceSet(opt.Services, opt.ServicePorts)
 	opt.Services = svcs.vips
 	svcs.local = host.localAddrs(svcs.vips)
+	info.veths = map[int]bool{}
+	for idx, l := range host.links {
+		if _, ok := l.(*netlink.Veth); ok {
+			info.veths[idx] = true
+		}
+	}
 	if err := discoverPods(ctx, host, opt, info); err != nil {
 		return nil, err
 	}

@@ -48,7 +48,11 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 		}
 		info.Pods = []Pod{*pod}
 	default:
-		if err := scanPods(ctx, host, opt.MaxPods, hostVeth, opt.Services, info); err != nil {
+		var only map[int]bool
+		if hostVeth != nil {
+			only = map[int]bool{hostVeth.Attrs().Index: true}
+		}
+		if err := scanPods(ctx, host, opt.MaxPods, only, opt.Services, info); err != nil {
 			return err
 		}
 	}
@@ -213,7 +217,8 @@ func overrideHostVeth(host *hostNS, l netlink.Link, info *NodeInfo) {
 
 // scanPods enumerates the pods of the node: netns whose default route (or,
 // with it elsewhere, the route to a VIP) leaves through a veth whose peer is
-// in the node netns. With only set, it keeps the pod behind that host link.
+// in the node netns. With only set, it keeps the pods behind those node
+// veths (by ifindex).
 //
 // upstreamOnly: a netns that routes only the VIPs through its veth into the
 // node, while the node's default route leads into that netns, is the node's
@@ -221,14 +226,14 @@ func overrideHostVeth(host *hostNS, l netlink.Link, info *NodeInfo) {
 // node's own address, a NodePort's) from the node where Calico, kube-router
 // or MetalLB advertise them over BGP; taking one for a Pod would make the
 // node's uplink its host veth.
-func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link, vips []netip.Addr, info *NodeInfo) error {
+func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool, vips []netip.Addr, info *NodeInfo) error {
 	// The node's veths carry, from the node's view, the id of their peer's
 	// netns: a candidate whose id is not among them has no veth to the node,
 	// and is skipped without opening a netlink socket in it.
 	peerIDs := map[int]bool{}
 	for _, l := range host.links {
 		if _, ok := l.(*netlink.Veth); ok && l.Attrs().NetNsID >= 0 {
-			if only == nil || l.Attrs().Index == only.Attrs().Index {
+			if only == nil || only[l.Attrs().Index] {
 				peerIDs[l.Attrs().NetNsID] = true
 			}
 		}
@@ -258,7 +263,7 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only netlink.Link,
 			}
 			continue
 		}
-		if pod.HostPeer == nil || (only != nil && pod.HostPeer.Ifindex != only.Attrs().Index) {
+		if pod.HostPeer == nil || (only != nil && !only[pod.HostPeer.Ifindex]) {
 			continue
 		}
 		// A pod routes through its veth into the node; a netns behind the

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func hasNote(info *NodeInfo, parts ...string) bool {
@@ -193,5 +194,53 @@ func TestUpstreamRoutesVIPsToNode(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestPodWatch: a Pod that starts after discovery is found by the next look
+// once its netns routes through its veth, also when the first look came
+// while the CNI had created the veth but not yet configured the netns; a
+// look finds each Pod once; a Pod selector turns the watch off.
+func TestPodWatch(t *testing.T) {
+	tb := newTestbed(t)
+	node := filepath.Base(tb.node)
+	opt := Options{HostNetNS: tb.node}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := NewPodWatch(info, Options{HostNetNS: tb.node, PodNetNS: tb.pod}); w != nil {
+		t.Error("a watch with a Pod selector")
+	}
+	w := NewPodWatch(info, opt)
+	t0 := time.Now()
+	if found, err := w.Look(context.Background(), t0); err != nil || len(found.Pods) != 0 {
+		t.Fatalf("look on an unchanged node: %+v, %v", found, err)
+	}
+	late := node + "-late"
+	ipCmd(t, "netns", "add", late)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", late).Run() })
+	ipCmd(t, "-n", node, "link", "add", "hv9", "type", "veth", "peer", "name", "eth0", "netns", late)
+	ipCmd(t, "-n", node, "link", "set", "hv9", "master", "br0", "up")
+	// The CNI has not configured the Pod's netns yet.
+	if found, err := w.Look(context.Background(), t0.Add(2*time.Second)); err != nil || len(found.Pods) != 0 {
+		t.Fatalf("look before the netns routes through its veth: %+v, %v", found, err)
+	}
+	ipCmd(t, "-n", late, "addr", "add", "10.99.8.99/22", "dev", "eth0")
+	ipCmd(t, "-n", late, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", late, "route", "add", "default", "via", gwIP)
+	found, err := w.Look(context.Background(), t0.Add(4*time.Second))
+	if err != nil || len(found.Pods) != 1 || found.Pods[0].NetNS.Path != "/run/netns/"+late {
+		t.Fatalf("look after the Pod's netns was set up: %+v, %v", found.Pods, err)
+	}
+	var roles []string
+	for _, cp := range found.CapturePoints {
+		roles = append(roles, cp.Role+":"+cp.Ifname)
+	}
+	if !slices.Equal(roles, []string{RolePod + ":eth0", RoleHost + ":hv9"}) {
+		t.Errorf("capture points of the new Pod %v, want its eth0 and host veth", roles)
+	}
+	if found, err := w.Look(context.Background(), t0.Add(6*time.Second)); err != nil || len(found.Pods) != 0 {
+		t.Errorf("the next look found %+v, %v; want nothing new", found.Pods, err)
 	}
 }

@@ -345,12 +345,17 @@ type TCWatch struct {
 
 func NewTCWatch(hostNetNS string, cps []CapturePoint, isObserver func(ebpf.ProgramID) bool) *TCWatch {
 	w := &TCWatch{hostNetNS: hostNetNS, progs: newProgCache(isObserver)}
+	w.Add(cps)
+	return w
+}
+
+// Add watches the host veths among cps too (a Pod that started).
+func (w *TCWatch) Add(cps []CapturePoint) {
 	for _, cp := range cps {
 		if cp.Role == RoleHost {
 			w.cps = append(w.cps, cp)
 		}
 	}
-	return w
 }
 
 // Look reads the programs. An error says a veth's programs could not be

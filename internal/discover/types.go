@@ -30,8 +30,10 @@ type NodeInfo struct {
 	// Notes say what could not be read or was decided by a fallback.
 	Notes []string `json:"notes,omitempty"`
 
-	// svcs are the traced VIPs and ports, for NATWatch.
-	svcs serviceSet
+	// svcs are the traced VIPs and ports, for NATWatch; veths the node's
+	// veths at discovery, for PodWatch.
+	svcs  serviceSet
+	veths map[int]bool
 }
 
 func (n *NodeInfo) notef(format string, args ...any) {

@@ -200,6 +200,37 @@ func newWriter(dst io.Writer, file bool, ifaces []Interface, lim Limits) (*Write
 	return w, nil
 }
 
+// AddInterface declares one more interface (a capture point opened while
+// the capture runs: a Pod that started), whose index is the number of
+// interfaces before it. pcapng allows an interface description anywhere
+// before the first packet that names it. Its snaplen is cut to what the
+// file's interfaces declare (see commonSnaplen). It returns ErrLimit when
+// the description does not fit under MaxBytes: the capture then stops, as
+// for a packet (StopReason).
+func (w *Writer) AddInterface(ifc Interface) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.closed:
+		return errors.New("pcapng: AddInterface after Close")
+	case w.err != nil:
+		return w.err
+	case w.stop.Load() != nil:
+		return ErrLimit
+	}
+	snaplen := commonSnaplen(w.ifaces)
+	if ifc.Snaplen <= 0 || snaplen > 0 && ifc.Snaplen > snaplen {
+		ifc.Snaplen = snaplen
+	}
+	w.block = appendIDB(w.block[:0], ifc.Name, ifc.Description, snaplen)
+	if err := w.commitBlock(w.block, &stopMaxBytes); err != nil {
+		return err
+	}
+	w.ifaces = append(w.ifaces, ifc)
+	w.perIface = append(w.perIface, 0)
+	return nil
+}
+
 // commonSnaplen is the snaplen every interface declares: the largest (0 =
 // unlimited), because libpcap, hence tcpdump, refuses a file whose
 // interfaces differ in snaplen. Frames are still cut to their own

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -492,5 +493,73 @@ func TestHeldWritesLikeWritePacket(t *testing.T) {
 	}
 	if !bytes.Equal(one.Bytes(), held.Bytes()) {
 		t.Errorf("held writes made %d bytes, WritePacket %d: the streams differ", held.Len(), one.Len())
+	}
+}
+
+// TestAddInterface: an interface declared after packets were written (a Pod
+// that started during the capture) gets the next index; its packets are
+// read back on it, with its name, by gopacket and by tshark where
+// installed; a description that does not fit under MaxBytes stops the
+// capture as a packet would.
+func TestAddInterface(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "add.pcapng")
+	w, err := export.Create(path, testIfaces[:2], export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := tcpFrame(20)
+	late := export.Interface{Name: "pod:eth0@10.244.9.3", Description: "pod: eth0 ifindex 2, netns /run/netns/late", Snaplen: 96}
+	for i, step := range []func() error{
+		func() error { return w.WritePacket(0, packet(frame, obs.DirOut, 0, 0), "flow 1") },
+		func() error { return w.AddInterface(late) },
+		func() error { return w.WritePacket(2, packet(frame, obs.DirOut, 0, 0), "flow 2") },
+		func() error { return w.WritePacket(1, packet(frame, obs.DirIn, 0, 0), "flow 1") },
+	} {
+		if err := step(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+	}
+	if err := w.Close([]export.InterfaceStats{{Received: 1}, {Received: 1}, {Received: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	rb, err := read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rb.ifaces) != 3 || rb.ifaces[2].Name != late.Name || len(rb.packets) != 3 || rb.packets[1].iface != 2 || rb.packets[1].comments[0] != "flow 2" {
+		t.Fatalf("read %d interfaces (%+v) and %d packets (%+v); want the late one third, with its packet", len(rb.ifaces), rb.ifaces, len(rb.packets), rb.packets)
+	}
+	if got := w.PerInterface(); !slices.Equal(got, []uint64{1, 1, 1}) {
+		t.Errorf("packets per interface %v, want 1 each", got)
+	}
+	if tshark, err := exec.LookPath("tshark"); err == nil {
+		rows, err := tsharkFields(tshark, path, "frame.interface_name")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != 3 || rows[1][0] != late.Name {
+			t.Errorf("tshark reads interfaces %v, want the late one on the second packet", rows)
+		}
+	}
+
+	// No room for the description: the capture stops at max-bytes.
+	path = filepath.Join(t.TempDir(), "full.pcapng")
+	head, err := export.Create(path+".probe", testIfaces[:1], export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	head.Close(nil)
+	w, err = export.Create(path, testIfaces[:1], export.Limits{MaxBytes: head.Bytes() + 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.AddInterface(late); !errors.Is(err, export.ErrLimit) || w.StopReason() != export.StopMaxBytes {
+		t.Errorf("AddInterface beyond MaxBytes: %v, stop reason %q; want ErrLimit and max-bytes", err, w.StopReason())
+	}
+	if err := w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := readAll(path); err != nil || n != 0 {
+		t.Errorf("file at its bound: %d packets, %v", n, err)
 	}
 }

@@ -23,6 +23,9 @@ type Ended struct {
 	// NATRules: the NAT rules changed during the run and were read again
 	// (session.Result.NATRulesReread); "" when they were not.
 	NATRules string
+	// PodsStarted: the Pods that started during the run and were followed
+	// from then on (session.Result.PodsStarted).
+	PodsStarted []string
 }
 
 // Taken says what took the bundle: pathtrace's version and its command
@@ -441,6 +444,9 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 	}
 	if ended.Observers != "" {
 		fmt.Fprintf(b, "- The observers' events %s: later flows lack their socket, tc and netfilter evidence, and their verdicts are unknown.\n", ended.Observers)
+	}
+	for _, p := range ended.PodsStarted {
+		fmt.Fprintf(b, "- A Pod started during the capture and was followed from then on: %s.\n", p)
 	}
 	if ended.NATRules != "" {
 		fmt.Fprintf(b, "- The NAT rules changed during the capture: %s.\n", ended.NATRules)

@@ -136,6 +136,10 @@ type Run struct {
 	// while the run went on (flows reached backends no rule read before
 	// named), when, and what changed.
 	NATRulesReread string `json:"nat_rules_reread,omitempty"`
+	// PodsStarted: the Pods that started during the run (every Pod of the
+	// node traced), followed from when they were found: who, when, their
+	// taps, and what could not be attached.
+	PodsStarted []string `json:"pods_started,omitempty"`
 }
 
 // Summary writes the per-verdict counts, every drop counter (the engine's and

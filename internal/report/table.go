@@ -109,6 +109,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	for _, point := range slices.Sorted(maps.Keys(run.CaptureGaps)) {
 		fmt.Fprintf(w, "Interface of %s %s: nothing crossed it meanwhile (its capture went on)\n", point, run.CaptureGaps[point])
 	}
+	if len(run.PodsStarted) > 0 {
+		fmt.Fprintf(w, "Pods that started during the run, followed from then on: %s\n", strings.Join(run.PodsStarted, "; "))
+	}
 	if run.NATRulesReread != "" {
 		fmt.Fprintf(w, "NAT rules %s\n", run.NATRulesReread)
 	}

@@ -163,7 +163,7 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 		if cp.Role != discover.RoleUplink && shared != "" {
 			att.Note += fmt.Sprintf("; ring %s, %s", sizeString(rings[i]), shared)
 		}
-		opened[i] = tap{role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil}
+		opened[i] = tap{role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil, ended: new(string)}
 	})
 	var taps []tap
 	for _, tp := range opened {
@@ -224,11 +224,7 @@ func ringSizes(points []discover.CapturePoint, ringBytes, snaplen int) ([]int, s
 			podPoints++
 		}
 	}
-	per, note := ringBytes, ""
-	if budget := podRingShare * ringBytes; podPoints*ringBytes > budget {
-		const step = 16 << 10
-		per = min(ringBytes, max(budget/podPoints/step*step, capture.MinRingFor(snaplen)))
-	}
+	per, note := podRing(podPoints, ringBytes, snaplen), ""
 	if per < ringBytes {
 		note = fmt.Sprintf("the Pods' %d capture points share %d rings of --buffer-size (--pod-ip gives one Pod whole rings)", podPoints, podRingShare)
 	}
@@ -240,6 +236,18 @@ func ringSizes(points []discover.CapturePoint, ringBytes, snaplen int) ([]int, s
 		}
 	}
 	return rings, note
+}
+
+// podRing is the ring of each of podPoints Pod capture points.
+func podRing(podPoints, ringBytes, snaplen int) int {
+	if ringBytes <= 0 {
+		ringBytes = capture.DefaultRingBytes
+	}
+	if budget := podRingShare * ringBytes; podPoints*ringBytes > budget {
+		const step = 16 << 10
+		return min(ringBytes, max(budget/podPoints/step*step, capture.MinRingFor(snaplen)))
+	}
+	return ringBytes
 }
 
 // sizeString is a byte count in KiB or MiB, as --buffer-size takes them.

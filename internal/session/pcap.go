@@ -35,17 +35,40 @@ type queueHead struct {
 func openPcap(path string, lim export.Limits, taps []tap, snaplen int) (*pcapOut, error) {
 	ifaces := make([]export.Interface, len(taps))
 	for i, tp := range taps {
-		ifaces[i] = export.Interface{
-			Name:        tp.label,
-			Description: fmt.Sprintf("%s: %s ifindex %d, netns %s", tp.role, tp.ifname, tp.t.Ifindex(), tp.netns),
-			Snaplen:     snaplen,
-		}
+		ifaces[i] = pcapInterface(tp, snaplen)
 	}
 	w, err := export.Create(path, ifaces, lim)
 	if err != nil {
 		return nil, fmt.Errorf("pcapng %s: %w", path, err)
 	}
 	return &pcapOut{w: w, path: path, queues: make([][]*batch, len(taps))}, nil
+}
+
+// pcapInterface is the pcapng interface of a tap.
+func pcapInterface(tp tap, snaplen int) export.Interface {
+	return export.Interface{
+		Name:        tp.label,
+		Description: fmt.Sprintf("%s: %s ifindex %d, netns %s", tp.role, tp.ifname, tp.t.Ifindex(), tp.netns),
+		Snaplen:     snaplen,
+	}
+}
+
+// addInterface declares the interface of a tap opened while the session
+// runs, the next in tap order; a reached bound or a write error returns
+// the stop reason.
+func (p *pcapOut) addInterface(tp tap, snaplen int) string {
+	if p.err != nil {
+		return "pcap-error"
+	}
+	if err := p.w.AddInterface(pcapInterface(tp, snaplen)); err != nil {
+		if !errors.Is(err, export.ErrLimit) {
+			p.err = err
+			return "pcap-error"
+		}
+		return p.w.StopReason()
+	}
+	p.queues = append(p.queues, nil)
+	return ""
 }
 
 // streamGrace is how long a --pcap - reader has, once the run is due to end,

@@ -34,9 +34,6 @@ type tracer struct {
 	scope      map[uint64]bool
 	outOfScope uint64
 	pcap       *pcapOut // nil without --pcap
-	// ended says, per tap, why its capture ended before the session did
-	// ("" while it runs); each producer writes its own, read once they end.
-	ended []string
 	// obsEnded is the same for the observers' event reader.
 	obsEnded string
 	free     *batchPool // consumed frame batches, for reuse
@@ -44,6 +41,7 @@ type tracer struct {
 	lb       *lbWatch
 	tc       *tcWatch
 	nat      *natWatch
+	pods     *podFollow // nil when Pods were selected
 	classes  *classTable
 	// icmpKinds names the ICMP errors seen, by type<<8 | code.
 	icmpKinds map[uint16]string
@@ -122,38 +120,18 @@ func (tr *tracer) run(ctx context.Context) string {
 			tr.obsEnded = fmt.Sprintf("ended at %s: %v", time.Now().Format("15:04:05"), err)
 		}
 	}()
-	for i, tp := range tr.taps {
+	// startTap runs the producer of tap i (the taps of Pods that start later
+	// too, while the probe's producer keeps the group open).
+	startTap := func(i int) {
 		producers.Add(1)
-		go func(iface int, tp tap) {
+		tp := tr.taps[i] // read here: the consumer appends to tr.taps
+		go func() {
 			defer producers.Done()
-			// A tap takes a batch when frames come, not while it waits: a
-			// node's quiet Pods' taps would each hold one (a few hundred
-			// KiB reused from the pool), all live heap for the collector.
-			var b *batch
-			flush := func() {
-				if b != nil && len(b.frames) > 0 {
-					b.seal()
-					items <- b
-					b = nil
-				}
-			}
-			err := tp.t.RunBlocks(runCtx, func(p *capture.Packet) {
-				if b == nil {
-					b = tr.newBatch(iface)
-				}
-				b.add(p)
-				if b.full() {
-					flush()
-				}
-			}, flush)
-			flush()
-			if err != nil { // the interface went down or away (a Pod deleted)
-				tr.ended[iface] = fmt.Sprintf("ended at %s: %v", time.Now().Format("15:04:05"), err)
-				// Give its ring back now, and the deleted Pod's netns, which
-				// the socket keeps alive; the counters stay readable.
-				tp.t.Close()
-			}
-		}(i, tp)
+			tr.produce(runCtx, i, tp, items)
+		}()
+	}
+	for i := range tr.taps {
+		startTap(i)
 	}
 	go func() { producers.Wait(); close(items) }()
 
@@ -183,6 +161,10 @@ loop:
 			tr.lb.check()
 			tr.tc.check(time.Now(), tr.eng)
 			tr.nat.check(ctx, time.Now(), tr.eng, false)
+			if reason := tr.followNewPods(ctx, time.Now(), startTap); reason != "" {
+				stop = stopFor(reason)
+				break loop
+			}
 			tr.attributeCgroups()
 			if tr.opt.Progress != nil {
 				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary()}
@@ -230,6 +212,38 @@ settle:
 		tr.pcap.release(time.Now().Add(time.Hour), tr) // everything left
 	}
 	return stop
+}
+
+// produce hands the frames of tap iface to the consumer in batches until
+// ctx ends or the tap's interface goes away.
+func (tr *tracer) produce(ctx context.Context, iface int, tp tap, items chan<- *batch) {
+	// A tap takes a batch when frames come, not while it waits: a node's
+	// quiet Pods' taps would each hold one (a few hundred KiB reused from
+	// the pool), all live heap for the collector.
+	var b *batch
+	flush := func() {
+		if b != nil && len(b.frames) > 0 {
+			b.seal()
+			items <- b
+			b = nil
+		}
+	}
+	err := tp.t.RunBlocks(ctx, func(p *capture.Packet) {
+		if b == nil {
+			b = tr.newBatch(iface)
+		}
+		b.add(p)
+		if b.full() {
+			flush()
+		}
+	}, flush)
+	flush()
+	if err != nil { // the interface went down or away (a Pod deleted)
+		*tp.ended = fmt.Sprintf("ended at %s: %v", time.Now().Format("15:04:05"), err)
+		// Give its ring back now, and the deleted Pod's netns, which the
+		// socket keeps alive; the counters stay readable.
+		tp.t.Close()
+	}
 }
 
 // dueStop is the stop reason of a run whose capture file reported reason:

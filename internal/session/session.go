@@ -76,6 +76,9 @@ type Result struct {
 	// ObserversEnded says when and why the observers' event reader ended
 	// before the session ("" when it did not).
 	ObserversEnded string
+	// PodsStarted names the Pods that started during the session and were
+	// followed from then on (taps, observers, scope), and what failed.
+	PodsStarted []string
 	// NATRulesReread says when the NAT rules and IPVS services were read
 	// again during the session, and what changed ("" when they were not).
 	NATRulesReread string
@@ -86,6 +89,9 @@ type tap struct {
 	label, role, ifname, netns string
 	point                      obs.Point
 	t                          *capture.Tap
+	// ended says why its capture ended before the session did ("" while
+	// it runs): its producer writes it, read once the producers ended.
+	ended *string
 	// classic: the tap filters with a classic BPF program of the watched
 	// addresses, which widen() must replace as backends are learned. The
 	// eBPF filter reads the probe's maps and follows by itself.
@@ -167,7 +173,18 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
 		tc:   newTCWatch(node, pr.IsObserver, time.Now()),
 		nat:  newNATWatch(node, discovered),
-		free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches), ended: make([]string, len(taps))}
+		free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches)}
+	defer func() { closeTaps(tr.taps) }() // with those of Pods that started
+	if w := discover.NewPodWatch(node, opt.Discover); w != nil {
+		podPoints := 0
+		for _, cp := range node.CapturePoints {
+			if cp.Role != discover.RoleUplink {
+				podPoints++
+			}
+		}
+		tr.pods = &podFollow{watch: w, node: node, next: time.Now().Add(podWatchEvery), tails: needTails(node),
+			ring: podRing(podPoints+2, opt.RingBytes, opt.Snaplen), prog: tapProg, progErr: tapProgErr}
+	}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
 			return nil, err
@@ -182,12 +199,15 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	debug.FreeOSMemory()
 	res.StopReason = tr.run(ctx)
 	if tr.pcap != nil {
-		res.Pcap = tr.pcap.close(taps)
+		res.Pcap = tr.pcap.close(tr.taps)
 	}
 	// The capture is over: unmap the rings (megabytes each) before the
 	// report is built, which is when the process needs the most memory. Their
 	// counters stay readable.
-	closeTaps(taps)
+	closeTaps(tr.taps)
+	if tr.pods != nil {
+		res.Attachments = append(res.Attachments, tr.pods.atts...)
+	}
 	tr.attributeCgroups()
 	discover.RefreshGatewayMACs(node)
 	eng.SetGatewayMACs(gatewayMACs(node))
@@ -203,15 +223,15 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
 	res.Packets, res.Drops = tr.counters()
-	for i, why := range tr.ended {
-		if why != "" {
+	for _, tp := range tr.taps {
+		if *tp.ended != "" {
 			if res.CaptureEnded == nil {
 				res.CaptureEnded = map[string]string{}
 			}
-			res.CaptureEnded[taps[i].label] = why
+			res.CaptureEnded[tp.label] = *tp.ended
 		}
 	}
-	for _, tp := range taps {
+	for _, tp := range tr.taps {
 		if gap := linkGap(tp.t.Stats()); gap != "" {
 			if res.CaptureGaps == nil {
 				res.CaptureGaps = map[string]string{}
@@ -221,6 +241,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	}
 	res.ObserversEnded = tr.obsEnded
 	res.NATRulesReread = tr.nat.summary()
+	res.PodsStarted = tr.pods.summary()
 	res.Summarized = pr.Stats().Summarized
 	return res, nil
 }

@@ -50,6 +50,21 @@ func (w *tcWatch) check(now time.Time, eng *flow.Engine) {
 	}
 }
 
+// add watches the host veths of Pods that started, whose programs found
+// begin now.
+func (w *tcWatch) add(cps []discover.CapturePoint, found []discover.TCProgram, now time.Time, eng *flow.Engine) {
+	w.look.Add(cps)
+	progs := hostTCPrograms(found)
+	if len(progs) == 0 {
+		return
+	}
+	for i := range progs {
+		progs[i].Since = now
+	}
+	w.progs = append(w.progs, progs...)
+	eng.SetTCPrograms(slices.Clone(w.progs))
+}
+
 // update ends the programs no longer there and adds the new ones; it
 // reports whether anything changed.
 func (w *tcWatch) update(cur []flow.TCProgram, now time.Time) bool {

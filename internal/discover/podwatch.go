@@ -1,0 +1,116 @@
+package discover
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netlink"
+)
+
+// PodWatch finds the Pods that start after discovery, when every Pod of the
+// node is traced (no Pod selector): a Deployment rolled out during an
+// incident brings new client Pods, whose flows would otherwise be left out.
+// It looks only behind the node's veths that are new since the previous
+// look, so a look on a quiet node costs one link dump.
+type PodWatch struct {
+	hostPath string
+	vips     []netip.Addr
+	room     int // Pods still to follow before MaxPods
+	progs    *progCache
+	// veths are the node's veths known: Pods', and those that proved no
+	// Pod's. pending are new ones not (yet) a Pod's, by when first seen: a
+	// CNI plugin creates the veth before it configures the Pod's netns.
+	veths   map[int]bool
+	pending map[int]time.Time
+	netns   map[uint64]bool // the Pods' netns (a Pod may have two veths)
+}
+
+// vethSettle is how long a new veth that leads to no Pod yet is looked at
+// again: CNI plugins configure a Pod's netns within milliseconds to
+// seconds.
+const vethSettle = 30 * time.Second
+
+// NewPodWatch returns the watch of the Pods of node that start later, or
+// nil when opt selects Pods (then only those are traced).
+func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
+	if opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" {
+		return nil
+	}
+	maxPods := opt.MaxPods
+	if maxPods <= 0 {
+		maxPods = DefaultMaxPods
+	}
+	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, room: maxPods - len(node.Pods) - node.PodsSkipped,
+		progs: newProgCache(observerFilter(opt.IsObserver)), veths: node.veths, pending: map[int]time.Time{}, netns: map[uint64]bool{}}
+	for _, p := range node.Pods {
+		w.netns[p.NetNS.Inode] = true
+	}
+	return w
+}
+
+// NewPods are the Pods a look found, with their capture points (eth0 and
+// the host veth) and the tc programs on their host veths.
+type NewPods struct {
+	Pods          []Pod
+	CapturePoints []CapturePoint
+	TCPrograms    []TCProgram
+	// Skipped counts Pods left out: --max-pods reached.
+	Skipped int
+}
+
+// Look finds the Pods behind the veths that appeared since the previous
+// look.
+func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
+	host, err := openHost(w.hostPath)
+	if err != nil {
+		return NewPods{}, err
+	}
+	defer host.close()
+	only := map[int]bool{}
+	for idx, l := range host.links {
+		if _, ok := l.(*netlink.Veth); !ok || l.Attrs().NetNsID < 0 || w.veths[idx] {
+			continue
+		}
+		first, ok := w.pending[idx]
+		if !ok {
+			w.pending[idx], first = now, now
+		}
+		if now.Sub(first) > vethSettle {
+			w.veths[idx] = true // no Pod's: looked at long enough
+			delete(w.pending, idx)
+			continue
+		}
+		only[idx] = true
+	}
+	for idx := range w.pending {
+		if host.links[idx] == nil {
+			delete(w.pending, idx) // gone
+		}
+	}
+	if len(only) == 0 {
+		return NewPods{}, nil
+	}
+	var info NodeInfo
+	if err := scanPods(ctx, host, max(w.room, 0), only, w.vips, &info); err != nil {
+		return NewPods{}, err
+	}
+	var found NewPods
+	found.Skipped = info.PodsSkipped
+	for _, p := range info.Pods {
+		w.veths[p.HostPeer.Ifindex] = true
+		delete(w.pending, p.HostPeer.Ifindex)
+		if w.netns[p.NetNS.Inode] {
+			continue
+		}
+		w.netns[p.NetNS.Inode] = true
+		found.Pods = append(found.Pods, p)
+	}
+	w.room -= len(found.Pods) + found.Skipped
+	if len(found.Pods) == 0 {
+		return found, nil
+	}
+	found.CapturePoints = capturePoints(host, &NodeInfo{Pods: found.Pods}, nil)
+	found.TCPrograms = tcPrograms(host, found.CapturePoints, w.progs, &info)
+	return found, nil
+}

@@ -1,0 +1,171 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/probe"
+)
+
+// podFollow follows the Pods that start while the session runs, when every
+// Pod of the node is traced: a Deployment rolled out during an incident
+// replaces the client Pods, and their flows are the ones that matter. Each
+// new Pod gets what the Pods of the start have: taps on its eth0 and host
+// veth, the tcx observers where its host veth has a tc program, its socket
+// events in scope, and an interface of its own in the pcapng file.
+type podFollow struct {
+	watch   *discover.PodWatch
+	node    *discover.NodeInfo // new Pods join its list
+	next    time.Time          // no look before
+	ring    int                // the ring of each new capture point
+	tails   bool               // the node's host veths get tail observers
+	prog    *ebpf.Program      // the taps' eBPF filter (nil: classic)
+	progErr error
+
+	started []string // what the report says of each, bounded
+	more    int      // Pods started beyond maxStartedListed
+	skipped int      // Pods left out: --max-pods reached
+	failed  []string // observers and taps of new Pods that failed
+	lookErr string   // the last look that failed
+	atts    []probe.Attachment
+}
+
+const (
+	// podWatchEvery is how often the node's veths are looked at.
+	podWatchEvery = 2 * time.Second
+	// maxStartedListed bounds the Pods the report lists one by one.
+	maxStartedListed = 64
+)
+
+// followNewPods looks, every podWatchEvery, for Pods that started, and
+// follows them; startTap runs the producer of a new tap. It returns a stop
+// reason when the capture file reached a bound.
+func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap func(int)) (stop string) {
+	pf := tr.pods
+	if pf == nil || now.Before(pf.next) {
+		return ""
+	}
+	pf.next = now.Add(podWatchEvery)
+	found, err := pf.watch.Look(ctx, now)
+	if err != nil {
+		pf.lookErr = fmt.Sprintf("%s: %v", now.Format("15:04:05"), err)
+		return ""
+	}
+	pf.skipped += found.Skipped
+	if len(found.Pods) == 0 {
+		return ""
+	}
+	for _, p := range found.Pods {
+		tr.scope[p.NetNS.Inode] = true
+	}
+	pf.node.Pods = append(pf.node.Pods, found.Pods...)
+	// The observers first, as at the start: a flow then meets the tcx
+	// observers before the taps miss its first packets.
+	newTC := map[int]bool{}
+	for _, p := range found.TCPrograms {
+		newTC[p.Ifindex] = true
+	}
+	var atts []probe.Attachment
+	for _, cp := range found.CapturePoints {
+		if cp.Role != discover.RoleHost {
+			continue
+		}
+		switch {
+		case !newTC[cp.Ifindex] && !cp.TCUnread:
+			atts = append(atts, probe.SkippedTC(cp.NetNS, cp.Ifindex, cp.Ifname, errNoTCProgram)...)
+		case !pf.tails:
+			atts = append(atts, tr.pr.AttachTCHeads(cp.NetNS, cp.Ifindex, cp.Ifname, errNoOtherTCX)...)
+		default:
+			atts = append(atts, tr.pr.AttachTC(cp.NetNS, cp.Ifindex, cp.Ifname)...)
+		}
+	}
+	tr.tc.add(found.CapturePoints, found.TCPrograms, now, tr.eng)
+	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, tr.watch, tr.opt.Snaplen, pf.ring, pf.prog, pf.progErr)
+	atts = append(atts, tapAtts...)
+	pf.atts = append(pf.atts, atts...)
+
+	all := append(append([]tap(nil), tr.taps...), taps...)
+	labels := pointLabels(all, pf.node.Pods)
+	first := len(tr.taps)
+	for i := range taps {
+		taps[i].label = labels[first+i]
+	}
+	var opened []tap
+	for _, tp := range taps {
+		if stop != "" {
+			tp.t.Close()
+			continue
+		}
+		if tr.pcap != nil {
+			if stop = tr.pcap.addInterface(tp, tr.opt.Snaplen); stop != "" {
+				// The file reached its bound: the run ends, as for a packet.
+				tp.t.Close()
+				continue
+			}
+		}
+		tr.taps = append(tr.taps, tp)
+		startTap(len(tr.taps) - 1)
+		opened = append(opened, tp)
+	}
+	for _, p := range found.Pods {
+		pf.note(p, now, opened)
+	}
+	for _, a := range atts {
+		if a.Err != nil && !errors.Is(a.Err, errNoTCProgram) && !errors.Is(a.Err, errNoOtherTCX) {
+			pf.failed = append(pf.failed, fmt.Sprintf("%s %s: %v", a.Observer, a.Where, a.Err))
+		}
+	}
+	return stop
+}
+
+// note records a started Pod for the report: who it is, when it was found
+// and which of the taps opened follow it.
+func (pf *podFollow) note(p discover.Pod, at time.Time, opened []tap) {
+	if len(pf.started) >= maxStartedListed {
+		pf.more++
+		return
+	}
+	who := p.NetNS.Path
+	if len(p.Eth0.Addrs) > 0 {
+		who = fmt.Sprintf("%s (netns %s)", p.Eth0.Addrs[0].Addr(), p.NetNS.Path)
+	}
+	var mine []string
+	for _, tp := range opened {
+		if tp.netns == p.NetNS.Path && tp.ifname == p.Eth0.Name || p.HostPeer != nil && tp.role == discover.RoleHost && tp.ifname == p.HostPeer.Name {
+			mine = append(mine, tp.label)
+		}
+	}
+	taps := "none opened"
+	if len(mine) > 0 {
+		taps = strings.Join(mine, ", ")
+	}
+	pf.started = append(pf.started, fmt.Sprintf("%s at %s, taps %s", who, at.Format("15:04:05"), taps))
+}
+
+// summary says which Pods started and were followed, for the report; nil
+// when none did.
+func (pf *podFollow) summary() []string {
+	if pf == nil {
+		return nil
+	}
+	out := pf.started
+	if pf.more > 0 {
+		out = append(out, fmt.Sprintf("%d more", pf.more))
+	}
+	if pf.skipped > 0 {
+		out = append(out, fmt.Sprintf("%d not followed: --max-pods reached", pf.skipped))
+	}
+	for _, f := range pf.failed[:min(len(pf.failed), maxStartedListed)] {
+		out = append(out, "not attached: "+f)
+	}
+	if pf.lookErr != "" {
+		out = append(out, "the last look for new Pods failed at "+pf.lookErr)
+	}
+	return out
+}
