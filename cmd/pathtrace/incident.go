@@ -278,7 +278,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 	}
 	summary := func() error {
 		return incident.WriteSummary(dir, res.Flows, res.Summary.WithDrops(res.Drops), res.Node, res.StopReason,
-			incident.Ended{Captures: res.CaptureEnded, Gaps: res.CaptureGaps, Observers: res.ObserversEnded, NATRules: res.NATRulesReread, PodsStarted: res.PodsStarted},
+			incident.Ended{Captures: res.CaptureEnded, Gaps: res.CaptureGaps, Observers: res.ObserversEnded, NATRules: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded},
 			incident.Taken{Version: version(), Command: commandLine(os.Args)})
 	}
 	if err := summary(); err != nil {
@@ -296,7 +296,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 		return err
 	}
 	after := 16<<10 + 2*manifest + 64<<10 + budget/1024
-	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted}
+	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded}
 	written, err := fitReports(dir, budget-used-after, res, atts, run)
 	if err != nil {
 		return err

@@ -386,3 +386,50 @@ func TestPodStartedMidTrace(t *testing.T) {
 		}
 	}
 }
+
+// TestPodStartedMidTraceTC: a Pod starts during the trace and its CNI
+// attaches its tc LB to the host veth a moment later, as Cilium does: the
+// tcx observers are attached there once the program appears, so its flows
+// are bracketed at tc as the first Pod's, and named by the program of their
+// own veth.
+func TestPodStartedMidTraceTC(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	ip := otherPodIPs[1]
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "60s")
+	r.waitNode(t)
+	pod := addPod(t, l, ip)
+	time.Sleep(2500 * time.Millisecond) // the Pod is found first, without a tc program
+	if err := l.AttachTCLBTo(addedPodVeth(ip)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // the tc programs are read every 2 s
+	if err := connectFrom(pod, lab.TCPVIP.String(), 2); err != nil {
+		t.Fatalf("connect from %s: %v", pod, err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, summary := r.rest(t)
+
+	n := 0
+	for _, f := range flows {
+		if host, _, _ := net.SplitHostPort(fmt.Sprint(f["client"])); host != ip {
+			continue
+		}
+		n++
+		by, _ := f["by"].(string)
+		if f["rewritten_at"] != "tc" || !strings.HasPrefix(by, "tcx ingress lab_from_container") || strings.Contains(by, "one of") {
+			t.Errorf("flow of the new Pod: want rewritten at tc by its veth's LB: %s", dump([]map[string]any{f}))
+		}
+		if !strings.Contains(fmt.Sprint(f["points"]), "tc_head") {
+			t.Errorf("flow of the new Pod %v: no tcx observer saw it: %v", f["client"], f["points"])
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d flows from the new Pod %s, want 2: %s", n, ip, dump(flows))
+	}
+	added, _ := summary["observers_added"].([]any)
+	if len(added) != 1 || !strings.Contains(fmt.Sprint(added[0]), "tcx observers on "+addedPodVeth(ip)) || strings.Contains(fmt.Sprint(added[0]), "not attached") {
+		t.Errorf("observers_added %v, want the new Pod's veth's, attached", added)
+	}
+}

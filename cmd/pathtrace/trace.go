@@ -332,7 +332,7 @@ func runTrace(args []string) int {
 		profileHeap(path)
 	}
 	rw.Flows(res.Flows)
-	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted})
+	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded})
 	code := exitOK
 	// A report lost to its output (stdout on a full disk, closed) is never
 	// a silent success.

@@ -349,6 +349,9 @@ func NewTCWatch(hostNetNS string, cps []CapturePoint, isObserver func(ebpf.Progr
 	return w
 }
 
+// HostNetNS is the node netns the watched veths are in.
+func (w *TCWatch) HostNetNS() string { return w.hostNetNS }
+
 // Add watches the host veths among cps too (a Pod that started).
 func (w *TCWatch) Add(cps []CapturePoint) {
 	for _, cp := range cps {

@@ -26,6 +26,9 @@ type Ended struct {
 	// PodsStarted: the Pods that started during the run and were followed
 	// from then on (session.Result.PodsStarted).
 	PodsStarted []string
+	// ObserversAdded: tcx observers attached during the run
+	// (session.Result.ObserversAdded).
+	ObserversAdded []string
 }
 
 // Taken says what took the bundle: pathtrace's version and its command
@@ -447,6 +450,9 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 	}
 	for _, p := range ended.PodsStarted {
 		fmt.Fprintf(b, "- A Pod started during the capture and was followed from then on: %s.\n", p)
+	}
+	for _, o := range ended.ObserversAdded {
+		fmt.Fprintf(b, "- Attached during the capture: %s.\n", o)
 	}
 	if ended.NATRules != "" {
 		fmt.Fprintf(b, "- The NAT rules changed during the capture: %s.\n", ended.NATRules)

@@ -140,6 +140,10 @@ type Run struct {
 	// node traced), followed from when they were found: who, when, their
 	// taps, and what could not be attached.
 	PodsStarted []string `json:"pods_started,omitempty"`
+	// ObserversAdded: the tcx observers attached during the run, on host
+	// veths that got a tc program (a Pod that started, a CNI agent that
+	// started), when, and what failed.
+	ObserversAdded []string `json:"observers_added,omitempty"`
 }
 
 // Summary writes the per-verdict counts, every drop counter (the engine's and

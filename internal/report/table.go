@@ -112,6 +112,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if len(run.PodsStarted) > 0 {
 		fmt.Fprintf(w, "Pods that started during the run, followed from then on: %s\n", strings.Join(run.PodsStarted, "; "))
 	}
+	if len(run.ObserversAdded) > 0 {
+		fmt.Fprintf(w, "Observers attached during the run: %s\n", strings.Join(run.ObserversAdded, "; "))
+	}
 	if run.NATRulesReread != "" {
 		fmt.Fprintf(w, "NAT rules %s\n", run.NATRulesReread)
 	}

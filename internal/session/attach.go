@@ -45,12 +45,24 @@ func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string) []
 
 // preloadObservers loads the observer programs attachObservers will attach,
 // so that attaching them all takes milliseconds, not the verifier's time.
+// The tcx heads are loaded in any case: a host veth may get a tc program
+// while the session runs (a Pod that starts, a CNI agent that starts), and
+// the observers for it are attached then (observeTC), when the probe no
+// longer loads programs.
 func preloadObservers(pr *probe.Probe, node *discover.NodeInfo) {
-	heads := false
+	pr.Preload(true, needTails(node))
+}
+
+// tcObserved are the host veths (by ifindex) attachObservers gave tcx
+// observers.
+func tcObserved(node *discover.NodeInfo) map[int]bool {
+	out := map[int]bool{}
 	for _, cp := range node.CapturePoints {
-		heads = heads || cp.Role == discover.RoleHost && hasTCProgram(node, cp)
+		if cp.Role == discover.RoleHost && hasTCProgram(node, cp) {
+			out[cp.Ifindex] = true
+		}
 	}
-	pr.Preload(heads, heads && needTails(node))
+	return out
 }
 
 // errNoTCProgram is why a host veth gets no tcx observers. With no tc

@@ -2,7 +2,6 @@ package session
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
-	"github.com/pathtrace/pathtrace/internal/probe"
 )
 
 // podFollow follows the Pods that start while the session runs, when every
@@ -24,16 +22,14 @@ type podFollow struct {
 	node    *discover.NodeInfo // new Pods join its list
 	next    time.Time          // no look before
 	ring    int                // the ring of each new capture point
-	tails   bool               // the node's host veths get tail observers
 	prog    *ebpf.Program      // the taps' eBPF filter (nil: classic)
 	progErr error
 
 	started []string // what the report says of each, bounded
 	more    int      // Pods started beyond maxStartedListed
 	skipped int      // Pods left out: --max-pods reached
-	failed  []string // observers and taps of new Pods that failed
+	failed  []string // taps of new Pods that failed
 	lookErr string   // the last look that failed
-	atts    []probe.Attachment
 }
 
 const (
@@ -66,29 +62,17 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	}
 	pf.node.Pods = append(pf.node.Pods, found.Pods...)
 	// The observers first, as at the start: a flow then meets the tcx
-	// observers before the taps miss its first packets.
-	newTC := map[int]bool{}
-	for _, p := range found.TCPrograms {
-		newTC[p.Ifindex] = true
-	}
-	var atts []probe.Attachment
+	// observers before the taps miss its first packets. A veth without a
+	// tc program gets them once one appears there (tracer.observeTC).
+	tr.observeTC(now, found.TCPrograms)
 	for _, cp := range found.CapturePoints {
-		if cp.Role != discover.RoleHost {
-			continue
-		}
-		switch {
-		case !newTC[cp.Ifindex] && !cp.TCUnread:
-			atts = append(atts, probe.SkippedTC(cp.NetNS, cp.Ifindex, cp.Ifname, errNoTCProgram)...)
-		case !pf.tails:
-			atts = append(atts, tr.pr.AttachTCHeads(cp.NetNS, cp.Ifindex, cp.Ifname, errNoOtherTCX)...)
-		default:
-			atts = append(atts, tr.pr.AttachTC(cp.NetNS, cp.Ifindex, cp.Ifname)...)
+		if cp.Role == discover.RoleHost && cp.TCUnread {
+			tr.observeVeth(now, cp.Ifindex, cp.Ifname, "its tc programs could not be read")
 		}
 	}
 	tr.tc.add(found.CapturePoints, found.TCPrograms, now, tr.eng)
 	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, tr.watch, tr.opt.Snaplen, pf.ring, pf.prog, pf.progErr)
-	atts = append(atts, tapAtts...)
-	pf.atts = append(pf.atts, atts...)
+	tr.late.atts = append(tr.late.atts, tapAtts...)
 
 	all := append(append([]tap(nil), tr.taps...), taps...)
 	labels := pointLabels(all, pf.node.Pods)
@@ -116,8 +100,8 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	for _, p := range found.Pods {
 		pf.note(p, now, opened)
 	}
-	for _, a := range atts {
-		if a.Err != nil && !errors.Is(a.Err, errNoTCProgram) && !errors.Is(a.Err, errNoOtherTCX) {
+	for _, a := range tapAtts {
+		if a.Err != nil {
 			pf.failed = append(pf.failed, fmt.Sprintf("%s %s: %v", a.Observer, a.Where, a.Err))
 		}
 	}

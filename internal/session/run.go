@@ -42,6 +42,7 @@ type tracer struct {
 	tc       *tcWatch
 	nat      *natWatch
 	pods     *podFollow // nil when Pods were selected
+	late     *tcLate
 	classes  *classTable
 	// icmpKinds names the ICMP errors seen, by type<<8 | code.
 	icmpKinds map[uint16]string
@@ -159,7 +160,7 @@ loop:
 			tr.noteConntrackLosses()
 			tr.widen()
 			tr.lb.check()
-			tr.tc.check(time.Now(), tr.eng)
+			tr.observeTC(time.Now(), tr.tc.check(time.Now(), tr.eng))
 			tr.nat.check(ctx, time.Now(), tr.eng, false)
 			if reason := tr.followNewPods(ctx, time.Now(), startTap); reason != "" {
 				stop = stopFor(reason)

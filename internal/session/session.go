@@ -79,6 +79,9 @@ type Result struct {
 	// PodsStarted names the Pods that started during the session and were
 	// followed from then on (taps, observers, scope), and what failed.
 	PodsStarted []string
+	// ObserversAdded names the tcx observers attached while the session
+	// ran, on host veths that got a tc program, and what failed.
+	ObserversAdded []string
 	// NATRulesReread says when the NAT rules and IPVS services were read
 	// again during the session, and what changed ("" when they were not).
 	NATRulesReread string
@@ -171,8 +174,8 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		root = cgroup
 	}
 	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
-		tc:   newTCWatch(node, pr.IsObserver, time.Now()),
-		nat:  newNATWatch(node, discovered),
+		tc:  newTCWatch(node, pr.IsObserver, time.Now()),
+		nat: newNATWatch(node, discovered), late: &tcLate{observed: tcObserved(node), tails: needTails(node)},
 		free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches)}
 	defer func() { closeTaps(tr.taps) }() // with those of Pods that started
 	if w := discover.NewPodWatch(node, opt.Discover); w != nil {
@@ -182,7 +185,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 				podPoints++
 			}
 		}
-		tr.pods = &podFollow{watch: w, node: node, next: time.Now().Add(podWatchEvery), tails: needTails(node),
+		tr.pods = &podFollow{watch: w, node: node, next: time.Now().Add(podWatchEvery),
 			ring: podRing(podPoints+2, opt.RingBytes, opt.Snaplen), prog: tapProg, progErr: tapProgErr}
 	}
 	if opt.Pcap != "" {
@@ -205,9 +208,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// report is built, which is when the process needs the most memory. Their
 	// counters stay readable.
 	closeTaps(tr.taps)
-	if tr.pods != nil {
-		res.Attachments = append(res.Attachments, tr.pods.atts...)
-	}
+	res.Attachments = append(res.Attachments, tr.late.atts...)
 	tr.attributeCgroups()
 	discover.RefreshGatewayMACs(node)
 	eng.SetGatewayMACs(gatewayMACs(node))
@@ -242,6 +243,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res.ObserversEnded = tr.obsEnded
 	res.NATRulesReread = tr.nat.summary()
 	res.PodsStarted = tr.pods.summary()
+	res.ObserversAdded = tr.late.summary()
 	res.Summarized = pr.Stats().Summarized
 	return res, nil
 }

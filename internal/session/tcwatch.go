@@ -1,6 +1,8 @@
 package session
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -8,6 +10,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/probe"
 )
 
 // tcWatch looks again, every tcWatchEvery, at the tc programs on the host
@@ -34,20 +37,22 @@ func newTCWatch(node *discover.NodeInfo, isObserver func(ebpf.ProgramID) bool, n
 		progs: hostTCPrograms(node.TCPrograms), next: now.Add(tcWatchEvery)}
 }
 
-// check reads the programs again when it is time, and tells the engine when
-// they changed. A read that fails keeps what is known.
-func (w *tcWatch) check(now time.Time, eng *flow.Engine) {
+// A read that fails keeps what is known.
+// check reads the programs again when it is time, tells the engine when
+// they changed, and returns the programs found (nil when it did not look).
+func (w *tcWatch) check(now time.Time, eng *flow.Engine) (found []discover.TCProgram) {
 	if w == nil || now.Before(w.next) {
-		return
+		return nil
 	}
 	w.next = now.Add(tcWatchEvery)
 	found, err := w.look.Look()
 	if err != nil {
-		return
+		return nil
 	}
 	if w.update(hostTCPrograms(found), now) {
 		eng.SetTCPrograms(slices.Clone(w.progs))
 	}
+	return found
 }
 
 // add watches the host veths of Pods that started, whose programs found
@@ -102,4 +107,69 @@ func hostTCPrograms(progs []discover.TCProgram) []flow.TCProgram {
 		out = append(out, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: p.Ifindex})
 	}
 	return out
+}
+
+// tcLate is what the session attached while it ran: tcx observers on host
+// veths that got a tc program (a Pod that started, a CNI agent that
+// started), and the taps of Pods that started.
+type tcLate struct {
+	observed map[int]bool // host veths with tcx observers, by ifindex
+	tails    bool         // the node's host veths get tail observers
+	atts     []probe.Attachment
+	notes    []string // what the report says, bounded
+	more     int
+}
+
+// observeTC attaches the tcx observers on each host veth in progs that has
+// none yet: a rewrite there is then bracketed as at the veths of the start.
+func (tr *tracer) observeTC(now time.Time, progs []discover.TCProgram) {
+	for _, p := range progs {
+		if p.Role == discover.RoleHost {
+			tr.observeVeth(now, p.Ifindex, p.Ifname, fmt.Sprintf("%s %s appeared there", p.Via, p.Name))
+		}
+	}
+}
+
+// observeVeth attaches the tcx observers on the host veth ifindex unless it
+// has them; why says what brought them, for the report.
+func (tr *tracer) observeVeth(now time.Time, ifindex int, ifname, why string) {
+	if tr.late.observed[ifindex] {
+		return
+	}
+	tr.late.observed[ifindex] = true
+	netns := tr.tc.look.HostNetNS()
+	var atts []probe.Attachment
+	if tr.late.tails {
+		atts = tr.pr.AttachTC(netns, ifindex, ifname)
+	} else {
+		atts = tr.pr.AttachTCHeads(netns, ifindex, ifname, errNoOtherTCX)
+	}
+	tr.late.atts = append(tr.late.atts, atts...)
+	note := fmt.Sprintf("tcx observers on %s at %s (%s)", ifname, now.Format("15:04:05"), why)
+	for _, a := range atts {
+		if a.Err != nil && !errors.Is(a.Err, errNoOtherTCX) {
+			note += fmt.Sprintf("; %s not attached: %v", a.Observer, a.Err)
+		}
+	}
+	tr.late.note(note)
+}
+
+// summary lists what was attached late, for the report; nil when nothing.
+func (l *tcLate) summary() []string {
+	out := l.notes
+	if l.more > 0 {
+		out = append(out, fmt.Sprintf("%d more", l.more))
+	}
+	return out
+}
+
+// maxLateNotes bounds what the report lists one by one.
+const maxLateNotes = 64
+
+func (l *tcLate) note(s string) {
+	if len(l.notes) >= maxLateNotes {
+		l.more++
+		return
+	}
+	l.notes = append(l.notes, s)
 }
