@@ -15,13 +15,12 @@ import (
 // Pod of the node is traced: a Deployment rolled out during an incident
 // replaces the client Pods, and their flows are the ones that matter. Each
 // new Pod gets what the Pods of the start have: taps on its eth0 and host
-// veth, the tcx observers where its host veth has a tc program, its socket
+// veth, the tcx observers once its host veth has a tc program, its socket
 // events in scope, and an interface of its own in the pcapng file.
 type podFollow struct {
 	watch   *discover.PodWatch
 	node    *discover.NodeInfo // new Pods join its list
 	next    time.Time          // no look before
-	ring    int                // the ring of each new capture point
 	prog    *ebpf.Program      // the taps' eBPF filter (nil: classic)
 	progErr error
 
@@ -71,7 +70,17 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 		}
 	}
 	tr.tc.add(found.CapturePoints, found.TCPrograms, now, tr.eng)
-	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, tr.watch, tr.opt.Snaplen, pf.ring, pf.prog, pf.progErr)
+	// The Pods' points share a bounded budget of rings, as at the start:
+	// each new one gets the share of a node with that many points (the
+	// rings open cannot shrink, so the total grows slowly with every Pod).
+	podPoints := len(found.CapturePoints)
+	for _, tp := range tr.taps {
+		if tp.role != discover.RoleUplink {
+			podPoints++
+		}
+	}
+	ring := podRing(podPoints, tr.opt.RingBytes, tr.opt.Snaplen)
+	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, tr.watch, tr.opt.Snaplen, ring, pf.prog, pf.progErr)
 	tr.late.atts = append(tr.late.atts, tapAtts...)
 
 	all := append(append([]tap(nil), tr.taps...), taps...)

@@ -174,19 +174,13 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		root = cgroup
 	}
 	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
-		tc:  newTCWatch(node, pr.IsObserver, time.Now()),
-		nat: newNATWatch(node, discovered), late: &tcLate{observed: tcObserved(node), tails: needTails(node)},
+		tc:   newTCWatch(node, pr.IsObserver, time.Now()),
+		nat:  newNATWatch(node, discovered),
+		late: &tcLate{observed: tcObserved(node), tails: needTails(node)},
 		free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches)}
 	defer func() { closeTaps(tr.taps) }() // with those of Pods that started
 	if w := discover.NewPodWatch(node, opt.Discover); w != nil {
-		podPoints := 0
-		for _, cp := range node.CapturePoints {
-			if cp.Role != discover.RoleUplink {
-				podPoints++
-			}
-		}
-		tr.pods = &podFollow{watch: w, node: node, next: time.Now().Add(podWatchEvery),
-			ring: podRing(podPoints+2, opt.RingBytes, opt.Snaplen), prog: tapProg, progErr: tapProgErr}
+		tr.pods = &podFollow{watch: w, node: node, next: time.Now().Add(podWatchEvery), prog: tapProg, progErr: tapProgErr}
 	}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
