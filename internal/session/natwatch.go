@@ -143,9 +143,10 @@ func sameIPVS(a, b flow.IPVSService) bool {
 }
 
 // summary says what the looks found, for the report; "" when the rules
-// were not read again.
+// were not read again or did not change (as on a node whose Services are
+// rewritten outside netfilter, where no rule ever names a backend).
 func (w *natWatch) summary() string {
-	if w == nil || w.looks == 0 {
+	if w == nil || w.appeared+w.went == 0 {
 		return ""
 	}
 	when := "at " + w.firstLook.Format("15:04:05")

@@ -2,6 +2,7 @@ package session
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,5 +70,19 @@ func TestNATWatchUpdate(t *testing.T) {
 	}
 	if n := len(node.Netfilter.Rules); n > 2+maxGoneNAT {
 		t.Errorf("node lists %d rules, want at most %d", n, 2+maxGoneNAT)
+	}
+}
+
+// TestNATWatchSummary: looks that changed nothing (a node whose Services are
+// rewritten outside netfilter) are not reported; a change is, with when.
+func TestNATWatchSummary(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 3, 12, 7, 0, time.UTC)
+	w := &natWatch{looks: 3, firstLook: t0, lastLook: t0.Add(10 * time.Second)}
+	if s := w.summary(); s != "" {
+		t.Errorf("looks without a change: %q, want nothing", s)
+	}
+	w.appeared, w.went = 2, 1
+	if s := w.summary(); !strings.Contains(s, "read again 3 times, 03:12:07 to 03:12:17") || !strings.Contains(s, "2 rule(s) or IPVS service(s) appeared, 1 went") {
+		t.Errorf("summary %q", s)
 	}
 }
