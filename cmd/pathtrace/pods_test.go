@@ -433,3 +433,46 @@ func TestPodStartedMidTraceTC(t *testing.T) {
 		t.Errorf("observers_added %v, want the new Pod's veth's, attached", added)
 	}
 }
+
+// TestPodReplacedMidTrace: a Pod goes (its netns deleted, not its veth)
+// and another comes back with its address and veth name (a StatefulSet's
+// Pod restarted): the first one's tap is closed, so that its netns and veth
+// pair go (the capture alone kept them), and the new one is a capture point
+// of its own, with a label of its own; each keeps its counters.
+func TestPodReplacedMidTrace(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	ip := otherPodIPs[0]
+	pod := addPod(t, l, ip)
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "60s")
+	r.waitNode(t)
+	if err := connectFrom(pod, lab.TCPVIP.String(), 1); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, nil, "ip", "netns", "del", filepath.Base(pod))
+	// The kernel takes the veth pair with the netns, a moment later.
+	for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", filepath.Base(l.NodeNetNS()), "link", "show", addedPodVeth(ip)).Run() == nil; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still there 10 s after its netns was deleted", addedPodVeth(ip))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	addPod(t, l, ip)
+	time.Sleep(7 * time.Second)
+	if err := connectFrom(pod, lab.TCPVIP.String(), 1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	_, summary := r.rest(t)
+	ended, _ := summary["capture_ended"].(map[string]any)
+	if why, _ := ended["pod:eth0@"+ip].(string); !strings.Contains(why, "netns was deleted") {
+		t.Errorf("capture_ended %v: want the first Pod's eth0 released, its netns deleted", ended)
+	}
+	packets, _ := summary["packets"].(map[string]any)
+	for _, point := range []string{"pod:eth0@" + ip, "pod:eth0@" + ip + "#2", "host:" + addedPodVeth(ip), "host:" + addedPodVeth(ip) + "#2"} {
+		if n, _ := packets[point].(float64); n == 0 {
+			t.Errorf("no packet counted at %s: %v", point, packets)
+		}
+	}
+}

@@ -23,6 +23,21 @@ type nsCandidate struct {
 // runNetNSDir is where `ip netns` and CNI runtimes bind-mount named netns.
 const runNetNSDir = "/run/netns"
 
+// HeldNetNS returns the inodes of the network namespaces a process or a
+// /run/netns name holds: one that is in none is kept alive only by sockets
+// in it (a capture's), its Pod gone.
+func HeldNetNS() (map[uint64]bool, error) {
+	cands, err := listNetNS(0)
+	if err != nil {
+		return nil, err
+	}
+	held := make(map[uint64]bool, len(cands))
+	for _, c := range cands {
+		held[c.inode] = true
+	}
+	return held, nil
+}
+
 // listNetNS returns every network namespace held by a process or a
 // /run/netns name, deduplicated by inode, without the one with skipInode.
 // Named netns come first (their paths stay valid when processes come and go).

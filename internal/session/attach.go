@@ -13,6 +13,7 @@ import (
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"github.com/pathtrace/pathtrace/internal/obs"
 	"github.com/pathtrace/pathtrace/internal/probe"
 )
@@ -175,7 +176,9 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 		if cp.Role != discover.RoleUplink && shared != "" {
 			att.Note += fmt.Sprintf("; ring %s, %s", sizeString(rings[i]), shared)
 		}
-		opened[i] = tap{role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil, ended: new(string)}
+		inode, _ := nsutil.Inode(cp.NetNS) // 0: never taken for gone (releaseGone)
+		opened[i] = tap{role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil,
+			ended: new(string), released: new(string), inode: inode}
 	})
 	var taps []tap
 	for _, tp := range opened {

@@ -2,7 +2,10 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 	"time"
 
@@ -85,9 +88,25 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 
 	all := append(append([]tap(nil), tr.taps...), taps...)
 	labels := pointLabels(all, pf.node.Pods)
+	taken := map[string]bool{}
+	for _, tp := range tr.taps {
+		taken[tp.label] = true
+	}
 	first := len(tr.taps)
 	for i := range taps {
-		taps[i].label = labels[first+i]
+		// A Pod that came back with the address of one that went (a
+		// StatefulSet's) is a capture point of its own: the report counts
+		// per label and the pcapng names interfaces by it.
+		base := labels[first+i]
+		if taps[i].role == discover.RoleHost {
+			base = taps[i].role + ":" + taps[i].ifname // the node's veths have names of their own
+		}
+		label := base
+		for n := 2; taken[label]; n++ {
+			label = fmt.Sprintf("%s#%d", base, n)
+		}
+		taken[label] = true
+		taps[i].label = label
 	}
 	var opened []tap
 	for _, tp := range taps {
@@ -161,4 +180,38 @@ func (pf *podFollow) summary() []string {
 		out = append(out, "the last look for new Pods failed at "+pf.lookErr)
 	}
 	return out
+}
+
+// releaseGone closes the taps of the Pods whose netns went: a Pod deleted
+// without its veth (the runtime dropped the netns, the CNI did not delete
+// the link) leaves a netns that only the tap's socket keeps alive, with its
+// veth pair, on the node's bridge, for as long as the capture would run.
+// A netns is gone when its path is (the bind mount removed, the process
+// that held it exited) and no process or name holds it any more: an app
+// container that restarts in a Pod that lives on does not count.
+func (tr *tracer) releaseGone(now time.Time) {
+	var gone []int
+	for i, tp := range tr.taps {
+		if tp.role != discover.RolePod || tp.inode == 0 || *tp.released != "" {
+			continue
+		}
+		if _, err := os.Stat(tp.netns); errors.Is(err, fs.ErrNotExist) {
+			gone = append(gone, i)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	held, err := discover.HeldNetNS()
+	if err != nil {
+		return // looked at again next time
+	}
+	for _, i := range gone {
+		tp := tr.taps[i]
+		if held[tp.inode] {
+			continue
+		}
+		*tp.released = fmt.Sprintf("released at %s: its Pod's netns was deleted; the capture alone kept it (and its veth pair) alive", now.Format("15:04:05"))
+		tp.t.Close()
+	}
 }

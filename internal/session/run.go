@@ -162,6 +162,7 @@ loop:
 			tr.lb.check()
 			tr.observeTC(time.Now(), tr.tc.check(time.Now(), tr.eng))
 			tr.nat.check(ctx, time.Now(), tr.eng, false)
+			tr.releaseGone(time.Now())
 			if reason := tr.followNewPods(ctx, time.Now(), startTap); reason != "" {
 				stop = stopFor(reason)
 				break loop

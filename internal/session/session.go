@@ -6,6 +6,7 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -93,8 +94,10 @@ type tap struct {
 	point                      obs.Point
 	t                          *capture.Tap
 	// ended says why its capture ended before the session did ("" while
-	// it runs): its producer writes it, read once the producers ended.
-	ended *string
+	// it runs): its producer writes it, read once the producers ended;
+	// released is the same when the session closed it (releaseGone).
+	ended, released *string
+	inode           uint64 // of netns
 	// classic: the tap filters with a classic BPF program of the watched
 	// addresses, which widen() must replace as backends are learned. The
 	// eBPF filter reads the probe's maps and follows by itself.
@@ -219,11 +222,11 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res.Summary = eng.Summary()
 	res.Packets, res.Drops = tr.counters()
 	for _, tp := range tr.taps {
-		if *tp.ended != "" {
+		if why := cmp.Or(*tp.released, *tp.ended); why != "" {
 			if res.CaptureEnded == nil {
 				res.CaptureEnded = map[string]string{}
 			}
-			res.CaptureEnded[tp.label] = *tp.ended
+			res.CaptureEnded[tp.label] = why
 		}
 	}
 	for _, tp := range tr.taps {
