@@ -23,17 +23,17 @@ type nsCandidate struct {
 // runNetNSDir is where `ip netns` and CNI runtimes bind-mount named netns.
 const runNetNSDir = "/run/netns"
 
-// HeldNetNS returns the inodes of the network namespaces a process or a
-// /run/netns name holds: one that is in none is kept alive only by sockets
-// in it (a capture's), its Pod gone.
-func HeldNetNS() (map[uint64]bool, error) {
+// HeldNetNS returns the network namespaces a process or a /run/netns name
+// holds, by inode, with a path that opens each: one that is in none is kept
+// alive only by sockets in it (a capture's), its Pod gone.
+func HeldNetNS() (map[uint64]string, error) {
 	cands, err := listNetNS(0)
 	if err != nil {
 		return nil, err
 	}
-	held := make(map[uint64]bool, len(cands))
+	held := make(map[uint64]string, len(cands))
 	for _, c := range cands {
-		held[c.inode] = true
+		held[c.inode] = c.path
 	}
 	return held, nil
 }

@@ -2,16 +2,14 @@ package session
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // podFollow follows the Pods that start while the session runs, when every
@@ -186,17 +184,18 @@ func (pf *podFollow) summary() []string {
 // without its veth (the runtime dropped the netns, the CNI did not delete
 // the link) leaves a netns that only the tap's socket keeps alive, with its
 // veth pair, on the node's bridge, for as long as the capture would run.
-// A netns is gone when its path is (the bind mount removed, the process
-// that held it exited) and no process or name holds it any more: an app
-// container that restarts in a Pod that lives on does not count.
+// A netns is gone when its path no longer opens it (the bind mount
+// removed, the process that held it exited) and no process or name holds
+// it any more: an app container that restarts in a Pod that lives on does
+// not count.
 func (tr *tracer) releaseGone(now time.Time) {
 	var gone []int
 	for i, tp := range tr.taps {
 		if tp.role != discover.RolePod || tp.inode == 0 || *tp.released != "" {
 			continue
 		}
-		if _, err := os.Stat(tp.netns); errors.Is(err, fs.ErrNotExist) {
-			gone = append(gone, i)
+		if ino, err := nsutil.Inode(tp.netns); err != nil || ino != tp.inode {
+			gone = append(gone, i) // gone, or another netns (a reused PID) or file now
 		}
 	}
 	if len(gone) == 0 {
@@ -208,7 +207,10 @@ func (tr *tracer) releaseGone(now time.Time) {
 	}
 	for _, i := range gone {
 		tp := tr.taps[i]
-		if held[tp.inode] {
+		if path, ok := held[tp.inode]; ok {
+			// Its path was a process that exited in a Pod that lives on
+			// (an app container restarted): look at another from now on.
+			tr.taps[i].netns = path
 			continue
 		}
 		*tp.released = fmt.Sprintf("released at %s: its Pod's netns was deleted; the capture alone kept it (and its veth pair) alive", now.Format("15:04:05"))
