@@ -57,6 +57,7 @@ type Engine struct {
 	snat map[clientKey][]*flowState
 
 	backends map[netip.Addr]bool
+	labels   labels // the capture points' labels (pointKey.iface)
 	newest   time.Time
 	observed [256]uint64 // per obs.Point
 	// gen counts changes to what every verdict depends on besides the flow's
@@ -95,6 +96,7 @@ func NewEngine(cfg Config) *Engine {
 		socks:    newSockTable(max(4096, 2*maxFlows)),
 		waiting:  newWaiting(max(4096, maxFlows)),
 		backends: make(map[netip.Addr]bool),
+		labels:   newLabels(),
 	}
 	// Two generations the size of the flow table remember the refused flows:
 	// a flow is counted again only when seen after that many newer ones.

@@ -318,7 +318,7 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(&o, reply)) {
 		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
 	}
-	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst), iface: o.Ifname}, 1, uint64(o.Len))
+	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst), iface: e.labels.indexOf(o.Ifname)}, 1, uint64(o.Len))
 	if reply {
 		f.reply = true
 		if o.Point == obs.PointUplink {
@@ -387,7 +387,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 		f.kind = o.Kind
 		f.evidenceChanged()
 	}
-	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), reqDst: endpointOf(o.ReqDst)}, 1, 0)
+	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), far: endpointOf(o.ReqDst)}, 1, 0)
 	if o.ReqDst.IsValid() {
 		e.sight(f, cpApp, o.ReqDst, o.Point, o.Time)
 	}
@@ -542,7 +542,7 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 		f.ctSeen = true
 		f.evidenceChanged()
 	}
-	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), natDst: endpointOf(o.NATDst)}, 1, 0)
+	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), far: endpointOf(o.NATDst)}, 1, 0)
 	e.sight(f, cpNFBefore, o.Dst, o.Point, o.Time)
 	if o.NATDst.IsValid() {
 		if !f.ctNAT && o.Dst == f.service {
