@@ -58,6 +58,12 @@ type Engine struct {
 
 	backends map[netip.Addr]bool
 	labels   labels // the capture points' labels (pointKey.iface)
+	// commented are the flows that keep their packets' comments, the
+	// one given them first at nextCommented (keepComments).
+	commented     []*flowState
+	nextCommented int
+	// byNames are the verdicts' "by" strings, one copy each (cachedVerdict).
+	byNames  map[string]string
 	newest   time.Time
 	observed [256]uint64 // per obs.Point
 	// gen counts changes to what every verdict depends on besides the flow's

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,5 +94,59 @@ func TestFlowMemory(t *testing.T) {
 	}
 	if per > maxFlowBytes {
 		t.Errorf("%.0f bytes per flow, want at most %d", per, maxFlowBytes)
+	}
+}
+
+// TestCommentsKeptByRecentFlows: only the flows given packet comments last
+// keep them; an earlier flow's packets get the same comment, made again.
+func TestCommentsKeptByRecentFlows(t *testing.T) {
+	const nflows = 3000
+	svc := netip.MustParseAddrPort("10.120.0.80:80")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}}, MaxFlows: nflows})
+	var handles []flow.Handle
+	var comments []string
+	for i := range nflows {
+		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 9, byte(1 + i%200)}), uint16(30000+i))
+		h, ok := e.AddPacket(obs.Observation{Time: flowtest.At(float64(i)), Point: obs.PointPod, Dir: obs.DirOut,
+			Proto: obs.TCP, TCPFlags: 0x02, Src: c, Dst: svc, Len: 60})
+		if !ok {
+			t.Fatalf("flow %d: no handle", i)
+		}
+		s, ok := e.CommentOf(h)
+		if !ok || !strings.Contains(s, "request to VIP") {
+			t.Fatalf("flow %d: comment %q, %v", i, s, ok)
+		}
+		handles, comments = append(handles, h), append(comments, s)
+	}
+	if n := e.CommentedFlows(); n > 1024 {
+		t.Errorf("%d of %d flows keep comments, want at most 1024", n, nflows)
+	}
+	for _, i := range []int{0, nflows / 2, nflows - 1} {
+		if s, ok := e.CommentOf(handles[i]); !ok || s != comments[i] {
+			t.Errorf("flow %d: comment %q, %v; it was %q", i, s, ok, comments[i])
+		}
+	}
+}
+
+// TestByShared: flows of one rule keep one copy of their verdict's "by".
+func TestByShared(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/max-flows.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Run(nil)
+	e.Summary() // caches every verdict
+	var first *byte
+	n := 0
+	for id, p := range e.ByData() {
+		if first == nil {
+			first = p
+		} else if p != first {
+			t.Errorf("flow %d: a copy of its by of its own", id)
+		}
+		n++
+	}
+	if n != 2 {
+		t.Fatalf("%d flows with a by, want 2", n)
 	}
 }

@@ -157,9 +157,11 @@ type flowState struct {
 	// (plausibleGuess).
 	deferred bool
 	// comments are the pcapng comments of its packets by kind (CommentOf),
-	// valid while evidence and the engine's gen are as recorded.
+	// valid while evidence and the engine's gen are as recorded; commented:
+	// it is among the flows that keep them (keepComments).
 	comments                      [4]string
 	commentsEvidence, commentsGen uint64
+	commented                     bool
 }
 
 // evidenceChanged drops the cached verdict.
