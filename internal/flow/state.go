@@ -110,6 +110,10 @@ type flowState struct {
 	// cookie tells apart flows of different sockets while their client port is
 	// not known yet (TCP connect before bind); 0 once the port is known.
 	cookie uint64
+	// sock is the cookie of the socket whose flow it is, 0 while no socket
+	// observer named one: a later socket on the same client port (a
+	// resolver's socket per query) makes a flow of its own.
+	sock uint64
 
 	backends    []backendSeen
 	cps         [numCheckpoints]sighting
@@ -168,6 +172,13 @@ type flowState struct {
 func (f *flowState) evidenceChanged() { f.cachedOK = false; f.evidence++ }
 
 func (f *flowState) key() clientKey { return clientKey{f.proto, f.client} }
+
+// claim makes f the flow of socket cookie (0: none) if no socket claimed it.
+func (f *flowState) claim(cookie uint64) {
+	if f.sock == 0 {
+		f.sock = cookie
+	}
+}
 
 func (f *flowState) touch(t time.Time) {
 	if f.first.IsZero() || t.Before(f.first) {
@@ -272,6 +283,7 @@ func (f *flowState) onlyBeyondSNAT() bool {
 func (f *flowState) absorb(o *flowState) {
 	o.merged = true
 	f.evidenceChanged()
+	f.claim(o.sock)
 	if o.id < f.id {
 		f.id = o.id
 	}
