@@ -162,7 +162,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	}
 	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
 		tc:   newTCWatch(node, pr.IsObserver, time.Now()),
-		free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches), ended: make([]string, len(taps))}
+		free: newBatchPool(freeBatches), freeSmall: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches), ended: make([]string, len(taps))}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
 			return nil, err
@@ -191,7 +191,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// garbage now: return it before the report adds its own, and keep the
 	// heap tight from here on (the report of thousands of flows is built and
 	// printed once; CPU no longer matters, memory still does).
-	tr.classes, tr.free, tr.freeObs = nil, nil, nil
+	tr.classes, tr.free, tr.freeSmall, tr.freeObs = nil, nil, nil, nil
 	debug.FreeOSMemory()
 	debug.SetGCPercent(10)
 	tr.noteConntrackLosses()
