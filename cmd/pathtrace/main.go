@@ -24,10 +24,11 @@ const (
 // collects garbage sooner rather than grow. With the binary's pages, the
 // event ring and three 4 MiB capture rings (about 24 MiB, bounded on their
 // own) it keeps the process under 64 MiB at the default --max-flows with one
-// Pod; two Pods or more have five rings (8 MiB more), which a lower limit
-// does not make up for: at 4096 flows the live heap is close to it, and the
-// collector then runs all the time. A much larger --max-flows needs
-// GOMEMLIMIT raised, or the collector runs often.
+// Pod; two Pods or more have five rings (8 MiB more: 70 MiB with 51 Pods
+// in churn). At 4096 flows the live heap is 19-20 MiB, which leaves the
+// collector 8 MiB to allocate between cycles, half a minute or more in
+// churn (the steady state allocates little). A much larger --max-flows
+// needs GOMEMLIMIT raised, or the collector runs often.
 const memoryLimit = 42 << 20
 
 // captureProcs is how many threads run pathtrace's Go code at once, given

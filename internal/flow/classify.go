@@ -73,7 +73,7 @@ func (e *Engine) find(o obs.Observation) (f *flowState, reply bool) {
 	if !o.Src.IsValid() || !o.Dst.IsValid() {
 		return nil, false
 	}
-	f, reply, _ = e.lookup(o.Proto, o.Src, o.Dst, momentOf(&o, false), true, nil)
+	f, reply, _ = e.lookup(o.Proto, o.Src, o.Dst, 0, momentOf(&o, false), true, nil)
 	return f, reply
 }
 
@@ -96,9 +96,29 @@ func (e *Engine) cachedVerdict(f *flowState) verdict {
 	if !f.cachedOK || f.cachedGen != e.gen {
 		// Packet comments read place and by only; the report makes the
 		// reason afresh: thousands of flows need not keep it.
-		f.cached, f.cachedOK, f.cachedGen = e.decide(f, false), true, e.gen
+		v := e.decide(f, false)
+		v.by = e.byName(v.by)
+		f.cached, f.cachedOK, f.cachedGen = v, true, e.gen
 	}
 	return f.cached
+}
+
+// maxByNames bounds the distinct "by" strings byName shares; beyond, it
+// starts over (the strings made since are shared again).
+const maxByNames = 1024
+
+// byName is by, the one copy of it the engine keeps: the flows of one rule
+// or program name it with the same words, made afresh for each (2 MiB for
+// 4096 flows of one kube-proxy rule).
+func (e *Engine) byName(by string) string {
+	if s, ok := e.byNames[by]; ok {
+		return s
+	}
+	if e.byNames == nil || len(e.byNames) >= maxByNames {
+		e.byNames = make(map[string]string)
+	}
+	e.byNames[by] = by
+	return by
 }
 
 // Comment renders the reference as a packet comment, e.g.

@@ -21,6 +21,7 @@ const reorderWindow = 3 * time.Second
 const (
 	DropFlowsOverMax      = "flows_over_max"
 	DropUnmatchedOverflow = "unmatched_overflow"
+	DropFlowsJoined       = "flows_joined"
 )
 
 // clientKey is one endpoint of one protocol: a flow's client, or either end of
@@ -61,6 +62,13 @@ type Engine struct {
 	// and IPVS services; unlisted counts those none named (checkListed).
 	pairs    map[[2]netip.AddrPort]struct{}
 	unlisted uint64
+	labels   labels // the capture points' labels (pointKey.iface)
+	// commented are the flows that keep their packets' comments, the
+	// one given them first at nextCommented (keepComments).
+	commented     []*flowState
+	nextCommented int
+	// byNames are the verdicts' "by" strings, one copy each (cachedVerdict).
+	byNames  map[string]string
 	newest   time.Time
 	observed [256]uint64 // per obs.Point
 	// gen counts changes to what every verdict depends on besides the flow's
@@ -69,12 +77,15 @@ type Engine struct {
 
 	// refused are the flows refused recently, refusedClients their client
 	// endpoints: bounded, see refuse.
-	refused        recentSet[flowKey]
-	refusedClients recentSet[clientKey]
+	refused        recentSet[flowKey, refusedFlow]
+	refusedClients recentSet[clientKey, struct{}]
 	overMax        uint64
-	overflow       uint64
-	unmatched      uint64
-	withoutPorts   uint64
+	// joined counts the flows of a socket taken into another socket's
+	// flow of the same client endpoint and Service (joinOrSupersede).
+	joined       uint64
+	overflow     uint64
+	unmatched    uint64
+	withoutPorts uint64
 	// ctLosses are the conntrack events the caller lost (SetConntrackLosses):
 	// then conntrack's silence about a flow proves nothing.
 	ctLosses uint64
@@ -100,11 +111,12 @@ func NewEngine(cfg Config) *Engine {
 		waiting:  newWaiting(max(4096, maxFlows)),
 		backends: make(map[netip.Addr]bool),
 		pairs:    make(map[[2]netip.AddrPort]struct{}),
+		labels:   newLabels(),
 	}
 	// Two generations the size of the flow table remember the refused flows:
 	// a flow is counted again only when seen after that many newer ones.
-	e.refused = newRecentSet[flowKey](max(4096, maxFlows))
-	e.refusedClients = newRecentSet[clientKey](max(4096, maxFlows))
+	e.refused = newRecentSet[flowKey, refusedFlow](max(4096, maxFlows))
+	e.refusedClients = newRecentSet[clientKey, struct{}](max(4096, maxFlows))
 	for _, s := range cfg.Services {
 		e.services[s.Addr] = append(e.services[s.Addr], s)
 	}
@@ -250,7 +262,7 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 		e.withoutPorts++
 		return true, false, h, false
 	}
-	f, reply, r := e.link(o.Proto, o.Src, o.Dst, momentOf(&o, false), true, last)
+	f, reply, r := e.link(o.Proto, o.Src, o.Dst, 0, momentOf(&o, false), true, last)
 	switch r {
 	case linked:
 		if slot := e.applyPacket(f, o, reply); slot >= 0 {
@@ -366,6 +378,7 @@ func (e *Engine) Summary() Summary {
 		Drops: map[string]uint64{
 			DropFlowsOverMax:      e.overMax,
 			DropUnmatchedOverflow: e.overflow,
+			DropFlowsJoined:       e.joined,
 		},
 		Unmatched:    e.unmatched,
 		WithoutPorts: e.withoutPorts,

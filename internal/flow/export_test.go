@@ -1,6 +1,9 @@
 package flow
 
-import "fmt"
+import (
+	"fmt"
+	"unsafe"
+)
 
 // StaleVerdicts lists the flows whose cached verdict is still marked valid but
 // differs from a fresh decision: an evidence change that missed invalidating it.
@@ -68,4 +71,31 @@ func (e *Engine) SNATIndexErrors() []string {
 		errs = append(errs, fmt.Sprintf("flow %d listed but not in the flow table", f.id))
 	}
 	return errs
+}
+
+// CommentedFlows counts the flows that keep packet comments.
+func (e *Engine) CommentedFlows() int {
+	n := 0
+	for _, list := range e.clients {
+		for _, f := range list {
+			if f.comments != [4]string{} {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// ByData maps each flow's ID to where the bytes of its cached verdict's
+// "by" lie (nil without one).
+func (e *Engine) ByData() map[int]*byte {
+	out := map[int]*byte{}
+	for _, list := range e.clients {
+		for _, f := range list {
+			if f.cachedOK && f.cached.by != "" {
+				out[f.id] = unsafe.StringData(f.cached.by)
+			}
+		}
+	}
+	return out
 }

@@ -96,9 +96,11 @@ type Summary struct {
 	Flows       int           `json:"flows"`
 	RewrittenAt map[Place]int `json:"rewritten_at"`
 	// Drops are losses by counter name. The engine reports its own,
-	// "flows_over_max" (flows beyond MaxFlows) and "unmatched_overflow"
-	// (observations evicted while waiting for their flow because the waiting
-	// room was full); WithDrops adds the caller's.
+	// "flows_over_max" (flows beyond MaxFlows), "flows_joined" (flows of a
+	// socket on a reused client port taken into the earlier socket's flow,
+	// joinOrSupersede) and "unmatched_overflow" (observations evicted while
+	// waiting for their flow because the waiting room was full); WithDrops
+	// adds the caller's.
 	Drops map[string]uint64 `json:"drops"`
 	// Unmatched counts observations that no flow claimed within the reordering
 	// window (e.g. traffic to a backend that did not go through a VIP).

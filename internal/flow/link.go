@@ -21,7 +21,8 @@ const (
 )
 
 // link finds the flow of an observation with addresses src -> dst seen at m
-// (its time and TCP flags; its direction is link's to tell) and tells
+// (its time and TCP flags; its direction is link's to tell), of the socket
+// cookie names (0: not a socket's observation), and tells
 // whether it travels in the reply direction. A VIP on either end names the
 // flow (creating it); otherwise the other end must be a backend the flow is
 // known to use. Failing that, when the client endpoint has exactly one flow
@@ -31,9 +32,9 @@ const (
 // can belong to by time and TCP flags (toPeer, withService). A guess not
 // plausible yet is put off (deferredLink) unless this is the observation's
 // last chance (last).
-func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, m moment, replies, last bool) (*flowState, bool, linkResult) {
+func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m moment, replies, last bool) (*flowState, bool, linkResult) {
 	var g guesses
-	if f, reply, r := e.lookup(proto, src, dst, m, replies, &g); r != unlinked {
+	if f, reply, r := e.lookup(proto, src, dst, cookie, m, replies, &g); r != unlinked {
 		return f, reply, r
 	}
 	at := time.Unix(0, m.at)
@@ -80,7 +81,7 @@ type guesses struct{ out, in *flowState }
 // fills g with the candidates for a backend guess, which link may take
 // when nothing was found (unlinked). Without g lookup changes nothing and
 // offers no guess (toPeer guesses only when asked).
-func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, m moment, replies bool, g *guesses) (f *flowState, reply bool, r linkResult) {
+func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m moment, replies bool, g *guesses) (f *flowState, reply bool, r linkResult) {
 	learn := g != nil
 	client, service, toService := src, dst, true
 	switch {
@@ -93,7 +94,7 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, m moment, repl
 	}
 	if toService {
 		if learn {
-			f, r = e.flowFor(proto, client, service, 0, m)
+			f, r = e.flowFor(proto, client, service, cookie, m)
 			return f, reply, r
 		}
 		if f = withService(e.clients[clientKey{proto, client}], service, 0, m); f == nil {
@@ -202,11 +203,13 @@ func soleWithoutBackend(flows []*flowState) *flowState {
 	return nil
 }
 
-// flowFor returns the flow client -> service of a packet (or socket event)
-// at m, creating it within MaxFlows. A client without a port (socket layer
-// before bind) is told apart by cookie. A packet opening a TCP connection
-// (or a conntrack event) where the flow's connection is over begins a new
-// flow: a reused client port.
+// flowFor returns the flow client -> service of a packet (or socket event
+// of socket cookie, 0 for others) at m, creating it within MaxFlows. A
+// client without a port (socket layer before bind) is told apart by
+// cookie. Where the flow is over, a new flow begins: a reused client port.
+// A TCP connection is over for a packet (or conntrack event) opening
+// another; a flow of one socket for an observation of another
+// (joinOrSupersede).
 func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment) (*flowState, linkResult) {
 	k := clientKey{proto, client}
 	f := withService(e.clients[k], service, cookie, m)
@@ -223,6 +226,11 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 		// is not f's, even when it is refused beyond MaxFlows.
 		earliest(&f.tcp.next, m.at)
 	}
+	if f == nil && cookie != 0 && client.Port() != 0 {
+		if g, joined := e.joinOrSupersede(k, service, cookie, m); joined {
+			return g, linked
+		}
+	}
 	// Beyond the node's SNAT a flow that left unrewritten carries the
 	// source conntrack says the SNAT gave it: not a flow from the node.
 	if f == nil && client.Port() != 0 {
@@ -230,18 +238,47 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 			return f, linked
 		}
 	}
-	return e.newFlow(proto, client, service, cookie)
+	return e.newFlow(proto, client, service, cookie, m)
 }
 
-// newFlow makes the flow client -> service within MaxFlows.
-func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie uint64) (*flowState, linkResult) {
+// joinOrSupersede takes the observation at m of socket cookie on a client
+// endpoint and Service whose flows are other sockets' (withService found
+// none of its own): the port was reused by a new socket. The latest of
+// those flows, g, is superseded from m on: what is seen of the endpoint
+// from then on is the new socket's, whether its flow is followed or
+// refused. But a UDP g seen active since m took the new socket's packets
+// already (delivered before its socket's events: nothing in a datagram
+// tells the sockets apart, and they share conntrack's entry, hence the
+// backend): the socket joins g (true), counted in flows_joined so that
+// it is not lost silently.
+func (e *Engine) joinOrSupersede(k clientKey, service netip.AddrPort, cookie uint64, m moment) (*flowState, bool) {
+	var g *flowState
+	for _, f := range e.clients[k] {
+		if f.service == service && f.sock != 0 && f.sock != cookie && (g == nil || f.began(m) > g.began(m)) {
+			g = f
+		}
+	}
+	switch {
+	case g == nil:
+		return nil, false
+	case k.proto == obs.UDP && !g.tcp.superseded(m) && g.last.UnixNano() >= m.at-int64(clockSlack):
+		e.joined++
+		return g, true
+	}
+	earliest(&g.tcp.next, m.at)
+	return nil, false
+}
+
+// newFlow makes the flow client -> service of socket cookie (0: not
+// known) seen at m within MaxFlows.
+func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment) (*flowState, linkResult) {
 	k := clientKey{proto, client}
 	if e.nflows >= e.maxFlows {
-		e.refuse(flowKey{k, service})
+		e.refuse(flowKey{k, service}, cookie, m)
 		return nil, refused
 	}
 	e.nextID++
-	f := &flowState{id: e.nextID, proto: proto, client: client, service: service}
+	f := &flowState{id: e.nextID, proto: proto, client: client, service: service, sock: cookie}
 	if client.Port() == 0 {
 		f.cookie = cookie
 	}
@@ -250,17 +287,63 @@ func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie
 	return f, linked
 }
 
-// refuse counts a flow beyond MaxFlows once, as far as a bounded set of the
-// recently refused ones remembers it (recentSet). The set also names the
-// refused flows' client endpoints, whose later packets link refuses too. A
-// socket not bound yet (client port 0) is not counted: its first packet
-// names its port, and the flow is counted then.
-func (e *Engine) refuse(k flowKey) {
-	if k.client.Port() == 0 || e.refused.has(k) {
+// refusedFlow is what the engine remembers of a flow refused beyond
+// MaxFlows, to tell its later observations from those of a later flow of
+// the same client endpoint and Service (a reused port), which is counted
+// too.
+type refusedFlow struct {
+	sock     uint64 // its socket's cookie, 0 while no socket observer named it
+	syn, end int64  // TCP: its client's first SYN, its first FIN or RST (unix ns; 0 not seen)
+}
+
+// another tells whether an observation at m of socket sock (0: not a
+// socket's) is of a later flow than r: another socket's, or a TCP SYN
+// opening a connection after r's ended, or later than a client
+// retransmits its SYN. A refused flow's SYN, FIN and RST are always seen
+// here (the capture path never counts them as repeats), its ACKs not.
+func (r refusedFlow) another(sock uint64, m moment) bool {
+	if sock != 0 && r.sock != 0 && sock != r.sock {
+		return true
+	}
+	if !m.opens() || m.reply {
+		return false
+	}
+	return r.end != 0 && r.end < m.at-int64(sameConnGap) || r.syn != 0 && r.syn < m.at-int64(synRetryWindow)
+}
+
+func (r *refusedFlow) note(sock uint64, m moment) {
+	if r.sock == 0 {
+		r.sock = sock
+	}
+	if m.opens() && !m.reply {
+		earliest(&r.syn, m.at)
+	}
+	if m.flags&(tcpFIN|tcpRST) != 0 {
+		earliest(&r.end, m.at)
+	}
+}
+
+// refuse counts a flow beyond MaxFlows (k, of socket sock, seen at m)
+// once, as far as a bounded set of the recently refused ones remembers it
+// (recentSet); a later flow of the same client endpoint and Service
+// (refusedFlow.another) is counted again. The set also names the refused
+// flows' client endpoints, whose later packets link refuses too. A socket
+// not bound yet (client port 0) is not counted: its first packet names
+// its port, and the flow is counted then.
+func (e *Engine) refuse(k flowKey, sock uint64, m moment) {
+	if k.client.Port() == 0 {
 		return
 	}
-	e.refused.add(k)
-	e.refusedClients.add(k.clientKey)
+	r, ok := e.refused.get(k)
+	if ok && !r.another(sock, m) {
+		r.note(sock, m)
+		e.refused.put(k, r)
+		return
+	}
+	r = refusedFlow{}
+	r.note(sock, m)
+	e.refused.put(k, r)
+	e.refusedClients.put(k.clientKey, struct{}{})
 	e.overMax++
 	// Its packets beyond the rewrite (and their replies) that came first
 	// wait for it: they are refused with it now, not left unmatched.
@@ -319,7 +402,7 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(&o, reply)) {
 		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
 	}
-	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst), iface: o.Ifname}, 1, uint64(o.Len))
+	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst), iface: e.labels.indexOf(o.Ifname)}, 1, uint64(o.Len))
 	if reply {
 		f.reply = true
 		if o.Point == obs.PointUplink {
@@ -382,13 +465,14 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	if s != nil {
 		s.add(f)
 	}
+	f.claim(o.Cookie)
 	e.touch(f, o.Time)
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
 	if f.kind == 0 && o.Kind != 0 {
 		f.kind = o.Kind
 		f.evidenceChanged()
 	}
-	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), reqDst: endpointOf(o.ReqDst)}, 1, 0)
+	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), far: endpointOf(o.ReqDst)}, 1, 0)
 	if o.ReqDst.IsValid() {
 		e.sight(f, cpApp, o.ReqDst, o.Point, o.Time)
 	}
@@ -411,7 +495,7 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 		s.noteProc(o)
 		if o.Src.Port() != 0 && (s.src != o.Src || s.proto != o.Proto) {
 			s.src, s.proto = o.Src, o.Proto
-			e.rekey(s)
+			e.rekey(s, o.Cookie)
 		}
 		if f = s.flowTo(o.Dst); f == nil && !e.isService(o.Proto, o.Dst) {
 			// The same socket asked for a VIP and now sends to dst: its backend.
@@ -423,12 +507,15 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 	reply := false
 	if f == nil {
 		var r linkResult
-		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, momentOf(&o, false), true, last); r != linked {
+		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, o.Cookie, momentOf(&o, false), true, last); r != linked {
 			return r == refused, r == deferredLink
 		}
 	}
 	if s != nil {
 		s.add(f)
+	}
+	if !reply {
+		f.claim(o.Cookie)
 	}
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
 	if o.Point == obs.PointSockState && o.Proto == obs.TCP && !reply &&
@@ -443,8 +530,9 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 
 // rekey moves the socket's flows that were recorded before the client port was
 // known to their full client endpoint, merging each into a flow the packet
-// observers may have started meanwhile.
-func (e *Engine) rekey(s *sockState) {
+// observers may have started meanwhile. cookie is the socket's; a flow of
+// another socket is not this one's (joinOrSupersede).
+func (e *Engine) rekey(s *sockState, cookie uint64) {
 	for i, f := range s.flows {
 		if f.client.Port() != 0 {
 			continue
@@ -461,7 +549,14 @@ func (e *Engine) rekey(s *sockState) {
 		if f.proto != obs.TCP {
 			m.flags = 0
 		}
-		if g := withService(e.clients[f.key()], f.service, 0, m); g != nil && !g.tcp.over(m) {
+		g := withService(e.clients[f.key()], f.service, cookie, m)
+		if g != nil && g.tcp.over(m) {
+			g = nil
+		}
+		if g == nil {
+			g, _ = e.joinOrSupersede(f.key(), f.service, cookie, m)
+		}
+		if g != nil {
 			e.merge(g, f)
 			s.flows[i] = g
 			continue
@@ -509,7 +604,7 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 	}
 	m := momentOf(&o, false)
 	m.entry = o.Proto == obs.TCP
-	f, _, r := e.link(o.Proto, o.Src, o.Dst, m, false, last)
+	f, _, r := e.link(o.Proto, o.Src, o.Dst, 0, m, false, last)
 	if r != linked {
 		return r == refused, r == deferredLink
 	}
@@ -543,7 +638,7 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 		f.ctSeen = true
 		f.evidenceChanged()
 	}
-	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), natDst: endpointOf(o.NATDst)}, 1, 0)
+	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), far: endpointOf(o.NATDst)}, 1, 0)
 	e.sight(f, cpNFBefore, o.Dst, o.Point, o.Time)
 	if o.NATDst.IsValid() {
 		if !f.ctNAT && o.Dst == f.service {
@@ -589,7 +684,7 @@ func (e *Engine) ctFlow(f *flowState, backend netip.AddrPort, last bool) (*flowS
 	case found != nil:
 		return found, linked
 	case last:
-		return e.newFlow(f.proto, f.client, f.service, 0)
+		return e.newFlow(f.proto, f.client, f.service, 0, moment{})
 	}
 	return nil, deferredLink
 }

@@ -79,7 +79,9 @@ func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
 // CommentOf is the pcapng comment of the packets of h (Ref.Comment), made
 // once per flow and kind (request or reply, before or after translation)
 // while the flow's verdict holds: every packet of a flow at every capture
-// point shares it. False for a refused flow or one merged into another.
+// point shares it. The maxCommented flows that were given comments last
+// keep them; an earlier one's are made again when its packets come back.
+// False for a refused flow or one merged into another.
 func (e *Engine) CommentOf(h Handle) (string, bool) {
 	f := h.f
 	if f == nil || f.merged {
@@ -98,6 +100,29 @@ func (e *Engine) CommentOf(h Handle) (string, bool) {
 	}
 	if f.comments[i] == "" {
 		f.comments[i] = e.ref(f, h.reply, h.translated).Comment()
+		if !f.commented {
+			e.keepComments(f)
+		}
 	}
 	return f.comments[i], true
+}
+
+// maxCommented bounds the flows that keep their packets' comments (a few
+// hundred bytes each, four kinds): most flows' packets are all written
+// within seconds, and thousands of quiet flows' comments were 4.6 MiB of
+// the live heap at the default --max-flows under churn.
+const maxCommented = 1024
+
+// keepComments notes that f holds comments now; the flow that was given
+// comments maxCommented flows ago gives its own up.
+func (e *Engine) keepComments(f *flowState) {
+	f.commented = true
+	if len(e.commented) < maxCommented {
+		e.commented = append(e.commented, f)
+		return
+	}
+	old := e.commented[e.nextCommented]
+	old.comments, old.commented = [4]string{}, false
+	e.commented[e.nextCommented] = f
+	e.nextCommented = (e.nextCommented + 1) % maxCommented
 }

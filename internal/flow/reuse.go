@@ -188,10 +188,13 @@ func (l *tcpLife) closedBefore(at int64) bool {
 // however soon its port was reused (a busy client, tcp_tw_reuse, a server
 // that closed first, a retry after a refusal).
 func (l *tcpLife) over(m moment) bool {
+	if l.superseded(m) {
+		return true
+	}
 	if m.flags == 0 && !m.entry {
 		return false
 	}
-	if l.closedBefore(m.at) || l.superseded(m) {
+	if l.closedBefore(m.at) {
 		return true
 	}
 	if !m.opens() || m.reply {
@@ -243,13 +246,19 @@ func latestBefore(flows []*flowState, m moment, limit int64, ok func(*flowState)
 }
 
 // withService returns the flow of the client endpoint's flows to service
-// (of socket cookie when the port is not known) that a packet at m belongs
-// to: of those a reused port made, the one that began last before it.
+// that a packet (or an observation of socket cookie, 0 for others) at m
+// belongs to: of those a reused port made, the one that began last before
+// it. A socket's observation is not another socket's flow's; while the port
+// is not known, the cookie is all that tells sockets apart.
 func withService(flows []*flowState, service netip.AddrPort, cookie uint64, m moment) *flowState {
+	ok := func(f *flowState) bool {
+		return f.service == service && (f.client.Port() != 0 || f.cookie == cookie) &&
+			(cookie == 0 || f.sock == 0 || f.sock == cookie)
+	}
 	var found *flowState
 	n := 0
 	for _, f := range flows {
-		if f.service == service && (f.client.Port() != 0 || f.cookie == cookie) {
+		if ok(f) {
 			found = f
 			n++
 		}
@@ -257,9 +266,7 @@ func withService(flows []*flowState, service netip.AddrPort, cookie uint64, m mo
 	if n <= 1 {
 		return found
 	}
-	return latestBefore(flows, m, m.at+int64(sameConnGap), func(f *flowState) bool {
-		return f.service == service && (f.client.Port() != 0 || f.cookie == cookie)
-	})
+	return latestBefore(flows, m, m.at+int64(sameConnGap), ok)
 }
 
 // toPeer returns the flow among a client endpoint's flows whose far end is

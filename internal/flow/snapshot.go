@@ -53,7 +53,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		vlan := f.uplinkReply.vlan
 		out.VLAN = &vlan
 	}
-	out.Points = pointsSeen(f.points)
+	out.Points = e.pointsSeen(f.points)
 	return out
 }
 
@@ -67,32 +67,35 @@ func (e *Engine) isGateway(mac []byte) bool {
 }
 
 // pointsSeen lists the per-point entries in path order, requests first.
-func pointsSeen(ps []pointStats) []PointSeen {
+func (e *Engine) pointsSeen(ps []pointStats) []PointSeen {
 	sorted := slices.Clone(ps)
 	slices.SortFunc(sorted, func(a, b pointStats) int {
 		return cmp.Or(
 			cmp.Compare(a.point, b.point),
 			compareBool(a.reply, b.reply),
 			cmp.Compare(a.dir, b.dir),
-			cmp.Compare(a.iface, b.iface),
+			cmp.Compare(e.labels.name(a.iface), e.labels.name(b.iface)),
 			a.dst.addrPort().Compare(b.dst.addrPort()),
 			a.src.addrPort().Compare(b.src.addrPort()),
-			a.reqDst.addrPort().Compare(b.reqDst.addrPort()),
-			a.natDst.addrPort().Compare(b.natDst.addrPort()),
+			a.far.addrPort().Compare(b.far.addrPort()),
 		)
 	})
 	out := make([]PointSeen, len(sorted))
 	for i, p := range sorted {
 		out[i] = PointSeen{
 			Point:   p.point.String(),
-			Iface:   p.iface,
+			Iface:   e.labels.name(p.iface),
 			Reply:   p.reply,
 			Src:     p.src.addrPort(),
 			Dst:     p.dst.addrPort(),
-			ReqDst:  p.reqDst.addrPort(),
-			NATDst:  p.natDst.addrPort(),
 			Packets: p.packets,
 			Bytes:   p.bytes,
+		}
+		switch p.point {
+		case obs.PointSockAddr:
+			out[i].ReqDst = p.far.addrPort()
+		case obs.PointConntrack:
+			out[i].NATDst = p.far.addrPort()
 		}
 		if p.dir != obs.DirUnknown {
 			out[i].Dir = p.dir.String()

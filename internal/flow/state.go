@@ -13,17 +13,21 @@ import (
 const (
 	maxBackendsPerFlow = 8
 	maxPointsPerFlow   = 48
-	// initialPoints is room for a TCP flow seen at every point both ways.
-	initialPoints = 12
+	// initialPoints is room for a flow seen at every point both ways:
+	// a TCP flow in kube-proxy's netfilter mode has 14 entries (socket
+	// layer 3, Pod and host taps 2 each, netfilter observers 4, conntrack,
+	// uplink 2), a UDP one 13; 16 entries fill a size class of the Go
+	// allocator (1408 bytes) exactly.
+	initialPoints = 16
 )
 
 // sighting is what one checkpoint saw of a flow's request destination: the VIP,
 // a backend, or both, with the earliest observation of each.
 type sighting struct {
-	vip, backend         bool
-	vipFrom, backendFrom obs.Point
 	vipAt, backendAt     int64 // unix nanoseconds
 	backendAddr          endpoint
+	vip, backend         bool
+	vipFrom, backendFrom obs.Point
 }
 
 // see records a sighting and reports whether it changed anything.
@@ -53,16 +57,22 @@ func (s *sighting) merge(o sighting) {
 
 func (s sighting) any() bool { return s.vip || s.backend }
 
-// pointKey identifies one aggregated PointSeen entry.
+// pointKey identifies one aggregated PointSeen entry. It holds no pointer
+// (nor do pointStats): the per-point counters of thousands of flows, most
+// of a flow's memory, are never scanned by the garbage collector.
 type pointKey struct {
-	point          obs.Point
-	dir            obs.Dir
-	reply          bool
-	src, dst       endpoint
-	reqDst, natDst endpoint
-	// iface is the capture point's label (obs.Observation.Ifname): a node's
-	// Pods each have a "pod" and a "host" point.
-	iface string
+	point obs.Point
+	dir   obs.Dir
+	reply bool
+	// iface is the capture point's label (obs.Observation.Ifname; a
+	// node's Pods each have a "pod" and a "host" point), as its index in
+	// the engine's labels.
+	iface    uint16
+	src, dst endpoint
+	// far is what the point saw beyond the packet's addresses: the socket
+	// layer's requested destination (PointSockAddr: ReqDst), conntrack's
+	// reply source (PointConntrack: NATDst).
+	far endpoint
 }
 
 type pointStats struct {
@@ -100,6 +110,10 @@ type flowState struct {
 	// cookie tells apart flows of different sockets while their client port is
 	// not known yet (TCP connect before bind); 0 once the port is known.
 	cookie uint64
+	// sock is the cookie of the socket whose flow it is, 0 while no socket
+	// observer named one: a later socket on the same client port (a
+	// resolver's socket per query) makes a flow of its own.
+	sock uint64
 
 	backends    []backendSeen
 	cps         [numCheckpoints]sighting
@@ -147,15 +161,24 @@ type flowState struct {
 	// (plausibleGuess).
 	deferred bool
 	// comments are the pcapng comments of its packets by kind (CommentOf),
-	// valid while evidence and the engine's gen are as recorded.
+	// valid while evidence and the engine's gen are as recorded; commented:
+	// it is among the flows that keep them (keepComments).
 	comments                      [4]string
 	commentsEvidence, commentsGen uint64
+	commented                     bool
 }
 
 // evidenceChanged drops the cached verdict.
 func (f *flowState) evidenceChanged() { f.cachedOK = false; f.evidence++ }
 
 func (f *flowState) key() clientKey { return clientKey{f.proto, f.client} }
+
+// claim makes f the flow of socket cookie (0: none) if no socket claimed it.
+func (f *flowState) claim(cookie uint64) {
+	if f.sock == 0 {
+		f.sock = cookie
+	}
+}
 
 func (f *flowState) touch(t time.Time) {
 	if f.first.IsZero() || t.Before(f.first) {
@@ -260,6 +283,7 @@ func (f *flowState) onlyBeyondSNAT() bool {
 func (f *flowState) absorb(o *flowState) {
 	o.merged = true
 	f.evidenceChanged()
+	f.claim(o.sock)
 	if o.id < f.id {
 		f.id = o.id
 	}
@@ -310,3 +334,29 @@ func (f *flowState) absorb(o *flowState) {
 		f.uplinkReply.note(obs.Observation{Time: o.uplinkReply.at, VLAN: o.uplinkReply.vlan})
 	}
 }
+
+// labels numbers the labels of the observation points (capture points and
+// the interfaces of tc observers, obs.Observation.Ifname), so that a
+// per-point entry holds an index, not a string: few (two per Pod, at most
+// a few thousand Pods, and the uplink), kept for the engine's life. Index
+// 0 is the empty label.
+type labels struct {
+	names []string
+	index map[string]uint16
+}
+
+func newLabels() labels {
+	return labels{names: []string{""}, index: map[string]uint16{"": 0}}
+}
+
+func (l *labels) indexOf(name string) uint16 {
+	if i, ok := l.index[name]; ok {
+		return i
+	}
+	i := uint16(len(l.names))
+	l.names = append(l.names, name)
+	l.index[name] = i
+	return i
+}
+
+func (l *labels) name(i uint16) string { return l.names[i] }

@@ -8,10 +8,10 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/mdlayher/netlink"
-	"github.com/ti-mo/conntrack"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
@@ -150,17 +150,27 @@ func (s *ctSubscription) setFilter(filter []bpf.RawInstruction) error {
 	return s.conn.SetBPF(filter)
 }
 
+// ctReadSize is the buffer one read of a subscription's socket fills: a
+// read returns one event message (the kernel sizes each for its entry, a
+// few hundred bytes), never more than this.
+const ctReadSize = 64 << 10
+
 // followConntrack turns events into observations for Run until stopped. A
 // receive error is counted: ENOBUFS (events were lost) leaves the socket
-// usable, any other opens the subscription again.
+// usable, any other opens the subscription again. Every event is read into
+// one buffer and decoded in place (decodeCTEvent): netlink.Conn.Receive and
+// conntrack.Event.Unmarshal allocated a few KiB per event, most of what
+// pathtrace allocated under connection churn.
 func (p *Probe) followConntrack(sub *ctSubscription) {
 	defer close(sub.done)
 	sub.mu.Lock()
 	conn := sub.conn
 	sub.mu.Unlock()
-	for {
-		msgs, err := conn.Receive()
-		if err != nil {
+	buf := make([]byte, ctReadSize)
+	r, err := newCTReader(conn, buf)
+	for err == nil {
+		var b []byte
+		if b, err = r.next(); err != nil {
 			select {
 			case <-sub.quit:
 				return
@@ -168,6 +178,7 @@ func (p *Probe) followConntrack(sub *ctSubscription) {
 			}
 			p.counters.ctErrors.Add(1)
 			if errors.Is(err, unix.ENOBUFS) {
+				err = nil
 				continue
 			}
 			sub.mu.Lock()
@@ -175,25 +186,62 @@ func (p *Probe) followConntrack(sub *ctSubscription) {
 			conn, err = listenConntrack(sub.netnsPath, sub.filter)
 			if err == nil {
 				sub.conn = conn
+				r, err = newCTReader(conn, buf)
 			}
 			sub.mu.Unlock()
-			if err != nil {
-				return
-			}
 			continue
 		}
-		for _, m := range msgs {
-			var ev conntrack.Event
-			if err := ev.Unmarshal(m); err != nil || ev.Flow == nil || !p.isWatched(ev.Flow.TupleOrig.IP.DestinationAddress) {
+		for len(b) > 0 {
+			typ, payload, rest, ok := nextCTMessage(b)
+			if !ok {
+				break
+			}
+			b = rest
+			e, ok := decodeCTEvent(typ, payload)
+			if !ok || !p.isWatched(e.orig.dst.Addr()) {
 				continue
 			}
 			select {
-			case p.ctObs <- conntrackObservation(*ev.Flow, sub.netns, time.Now()):
+			case p.ctObs <- conntrackObservation(e, sub.netns, time.Now()):
 			default:
 				p.counters.ctDrops.Add(1)
 			}
 		}
 	}
+}
+
+// ctReader reads a subscription socket's events into one buffer.
+type ctReader struct {
+	rc   syscall.RawConn
+	buf  []byte
+	n    int
+	err  error
+	read func(fd uintptr) bool // made once: a closure per read would allocate
+}
+
+func newCTReader(conn *netlink.Conn, buf []byte) (*ctReader, error) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	r := &ctReader{rc: rc, buf: buf}
+	r.read = func(fd uintptr) bool {
+		r.n, r.err = unix.Read(int(fd), r.buf)
+		return r.err != unix.EAGAIN
+	}
+	return r, nil
+}
+
+// next waits in Go's poller for the socket's next message (or its close)
+// and returns it.
+func (r *ctReader) next() ([]byte, error) {
+	if err := r.rc.Read(r.read); err != nil {
+		return nil, err
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return r.buf[:r.n], nil
 }
 
 // stop closes the socket, which ends followConntrack's Receive.
@@ -209,24 +257,26 @@ func (s *ctSubscription) stop() {
 // destination, NATDst the reply source when it differs from Dst (the backend
 // a DNAT chose), NATSrc the reply destination when it differs from Src (the
 // address and port a SNAT gave the flow).
-func conntrackObservation(f conntrack.Flow, netns uint64, now time.Time) obs.Observation {
-	orig, reply := f.TupleOrig, f.TupleReply
+func conntrackObservation(e ctEntry, netns uint64, now time.Time) obs.Observation {
 	o := obs.Observation{
 		Time:     now,
 		Point:    obs.PointConntrack,
-		Proto:    obs.Proto(orig.Proto.Protocol),
-		Src:      netip.AddrPortFrom(orig.IP.SourceAddress.Unmap(), orig.Proto.SourcePort),
-		Dst:      netip.AddrPortFrom(orig.IP.DestinationAddress.Unmap(), orig.Proto.DestinationPort),
+		Proto:    obs.Proto(e.proto),
+		Src:      unmapped(e.orig.src),
+		Dst:      unmapped(e.orig.dst),
 		NetNS:    netns,
-		CTMark:   f.Mark,
-		CTStatus: uint32(f.Status),
+		CTMark:   e.mark,
+		CTStatus: e.status,
 	}
-	back := netip.AddrPortFrom(reply.IP.SourceAddress.Unmap(), reply.Proto.SourcePort)
-	if back.Addr().IsValid() && back != o.Dst {
+	if back := unmapped(e.reply.src); back.Addr().IsValid() && back != o.Dst {
 		o.NATDst = back
 	}
-	if snat := netip.AddrPortFrom(reply.IP.DestinationAddress.Unmap(), reply.Proto.DestinationPort); snat.Addr().IsValid() && snat != o.Src {
+	if snat := unmapped(e.reply.dst); snat.Addr().IsValid() && snat != o.Src {
 		o.NATSrc = snat
 	}
 	return o
+}
+
+func unmapped(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }

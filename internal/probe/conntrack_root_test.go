@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // TestConntrackKernelFilter: the socket filter of a conntrack subscription
@@ -102,8 +103,9 @@ func TestConntrackKernelFilter(t *testing.T) {
 	connect()
 	select {
 	case o := <-p.ctObs:
-		if o.Dst.Addr() != netip.MustParseAddr("127.0.0.1") {
-			t.Errorf("observation %+v, want a connection to 127.0.0.1", o)
+		lo := netip.MustParseAddr("127.0.0.1")
+		if o.Proto != obs.TCP || o.Dst.Addr() != lo || o.Src.Addr() != lo || o.Src.Port() == 0 || o.Dst.Port() == 0 {
+			t.Errorf("observation %+v, want a TCP connection to 127.0.0.1, ports and all", o)
 		}
 	case <-time.After(2 * time.Second):
 		t.Error("no conntrack observation after 127.0.0.1 was watched")

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ti-mo/conntrack"
-
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
@@ -26,17 +24,15 @@ func TestCgroup2Mount(t *testing.T) {
 	}
 }
 
-func ctFlow(src, dst, replySrc, replyDst string, proto uint8) conntrack.Flow {
-	s, d := netip.MustParseAddrPort(src), netip.MustParseAddrPort(dst)
-	rs, rd := netip.MustParseAddrPort(replySrc), netip.MustParseAddrPort(replyDst)
-	var f conntrack.Flow
-	f.TupleOrig.IP.SourceAddress, f.TupleOrig.IP.DestinationAddress = s.Addr(), d.Addr()
-	f.TupleOrig.Proto = conntrack.ProtoTuple{Protocol: proto, SourcePort: s.Port(), DestinationPort: d.Port()}
-	f.TupleReply.IP.SourceAddress, f.TupleReply.IP.DestinationAddress = rs.Addr(), rd.Addr()
-	f.TupleReply.Proto = conntrack.ProtoTuple{Protocol: proto, SourcePort: rs.Port(), DestinationPort: rd.Port()}
-	f.Mark = 9
-	f.Status = conntrack.StatusConfirmed | conntrack.StatusDstNAT
-	return f
+func ctFlow(src, dst, replySrc, replyDst string, proto uint8) ctEntry {
+	ap := netip.MustParseAddrPort
+	return ctEntry{
+		proto:  proto,
+		orig:   ctTuple{src: ap(src), dst: ap(dst)},
+		reply:  ctTuple{src: ap(replySrc), dst: ap(replyDst)},
+		mark:   9,
+		status: 0x08 | 0x20, // IPS_CONFIRMED | IPS_DST_NAT
+	}
 }
 
 func TestConntrackObservationDNAT(t *testing.T) {

@@ -31,9 +31,14 @@ type frame struct {
 }
 
 // A batch is handed over when it reaches maxBatch frames or maxBatchBytes of
-// frame data, or at the end of a ring block.
+// frame data, or at the end of a ring block. A tap whose last batch held at
+// most smallBatch frames (a quiet Pod's, most of a node's) takes a small
+// one, with room for that many (2 KiB, where a full one takes 36 KiB):
+// with --pcap every batch is held 200 ms for the merge, so a node of many
+// Pods holds one or two per tap, live heap for the collector.
 const (
 	maxBatch      = 256
+	smallBatch    = 16
 	maxBatchBytes = 256 << 10
 )
 
@@ -67,11 +72,12 @@ func (b *batch) seal() {
 // batches are smaller).
 const maxObs = 512
 
-// freeBatches is how many consumed frame batches are kept for reuse: more
-// than are in flight (the channel, one filling per tap) plus what the pcapng
-// merge holds (maxHeld frames) in the steady state. freeObsBatches is the
-// same for the probe's observations, which come one batch per ring-buffer
-// read: a few suffice. Kept apart, a batch never holds both kinds of arrays.
+// freeBatches is how many consumed frame batches are kept for reuse, of each
+// size: more than are in flight (the channel, one filling per tap) plus what
+// the pcapng merge holds (maxHeld frames) in the steady state. freeObsBatches
+// is the same for the probe's observations, which come one batch per
+// ring-buffer read: a few suffice. Kept apart, a batch never holds both
+// kinds of arrays, and a small one is never taken for a full one.
 const (
 	freeBatches    = 32
 	freeObsBatches = 4
@@ -118,19 +124,26 @@ func (bp *batchPool) len() int {
 	return len(bp.items)
 }
 
-// newBatch returns an empty batch for tap (-1: observations), a reused one
-// when there is one.
-func (tr *tracer) newBatch(tap int) *batch {
+// newBatch returns an empty batch for tap (-1: observations), small or full
+// (smallBatch), a reused one when there is one.
+func (tr *tracer) newBatch(tap int, small bool) *batch {
 	free := tr.free
-	if tap < 0 {
+	switch {
+	case tap < 0:
 		free = tr.freeObs
+	case small:
+		free = tr.freeSmall
 	}
 	b := free.get()
 	if b == nil {
 		b = &batch{}
 	}
 	if tap >= 0 && b.frames == nil {
-		b.frames = make([]frame, 0, maxBatch)
+		n := maxBatch
+		if small {
+			n = smallBatch
+		}
+		b.frames = make([]frame, 0, n)
 	}
 	b.tap = tap
 	return b
@@ -144,9 +157,12 @@ func (tr *tracer) putBatch(b *batch) {
 	clear(b.frames) // drop the references to flows
 	clear(b.obs)
 	b.frames, b.data, b.obs, b.next = b.frames[:0], b.data[:0], b.obs[:0], 0
-	if b.tap < 0 {
+	switch {
+	case b.tap < 0:
 		tr.freeObs.put(b)
-	} else {
+	case cap(b.frames) <= smallBatch:
+		tr.freeSmall.put(b)
+	default:
 		tr.free.put(b)
 	}
 }

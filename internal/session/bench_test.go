@@ -45,7 +45,7 @@ func BenchmarkConsume(b *testing.B) {
 			perRound := maxBatch * len(c.active)
 			for n := 0; n < b.N; n += perRound {
 				for k, tapIdx := range c.active {
-					bt := tr.newBatch(tapIdx)
+					bt := tr.newBatch(tapIdx, false)
 					for j := range maxBatch {
 						p.Time = at.Add(time.Duration(3*j+k) * time.Microsecond)
 						bt.add(&p)
@@ -78,8 +78,8 @@ func BenchmarkNewFlow(b *testing.B) {
 	b.ResetTimer()
 	at := base
 	for start := 0; start < b.N; start += perBatch {
-		ob := tr.newBatch(-1)
-		fbs := []*batch{tr.newBatch(0), tr.newBatch(1)}
+		ob := tr.newBatch(-1, false)
+		fbs := []*batch{tr.newBatch(0, false), tr.newBatch(1, false)}
 		for i := start; i < min(start+perBatch, b.N); i++ {
 			c := netip.AddrPortFrom(client.Addr(), uint16(1024+i%60000))
 			at = at.Add(50 * time.Microsecond)

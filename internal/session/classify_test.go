@@ -117,7 +117,7 @@ func TestReusedPortBeginsFlow(t *testing.T) {
 	send := func(at time.Duration, flags byte) {
 		f := tcpFrame(t, client, svc)
 		f[14+20+13] = flags
-		b := tr.newBatch(0)
+		b := tr.newBatch(0, false)
 		b.add(&capture.Packet{Time: base.Add(at), Dir: obs.DirOut, Len: len(f), CapLen: len(f), Data: f})
 		b.seal()
 		tr.consume(b)

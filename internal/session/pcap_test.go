@@ -60,7 +60,7 @@ func testTracerOf(t testing.TB, out io.Writer, taps []tap) *tracer {
 		t.Fatal(err)
 	}
 	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
-	return &tracer{taps: taps, eng: eng, classes: newClassTable(), free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches),
+	return &tracer{taps: taps, eng: eng, classes: newClassTable(), free: newBatchPool(freeBatches), freeSmall: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches),
 		pcap: &pcapOut{w: w, queues: make([][]*batch, len(taps))}}
 }
 
@@ -68,7 +68,7 @@ func testTracerOf(t testing.TB, out io.Writer, taps []tap) *tracer {
 // offsets from base.
 func frames(t *testing.T, tr *tracer, tapIdx int, offsets ...time.Duration) string {
 	t.Helper()
-	b := tr.newBatch(tapIdx)
+	b := tr.newBatch(tapIdx, false)
 	raw := udpFrame(t, client, vip)
 	for _, off := range offsets {
 		b.add(&capture.Packet{Time: base.Add(off), Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw})
@@ -245,7 +245,7 @@ func TestICMPErrorComment(t *testing.T) {
 	req := udpFrame(t, client, vip)
 	unreach := icmpError(t, gw, 3, 0, req)
 	other := icmpError(t, gw, 11, 0, udpFrame(t, client, netip.MustParseAddrPort("10.0.0.9:9")))
-	b := tr.newBatch(0)
+	b := tr.newBatch(0, false)
 	for i, raw := range [][]byte{req, unreach, other} {
 		dir := obs.DirOut
 		if i > 0 {

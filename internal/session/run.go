@@ -35,15 +35,16 @@ type tracer struct {
 	outOfScope uint64
 	pcap       *pcapOut // nil without --pcap
 	// obsEnded is the same for the observers' event reader.
-	obsEnded string
-	free     *batchPool // consumed frame batches, for reuse
-	freeObs  *batchPool // consumed observation batches, for reuse
-	lb       *lbWatch
-	tc       *tcWatch
-	nat      *natWatch
-	pods     *podFollow // nil when Pods were selected
-	late     *tcLate
-	classes  *classTable
+	obsEnded  string
+	free      *batchPool // consumed frame batches, for reuse
+	freeSmall *batchPool // ... small ones (smallBatch)
+	freeObs   *batchPool // consumed observation batches, for reuse
+	lb        *lbWatch
+	tc        *tcWatch
+	nat       *natWatch
+	pods      *podFollow // nil when Pods were selected
+	late      *tcLate
+	classes   *classTable
 	// icmpKinds names the ICMP errors seen, by type<<8 | code.
 	icmpKinds map[uint16]string
 	// frags maps the datagrams whose first fragment was in a flow (per
@@ -113,7 +114,7 @@ func (tr *tracer) run(ctx context.Context) string {
 	go func() {
 		defer producers.Done()
 		err := tr.pr.RunBatches(runCtx, func(o []obs.Observation) {
-			b := tr.newBatch(-1)
+			b := tr.newBatch(-1, false)
 			b.obs = append(b.obs, o...)
 			items <- b
 		})
@@ -223,8 +224,10 @@ func (tr *tracer) produce(ctx context.Context, iface int, tp tap, items chan<- *
 	// quiet Pods' taps would each hold one (a few hundred KiB reused from
 	// the pool), all live heap for the collector.
 	var b *batch
+	small := true // until the tap hands over more (newBatch)
 	flush := func() {
 		if b != nil && len(b.frames) > 0 {
+			small = len(b.frames) <= smallBatch
 			b.seal()
 			items <- b
 			b = nil
@@ -232,7 +235,7 @@ func (tr *tracer) produce(ctx context.Context, iface int, tp tap, items chan<- *
 	}
 	err := tp.t.RunBlocks(ctx, func(p *capture.Packet) {
 		if b == nil {
-			b = tr.newBatch(iface)
+			b = tr.newBatch(iface, small)
 		}
 		b.add(p)
 		if b.full() {

@@ -180,7 +180,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		tc:   newTCWatch(node, pr.IsObserver, time.Now()),
 		nat:  newNATWatch(node, discovered),
 		late: &tcLate{observed: tcObserved(node), tails: needTails(node)},
-		free: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches)}
+		free: newBatchPool(freeBatches), freeSmall: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches)}
 	defer func() { closeTaps(tr.taps) }() // with those of Pods that started
 	if w := discover.NewPodWatch(node, opt.Discover); w != nil {
 		tr.pods = &podFollow{watch: w, node: node, next: time.Now().Add(podWatchEvery), prog: tapProg, progErr: tapProgErr}
@@ -214,7 +214,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// garbage now: return it before the report adds its own, and keep the
 	// heap tight from here on (the report of thousands of flows is built and
 	// printed once; CPU no longer matters, memory still does).
-	tr.classes, tr.free, tr.freeObs = nil, nil, nil
+	tr.classes, tr.free, tr.freeSmall, tr.freeObs = nil, nil, nil, nil
 	debug.FreeOSMemory()
 	debug.SetGCPercent(10)
 	tr.noteConntrackLosses()
