@@ -2,6 +2,7 @@ package discover
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"time"
 
@@ -42,7 +43,10 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 		maxPods = DefaultMaxPods
 	}
 	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, room: maxPods - len(node.Pods) - node.PodsSkipped,
-		progs: newProgCache(observerFilter(opt.IsObserver)), veths: node.veths, pending: map[int]time.Time{}, netns: map[uint64]bool{}}
+		progs: newProgCache(observerFilter(opt.IsObserver)), veths: maps.Clone(node.veths), pending: map[int]time.Time{}, netns: map[uint64]bool{}}
+	if w.veths == nil {
+		w.veths = map[int]bool{}
+	}
 	for _, p := range node.Pods {
 		w.netns[p.NetNS.Inode] = true
 	}
