@@ -62,7 +62,9 @@ points, the Service mechanisms found, every observer's status), then one row per
   UPLINK DST MAC  destination MAC on the uplink, "gw" when it is the Pod's gateway
   REPLY           yes, no, rst (refused), icmp (an ICMP error instead, listed below the rows)
                   or unseen (the flow never left the client's netns)
-then the flows per verdict, every drop counter (a non-zero one says which flag to change)
+then the flows per verdict, every drop counter (a non-zero one says which flag to change),
+what changed on the node meanwhile (Pods that started and were followed, capture points
+whose Pod went, tc programs and NAT rules that appeared: flows name those of their time)
 and why the run stopped.
 
 Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing,
@@ -116,7 +118,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringArrayVar(&f.svcs, "svc", nil, "Service `IP[:PORT][/tcp|udp]` to trace, repeatable (required): a ClusterIP, or a NodePort as NODE-IP:PORT; without a port any port of that IP")
 	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C or SIGTERM ends early and still prints the full report (incident: and writes the bundle)")
-	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node; give at most one of --pod-ip, --pod-netns, --pod-pid)")
+	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node, and those that start during the run; give at most one of --pod-ip, --pod-netns, --pod-pid)")
 	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
 	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
 	fs.StringVar(&f.hostNetNS, "host-netns", "", "the node's network namespace `path` (default: pathtrace's own; set it for kind/k3d nodes or the lab)")
