@@ -214,6 +214,9 @@ func (tr *tracer) releaseGone(now time.Time) {
 			continue
 		}
 		*tp.released = fmt.Sprintf("released at %s: its Pod's netns was deleted; the capture alone kept it (and its veth pair) alive", now.Format("15:04:05"))
-		tp.t.Close()
+		// Close waits for the tap's producer to leave the ring, and the
+		// producer may be waiting for this goroutine, the consumer, to
+		// take its batch.
+		go tp.t.Close()
 	}
 }
