@@ -74,14 +74,13 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	// The Pods' points share a bounded budget of rings, as at the start:
 	// each new one gets the share of a node with that many points (the
 	// rings open cannot shrink, so the total grows slowly with every Pod).
-	podPoints := len(found.CapturePoints)
+	podPoints := 0
 	for _, tp := range tr.taps {
 		if tp.role != discover.RoleUplink {
 			podPoints++
 		}
 	}
-	ring := podRing(podPoints, tr.opt.RingBytes, tr.opt.Snaplen)
-	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, tr.watch, tr.opt.Snaplen, ring, pf.prog, pf.progErr)
+	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, podPoints, tr.watch, tr.opt.Snaplen, tr.opt.RingBytes, pf.prog, pf.progErr)
 	tr.late.atts = append(tr.late.atts, tapAtts...)
 
 	all := append(append([]tap(nil), tr.taps...), taps...)

@@ -156,7 +156,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
 	atts := attachObservers(pr, node, cgroup)
 	atts = append(atts, probe.KernelFunctionProbes()...)
-	taps, tapAtts := openTaps(node, watch, opt.Snaplen, opt.RingBytes, tapProg, tapProgErr)
+	taps, tapAtts := openTaps(node, 0, watch, opt.Snaplen, opt.RingBytes, tapProg, tapProgErr)
 	atts = append(atts, tapAtts...)
 	ready := time.Now()
 	pr.ReleaseSpecs() // everything is loaded: their BTF would stay live for nothing
