@@ -2,6 +2,7 @@ package discover
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"time"
 
@@ -42,9 +43,19 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 		maxPods = DefaultMaxPods
 	}
 	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, room: maxPods - len(node.Pods) - node.PodsSkipped,
-		progs: newProgCache(observerFilter(opt.IsObserver)), veths: node.veths, pending: map[int]time.Time{}, netns: map[uint64]bool{}}
+		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]bool{}, pending: map[int]time.Time{}, netns: map[uint64]bool{}}
+	// The node's other veths are looked behind as new ones are: one may
+	// be a Pod's whose CNI was still setting it up at discovery.
 	for _, p := range node.Pods {
 		w.netns[p.NetNS.Inode] = true
+		if p.HostPeer != nil {
+			w.veths[p.HostPeer.Ifindex] = true
+		}
+	}
+	if w.room <= 0 {
+		// Discovery reached the bound (and counted what it left out): no
+		// veth of the start is looked behind again, nor counted again.
+		maps.Copy(w.veths, node.veths)
 	}
 	return w
 }
@@ -55,7 +66,8 @@ type NewPods struct {
 	Pods          []Pod
 	CapturePoints []CapturePoint
 	TCPrograms    []TCProgram
-	// Skipped counts Pods left out: --max-pods reached.
+	// Skipped counts the netns with a veth into the node left unexamined:
+	// --max-pods reached.
 	Skipped int
 }
 
@@ -68,11 +80,22 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	}
 	defer host.close()
 	only := map[int]bool{}
+	skipped := 0
 	for idx, l := range host.links {
 		if _, ok := l.(*netlink.Veth); !ok || l.Attrs().NetNsID < 0 || w.veths[idx] {
 			continue
 		}
 		first, ok := w.pending[idx]
+		if w.room <= 0 {
+			// The bound is reached: a new veth is not looked behind, and
+			// counted once (a pending one was when scanPods skipped it).
+			if !ok {
+				skipped++
+			}
+			w.veths[idx] = true
+			delete(w.pending, idx)
+			continue
+		}
 		if !ok {
 			w.pending[idx], first = now, now
 		}
@@ -89,7 +112,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		}
 	}
 	if len(only) == 0 {
-		return NewPods{}, nil
+		return NewPods{Skipped: skipped}, nil
 	}
 	var info NodeInfo
 	if err := scanPods(ctx, host, max(w.room, 0), only, w.vips, &info); err != nil {
