@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -327,5 +328,51 @@ func TestCommandLine(t *testing.T) {
 	want := `pathtrace incident --svc 10.120.0.80:80/tcp --out '/var/tmp/inc 42' --pod-ip 'it'\''s'`
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+// TestIncidentPodStarted: a Pod that starts during an incident's capture is
+// in the bundle as the Pods of the start are: SUMMARY.md says it started,
+// the reports' node lists its capture points and taps, the snapshot reads
+// the tc programs of its host veth.
+func TestIncidentPodStarted(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	ip := otherPodIPs[1]
+	out := filepath.Join(t.TempDir(), "incident")
+	cmd := pathtrace("incident", "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "8s", "--out", out)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
+	addPod(t, l, ip)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("pathtrace incident: %v\n%s", err, stderr.String())
+	}
+	veth := addedPodVeth(ip)
+	summary, _ := os.ReadFile(filepath.Join(out, "SUMMARY.md"))
+	if !strings.Contains(string(summary), "started during the capture") || !strings.Contains(string(summary), "host "+veth) {
+		t.Errorf("SUMMARY.md does not name the Pod that started, nor its host veth among the capture points:\n%s", summary)
+	}
+	tc, _ := os.ReadFile(filepath.Join(out, "tc.txt"))
+	if !strings.Contains(string(tc), "## host "+veth) {
+		t.Errorf("tc.txt does not read the started Pod's host veth:\n%s", tc)
+	}
+	js, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var node map[string]any
+	if err := json.Unmarshal(js[:bytes.IndexByte(js, '\n')], &node); err != nil {
+		t.Fatal(err)
+	}
+	if s := fmt.Sprint(node["capture_points"]); !strings.Contains(s, veth) {
+		t.Errorf("report.json's node lacks the started Pod's capture points: %s", s)
+	}
+	if s := fmt.Sprint(node["observers"]); !strings.Contains(s, veth) {
+		t.Errorf("report.json's node lacks the started Pod's taps: %s", s)
 	}
 }

@@ -60,7 +60,11 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	for _, p := range found.Pods {
 		tr.scope[p.NetNS.Inode] = true
 	}
+	// The node as the report and an incident's snapshot describe it after
+	// the run: its Pods, their capture points and tc programs.
 	pf.node.Pods = append(pf.node.Pods, found.Pods...)
+	pf.node.CapturePoints = append(pf.node.CapturePoints, found.CapturePoints...)
+	pf.node.TCPrograms = append(pf.node.TCPrograms, found.TCPrograms...)
 	// The observers first, as at the start: a flow then meets the tcx
 	// observers before the taps miss its first packets. A veth without a
 	// tc program gets them once one appears there (tracer.observeTC).

@@ -54,7 +54,11 @@ type Progress struct {
 
 // Result is everything a session learned.
 type Result struct {
-	Node        *discover.NodeInfo
+	// Node is the node as discovered, with the Pods that started during
+	// the session (their capture points and tc programs too).
+	Node *discover.NodeInfo
+	// Attachments are the observers and taps, with those attached while
+	// the session ran (Pods that started, veths that got a tc program).
 	Attachments []probe.Attachment
 	Flows       []flow.Flow
 	Summary     flow.Summary
