@@ -50,7 +50,9 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	pf.next = now.Add(podWatchEvery)
 	found, err := pf.watch.Look(ctx, now)
 	if err != nil {
-		pf.lookErr = fmt.Sprintf("%s: %v", now.Format("15:04:05"), err)
+		if ctx.Err() == nil { // not the run's end
+			pf.lookErr = fmt.Sprintf("%s: %v", now.Format("15:04:05"), err)
+		}
 		return ""
 	}
 	pf.skipped += found.Skipped
