@@ -333,8 +333,10 @@ func TestCommandLine(t *testing.T) {
 
 // TestIncidentPodStarted: a Pod that starts during an incident's capture is
 // in the bundle as the Pods of the start are: SUMMARY.md says it started,
-// the reports' node lists its capture points and taps, the snapshot reads
-// the tc programs of its host veth.
+// the reports' node lists its capture points, taps and the tcx observers
+// its tc program brought (the tails not loaded, since no host veth had a
+// tcx program at the start, and saying so), the snapshot reads the tc
+// programs of its host veth.
 func TestIncidentPodStarted(t *testing.T) {
 	needRoot(t)
 	l := upLab(t, lab.ModeNetfilter)
@@ -349,6 +351,9 @@ func TestIncidentPodStarted(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
 	addPod(t, l, ip)
+	if err := l.AttachTCLBTo(addedPodVeth(ip)); err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("pathtrace incident: %v\n%s", err, stderr.String())
 	}
@@ -374,5 +379,19 @@ func TestIncidentPodStarted(t *testing.T) {
 	}
 	if s := fmt.Sprint(node["observers"]); !strings.Contains(s, veth) {
 		t.Errorf("report.json's node lacks the started Pod's taps: %s", s)
+	}
+	points := map[string]string{} // the error of each tcx observer on veth
+	list, _ := node["observers"].([]any)
+	for _, o := range list {
+		m, _ := o.(map[string]any)
+		if where, point := fmt.Sprint(m["where"]), fmt.Sprint(m["point"]); strings.Contains(where, veth) && strings.HasPrefix(point, "tc_") {
+			points[point], _ = m["error"].(string)
+		}
+	}
+	if why, ok := points["tc_head"]; !ok || why != "" {
+		t.Errorf("tc_head on %s: attached %v, error %q; want it attached (observers %v)", veth, ok, why, points)
+	}
+	if why := points["tc_tail"]; !strings.Contains(why, "when the trace started") {
+		t.Errorf("tc_tail on %s: error %q, want it not loaded since the start (observers %v)", veth, why, points)
 	}
 }
