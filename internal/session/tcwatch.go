@@ -37,9 +37,9 @@ func newTCWatch(node *discover.NodeInfo, isObserver func(ebpf.ProgramID) bool, n
 		progs: hostTCPrograms(node.TCPrograms), next: now.Add(tcWatchEvery)}
 }
 
-// A read that fails keeps what is known.
 // check reads the programs again when it is time, tells the engine when
 // they changed, and returns the programs found (nil when it did not look).
+// A read that fails keeps what is known.
 func (w *tcWatch) check(now time.Time, eng *flow.Engine) (found []discover.TCProgram) {
 	if w == nil || now.Before(w.next) {
 		return nil
