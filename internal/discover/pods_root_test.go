@@ -3,6 +3,7 @@ package discover
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 func hasNote(info *NodeInfo, parts ...string) bool {
@@ -302,5 +305,68 @@ func TestPodWatchBound(t *testing.T) {
 	}
 	if skipped != 1 {
 		t.Errorf("3 looks counted %d netns left out, want the new Pod's once", skipped)
+	}
+}
+
+// TestPodWatchNetNSReused: a Pod deleted and another one made later whose
+// netns the kernel gave the deleted one's inode (it gives the lowest free)
+// is a new Pod, not the first one's second veth.
+func TestPodWatchNetNSReused(t *testing.T) {
+	tb := newTestbed(t)
+	opt := Options{HostNetNS: tb.node}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPodWatch(info, opt)
+	pod2 := secondPod(t, tb)
+	t0 := time.Now()
+	found, err := w.Look(context.Background(), t0)
+	if err != nil || len(found.Pods) != 1 {
+		t.Fatalf("look after the second Pod started: %+v, %v", found.Pods, err)
+	}
+	first := found.Pods[0].NetNS.Inode
+	// The Pod goes with its veth.
+	node := filepath.Base(tb.node)
+	deletePod := func() {
+		ipCmd(t, "netns", "del", pod2)
+		for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", node, "link", "show", "hv1").Run() == nil; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("hv1 still there 10 s after its netns was deleted")
+			}
+		}
+	}
+	deletePod()
+	// Netns made meanwhile hold the inodes below its own, which other
+	// netns deleted before left free; then another Pod starts in a netns
+	// that gets its inode.
+	for i := 0; ; i++ {
+		filler := fmt.Sprintf("%s-fill%d", pod2, i)
+		ipCmd(t, "netns", "add", filler)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", filler).Run() })
+		ino, err := nsutil.Inode("/run/netns/" + filler)
+		if err == nil && ino == first {
+			ipCmd(t, "netns", "del", filler) // the lowest free again
+		}
+		if err == nil && ino >= first {
+			break
+		}
+		if i == 1000 {
+			t.Skip("no netns made got the deleted one's inode")
+		}
+	}
+	for try := 0; ; try++ {
+		secondPod(t, tb)
+		if ino, err := nsutil.Inode("/run/netns/" + pod2); err == nil && ino == first {
+			break
+		}
+		if try == 50 {
+			t.Skip("the kernel did not give the new netns the deleted one's inode")
+		}
+		deletePod()
+	}
+	found, err = w.Look(context.Background(), t0.Add(2*time.Second))
+	if err != nil || len(found.Pods) != 1 {
+		t.Fatalf("look after the Pod was replaced in a netns of the same inode: %+v, %v; want the new Pod", found.Pods, err)
 	}
 }

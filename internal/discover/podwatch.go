@@ -24,7 +24,10 @@ type PodWatch struct {
 	// CNI plugin creates the veth before it configures the Pod's netns.
 	veths   map[int]bool
 	pending map[int]time.Time
-	netns   map[uint64]bool // the Pods' netns (a Pod may have two veths)
+	// netns are the Pods' netns, by inode, with their host veth: a Pod
+	// may have two veths. The kernel gives a deleted netns's inode to the
+	// next one made: a known inode whose Pod's veth is gone is a new Pod's.
+	netns map[uint64]int
 }
 
 // vethSettle is how long a new veth that leads to no Pod yet is looked at
@@ -43,12 +46,12 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 		maxPods = DefaultMaxPods
 	}
 	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, room: maxPods - len(node.Pods) - node.PodsSkipped,
-		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]bool{}, pending: map[int]time.Time{}, netns: map[uint64]bool{}}
+		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]bool{}, pending: map[int]time.Time{}, netns: map[uint64]int{}}
 	// The node's other veths are looked behind as new ones are: one may
 	// be a Pod's whose CNI was still setting it up at discovery.
 	for _, p := range node.Pods {
-		w.netns[p.NetNS.Inode] = true
 		if p.HostPeer != nil {
+			w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
 			w.veths[p.HostPeer.Ifindex] = true
 		}
 	}
@@ -123,10 +126,10 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	for _, p := range info.Pods {
 		w.veths[p.HostPeer.Ifindex] = true
 		delete(w.pending, p.HostPeer.Ifindex)
-		if w.netns[p.NetNS.Inode] {
-			continue
+		if veth, ok := w.netns[p.NetNS.Inode]; ok && host.links[veth] != nil {
+			continue // a second veth of a Pod followed
 		}
-		w.netns[p.NetNS.Inode] = true
+		w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
 		found.Pods = append(found.Pods, p)
 	}
 	w.room -= len(found.Pods) + found.Skipped
