@@ -132,8 +132,6 @@ func runIncident(args []string) int {
 	if isTerminal(os.Stderr) {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
-	var atts []probe.Attachment
-	opt.Ready = func(_ *discover.NodeInfo, a []probe.Attachment) { atts = a }
 	res, err := session.Run(ctx, opt)
 	if opt.Progress != nil {
 		fmt.Fprint(os.Stderr, "\r\033[K")
@@ -158,7 +156,7 @@ func runIncident(args []string) int {
 	bctx, interrupted := bundleContext()
 	stop()
 	defer interrupted()
-	if err := writeBundle(bctx, out, opt, res, atts, budget); err != nil {
+	if err := writeBundle(bctx, out, opt, res, budget); err != nil {
 		where := building
 		if _, serr := os.Stat(building); serr != nil {
 			where = out // published already: the archive failed
@@ -265,14 +263,14 @@ func tarballOf(dir string) string { return strings.TrimSuffix(dir, "/") + ".tar.
 // then archives it. Within budget: the snapshot has its share, the pcapng
 // what the reserve left; the reports get what remains, and the flows that
 // do not fit are counted in them, not written.
-func writeBundle(ctx context.Context, out string, opt session.Options, res *session.Result, atts []probe.Attachment, budget int64) error {
+func writeBundle(ctx context.Context, out string, opt session.Options, res *session.Result, budget int64) error {
 	dir := incident.PartialDir(out)
 	snapBudget, _ := incident.SplitBudget(budget)
 	var vips []netip.Addr
 	for _, s := range opt.Services {
 		vips = append(vips, s.Addr)
 	}
-	m, err := incident.Snapshot(ctx, res.Node, vips, dir, incident.Options{Features: features(atts), MaxBytes: snapBudget})
+	m, err := incident.Snapshot(ctx, res.Node, vips, dir, incident.Options{Features: features(res.Attachments), MaxBytes: snapBudget})
 	if err != nil {
 		return err
 	}
@@ -297,7 +295,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 	}
 	after := 16<<10 + 2*manifest + 64<<10 + budget/1024
 	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded}
-	written, err := fitReports(dir, budget-used-after, res, atts, run)
+	written, err := fitReports(dir, budget-used-after, res, run)
 	if err != nil {
 		return err
 	}
@@ -346,7 +344,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 // together: every flow when they fit, else as many flows as fit, in id
 // order, each report then saying how many more there are. It returns how
 // many flows were written.
-func fitReports(dir string, room int64, res *session.Result, atts []probe.Attachment, run report.Run) (int, error) {
+func fitReports(dir string, room int64, res *session.Result, run report.Run) (int, error) {
 	render := func(k int) (txt, js []byte) {
 		var bt, bj bytes.Buffer
 		for _, r := range []struct {
@@ -354,7 +352,7 @@ func fitReports(dir string, room int64, res *session.Result, atts []probe.Attach
 			format string
 		}{{&bt, report.FormatTable}, {&bj, report.FormatJSON}} {
 			rw := report.NewWriter(r.w, r.format)
-			rw.Node(nodeJSON(res.Node, atts), func(w io.Writer) { writeNodeTable(w, res.Node, atts) })
+			rw.Node(nodeJSON(res.Node, res.Attachments), func(w io.Writer) { writeNodeTable(w, res.Node, res.Attachments) })
 			rw.Flows(res.Flows[:k])
 			rw.Omitted(res.Flows[k:], "they did not fit in the incident's --max-bytes with the capture (SUMMARY.md counts them all)")
 			rw.Summary(res.Summary, res.Drops, run)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -327,5 +328,70 @@ func TestCommandLine(t *testing.T) {
 	want := `pathtrace incident --svc 10.120.0.80:80/tcp --out '/var/tmp/inc 42' --pod-ip 'it'\''s'`
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+// TestIncidentPodStarted: a Pod that starts during an incident's capture is
+// in the bundle as the Pods of the start are: SUMMARY.md says it started,
+// the reports' node lists its capture points, taps and the tcx observers
+// its tc program brought (the tails not loaded, since no host veth had a
+// tcx program at the start, and saying so), the snapshot reads the tc
+// programs of its host veth.
+func TestIncidentPodStarted(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	ip := otherPodIPs[1]
+	out := filepath.Join(t.TempDir(), "incident")
+	cmd := pathtrace("incident", "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "8s", "--out", out)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
+	addPod(t, l, ip)
+	if err := l.AttachTCLBTo(addedPodVeth(ip)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("pathtrace incident: %v\n%s", err, stderr.String())
+	}
+	veth := addedPodVeth(ip)
+	summary, _ := os.ReadFile(filepath.Join(out, "SUMMARY.md"))
+	if !strings.Contains(string(summary), "started during the capture") || !strings.Contains(string(summary), "host "+veth) {
+		t.Errorf("SUMMARY.md does not name the Pod that started, nor its host veth among the capture points:\n%s", summary)
+	}
+	tc, _ := os.ReadFile(filepath.Join(out, "tc.txt"))
+	if !strings.Contains(string(tc), "## host "+veth) {
+		t.Errorf("tc.txt does not read the started Pod's host veth:\n%s", tc)
+	}
+	js, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var node map[string]any
+	if err := json.Unmarshal(js[:bytes.IndexByte(js, '\n')], &node); err != nil {
+		t.Fatal(err)
+	}
+	if s := fmt.Sprint(node["capture_points"]); !strings.Contains(s, veth) {
+		t.Errorf("report.json's node lacks the started Pod's capture points: %s", s)
+	}
+	if s := fmt.Sprint(node["observers"]); !strings.Contains(s, veth) {
+		t.Errorf("report.json's node lacks the started Pod's taps: %s", s)
+	}
+	points := map[string]string{} // the error of each tcx observer on veth
+	list, _ := node["observers"].([]any)
+	for _, o := range list {
+		m, _ := o.(map[string]any)
+		if where, point := fmt.Sprint(m["where"]), fmt.Sprint(m["point"]); strings.Contains(where, veth) && strings.HasPrefix(point, "tc_") {
+			points[point], _ = m["error"].(string)
+		}
+	}
+	if why, ok := points["tc_head"]; !ok || why != "" {
+		t.Errorf("tc_head on %s: attached %v, error %q; want it attached (observers %v)", veth, ok, why, points)
+	}
+	if why := points["tc_tail"]; !strings.Contains(why, "when the trace started") {
+		t.Errorf("tc_tail on %s: error %q, want it not loaded since the start (observers %v)", veth, why, points)
 	}
 }

@@ -3,6 +3,7 @@ package discover
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 func hasNote(info *NodeInfo, parts ...string) bool {
@@ -242,5 +245,128 @@ func TestPodWatch(t *testing.T) {
 	}
 	if found, err := w.Look(context.Background(), t0.Add(6*time.Second)); err != nil || len(found.Pods) != 0 {
 		t.Errorf("the next look found %+v, %v; want nothing new", found.Pods, err)
+	}
+}
+
+// TestPodWatchSetUpAtDiscovery: a Pod whose veth was there at discovery but
+// whose netns its CNI had not set up yet (the trace started during a
+// rollout) is found once it is; the node's veth to its gateway is looked
+// behind for vethSettle, then no more.
+func TestPodWatchSetUpAtDiscovery(t *testing.T) {
+	tb := newTestbed(t)
+	node := filepath.Base(tb.node)
+	late := node + "-late"
+	ipCmd(t, "netns", "add", late)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", late).Run() })
+	ipCmd(t, "-n", node, "link", "add", "hv9", "type", "veth", "peer", "name", "eth0", "netns", late)
+	ipCmd(t, "-n", node, "link", "set", "hv9", "master", "br0", "up")
+	opt := Options{HostNetNS: tb.node}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 {
+		t.Fatalf("discovery found %d Pods, want the testbed's only", len(info.Pods))
+	}
+	w := NewPodWatch(info, opt)
+	t0 := time.Now()
+	ipCmd(t, "-n", late, "addr", "add", "10.99.8.99/22", "dev", "eth0")
+	ipCmd(t, "-n", late, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", late, "route", "add", "default", "via", gwIP)
+	found, err := w.Look(context.Background(), t0)
+	if err != nil || len(found.Pods) != 1 || found.Pods[0].NetNS.Path != "/run/netns/"+late {
+		t.Fatalf("look once the Pod's netns was set up: %+v, %v; want the Pod behind hv9", found.Pods, err)
+	}
+	w.Look(context.Background(), t0.Add(vethSettle+time.Second))
+	if len(w.pending) != 0 {
+		t.Errorf("veths still looked behind after %s: %v", vethSettle, w.pending)
+	}
+}
+
+// TestPodWatchBound: once the bound on Pods is reached, a new veth is not
+// looked behind, and counted once as left out.
+func TestPodWatchBound(t *testing.T) {
+	tb := newTestbed(t)
+	opt := Options{HostNetNS: tb.node, MaxPods: 1}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPodWatch(info, opt)
+	secondPod(t, tb)
+	t0 := time.Now()
+	skipped := 0
+	for i := range 3 {
+		found, err := w.Look(context.Background(), t0.Add(time.Duration(i)*2*time.Second))
+		if err != nil || len(found.Pods) != 0 {
+			t.Fatalf("look %d: %+v, %v; want no Pod beyond the bound", i, found.Pods, err)
+		}
+		skipped += found.Skipped
+	}
+	if skipped != 1 {
+		t.Errorf("3 looks counted %d netns left out, want the new Pod's once", skipped)
+	}
+}
+
+// TestPodWatchNetNSReused: a Pod deleted and another one made later whose
+// netns the kernel gave the deleted one's inode (it gives the lowest free)
+// is a new Pod, not the first one's second veth.
+func TestPodWatchNetNSReused(t *testing.T) {
+	tb := newTestbed(t)
+	opt := Options{HostNetNS: tb.node}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPodWatch(info, opt)
+	pod2 := secondPod(t, tb)
+	t0 := time.Now()
+	found, err := w.Look(context.Background(), t0)
+	if err != nil || len(found.Pods) != 1 {
+		t.Fatalf("look after the second Pod started: %+v, %v", found.Pods, err)
+	}
+	first := found.Pods[0].NetNS.Inode
+	// The Pod goes with its veth.
+	node := filepath.Base(tb.node)
+	deletePod := func() {
+		ipCmd(t, "netns", "del", pod2)
+		for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", node, "link", "show", "hv1").Run() == nil; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("hv1 still there 10 s after its netns was deleted")
+			}
+		}
+	}
+	deletePod()
+	// Netns made meanwhile hold the inodes below its own, which other
+	// netns deleted before left free; then another Pod starts in a netns
+	// that gets its inode.
+	for i := 0; ; i++ {
+		filler := fmt.Sprintf("%s-fill%d", pod2, i)
+		ipCmd(t, "netns", "add", filler)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", filler).Run() })
+		ino, err := nsutil.Inode("/run/netns/" + filler)
+		if err == nil && ino == first {
+			ipCmd(t, "netns", "del", filler) // the lowest free again
+		}
+		if err == nil && ino >= first {
+			break
+		}
+		if i == 1000 {
+			t.Skip("no netns made got the deleted one's inode")
+		}
+	}
+	for try := 0; ; try++ {
+		secondPod(t, tb)
+		if ino, err := nsutil.Inode("/run/netns/" + pod2); err == nil && ino == first {
+			break
+		}
+		if try == 50 {
+			t.Skip("the kernel did not give the new netns the deleted one's inode")
+		}
+		deletePod()
+	}
+	found, err = w.Look(context.Background(), t0.Add(2*time.Second))
+	if err != nil || len(found.Pods) != 1 {
+		t.Fatalf("look after the Pod was replaced in a netns of the same inode: %+v, %v; want the new Pod", found.Pods, err)
 	}
 }

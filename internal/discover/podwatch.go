@@ -24,7 +24,10 @@ type PodWatch struct {
 	// CNI plugin creates the veth before it configures the Pod's netns.
 	veths   map[int]bool
 	pending map[int]time.Time
-	netns   map[uint64]bool // the Pods' netns (a Pod may have two veths)
+	// netns are the Pods' netns, by inode, with their host veth: a Pod
+	// may have two veths. The kernel gives a deleted netns's inode to the
+	// next one made: a known inode whose Pod's veth is gone is a new Pod's.
+	netns map[uint64]int
 }
 
 // vethSettle is how long a new veth that leads to no Pod yet is looked at
@@ -43,12 +46,19 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 		maxPods = DefaultMaxPods
 	}
 	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, room: maxPods - len(node.Pods) - node.PodsSkipped,
-		progs: newProgCache(observerFilter(opt.IsObserver)), veths: maps.Clone(node.veths), pending: map[int]time.Time{}, netns: map[uint64]bool{}}
-	if w.veths == nil {
-		w.veths = map[int]bool{}
-	}
+		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]bool{}, pending: map[int]time.Time{}, netns: map[uint64]int{}}
+	// The node's other veths are looked behind as new ones are: one may
+	// be a Pod's whose CNI was still setting it up at discovery.
 	for _, p := range node.Pods {
-		w.netns[p.NetNS.Inode] = true
+		if p.HostPeer != nil {
+			w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
+			w.veths[p.HostPeer.Ifindex] = true
+		}
+	}
+	if w.room <= 0 {
+		// Discovery reached the bound (and counted what it left out): no
+		// veth of the start is looked behind again, nor counted again.
+		maps.Copy(w.veths, node.veths)
 	}
 	return w
 }
@@ -59,7 +69,8 @@ type NewPods struct {
 	Pods          []Pod
 	CapturePoints []CapturePoint
 	TCPrograms    []TCProgram
-	// Skipped counts Pods left out: --max-pods reached.
+	// Skipped counts the netns with a veth into the node left unexamined:
+	// --max-pods reached.
 	Skipped int
 }
 
@@ -72,11 +83,22 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	}
 	defer host.close()
 	only := map[int]bool{}
+	skipped := 0
 	for idx, l := range host.links {
 		if _, ok := l.(*netlink.Veth); !ok || l.Attrs().NetNsID < 0 || w.veths[idx] {
 			continue
 		}
 		first, ok := w.pending[idx]
+		if w.room <= 0 {
+			// The bound is reached: a new veth is not looked behind, and
+			// counted once (a pending one was when scanPods skipped it).
+			if !ok {
+				skipped++
+			}
+			w.veths[idx] = true
+			delete(w.pending, idx)
+			continue
+		}
 		if !ok {
 			w.pending[idx], first = now, now
 		}
@@ -93,7 +115,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		}
 	}
 	if len(only) == 0 {
-		return NewPods{}, nil
+		return NewPods{Skipped: skipped}, nil
 	}
 	var info NodeInfo
 	if err := scanPods(ctx, host, max(w.room, 0), only, w.vips, &info); err != nil {
@@ -104,10 +126,10 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	for _, p := range info.Pods {
 		w.veths[p.HostPeer.Ifindex] = true
 		delete(w.pending, p.HostPeer.Ifindex)
-		if w.netns[p.NetNS.Inode] {
-			continue
+		if veth, ok := w.netns[p.NetNS.Inode]; ok && host.links[veth] != nil {
+			continue // a second veth of a Pod followed
 		}
-		w.netns[p.NetNS.Inode] = true
+		w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
 		found.Pods = append(found.Pods, p)
 	}
 	w.room -= len(found.Pods) + found.Skipped

@@ -154,12 +154,16 @@ func within(since, until, t time.Time) bool {
 func (e *Engine) SetNATAttribution(rules []NATRule, ipvs []IPVSService) {
 	e.cfg.Attribution.NATRules, e.cfg.Attribution.IPVS = rules, ipvs
 	e.gen++
+	// Each pair is checked again against what was read: a backend whose
+	// rule went may come back (a rollout rolled back, an endpoint ready
+	// again), and only another read names its rule from then on.
+	clear(e.pairs)
 }
 
 // UnlistedBackends counts the Service and backend pairs the flows reached
-// that no NAT rule or IPVS service known when the pair was first seen
-// names: a Service created, or endpoints changed, since the rules were
-// read (or a rewrite outside netfilter, which no rule names anyway).
+// that no NAT rule or IPVS service in force (not gone) when the pair was
+// checked names: a Service created, or endpoints changed, since the rules
+// were read (or a rewrite outside netfilter, which no rule names anyway).
 func (e *Engine) UnlistedBackends() uint64 { return e.unlisted }
 
 // maxPairs bounds the Service and backend pairs remembered as checked;
@@ -168,7 +172,8 @@ func (e *Engine) UnlistedBackends() uint64 { return e.unlisted }
 const maxPairs = 1 << 12
 
 // checkListed counts the pair of f's Service and backend b in
-// UnlistedBackends when no rule or IPVS service names it, once per pair.
+// UnlistedBackends when no rule or IPVS service in force names it, once per
+// pair (until the rules are read again).
 func (e *Engine) checkListed(f *flowState, b netip.AddrPort) {
 	k := [2]netip.AddrPort{f.service, b}
 	if _, done := e.pairs[k]; done {
@@ -179,12 +184,12 @@ func (e *Engine) checkListed(f *flowState, b netip.AddrPort) {
 	}
 	e.pairs[k] = struct{}{}
 	for _, r := range e.cfg.Attribution.NATRules {
-		if vipMatches(r.VIP, r.Proto, f) && listed(r.Backends, b) {
+		if r.Until.IsZero() && vipMatches(r.VIP, r.Proto, f) && listed(r.Backends, b) {
 			return
 		}
 	}
 	for _, s := range e.cfg.Attribution.IPVS {
-		if vipMatches(s.VIP, s.Proto, f) && listed(s.Backends, b) {
+		if s.Until.IsZero() && vipMatches(s.VIP, s.Proto, f) && listed(s.Backends, b) {
 			return
 		}
 	}

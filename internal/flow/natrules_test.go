@@ -2,8 +2,10 @@ package flow_test
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
@@ -115,5 +117,52 @@ func TestUnlistedBackends(t *testing.T) {
 		if f.RewrittenAt == flow.PlaceNetfilter && !strings.Contains(f.By, "dnat to") {
 			t.Errorf("flow %s: by %q after the rules were set, want the rule", f.Client, f.By)
 		}
+	}
+}
+
+// TestUnlistedBackendCameBack: a backend whose rule went at the last read
+// (its endpoint replaced) and which flows reach again later (the rollout
+// rolled back) is counted again: only another read names its rule, and
+// the rule gone does not.
+func TestUnlistedBackendCameBack(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-tcp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := flow.NewEngine(s.Config)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	if n := e.UnlistedBackends(); n != 0 {
+		t.Fatalf("rules name every backend, yet %d pair(s) counted unlisted", n)
+	}
+	// Read again: the backend's rules went (another backend's came, which
+	// no flow reaches here).
+	gone := slices.Clone(s.Config.Attribution.NATRules)
+	for i := range gone {
+		gone[i].Until = flowtest.At(1000)
+	}
+	e.SetNATAttribution(gone, nil)
+	// The same clients again, later, from other ports: the old backend.
+	clients := map[netip.AddrPort]bool{}
+	for _, f := range e.Flows() {
+		clients[f.Client] = true
+	}
+	later := func(a netip.AddrPort) netip.AddrPort {
+		if !clients[a] {
+			return a
+		}
+		return netip.AddrPortFrom(a.Addr(), a.Port()+10000)
+	}
+	for _, o := range s.Observations {
+		o.Time = o.Time.Add(10 * time.Second)
+		o.Src, o.Dst, o.NATSrc = later(o.Src), later(o.Dst), later(o.NATSrc)
+		if o.Cookie != 0 {
+			o.Cookie += 1 << 32
+		}
+		e.Add(o)
+	}
+	if n := e.UnlistedBackends(); n == 0 {
+		t.Error("flows reached a backend whose rules went, and no pair was counted unlisted: the rules are not read again")
 	}
 }

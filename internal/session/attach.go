@@ -129,7 +129,7 @@ const (
 // bridge share the uplink: it is captured once. The rings are opened
 // concurrently: setting up a ring waits for an RCU grace period, about
 // 10 ms, which a node of many Pods would otherwise pay once per point.
-func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes int, prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
+func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []netip.Addr, snaplen, ringBytes int, prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
 	filter, ferr := capture.FilterFor(watch, snaplen)
 	var points []discover.CapturePoint
 	seen := map[string]bool{}
@@ -140,7 +140,7 @@ func openTaps(node *discover.NodeInfo, watch []netip.Addr, snaplen, ringBytes in
 			points = append(points, cp)
 		}
 	}
-	rings, shared := ringSizes(points, ringBytes, snaplen)
+	rings, shared := ringSizes(points, podPointsOpen, ringBytes, snaplen)
 	opened := make([]tap, len(points))
 	atts := make([]probe.Attachment, len(points))
 	concurrently(len(points), func(i int) {
@@ -228,18 +228,25 @@ const podRingShare = 4
 
 // ringSizes returns each point's ring and, when the Pods' points share
 // theirs, a note saying so ("" otherwise). A slice is never smaller than a
-// ring that holds a snaplen frame (capture.MinRingFor).
-func ringSizes(points []discover.CapturePoint, ringBytes, snaplen int) ([]int, string) {
+// ring that holds a snaplen frame (capture.MinRingFor). podPointsOpen are
+// the Pods' points already open (those of the start, when Pods start
+// later): the share is that of a node with them all, as the rings open
+// cannot shrink.
+func ringSizes(points []discover.CapturePoint, podPointsOpen, ringBytes, snaplen int) ([]int, string) {
 	if ringBytes <= 0 {
 		ringBytes = capture.DefaultRingBytes
 	}
-	podPoints := 0
+	podPoints := podPointsOpen
 	for _, cp := range points {
 		if cp.Role != discover.RoleUplink {
 			podPoints++
 		}
 	}
-	per, note := podRing(podPoints, ringBytes, snaplen), ""
+	per, note := ringBytes, ""
+	if budget := podRingShare * ringBytes; podPoints*ringBytes > budget {
+		const step = 16 << 10
+		per = min(ringBytes, max(budget/podPoints/step*step, capture.MinRingFor(snaplen)))
+	}
 	if per < ringBytes {
 		note = fmt.Sprintf("the Pods' %d capture points share %d rings of --buffer-size (--pod-ip gives one Pod whole rings)", podPoints, podRingShare)
 	}
@@ -251,18 +258,6 @@ func ringSizes(points []discover.CapturePoint, ringBytes, snaplen int) ([]int, s
 		}
 	}
 	return rings, note
-}
-
-// podRing is the ring of each of podPoints Pod capture points.
-func podRing(podPoints, ringBytes, snaplen int) int {
-	if ringBytes <= 0 {
-		ringBytes = capture.DefaultRingBytes
-	}
-	if budget := podRingShare * ringBytes; podPoints*ringBytes > budget {
-		const step = 16 << 10
-		return min(ringBytes, max(budget/podPoints/step*step, capture.MinRingFor(snaplen)))
-	}
-	return ringBytes
 }
 
 // sizeString is a byte count in KiB or MiB, as --buffer-size takes them.

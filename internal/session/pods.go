@@ -50,7 +50,9 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	pf.next = now.Add(podWatchEvery)
 	found, err := pf.watch.Look(ctx, now)
 	if err != nil {
-		pf.lookErr = fmt.Sprintf("%s: %v", now.Format("15:04:05"), err)
+		if ctx.Err() == nil { // not the run's end
+			pf.lookErr = fmt.Sprintf("%s: %v", now.Format("15:04:05"), err)
+		}
 		return ""
 	}
 	pf.skipped += found.Skipped
@@ -60,7 +62,11 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	for _, p := range found.Pods {
 		tr.scope[p.NetNS.Inode] = true
 	}
+	// The node as the report and an incident's snapshot describe it after
+	// the run: its Pods, their capture points and tc programs.
 	pf.node.Pods = append(pf.node.Pods, found.Pods...)
+	pf.node.CapturePoints = append(pf.node.CapturePoints, found.CapturePoints...)
+	pf.node.TCPrograms = append(pf.node.TCPrograms, found.TCPrograms...)
 	// The observers first, as at the start: a flow then meets the tcx
 	// observers before the taps miss its first packets. A veth without a
 	// tc program gets them once one appears there (tracer.observeTC).
@@ -74,14 +80,13 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	// The Pods' points share a bounded budget of rings, as at the start:
 	// each new one gets the share of a node with that many points (the
 	// rings open cannot shrink, so the total grows slowly with every Pod).
-	podPoints := len(found.CapturePoints)
+	podPoints := 0
 	for _, tp := range tr.taps {
 		if tp.role != discover.RoleUplink {
 			podPoints++
 		}
 	}
-	ring := podRing(podPoints, tr.opt.RingBytes, tr.opt.Snaplen)
-	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, tr.watch, tr.opt.Snaplen, ring, pf.prog, pf.progErr)
+	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, podPoints, tr.watch, tr.opt.Snaplen, tr.opt.RingBytes, pf.prog, pf.progErr)
 	tr.late.atts = append(tr.late.atts, tapAtts...)
 
 	all := append(append([]tap(nil), tr.taps...), taps...)
@@ -214,6 +219,9 @@ func (tr *tracer) releaseGone(now time.Time) {
 			continue
 		}
 		*tp.released = fmt.Sprintf("released at %s: its Pod's netns was deleted; the capture alone kept it (and its veth pair) alive", now.Format("15:04:05"))
-		tp.t.Close()
+		// Close waits for the tap's producer to leave the ring, and the
+		// producer may be waiting for this goroutine, the consumer, to
+		// take its batch.
+		go tp.t.Close()
 	}
 }

@@ -1,8 +1,11 @@
 package session
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"testing"
@@ -60,7 +63,109 @@ func TestReleaseGone(t *testing.T) {
 	if *tr.taps[0].released == "" {
 		t.Fatal("netns held by nothing but the tap: not released")
 	}
-	if err := tp.SetFilter(nil); err == nil {
-		t.Error("the released tap is still open")
+	waitClosed(t, tp)
+}
+
+// waitClosed fails unless tp is closed within a second (releaseGone closes
+// taps in the background).
+func waitClosed(t *testing.T, tp *capture.Tap) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Second); tp.SetFilter(nil) == nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Error("the released tap is still open")
+			return
+		}
 	}
+}
+
+// TestReleaseGoneWhileProducing: the tap of a Pod whose netns was deleted is
+// released while its producer waits for the consumer to take a batch (the
+// consumer lags: a busy node); releaseGone runs on the consumer, so it must
+// not wait for that producer.
+func TestReleaseGoneWhileProducing(t *testing.T) {
+	if testing.Short() || os.Geteuid() != 0 {
+		t.Skip("needs root (and not -short): makes network namespaces")
+	}
+	name := fmt.Sprintf("pttest-busy-%06x", rand.IntN(1<<24))
+	pod, peer := "/run/netns/"+name, name+"-peer"
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+	}
+	run("ip", "netns", "add", name)
+	run("ip", "netns", "add", peer)
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "del", name).Run()
+		exec.Command("ip", "netns", "del", peer).Run()
+	})
+	run("ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "pt1", "netns", peer)
+	run("ip", "-n", name, "addr", "add", "192.0.2.1/24", "dev", "eth0")
+	run("ip", "-n", name, "link", "set", "eth0", "up")
+	run("ip", "-n", peer, "addr", "add", "192.0.2.2/24", "dev", "pt1")
+	run("ip", "-n", peer, "link", "set", "pt1", "up")
+	inode, err := nsutil.Inode(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	filter, err := capture.FilterFor([]netip.Addr{netip.MustParseAddr("192.0.2.1")}, 96)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := capture.Open(capture.Config{NetNS: pod, Ifname: "eth0", Role: discover.RolePod, Filter: filter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Close()
+	tr := &tracer{taps: []tap{{role: discover.RolePod, ifname: "eth0", netns: pod, inode: inode, t: tp, ended: new(string), released: new(string)}},
+		free: newBatchPool(freeBatches), freeSmall: newBatchPool(freeBatches)}
+	items := make(chan *batch) // nobody takes them: the consumer is busy
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		tr.produce(ctx, 0, tr.taps[0], items)
+	}()
+	// A frame for the tap: the producer hands it over at the block's end.
+	if err := nsutil.Do("/run/netns/"+peer, func() error {
+		c, err := net.Dial("udp", "192.0.2.1:9")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("x"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	run("ip", "netns", "del", name) // the tap's socket alone holds it now
+
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		tr.releaseGone(time.Now())
+	}()
+	select {
+	case <-released:
+	case <-time.After(5 * time.Second):
+		t.Error("releaseGone waits for the producer, which waits for the consumer that runs releaseGone")
+	}
+	// The consumer takes the batches again: the producer ends.
+	cancel()
+	for {
+		select {
+		case <-items:
+			continue
+		case <-produced:
+		}
+		break
+	}
+	<-released
+	if *tr.taps[0].released == "" {
+		t.Error("the tap of the deleted netns was not released")
+	}
+	waitClosed(t, tp)
 }

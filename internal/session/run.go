@@ -123,7 +123,9 @@ func (tr *tracer) run(ctx context.Context) string {
 		}
 	}()
 	// startTap runs the producer of tap i (the taps of Pods that start later
-	// too, while the probe's producer keeps the group open).
+	// too: the loop below holds the group open while it may add them, even
+	// once every producer has ended).
+	producers.Add(1)
 	startTap := func(i int) {
 		producers.Add(1)
 		tp := tr.taps[i] // read here: the consumer appends to tr.taps
@@ -143,10 +145,7 @@ func (tr *tracer) run(ctx context.Context) string {
 loop:
 	for {
 		select {
-		case b, ok := <-items:
-			if !ok {
-				break loop
-			}
+		case b := <-items: // open until the loop ends
 			if reason := tr.consume(b); reason != "" {
 				stop = stopFor(reason)
 				break loop
@@ -181,6 +180,7 @@ loop:
 			break loop
 		}
 	}
+	producers.Done() // no tap starts from here on
 	tr.eng.Stopping(time.Now())
 	// Let in-flight events land, still consuming, then stop the producers:
 	// each tap then delivers the block the kernel was filling (within

@@ -54,7 +54,11 @@ type Progress struct {
 
 // Result is everything a session learned.
 type Result struct {
-	Node        *discover.NodeInfo
+	// Node is the node as discovered, with the Pods that started during
+	// the session (their capture points and tc programs too).
+	Node *discover.NodeInfo
+	// Attachments are the observers and taps, with those attached while
+	// the session ran (Pods that started, veths that got a tc program).
 	Attachments []probe.Attachment
 	Flows       []flow.Flow
 	Summary     flow.Summary
@@ -156,7 +160,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
 	atts := attachObservers(pr, node, cgroup)
 	atts = append(atts, probe.KernelFunctionProbes()...)
-	taps, tapAtts := openTaps(node, watch, opt.Snaplen, opt.RingBytes, tapProg, tapProgErr)
+	taps, tapAtts := openTaps(node, 0, watch, opt.Snaplen, opt.RingBytes, tapProg, tapProgErr)
 	atts = append(atts, tapAtts...)
 	ready := time.Now()
 	pr.ReleaseSpecs() // everything is loaded: their BTF would stay live for nothing

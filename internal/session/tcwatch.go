@@ -37,9 +37,9 @@ func newTCWatch(node *discover.NodeInfo, isObserver func(ebpf.ProgramID) bool, n
 		progs: hostTCPrograms(node.TCPrograms), next: now.Add(tcWatchEvery)}
 }
 
-// A read that fails keeps what is known.
 // check reads the programs again when it is time, tells the engine when
 // they changed, and returns the programs found (nil when it did not look).
+// A read that fails keeps what is known.
 func (w *tcWatch) check(now time.Time, eng *flow.Engine) (found []discover.TCProgram) {
 	if w == nil || now.Before(w.next) {
 		return nil
@@ -120,6 +120,12 @@ type tcLate struct {
 	more     int
 }
 
+// errNoTailsLoaded is why a host veth that got a tc program during the
+// session has no tail observers: the node had no tcx program on its host
+// veths at the start (errNoOtherTCX), so none were loaded, and this veth's
+// program may well be one.
+var errNoTailsLoaded = errors.New("no host veth had a tcx program when the trace started, so no tail observer was loaded: the head observer and the next point bracket this veth's tc programs")
+
 // observeTC attaches the tcx observers on each host veth in progs that has
 // none yet: a rewrite there is then bracketed as at the veths of the start.
 func (tr *tracer) observeTC(now time.Time, progs []discover.TCProgram) {
@@ -142,12 +148,12 @@ func (tr *tracer) observeVeth(now time.Time, ifindex int, ifname, why string) {
 	if tr.late.tails {
 		atts = tr.pr.AttachTC(netns, ifindex, ifname)
 	} else {
-		atts = tr.pr.AttachTCHeads(netns, ifindex, ifname, errNoOtherTCX)
+		atts = tr.pr.AttachTCHeads(netns, ifindex, ifname, errNoTailsLoaded)
 	}
 	tr.late.atts = append(tr.late.atts, atts...)
 	note := fmt.Sprintf("tcx observers on %s at %s (%s)", ifname, now.Format("15:04:05"), why)
 	for _, a := range atts {
-		if a.Err != nil && !errors.Is(a.Err, errNoOtherTCX) {
+		if a.Err != nil && !errors.Is(a.Err, errNoTailsLoaded) {
 			note += fmt.Sprintf("; %s not attached: %v", a.Observer, a.Err)
 		}
 	}
