@@ -284,7 +284,7 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 		info.Pods = append(info.Pods, *pod)
 	}
 	if info.PodsSkipped > 0 {
-		info.notef("%d netns with a veth into the node not examined: --max-pods %d reached", info.PodsSkipped, maxPods)
+		info.notef("%d netns with a veth into the node not examined: pathtrace follows at most %d Pods (select one with --pod-ip, --pod-netns or --pod-pid)", info.PodsSkipped, maxPods)
 	}
 	return nil
 }

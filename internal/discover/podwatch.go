@@ -70,7 +70,7 @@ type NewPods struct {
 	CapturePoints []CapturePoint
 	TCPrograms    []TCProgram
 	// Skipped counts the netns with a veth into the node left unexamined:
-	// --max-pods reached.
+	// the bound on Pods (Options.MaxPods) reached.
 	Skipped int
 }
 

@@ -200,7 +200,7 @@ func TestNodeEnumeratesPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(bounded.Pods) != 1 || bounded.PodsSkipped != 1 || !slices.ContainsFunc(bounded.Notes, func(n string) bool { return strings.Contains(n, "max-pods") }) {
+	if len(bounded.Pods) != 1 || bounded.PodsSkipped != 1 || !slices.ContainsFunc(bounded.Notes, func(n string) bool { return strings.Contains(n, "follows at most 1 Pods") }) {
 		t.Errorf("MaxPods 1: got %d pods, %d skipped, notes %q", len(bounded.Pods), bounded.PodsSkipped, bounded.Notes)
 	}
 }

@@ -96,7 +96,7 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 			}
 		}
 	}
-	// info.Pods lacks the Pods a selector, --host-veth or --max-pods left
+	// info.Pods lacks the Pods a selector, --host-veth or Options.MaxPods left
 	// out: their host veths are found when a Pod's uplink needs them.
 	if opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" || info.PodsSkipped > 0 {
 		u.scanPodSide = func() {

@@ -27,7 +27,8 @@ type podFollow struct {
 
 	started []string // what the report says of each, bounded
 	more    int      // Pods started beyond maxStartedListed
-	skipped int      // Pods left out: --max-pods reached
+	skipped int      // Pods left out: the bound on Pods reached
+	maxPods int      // that bound
 	failed  []string // taps of new Pods that failed
 	lookErr string   // the last look that failed
 }
@@ -174,7 +175,7 @@ func (pf *podFollow) summary() []string {
 		out = append(out, fmt.Sprintf("%d more", pf.more))
 	}
 	if pf.skipped > 0 {
-		out = append(out, fmt.Sprintf("%d not followed: --max-pods reached", pf.skipped))
+		out = append(out, fmt.Sprintf("%d not followed: pathtrace follows at most %d Pods", pf.skipped, pf.maxPods))
 	}
 	for _, f := range pf.failed[:min(len(pf.failed), maxStartedListed)] {
 		out = append(out, "not attached: "+f)

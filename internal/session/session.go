@@ -187,7 +187,8 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		free: newBatchPool(freeBatches), freeSmall: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches)}
 	defer func() { closeTaps(tr.taps) }() // with those of Pods that started
 	if w := discover.NewPodWatch(node, opt.Discover); w != nil {
-		tr.pods = &podFollow{watch: w, node: node, next: time.Now().Add(podWatchEvery), prog: tapProg, progErr: tapProgErr}
+		tr.pods = &podFollow{watch: w, node: node, next: time.Now().Add(podWatchEvery), prog: tapProg, progErr: tapProgErr,
+			maxPods: cmp.Or(opt.Discover.MaxPods, discover.DefaultMaxPods)}
 	}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
