@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -92,15 +93,8 @@ func TestIncidentBundleWithinMaxBytes(t *testing.T) {
 	l := upLab(t, lab.ModeTC)
 	const budget = 1 << 20
 	out := filepath.Join(t.TempDir(), "incident")
-	cmd := pathtrace("incident", "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
-		"--svc", lab.UDPVIP.String(), "--duration", "8s", "--max-bytes", "1M", "--out", out)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
+	cmd, stderr := startIncident(t, out, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
+		"--svc", lab.UDPVIP.String(), "--duration", "8s", "--max-bytes", "1M")
 	// 2 x 1200 flows: their reports alone are about 2 MB.
 	if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 1200}); err != nil {
 		t.Fatal(err)
@@ -342,14 +336,7 @@ func TestIncidentPodStarted(t *testing.T) {
 	l := upLab(t, lab.ModeNetfilter)
 	ip := otherPodIPs[1]
 	out := filepath.Join(t.TempDir(), "incident")
-	cmd := pathtrace("incident", "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "8s", "--out", out)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
+	cmd, stderr := startIncident(t, out, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "8s")
 	addPod(t, l, ip)
 	if err := l.AttachTCLBTo(addedPodVeth(ip)); err != nil {
 		t.Fatal(err)
@@ -394,4 +381,19 @@ func TestIncidentPodStarted(t *testing.T) {
 	if why := points["tc_tail"]; !strings.Contains(why, "when the trace started") {
 		t.Errorf("tc_tail on %s: error %q, want it not loaded since the start (observers %v)", veth, why, points)
 	}
+}
+
+// startIncident starts "pathtrace incident ARGS --out out", its stderr
+// kept, killed when the test ends, and waits until it captures.
+func startIncident(t *testing.T, out string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := pathtrace(append(append([]string{"incident"}, args...), "--out", out)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
+	return cmd, &stderr
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -25,15 +24,8 @@ func TestIncidentOnSmallDisk(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	out := filepath.Join(dir, "incident")
-	cmd := pathtrace("incident", "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
-		"--svc", lab.UDPVIP.String(), "--duration", "6s", "--out", out) // --max-bytes 256M by default
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
+	cmd, stderr := startIncident(t, out, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
+		"--svc", lab.UDPVIP.String(), "--duration", "6s") // --max-bytes 256M by default
 	// Far more capture than 4 MiB: 300 requests of bulk-free TCP and UDP
 	// are about 2 MB at three points; the snapshot and reports add theirs.
 	for range 3 {

@@ -355,12 +355,8 @@ func TestPodStartedMidTrace(t *testing.T) {
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
 	flows, summary := r.rest(t)
 
-	n := 0
-	for _, f := range flows {
-		if host, _, _ := net.SplitHostPort(fmt.Sprint(f["client"])); host != ip {
-			continue
-		}
-		n++
+	mine := flowsFrom(flows, ip)
+	for _, f := range mine {
 		if f["rewritten_at"] != "netfilter" || f["backend"] != lab.TCPBackend.String() {
 			t.Errorf("flow of the new Pod %v: %v to %v, want netfilter to %s", f["client"], f["rewritten_at"], f["backend"], lab.TCPBackend)
 		}
@@ -371,8 +367,8 @@ func TestPodStartedMidTrace(t *testing.T) {
 			t.Errorf("flow of the new Pod %v was not seen on its eth0: %v", f["client"], f["points"])
 		}
 	}
-	if n != 2 {
-		t.Errorf("%d flows from the new Pod %s, want 2: %s", n, ip, dump(flows))
+	if len(mine) != 2 {
+		t.Errorf("%d flows from the new Pod %s, want 2: %s", len(mine), ip, dump(flows))
 	}
 	started, _ := summary["pods_started"].([]any)
 	if len(started) != 1 || !strings.Contains(fmt.Sprint(started[0]), ip) || !strings.Contains(fmt.Sprint(started[0]), "pod:eth0@"+ip) {
@@ -411,12 +407,8 @@ func TestPodStartedMidTraceTC(t *testing.T) {
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
 	flows, summary := r.rest(t)
 
-	n := 0
-	for _, f := range flows {
-		if host, _, _ := net.SplitHostPort(fmt.Sprint(f["client"])); host != ip {
-			continue
-		}
-		n++
+	mine := flowsFrom(flows, ip)
+	for _, f := range mine {
 		by, _ := f["by"].(string)
 		if f["rewritten_at"] != "tc" || !strings.HasPrefix(by, "tcx ingress lab_from_container") || strings.Contains(by, "one of") {
 			t.Errorf("flow of the new Pod: want rewritten at tc by its veth's LB: %s", dump([]map[string]any{f}))
@@ -425,8 +417,8 @@ func TestPodStartedMidTraceTC(t *testing.T) {
 			t.Errorf("flow of the new Pod %v: no tcx observer saw it: %v", f["client"], f["points"])
 		}
 	}
-	if n != 2 {
-		t.Errorf("%d flows from the new Pod %s, want 2: %s", n, ip, dump(flows))
+	if len(mine) != 2 {
+		t.Errorf("%d flows from the new Pod %s, want 2: %s", len(mine), ip, dump(flows))
 	}
 	added, _ := summary["observers_added"].([]any)
 	if len(added) != 1 || !strings.Contains(fmt.Sprint(added[0]), "tcx observers on "+addedPodVeth(ip)) || strings.Contains(fmt.Sprint(added[0]), "not attached") {
@@ -475,4 +467,15 @@ func TestPodReplacedMidTrace(t *testing.T) {
 			t.Errorf("no packet counted at %s: %v", point, packets)
 		}
 	}
+}
+
+// flowsFrom returns the flows whose client address is ip.
+func flowsFrom(flows []map[string]any, ip string) []map[string]any {
+	var out []map[string]any
+	for _, f := range flows {
+		if host, _, _ := net.SplitHostPort(fmt.Sprint(f["client"])); host == ip {
+			out = append(out, f)
+		}
+	}
+	return out
 }

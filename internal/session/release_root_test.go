@@ -21,24 +21,14 @@ import (
 // is kept, and looks at the other path from then on; once nothing holds the
 // netns, the tap is closed and says why.
 func TestReleaseGone(t *testing.T) {
-	if testing.Short() || os.Geteuid() != 0 {
-		t.Skip("needs root (and not -short): makes network namespaces")
-	}
-	name := fmt.Sprintf("pttest-release-%06x", rand.IntN(1<<24))
+	names := testNetNS(t, "pttest-release", "")
+	name := names[0]
 	first, second := "/run/netns/"+name, "/run/netns/"+name+"-b"
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", args, err, out)
-		}
-	}
-	run("ip", "netns", "add", name)
 	t.Cleanup(func() {
-		exec.Command("ip", "netns", "del", name).Run()
 		exec.Command("umount", second).Run()
 		os.Remove(second)
 	})
-	run("ip", "-n", name, "link", "add", "pt0", "type", "veth", "peer", "name", "pt1")
+	run(t, "ip", "-n", name, "link", "add", "pt0", "type", "veth", "peer", "name", "pt1")
 	inode, err := nsutil.Inode(first)
 	if err != nil {
 		t.Fatal(err)
@@ -49,16 +39,16 @@ func TestReleaseGone(t *testing.T) {
 	}
 	defer tp.Close()
 	// A second name for the netns, then the first one goes.
-	run("touch", second)
-	run("mount", "--bind", first, second)
-	run("ip", "netns", "del", name)
+	run(t, "touch", second)
+	run(t, "mount", "--bind", first, second)
+	run(t, "ip", "netns", "del", name)
 
 	tr := &tracer{taps: []tap{{role: discover.RolePod, ifname: "pt0", netns: first, inode: inode, t: tp, ended: new(string), released: new(string)}}}
 	tr.releaseGone(time.Now())
 	if got := tr.taps[0]; *got.released != "" || got.netns != second {
 		t.Fatalf("netns still held by %s: released %q, looks at %s; want kept, looking there", second, *got.released, got.netns)
 	}
-	run("umount", second)
+	run(t, "umount", second)
 	tr.releaseGone(time.Now())
 	if *tr.taps[0].released == "" {
 		t.Fatal("netns held by nothing but the tap: not released")
@@ -83,28 +73,14 @@ func waitClosed(t *testing.T, tp *capture.Tap) {
 // consumer lags: a busy node); releaseGone runs on the consumer, so it must
 // not wait for that producer.
 func TestReleaseGoneWhileProducing(t *testing.T) {
-	if testing.Short() || os.Geteuid() != 0 {
-		t.Skip("needs root (and not -short): makes network namespaces")
-	}
-	name := fmt.Sprintf("pttest-busy-%06x", rand.IntN(1<<24))
-	pod, peer := "/run/netns/"+name, name+"-peer"
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", args, err, out)
-		}
-	}
-	run("ip", "netns", "add", name)
-	run("ip", "netns", "add", peer)
-	t.Cleanup(func() {
-		exec.Command("ip", "netns", "del", name).Run()
-		exec.Command("ip", "netns", "del", peer).Run()
-	})
-	run("ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "pt1", "netns", peer)
-	run("ip", "-n", name, "addr", "add", "192.0.2.1/24", "dev", "eth0")
-	run("ip", "-n", name, "link", "set", "eth0", "up")
-	run("ip", "-n", peer, "addr", "add", "192.0.2.2/24", "dev", "pt1")
-	run("ip", "-n", peer, "link", "set", "pt1", "up")
+	names := testNetNS(t, "pttest-busy", "", "-peer")
+	name, peer := names[0], names[1]
+	pod := "/run/netns/" + name
+	run(t, "ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", "pt1", "netns", peer)
+	run(t, "ip", "-n", name, "addr", "add", "192.0.2.1/24", "dev", "eth0")
+	run(t, "ip", "-n", name, "link", "set", "eth0", "up")
+	run(t, "ip", "-n", peer, "addr", "add", "192.0.2.2/24", "dev", "pt1")
+	run(t, "ip", "-n", peer, "link", "set", "pt1", "up")
 	inode, err := nsutil.Inode(pod)
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +117,7 @@ func TestReleaseGoneWhileProducing(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)
-	run("ip", "netns", "del", name) // the tap's socket alone holds it now
+	run(t, "ip", "netns", "del", name) // the tap's socket alone holds it now
 
 	released := make(chan struct{})
 	go func() {
@@ -168,4 +144,31 @@ func TestReleaseGoneWhileProducing(t *testing.T) {
 		t.Error("the tap of the deleted netns was not released")
 	}
 	waitClosed(t, tp)
+}
+
+// testNetNS makes a network namespace for each suffix, named prefix, a
+// random part and the suffix, deleted when the test ends; it skips the test
+// unless it runs as root and not -short.
+func testNetNS(t *testing.T, prefix string, suffixes ...string) []string {
+	t.Helper()
+	if testing.Short() || os.Geteuid() != 0 {
+		t.Skip("needs root (and not -short): makes network namespaces")
+	}
+	base := fmt.Sprintf("%s-%06x", prefix, rand.IntN(1<<24))
+	var names []string
+	for _, sfx := range suffixes {
+		name := base + sfx
+		run(t, "ip", "netns", "add", name)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+		names = append(names, name)
+	}
+	return names
+}
+
+// run runs a command, and fails the test when it fails.
+func run(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v: %s", args, err, out)
+	}
 }
