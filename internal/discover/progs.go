@@ -131,11 +131,22 @@ func programName(id ebpf.ProgramID) string {
 // A point whose programs could not be read is marked TCUnread; a point whose
 // interface is gone (its Pod deleted since discovery) is left out.
 func tcPrograms(host *hostNS, cps []CapturePoint, progs *progCache, info *NodeInfo) []TCProgram {
-	var out []TCProgram
+	out, _ := tcProgramsOf(host, cps, progs, info)
+	return out
+}
+
+// tcProgramsOf is tcPrograms that also tells which of cps are gone (their
+// link deleted meanwhile: a Pod's veth).
+func tcProgramsOf(host *hostNS, cps []CapturePoint, progs *progCache, info *NodeInfo) (out []TCProgram, gone []bool) {
+	gone = make([]bool, len(cps))
 	tcx := tcxPrograms(host.path, cps)
 	cls, qdiscErr := clsBPFPrograms(host, cps)
 	for i, cp := range cps {
-		if cp.Role == RolePod || errors.Is(tcx[i].err, unix.ENODEV) {
+		if errors.Is(tcx[i].err, unix.ENODEV) {
+			gone[i] = true
+			continue
+		}
+		if cp.Role == RolePod {
 			continue
 		}
 		if err := tcx[i].err; err != nil {
@@ -158,7 +169,7 @@ func tcPrograms(host *hostNS, cps []CapturePoint, progs *progCache, info *NodeIn
 			out = append(out, p)
 		}
 	}
-	return out
+	return out, gone
 }
 
 // pointProgs are the programs found on one capture point, still unnamed.
@@ -377,8 +388,17 @@ func (w *TCWatch) Look() ([]TCProgram, error) {
 	host := &hostNS{path: w.hostNetNS, ns: ns, nl: nl, links: map[int]netlink.Link{}}
 	var scratch NodeInfo
 	cps := slices.Clone(w.cps) // tcPrograms marks them
-	progs := tcPrograms(host, cps, w.progs, &scratch)
+	progs, gone := tcProgramsOf(host, cps, w.progs, &scratch)
 	w.progs.forget()
+	// A deleted Pod's veth is not looked at again: with Pods that come and
+	// go, each would cost a query at every look.
+	kept := w.cps[:0]
+	for i, cp := range w.cps {
+		if !gone[i] {
+			kept = append(kept, cp)
+		}
+	}
+	w.cps = kept
 	if len(scratch.Notes) > 0 {
 		return progs, errors.New(scratch.Notes[0])
 	}

@@ -101,6 +101,9 @@ func TestTCWatchLook(t *testing.T) {
 	if len(got) != 5 {
 		t.Errorf("%d programs, want 5 (hv0 deleted, the observer left out): %+v", len(got), got)
 	}
+	if len(w.cps) != 2 {
+		t.Errorf("the watch still looks at %d veths, want 2: hv0 was deleted", len(w.cps))
+	}
 }
 
 // vethsWithTCX makes a netns (rs-bench-*, removed at the end) with n host
