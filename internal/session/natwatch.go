@@ -59,8 +59,14 @@ func (w *natWatch) check(ctx context.Context, now time.Time, eng *flow.Engine, f
 	if w == nil || n == w.seen || (!final && now.Before(w.next)) {
 		return
 	}
+	prev := w.seen
 	w.seen, w.next = n, now.Add(natWatchEvery)
 	nf, ipvs, unread := w.look.Look(ctx)
+	if len(unread) > 0 && ctx.Err() != nil {
+		// The run's end cut the look short (iptables-legacy-save killed):
+		// the run's last look, with a context of its own, reads again.
+		w.seen = prev
+	}
 	if w.update(nf.Rules, ipvsOf(ipvs.Services), unread, now) {
 		eng.SetNATAttribution(slices.Clone(w.rules), slices.Clone(w.ipvs))
 	}

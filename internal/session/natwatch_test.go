@@ -1,6 +1,7 @@
 package session
 
 import (
+	"context"
 	"net/netip"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
 )
 
 // TestNATWatchUpdate: a rule seen gone is ended at that look, a new one
@@ -84,5 +86,35 @@ func TestNATWatchSummary(t *testing.T) {
 	w.appeared, w.went = 2, 1
 	if s := w.summary(); !strings.Contains(s, "read again 3 times, 03:12:07 to 03:12:17") || !strings.Contains(s, "2 rule(s) or IPVS service(s) appeared, 1 went") {
 		t.Errorf("summary %q", s)
+	}
+}
+
+// TestNATWatchInterrupted: a look the run's end cuts short (a source not
+// read) leaves the backends that asked for it to the run's last look.
+func TestNATWatchInterrupted(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-tcp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.Config
+	cfg.Attribution.NATRules = nil // no rule names the flow's backend
+	eng := flow.NewEngine(cfg)
+	for _, o := range s.Observations {
+		eng.Add(o)
+	}
+	if eng.UnlistedBackends() == 0 {
+		t.Fatal("no backend left unlisted")
+	}
+	t0 := time.Unix(1_700_000_000, 0)
+	w := newNATWatch(&discover.NodeInfo{HostNetNS: discover.NetNS{Path: "/nonexistent/netns"}}, t0)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w.check(ctx, t0.Add(time.Second), eng, false)
+	if w.looks != 1 || w.seen != 0 {
+		t.Fatalf("interrupted look: %d looks, seen %d; want one look, the backends left to the next", w.looks, w.seen)
+	}
+	w.check(context.Background(), t0.Add(2*time.Second), eng, true)
+	if w.looks != 2 || w.seen != eng.UnlistedBackends() {
+		t.Errorf("the run's last look: %d looks, seen %d; want a second look that takes them", w.looks, w.seen)
 	}
 }
