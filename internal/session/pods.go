@@ -134,7 +134,9 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	}
 	for _, a := range tapAtts {
 		if a.Err != nil {
-			pf.failed = append(pf.failed, fmt.Sprintf("%s %s: %v", a.Observer, a.Where, a.Err))
+			if len(pf.failed) < maxStartedListed { // the report lists no more
+				pf.failed = append(pf.failed, fmt.Sprintf("%s %s: %v", a.Observer, a.Where, a.Err))
+			}
 		}
 	}
 	return stop
@@ -177,7 +179,7 @@ func (pf *podFollow) summary() []string {
 	if pf.skipped > 0 {
 		out = append(out, fmt.Sprintf("%d not followed: pathtrace follows at most %d Pods", pf.skipped, pf.maxPods))
 	}
-	for _, f := range pf.failed[:min(len(pf.failed), maxStartedListed)] {
+	for _, f := range pf.failed {
 		out = append(out, "not attached: "+f)
 	}
 	if pf.lookErr != "" {
