@@ -417,6 +417,11 @@ func TestTraceAmidTraffic(t *testing.T) {
 			atEnd++
 		default:
 			t.Errorf("an unknown flow that began while every point was in place: %s", dump([]map[string]any{f}))
+			for _, g := range flows {
+				if g["client"] == f["client"] && g["id"] != f["id"] { // a reused port: which flow took what
+					t.Logf("another flow of its client endpoint: %s", dump([]map[string]any{g}))
+				}
+			}
 		}
 	}
 	count := func(key string) int { n, _ := summary[key].(float64); return int(n) }

@@ -34,7 +34,7 @@ const (
 // last chance (last).
 func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m moment, replies, last bool) (*flowState, bool, linkResult) {
 	var g guesses
-	if f, reply, r := e.lookup(proto, src, dst, cookie, m, replies, &g); r != unlinked {
+	if f, reply, r := e.lookup(proto, src, dst, cookie, m, replies, last, &g); r != unlinked {
 		return f, reply, r
 	}
 	at := time.Unix(0, m.at)
@@ -77,11 +77,12 @@ type guesses struct{ out, in *flowState }
 //     gave dst going to src.
 //
 // With g (link's mode, learning) step 1 is flowFor, which makes the flow
-// when there is none (linked, or refused beyond MaxFlows), and step 2 also
+// when there is none (linked, or refused beyond MaxFlows; unless last, a
+// packet put off, deferredLink, for a socket that may be its flow), and step 2 also
 // fills g with the candidates for a backend guess, which link may take
 // when nothing was found (unlinked). Without g lookup changes nothing and
 // offers no guess (toPeer guesses only when asked).
-func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m moment, replies bool, g *guesses) (f *flowState, reply bool, r linkResult) {
+func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m moment, replies, last bool, g *guesses) (f *flowState, reply bool, r linkResult) {
 	learn := g != nil
 	client, service, toService := src, dst, true
 	switch {
@@ -94,7 +95,7 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 	}
 	if toService {
 		if learn {
-			f, r = e.flowFor(proto, client, service, cookie, m)
+			f, r = e.flowFor(proto, client, service, cookie, m, last)
 			return f, reply, r
 		}
 		if f = withService(e.clients[clientKey{proto, client}], service, 0, m); f == nil {
@@ -209,8 +210,10 @@ func soleWithoutBackend(flows []*flowState) *flowState {
 // cookie. Where the flow is over, a new flow begins: a reused client port.
 // A TCP connection is over for a packet (or conntrack event) opening
 // another; a flow of one socket for an observation of another
-// (joinOrSupersede).
-func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment) (*flowState, linkResult) {
+// (joinOrSupersede). Beyond MaxFlows a packet that a socket whose port is
+// not known yet may have sent waits for that socket's tuple (awaitsPort)
+// rather than be refused, unless this is its last chance (last).
+func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment, last bool) (*flowState, linkResult) {
 	k := clientKey{proto, client}
 	f := withService(e.clients[k], service, cookie, m)
 	if f != nil && f.tcp.superseded(m) && e.refused.has(flowKey{k, service}) {
@@ -238,7 +241,30 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 			return f, linked
 		}
 	}
+	if e.nflows >= e.maxFlows && cookie == 0 && !last && e.awaitsPort(proto, client, service, m) {
+		return nil, deferredLink
+	}
 	return e.newFlow(proto, client, service, cookie, m)
+}
+
+// awaitsPort tells whether a flow made from a socket's connect or sendmsg
+// before its port was known (keyed without it: index) may be the flow of a
+// packet from client to service at m: the socket's tuple, which names the
+// port and rekeys the flow, comes from another source than the packet and
+// may be delivered after it. Beyond MaxFlows the packet would otherwise be
+// refused as a flow of its own, and its socket's flow lose it.
+func (e *Engine) awaitsPort(proto obs.Proto, client, service netip.AddrPort, m moment) bool {
+	unbound := [...]netip.AddrPort{{}, netip.AddrPortFrom(client.Addr(), 0), netip.AddrPortFrom(netip.IPv4Unspecified(), 0)}
+	for _, p := range [...]obs.Proto{proto, 0} {
+		for _, a := range unbound {
+			for _, f := range e.clients[clientKey{p, a}] {
+				if b := f.began(m); f.service == service && b <= m.at+int64(clockSlack) && m.at-b <= int64(reorderWindow) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // joinOrSupersede takes the observation at m of socket cookie on a client
@@ -458,7 +484,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	}
 	if f == nil {
 		var r linkResult
-		if f, r = e.flowFor(proto, client, svc, o.Cookie, momentOf(&o, false)); r != linked {
+		if f, r = e.flowFor(proto, client, svc, o.Cookie, momentOf(&o, false), true); r != linked {
 			return
 		}
 	}

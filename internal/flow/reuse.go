@@ -217,10 +217,11 @@ func (f *flowState) began(m moment) int64 {
 // latestBefore picks, of the flows ok accepts, the one that began last no
 // later than limit, else the one that began first. limit is beyond m by
 // how late a flow's first stamp can be (conntrack's is its receipt
-// time); but a TCP flow whose client's SYN was seen began then, as every
-// clock tells within clockSlack: a packet earlier than that is not its
-// own (it is the previous connection's on a reused port, its last
-// packets seen after the next connection began).
+// time); but a TCP flow whose client's SYN was seen began then, and a
+// flow whose socket's connect or sendmsg was seen (kind) began no later,
+// as every clock tells within clockSlack: a packet earlier than that is
+// not its own (it is the previous socket's on a reused port, its packets
+// delivered after the next socket's events).
 func latestBefore(flows []*flowState, m moment, limit int64, ok func(*flowState) bool) *flowState {
 	var latest, first *flowState
 	for _, f := range flows {
@@ -232,8 +233,11 @@ func latestBefore(flows []*flowState, m moment, limit int64, ok func(*flowState)
 			first = f
 		}
 		lim := limit
-		if f.tcp.syn != 0 {
+		switch {
+		case f.tcp.syn != 0:
 			b, lim = f.tcp.syn, m.at+int64(clockSlack)
+		case f.kind != 0:
+			lim = m.at + int64(clockSlack)
 		}
 		if b <= lim && (latest == nil || f.began(m) > latest.began(m)) {
 			latest = f
