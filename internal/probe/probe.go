@@ -91,6 +91,7 @@ type Probe struct {
 	runWG    sync.WaitGroup
 	running  atomic.Bool
 	counters counters
+	catchUp  catchUp
 }
 
 type programKind struct {

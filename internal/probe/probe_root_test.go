@@ -647,3 +647,41 @@ func TestReaderSleepsUntilAnEvent(t *testing.T) {
 		t.Errorf("Close took %v with the reader asleep: the stop did not end its sleep", d)
 	}
 }
+
+// TestCatchUp: once the channel CatchUp returns is closed (or when it
+// returns none), every event submitted before the call has been emitted;
+// the consumer relies on it to take a socket's events before the tap's
+// frames of its packets.
+func TestCatchUp(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	p, c := startProbe(t, env.vip)
+	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+	conn := env.clientUDP(t)
+	waited := 0
+	for i := range 20 {
+		// The first datagram wakes the reader; the second comes while it
+		// waits for its next poll, awake: nothing wakes it then.
+		first, second := netip.AddrPortFrom(env.vip, uint16(1000+2*i)), netip.AddrPortFrom(env.vip, uint16(1001+2*i))
+		sendUDP(t, conn, first, []byte("x"))
+		c.waitFor(t, "the first datagram at tc head", func(o obs.Observation) bool {
+			return o.Point == obs.PointTCHead && o.Dst == first
+		})
+		sendUDP(t, conn, second, []byte("x"))
+		if done := p.CatchUp(); done != nil {
+			waited++
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("CatchUp: not answered within 5 s")
+			}
+		}
+		if len(c.matching(func(o obs.Observation) bool { return o.Point == obs.PointTCHead && o.Dst == second })) == 0 {
+			t.Fatalf("round %d: the second datagram's event was submitted before CatchUp but not emitted once it answered", i)
+		}
+	}
+	if waited == 0 {
+		t.Error("CatchUp never found the second datagram's event waiting in the ring: the reader read it first in all 20 rounds")
+	}
+	t.Logf("%d of 20 rounds waited for the reader", waited)
+}

@@ -148,6 +148,13 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 		return err
 	}
 	defer park.Close()
+	positions, err := mapRingPositions(events)
+	if err != nil {
+		return err
+	}
+	defer positions.close()
+	p.catchUp.start(positions, park)
+	defer p.catchUp.stop() // before the positions are unmapped
 	// A stop ends the wait at once: a sleeping reader waits up to idleWait.
 	stopWait := make(chan struct{})
 	defer close(stopWait)
@@ -173,9 +180,15 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 			batch = batch[:0]
 		}
 	}
+	// A read that failed leaves asks unanswered: answered after the last
+	// flush (deferred calls run last first).
+	var asks []chan struct{}
+	defer func() { answer(asks) }()
 	defer flush()
 	for {
 		stop := stopping() // before the read: what came before the stop is read
+		asks = p.catchUp.take()
+		p.catchUp.reading.Store(true)
 		rd.SetDeadline(time.Now())
 		readBytes := 0
 		// An empty ring is not read at all: ReadInto would ask epoll first,
@@ -204,6 +217,9 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 			}
 		}
 		flush()
+		p.catchUp.reading.Store(false)
+		answer(asks)
+		asks = nil
 		if stop {
 			return nil
 		}
@@ -214,7 +230,7 @@ func (p *Probe) RunBatches(ctx context.Context, emit func([]obs.Observation)) er
 		case readBytes == 0 && sleeper.sleep(rd):
 			next = idleWait
 		}
-		err := park.wait(next, func() bool { return rd.AvailableBytes() > busyBytes })
+		err := park.wait(next, func() bool { return p.catchUp.asked() || rd.AvailableBytes() > busyBytes })
 		sleeper.wake()
 		if err != nil {
 			return fmt.Errorf("wait for the ring buffer: %w", err)
@@ -307,6 +323,10 @@ func (r *ringPark) wait(d time.Duration, ready func() bool) error {
 	}
 	return err
 }
+
+// poke ends the current wait (a wait begun later looks at its ready
+// first).
+func (r *ringPark) poke() { r.f.SetReadDeadline(time.Now()) }
 
 // interrupt ends the current wait and every later one at once.
 func (r *ringPark) interrupt() {

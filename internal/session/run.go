@@ -34,6 +34,9 @@ type tracer struct {
 	scope      map[uint64]bool
 	outOfScope uint64
 	pcap       *pcapOut // nil without --pcap
+	// events brings the observers' events to the consumer; nil once their
+	// reader ended.
+	events <-chan *batch
 	// obsEnded is the same for the observers' event reader.
 	obsEnded  string
 	free      *batchPool // consumed frame batches, for reuse
@@ -107,21 +110,24 @@ func (tr *tracer) run(ctx context.Context) string {
 
 	// One consumer owns the engine; producers block when it lags, so the kernel
 	// (ring full) counts what is lost instead of this process dropping silently.
-	// Taps hand over a batch per ring block, not a send per packet.
+	// Taps hand over a batch per ring block, not a send per packet. The
+	// observers' events come on a channel of their own: the consumer takes
+	// them before a tap's frames (catchUp).
 	items := make(chan *batch, 16) // at most 16 batches in flight
-	var producers sync.WaitGroup
-	producers.Add(1)
+	events := make(chan *batch, 16)
+	tr.events = events
 	go func() {
-		defer producers.Done()
+		defer close(events)
 		err := tr.pr.RunBatches(runCtx, func(o []obs.Observation) {
 			b := tr.newBatch(-1, false)
 			b.obs = append(b.obs, o...)
-			items <- b
+			events <- b
 		})
 		if err != nil { // the flows after it lack their observer evidence
 			tr.obsEnded = fmt.Sprintf("ended at %s: %v", time.Now().Format("15:04:05"), err)
 		}
 	}()
+	var producers sync.WaitGroup
 	// startTap runs the producer of tap i (the taps of Pods that start later
 	// too: the loop below holds the group open while it may add them, even
 	// once every producer has ended).
@@ -145,6 +151,12 @@ func (tr *tracer) run(ctx context.Context) string {
 loop:
 	for {
 		select {
+		case b, ok := <-tr.events:
+			if !ok {
+				tr.events = nil // the reader ended (obsEnded says why)
+				continue
+			}
+			tr.consume(b)
 		case b := <-items: // open until the loop ends
 			if reason := tr.consume(b); reason != "" {
 				stop = stopFor(reason)
@@ -190,6 +202,12 @@ loop:
 settle:
 	for {
 		select {
+		case b, ok := <-tr.events:
+			if !ok {
+				tr.events = nil
+				continue
+			}
+			tr.consume(b)
 		case b, ok := <-items:
 			if !ok {
 				break settle
@@ -200,8 +218,21 @@ settle:
 		}
 	}
 	cancel()
-	for b := range items {
-		tr.consume(b)
+	for items != nil || tr.events != nil {
+		select {
+		case b, ok := <-tr.events:
+			if !ok {
+				tr.events = nil
+				continue
+			}
+			tr.consume(b)
+		case b, ok := <-items:
+			if !ok {
+				items = nil
+				continue
+			}
+			tr.consume(b)
+		}
 	}
 	// Before the last comments are made: flows of the last seconds may have
 	// reached backends of rules made since the previous look.
@@ -275,6 +306,7 @@ func (tr *tracer) consume(b *batch) string {
 		tr.putBatch(b)
 		return ""
 	}
+	tr.catchUp()
 	for i := range b.frames {
 		f := &b.frames[i]
 		f.h, f.known = tr.classify(b.tap, &f.pkt)
@@ -284,6 +316,52 @@ func (tr *tracer) consume(b *batch) string {
 		return ""
 	}
 	return tr.pcap.hold(b, tr)
+}
+
+// catchUpWait bounds how long a tap's frames wait for the observers'
+// reader to hand over what their ring holds (it takes microseconds when
+// the reader gets a CPU).
+const catchUpWait = 20 * time.Millisecond
+
+// catchUp consumes the observers' events that precede a tap's frames
+// before them: what the ring holds now, and what its reader read but has
+// not handed over (probe.Probe.CatchUp). A flow is linked as its
+// observations come, and its socket's events tell a reused port's sockets
+// apart.
+func (tr *tracer) catchUp() {
+	done := tr.pr.CatchUp()
+	if done == nil {
+		return
+	}
+	wait := time.NewTimer(catchUpWait)
+	defer wait.Stop()
+	for {
+		select {
+		case b, ok := <-tr.events:
+			if !ok {
+				tr.events = nil
+				return
+			}
+			tr.consume(b)
+		case <-done:
+			// The reader handed its batches over before it closed done:
+			// they are queued.
+			for {
+				select {
+				case b, ok := <-tr.events:
+					if !ok {
+						tr.events = nil
+						return
+					}
+					tr.consume(b)
+				default:
+					return
+				}
+			}
+		case <-wait.C:
+			return
+		}
+	}
 }
 
 // noteConntrackLosses tells the engine how many conntrack events were lost:
