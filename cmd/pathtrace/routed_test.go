@@ -450,3 +450,93 @@ func TestTunnelUplinkWithoutEthernet(t *testing.T) {
 		t.Errorf("uplinks %v (%s), want none and a hint to give --uplink", p["uplinks"], p["uplink_how"])
 	}
 }
+
+// TestRoutedPodStartedOwnUplink: on a routed node whose routing rules send
+// one Pod's source through a second uplink, a Pod that starts there during
+// the trace gets a tap on that uplink too (the Pods of the start left only
+// the first tapped): its flows show the frame leaving through it, to its
+// next hop. Names and addresses share nothing with the lab.
+func TestRoutedPodStartedOwnUplink(t *testing.T) {
+	needRoot(t)
+	const vip, backend = "10.79.0.20:80", "10.78.0.9:8080"
+	ns := testNetns(t, fmt.Sprintf("ptru%d", os.Getpid()%100000), "node", "pod1", "pod2", "gw1", "gw2")
+	node, pod1, pod2, gw1, gw2 := ns[0], ns[1], ns[2], ns[3], ns[4]
+	ipAll(t, [][]string{
+		{"link", "add", "rt-up1", "netns", node, "type", "veth", "peer", "name", "rt-down", "netns", gw1},
+		{"link", "add", "rt-up2", "netns", node, "type", "veth", "peer", "name", "rt-down", "netns", gw2},
+		{"link", "add", "rt-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod1},
+		{"-n", node, "addr", "add", "192.168.77.2/24", "dev", "rt-up1"},
+		{"-n", node, "addr", "add", "192.168.78.2/24", "dev", "rt-up2"},
+		{"-n", node, "addr", "add", "10.77.1.1/24", "dev", "rt-pod1"},
+		{"-n", node, "link", "set", "rt-up1", "up"},
+		{"-n", node, "link", "set", "rt-up2", "up"},
+		{"-n", node, "link", "set", "rt-pod1", "up"},
+		{"-n", node, "route", "add", "default", "via", "192.168.77.1"},
+		{"-n", node, "route", "add", "default", "via", "192.168.78.1", "table", "100"},
+		{"-n", node, "rule", "add", "from", "10.77.2.0/24", "lookup", "100", "priority", "1536"},
+		{"-n", pod1, "addr", "add", "10.77.1.5/24", "dev", "eth0"},
+		{"-n", pod1, "link", "set", "eth0", "up"},
+		{"-n", pod1, "route", "add", "default", "via", "10.77.1.1"},
+	})
+	for i, gw := range []string{gw1, gw2} {
+		ipAll(t, [][]string{
+			{"-n", gw, "addr", "add", fmt.Sprintf("192.168.%d.1/24", 77+i), "dev", "rt-down"},
+			{"-n", gw, "addr", "add", strings.Split(backend, ":")[0] + "/32", "dev", "lo"},
+			{"-n", gw, "link", "set", "rt-down", "up"},
+			{"-n", gw, "link", "set", "lo", "up"},
+			{"-n", gw, "route", "add", "10.77.0.0/16", "via", fmt.Sprintf("192.168.%d.2", 77+i)},
+		})
+		serveIn(t, "/run/netns/"+gw, backend)
+	}
+	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	dnatAt(t, node, "rt-kube-proxy", vip, backend)
+	var gw2MAC string
+	err := nsutil.Do("/run/netns/"+gw2, func() error {
+		ifi, err := net.InterfaceByName("rt-down")
+		if err == nil {
+			gw2MAC = ifi.HardwareAddr.String()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("gateway MAC in %s: %v", gw2, err)
+	}
+
+	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "60s")
+	node0 := r.waitNode(t)
+	for _, cp := range node0["capture_points"].([]any) {
+		if m := cp.(map[string]any); m["ifname"] == "rt-up2" {
+			t.Fatalf("rt-up2 tapped from the start: the test needs a Pod of the start that does not use it")
+		}
+	}
+	ipAll(t, [][]string{
+		{"link", "add", "rt-pod2", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod2},
+		{"-n", node, "addr", "add", "10.77.2.1/24", "dev", "rt-pod2"},
+		{"-n", node, "link", "set", "rt-pod2", "up"},
+		{"-n", pod2, "addr", "add", "10.77.2.5/24", "dev", "eth0"},
+		{"-n", pod2, "link", "set", "eth0", "up"},
+		{"-n", pod2, "route", "add", "default", "via", "10.77.2.1"},
+	})
+	time.Sleep(7 * time.Second) // found within two looks (every 2 s, on a 1 s tick)
+	const requests = 2
+	if err := connectFrom("/run/netns/"+pod2, vip, requests); err != nil {
+		t.Fatalf("connect from the new Pod: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, summary := r.rest(t)
+	mine := flowsFrom(flows, "10.77.2.5")
+	if len(mine) != requests {
+		t.Fatalf("%d flows from the new Pod, want %d: %s", len(mine), requests, dump(flows))
+	}
+	for _, f := range mine {
+		if f["rewritten_at"] != "netfilter" || f["backend"] != backend || f["uplink_dst_mac"] != gw2MAC || f["reply"] != true ||
+			!strings.Contains(fmt.Sprint(f["points"]), "uplink:rt-up2") {
+			t.Errorf("want rewritten at netfilter to %s, seen leaving uplink:rt-up2 to its next hop %s, and a reply: %s", backend, gw2MAC, dump([]map[string]any{f}))
+		}
+	}
+	started, _ := summary["pods_started"].([]any)
+	if len(started) != 1 || !strings.Contains(fmt.Sprint(started[0]), "uplink:rt-up2") {
+		t.Errorf("pods_started %v, want the new Pod with its uplink's tap", started)
+	}
+}

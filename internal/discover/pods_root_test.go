@@ -370,3 +370,56 @@ func TestPodWatchNetNSReused(t *testing.T) {
 		t.Fatalf("look after the Pod was replaced in a netns of the same inode: %+v, %v; want the new Pod", found.Pods, err)
 	}
 }
+
+// TestPodWatchRoutedUplink: on a routed node whose routing rules send a
+// Pod's source through another uplink than the Pods of the start, a Pod
+// that starts later gets that uplink as a capture point of its own; a
+// Pod through an uplink already tapped gets none, but its uplink named.
+func TestPodWatchRoutedUplink(t *testing.T) {
+	n := newNodeNS(t, "node", "pod1", "pod2", "pod3", "gw1", "gw2")
+	for i, gw := range []string{"gw1", "gw2"} {
+		up := fmt.Sprintf("up%d", i+1)
+		n.run(t, "node", "link add "+up+" type veth peer name eth0 netns "+n.name(gw),
+			fmt.Sprintf("addr add 10.99.%d.1/24 dev %s", 40+i, up), "link set "+up+" up")
+		n.run(t, gw, fmt.Sprintf("addr add 10.99.%d.254/24 dev eth0", 40+i), "link set eth0 up")
+	}
+	n.run(t, "node", "route add default via 10.99.40.254", "route add default via 10.99.41.254 table 100")
+	if out, err := exec.Command("ip", "netns", "exec", n.name("node"), "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, out)
+	}
+	n.addRoutedPod(t, "pod1", "eni1", "10.99.21.5")
+	opt := Options{HostNetNS: n.path("node"), Services: []netip.Addr{netip.MustParseAddr("10.120.0.10")}}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 || !slices.Equal(info.Pods[0].Uplinks, []string{"up1"}) {
+		t.Fatalf("the start's Pods: %+v, want pod1 through up1", info.Pods)
+	}
+	w := NewPodWatch(info, opt)
+	t0 := time.Now()
+	look := func(at time.Duration, veth string, wantUplink string, wantPoints []string) {
+		t.Helper()
+		found, err := w.Look(context.Background(), t0.Add(at))
+		if err != nil || len(found.Pods) != 1 || found.Pods[0].HostPeer.Name != veth {
+			t.Fatalf("look: %+v, %v; want the Pod behind %s", found.Pods, err, veth)
+		}
+		if p := found.Pods[0]; !slices.Equal(p.Uplinks, []string{wantUplink}) {
+			t.Errorf("the Pod behind %s: uplinks %v (%s), want [%s]", veth, p.Uplinks, p.UplinkHow, wantUplink)
+		}
+		var points []string
+		for _, cp := range found.CapturePoints {
+			points = append(points, cp.Role+":"+cp.Ifname)
+		}
+		if !slices.Equal(points, wantPoints) {
+			t.Errorf("capture points of the Pod behind %s: %v, want %v", veth, points, wantPoints)
+		}
+	}
+	// pod2's source is routed through up2, which no Pod of the start took.
+	n.addRoutedPod(t, "pod2", "eni2", "10.99.21.6")
+	n.run(t, "node", "rule add to 10.99.21.6 lookup main priority 512", "rule add from 10.99.21.6 lookup 100 priority 1536")
+	look(2*time.Second, "eni2", "up2", []string{RolePod + ":eth0", RoleHost + ":eni2", RoleUplink + ":up2"})
+	// pod3 goes through up1, tapped since the start.
+	n.addRoutedPod(t, "pod3", "eni3", "10.99.21.7")
+	look(4*time.Second, "eni3", "up1", []string{RolePod + ":eth0", RoleHost + ":eni3"})
+}

@@ -28,6 +28,13 @@ type PodWatch struct {
 	// may have two veths. The kernel gives a deleted netns's inode to the
 	// next one made: a known inode whose Pod's veth is gone is a new Pod's.
 	netns map[uint64]int
+	// A new Pod's uplinks are found as discovery found those of the start
+	// (--uplink, else the routes towards the Services and backends); the
+	// ones not tapped yet (uplinks) are capture points of its own: on a
+	// routed node a Pod's source may take another uplink.
+	uplink             string
+	services, backends []netip.Addr
+	uplinks            map[int]bool
 }
 
 // vethSettle is how long a new veth that leads to no Pod yet is looked at
@@ -46,7 +53,13 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 		maxPods = DefaultMaxPods
 	}
 	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, room: maxPods - len(node.Pods) - node.PodsSkipped,
-		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]bool{}, pending: map[int]time.Time{}, netns: map[uint64]int{}}
+		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]bool{}, pending: map[int]time.Time{}, netns: map[uint64]int{},
+		uplink: opt.Uplink, services: node.svcs.vips, backends: node.Backends(), uplinks: map[int]bool{}}
+	for _, cp := range node.CapturePoints {
+		if cp.Role == RoleUplink {
+			w.uplinks[cp.Ifindex] = true
+		}
+	}
 	// The node's other veths are looked behind as new ones are: one may
 	// be a Pod's whose CNI was still setting it up at discovery.
 	for _, p := range node.Pods {
@@ -136,7 +149,28 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	if len(found.Pods) == 0 {
 		return found, nil
 	}
-	found.CapturePoints = capturePoints(host, &NodeInfo{Pods: found.Pods}, nil)
+	found.CapturePoints = capturePoints(host, &NodeInfo{Pods: found.Pods}, w.newUplinks(ctx, host, found.Pods))
 	found.TCPrograms = tcPrograms(host, found.CapturePoints, w.progs, &info)
 	return found, nil
+}
+
+// newUplinks sets the uplinks of pods, and returns those not tapped yet.
+func (w *PodWatch) newUplinks(ctx context.Context, host *hostNS, pods []Pod) []netlink.Link {
+	if w.uplink != "" {
+		for i := range pods {
+			pods[i].Uplinks, pods[i].UplinkHow = []string{w.uplink}, "--uplink"
+		}
+		return nil
+	}
+	// The node has Pods besides these (partial): their host veths are no
+	// uplinks. (What discovery would note of them, the start's report did.)
+	info := NodeInfo{Pods: pods} // its Pods are pods' elements: set in place
+	var out []netlink.Link
+	for _, l := range podUplinks(ctx, host, w.services, w.backends, &info, true) {
+		if idx := l.Attrs().Index; !w.uplinks[idx] {
+			w.uplinks[idx] = true
+			out = append(out, l)
+		}
+	}
+	return out
 }

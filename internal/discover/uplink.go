@@ -86,8 +86,17 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 		return []netlink.Link{l}, nil
 	}
 
-	backends := info.Backends()
-	u := uplinkFinder{host: host, services: opt.Services, backends: backends[:min(len(backends), maxBackendRoutes)], podSide: map[int]bool{}}
+	// info.Pods lacks the Pods a selector, --host-veth or Options.MaxPods left
+	// out: their host veths are found when a Pod's uplink needs them.
+	partial := opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" || info.PodsSkipped > 0
+	return podUplinks(ctx, host, opt.Services, info.Backends(), info, partial), nil
+}
+
+// podUplinks sets the uplinks of info's Pods, found by the routes towards
+// services and backends, and returns their links, each once. partial tells
+// that the node has Pods besides info's: their host veths are not uplinks.
+func podUplinks(ctx context.Context, host *hostNS, services, backends []netip.Addr, info *NodeInfo, partial bool) []netlink.Link {
+	u := uplinkFinder{host: host, services: services, backends: backends[:min(len(backends), maxBackendRoutes)], podSide: map[int]bool{}}
 	for _, p := range info.Pods {
 		if p.HostPeer != nil {
 			u.podSide[p.HostPeer.Ifindex] = true
@@ -96,18 +105,16 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 			}
 		}
 	}
-	// info.Pods lacks the Pods a selector, --host-veth or Options.MaxPods left
-	// out: their host veths are found when a Pod's uplink needs them.
-	if opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" || info.PodsSkipped > 0 {
+	if partial {
 		u.scanPodSide = func() {
-			veths, err := podHostVeths(ctx, host, opt.Services)
+			veths, err := podHostVeths(ctx, host, services)
 			maps.Copy(u.podSide, veths)
 			if err != nil {
 				info.notef("host veths of the Pods not selected not all found (they may be taken for uplinks): %v", err)
 			}
 		}
 	}
-	return u.assign(info), nil
+	return u.assign(info)
 }
 
 // assign sets each pod's uplinks (below VLAN devices) and returns the node's

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,8 +17,9 @@ import (
 // Pod of the node is traced: a Deployment rolled out during an incident
 // replaces the client Pods, and their flows are the ones that matter. Each
 // new Pod gets what the Pods of the start have: taps on its eth0 and host
-// veth, the tcx observers once its host veth has a tc program, its socket
-// events in scope, and an interface of its own in the pcapng file.
+// veth (and on its uplink when no Pod took that one yet), the tcx
+// observers once its host veth has a tc program, its socket events in
+// scope, and an interface of its own in the pcapng file.
 type podFollow struct {
 	watch   *discover.PodWatch
 	node    *discover.NodeInfo // new Pods join its list
@@ -41,8 +43,10 @@ const (
 )
 
 // followNewPods looks, every podWatchEvery, for Pods that started, and
-// follows them; startTap runs the producer of a new tap. It returns a stop
-// reason when the capture file reached a bound.
+// follows them; startTap runs the producer of a new tap. A new Pod's
+// uplink not tapped yet (a routed node's rules can send a Pod's source
+// elsewhere) is tapped too. It returns a stop reason when the capture file
+// reached a bound.
 func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap func(int)) (stop string) {
 	pf := tr.pods
 	if pf == nil || now.Before(pf.next) {
@@ -155,7 +159,8 @@ func (pf *podFollow) note(p discover.Pod, at time.Time, opened []tap) {
 	}
 	var mine []string
 	for _, tp := range opened {
-		if tp.netns == p.NetNS.Path && tp.ifname == p.Eth0.Name || p.HostPeer != nil && tp.role == discover.RoleHost && tp.ifname == p.HostPeer.Name {
+		if tp.netns == p.NetNS.Path && tp.ifname == p.Eth0.Name || p.HostPeer != nil && tp.role == discover.RoleHost && tp.ifname == p.HostPeer.Name ||
+			tp.role == discover.RoleUplink && slices.Contains(p.Uplinks, tp.ifname) {
 			mine = append(mine, tp.label)
 		}
 	}
