@@ -252,12 +252,17 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 // packet from client to service at m: the socket's tuple, which names the
 // port and rekeys the flow, comes from another source than the packet and
 // may be delivered after it. Beyond MaxFlows the packet would otherwise be
-// refused as a flow of its own, and its socket's flow lose it.
+// refused as a flow of its own, and its socket's flow lose it. Only the
+// latest such flows (index appends) are looked at: sockets whose port never
+// came (a connect that failed early) stay there, and a flood of refused
+// packets must not scan them all.
 func (e *Engine) awaitsPort(proto obs.Proto, client, service netip.AddrPort, m moment) bool {
+	const latest = 32
 	unbound := [...]netip.AddrPort{{}, netip.AddrPortFrom(client.Addr(), 0), netip.AddrPortFrom(netip.IPv4Unspecified(), 0)}
 	for _, p := range [...]obs.Proto{proto, 0} {
 		for _, a := range unbound {
-			for _, f := range e.clients[clientKey{p, a}] {
+			list := e.clients[clientKey{p, a}]
+			for _, f := range list[max(len(list)-latest, 0):] {
 				if b := f.began(m); f.service == service && b <= m.at+int64(clockSlack) && m.at-b <= int64(reorderWindow) {
 					return true
 				}
