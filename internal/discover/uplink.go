@@ -31,8 +31,10 @@ type fdbEntry struct {
 // chooseBridgeUplink picks the uplink among the ports of a pod veth's master.
 // Names and link kinds don't tell an uplink (in kind clusters and in the lab it
 // is a veth too), the bridge's forwarding table does: the port on which the
-// bridge learned the pod's gateway MAC. Without that, the ports that are not
-// pod veths, preferring those that are not veths at all.
+// bridge learned the pod's gateway MAC. Without that (Open vSwitch keeps its
+// MAC table out of the kernel's FDB), the ports that are not pod veths,
+// preferring those that are not veths at all, and never the bridge's own
+// internal ports while there is another.
 func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC string, podPort int) ([]int, string) {
 	if gwMAC != "" {
 		for _, p := range ports {
@@ -44,14 +46,19 @@ func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC
 			}
 		}
 	}
-	var others, nonVeth []int
+	var others, nonVeth, internal []int
 	for _, p := range ports {
-		if p.index == podPort || p.podPeer {
-			continue
-		}
-		others = append(others, p.index)
-		if p.kind != "veth" {
+		switch {
+		case p.index == podPort || p.podPeer:
+		case p.kind == ovsInternal:
+			// An Open vSwitch bridge's own interface into the node
+			// (br-int, br-ex): the node's stack, not the way out.
+			internal = append(internal, p.index)
+		case p.kind != "veth":
 			nonVeth = append(nonVeth, p.index)
+			others = append(others, p.index)
+		default:
+			others = append(others, p.index)
 		}
 	}
 	why := "gateway MAC unknown"
@@ -63,9 +70,14 @@ func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC
 		return nonVeth, fmt.Sprintf("ports of %s that are not veths (%s)", master, why)
 	case len(others) > 0:
 		return others, fmt.Sprintf("ports of %s that are not pod veths (%s)", master, why)
+	case len(internal) > 0:
+		return internal, fmt.Sprintf("the internal ports of %s, its only ports besides pod veths (%s)", master, why)
 	}
 	return nil, fmt.Sprintf("no port of %s besides pod veths", master)
 }
+
+// ovsInternal is the link kind of an Open vSwitch internal port.
+const ovsInternal = "openvswitch"
 
 // discoverUplinks sets each pod's uplinks and returns the node's uplink links,
 // deduplicated: the --uplink override, else per pod the bridge/OVS port towards

@@ -17,6 +17,9 @@ func TestChooseBridgeUplink(t *testing.T) {
 	other := bridgePort{index: 6, name: "vethother", kind: "veth", podPeer: true}
 	vethUp := bridgePort{index: 7, name: "up0", kind: "veth"}
 	nic := bridgePort{index: 8, name: "eno1", kind: "device"}
+	// Open vSwitch: the bridge's internal port, and a bond as its uplink.
+	brInt := bridgePort{index: 9, name: "br-int", kind: "openvswitch"}
+	bond := bridgePort{index: 10, name: "bond0", kind: "bond"}
 	for _, tc := range []struct {
 		name    string
 		ports   []bridgePort
@@ -32,6 +35,9 @@ func TestChooseBridgeUplink(t *testing.T) {
 		{"no FDB entry: non-veth ports", []bridgePort{pod, other, vethUp, nic}, nil, gw, []int{8}, "not veths"},
 		{"no gateway MAC: ports that are not pod veths", []bridgePort{pod, other, vethUp}, []fdbEntry{{7, gw}}, "", []int{7}, "not pod veths"},
 		{"only pod veths", []bridgePort{pod, other}, nil, gw, nil, "no port"},
+		{"OVS (no FDB): the bond, not the internal port", []bridgePort{pod, brInt, bond}, nil, gw, []int{10}, "not veths"},
+		{"OVS with a veth uplink: the veth, not the internal port", []bridgePort{pod, other, brInt, vethUp}, nil, gw, []int{7}, "not pod veths"},
+		{"OVS with nothing but its internal port", []bridgePort{pod, brInt}, nil, gw, []int{9}, "internal ports"},
 	} {
 		got, how := chooseBridgeUplink("br0", tc.ports, tc.fdb, tc.gwMAC, 5)
 		if !slices.Equal(got, tc.want) || !strings.Contains(how, tc.howWord) {
