@@ -135,17 +135,7 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	install(t, node)
 
-	var gwMAC string
-	err := nsutil.Do("/run/netns/"+gw, func() error {
-		ifi, err := net.InterfaceByName("rt-down")
-		if err == nil {
-			gwMAC = ifi.HardwareAddr.String()
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("gateway MAC in %s: %v", gw, err)
-	}
+	gwMAC := macIn(t, gw, "rt-down")
 	serveIn(t, "/run/netns/"+gw, backends...)
 
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
@@ -188,6 +178,24 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 	if perClient["10.77.1.5"] != requests || perClient["192.168.77.2"] != requests {
 		t.Errorf("flows per client %v, want %d from the Pod (10.77.1.5) and %d from the node (192.168.77.2)", perClient, requests, requests)
 	}
+}
+
+// macIn returns the MAC address of the interface ifname in the netns
+// named netns.
+func macIn(t *testing.T, netns, ifname string) string {
+	t.Helper()
+	var mac string
+	err := nsutil.Do("/run/netns/"+netns, func() error {
+		ifi, err := net.InterfaceByName(ifname)
+		if err == nil {
+			mac = ifi.HardwareAddr.String()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("MAC of %s in %s: %v", ifname, netns, err)
+	}
+	return mac
 }
 
 // ipAll runs `ip` with each list of arguments, failing the test at the
@@ -490,17 +498,7 @@ func TestRoutedPodStartedOwnUplink(t *testing.T) {
 	}
 	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	dnatAt(t, node, "rt-kube-proxy", vip, backend)
-	var gw2MAC string
-	err := nsutil.Do("/run/netns/"+gw2, func() error {
-		ifi, err := net.InterfaceByName("rt-down")
-		if err == nil {
-			gw2MAC = ifi.HardwareAddr.String()
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("gateway MAC in %s: %v", gw2, err)
-	}
+	gw2MAC := macIn(t, gw2, "rt-down")
 
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "60s")
 	node0 := r.waitNode(t)

@@ -377,13 +377,7 @@ func TestPodWatchNetNSReused(t *testing.T) {
 // Pod through an uplink already tapped gets none, but its uplink named.
 func TestPodWatchRoutedUplink(t *testing.T) {
 	n := newNodeNS(t, "node", "pod1", "pod2", "pod3", "gw1", "gw2")
-	for i, gw := range []string{"gw1", "gw2"} {
-		up := fmt.Sprintf("up%d", i+1)
-		n.run(t, "node", "link add "+up+" type veth peer name eth0 netns "+n.name(gw),
-			fmt.Sprintf("addr add 10.99.%d.1/24 dev %s", 40+i, up), "link set "+up+" up")
-		n.run(t, gw, fmt.Sprintf("addr add 10.99.%d.254/24 dev eth0", 40+i), "link set eth0 up")
-	}
-	n.run(t, "node", "route add default via 10.99.40.254", "route add default via 10.99.41.254 table 100")
+	n.addTwoUplinks(t)
 	if out, err := exec.Command("ip", "netns", "exec", n.name("node"), "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
 		t.Fatalf("sysctl: %v %s", err, out)
 	}

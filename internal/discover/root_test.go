@@ -532,6 +532,19 @@ func (n *nodeNS) run(t *testing.T, role string, cmds ...string) {
 // addRoutedPod gives the node a Calico-style Pod: a /32 address behind a
 // host veth without master or address, reached by a /32 route, the Pod's
 // default route via 169.254.1.1 (answered by proxy ARP).
+// addTwoUplinks gives the node up1 towards the role gw1, its default
+// route, and up2 towards gw2, the default route of table 100.
+func (n *nodeNS) addTwoUplinks(t *testing.T) {
+	t.Helper()
+	for i, gw := range []string{"gw1", "gw2"} {
+		up := fmt.Sprintf("up%d", i+1)
+		n.run(t, "node", "link add "+up+" type veth peer name eth0 netns "+n.name(gw),
+			fmt.Sprintf("addr add 10.99.%d.1/24 dev %s", 40+i, up), "link set "+up+" up")
+		n.run(t, gw, fmt.Sprintf("addr add 10.99.%d.254/24 dev eth0", 40+i), "link set eth0 up")
+	}
+	n.run(t, "node", "route add default via 10.99.40.254", "route add default via 10.99.41.254 table 100")
+}
+
 func (n *nodeNS) addRoutedPod(t *testing.T, role, veth, ip string) {
 	t.Helper()
 	n.run(t, "node", "link add "+veth+" type veth peer name eth0 netns "+n.name(role), "link set "+veth+" up",
@@ -682,13 +695,7 @@ func TestRoutedUplinkECMP(t *testing.T) {
 // filtering on. The node's own traffic keeps its route, captured too.
 func TestSourceRoutedUplink(t *testing.T) {
 	n := newNodeNS(t, "node", "pod1", "pod2", "pod3", "gw1", "gw2")
-	for i, gw := range []string{"gw1", "gw2"} {
-		up := fmt.Sprintf("up%d", i+1)
-		n.run(t, "node", "link add "+up+" type veth peer name eth0 netns "+n.name(gw),
-			fmt.Sprintf("addr add 10.99.%d.1/24 dev %s", 40+i, up), "link set "+up+" up")
-		n.run(t, gw, fmt.Sprintf("addr add 10.99.%d.254/24 dev eth0", 40+i), "link set eth0 up")
-	}
-	n.run(t, "node", "route add default via 10.99.40.254", "route add default via 10.99.41.254 table 100")
+	n.addTwoUplinks(t)
 	// pod1 is routed by source through up2; pod2 is not.
 	n.addRoutedPod(t, "pod1", "eni1", "10.99.21.5")
 	n.addRoutedPod(t, "pod2", "eni2", "10.99.21.6")

@@ -152,11 +152,7 @@ loop:
 	for {
 		select {
 		case b, ok := <-tr.events:
-			if !ok {
-				tr.events = nil // the reader ended (obsEnded says why)
-				continue
-			}
-			tr.consume(b)
+			tr.takeEvents(b, ok)
 		case b := <-items: // open until the loop ends
 			if reason := tr.consume(b); reason != "" {
 				stop = stopFor(reason)
@@ -203,11 +199,7 @@ settle:
 	for {
 		select {
 		case b, ok := <-tr.events:
-			if !ok {
-				tr.events = nil
-				continue
-			}
-			tr.consume(b)
+			tr.takeEvents(b, ok)
 		case b, ok := <-items:
 			if !ok {
 				break settle
@@ -221,11 +213,7 @@ settle:
 	for items != nil || tr.events != nil {
 		select {
 		case b, ok := <-tr.events:
-			if !ok {
-				tr.events = nil
-				continue
-			}
-			tr.consume(b)
+			tr.takeEvents(b, ok)
 		case b, ok := <-items:
 			if !ok {
 				items = nil
@@ -338,22 +326,18 @@ func (tr *tracer) catchUp() {
 	for {
 		select {
 		case b, ok := <-tr.events:
-			if !ok {
-				tr.events = nil
+			if !tr.takeEvents(b, ok) {
 				return
 			}
-			tr.consume(b)
 		case <-done:
 			// The reader handed its batches over before it closed done:
 			// they are queued.
 			for {
 				select {
 				case b, ok := <-tr.events:
-					if !ok {
-						tr.events = nil
+					if !tr.takeEvents(b, ok) {
 						return
 					}
-					tr.consume(b)
 				default:
 					return
 				}
@@ -362,6 +346,18 @@ func (tr *tracer) catchUp() {
 			return
 		}
 	}
+}
+
+// takeEvents consumes a batch of observer events received from tr.events;
+// ok false, the channel closed (the reader ended: obsEnded says why), makes
+// it forget the channel and report false.
+func (tr *tracer) takeEvents(b *batch, ok bool) bool {
+	if !ok {
+		tr.events = nil
+		return false
+	}
+	tr.consume(b)
+	return true
 }
 
 // noteConntrackLosses tells the engine how many conntrack events were lost:
