@@ -195,6 +195,19 @@ func startCmdJSON(t *testing.T, cmd *exec.Cmd) *run {
 	return r
 }
 
+// connectAndStop connects n times from the netns at path netns to addr,
+// then ends the run as an SRE does (SIGTERM) once the last packets had
+// time to reach it, and returns its flows and summary.
+func (r *run) connectAndStop(t *testing.T, netns, addr string, n int) ([]map[string]any, map[string]any) {
+	t.Helper()
+	if err := connectFrom(netns, addr, n); err != nil {
+		t.Fatalf("connect from %s to %s: %v", netns, addr, err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	return r.rest(t)
+}
+
 // waitNode waits for the node object, printed once every observer is attached.
 func (r *run) waitNode(t *testing.T) map[string]any {
 	t.Helper()

@@ -348,12 +348,7 @@ func TestPodStartedMidTrace(t *testing.T) {
 	// Found within two looks (every 2 s, on a 1 s tick): one may come while
 	// the Pod's netns is still being set up.
 	time.Sleep(7 * time.Second)
-	if err := connectFrom(pod, lab.TCPVIP.String(), 2); err != nil {
-		t.Fatalf("connect from %s: %v", pod, err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	flows, summary := r.rest(t)
+	flows, summary := r.connectAndStop(t, pod, lab.TCPVIP.String(), 2)
 
 	mine := flowsFrom(flows, ip)
 	for _, f := range mine {
@@ -400,12 +395,7 @@ func TestPodStartedMidTraceTC(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Second) // the tc programs are read every 2 s
-	if err := connectFrom(pod, lab.TCPVIP.String(), 2); err != nil {
-		t.Fatalf("connect from %s: %v", pod, err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	flows, summary := r.rest(t)
+	flows, summary := r.connectAndStop(t, pod, lab.TCPVIP.String(), 2)
 
 	mine := flowsFrom(flows, ip)
 	for _, f := range mine {

@@ -144,12 +144,7 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 	if err := connectFrom("/run/netns/"+pod, vip, requests); err != nil {
 		t.Fatalf("connect from the Pod: %v", err)
 	}
-	if err := connectFrom("/run/netns/"+node, vip, requests); err != nil {
-		t.Fatalf("connect from the node: %v", err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	flows, _ := r.rest(t)
+	flows, _ := r.connectAndStop(t, "/run/netns/"+node, vip, requests)
 	if len(flows) != 2*requests {
 		t.Fatalf("%d flows, want %d: %s", len(flows), 2*requests, dump(flows))
 	}
@@ -342,12 +337,7 @@ func TestOverlayNode(t *testing.T) {
 		t.Errorf("uplinks %v, want [tun.1] (the route to the backend)", uplinks)
 	}
 	const requests = 2
-	if err := connectFrom("/run/netns/"+pod, vip, requests); err != nil {
-		t.Fatalf("connect from the Pod: %v", err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	flows, _ := r.rest(t)
+	flows, _ := r.connectAndStop(t, "/run/netns/"+pod, vip, requests)
 	if len(flows) != requests {
 		t.Fatalf("%d flows, want %d: %s", len(flows), requests, dump(flows))
 	}
@@ -517,12 +507,7 @@ func TestRoutedPodStartedOwnUplink(t *testing.T) {
 	})
 	time.Sleep(7 * time.Second) // found within two looks (every 2 s, on a 1 s tick)
 	const requests = 2
-	if err := connectFrom("/run/netns/"+pod2, vip, requests); err != nil {
-		t.Fatalf("connect from the new Pod: %v", err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	flows, summary := r.rest(t)
+	flows, summary := r.connectAndStop(t, "/run/netns/"+pod2, vip, requests)
 	mine := flowsFrom(flows, "10.77.2.5")
 	if len(mine) != requests {
 		t.Fatalf("%d flows from the new Pod, want %d: %s", len(mine), requests, dump(flows))

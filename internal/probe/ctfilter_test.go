@@ -11,21 +11,11 @@ import (
 // ctEvent is a ctnetlink event message as the kernel lays it out, up to the
 // original tuple's IP addresses (and a protocol tuple after them).
 func ctEvent(family uint8, src, dst netip.Addr) []byte {
-	attr := func(typ uint16, payload []byte) []byte {
-		b := binary.LittleEndian.AppendUint16(nil, uint16(4+len(payload)))
-		b = binary.LittleEndian.AppendUint16(b, typ)
-		b = append(b, payload...)
-		for len(b)%4 != 0 {
-			b = append(b, 0)
-		}
-		return b
-	}
-	const nested = 0x8000
 	s, d := src.As4(), dst.As4()
-	ip := append(attr(1, s[:]), attr(2, d[:])...)
-	proto := attr(1, []byte{6}) // CTA_PROTO_NUM
-	tuple := append(attr(1|nested, ip), attr(2|nested, proto)...)
-	body := append([]byte{family, 0, 0, 0}, attr(1|nested, tuple)...)
+	ip := append(nla(1, s[:]), nla(2, d[:])...)
+	proto := nla(1, []byte{6}) // CTA_PROTO_NUM
+	tuple := append(nla(1|nlaNested, ip), nla(2|nlaNested, proto)...)
+	body := append([]byte{family, 0, 0, 0}, nla(1|nlaNested, tuple)...)
 	msg := binary.LittleEndian.AppendUint32(nil, uint32(16+len(body)))
 	msg = binary.LittleEndian.AppendUint16(msg, 0x0100) // IPCTNL_MSG_CT_NEW
 	msg = append(msg, make([]byte, 10)...)              // flags, seq, pid
