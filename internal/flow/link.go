@@ -489,6 +489,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	}
 	if f == nil {
 		var r linkResult
+		// A socket's own event never waits for a socket (last).
 		if f, r = e.flowFor(proto, client, svc, o.Cookie, momentOf(&o, false), true); r != linked {
 			return
 		}
