@@ -49,4 +49,14 @@ func TestDropHints(t *testing.T) {
 	if len(h) != 3 {
 		t.Errorf("%d hints, want 3: %q", len(h), h)
 	}
+	h = DropHints(map[string]uint64{"conntrack_drops": 2, "conntrack_errors": 0, "flows_joined": 1, "unmatched_overflow": 4})
+	all = strings.Join(h, "\n")
+	for _, w := range []string{"Conntrack events were lost", "--nice", "earlier socket's flow", "were evicted"} {
+		if !strings.Contains(all, w) {
+			t.Errorf("hints lack %q:\n%s", w, all)
+		}
+	}
+	if len(h) != 3 {
+		t.Errorf("%d hints, want 3: %q", len(h), h)
+	}
 }

@@ -257,6 +257,18 @@ func DropHints(drops map[string]uint64) []string {
 		hints = append(hints, "Observer events were lost (their ring buffer was full: new flows came faster than it is read); "+
 			"the verdicts of some flows may be unknown: trace fewer with --pod-ip or a --svc port.")
 	}
+	if drops["conntrack_drops"]+drops["conntrack_errors"] > 0 {
+		hints = append(hints, "Conntrack events were lost (pathtrace read them slower than the node made them): "+
+			"netfilter verdicts of some flows may be unknown; a lower --nice (e.g. -10) keeps up better, fewer --svc help too.")
+	}
+	if drops["flows_joined"] > 0 {
+		hints = append(hints, "Sockets that reused a client port were counted in the earlier socket's flow: their packets came "+
+			"before their socket events, which pathtrace read late (its CPU was short); a lower --nice (e.g. -10) reads them in time.")
+	}
+	if drops["unmatched_overflow"] > 0 {
+		hints = append(hints, "Observations waiting for their flow were evicted (more out of order at once than pathtrace holds): "+
+			"some flows may lack points; trace fewer with --pod-ip or a --svc port.")
+	}
 	return hints
 }
 
