@@ -236,7 +236,8 @@ type dropRow struct {
 }
 
 // DropHints says how to avoid the losses a rerun with other flags can
-// avoid: a full capture ring, flows beyond --max-flows, a full event ring.
+// avoid: a full capture ring, flows beyond --max-flows, a full event ring,
+// conntrack events or socket events read late, a full waiting room.
 func DropHints(drops map[string]uint64) []string {
 	var rings []string
 	for _, name := range slices.Sorted(maps.Keys(drops)) {
