@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -162,11 +163,14 @@ func (w *PodWatch) newUplinks(ctx context.Context, host *hostNS, pods []Pod) []n
 		}
 		return nil
 	}
-	// The node has Pods besides these (partial): their host veths are no
-	// uplinks. (What discovery would note of them, the start's report did.)
+	// The host veths of the Pods followed are no uplinks, nor those of the
+	// Pods left out beyond the bound (partial: looked for, at the cost of
+	// a look into every netns). What discovery would note of them, the
+	// start's report did.
+	others := slices.Collect(maps.Values(w.netns))
 	info := NodeInfo{Pods: pods} // its Pods are pods' elements: set in place
 	var out []netlink.Link
-	for _, l := range podUplinks(ctx, host, w.services, w.backends, &info, true) {
+	for _, l := range podUplinks(ctx, host, w.services, w.backends, &info, others, w.room <= 0) {
 		if idx := l.Attrs().Index; !w.uplinks[idx] {
 			w.uplinks[idx] = true
 			out = append(out, l)

@@ -101,20 +101,25 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 	// info.Pods lacks the Pods a selector, --host-veth or Options.MaxPods left
 	// out: their host veths are found when a Pod's uplink needs them.
 	partial := opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" || info.PodsSkipped > 0
-	return podUplinks(ctx, host, opt.Services, info.Backends(), info, partial), nil
+	return podUplinks(ctx, host, opt.Services, info.Backends(), info, nil, partial), nil
 }
 
 // podUplinks sets the uplinks of info's Pods, found by the routes towards
-// services and backends, and returns their links, each once. partial tells
-// that the node has Pods besides info's: their host veths are not uplinks.
-func podUplinks(ctx context.Context, host *hostNS, services, backends []netip.Addr, info *NodeInfo, partial bool) []netlink.Link {
+// services and backends, and returns their links, each once. The host
+// veths of info's Pods and of others (ifindexes) are not uplinks; partial
+// tells that the node has Pods besides those: theirs are looked for.
+func podUplinks(ctx context.Context, host *hostNS, services, backends []netip.Addr, info *NodeInfo, others []int, partial bool) []netlink.Link {
 	u := uplinkFinder{host: host, services: services, backends: backends[:min(len(backends), maxBackendRoutes)], podSide: map[int]bool{}}
+	veths := others
 	for _, p := range info.Pods {
 		if p.HostPeer != nil {
-			u.podSide[p.HostPeer.Ifindex] = true
-			if l, err := host.link(p.HostPeer.Ifindex); err == nil && l.Attrs().MasterIndex != 0 {
-				u.podSide[l.Attrs().MasterIndex] = true
-			}
+			veths = append(veths, p.HostPeer.Ifindex)
+		}
+	}
+	for _, idx := range veths {
+		u.podSide[idx] = true
+		if l, err := host.link(idx); err == nil && l.Attrs().MasterIndex != 0 {
+			u.podSide[l.Attrs().MasterIndex] = true
 		}
 	}
 	if partial {
