@@ -82,8 +82,13 @@ type Writer struct {
 	flush  *time.Timer  // writes pending blocks of a file
 	armed  bool         // flush is running: pending blocks will be written
 	ifaces []Interface
-	lim    Limits
-	start  time.Time
+	// declared is how many of ifaces have their description in the output:
+	// one added while the capture runs is declared with its first packet
+	// (declareUpTo), or by Close.
+	declared int
+	snaplen  int // what every description declares (commonSnaplen)
+	lim      Limits
+	start    time.Time
 
 	packets  uint64
 	perIface []uint64 // packets per interface
@@ -178,14 +183,15 @@ func newWriter(dst io.Writer, file bool, ifaces []Interface, lim Limits) (*Write
 	w := &Writer{
 		out:      blockOut{w: dst, file: file, pageSize: int64(os.Getpagesize())},
 		ifaces:   append([]Interface(nil), ifaces...),
+		declared: len(ifaces),
+		snaplen:  commonSnaplen(ifaces),
 		perIface: make([]uint64, len(ifaces)),
 		lim:      lim,
 		start:    time.Now(),
 	}
-	snaplen := commonSnaplen(ifaces)
 	headers := [][]byte{appendSHB(nil, runtime.GOARCH, kernelName(), "pathtrace")}
 	for _, ifc := range ifaces {
-		headers = append(headers, appendIDB(nil, ifc.Name, ifc.Description, snaplen))
+		headers = append(headers, appendIDB(nil, ifc.Name, ifc.Description, w.snaplen))
 	}
 	for _, h := range headers {
 		if err := w.commitBlock(h, nil); errors.Is(err, ErrLimit) {
@@ -200,13 +206,15 @@ func newWriter(dst io.Writer, file bool, ifaces []Interface, lim Limits) (*Write
 	return w, nil
 }
 
-// AddInterface declares one more interface (a capture point opened while
-// the capture runs: a Pod that started), whose index is the number of
-// interfaces before it. pcapng allows an interface description anywhere
-// before the first packet that names it. Its snaplen is cut to what the
-// file's interfaces declare (see commonSnaplen). It returns ErrLimit when
-// the description does not fit under MaxBytes: the capture then stops, as
-// for a packet (StopReason).
+// AddInterface adds one more interface (a capture point opened while the
+// capture runs: a Pod that started), whose index is the number of
+// interfaces before it. Its description is written with its first packet
+// (pcapng allows one anywhere before the first packet that names it), not
+// now: a caller that holds older packets back to order the file by time
+// writes them first, and the description never takes the room they need
+// under MaxBytes. Close declares an interface that had no packet, room
+// permitting. Its snaplen is cut to what the file's interfaces declare (see
+// commonSnaplen).
 func (w *Writer) AddInterface(ifc Interface) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -218,16 +226,26 @@ func (w *Writer) AddInterface(ifc Interface) error {
 	case w.stop.Load() != nil:
 		return ErrLimit
 	}
-	snaplen := commonSnaplen(w.ifaces)
-	if ifc.Snaplen <= 0 || snaplen > 0 && ifc.Snaplen > snaplen {
-		ifc.Snaplen = snaplen
-	}
-	w.block = appendIDB(w.block[:0], ifc.Name, ifc.Description, snaplen)
-	if err := w.commitBlock(w.block, &stopMaxBytes); err != nil {
-		return err
+	if ifc.Snaplen <= 0 || w.snaplen > 0 && ifc.Snaplen > w.snaplen {
+		ifc.Snaplen = w.snaplen
 	}
 	w.ifaces = append(w.ifaces, ifc)
 	w.perIface = append(w.perIface, 0)
+	return nil
+}
+
+// declareUpTo writes the descriptions of the interfaces up to iface not
+// declared yet, in index order (a description's place in the file is its
+// index). stop is recorded when one does not fit under MaxBytes.
+func (w *Writer) declareUpTo(iface int, stop *string) error {
+	for w.declared <= iface {
+		ifc := w.ifaces[w.declared]
+		w.block = appendIDB(w.block[:0], ifc.Name, ifc.Description, w.snaplen)
+		if err := w.commitBlock(w.block, stop); err != nil {
+			return err
+		}
+		w.declared++
+	}
 	return nil
 }
 
@@ -302,6 +320,11 @@ func (w *Writer) writePacket(iface int, p *capture.Packet, comment string) error
 		return ErrLimit
 	case iface < 0 || iface >= len(w.ifaces):
 		return fmt.Errorf("pcapng: no interface %d (have %d)", iface, len(w.ifaces))
+	}
+	if iface >= w.declared {
+		if err := w.declareUpTo(iface, &stopMaxBytes); err != nil {
+			return err
+		}
 	}
 	// Encoded in place, straight into the pending output: a packet block is
 	// most of what the capture writes, and a copy of it cost more than a
@@ -480,6 +503,12 @@ func (w *Writer) Close(stats []InterfaceStats) error {
 func (w *Writer) writeStats(stats []InterfaceStats) error {
 	now := time.Now()
 	for i, s := range stats[:min(len(stats), len(w.ifaces))] {
+		// An interface that had no packet is declared for its statistics.
+		if err := w.declareUpTo(i, nil); errors.Is(err, ErrLimit) {
+			return nil
+		} else if err != nil {
+			return err
+		}
 		w.block = appendISB(w.block[:0], i, w.start, now, s.Received, s.Dropped)
 		if err := w.commitBlock(w.block, nil); errors.Is(err, ErrLimit) {
 			return nil // no room left: the statistics are optional

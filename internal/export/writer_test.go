@@ -496,11 +496,13 @@ func TestHeldWritesLikeWritePacket(t *testing.T) {
 	}
 }
 
-// TestAddInterface: an interface declared after packets were written (a Pod
-// that started during the capture) gets the next index; its packets are
-// read back on it, with its name, by gopacket and by tshark where
-// installed; a description that does not fit under MaxBytes stops the
-// capture as a packet would.
+// TestAddInterface: an interface added after packets were written (a Pod
+// that started during the capture) gets the next index; its description is
+// written with its first packet, so its packets are read back on it, with
+// its name, by gopacket and by tshark where installed. Older packets written
+// after it was added (held back for time order) keep the room they need
+// under MaxBytes; one that had no packet is declared by Close for its
+// statistics, room permitting.
 func TestAddInterface(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "add.pcapng")
 	w, err := export.Create(path, testIfaces[:2], export.Limits{})
@@ -509,57 +511,104 @@ func TestAddInterface(t *testing.T) {
 	}
 	frame := tcpFrame(20)
 	late := export.Interface{Name: "pod:eth0@10.244.9.3", Description: "pod: eth0 ifindex 2, netns /run/netns/late", Snaplen: 96}
+	idle := export.Interface{Name: "pod:eth0@10.244.9.4", Description: "pod: eth0 ifindex 2, netns /run/netns/idle", Snaplen: 96}
 	for i, step := range []func() error{
 		func() error { return w.WritePacket(0, packet(frame, obs.DirOut, 0, 0), "flow 1") },
 		func() error { return w.AddInterface(late) },
-		func() error { return w.WritePacket(2, packet(frame, obs.DirOut, 0, 0), "flow 2") },
+		func() error { return w.AddInterface(idle) },
 		func() error { return w.WritePacket(1, packet(frame, obs.DirIn, 0, 0), "flow 1") },
+		func() error { return w.WritePacket(2, packet(frame, obs.DirOut, 0, 0), "flow 2") },
 	} {
 		if err := step(); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
 	}
-	if err := w.Close([]export.InterfaceStats{{Received: 1}, {Received: 1}, {Received: 1}}); err != nil {
+	if err := w.Close([]export.InterfaceStats{{Received: 1}, {Received: 1}, {Received: 1}, {Received: 0}}); err != nil {
 		t.Fatal(err)
 	}
 	rb, err := read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rb.ifaces) != 3 || rb.ifaces[2].Name != late.Name || len(rb.packets) != 3 || rb.packets[1].iface != 2 || rb.packets[1].comments[0] != "flow 2" {
-		t.Fatalf("read %d interfaces (%+v) and %d packets (%+v); want the late one third, with its packet", len(rb.ifaces), rb.ifaces, len(rb.packets), rb.packets)
+	if len(rb.ifaces) != 4 || rb.ifaces[2].Name != late.Name || rb.ifaces[3].Name != idle.Name || len(rb.packets) != 3 || rb.packets[2].iface != 2 || rb.packets[2].comments[0] != "flow 2" {
+		t.Fatalf("read %d interfaces (%+v) and %d packets (%+v); want the late one third, with its packet, and the idle one fourth", len(rb.ifaces), rb.ifaces, len(rb.packets), rb.packets)
 	}
-	if got := w.PerInterface(); !slices.Equal(got, []uint64{1, 1, 1}) {
-		t.Errorf("packets per interface %v, want 1 each", got)
+	// Section header, the two first descriptions, packet, packet, the late
+	// description, its packet, statistics, the idle description before its
+	// own.
+	if got, want := blockTypes(t, path), []uint32{0x0A0D0D0A, 1, 1, 6, 6, 1, 6, 5, 5, 5, 1, 5}; !slices.Equal(got, want) {
+		t.Errorf("blocks %x, want %x: a late description comes with its first packet", got, want)
+	}
+	if got := w.PerInterface(); !slices.Equal(got, []uint64{1, 1, 1, 0}) {
+		t.Errorf("packets per interface %v, want 1, 1, 1, 0", got)
 	}
 	if tshark, err := exec.LookPath("tshark"); err == nil {
 		rows, err := tsharkFields(tshark, path, "frame.interface_name")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(rows) != 3 || rows[1][0] != late.Name {
-			t.Errorf("tshark reads interfaces %v, want the late one on the second packet", rows)
+		if len(rows) != 3 || rows[2][0] != late.Name {
+			t.Errorf("tshark reads interfaces %v, want the late one on the third packet", rows)
 		}
 	}
 
-	// No room for the description: the capture stops at max-bytes.
-	path = filepath.Join(t.TempDir(), "full.pcapng")
-	head, err := export.Create(path+".probe", testIfaces[:1], export.Limits{})
+	// Room for the header and two packets: an interface added before them
+	// leaves them their room, and the capture stops at max-bytes when its
+	// own first packet comes.
+	pkt := packet(frame, obs.DirOut, 0, 0)
+	probe := filepath.Join(t.TempDir(), "probe.pcapng")
+	head, err := export.Create(probe, testIfaces[:1], export.Limits{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for range 2 {
+		if err := head.WritePacket(0, pkt, "flow 1"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	head.Close(nil)
-	w, err = export.Create(path, testIfaces[:1], export.Limits{MaxBytes: head.Bytes() + 8})
+	path = filepath.Join(t.TempDir(), "full.pcapng")
+	w, err = export.Create(path, testIfaces[:1], export.Limits{MaxBytes: head.Bytes()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.AddInterface(late); !errors.Is(err, export.ErrLimit) || w.StopReason() != export.StopMaxBytes {
-		t.Errorf("AddInterface beyond MaxBytes: %v, stop reason %q; want ErrLimit and max-bytes", err, w.StopReason())
+	if err := w.AddInterface(late); err != nil {
+		t.Fatalf("AddInterface: %v", err)
 	}
-	if err := w.Close(nil); err != nil {
+	for i := range 2 {
+		if err := w.WritePacket(0, pkt, "flow 1"); err != nil {
+			t.Fatalf("older packet %d after AddInterface: %v; want it written", i+1, err)
+		}
+	}
+	if err := w.WritePacket(1, pkt, "flow 2"); !errors.Is(err, export.ErrLimit) || w.StopReason() != export.StopMaxBytes {
+		t.Errorf("the late interface's packet beyond MaxBytes: %v, stop reason %q; want ErrLimit and max-bytes", err, w.StopReason())
+	}
+	if err := w.Close([]export.InterfaceStats{{Received: 2}, {Received: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := readAll(path); err != nil || n != 0 {
-		t.Errorf("file at its bound: %d packets, %v", n, err)
+	if rb, err := read(path); err != nil || len(rb.packets) != 2 || len(rb.ifaces) != 1 {
+		t.Errorf("file at its bound: %d packets on %d interfaces, %v; want 2 on 1", len(rb.packets), len(rb.ifaces), err)
 	}
+	if st, err := os.Stat(path); err != nil || st.Size() > head.Bytes() {
+		t.Errorf("file at its bound: %v bytes, %v; want at most %d", st.Size(), err, head.Bytes())
+	}
+}
+
+// blockTypes lists the types of a pcapng file's blocks, in file order.
+func blockTypes(t *testing.T, path string) []uint32 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []uint32
+	for len(b) >= 12 {
+		n := binary.LittleEndian.Uint32(b[4:])
+		if n < 12 || int(n) > len(b) {
+			t.Fatalf("block of length %d with %d bytes left", n, len(b))
+		}
+		types = append(types, binary.LittleEndian.Uint32(b))
+		b = b[n:]
+	}
+	return types
 }

@@ -53,9 +53,10 @@ func pcapInterface(tp tap, snaplen int) export.Interface {
 	}
 }
 
-// addInterface declares the interface of a tap opened while the session
-// runs, the next in tap order; a reached bound or a write error returns
-// the stop reason.
+// addInterface adds the interface of a tap opened while the session runs,
+// the next in tap order (the file declares it with its first frame, after
+// the older frames held for the merge); a bound reached before or a write
+// error returns the stop reason.
 func (p *pcapOut) addInterface(tp tap, snaplen int) string {
 	if p.err != nil {
 		return "pcap-error"
