@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 )
@@ -53,12 +54,13 @@ func (g *natGraph) match(vips []netip.Addr) []NATRule { return g.matchLocal(vips
 // as theirs.
 func (g *natGraph) matchLocal(vips []netip.Addr, local map[netip.Addr]bool) []NATRule {
 	var out []NATRule
+	seen := map[string]bool{} // a Service may have thousands of endpoints
 	for i, vip := range vips {
 		if slices.Contains(vips[:i], vip) {
 			continue // given twice (two ports of one Service): its rules once
 		}
 		for _, base := range g.bases {
-			w := natWalk{g: g, vip: vip, local: local[vip], hook: base.hook, out: &out, onPath: map[string]bool{}}
+			w := natWalk{g: g, vip: vip, local: local[vip], hook: base.hook, out: &out, seen: seen, onPath: map[string]bool{}}
 			w.chain(base.chain, []string{base.chain}, false, "", 0)
 		}
 	}
@@ -71,6 +73,7 @@ type natWalk struct {
 	local  bool // vip is an address of the node
 	hook   string
 	out    *[]NATRule
+	seen   map[string]bool // what out holds (add)
 	onPath map[string]bool
 }
 
@@ -105,7 +108,7 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 			}
 		}
 		if m && r.dnat {
-			*w.out = append(*w.out, NATRule{Source: w.g.source, Table: w.g.table, Hook: w.hook, Service: w.vip,
+			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.hook, Service: w.vip,
 				Port: po, Proto: pr, Chains: slices.Clone(path), Backend: r.backend, Note: r.note})
 		}
 		for _, t := range r.targets {
@@ -113,6 +116,18 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 				w.chain(t, append(slices.Clone(path), t), m, pr, po)
 			}
 		}
+	}
+}
+
+// add records a DNAT the walk reached, once: a chain that two rules of one
+// chain jump to (kube-proxy's session affinity: `ip saddr @affinity goto
+// endpoint-X` next to the random pick of the same endpoint) is one path to
+// that DNAT, not two candidates.
+func (w *natWalk) add(r NATRule) {
+	k := fmt.Sprint(r.Service, r.Hook, r.Port, r.Proto, r.Chains, r.Backend, r.Note)
+	if !w.seen[k] {
+		w.seen[k] = true
+		*w.out = append(*w.out, r)
 	}
 }
 

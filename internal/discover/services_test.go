@@ -18,6 +18,30 @@ func TestMatchVIPOnce(t *testing.T) {
 	}
 }
 
+// TestMatchAffinityOnce: an endpoint chain two rules of the Service chain
+// lead to (kube-proxy's session affinity next to its random pick) is one
+// path to its DNAT, listed once, not two candidates.
+func TestMatchAffinityOnce(t *testing.T) {
+	vip := netip.MustParseAddr("10.96.0.20")
+	g := &natGraph{source: "nftables", table: "ip test", bases: []natBase{{"pre", "prerouting"}}, chains: map[string][]natRule{
+		"pre": {{dst: []netip.Prefix{netip.PrefixFrom(vip, 32)}, proto: "tcp", port: 80, targets: []string{"svc"}}},
+		"svc": {
+			{targets: []string{"ep-1"}},         // ip saddr @affinity-1 goto ep-1
+			{targets: []string{"ep-2"}},         // ip saddr @affinity-2 goto ep-2
+			{targets: []string{"ep-1", "ep-2"}}, // numgen random mod 2 vmap
+		},
+		"ep-1": {{dnat: true, backend: netip.MustParseAddrPort("10.244.0.1:8080")}},
+		"ep-2": {{dnat: true, backend: netip.MustParseAddrPort("10.244.0.2:8080")}},
+	}}
+	want := []string{
+		"prerouting 10.96.0.20 tcp/80 pre>svc>ep-1 => 10.244.0.1:8080",
+		"prerouting 10.96.0.20 tcp/80 pre>svc>ep-2 => 10.244.0.2:8080",
+	}
+	if got := keys(g.match([]netip.Addr{vip})); !slices.Equal(got, want) {
+		t.Errorf("rules:\n got %q\nwant %q", got, want)
+	}
+}
+
 // portGraph: VIP 10.96.0.10 has a udp/53 path, a tcp/80 path and a path
 // that requires no port, each to its own backend.
 func portGraph() *natGraph {
