@@ -523,3 +523,47 @@ func TestRoutedPodStartedOwnUplink(t *testing.T) {
 		t.Errorf("pods_started %v, want the new Pod with its uplink's tap", started)
 	}
 }
+
+// TestNodeLocalVIP: a VIP that is an address of the node itself (as
+// NodeLocal DNSCache binds kube-dns's ClusterIP on a device of the node)
+// is delivered to the node's own listener, unrewritten: the node object
+// lists it with its device, and each flow is "nowhere" with the local
+// address as its reason and its answer seen, never "unknown" with a guessed
+// drop.
+func TestNodeLocalVIP(t *testing.T) {
+	needRoot(t)
+	ns := testNetns(t, fmt.Sprintf("ptnl%d", os.Getpid()%100000), "node", "pod")
+	node, pod := ns[0], ns[1]
+	const vip = "10.79.0.53:8053"
+	ipAll(t, [][]string{
+		{"link", "add", "nl-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
+		{"link", "add", "nodelocal", "netns", node, "type", "veth", "peer", "name", "nodelocal-p", "netns", node},
+		{"-n", pod, "addr", "add", "10.77.2.5/24", "dev", "eth0"},
+		{"-n", pod, "link", "set", "eth0", "up"},
+		{"-n", pod, "route", "add", "default", "via", "10.77.2.1"},
+		{"-n", node, "addr", "add", "10.77.2.1/24", "dev", "nl-pod1"},
+		{"-n", node, "addr", "add", "10.79.0.53/32", "dev", "nodelocal"},
+		{"-n", node, "link", "set", "nl-pod1", "up"},
+		{"-n", node, "link", "set", "nodelocal", "up"},
+		{"-n", node, "link", "set", "nodelocal-p", "up"},
+		{"-n", node, "link", "set", "lo", "up"},
+	})
+	serveIn(t, "/run/netns/"+node, vip)
+
+	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
+	nodeObj := r.waitNode(t)
+	if lv, _ := nodeObj["local_vips"].([]any); len(lv) != 1 || fmt.Sprint(lv[0]) != "map[addr:10.79.0.53 device:nodelocal]" {
+		t.Errorf("node local_vips %v, want 10.79.0.53 on nodelocal", nodeObj["local_vips"])
+	}
+	const requests = 3
+	flows, _ := r.connectAndStop(t, "/run/netns/"+pod, vip, requests)
+	if len(flows) != requests {
+		t.Fatalf("%d flows, want %d: %s", len(flows), requests, dump(flows))
+	}
+	for _, f := range flows {
+		reason, _ := f["reason"].(string)
+		if f["rewritten_at"] != "nowhere" || f["reply"] != true || !strings.Contains(reason, "10.79.0.53 is an address of the node itself (on nodelocal)") || f["backend"] != "" {
+			t.Errorf("want nowhere, answered by the node, the local address as the reason, no backend: %s", dump([]map[string]any{f}))
+		}
+	}
+}

@@ -85,7 +85,11 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	}
 	svcs := newServiceSet(opt.Services, opt.ServicePorts)
 	opt.Services = svcs.vips
-	svcs.local = host.localAddrs(svcs.vips)
+	info.LocalVIPs = host.localVIPs(svcs.vips)
+	svcs.local = map[netip.Addr]bool{}
+	for _, lv := range info.LocalVIPs {
+		svcs.local[lv.Addr] = true
+	}
 	info.veths = map[int]bool{}
 	for idx, l := range host.links {
 		if _, ok := l.(*netlink.Veth); ok {

@@ -123,16 +123,29 @@ func (h *hostNS) masterOf(l netlink.Link) (name, kind string) {
 	return m.Attrs().Name, m.Type()
 }
 
-// localAddrs returns which of vips the node netns routes as its own
+// localVIPs returns which of vips the node netns routes as its own
 // (RTN_LOCAL, what `-m addrtype --dst-type LOCAL` and `fib daddr type
-// local` test): a NodePort traced as NODE-IP:PORT.
-func (h *hostNS) localAddrs(vips []netip.Addr) map[netip.Addr]bool {
-	local := map[netip.Addr]bool{}
+// local` test): a NodePort traced as NODE-IP:PORT, or a VIP a node-local
+// cache binds (NodeLocal DNSCache puts kube-dns's ClusterIP on a dummy
+// device), which the node delivers to its own processes unrewritten. Each
+// comes with the device that holds the address, when one does.
+func (h *hostNS) localVIPs(vips []netip.Addr) []LocalVIP {
+	var local []LocalVIP
 	for _, vip := range vips {
 		routes, err := h.nl.RouteGet(net.IP(vip.AsSlice()))
-		if err == nil && len(routes) > 0 && routes[0].Type == unix.RTN_LOCAL {
-			local[vip] = true
+		if err != nil || len(routes) == 0 || routes[0].Type != unix.RTN_LOCAL {
+			continue
 		}
+		lv := LocalVIP{Addr: vip}
+		if addrs, err := h.nl.AddrList(nil, netlink.FAMILY_V4); err == nil {
+			for _, a := range addrs {
+				if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == vip {
+					lv.Device = h.name(a.LinkIndex)
+					break
+				}
+			}
+		}
+		local = append(local, lv)
 	}
 	return local
 }

@@ -133,6 +133,13 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		}
 		p("ipvs\t%s %s %s\t-> %s\n", s.Proto, s.Service, s.Scheduler, orDash(strings.Join(bs, ", ")))
 	}
+	for _, lv := range n.LocalVIPs {
+		on := "a local route"
+		if lv.Device != "" {
+			on = "on " + lv.Device
+		}
+		p("local VIP\t%s\t%s: an address of the node, delivered to its own listeners unless NAT or IPVS rewrites it\n", lv.Addr, on)
+	}
 	for _, note := range n.Notes {
 		p("note\t%s\n", note)
 	}

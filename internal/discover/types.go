@@ -27,6 +27,9 @@ type NodeInfo struct {
 	Netfilter    Netfilter     `json:"netfilter"`
 	IPVS         IPVS          `json:"ipvs"`
 
+	// LocalVIPs are the traced VIPs that are addresses of the node itself.
+	LocalVIPs []LocalVIP `json:"local_vips,omitempty"`
+
 	// Notes say what could not be read or was decided by a fallback.
 	Notes []string `json:"notes,omitempty"`
 
@@ -38,6 +41,14 @@ type NodeInfo struct {
 
 func (n *NodeInfo) notef(format string, args ...any) {
 	n.Notes = append(n.Notes, fmt.Sprintf(format, args...))
+}
+
+// LocalVIP is a traced VIP the node routes as its own address (route type
+// local): a NodePort traced as NODE-IP:PORT, or a Service address a
+// node-local cache listens on (NodeLocal DNSCache).
+type LocalVIP struct {
+	Addr   netip.Addr `json:"addr"`
+	Device string     `json:"device,omitempty"` // the device holding the address; "" when none does (a local route alone)
 }
 
 // NetNS identifies a network namespace: a path that opens it, and its inode.

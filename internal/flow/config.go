@@ -70,6 +70,11 @@ type Attribution struct {
 	BridgeNFCallIPTables *bool
 	// GatewayMACs are the Pods' default-gateway MAC addresses.
 	GatewayMACs []net.HardwareAddr
+	// LocalVIPs are the VIPs that are addresses of the node itself, with the
+	// device holding each ("" when none does): the node delivers what is
+	// sent to them to its own processes, unrewritten (NodeLocal DNSCache
+	// listens on kube-dns's ClusterIP so).
+	LocalVIPs map[netip.Addr]string
 }
 
 // SockProgram is a cgroup sock_addr program.

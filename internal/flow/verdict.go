@@ -254,8 +254,9 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 
 // unrewritten decides a flow no checkpoint saw with a backend.
 func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
+	local, dev := e.deliveredLocally(f)
 	switch {
-	case !why && f.cps[cpUplink].vip:
+	case !why && (f.cps[cpUplink].vip || local):
 		return verdict{place: PlaceNowhere}
 	case !why:
 		return verdict{place: PlaceUnknown}
@@ -268,6 +269,18 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 			v.reason += "; " + notes
 		}
 		return v
+	case local:
+		on := ""
+		if dev != "" {
+			on = " (on " + dev + ")"
+		}
+		v := verdict{place: PlaceNowhere, reason: fmt.Sprintf("not rewritten: %s is an address of the node itself%s, still the destination after netfilter's NAT, so the node delivered the flow to its own listener (as NodeLocal DNSCache listens on kube-dns's ClusterIP)", f.service.Addr(), on)}
+		if f.reply {
+			v.reason += ", which answered"
+		} else {
+			v.reason += "; no answer came back (nothing listening there?)"
+		}
+		return v
 	case !e.active(obs.PointUplink):
 		return unknown("the VIP was last seen at %s; no rewrite observed and the uplink capture was inactive", where)
 	}
@@ -277,7 +290,28 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		return unknown("the VIP was last seen at %s; no rewrite observed: its client endpoint also sends to %s, whose backend %s gets packets of the same tuple (they cannot be told apart after the rewrite)",
 			where, g.service, g.sortedBackends()[0])
 	}
+	if f.reply || len(f.backends) > 0 {
+		// Something answered: the request was not dropped, its rewrite
+		// happened where no active point saw the request after it.
+		from := ""
+		if bs := f.sortedBackends(); len(bs) > 0 {
+			from = " from backend " + bs[0].String()
+		}
+		return unknown("the VIP was last seen at %s and no point saw the request rewritten, yet an answer came back%s: it was rewritten where no active point saw it afterwards (the uplink never saw this flow)", where, from)
+	}
 	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+}
+
+// deliveredLocally tells whether an unrewritten flow went to a VIP that is
+// an address of the node (and the device holding it): its request still
+// had the VIP after netfilter's NAT, and no IPVS service (which rewrites at
+// local delivery, on the node addresses kube-ipvs0 holds) has the VIP.
+func (e *Engine) deliveredLocally(f *flowState) (bool, string) {
+	dev, ok := e.cfg.Attribution.LocalVIPs[f.service.Addr()]
+	if !ok || !f.cps[cpNFAfter].vip || len(e.ipvsFor(f)) > 0 {
+		return false, ""
+	}
+	return true, dev
 }
 
 // sharesBackends is another flow of f's client endpoint, to another VIP,

@@ -322,6 +322,12 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
 	a.GatewayMACs = gatewayMACs(node)
+	for _, lv := range node.LocalVIPs {
+		if a.LocalVIPs == nil {
+			a.LocalVIPs = map[netip.Addr]string{}
+		}
+		a.LocalVIPs[lv.Addr] = lv.Device
+	}
 	return a
 }
 

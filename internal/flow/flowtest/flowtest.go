@@ -278,6 +278,10 @@ type attribution struct {
 	} `json:"ipvs"`
 	BridgeNFCallIPTables *bool    `json:"bridge_nf_call_iptables"`
 	GatewayMACs          []string `json:"gateway_macs"`
+	LocalVIPs            []struct {
+		Addr   netip.Addr `json:"addr"`
+		Device string     `json:"device"`
+	} `json:"local_vips"`
 }
 
 type observation struct {
@@ -362,6 +366,12 @@ func (a attribution) convert() (flow.Attribution, error) {
 			return out, err
 		}
 		out.IPVS = append(out.IPVS, flow.IPVSService{VIP: v.VIP, Proto: proto, Scheduler: v.Scheduler, Backends: v.Backends})
+	}
+	for _, lv := range a.LocalVIPs {
+		if out.LocalVIPs == nil {
+			out.LocalVIPs = map[netip.Addr]string{}
+		}
+		out.LocalVIPs[lv.Addr] = lv.Device
 	}
 	for _, m := range a.GatewayMACs {
 		mac, err := net.ParseMAC(m)
