@@ -681,7 +681,7 @@ func checkPcap(t *testing.T, path string, summary map[string]any) {
 		t.Fatalf("pcapng: %v", err)
 	}
 	counts := map[string]float64{}
-	vlanOnUplink := 0
+	vlanOnUplink, unnamed := 0, 0
 	for {
 		data, ci, opts, err := r.ReadPacketDataWithOptions()
 		if err == io.EOF {
@@ -700,6 +700,17 @@ func checkPcap(t *testing.T, path string, summary map[string]any) {
 		}
 		if opts.Flags == nil || opts.Flags.Direction == 0 || len(opts.Comments) == 0 {
 			t.Errorf("%s: packet without direction flag or comment: %+v", ifc.Name, opts)
+		}
+		// A rewrite the lab's own program or rule made is named from the
+		// first flow's first packet on (a socket LB's cgroup is looked up
+		// as soon as its first event names it).
+		for _, c := range opts.Comments {
+			for _, place := range []string{"socket", "tc", "netfilter"} {
+				if strings.Contains(c, "rewritten_at="+place) && !strings.Contains(c, "rewritten_at="+place+" by=") && unnamed < 3 {
+					unnamed++
+					t.Errorf("%s: comment without the rewriter: %q", ifc.Name, c)
+				}
+			}
 		}
 		if strings.HasPrefix(ifc.Name, "uplink:") {
 			pkt := gopacket.NewPacket(data, layers.LayerTypeEthernet, gopacket.Default)

@@ -223,25 +223,6 @@ func oneOf(cands []string) string {
 	return fmt.Sprintf("one of %d: %s", len(cands), strings.Join(cands, "; "))
 }
 
-// CgroupIDs lists the client cgroups seen on flows whose effective sock_addr
-// programs are not known yet (see SetCgroupSockPrograms).
-func (e *Engine) CgroupIDs() []uint64 {
-	seen := map[uint64]bool{}
-	var out []uint64
-	for _, list := range e.clients {
-		for _, f := range list {
-			if f.cgroup == 0 || seen[f.cgroup] {
-				continue
-			}
-			seen[f.cgroup] = true
-			if _, ok := e.cfg.Attribution.SockProgramsByCgroup[f.cgroup]; !ok {
-				out = append(out, f.cgroup)
-			}
-		}
-	}
-	return out
-}
-
 // SetCgroupSockPrograms records the sock_addr programs effective for a client
 // cgroup; an empty list records that there are none.
 func (e *Engine) SetCgroupSockPrograms(cgroup uint64, progs []SockProgram) {

@@ -75,6 +75,9 @@ func (tr *tracer) add(o obs.Observation) {
 		}
 	}
 	tr.eng.Add(o)
+	if o.Cgroup != 0 && !tr.cgroupDone[o.Cgroup] {
+		tr.attributeCgroup(o.Cgroup)
+	}
 }
 
 // stopGrace is how long the producers go on after the run ends: events for
@@ -175,7 +178,6 @@ loop:
 				stop = stopFor(reason)
 				break loop
 			}
-			tr.attributeCgroups()
 			if tr.opt.Progress != nil {
 				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary()}
 				p.Packets, p.Drops = tr.counters()
@@ -367,27 +369,24 @@ func (tr *tracer) noteConntrackLosses() {
 	tr.eng.SetConntrackLosses(tr.pr.ConntrackLosses())
 }
 
-// attributeCgroups resolves the client cgroups seen on flows to the sock_addr
-// programs effective there, for "by" of socket-layer rewrites.
-func (tr *tracer) attributeCgroups() {
+// attributeCgroup resolves a client cgroup, when an observation first names
+// it, to the sock_addr programs effective there, for "by" of socket-layer
+// rewrites: before the flow's frames are written with their comments (held
+// 200 ms for the merge), and while a short-lived Pod's cgroup still exists.
+func (tr *tracer) attributeCgroup(id uint64) {
 	if tr.cgroupDone == nil {
 		tr.cgroupDone = map[uint64]bool{}
 	}
-	for _, id := range tr.eng.CgroupIDs() {
-		if tr.cgroupDone[id] {
-			continue
-		}
-		tr.cgroupDone[id] = true
-		_, progs, err := discover.SockProgramsForCgroupID(tr.cgroupRoot, id, tr.pr.IsObserver)
-		if err != nil {
-			continue // the node-wide list from discovery stays the attribution
-		}
-		fps := make([]flow.SockProgram, len(progs))
-		for i, p := range progs {
-			fps[i] = flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup}
-		}
-		tr.eng.SetCgroupSockPrograms(id, fps)
+	tr.cgroupDone[id] = true
+	_, progs, err := discover.SockProgramsForCgroupID(tr.cgroupRoot, id, tr.pr.IsObserver)
+	if err != nil {
+		return // the node-wide list from discovery stays the attribution
 	}
+	fps := make([]flow.SockProgram, len(progs))
+	for i, p := range progs {
+		fps[i] = flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup}
+	}
+	tr.eng.SetCgroupSockPrograms(id, fps)
 }
 
 // widen adds the backends the engine learned to the observers' watch list

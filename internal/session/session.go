@@ -211,7 +211,6 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// counters stay readable.
 	closeTaps(tr.taps)
 	res.Attachments = append(res.Attachments, tr.late.atts...)
-	tr.attributeCgroups()
 	discover.RefreshGatewayMACs(node)
 	eng.SetGatewayMACs(gatewayMACs(node))
 
