@@ -449,7 +449,7 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr)
 	}
 	gw, gwIndex := defaultGateway(nl)
 
-	eth0 := pickPodIface(nl, links, hostID, gwIndex, want)
+	eth0 := pickPodIface(nl, links, hostID, gwIndex, vipRouteDevs(nl, vips), want)
 	if eth0 == nil {
 		return nil, fmt.Errorf("no veth into the node netns %s and no default route", host.path)
 	}
@@ -516,6 +516,18 @@ func vipRouteThrough(nl *netlink.Handle, index int, vips []netip.Addr) (netip.Ad
 	return netip.Addr{}, false
 }
 
+// vipRouteDevs are the interfaces the netns of nl routes the VIPs through
+// (the first maxVIPRoutes of them).
+func vipRouteDevs(nl *netlink.Handle, vips []netip.Addr) map[int]bool {
+	devs := map[int]bool{}
+	for _, vip := range vips[:min(len(vips), maxVIPRoutes)] {
+		if routes, err := nl.RouteGet(net.IP(vip.AsSlice())); err == nil && len(routes) > 0 && routes[0].Type != unix.RTN_LOCAL {
+			devs[routes[0].LinkIndex] = true
+		}
+	}
+	return devs
+}
+
 // linkName names the link with that ifindex in the netns of nl.
 func linkName(nl *netlink.Handle, index int) string {
 	if l, err := nl.LinkByIndex(index); err == nil {
@@ -546,9 +558,11 @@ func (h *hostNS) carriesDefault(index int) bool {
 }
 
 // pickPodIface chooses the pod's interface towards the node: the one with want
-// if given, else the veth into the node netns carrying the default route, else
-// the first such veth.
-func pickPodIface(nl *netlink.Handle, links []netlink.Link, hostID, gwIndex int, want netip.Addr) netlink.Link {
+// if given, else the veth into the node netns its route to a traced VIP
+// leaves through (vipDevs: a Multus Pod whose default route is on net1
+// still reaches Services through eth0), else the one carrying the default
+// route, else the first such veth.
+func pickPodIface(nl *netlink.Handle, links []netlink.Link, hostID, gwIndex int, vipDevs map[int]bool, want netip.Addr) netlink.Link {
 	if want.IsValid() {
 		addrs, _ := nl.AddrList(nil, netlink.FAMILY_V4)
 		for _, a := range addrs {
@@ -562,17 +576,22 @@ func pickPodIface(nl *netlink.Handle, links []netlink.Link, hostID, gwIndex int,
 		}
 		return nil
 	}
-	var first netlink.Link
+	var first, viaDefault netlink.Link
 	for _, l := range links {
 		if !isVethTo(l, hostID) {
 			continue
 		}
-		if l.Attrs().Index == gwIndex {
+		switch idx := l.Attrs().Index; {
+		case vipDevs[idx]:
 			return l
-		}
-		if first == nil {
+		case idx == gwIndex:
+			viaDefault = l
+		case first == nil:
 			first = l
 		}
+	}
+	if viaDefault != nil {
+		return viaDefault
 	}
 	if first != nil {
 		return first

@@ -159,6 +159,28 @@ func TestPodDefaultRouteElsewhere(t *testing.T) {
 	}
 }
 
+// TestPodTwoVethsIntoNode: a Pod with two veths into the node (a Multus
+// net1 on a node bridge) whose default route is on net1 but whose route to
+// the VIPs leaves through eth0 is captured on eth0 and its host veth,
+// where its Service traffic goes, not on the default route's veth.
+func TestPodTwoVethsIntoNode(t *testing.T) {
+	n := newNodeNS(t, "node", "pod")
+	n.run(t, "node", "link add hve type veth peer name eth0 netns "+n.name("pod"), "link set hve up",
+		"route add 10.99.21.5/32 dev hve",
+		"link add hvn type veth peer name net1 netns "+n.name("pod"), "link set hvn up",
+		"addr add 192.168.50.1/24 dev hvn")
+	n.run(t, "pod", "addr add 10.99.21.5/32 dev eth0", "link set eth0 up",
+		"route add 169.254.1.1 dev eth0 scope link", "route add 10.120.0.0/16 via 169.254.1.1 dev eth0",
+		"addr add 192.168.50.5/24 dev net1", "link set net1 up", "route add default via 192.168.50.1 dev net1")
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), Services: []netip.Addr{netip.MustParseAddr("10.120.0.80")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 || info.Pods[0].Eth0.Name != "eth0" || info.Pods[0].HostPeer == nil || info.Pods[0].HostPeer.Name != "hve" {
+		t.Fatalf("pods %+v, want one, on eth0 and its host veth hve (the VIPs' route), not net1", info.Pods)
+	}
+}
+
 // TestUpstreamRoutesVIPsToNode: the node's upstream router learned the
 // Service range (or the node's own address, for a NodePort) through the
 // node, as it does where Calico, kube-router or MetalLB advertise Service
