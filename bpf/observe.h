@@ -548,6 +548,80 @@ static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 poin
 	return false;
 }
 
+/* The last packet to a watched address an observer saw on this CPU, before
+ * the places that may rewrite it: the packet's own sk_buff (its address,
+ * compared only), when, its client endpoint and the address it went to. A
+ * later observer of the same packet on its way through the node (tc tail,
+ * then netfilter before and after NAT: one softirq, one CPU, microseconds)
+ * that sees it go elsewhere learns the new destination in the kernel
+ * (pt_learn_rewrite), as the socket observers learn a socket LB's: the taps
+ * then capture the flow's first packets beyond the rewrite, also where the
+ * node's SNAT gives them a source no observer learned. Without it a backend
+ * only a tc program chose was watched from user space's next look on, after
+ * a short connection's packets had gone by. A freed sk_buff's address comes
+ * back for later packets: the note is dropped where the packet's walk past
+ * the observers ends, and is good for PT_REWRITE_WINDOW_NS only. */
+struct pt_to_watched {
+	__u64 skb;
+	__u64 at;
+	__u32 saddr;
+	__u32 daddr;
+	__u16 sport;
+	__u8 proto;
+	__u8 _pad[5];
+};
+
+#define PT_REWRITE_WINDOW_NS 100000
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pt_to_watched);
+} last_to_watched SEC(".maps");
+
+/* pt_note_to_watched records a packet (skb: its sk_buff's address) whose
+ * destination is watched. */
+static __always_inline void pt_note_to_watched(__u64 skb, const struct pt_tuple *t)
+{
+	__u32 key = 0;
+	struct pt_to_watched *w = bpf_map_lookup_elem(&last_to_watched, &key);
+	if (!w)
+		return;
+	w->skb = skb;
+	w->at = bpf_ktime_get_ns();
+	w->saddr = t->saddr;
+	w->daddr = t->daddr;
+	w->sport = t->sport;
+	w->proto = t->proto;
+}
+
+/* pt_forget_to_watched drops the note of the packet skb (0: of whichever
+ * packet): its walk past the observers is over. */
+static __always_inline void pt_forget_to_watched(__u64 skb)
+{
+	__u32 key = 0;
+	struct pt_to_watched *w = bpf_map_lookup_elem(&last_to_watched, &key);
+	if (w && (!skb || w->skb == skb))
+		w->skb = 0;
+}
+
+/* pt_learn_rewrite learns the destination of a packet an earlier observer
+ * noted going to a watched address, from the same client endpoint, which
+ * now goes to an address not watched: the backend a rewrite between the two
+ * chose. */
+static __always_inline void pt_learn_rewrite(__u64 skb, const struct pt_tuple *t)
+{
+	__u32 key = 0;
+	struct pt_to_watched *w = bpf_map_lookup_elem(&last_to_watched, &key);
+	if (!w || !skb || w->skb != skb || w->daddr == t->daddr || w->saddr != t->saddr || w->sport != t->sport ||
+	    w->proto != t->proto)
+		return;
+	w->skb = 0; /* once */
+	if (bpf_ktime_get_ns() - w->at <= PT_REWRITE_WINDOW_NS)
+		pt_learn_addr(t->daddr);
+}
+
 static __always_inline void pt_set_tuple(struct pt_event *e, const struct pt_tuple *t)
 {
 	e->saddr = t->saddr;

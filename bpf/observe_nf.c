@@ -45,7 +45,19 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 	bool dst_watched = pt_watched(t.daddr);
 	if (learn && dst_watched)
 		pt_learn_client(t.saddr, t.sport, t.proto);
-	if (!(dst_watched || pt_interesting_but_dst(&t)) || !pt_within_budget(&t, point, ctx->state->hook))
+	if (!(dst_watched || pt_interesting_but_dst(&t)))
+		return NF_ACCEPT;
+	/* Before NAT: a packet a tc program rewrote on its way here, or one to
+	 * a watched address NAT may rewrite next; after NAT: what NAT chose,
+	 * or the end of the packet's walk past the observers. */
+	__u64 skb = (__u64)ctx->skb;
+	if (!dst_watched)
+		pt_learn_rewrite(skb, &t);
+	else if (learn)
+		pt_note_to_watched(skb, &t);
+	else
+		pt_forget_to_watched(skb);
+	if (!pt_within_budget(&t, point, ctx->state->hook))
 		return NF_ACCEPT;
 
 	struct pt_event *e = pt_reserve(point);

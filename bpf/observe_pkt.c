@@ -86,3 +86,60 @@ int pt_tap_filter(struct __sk_buff *skb)
 		return 0;
 	return tap_snaplen;
 }
+
+/* The conntrack event socket's filter: a ctnetlink event (nlmsghdr,
+ * nfgenmsg, then the attributes, the first being the original tuple) passes
+ * when its original destination is watched or its original source is a
+ * learned client endpoint, so the entry of a flow whose destination a socket
+ * LB or a tc program rewrote before conntrack saw it, and that the node's
+ * SNAT then gave another source, reaches user space from its first event;
+ * an IPv4 event of anything else is dropped in the kernel, so a busy node's
+ * conntrack churn never reaches pathtrace. A message not laid out as
+ * expected passes, for user space to decide. Attribute headers are
+ * host-order length and type (flag bits masked off); addresses and ports
+ * network order. ctnetlink_dump_tuples writes CTA_TUPLE_IP (source, then
+ * destination) then CTA_TUPLE_PROTO (number, source port, destination port
+ * for TCP and UDP). */
+struct pt_ct_orig {
+	__u8 nlmsghdr[16];
+	__u8 family; /* nfgenmsg */
+	__u8 nfgen_rest[3];
+	struct nlattr orig;  /* CTA_TUPLE_ORIG (1) */
+	struct nlattr ip;    /* CTA_TUPLE_IP (1) */
+	struct nlattr src_h; /* CTA_IP_V4_SRC (1), length 8 */
+	__u32 src;
+	struct nlattr dst_h; /* CTA_IP_V4_DST (2), length 8 */
+	__u32 dst;
+	struct nlattr proto_h; /* CTA_TUPLE_PROTO (2) */
+	struct nlattr num_h;   /* CTA_PROTO_NUM (1), length 5 */
+	__u8 num;
+	__u8 num_pad[3];
+	struct nlattr sport_h; /* CTA_PROTO_SRC_PORT (2), length 6 */
+	__u16 sport;
+	__u16 sport_pad;
+	struct nlattr dport_h; /* CTA_PROTO_DST_PORT (3), length 6 */
+	__u16 dport;
+	__u16 dport_pad;
+};
+
+#define PT_NLA_TYPE(a) ((a).nla_type & 0x3fff)
+
+SEC("socket")
+int pt_ct_filter(struct __sk_buff *skb)
+{
+	struct pt_ct_orig m;
+	__u32 addrs_end = offsetof(struct pt_ct_orig, proto_h);
+	if (bpf_skb_load_bytes(skb, 0, &m, addrs_end) < 0)
+		return skb->len; /* too short to be laid out as expected */
+	if (m.family != 2 /* AF_INET */)
+		return 0; /* IPv6: pathtrace traces IPv4 Services */
+	if (PT_NLA_TYPE(m.orig) != 1 || PT_NLA_TYPE(m.ip) != 1 || m.src_h.nla_len != 8 ||
+	    PT_NLA_TYPE(m.src_h) != 1 || m.dst_h.nla_len != 8 || PT_NLA_TYPE(m.dst_h) != 2)
+		return skb->len;
+	if (pt_watched(m.dst))
+		return skb->len;
+	if (bpf_skb_load_bytes(skb, 0, &m, sizeof(m)) < 0 || PT_NLA_TYPE(m.proto_h) != 2 ||
+	    PT_NLA_TYPE(m.num_h) != 1 || PT_NLA_TYPE(m.sport_h) != 2 || m.sport_h.nla_len != 6)
+		return 0; /* no ports (ICMP) or cut: the destination decided */
+	return pt_watched_client(m.src, m.sport, m.num) ? skb->len : 0;
+}

@@ -40,7 +40,19 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 	bool dst_watched = pt_watched(t.daddr);
 	if (learn && dst_watched)
 		pt_learn_client(t.saddr, t.sport, t.proto);
-	if (!(dst_watched || pt_interesting_but_dst(&t)) || !pt_within_budget(&t, point, dir))
+	if (!(dst_watched || pt_interesting_but_dst(&t)))
+		return TCX_NEXT;
+	/* A trusted pointer: plain loads, no probe-read helper calls. */
+	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
+	if (dir == PT_DIR_IN) { /* from the Pod: before and after its rewrite at tc */
+		if (learn && dst_watched)
+			pt_note_to_watched((__u64)kskb, &t);
+		else if (learn) /* a packet of the Pod to elsewhere: no earlier note holds */
+			pt_forget_to_watched(0);
+		else if (!dst_watched)
+			pt_learn_rewrite((__u64)kskb, &t);
+	}
+	if (!pt_within_budget(&t, point, dir))
 		return TCX_NEXT;
 
 	struct pt_event *e = pt_reserve(point);
@@ -52,8 +64,6 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 	e->ifindex = skb->ifindex;
 	e->vlan_tci = vlan_tci;
 	e->vlan_proto = vlan_proto;
-	/* A trusted pointer: plain loads, no probe-read helper calls. */
-	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
 	e->netns = kskb->dev->nd_net.net->ns.inum;
 	pt_submit(e);
 	return TCX_NEXT;

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pathtrace/pathtrace/internal/lab"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
@@ -564,6 +565,62 @@ func TestNodeLocalVIP(t *testing.T) {
 		reason, _ := f["reason"].(string)
 		if f["rewritten_at"] != "nowhere" || f["reply"] != true || !strings.Contains(reason, "10.79.0.53 is an address of the node itself (on nodelocal)") || f["backend"] != "" {
 			t.Errorf("want nowhere, answered by the node, the local address as the reason, no backend: %s", dump([]map[string]any{f}))
+		}
+	}
+}
+
+// TestTCRewriteThenSNAT: a tc program on the Pod's host veth chose a
+// backend no NAT rule names, and the node masquerades what leaves its
+// uplink (the gateway has no route back to the Pods). Every flow, the first
+// one too, has its uplink frame (VLAN, next hop) and the node's SNAT: the
+// observers learn the tc program's backend in the kernel as the first
+// packet passes them, and the conntrack filter passes the entry of a learned
+// client endpoint, before user space has heard of that backend.
+func TestTCRewriteThenSNAT(t *testing.T) {
+	needRoot(t)
+	prefix := fmt.Sprintf("ptts%d", os.Getpid()%100000)
+	ns := testNetns(t, prefix, "node", "pod", "gw")
+	node, pod, gw := ns[0], ns[1], ns[2]
+	backend := lab.TCPBackend.Addr().String()
+	ipAll(t, [][]string{
+		{"link", "add", "ts-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
+		{"link", "add", "ts-up", "netns", node, "type", "veth", "peer", "name", "ts-down", "netns", gw},
+		{"-n", pod, "addr", "add", "10.77.3.5/24", "dev", "eth0"},
+		{"-n", pod, "link", "set", "eth0", "up"},
+		{"-n", pod, "route", "add", "default", "via", "10.77.3.1"},
+		{"-n", node, "addr", "add", "10.77.3.1/24", "dev", "ts-pod1"},
+		{"-n", node, "addr", "add", "192.168.78.2/24", "dev", "ts-up"},
+		{"-n", node, "link", "set", "ts-pod1", "up"},
+		{"-n", node, "link", "set", "ts-up", "up"},
+		{"-n", node, "route", "add", "default", "via", "192.168.78.1"},
+		{"-n", gw, "addr", "add", "192.168.78.1/24", "dev", "ts-down"},
+		{"-n", gw, "addr", "add", backend + "/32", "dev", "lo"},
+		{"-n", gw, "link", "set", "ts-down", "up"},
+		{"-n", gw, "link", "set", "lo", "up"},
+	})
+	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	mustRun(t, strings.NewReader("table ip ts-masq {\n\tchain post {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\toifname \"ts-up\" masquerade\n\t}\n}\n"),
+		"ip", "netns", "exec", node, "nft", "-f", "-")
+	// The lab's tc LB (10.120.0.80:80 -> its backend), on this node's veth.
+	if err := lab.New(prefix).AttachTCLBTo("ts-pod1"); err != nil {
+		t.Fatal(err)
+	}
+	gwMAC := macIn(t, gw, "ts-down")
+	serveIn(t, "/run/netns/"+gw, lab.TCPBackend.String())
+
+	vip := lab.TCPVIP.String()
+	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
+	r.waitNode(t)
+	const requests = 3
+	flows, _ := r.connectAndStop(t, "/run/netns/"+pod, vip, requests)
+	if len(flows) != requests {
+		t.Fatalf("%d flows, want %d: %s", len(flows), requests, dump(flows))
+	}
+	for _, f := range flows {
+		reason, _ := f["reason"].(string)
+		if f["rewritten_at"] != "tc" || f["backend"] != lab.TCPBackend.String() || f["reply"] != true ||
+			f["uplink_dst_mac"] != gwMAC || f["vlan"] != float64(0) || !strings.Contains(reason, "SNAT on the node: it left with source 192.168.78.2:") {
+			t.Errorf("want tc to %s, the uplink frame to %s untagged, the node's SNAT and a reply: %s", lab.TCPBackend, gwMAC, dump([]map[string]any{f}))
 		}
 	}
 }

@@ -298,6 +298,7 @@ func (p *Probe) Preload(tcHeads, tcTails bool) {
 	for _, o := range nfObservers {
 		load(p.nfSpec, o.prog)
 	}
+	load(p.pktSpec, ctFilterProgram)
 	for _, o := range tcObservers {
 		if tail := o.point == obs.PointTCTail; tcHeads && !tail || tcTails && tail {
 			load(p.tcSpec, o.prog)

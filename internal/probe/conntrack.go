@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -18,6 +20,9 @@ import (
 	"github.com/pathtrace/pathtrace/internal/kmod"
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
+
+// ctFilterProgram is the conntrack event socket's eBPF filter.
+const ctFilterProgram = "pt_ct_filter"
 
 // ctReadBuffer is the netlink receive buffer of a conntrack subscription: a
 // burst of new connections must not overflow it (ENOBUFS loses events).
@@ -31,9 +36,14 @@ type ctSubscription struct {
 	quit      chan struct{}
 	done      chan struct{}
 
-	mu     sync.Mutex
-	conn   *netlink.Conn        // the listening socket, replaced after a failure
-	filter []bpf.RawInstruction // its kernel filter (conntrackFilter), nil for none
+	mu   sync.Mutex
+	conn *netlink.Conn // the listening socket, replaced after a failure
+	// prog is its eBPF filter (pt_ct_filter), which reads the watch maps
+	// the observers learn into; without it (it did not load), filter is its
+	// classic one (conntrackFilter), which Watch keeps up to date, nil for
+	// none.
+	prog   *ebpf.Program
+	filter []bpf.RawInstruction
 }
 
 // conntrackModulesErr tells why no subscription is made on host h: a module
@@ -53,10 +63,15 @@ func conntrackModulesErr(h kmod.Host) error {
 
 // AttachConntrack subscribes to conntrack NEW and UPDATE events in the netns
 // at netnsPath ("" = own) and reports entries whose original destination is
-// watched, with the reply source as NATDst when it differs (DNAT: the
-// backend). Conntrack only reports connections it tracks: something in that
-// netns (NAT or stateful rules) must have enabled it. A socket filter drops
-// the other entries' events in the kernel (Watch keeps it up to date).
+// watched, or whose original source is a client endpoint the observers
+// learned (a flow a socket LB or tc program rewrote before conntrack saw
+// it), with the reply source as NATDst when it differs (DNAT: the backend)
+// and the reply destination as NATSrc (SNAT). Conntrack only reports
+// connections it tracks: something in that netns (NAT or stateful rules)
+// must have enabled it. A socket filter drops the other entries' events in
+// the kernel: pt_ct_filter, which reads the observers' maps, or where it
+// cannot load a classic one on the watched destinations (Watch keeps it up
+// to date).
 // Without the conntrack netlink modules already loaded (or built in) it
 // subscribes to nothing and says so (conntrackModulesErr): the kernel would
 // load them for the subscription.
@@ -72,14 +87,18 @@ func (p *Probe) AttachConntrack(netnsPath string) []Attachment {
 		return []Attachment{a}
 	}
 	p.mu.Lock()
-	filter := conntrackFilter(slices.Collect(maps.Keys(p.watched)))
+	prog, progErr := p.program(p.pktSpec, ctFilterProgram)
+	var filter []bpf.RawInstruction
+	if progErr != nil {
+		prog, filter = nil, conntrackFilter(slices.Collect(maps.Keys(p.watched)))
+	}
 	p.mu.Unlock()
-	conn, err := listenConntrack(netnsPath, filter)
+	conn, err := listenConntrack(netnsPath, prog, filter)
 	if err != nil {
 		a.Err = err
 		return []Attachment{a}
 	}
-	sub := &ctSubscription{netnsPath: netnsPath, netns: netns, quit: make(chan struct{}), done: make(chan struct{}), conn: conn, filter: filter}
+	sub := &ctSubscription{netnsPath: netnsPath, netns: netns, quit: make(chan struct{}), done: make(chan struct{}), conn: conn, prog: prog, filter: filter}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -88,6 +107,13 @@ func (p *Probe) AttachConntrack(netnsPath string) []Attachment {
 		return []Attachment{a}
 	}
 	p.ctSubs = append(p.ctSubs, sub)
+	switch {
+	case prog != nil:
+		go p.followConntrack(sub)
+		return []Attachment{a}
+	case progErr != nil:
+		a.Note = fmt.Sprintf("classic kernel filter on the watched destinations (%v): flows a socket LB or tc program rewrote before conntrack are seen once user space watches their backend", progErr)
+	}
 	// Addresses watched since the filter was made (Watch did not know this
 	// subscription yet) join it now.
 	if now := conntrackFilter(slices.Collect(maps.Keys(p.watched))); !slices.Equal(now, filter) {
@@ -104,8 +130,9 @@ func (p *Probe) AttachConntrack(netnsPath string) []Attachment {
 }
 
 // listenConntrack opens a ctnetlink socket in the netns at netnsPath that
-// receives NEW and UPDATE events through filter (nil: all of them).
-func listenConntrack(netnsPath string, filter []bpf.RawInstruction) (*netlink.Conn, error) {
+// receives NEW and UPDATE events through prog, else through filter (both
+// nil: all of them).
+func listenConntrack(netnsPath string, prog *ebpf.Program, filter []bpf.RawInstruction) (*netlink.Conn, error) {
 	cfg := &netlink.Config{}
 	if netnsPath != "" {
 		ns, err := os.Open(netnsPath)
@@ -124,7 +151,12 @@ func listenConntrack(netnsPath string, filter []bpf.RawInstruction) (*netlink.Co
 		return nil, fmt.Errorf("conntrack read buffer: %w", err)
 	}
 	// The filter before the groups: no unfiltered event is ever queued.
-	if filter != nil {
+	if prog != nil {
+		if err := attachSocketProgram(conn, prog); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("conntrack socket filter: %w", err)
+		}
+	} else if filter != nil {
 		if err := conn.SetBPF(filter); err != nil {
 			conn.Close()
 			return nil, fmt.Errorf("conntrack socket filter: %w", err)
@@ -139,7 +171,22 @@ func listenConntrack(netnsPath string, filter []bpf.RawInstruction) (*netlink.Co
 	return conn, nil
 }
 
-// setFilter replaces the kernel filter of the subscription's socket.
+// attachSocketProgram attaches an eBPF socket filter to conn (SO_ATTACH_BPF).
+func attachSocketProgram(conn *netlink.Conn, prog *ebpf.Program) error {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_BPF, prog.FD())
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// setFilter replaces the classic kernel filter of the subscription's socket.
 func (s *ctSubscription) setFilter(filter []bpf.RawInstruction) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -183,7 +230,7 @@ func (p *Probe) followConntrack(sub *ctSubscription) {
 			}
 			sub.mu.Lock()
 			conn.Close()
-			conn, err = listenConntrack(sub.netnsPath, sub.filter)
+			conn, err = listenConntrack(sub.netnsPath, sub.prog, sub.filter)
 			if err == nil {
 				sub.conn = conn
 				r, err = newCTReader(conn, buf)
@@ -198,7 +245,7 @@ func (p *Probe) followConntrack(sub *ctSubscription) {
 			}
 			b = rest
 			e, ok := decodeCTEvent(typ, payload)
-			if !ok || !p.isWatched(e.orig.dst.Addr()) {
+			if !ok || !p.isWatched(e.orig.dst.Addr()) && (sub.prog == nil || !p.learnedInKernel(e)) {
 				continue
 			}
 			select {
@@ -251,6 +298,29 @@ func (s *ctSubscription) stop() {
 	s.conn.Close()
 	s.mu.Unlock()
 	<-s.done
+}
+
+// learnedInKernel tells whether the observers learned the original
+// destination of a conntrack entry, or its original source as a client
+// endpoint: pt_ct_filter passed its event for that (user space may not
+// watch them yet).
+func (p *Probe) learnedInKernel(e ctEntry) bool {
+	var v uint8
+	dst, src := e.orig.dst.Addr().Unmap(), unmapped(e.orig.src)
+	if dst.Is4() && p.maps["watch_addrs"].Lookup(dst.As4(), &v) == nil {
+		return true
+	}
+	return src.Addr().Is4() && p.maps["watch_clients"].Lookup(clientKey(src, obs.Proto(e.proto)), &v) == nil
+}
+
+// clientKey is struct pt_client as the kernel stores it.
+func clientKey(ap netip.AddrPort, proto obs.Proto) [8]byte {
+	var k [8]byte
+	a := ap.Addr().As4()
+	copy(k[:4], a[:])
+	binary.BigEndian.PutUint16(k[4:], ap.Port())
+	k[6] = byte(proto)
+	return k
 }
 
 // conntrackObservation describes a conntrack entry: Dst is the original

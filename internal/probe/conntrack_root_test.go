@@ -60,7 +60,7 @@ func TestConntrackKernelFilter(t *testing.T) {
 	// events reports whether the subscription read any message in a while.
 	events := func(watched string) bool {
 		t.Helper()
-		conn, err := listenConntrack(ns, conntrackFilter([]netip.Addr{netip.MustParseAddr(watched)}))
+		conn, err := listenConntrack(ns, nil, conntrackFilter([]netip.Addr{netip.MustParseAddr(watched)}))
 		if err != nil {
 			t.Fatal(err)
 		}

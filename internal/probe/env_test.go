@@ -164,6 +164,23 @@ func (e *testEnv) wire(t *testing.T) {
 	}
 }
 
+// otherSrvAddr adds a second address to the server's b0, one no rule names
+// and no rewrite goes to (the backends' address is learned as a NAT's
+// target), and returns it.
+func (e *testEnv) otherSrvAddr(t *testing.T) netip.Addr {
+	t.Helper()
+	other := e.srvIP.Next()
+	hs, _ := nsHandle(t, e.srvNS)
+	l, err := hs.LinkByName("b0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: other.AsSlice(), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	return other
+}
+
 // dnat installs "ip daddr vip tcp dport 80 dnat to backendTCP" and the UDP
 // twin in a nat prerouting chain of the server netns (conntrack starts
 // tracking there because of it).

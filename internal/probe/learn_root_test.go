@@ -11,20 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
-
-// clientKey is struct pt_client as the kernel stores it.
-func clientKey(ap netip.AddrPort, proto obs.Proto) [8]byte {
-	var k [8]byte
-	a := ap.Addr().As4()
-	copy(k[:4], a[:])
-	binary.BigEndian.PutUint16(k[4:], ap.Port())
-	k[6] = byte(proto)
-	return k
-}
 
 func (p *Probe) hasAddr(t *testing.T, a netip.Addr) bool {
 	t.Helper()
@@ -120,8 +114,9 @@ func TestObserversFollowLearnedClients(t *testing.T) {
 				mustAttach(t, p.AttachNetfilter(env.srvNS))
 				points = []obs.Point{obs.PointNFBefore, obs.PointNFAfter}
 			}
-			// An echo nobody named: no rule, no watch.
-			unwatched := netip.AddrPortFrom(env.srvIP, 7)
+			// An echo nobody named, on an address of its own: no rule, no
+			// watch, no rewrite to it.
+			unwatched := netip.AddrPortFrom(env.otherSrvAddr(t), 7)
 			udpEcho(t, env.srvNS, unwatched)
 
 			stranger, learned := env.clientUDP(t), env.clientUDP(t)
@@ -325,4 +320,110 @@ func withOuterTag(frame []byte, tpid, vid uint16) []byte {
 	out = binary.BigEndian.AppendUint16(out, tpid)
 	out = binary.BigEndian.AppendUint16(out, vid)
 	return append(out, frame[12:]...)
+}
+
+// A packet to a watched VIP that a rewrite sends elsewhere teaches the
+// observers its new destination, in the kernel, as it passes them: a tcx
+// program between the tc head and tail (the tail learns), one after the
+// whole chain as legacy cls_bpf runs (netfilter before NAT learns), and
+// NAT (netfilter after NAT learns). The taps then capture the flow beyond
+// the rewrite from its first packet, also where the node's SNAT gives it a
+// source nobody learned. A learned client sending to an address without a
+// rewrite teaches nothing.
+func TestObserversLearnRewrittenDestination(t *testing.T) {
+	for _, place := range []string{"tcx", "after tc", "NAT"} {
+		t.Run(place, func(t *testing.T) {
+			needRoot(t)
+			env := newTestEnv(t)
+			p, _ := startProbe(t, env.vip)
+			chosen := env.backendUDP.Addr() // the NAT's choice
+			if place != "NAT" {
+				chosen = netip.AddrFrom4([4]byte{10, 254, 0, 9}) // the tc program's choice
+			}
+			if place == "tcx" {
+				rewriteDst(t, env.srvNS, env.b0Index, env.vip, chosen) // the observers go around it
+			}
+			mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+			if place == "after tc" {
+				rewriteDst(t, env.srvNS, env.b0Index, env.vip, chosen) // appended after the tail
+			}
+			mustAttach(t, p.AttachNetfilter(env.srvNS))
+			if p.hasAddr(t, chosen) {
+				t.Fatalf("%v watched before any packet", chosen)
+			}
+			c := env.clientUDP(t)
+			sendUDP(t, c, netip.AddrPortFrom(env.vip, env.udpPort), []byte("to the VIP"))
+			deadline := time.Now().Add(3 * time.Second)
+			for !p.hasAddr(t, chosen) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%v, where the %s rewrite sent a datagram to the VIP, not learned", chosen, place)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+
+			// The same client to an address no rewrite chose: not learned.
+			other := env.otherSrvAddr(t)
+			udpEcho(t, env.srvNS, netip.AddrPortFrom(other, 7))
+			sendUDP(t, c, netip.AddrPortFrom(other, 7), []byte("elsewhere"))
+			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if _, _, err := c.ReadFromUDPAddrPort(make([]byte, 64)); err != nil {
+				t.Fatalf("echo from %v: %v", other, err)
+			}
+			if p.hasAddr(t, other) {
+				t.Errorf("%v learned: the client sent to it without a rewrite", other)
+			}
+		})
+	}
+}
+
+// rewriteDst attaches to the tcx ingress of ifindex (in the netns at nsPath)
+// a program that rewrites the IPv4 destination from to to, with the header
+// checksum (the UDP one is left: the packet only has to pass the observers
+// after it).
+func rewriteDst(t *testing.T, nsPath string, ifindex int, from, to netip.Addr) {
+	t.Helper()
+	const dstOff = 14 + 16 // Ethernet, then the IPv4 destination
+	le := func(a netip.Addr) int32 { b := a.As4(); return int32(binary.LittleEndian.Uint32(b[:])) }
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "test_rewrite", Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{
+			asm.Mov.Reg(asm.R6, asm.R1),
+			asm.Mov.Imm(asm.R2, dstOff),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, -4),
+			asm.Mov.Imm(asm.R4, 4),
+			asm.FnSkbLoadBytes.Call(),
+			asm.JNE.Imm(asm.R0, 0, "next"),
+			asm.LoadMem(asm.R1, asm.RFP, -4, asm.Word),
+			asm.JNE.Imm32(asm.R1, le(from), "next"),
+			// The header checksum, which IP checks before netfilter.
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.Mov.Imm(asm.R2, 14+10),
+			asm.Mov.Imm32(asm.R3, le(from)),
+			asm.Mov.Imm32(asm.R4, le(to)),
+			asm.Mov.Imm(asm.R5, 4),
+			asm.FnL3CsumReplace.Call(),
+			asm.StoreImm(asm.RFP, -8, int64(le(to)), asm.Word),
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.Mov.Imm(asm.R2, dstOff),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, -8),
+			asm.Mov.Imm(asm.R4, 4),
+			asm.Mov.Imm(asm.R5, 0),
+			asm.FnSkbStoreBytes.Call(),
+			asm.Mov.Imm(asm.R0, -1).WithSymbol("next"), // TCX_NEXT
+			asm.Return(),
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	var l link.Link
+	if err := nsutil.Do(nsPath, func() error {
+		var err error
+		l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
 }

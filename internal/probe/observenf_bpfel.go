@@ -19,6 +19,7 @@ const (
 	observeNFMapEvents           = "events"
 	observeNFMapEventsSummarized = "events_summarized"
 	observeNFMapFlowEvents       = "flow_events"
+	observeNFMapLastToWatched    = "last_to_watched"
 	observeNFMapLearnErrors      = "learn_errors"
 	observeNFMapReaderAsleep     = "reader_asleep"
 	observeNFMapRingbufLosses    = "ringbuf_losses"
@@ -85,6 +86,7 @@ type observeNFMapSpecs struct {
 	Events           *ebpf.MapSpec `ebpf:"events"`
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
@@ -125,6 +127,7 @@ type observeNFMaps struct {
 	Events           *ebpf.Map `ebpf:"events"`
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
@@ -140,6 +143,7 @@ func (m *observeNFMaps) Close() error {
 		m.Events,
 		m.EventsSummarized,
 		m.FlowEvents,
+		m.LastToWatched,
 		m.LearnErrors,
 		m.ReaderAsleep,
 		m.RingbufLosses,

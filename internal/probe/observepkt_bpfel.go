@@ -19,6 +19,7 @@ const (
 	observePktMapEvents           = "events"
 	observePktMapEventsSummarized = "events_summarized"
 	observePktMapFlowEvents       = "flow_events"
+	observePktMapLastToWatched    = "last_to_watched"
 	observePktMapLearnErrors      = "learn_errors"
 	observePktMapReaderAsleep     = "reader_asleep"
 	observePktMapRingbufLosses    = "ringbuf_losses"
@@ -27,6 +28,7 @@ const (
 	observePktMapWatchBitsKernel  = "watch_bits_kernel"
 	observePktMapWatchBitsUser    = "watch_bits_user"
 	observePktMapWatchClients     = "watch_clients"
+	observePktProgPtCtFilter      = "pt_ct_filter"
 	observePktProgPtTapFilter     = "pt_tap_filter"
 	observePktVarPtEventLayout    = "pt_event_layout"
 	observePktVarTapSnaplen       = "tap_snaplen"
@@ -74,6 +76,7 @@ type observePktSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observePktProgramSpecs struct {
+	PtCtFilter  *ebpf.ProgramSpec `ebpf:"pt_ct_filter"`
 	PtTapFilter *ebpf.ProgramSpec `ebpf:"pt_tap_filter"`
 }
 
@@ -84,6 +87,7 @@ type observePktMapSpecs struct {
 	Events           *ebpf.MapSpec `ebpf:"events"`
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
@@ -125,6 +129,7 @@ type observePktMaps struct {
 	Events           *ebpf.Map `ebpf:"events"`
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
@@ -140,6 +145,7 @@ func (m *observePktMaps) Close() error {
 		m.Events,
 		m.EventsSummarized,
 		m.FlowEvents,
+		m.LastToWatched,
 		m.LearnErrors,
 		m.ReaderAsleep,
 		m.RingbufLosses,
@@ -163,11 +169,13 @@ type observePktVariables struct {
 //
 // It can be passed to loadObservePktObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observePktPrograms struct {
+	PtCtFilter  *ebpf.Program `ebpf:"pt_ct_filter"`
 	PtTapFilter *ebpf.Program `ebpf:"pt_tap_filter"`
 }
 
 func (p *observePktPrograms) Close() error {
 	return _ObservePktClose(
+		p.PtCtFilter,
 		p.PtTapFilter,
 	)
 }

@@ -19,6 +19,7 @@ const (
 	observeSockMapEvents           = "events"
 	observeSockMapEventsSummarized = "events_summarized"
 	observeSockMapFlowEvents       = "flow_events"
+	observeSockMapLastToWatched    = "last_to_watched"
 	observeSockMapLearnErrors      = "learn_errors"
 	observeSockMapReadRequested    = "read_requested"
 	observeSockMapReaderAsleep     = "reader_asleep"
@@ -95,6 +96,7 @@ type observeSockMapSpecs struct {
 	Events           *ebpf.MapSpec `ebpf:"events"`
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReadRequested    *ebpf.MapSpec `ebpf:"read_requested"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
@@ -139,6 +141,7 @@ type observeSockMaps struct {
 	Events           *ebpf.Map `ebpf:"events"`
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReadRequested    *ebpf.Map `ebpf:"read_requested"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
@@ -158,6 +161,7 @@ func (m *observeSockMaps) Close() error {
 		m.Events,
 		m.EventsSummarized,
 		m.FlowEvents,
+		m.LastToWatched,
 		m.LearnErrors,
 		m.ReadRequested,
 		m.ReaderAsleep,

@@ -19,6 +19,7 @@ const (
 	observeTCMapEvents           = "events"
 	observeTCMapEventsSummarized = "events_summarized"
 	observeTCMapFlowEvents       = "flow_events"
+	observeTCMapLastToWatched    = "last_to_watched"
 	observeTCMapLearnErrors      = "learn_errors"
 	observeTCMapReaderAsleep     = "reader_asleep"
 	observeTCMapRingbufLosses    = "ringbuf_losses"
@@ -89,6 +90,7 @@ type observeTCMapSpecs struct {
 	Events           *ebpf.MapSpec `ebpf:"events"`
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
@@ -129,6 +131,7 @@ type observeTCMaps struct {
 	Events           *ebpf.Map `ebpf:"events"`
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
 	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
@@ -144,6 +147,7 @@ func (m *observeTCMaps) Close() error {
 		m.Events,
 		m.EventsSummarized,
 		m.FlowEvents,
+		m.LastToWatched,
 		m.LearnErrors,
 		m.ReaderAsleep,
 		m.RingbufLosses,

@@ -62,7 +62,7 @@ type Stats struct {
 // included, before the flow's next packet does.
 var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_clients", "learn_errors",
 	"watch_cookies", "flow_events", "events_summarized", "read_requested", "watch_bits_user", "watch_bits_kernel", "watch_cookie_bits",
-	"reader_asleep", "submit_fence"}
+	"reader_asleep", "submit_fence", "last_to_watched"}
 
 // Probe owns every map, program, link and socket of one session.
 type Probe struct {
@@ -203,10 +203,14 @@ func (p *Probe) Watch(addrs ...netip.Addr) error {
 		}
 		p.watched[a] = true
 	}
-	// The conntrack subscriptions' kernel filters follow the watch list.
+	// The conntrack subscriptions' classic kernel filters follow the watch
+	// list (pt_ct_filter reads watch_addrs).
 	if len(p.ctSubs) > 0 && len(addrs) > 0 {
 		filter := conntrackFilter(slices.Collect(maps.Keys(p.watched)))
 		for _, s := range p.ctSubs {
+			if s.prog != nil {
+				continue
+			}
 			if err := s.setFilter(filter); err != nil {
 				return fmt.Errorf("conntrack socket filter: %w", err)
 			}

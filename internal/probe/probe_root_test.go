@@ -287,8 +287,8 @@ func TestObserversBracketTraffic(t *testing.T) {
 	}
 
 	ids := ownProgramIDs(p)
-	if len(ids) != 11 {
-		t.Errorf("%d own programs, want 11 (sock state, 4 cgroup, 4 tcx, 2 netfilter)", len(ids))
+	if len(ids) != 12 {
+		t.Errorf("%d own programs, want 12 (sock state, 4 cgroup, 4 tcx, 2 netfilter, the conntrack filter)", len(ids))
 	}
 	if err := p.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
