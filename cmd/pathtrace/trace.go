@@ -409,6 +409,22 @@ func isTerminal(f *os.File) bool {
 	return err == nil
 }
 
+// progressLine is the live status for stderr, a terminal: its width is read
+// at each tick, so a window resized mid-run gets lines that fit it.
+func progressLine(p session.Progress) string {
+	return report.Progress(p.Elapsed, p.Duration, p.Summary, p.Pending, p.Packets, p.Drops, termWidth(os.Stderr))
+}
+
+// termWidth is the width in columns of the terminal f is, 80 when it does
+// not say (a serial console reports 0).
+func termWidth(f *os.File) int {
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil || ws.Col == 0 {
+		return 80
+	}
+	return int(ws.Col)
+}
+
 // pcapName names the --pcap destination in messages.
 func pcapName(path string) string {
 	if path == "-" {

@@ -149,20 +149,46 @@ func TestProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := s.Run(nil).Summary()
+	onePod := map[string]uint64{"uplink:bond0": 17, "pod:eth0": 20, "host:veth-a": 19}
 	for _, tt := range []struct {
 		duration time.Duration
+		pending  int
 		packets  map[string]uint64
+		width    int
 		want     string
 	}{
-		{30 * time.Second, nil, "12s/30s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)" +
-			"  seen: sockaddr 1 sockstate 1 sockegress 1 pod 20 host 17 tc_head 10 tc_tail 7 nf_before 14 nf_after 7 conntrack 3 uplink 17  drops 2"},
-		{0, map[string]uint64{"uplink:bond0": 17, "pod:eth0": 20}, "12s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)" +
-			"  seen: pod:eth0 20 uplink:bond0 17  drops 2"},
+		{30 * time.Second, 0, onePod, 200, "12s/30s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)  drops 2  seen: pod 20 host 19 uplink 17"},
+		// The unknown flow may still be decided.
+		{0, 1, onePod, 200, "12s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, pending 1)  drops 2  seen: pod 20 host 19 uplink 17"},
+		// 80 columns: the packet counts go first, then the verdicts.
+		{30 * time.Second, 0, onePod, 80, "12s/30s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)  drops 2"},
+		{30 * time.Second, 0, onePod, 40, "12s/30s  flows 5  drops 2"},
+		{30 * time.Second, 0, nil, 8, "12s/30s"},
+		{30 * time.Second, 0, nil, 5, "12s/"},
 	} {
-		got := report.Progress(12*time.Second+400*time.Millisecond, tt.duration, sum, tt.packets, callerDrops)
+		got := report.Progress(12*time.Second+400*time.Millisecond, tt.duration, sum, tt.pending, tt.packets, callerDrops, tt.width)
 		if got != tt.want {
-			t.Errorf("progress:\n got %s\nwant %s", got, tt.want)
+			t.Errorf("progress at %d columns:\n got %s\nwant %s", tt.width, got, tt.want)
 		}
+		if len(got) >= tt.width {
+			t.Errorf("progress at %d columns is %d long: it wraps", tt.width, len(got))
+		}
+	}
+}
+
+// TestProgressBoundedWithManyPods: 40 Pods' points are summed by role, so
+// the line stays as long as with one.
+func TestProgressBoundedWithManyPods(t *testing.T) {
+	packets := map[string]uint64{"uplink:bond0": 4000}
+	for i := range 40 {
+		packets[fmt.Sprintf("pod:eth0@10.244.8.%d", i+2)] = 100
+		packets[fmt.Sprintf("host:veth%02d", i)] = 100
+	}
+	packets["host:veth07#2"] = 5 // a Pod that came back with the same veth name
+	sum := flow.Summary{Flows: 40, RewrittenAt: map[flow.Place]int{flow.PlaceTC: 40}}
+	got := report.Progress(10*time.Second, 0, sum, 0, packets, nil, 120)
+	if want := "10s  flows 40 (tc 40)  drops 0  seen: pod 4000 host 4005 uplink 4000"; got != want {
+		t.Errorf("progress:\n got %s\nwant %s", got, want)
 	}
 }
 

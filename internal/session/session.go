@@ -48,8 +48,11 @@ type Options struct {
 type Progress struct {
 	Elapsed, Duration time.Duration
 	Summary           flow.Summary
-	Packets           map[string]uint64 // per capture point
-	Drops             map[string]uint64 // losses outside the engine (its own are in Summary)
+	// Pending counts the flows of Summary's unknown that may still be
+	// decided: their other points' observations can be on their way.
+	Pending int
+	Packets map[string]uint64 // per capture point
+	Drops   map[string]uint64 // losses outside the engine (its own are in Summary)
 }
 
 // Result is everything a session learned.
