@@ -381,10 +381,24 @@ func TestICMPErrorInsteadOfReply(t *testing.T) {
 func TestShortByKeepsWhatTellsFlowsApart(t *testing.T) {
 	for _, tc := range []struct{ by, want string }{
 		{"tcx ingress lab_from_container (id 120524)", "tcx ingress lab_from_container (id 120524)"},
-		{"connect4 lb (id 7) on /sys/fs/cgroup/unified/kubepods/lab-client", "connect4 lb (id 7) on …/lab-client"},
+		{"connect4 lb (id 7) on /sys/fs/cgroup/unified/kubepods.slice/kubepods-besteffort.slice/lab-client", "connect4 lb (id 7) on …/lab-client"},
 		{"connect4 cil_sock4_connect (id 1349) on /sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice", "connect4 cil_sock4_connect (id 1349)"},
-		{"nftables ip kube-proxy nat-prerouting -> services -> service-web -> endpoint-web-0", "nftables ip kube-proxy … endpoint-web-0"},
-		{"iptables-legacy nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-ERIFXISQEP7F7OF4 -> KUBE-SEP-AAAABBBBCCCCDDDD", "iptables-legacy nat … KUBE-SEP-AAAABBBBCCCCDDDD"},
+		// A NAT rule: its source and table, and the chain that names the
+		// Service; not the "dnat to" that BACKEND shows.
+		{"nftables ip kube-proxy nat-prerouting -> services -> service-SUSTUHLJ-default/web/tcp/http -> endpoint-TUXOSQTE-default/web/tcp/http__10.244.20.31/3000 -> dnat to 10.244.20.31:3000",
+			"nftables ip kube-proxy … service-SUSTUHLJ-default/web/tcp/http"},
+		{"nftables ip kube-proxy nat-prerouting -> services -> nodeports -> external-SUSTUHLJ-default/web/tcp/http -> service-SUSTUHLJ-default/web/tcp/http -> endpoint-TUXOSQTE-default/web/tcp/http__10.244.20.31/3000 -> dnat to 10.244.20.31:3000",
+			"nftables ip kube-proxy … service-SUSTUHLJ-default/web/tcp/http"},
+		{"iptables-legacy nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-ERIFXISQEP7F7OF4 -> KUBE-SEP-AAAABBBBCCCCDDDD -> dnat to 10.244.20.31:3000",
+			"iptables-legacy nat … KUBE-SVC-ERIFXISQEP7F7OF4"},
+		{"iptables-legacy nat OUTPUT -> KUBE-SERVICES -> KUBE-SVL-ERIFXISQEP7F7OF4 -> KUBE-SEP-AAAABBBBCCCCDDDD -> dnat to 10.244.20.31:3000",
+			"iptables-legacy nat … KUBE-SVL-ERIFXISQEP7F7OF4"},
+		// A long Service name keeps its start; no kube-proxy chain: the rule's own.
+		{"nftables ip kube-proxy nat-prerouting -> services -> service-ABCDEFGH-a-long-namespace/a-long-service-name/tcp/http -> endpoint-X -> dnat to 10.244.20.31:3000",
+			"nftables ip kube-proxy … service-ABCDEFGH-a-long-namespace/a-lo…"},
+		{"nftables ip custom prerouting -> to-backends -> pick-one-of-the-backends-of-this-service -> dnat to 10.244.20.31:3000",
+			"nftables ip custom … pick-one-of-the-backends-of-this-service"},
+		{"ipvs tcp [fd00:10:120::80]:8080 wrr -> [fd00:10:244:20::31]:3000", "ipvs tcp [fd00:10:120::80]:8080 wrr"},
 	} {
 		var buf bytes.Buffer
 		f := flow.Flow{ID: 1, Proto: "tcp", Service: netip.MustParseAddrPort("10.120.0.80:80"), RewrittenAt: flow.PlaceNetfilter, By: tc.by}
