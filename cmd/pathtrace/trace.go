@@ -164,10 +164,19 @@ func (f *traceFlags) validate() (session.Options, error) {
 	if f.maxFlows < 1 {
 		return opt, usagef("--max-flows %d: must be at least 1", f.maxFlows)
 	}
+	// The conflict first: checking a selector (a /proc entry to stat) would
+	// report its own error instead.
 	selectors := 0
+	for _, given := range []bool{f.podIP != "", f.podNetNS != "", f.podPID != 0} {
+		if given {
+			selectors++
+		}
+	}
+	if selectors > 1 {
+		return opt, usagef("--pod-ip, --pod-netns and --pod-pid select the same thing: give at most one")
+	}
 	d := &opt.Discover
 	if f.podIP != "" {
-		selectors++
 		a, err := netip.ParseAddr(f.podIP)
 		if err != nil || !a.Is4() {
 			return opt, usagef("--pod-ip %q is not an IPv4 address", f.podIP)
@@ -175,14 +184,12 @@ func (f *traceFlags) validate() (session.Options, error) {
 		d.PodIP = a
 	}
 	if f.podNetNS != "" {
-		selectors++
 		if _, err := os.Stat(f.podNetNS); err != nil {
 			return opt, usagef("--pod-netns %s: %v; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", f.podNetNS, errors.Unwrap(err))
 		}
 		d.PodNetNS = f.podNetNS
 	}
 	if f.podPID != 0 {
-		selectors++
 		if f.podPID < 0 {
 			return opt, usagef("--pod-pid %d: not a process id", f.podPID)
 		}
@@ -192,9 +199,6 @@ func (f *traceFlags) validate() (session.Options, error) {
 			return opt, usagef("--pod-pid %d: %v", f.podPID, err)
 		}
 		d.PodPID = f.podPID
-	}
-	if selectors > 1 {
-		return opt, usagef("--pod-ip, --pod-netns and --pod-pid select the same thing: give at most one")
 	}
 	if f.hostNetNS != "" {
 		if _, err := os.Stat(f.hostNetNS); err != nil {
