@@ -129,7 +129,9 @@ func TestEmptyTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, want := range []string{"No flow", "flows_over_max", "unknown"} {
+	// What to check when no flow was seen: the Service given, the node's
+	// netns, whether the points saw its traffic.
+	for _, want := range []string{"No flow", "--svc", "--host-netns", "Captured:", "flows_over_max", "unknown"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("empty table lacks %q:\n%s", want, out)
 		}

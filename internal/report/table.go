@@ -27,8 +27,10 @@ func newTable(w io.Writer) *tabwriter.Writer {
 func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	if len(flows) == 0 {
 		_, err := fmt.Fprint(w, "No flow to the watched Service VIPs was seen. pathtrace follows the clients of this node\n"+
-			"only (its Pods, its own processes): have one reach the VIP while it runs, and check the\n"+
-			"VIP, port and protocol given to --svc (kubectl get svc -o wide).\n\n")
+			"only (its Pods, its own processes): have one reach the VIP while it runs. Check the VIP,\n"+
+			"port and protocol given to --svc (kubectl get svc -o wide), that --host-netns is the node's\n"+
+			"netns (a kind or k3d node's container's), and under Captured: below whether the Pods'\n"+
+			"points saw packets of the Service at all.\n\n")
 		return err
 	}
 	tw := newTable(w)
