@@ -114,6 +114,13 @@ func TestJSONContract(t *testing.T) {
 			if m["flows"] != 5.0 {
 				t.Errorf("summary flows = %v, want 5", m["flows"])
 			}
+			// Optional fields (pods_started, observers_added, ...) are
+			// left out when empty, never null.
+			for k, v := range m {
+				if v == nil {
+					t.Errorf("summary field %q is null: %s", k, l)
+				}
+			}
 		}
 	}
 	want := "node flow flow flow flow flow summary"
