@@ -167,7 +167,7 @@ func runIncident(args []string) int {
 	return exitOK
 }
 
-// bundleContext is cancelled by the first SIGINT or SIGTERM, after which
+// bundleContext is cancelled by the first of the stopSignals, after which
 // the signals are theirs again (the next one ends the process); the returned
 // func stops watching.
 func bundleContext() (context.Context, func()) {

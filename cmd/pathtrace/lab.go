@@ -145,12 +145,8 @@ func labCommand(args []string, out io.Writer) error {
 		if err := l.Up(ctx, lab.Mode(*mode)); err != nil {
 			return err
 		}
-		try := "pathtrace lab client --requests 5"
-		if l.Name() != lab.DefaultName {
-			try = "pathtrace lab client --name " + l.Name() + " --requests 5"
-		}
-		fmt.Fprintf(out, "lab %s is up in %s mode (netns %s-{pod,node,gw,backend}); try: %s\n",
-			l.Name(), *mode, l.Name(), try)
+		fmt.Fprintf(out, "lab %s is up in %s mode (netns %s-{pod,node,gw,backend}); try: %s --requests 5\n",
+			l.Name(), *mode, l.Name(), l.Command("client"))
 	case "down":
 		if err := l.Down(); err != nil {
 			return err

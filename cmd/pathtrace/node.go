@@ -9,8 +9,6 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/probe"
-	"github.com/pathtrace/pathtrace/internal/report"
-	"github.com/pathtrace/pathtrace/internal/session"
 )
 
 // observerStatus is one observer or tap: attached, or why not.
@@ -108,8 +106,4 @@ func observerRows(statuses []observerStatus) []observerRow {
 		}
 	}
 	return rows
-}
-
-func progressLine(p session.Progress) string {
-	return report.Progress(p.Elapsed, p.Duration, p.Summary, p.Packets, p.Drops)
 }

@@ -451,6 +451,14 @@ func TestPodReplacedMidTrace(t *testing.T) {
 	if why, _ := ended["pod:eth0@"+ip].(string); !strings.Contains(why, "netns was deleted") {
 		t.Errorf("capture_ended %v: want the first Pod's eth0 released, its netns deleted", ended)
 	}
+	// Its veth went down, then away: a capture that ended, not a gap it
+	// went on across.
+	gaps, _ := summary["capture_gaps"].(map[string]any)
+	for point := range ended {
+		if gap, ok := gaps[point]; ok {
+			t.Errorf("%s is in capture_ended (%v) and in capture_gaps (%v)", point, ended[point], gap)
+		}
+	}
 	packets, _ := summary["packets"].(map[string]any)
 	for _, point := range []string{"pod:eth0@" + ip, "pod:eth0@" + ip + "#2", "host:" + addedPodVeth(ip), "host:" + addedPodVeth(ip) + "#2"} {
 		if n, _ := packets[point].(float64); n == 0 {

@@ -118,7 +118,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 // Services, the duration, and which Pods and node to look at.
 func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringArrayVar(&f.svcs, "svc", nil, "Service `IP[:PORT][/tcp|udp]` to trace, repeatable (required): a ClusterIP, or a NodePort as NODE-IP:PORT; without a port any port of that IP")
-	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C or SIGTERM ends early and still prints the full report (incident: and writes the bundle)")
+	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C, SIGTERM or SIGHUP (the terminal went away; not when ignored, as under nohup) ends early and still prints the full report (incident: and writes the bundle)")
 	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node, and those that start during the run; give at most one of --pod-ip, --pod-netns, --pod-pid)")
 	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
 	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
@@ -165,10 +165,19 @@ func (f *traceFlags) validate() (session.Options, error) {
 	if f.maxFlows < 1 {
 		return opt, usagef("--max-flows %d: must be at least 1", f.maxFlows)
 	}
+	// The conflict first: checking a selector (a /proc entry to stat) would
+	// report its own error instead.
 	selectors := 0
+	for _, given := range []bool{f.podIP != "", f.podNetNS != "", f.podPID != 0} {
+		if given {
+			selectors++
+		}
+	}
+	if selectors > 1 {
+		return opt, usagef("--pod-ip, --pod-netns and --pod-pid select the same thing: give at most one")
+	}
 	d := &opt.Discover
 	if f.podIP != "" {
-		selectors++
 		a, err := netip.ParseAddr(f.podIP)
 		if err != nil || !a.Is4() {
 			return opt, usagef("--pod-ip %q is not an IPv4 address", f.podIP)
@@ -176,14 +185,12 @@ func (f *traceFlags) validate() (session.Options, error) {
 		d.PodIP = a
 	}
 	if f.podNetNS != "" {
-		selectors++
 		if _, err := os.Stat(f.podNetNS); err != nil {
 			return opt, usagef("--pod-netns %s: %v; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", f.podNetNS, errors.Unwrap(err))
 		}
 		d.PodNetNS = f.podNetNS
 	}
 	if f.podPID != 0 {
-		selectors++
 		if f.podPID < 0 {
 			return opt, usagef("--pod-pid %d: not a process id", f.podPID)
 		}
@@ -193,9 +200,6 @@ func (f *traceFlags) validate() (session.Options, error) {
 			return opt, usagef("--pod-pid %d: %v", f.podPID, err)
 		}
 		d.PodPID = f.podPID
-	}
-	if selectors > 1 {
-		return opt, usagef("--pod-ip, --pod-netns and --pod-pid select the same thing: give at most one")
 	}
 	if f.hostNetNS != "" {
 		if _, err := os.Stat(f.hostNetNS); err != nil {
@@ -408,6 +412,22 @@ func parseSize(s string) (int64, error) {
 func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// progressLine is the live status for stderr, a terminal: its width is read
+// at each tick, so a window resized mid-run gets lines that fit it.
+func progressLine(p session.Progress) string {
+	return report.Progress(p.Elapsed, p.Duration, p.Summary, p.Pending, p.Packets, p.Drops, termWidth(os.Stderr))
+}
+
+// termWidth is the width in columns of the terminal f is, 80 when it does
+// not say (a serial console reports 0).
+func termWidth(f *os.File) int {
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil || ws.Col == 0 {
+		return 80
+	}
+	return int(ws.Col)
 }
 
 // pcapName names the --pcap destination in messages.

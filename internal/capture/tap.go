@@ -75,9 +75,10 @@ type Stats struct {
 	QueueFreezes  uint64 // times the ring was full (tp_freeze_q_cnt)
 	DecodeErrors  uint64 // ring entries whose header pointed outside their block
 	// LinkDowns counts the times the interface went down while Run ran,
-	// LinkDown how long it was down in all (an ongoing one up to now),
-	// FirstDown when it first went down: nothing crosses a down interface,
-	// so nothing was captured there meanwhile, and nothing was lost.
+	// LinkDown how long it was down in all (an ongoing one up to now, or to
+	// Close), FirstDown when it first went down: nothing crosses a down
+	// interface, so nothing was captured there meanwhile, and nothing was
+	// lost.
 	LinkDowns uint64
 	LinkDown  time.Duration
 	FirstDown time.Time
@@ -503,6 +504,9 @@ func (t *Tap) Close() error {
 		defer t.mu.Unlock()
 		t.pullKernelStats()
 		t.closed = true
+		// An interface still down ends its gap here: Stats would count the
+		// time after, when nothing is captured at all, to the run's end.
+		t.link.up(time.Now())
 		if err := t.release(); err != nil {
 			t.closeErr = fmt.Errorf("capture %s: close: %w", t.cfg.name(), err)
 		}

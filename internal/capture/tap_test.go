@@ -621,6 +621,12 @@ func TestTapSurvivesLinkFlap(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatalf("Run kept running after its interface was deleted while down")
 	}
+	// Closed, as the session closes a tap whose Run ended: the time after
+	// is no gap of its capture.
+	tap.Close()
+	if d1, d2 := tap.Stats().LinkDown, tap.Stats().LinkDown; d1 != d2 {
+		t.Errorf("the down time still grows after Close: %s, then %s", d1, d2)
+	}
 }
 
 // setLinkUp sets the interface ifname in the netns at nsPath up or down.

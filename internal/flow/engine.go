@@ -408,3 +408,22 @@ func (e *Engine) Summary() Summary {
 	}
 	return s
 }
+
+// Pending counts the flows Summary counts as unknown that began less than
+// the reordering window before now, while the run goes on: the other
+// points' observations of them may still be on their way (a tap hands over
+// its frames a ring block at a time), so they are undecided, not unknown.
+func (e *Engine) Pending(now time.Time) int {
+	if !e.stopped.IsZero() {
+		return 0
+	}
+	n := 0
+	for _, list := range e.clients {
+		for _, f := range list {
+			if f.first.After(now.Add(-reorderWindow)) && e.cachedVerdict(f).place == PlaceUnknown {
+				n++
+			}
+		}
+	}
+	return n
+}

@@ -217,3 +217,34 @@ func TestIsServiceFewAndMany(t *testing.T) {
 		}
 	}
 }
+
+// TestPending: a flow seen at the Pod only is undecided while the uplink's
+// frames may still come (the reordering window), unknown after, and never
+// pending once the run is stopping; a decided flow is never pending.
+func TestPending(t *testing.T) {
+	e := flow.NewEngine(httpConfig(obs.PointPod, obs.PointHost, obs.PointUplink))
+	e.Add(req(0, obs.PointPod, obs.DirOut, vip))
+	e.Add(req(0.1, obs.PointHost, obs.DirIn, vip))
+	if got := e.Summary().RewrittenAt[flow.PlaceUnknown]; got != 1 {
+		t.Fatalf("unknown = %d, want 1 (the uplink has not seen it yet)", got)
+	}
+	if got := e.Pending(flowtest.At(1000)); got != 1 {
+		t.Errorf("1 s in: pending = %d, want 1", got)
+	}
+	if got := e.Pending(flowtest.At(4000)); got != 0 {
+		t.Errorf("4 s in, past the reordering window: pending = %d, want 0", got)
+	}
+	e.Add(req(0.2, obs.PointUplink, obs.DirOut, vip))
+	if got := e.Summary().RewrittenAt[flow.PlaceNowhere]; got != 1 {
+		t.Fatalf("nowhere = %d, want 1 (the uplink saw the VIP)", got)
+	}
+	if got := e.Pending(flowtest.At(1000)); got != 0 {
+		t.Errorf("decided (nowhere): pending = %d, want 0", got)
+	}
+	e2 := flow.NewEngine(httpConfig(obs.PointPod, obs.PointHost, obs.PointUplink))
+	e2.Add(req(0, obs.PointPod, obs.DirOut, vip))
+	e2.Stopping(flowtest.At(500))
+	if got := e2.Pending(flowtest.At(1000)); got != 0 {
+		t.Errorf("stopping: pending = %d, want 0 (no observation is to come)", got)
+	}
+}

@@ -88,11 +88,11 @@ type ClientResult struct {
 func (l *Lab) Client(ctx context.Context, opt ClientOptions) (ClientResult, error) {
 	opt = opt.withDefaults()
 	if !isNetNS(l.PodNetNS()) {
-		return ClientResult{}, fmt.Errorf("lab %s is not up: no pod netns %s", l.name, l.PodNetNS())
+		return ClientResult{}, fmt.Errorf("lab %s is not up: no pod netns %s; run `%s`", l.name, l.PodNetNS(), l.Command("up"))
 	}
 	cg, err := os.Open(l.ClientCgroup())
 	if err != nil {
-		return ClientResult{}, fmt.Errorf("lab %s is not up: client cgroup: %w", l.name, err)
+		return ClientResult{}, fmt.Errorf("lab %s is not up: client cgroup: %w; run `%s`", l.name, err, l.Command("up"))
 	}
 	defer cg.Close()
 	exe, err := os.Executable()

@@ -103,6 +103,16 @@ func New(name string) *Lab {
 // Name is the instance name.
 func (l *Lab) Name() string { return l.name }
 
+// Command is the pathtrace command line of the lab subcommand sub for this
+// lab, with --name unless it is the default one: what a message tells the
+// user to run.
+func (l *Lab) Command(sub string) string {
+	if l.name == DefaultName {
+		return "pathtrace lab " + sub
+	}
+	return "pathtrace lab " + sub + " --name " + l.name
+}
+
 // CheckName tells whether name can name a lab instance.
 func CheckName(name string) error {
 	if !validName.MatchString(name) {

@@ -145,7 +145,7 @@ const healthPort = 31999
 func (l *Lab) health(st Status) (bool, string) {
 	switch {
 	case !st.Complete:
-		return false, "lab is down or incomplete (run `pathtrace lab up`)"
+		return false, "lab is down or incomplete (run `" + l.Command("up") + "`)"
 	case !st.Server.Running:
 		return false, "backend server is not running"
 	}

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -109,6 +110,27 @@ func TestParseModeAndNames(t *testing.T) {
 	}
 	if New("").Name() != DefaultName {
 		t.Error("New(\"\") is not the default lab")
+	}
+}
+
+// TestNotUpSaysWhatToRun: a lab that is not up has its client and its
+// health check name the command that builds it, with its --name (without
+// it, following the advice built the default lab).
+func TestNotUpSaysWhatToRun(t *testing.T) {
+	l := New("rdnotup")
+	if isNetNS(l.PodNetNS()) {
+		t.Skipf("a lab %s exists", l.Name())
+	}
+	const want = "`pathtrace lab up --name rdnotup`"
+	_, err := l.Client(context.Background(), ClientOptions{Requests: 1})
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("client of a lab that is not up: %v; want it to say %s", err, want)
+	}
+	if _, health := l.health(Status{}); !strings.Contains(health, want) {
+		t.Errorf("health of a lab that is not up: %q; want it to say %s", health, want)
+	}
+	if got := New("").Command("up"); got != "pathtrace lab up" {
+		t.Errorf("the default lab's up command: %q", got)
 	}
 }
 

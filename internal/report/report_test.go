@@ -114,6 +114,13 @@ func TestJSONContract(t *testing.T) {
 			if m["flows"] != 5.0 {
 				t.Errorf("summary flows = %v, want 5", m["flows"])
 			}
+			// Optional fields (pods_started, observers_added, ...) are
+			// left out when empty, never null.
+			for k, v := range m {
+				if v == nil {
+					t.Errorf("summary field %q is null: %s", k, l)
+				}
+			}
 		}
 	}
 	want := "node flow flow flow flow flow summary"
@@ -129,7 +136,9 @@ func TestEmptyTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, want := range []string{"No flow", "flows_over_max", "unknown"} {
+	// What to check when no flow was seen: the Service given, the node's
+	// netns, whether the points saw its traffic.
+	for _, want := range []string{"No flow", "--svc", "--host-netns", "Captured:", "flows_over_max", "unknown"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("empty table lacks %q:\n%s", want, out)
 		}
@@ -149,20 +158,46 @@ func TestProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := s.Run(nil).Summary()
+	onePod := map[string]uint64{"uplink:bond0": 17, "pod:eth0": 20, "host:veth-a": 19}
 	for _, tt := range []struct {
 		duration time.Duration
+		pending  int
 		packets  map[string]uint64
+		width    int
 		want     string
 	}{
-		{30 * time.Second, nil, "12s/30s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)" +
-			"  seen: sockaddr 1 sockstate 1 sockegress 1 pod 20 host 17 tc_head 10 tc_tail 7 nf_before 14 nf_after 7 conntrack 3 uplink 17  drops 2"},
-		{0, map[string]uint64{"uplink:bond0": 17, "pod:eth0": 20}, "12s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)" +
-			"  seen: pod:eth0 20 uplink:bond0 17  drops 2"},
+		{30 * time.Second, 0, onePod, 200, "12s/30s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)  drops 2  seen: pod 20 host 19 uplink 17"},
+		// The unknown flow may still be decided.
+		{0, 1, onePod, 200, "12s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, pending 1)  drops 2  seen: pod 20 host 19 uplink 17"},
+		// 80 columns: the packet counts go first, then the verdicts.
+		{30 * time.Second, 0, onePod, 80, "12s/30s  flows 5 (socket 1, tc 1, netfilter 1, nowhere 1, unknown 1)  drops 2"},
+		{30 * time.Second, 0, onePod, 40, "12s/30s  flows 5  drops 2"},
+		{30 * time.Second, 0, nil, 8, "12s/30s"},
+		{30 * time.Second, 0, nil, 5, "12s/"},
 	} {
-		got := report.Progress(12*time.Second+400*time.Millisecond, tt.duration, sum, tt.packets, callerDrops)
+		got := report.Progress(12*time.Second+400*time.Millisecond, tt.duration, sum, tt.pending, tt.packets, callerDrops, tt.width)
 		if got != tt.want {
-			t.Errorf("progress:\n got %s\nwant %s", got, tt.want)
+			t.Errorf("progress at %d columns:\n got %s\nwant %s", tt.width, got, tt.want)
 		}
+		if len(got) >= tt.width {
+			t.Errorf("progress at %d columns is %d long: it wraps", tt.width, len(got))
+		}
+	}
+}
+
+// TestProgressBoundedWithManyPods: 40 Pods' points are summed by role, so
+// the line stays as long as with one.
+func TestProgressBoundedWithManyPods(t *testing.T) {
+	packets := map[string]uint64{"uplink:bond0": 4000}
+	for i := range 40 {
+		packets[fmt.Sprintf("pod:eth0@10.244.8.%d", i+2)] = 100
+		packets[fmt.Sprintf("host:veth%02d", i)] = 100
+	}
+	packets["host:veth07#2"] = 5 // a Pod that came back with the same veth name
+	sum := flow.Summary{Flows: 40, RewrittenAt: map[flow.Place]int{flow.PlaceTC: 40}}
+	got := report.Progress(10*time.Second, 0, sum, 0, packets, nil, 120)
+	if want := "10s  flows 40 (tc 40)  drops 0  seen: pod 4000 host 4005 uplink 4000"; got != want {
+		t.Errorf("progress:\n got %s\nwant %s", got, want)
 	}
 }
 
@@ -355,10 +390,24 @@ func TestICMPErrorInsteadOfReply(t *testing.T) {
 func TestShortByKeepsWhatTellsFlowsApart(t *testing.T) {
 	for _, tc := range []struct{ by, want string }{
 		{"tcx ingress lab_from_container (id 120524)", "tcx ingress lab_from_container (id 120524)"},
-		{"connect4 lb (id 7) on /sys/fs/cgroup/unified/kubepods/lab-client", "connect4 lb (id 7) on …/lab-client"},
+		{"connect4 lb (id 7) on /sys/fs/cgroup/unified/kubepods.slice/kubepods-besteffort.slice/lab-client", "connect4 lb (id 7) on …/lab-client"},
 		{"connect4 cil_sock4_connect (id 1349) on /sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice", "connect4 cil_sock4_connect (id 1349)"},
-		{"nftables ip kube-proxy nat-prerouting -> services -> service-web -> endpoint-web-0", "nftables ip kube-proxy … endpoint-web-0"},
-		{"iptables-legacy nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-ERIFXISQEP7F7OF4 -> KUBE-SEP-AAAABBBBCCCCDDDD", "iptables-legacy nat … KUBE-SEP-AAAABBBBCCCCDDDD"},
+		// A NAT rule: its source and table, and the chain that names the
+		// Service; not the "dnat to" that BACKEND shows.
+		{"nftables ip kube-proxy nat-prerouting -> services -> service-SUSTUHLJ-default/web/tcp/http -> endpoint-TUXOSQTE-default/web/tcp/http__10.244.20.31/3000 -> dnat to 10.244.20.31:3000",
+			"nftables ip kube-proxy … service-SUSTUHLJ-default/web/tcp/http"},
+		{"nftables ip kube-proxy nat-prerouting -> services -> nodeports -> external-SUSTUHLJ-default/web/tcp/http -> service-SUSTUHLJ-default/web/tcp/http -> endpoint-TUXOSQTE-default/web/tcp/http__10.244.20.31/3000 -> dnat to 10.244.20.31:3000",
+			"nftables ip kube-proxy … service-SUSTUHLJ-default/web/tcp/http"},
+		{"iptables-legacy nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-ERIFXISQEP7F7OF4 -> KUBE-SEP-AAAABBBBCCCCDDDD -> dnat to 10.244.20.31:3000",
+			"iptables-legacy nat … KUBE-SVC-ERIFXISQEP7F7OF4"},
+		{"iptables-legacy nat OUTPUT -> KUBE-SERVICES -> KUBE-SVL-ERIFXISQEP7F7OF4 -> KUBE-SEP-AAAABBBBCCCCDDDD -> dnat to 10.244.20.31:3000",
+			"iptables-legacy nat … KUBE-SVL-ERIFXISQEP7F7OF4"},
+		// A long Service name keeps its start; no kube-proxy chain: the rule's own.
+		{"nftables ip kube-proxy nat-prerouting -> services -> service-ABCDEFGH-a-long-namespace/a-long-service-name/tcp/http -> endpoint-X -> dnat to 10.244.20.31:3000",
+			"nftables ip kube-proxy … service-ABCDEFGH-a-long-namespace/a-lo…"},
+		{"nftables ip custom prerouting -> to-backends -> pick-one-of-the-backends-of-this-service -> dnat to 10.244.20.31:3000",
+			"nftables ip custom … pick-one-of-the-backends-of-this-service"},
+		{"ipvs tcp [fd00:10:120::80]:8080 wrr -> [fd00:10:244:20::31]:3000", "ipvs tcp [fd00:10:120::80]:8080 wrr"},
 	} {
 		var buf bytes.Buffer
 		f := flow.Flow{ID: 1, Proto: "tcp", Service: netip.MustParseAddrPort("10.120.0.80:80"), RewrittenAt: flow.PlaceNetfilter, By: tc.by}

@@ -13,8 +13,10 @@ import (
 	"github.com/pathtrace/pathtrace/internal/flow"
 )
 
-// maxByWidth keeps the flow table readable; the summary shows "by" in full.
-const maxByWidth = 48
+// maxByWidth keeps the flow table readable, yet holds a NAT rule's table
+// and kube-proxy's Service chain ("nftables ip kube-proxy …
+// service-SUSTUHLJ-default/web/tcp/http"); the summary shows "by" in full.
+const maxByWidth = 64
 
 func newTable(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -25,8 +27,10 @@ func newTable(w io.Writer) *tabwriter.Writer {
 func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	if len(flows) == 0 {
 		_, err := fmt.Fprint(w, "No flow to the watched Service VIPs was seen. pathtrace follows the clients of this node\n"+
-			"only (its Pods, its own processes): have one reach the VIP while it runs, and check the\n"+
-			"VIP, port and protocol given to --svc (kubectl get svc -o wide).\n\n")
+			"only (its Pods, its own processes): have one reach the VIP while it runs. Check the VIP,\n"+
+			"port and protocol given to --svc (kubectl get svc -o wide), that --host-netns is the node's\n"+
+			"netns (a kind or k3d node's container's), and under Captured: below whether the Pods'\n"+
+			"points saw packets of the Service at all.\n\n")
 		return err
 	}
 	tw := newTable(w)
@@ -153,7 +157,9 @@ func countList(m map[string]uint64) string {
 
 // shortBy fits a "by" into n runes, giving up first what tells flows apart
 // least: a program's cgroup (its name and id stay whole, for bpftool), then
-// the middle of a rule chain (its table and the rule that translated stay).
+// the chains of a NAT rule but its source and table and the one that names
+// the Service (kube-proxy's service-… or KUBE-SVC-…, else the rule's own),
+// and the rule's "dnat to …", which BACKEND shows.
 func shortBy(s string, n int) string {
 	fits := func(s string) bool { return utf8.RuneCountInString(s) <= n }
 	if fits(s) {
@@ -168,18 +174,32 @@ func shortBy(s string, n int) string {
 		}
 	}
 	if hops := strings.Split(s, " -> "); len(hops) > 1 {
-		for k := 2; k < len(hops); k++ {
-			if c := hops[0] + " -> … -> " + strings.Join(hops[k:], " -> "); fits(c) {
-				return c
+		// The first hop is "SOURCE TABLE CHAIN", the last the rule.
+		i := strings.LastIndexByte(hops[0], ' ')
+		if i < 0 {
+			return shorten(s, n)
+		}
+		table, chains := hops[0][:i], append([]string{hops[0][i+1:]}, hops[1:len(hops)-1]...)
+		svc := len(chains) - 1
+		for j := len(chains) - 1; j >= 0; j-- {
+			if isServiceChain(chains[j]) {
+				svc = j
+				break
 			}
 		}
-		// The table without its first chain, and as much of the last rule
-		// as fits (kube-proxy's names begin with their hash).
-		if i := strings.LastIndexByte(hops[0], ' '); i > 0 {
-			return shorten(hops[0][:i]+" … "+hops[len(hops)-1], n)
+		if svc == 0 {
+			return shorten(table+" "+chains[0], n)
 		}
+		return shorten(table+" … "+chains[svc], n)
 	}
 	return shorten(s, n)
+}
+
+// isServiceChain tells a NAT chain of kube-proxy that names a Service:
+// nftables mode's service-HASH-NAMESPACE/NAME/PROTO/PORT, iptables mode's
+// KUBE-SVC-HASH (KUBE-SVL-HASH with a local traffic policy).
+func isServiceChain(chain string) bool {
+	return strings.HasPrefix(chain, "service-") || strings.HasPrefix(chain, "KUBE-SVC-") || strings.HasPrefix(chain, "KUBE-SVL-")
 }
 
 // shorten cuts s to n runes with an ellipsis.

@@ -179,7 +179,7 @@ loop:
 				break loop
 			}
 			if tr.opt.Progress != nil {
-				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary()}
+				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary(), Pending: tr.eng.Pending(time.Now())}
 				p.Packets, p.Drops = tr.counters()
 				tr.opt.Progress(p)
 			}

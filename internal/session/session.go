@@ -48,8 +48,11 @@ type Options struct {
 type Progress struct {
 	Elapsed, Duration time.Duration
 	Summary           flow.Summary
-	Packets           map[string]uint64 // per capture point
-	Drops             map[string]uint64 // losses outside the engine (its own are in Summary)
+	// Pending counts the flows of Summary's unknown that may still be
+	// decided: their other points' observations can be on their way.
+	Pending int
+	Packets map[string]uint64 // per capture point
+	Drops   map[string]uint64 // losses outside the engine (its own are in Summary)
 }
 
 // Result is everything a session learned.
@@ -226,15 +229,14 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res.Summary = eng.Summary()
 	res.Packets, res.Drops = tr.counters()
 	for _, tp := range tr.taps {
-		if why := cmp.Or(*tp.released, *tp.ended); why != "" {
+		ended, gap := captureEnd(cmp.Or(*tp.released, *tp.ended), tp.t.Stats())
+		if ended != "" {
 			if res.CaptureEnded == nil {
 				res.CaptureEnded = map[string]string{}
 			}
-			res.CaptureEnded[tp.label] = why
+			res.CaptureEnded[tp.label] = ended
 		}
-	}
-	for _, tp := range tr.taps {
-		if gap := linkGap(tp.t.Stats()); gap != "" {
+		if gap != "" {
 			if res.CaptureGaps == nil {
 				res.CaptureGaps = map[string]string{}
 			}
@@ -265,6 +267,22 @@ func initialWatch(svcs []flow.Service, node *discover.NodeInfo) []netip.Addr {
 		}
 	}
 	return out
+}
+
+// captureEnd is what the report says of a capture point whose capture
+// ended early for why ("" when it went on to the end): ended, with how long
+// its interface was down before (a Pod deleted: its veth went down, then
+// away); or, when its capture went on, the gap its interface's downs made.
+// A point is never both: a gap is one the capture went on across.
+func captureEnd(why string, st capture.Stats) (ended, gap string) {
+	gap = linkGap(st)
+	switch {
+	case why == "":
+		return "", gap
+	case gap != "":
+		return why + "; before that, its interface " + gap, ""
+	}
+	return why, ""
 }
 
 // linkGap says how long a capture point's interface was down, "" when it

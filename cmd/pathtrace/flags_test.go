@@ -1,0 +1,40 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestPodSelectorsConflictFirst: two Pod selectors are refused as such,
+// before either is checked (a PID with no /proc entry, or one /proc does
+// not show a non-root user, would be reported instead).
+func TestPodSelectorsConflictFirst(t *testing.T) {
+	for _, args := range [][]string{
+		{"--pod-ip", "10.0.0.3", "--pod-pid", "999999999"},
+		{"--pod-netns", "/nonexistent", "--pod-pid", "1"},
+		{"--pod-ip", "10.0.0.300", "--pod-netns", "/nonexistent"},
+	} {
+		var f traceFlags
+		if err := newTraceFlagSet(&f).Parse(append([]string{"--svc", "10.0.0.1"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.validate()
+		if err == nil || !strings.Contains(err.Error(), "give at most one") {
+			t.Errorf("%s: %v; want the selectors' conflict", strings.Join(args, " "), err)
+		}
+	}
+}
+
+// TestDurationHelpNamesStopSignals: --help names every signal that ends a
+// run early.
+func TestDurationHelpNamesStopSignals(t *testing.T) {
+	names := map[os.Signal]string{os.Interrupt: "Ctrl-C", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP"}
+	usage := newTraceFlagSet(&traceFlags{}).Lookup("duration").Usage
+	for _, sig := range stopSignals() {
+		if name, ok := names[sig]; !ok || !strings.Contains(usage, name) {
+			t.Errorf("--duration's help %q does not say that %v ends the run", usage, sig)
+		}
+	}
+}
