@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/incident"
 	"github.com/pathtrace/pathtrace/internal/probe"
 	"github.com/pathtrace/pathtrace/internal/report"
@@ -217,13 +218,16 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	if err != nil {
 		return opt, 0, err
 	}
-	opt.Pcap = filepath.Join(incident.PartialDir(out), "capture.pcapng")
+	opt.Pcap = filepath.Join(incident.PartialDir(out), captureFile)
 	opt.PcapLimits.MaxBytes = captureBudget(budget)
 	// A full capture file must not cut the verdicts short: the run goes on
 	// to --duration, and SUMMARY.md says what the file left out.
 	opt.PcapBoundEndsFileOnly = true
 	return opt, budget, nil
 }
+
+// captureFile is the bundle's pcapng.
+const captureFile = "capture.pcapng"
 
 // captureBudget is the pcapng's part of a bundle's budget: what the snapshot
 // and the reports' reserve leave.
@@ -302,7 +306,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 		return err
 	}
 	after := 16<<10 + 2*manifest + 64<<10 + budget/1024
-	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded}
+	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: bundlePcap(res.Pcap), Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded}
 	written, err := fitReports(dir, budget-used-after, res, run)
 	if err != nil {
 		return err
@@ -321,7 +325,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 		{"SUMMARY.md", "the verdicts in plain words"},
 		{"report.txt", "the full report as tables"},
 		{"report.json", "the full report as JSON lines (node, flows, summary)"},
-		{"capture.pcapng", "every captured frame, one interface per capture point, with flow comments"},
+		{captureFile, "every captured frame, one interface per capture point, with flow comments"},
 	} {
 		if err := m.Add(dir, f.name, f.holds); err != nil {
 			return err
@@ -346,6 +350,15 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 	}
 	fmt.Printf("%s\nbundle: %s/ and %s\n", text, out, tarball)
 	return nil
+}
+
+// bundlePcap is the capture file's summary as the bundle's reports give it:
+// named within the bundle, which is built as DIR.partial, renamed and
+// archived, so that the name stays right wherever the bundle is unpacked.
+func bundlePcap(p *export.Summary) *export.Summary {
+	inBundle := *p
+	inBundle.Path = captureFile
+	return &inBundle
 }
 
 // fileEnded says that the capture file filled its share of budget while

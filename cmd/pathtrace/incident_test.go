@@ -75,6 +75,26 @@ func TestIncidentBundle(t *testing.T) {
 	if !strings.Contains(string(summary), "netfilter") || !strings.Contains(string(summary), "10.244.20.31:3000") {
 		t.Errorf("SUMMARY.md does not state the netfilter verdict:\n%s", summary)
 	}
+	// The reports name the capture file within the bundle, as it is once
+	// renamed from DIR.partial, archived and unpacked elsewhere.
+	txt, _ := os.ReadFile(filepath.Join(out, "report.txt"))
+	if _, pcapLine, _ := strings.Cut(string(txt), "\nPcapng: "); !strings.HasPrefix(pcapLine, "capture.pcapng, ") {
+		t.Errorf("report.txt does not name capture.pcapng within the bundle: Pcapng: %.80s", pcapLine)
+	}
+	js, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := bytes.TrimSpace(js)
+	last = last[bytes.LastIndexByte(last, '\n')+1:]
+	var summaryLine struct {
+		Pcap struct {
+			Path string `json:"path"`
+		} `json:"pcap"`
+	}
+	if err := json.Unmarshal(last, &summaryLine); err != nil || summaryLine.Pcap.Path != "capture.pcapng" {
+		t.Errorf("report.json's summary.pcap.path is %q (%v), want capture.pcapng", summaryLine.Pcap.Path, err)
+	}
 	nft, _ := os.ReadFile(filepath.Join(out, "nftables.txt"))
 	if !strings.Contains(string(nft), "kube-proxy") {
 		t.Errorf("nftables.txt lacks the kube-proxy table:\n%s", nft)
