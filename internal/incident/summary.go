@@ -65,9 +65,10 @@ const (
 
 // WriteSummary writes SUMMARY.md into dir: the verdicts in plain words, one
 // sentence per group of flows that share them, then where pathtrace looked,
-// what it captured and lost, and what could not be read (the node's notes and
-// those of the bundle's manifest, when Snapshot wrote one). stop is why the
-// capture ended; ended, what ended before it; taken, what took it.
+// what it captured and lost, and notes (the node's: what discovery could not
+// read or decided by a fallback; those of the bundle's manifest, when
+// Snapshot wrote one). stop is why the capture ended; ended, what ended
+// before it; taken, what took it.
 func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.NodeInfo, stop string, ended Ended, taken Taken) error {
 	var b strings.Builder
 	b.WriteString("# pathtrace incident summary\n\n")
@@ -98,9 +99,9 @@ func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.
 	if node != nil {
 		notes = append(slices.Clone(node.Notes), notes...)
 	}
-	b.WriteString("\n## What could not be read\n\n")
+	b.WriteString("\n## Notes\n\n")
 	if len(notes) == 0 {
-		b.WriteString("Nothing: every source was read.\n")
+		b.WriteString("None: every source was read.\n")
 	}
 	for _, n := range notes {
 		fmt.Fprintf(&b, "- %s\n", n)

@@ -146,7 +146,7 @@ func TestSummaryWithoutFlowsOrManifest(t *testing.T) {
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
 	for _, want := range []string{"No flow to a Service VIP was seen", "Capture stopped: interrupted.",
-		"Nothing was lost", "Nothing: every source was read."} {
+		"Nothing was lost", "## Notes\n\nNone: every source was read."} {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("summary lacks %q:\n%s", want, got)
 		}
@@ -223,6 +223,23 @@ func TestSummaryCaptureFileEnded(t *testing.T) {
 		if strings.Contains(string(got), "Nothing was lost") {
 			t.Errorf("summary says nothing was lost although the file left frames out:\n%s", got)
 		}
+	}
+}
+
+// TestSummaryNotesHeading: the node's notes that are no read failure (a
+// second pathtrace) come under a heading that does not call them one.
+func TestSummaryNotesHeading(t *testing.T) {
+	dir := t.TempDir()
+	node := &discover.NodeInfo{Notes: []string{"another pathtrace runs on this node: 3 of its observer programs were found, and left out of attribution"}}
+	if err := WriteSummary(dir, nil, flow.Summary{}, node, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if want := "## Notes\n\n- another pathtrace runs on this node"; !strings.Contains(string(got), want) {
+		t.Errorf("summary lacks %q:\n%s", want, got)
+	}
+	if strings.Contains(string(got), "could not be read") {
+		t.Errorf("summary calls its notes read failures:\n%s", got)
 	}
 }
 
