@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/incident"
 	"github.com/pathtrace/pathtrace/internal/probe"
 	"github.com/pathtrace/pathtrace/internal/report"
@@ -42,7 +43,10 @@ ticket needs into one directory (and a .tar.gz of it):
 When done it prints SUMMARY.md and a "bundle: DIR/ and DIR.tar.gz" line on stdout.
 
 --max-bytes bounds the directory, and the archive on its own; flows whose
-reports do not fit are counted, not written. The bundle is built in DIR.partial
+reports do not fit are counted, not written. The capture file gets what the
+snapshot and the reports leave: once full it ends, and the run goes on to
+--duration, its verdicts covering the whole run (SUMMARY.md says how many
+captured frames the file left out). The bundle is built in DIR.partial
 and renamed to DIR once complete; a DIR, DIR.partial or DIR.tar.gz that exists
 is refused. Ctrl-C ends the capture and writes the bundle; a second one skips
 the snapshot parts not collected yet; a third stops pathtrace.
@@ -108,6 +112,7 @@ func runIncident(args []string) int {
 		return exitRuntime
 	}
 	defer release()
+	lowered := false // to fit the disk
 	if avail, err := freeBytes(filepath.Dir(out)); err == nil {
 		fit, err := fitDisk(budget, avail)
 		if err != nil {
@@ -116,7 +121,7 @@ func runIncident(args []string) int {
 		}
 		if fit < budget {
 			fmt.Fprintf(os.Stderr, "pathtrace incident: --max-bytes %s lowered to %d KiB: half of what %s has free, so that the bundle and its archive both fit\n", maxBytes, fit>>10, filepath.Dir(out))
-			budget, opt.PcapLimits.MaxBytes = fit, captureBudget(fit)
+			budget, opt.PcapLimits.MaxBytes, lowered = fit, captureBudget(fit), true
 		}
 	}
 	// The bundle is built in DIR.partial and renamed to DIR once complete:
@@ -156,7 +161,7 @@ func runIncident(args []string) int {
 	bctx, interrupted := bundleContext()
 	stop()
 	defer interrupted()
-	if err := writeBundle(bctx, out, opt, res, budget); err != nil {
+	if err := writeBundle(bctx, out, opt, res, budget, lowered); err != nil {
 		where := building
 		if _, serr := os.Stat(building); serr != nil {
 			where = out // published already: the archive failed
@@ -213,10 +218,16 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	if err != nil {
 		return opt, 0, err
 	}
-	opt.Pcap = filepath.Join(incident.PartialDir(out), "capture.pcapng")
+	opt.Pcap = filepath.Join(incident.PartialDir(out), captureFile)
 	opt.PcapLimits.MaxBytes = captureBudget(budget)
+	// A full capture file must not cut the verdicts short: the run goes on
+	// to --duration, and SUMMARY.md says what the file left out.
+	opt.PcapBoundEndsFileOnly = true
 	return opt, budget, nil
 }
+
+// captureFile is the bundle's pcapng.
+const captureFile = "capture.pcapng"
 
 // captureBudget is the pcapng's part of a bundle's budget: what the snapshot
 // and the reports' reserve leave.
@@ -260,10 +271,10 @@ func reportReserve(rest int64) int64 { return min(max(rest/8, 512<<10), 8<<20) }
 func tarballOf(dir string) string { return strings.TrimSuffix(dir, "/") + ".tar.gz" }
 
 // writeBundle writes the bundle for out in DIR.partial, renames it to out,
-// then archives it. Within budget: the snapshot has its share, the pcapng
-// what the reserve left; the reports get what remains, and the flows that
-// do not fit are counted in them, not written.
-func writeBundle(ctx context.Context, out string, opt session.Options, res *session.Result, budget int64) error {
+// then archives it. Within budget (lowered: to fit the disk): the snapshot
+// has its share, the pcapng what the reserve left; the reports get what
+// remains, and the flows that do not fit are counted in them, not written.
+func writeBundle(ctx context.Context, out string, opt session.Options, res *session.Result, budget int64, lowered bool) error {
 	dir := incident.PartialDir(out)
 	snapBudget, _ := incident.SplitBudget(budget)
 	var vips []netip.Addr
@@ -276,7 +287,8 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 	}
 	summary := func() error {
 		return incident.WriteSummary(dir, res.Flows, res.Summary.WithDrops(res.Drops), res.Node, res.StopReason,
-			incident.Ended{Captures: res.CaptureEnded, Gaps: res.CaptureGaps, Observers: res.ObserversEnded, NATRules: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded},
+			incident.Ended{Captures: res.CaptureEnded, Gaps: res.CaptureGaps, Observers: res.ObserversEnded, NATRules: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded,
+				File: fileEnded(res, opt.PcapLimits.MaxBytes, budget, lowered)},
 			incident.Taken{Version: version(), Command: commandLine(os.Args)})
 	}
 	if err := summary(); err != nil {
@@ -294,7 +306,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 		return err
 	}
 	after := 16<<10 + 2*manifest + 64<<10 + budget/1024
-	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded}
+	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: bundlePcap(res.Pcap), Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded}
 	written, err := fitReports(dir, budget-used-after, res, run)
 	if err != nil {
 		return err
@@ -313,7 +325,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 		{"SUMMARY.md", "the verdicts in plain words"},
 		{"report.txt", "the full report as tables"},
 		{"report.json", "the full report as JSON lines (node, flows, summary)"},
-		{"capture.pcapng", "every captured frame, one interface per capture point, with flow comments"},
+		{captureFile, "every captured frame, one interface per capture point, with flow comments"},
 	} {
 		if err := m.Add(dir, f.name, f.holds); err != nil {
 			return err
@@ -338,6 +350,28 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 	}
 	fmt.Printf("%s\nbundle: %s/ and %s\n", text, out, tarball)
 	return nil
+}
+
+// bundlePcap is the capture file's summary as the bundle's reports give it:
+// named within the bundle, which is built as DIR.partial, renamed and
+// archived, so that the name stays right wherever the bundle is unpacked.
+func bundlePcap(p *export.Summary) *export.Summary {
+	inBundle := *p
+	inBundle.Path = captureFile
+	return &inBundle
+}
+
+// fileEnded says that the capture file filled its share of budget while
+// the run went on, with when and what it left out; nil when it holds the
+// whole run.
+func fileEnded(res *session.Result, share, budget int64, lowered bool) *incident.FileEnded {
+	p := res.Pcap
+	if p.StopReason == "" {
+		return nil
+	}
+	return &incident.FileEnded{Share: share, Budget: budget, LoweredToFitDisk: lowered,
+		After: p.EndedAt.Sub(res.Began), Run: res.Stopped.Sub(res.Began),
+		Written: p.Packets, Captured: p.Packets + p.FramesNotWritten}
 }
 
 // fitReports writes report.txt and report.json into dir within room bytes

@@ -75,6 +75,26 @@ func TestIncidentBundle(t *testing.T) {
 	if !strings.Contains(string(summary), "netfilter") || !strings.Contains(string(summary), "10.244.20.31:3000") {
 		t.Errorf("SUMMARY.md does not state the netfilter verdict:\n%s", summary)
 	}
+	// The reports name the capture file within the bundle, as it is once
+	// renamed from DIR.partial, archived and unpacked elsewhere.
+	txt, _ := os.ReadFile(filepath.Join(out, "report.txt"))
+	if _, pcapLine, _ := strings.Cut(string(txt), "\nPcapng: "); !strings.HasPrefix(pcapLine, "capture.pcapng, ") {
+		t.Errorf("report.txt does not name capture.pcapng within the bundle: Pcapng: %.80s", pcapLine)
+	}
+	js, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := bytes.TrimSpace(js)
+	last = last[bytes.LastIndexByte(last, '\n')+1:]
+	var summaryLine struct {
+		Pcap struct {
+			Path string `json:"path"`
+		} `json:"pcap"`
+	}
+	if err := json.Unmarshal(last, &summaryLine); err != nil || summaryLine.Pcap.Path != "capture.pcapng" {
+		t.Errorf("report.json's summary.pcap.path is %q (%v), want capture.pcapng", summaryLine.Pcap.Path, err)
+	}
 	nft, _ := os.ReadFile(filepath.Join(out, "nftables.txt"))
 	if !strings.Contains(string(nft), "kube-proxy") {
 		t.Errorf("nftables.txt lacks the kube-proxy table:\n%s", nft)
@@ -135,6 +155,143 @@ func TestIncidentBundleWithinMaxBytes(t *testing.T) {
 	manifest, _ := os.ReadFile(filepath.Join(out, "MANIFEST.txt"))
 	if !strings.Contains(string(manifest), "flows not written") {
 		t.Errorf("MANIFEST.txt does not note the flows left out of the reports:\n%s", manifest)
+	}
+}
+
+// TestIncidentCaptureFileFills runs an incident whose capture file fills
+// its share of --max-bytes during the first burst of requests: the file
+// ends, not the run, which goes on to --duration and still correlates the
+// flows of a second burst, sent after the file filled; the reports and
+// SUMMARY.md say how many captured frames the file left out, and never
+// that nothing was lost.
+func TestIncidentCaptureFileFills(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	out := filepath.Join(t.TempDir(), "incident")
+	cmd, stderr := startIncident(t, out, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
+		"--svc", lab.UDPVIP.String(), "--duration", "10s", "--max-bytes", "1M")
+	client := func(rounds int) {
+		t.Helper()
+		if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: rounds}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The file's share of 1M is 256 KiB, about 1,100 frames; a round (one
+	// TCP and one UDP request) is about 36 at the three points. Once the
+	// file is within a few frames of its share (it is written up to a
+	// second behind the traffic), 20 more rounds fill it: the last rounds
+	// begin after it filled. All their flows still fit in the reports.
+	const before, filling, after = 60, 20, 5
+	client(before)
+	share := captureBudget(1 << 20)
+	nearlyFull := func() bool {
+		st, err := os.Stat(filepath.Join(out+".partial", "capture.pcapng.partial"))
+		return err == nil && st.Size() >= share-2048
+	}
+	for deadline := time.Now().Add(20 * time.Second); !nearlyFull(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the capture file never came near its share of %d bytes", share)
+		}
+	}
+	client(filling)
+	client(after)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("pathtrace incident: %v\n%s", err, stderr.String())
+	}
+
+	js, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var summary struct {
+		Flows      int               `json:"flows"`
+		Drops      map[string]uint64 `json:"drops"`
+		StopReason string            `json:"stop_reason"`
+		Packets    map[string]uint64 `json:"packets"`
+		Pcap       struct {
+			Packets          uint64    `json:"packets"`
+			StopReason       string    `json:"stop_reason"`
+			EndedAt          time.Time `json:"ended_at"`
+			FramesNotWritten uint64    `json:"frames_not_written"`
+		} `json:"pcap"`
+	}
+	type flowLine struct {
+		ID          int       `json:"id"`
+		First       time.Time `json:"first"`
+		RewrittenAt string    `json:"rewritten_at"`
+	}
+	var flows []flowLine
+	for line := range strings.Lines(string(js)) {
+		var typed struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal([]byte(line), &typed); err != nil {
+			t.Fatalf("report.json: %v: %s", err, line)
+		}
+		var err error
+		switch typed.Type {
+		case "flow":
+			var fl flowLine
+			err = json.Unmarshal([]byte(line), &fl)
+			flows = append(flows, fl)
+		case "omitted":
+			t.Errorf("report.json leaves flows out, which the test needs: %s", line)
+		case "summary":
+			err = json.Unmarshal([]byte(line), &summary)
+		}
+		if err != nil {
+			t.Fatalf("report.json: %v: %s", err, line)
+		}
+	}
+	if summary.StopReason != "duration" {
+		t.Errorf("the run stopped for %q, want duration: the full capture file must not end it", summary.StopReason)
+	}
+	// A UDP socket that reused a client port while the earlier one's flow
+	// was still seen is counted in it (flows_joined).
+	if want := 2 * (before + filling + after); summary.Flows+int(summary.Drops["flows_joined"]) != want {
+		t.Errorf("%d flows, of which %d joined, want %d (one TCP and one UDP flow per round)", summary.Flows, summary.Drops["flows_joined"], want)
+	}
+	p := summary.Pcap
+	var captured uint64
+	for _, n := range summary.Packets {
+		captured += n
+	}
+	if p.StopReason != "max-bytes" || p.EndedAt.IsZero() || p.FramesNotWritten == 0 || p.Packets+p.FramesNotWritten != captured {
+		t.Fatalf("summary.pcap: stop %q, ended at %v, %d packets and %d not written; want max-bytes, a time, and the %d frames captured in all",
+			p.StopReason, p.EndedAt, p.Packets, p.FramesNotWritten, captured)
+	}
+	if n := countPcapng(t, filepath.Join(out, "capture.pcapng")); uint64(n) != p.Packets {
+		t.Errorf("capture.pcapng holds %d packets, the report says %d", n, p.Packets)
+	}
+	late := 0
+	for _, f := range flows {
+		if f.First.After(p.EndedAt) {
+			late++
+			if f.RewrittenAt != "tc" {
+				t.Errorf("flow %d, begun after the file filled, rewritten at %q, want tc", f.ID, f.RewrittenAt)
+			}
+		}
+	}
+	if late+int(summary.Drops["flows_joined"]) < 2*after {
+		t.Errorf("%d flows began after the file filled at %s, want at least the last rounds' %d", late, p.EndedAt, 2*after)
+	}
+
+	md, _ := os.ReadFile(filepath.Join(out, "SUMMARY.md"))
+	digits := strings.ReplaceAll(string(md), ",", "") // the counts have thousands separators
+	for _, want := range []string{"- The capture file filled its share (",
+		fmt.Sprintf("run: it holds %d of the %d frames captured; the verdicts cover the whole run. Raise --max-bytes to keep more.", p.Packets, captured),
+		"Capture stopped: duration; the capture file filled after "} {
+		if !strings.Contains(digits, strings.ReplaceAll(want, ",", "")) {
+			t.Errorf("SUMMARY.md lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(string(md), "Nothing was lost") {
+		t.Errorf("SUMMARY.md says nothing was lost, although the capture file left frames out:\n%s", md)
+	}
+	txt, _ := os.ReadFile(filepath.Join(out, "report.txt"))
+	if want := fmt.Sprintf("ended by max-bytes at %s: %d of the %d frames captured are not in it", p.EndedAt.Local().Format("15:04:05.000"), p.FramesNotWritten, captured); !strings.Contains(string(txt), want) {
+		_, pcapLine, _ := strings.Cut(string(txt), "\nPcapng: ")
+		t.Errorf("report.txt lacks %q: Pcapng: %.300s", want, pcapLine)
 	}
 }
 

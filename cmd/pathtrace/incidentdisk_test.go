@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -43,6 +44,16 @@ func TestIncidentOnSmallDisk(t *testing.T) {
 	}
 	if _, err := os.Stat(out + ".tar.gz"); err != nil {
 		t.Errorf("archive: %v", err)
+	}
+	// The budget, lowered to fit the disk, left the capture file less than
+	// the traffic: the file ended, not the run, and SUMMARY.md says what
+	// to change.
+	summary, _ := os.ReadFile(filepath.Join(out, "SUMMARY.md"))
+	for _, want := range []string{"Capture stopped: duration; the capture file filled after ",
+		"of --max-bytes, lowered to ", "Give --out a filesystem with more free space to keep more."} {
+		if !strings.Contains(string(summary), want) {
+			t.Errorf("SUMMARY.md lacks %q:\n%s", want, summary)
+		}
 	}
 }
 

@@ -67,6 +67,13 @@ type Summary struct {
 	// PerInterface is packets written per interface (capture point).
 	PerInterface map[string]uint64 `json:"per_interface"`
 	StopReason   string            `json:"stop_reason,omitempty"`
+	// EndedAt is when a bound ended the file: the capture time of the frame
+	// that reached it (zero while none did). FramesNotWritten counts the
+	// frames captured that the file had no room for from then on: those of
+	// the rest of the run when the run went on (an incident's), else the
+	// few in flight when it stopped. Both are the caller's account.
+	EndedAt          time.Time `json:"ended_at,omitzero"`
+	FramesNotWritten uint64    `json:"frames_not_written,omitzero"`
 	// Error is the write error that ended the file early (disk full, ...).
 	Error string `json:"error,omitempty"`
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
@@ -29,6 +30,21 @@ type Ended struct {
 	// ObserversAdded: tcx observers attached during the run
 	// (session.Result.ObserversAdded).
 	ObserversAdded []string
+	// File: the capture file filled its share of the budget and ended
+	// while the run went on; nil when it holds the whole run.
+	File *FileEnded
+}
+
+// FileEnded says when the capture file ended and what it left out.
+type FileEnded struct {
+	Share  int64 // bytes: the file's part of Budget
+	Budget int64 // bytes: the bundle's --max-bytes, as run
+	// LoweredToFitDisk: Budget is half of what the disk had free, below
+	// the --max-bytes given; a larger one would not have helped.
+	LoweredToFitDisk bool
+	After, Run       time.Duration // into the run; the run's length
+	Written          uint64        // frames in the file
+	Captured         uint64        // frames captured in the whole run
 }
 
 // Taken says what took the bundle: pathtrace's version and its command
@@ -49,9 +65,10 @@ const (
 
 // WriteSummary writes SUMMARY.md into dir: the verdicts in plain words, one
 // sentence per group of flows that share them, then where pathtrace looked,
-// what it captured and lost, and what could not be read (the node's notes and
-// those of the bundle's manifest, when Snapshot wrote one). stop is why the
-// capture ended; ended, what ended before it; taken, what took it.
+// what it captured and lost, and notes (the node's: what discovery could not
+// read or decided by a fallback; those of the bundle's manifest, when
+// Snapshot wrote one). stop is why the capture ended; ended, what ended
+// before it; taken, what took it.
 func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.NodeInfo, stop string, ended Ended, taken Taken) error {
 	var b strings.Builder
 	b.WriteString("# pathtrace incident summary\n\n")
@@ -64,7 +81,11 @@ func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.
 	if node != nil {
 		fmt.Fprintf(&b, "Node: kernel %s, network namespace %s.  \n", orDash(node.Kernel), orDash(node.HostNetNS.Path))
 	}
-	fmt.Fprintf(&b, "Capture stopped: %s.\n", orDash(stop))
+	if ended.File != nil {
+		fmt.Fprintf(&b, "Capture stopped: %s; the capture file filled after %s (see What was captured).\n", orDash(stop), seconds(ended.File.After))
+	} else {
+		fmt.Fprintf(&b, "Capture stopped: %s.\n", orDash(stop))
+	}
 
 	writeVerdicts(&b, flows, s)
 	if node != nil {
@@ -78,9 +99,9 @@ func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.
 	if node != nil {
 		notes = append(slices.Clone(node.Notes), notes...)
 	}
-	b.WriteString("\n## What could not be read\n\n")
+	b.WriteString("\n## Notes\n\n")
 	if len(notes) == 0 {
-		b.WriteString("Nothing: every source was read.\n")
+		b.WriteString("None: every source was read.\n")
 	}
 	for _, n := range notes {
 		fmt.Fprintf(&b, "- %s\n", n)
@@ -434,10 +455,13 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 		for _, h := range report.DropHints(s.Drops) {
 			fmt.Fprintf(b, "  - %s\n", h)
 		}
-	case len(ended.Captures) == 0 && ended.Observers == "":
+	case len(ended.Captures) == 0 && ended.Observers == "" && ended.File == nil:
 		b.WriteString("- Nothing was lost: every drop counter is zero.\n")
 	default:
 		b.WriteString("- Every drop counter is zero, but what follows ended early.\n")
+	}
+	if f := ended.File; f != nil {
+		fmt.Fprintf(b, "- %s\n", f.sentence())
 	}
 	for _, point := range sortedKeys(ended.Captures) {
 		fmt.Fprintf(b, "- The capture at %s %s: later frames there are missing.\n", point, ended.Captures[point])
@@ -460,6 +484,30 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 	if s.Unmatched > 0 {
 		fmt.Fprintf(b, "- %d observations matched no flow (e.g. traffic to a backend that did not go through a VIP).\n", s.Unmatched)
 	}
+}
+
+// sentence says in plain words that the file ended and what to change.
+func (f *FileEnded) sentence() string {
+	budget := fmt.Sprintf("%s bytes of --max-bytes %s", grouped(f.Share), grouped(f.Budget))
+	more := "Raise --max-bytes to keep more."
+	if f.LoweredToFitDisk {
+		budget = fmt.Sprintf("%s bytes of --max-bytes, lowered to %s: half of what the disk had free", grouped(f.Share), grouped(f.Budget))
+		more = "Give --out a filesystem with more free space to keep more."
+	}
+	return fmt.Sprintf("The capture file filled its share (%s) after %s of the %s run: it holds %s of the %s frames captured; the verdicts cover the whole run. %s",
+		budget, seconds(f.After), seconds(f.Run), grouped(f.Written), grouped(f.Captured), more)
+}
+
+// seconds is d as "3.1 s".
+func seconds(d time.Duration) string { return fmt.Sprintf("%.1f s", max(d, 0).Seconds()) }
+
+// grouped writes n with thousands separators, as a ticket reads it: 5,403.
+func grouped[N int64 | uint64](n N) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -146,7 +146,7 @@ func TestSummaryWithoutFlowsOrManifest(t *testing.T) {
 	}
 	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
 	for _, want := range []string{"No flow to a Service VIP was seen", "Capture stopped: interrupted.",
-		"Nothing was lost", "Nothing: every source was read."} {
+		"Nothing was lost", "## Notes\n\nNone: every source was read."} {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("summary lacks %q:\n%s", want, got)
 		}
@@ -190,6 +190,56 @@ func TestSummaryNamesLossesAndEndedCaptures(t *testing.T) {
 	}
 	if strings.Contains(string(got), "Nothing was lost") {
 		t.Errorf("summary says nothing was lost:\n%s", got)
+	}
+}
+
+// TestSummaryCaptureFileEnded: a capture file that filled its share of
+// the budget while the run went on is said in plain words, with what to
+// change, and never as "nothing was lost".
+func TestSummaryCaptureFileEnded(t *testing.T) {
+	s := flow.Summary{Drops: map[string]uint64{"flows_over_max": 0}}
+	file := &FileEnded{Share: 655_360, Budget: 1 << 20, After: 3140 * time.Millisecond, Run: 20 * time.Second, Written: 1075, Captured: 5403}
+	for _, c := range []struct {
+		lowered bool
+		want    string
+	}{
+		{false, "- The capture file filled its share (655,360 bytes of --max-bytes 1,048,576) after 3.1 s of the 20.0 s run: " +
+			"it holds 1,075 of the 5,403 frames captured; the verdicts cover the whole run. Raise --max-bytes to keep more.\n"},
+		{true, "- The capture file filled its share (655,360 bytes of --max-bytes, lowered to 1,048,576: half of what the disk had free) after 3.1 s of the 20.0 s run: " +
+			"it holds 1,075 of the 5,403 frames captured; the verdicts cover the whole run. Give --out a filesystem with more free space to keep more.\n"},
+	} {
+		dir := t.TempDir()
+		file.LoweredToFitDisk = c.lowered
+		if err := WriteSummary(dir, nil, s, nil, "duration", Ended{File: file}, Taken{}); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+		for _, want := range []string{c.want, "Capture stopped: duration; the capture file filled after 3.1 s (see What was captured).\n",
+			"- Every drop counter is zero, but what follows ended early.\n"} {
+			if !strings.Contains(string(got), want) {
+				t.Errorf("summary lacks %q:\n%s", want, got)
+			}
+		}
+		if strings.Contains(string(got), "Nothing was lost") {
+			t.Errorf("summary says nothing was lost although the file left frames out:\n%s", got)
+		}
+	}
+}
+
+// TestSummaryNotesHeading: the node's notes that are no read failure (a
+// second pathtrace) come under a heading that does not call them one.
+func TestSummaryNotesHeading(t *testing.T) {
+	dir := t.TempDir()
+	node := &discover.NodeInfo{Notes: []string{"another pathtrace runs on this node: 3 of its observer programs were found, and left out of attribution"}}
+	if err := WriteSummary(dir, nil, flow.Summary{}, node, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if want := "## Notes\n\n- another pathtrace runs on this node"; !strings.Contains(string(got), want) {
+		t.Errorf("summary lacks %q:\n%s", want, got)
+	}
+	if strings.Contains(string(got), "could not be read") {
+		t.Errorf("summary calls its notes read failures:\n%s", got)
 	}
 }
 

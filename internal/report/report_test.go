@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
 	"github.com/pathtrace/pathtrace/internal/report"
@@ -268,6 +269,48 @@ func TestRunEndedEarly(t *testing.T) {
 	if got.ObserversEnded != run.ObserversEnded || got.CaptureEnded["pod:eth0"] != run.CaptureEnded["pod:eth0"] ||
 		got.CaptureGaps["uplink:bond0"] != run.CaptureGaps["uplink:bond0"] || got.NATRulesReread != run.NATRulesReread {
 		t.Errorf("JSON summary %s, want both endings and the gap", js.String())
+	}
+}
+
+// TestPcapEndedEarly: a capture file that a bound ended before the run
+// did says when, and how many of the frames captured it does not hold, in
+// both formats.
+func TestPcapEndedEarly(t *testing.T) {
+	ended := time.Date(2025, 1, 1, 3, 12, 9, 123e6, time.Local)
+	run := report.Run{Stop: "duration", Pcap: &export.Summary{Path: "capture.pcapng", Packets: 1075, Bytes: 1 << 20,
+		PerInterface: map[string]uint64{"pod:eth0": 1075}, StopReason: "max-bytes", EndedAt: ended, FramesNotWritten: 4328}}
+	var table bytes.Buffer
+	if err := report.NewWriter(&table, "table").Summary(flow.Summary{}, nil, run); err != nil {
+		t.Fatal(err)
+	}
+	if want := "Pcapng: capture.pcapng, 1075 packets, 1048576 bytes (pod:eth0 1075); ended by max-bytes at 03:12:09.123: 4328 of the 5403 frames captured are not in it\n"; !strings.Contains(table.String(), want) {
+		t.Errorf("table has no %q:\n%s", want, table.String())
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, "json").Summary(flow.Summary{}, nil, run); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Pcap struct {
+			StopReason       string    `json:"stop_reason"`
+			EndedAt          time.Time `json:"ended_at"`
+			FramesNotWritten uint64    `json:"frames_not_written"`
+		} `json:"pcap"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
+		t.Fatalf("%v: %s", err, js.String())
+	}
+	if got.Pcap.StopReason != "max-bytes" || !got.Pcap.EndedAt.Equal(ended) || got.Pcap.FramesNotWritten != 4328 {
+		t.Errorf("JSON summary %s, want the file's stop reason, ended_at and frames_not_written", js.String())
+	}
+	// A file that held the whole run has neither.
+	run.Pcap = &export.Summary{Path: "capture.pcapng", Packets: 5}
+	js.Reset()
+	if err := report.NewWriter(&js, "json").Summary(flow.Summary{}, nil, run); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(js.String(), "ended_at") || strings.Contains(js.String(), "frames_not_written") {
+		t.Errorf("JSON summary of a whole capture file names an end: %s", js.String())
 	}
 }
 

@@ -129,6 +129,12 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 		fmt.Fprintf(w, "Pcapng: %s, %d packets, %d bytes (%s)", p.Path, p.Packets, p.Bytes, countList(p.PerInterface))
 		if p.StopReason != "" {
 			fmt.Fprintf(w, "; ended by %s", p.StopReason)
+			if !p.EndedAt.IsZero() {
+				fmt.Fprintf(w, " at %s", p.EndedAt.Format("15:04:05.000"))
+			}
+			if p.FramesNotWritten > 0 {
+				fmt.Fprintf(w, ": %d of the %d frames captured are not in it", p.FramesNotWritten, p.Packets+p.FramesNotWritten)
+			}
 		}
 		if p.Error != "" {
 			fmt.Fprintf(w, "; WRITE ERROR: %s", p.Error)

@@ -24,6 +24,13 @@ type pcapOut struct {
 	heads  []queueHead
 	held   int // frames in queues
 	newest time.Time
+	// endsFileOnly: a reached bound ends the file, not the run
+	// (Options.PcapBoundEndsFileOnly).
+	endsFileOnly bool
+	// endedAt is the capture time of the frame at which a bound ended the
+	// file; notWritten counts the frames it had no room for from then on.
+	endedAt    time.Time
+	notWritten uint64
 }
 
 // queueHead is a queue in pcapOut.heads and the time of its oldest frame.
@@ -55,8 +62,8 @@ func pcapInterface(tp tap, snaplen int) export.Interface {
 
 // addInterface adds the interface of a tap opened while the session runs,
 // the next in tap order (the file declares it with its first frame, after
-// the older frames held for the merge); a bound reached before or a write
-// error returns the stop reason.
+// the older frames held for the merge); a bound reached before that ends
+// the run, or a write error, returns the stop reason.
 func (p *pcapOut) addInterface(tp tap, snaplen int) string {
 	if p.err != nil {
 		return "pcap-error"
@@ -66,10 +73,39 @@ func (p *pcapOut) addInterface(tp tap, snaplen int) string {
 			p.err = err
 			return "pcap-error"
 		}
-		return p.w.StopReason()
+		if reason := p.boundStop(); reason != "" {
+			return reason
+		}
+		// The file ended: the tap's frames are counted, never queued (hold).
 	}
 	p.queues = append(p.queues, nil)
 	return ""
+}
+
+// full says a bound ended the file: no frame is written from then on.
+func (p *pcapOut) full() bool { return p.w.StopReason() != "" }
+
+// boundStop is the stop reason a reached bound gives the run: none when it
+// ends the file only.
+func (p *pcapOut) boundStop() string {
+	if p.endsFileOnly {
+		return ""
+	}
+	return p.w.StopReason()
+}
+
+// dropHeld counts the frames held as not written, once a bound ended the
+// file, and gives their batches back; it returns boundStop.
+func (p *pcapOut) dropHeld(tr *tracer) string {
+	for i, q := range p.queues {
+		for _, b := range q {
+			p.notWritten += uint64(len(b.frames) - b.next)
+			tr.putBatch(b)
+		}
+		p.queues[i] = nil
+	}
+	p.heads, p.held = p.heads[:0], 0
+	return p.boundStop()
 }
 
 // streamGrace is how long a --pcap - reader has, once the run is due to end,
@@ -86,17 +122,25 @@ func (p *pcapOut) giveUpAfter(due context.Context) {
 }
 
 // write appends one frame through the held writer; a reached bound or a
-// write error returns the stop reason (the trace ends, and its report says
+// write error returns the stop reason (the file ends, and the report says
 // why).
 func (p *pcapOut) write(w export.Held, iface int, pkt *capture.Packet, comment string) string {
 	if p.err != nil {
 		return "pcap-error"
 	}
-	if err := w.WritePacket(iface, pkt, comment); err != nil && !errors.Is(err, export.ErrLimit) {
+	err := w.WritePacket(iface, pkt, comment)
+	switch {
+	case errors.Is(err, export.ErrLimit):
+		p.notWritten++
+	case err != nil:
 		p.err = err
 		return "pcap-error"
 	}
-	return p.w.StopReason()
+	reason := p.w.StopReason()
+	if reason != "" && p.endedAt.IsZero() {
+		p.endedAt = pkt.Time
+	}
+	return reason
 }
 
 // close writes each interface's statistics and publishes the file.
@@ -120,6 +164,7 @@ func (p *pcapOut) close(taps []tap) *export.Summary {
 		res.Error = p.err.Error()
 	}
 	res.Packets, res.Bytes, res.StopReason = p.w.Packets(), p.w.Bytes(), p.w.StopReason()
+	res.EndedAt, res.FramesNotWritten = p.endedAt, p.notWritten
 	return res
 }
 
@@ -135,10 +180,17 @@ const (
 // hold queues a batch of frames and writes every frame older than the
 // reorder window (or the oldest ones beyond maxHeld). A frame's comment is
 // made when it is written, so it carries the most the engine knows by then.
+// Once a bound ended the file, frames are only counted: an incident's run
+// goes on for many more.
 func (p *pcapOut) hold(b *batch, tr *tracer) string {
 	if len(b.frames) == 0 {
 		tr.putBatch(b)
 		return ""
+	}
+	if p.full() {
+		p.notWritten += uint64(len(b.frames))
+		tr.putBatch(b)
+		return p.boundStop()
 	}
 	if len(p.queues[b.tap]) == 0 {
 		p.pushHead(b.tap, b.frames[0].pkt.Time.UnixNano())
@@ -154,8 +206,12 @@ func (p *pcapOut) hold(b *batch, tr *tracer) string {
 // release writes the held frames captured before t, oldest first across the
 // capture points (a tap delivers its own frames in time order, so merging
 // the queues' heads orders the file); it returns a stop reason when the file
-// reached a bound or failed.
+// failed or reached a bound that ends the run. Once a bound ended the file,
+// the frames held are counted as not written.
 func (p *pcapOut) release(t time.Time, tr *tracer) string {
+	if p.full() {
+		return p.dropHeld(tr)
+	}
 	before := t.UnixNano()
 	var w export.Held // held from the first frame due to the last
 	held := false
@@ -178,6 +234,9 @@ func (p *pcapOut) release(t time.Time, tr *tracer) string {
 		} else {
 			p.heads[0].at = q[0].frames[q[0].next].pkt.Time.UnixNano()
 			p.siftDown(0)
+		}
+		if p.full() {
+			return p.dropHeld(tr)
 		}
 		if reason != "" {
 			return reason

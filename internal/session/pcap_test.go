@@ -319,3 +319,51 @@ func TestDueStop(t *testing.T) {
 		}
 	}
 }
+
+// TestPcapBoundEndsFileOrRun: a reached bound ends the run, or with
+// endsFileOnly (an incident's) only the file: the run goes on, the engine
+// still counts every frame, and the frames the file had no room for (held
+// when it filled, or captured later) are counted, with when it ended.
+func TestPcapBoundEndsFileOrRun(t *testing.T) {
+	ms := time.Millisecond
+	for _, fileOnly := range []bool{false, true} {
+		tr := testTracer(t, io.Discard)
+		w, err := export.NewStream(io.Discard, []export.Interface{{Name: "pod:eth0"}, {Name: "uplink:bond0"}}, export.Limits{MaxPackets: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.pcap = &pcapOut{w: w, queues: make([][]*batch, 2), endsFileOnly: fileOnly}
+		want := "max-packets"
+		if fileOnly {
+			want = ""
+		}
+		// The frames at 0-2 ms leave the hold behind the one at 300 ms and
+		// fill the file; the two at 300 ms and up are then held, the last
+		// two come after.
+		if got := frames(t, tr, 0, 0, 1*ms, 2*ms, 300*ms, 301*ms); got != want {
+			t.Errorf("fileOnly %v: stop reason %q when the file filled, want %q", fileOnly, got, want)
+		}
+		if got := frames(t, tr, 1, 400*ms, 401*ms); got != want {
+			t.Errorf("fileOnly %v: stop reason %q after the file filled, want %q", fileOnly, got, want)
+		}
+		if got := tr.pcap.release(base.Add(time.Hour), tr); got != want {
+			t.Errorf("fileOnly %v: stop reason %q at the end, want %q", fileOnly, got, want)
+		}
+		if n := tr.pcap.w.Packets(); n != 3 {
+			t.Errorf("fileOnly %v: %d packets written, want 3", fileOnly, n)
+		}
+		if tr.pcap.notWritten != 4 || !tr.pcap.endedAt.Equal(base.Add(2*ms)) {
+			t.Errorf("fileOnly %v: %d frames not written, ended at %v; want 4, at 2 ms", fileOnly, tr.pcap.notWritten, tr.pcap.endedAt.Sub(base))
+		}
+		if tr.pcap.held != 0 || len(tr.pcap.heads) != 0 {
+			t.Errorf("fileOnly %v: %d frames still held", fileOnly, tr.pcap.held)
+		}
+		var packets uint64
+		for _, p := range tr.eng.Flows()[0].Points {
+			packets += p.Packets
+		}
+		if packets != 7 {
+			t.Errorf("fileOnly %v: the flow counted %d packets, want all 7", fileOnly, packets)
+		}
+	}
+}

@@ -33,7 +33,8 @@ type tracer struct {
 	// observers are host-wide and would also report other netns' clients.
 	scope      map[uint64]bool
 	outOfScope uint64
-	pcap       *pcapOut // nil without --pcap
+	pcap       *pcapOut  // nil without --pcap
+	stopped    time.Time // when the run was asked to stop
 	// events brings the observers' events to the consumer; nil once their
 	// reader ended.
 	events <-chan *batch
@@ -191,7 +192,8 @@ loop:
 		}
 	}
 	producers.Done() // no tap starts from here on
-	tr.eng.Stopping(time.Now())
+	tr.stopped = time.Now()
+	tr.eng.Stopping(tr.stopped)
 	// Let in-flight events land, still consuming, then stop the producers:
 	// each tap then delivers the block the kernel was filling (within
 	// capture.DrainTimeout), and everything they hold is consumed.

@@ -39,9 +39,15 @@ type Options struct {
 	Progress func(Progress)
 	// Pcap, when set, is where every captured frame is written as pcapng,
 	// one interface per capture point ("-" = stdout); PcapLimits bound it and
-	// reaching a bound ends the session.
+	// reaching a bound ends the session, unless PcapBoundEndsFileOnly.
 	Pcap       string
 	PcapLimits export.Limits
+	// PcapBoundEndsFileOnly makes a reached PcapLimits bound end the file,
+	// not the session: the run goes on correlating flows, and the frames
+	// captured from then on are counted (export.Summary.FramesNotWritten).
+	// An incident sets it: its verdicts must cover the whole run, whatever
+	// room its budget leaves the capture.
+	PcapBoundEndsFileOnly bool
 }
 
 // Progress is a live view of a running session.
@@ -70,6 +76,9 @@ type Result struct {
 	// StopReason: "duration", "interrupted", "max-packets", "max-bytes" or
 	// "pcap-error".
 	StopReason string
+	// Began is when the capture began (every observer and tap in place);
+	// Stopped, when the run was asked to stop.
+	Began, Stopped time.Time
 	// Summarized: packets the tc and netfilter observers summarized (probe.Stats).
 	Summarized uint64
 	// Pcap is what was written to Options.Pcap.
@@ -197,15 +206,17 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
 			return nil, err
 		}
+		tr.pcap.endsFileOnly = opt.PcapBoundEndsFileOnly
 	}
 	if opt.Ready != nil {
 		opt.Ready(node, atts)
 	}
-	res := &Result{Node: node, Attachments: atts}
+	res := &Result{Node: node, Attachments: atts, Began: ready}
 	// Loading the observers parsed the kernel's BTF (megabytes, garbage now):
 	// give that memory back before the capture, which must stay small.
 	debug.FreeOSMemory()
 	res.StopReason = tr.run(ctx)
+	res.Stopped = tr.stopped
 	if tr.pcap != nil {
 		res.Pcap = tr.pcap.close(tr.taps)
 	}
