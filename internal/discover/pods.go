@@ -273,7 +273,10 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 		// net1) is said: unless the node's own default route leaves
 		// through that veth, which makes the netns the node's upstream.
 		if !pod.viaEth0 {
-			if pod.defaultDev != "" && !host.carriesDefault(pod.HostPeer.Ifindex) {
+			switch {
+			case len(pod.Eth0.Addrs) == 0 && pod.defaultDev == "":
+				info.notef("netns %s%s not taken for a Pod: its %s, a veth into the node (host side %s), has no IPv4 address (an IPv6-only Pod?): pathtrace traces IPv4 Services", c.path, holderComm(c), pod.Eth0.Name, pod.HostPeer.Name)
+			case pod.defaultDev != "" && !host.carriesDefault(pod.HostPeer.Ifindex):
 				info.notef("netns %s%s not taken for a Pod: %s", c.path, holderComm(c), notRoutedWhy(*pod, vips))
 			}
 			continue

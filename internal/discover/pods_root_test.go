@@ -181,6 +181,22 @@ func TestPodTwoVethsIntoNode(t *testing.T) {
 	}
 }
 
+// TestIPv6OnlyPodNoted: a netns whose veth into the node has no IPv4
+// address is no Pod pathtrace can trace, and a note says why instead of
+// leaving it out unsaid.
+func TestIPv6OnlyPodNoted(t *testing.T) {
+	n := newNodeNS(t, "node", "pod")
+	n.run(t, "node", "link add hv6 type veth peer name eth0 netns "+n.name("pod"), "link set hv6 up")
+	n.run(t, "pod", "link set eth0 up", "-6 addr add fd00:99::5/64 dev eth0 nodad", "-6 route add default via fd00:99::1 dev eth0")
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), Services: []netip.Addr{netip.MustParseAddr("10.120.0.80")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 0 || !hasNote(info, n.path("pod"), "no IPv4 address", "IPv6-only") {
+		t.Errorf("pods %+v notes %q; want none and a note on the IPv6-only netns", info.Pods, info.Notes)
+	}
+}
+
 // TestUpstreamRoutesVIPsToNode: the node's upstream router learned the
 // Service range (or the node's own address, for a NodePort) through the
 // node, as it does where Calico, kube-router or MetalLB advertise Service
