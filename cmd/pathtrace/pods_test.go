@@ -74,6 +74,28 @@ func TestSeveralPods(t *testing.T) {
 	}
 }
 
+// TestSelectedPodOnly: with a Pod selected, the flows are that Pod's: the
+// node-wide points (netfilter, conntrack, the uplink) also see another
+// Pod's connections to the VIP, which are left out and counted
+// (out_of_scope), not listed with the selected Pod's gateway judged for them.
+func TestSelectedPodOnly(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	other := addPod(t, l, otherPodIPs[0])
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "30s", "--pod-ip", lab.PodIP.String())
+	r.waitNode(t)
+	if err := connectFrom(other, lab.TCPVIP.String(), 2); err != nil {
+		t.Fatalf("connect from the other Pod: %v", err)
+	}
+	flows, summary := r.connectAndStop(t, l.PodNetNS(), lab.TCPVIP.String(), 2)
+	if len(flows) != 2 || len(flowsFrom(flows, lab.PodIP.String())) != 2 {
+		t.Errorf("flows %s: want the selected Pod's 2 only", dump(flows))
+	}
+	if n, _ := summary["out_of_scope"].(float64); n == 0 {
+		t.Errorf("out_of_scope %v: want the other Pod's observations counted", summary["out_of_scope"])
+	}
+}
+
 // checkSharedRings checks the node object's af_packet observers: the Pods'
 // points (eth0 and host veth) name a ring smaller than --buffer-size's 4M
 // and say it is shared, the uplink's does not.

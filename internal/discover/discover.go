@@ -86,6 +86,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	svcs := newServiceSet(opt.Services, opt.ServicePorts)
 	opt.Services = svcs.vips
 	info.LocalVIPs = host.localVIPs(svcs.vips)
+	info.hostAddrs = host.addrs()
 	svcs.local = map[netip.Addr]bool{}
 	for _, lv := range info.LocalVIPs {
 		svcs.local[lv.Addr] = true

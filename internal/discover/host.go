@@ -123,6 +123,21 @@ func (h *hostNS) masterOf(l netlink.Link) (name, kind string) {
 	return m.Attrs().Name, m.Type()
 }
 
+// addrs are the node netns's IPv4 addresses.
+func (h *hostNS) addrs() []netip.Addr {
+	list, err := h.nl.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range list {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
+}
+
 // localVIPs returns which of vips the node netns routes as its own
 // (RTN_LOCAL, what `-m addrtype --dst-type LOCAL` and `fib daddr type
 // local` test): a NodePort traced as NODE-IP:PORT, or a VIP a node-local

@@ -34,9 +34,27 @@ type NodeInfo struct {
 	Notes []string `json:"notes,omitempty"`
 
 	// svcs are the traced VIPs and ports, for NATWatch; veths the node's
-	// veths at discovery, for PodWatch.
-	svcs  serviceSet
-	veths map[int]bool
+	// veths at discovery, for PodWatch; hostAddrs the node netns's IPv4
+	// addresses.
+	svcs      serviceSet
+	veths     map[int]bool
+	hostAddrs []netip.Addr
+}
+
+// ClientAddrs are the addresses a traced flow's client may have: the Pods'
+// (their eth0's IPv4 addresses) and the node's own (its processes and
+// hostNetwork Pods are traced too).
+func (n *NodeInfo) ClientAddrs() map[netip.Addr]bool {
+	addrs := map[netip.Addr]bool{}
+	for _, a := range n.hostAddrs {
+		addrs[a] = true
+	}
+	for _, p := range n.Pods {
+		for _, pfx := range p.Eth0.Addrs {
+			addrs[pfx.Addr()] = true
+		}
+	}
+	return addrs
 }
 
 func (n *NodeInfo) notef(format string, args ...any) {

@@ -110,8 +110,10 @@ type Summary struct {
 	// protocol, IP fragments after the first): a flow is made of ports, so
 	// they belong to none and are left out.
 	WithoutPorts uint64 `json:"without_ports"`
-	// OutOfScope counts socket-layer observations of clients outside the
-	// traced network namespaces, left out on purpose (set by the session).
+	// OutOfScope counts the observations left out on purpose: socket-layer
+	// ones of clients outside the traced netns (the socket observers are
+	// host-wide) and, with a Pod selected, the node-wide points' packets and
+	// conntrack entries of other clients. Set by the session.
 	OutOfScope uint64 `json:"out_of_scope,omitempty"`
 	// Observations counts observations per point name.
 	Observations map[string]uint64 `json:"observations"`

@@ -99,7 +99,7 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 		fmt.Fprintf(w, "Observations without TCP/UDP ports (ICMP, IP fragments after the first; no flow's): %d\n", s.WithoutPorts)
 	}
 	if s.OutOfScope > 0 {
-		fmt.Fprintf(w, "Socket events of clients outside the traced netns (left out): %d\n", s.OutOfScope)
+		fmt.Fprintf(w, "Observations of clients outside the traced Pods (left out): %d\n", s.OutOfScope)
 	}
 	if run.Summarized > 0 {
 		fmt.Fprintf(w, "Observer events summarized (busy flows past their first packets; the taps saw every packet): %d\n", run.Summarized)

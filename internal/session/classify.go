@@ -158,6 +158,9 @@ func (tr *tracer) laterFragment(tapIdx int, p *capture.Packet) (h flow.Handle, o
 		return h, true, true
 	}
 	src, dst := fk.Addrs4()
+	if !tr.inScope(src, dst) {
+		return flow.Handle{}, false, true
+	}
 	tr.eng.AddPacket(obs.Observation{Time: p.Time, Point: point, Dir: p.Dir, Ifindex: p.Ifindex, Len: p.Len,
 		Proto: fk.Proto(), Src: netip.AddrPortFrom(src, 0), Dst: netip.AddrPortFrom(dst, 0)})
 	return flow.Handle{}, false, true
@@ -168,6 +171,9 @@ func (tr *tracer) laterFragment(tapIdx int, p *capture.Packet) (h flow.Handle, o
 func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey) (flow.Handle, bool) {
 	tp := &tr.taps[tapIdx]
 	o, _ := p.Observation(tp.point)
+	if !tr.inScope(o.Src.Addr(), o.Dst.Addr()) {
+		return flow.Handle{}, false
+	}
 	o.Ifname = tp.label
 	h, ok := tr.eng.AddPacket(o)
 	if !ok {
@@ -196,6 +202,9 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 		if ref, ok := tr.eng.Classify(o); ok {
 			return ref.Comment()
 		}
+		if tr.clients != nil && !tr.clients[o.Src.Addr()] && !tr.clients[o.Dst.Addr()] {
+			return "another client's packet, not traced: a Pod is selected"
+		}
 	} else if e, ok := f.pkt.ICMPError(); ok {
 		return tr.icmpComment(tapIdx, e)
 	} else if _, first, ok := f.pkt.Fragment(); ok && !first {
@@ -212,6 +221,9 @@ func (tr *tracer) noteICMPError(tapIdx int, p *capture.Packet) {
 		return
 	}
 	o := e.Observation()
+	if !tr.inScope(o.Src.Addr(), o.Dst.Addr()) {
+		return
+	}
 	o.Point, o.Time = tr.taps[tapIdx].point, p.Time
 	tr.eng.NoteICMPError(o, tr.icmpKind(e), e.From)
 }

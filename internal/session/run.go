@@ -31,7 +31,12 @@ type tracer struct {
 	filterErrors uint64
 	// scope is the netns inodes of the traced Pods and the node: the socket
 	// observers are host-wide and would also report other netns' clients.
-	scope      map[uint64]bool
+	scope map[uint64]bool
+	// clients, with a Pod selected, are the addresses a flow's client may
+	// have (that Pod's and the node's): the node-wide points (netfilter,
+	// conntrack, the uplink) also see the other Pods' flows. Nil: every
+	// client.
+	clients    map[netip.Addr]bool
 	outOfScope uint64
 	pcap       *pcapOut  // nil without --pcap
 	stopped    time.Time // when the run was asked to stop
@@ -74,11 +79,34 @@ func (tr *tracer) add(o obs.Observation) {
 			tr.outOfScope++
 			return
 		}
+	default:
+		if !tr.inScope(o.Src.Addr(), o.Dst.Addr()) {
+			return
+		}
 	}
 	tr.eng.Add(o)
 	if o.Cgroup != 0 && !tr.cgroupDone[o.Cgroup] {
 		tr.attributeCgroup(o.Cgroup)
 	}
+}
+
+// inScope tells whether a packet or connection between src and dst may be
+// a traced client's, and counts it as out of scope when not.
+func (tr *tracer) inScope(src, dst netip.Addr) bool {
+	if tr.clients == nil || tr.clients[src] || tr.clients[dst] {
+		return true
+	}
+	tr.outOfScope++
+	return false
+}
+
+// clientScope is tracer.clients for a run that selected a Pod, nil for one
+// that follows every Pod of the node.
+func clientScope(opt discover.Options, node *discover.NodeInfo) map[netip.Addr]bool {
+	if !opt.PodIP.IsValid() && opt.PodNetNS == "" && opt.PodPID == 0 {
+		return nil
+	}
+	return node.ClientAddrs()
 }
 
 // stopGrace is how long the producers go on after the run ends: events for

@@ -192,7 +192,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		root = cgroup
 	}
-	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), classes: newClassTable(), lb: lb,
+	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), clients: clientScope(opt.Discover, node), classes: newClassTable(), lb: lb,
 		tc:   newTCWatch(node, pr.IsObserver, time.Now()),
 		nat:  newNATWatch(node, discovered),
 		late: &tcLate{observed: tcObserved(node), tails: needTails(node)},
@@ -238,6 +238,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	tr.noteConntrackLosses()
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
+	res.Summary.OutOfScope = tr.outOfScope
 	res.Packets, res.Drops = tr.counters()
 	for _, tp := range tr.taps {
 		ended, gap := captureEnd(cmp.Or(*tp.released, *tp.ended), tp.t.Stats())
