@@ -248,3 +248,22 @@ func TestPending(t *testing.T) {
 		t.Errorf("stopping: pending = %d, want 0 (no observation is to come)", got)
 	}
 }
+
+// TestVLANProto: an uplink frame whose outer tag is a QinQ service tag
+// (802.1ad) says so next to its VLAN ID; an 802.1Q one does not.
+func TestVLANProto(t *testing.T) {
+	for _, tc := range []struct {
+		tpid uint16
+		want string
+	}{{0x88a8, "802.1ad"}, {0x8100, ""}} {
+		e := flow.NewEngine(httpConfig(obs.PointPod, obs.PointUplink))
+		e.Add(req(0, obs.PointPod, obs.DirOut, vip))
+		up := req(0.1, obs.PointUplink, obs.DirOut, vip)
+		up.VLAN, up.TPID = 10, tc.tpid
+		e.Add(up)
+		f := e.Flows()[0]
+		if f.VLAN == nil || *f.VLAN != 10 || f.VLANProto != tc.want {
+			t.Errorf("TPID %#x: vlan %v proto %q, want 10 %q", tc.tpid, f.VLAN, f.VLANProto, tc.want)
+		}
+	}
+}

@@ -34,11 +34,14 @@ type Flow struct {
 	RewrittenAt Place            `json:"rewritten_at"`
 	By          string           `json:"by"`
 	// Reason explains the verdict from the observations; always set for unknown.
-	Reason             string  `json:"reason"`
-	VLAN               *uint16 `json:"vlan"` // uplink VLAN ID, 0 untagged, null when never at the uplink
-	UplinkDstMAC       string  `json:"uplink_dst_mac"`
-	UplinkDstIsGateway bool    `json:"uplink_dst_is_gateway"`
-	Reply              bool    `json:"reply"`
+	Reason string  `json:"reason"`
+	VLAN   *uint16 `json:"vlan"` // uplink VLAN ID, 0 untagged, null when never at the uplink
+	// VLANProto is "802.1ad" when that tag is a QinQ service tag (TPID
+	// 0x88a8: VLAN is the outer S-VID); left out for 802.1Q.
+	VLANProto          string `json:"vlan_proto,omitempty"`
+	UplinkDstMAC       string `json:"uplink_dst_mac"`
+	UplinkDstIsGateway bool   `json:"uplink_dst_is_gateway"`
+	Reply              bool   `json:"reply"`
 	// Refused: the reply was a TCP RST instead of a SYN-ACK (nothing
 	// listened on the backend's port, or a firewall rejected it).
 	Refused bool `json:"refused,omitempty"`

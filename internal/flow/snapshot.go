@@ -44,17 +44,26 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	switch {
 	case f.uplink.seen:
 		vlan := f.uplink.vlan
-		out.VLAN = &vlan
+		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplink.tpid)
 		if !f.uplink.dstMAC.IsZero() {
 			out.UplinkDstMAC = f.uplink.dstMAC.String()
 			out.UplinkDstIsGateway = e.isGateway(f.uplink.dstMAC[:])
 		}
 	case f.uplinkReply.seen:
 		vlan := f.uplinkReply.vlan
-		out.VLAN = &vlan
+		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplinkReply.tpid)
 	}
 	out.Points = e.pointsSeen(f.points)
 	return out
+}
+
+// tagProto names an outer tag other than 802.1Q's (a QinQ S-tag); "" for
+// 802.1Q and untagged.
+func tagProto(tpid uint16) string {
+	if tpid == 0x88a8 {
+		return "802.1ad"
+	}
+	return ""
 }
 
 func (e *Engine) isGateway(mac []byte) bool {

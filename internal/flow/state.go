@@ -90,6 +90,7 @@ type uplinkFrame struct {
 	seen   bool
 	at     time.Time
 	vlan   uint16
+	tpid   uint16 // the tag's TPID, 0 untagged
 	dstMAC obs.MAC
 }
 
@@ -97,7 +98,7 @@ func (u *uplinkFrame) note(o obs.Observation) {
 	if u.seen && !o.Time.Before(u.at) {
 		return
 	}
-	u.seen, u.at, u.vlan = true, o.Time, o.VLAN
+	u.seen, u.at, u.vlan, u.tpid = true, o.Time, o.VLAN, o.TPID
 	u.dstMAC = o.DstMAC
 }
 
@@ -328,10 +329,10 @@ func (f *flowState) absorb(o *flowState) {
 		f.noteProc(o.pid, o.comm, o.cgroup, o.procAt)
 	}
 	if o.uplink.seen {
-		f.uplink.note(obs.Observation{Time: o.uplink.at, VLAN: o.uplink.vlan, DstMAC: o.uplink.dstMAC})
+		f.uplink.note(obs.Observation{Time: o.uplink.at, VLAN: o.uplink.vlan, TPID: o.uplink.tpid, DstMAC: o.uplink.dstMAC})
 	}
 	if o.uplinkReply.seen {
-		f.uplinkReply.note(obs.Observation{Time: o.uplinkReply.at, VLAN: o.uplinkReply.vlan})
+		f.uplinkReply.note(obs.Observation{Time: o.uplinkReply.at, VLAN: o.uplinkReply.vlan, TPID: o.uplinkReply.tpid})
 	}
 }
 

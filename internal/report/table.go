@@ -37,7 +37,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	fmt.Fprintln(tw, "ID\tPROTO\tCLIENT\tSERVICE\tBACKEND\tREWRITTEN AT\tBY\tVLAN\tUPLINK DST MAC\tREPLY")
 	for _, f := range flows {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.ID, orDash(f.Proto), clientOrDash(f), f.Service,
-			addrOrDash(f), f.RewrittenAt, orDash(shortBy(f.By, maxByWidth)), vlan(f.VLAN), uplinkMAC(f), reply(f))
+			addrOrDash(f), f.RewrittenAt, orDash(shortBy(f.By, maxByWidth)), vlan(f.VLAN, f.VLANProto), uplinkMAC(f), reply(f))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write flow table: %w", err)
@@ -330,12 +330,14 @@ func dropRows(drops map[string]uint64) []dropRow {
 	return rows
 }
 
-func vlan(v *uint16) string {
+func vlan(v *uint16, proto string) string {
 	switch {
 	case v == nil:
 		return "-"
 	case *v == 0:
 		return "untagged"
+	case proto != "":
+		return fmt.Sprintf("%d (%s)", *v, proto)
 	}
 	return fmt.Sprint(*v)
 }
