@@ -115,24 +115,7 @@ func kubeProxyIPTables(t *testing.T, iptables, node, vip string, backends []stri
 func routedNode(t *testing.T, name, vip string, backends []string, install func(*testing.T, string), by string, hooks [2]string) {
 	ns := testNetns(t, fmt.Sprintf("ptrt%d-%s", os.Getpid()%100000, name), "node", "pod", "gw")
 	node, pod, gw := ns[0], ns[1], ns[2]
-	ipAll(t, [][]string{
-		{"link", "add", "rt-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
-		{"link", "add", "rt-up", "netns", node, "type", "veth", "peer", "name", "rt-down", "netns", gw},
-		{"-n", pod, "addr", "add", "10.77.1.5/24", "dev", "eth0"},
-		{"-n", pod, "link", "set", "eth0", "up"},
-		{"-n", pod, "route", "add", "default", "via", "10.77.1.1"},
-		{"-n", node, "addr", "add", "10.77.1.1/24", "dev", "rt-pod1"},
-		{"-n", node, "addr", "add", "192.168.77.2/24", "dev", "rt-up"},
-		{"-n", node, "link", "set", "rt-pod1", "up"},
-		{"-n", node, "link", "set", "rt-up", "up"},
-		{"-n", node, "route", "add", "default", "via", "192.168.77.1"},
-		{"-n", gw, "addr", "add", "192.168.77.1/24", "dev", "rt-down"},
-		{"-n", gw, "addr", "add", strings.Split(backends[0], ":")[0] + "/32", "dev", "lo"},
-		{"-n", gw, "addr", "add", strings.Split(backends[1], ":")[0] + "/32", "dev", "lo"},
-		{"-n", gw, "link", "set", "rt-down", "up"},
-		{"-n", gw, "link", "set", "lo", "up"},
-		{"-n", gw, "route", "add", "10.77.1.0/24", "via", "192.168.77.2"},
-	})
+	routedTopology(t, node, pod, gw, "rt", "10.77.1", "192.168.77", backends, true)
 	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	install(t, node)
 
@@ -174,6 +157,49 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 	if perClient["10.77.1.5"] != requests || perClient["192.168.77.2"] != requests {
 		t.Errorf("flows per client %v, want %d from the Pod (10.77.1.5) and %d from the node (192.168.77.2)", perClient, requests, requests)
 	}
+}
+
+// flowsOf connects n times from the netns to vip, stops the run and returns
+// its flows, failing unless there are n.
+func (r *run) flowsOf(t *testing.T, netns, vip string, n int) []map[string]any {
+	t.Helper()
+	flows, _ := r.connectAndStop(t, netns, vip, n)
+	if len(flows) != n {
+		t.Fatalf("%d flows, want %d: %s", len(flows), n, dump(flows))
+	}
+	return flows
+}
+
+// routedTopology wires a routed node: the Pod's eth0 (podNet.5/24) behind
+// the node's veth TAG-pod1 (podNet.1), and the node's uplink TAG-up
+// (upNet.2/24, its default route) to the gateway's TAG-down (upNet.1), which
+// holds the backends' addresses (IP:port) on lo. routeBack gives the gateway
+// a route to the Pods; without it only what the node masquerades comes back.
+func routedTopology(t *testing.T, node, pod, gw, tag, podNet, upNet string, backends []string, routeBack bool) {
+	t.Helper()
+	cmds := [][]string{
+		{"link", "add", tag + "-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
+		{"link", "add", tag + "-up", "netns", node, "type", "veth", "peer", "name", tag + "-down", "netns", gw},
+		{"-n", pod, "addr", "add", podNet + ".5/24", "dev", "eth0"},
+		{"-n", pod, "link", "set", "eth0", "up"},
+		{"-n", pod, "route", "add", "default", "via", podNet + ".1"},
+		{"-n", node, "addr", "add", podNet + ".1/24", "dev", tag + "-pod1"},
+		{"-n", node, "addr", "add", upNet + ".2/24", "dev", tag + "-up"},
+		{"-n", node, "link", "set", tag + "-pod1", "up"},
+		{"-n", node, "link", "set", tag + "-up", "up"},
+		{"-n", node, "route", "add", "default", "via", upNet + ".1"},
+		{"-n", gw, "addr", "add", upNet + ".1/24", "dev", tag + "-down"},
+		{"-n", gw, "link", "set", tag + "-down", "up"},
+		{"-n", gw, "link", "set", "lo", "up"},
+	}
+	for _, b := range backends {
+		host, _, _ := strings.Cut(b, ":")
+		cmds = append(cmds, []string{"-n", gw, "addr", "add", host + "/32", "dev", "lo"})
+	}
+	if routeBack {
+		cmds = append(cmds, []string{"-n", gw, "route", "add", podNet + ".0/24", "via", upNet + ".2"})
+	}
+	ipAll(t, cmds)
 }
 
 // macIn returns the MAC address of the interface ifname in the netns
@@ -533,18 +559,13 @@ func TestRoutedPodStartedOwnUplink(t *testing.T) {
 // drop.
 func TestNodeLocalVIP(t *testing.T) {
 	needRoot(t)
-	ns := testNetns(t, fmt.Sprintf("ptnl%d", os.Getpid()%100000), "node", "pod")
-	node, pod := ns[0], ns[1]
+	ns := testNetns(t, fmt.Sprintf("ptnl%d", os.Getpid()%100000), "node", "pod", "gw")
+	node, pod, gw := ns[0], ns[1], ns[2]
 	const vip = "10.79.0.53:8053"
+	routedTopology(t, node, pod, gw, "nl", "10.77.2", "192.168.79", nil, true)
 	ipAll(t, [][]string{
-		{"link", "add", "nl-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
 		{"link", "add", "nodelocal", "netns", node, "type", "veth", "peer", "name", "nodelocal-p", "netns", node},
-		{"-n", pod, "addr", "add", "10.77.2.5/24", "dev", "eth0"},
-		{"-n", pod, "link", "set", "eth0", "up"},
-		{"-n", pod, "route", "add", "default", "via", "10.77.2.1"},
-		{"-n", node, "addr", "add", "10.77.2.1/24", "dev", "nl-pod1"},
 		{"-n", node, "addr", "add", "10.79.0.53/32", "dev", "nodelocal"},
-		{"-n", node, "link", "set", "nl-pod1", "up"},
 		{"-n", node, "link", "set", "nodelocal", "up"},
 		{"-n", node, "link", "set", "nodelocal-p", "up"},
 		{"-n", node, "link", "set", "lo", "up"},
@@ -556,12 +577,7 @@ func TestNodeLocalVIP(t *testing.T) {
 	if lv, _ := nodeObj["local_vips"].([]any); len(lv) != 1 || fmt.Sprint(lv[0]) != "map[addr:10.79.0.53 device:nodelocal]" {
 		t.Errorf("node local_vips %v, want 10.79.0.53 on nodelocal", nodeObj["local_vips"])
 	}
-	const requests = 3
-	flows, _ := r.connectAndStop(t, "/run/netns/"+pod, vip, requests)
-	if len(flows) != requests {
-		t.Fatalf("%d flows, want %d: %s", len(flows), requests, dump(flows))
-	}
-	for _, f := range flows {
+	for _, f := range r.flowsOf(t, "/run/netns/"+pod, vip, 3) {
 		reason, _ := f["reason"].(string)
 		if f["rewritten_at"] != "nowhere" || f["reply"] != true || !strings.Contains(reason, "10.79.0.53 is an address of the node itself (on nodelocal)") || f["backend"] != "" {
 			t.Errorf("want nowhere, answered by the node, the local address as the reason, no backend: %s", dump([]map[string]any{f}))
@@ -581,23 +597,7 @@ func TestTCRewriteThenSNAT(t *testing.T) {
 	prefix := fmt.Sprintf("ptts%d", os.Getpid()%100000)
 	ns := testNetns(t, prefix, "node", "pod", "gw")
 	node, pod, gw := ns[0], ns[1], ns[2]
-	backend := lab.TCPBackend.Addr().String()
-	ipAll(t, [][]string{
-		{"link", "add", "ts-pod1", "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod},
-		{"link", "add", "ts-up", "netns", node, "type", "veth", "peer", "name", "ts-down", "netns", gw},
-		{"-n", pod, "addr", "add", "10.77.3.5/24", "dev", "eth0"},
-		{"-n", pod, "link", "set", "eth0", "up"},
-		{"-n", pod, "route", "add", "default", "via", "10.77.3.1"},
-		{"-n", node, "addr", "add", "10.77.3.1/24", "dev", "ts-pod1"},
-		{"-n", node, "addr", "add", "192.168.78.2/24", "dev", "ts-up"},
-		{"-n", node, "link", "set", "ts-pod1", "up"},
-		{"-n", node, "link", "set", "ts-up", "up"},
-		{"-n", node, "route", "add", "default", "via", "192.168.78.1"},
-		{"-n", gw, "addr", "add", "192.168.78.1/24", "dev", "ts-down"},
-		{"-n", gw, "addr", "add", backend + "/32", "dev", "lo"},
-		{"-n", gw, "link", "set", "ts-down", "up"},
-		{"-n", gw, "link", "set", "lo", "up"},
-	})
+	routedTopology(t, node, pod, gw, "ts", "10.77.3", "192.168.78", []string{lab.TCPBackend.String()}, false)
 	mustRun(t, nil, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	mustRun(t, strings.NewReader("table ip ts-masq {\n\tchain post {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\toifname \"ts-up\" masquerade\n\t}\n}\n"),
 		"ip", "netns", "exec", node, "nft", "-f", "-")
@@ -611,12 +611,7 @@ func TestTCRewriteThenSNAT(t *testing.T) {
 	vip := lab.TCPVIP.String()
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
 	r.waitNode(t)
-	const requests = 3
-	flows, _ := r.connectAndStop(t, "/run/netns/"+pod, vip, requests)
-	if len(flows) != requests {
-		t.Fatalf("%d flows, want %d: %s", len(flows), requests, dump(flows))
-	}
-	for _, f := range flows {
+	for _, f := range r.flowsOf(t, "/run/netns/"+pod, vip, 3) {
 		reason, _ := f["reason"].(string)
 		if f["rewritten_at"] != "tc" || f["backend"] != lab.TCPBackend.String() || f["reply"] != true ||
 			f["uplink_dst_mac"] != gwMAC || f["vlan"] != float64(0) || !strings.Contains(reason, "SNAT on the node: it left with source 192.168.78.2:") {
