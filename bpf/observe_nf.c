@@ -43,15 +43,25 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 	if (pt_nf_tuple(&ptr, &t) < 0)
 		return NF_ACCEPT;
 	bool dst_watched = pt_watched(t.daddr);
-	if (learn && dst_watched)
+	/* A packet of a connection's reply direction, per conntrack (which ran
+	 * before, at priority -200): its source is no client. */
+	enum ip_conntrack_info ct = ctx->skb->_nfct & 7; /* NFCT_INFOMASK */
+	bool reply = ct == IP_CT_ESTABLISHED_REPLY || ct == IP_CT_RELATED_REPLY;
+	if (learn && dst_watched && !reply)
 		pt_learn_client(t.saddr, t.sport, t.proto);
 	if (!(dst_watched || pt_interesting_but_dst(&t)))
 		return NF_ACCEPT;
 	/* Before NAT: a packet a tc program rewrote on its way here, or one to
 	 * a watched address NAT may rewrite next; after NAT: what NAT chose,
-	 * or the end of the packet's walk past the observers. */
+	 * or the end of the packet's walk past the observers. Only packets of
+	 * a connection's original direction: NAT rewrites a reply's
+	 * destination back to the address the node's SNAT replaced (a Pod's,
+	 * or a NodePort client's when the VIP is the node's address), which
+	 * is no backend. */
 	__u64 skb = (__u64)ctx->skb;
-	if (!dst_watched)
+	if (reply)
+		pt_forget_to_watched(skb);
+	else if (!dst_watched)
 		pt_learn_rewrite(skb, &t);
 	else if (learn)
 		pt_note_to_watched(skb, &t);

@@ -94,8 +94,10 @@ int pt_tap_filter(struct __sk_buff *skb)
  * LB or a tc program rewrote before conntrack saw it, and that the node's
  * SNAT then gave another source, reaches user space from its first event;
  * an IPv4 event of anything else is dropped in the kernel, so a busy node's
- * conntrack churn never reaches pathtrace. A message not laid out as
- * expected passes, for user space to decide. Attribute headers are
+ * conntrack churn never reaches pathtrace. A message whose addresses are
+ * not laid out as expected passes, for user space to decide; one without
+ * ports laid out after them (ICMP) is decided by its destination. Attribute
+ * headers are
  * host-order length and type (flag bits masked off); addresses and ports
  * network order. ctnetlink_dump_tuples writes CTA_TUPLE_IP (source, then
  * destination) then CTA_TUPLE_PROTO (number, source port, destination port

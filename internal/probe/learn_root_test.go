@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -373,6 +376,49 @@ func TestObserversLearnRewrittenDestination(t *testing.T) {
 				t.Errorf("%v learned: the client sent to it without a rewrite", other)
 			}
 		})
+	}
+}
+
+// TestReplyNATTeachesNothing: the node masquerades its own connection out
+// with an address it watches (a NodePort traced as NODE-IP:PORT has the
+// node's address watched); the reply comes back to that address and NAT
+// gives it the connection's real source back. That is no rewrite to a
+// backend: neither the real source nor the replying peer is learned.
+func TestReplyNATTeachesNothing(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	masq := env.otherSrvAddr(t)
+	p, _ := startProbe(t, masq)
+	mustAttach(t, p.AttachNetfilter(env.srvNS))
+	peer := netip.AddrPortFrom(env.clientIP, 7)
+	udpEcho(t, env.clientNS, peer)
+	rules := fmt.Sprintf("table ip ptmasq {\n chain post {\n  type nat hook postrouting priority srcnat; policy accept;\n  ip daddr %s udp dport 7 snat to %s\n }\n}\n", env.clientIP, masq)
+	cmd := exec.Command("ip", "netns", "exec", filepath.Base(env.srvNS), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	if err := nsutil.Do(env.srvNS, func() error {
+		c, err := net.DialUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(env.srvIP, 0)), net.UDPAddrFromAddrPort(peer))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("out")); err != nil {
+			return err
+		}
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, err = c.Read(make([]byte, 64))
+		return err
+	}); err != nil {
+		t.Fatalf("masqueraded echo: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if p.hasAddr(t, env.srvIP) {
+		t.Errorf("%v learned: the reply's destination, which NAT gave back, taken for a backend", env.srvIP)
+	}
+	if p.hasClient(t, peer, obs.UDP) {
+		t.Errorf("%v learned as a client: it only replied to the watched %v", peer, masq)
 	}
 }
 
