@@ -128,3 +128,18 @@ func TestServicePortsFilterIPVS(t *testing.T) {
 		}
 	}
 }
+
+// TestClientAddrs: a selected run's clients are the Pods' and the node's
+// addresses, except a traced VIP the node holds, to which every client
+// sends.
+func TestClientAddrs(t *testing.T) {
+	pod, node, local := netip.MustParseAddr("10.244.8.23"), netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("10.96.0.10")
+	n := NodeInfo{
+		Pods:      []Pod{{Eth0: Iface{Addrs: []netip.Prefix{netip.PrefixFrom(pod, 22)}}}},
+		hostAddrs: []netip.Addr{node, local},
+		svcs:      newServiceSet([]netip.Addr{local}, nil),
+	}
+	if got := n.ClientAddrs(); len(got) != 2 || !got[pod] || !got[node] || got[local] {
+		t.Errorf("client addresses %v, want the Pod's and the node's, not the local VIP %s", got, local)
+	}
+}

@@ -3,6 +3,7 @@ package discover
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/ebpf"
 )
@@ -43,11 +44,15 @@ type NodeInfo struct {
 
 // ClientAddrs are the addresses a traced flow's client may have: the Pods'
 // (their eth0's IPv4 addresses) and the node's own (its processes and
-// hostNetwork Pods are traced too).
+// hostNetwork Pods are traced too), but not a traced VIP that is an address
+// of the node (a NodePort traced as NODE-IP:PORT, NodeLocal DNSCache's
+// ClusterIP, IPVS's ClusterIPs on kube-ipvs0): every client sends to that.
 func (n *NodeInfo) ClientAddrs() map[netip.Addr]bool {
 	addrs := map[netip.Addr]bool{}
 	for _, a := range n.hostAddrs {
-		addrs[a] = true
+		if !slices.Contains(n.svcs.vips, a) {
+			addrs[a] = true
+		}
 	}
 	for _, p := range n.Pods {
 		for _, pfx := range p.Eth0.Addrs {
