@@ -197,6 +197,39 @@ func TestIPv6OnlyPodNoted(t *testing.T) {
 	}
 }
 
+// TestFlowBasedTunnelUplink: a flow-based VXLAN device (Cilium's
+// cilium_vxlan in tunnel mode) is on no route, its tc programs redirect
+// encapsulated Pod traffic to it: a routed Pod's uplinks include it, next
+// to the device of its routes, and it is a capture point; one that is down
+// is not.
+func TestFlowBasedTunnelUplink(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw")
+	n.run(t, "node", "link add mgmt type veth peer name eth0 netns "+n.name("gw"),
+		"addr add 10.99.20.1/24 dev mgmt", "link set mgmt up", "route add default via 10.99.20.254",
+		"link add ptvx type vxlan external dstport 8472", "link set ptvx up",
+		"link add ptvxdown type vxlan external dstport 8473")
+	n.addRoutedPod(t, "pod", "cali1", "10.99.21.5")
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), Services: []netip.Addr{netip.MustParseAddr("10.120.0.10")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 || !slices.Equal(info.Pods[0].Uplinks, []string{"mgmt", "ptvx"}) {
+		t.Fatalf("pods %+v, want one whose uplinks are mgmt and ptvx", info.Pods)
+	}
+	if !strings.Contains(info.Pods[0].UplinkHow, "flow-based tunnel") {
+		t.Errorf("uplink_how %q does not say why ptvx", info.Pods[0].UplinkHow)
+	}
+	var uplinks []string
+	for _, cp := range info.CapturePoints {
+		if cp.Role == RoleUplink {
+			uplinks = append(uplinks, cp.Ifname)
+		}
+	}
+	if !slices.Equal(uplinks, []string{"mgmt", "ptvx"}) {
+		t.Errorf("uplink capture points %v, want mgmt and ptvx", uplinks)
+	}
+}
+
 // TestUpstreamRoutesVIPsToNode: the node's upstream router learned the
 // Service range (or the node's own address, for a NodePort) through the
 // node, as it does where Calico, kube-router or MetalLB advertise Service

@@ -147,6 +147,7 @@ func (u *uplinkFinder) assign(info *NodeInfo) []netlink.Link {
 			uplinks = append(uplinks, l)
 		}
 	}
+	tunnels := flowBasedTunnels(host.links)
 	for i := range info.Pods {
 		idx, how := u.forPod(&info.Pods[i])
 		for _, x := range idx {
@@ -156,6 +157,15 @@ func (u *uplinkFinder) assign(info *NodeInfo) []netlink.Link {
 			}
 			info.Pods[i].Uplinks = append(info.Pods[i].Uplinks, host.name(lower))
 			add(lower)
+		}
+		if u.routedPod(&info.Pods[i]) {
+			for _, t := range tunnels {
+				if name := t.Attrs().Name; !slices.Contains(info.Pods[i].Uplinks, name) {
+					info.Pods[i].Uplinks = append(info.Pods[i].Uplinks, name)
+					how += "; and " + name + ", a flow-based tunnel device on no route, to which tc programs redirect encapsulated traffic"
+					add(t.Attrs().Index)
+				}
+			}
 		}
 		info.Pods[i].UplinkHow = how
 	}
@@ -194,6 +204,38 @@ func (u *uplinkFinder) assign(info *NodeInfo) []netlink.Link {
 		info.notef("bridge FDB not read: %v", u.fdbErr)
 	}
 	return uplinks
+}
+
+// flowBasedTunnels are the node's VXLAN and Geneve devices that are up and
+// flow-based (collect_md: Cilium's cilium_vxlan, cilium_geneve), whose
+// destinations a BPF program sets per packet: no route leads to them.
+func flowBasedTunnels(links map[int]netlink.Link) []netlink.Link {
+	var out []netlink.Link
+	for _, l := range links {
+		flowBased := false
+		switch t := l.(type) {
+		case *netlink.Vxlan:
+			flowBased = t.FlowBased
+		case *netlink.Geneve:
+			flowBased = t.FlowBased
+		}
+		if flowBased && l.Attrs().Flags&net.FlagUp != 0 {
+			out = append(out, l)
+		}
+	}
+	slices.SortFunc(out, func(a, b netlink.Link) int { return a.Attrs().Index - b.Attrs().Index })
+	return out
+}
+
+// routedPod tells whether the node routes the Pod's traffic from a host veth
+// of its own (no bridge): there, tc programs on that veth may redirect it
+// to a tunnel device.
+func (u *uplinkFinder) routedPod(p *Pod) bool {
+	if p.HostPeer == nil {
+		return false
+	}
+	hl, err := u.host.link(p.HostPeer.Ifindex)
+	return err == nil && hl.Attrs().MasterIndex == 0
 }
 
 // taggedLower returns, for an uplink that is a VLAN device (bond0.200), the
