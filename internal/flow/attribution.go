@@ -66,6 +66,17 @@ func (e *Engine) byTC(f *flowState) string {
 	return oneOf(cands)
 }
 
+// byUplinkTC names the uplinks' tc egress programs of the flow's time.
+func (e *Engine) byUplinkTC(f *flowState) string {
+	var cands []string
+	for _, p := range e.cfg.Attribution.UplinkTCPrograms {
+		if p.Direction == "egress" && presentAt(p, f.first) {
+			cands = append(cands, fmt.Sprintf("%s egress %s (id %d) on the uplink", p.Kind, p.Name, p.ID))
+		}
+	}
+	return oneOf(cands)
+}
+
 // presentAt tells whether p could have been on its veth at t: from when it
 // was first seen (or a look before, tcTimeSlack) to when it was seen gone.
 func presentAt(p TCProgram, t time.Time) bool {

@@ -62,6 +62,10 @@ type Attribution struct {
 	SockProgramsByCgroup map[uint64][]SockProgram
 	// TCPrograms: tcx and cls_bpf programs on the host-side veth.
 	TCPrograms []TCProgram
+	// UplinkTCPrograms: those on the uplinks. An egress one runs before the
+	// uplink's TX tap, after every other place that rewrites: a DNAT there
+	// (Cilium's bpf_host) is where nothing else can have rewritten.
+	UplinkTCPrograms []TCProgram
 	// NATRules: DNAT rules whose match includes a watched VIP.
 	NATRules []NATRule
 	IPVS     []IPVSService

@@ -91,6 +91,7 @@ const (
 	gapTC                   // tc ingress of the host veth: tcx, then cls_bpf
 	gapNetfilter            // DNAT at PREROUTING / OUTPUT
 	gapIPVS                 // IPVS at LOCAL_IN (only when an IPVS service matches)
+	gapUplinkTC             // tc egress of the uplink, before its TX tap (see bracket)
 )
 
 func gapBefore(cp checkpoint) gap {
@@ -116,14 +117,14 @@ func gapBefore(cp checkpoint) gap {
 }
 
 func (g gap) String() string {
-	return [...]string{"nothing", "socket", "netfilter in the Pod's netns", "tc egress in the Pod's netns", "tc", "netfilter", "ipvs"}[g]
+	return [...]string{"nothing", "socket", "netfilter in the Pod's netns", "tc egress in the Pod's netns", "tc", "netfilter", "ipvs", "tc egress of the uplink"}[g]
 }
 
 func (g gap) place() Place {
 	switch g {
 	case gapSocket:
 		return PlaceSocket
-	case gapTC:
+	case gapTC, gapUplinkTC:
 		return PlaceTC
 	case gapNetfilter, gapPodNAT:
 		return PlaceNetfilter
@@ -354,6 +355,13 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		}
 		cands = append(cands, g)
 	}
+	if len(cands) == 0 && iB == cpUplink && e.byUplinkTC(f) != "" {
+		// Past every other place that rewrites, the VIP; on the uplink's
+		// wire, the backend: only the uplink's tc egress was in between.
+		// (Not a candidate otherwise: it cannot be told from the others
+		// without an observer of its own, and mostly pushes VLAN tags.)
+		cands = []gap{gapUplinkTC}
+	}
 	var notes []string
 	doubt := ""
 	if len(cands) > 1 && slices.Contains(cands, gapNetfilter) {
@@ -391,6 +399,8 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		v.by = e.bySocket(f)
 	case gapTC:
 		v.by = e.byTC(f)
+	case gapUplinkTC:
+		v.by = e.byUplinkTC(f)
 	case gapNetfilter:
 		v.by = e.byNAT(f)
 	case gapIPVS:

@@ -318,6 +318,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 		a.SockPrograms = append(a.SockPrograms, flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup})
 	}
 	a.TCPrograms = hostTCPrograms(node.TCPrograms)
+	a.UplinkTCPrograms = uplinkTCPrograms(node.TCPrograms)
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables

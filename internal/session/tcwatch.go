@@ -99,12 +99,21 @@ func sameTCProgram(a, b flow.TCProgram) bool {
 
 // hostTCPrograms are the programs on the host veths, in the engine's terms.
 func hostTCPrograms(progs []discover.TCProgram) []flow.TCProgram {
+	return tcProgramsOf(progs, discover.RoleHost)
+}
+
+// uplinkTCPrograms are discovery's tc programs of the uplinks in the
+// engine's terms.
+func uplinkTCPrograms(progs []discover.TCProgram) []flow.TCProgram {
+	return tcProgramsOf(progs, discover.RoleUplink)
+}
+
+func tcProgramsOf(progs []discover.TCProgram, role string) []flow.TCProgram {
 	var out []flow.TCProgram
 	for _, p := range progs {
-		if p.Role != discover.RoleHost {
-			continue
+		if p.Role == role {
+			out = append(out, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: p.Ifindex})
 		}
-		out = append(out, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: p.Ifindex})
 	}
 	return out
 }

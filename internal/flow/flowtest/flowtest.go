@@ -259,6 +259,7 @@ type attribution struct {
 		Name      string `json:"name"`
 		ID        uint32 `json:"id"`
 		Ifindex   int    `json:"ifindex"`
+		Uplink    bool   `json:"uplink"` // on the uplink, not a host veth
 	} `json:"tc_programs"`
 	NATRules []struct {
 		Source   string           `json:"source"`
@@ -350,7 +351,12 @@ func (a attribution) convert() (flow.Attribution, error) {
 		out.SockPrograms = append(out.SockPrograms, flow.SockProgram(p))
 	}
 	for _, p := range a.TCPrograms {
-		out.TCPrograms = append(out.TCPrograms, flow.TCProgram{Direction: p.Direction, Kind: p.Kind, Name: p.Name, ID: p.ID, Ifindex: p.Ifindex})
+		tp := flow.TCProgram{Direction: p.Direction, Kind: p.Kind, Name: p.Name, ID: p.ID, Ifindex: p.Ifindex}
+		if p.Uplink {
+			out.UplinkTCPrograms = append(out.UplinkTCPrograms, tp)
+		} else {
+			out.TCPrograms = append(out.TCPrograms, tp)
+		}
 	}
 	for _, r := range a.NATRules {
 		proto, err := parseProto(r.Proto)
