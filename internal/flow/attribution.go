@@ -67,11 +67,16 @@ func (e *Engine) byTC(f *flowState) string {
 }
 
 // byUplinkTC names the uplinks' tc egress programs of the flow's time.
-func (e *Engine) byUplinkTC(f *flowState) string {
+func (e *Engine) byUplinkTC(f *flowState) string { return e.byUplinkDir(f, "egress") }
+
+// byUplinkInTC names the uplinks' tc ingress programs of the flow's time.
+func (e *Engine) byUplinkInTC(f *flowState) string { return e.byUplinkDir(f, "ingress") }
+
+func (e *Engine) byUplinkDir(f *flowState, dir string) string {
 	var cands []string
 	for _, p := range e.cfg.Attribution.UplinkTCPrograms {
-		if p.Direction == "egress" && presentAt(p, f.first) {
-			cands = append(cands, fmt.Sprintf("%s egress %s (id %d) on the uplink", p.Kind, p.Name, p.ID))
+		if p.Direction == dir && presentAt(p, f.first) {
+			cands = append(cands, fmt.Sprintf("%s %s %s (id %d) on the uplink", p.Kind, dir, p.Name, p.ID))
 		}
 	}
 	return oneOf(cands)

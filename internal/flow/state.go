@@ -147,6 +147,9 @@ type flowState struct {
 
 	uplink      uplinkFrame // request direction
 	uplinkReply uplinkFrame // reply direction: VLAN fallback when no request was seen there
+	// wireVIP: the uplink's RX tap saw a request to the VIP come in (an
+	// outside client's, a NodePort's), before the uplink's tc ingress.
+	wireVIP bool
 
 	// cached is the verdict as of engine generation cachedGen, valid while
 	// cachedOK: every change to the evidence decide reads clears cachedOK.
@@ -316,6 +319,7 @@ func (f *flowState) absorb(o *flowState) {
 	f.touch(o.first)
 	f.touch(o.last)
 	f.reply = f.reply || o.reply
+	f.wireVIP = f.wireVIP || o.wireVIP
 	if f.stray == nil {
 		f.stray = o.stray
 	}

@@ -84,14 +84,15 @@ const ByClientNetfilter = "netfilter OUTPUT in the client's netns (its rules are
 type gap uint8
 
 const (
-	gapNothing   gap = iota // a veth, or two views of the same step
-	gapSocket               // cgroup sock_addr programs
-	gapPodNAT               // netfilter OUTPUT in the client's (Pod's) netns
-	gapPodNetns             // tc egress on the Pod's eth0
-	gapTC                   // tc ingress of the host veth: tcx, then cls_bpf
-	gapNetfilter            // DNAT at PREROUTING / OUTPUT
-	gapIPVS                 // IPVS at LOCAL_IN (only when an IPVS service matches)
-	gapUplinkTC             // tc egress of the uplink, before its TX tap (see bracket)
+	gapNothing    gap = iota // a veth, or two views of the same step
+	gapSocket                // cgroup sock_addr programs
+	gapPodNAT                // netfilter OUTPUT in the client's (Pod's) netns
+	gapPodNetns              // tc egress on the Pod's eth0
+	gapTC                    // tc ingress of the host veth: tcx, then cls_bpf
+	gapNetfilter             // DNAT at PREROUTING / OUTPUT
+	gapIPVS                  // IPVS at LOCAL_IN (only when an IPVS service matches)
+	gapUplinkTC              // tc egress of the uplink, before its TX tap (see bracket)
+	gapUplinkInTC            // tc ingress of the uplink, after its RX tap (see fromWire)
 )
 
 func gapBefore(cp checkpoint) gap {
@@ -117,14 +118,14 @@ func gapBefore(cp checkpoint) gap {
 }
 
 func (g gap) String() string {
-	return [...]string{"nothing", "socket", "netfilter in the Pod's netns", "tc egress in the Pod's netns", "tc", "netfilter", "ipvs", "tc egress of the uplink"}[g]
+	return [...]string{"nothing", "socket", "netfilter in the Pod's netns", "tc egress in the Pod's netns", "tc", "netfilter", "ipvs", "tc egress of the uplink", "tc ingress of the uplink"}[g]
 }
 
 func (g gap) place() Place {
 	switch g {
 	case gapSocket:
 		return PlaceSocket
-	case gapTC, gapUplinkTC:
+	case gapTC, gapUplinkTC, gapUplinkInTC:
 		return PlaceTC
 	case gapNetfilter, gapPodNAT:
 		return PlaceNetfilter
@@ -235,6 +236,11 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 	if iV >= 0 && iB < 0 {
 		return e.unrewritten(f, checkpoint(iV), why)
 	}
+	if iV < 0 && iB >= 0 && f.wireVIP {
+		if v, ok := e.fromWire(f, checkpoint(iB), why); ok {
+			return v
+		}
+	}
 	if iV < 0 || iV >= iB {
 		if !why {
 			return verdict{place: PlaceUnknown}
@@ -342,6 +348,44 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 		notes = append(notes, "netfilter never saw it")
 	}
 	return strings.Join(notes, "; ")
+}
+
+// fromWire decides a request that came in on the uplink with the VIP (an
+// outside client's) and that no later checkpoint saw with it, the first
+// to see it having the backend (iB): between the uplink's RX tap and the
+// node's checkpoints from PREROUTING on, only the uplink's tc ingress, and
+// the places after PREROUTING up to iB, can have rewritten it. False when
+// that is not one place.
+func (e *Engine) fromWire(f *flowState, iB checkpoint, why bool) (verdict, bool) {
+	if iB < cpNFBefore || e.byUplinkInTC(f) == "" {
+		return verdict{}, false
+	}
+	cands := []gap{gapUplinkInTC}
+	for cp := cpNFAfter; cp <= iB; cp++ {
+		g := gapBefore(cp)
+		if g == gapNothing || (g == gapIPVS && len(e.ipvsFor(f)) == 0) || slices.Contains(cands, g) {
+			continue
+		}
+		cands = append(cands, g)
+	}
+	excluded := ""
+	if slices.Contains(cands, gapNetfilter) {
+		if excluded, _ = e.netfilterExcluded(f, why); excluded != "" {
+			cands = removeGap(cands, gapNetfilter)
+		}
+	}
+	if len(cands) != 1 {
+		return verdict{}, false
+	}
+	v := verdict{place: PlaceTC, by: e.byUplinkInTC(f)}
+	if why {
+		v.reason = fmt.Sprintf("VIP %s on the uplink's wire (uplink RX, before its tc ingress), backend %s at %s",
+			f.service, f.cps[iB].backendAddr.addrPort(), iB.describe(f.cps[iB].backendFrom))
+		if excluded != "" {
+			v.reason += "; netfilter excluded: " + excluded
+		}
+	}
+	return v, true
 }
 
 // bracket decides between the last VIP checkpoint iV and the first backend
