@@ -53,7 +53,10 @@ func describeSock(p SockProgram) string {
 
 // byTC names the ingress programs on the host veth; only tcx ones when the tcx
 // tail observer already saw the backend.
-func (e *Engine) byTC(f *flowState) string {
+func (e *Engine) byTC(f *flowState) string { return oneOf(e.tcCands(f)) }
+
+// tcCands are the ingress programs of the flow's host veth of its time.
+func (e *Engine) tcCands(f *flowState) []string {
 	tcxOnly := f.cps[cpTCTail].backend
 	var cands []string
 	for _, p := range e.cfg.Attribution.TCPrograms {
@@ -63,23 +66,23 @@ func (e *Engine) byTC(f *flowState) string {
 		}
 		cands = append(cands, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
 	}
-	return oneOf(cands)
+	return cands
 }
 
 // byUplinkTC names the uplinks' tc egress programs of the flow's time.
-func (e *Engine) byUplinkTC(f *flowState) string { return e.byUplinkDir(f, "egress") }
+func (e *Engine) byUplinkTC(f *flowState) string { return oneOf(e.uplinkTCCands(f, "egress")) }
 
 // byUplinkInTC names the uplinks' tc ingress programs of the flow's time.
-func (e *Engine) byUplinkInTC(f *flowState) string { return e.byUplinkDir(f, "ingress") }
+func (e *Engine) byUplinkInTC(f *flowState) string { return oneOf(e.uplinkTCCands(f, "ingress")) }
 
-func (e *Engine) byUplinkDir(f *flowState, dir string) string {
+func (e *Engine) uplinkTCCands(f *flowState, dir string) []string {
 	var cands []string
 	for _, p := range e.cfg.Attribution.UplinkTCPrograms {
 		if p.Direction == dir && presentAt(p, f.first) {
 			cands = append(cands, fmt.Sprintf("%s %s %s (id %d) on the uplink", p.Kind, dir, p.Name, p.ID))
 		}
 	}
-	return oneOf(cands)
+	return cands
 }
 
 // presentAt tells whether p could have been on its veth at t: from when it

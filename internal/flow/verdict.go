@@ -261,6 +261,9 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 
 // unrewritten decides a flow no checkpoint saw with a backend.
 func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
+	if v, ok := e.redirectedAtTC(f, last, why); ok {
+		return v
+	}
 	local, dev := e.deliveredLocally(f)
 	switch {
 	case !why && (f.cps[cpUplink].vip || local):
@@ -307,6 +310,26 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		return unknown("the VIP was last seen at %s and no point saw the request rewritten, yet an answer came back%s: it was rewritten where no active point saw it afterwards (the uplink never saw this flow)", where, from)
 	}
 	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+}
+
+// redirectedAtTC decides a flow last seen with the VIP at the tc head of
+// its host veth whose backend answered, where the tc tail and netfilter,
+// both watching, never saw the request: a program of the tcx chain took it
+// out of the chain (a redirect, Cilium's fast path), past every later
+// point; what else rewrote it is a tc program too, on the uplink's egress
+// (with the SNAT that hides its uplink frame: a BPF SNAT leaves no conntrack
+// entry to link that frame by).
+func (e *Engine) redirectedAtTC(f *flowState, last checkpoint, why bool) (verdict, bool) {
+	if last != cpTCHead || !f.reply || len(f.backends) == 0 || !e.active(obs.PointTCTail) || f.cps[cpTCTail].any() ||
+		!e.active(obs.PointNFBefore) || f.cps[cpNFBefore].any() {
+		return verdict{}, false
+	}
+	v := verdict{place: PlaceTC, by: oneOf(append(e.tcCands(f), e.uplinkTCCands(f, "egress")...))}
+	if why {
+		v.reason = fmt.Sprintf("VIP %s at tc head ingress, then neither the tc tail nor netfilter (both watching) saw the request, yet backend %s answered: a tc program rewrote it and took it out of the tcx chain (a redirect); the uplink frame, if any, was not recognized (a BPF SNAT leaves no conntrack entry to link it)",
+			f.service, f.sortedBackends()[0])
+	}
+	return v, true
 }
 
 // deliveredLocally tells whether an unrewritten flow went to a VIP that is
