@@ -261,6 +261,24 @@ type dropRow struct {
 	count uint64
 }
 
+// dropHints are the hints of the loss counters a flag helps with, in the
+// order DropHints gives them: each when one of its counters is not zero.
+var dropHints = []struct {
+	counters []string
+	hint     string
+}{
+	{[]string{"flows_over_max"}, "More flows than --max-flows: their packets were captured, the flows not followed; " +
+		"raise --max-flows (about 3 KiB each) or trace fewer with --pod-ip or a --svc port."},
+	{[]string{"ringbuf_losses"}, "Observer events were lost (their ring buffer was full: new flows came faster than it is read); " +
+		"the verdicts of some flows may be unknown: trace fewer with --pod-ip or a --svc port."},
+	{[]string{"conntrack_drops", "conntrack_errors"}, "Conntrack events were lost (pathtrace read them slower than the node made them): " +
+		"netfilter verdicts of some flows may be unknown; a lower --nice (e.g. -10) keeps up better, fewer --svc help too."},
+	{[]string{"flows_joined"}, "Sockets that reused a client port were counted in the earlier socket's flow: their packets came " +
+		"before their socket events, which pathtrace read late (its CPU was short); a lower --nice (e.g. -10) reads them in time."},
+	{[]string{"unmatched_overflow"}, "Observations waiting for their flow were evicted (more out of order at once than pathtrace holds): " +
+		"some flows may lack points; trace fewer with --pod-ip or a --svc port."},
+}
+
 // DropHints says how to avoid the losses a rerun with other flags can
 // avoid: a full capture ring, flows beyond --max-flows, a full event ring,
 // conntrack events or socket events read late, a full waiting room.
@@ -276,25 +294,14 @@ func DropHints(drops map[string]uint64) []string {
 		hints = append(hints, fmt.Sprintf("Frames were lost at %s: the kernel found the capture ring full (pathtrace fell behind the traffic); "+
 			"a larger --buffer-size (e.g. 16M) or a lower --nice (e.g. -10) loses fewer.", strings.Join(rings, ", ")))
 	}
-	if drops["flows_over_max"] > 0 {
-		hints = append(hints, "More flows than --max-flows: their packets were captured, the flows not followed; "+
-			"raise --max-flows (about 3 KiB each) or trace fewer with --pod-ip or a --svc port.")
-	}
-	if drops["ringbuf_losses"] > 0 {
-		hints = append(hints, "Observer events were lost (their ring buffer was full: new flows came faster than it is read); "+
-			"the verdicts of some flows may be unknown: trace fewer with --pod-ip or a --svc port.")
-	}
-	if drops["conntrack_drops"]+drops["conntrack_errors"] > 0 {
-		hints = append(hints, "Conntrack events were lost (pathtrace read them slower than the node made them): "+
-			"netfilter verdicts of some flows may be unknown; a lower --nice (e.g. -10) keeps up better, fewer --svc help too.")
-	}
-	if drops["flows_joined"] > 0 {
-		hints = append(hints, "Sockets that reused a client port were counted in the earlier socket's flow: their packets came "+
-			"before their socket events, which pathtrace read late (its CPU was short); a lower --nice (e.g. -10) reads them in time.")
-	}
-	if drops["unmatched_overflow"] > 0 {
-		hints = append(hints, "Observations waiting for their flow were evicted (more out of order at once than pathtrace holds): "+
-			"some flows may lack points; trace fewer with --pod-ip or a --svc port.")
+	for _, h := range dropHints {
+		var n uint64
+		for _, c := range h.counters {
+			n += drops[c]
+		}
+		if n > 0 {
+			hints = append(hints, h.hint)
+		}
 	}
 	return hints
 }
