@@ -87,7 +87,7 @@ func translated(f *flowState, o obs.Observation, reply bool) bool {
 
 func (e *Engine) ref(f *flowState, reply, translated bool) Ref {
 	v := e.cachedVerdict(f)
-	return Ref{ID: f.id, Reply: reply, Translated: translated, Verdict: v.place, By: v.by}
+	return Ref{ID: e.idOf(f), Reply: reply, Translated: translated, Verdict: v.place, By: v.by}
 }
 
 // cachedVerdict is decide without its reason, recomputed only when the flow's evidence or the

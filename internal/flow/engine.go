@@ -47,7 +47,8 @@ type Engine struct {
 
 	clients map[clientKey][]*flowState
 	nflows  int
-	nextID  int
+	made    int // flows made so far (flowState.seq)
+	nextID  int // the last id given (idOf)
 	socks   sockTable
 	waiting waiting
 	replays []clientKey // endpoints whose waiting observations may now resolve
@@ -354,19 +355,32 @@ func (e *Engine) watches(proto obs.Proto, vip netip.AddrPort) bool {
 // first seen.
 func (e *Engine) Flows() []Flow {
 	e.Settle()
-	out := make([]Flow, 0, e.nflows)
+	fs := make([]*flowState, 0, e.nflows)
 	for _, list := range e.clients {
-		for _, f := range list {
-			out = append(out, e.snapshot(f))
-		}
+		fs = append(fs, list...)
 	}
-	slices.SortFunc(out, func(a, b Flow) int {
-		if c := a.First.Compare(b.First); c != 0 {
+	// Sorted before their snapshots: flows not shown yet get their ids in
+	// the order listed.
+	slices.SortFunc(fs, func(a, b *flowState) int {
+		if c := a.first.Compare(b.first); c != 0 {
 			return c
 		}
-		return a.ID - b.ID
+		return a.seq - b.seq
 	})
+	out := make([]Flow, len(fs))
+	for i, f := range fs {
+		out[i] = e.snapshot(f)
+	}
 	return out
+}
+
+// idOf is f's id, given now if it has none yet.
+func (e *Engine) idOf(f *flowState) int {
+	if f.id == 0 {
+		e.nextID++
+		f.id = e.nextID
+	}
+	return f.id
 }
 
 // Summary counts flows per verdict, the engine's drops and observations per point.

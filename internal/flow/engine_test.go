@@ -37,6 +37,33 @@ func TestScenarios(t *testing.T) {
 	}
 }
 
+// TestFlowIDsDense checks that the flows reported are numbered 1 to n, in
+// the order they were first seen, whatever the order the observations came
+// in: a socket's event that comes before its first packet makes a flow of
+// its own that the packet's flow absorbs, and its number must not leave a
+// gap ("flows 1, 3, 4": where is flow 2?).
+func TestFlowIDsDense(t *testing.T) {
+	scenarios, err := flowtest.LoadDir(scenarioDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range scenarios {
+		for name, order := range orders(s) {
+			flows := s.Run(order).Flows()
+			for i, f := range flows {
+				if f.ID != i+1 {
+					ids := make([]int, len(flows))
+					for j, g := range flows {
+						ids[j] = g.ID
+					}
+					t.Errorf("%s, %s order: flow ids %v, want 1 to %d in the order listed", s.Name, name, ids, len(flows))
+					break
+				}
+			}
+		}
+	}
+}
+
 // orders returns the observation orders to try: recorded, reversed and shuffled.
 func orders(s flowtest.Scenario) map[string][]int {
 	out := map[string][]int{"recorded": nil}

@@ -12,7 +12,7 @@ func (e *Engine) StaleVerdicts() []int {
 	for _, list := range e.clients {
 		for _, f := range list {
 			if v := e.decide(f, true); f.cachedOK && f.cachedGen == e.gen && (f.cached.place != v.place || f.cached.by != v.by) {
-				stale = append(stale, f.id)
+				stale = append(stale, f.seq)
 			}
 		}
 	}
@@ -26,7 +26,7 @@ func (e *Engine) BriefMismatches() []int {
 	for _, list := range e.clients {
 		for _, f := range list {
 			if b, v := e.decide(f, false), e.decide(f, true); b.place != v.place || b.by != v.by || b.reason != "" {
-				bad = append(bad, f.id)
+				bad = append(bad, f.seq)
 			}
 		}
 	}
@@ -55,20 +55,20 @@ func (e *Engine) SNATIndexErrors() []string {
 		for _, f := range list {
 			listed[f]++
 			if f.merged || f.snat != k.client || f.proto != k.proto {
-				errs = append(errs, fmt.Sprintf("flow %d (merged %v, snat %v) listed under %v", f.id, f.merged, f.snat, k.client))
+				errs = append(errs, fmt.Sprintf("flow %d (merged %v, snat %v) listed under %v", f.seq, f.merged, f.snat, k.client))
 			}
 		}
 	}
 	for _, list := range e.clients {
 		for _, f := range list {
 			if f.snat.IsValid() && listed[f] != 1 {
-				errs = append(errs, fmt.Sprintf("flow %d with snat %v listed %d times", f.id, f.snat, listed[f]))
+				errs = append(errs, fmt.Sprintf("flow %d with snat %v listed %d times", f.seq, f.snat, listed[f]))
 			}
 			delete(listed, f)
 		}
 	}
 	for f := range listed {
-		errs = append(errs, fmt.Sprintf("flow %d listed but not in the flow table", f.id))
+		errs = append(errs, fmt.Sprintf("flow %d listed but not in the flow table", f.seq))
 	}
 	return errs
 }
@@ -93,7 +93,7 @@ func (e *Engine) ByData() map[int]*byte {
 	for _, list := range e.clients {
 		for _, f := range list {
 			if f.cachedOK && f.cached.by != "" {
-				out[f.id] = unsafe.StringData(f.cached.by)
+				out[f.seq] = unsafe.StringData(f.cached.by)
 			}
 		}
 	}

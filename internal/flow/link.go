@@ -308,8 +308,8 @@ func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie
 		e.refuse(flowKey{k, service}, cookie, m)
 		return nil, refused
 	}
-	e.nextID++
-	f := &flowState{id: e.nextID, proto: proto, client: client, service: service, sock: cookie}
+	e.made++
+	f := &flowState{seq: e.made, proto: proto, client: client, service: service, sock: cookie}
 	if client.Port() == 0 {
 		f.cookie = cookie
 	}

@@ -16,7 +16,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		v.reason = e.outsideWindow(f) + v.reason
 	}
 	out := Flow{
-		ID:           f.id,
+		ID:           e.idOf(f),
 		Client:       f.client,
 		Service:      f.service,
 		RewrittenAt:  v.place,

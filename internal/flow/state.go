@@ -104,7 +104,12 @@ func (u *uplinkFrame) note(o obs.Observation) {
 
 // flowState is the engine's record of one flow.
 type flowState struct {
+	// id is the number the user sees, given when it is first shown (a
+	// packet's comment, the report; Engine.idOf): a flow absorbed before
+	// that, such as a socket's event that came before its first packet, then
+	// leaves no gap in the numbers. seq is the order in which flows were made.
 	id      int
+	seq     int
 	proto   obs.Proto
 	client  netip.AddrPort
 	service netip.AddrPort
@@ -288,7 +293,7 @@ func (f *flowState) absorb(o *flowState) {
 	o.merged = true
 	f.evidenceChanged()
 	f.claim(o.sock)
-	if o.id < f.id {
+	if o.id != 0 && (f.id == 0 || o.id < f.id) {
 		f.id = o.id
 	}
 	for _, b := range o.backends {
