@@ -309,6 +309,20 @@ int pt_sendmsg4(struct bpf_sock_addr *ctx)
 	return pt_sock_addr(ctx, PT_KIND_SENDMSG, ctx->user_ip4);
 }
 
+/* pt_socket_source sets t's source to the socket's own local address and
+ * port (the packet's address when the socket has none bound: an unconnected
+ * UDP socket). */
+static __always_inline void pt_socket_source(struct __sk_buff *skb, struct pt_tuple *t)
+{
+	__u32 port = skb->local_port; /* host byte order */
+	__u32 addr = skb->local_ip4;
+	if (!port || (t->proto != IPPROTO_TCP && t->proto != IPPROTO_UDP))
+		return;
+	t->sport = bpf_htons((__u16)port);
+	if (addr)
+		t->saddr = addr;
+}
+
 /* The first packet a watched socket sends: its 4-tuple as it leaves the
  * socket layer. cgroup_skb data starts at the IP header. */
 SEC("cgroup_skb/egress")
@@ -326,6 +340,15 @@ int pt_sock_egress(struct __sk_buff *skb)
 	struct pt_tuple t;
 	if (pt_load_ipv4(skb, 0, &t) < 0)
 		return 1;
+	/* The packet's source is what it leaves with, which a node socket's
+	 * packet gets after POSTROUTING: its masquerade (kube-proxy's
+	 * MASQUERADE --random-fully of a hostNetwork client to a ClusterIP)
+	 * gave it another port. Netfilter before NAT and conntrack's
+	 * original tuple name the socket's own endpoint, which is the flow's
+	 * client: report that; the port the SNAT chose stays learned for the
+	 * uplink's frames. */
+	pt_learn_client(t.saddr, t.sport, t.proto);
+	pt_socket_source(skb, &t);
 	/* The source port is known from here on: later points follow the
 	 * client endpoint whatever its destination becomes. */
 	pt_learn_client(t.saddr, t.sport, t.proto);

@@ -25,10 +25,13 @@ import (
 // taken in turn: each flow names its own backend and endpoint rule. A
 // process in the node's own netns (a hostNetwork Pod, the kubelet) connects
 // too: its flows are translated at OUTPUT, and its socket's egress hook runs
-// after that NAT. With nftables the node also masquerades what leaves its
-// uplink, so the uplink sees the Pod's flows with the node's address: only
-// conntrack's reply tuple links them. Names and addresses share nothing with
-// the lab.
+// after that NAT, and after POSTROUTING's masquerade, which kube-proxy makes
+// fully random (a new source port, whatever the socket's): the flow is the
+// socket's endpoint, one flow per connection, its uplink frame and SNAT
+// found through conntrack. With nftables the node masquerades everything
+// that leaves its uplink, so the uplink sees the Pod's flows with the
+// node's address too: only conntrack's reply tuple links them. Names and
+// addresses share nothing with the lab.
 func TestRoutedNode(t *testing.T) {
 	needRoot(t)
 	const vip = "10.79.0.10:80"
@@ -66,7 +69,7 @@ func TestRoutedNode(t *testing.T) {
 	}
 	chain nat-postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
-		oifname "rt-up" masquerade
+		oifname "rt-up" masquerade fully-random
 	}
 }
 `, vipIP, vipPort, backends[0], backends[1])
@@ -92,18 +95,26 @@ func TestRoutedNode(t *testing.T) {
 
 // kubeProxyIPTables writes kube-proxy's iptables-mode chains for vip with
 // iptables (the iptables-legacy or iptables-nft command) in node: the
-// Service chain takes the backends in turn.
+// Service chain takes the backends in turn, and marks a client outside the
+// Pods' network (the node itself: 10.77.1.0/24 is routedNode's Pod) for
+// KUBE-POSTROUTING's MASQUERADE --random-fully.
 func kubeProxyIPTables(t *testing.T, iptables, node, vip string, backends []string) {
 	vipIP, vipPort, _ := strings.Cut(vip, ":")
 	ipt := func(args ...string) {
 		mustRun(t, nil, "ip", append([]string{"netns", "exec", node, iptables, "-t", "nat"}, args...)...)
 	}
-	for _, chain := range []string{"KUBE-SERVICES", "KUBE-SVC-WEB", "KUBE-SEP-WEB0", "KUBE-SEP-WEB1"} {
+	for _, chain := range []string{"KUBE-SERVICES", "KUBE-SVC-WEB", "KUBE-SEP-WEB0", "KUBE-SEP-WEB1", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"} {
 		ipt("-N", chain)
 	}
 	ipt("-A", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
 	ipt("-A", "OUTPUT", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	ipt("-A", "POSTROUTING", "-m", "comment", "--comment", "kubernetes postrouting rules", "-j", "KUBE-POSTROUTING")
+	ipt("-A", "KUBE-MARK-MASQ", "-j", "MARK", "--set-xmark", "0x4000/0x4000")
+	ipt("-A", "KUBE-POSTROUTING", "-m", "mark", "!", "--mark", "0x4000/0x4000", "-j", "RETURN")
+	ipt("-A", "KUBE-POSTROUTING", "-j", "MARK", "--set-xmark", "0x4000/0x0")
+	ipt("-A", "KUBE-POSTROUTING", "-m", "comment", "--comment", "kubernetes service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully")
 	ipt("-A", "KUBE-SERVICES", "-d", vipIP+"/32", "-p", "tcp", "--dport", vipPort, "-j", "KUBE-SVC-WEB")
+	ipt("-A", "KUBE-SVC-WEB", "!", "-s", "10.77.1.0/24", "-d", vipIP+"/32", "-p", "tcp", "--dport", vipPort, "-j", "KUBE-MARK-MASQ")
 	ipt("-A", "KUBE-SVC-WEB", "-m", "statistic", "--mode", "nth", "--every", "2", "--packet", "0", "-j", "KUBE-SEP-WEB0")
 	ipt("-A", "KUBE-SVC-WEB", "-j", "KUBE-SEP-WEB1")
 	ipt("-A", "KUBE-SEP-WEB0", "-p", "tcp", "-j", "DNAT", "--to-destination", backends[0])
@@ -149,6 +160,9 @@ func routedNode(t *testing.T, name, vip string, backends []string, install func(
 		}
 		if f["uplink_dst_mac"] != gwMAC || f["vlan"] != float64(0) || f["reply"] != true {
 			t.Errorf("want the frame to leave untagged to the next hop %s and a reply: %s", gwMAC, desc)
+		}
+		if reason, _ := f["reason"].(string); hook == hooks[1] && !strings.Contains(reason, "SNAT on the node: it left with source 192.168.77.2:") {
+			t.Errorf("want the node's flow masqueraded (the socket's port is its client, the SNAT's port the uplink's): %s", desc)
 		}
 	}
 	if perBackend[backends[0]] != requests || perBackend[backends[1]] != requests {

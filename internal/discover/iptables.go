@@ -12,7 +12,20 @@ import (
 // parseIPTablesSave reads the nat table of `iptables-save -t nat` output into
 // a natGraph (kube-proxy's KUBE-SERVICES -> KUBE-SVC-* -> KUBE-SEP-* DNAT).
 func parseIPTablesSave(r io.Reader, source string) (*natGraph, error) {
-	g := &natGraph{source: source, table: "nat", chains: map[string][]natRule{}}
+	return parseIPTablesSaveTable(r, source, "nat")
+}
+
+// iptablesBases are the base chains of the tables read, and their hooks.
+var iptablesBases = map[string][]natBase{
+	"nat":    {{"PREROUTING", "prerouting", true}, {"OUTPUT", "output", true}},
+	"filter": {{"FORWARD", "forward", false}, {"INPUT", "input", false}, {"OUTPUT", "output", false}},
+}
+
+// parseIPTablesSaveTable reads the table (nat or filter) of iptables-save
+// output into a natGraph; filter's rules that reject or drop a VIP are
+// kube-proxy's for a Service without endpoints (KUBE-SERVICES REJECT).
+func parseIPTablesSaveTable(r io.Reader, source, table string) (*natGraph, error) {
+	g := &natGraph{source: source, table: table, chains: map[string][]natRule{}}
 	inNAT := false
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
@@ -21,7 +34,7 @@ func parseIPTablesSave(r io.Reader, source string) (*natGraph, error) {
 		switch {
 		case text == "" || strings.HasPrefix(text, "#"):
 		case strings.HasPrefix(text, "*"):
-			inNAT = text == "*nat"
+			inNAT = text == "*"+table
 		case !inNAT || text == "COMMIT":
 		case strings.HasPrefix(text, ":"):
 			name, _, _ := strings.Cut(text[1:], " ")
@@ -39,7 +52,7 @@ func parseIPTablesSave(r io.Reader, source string) (*natGraph, error) {
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read iptables-save output: %w", err)
 	}
-	for _, base := range []natBase{{"PREROUTING", "prerouting"}, {"OUTPUT", "output"}} {
+	for _, base := range iptablesBases[table] {
 		if _, ok := g.chains[base.chain]; ok {
 			g.bases = append(g.bases, base)
 		}
@@ -88,11 +101,13 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 				r.port = uint16(v)
 			}
 		case "-j", "--jump", "-g", "--goto":
-			t := next()
-			if t == "DNAT" {
+			switch t := next(); t {
+			case "DNAT":
 				r.dnat = true
 				r.note = "DNAT without --to-destination"
-			} else {
+			case "REJECT", "DROP":
+				r.verdict = strings.ToLower(t)
+			default:
 				r.targets = append(r.targets, t)
 			}
 		case "--dst-type": // -m addrtype; LOCAL alone is the node's addresses
@@ -101,8 +116,10 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 			}
 		case "--to-destination":
 			r.backend, r.note = parseDNATTarget(next())
+		case "--comment":
+			r.comment = next()
 		default:
-			// Options this reader ignores (-m comment --comment "...", -s, ...):
+			// Options this reader ignores (-s, -m mark --mark ...):
 			// skip their value so it is never read as an option.
 			if strings.HasPrefix(arg, "-") && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") && args[i+1] != "!" {
 				i++

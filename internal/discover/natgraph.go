@@ -16,10 +16,12 @@ type natGraph struct {
 	chains map[string][]natRule
 }
 
-// natBase is a base chain and its netfilter hook (prerouting or output).
+// natBase is a base chain and its netfilter hook: prerouting or output for
+// a NAT chain, forward, input or output for a filter chain.
 type natBase struct {
 	chain string
 	hook  string
+	nat   bool // a NAT chain's hook, not a filter one's
 }
 
 // natRule is one rule of a natGraph.
@@ -36,6 +38,10 @@ type natRule struct {
 	// `-m addrtype --dst-type LOCAL`, nftables `fib daddr type local`: how
 	// kube-proxy and Docker select NodePorts); localNeg: to other ones.
 	localDst, localNeg bool
+	// verdict is "reject" or "drop" for a rule that ends the packets it
+	// matches (kube-proxy rejects a Service without endpoints so).
+	verdict string
+	comment string // the rule's own (-m comment, nft comment, a map element's)
 }
 
 // maxChainDepth bounds a walk (rulesets are DAGs; this only stops bad loops).
@@ -61,7 +67,7 @@ func (g *natGraph) matchLocal(vips []netip.Addr, local map[netip.Addr]bool) []NA
 		}
 		for _, base := range g.bases {
 			w := natWalk{g: g, vip: vip, local: local[vip], hook: base.hook, out: &out, seen: seen, onPath: map[string]bool{}}
-			w.chain(base.chain, []string{base.chain}, false, "", 0)
+			w.chain(base.chain, []string{base.chain}, false, "", 0, "")
 		}
 	}
 	return out
@@ -77,7 +83,10 @@ type natWalk struct {
 	onPath map[string]bool
 }
 
-func (w *natWalk) chain(name string, path []string, matched bool, proto string, port uint16) {
+// chain walks the rules of chain name; comment is the one of the rule that
+// named the VIP on the way (a verdict map element's, in kube-proxy's
+// nftables mode), which a verdict rule without one of its own keeps.
+func (w *natWalk) chain(name string, path []string, matched bool, proto string, port uint16, comment string) {
 	if w.onPath[name] || len(path) > maxChainDepth {
 		return
 	}
@@ -88,7 +97,7 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 		if !applies {
 			continue
 		}
-		m, pr, po := matched, proto, port
+		m, pr, po, cm := matched, proto, port, comment
 		if m && !names {
 			// Conditions add up along the path: a later rule's port or
 			// protocol narrows the VIP's (the nodeports chain picks the
@@ -106,14 +115,21 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 			if r.port != 0 {
 				po = r.port
 			}
+			if r.comment != "" {
+				cm = r.comment
+			}
 		}
 		if m && r.dnat {
 			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.hook, Service: w.vip,
 				Port: po, Proto: pr, Chains: slices.Clone(path), Backend: r.backend, Note: r.note})
 		}
+		if m && r.verdict != "" {
+			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.hook, Service: w.vip,
+				Port: po, Proto: pr, Chains: slices.Clone(path), Verdict: r.verdict, Comment: cm})
+		}
 		for _, t := range r.targets {
 			if _, ok := w.g.chains[t]; ok {
-				w.chain(t, append(slices.Clone(path), t), m, pr, po)
+				w.chain(t, append(slices.Clone(path), t), m, pr, po, cm)
 			}
 		}
 	}
@@ -124,7 +140,7 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 // endpoint-X` next to the random pick of the same endpoint) is one path to
 // that DNAT, not two candidates.
 func (w *natWalk) add(r NATRule) {
-	k := fmt.Sprint(r.Service, r.Hook, r.Port, r.Proto, r.Chains, r.Backend, r.Note)
+	k := fmt.Sprint(r.Service, r.Hook, r.Port, r.Proto, r.Chains, r.Backend, r.Note, r.Verdict)
 	if !w.seen[k] {
 		w.seen[k] = true
 		*w.out = append(*w.out, r)

@@ -45,18 +45,28 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 	} else {
 		var err error
 		graphs, err = readNFT(hostPath)
-		nf.NFTables = fmt.Sprintf("read %d table(s) with NAT chains", len(graphs))
+		nat := 0
+		for _, g := range graphs {
+			if g.hasNAT() {
+				nat++
+			}
+		}
+		nf.NFTables = fmt.Sprintf("read %d table(s) with NAT chains", nat)
 		if err != nil {
 			nf.NFTables = fmt.Sprintf("not fully read (%d table(s) read): %v", len(graphs), err)
 		}
 	}
 	legacy, status := readLegacyNAT(ctx, hostPath)
 	nf.IPTablesLegacy = status
-	if legacy != nil {
-		graphs = append(graphs, legacy)
-	}
+	graphs = append(graphs, legacy...)
 	for _, g := range graphs {
-		nf.Rules = append(nf.Rules, g.matchServices(svcs)...)
+		for _, r := range g.matchServices(svcs) {
+			if r.Verdict != "" {
+				nf.Rejects = append(nf.Rejects, r)
+			} else {
+				nf.Rules = append(nf.Rules, r)
+			}
+		}
 	}
 	return nf
 }
@@ -125,7 +135,9 @@ func readNFT(hostPath string) ([]*natGraph, error) {
 // readLegacyNAT reads the iptables-legacy nat table, only if it already exists:
 // any read through the legacy interface (iptables-legacy-save included) would
 // create the table otherwise. The program that reads it is only run then.
-func readLegacyNAT(ctx context.Context, hostPath string) (*natGraph, string) {
+// The filter table, where kube-proxy rejects a Service without endpoints, is
+// read too when it exists.
+func readLegacyNAT(ctx context.Context, hostPath string) ([]*natGraph, string) {
 	var names []byte
 	err := nsutil.Do(hostPath, func() error {
 		var err error
@@ -144,21 +156,34 @@ func readLegacyNAT(ctx context.Context, hostPath string) (*natGraph, string) {
 	if bin == "" {
 		return nil, "not checked: the legacy nat table exists but " + why
 	}
+	g, err := legacyTable(ctx, hostPath, bin, "nat")
+	if err != nil {
+		return nil, "not checked: " + err.Error()
+	}
+	graphs := []*natGraph{g}
+	if hasLine(names, "filter") {
+		f, err := legacyTable(ctx, hostPath, bin, "filter")
+		if err != nil {
+			return graphs, "nat read; filter not checked: " + err.Error()
+		}
+		graphs = append(graphs, f)
+	}
+	return graphs, "read"
+}
+
+// legacyTable dumps and parses one existing legacy table with bin.
+func legacyTable(ctx context.Context, hostPath, bin, table string) (*natGraph, error) {
 	var out, stderr bytes.Buffer
-	err = nsutil.Do(hostPath, func() error {
+	err := nsutil.Do(hostPath, func() error {
 		// A child started from this locked thread inherits its netns.
-		cmd := exec.CommandContext(ctx, bin, "-t", "nat")
+		cmd := exec.CommandContext(ctx, bin, "-t", table)
 		cmd.Stdout, cmd.Stderr = &out, &stderr
 		return cmd.Run()
 	})
 	if err != nil {
-		return nil, fmt.Sprintf("not checked: %s -t nat: %v %s", bin, err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("%s -t %s: %v %s", bin, table, err, strings.TrimSpace(stderr.String()))
 	}
-	g, err := parseIPTablesSave(&out, SourceIPTablesLegacy)
-	if err != nil {
-		return nil, "not checked: " + err.Error()
-	}
-	return g, "read"
+	return parseIPTablesSaveTable(&out, SourceIPTablesLegacy, table)
 }
 
 // saveTools is how legacySave finds and asks programs (fakes in tests).

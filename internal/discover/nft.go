@@ -4,17 +4,22 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
 	"github.com/google/nftables/xt"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
 // nftGraphs reads every nftables table with a NAT base chain at prerouting or
-// output into a natGraph. Read-only: list requests only.
+// output, or a filter base chain at forward, input or output, into a
+// natGraph: DNATs are the NAT chains', rejects and drops of a VIP the filter
+// chains' (kube-proxy's for a Service without endpoints). Read-only: list
+// requests only.
 func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 	chains, err := conn.ListChains()
 	if err != nil {
@@ -38,11 +43,13 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 		g := &natGraph{source: SourceNFTables, table: NFTFamilyName(k.family) + " " + k.name, chains: map[string][]natRule{}}
 		for _, c := range byTable[k] {
 			if hook := natHook(c); hook != "" {
-				g.bases = append(g.bases, natBase{c.Name, hook})
+				g.bases = append(g.bases, natBase{c.Name, hook, true})
+			} else if hook := filterHook(c); hook != "" {
+				g.bases = append(g.bases, natBase{c.Name, hook, false})
 			}
 		}
 		if len(g.bases) == 0 {
-			continue // no DNAT can happen in a table without a NAT hook
+			continue // nothing for a VIP happens in a table without those hooks
 		}
 		sets := &nftSets{conn: conn, table: byTable[k][0].Table, cache: map[string]nftSet{}}
 		for _, c := range byTable[k] {
@@ -51,7 +58,15 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 				return graphs, fmt.Errorf("list rules of %s chain %s: %w", g.table, c.Name, err)
 			}
 			for _, r := range rules {
-				g.chains[c.Name] = append(g.chains[c.Name], nftNATRules(r.Exprs, sets.lookup)...)
+				nrs := nftNATRules(r.Exprs, sets.lookup)
+				if comment, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
+					for i := range nrs {
+						if nrs[i].comment == "" {
+							nrs[i].comment = comment
+						}
+					}
+				}
+				g.chains[c.Name] = append(g.chains[c.Name], nrs...)
 			}
 		}
 		graphs = append(graphs, g)
@@ -71,6 +86,28 @@ func natHook(c *nftables.Chain) string {
 		return "output"
 	}
 	return ""
+}
+
+// filterHook names the hook of a filter base chain where a packet to a VIP
+// can be rejected, "" otherwise.
+func filterHook(c *nftables.Chain) string {
+	if c.Hooknum == nil || c.Type != nftables.ChainTypeFilter {
+		return ""
+	}
+	switch *c.Hooknum {
+	case *nftables.ChainHookForward:
+		return "forward"
+	case *nftables.ChainHookInput:
+		return "input"
+	case *nftables.ChainHookOutput:
+		return "output"
+	}
+	return ""
+}
+
+// hasNAT tells whether g has a NAT base chain.
+func (g *natGraph) hasNAT() bool {
+	return slices.ContainsFunc(g.bases, func(b natBase) bool { return b.nat })
 }
 
 // NFTFamilyName is nft's name of a table family (ip, ip6, inet, ...).
@@ -230,17 +267,25 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 	case *expr.Lookup:
 		ev.lookup(e, sets)
 	case *expr.Verdict:
-		if e.Kind == expr.VerdictJump || e.Kind == expr.VerdictGoto {
+		switch e.Kind {
+		case expr.VerdictJump, expr.VerdictGoto:
 			ev.rule.targets = append(ev.rule.targets, e.Chain)
+		case expr.VerdictDrop:
+			ev.rule.verdict = "drop"
 		}
+	case *expr.Reject:
+		ev.rule.verdict = "reject"
 	case *expr.NAT:
 		if e.Type == expr.NATTypeDestNAT {
 			ev.nat(e)
 		}
 	case *expr.Target:
-		if e.Name == "DNAT" {
+		switch e.Name {
+		case "DNAT":
 			ev.rule.dnat = true
 			ev.rule.backend, ev.rule.note = xtDNATBackend(e.Info)
+		case "REJECT": // iptables-nft's -j REJECT
+			ev.rule.verdict = "reject"
 		}
 	case *expr.Match:
 		ev.xtMatch(e)
@@ -321,6 +366,7 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		}
 		r := ev.rule
 		r.targets = []string{v.Chain}
+		r.comment = el.Comment
 		k := ev.decodeKey(start, el.Key)
 		if k.daddr.IsValid() {
 			r.dst, r.dstNeg = []netip.Prefix{netip.PrefixFrom(k.daddr, k.daddr.BitLen())}, false
@@ -431,6 +477,9 @@ func (ev *nftRuleEval) xtMatch(e *expr.Match) {
 		if m.Dest == uint16(xt.AddrTypeLocal) {
 			ev.rule.localDst, ev.rule.localNeg = true, m.InvertDest
 		}
+		return
+	case *xt.Comment: // -m comment --comment, as iptables-nft writes it
+		ev.rule.comment = string(*m)
 		return
 	default:
 		return

@@ -133,7 +133,7 @@ func kubeProxyNFT() *natGraph {
 		"endpoint-other":      {endpoint(unix.IPPROTO_TCP, "10.244.30.5", 8080)},
 		"mark-for-masquerade": {{&expr.Immediate{Register: 1, Data: []byte{0, 0x40, 0, 0}}}},
 	}
-	g := &natGraph{source: "nftables", table: "ip kube-proxy", bases: []natBase{{"nat-prerouting", "prerouting"}}, chains: map[string][]natRule{}}
+	g := &natGraph{source: "nftables", table: "ip kube-proxy", bases: []natBase{{"nat-prerouting", "prerouting", true}}, chains: map[string][]natRule{}}
 	for chain, rs := range rules {
 		for _, r := range rs {
 			g.chains[chain] = append(g.chains[chain], nftNATRules(r, lookup)...)

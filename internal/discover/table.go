@@ -106,13 +106,7 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		p("netfilter\tno DNAT rule for the services\n")
 	}
 	for _, r := range nf.Rules {
-		svc := r.Service.String()
-		if r.Port != 0 {
-			svc = fmt.Sprintf("%s:%d", svc, r.Port)
-		}
-		if r.Proto != "" {
-			svc += "/" + r.Proto
-		}
+		svc := r.serviceString()
 		backend := r.Backend.String()
 		if !r.Backend.IsValid() {
 			backend = r.Note
@@ -120,6 +114,13 @@ func (n *NodeInfo) Table(w io.Writer) error {
 			backend = r.Backend.Addr().String() + " (port kept)"
 		}
 		p("netfilter\t%s %s (%s)\t%s -> %s\t%s\n", r.Source, r.Table, r.Hook, svc, backend, strings.Join(r.Chains, " > "))
+	}
+	for _, r := range nf.Rejects {
+		what := r.Verdict
+		if r.Comment != "" {
+			what += fmt.Sprintf(" (%q)", r.Comment)
+		}
+		p("netfilter\t%s %s (%s)\t%s %s\t%s\n", r.Source, r.Table, r.Hook, r.serviceString(), what, strings.Join(r.Chains, " > "))
 	}
 	if !n.IPVS.Present {
 		p("ipvs\t%s\n", n.IPVS.Note)
@@ -195,4 +196,16 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// serviceString is the VIP[:PORT][/PROTO] a rule is for.
+func (r NATRule) serviceString() string {
+	svc := r.Service.String()
+	if r.Port != 0 {
+		svc = fmt.Sprintf("%s:%d", svc, r.Port)
+	}
+	if r.Proto != "" {
+		svc += "/" + r.Proto
+	}
+	return svc
 }

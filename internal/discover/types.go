@@ -182,10 +182,16 @@ type Netfilter struct {
 	BridgeNFCallIPTables *bool     `json:"bridge_nf_call_iptables"`
 	IPForward            *bool     `json:"ip_forward"`
 	Rules                []NATRule `json:"rules"`
+	// Rejects are the rules that reject or drop packets to a VIP (in a
+	// filter chain, a NAT one's for a DROP): kube-proxy's for a Service
+	// without endpoints, or to a port a ClusterIP does not serve.
+	Rejects []NATRule `json:"rejects,omitempty"`
 }
 
 // NATRule is one DNAT reachable for a VIP: the chain path from a NAT base chain
-// to the rule that rewrites the destination.
+// to the rule that rewrites the destination; or, with Verdict, a rule that
+// rejects or drops the VIP's packets, from a base chain (of a filter hook:
+// forward, input, output).
 type NATRule struct {
 	Source  string     `json:"source"` // nftables or iptables-legacy
 	Table   string     `json:"table"`  // "ip kube-proxy", "nat", ...
@@ -198,6 +204,11 @@ type NATRule struct {
 	// when the target could not be decoded (then Note says why).
 	Backend netip.AddrPort `json:"backend"`
 	Note    string         `json:"note,omitempty"`
+	// Verdict is "reject" or "drop" for a rule that ends the packets, ""
+	// for a DNAT; Comment is its comment (kube-proxy's: "default/web:http
+	// has no endpoints"), only kept for those.
+	Verdict string `json:"verdict,omitempty"`
+	Comment string `json:"comment,omitempty"`
 }
 
 // Backends are the backend addresses the node's NAT rules and IPVS services

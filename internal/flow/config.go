@@ -68,7 +68,12 @@ type Attribution struct {
 	UplinkTCPrograms []TCProgram
 	// NATRules: DNAT rules whose match includes a watched VIP.
 	NATRules []NATRule
-	IPVS     []IPVSService
+	// Rejects: rules that reject or drop a watched VIP's packets (no
+	// Backends; Rule says "reject" or "drop" and the rule's comment):
+	// kube-proxy's for a Service without endpoints. Hook is the filter
+	// hook: forward, input or output.
+	Rejects []NATRule
+	IPVS    []IPVSService
 	// BridgeNFCallIPTables is the node's net.bridge.bridge-nf-call-iptables (nil
 	// when unknown); it explains why NAT rules never saw a bridged flow.
 	BridgeNFCallIPTables *bool

@@ -265,8 +265,9 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		return v
 	}
 	local, dev := e.deliveredLocally(f)
+	rejects := e.rejectsFor(f, last)
 	switch {
-	case !why && (f.cps[cpUplink].vip || local):
+	case !why && (f.cps[cpUplink].vip || local || len(rejects) > 0):
 		return verdict{place: PlaceNowhere}
 	case !why:
 		return verdict{place: PlaceUnknown}
@@ -291,6 +292,8 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 			v.reason += "; no answer came back (nothing listening there?)"
 		}
 		return v
+	case len(rejects) > 0:
+		return e.rejected(f, rejects)
 	case !e.active(obs.PointUplink):
 		return unknown("the VIP was last seen at %s; no rewrite observed and the uplink capture was inactive", where)
 	}
@@ -310,6 +313,40 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		return unknown("the VIP was last seen at %s and no point saw the request rewritten, yet an answer came back%s: it was rewritten where no active point saw it afterwards (the uplink never saw this flow)", where, from)
 	}
 	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+}
+
+// rejectsFor are the node's rules that reject or drop the packets of f, a
+// flow last seen with the VIP after netfilter's NAT, that went no further
+// and got no answer (an ICMP error is none): no DNAT applied, and the filter
+// hooks after NAT (forward or input for a Pod's flow, output for the
+// node's) met a rule for the VIP. kube-proxy writes one for a Service
+// without endpoints (and its nftables mode one for the ports a ClusterIP
+// does not serve), so that such connections fail at once.
+func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
+	if last != cpNFAfter || f.reply || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
+		return nil
+	}
+	fromNode := natHookOf(f) == "output"
+	var out []NATRule
+	for _, r := range e.cfg.Attribution.Rejects {
+		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && (r.Hook == "output") == fromNode {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// rejected is the verdict of a flow the node's filter rejected (rejectsFor).
+func (e *Engine) rejected(f *flowState, rules []NATRule) verdict {
+	cands := make([]string, len(rules))
+	for i, r := range rules {
+		cands[i] = fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
+	}
+	reason := fmt.Sprintf("not rewritten: %s was still the destination after netfilter's NAT (no DNAT applied), and the node's filter ends it: %s", f.service, oneOf(cands))
+	if f.icmp != nil {
+		reason += fmt.Sprintf("; the %s from %s is its answer", f.icmp.Message, f.icmp.From)
+	}
+	return verdict{place: PlaceNowhere, reason: reason}
 }
 
 // redirectedAtTC decides a flow last seen with the VIP at the tc head of

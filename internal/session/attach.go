@@ -320,6 +320,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.TCPrograms = hostTCPrograms(node.TCPrograms)
 	a.UplinkTCPrograms = uplinkTCPrograms(node.TCPrograms)
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
+	a.Rejects = natRulesOf(node.Netfilter.Rejects)
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
 	a.GatewayMACs = gatewayMACs(node)
@@ -344,10 +345,16 @@ func natRulesOf(rules []discover.NATRule) []flow.NATRule {
 			Proto:  protoOf(r.Proto),
 			Chain:  strings.Join(r.Chains, " -> "),
 		}
-		if r.Backend.IsValid() {
+		switch {
+		case r.Verdict != "":
+			rule.Rule = r.Verdict
+			if r.Comment != "" {
+				rule.Rule += fmt.Sprintf(" (%q)", r.Comment)
+			}
+		case r.Backend.IsValid():
 			rule.Backends = []netip.AddrPort{r.Backend}
 			rule.Rule = "dnat to " + r.Backend.String()
-		} else {
+		default:
 			rule.Rule = r.Note
 		}
 		out = append(out, rule)

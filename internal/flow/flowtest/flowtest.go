@@ -261,17 +261,10 @@ type attribution struct {
 		Ifindex   int    `json:"ifindex"`
 		Uplink    bool   `json:"uplink"` // on the uplink, not a host veth
 	} `json:"tc_programs"`
-	NATRules []struct {
-		Source   string           `json:"source"`
-		Table    string           `json:"table"`
-		Chain    string           `json:"chain"`
-		Hook     string           `json:"hook"`
-		VIP      netip.AddrPort   `json:"vip"`
-		Proto    string           `json:"proto"`
-		Backends []netip.AddrPort `json:"backends"`
-		Rule     string           `json:"rule"`
-	} `json:"nat_rules"`
-	IPVS []struct {
+	NATRules []natRule `json:"nat_rules"`
+	// Rejects are rules that reject or drop a VIP's packets (no backends).
+	Rejects []natRule `json:"rejects"`
+	IPVS    []struct {
 		VIP       netip.AddrPort   `json:"vip"`
 		Proto     string           `json:"proto"`
 		Scheduler string           `json:"scheduler"`
@@ -283,6 +276,23 @@ type attribution struct {
 		Addr   netip.Addr `json:"addr"`
 		Device string     `json:"device"`
 	} `json:"local_vips"`
+}
+
+type natRule struct {
+	Source   string           `json:"source"`
+	Table    string           `json:"table"`
+	Chain    string           `json:"chain"`
+	Hook     string           `json:"hook"`
+	VIP      netip.AddrPort   `json:"vip"`
+	Proto    string           `json:"proto"`
+	Backends []netip.AddrPort `json:"backends"`
+	Rule     string           `json:"rule"`
+}
+
+func (r natRule) convert() (flow.NATRule, error) {
+	proto, err := parseProto(r.Proto)
+	return flow.NATRule{Source: r.Source, Table: r.Table, Chain: r.Chain,
+		Hook: r.Hook, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule}, err
 }
 
 type observation struct {
@@ -359,12 +369,18 @@ func (a attribution) convert() (flow.Attribution, error) {
 		}
 	}
 	for _, r := range a.NATRules {
-		proto, err := parseProto(r.Proto)
+		nr, err := r.convert()
 		if err != nil {
 			return out, err
 		}
-		out.NATRules = append(out.NATRules, flow.NATRule{Source: r.Source, Table: r.Table, Chain: r.Chain,
-			Hook: r.Hook, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule})
+		out.NATRules = append(out.NATRules, nr)
+	}
+	for _, r := range a.Rejects {
+		nr, err := r.convert()
+		if err != nil {
+			return out, err
+		}
+		out.Rejects = append(out.Rejects, nr)
 	}
 	for _, v := range a.IPVS {
 		proto, err := parseProto(v.Proto)
