@@ -70,6 +70,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"--svc", "10.0.0.1", "--buffer-size", ""},
 		{"--svc", "10.0.0.1", "--buffer-size", "1K"},
 		{"--svc", "10.0.0.1", "--buffer-size", "1G"},
+		{"--svc", "10.0.0.1", "--snaplen", "65535", "--buffer-size", "64K"},
 		{"--svc", "10.0.0.1", "--nice", "-21"},
 		{"--svc", "10.0.0.1", "--nice", "20"},
 		{"help", "nosuchtopic"},

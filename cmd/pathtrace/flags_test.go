@@ -38,3 +38,33 @@ func TestDurationHelpNamesStopSignals(t *testing.T) {
 		}
 	}
 }
+
+// TestBufferSizeHoldsSnaplen: a --buffer-size whose ring blocks cannot hold
+// one frame of --snaplen is a usage error; it opened no tap, and with
+// --pcap ended in "no interface to capture on" (exit 1).
+func TestBufferSizeHoldsSnaplen(t *testing.T) {
+	for _, c := range []struct {
+		snaplen, bufSize string
+		ok               bool
+	}{
+		{"65535", "64K", false},
+		{"65535", "16K", false},
+		{"9000", "16K", false},
+		{"65535", "272K", true},
+		{"96", "16K", true},
+		{"65535", "4M", true},
+	} {
+		var f traceFlags
+		args := []string{"--svc", "10.0.0.1", "--snaplen", c.snaplen, "--buffer-size", c.bufSize}
+		if err := newTraceFlagSet(&f).Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.validate()
+		if c.ok && err != nil {
+			t.Errorf("%s: %v", strings.Join(args, " "), err)
+		}
+		if !c.ok && (err == nil || !strings.Contains(err.Error(), "--snaplen "+c.snaplen)) {
+			t.Errorf("%s: %v; want a usage error naming --snaplen", strings.Join(args, " "), err)
+		}
+	}
+}

@@ -158,6 +158,12 @@ func (f *traceFlags) validate() (session.Options, error) {
 	if err != nil || ring < capture.MinRingBytes || ring > capture.MaxRingBytes {
 		return opt, usagef("--buffer-size %s: use %dK to %dM, e.g. --buffer-size 8M", f.bufSize, capture.MinRingBytes>>10, capture.MaxRingBytes>>20)
 	}
+	// A ring whose blocks cannot hold one frame of --snaplen opens no tap
+	// at all: every capture point would be reported not attached, and a
+	// --pcap run would fail with no interface to write.
+	if need := capture.MinRingFor(f.snaplen); ring < int64(need) {
+		return opt, usagef("--buffer-size %s cannot hold a frame of --snaplen %d: give at least %dK, or a smaller --snaplen", f.bufSize, f.snaplen, need>>10)
+	}
 	opt.RingBytes = int(ring)
 	if f.nice < -20 || f.nice > 19 {
 		return opt, usagef("--nice %d: use -20 to 19 (0 = the default priority)", f.nice)
