@@ -48,6 +48,11 @@ type Options struct {
 	// An incident sets it: its verdicts must cover the whole run, whatever
 	// room its budget leaves the capture.
 	PcapBoundEndsFileOnly bool
+	// CaptureDone, when set, is called once the capture is over, before
+	// the report is built: a caller that owns the process may tighten its
+	// heap then. The session changes no process-wide setting itself:
+	// another session of the process may still be capturing.
+	CaptureDone func()
 }
 
 // Progress is a live view of a running session.
@@ -229,12 +234,12 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	eng.SetGatewayMACs(gatewayMACs(node))
 
 	// The capture's working memory (frame batches, packet classes) is
-	// garbage now: return it before the report adds its own, and keep the
-	// heap tight from here on (the report of thousands of flows is built and
-	// printed once; CPU no longer matters, memory still does).
+	// garbage now: return it before the report adds its own.
 	tr.classes, tr.free, tr.freeSmall, tr.freeObs = nil, nil, nil, nil
 	debug.FreeOSMemory()
-	debug.SetGCPercent(10)
+	if opt.CaptureDone != nil {
+		opt.CaptureDone()
+	}
 	tr.noteConntrackLosses()
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
