@@ -222,13 +222,18 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	debug.FreeOSMemory()
 	res.StopReason = tr.run(ctx)
 	res.Stopped = tr.stopped
+	// The capture is over: the observers and taps leave the node's paths
+	// now, not once the report is built. Read no more, their rings would
+	// fill with what comes after the run and count it as lost (thousands
+	// of events in a busy second, conntrack losses that undo verdicts),
+	// and the rings (megabytes each) are unmapped before the report,
+	// which is when the process needs the most memory. Their counters
+	// stay readable, the pcapng statistics included.
+	pr.Detach()
+	closeTaps(tr.taps)
 	if tr.pcap != nil {
 		res.Pcap = tr.pcap.close(tr.taps)
 	}
-	// The capture is over: unmap the rings (megabytes each) before the
-	// report is built, which is when the process needs the most memory. Their
-	// counters stay readable.
-	closeTaps(tr.taps)
 	res.Attachments = append(res.Attachments, tr.late.atts...)
 	discover.RefreshGatewayMACs(node)
 	eng.SetGatewayMACs(gatewayMACs(node))
