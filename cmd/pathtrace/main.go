@@ -31,6 +31,12 @@ const (
 // needs GOMEMLIMIT raised, or the collector runs often.
 const memoryLimit = 42 << 20
 
+// tightenHeap keeps the heap tight once the capture is over: the report of
+// thousands of flows is built and printed once, CPU no longer matters,
+// memory still does. This process runs one session, so the setting is its
+// to make (session.Options.CaptureDone).
+func tightenHeap() { debug.SetGCPercent(10) }
+
 // captureProcs is how many threads run pathtrace's Go code at once, given
 // the CPUs the runtime would use: at most half of them, and at most 2 (one
 // consumer owns the flow engine; the taps and the file writer feed it). On a

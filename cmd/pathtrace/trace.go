@@ -321,6 +321,7 @@ func runTrace(args []string) int {
 	if isTerminal(os.Stderr) {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
+	opt.CaptureDone = tightenHeap
 	opt.Ready = func(node *discover.NodeInfo, atts []probe.Attachment) {
 		rw.Node(nodeJSON(node, atts), func(w io.Writer) { writeNodeTable(w, node, atts) })
 	}

@@ -230,6 +230,15 @@ func (p *Probe) followConntrack(sub *ctSubscription) {
 			}
 			sub.mu.Lock()
 			conn.Close()
+			select {
+			case <-sub.quit:
+				// stop came while the error was counted: the socket it
+				// closed is this one, and a new one would never be closed,
+				// nor this goroutine end (stop waits for it).
+				sub.mu.Unlock()
+				return
+			default:
+			}
 			conn, err = listenConntrack(sub.netnsPath, sub.prog, sub.filter)
 			if err == nil {
 				sub.conn = conn

@@ -6,10 +6,12 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pathtrace/pathtrace/internal/kmod"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -109,5 +111,67 @@ func TestConntrackKernelFilter(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Error("no conntrack observation after 127.0.0.1 was watched")
+	}
+}
+
+// TestConntrackStopDuringReconnect: a subscription whose socket failed
+// opens a new one, unless it was stopped meanwhile. Here stop comes after
+// the follower counted the error and before it reopens: the new socket
+// would never be closed, nor the follower end, and stop (Probe.Close)
+// would wait for it forever.
+func TestConntrackStopDuringReconnect(t *testing.T) {
+	needRoot(t)
+	if err := conntrackModulesErr(kmod.System); err != nil {
+		t.Skipf("conntrack netlink: %v", err)
+	}
+	ns := newNetns(t, fmt.Sprintf("ptctstop%d", os.Getpid()%100000))
+	conn, err := listenConntrack(ns, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Probe{ctObs: make(chan obs.Observation, 1)}
+	sub := &ctSubscription{netnsPath: ns, quit: make(chan struct{}), done: make(chan struct{}), conn: conn}
+	go p.followConntrack(sub)
+	waitStack(t, "(*ctReader).next")
+	sub.mu.Lock() // the follower waits here to reopen
+	// A receive error that is not ENOBUFS: the deadline passed.
+	if err := conn.SetReadDeadline(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); p.counters.ctErrors.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			sub.mu.Unlock()
+			t.Fatal("the follower saw no error")
+		}
+	}
+	// What stop does, while the follower waits for the lock.
+	close(sub.quit)
+	sub.conn.Close()
+	sub.mu.Unlock()
+	select {
+	case <-sub.done:
+	case <-time.After(2 * time.Second):
+		t.Error("the follower opened a new socket after stop and never ended")
+		sub.mu.Lock()
+		sub.conn.Close()
+		sub.mu.Unlock()
+		<-sub.done
+	}
+}
+
+// waitStack waits until a goroutine's stack holds fn (it parked there).
+func waitStack(t *testing.T, fn string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var b strings.Builder
+		if err := pprof.Lookup("goroutine").WriteTo(&b, 2); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(b.String(), fn) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no goroutine in %s", fn)
+		}
 	}
 }

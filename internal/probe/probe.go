@@ -380,9 +380,14 @@ func (p *Probe) Stats() Stats {
 	return s
 }
 
-// Close detaches every observer and releases every map, program and socket.
-// It waits for Run to return.
-func (p *Probe) Close() error {
+// Detach takes every observer out of the kernel's paths (links closed,
+// conntrack subscriptions stopped) and waits for Run to return, but keeps
+// the maps: Stats goes on saying what the observers saw and lost while
+// they ran. Once nobody reads their ring, observers still attached would
+// fill it and count what they could not write as losses, though it came
+// after the run. Nothing can be attached or watched afterwards; Close
+// releases the rest.
+func (p *Probe) Detach() error {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -404,7 +409,13 @@ func (p *Probe) Close() error {
 		s.stop()
 	}
 	p.runWG.Wait()
+	return errors.Join(errs...)
+}
 
+// Close detaches every observer (Detach) and releases every map, program
+// and socket. It waits for Run to return.
+func (p *Probe) Close() error {
+	errs := []error{p.Detach()}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for name, prog := range p.progs {

@@ -496,6 +496,57 @@ func TestRingbufLossesCounted(t *testing.T) {
 	}
 }
 
+// Detach takes the observers out of the traffic's path and keeps the
+// counters: what they lost while attached is still said, and what comes
+// afterwards (nobody reads the ring any more) is neither seen nor lost.
+func TestDetachKeepsCounters(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.Watch(env.vip); err != nil {
+		t.Fatal(err)
+	}
+	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+	var conn *net.UDPConn
+	if err := nsutil.Do(env.clientNS, func() error {
+		var err error
+		conn, err = net.ListenUDP("udp", nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Flows of their own, more than the ring holds (see
+	// TestRingbufLossesCounted).
+	send := func(first int) {
+		for i := range 10000 {
+			to := netip.AddrPortFrom(env.vip, uint16(first+i))
+			if _, err := conn.WriteToUDPAddrPort([]byte("x"), to); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal(err)
+			}
+		}
+	}
+	send(1)
+	lost := p.Stats().RingbufLosses
+	if lost == 0 {
+		t.Fatal("no ring-buffer losses with no reader")
+	}
+	if err := p.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	send(10001)
+	if s := p.Stats(); s.RingbufLosses != lost {
+		t.Errorf("ring-buffer losses %d after Detach, want the %d of before kept, no more", s.RingbufLosses, lost)
+	}
+	if err := p.Watch(env.vip); err == nil {
+		t.Error("Watch after Detach succeeded")
+	}
+}
+
 // A frame sent with an in-band 802.1Q tag arrives with the tag moved out of
 // band (skb_vlan_untag runs before tc): the tc observers report it.
 func TestTCReportsVLANTag(t *testing.T) {

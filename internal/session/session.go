@@ -48,6 +48,11 @@ type Options struct {
 	// An incident sets it: its verdicts must cover the whole run, whatever
 	// room its budget leaves the capture.
 	PcapBoundEndsFileOnly bool
+	// CaptureDone, when set, is called once the capture is over, before
+	// the report is built: a caller that owns the process may tighten its
+	// heap then. The session changes no process-wide setting itself:
+	// another session of the process may still be capturing.
+	CaptureDone func()
 }
 
 // Progress is a live view of a running session.
@@ -217,24 +222,29 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	debug.FreeOSMemory()
 	res.StopReason = tr.run(ctx)
 	res.Stopped = tr.stopped
+	// The capture is over: the observers and taps leave the node's paths
+	// now, not once the report is built. Read no more, their rings would
+	// fill with what comes after the run and count it as lost (thousands
+	// of events in a busy second, conntrack losses that undo verdicts),
+	// and the rings (megabytes each) are unmapped before the report,
+	// which is when the process needs the most memory. Their counters
+	// stay readable, the pcapng statistics included.
+	pr.Detach()
+	closeTaps(tr.taps)
 	if tr.pcap != nil {
 		res.Pcap = tr.pcap.close(tr.taps)
 	}
-	// The capture is over: unmap the rings (megabytes each) before the
-	// report is built, which is when the process needs the most memory. Their
-	// counters stay readable.
-	closeTaps(tr.taps)
 	res.Attachments = append(res.Attachments, tr.late.atts...)
 	discover.RefreshGatewayMACs(node)
 	eng.SetGatewayMACs(gatewayMACs(node))
 
 	// The capture's working memory (frame batches, packet classes) is
-	// garbage now: return it before the report adds its own, and keep the
-	// heap tight from here on (the report of thousands of flows is built and
-	// printed once; CPU no longer matters, memory still does).
+	// garbage now: return it before the report adds its own.
 	tr.classes, tr.free, tr.freeSmall, tr.freeObs = nil, nil, nil, nil
 	debug.FreeOSMemory()
-	debug.SetGCPercent(10)
+	if opt.CaptureDone != nil {
+		opt.CaptureDone()
+	}
 	tr.noteConntrackLosses()
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()

@@ -1,0 +1,121 @@
+package session
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// TestRunLeavesNothingBehind: a session that ended leaves the process as it
+// found it: no goroutine, no descriptor (observers, taps, maps, netlink
+// sockets) and no process-wide setting of its own, since another session
+// of the process may still be capturing (a daemon runs several).
+func TestRunLeavesNothingBehind(t *testing.T) {
+	name := testNetNS(t, "pttest-leave", "")[0]
+	gcPercent := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(gcPercent)
+	goroutines, fds := runtime.NumGoroutine(), openFDs(t)
+
+	_, err := Run(context.Background(), Options{
+		Services: []flow.Service{{Addr: netip.MustParseAddr("192.0.2.80")}},
+		Duration: 100 * time.Millisecond,
+		Discover: discover.Options{HostNetNS: "/run/netns/" + name},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("GC percent %d after the session, want the process's 100 kept", got)
+	}
+	// What ends asynchronously (a goroutine's last steps) is given a moment.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		now, open := runtime.NumGoroutine(), openFDs(t)
+		if now <= goroutines && slices.Equal(open, fds) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the session: %d goroutines (before: %d), descriptors %v (before: %v)", now, goroutines, open, fds)
+		}
+	}
+}
+
+// openFDs lists the process's open descriptors, with what each refers to.
+func openFDs(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		target, _ := os.Readlink("/proc/self/fd/" + e.Name()) // the directory's own descriptor is gone by now
+		out = append(out, e.Name()+" "+target)
+	}
+	return out
+}
+
+// TestNothingCountedAfterTheRun: what the node does once the run is over
+// is not the run's. Flows that start after it (here, while the report is
+// about to be built) would fill the observers' ring, which nobody reads
+// any more, and be counted as losses, telling the user to trace fewer
+// Pods or ports; conntrack events lost so would undo verdicts.
+func TestNothingCountedAfterTheRun(t *testing.T) {
+	name := testNetNS(t, "pttest-after", "")[0]
+	netns := "/run/netns/" + name
+	// The VIP is routed to a veth whose peer has no address: the
+	// datagrams pass the observers and go nowhere.
+	run(t, "ip", "-n", name, "link", "add", "pt0", "type", "veth", "peer", "name", "pt1")
+	run(t, "ip", "-n", name, "link", "set", "pt1", "up")
+	run(t, "ip", "-n", name, "addr", "add", "192.0.2.1/24", "dev", "pt0")
+	run(t, "ip", "-n", name, "link", "set", "pt0", "up")
+	vip := netip.MustParseAddrPort("192.0.2.80:53")
+	var sendErr error
+	res, err := Run(context.Background(), Options{
+		Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}},
+		Duration: 100 * time.Millisecond,
+		Discover: discover.Options{HostNetNS: netns},
+		// Several times what the 512 KiB ring holds: a flow per socket.
+		CaptureDone: func() { sendErr = sendFromSockets(netns, vip, 5000) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sendErr != nil {
+		t.Fatal(sendErr)
+	}
+	for _, d := range []string{"ringbuf_losses", "conntrack_drops", "conntrack_errors"} {
+		if n := res.Drops[d]; n != 0 {
+			t.Errorf("%s = %d: counted after the run", d, n)
+		}
+	}
+}
+
+// sendFromSockets sends one datagram to dst from each of n sockets of the
+// netns at path.
+func sendFromSockets(path string, dst netip.AddrPort, n int) error {
+	return nsutil.Do(path, func() error {
+		for range n {
+			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
+			if err != nil {
+				return err
+			}
+			_, err = c.Write([]byte("x"))
+			c.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
