@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -66,5 +69,23 @@ func TestBufferSizeHoldsSnaplen(t *testing.T) {
 		if !c.ok && (err == nil || !strings.Contains(err.Error(), "--snaplen "+c.snaplen)) {
 			t.Errorf("%s: %v; want a usage error naming --snaplen", strings.Join(args, " "), err)
 		}
+	}
+}
+
+// TestStartInterrupted: a stop signal during start-up is said as such, not
+// as "context canceled"; a cancellation the signals did not cause (a
+// library's own) is not mistaken for one.
+func TestStartInterrupted(t *testing.T) {
+	signalled, stop := context.WithCancel(context.Background())
+	stop()
+	wrapped := fmt.Errorf("discover pods: %w", context.Canceled)
+	if !startInterrupted(signalled, wrapped) {
+		t.Errorf("a wrapped cancellation after the stop signal is not an interrupted start")
+	}
+	if startInterrupted(context.Background(), wrapped) {
+		t.Errorf("a cancellation without a stop signal is taken for an interrupted start")
+	}
+	if startInterrupted(signalled, errors.New("attach: permission denied")) {
+		t.Errorf("another error after the stop signal is taken for an interrupted start")
 	}
 }

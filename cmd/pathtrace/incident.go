@@ -152,6 +152,10 @@ func runIncident(args []string) int {
 			fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", ue)
 			return exitUsage
 		}
+		if startInterrupted(ctx, err) {
+			fmt.Fprintf(os.Stderr, "pathtrace incident: %s; no bundle was written\n", interruptedStart)
+			return exitRuntime
+		}
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
 		return exitRuntime
 	}

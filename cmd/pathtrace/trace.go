@@ -273,6 +273,16 @@ func version() string {
 	return "pathtrace (unknown version)"
 }
 
+// interruptedStart says what a stop signal during start-up (discovery, before
+// any observer is attached) did, where the error is only "context canceled".
+const interruptedStart = "stopped while starting (Ctrl-C or a stop signal before tracing began): nothing was traced, nothing stays attached"
+
+// startInterrupted tells whether err ended the run because ctx, the run's stop
+// signals, was done before tracing began.
+func startInterrupted(ctx context.Context, err error) bool {
+	return errors.Is(err, context.Canceled) && ctx.Err() != nil
+}
+
 func runTrace(args []string) int {
 	var f traceFlags
 	fs := newTraceFlagSet(&f)
@@ -338,6 +348,10 @@ func runTrace(args []string) int {
 		if errors.Is(err, export.ErrLimit) { // the bound cannot even hold the file's header
 			fmt.Fprintf(os.Stderr, "pathtrace: --max-bytes %s: %v; give a larger bound, e.g. --max-bytes 64M\n", f.maxBytes, err)
 			return exitUsage
+		}
+		if startInterrupted(ctx, err) {
+			fmt.Fprintf(os.Stderr, "pathtrace: %s\n", interruptedStart)
+			return exitRuntime
 		}
 		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
 		return exitRuntime
