@@ -86,7 +86,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	svcs := newServiceSet(opt.Services, opt.ServicePorts)
 	opt.Services = svcs.vips
 	info.LocalVIPs = host.localVIPs(svcs.vips)
-	info.hostAddrs = host.addrs()
+	info.hostAddrs, info.hostAddrsComplete = host.addrs()
 	svcs.local = map[netip.Addr]bool{}
 	for _, lv := range info.LocalVIPs {
 		svcs.local[lv.Addr] = true

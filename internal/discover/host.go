@@ -123,19 +123,19 @@ func (h *hostNS) masterOf(l netlink.Link) (name, kind string) {
 	return m.Attrs().Name, m.Type()
 }
 
-// addrs are the node netns's IPv4 addresses.
-func (h *hostNS) addrs() []netip.Addr {
-	list, err := h.nl.AddrList(nil, netlink.FAMILY_V4)
+// addrs are the node netns's addresses, of both families; complete false
+// when some may be missing (the dump was interrupted by a change).
+func (h *hostNS) addrs() (out []netip.Addr, complete bool) {
+	list, err := h.nl.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		return nil
+		return nil, false
 	}
-	var out []netip.Addr
 	for _, a := range list {
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {
 			out = append(out, ip.Unmap())
 		}
 	}
-	return out
+	return out, err == nil
 }
 
 // localVIPs returns which of vips the node netns routes as its own

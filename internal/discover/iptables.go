@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -61,8 +62,8 @@ func parseIPTablesSaveTable(r io.Reader, source, table string) (*natGraph, error
 }
 
 // parseIPTablesRule parses one "-A CHAIN ..." line. Only what attribution
-// needs is kept: -d, -p, --dport, --dst-type LOCAL, -j/-g and DNAT
-// --to-destination.
+// needs is kept: -d, -s, -p, --dport, --dst-type and --src-type LOCAL, -j/-g
+// and DNAT --to-destination.
 func parseIPTablesRule(text string) (string, natRule, error) {
 	args, err := splitIPTablesArgs(text)
 	if err != nil {
@@ -70,7 +71,7 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 	}
 	var r natRule
 	chain := ""
-	neg := false
+	neg, limited := false, false
 	for i := 0; i < len(args); i++ {
 		arg := args[i]
 		next := func() string {
@@ -92,6 +93,12 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 				return "", r, err
 			}
 			r.dst, r.dstNeg = []netip.Prefix{p}, neg
+		case "-s", "--source":
+			// One not read (a non-contiguous mask) is no condition: the
+			// rule may apply to any source, as before sources were read.
+			if p, err := parseIPTablesPrefix(next()); err == nil {
+				r.src = append(r.src, SourceMatch{Prefixes: []netip.Prefix{p}, Not: neg})
+			}
 		case "-p", "--protocol":
 			if v := next(); !neg {
 				r.proto = v
@@ -114,12 +121,18 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 			if next() == "LOCAL" {
 				r.localDst, r.localNeg = true, neg
 			}
+		case "--src-type":
+			if next() == "LOCAL" {
+				r.src = append(r.src, SourceMatch{Local: true, Not: neg})
+			}
+		case "--limit-iface-in", "--limit-iface-out":
+			limited = true
 		case "--to-destination":
 			r.backend, r.note = parseDNATTarget(next())
 		case "--comment":
 			r.comment = next()
 		default:
-			// Options this reader ignores (-s, -m mark --mark ...):
+			// Options this reader ignores (-i, -m mark --mark ...):
 			// skip their value so it is never read as an option.
 			if strings.HasPrefix(arg, "-") && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") && args[i+1] != "!" {
 				i++
@@ -129,6 +142,11 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 	}
 	if chain == "" {
 		return "", r, fmt.Errorf("rule without -A: %q", text)
+	}
+	if limited {
+		// The source type on the packet's interface, not the node's
+		// addresses at large: no condition read.
+		r.src = slices.DeleteFunc(r.src, func(m SourceMatch) bool { return m.Local })
 	}
 	return chain, r, nil
 }
@@ -171,13 +189,13 @@ func parseIPTablesPrefix(s string) (netip.Prefix, error) {
 	if strings.Contains(s, "/") {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			return p, fmt.Errorf("bad destination %q: %w", s, err)
+			return p, fmt.Errorf("bad address %q: %w", s, err)
 		}
 		return p.Masked(), nil
 	}
 	a, err := netip.ParseAddr(s)
 	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("bad destination %q: %w", s, err)
+		return netip.Prefix{}, fmt.Errorf("bad address %q: %w", s, err)
 	}
 	return netip.PrefixFrom(a, a.BitLen()), nil
 }

@@ -8,7 +8,7 @@ import (
 
 // natGraph is a NAT ruleset reduced to what attribution needs, whatever its
 // source (nftables or iptables-save): chains of rules that may be limited to
-// destinations, ports and protocols, jump to other chains, and DNAT.
+// destinations, ports, protocols and sources, jump to other chains, and DNAT.
 type natGraph struct {
 	source string    // nftables or iptables-legacy
 	table  string    // "ip kube-proxy", "nat"
@@ -42,6 +42,11 @@ type natRule struct {
 	// matches (kube-proxy rejects a Service without endpoints so).
 	verdict string
 	comment string // the rule's own (-m comment, nft comment, a map element's)
+	// src are the rule's conditions on the packet's source, all required:
+	// kube-proxy sends Pods' and the node's own traffic to a NodePort of
+	// an externalTrafficPolicy: Local Service to the cluster-wide chain
+	// and only the rest to the local one.
+	src []SourceMatch
 }
 
 // maxChainDepth bounds a walk (rulesets are DAGs; this only stops bad loops).
@@ -67,7 +72,7 @@ func (g *natGraph) matchLocal(vips []netip.Addr, local map[netip.Addr]bool) []NA
 		}
 		for _, base := range g.bases {
 			w := natWalk{g: g, vip: vip, local: local[vip], hook: base.hook, out: &out, seen: seen, onPath: map[string]bool{}}
-			w.chain(base.chain, []string{base.chain}, false, "", 0, "")
+			w.chain(base.chain, []string{base.chain}, false, "", 0, "", nil)
 		}
 	}
 	return out
@@ -85,8 +90,10 @@ type natWalk struct {
 
 // chain walks the rules of chain name; comment is the one of the rule that
 // named the VIP on the way (a verdict map element's, in kube-proxy's
-// nftables mode), which a verdict rule without one of its own keeps.
-func (w *natWalk) chain(name string, path []string, matched bool, proto string, port uint16, comment string) {
+// nftables mode), which a verdict rule without one of its own keeps; src
+// are the source conditions of the rules on the way, from the base chain
+// on (a packet meets them all whether or not they named the VIP).
+func (w *natWalk) chain(name string, path []string, matched bool, proto string, port uint16, comment string, src []SourceMatch) {
 	if w.onPath[name] || len(path) > maxChainDepth {
 		return
 	}
@@ -97,7 +104,10 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 		if !applies {
 			continue
 		}
-		m, pr, po, cm := matched, proto, port, comment
+		m, pr, po, cm, sm := matched, proto, port, comment, src
+		if len(r.src) > 0 {
+			sm = append(slices.Clone(src), r.src...)
+		}
 		if m && !names {
 			// Conditions add up along the path: a later rule's port or
 			// protocol narrows the VIP's (the nodeports chain picks the
@@ -121,15 +131,15 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 		}
 		if m && r.dnat {
 			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.hook, Service: w.vip,
-				Port: po, Proto: pr, Chains: slices.Clone(path), Backend: r.backend, Note: r.note})
+				Port: po, Proto: pr, Chains: slices.Clone(path), Backend: r.backend, Note: r.note, Sources: sm})
 		}
 		if m && r.verdict != "" {
 			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.hook, Service: w.vip,
-				Port: po, Proto: pr, Chains: slices.Clone(path), Verdict: r.verdict, Comment: cm})
+				Port: po, Proto: pr, Chains: slices.Clone(path), Verdict: r.verdict, Comment: cm, Sources: sm})
 		}
 		for _, t := range r.targets {
 			if _, ok := w.g.chains[t]; ok {
-				w.chain(t, append(slices.Clone(path), t), m, pr, po, cm)
+				w.chain(t, append(slices.Clone(path), t), m, pr, po, cm, sm)
 			}
 		}
 	}
@@ -138,9 +148,12 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 // add records a DNAT the walk reached, once: a chain that two rules of one
 // chain jump to (kube-proxy's session affinity: `ip saddr @affinity goto
 // endpoint-X` next to the random pick of the same endpoint) is one path to
-// that DNAT, not two candidates.
+// that DNAT, not two candidates. Two rules with different source conditions
+// (kube-proxy's pod and node-local traffic to the cluster-wide chain of a
+// NodePort) make two: a client may take it meeting either's, and one list
+// of conditions, all required, cannot say so.
 func (w *natWalk) add(r NATRule) {
-	k := fmt.Sprint(r.Service, r.Hook, r.Port, r.Proto, r.Chains, r.Backend, r.Note, r.Verdict)
+	k := fmt.Sprint(r.Service, r.Hook, r.Port, r.Proto, r.Chains, r.Backend, r.Note, r.Verdict, r.Sources)
 	if !w.seen[k] {
 		w.seen[k] = true
 		*w.out = append(*w.out, r)

@@ -129,11 +129,14 @@ func NFTFamilyName(f nftables.TableFamily) string {
 	return "family" + strconv.Itoa(int(f))
 }
 
-// nftSet is what a rule's lookup needs of a set: its elements, and whether
-// they are intervals (which this reader does not decode).
+// nftSet is what a rule's lookup needs of a set: its elements, whether
+// they are intervals (which this reader does not decode), and whether the
+// packet path changes them (kube-proxy's session affinity sets of client
+// addresses: what they hold now is not what they held for a flow).
 type nftSet struct {
 	elems    []nftables.SetElement
 	interval bool
+	dynamic  bool
 }
 
 // setLookup returns a set of the rule's table by name; ok false when unreadable.
@@ -157,7 +160,7 @@ func (s *nftSets) lookup(name string) (nftSet, bool) {
 	if err != nil {
 		return nftSet{}, false
 	}
-	s.cache[name] = nftSet{elems: elems, interval: set.Interval}
+	s.cache[name] = nftSet{elems: elems, interval: set.Interval, dynamic: set.Dynamic || set.HasTimeout}
 	return s.cache[name], true
 }
 
@@ -172,12 +175,14 @@ type nftField struct {
 type fieldKind uint8
 
 const (
-	fieldOther    fieldKind = iota
-	fieldDaddr              // IP destination address
-	fieldDport              // transport destination port
-	fieldProto              // meta l4proto
-	fieldImm                // immediate data
-	fieldAddrType           // fib daddr type: the route type of the destination
+	fieldOther       fieldKind = iota
+	fieldDaddr                 // IP destination address
+	fieldDport                 // transport destination port
+	fieldProto                 // meta l4proto
+	fieldImm                   // immediate data
+	fieldAddrType              // fib daddr type: the route type of the destination
+	fieldSaddr                 // IP source address, or its first bytes
+	fieldSrcAddrType           // fib saddr type: the route type of the source
 )
 
 // regSlot maps an nftables register to its 4-byte slot: NFT_REG_1..4 are 16
@@ -240,7 +245,7 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 		}
 	case *expr.Bitwise:
 		f := ev.get(e.SourceRegister)
-		if f.kind == fieldDaddr && int(e.Len) == f.size && len(e.Mask) == f.size {
+		if (f.kind == fieldDaddr || f.kind == fieldSaddr) && int(e.Len) == f.size && len(e.Mask) == f.size {
 			f.mask = e.Mask
 		} else {
 			f = nftField{kind: fieldOther, size: int(e.Len)}
@@ -258,8 +263,13 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 		}
 	case *expr.Fib:
 		f := nftField{kind: fieldOther, size: 4}
-		if e.FlagDADDR && e.ResultADDRTYPE {
+		switch {
+		case e.FlagDADDR && e.ResultADDRTYPE:
 			f.kind = fieldAddrType
+		case e.FlagSADDR && e.ResultADDRTYPE && !e.FlagIIF && !e.FlagOIF:
+			// With an interface, the type is the source's on that
+			// interface, not the node's at large.
+			f.kind = fieldSrcAddrType
 		}
 		ev.set(e.Register, f)
 	case *expr.Cmp:
@@ -298,6 +308,12 @@ func payloadField(e *expr.Payload) nftField {
 		return nftField{kind: fieldDaddr, size: 4}
 	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 24 && e.Len == 16: // IPv6 daddr
 		return nftField{kind: fieldDaddr, size: 16}
+	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 12 && e.Len >= 1 && e.Len <= 4:
+		// IPv4 saddr, or its first bytes: nft and iptables-nft load only
+		// those a prefix on a byte boundary covers (ip saddr 10.0.0.0/8).
+		return nftField{kind: fieldSaddr, size: int(e.Len)}
+	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 8 && e.Len == 16: // IPv6 saddr
+		return nftField{kind: fieldSaddr, size: 16}
 	case e.Base == expr.PayloadBaseTransportHeader && e.Offset == 2 && e.Len == 2:
 		return nftField{kind: fieldDport, size: 2}
 	}
@@ -306,18 +322,26 @@ func payloadField(e *expr.Payload) nftField {
 
 func (ev *nftRuleEval) cmp(e *expr.Cmp) {
 	f := ev.get(e.Register)
-	if e.Op != expr.CmpOpEq && !(e.Op == expr.CmpOpNeq && (f.kind == fieldDaddr || f.kind == fieldAddrType)) {
+	neg := e.Op == expr.CmpOpNeq
+	if e.Op != expr.CmpOpEq && !(neg && negatable(f.kind)) {
 		return
 	}
 	switch f.kind {
 	case fieldAddrType:
-		// The kernel stores the route type as a u32 in host byte order.
-		if len(e.Data) == 4 && binary.NativeEndian.Uint32(e.Data) == unix.RTN_LOCAL {
-			ev.rule.localDst, ev.rule.localNeg = true, e.Op == expr.CmpOpNeq
+		if isLocalType(e.Data) {
+			ev.rule.localDst, ev.rule.localNeg = true, neg
+		}
+	case fieldSrcAddrType:
+		if isLocalType(e.Data) {
+			ev.rule.src = append(ev.rule.src, SourceMatch{Local: true, Not: neg})
 		}
 	case fieldDaddr:
 		if p, ok := prefixFrom(e.Data, f.mask); ok {
-			ev.rule.dst, ev.rule.dstNeg = []netip.Prefix{p}, e.Op == expr.CmpOpNeq
+			ev.rule.dst, ev.rule.dstNeg = []netip.Prefix{p}, neg
+		}
+	case fieldSaddr:
+		if p, ok := srcPrefix(f, e.Data); ok {
+			ev.rule.src = append(ev.rule.src, SourceMatch{Prefixes: []netip.Prefix{p}, Not: neg})
 		}
 	case fieldDport:
 		if len(e.Data) == 2 {
@@ -330,7 +354,40 @@ func (ev *nftRuleEval) cmp(e *expr.Cmp) {
 	}
 }
 
-// lookup handles a set membership test on the destination, and verdict maps
+// negatable are the fields whose != compare the reader understands.
+func negatable(k fieldKind) bool {
+	return k == fieldDaddr || k == fieldAddrType || k == fieldSaddr || k == fieldSrcAddrType
+}
+
+// isLocalType tells whether a fib type compare is against RTN_LOCAL, which
+// the kernel stores as a u32 in host byte order.
+func isLocalType(data []byte) bool {
+	return len(data) == 4 && binary.NativeEndian.Uint32(data) == unix.RTN_LOCAL
+}
+
+// srcPrefix is the prefix a compare of the source address (f: its first
+// f.size bytes, masked or not) tests.
+func srcPrefix(f nftField, data []byte) (netip.Prefix, bool) {
+	if len(data) != f.size {
+		return netip.Prefix{}, false
+	}
+	width := 4
+	if f.size == 16 {
+		width = 16
+	}
+	addr, mask := make([]byte, width), make([]byte, width)
+	copy(addr, data)
+	if f.mask != nil {
+		copy(mask, f.mask)
+	} else {
+		for i := range f.size {
+			mask[i] = 0xff
+		}
+	}
+	return prefixFrom(addr, mask)
+}
+
+// lookup handles a set membership test on the destination or the source, and verdict maps
 // (kube-proxy's `ip daddr . meta l4proto . th dport vmap @service-ips`): each
 // element becomes a rule with the element's key as conditions.
 func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
@@ -345,6 +402,9 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 	}
 	start := regSlot(e.SourceRegister)
 	if !isVmap {
+		if m, ok := srcSetMatch(ev.regs[start], set, e.Invert); ok {
+			ev.rule.src = append(ev.rule.src, m)
+		}
 		if f := ev.regs[start]; f.kind == fieldDaddr {
 			var dst []netip.Prefix
 			for _, el := range set.elems {
@@ -379,6 +439,24 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		}
 		ev.out = append(ev.out, r)
 	}
+}
+
+// srcSetMatch is the condition of `ip saddr @set` (f: the source address):
+// in one of the set's addresses. A set the packet path changes, or one whose
+// keys are not addresses alone, is no condition the reader can hold to.
+func srcSetMatch(f nftField, set nftSet, neg bool) (SourceMatch, bool) {
+	if f.kind != fieldSaddr || (f.size != 4 && f.size != 16) || f.mask != nil || set.dynamic {
+		return SourceMatch{}, false
+	}
+	m := SourceMatch{Not: neg}
+	for _, el := range set.elems {
+		a, ok := netip.AddrFromSlice(el.Key)
+		if !ok || len(el.Key) != f.size {
+			return SourceMatch{}, false
+		}
+		m.Prefixes = append(m.Prefixes, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return m, true
 }
 
 // verdictFromData decodes a verdict map element's data as the kernel sends it
@@ -468,15 +546,15 @@ func (ev *nftRuleEval) xtMatch(e *expr.Match) {
 		ports, ev.rule.proto = m.DstPorts, "tcp"
 	case *xt.Udp:
 		ports, ev.rule.proto = m.DstPorts, "udp"
-	case *xt.AddrTypeV1: // -m addrtype --dst-type LOCAL, as iptables-nft writes it
-		if m.Dest == uint16(xt.AddrTypeLocal) {
-			ev.rule.localDst, ev.rule.localNeg = true, m.Flags&xtAddrTypeInvertDest != 0
+	case *xt.AddrTypeV1: // -m addrtype --dst-type/--src-type LOCAL, as iptables-nft writes it
+		ev.addrType(m.Dest, m.Flags&xtAddrTypeInvertDest != 0)
+		if m.Flags&xtAddrTypeLimitIface == 0 {
+			ev.srcAddrType(m.Source, m.Flags&xtAddrTypeInvertSource != 0)
 		}
 		return
 	case *xt.AddrType:
-		if m.Dest == uint16(xt.AddrTypeLocal) {
-			ev.rule.localDst, ev.rule.localNeg = true, m.InvertDest
-		}
+		ev.addrType(m.Dest, m.InvertDest)
+		ev.srcAddrType(m.Source, m.InvertSource)
 		return
 	case *xt.Comment: // -m comment --comment, as iptables-nft writes it
 		ev.rule.comment = string(*m)
@@ -489,9 +567,30 @@ func (ev *nftRuleEval) xtMatch(e *expr.Match) {
 	}
 }
 
-// xtAddrTypeInvertDest is XT_ADDRTYPE_INVERT_DEST of xt_addrtype_info_v1's
-// flags (google/nftables names no flag of that field).
-const xtAddrTypeInvertDest = 0x2
+// addrType reads an addrtype match's destination type: LOCAL alone is the
+// node's addresses.
+func (ev *nftRuleEval) addrType(dest uint16, neg bool) {
+	if dest == uint16(xt.AddrTypeLocal) {
+		ev.rule.localDst, ev.rule.localNeg = true, neg
+	}
+}
+
+// srcAddrType reads an addrtype match's source type, as addrType.
+func (ev *nftRuleEval) srcAddrType(source uint16, neg bool) {
+	if source == uint16(xt.AddrTypeLocal) {
+		ev.rule.src = append(ev.rule.src, SourceMatch{Local: true, Not: neg})
+	}
+}
+
+// Flags of xt_addrtype_info_v1 (google/nftables names none):
+// XT_ADDRTYPE_INVERT_SOURCE, XT_ADDRTYPE_INVERT_DEST, and
+// XT_ADDRTYPE_LIMIT_IFACE_IN|OUT, which make the source type the one on the
+// packet's interface, not the node's at large.
+const (
+	xtAddrTypeInvertSource = 0x1
+	xtAddrTypeInvertDest   = 0x2
+	xtAddrTypeLimitIface   = 0x4 | 0x8
+)
 
 // xtDNATBackend decodes the target of an iptables-nft `-j DNAT`.
 func xtDNATBackend(info xt.InfoAny) (netip.AddrPort, string) {

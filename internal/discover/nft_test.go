@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/nftables"
@@ -202,5 +203,107 @@ func TestVerdictFromData(t *testing.T) {
 	}
 	if v := verdictFromData([]byte{1, 2}); v != nil {
 		t.Errorf("garbage: got %+v, want nil", v)
+	}
+}
+
+func loadSaddr(reg uint32, n uint32) expr.Any {
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: n}
+}
+
+// fibSaddrLocal is `fib saddr type local` (!= with neq).
+func fibSaddrLocal(neq bool) []expr.Any {
+	op := expr.CmpOpEq
+	if neq {
+		op = expr.CmpOpNeq
+	}
+	return []expr.Any{&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: op, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)}}
+}
+
+// TestNFTSourceConditions: kube-proxy's nftables external chain of an
+// externalTrafficPolicy: Local NodePort (`ip saddr CLUSTER-CIDR goto
+// service-X`, `fib saddr type local goto service-X`, then the local
+// endpoints): each path says the sources it is taken from.
+func TestNFTSourceConditions(t *testing.T) {
+	sets := map[string]nftSet{
+		"__map0": {elems: []nftables.SetElement{{Key: []byte{0, 0, 0, 0}, VerdictData: gotoChain("endpoint-a")}}},
+		"__map1": {elems: []nftables.SetElement{
+			{Key: []byte{0, 0, 0, 0}, VerdictData: gotoChain("endpoint-a")},
+			{Key: []byte{1, 0, 0, 0}, VerdictData: gotoChain("endpoint-b")},
+		}},
+	}
+	lookup := func(name string) (nftSet, bool) { s, ok := sets[name]; return s, ok }
+	numgenVmap := func(set string) []expr.Any {
+		return []expr.Any{&expr.Numgen{Register: 1, Modulus: 2},
+			&expr.Lookup{SourceRegister: 1, SetName: set, IsDestRegSet: true, DestRegister: unix.NFT_REG_VERDICT}}
+	}
+	rules := map[string][][]expr.Any{
+		"nat-prerouting": {{jump("services")}},
+		"services":       {{&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true}, cmpEq(1, 2, 0, 0, 0), jump("nodeports")}},
+		"nodeports":      {{loadProto(1), cmpEq(1, unix.IPPROTO_TCP), loadDport(1), cmpEq(1, port(30081)...), gotoChain("external-local")}},
+		"external-local": {
+			// ip saddr 10.244.0.0/16: nft loads the two bytes the prefix covers.
+			{loadSaddr(1, 2), cmpEq(1, 10, 244), gotoChain("service-local")},
+			append(fibSaddrLocal(false), jump("mark-for-masquerade")),
+			append(fibSaddrLocal(false), gotoChain("service-local")),
+			numgenVmap("__map0"),
+		},
+		"service-local": {
+			{loadDaddr(1), cmpEq(1, ip4("10.120.0.81")...), loadSaddr(1, 2), &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{10, 244}}, jump("mark-for-masquerade")},
+			numgenVmap("__map1"),
+		},
+		"endpoint-a":          {append([]expr.Any{loadProto(1), cmpEq(1, unix.IPPROTO_TCP)}, dnatTo("10.244.0.7", 8080)...)},
+		"endpoint-b":          {append([]expr.Any{loadProto(1), cmpEq(1, unix.IPPROTO_TCP)}, dnatTo("10.244.1.5", 8080)...)},
+		"mark-for-masquerade": {{&expr.Immediate{Register: 1, Data: []byte{0, 0x40, 0, 0}}}},
+	}
+	g := &natGraph{source: "nftables", table: "ip kube-proxy", bases: []natBase{{"nat-prerouting", "prerouting", true}}, chains: map[string][]natRule{}}
+	for chain, rs := range rules {
+		for _, r := range rs {
+			g.chains[chain] = append(g.chains[chain], nftNATRules(r, lookup)...)
+		}
+	}
+	node := netip.MustParseAddr("192.168.1.10")
+	got := sourceKeys(g.matchLocal([]netip.Addr{node}, map[netip.Addr]bool{node: true}))
+	want := []string{
+		"services>nodeports>external-local>endpoint-a => 10.244.0.7:8080",
+		"services>nodeports>external-local>service-local>endpoint-a => 10.244.0.7:8080 from 10.244.0.0/16",
+		"services>nodeports>external-local>service-local>endpoint-a => 10.244.0.7:8080 from local",
+		"services>nodeports>external-local>service-local>endpoint-b => 10.244.1.5:8080 from 10.244.0.0/16",
+		"services>nodeports>external-local>service-local>endpoint-b => 10.244.1.5:8080 from local",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("NodePort paths:\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestNFTSourceMatches(t *testing.T) {
+	sets := map[string]nftSet{
+		"clients":  {elems: []nftables.SetElement{{Key: ip4("192.168.5.1")}, {Key: ip4("192.168.5.2")}}},
+		"affinity": {elems: []nftables.SetElement{{Key: ip4("192.168.5.1")}}, dynamic: true},
+		"ranges":   {interval: true},
+	}
+	lookup := func(name string) (nftSet, bool) { s, ok := sets[name]; return s, ok }
+	for name, c := range map[string]struct {
+		exprs []expr.Any
+		want  string
+	}{
+		"ip saddr 10.244.0.7":           {[]expr.Any{loadSaddr(1, 4), cmpEq(1, ip4("10.244.0.7")...)}, "10.244.0.7/32"},
+		"ip saddr != 10.0.0.0/8":        {[]expr.Any{loadSaddr(1, 1), &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{10}}}, "not 10.0.0.0/8"},
+		"ip saddr 10.244.0.0/17 (mask)": {[]expr.Any{loadSaddr(1, 4), &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 255, 128, 0}, Xor: []byte{0, 0, 0, 0}}, cmpEq(1, 10, 244, 0, 0)}, "10.244.0.0/17"},
+		"fib saddr type != local":       {fibSaddrLocal(true), "not local"},
+		"fib saddr . iif type local": {[]expr.Any{&expr.Fib{Register: 1, FlagSADDR: true, FlagIIF: true, ResultADDRTYPE: true},
+			cmpEq(1, binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)...)}, ""},
+		"ip saddr @clients":                              {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "clients"}}, "{192.168.5.1/32, 192.168.5.2/32}"},
+		"ip saddr != @clients":                           {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "clients", Invert: true}}, "not {192.168.5.1/32, 192.168.5.2/32}"},
+		"ip saddr @affinity":                             {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "affinity"}}, ""},
+		"ip saddr @ranges":                               {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "ranges"}}, ""},
+		"ip saddr @unreadable":                           {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "unreadable"}}, ""},
+		"iptables-nft ! --src-type LOCAL":                {[]expr.Any{&expr.Match{Name: "addrtype", Info: &xt.AddrTypeV1{Source: uint16(xt.AddrTypeLocal), Flags: xtAddrTypeInvertSource}}}, "not local"},
+		"iptables-nft --src-type LOCAL --limit-iface-in": {[]expr.Any{&expr.Match{Name: "addrtype", Info: &xt.AddrTypeV1{Source: uint16(xt.AddrTypeLocal), Flags: 0x4}}}, ""},
+	} {
+		r := nftNATRules(append(c.exprs, jump("x")), lookup)
+		if got := strings.TrimPrefix(NATRule{Sources: r[0].src}.fromString(), " from "); len(r) != 1 || got != c.want {
+			t.Errorf("%s: sources %q, want %q", name, got, c.want)
+		}
 	}
 }

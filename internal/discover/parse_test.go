@@ -187,3 +187,74 @@ func TestNodePortRules(t *testing.T) {
 		}
 	}
 }
+
+// sourceKeys are the prerouting paths' chains after the base chain's, each
+// with its source conditions.
+func sourceKeys(rules []NATRule) []string {
+	var out []string
+	for _, r := range rules {
+		if r.Hook == "prerouting" {
+			out = append(out, strings.Join(r.Chains[1:], ">")+" => "+r.Backend.String()+r.fromString())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestIPTablesSourceConditions: kube-proxy's chain for a NodePort of an
+// externalTrafficPolicy: Local Service sends Pods' (-s CLUSTER-CIDR) and
+// the node's own (--src-type LOCAL) traffic to the cluster-wide chain and
+// the rest to the local one: each path says the sources it is taken from,
+// the cluster-wide one once per rule that leads there.
+func TestIPTablesSourceConditions(t *testing.T) {
+	f, err := os.Open("testdata/iptables-save-kube-proxy-local-policy.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g, err := parseIPTablesSave(f, "iptables-legacy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := netip.MustParseAddr("192.168.1.10")
+	got := sourceKeys(g.matchLocal([]netip.Addr{node}, map[netip.Addr]bool{node: true}))
+	want := []string{
+		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALAAAAAAAAAAA => 10.244.0.7:8080 from 10.244.0.0/16",
+		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALAAAAAAAAAAA => 10.244.0.7:8080 from local",
+		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALBBBBBBBBBBB => 10.244.1.5:8080 from 10.244.0.0/16",
+		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALBBBBBBBBBBB => 10.244.1.5:8080 from local",
+		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVL-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALAAAAAAAAAAA => 10.244.0.7:8080",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("NodePort paths:\n got %q\nwant %q", got, want)
+	}
+	// The ClusterIP's path: the masquerade rule's `! -s` is on no DNAT's path.
+	got = sourceKeys(g.match([]netip.Addr{netip.MustParseAddr("10.120.0.81")}))
+	want = []string{
+		"KUBE-SERVICES>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALAAAAAAAAAAA => 10.244.0.7:8080",
+		"KUBE-SERVICES>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALBBBBBBBBBBB => 10.244.1.5:8080",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("ClusterIP paths:\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestParseIPTablesRuleSources(t *testing.T) {
+	for rule, want := range map[string]string{
+		`-A X ! -s 10.244.0.0/16 -j Y`:                                      "not 10.244.0.0/16",
+		`-A X --source 10.244.0.7 -j Y`:                                     "10.244.0.7/32",
+		`-A X -m addrtype ! --src-type LOCAL -j Y`:                          "not local",
+		`-A X -s 10.0.0.0/8 -m addrtype --src-type LOCAL -j Y`:              "10.0.0.0/8 and local",
+		`-A X -m addrtype --src-type LOCAL --limit-iface-in -j Y`:           "", // local on the input interface only
+		`-A X -m addrtype --src-type UNICAST -j Y`:                          "",
+		`-A X -s 10.0.0.0/255.0.255.0 -m comment --comment "odd mask" -j Y`: "", // not read: any source
+	} {
+		_, r, err := parseIPTablesRule(rule)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimPrefix(NATRule{Sources: r.src}.fromString(), " from "); got != want {
+			t.Errorf("%s: sources %q, want %q", rule, got, want)
+		}
+	}
+}

@@ -113,7 +113,7 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		} else if r.Backend.Port() == 0 {
 			backend = r.Backend.Addr().String() + " (port kept)"
 		}
-		p("netfilter\t%s %s (%s)\t%s -> %s\t%s\n", r.Source, r.Table, r.Hook, svc, backend, strings.Join(r.Chains, " > "))
+		p("netfilter\t%s %s (%s)\t%s -> %s\t%s%s\n", r.Source, r.Table, r.Hook, svc, backend, strings.Join(r.Chains, " > "), r.fromString())
 	}
 	for _, r := range nf.Rejects {
 		what := r.Verdict
@@ -196,6 +196,19 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// fromString says the path's source conditions, " from ..." ("" for any
+// source): two paths of the same chains differ only by them.
+func (r NATRule) fromString() string {
+	if len(r.Sources) == 0 {
+		return ""
+	}
+	conds := make([]string, len(r.Sources))
+	for i, s := range r.Sources {
+		conds[i] = s.String()
+	}
+	return " from " + strings.Join(conds, " and ")
 }
 
 // serviceString is the VIP[:PORT][/PROTO] a rule is for.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 )
@@ -35,11 +36,22 @@ type NodeInfo struct {
 	Notes []string `json:"notes,omitempty"`
 
 	// svcs are the traced VIPs and ports, for NATWatch; veths the node's
-	// veths at discovery, for PodWatch; hostAddrs the node netns's IPv4
-	// addresses.
-	svcs      serviceSet
-	veths     map[int]bool
-	hostAddrs []netip.Addr
+	// veths at discovery, for PodWatch; hostAddrs the node netns's
+	// addresses, all of them when hostAddrsComplete.
+	svcs              serviceSet
+	veths             map[int]bool
+	hostAddrs         []netip.Addr
+	hostAddrsComplete bool
+}
+
+// NodeAddrs are the node netns's own addresses, nil when they could not
+// all be read: a NAT rule limited to local sources (kube-proxy's for the
+// node's own traffic to a NodePort) is about them.
+func (n *NodeInfo) NodeAddrs() []netip.Addr {
+	if !n.hostAddrsComplete {
+		return nil
+	}
+	return n.hostAddrs
 }
 
 // ClientAddrs are the addresses a traced flow's client may have: the Pods'
@@ -209,6 +221,39 @@ type NATRule struct {
 	// has no endpoints"), only kept for those.
 	Verdict string `json:"verdict,omitempty"`
 	Comment string `json:"comment,omitempty"`
+	// Sources are the conditions on the packet's source address that the
+	// rules of the path require, all of them; none: any source.
+	Sources []SourceMatch `json:"sources,omitempty"`
+}
+
+// SourceMatch is a rule's condition on the source address of a packet: in
+// one of Prefixes (iptables -s, nftables ip saddr), or, with Local, one of
+// the node's own addresses (-m addrtype --src-type LOCAL, fib saddr type
+// local); Not negates it.
+type SourceMatch struct {
+	Prefixes []netip.Prefix `json:"prefixes,omitempty"`
+	Local    bool           `json:"local,omitempty"`
+	Not      bool           `json:"not,omitempty"`
+}
+
+// String says the condition as the node block shows it: "10.244.0.0/16",
+// "not local".
+func (s SourceMatch) String() string {
+	what := "local"
+	if !s.Local {
+		ps := make([]string, len(s.Prefixes))
+		for i, p := range s.Prefixes {
+			ps[i] = p.String()
+		}
+		what = "{" + strings.Join(ps, ", ") + "}"
+		if len(ps) == 1 {
+			what = ps[0]
+		}
+	}
+	if s.Not {
+		return "not " + what
+	}
+	return what
 }
 
 // Backends are the backend addresses the node's NAT rules and IPVS services

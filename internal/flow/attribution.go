@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -116,9 +117,15 @@ func (e *Engine) byNAT(f *flowState) string {
 		rules = e.natRulesFor(f, netip.AddrPort{})
 	}
 	rules = preferHook(rules, natHookOf(f))
-	cands := make([]string, len(rules))
-	for i, r := range rules {
-		cands[i] = fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
+	var cands []string
+	seen := map[string]bool{}
+	for _, r := range rules {
+		// One path per source condition it is taken with (kube-proxy's
+		// Pods' and node's traffic to a NodePort): one candidate.
+		if c := fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule); !seen[c] {
+			seen[c] = true
+			cands = append(cands, c)
+		}
 	}
 	if unlisted && len(cands) > 0 {
 		// Rules to other backends: the rule that chose this one was not
@@ -128,16 +135,53 @@ func (e *Engine) byNAT(f *flowState) string {
 	return oneOf(cands)
 }
 
-// natRulesFor returns the NAT rules matching the flow's VIP and, when backend
-// is valid, listing it among their targets.
+// natRulesFor returns the NAT rules matching the flow's VIP and its client
+// and, when backend is valid, listing it among their targets.
 func (e *Engine) natRulesFor(f *flowState, backend netip.AddrPort) []NATRule {
 	var out []NATRule
 	for _, r := range e.cfg.Attribution.NATRules {
-		if vipMatches(r.VIP, r.Proto, f) && (!backend.IsValid() || listed(r.Backends, backend)) && within(r.Since, r.Until, f.first) {
+		if vipMatches(r.VIP, r.Proto, f) && (!backend.IsValid() || listed(r.Backends, backend)) && within(r.Since, r.Until, f.first) &&
+			e.clientMayMeet(r.Sources, f.client.Addr()) {
 			out = append(out, r)
 		}
 	}
 	return out
+}
+
+// clientMayMeet tells whether client can meet every source condition of a
+// rule: false only when one is decided unmet, never on a guess (client or
+// node addresses unknown, a prefix of the other family).
+func (e *Engine) clientMayMeet(conds []SourceMatch, client netip.Addr) bool {
+	for _, c := range conds {
+		if met, known := e.meets(c, client.Unmap()); known && !met {
+			return false
+		}
+	}
+	return true
+}
+
+// meets tells whether client meets c, and whether that is known.
+func (e *Engine) meets(c SourceMatch, client netip.Addr) (met, known bool) {
+	if !client.IsValid() {
+		return false, false
+	}
+	var in bool
+	if c.Local {
+		nodeAddrs := e.cfg.Attribution.NodeAddrs
+		if nodeAddrs == nil {
+			return false, false
+		}
+		// The node routes all of 127.0.0.0/8 and ::1 as its own.
+		in = client.IsLoopback() || slices.Contains(nodeAddrs, client)
+	} else {
+		for _, p := range c.Prefixes {
+			if p.Addr().Is4() != client.Is4() {
+				return false, false
+			}
+			in = in || p.Contains(client)
+		}
+	}
+	return in != c.Not, true
 }
 
 func (e *Engine) ipvsFor(f *flowState) []IPVSService {

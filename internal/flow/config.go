@@ -3,6 +3,7 @@ package flow
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -79,6 +80,9 @@ type Attribution struct {
 	BridgeNFCallIPTables *bool
 	// GatewayMACs are the Pods' default-gateway MAC addresses.
 	GatewayMACs []net.HardwareAddr
+	// NodeAddrs are the node netns's own addresses (nil: unknown), which
+	// a NAT rule's source condition "local" is about.
+	NodeAddrs []netip.Addr
 	// LocalVIPs are the VIPs that are addresses of the node itself, with the
 	// device holding each ("" when none does): the node delivers what is
 	// sent to them to its own processes, unrewritten (NodeLocal DNSCache
@@ -122,11 +126,29 @@ type NATRule struct {
 	Proto    obs.Proto      // 0: any protocol
 	Backends []netip.AddrPort
 	Rule     string // the rule as text, e.g. "endpoint-EF34 dnat to 10.244.20.31:3000"
+	// Sources are the conditions on the client's address that the path
+	// requires, all of them (none: any client): kube-proxy sends only
+	// clients outside the cluster to an externalTrafficPolicy: Local
+	// Service's local endpoints.
+	Sources []SourceMatch
 	// Since and Until bound when it was there, as far as the session saw
 	// (zero: from before the start, to the end): kube-proxy rewrites its
 	// rules whenever a Service's endpoints change, and a flow is attributed
 	// to the rules of its time.
 	Since, Until time.Time
+}
+
+// SourceMatch is a condition on a client's address: in one of Prefixes, or,
+// with Local, one of the node's own addresses; Not negates it.
+type SourceMatch struct {
+	Prefixes []netip.Prefix
+	Local    bool
+	Not      bool
+}
+
+// Equal tells whether s and o are the same condition.
+func (s SourceMatch) Equal(o SourceMatch) bool {
+	return s.Local == o.Local && s.Not == o.Not && slices.Equal(s.Prefixes, o.Prefixes)
 }
 
 // IPVSService is an IPVS virtual service.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // TestNATRulesOfTheFlowsTime: kube-proxy replaced the endpoint rule of the
@@ -165,4 +166,70 @@ func TestUnlistedBackendCameBack(t *testing.T) {
 	if n := e.UnlistedBackends(); n == 0 {
 		t.Error("flows reached a backend whose rules went, and no pair was counted unlisted: the rules are not read again")
 	}
+}
+
+// TestNATRulesOfTheFlowsClient: kube-proxy sends the Pods' and the node's
+// own traffic to a NodePort of an externalTrafficPolicy: Local Service to
+// the cluster-wide chain, and only the rest to the local one: an outside
+// client's flow is attributed to the local chain alone, a Pod's and the
+// node's keep the cluster-wide one (and the local one too: that their
+// packets never fall through to it, the cluster-wide chain always ending
+// in a DNAT, is not read). Without the node's addresses, whether a client
+// is local is not guessed: the path stays a candidate.
+func TestNATRulesOfTheFlowsClient(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-nodeport-external-client.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip, backend := netip.MustParseAddrPort("192.168.80.2:30080"), netip.MustParseAddrPort("10.81.0.7:8080")
+	rule := func(chain string, sources ...flow.SourceMatch) flow.NATRule {
+		return flow.NATRule{Source: "iptables-legacy", Table: "nat", Chain: "PREROUTING -> KUBE-SERVICES -> KUBE-NODEPORTS -> KUBE-EXT-LOCAL -> " + chain,
+			Hook: "prerouting", VIP: vip, Backends: []netip.AddrPort{backend}, Rule: "KUBE-SEP-LOCAL0 -> dnat to 10.81.0.7:8080", Sources: sources}
+	}
+	podCIDR := flow.SourceMatch{Prefixes: []netip.Prefix{netip.MustParsePrefix("10.81.0.0/16")}}
+	rules := []flow.NATRule{
+		rule("KUBE-SVC-LOCAL", podCIDR),
+		rule("KUBE-SVC-LOCAL", flow.SourceMatch{Local: true}),
+		rule("KUBE-SVL-LOCAL"),
+	}
+	outside := netip.MustParseAddr("192.168.80.1")
+	nodeAddrs := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("192.168.80.2"), netip.MustParseAddr("192.168.80.3")}
+	for _, c := range []struct {
+		name      string
+		client    netip.Addr
+		nodeAddrs []netip.Addr
+		want, not string
+	}{
+		{"outside client", outside, nodeAddrs, "KUBE-SVL-LOCAL", "KUBE-SVC-LOCAL"},
+		{"Pod client", netip.MustParseAddr("10.81.0.9"), nodeAddrs, "KUBE-SVC-LOCAL", ""},
+		{"node client", netip.MustParseAddr("192.168.80.3"), nodeAddrs, "KUBE-SVC-LOCAL", ""},
+		{"node client on loopback", netip.MustParseAddr("127.0.0.2"), nodeAddrs, "KUBE-SVC-LOCAL", ""},
+		{"node addresses unknown", outside, nil, "one of 2", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := s.Config
+			cfg.Attribution.NATRules, cfg.Attribution.NodeAddrs = rules, c.nodeAddrs
+			e := flow.NewEngine(cfg)
+			for _, o := range s.Observations {
+				e.Add(withClient(o, outside, c.client))
+			}
+			fs := e.Flows()
+			if len(fs) != 1 || fs[0].RewrittenAt != flow.PlaceNetfilter {
+				t.Fatalf("flows %+v, want one rewritten in netfilter", fs)
+			}
+			if by := fs[0].By; !strings.Contains(by, c.want) || (c.not != "" && strings.Contains(by, c.not)) {
+				t.Errorf("by %q, want it to name %q and not %q", by, c.want, c.not)
+			}
+		})
+	}
+}
+
+// withClient is o with the client address from replaced by to.
+func withClient(o obs.Observation, from, to netip.Addr) obs.Observation {
+	for _, ap := range []*netip.AddrPort{&o.Src, &o.Dst} {
+		if ap.Addr() == from {
+			*ap = netip.AddrPortFrom(to, ap.Port())
+		}
+	}
+	return o
 }

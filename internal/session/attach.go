@@ -324,6 +324,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
 	a.GatewayMACs = gatewayMACs(node)
+	a.NodeAddrs = node.NodeAddrs()
 	for _, lv := range node.LocalVIPs {
 		if a.LocalVIPs == nil {
 			a.LocalVIPs = map[netip.Addr]string{}
@@ -344,6 +345,9 @@ func natRulesOf(rules []discover.NATRule) []flow.NATRule {
 			VIP:    netip.AddrPortFrom(r.Service, r.Port),
 			Proto:  protoOf(r.Proto),
 			Chain:  strings.Join(r.Chains, " -> "),
+		}
+		for _, m := range r.Sources {
+			rule.Sources = append(rule.Sources, flow.SourceMatch(m))
 		}
 		switch {
 		case r.Verdict != "":

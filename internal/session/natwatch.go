@@ -141,7 +141,8 @@ func forgetGone[T any](list []T, gone func(T) bool) []T {
 
 func sameNATRule(a, b flow.NATRule) bool {
 	return a.Source == b.Source && a.Table == b.Table && a.Chain == b.Chain && a.Hook == b.Hook &&
-		a.VIP == b.VIP && a.Proto == b.Proto && a.Rule == b.Rule && slices.Equal(a.Backends, b.Backends)
+		a.VIP == b.VIP && a.Proto == b.Proto && a.Rule == b.Rule && slices.Equal(a.Backends, b.Backends) &&
+		slices.EqualFunc(a.Sources, b.Sources, flow.SourceMatch.Equal)
 }
 
 func sameIPVS(a, b flow.IPVSService) bool {
