@@ -50,7 +50,7 @@ func TestReusedPortsAccounted(t *testing.T) {
 			cfg := busyConfig(allPoints...)
 			cfg.MaxFlows = c.maxFlows
 			o := generate(cfg, c.conns...)
-			for name, order := range deliveryOrders(o, 8) {
+			for name, order := range deliveryOrders(o, 128) {
 				seq := make([]obs.Observation, len(order))
 				for i, j := range order {
 					seq[i] = o[j]

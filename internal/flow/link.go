@@ -315,7 +315,23 @@ func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie
 	}
 	e.index(f)
 	e.nflows++
+	e.unrefuse(flowKey{k, service}, cookie, m)
 	return f, linked
+}
+
+// unrefuse takes back the refusal of the flow k, made now: it was refused
+// while a socket's flow whose port was not known yet took one of the
+// MaxFlows places, which its first packet then gave back (merging it into
+// the flow of its port). Counted as a flow, it is no longer counted as
+// refused, nor are its client's packets refused with it.
+func (e *Engine) unrefuse(k flowKey, sock uint64, m moment) {
+	r, ok := e.refused.get(k)
+	if !ok || k.client.Port() == 0 || r.another(sock, m) {
+		return
+	}
+	e.refused.forget(k)
+	e.refusedClients.forget(k.clientKey)
+	e.overMax--
 }
 
 // refusedFlow is what the engine remembers of a flow refused beyond

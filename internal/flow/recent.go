@@ -27,6 +27,12 @@ func (s *recentSet[K, V]) has(k K) bool {
 	return ok
 }
 
+// forget drops k.
+func (s *recentSet[K, V]) forget(k K) {
+	delete(s.cur, k)
+	delete(s.old, k)
+}
+
 // put remembers k with v, as the most recent key.
 func (s *recentSet[K, V]) put(k K, v V) {
 	if _, ok := s.cur[k]; !ok && len(s.cur) >= s.limit {
