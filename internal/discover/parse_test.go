@@ -18,6 +18,21 @@ func key(r NATRule) string {
 		strings.Join(r.Chains, ">") + " => " + r.Backend.String()
 }
 
+// loadIPTablesSave parses an iptables-save testdata file as iptables-legacy's.
+func loadIPTablesSave(t *testing.T, path string) *natGraph {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g, err := parseIPTablesSave(f, "iptables-legacy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
 func keys(rules []NATRule) []string {
 	var out []string
 	for _, r := range rules {
@@ -28,15 +43,7 @@ func keys(rules []NATRule) []string {
 }
 
 func TestParseIPTablesSaveKubeProxy(t *testing.T) {
-	f, err := os.Open("testdata/iptables-save-kube-proxy.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	g, err := parseIPTablesSave(f, "iptables-legacy")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := loadIPTablesSave(t, "testdata/iptables-save-kube-proxy.txt")
 	vips := []netip.Addr{netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10"), netip.MustParseAddr("10.120.0.77")}
 	got := keys(g.match(vips))
 	want := []string{
@@ -153,15 +160,7 @@ func TestNFTUnreadableWithoutModules(t *testing.T) {
 // local`), and the port the nodeports chain selects is the Service's; an
 // address that is not the node's never enters that chain.
 func TestNodePortRules(t *testing.T) {
-	f, err := os.Open("testdata/iptables-save-kube-proxy.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	ipt, err := parseIPTablesSave(f, "iptables-legacy")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ipt := loadIPTablesSave(t, "testdata/iptables-save-kube-proxy.txt")
 	node := netip.MustParseAddr("192.168.1.10")
 	local := map[netip.Addr]bool{node: true}
 	for _, tc := range []struct {
@@ -207,15 +206,7 @@ func sourceKeys(rules []NATRule) []string {
 // the rest to the local one: each path says the sources it is taken from,
 // the cluster-wide one once per rule that leads there.
 func TestIPTablesSourceConditions(t *testing.T) {
-	f, err := os.Open("testdata/iptables-save-kube-proxy-local-policy.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	g, err := parseIPTablesSave(f, "iptables-legacy")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := loadIPTablesSave(t, "testdata/iptables-save-kube-proxy-local-policy.txt")
 	node := netip.MustParseAddr("192.168.1.10")
 	got := sourceKeys(g.matchLocal([]netip.Addr{node}, map[netip.Addr]bool{node: true}))
 	want := []string{

@@ -76,6 +76,22 @@ func (c *collector) waitCount(t *testing.T, what string, n int, pred func(obs.Ob
 	}
 }
 
+// newB0Probe creates a Probe watching env's VIP, with tc observers on b0,
+// not running yet: the test reads its ring itself.
+func newB0Probe(t *testing.T, env *testEnv) *Probe {
+	t.Helper()
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.Watch(env.vip); err != nil {
+		t.Fatal(err)
+	}
+	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+	return p
+}
+
 // startProbe creates a Probe watching addrs and runs it until the test ends.
 func startProbe(t *testing.T, addrs ...netip.Addr) (*Probe, *collector) {
 	t.Helper()
@@ -385,30 +401,14 @@ func TestTwoProbesSideBySide(t *testing.T) {
 func TestBusyFlowIsSummarized(t *testing.T) {
 	needRoot(t)
 	env := newTestEnv(t)
-	p, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	if err := p.Watch(env.vip); err != nil {
-		t.Fatal(err)
-	}
-	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+	p := newB0Probe(t, env)
 	c := &collector{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = p.Run(ctx, c.add) }()
 
 	const datagrams = 100
-	var conn *net.UDPConn
-	if err := nsutil.Do(env.clientNS, func() error {
-		var err error
-		conn, err = net.ListenUDP("udp", nil)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := env.clientUDP(t)
 	for range datagrams {
 		if _, err := conn.WriteToUDPAddrPort([]byte("x"), netip.AddrPortFrom(env.vip, 9)); err != nil {
 			t.Fatal(err)
@@ -431,15 +431,7 @@ func TestBusyFlowIsSummarized(t *testing.T) {
 func TestRingbufLossesCounted(t *testing.T) {
 	needRoot(t)
 	env := newTestEnv(t)
-	p, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	if err := p.Watch(env.vip); err != nil {
-		t.Fatal(err)
-	}
-	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
+	p := newB0Probe(t, env)
 
 	// Two events per datagram; the 512 KiB ring holds about 5,000.
 	const datagrams = 30000
@@ -447,15 +439,7 @@ func TestRingbufLossesCounted(t *testing.T) {
 	// errors from the VIP, which the egress observers report too; the kernel
 	// rate-limits them (net.ipv4.icmp_msgs_burst, 50 by default).
 	const icmpErrors = 100
-	var conn *net.UDPConn
-	if err := nsutil.Do(env.clientNS, func() error {
-		var err error
-		conn, err = net.ListenUDP("udp", nil)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := env.clientUDP(t)
 	// Each datagram to its own port: a flow of its own, reported in full (the
 	// per-flow budget would summarize one flow's packets).
 	for i := range datagrams {
@@ -502,24 +486,8 @@ func TestRingbufLossesCounted(t *testing.T) {
 func TestDetachKeepsCounters(t *testing.T) {
 	needRoot(t)
 	env := newTestEnv(t)
-	p, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	if err := p.Watch(env.vip); err != nil {
-		t.Fatal(err)
-	}
-	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
-	var conn *net.UDPConn
-	if err := nsutil.Do(env.clientNS, func() error {
-		var err error
-		conn, err = net.ListenUDP("udp", nil)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	p := newB0Probe(t, env)
+	conn := env.clientUDP(t)
 	// Flows of their own, more than the ring holds (see
 	// TestRingbufLossesCounted).
 	send := func(first int) {
