@@ -34,6 +34,10 @@ enum pt_dir {
 enum pt_kind {
 	PT_KIND_CONNECT = 1,
 	PT_KIND_SENDMSG = 2,
+	/* PT_SOCKSTATE: the socket closed in SYN_SENT before any packet of it
+	 * passed the egress observer (a filter rule at OUTPUT rejected or
+	 * dropped its SYN): the event carries its port, known only now. */
+	PT_KIND_CLOSED = 3,
 };
 
 /* One observation. Addresses and ports are in network byte order, VLAN fields

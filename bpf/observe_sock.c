@@ -364,18 +364,32 @@ int pt_sock_egress(struct __sk_buff *skb)
 }
 
 /* TCP_SYN_SENT is set in tcp_v4_connect before the source port is chosen, so
- * sport is 0 unless the socket was bound. */
+ * sport is 0 unless the socket was bound. A watched socket that closes from
+ * SYN_SENT before its first packet reached the egress observer (the node's
+ * filter at OUTPUT rejected or dropped its SYN) is reported again: its port
+ * is known then, and nowhere else, and ties the socket to the flow the
+ * netfilter observers saw. */
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(pt_sock_state, const struct sock *sk, int oldstate, int newstate)
 {
+	/* Every TCP state change of the node comes here: the states first. */
+	if (newstate != TCP_SYN_SENT && (newstate != TCP_CLOSE || oldstate != TCP_SYN_SENT))
+		return 0;
 	/* AF_INET6 too: a dual-stack socket to ::ffff:a.b.c.d uses skc_daddr. */
 	__u16 family = sk->__sk_common.skc_family;
-	if (newstate != TCP_SYN_SENT || (family != AF_INET && family != AF_INET6) ||
-	    sk->sk_protocol != IPPROTO_TCP)
+	if ((family != AF_INET && family != AF_INET6) || sk->sk_protocol != IPPROTO_TCP)
 		return 0;
 	__u32 daddr = sk->__sk_common.skc_daddr;
-	if (!pt_watched(daddr))
-		return 0;
+	__u64 cookie = 0;
+	if (newstate == TCP_SYN_SENT) {
+		if (!pt_watched(daddr))
+			return 0;
+	} else {
+		cookie = bpf_get_socket_cookie((void *)sk);
+		if (!pt_cookie_maybe(cookie) || !bpf_map_lookup_elem(&watch_cookies, &cookie))
+			return 0;
+		bpf_map_delete_elem(&watch_cookies, &cookie);
+	}
 
 	struct pt_event *e = pt_reserve(PT_SOCKSTATE);
 	if (!e)
@@ -385,9 +399,20 @@ int BPF_PROG(pt_sock_state, const struct sock *sk, int oldstate, int newstate)
 	e->daddr = daddr;
 	e->sport = bpf_htons(sk->__sk_common.skc_num);
 	e->dport = sk->__sk_common.skc_dport;
-	e->cookie = bpf_get_socket_cookie((void *)sk);
-	pt_set_task(e, bpf_get_current_pid_tgid());
 	e->netns = sk->__sk_common.skc_net.net->ns.inum; /* the socket's, not the task's */
+	if (cookie) {
+		/* The tracepoint runs after the close gave the port back
+		 * (skc_num is 0 by then); inet_sport still holds it. */
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+		if (tp)
+			e->sport = tp->inet_conn.icsk_inet.inet_sport;
+		/* The close may run in softirq (an RST): no task of the socket's. */
+		e->cookie = cookie;
+		e->kind = PT_KIND_CLOSED;
+	} else {
+		e->cookie = bpf_get_socket_cookie((void *)sk);
+		pt_set_task(e, bpf_get_current_pid_tgid());
+	}
 	pt_submit(e);
 	return 0;
 }

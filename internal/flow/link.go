@@ -570,10 +570,11 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 		f.claim(o.Cookie)
 	}
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
-	if o.Point == obs.PointSockState && o.Proto == obs.TCP && !reply &&
+	if o.Point == obs.PointSockState && o.Kind != obs.SockClosed && o.Proto == obs.TCP && !reply &&
 		f.tcp.note(moment{at: o.Time.UnixNano(), flags: tcpSYN}) {
 		// A TCP socket's tuple is reported as it enters SYN_SENT: as
-		// it sends its SYN (the connection begins then; reuse.go).
+		// it sends its SYN (the connection begins then; reuse.go). Its
+		// close (SockClosed) only names the port.
 		f.evidenceChanged()
 	}
 	e.applyPacket(f, o, reply)

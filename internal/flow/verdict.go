@@ -317,13 +317,14 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 
 // rejectsFor are the node's rules that reject or drop the packets of f, a
 // flow last seen with the VIP after netfilter's NAT, that went no further
-// and got no answer (an ICMP error is none): no DNAT applied, and the filter
+// and got no answer but a refusal (an ICMP error, a TCP reset: what a
+// reject rule answers with): no DNAT applied, and the filter
 // hooks after NAT (forward or input for a Pod's flow, output for the
 // node's) met a rule for the VIP. kube-proxy writes one for a Service
 // without endpoints (and its nftables mode one for the ports a ClusterIP
 // does not serve), so that such connections fail at once.
 func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
-	if last != cpNFAfter || f.reply || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
+	if last != cpNFAfter || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
 		return nil
 	}
 	fromNode := natHookOf(f) == "output"
@@ -343,8 +344,11 @@ func (e *Engine) rejected(f *flowState, rules []NATRule) verdict {
 		cands[i] = fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
 	}
 	reason := fmt.Sprintf("not rewritten: %s was still the destination after netfilter's NAT (no DNAT applied), and the node's filter ends it: %s", f.service, oneOf(cands))
-	if f.icmp != nil {
+	switch {
+	case f.icmp != nil:
 		reason += fmt.Sprintf("; the %s from %s is its answer", f.icmp.Message, f.icmp.From)
+	case f.reply:
+		reason += "; the TCP reset that answered it is the rule's"
 	}
 	return verdict{place: PlaceNowhere, reason: reason}
 }

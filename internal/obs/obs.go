@@ -21,7 +21,8 @@ const (
 	// before the observer.
 	PointSockAddr
 	// PointSockState: tp_btf/inet_sock_set_state at TCP_SYN_SENT: the socket's
-	// actual 4-tuple.
+	// actual 4-tuple; and at its close from SYN_SENT when no packet of it
+	// reached the egress observer (Kind SockClosed).
 	PointSockState
 	// PointSockEgress: cgroup_skb/egress observer: the first packet a watched socket
 	// sent (its 4-tuple and cookie).
@@ -108,12 +109,17 @@ func (p Proto) String() string {
 	return "proto?"
 }
 
-// SockKind tells which socket operation a PointSockAddr observation comes from.
+// SockKind tells which socket operation a PointSockAddr observation comes
+// from, or for a PointSockState one, SockClosed.
 type SockKind uint8
 
 const (
 	SockConnect SockKind = 1
 	SockSendmsg SockKind = 2
+	// SockClosed: a TCP socket closed in SYN_SENT before its first packet
+	// passed the egress observer (the node's filter rejected or dropped its
+	// SYN at OUTPUT); the observation names its port, known only then.
+	SockClosed SockKind = 3
 )
 
 // MAC is an Ethernet address, kept by value (no allocation per packet); the

@@ -29,7 +29,7 @@ func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
 	defer p.mu.Unlock()
 	var out []Attachment
 	if !p.globals["inet_sock_set_state"] {
-		a := Attachment{Observer: "tp_btf/inet_sock_set_state", Where: "host-wide (TCP_SYN_SENT)",
+		a := Attachment{Observer: "tp_btf/inet_sock_set_state", Where: "host-wide (TCP_SYN_SENT, and its close before a first packet)",
 			Point: obs.PointSockState, Note: "source port is 0 unless the socket was bound"}
 		a.Err = p.attachGlobal("inet_sock_set_state", sockStateProgram, func(prog *ebpf.Program) (link.Link, error) {
 			return link.AttachTracing(link.TracingOptions{Program: prog})

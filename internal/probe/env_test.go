@@ -3,6 +3,7 @@ package probe
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -222,6 +223,39 @@ func (e *testEnv) dnat(t *testing.T) {
 	}
 }
 
+// rejectOutput makes the client netns reject its own TCP connections to
+// to with a reset at filter OUTPUT, as a node's firewall (or kube-proxy for
+// a Service without endpoints) does: their SYN never leaves the socket
+// layer's egress.
+func (e *testEnv) rejectOutput(t *testing.T, to netip.AddrPort) {
+	t.Helper()
+	f, err := os.Open(e.clientNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "pttest"})
+	ch := c.AddChain(&nftables.Chain{Name: "output", Table: tbl, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
+	addr := to.Addr().As4()
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr[:]},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, to.Port())},
+		&expr.Reject{Type: unix.NFT_REJECT_TCP_RST},
+	}})
+	if err := c.Flush(); err != nil {
+		t.Fatalf("nft reject rule: %v", err)
+	}
+}
+
 // serve runs TCP and UDP echo servers on the backend addresses inside the
 // server netns until the test ends.
 func (e *testEnv) serve(t *testing.T) {
@@ -368,6 +402,16 @@ func clientAction(action string, to netip.AddrPort) error {
 		}
 		if string(buf[:n]) != msg {
 			return fmt.Errorf("echo %q", buf[:n])
+		}
+		return nil
+	case "tcprefused": // a connection the client's own netns refuses
+		c, err := net.DialTimeout("tcp", to.String(), 3*time.Second)
+		if err == nil {
+			c.Close()
+			return errors.New("connected; want it refused")
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return err
 		}
 		return nil
 	case "sendto", "sendmsg", "sendmmsg":

@@ -93,7 +93,7 @@ func decodeEvent(raw []byte, monoEpoch time.Time) (obs.Observation, error) {
 		o.Dir = obs.DirOut
 	}
 	switch point {
-	case obs.PointSockAddr:
+	case obs.PointSockAddr, obs.PointSockState:
 		o.Kind = obs.SockKind(raw[evKind])
 	case obs.PointNFBefore, obs.PointNFAfter:
 		o.Hook = obs.Hook(raw[evHook])

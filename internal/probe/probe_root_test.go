@@ -319,6 +319,36 @@ func ownProgramIDs(p *Probe) []ebpf.ProgramID {
 	return slices.Clone(p.progIDs)
 }
 
+// A TCP socket whose SYN its own netns rejects at filter OUTPUT never
+// reaches the egress observer: its close from SYN_SENT names its port
+// (SockClosed), the only observation that ties the socket to the flow
+// netfilter saw.
+func TestSocketClosedBeforeFirstPacket(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	cg := newCgroup(t, env.name)
+	vipTCP := netip.AddrPortFrom(env.vip, env.tcpPort)
+	env.rejectOutput(t, vipTCP)
+	p, c := startProbe(t, env.vip)
+	mustAttach(t, p.AttachSocket(cg))
+
+	env.runClient(t, cg, "tcprefused="+vipTCP.String())
+	conn := c.waitFor(t, "connect4 to the rejected VIP", func(o obs.Observation) bool {
+		return o.Point == obs.PointSockAddr && o.Kind == obs.SockConnect && o.Dst == vipTCP
+	})
+	closed := c.waitFor(t, "the socket's close from SYN_SENT", func(o obs.Observation) bool {
+		return o.Point == obs.PointSockState && o.Kind == obs.SockClosed && o.Cookie == conn.Cookie
+	})
+	if closed.Dst != vipTCP || closed.Src.Addr() != env.clientIP || closed.Src.Port() == 0 {
+		t.Errorf("close observation %+v: want %v:PORT -> %v", closed, env.clientIP, vipTCP)
+	}
+	if n := len(c.matching(func(o obs.Observation) bool {
+		return o.Point == obs.PointSockEgress && o.Cookie == conn.Cookie
+	})); n != 0 {
+		t.Errorf("%d egress observations of the rejected socket, want none (its SYN never left)", n)
+	}
+}
+
 func TestTwoProbesSideBySide(t *testing.T) {
 	needRoot(t)
 	env := newTestEnv(t)

@@ -437,8 +437,10 @@ func (o observation) convert() (obs.Observation, error) {
 		v.Kind = obs.SockConnect
 	case "sendmsg":
 		v.Kind = obs.SockSendmsg
+	case "closed":
+		v.Kind = obs.SockClosed
 	default:
-		return v, fmt.Errorf("kind %q: want connect or sendmsg", o.Kind)
+		return v, fmt.Errorf("kind %q: want connect, sendmsg or closed", o.Kind)
 	}
 	if o.Hook != "" {
 		if v.Hook, err = parseHook(o.Hook); err != nil {
