@@ -18,8 +18,8 @@ func parseIPTablesSave(r io.Reader, source string) (*natGraph, error) {
 
 // iptablesBases are the base chains of the tables read, and their hooks.
 var iptablesBases = map[string][]natBase{
-	"nat":    {{"PREROUTING", "prerouting", true}, {"OUTPUT", "output", true}},
-	"filter": {{"FORWARD", "forward", false}, {"INPUT", "input", false}, {"OUTPUT", "output", false}},
+	"nat":    {{"PREROUTING", "prerouting", true, natDstPriority}, {"OUTPUT", "output", true, natDstPriority}},
+	"filter": {{"FORWARD", "forward", false, 0}, {"INPUT", "input", false, 0}, {"OUTPUT", "output", false, 0}},
 }
 
 // parseIPTablesSaveTable reads the table (nat or filter) of iptables-save

@@ -19,9 +19,22 @@ type natGraph struct {
 // natBase is a base chain and its netfilter hook: prerouting or output for
 // a NAT chain, forward, input or output for a filter chain.
 type natBase struct {
-	chain string
-	hook  string
-	nat   bool // a NAT chain's hook, not a filter one's
+	chain    string
+	hook     string
+	nat      bool // a NAT chain's hook, not a filter one's
+	priority int  // its priority at the hook (iptables' filter: 0)
+}
+
+// natDstPriority is the priority of destination NAT at prerouting and
+// output (NF_IP_PRI_NAT_DST).
+const natDstPriority = -100
+
+// afterNAT tells whether a filter chain sees packets after destination NAT:
+// forward and input always do, output when its priority is above NAT's
+// (kube-proxy's filter-output-post-dnat, iptables' filter OUTPUT). A packet
+// to a VIP that a DNAT rewrote meets it with its backend's address.
+func (b natBase) afterNAT() bool {
+	return !b.nat && (b.hook != "output" || b.priority > natDstPriority)
 }
 
 // natRule is one rule of a natGraph.
@@ -41,6 +54,9 @@ type natRule struct {
 	// verdict is "reject" or "drop" for a rule that ends the packets it
 	// matches (kube-proxy rejects a Service without endpoints so).
 	verdict string
+	// gotos: the rule's targets are gone to, not jumped to: the rest of
+	// its chain never sees the packets it matched.
+	gotos   bool
 	comment string // the rule's own (-m comment, nft comment, a map element's)
 	// src are the rule's conditions on the packet's source, all required:
 	// kube-proxy sends Pods' and the node's own traffic to a NodePort of
@@ -71,7 +87,7 @@ func (g *natGraph) matchLocal(vips []netip.Addr, local map[netip.Addr]bool) []NA
 			continue // given twice (two ports of one Service): its rules once
 		}
 		for _, base := range g.bases {
-			w := natWalk{g: g, vip: vip, local: local[vip], hook: base.hook, out: &out, seen: seen, onPath: map[string]bool{}}
+			w := natWalk{g: g, vip: vip, local: local[vip], base: base, out: &out, seen: seen, onPath: map[string]bool{}}
 			w.chain(base.chain, []string{base.chain}, false, "", 0, "", nil)
 		}
 	}
@@ -82,10 +98,14 @@ type natWalk struct {
 	g      *natGraph
 	vip    netip.Addr
 	local  bool // vip is an address of the node
-	hook   string
+	base   natBase
 	out    *[]NATRule
 	seen   map[string]bool // what out holds (add)
 	onPath map[string]bool
+	// ended: a rule rejected or dropped every packet of the VIP; the rules
+	// after it (kube-proxy's "Drop traffic to unallocated ClusterIPs"
+	// after the reject of an active ClusterIP's other ports) never see one.
+	ended bool
 }
 
 // chain walks the rules of chain name; comment is the one of the rule that
@@ -100,6 +120,9 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 	w.onPath[name] = true
 	defer delete(w.onPath, name)
 	for _, r := range w.g.chains[name] {
+		if w.ended {
+			return
+		}
 		applies, names := r.appliesTo(w.vip, w.local)
 		if !applies {
 			continue
@@ -130,19 +153,38 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 			}
 		}
 		if m && r.dnat {
-			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.hook, Service: w.vip,
+			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip,
 				Port: po, Proto: pr, Chains: slices.Clone(path), Backend: r.backend, Note: r.note, Sources: sm})
 		}
 		if m && r.verdict != "" {
-			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.hook, Service: w.vip,
-				Port: po, Proto: pr, Chains: slices.Clone(path), Verdict: r.verdict, Comment: cm, Sources: sm})
+			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip,
+				Port: po, Proto: pr, Chains: slices.Clone(path), Verdict: r.verdict, Comment: cm, Sources: sm,
+				AfterNAT: w.base.afterNAT()})
+			w.ended = po == 0 && pr == "" && len(sm) == 0
 		}
 		for _, t := range r.targets {
 			if _, ok := w.g.chains[t]; ok {
 				w.chain(t, append(slices.Clone(path), t), m, pr, po, cm, sm)
 			}
 		}
+		if not, ok := r.goneFrom(); ok {
+			src = append(slices.Clone(src), not)
+		}
 	}
+}
+
+// goneFrom is the condition the rules after r in its chain add: a rule that
+// goes to another chain for one condition on the source, and nothing else
+// (kube-proxy's "short-circuit pod traffic" and "short-circuit local
+// traffic" of an externalTrafficPolicy: Local Service), leaves the rest of
+// the chain the packets that do not meet it.
+func (r *natRule) goneFrom() (SourceMatch, bool) {
+	if !r.gotos || len(r.src) != 1 || len(r.dst) > 0 || r.localDst || r.port != 0 || r.proto != "" {
+		return SourceMatch{}, false
+	}
+	not := r.src[0]
+	not.Not = !not.Not
+	return not, true
 }
 
 // add records a DNAT the walk reached, once: a chain that two rules of one

@@ -43,11 +43,14 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 		g := &natGraph{source: SourceNFTables, table: NFTFamilyName(k.family) + " " + k.name, chains: map[string][]natRule{}}
 		for _, c := range byTable[k] {
 			if hook := natHook(c); hook != "" {
-				g.bases = append(g.bases, natBase{c.Name, hook, true})
+				g.bases = append(g.bases, natBase{c.Name, hook, true, chainPriority(c)})
 			} else if hook := filterHook(c); hook != "" {
-				g.bases = append(g.bases, natBase{c.Name, hook, false})
+				g.bases = append(g.bases, natBase{c.Name, hook, false, chainPriority(c)})
 			}
 		}
+		// The kernel lists chains in their order of creation; a hook runs
+		// them by priority, and the first rule that ends a packet decides.
+		slices.SortStableFunc(g.bases, func(a, b natBase) int { return a.priority - b.priority })
 		if len(g.bases) == 0 {
 			continue // nothing for a VIP happens in a table without those hooks
 		}
@@ -72,6 +75,14 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 		graphs = append(graphs, g)
 	}
 	return graphs, nil
+}
+
+// chainPriority is a base chain's priority at its hook.
+func chainPriority(c *nftables.Chain) int {
+	if c.Priority == nil {
+		return 0
+	}
+	return int(*c.Priority)
 }
 
 // natHook names the hook of a NAT base chain where DNAT happens, "" otherwise.
@@ -280,6 +291,7 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 		switch e.Kind {
 		case expr.VerdictJump, expr.VerdictGoto:
 			ev.rule.targets = append(ev.rule.targets, e.Chain)
+			ev.rule.gotos = e.Kind == expr.VerdictGoto
 		case expr.VerdictDrop:
 			ev.rule.verdict = "drop"
 		}
@@ -304,8 +316,10 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 
 func payloadField(e *expr.Payload) nftField {
 	switch {
-	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 16 && e.Len == 4: // IPv4 daddr
-		return nftField{kind: fieldDaddr, size: 4}
+	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 16 && e.Len >= 1 && e.Len <= 4:
+		// IPv4 daddr, or its first bytes, as for saddr below (kube-proxy's
+		// `ip daddr 10.96.0.0/16 drop` of unallocated ClusterIPs).
+		return nftField{kind: fieldDaddr, size: int(e.Len)}
 	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 24 && e.Len == 16: // IPv6 daddr
 		return nftField{kind: fieldDaddr, size: 16}
 	case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 12 && e.Len >= 1 && e.Len <= 4:
@@ -336,11 +350,11 @@ func (ev *nftRuleEval) cmp(e *expr.Cmp) {
 			ev.rule.src = append(ev.rule.src, SourceMatch{Local: true, Not: neg})
 		}
 	case fieldDaddr:
-		if p, ok := prefixFrom(e.Data, f.mask); ok {
+		if p, ok := loadedPrefix(f, e.Data); ok {
 			ev.rule.dst, ev.rule.dstNeg = []netip.Prefix{p}, neg
 		}
 	case fieldSaddr:
-		if p, ok := srcPrefix(f, e.Data); ok {
+		if p, ok := loadedPrefix(f, e.Data); ok {
 			ev.rule.src = append(ev.rule.src, SourceMatch{Prefixes: []netip.Prefix{p}, Not: neg})
 		}
 	case fieldDport:
@@ -365,9 +379,9 @@ func isLocalType(data []byte) bool {
 	return len(data) == 4 && binary.NativeEndian.Uint32(data) == unix.RTN_LOCAL
 }
 
-// srcPrefix is the prefix a compare of the source address (f: its first
-// f.size bytes, masked or not) tests.
-func srcPrefix(f nftField, data []byte) (netip.Prefix, bool) {
+// loadedPrefix is the prefix a compare of an address (f: its first f.size
+// bytes, masked or not) tests.
+func loadedPrefix(f nftField, data []byte) (netip.Prefix, bool) {
 	if len(data) != f.size {
 		return netip.Prefix{}, false
 	}
@@ -397,10 +411,20 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		return
 	}
 	set, ok := sets(e.SetName)
-	if !ok || set.interval {
+	if !ok {
 		return // unknown condition: the rule may apply
 	}
 	start := regSlot(e.SourceRegister)
+	if set.interval {
+		// `ip daddr { 10.96.0.0/16 } drop`: kube-proxy's drop of the
+		// unallocated ClusterIPs of its Service CIDRs.
+		if f := ev.regs[start]; f.kind == fieldDaddr && !isVmap {
+			if dst, ok := intervalPrefixes(set.elems, f.size); ok {
+				ev.rule.dst, ev.rule.dstNeg = dst, e.Invert
+			}
+		}
+		return
+	}
 	if !isVmap {
 		if m, ok := srcSetMatch(ev.regs[start], set, e.Invert); ok {
 			ev.rule.src = append(ev.rule.src, m)
@@ -457,6 +481,73 @@ func srcSetMatch(f nftField, set nftSet, neg bool) (SourceMatch, bool) {
 		m.Prefixes = append(m.Prefixes, netip.PrefixFrom(a, a.BitLen()))
 	}
 	return m, true
+}
+
+// intervalPrefixes are the addresses an interval set of addresses holds, as
+// prefixes. The kernel keeps each range as its first address and, flagged
+// as an interval end, the address after its last (none: to the end of the
+// address space), in any order.
+func intervalPrefixes(elems []nftables.SetElement, size int) ([]netip.Prefix, bool) {
+	type bound struct {
+		addr netip.Addr
+		end  bool
+	}
+	bounds := make([]bound, 0, len(elems))
+	for _, el := range elems {
+		a, ok := netip.AddrFromSlice(el.Key)
+		if !ok || len(el.Key) != size {
+			return nil, false
+		}
+		bounds = append(bounds, bound{a, el.IntervalEnd})
+	}
+	slices.SortFunc(bounds, func(x, y bound) int { return x.addr.Compare(y.addr) })
+	var out []netip.Prefix
+	for i, b := range bounds {
+		if b.end {
+			continue
+		}
+		last := netip.IPv6Unspecified() // no end: the rest of the space
+		if size == 4 {
+			last = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+		} else {
+			last = netip.AddrFrom16([16]byte{0: 0xff, 1: 0xff, 2: 0xff, 3: 0xff, 4: 0xff, 5: 0xff, 6: 0xff, 7: 0xff, 8: 0xff, 9: 0xff, 10: 0xff, 11: 0xff, 12: 0xff, 13: 0xff, 14: 0xff, 15: 0xff})
+		}
+		if i+1 < len(bounds) && bounds[i+1].end {
+			last = bounds[i+1].addr.Prev()
+		}
+		out = append(out, rangePrefixes(b.addr, last)...)
+	}
+	return out, true
+}
+
+// rangePrefixes covers the addresses first..last with the fewest prefixes.
+func rangePrefixes(first, last netip.Addr) []netip.Prefix {
+	var out []netip.Prefix
+	for first.IsValid() && first.Compare(last) <= 0 {
+		bits := first.BitLen()
+		// The widest prefix that starts at first and ends by last.
+		for bits > 0 {
+			p := netip.PrefixFrom(first, bits-1)
+			if p.Masked().Addr() != first || lastOf(p).Compare(last) > 0 {
+				break
+			}
+			bits--
+		}
+		p := netip.PrefixFrom(first, bits)
+		out = append(out, p)
+		first = lastOf(p).Next()
+	}
+	return out
+}
+
+// lastOf is the last address of p (p masked).
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 // verdictFromData decodes a verdict map element's data as the kernel sends it

@@ -134,7 +134,7 @@ func kubeProxyNFT() *natGraph {
 		"endpoint-other":      {endpoint(unix.IPPROTO_TCP, "10.244.30.5", 8080)},
 		"mark-for-masquerade": {{&expr.Immediate{Register: 1, Data: []byte{0, 0x40, 0, 0}}}},
 	}
-	g := &natGraph{source: "nftables", table: "ip kube-proxy", bases: []natBase{{"nat-prerouting", "prerouting", true}}, chains: map[string][]natRule{}}
+	g := &natGraph{source: "nftables", table: "ip kube-proxy", bases: []natBase{{"nat-prerouting", "prerouting", true, natDstPriority}}, chains: map[string][]natRule{}}
 	for chain, rs := range rules {
 		for _, r := range rs {
 			g.chains[chain] = append(g.chains[chain], nftNATRules(r, lookup)...)
@@ -256,7 +256,7 @@ func TestNFTSourceConditions(t *testing.T) {
 		"endpoint-b":          {append([]expr.Any{loadProto(1), cmpEq(1, unix.IPPROTO_TCP)}, dnatTo("10.244.1.5", 8080)...)},
 		"mark-for-masquerade": {{&expr.Immediate{Register: 1, Data: []byte{0, 0x40, 0, 0}}}},
 	}
-	g := &natGraph{source: "nftables", table: "ip kube-proxy", bases: []natBase{{"nat-prerouting", "prerouting", true}}, chains: map[string][]natRule{}}
+	g := &natGraph{source: "nftables", table: "ip kube-proxy", bases: []natBase{{"nat-prerouting", "prerouting", true, natDstPriority}}, chains: map[string][]natRule{}}
 	for chain, rs := range rules {
 		for _, r := range rs {
 			g.chains[chain] = append(g.chains[chain], nftNATRules(r, lookup)...)
@@ -265,11 +265,15 @@ func TestNFTSourceConditions(t *testing.T) {
 	node := netip.MustParseAddr("192.168.1.10")
 	got := sourceKeys(g.matchLocal([]netip.Addr{node}, map[netip.Addr]bool{node: true}))
 	want := []string{
-		"services>nodeports>external-local>endpoint-a => 10.244.0.7:8080",
+		// What the gotos before take is not left to the rules after them:
+		// a Pod's or the node's own client never reaches the local
+		// endpoints' rule (it was "any source", so a Pod's flow was "one
+		// of 2" paths), nor a Pod's the "fib saddr type local" goto.
+		"services>nodeports>external-local>endpoint-a => 10.244.0.7:8080 from not 10.244.0.0/16 and not local",
 		"services>nodeports>external-local>service-local>endpoint-a => 10.244.0.7:8080 from 10.244.0.0/16",
-		"services>nodeports>external-local>service-local>endpoint-a => 10.244.0.7:8080 from local",
+		"services>nodeports>external-local>service-local>endpoint-a => 10.244.0.7:8080 from not 10.244.0.0/16 and local",
 		"services>nodeports>external-local>service-local>endpoint-b => 10.244.1.5:8080 from 10.244.0.0/16",
-		"services>nodeports>external-local>service-local>endpoint-b => 10.244.1.5:8080 from local",
+		"services>nodeports>external-local>service-local>endpoint-b => 10.244.1.5:8080 from not 10.244.0.0/16 and local",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("NodePort paths:\n got %q\nwant %q", got, want)

@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -94,7 +95,7 @@ func TestNFTRejects(t *testing.T) {
 		{Key: concatKey(ip4("10.96.0.60"), []byte{unix.IPPROTO_TCP}, port(80)), VerdictData: gotoChain("reject-chain"), Comment: "default/empty:http"},
 	}}}
 	lookup := func(name string) (nftSet, bool) { s, ok := sets[name]; return s, ok }
-	g := &natGraph{source: SourceNFTables, table: "ip kube-proxy", bases: []natBase{{"filter-output", "output", false}}, chains: map[string][]natRule{}}
+	g := &natGraph{source: SourceNFTables, table: "ip kube-proxy", bases: []natBase{{"filter-output", "output", false, 0}}, chains: map[string][]natRule{}}
 	for chain, rs := range map[string][][]expr.Any{
 		"filter-output":           {{jump("service-endpoints-check")}},
 		"service-endpoints-check": {{loadDaddr(1), loadProto(unix.NFT_REG32_01), loadDport(unix.NFT_REG32_02), &expr.Lookup{SourceRegister: 1, SetName: "no-endpoint-services", IsDestRegSet: true, DestRegister: unix.NFT_REG_VERDICT}}},
@@ -113,5 +114,123 @@ func TestNFTRejects(t *testing.T) {
 			}
 			return out
 		}())
+	}
+}
+
+// kubeProxyFilterNFT is the filter half of kube-proxy's nftables table
+// (v1.31+): no-endpoint Services rejected by a verdict map, then the
+// cluster-ips-check chain, after NAT at forward and output, that rejects
+// the other ports of active ClusterIPs and drops the unallocated ones of
+// the Service CIDRs (two: an anonymous interval set, as the kernel lists it:
+// each range's start, and the address after its end flagged as an interval
+// end; one is a compare, TestNFTDaddrPrefixLoad).
+func kubeProxyFilterNFT() *natGraph {
+	sets := map[string]nftSet{
+		"no-endpoint-services": {elems: []nftables.SetElement{
+			{Key: concatKey(ip4("10.96.0.90"), []byte{unix.IPPROTO_TCP}, port(80)), VerdictData: gotoChain("reject-chain"), Comment: "default/empty:http"},
+		}},
+		"cluster-ips": {elems: []nftables.SetElement{{Key: ip4("10.96.0.80")}, {Key: ip4("10.96.0.90")}}},
+		"__set0": {interval: true, elems: []nftables.SetElement{
+			{Key: ip4("10.101.0.0"), IntervalEnd: true}, {Key: ip4("10.100.0.0")},
+			{Key: ip4("10.97.0.0"), IntervalEnd: true}, {Key: ip4("10.96.0.0")}, {Key: ip4("0.0.0.0"), IntervalEnd: true},
+		}},
+	}
+	lookup := func(name string) (nftSet, bool) { s, ok := sets[name]; return s, ok }
+	ctNew := []expr.Any{&expr.Ct{Register: 1, Key: expr.CtKeySTATE}, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{8, 0, 0, 0}, Xor: []byte{0, 0, 0, 0}}, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}}}
+	jumpNew := func(chain string) []expr.Any { return append(slices.Clone(ctNew), jump(chain)) }
+	inSet := func(set string) []expr.Any {
+		return []expr.Any{loadDaddr(1), &expr.Lookup{SourceRegister: 1, SetName: set}}
+	}
+	rules := map[string][][]expr.Any{
+		"filter-forward":          {jumpNew("service-endpoints-check"), jumpNew("cluster-ips-check")},
+		"filter-output":           {jumpNew("service-endpoints-check"), jumpNew("firewall-check")},
+		"filter-output-post-dnat": {jumpNew("cluster-ips-check")},
+		"service-endpoints-check": {{loadDaddr(1), loadProto(unix.NFT_REG32_01), loadDport(unix.NFT_REG32_02), &expr.Lookup{SourceRegister: 1, SetName: "no-endpoint-services", IsDestRegSet: true, DestRegister: unix.NFT_REG_VERDICT}}},
+		"cluster-ips-check":       {append(inSet("cluster-ips"), &expr.Reject{}), append(inSet("__set0"), &expr.Verdict{Kind: expr.VerdictDrop})},
+		"reject-chain":            {{&expr.Reject{}}},
+		"firewall-check":          {},
+	}
+	comments := map[string][]string{"cluster-ips-check": {"Reject traffic to invalid ports of ClusterIPs", "Drop traffic to unallocated ClusterIPs"}}
+	g := &natGraph{source: SourceNFTables, table: "ip kube-proxy", chains: map[string][]natRule{}, bases: []natBase{
+		{"filter-output", "output", false, -110}, {"filter-forward", "forward", false, -110}, {"filter-output-post-dnat", "output", false, -90},
+	}}
+	for chain, rs := range rules {
+		for i, r := range rs {
+			nrs := nftNATRules(r, lookup)
+			for j := range nrs {
+				if c := comments[chain]; c != nil {
+					nrs[j].comment = c[i]
+				}
+			}
+			g.chains[chain] = append(g.chains[chain], nrs...)
+		}
+	}
+	return g
+}
+
+// TestNFTKubeProxyFilterRejects: each VIP gets the filter rules that can
+// end its packets, and only those: a rule after one that already ended
+// every packet of the VIP never sees one (a healthy or endpoint-less
+// ClusterIP is never "dropped as unallocated"), the unallocated address is,
+// and the rules that see packets after NAT say so (they cannot meet a port
+// a DNAT serves).
+func TestNFTKubeProxyFilterRejects(t *testing.T) {
+	g := kubeProxyFilterNFT()
+	got := map[string][]string{}
+	for _, vip := range []string{"10.96.0.80", "10.96.0.90", "10.96.0.99"} {
+		for _, r := range g.match([]netip.Addr{netip.MustParseAddr(vip)}) {
+			got[vip] = append(got[vip], fmt.Sprintf("%s after_nat=%v", rejectKey(r), r.AfterNAT))
+		}
+	}
+	want := map[string][]string{
+		"10.96.0.80": {
+			"forward 10.96.0.80 /0 filter-forward>cluster-ips-check => invalid AddrPort reject Reject traffic to invalid ports of ClusterIPs after_nat=true",
+			"output 10.96.0.80 /0 filter-output-post-dnat>cluster-ips-check => invalid AddrPort reject Reject traffic to invalid ports of ClusterIPs after_nat=true",
+		},
+		"10.96.0.90": {
+			"output 10.96.0.90 tcp/80 filter-output>service-endpoints-check>reject-chain => invalid AddrPort reject default/empty:http after_nat=false",
+			"forward 10.96.0.90 tcp/80 filter-forward>service-endpoints-check>reject-chain => invalid AddrPort reject default/empty:http after_nat=true",
+			"forward 10.96.0.90 /0 filter-forward>cluster-ips-check => invalid AddrPort reject Reject traffic to invalid ports of ClusterIPs after_nat=true",
+			"output 10.96.0.90 /0 filter-output-post-dnat>cluster-ips-check => invalid AddrPort reject Reject traffic to invalid ports of ClusterIPs after_nat=true",
+		},
+		"10.96.0.99": {
+			"forward 10.96.0.99 /0 filter-forward>cluster-ips-check => invalid AddrPort drop Drop traffic to unallocated ClusterIPs after_nat=true",
+			"output 10.96.0.99 /0 filter-output-post-dnat>cluster-ips-check => invalid AddrPort drop Drop traffic to unallocated ClusterIPs after_nat=true",
+		},
+	}
+	for vip, w := range want {
+		if !slices.Equal(got[vip], w) {
+			t.Errorf("%s:\n got %q\nwant %q", vip, got[vip], w)
+		}
+	}
+}
+
+func TestIntervalPrefixes(t *testing.T) {
+	for _, c := range []struct {
+		elems []nftables.SetElement
+		want  string
+	}{
+		{[]nftables.SetElement{{Key: ip4("10.97.0.0"), IntervalEnd: true}, {Key: ip4("10.96.0.0")}}, "[10.96.0.0/16]"},
+		{[]nftables.SetElement{{Key: ip4("10.96.0.0")}, {Key: ip4("10.96.0.5"), IntervalEnd: true}}, "[10.96.0.0/30 10.96.0.4/32]"},
+		{[]nftables.SetElement{{Key: ip4("255.255.255.0")}}, "[255.255.255.0/24]"},
+	} {
+		got, ok := intervalPrefixes(c.elems, 4)
+		if !ok || fmt.Sprint(got) != c.want {
+			t.Errorf("%v: got %v %v, want %s", c.elems, got, ok, c.want)
+		}
+	}
+}
+
+// TestNFTDaddrPrefixLoad: nft writes `ip daddr 10.96.0.0/16` as a compare of
+// the address's first two bytes (kube-proxy's drop of unallocated
+// ClusterIPs with one Service CIDR); the rule was read as one for any
+// destination, and named no VIP.
+func TestNFTDaddrPrefixLoad(t *testing.T) {
+	r := nftNATRules([]expr.Any{
+		&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 2},
+		cmpEq(1, 10, 96), &expr.Verdict{Kind: expr.VerdictDrop},
+	}, noSets)
+	if len(r) != 1 || r[0].verdict != "drop" || fmt.Sprint(r[0].dst) != "[10.96.0.0/16]" || r[0].dstNeg {
+		t.Errorf("got %+v, want a drop of 10.96.0.0/16", r)
 	}
 }

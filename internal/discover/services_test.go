@@ -23,7 +23,7 @@ func TestMatchVIPOnce(t *testing.T) {
 // path to its DNAT, listed once, not two candidates.
 func TestMatchAffinityOnce(t *testing.T) {
 	vip := netip.MustParseAddr("10.96.0.20")
-	g := &natGraph{source: "nftables", table: "ip test", bases: []natBase{{"pre", "prerouting", true}}, chains: map[string][]natRule{
+	g := &natGraph{source: "nftables", table: "ip test", bases: []natBase{{"pre", "prerouting", true, natDstPriority}}, chains: map[string][]natRule{
 		"pre": {{dst: []netip.Prefix{netip.PrefixFrom(vip, 32)}, proto: "tcp", port: 80, targets: []string{"svc"}}},
 		"svc": {
 			{targets: []string{"ep-1"}},         // ip saddr @affinity-1 goto ep-1
@@ -46,7 +46,7 @@ func TestMatchAffinityOnce(t *testing.T) {
 // that requires no port, each to its own backend.
 func portGraph() *natGraph {
 	vip := []netip.Prefix{netip.MustParsePrefix("10.96.0.10/32")}
-	return &natGraph{source: "nftables", table: "ip test", bases: []natBase{{"pre", "prerouting", true}}, chains: map[string][]natRule{
+	return &natGraph{source: "nftables", table: "ip test", bases: []natBase{{"pre", "prerouting", true, natDstPriority}}, chains: map[string][]natRule{
 		"pre": {
 			{dst: vip, proto: "udp", port: 53, targets: []string{"svc-dns"}},
 			{dst: vip, proto: "tcp", port: 80, targets: []string{"svc-web"}},

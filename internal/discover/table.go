@@ -3,6 +3,7 @@ package discover
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -120,7 +121,7 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		if r.Comment != "" {
 			what += fmt.Sprintf(" (%q)", r.Comment)
 		}
-		p("netfilter\t%s %s (%s)\t%s %s\t%s\n", r.Source, r.Table, r.Hook, r.serviceString(), what, strings.Join(r.Chains, " > "))
+		p("netfilter\t%s %s (%s)\t%s %s\t%s\n", r.Source, r.Table, r.Hook, r.rejectedString(nf.Rules), what, strings.Join(r.Chains, " > "))
 	}
 	if !n.IPVS.Present {
 		p("ipvs\t%s\n", n.IPVS.Note)
@@ -212,6 +213,28 @@ func (r NATRule) fromString() string {
 }
 
 // serviceString is the VIP[:PORT][/PROTO] a rule is for.
+// rejectedString is what a reject or drop rule ends: after NAT, a rule for
+// any port of the VIP never meets the ports a DNAT rule serves, which the
+// node block says, lest a healthy Service read as rejected.
+func (r NATRule) rejectedString(dnats []NATRule) string {
+	svc := r.serviceString()
+	if !r.AfterNAT || r.Port != 0 {
+		return svc
+	}
+	var served []string
+	for _, d := range dnats {
+		if d.Service == r.Service && d.Port != 0 && (r.Proto == "" || d.Proto == r.Proto) {
+			if s := fmt.Sprintf("%d/%s", d.Port, d.Proto); !slices.Contains(served, s) {
+				served = append(served, s)
+			}
+		}
+	}
+	if len(served) == 0 {
+		return svc
+	}
+	return svc + " except " + strings.Join(served, ", ") + " (DNATed before)"
+}
+
 func (r NATRule) serviceString() string {
 	svc := r.Service.String()
 	if r.Port != 0 {

@@ -3,6 +3,7 @@ package discover
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -57,5 +58,34 @@ func TestTableFoldsManyPods(t *testing.T) {
 	}
 	if strings.Contains(few.String(), "one per Pod") {
 		t.Errorf("2 Pods: folded:\n%s", few.String())
+	}
+}
+
+// TestTableRejectAfterNAT: kube-proxy's reject of a ClusterIP's other ports
+// sees packets after NAT, so it never meets the port a DNAT serves: the
+// node block says which ports those are, rather than list a healthy VIP as
+// rejected; a rule before NAT is listed as is.
+func TestTableRejectAfterNAT(t *testing.T) {
+	vip := netip.MustParseAddr("10.96.0.80")
+	n := &NodeInfo{Netfilter: Netfilter{
+		Rules: []NATRule{{Source: SourceNFTables, Table: "ip kube-proxy", Hook: "prerouting", Service: vip, Port: 80, Proto: "tcp",
+			Chains: []string{"nat-prerouting", "services"}, Backend: netip.MustParseAddrPort("10.244.2.31:8080")}},
+		Rejects: []NATRule{
+			{Source: SourceNFTables, Table: "ip kube-proxy", Hook: "forward", Service: vip, Chains: []string{"filter-forward", "cluster-ips-check"},
+				Verdict: "reject", Comment: "Reject traffic to invalid ports of ClusterIPs", AfterNAT: true},
+			{Source: SourceNFTables, Table: "ip kube-proxy", Hook: "output", Service: vip, Chains: []string{"filter-output", "x"}, Verdict: "drop"},
+		},
+	}}
+	var b bytes.Buffer
+	if err := n.Table(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`10.96.0.80 except 80/tcp (DNATed before) reject ("Reject traffic to invalid ports of ClusterIPs")`,
+		`10.96.0.80 drop`,
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("lacks %q:\n%s", want, b.String())
+		}
 	}
 }

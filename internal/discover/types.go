@@ -221,6 +221,12 @@ type NATRule struct {
 	// has no endpoints"), only kept for those.
 	Verdict string `json:"verdict,omitempty"`
 	Comment string `json:"comment,omitempty"`
+	// AfterNAT: the rule sees packets after destination NAT (a filter
+	// chain at forward, input, or output after NAT's priority), so it only
+	// ends those NAT left addressed to the VIP: the ports no DNAT rule
+	// serves (kube-proxy's "Reject traffic to invalid ports of ClusterIPs"
+	// never meets a healthy Service's own port).
+	AfterNAT bool `json:"after_nat,omitempty"`
 	// Sources are the conditions on the packet's source address that the
 	// rules of the path require, all of them; none: any source.
 	Sources []SourceMatch `json:"sources,omitempty"`

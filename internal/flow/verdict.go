@@ -327,14 +327,33 @@ func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
 	if last != cpNFAfter || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
 		return nil
 	}
-	fromNode := natHookOf(f) == "output"
 	var out []NATRule
 	for _, r := range e.cfg.Attribution.Rejects {
-		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && (r.Hook == "output") == fromNode {
+		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && r.Hook == e.filterHookOf(f) {
 			out = append(out, r)
+			if len(r.Sources) == 0 {
+				// Rejects come in the order the hook runs them: the first
+				// that every packet of the flow meets ends it, the later
+				// ones (kube-proxy's reject of a ClusterIP's other ports,
+				// after its no-endpoints reject) never see it.
+				break
+			}
 		}
 	}
 	return out
+}
+
+// filterHookOf is the filter hook after NAT where f's request went: output
+// for the node's own, input for a Pod's to an address of the node (a
+// NodePort), forward for a Pod's to any other.
+func (e *Engine) filterHookOf(f *flowState) string {
+	if natHookOf(f) == "output" {
+		return "output"
+	}
+	if _, local := e.cfg.Attribution.LocalVIPs[f.service.Addr()]; local {
+		return "input"
+	}
+	return "forward"
 }
 
 // rejected is the verdict of a flow the node's filter rejected (rejectsFor).
