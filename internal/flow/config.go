@@ -131,6 +131,11 @@ type NATRule struct {
 	// clients outside the cluster to an externalTrafficPolicy: Local
 	// Service's local endpoints.
 	Sources []SourceMatch
+	// BeforeNAT: a reject or drop rule (Rejects) of a chain at output that
+	// runs before destination NAT, and so before the netfilter observers
+	// (kube-proxy nftables' filter-output, priority -110): the packets it
+	// ends were never seen past the socket.
+	BeforeNAT bool
 	// Since and Until bound when it was there, as far as the session saw
 	// (zero: from before the start, to the end): kube-proxy rewrites its
 	// rules whenever a Service's endpoints change, and a flow is attributed

@@ -520,6 +520,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	f.claim(o.Cookie)
 	e.touch(f, o.Time)
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
+	e.noteNodeSocket(f, o)
 	if f.kind == 0 && o.Kind != 0 {
 		f.kind = o.Kind
 		f.evidenceChanged()
@@ -570,6 +571,7 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 		f.claim(o.Cookie)
 	}
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
+	e.noteNodeSocket(f, o)
 	if o.Point == obs.PointSockState && o.Kind != obs.SockClosed && o.Proto == obs.TCP && !reply &&
 		f.tcp.note(moment{at: o.Time.UnixNano(), flags: tcpSYN}) {
 		// A TCP socket's tuple is reported as it enters SYN_SENT: as
@@ -579,6 +581,15 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 	}
 	e.applyPacket(f, o, reply)
 	return true, false
+}
+
+// noteNodeSocket marks f as a node process's when the socket observation o
+// comes from the node's netns.
+func (e *Engine) noteNodeSocket(f *flowState, o obs.Observation) {
+	if !f.fromNode && e.cfg.HostNetNS != 0 && o.NetNS == e.cfg.HostNetNS {
+		f.fromNode = true
+		f.evidenceChanged()
+	}
 }
 
 // rekey moves the socket's flows that were recorded before the client port was

@@ -108,11 +108,13 @@ type flowState struct {
 	// packet's comment, the report; Engine.idOf): a flow absorbed before
 	// that, such as a socket's event that came before its first packet, then
 	// leaves no gap in the numbers. seq is the order in which flows were made.
-	id      int
-	seq     int
-	proto   obs.Proto
-	client  netip.AddrPort
-	service netip.AddrPort
+	id  int
+	seq int
+	// fromNode: a socket of the node's own netns made it (Config.HostNetNS).
+	fromNode bool
+	proto    obs.Proto
+	client   netip.AddrPort
+	service  netip.AddrPort
 	// cookie tells apart flows of different sockets while their client port is
 	// not known yet (TCP connect before bind); 0 once the port is known.
 	cookie uint64
@@ -299,6 +301,7 @@ func (f *flowState) absorb(o *flowState) {
 	for _, b := range o.backends {
 		f.addBackend(b.addr, b.at)
 	}
+	f.fromNode = f.fromNode || o.fromNode
 	for i := range f.cps {
 		f.cps[i].merge(o.cps[i])
 	}

@@ -316,20 +316,25 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 }
 
 // rejectsFor are the node's rules that reject or drop the packets of f, a
-// flow last seen with the VIP after netfilter's NAT, that went no further
-// and got no answer but a refusal (an ICMP error, a TCP reset: what a
-// reject rule answers with): no DNAT applied, and the filter
-// hooks after NAT (forward or input for a Pod's flow, output for the
-// node's) met a rule for the VIP. kube-proxy writes one for a Service
-// without endpoints (and its nftables mode one for the ports a ClusterIP
-// does not serve), so that such connections fail at once.
+// flow that went no further than the VIP and got no answer but a refusal
+// (an ICMP error, a TCP reset: what a reject rule answers with), no DNAT
+// having applied: last seen after netfilter's NAT, where the filter hooks
+// after it (forward or input for a Pod's flow, output for the node's) met
+// a rule for the VIP; or a node process's flow last seen before the
+// netfilter observers (at its socket), which they watched and never saw,
+// where a rule at output before NAT met it (kube-proxy nftables'
+// filter-output, priority -110, runs before them). kube-proxy writes one
+// for a Service without endpoints (and its nftables mode one for the ports
+// a ClusterIP does not serve), so that such connections fail at once.
 func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
-	if last != cpNFAfter || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
+	beforeNAT := f.fromNode && e.active(obs.PointNFBefore) && !f.cps[cpNFBefore].any() &&
+		(last == cpSockAddr || last == cpSockState)
+	if last != cpNFAfter && !beforeNAT || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
 		return nil
 	}
 	var out []NATRule
 	for _, r := range e.cfg.Attribution.Rejects {
-		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && r.Hook == e.filterHookOf(f) {
+		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && r.Hook == e.filterHookOf(f) && r.BeforeNAT == beforeNAT {
 			out = append(out, r)
 			if len(r.Sources) == 0 {
 				// Rejects come in the order the hook runs them: the first
@@ -363,6 +368,9 @@ func (e *Engine) rejected(f *flowState, rules []NATRule) verdict {
 		cands[i] = fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
 	}
 	reason := fmt.Sprintf("not rewritten: %s was still the destination after netfilter's NAT (no DNAT applied), and the node's filter ends it: %s", f.service, oneOf(cands))
+	if rules[0].BeforeNAT {
+		reason = fmt.Sprintf("not rewritten: the node's filter ends the connection to %s at output before netfilter's NAT (and before pathtrace's netfilter observers, which never saw it): %s", f.service, oneOf(cands))
+	}
 	switch {
 	case f.icmp != nil:
 		reason += fmt.Sprintf("; the %s from %s is its answer", f.icmp.Message, f.icmp.From)

@@ -287,12 +287,14 @@ type natRule struct {
 	Proto    string           `json:"proto"`
 	Backends []netip.AddrPort `json:"backends"`
 	Rule     string           `json:"rule"`
+	// BeforeNAT: a reject at output before NAT (flow.NATRule.BeforeNAT).
+	BeforeNAT bool `json:"before_nat"`
 }
 
 func (r natRule) convert() (flow.NATRule, error) {
 	proto, err := parseProto(r.Proto)
 	return flow.NATRule{Source: r.Source, Table: r.Table, Chain: r.Chain,
-		Hook: r.Hook, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule}, err
+		Hook: r.Hook, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule, BeforeNAT: r.BeforeNAT}, err
 }
 
 type observation struct {
