@@ -241,8 +241,12 @@ func sentence(g *verdictGroup) string {
 	case flow.PlaceIPVS:
 		fmt.Fprintf(&b, "%s in IPVS on the node", rewritten)
 	case flow.PlaceNowhere:
-		fmt.Fprintf(&b, "%s anywhere on this node: %s the uplink with the VIP still as destination",
-			pick(one, "was not rewritten", "were not rewritten"), pick(one, "it left", "they left"))
+		fmt.Fprintf(&b, "%s anywhere on this node", pick(one, "was not rewritten", "were not rewritten"))
+		// Not rewritten also when the node kept it: its own address (a node
+		// cache), or its filter rejected it; the evidence says which.
+		if f.VLAN != nil {
+			fmt.Fprintf(&b, ": %s the uplink with the VIP still as destination", pick(one, "it left", "they left"))
+		}
 	default:
 		fmt.Fprintf(&b, "could not be placed: pathtrace cannot tell where %s rewritten", pick(one, "it was", "they were"))
 	}

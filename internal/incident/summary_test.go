@@ -62,6 +62,12 @@ func summaryFlows() []flow.Flow {
 		{ID: 8, Proto: "tcp", Client: ap("10.244.8.23:40026"), Service: ap("10.120.0.80:80"), Backend: ap("127.0.0.1:15001"),
 			RewrittenAt: flow.PlaceNetfilter, By: flow.ByClientNetfilter,
 			Reason: "VIP 10.120.0.80:80 at the socket tuple (sockstate), backend 127.0.0.1:15001 at the socket's first packet (sockegress)"},
+		// A Service without endpoints: kube-proxy's filter rejects it on
+		// the node; it never reaches the uplink.
+		{ID: 11, Proto: "tcp", Client: ap("10.244.8.23:40028"), Service: ap("10.120.0.60:80"), RewrittenAt: flow.PlaceNowhere,
+			Reason: "not rewritten: 10.120.0.60:80 was still the destination after netfilter's NAT (no DNAT applied), and the node's filter ends it: nftables ip kube-proxy filter-forward -> service-endpoints-check -> reject (\"default/empty:http has no endpoints\")",
+			ICMPError: &flow.ICMPError{Message: "ICMP destination unreachable (code 3: port unreachable)",
+				From: netip.MustParseAddr("10.244.8.1"), Point: "pod", At: at}},
 	}
 }
 
