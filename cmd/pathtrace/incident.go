@@ -99,6 +99,7 @@ func runIncident(args []string) int {
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
 		return exitUsage
 	}
+	limitMemory(opt.MaxFlows)
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "pathtrace incident: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN for setns): run it with sudo")
 		return exitRuntime

@@ -129,7 +129,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, 64 to 65535, as tcpdump -s")
 	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` 16K to 256M, in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops; with more than two Pods, the Pods' points share 4 such rings")
 	fs.IntVar(&f.nice, "nice", defaultNice, "nice `value` of pathtrace's threads, -20 to 19: below 0 the capture drains its rings ahead of the node's ordinary work, so it loses fewer frames when the CPUs are saturated (its CPU use stays the same); 0 runs it like any process")
-	fs.IntVar(&f.maxFlows, "max-flows", 4096, "bound on tracked flows (about 3 KiB each); more are counted as dropped (flows_over_max) and reported, their packets still captured")
+	fs.IntVar(&f.maxFlows, "max-flows", defaultMaxFlows, "bound on tracked flows (about 3 KiB each, 4 KiB of memory beyond the default); more are counted as dropped (flows_over_max) and reported, their packets still captured")
 }
 
 // validate turns the flags into session options; every error is a usage error.
@@ -306,6 +306,7 @@ func runTrace(args []string) int {
 		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
 		return exitUsage
 	}
+	limitMemory(opt.MaxFlows)
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "pathtrace: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN for setns): run it with sudo")
 		return exitRuntime

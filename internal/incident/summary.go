@@ -207,7 +207,14 @@ func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary) {
 			counts = append(counts, fmt.Sprintf("%d %s", n, p))
 		}
 	}
-	fmt.Fprintf(b, "\nIn all %s: %s.\n", plural(s.Flows, "flow", "flows"), strings.Join(counts, ", "))
+	fmt.Fprintf(b, "\nIn all %s: %s.", plural(s.Flows, "flow", "flows"), strings.Join(counts, ", "))
+	// In a long busy run most flows can be beyond --max-flows: the counts
+	// above are then a small part of what happened, which must be said
+	// where they are read.
+	if n := s.Drops[flow.DropFlowsOverMax]; n > 0 {
+		fmt.Fprintf(b, " %s more %s not followed (beyond --max-flows): no verdict, in no count above.", grouped(n), pick(n == 1, "was", "were"))
+	}
+	b.WriteString("\n")
 }
 
 // clientAddr is the flow's client address, "an unknown address" when no

@@ -274,3 +274,26 @@ func TestSummaryBoundsGroupsAndIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestSummarySaysFlowsNotFollowed: five minutes of churn put 76,586 of
+// 80,683 flows beyond --max-flows; "In all 4096 flows" must not read as
+// all there was.
+func TestSummarySaysFlowsNotFollowed(t *testing.T) {
+	flows := []flow.Flow{{ID: 1, Proto: "tcp", RewrittenAt: flow.PlaceTC,
+		Client: netip.MustParseAddrPort("10.244.8.23:40000"), Service: netip.MustParseAddrPort("10.120.0.80:80")}}
+	for over, want := range map[uint64]string{
+		0:     "In all 1 flow: 1 tc.\n",
+		1:     "In all 1 flow: 1 tc. 1 more was not followed (beyond --max-flows): no verdict, in no count above.\n",
+		76586: "In all 1 flow: 1 tc. 76,586 more were not followed (beyond --max-flows)",
+	} {
+		dir := t.TempDir()
+		s := flow.Summary{Flows: 1, RewrittenAt: map[flow.Place]int{flow.PlaceTC: 1}, Drops: map[string]uint64{flow.DropFlowsOverMax: over}}
+		if err := WriteSummary(dir, flows, s, nil, "duration", Ended{}, Taken{}); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+		if !strings.Contains(string(got), want) {
+			t.Errorf("flows_over_max %d: summary lacks %q:\n%s", over, want, got)
+		}
+	}
+}

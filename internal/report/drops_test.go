@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
 )
 
 // TestDropRowsFoldZeroPoints: with many capture points, the zero rows of a
@@ -58,5 +60,24 @@ func TestDropHints(t *testing.T) {
 	}
 	if len(h) != 3 {
 		t.Errorf("%d hints, want 3: %q", len(h), h)
+	}
+}
+
+// TestSummaryTableNamesFlowsNotFollowed: a run far beyond --max-flows
+// (minutes of churn: 4096 rows, 166,005 flows refused) says, beside its
+// per-verdict counts, how many flows those counts leave out; a run within
+// the bound says nothing of it.
+func TestSummaryTableNamesFlowsNotFollowed(t *testing.T) {
+	for _, over := range []uint64{0, 166005} {
+		var b strings.Builder
+		s := flow.Summary{Flows: 4096, RewrittenAt: map[flow.Place]int{flow.PlaceTC: 4096},
+			Drops: map[string]uint64{flow.DropFlowsOverMax: over}}
+		if err := writeSummaryTable(&b, s, nil, Run{}); err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Contains(b.String(), "not followed  166005  beyond --max-flows")
+		if got != (over > 0) {
+			t.Errorf("flows_over_max %d: table\n%s", over, b.String())
+		}
 	}
 }

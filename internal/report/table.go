@@ -68,6 +68,12 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 		}
 	}
 	fmt.Fprintf(tw, "total\t%d\t\n", s.Flows)
+	// Beyond --max-flows most flows of a long busy run are in no row and
+	// no count above: say so where the counts are read, not only among
+	// the drops.
+	if n := s.Drops[flow.DropFlowsOverMax]; n > 0 {
+		fmt.Fprintf(tw, "not followed\t%d\tbeyond --max-flows: in no row or count above (no verdict)\n", n)
+	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write summary table: %w", err)
 	}
