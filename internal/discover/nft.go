@@ -415,6 +415,11 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		return // unknown condition: the rule may apply
 	}
 	start := regSlot(e.SourceRegister)
+	if !isVmap {
+		if m, ok := srcSetMatch(ev.regs[start], set, e.Invert); ok {
+			ev.rule.src = append(ev.rule.src, m)
+		}
+	}
 	if set.interval {
 		// `ip daddr { 10.96.0.0/16 } drop`: kube-proxy's drop of the
 		// unallocated ClusterIPs of its Service CIDRs.
@@ -426,9 +431,6 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		return
 	}
 	if !isVmap {
-		if m, ok := srcSetMatch(ev.regs[start], set, e.Invert); ok {
-			ev.rule.src = append(ev.rule.src, m)
-		}
 		if f := ev.regs[start]; f.kind == fieldDaddr {
 			var dst []netip.Prefix
 			for _, el := range set.elems {
@@ -466,13 +468,21 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 }
 
 // srcSetMatch is the condition of `ip saddr @set` (f: the source address):
-// in one of the set's addresses. A set the packet path changes, or one whose
-// keys are not addresses alone, is no condition the reader can hold to.
+// in one of the set's addresses, or ranges for an interval set (kube-proxy's
+// `ip saddr != { RANGES } drop` of a LoadBalancer's loadBalancerSourceRanges,
+// which without them would read as a drop of every client). A set the
+// packet path changes, or one whose keys are not addresses alone, is no
+// condition the reader can hold to.
 func srcSetMatch(f nftField, set nftSet, neg bool) (SourceMatch, bool) {
 	if f.kind != fieldSaddr || (f.size != 4 && f.size != 16) || f.mask != nil || set.dynamic {
 		return SourceMatch{}, false
 	}
 	m := SourceMatch{Not: neg}
+	if set.interval {
+		var ok bool
+		m.Prefixes, ok = intervalPrefixes(set.elems, f.size)
+		return m, ok && len(m.Prefixes) > 0
+	}
 	for _, el := range set.elems {
 		a, ok := netip.AddrFromSlice(el.Key)
 		if !ok || len(el.Key) != f.size {

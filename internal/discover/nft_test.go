@@ -284,7 +284,12 @@ func TestNFTSourceMatches(t *testing.T) {
 	sets := map[string]nftSet{
 		"clients":  {elems: []nftables.SetElement{{Key: ip4("192.168.5.1")}, {Key: ip4("192.168.5.2")}}},
 		"affinity": {elems: []nftables.SetElement{{Key: ip4("192.168.5.1")}}, dynamic: true},
-		"ranges":   {interval: true},
+		// ip saddr != { 198.51.100.0/24, 203.0.113.7 }: an anonymous
+		// interval set, as kube-proxy writes loadBalancerSourceRanges.
+		"ranges": {interval: true, elems: []nftables.SetElement{
+			{Key: ip4("198.51.100.0")}, {Key: ip4("198.51.101.0"), IntervalEnd: true},
+			{Key: ip4("203.0.113.7")}, {Key: ip4("203.0.113.8"), IntervalEnd: true}}},
+		"empty": {interval: true},
 	}
 	lookup := func(name string) (nftSet, bool) { s, ok := sets[name]; return s, ok }
 	for name, c := range map[string]struct {
@@ -300,7 +305,8 @@ func TestNFTSourceMatches(t *testing.T) {
 		"ip saddr @clients":                              {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "clients"}}, "{192.168.5.1/32, 192.168.5.2/32}"},
 		"ip saddr != @clients":                           {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "clients", Invert: true}}, "not {192.168.5.1/32, 192.168.5.2/32}"},
 		"ip saddr @affinity":                             {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "affinity"}}, ""},
-		"ip saddr @ranges":                               {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "ranges"}}, ""},
+		"ip saddr != @ranges":                            {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "ranges", Invert: true}}, "not {198.51.100.0/24, 203.0.113.7/32}"},
+		"ip saddr @empty":                                {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "empty"}}, ""},
 		"ip saddr @unreadable":                           {[]expr.Any{loadSaddr(1, 4), &expr.Lookup{SourceRegister: 1, SetName: "unreadable"}}, ""},
 		"iptables-nft ! --src-type LOCAL":                {[]expr.Any{&expr.Match{Name: "addrtype", Info: &xt.AddrTypeV1{Source: uint16(xt.AddrTypeLocal), Flags: xtAddrTypeInvertSource}}}, "not local"},
 		"iptables-nft --src-type LOCAL --limit-iface-in": {[]expr.Any{&expr.Match{Name: "addrtype", Info: &xt.AddrTypeV1{Source: uint16(xt.AddrTypeLocal), Flags: 0x4}}}, ""},
