@@ -121,7 +121,9 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		if r.Comment != "" {
 			what += fmt.Sprintf(" (%q)", r.Comment)
 		}
-		p("netfilter\t%s %s (%s)\t%s %s\t%s\n", r.Source, r.Table, r.Hook, r.rejectedString(nf.Rules), what, strings.Join(r.Chains, " > "))
+		// A drop limited to sources (loadBalancerSourceRanges) says so:
+		// the clients it spares reach the backend.
+		p("netfilter\t%s %s (%s)\t%s %s\t%s%s\n", r.Source, r.Table, r.Hook, r.rejectedString(nf.Rules), what, strings.Join(r.Chains, " > "), r.fromString())
 	}
 	if !n.IPVS.Present {
 		p("ipvs\t%s\n", n.IPVS.Note)

@@ -89,3 +89,20 @@ func TestTableRejectAfterNAT(t *testing.T) {
 		}
 	}
 }
+
+// TestTableDropFromSources: kube-proxy's drop of a LoadBalancer's clients
+// outside its loadBalancerSourceRanges names those it spares; without it
+// the line reads as a drop of every client of the LB IP.
+func TestTableDropFromSources(t *testing.T) {
+	lb := netip.MustParseAddr("203.0.113.50")
+	n := &NodeInfo{Netfilter: Netfilter{Rejects: []NATRule{{Source: SourceNFTables, Table: "ip kube-proxy", Hook: "output",
+		Service: lb, Port: 80, Proto: "tcp", Chains: []string{"filter-output", "firewall-check", "firewall-x"}, Verdict: "drop",
+		Sources: []SourceMatch{{Prefixes: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, Not: true}}}}}}
+	var b bytes.Buffer
+	if err := n.Table(&b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "filter-output > firewall-check > firewall-x from not 198.51.100.0/24"; !strings.Contains(b.String(), want) {
+		t.Errorf("lacks %q:\n%s", want, b.String())
+	}
+}
