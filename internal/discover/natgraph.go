@@ -142,17 +142,19 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 		}
 		if names || m {
 			m = true
-			if r.proto != "" {
-				pr = r.proto
-			}
-			if r.port != 0 {
-				po = r.port
-			}
 			if r.comment != "" {
 				cm = r.comment
 			}
 		}
-		if m && r.dnat {
+		// Port and protocol add up along the path whether or not a rule
+		// named the VIP yet: a port-only DNAT needs them (hostPorts below).
+		if r.proto != "" {
+			pr = r.proto
+		}
+		if r.port != 0 {
+			po = r.port
+		}
+		if r.dnat && (m || w.hostPort(po)) {
 			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip,
 				Port: po, Proto: pr, Chains: slices.Clone(path), Backend: r.backend, Note: r.note, Sources: sm})
 		}
@@ -171,6 +173,18 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 			src = append(slices.Clone(src), not)
 		}
 	}
+}
+
+// hostPort tells whether a DNAT reached on a path that never named the
+// VIP still concerns it: one limited to a port only, on a path without any
+// destination condition, catches that port on every address, the node's
+// included. The CNI portmap plugin's nftables hostPorts are so (its
+// prerouting chain jumps to `tcp dport 8080 dnat to POD:80` with no
+// destination condition); only a VIP that is an address of the node (a
+// NODE-IP:PORT trace) takes them, so a ClusterIP traced without port is
+// not given every hostPort of the node.
+func (w *natWalk) hostPort(port uint16) bool {
+	return w.local && port != 0
 }
 
 // goneFrom is the condition the rules after r in its chain add: a rule that

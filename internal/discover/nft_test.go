@@ -317,3 +317,39 @@ func TestNFTSourceMatches(t *testing.T) {
 		}
 	}
 }
+
+// TestNFTPortmapHostPorts: the CNI portmap plugin's nftables hostPorts
+// (table ip cni_hostport): its prerouting chain jumps to hostports with no
+// destination condition, its output chain only for the node's addresses
+// (`fib daddr type local`), and each hostPort is `tcp dport 8080 dnat to
+// POD:80`. A NODE-IP:8080 trace is DNATed so at both hooks, from outside
+// and other Pods as from the node; a ClusterIP is given none of them.
+func TestNFTPortmapHostPorts(t *testing.T) {
+	fibLocal := []expr.Any{&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+		cmpEq(1, binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)...)}
+	rules := map[string][][]expr.Any{
+		"prerouting":       {{jump("hostip_hostports")}, {jump("hostports")}},
+		"output":           {{jump("hostip_hostports")}, append(slices.Clone(fibLocal), jump("hostports"))},
+		"hostip_hostports": nil,
+		"hostports": {append([]expr.Any{loadProto(1), cmpEq(1, unix.IPPROTO_TCP), loadDport(1), cmpEq(1, port(8080)...)},
+			dnatTo("10.244.8.24", 80)...)},
+	}
+	g := &natGraph{source: "nftables", table: "ip cni_hostport", chains: map[string][]natRule{},
+		bases: []natBase{{"prerouting", "prerouting", true, natDstPriority}, {"output", "output", true, natDstPriority}}}
+	for chain, rs := range rules {
+		for _, r := range rs {
+			g.chains[chain] = append(g.chains[chain], nftNATRules(r, noSets)...)
+		}
+	}
+	node, clusterIP := netip.MustParseAddr("192.168.50.10"), netip.MustParseAddr("10.96.0.80")
+	want := []string{
+		"output 192.168.50.10 tcp/8080 output>hostports => 10.244.8.24:80",
+		"prerouting 192.168.50.10 tcp/8080 prerouting>hostports => 10.244.8.24:80",
+	}
+	if got := keys(g.matchLocal([]netip.Addr{node}, map[netip.Addr]bool{node: true})); !slices.Equal(got, want) {
+		t.Errorf("node address:\n got %q\nwant %q", got, want)
+	}
+	if got := g.matchLocal([]netip.Addr{clusterIP}, nil); len(got) != 0 {
+		t.Errorf("a ClusterIP took hostPorts: %q", keys(got))
+	}
+}
