@@ -334,7 +334,8 @@ func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
 	}
 	var out []NATRule
 	for _, r := range e.cfg.Attribution.Rejects {
-		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && r.Hook == e.filterHookOf(f) && r.BeforeNAT == beforeNAT {
+		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && r.Hook == e.filterHookOf(f) && r.BeforeNAT == beforeNAT &&
+			e.clientMayMeet(r.Sources, f.client.Addr()) {
 			out = append(out, r)
 			if len(r.Sources) == 0 {
 				// Rejects come in the order the hook runs them: the first

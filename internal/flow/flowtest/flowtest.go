@@ -289,12 +289,24 @@ type natRule struct {
 	Rule     string           `json:"rule"`
 	// BeforeNAT: a reject at output before NAT (flow.NATRule.BeforeNAT).
 	BeforeNAT bool `json:"before_nat"`
+	// Sources: the rule's conditions on the client's address.
+	Sources []sourceMatch `json:"sources"`
+}
+
+type sourceMatch struct {
+	Prefixes []netip.Prefix `json:"prefixes"`
+	Local    bool           `json:"local"`
+	Not      bool           `json:"not"`
 }
 
 func (r natRule) convert() (flow.NATRule, error) {
 	proto, err := parseProto(r.Proto)
-	return flow.NATRule{Source: r.Source, Table: r.Table, Chain: r.Chain,
-		Hook: r.Hook, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule, BeforeNAT: r.BeforeNAT}, err
+	rule := flow.NATRule{Source: r.Source, Table: r.Table, Chain: r.Chain,
+		Hook: r.Hook, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule, BeforeNAT: r.BeforeNAT}
+	for _, m := range r.Sources {
+		rule.Sources = append(rule.Sources, flow.SourceMatch(m))
+	}
+	return rule, err
 }
 
 type observation struct {
