@@ -30,11 +30,12 @@ type natBase struct {
 const natDstPriority = -100
 
 // afterNAT tells whether a filter chain sees packets after destination NAT:
-// forward and input always do, output when its priority is above NAT's
-// (kube-proxy's filter-output-post-dnat, iptables' filter OUTPUT). A packet
+// forward and input always do, prerouting and output when its priority is
+// above NAT's (kube-proxy's filter-output-post-dnat, iptables' filter
+// OUTPUT; not its filter-prerouting and filter-output, at -110). A packet
 // to a VIP that a DNAT rewrote meets it with its backend's address.
 func (b natBase) afterNAT() bool {
-	return !b.nat && (b.hook != "output" || b.priority > natDstPriority)
+	return !b.nat && (b.hook == "forward" || b.hook == "input" || b.priority > natDstPriority)
 }
 
 // natRule is one rule of a natGraph.

@@ -106,6 +106,8 @@ func filterHook(c *nftables.Chain) string {
 		return ""
 	}
 	switch *c.Hooknum {
+	case *nftables.ChainHookPrerouting: // kube-proxy's firewall-check (loadBalancerSourceRanges)
+		return "prerouting"
 	case *nftables.ChainHookForward:
 		return "forward"
 	case *nftables.ChainHookInput:

@@ -234,3 +234,28 @@ func TestNFTDaddrPrefixLoad(t *testing.T) {
 		t.Errorf("got %+v, want a drop of 10.96.0.0/16", r)
 	}
 }
+
+// TestFilterChainsBeforeNAT: a filter chain sees packets before destination
+// NAT at prerouting and output when its priority is below NAT's (kube-proxy
+// nftables' filter-prerouting and filter-output, -110: loadBalancerSourceRanges
+// and Services without endpoints), after it otherwise; forward and input
+// always come after. Filter chains at prerouting are read.
+func TestFilterChainsBeforeNAT(t *testing.T) {
+	for _, c := range []struct {
+		hook     string
+		priority int
+		after    bool
+	}{
+		{"prerouting", -110, false}, {"prerouting", 0, true}, {"output", -110, false}, {"output", -90, true},
+		{"forward", -110, true}, {"input", -110, true},
+	} {
+		if got := (natBase{"c", c.hook, false, c.priority}).afterNAT(); got != c.after {
+			t.Errorf("%s at %d: after NAT %v, want %v", c.hook, c.priority, got, c.after)
+		}
+	}
+	prio := nftables.ChainPriority(-110)
+	chain := &nftables.Chain{Name: "filter-prerouting", Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: &prio}
+	if got := filterHook(chain); got != "prerouting" {
+		t.Errorf("filter chain at prerouting: hook %q, want prerouting", got)
+	}
+}

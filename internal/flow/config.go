@@ -131,10 +131,11 @@ type NATRule struct {
 	// clients outside the cluster to an externalTrafficPolicy: Local
 	// Service's local endpoints.
 	Sources []SourceMatch
-	// BeforeNAT: a reject or drop rule (Rejects) of a chain at output that
-	// runs before destination NAT, and so before the netfilter observers
-	// (kube-proxy nftables' filter-output, priority -110): the packets it
-	// ends were never seen past the socket.
+	// BeforeNAT: a reject or drop rule (Rejects) of a chain at prerouting
+	// or output that runs before destination NAT, and so before the
+	// netfilter observers (kube-proxy nftables' filter-prerouting and
+	// filter-output, priority -110): the packets it ends were never seen
+	// by netfilter's observers.
 	BeforeNAT bool
 	// Since and Until bound when it was there, as far as the session saw
 	// (zero: from before the start, to the end): kube-proxy rewrites its

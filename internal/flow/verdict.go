@@ -318,23 +318,31 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 // rejectsFor are the node's rules that reject or drop the packets of f, a
 // flow that went no further than the VIP and got no answer but a refusal
 // (an ICMP error, a TCP reset: what a reject rule answers with), no DNAT
-// having applied: last seen after netfilter's NAT, where the filter hooks
-// after it (forward or input for a Pod's flow, output for the node's) met
-// a rule for the VIP; or a node process's flow last seen before the
-// netfilter observers (at its socket), which they watched and never saw,
-// where a rule at output before NAT met it (kube-proxy nftables'
-// filter-output, priority -110, runs before them). kube-proxy writes one
-// for a Service without endpoints (and its nftables mode one for the ports
-// a ClusterIP does not serve), so that such connections fail at once.
+// having applied: last seen after netfilter's NAT, where a filter chain
+// after NAT (at forward or input for a Pod's flow, output for the node's,
+// prerouting above NAT's priority) met a rule for the VIP; or last seen
+// before the netfilter observers, which watched and never saw it, where a
+// filter chain before NAT met one (kube-proxy nftables' filter-prerouting
+// and filter-output, priority -110, run before them). kube-proxy writes such
+// rules for a Service without endpoints, the ports a ClusterIP does not
+// serve and loadBalancerSourceRanges, so that those connections fail at once.
 func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
-	beforeNAT := f.fromNode && e.active(obs.PointNFBefore) && !f.cps[cpNFBefore].any() &&
-		(last == cpSockAddr || last == cpSockState)
+	beforeNAT := e.beforeNetfilter(f, last)
 	if last != cpNFAfter && !beforeNAT || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
 		return nil
 	}
+	hooks := []string{e.filterHookOf(f)}
+	switch {
+	case f.fromNode:
+		hooks = []string{"output"}
+	case beforeNAT:
+		hooks = []string{"prerouting"}
+	default:
+		hooks = append(hooks, "prerouting")
+	}
 	var out []NATRule
 	for _, r := range e.cfg.Attribution.Rejects {
-		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && r.Hook == e.filterHookOf(f) && r.BeforeNAT == beforeNAT &&
+		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && slices.Contains(hooks, r.Hook) && r.BeforeNAT == beforeNAT &&
 			e.clientMayMeet(r.Sources, f.client.Addr()) {
 			out = append(out, r)
 			if len(r.Sources) == 0 {
@@ -347,6 +355,24 @@ func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
 		}
 	}
 	return out
+}
+
+// beforeNetfilter tells whether f was last seen before the netfilter
+// observers, which watched and never saw it: at its socket for a node
+// process's flow, at the Pod's veth or tc for a Pod's (not when the node's
+// bridge hands bridged frames to netfilter no more: then netfilter never
+// sees them at all).
+func (e *Engine) beforeNetfilter(f *flowState, last checkpoint) bool {
+	if !e.active(obs.PointNFBefore) || f.cps[cpNFBefore].any() {
+		return false
+	}
+	if f.fromNode {
+		return last == cpSockAddr || last == cpSockState
+	}
+	if b := e.cfg.Attribution.BridgeNFCallIPTables; b != nil && !*b {
+		return false
+	}
+	return last == cpPod || last == cpHost || last == cpTCHead || last == cpTCTail
 }
 
 // filterHookOf is the filter hook after NAT where f's request went: output
@@ -369,8 +395,8 @@ func (e *Engine) rejected(f *flowState, rules []NATRule) verdict {
 		cands[i] = fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
 	}
 	reason := fmt.Sprintf("not rewritten: %s was still the destination after netfilter's NAT (no DNAT applied), and the node's filter ends it: %s", f.service, oneOf(cands))
-	if rules[0].BeforeNAT {
-		reason = fmt.Sprintf("not rewritten: the node's filter ends the connection to %s at output before netfilter's NAT (and before pathtrace's netfilter observers, which never saw it): %s", f.service, oneOf(cands))
+	if r := rules[0]; r.BeforeNAT {
+		reason = fmt.Sprintf("not rewritten: the node's filter ends the connection to %s at %s before netfilter's NAT (and before pathtrace's netfilter observers, which never saw it): %s", f.service, r.Hook, oneOf(cands))
 	}
 	switch {
 	case f.icmp != nil:

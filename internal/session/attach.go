@@ -352,7 +352,7 @@ func natRulesOf(rules []discover.NATRule) []flow.NATRule {
 		switch {
 		case r.Verdict != "":
 			rule.Rule = r.Verdict
-			rule.BeforeNAT = !r.AfterNAT && r.Hook == "output"
+			rule.BeforeNAT = !r.AfterNAT
 			if r.Comment != "" {
 				rule.Rule += fmt.Sprintf(" (%q)", r.Comment)
 			}
