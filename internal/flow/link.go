@@ -90,6 +90,9 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 		m.reply = false
 	case replies && e.isService(proto, src):
 		client, service, reply, m.reply = dst, src, true, true
+		// A socket sending from the Service is the server's (a node-local
+		// listener): its cookie tells the client's sockets nothing.
+		cookie = 0
 	default:
 		toService = false
 	}
