@@ -90,6 +90,9 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 		m.reply = false
 	case replies && e.isService(proto, src):
 		client, service, reply, m.reply = dst, src, true, true
+		// A socket sending from the Service is the server's (a node-local
+		// listener): its cookie tells the client's sockets nothing.
+		cookie = 0
 	default:
 		toService = false
 	}
@@ -564,14 +567,9 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 			return r == refused, r == deferredLink
 		}
 	}
-	if s != nil {
-		s.add(f)
-	}
 	if !reply {
-		f.claim(o.Cookie)
+		e.ownSocket(f, s, o)
 	}
-	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
-	e.noteNodeSocket(f, o)
 	if o.Point == obs.PointSockState && o.Kind != obs.SockClosed && o.Proto == obs.TCP && !reply &&
 		f.tcp.note(moment{at: o.Time.UnixNano(), flags: tcpSYN}) {
 		// A TCP socket's tuple is reported as it enters SYN_SENT: as
@@ -581,6 +579,19 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 	}
 	e.applyPacket(f, o, reply)
 	return true, false
+}
+
+// ownSocket makes the socket of o, a request's observation, f's socket: its
+// process and netns are f's client's. Never for a reply's: that socket is the
+// server's (a node-local cache answering every client from one socket), and
+// taking it would make its answers to other clients look like f's backends.
+func (e *Engine) ownSocket(f *flowState, s *sockState, o obs.Observation) {
+	if s != nil {
+		s.add(f)
+	}
+	f.claim(o.Cookie)
+	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
+	e.noteNodeSocket(f, o)
 }
 
 // noteNodeSocket marks f as a node process's when the socket observation o

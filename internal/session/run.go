@@ -91,9 +91,12 @@ func (tr *tracer) add(o obs.Observation) {
 }
 
 // inScope tells whether a packet or connection between src and dst may be
-// a traced client's, and counts it as out of scope when not.
+// a traced client's, and counts it as out of scope when not. One from an
+// address to itself is the node's own: the kernel gives a socket talking to
+// a local address (a node-local cache's VIP, which is no client address)
+// that address as its source, and only the node has it.
 func (tr *tracer) inScope(src, dst netip.Addr) bool {
-	if tr.clients == nil || tr.clients[src] || tr.clients[dst] {
+	if tr.clients == nil || tr.clients[src] || tr.clients[dst] || src == dst {
 		return true
 	}
 	tr.outOfScope++
