@@ -16,8 +16,8 @@ import (
 // createNetNS makes a network namespace kept alive by a bind mount at path, as
 // `ip netns add` does, so other tools find it under /run/netns.
 func createNetNS(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", filepath.Dir(path), err)
+	if err := nsutil.PrepareNamedDir(filepath.Dir(path)); err != nil {
+		return err
 	}
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
 	if err != nil {

@@ -103,3 +103,28 @@ func HandleAt(ns netns.NsHandle) (*netlink.Handle, error) {
 	}
 	return h, nil
 }
+
+// PrepareNamedDir makes dir (/run/netns) ready to hold named network
+// namespaces as iproute2 does: a mount point of its own, with shared
+// propagation. Otherwise the first `ip netns add` run afterwards
+// bind-mounts dir over itself, and the namespaces mounted in it before stay
+// mounted underneath, where no unmount by path reaches them: removing one
+// then fails with EBUSY (a lab that cannot be taken down).
+func PrepareNamedDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	for bound := false; ; bound = true {
+		err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		if err == nil {
+			return nil
+		}
+		if err != unix.EINVAL || bound {
+			return fmt.Errorf("make %s a shared mount: %w", dir, err)
+		}
+		// Not a mount point yet: make it one (iproute2's first netns add).
+		if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind-mount %s onto itself: %w", dir, err)
+		}
+	}
+}

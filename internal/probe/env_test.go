@@ -83,7 +83,7 @@ func newTestEnv(t *testing.T) *testEnv {
 func newNetns(t *testing.T, name string) string {
 	t.Helper()
 	path := filepath.Join("/run/netns", name)
-	if err := os.MkdirAll("/run/netns", 0o755); err != nil {
+	if err := nsutil.PrepareNamedDir("/run/netns"); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, nil, 0o444); err != nil {
