@@ -182,21 +182,30 @@ func (e *testEnv) otherSrvAddr(t *testing.T) netip.Addr {
 	return other
 }
 
+// nftTable is an nftables connection into the netns at path and its table
+// "pttest" (ip), to add chains and rules to and flush.
+func nftTable(t *testing.T, path string) (*nftables.Conn, *nftables.Table) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The connection enters the netns through f when it flushes: f stays
+	// open until the test ends.
+	t.Cleanup(func() { f.Close() })
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "pttest"})
+}
+
 // dnat installs "ip daddr vip tcp dport 80 dnat to backendTCP" and the UDP
 // twin in a nat prerouting chain of the server netns (conntrack starts
 // tracking there because of it).
 func (e *testEnv) dnat(t *testing.T) {
 	t.Helper()
-	f, err := os.Open(e.srvNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "pttest"})
+	c, tbl := nftTable(t, e.srvNS)
 	ch := c.AddChain(&nftables.Chain{Name: "prerouting", Table: tbl, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 	vip := e.vip.As4()
@@ -229,16 +238,7 @@ func (e *testEnv) dnat(t *testing.T) {
 // layer's egress.
 func (e *testEnv) rejectOutput(t *testing.T, to netip.AddrPort) {
 	t.Helper()
-	f, err := os.Open(e.clientNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tbl := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "pttest"})
+	c, tbl := nftTable(t, e.clientNS)
 	ch := c.AddChain(&nftables.Chain{Name: "output", Table: tbl, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
 	addr := to.Addr().As4()
