@@ -57,7 +57,8 @@ guessed.
 Output (table; --output json has the same as JSON lines): the node (Pods, capture
 points, the Service mechanisms found, every observer's status), then one row per flow:
   REWRITTEN AT    socket, tc, netfilter, ipvs, nowhere (not rewritten: it left the node with the VIP,
-                  or the VIP is the node's own address) or unknown
+                  the VIP is the node's own address, or the node's filter rejected or dropped it:
+                  the rule is named below the rows) or unknown
   BY              the program or rule that rewrote it (shortened; JSON "by" has it whole)
   VLAN            uplink 802.1Q tag ("untagged"; "-": the flow never reached the uplink)
   UPLINK DST MAC  destination MAC on the uplink, "gw" when it is the Pod's gateway
