@@ -449,11 +449,19 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		if v == nil {
 			v = verdictFromData(el.Val)
 		}
-		if v == nil || (v.Kind != expr.VerdictJump && v.Kind != expr.VerdictGoto) {
+		r := ev.rule
+		switch {
+		case v == nil:
+			continue
+		case v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto:
+			r.targets = []string{v.Chain}
+		case v.Kind == expr.VerdictDrop:
+			// kube-proxy's drop of an externalTrafficPolicy: Local
+			// Service's external traffic when it has no local endpoint.
+			r.verdict = "drop"
+		default:
 			continue
 		}
-		r := ev.rule
-		r.targets = []string{v.Chain}
 		r.comment = el.Comment
 		k := ev.decodeKey(start, el.Key)
 		if k.daddr.IsValid() {

@@ -128,6 +128,7 @@ func kubeProxyFilterNFT() *natGraph {
 	sets := map[string]nftSet{
 		"no-endpoint-services": {elems: []nftables.SetElement{
 			{Key: concatKey(ip4("10.96.0.90"), []byte{unix.IPPROTO_TCP}, port(80)), VerdictData: gotoChain("reject-chain"), Comment: "default/empty:http"},
+			{Key: concatKey(ip4("10.96.0.91"), []byte{unix.IPPROTO_TCP}, port(443)), VerdictData: &expr.Verdict{Kind: expr.VerdictDrop}, Comment: "default/local:https"},
 		}},
 		"cluster-ips": {elems: []nftables.SetElement{{Key: ip4("10.96.0.80")}, {Key: ip4("10.96.0.90")}}},
 		"__set0": {interval: true, elems: []nftables.SetElement{
@@ -177,7 +178,7 @@ func kubeProxyFilterNFT() *natGraph {
 func TestNFTKubeProxyFilterRejects(t *testing.T) {
 	g := kubeProxyFilterNFT()
 	got := map[string][]string{}
-	for _, vip := range []string{"10.96.0.80", "10.96.0.90", "10.96.0.99"} {
+	for _, vip := range []string{"10.96.0.80", "10.96.0.90", "10.96.0.91", "10.96.0.99"} {
 		for _, r := range g.match([]netip.Addr{netip.MustParseAddr(vip)}) {
 			got[vip] = append(got[vip], fmt.Sprintf("%s after_nat=%v", rejectKey(r), r.AfterNAT))
 		}
@@ -192,6 +193,14 @@ func TestNFTKubeProxyFilterRejects(t *testing.T) {
 			"forward 10.96.0.90 tcp/80 filter-forward>service-endpoints-check>reject-chain => invalid AddrPort reject default/empty:http after_nat=true",
 			"forward 10.96.0.90 /0 filter-forward>cluster-ips-check => invalid AddrPort reject Reject traffic to invalid ports of ClusterIPs after_nat=true",
 			"output 10.96.0.90 /0 filter-output-post-dnat>cluster-ips-check => invalid AddrPort reject Reject traffic to invalid ports of ClusterIPs after_nat=true",
+		},
+		// A verdict-map drop (externalTrafficPolicy: Local, no local
+		// endpoint); the address is no allocated ClusterIP either.
+		"10.96.0.91": {
+			"output 10.96.0.91 tcp/443 filter-output>service-endpoints-check => invalid AddrPort drop default/local:https after_nat=false",
+			"forward 10.96.0.91 tcp/443 filter-forward>service-endpoints-check => invalid AddrPort drop default/local:https after_nat=true",
+			"forward 10.96.0.91 /0 filter-forward>cluster-ips-check => invalid AddrPort drop Drop traffic to unallocated ClusterIPs after_nat=true",
+			"output 10.96.0.91 /0 filter-output-post-dnat>cluster-ips-check => invalid AddrPort drop Drop traffic to unallocated ClusterIPs after_nat=true",
 		},
 		"10.96.0.99": {
 			"forward 10.96.0.99 /0 filter-forward>cluster-ips-check => invalid AddrPort drop Drop traffic to unallocated ClusterIPs after_nat=true",
