@@ -80,6 +80,14 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 	e->netns = state->net->ns.inum; /* trusted pointers: plain loads */
 	e->ifindex = dev ? dev->ifindex : 0;
 	e->len = ctx->skb->len;
+	/* A node socket's packet at OUTPUT: its cookie ties the socket (whose
+	 * port the socket observers may never learn: a rule at OUTPUT that
+	 * drops its SYN keeps it from the egress hook) to the flow. A cookie
+	 * is made at the socket's first connect/sendmsg observation; 0 when
+	 * none was. */
+	struct sock *sk = ctx->skb->sk;
+	if (state->hook == NF_INET_LOCAL_OUT && !reply && sk)
+		e->cookie = sk->__sk_common.skc_cookie.counter;
 	pt_submit(e);
 	return NF_ACCEPT;
 }

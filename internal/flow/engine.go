@@ -263,6 +263,7 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 		e.withoutPorts++
 		return true, false, h, false
 	}
+	e.socketPort(o)
 	f, reply, r := e.link(o.Proto, o.Src, o.Dst, 0, momentOf(&o, false), true, last)
 	switch r {
 	case linked:

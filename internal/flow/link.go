@@ -552,6 +552,10 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 		if o.Src.Port() != 0 && (s.src != o.Src || s.proto != o.Proto) {
 			s.src, s.proto = o.Src, o.Proto
 			e.rekey(s, o.Cookie)
+		} else if o.Src.Port() == 0 && s.src.Port() != 0 && s.src.Addr() == o.Src.Addr() {
+			// Its port is known already (netfilter at OUTPUT named the
+			// socket before this event came): the SYN_SENT event's is 0.
+			o.Src = s.src
 		}
 		if f = s.flowTo(o.Dst); f == nil && !e.isService(o.Proto, o.Dst) {
 			// The same socket asked for a VIP and now sends to dst: its backend.
@@ -592,6 +596,20 @@ func (e *Engine) ownSocket(f *flowState, s *sockState, o obs.Observation) {
 	f.claim(o.Cookie)
 	f.noteProc(o.PID, o.Comm, o.Cgroup, o.Time)
 	e.noteNodeSocket(f, o)
+}
+
+// socketPort learns a socket's port from a netfilter observation at OUTPUT
+// that names its cookie, when no socket observer did: a rule at OUTPUT that
+// dropped the socket's SYN kept it from the egress hook, and its flow would
+// stay apart from the one netfilter saw.
+func (e *Engine) socketPort(o obs.Observation) {
+	if o.Cookie == 0 || o.Src.Port() == 0 || (o.Point != obs.PointNFBefore && o.Point != obs.PointNFAfter) {
+		return
+	}
+	if s := e.socks.get(o.Cookie); s != nil && s.src.Port() == 0 {
+		s.src, s.proto = o.Src, o.Proto
+		e.rekey(s, o.Cookie)
+	}
 }
 
 // noteNodeSocket marks f as a node process's when the socket observation o

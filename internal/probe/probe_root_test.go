@@ -349,6 +349,37 @@ func TestSocketClosedBeforeFirstPacket(t *testing.T) {
 	}
 }
 
+// The netfilter observers at OUTPUT name the socket a packet comes from (its
+// cookie): the one tie to its flow when a rule at OUTPUT drops its SYN, so
+// that neither the egress hook nor a close reports its port in time. At
+// PREROUTING they name none.
+func TestNetfilterOutputNamesSocket(t *testing.T) {
+	needRoot(t)
+	env, cg, _ := newLBEnv(t)
+	vipTCP := netip.AddrPortFrom(env.vip, env.tcpPort)
+	p, c := startProbe(t, env.vip)
+	mustAttach(t, p.AttachSocket(cg))
+	mustAttach(t, p.AttachNetfilter(env.clientNS))
+	mustAttach(t, p.AttachNetfilter(env.srvNS))
+
+	env.runClient(t, cg, "tcp="+vipTCP.String())
+	conn := c.waitFor(t, "connect4 to the VIP", func(o obs.Observation) bool {
+		return o.Point == obs.PointSockAddr && o.Kind == obs.SockConnect && o.Dst == vipTCP
+	})
+	out := c.waitFor(t, "the SYN at the client's OUTPUT", func(o obs.Observation) bool {
+		return o.Point == obs.PointNFBefore && o.Hook == obs.HookLocalOut && o.Dst == vipTCP
+	})
+	if out.Cookie != conn.Cookie || out.Src.Port() == 0 {
+		t.Errorf("OUTPUT observation %+v: want the socket's cookie %d and its port", out, conn.Cookie)
+	}
+	in := c.waitFor(t, "the SYN at the server's PREROUTING", func(o obs.Observation) bool {
+		return o.Point == obs.PointNFBefore && o.Hook == obs.HookPrerouting && o.Dst == vipTCP
+	})
+	if in.Cookie != 0 {
+		t.Errorf("PREROUTING observation %+v names a socket (cookie %d)", in, in.Cookie)
+	}
+}
+
 func TestTwoProbesSideBySide(t *testing.T) {
 	needRoot(t)
 	env := newTestEnv(t)
