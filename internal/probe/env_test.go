@@ -208,27 +208,33 @@ func (e *testEnv) dnat(t *testing.T) {
 	c, tbl := nftTable(t, e.srvNS)
 	ch := c.AddChain(&nftables.Chain{Name: "prerouting", Table: tbl, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-	vip := e.vip.As4()
 	for _, r := range []struct {
 		proto   byte
 		port    uint16
 		backend netip.AddrPort
 	}{{unix.IPPROTO_TCP, e.tcpPort, e.backendTCP}, {unix.IPPROTO_UDP, e.udpPort, e.backendUDP}} {
 		back := r.backend.Addr().As4()
-		c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{r.proto}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: vip[:]},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, r.port)},
+		c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: append(matchDst(r.proto, netip.AddrPortFrom(e.vip, r.port)),
 			&expr.Immediate{Register: 1, Data: back[:]},
 			&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, r.backend.Port())},
 			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
-		}})
+		)})
 	}
 	if err := c.Flush(); err != nil {
 		t.Fatalf("nft dnat rules: %v", err)
+	}
+}
+
+// matchDst matches an IPv4 packet of proto to dst, a rule's first expressions.
+func matchDst(proto byte, dst netip.AddrPort) []expr.Any {
+	addr := dst.Addr().As4()
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr[:]},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, dst.Port())},
 	}
 }
 
@@ -241,16 +247,8 @@ func (e *testEnv) rejectOutput(t *testing.T, to netip.AddrPort) {
 	c, tbl := nftTable(t, e.clientNS)
 	ch := c.AddChain(&nftables.Chain{Name: "output", Table: tbl, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
-	addr := to.Addr().As4()
-	c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr[:]},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, to.Port())},
-		&expr.Reject{Type: unix.NFT_REJECT_TCP_RST},
-	}})
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: append(matchDst(unix.IPPROTO_TCP, to),
+		&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})})
 	if err := c.Flush(); err != nil {
 		t.Fatalf("nft reject rule: %v", err)
 	}
