@@ -53,12 +53,18 @@ type Flow struct {
 	// took (a UDP server answering from another socket): the client's
 	// socket does not take them either.
 	StrayReplies *StrayReplies `json:"stray_replies,omitempty"`
-	PID          uint32        `json:"pid,omitempty"`
-	Comm         string        `json:"comm,omitempty"`
-	Cgroup       uint64        `json:"cgroup,omitempty"`
-	First        time.Time     `json:"first"`
-	Last         time.Time     `json:"last"`
-	Points       []PointSeen   `json:"points"`
+	// UntranslatedReplies: replies that entered the client's Pod from a
+	// backend's address although its requests left the Pod to the VIP:
+	// nothing translated them back (they never met the node's conntrack
+	// entry), so the client refuses them. Reply is then false unless a
+	// reply from the Service entered the Pod too.
+	UntranslatedReplies *StrayReplies `json:"untranslated_replies,omitempty"`
+	PID                 uint32        `json:"pid,omitempty"`
+	Comm                string        `json:"comm,omitempty"`
+	Cgroup              uint64        `json:"cgroup,omitempty"`
+	First               time.Time     `json:"first"`
+	Last                time.Time     `json:"last"`
+	Points              []PointSeen   `json:"points"`
 }
 
 // StrayReplies counts the packets to a flow's client from the first

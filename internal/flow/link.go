@@ -438,18 +438,38 @@ func (e *Engine) learnBackend(f *flowState, b netip.AddrPort, at time.Time) {
 // sight records at checkpoint cp that the request went to dst (the VIP or a
 // backend, which the flow then learns).
 func (e *Engine) sight(f *flowState, cp checkpoint, dst netip.AddrPort, from obs.Point, at time.Time) {
+	e.sightPacket(f, cp, dst, from, at, false)
+}
+
+// sightPacket is sight for a request packet; reset: it was the client's
+// bare TCP reset (clientReset).
+func (e *Engine) sightPacket(f *flowState, cp checkpoint, dst netip.AddrPort, from obs.Point, at time.Time, reset bool) {
 	isVIP := dst == f.service
 	if !isVIP {
 		e.learnBackend(f, dst, at)
 	}
-	if f.cps[cp].see(isVIP, endpointOf(dst), from, at.UnixNano()) {
+	s, bit := &f.cps[cp], uint16(1)<<cp
+	if !isVIP && s.backend {
+		switch byReset := f.resetOnly&bit != 0; {
+		case reset && !byReset:
+			return // a request's sighting stands
+		case !reset && byReset:
+			s.backend = false // a request's sighting replaces the reset's
+		}
+	}
+	if s.see(isVIP, endpointOf(dst), from, at.UnixNano()) {
+		if !isVIP && reset {
+			f.resetOnly |= bit
+		} else if !isVIP {
+			f.resetOnly &^= bit
+		}
 		f.evidenceChanged()
 	}
 }
 
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
 	e.touch(f, o.Time)
-	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(momentOf(&o, reply)) {
+	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(e.packetMoment(f, &o, reply)) {
 		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
 	}
 	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst), iface: e.labels.indexOf(o.Ifname)}, 1, uint64(o.Len))
@@ -457,6 +477,13 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 		f.reply = true
 		if o.Point == obs.PointUplink {
 			f.uplinkReply.note(o)
+		}
+		if o.Point == obs.PointPod && o.Dir == obs.DirIn && o.Src != f.service &&
+			(f.untranslated == nil || o.Time.Before(f.untranslated.At)) {
+			// Into the client's Pod from a backend's address: untranslated
+			// when its requests left the Pod to the VIP (untranslatedReplies).
+			f.untranslated = &StrayReplies{From: o.Src, Point: o.Point.String(), At: o.Time}
+			f.evidenceChanged()
 		}
 		return slot
 	}
@@ -469,7 +496,7 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 			f.natHook = natHookName(o.Hook)
 			f.evidenceChanged() // names the rules of that hook
 		}
-		e.sight(f, cp, o.Dst, o.Point, o.Time)
+		e.sightPacket(f, cp, o.Dst, o.Point, o.Time, clientReset(cp, o))
 	}
 	if o.Point == obs.PointUplink && o.Dir != obs.DirIn {
 		f.uplink.note(o)
@@ -479,6 +506,42 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 		f.evidenceChanged()
 	}
 	return slot
+}
+
+// packetMoment is momentOf for a packet of f, with what tells a client's
+// refusal of an untranslated reply from a reset that ends its connection
+// (tcpLife.rstAside).
+func (e *Engine) packetMoment(f *flowState, o *obs.Observation, reply bool) moment {
+	m := momentOf(o, reply)
+	switch {
+	case reply, o.Dst == f.service:
+	case o.TCPFlags&(tcpRST|tcpACK|tcpSYN) == tcpRST:
+		m.aside = true
+	default:
+		if cp, ok := e.requestCheckpoint(*o); ok && (cp == cpPod || cp == cpHost || cp == cpTCHead) {
+			m.direct = true
+		}
+	}
+	return m
+}
+
+// clientReset tells whether o is a bare TCP reset (RST without SYN) seen
+// where the client's requests are before anything on the node can rewrite
+// them (its Pod's eth0, the host veth's tap and tc head). Sent to a backend
+// by a client whose requests went to the VIP, it is the client's kernel
+// answering a reply that came back untranslated (a SYN-ACK from the
+// backend's address, which no socket of the client is connected to): on a
+// bridge that holds the client and the backend Pod with
+// bridge-nf-call-iptables 0, the backend's replies are switched straight
+// to the client and never meet the conntrack entry that would have
+// translated them back. Such a reset says nothing of where the request was
+// rewritten (sighting.sawBackend).
+func clientReset(cp checkpoint, o obs.Observation) bool {
+	switch cp {
+	case cpPod, cpHost, cpTCHead:
+		return o.Proto == obs.TCP && o.TCPFlags&(tcpRST|tcpSYN) == tcpRST
+	}
+	return false
 }
 
 // sockAddr handles a connect4/sendmsg4 observation: ReqDst is what the

@@ -56,6 +56,11 @@ type moment struct {
 	// reports nothing of a connection once it has closed, so one well after
 	// a flow's close is another connection's.
 	entry bool
+	// aside: the client's bare RST (no ACK) to another destination than
+	// the Service; direct: another packet of the client's to such a
+	// destination where nothing on the node rewrote it yet (a socket LB's
+	// client talks to the backend itself).
+	aside, direct bool
 }
 
 func momentOf(o *obs.Observation, reply bool) moment {
@@ -91,6 +96,17 @@ type tcpLife struct {
 	// synAck, rstReply: the server's SYN-ACK, and a RST from the server;
 	// a RST with no SYN-ACK before it refused the connection.
 	synAck, rstReply int64
+	// rstAside: the client's first bare RST to a backend's address
+	// (moment.aside). Its kernel sends one where a segment with an ACK
+	// matches no socket: the reset of a closed socket, or the refusal of a
+	// reply that came back untranslated (a SYN-ACK from the backend's
+	// address to a socket connected to the VIP), which ends nothing: the
+	// socket retransmits its SYN to the VIP. A client whose replies come
+	// back untranslated never completes its handshake, so the RST ends
+	// the connection only when the client had acknowledged one (ack) or
+	// talks to the backend itself (direct: a socket LB's).
+	rstAside int64
+	direct   bool
 }
 
 func earliest(t *int64, at int64) bool {
@@ -123,6 +139,11 @@ func (l *tcpLife) note(m moment) bool {
 	if m.flags&tcpFIN != 0 {
 		earliest(&l.fin[dir], m.at)
 	}
+	l.direct = l.direct || m.direct
+	if m.aside {
+		earliest(&l.rstAside, m.at)
+		return changed
+	}
 	if m.flags&tcpRST != 0 {
 		earliest(&l.rst, m.at)
 		if m.reply {
@@ -147,18 +168,29 @@ func (l *tcpLife) merge(o tcpLife) {
 		into *int64
 		at   int64
 	}{{&l.syn, o.syn}, {&l.ack, o.ack}, {&l.fin[0], o.fin[0]}, {&l.fin[1], o.fin[1]}, {&l.rst, o.rst}, {&l.first, o.first}, {&l.next, o.next},
-		{&l.synAck, o.synAck}, {&l.rstReply, o.rstReply}} {
+		{&l.synAck, o.synAck}, {&l.rstReply, o.rstReply}, {&l.rstAside, o.rstAside}} {
 		if p.at != 0 {
 			earliest(p.into, p.at)
 		}
 	}
+	l.direct = l.direct || o.direct
+}
+
+// reset is the connection's first RST (0: none); a client's bare RST to a
+// backend's address only when it cannot be the refusal of an untranslated
+// reply (rstAside).
+func (l *tcpLife) reset() int64 {
+	if l.rstAside != 0 && (l.ack != 0 || l.direct) && (l.rst == 0 || l.rstAside < l.rst) {
+		return l.rstAside
+	}
+	return l.rst
 }
 
 // closed is when the connection ended (0: not seen to): its first RST, or
 // the later of the FINs both ways.
 func (l *tcpLife) closed() int64 {
-	if l.rst != 0 {
-		return l.rst
+	if rst := l.reset(); rst != 0 {
+		return rst
 	}
 	if l.fin[0] != 0 && l.fin[1] != 0 {
 		return max(l.fin[0], l.fin[1])
@@ -201,7 +233,7 @@ func (l *tcpLife) over(m moment) bool {
 		return false
 	}
 	return l.ack != 0 && l.ack < m.at-int64(clockSlack) ||
-		l.rst != 0 && l.rst < m.at-int64(clockSlack) ||
+		l.reset() != 0 && l.reset() < m.at-int64(clockSlack) ||
 		l.syn != 0 && l.syn < m.at-int64(synRetryWindow)
 }
 

@@ -32,6 +32,18 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		First:        f.first,
 		Last:         f.last,
 	}
+	if u, translated := f.untranslatedReplies(); u != nil {
+		out.UntranslatedReplies = u
+		refuses := "a UDP client that asked the VIP takes no answer from another address"
+		if f.proto == obs.TCP {
+			// The client's kernel resets them: no reply reached the
+			// client's socket unless one from the Service did.
+			out.Reply = translated
+			out.Refused = translated && f.tcp.refused()
+			refuses = "the client's kernel resets them"
+		}
+		out.Reason += fmt.Sprintf("; replies entered the client's Pod from %s, not from %s: nothing translated them back (they never met the node's conntrack entry: a bridge switched them from the backend Pod straight to the client with bridge-nf-call-iptables 0, or they came back by another path), and %s", u.From, f.service, refuses)
+	}
 	if f.proto != 0 {
 		out.Proto = f.proto.String()
 	}

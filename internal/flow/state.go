@@ -137,7 +137,15 @@ type flowState struct {
 	reply       bool
 	icmp        *ICMPError // the first ICMP error about its packets
 	stray       *StrayReplies
-	kind        obs.SockKind
+	// untranslated is the earliest reply that entered the client's Pod
+	// from another source than the Service (untranslatedReplies).
+	untranslated *StrayReplies
+	// resetOnly has the bit 1<<cp set when checkpoint cp saw a backend
+	// only in the client's bare TCP resets (clientReset), which answer a
+	// reply that reached the client untranslated, not a request the
+	// client addressed so (sawBackend).
+	resetOnly uint16
+	kind      obs.SockKind
 
 	pid    uint32
 	comm   string
@@ -303,7 +311,24 @@ func (f *flowState) absorb(o *flowState) {
 	}
 	f.fromNode = f.fromNode || o.fromNode
 	for i := range f.cps {
+		// A checkpoint's backend stays seen only by resets when each
+		// flow that saw one there saw it so (sawBackend).
+		bit := uint16(1) << i
+		fReset, oReset := f.resetOnly&bit != 0 || !f.cps[i].backend, o.resetOnly&bit != 0 || !o.cps[i].backend
+		if f.cps[i].backend && !(f.resetOnly&bit != 0) && o.cps[i].backend && oReset {
+			// f's request sighting stands against o's resets: merge the VIP only.
+			f.cps[i].merge(sighting{vip: o.cps[i].vip, vipFrom: o.cps[i].vipFrom, vipAt: o.cps[i].vipAt})
+			continue
+		}
+		if o.cps[i].backend && !oReset && f.cps[i].backend && fReset {
+			f.cps[i].backend = false // o's request sighting replaces f's resets'
+		}
 		f.cps[i].merge(o.cps[i])
+		if f.cps[i].backend && fReset && oReset {
+			f.resetOnly |= bit
+		} else {
+			f.resetOnly &^= bit
+		}
 	}
 	if f.hostIfindex == 0 {
 		f.hostIfindex = o.hostIfindex
@@ -330,6 +355,9 @@ func (f *flowState) absorb(o *flowState) {
 	f.wireVIP = f.wireVIP || o.wireVIP
 	if f.stray == nil {
 		f.stray = o.stray
+	}
+	if o.untranslated != nil && (f.untranslated == nil || o.untranslated.At.Before(f.untranslated.At)) {
+		f.untranslated = o.untranslated
 	}
 	if o.icmp != nil && (f.icmp == nil || o.icmp.At.Before(f.icmp.At)) {
 		f.icmp = o.icmp
@@ -373,3 +401,41 @@ func (l *labels) indexOf(name string) uint16 {
 }
 
 func (l *labels) name(i uint16) string { return l.names[i] }
+
+// sawBackend tells whether checkpoint cp saw the request go to a backend:
+// a reset the client sent to a backend where its requests went to the VIP
+// is its kernel refusing a reply that came back untranslated (a SYN-ACK
+// from the backend's address, to which no socket of the client is
+// connected), not a request it addressed to the backend.
+func (f *flowState) sawBackend(cp checkpoint) bool {
+	s := f.cps[cp]
+	return s.backend && !(f.resetOnly&(1<<cp) != 0 && s.vip)
+}
+
+// untranslatedReplies reports the replies that entered the client's Pod from
+// a backend's address while its requests left the Pod to the VIP: nothing
+// translated them back (the node's conntrack entry never saw them: a bridge
+// that switched them from the backend Pod straight to the client with
+// bridge-nf-call-iptables 0, or a return path around the node that
+// rewrote the request). Packets counts them at the Pod's eth0; translated
+// says whether a reply from the Service entered it too. Nil when there were
+// none, or when the Pod's eth0 did not see the requests go to the VIP (a
+// socket LB's client talks to the backend itself).
+func (f *flowState) untranslatedReplies() (u *StrayReplies, translated bool) {
+	if f.untranslated == nil || !f.cps[cpPod].vip {
+		return nil, false
+	}
+	out := *f.untranslated
+	out.Packets = 0
+	for _, p := range f.points {
+		if p.point != obs.PointPod || p.dir != obs.DirIn || !p.reply {
+			continue
+		}
+		if p.src.addrPort() == f.service {
+			translated = true
+		} else {
+			out.Packets += p.packets
+		}
+	}
+	return &out, translated
+}

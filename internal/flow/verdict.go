@@ -229,7 +229,7 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 		if s.vip {
 			iV = i
 		}
-		if s.backend && iB < 0 {
+		if iB < 0 && f.sawBackend(checkpoint(i)) {
 			iB = i
 		}
 	}

@@ -516,6 +516,40 @@ func TestStrayRepliesListed(t *testing.T) {
 	}
 }
 
+// TestUntranslatedRepliesListed: a flow whose replies entered the client's
+// Pod from the backend's address (not translated back to the VIP) shows no
+// reply and is listed under the table with their source; JSON carries
+// untranslated_replies.
+func TestUntranslatedRepliesListed(t *testing.T) {
+	u := &flow.StrayReplies{From: netip.MustParseAddrPort("10.244.1.11:8080"), Packets: 2, Point: "pod"}
+	flows := []flow.Flow{
+		{ID: 2, Proto: "tcp", Service: netip.MustParseAddrPort("10.96.0.50:80"), Backend: netip.MustParseAddrPort("10.244.1.11:8080"),
+			RewrittenAt: flow.PlaceNetfilter, UntranslatedReplies: u},
+		{ID: 3, Proto: "tcp", Service: netip.MustParseAddrPort("10.96.0.50:80"), RewrittenAt: flow.PlaceNetfilter, Reply: true},
+	}
+	var table bytes.Buffer
+	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	out := table.String()
+	if want := "Replies not translated back to the VIP"; !strings.Contains(out, want) {
+		t.Errorf("the table lacks %q:\n%s", want, out)
+	}
+	if want := "  flow 2: 2 packets from 10.244.1.11:8080, not from 10.96.0.50:80\n"; !strings.Contains(out, want) {
+		t.Errorf("the table does not list the untranslated replies %q:\n%s", want, out)
+	}
+	if strings.Contains(out, "  flow 3:") {
+		t.Errorf("the table lists flow 3, whose replies were translated:\n%s", out)
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, report.FormatJSON).Flows(flows[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"untranslated_replies":{"from":"10.244.1.11:8080","packets":2,"point":"pod"`; !strings.Contains(js.String(), want) {
+		t.Errorf("JSON flow lacks %s: %s", want, js.String())
+	}
+}
+
 // TestWriterErr: a write error of the tables' many small writes is kept,
 // so the caller learns at the end that the report was lost.
 func TestWriterErr(t *testing.T) {

@@ -45,6 +45,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 	writeReasons(w, flows)
 	writeICMPErrors(w, flows)
 	writeStrayReplies(w, flows)
+	writeUntranslatedReplies(w, flows)
 	_, err := fmt.Fprintln(w)
 	return err
 }
@@ -442,6 +443,28 @@ func writeStrayReplies(w io.Writer, flows []flow.Flow) {
 		return
 	}
 	fmt.Fprintf(w, "\nAnswers from another port (no flow took them; the client's socket drops them):\n%s\n", strings.Join(lines, "\n"))
+}
+
+// writeUntranslatedReplies lists the flows whose replies entered the
+// client's Pod from a backend's address although the client sent to the
+// VIP (flow.UntranslatedReplies): nothing translated them back.
+func writeUntranslatedReplies(w io.Writer, flows []flow.Flow) {
+	var lines []string
+	for _, f := range flows {
+		u := f.UntranslatedReplies
+		if u == nil {
+			continue
+		}
+		unit := "packets"
+		if u.Packets == 1 {
+			unit = "packet"
+		}
+		lines = append(lines, fmt.Sprintf("  flow %d: %d %s from %s, not from %s", f.ID, u.Packets, unit, u.From, f.Service))
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nReplies not translated back to the VIP (they entered the client's Pod from a backend's address, never meeting the node's conntrack entry; the client does not take them):\n%s\n", strings.Join(lines, "\n"))
 }
 
 // expectedFrom is where a flow's replies were due from: its Service, and

@@ -66,8 +66,13 @@ type WantFlow struct {
 	Refused            bool    `json:"refused"`
 	StrayFrom          string  `json:"stray_from"`    // compared when set
 	StrayPackets       uint64  `json:"stray_packets"` // compared with stray_from
-	PID                uint32  `json:"pid"`
-	Comm               string  `json:"comm"`
+	// UntranslatedFrom, UntranslatedPackets: the replies that entered the
+	// client's Pod from a backend's address (untranslated_replies);
+	// compared always (absent: none).
+	UntranslatedFrom    string `json:"untranslated_from"`
+	UntranslatedPackets uint64 `json:"untranslated_packets"`
+	PID                 uint32 `json:"pid"`
+	Comm                string `json:"comm"`
 }
 
 // LoadDir loads every *.json scenario in dir, sorted by name.
@@ -216,6 +221,16 @@ func (wf WantFlow) check(g flow.Flow) []string {
 		}
 	} else if g.StrayReplies != nil {
 		bad("stray_replies", g.StrayReplies.From, "none")
+	}
+	if wf.UntranslatedFrom != "" {
+		switch u := g.UntranslatedReplies; {
+		case u == nil:
+			bad("untranslated_from", "none", wf.UntranslatedFrom)
+		case u.From.String() != wf.UntranslatedFrom || u.Packets != wf.UntranslatedPackets:
+			bad("untranslated_replies", fmt.Sprintf("%d from %s", u.Packets, u.From), fmt.Sprintf("%d from %s", wf.UntranslatedPackets, wf.UntranslatedFrom))
+		}
+	} else if g.UntranslatedReplies != nil {
+		bad("untranslated_replies", g.UntranslatedReplies.From, "none")
 	}
 	if wf.PID != 0 && g.PID != wf.PID {
 		bad("pid", g.PID, wf.PID)
