@@ -142,7 +142,7 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), icmpKey(f), strayKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), icmpKey(f), strayKey(f), untranslatedKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
 }
 
 // icmpKey is what of an ICMP error the summary says, "" without one.
@@ -159,6 +159,15 @@ func strayKey(f flow.Flow) string {
 		return ""
 	}
 	return f.StrayReplies.From.String()
+}
+
+// untranslatedKey is the source of the replies that entered a flow's
+// client untranslated, "" without them.
+func untranslatedKey(f flow.Flow) string {
+	if f.UntranslatedReplies == nil {
+		return ""
+	}
+	return f.UntranslatedReplies.From.String()
 }
 
 func groupFlows(flows []flow.Flow) []*verdictGroup {
@@ -275,6 +284,8 @@ func sentence(g *verdictGroup) string {
 	case f.Refused:
 		b.WriteString(pick(one, "; the backend refused the connection (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)",
 			"; the backend refused the connections (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)"))
+	case f.UntranslatedReplies != nil && !f.Reply:
+		fmt.Fprintf(&b, "; no reply came back translated: %s answered, but its replies entered the client's Pod from %s, not from the VIP (they never met the node's conntrack entry: a bridge with bridge-nf-call-iptables 0 switched them straight from the backend Pod, or they came back by another path), which the client does not take", f.UntranslatedReplies.From.Addr(), f.UntranslatedReplies.From)
 	case f.Reply:
 		b.WriteString("; replies came back")
 	case f.By == flow.ByClientNetfilter && f.VLAN == nil:

@@ -68,6 +68,12 @@ func summaryFlows() []flow.Flow {
 			Reason: "not rewritten: 10.120.0.60:80 was still the destination after netfilter's NAT (no DNAT applied), and the node's filter ends it: nftables ip kube-proxy filter-forward -> service-endpoints-check -> reject (\"default/empty:http has no endpoints\")",
 			ICMPError: &flow.ICMPError{Message: "ICMP destination unreachable (code 3: port unreachable)",
 				From: netip.MustParseAddr("10.244.8.1"), Point: "pod", At: at}},
+		// A backend Pod on the client's bridge answers it straight over
+		// the bridge (bridge-nf-call-iptables 0): untranslated.
+		{ID: 12, Proto: "tcp", Client: ap("10.244.8.23:40029"), Service: ap("10.120.0.80:80"), Backend: ap("10.244.8.30:3000"),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip kube-proxy service-web -> endpoint-2 dnat to 10.244.8.30:3000",
+			Reason:              "VIP at netfilter before NAT, backend after NAT",
+			UntranslatedReplies: &flow.StrayReplies{From: ap("10.244.8.30:3000"), Packets: 3, Point: "pod", At: at}},
 	}
 }
 
