@@ -57,6 +57,9 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		if cp.VLANParent != "" {
 			detail = append(detail, fmt.Sprintf("vlan %d on %s", cp.VLANID, cp.VLANParent))
 		}
+		if cp.Tunnel != "" {
+			detail = append(detail, cp.Tunnel+": its frames are the inner ones (their VLAN and MAC are not the wire's)")
+		}
 		p("%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cp.Role, cp.NetNS, cp.Ifname, cp.Ifindex, cp.Kind,
 			orDash(cp.MAC), master, orDash(strings.Join(detail, "; ")))
 	}

@@ -162,6 +162,11 @@ type CapturePoint struct {
 	BondMembers []string `json:"bond_members,omitempty"`
 	VLANParent  string   `json:"vlan_parent,omitempty"`
 	VLANID      int      `json:"vlan_id,omitempty"`
+	// Tunnel describes an overlay device (VXLAN, Geneve: flannel.1,
+	// vxlan.calico, cilium_vxlan): its frames are the inner ones, so the
+	// VLAN and MAC its flows show are not those of the wire below
+	// ("vxlan id 1 over eth0, local 192.168.50.1, udp 8472").
+	Tunnel string `json:"tunnel,omitempty"`
 	// TCUnread: its tc programs could not be listed (see the notes).
 	TCUnread bool `json:"tc_unread,omitempty"`
 }

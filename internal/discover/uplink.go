@@ -608,6 +608,42 @@ func describeLink(host *hostNS, l netlink.Link, cp *CapturePoint) {
 	if v, ok := l.(*netlink.Vlan); ok {
 		cp.VLANParent, cp.VLANID = host.name(a.ParentIndex), v.VlanId
 	}
+	cp.Tunnel = describeTunnel(host, l)
+}
+
+// describeTunnel says what an overlay device encapsulates in and over what
+// (CapturePoint.Tunnel), "" for another device.
+func describeTunnel(host *hostNS, l netlink.Link) string {
+	var parts []string
+	switch t := l.(type) {
+	case *netlink.Vxlan:
+		if t.FlowBased {
+			parts = append(parts, "vxlan, flow-based (each packet's program sets its VNI and remote)")
+		} else {
+			parts = append(parts, fmt.Sprintf("vxlan id %d", t.VxlanId))
+		}
+		if t.VtepDevIndex != 0 {
+			parts[0] += " over " + host.name(t.VtepDevIndex)
+		}
+		if len(t.SrcAddr) > 0 && !t.SrcAddr.IsUnspecified() {
+			parts = append(parts, "local "+t.SrcAddr.String())
+		}
+		if t.Port != 0 {
+			parts = append(parts, fmt.Sprintf("udp %d", t.Port))
+		}
+	case *netlink.Geneve:
+		if t.FlowBased {
+			parts = append(parts, "geneve, flow-based (each packet's program sets its VNI and remote)")
+		} else {
+			parts = append(parts, fmt.Sprintf("geneve id %d", t.ID))
+		}
+		if t.Dport != 0 {
+			parts = append(parts, fmt.Sprintf("udp %d", t.Dport))
+		}
+	default:
+		return ""
+	}
+	return strings.Join(parts, ", ")
 }
 
 // capturePoints lists pod, host and uplink points, each interface once.

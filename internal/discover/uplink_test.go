@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -140,5 +141,47 @@ func TestRoutedPodsKeepVLANNote(t *testing.T) {
 	}
 	if r := u.routes[routeKey{}]; !slices.Equal(r.idx, []int{3}) {
 		t.Errorf("the cached route changed: %v", r.idx)
+	}
+}
+
+// TestTunnelUplinkDescribed: an overlay device chosen as the uplink (a
+// flannel node's flannel.1, Cilium's cilium_vxlan) says what it
+// encapsulates in and over what, and the capture points table says that
+// its frames are the inner ones: the VLAN and MAC of its flows are not the
+// wire's.
+func TestTunnelUplinkDescribed(t *testing.T) {
+	host := &hostNS{links: map[int]netlink.Link{}}
+	eth0 := netlink.NewLinkAttrs()
+	eth0.Index, eth0.Name = 2, "eth0"
+	host.links[2] = &netlink.Device{LinkAttrs: eth0}
+	fl := netlink.NewLinkAttrs()
+	fl.Index, fl.Name = 4, "flannel.1"
+	flannel := &netlink.Vxlan{LinkAttrs: fl, VxlanId: 1, VtepDevIndex: 2, SrcAddr: net.ParseIP("192.168.50.1"), Port: 8472}
+	cil := netlink.NewLinkAttrs()
+	cil.Index, cil.Name = 5, "cilium_vxlan"
+	cilium := &netlink.Vxlan{LinkAttrs: cil, FlowBased: true, Port: 8472}
+	for _, tc := range []struct {
+		l    netlink.Link
+		want string
+	}{
+		{flannel, "vxlan id 1 over eth0, local 192.168.50.1, udp 8472"},
+		{cilium, "vxlan, flow-based (each packet's program sets its VNI and remote), udp 8472"},
+		{host.links[2], ""},
+	} {
+		var cp CapturePoint
+		describeLink(host, tc.l, &cp)
+		if cp.Tunnel != tc.want {
+			t.Errorf("%s: tunnel %q, want %q", tc.l.Attrs().Name, cp.Tunnel, tc.want)
+		}
+	}
+	var cp CapturePoint
+	describeLink(host, flannel, &cp)
+	cp.Role, cp.NetNS = RoleUplink, "/run/netns/node"
+	var b strings.Builder
+	if err := (&NodeInfo{CapturePoints: []CapturePoint{cp}}).Table(&b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "vxlan id 1 over eth0, local 192.168.50.1, udp 8472: its frames are the inner ones (their VLAN and MAC are not the wire's)"; !strings.Contains(b.String(), want) {
+		t.Errorf("capture points table lacks %q:\n%s", want, b.String())
 	}
 }
