@@ -56,13 +56,26 @@ func (e *Engine) NoteICMPError(o obs.Observation, message string, from netip.Add
 
 // noteICMP records an ICMP error on the flow of the packet it quotes, if
 // any claims it.
+//
+// A message quoting a reply is not an answer to the request: it refused the
+// reply on its way back (the client's kernel answers a reply that came back
+// untranslated, from a backend's address no socket is connected to, with a
+// port unreachable); it is kept apart (replyICMP), said with the
+// untranslated replies.
 func (e *Engine) noteICMP(o obs.Observation, note *icmpNote) bool {
-	f, _ := e.find(o)
+	f, reply := e.find(o)
 	if f == nil {
 		return false
 	}
-	if f.icmp == nil || o.Time.Before(f.icmp.At) {
-		f.icmp = &ICMPError{Message: note.message, From: note.from, Point: o.Point.String(), At: o.Time}
+	at := &f.icmp
+	if reply {
+		at = &f.replyICMP
+	}
+	if *at == nil || o.Time.Before((*at).At) {
+		*at = &ICMPError{Message: note.message, From: note.from, Point: o.Point.String(), At: o.Time}
+		if reply {
+			f.evidenceChanged()
+		}
 	}
 	return true
 }

@@ -252,3 +252,60 @@ func TestNoteICMPError(t *testing.T) {
 		t.Errorf("%d packets counted, want the 2 requests", packets)
 	}
 }
+
+// TestICMPErrorAboutUntranslatedReply: on a bridge with
+// bridge-nf-call-iptables 0, a backend Pod's answer to a UDP client that
+// sent to the VIP reaches the client from the backend's address; the
+// client's kernel answers it with a port unreachable (its socket is
+// connected to the VIP). That message is about the reply, not an answer to
+// the request: the flow has no icmp_error, no reply, and names the
+// untranslated replies and the client's refusal.
+func TestICMPErrorAboutUntranslatedReply(t *testing.T) {
+	svc := netip.MustParseAddrPort("10.120.0.10:53")
+	be := netip.MustParseAddrPort("10.244.8.30:5353")
+	cfg := flow.Config{
+		Services: []flow.Service{{Addr: svc.Addr(), Port: svc.Port(), Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointPod: true, obs.PointHost: true, obs.PointNFBefore: true, obs.PointNFAfter: true, obs.PointUplink: true},
+	}
+	e := flow.NewEngine(cfg)
+	o := func(ms float64, p obs.Point, dir obs.Dir, src, dst netip.AddrPort) obs.Observation {
+		return obs.Observation{Time: flowtest.At(ms), Point: p, Dir: dir, Proto: obs.UDP, Src: src, Dst: dst, Len: 70}
+	}
+	for _, x := range []obs.Observation{
+		o(0, obs.PointPod, obs.DirOut, client, svc),
+		o(0.01, obs.PointHost, obs.DirIn, client, svc),
+		o(0.02, obs.PointNFBefore, obs.DirUnknown, client, svc),
+		o(0.03, obs.PointNFAfter, obs.DirUnknown, client, be),
+		o(0.04, obs.PointHost, obs.DirOut, client, be), // to the backend Pod's veth
+		o(0.10, obs.PointHost, obs.DirIn, be, client),
+		o(0.11, obs.PointHost, obs.DirOut, be, client),
+		o(0.12, obs.PointPod, obs.DirIn, be, client),
+	} {
+		e.Add(x)
+	}
+	// The client's port unreachable, seen leaving its Pod, quotes the reply.
+	quoted := o(0.13, obs.PointPod, obs.DirOut, be, client)
+	if !e.NoteICMPError(quoted, "ICMP destination unreachable (code 3: port unreachable)", client.Addr()) {
+		t.Fatal("the ICMP error about the flow's reply found no flow")
+	}
+	flows := e.Flows()
+	if len(flows) != 1 {
+		t.Fatalf("%d flows, want 1", len(flows))
+	}
+	f := flows[0]
+	if f.RewrittenAt != flow.PlaceNetfilter || f.Backend != be {
+		t.Errorf("verdict %s backend %s, want netfilter %s", f.RewrittenAt, f.Backend, be)
+	}
+	if f.ICMPError != nil {
+		t.Errorf("icmp_error %+v: the message refused the reply, it did not answer the request", f.ICMPError)
+	}
+	if f.Reply {
+		t.Error("reply true: the client refused the only reply, which came untranslated")
+	}
+	if u := f.UntranslatedReplies; u == nil || u.From != be || u.Packets != 1 {
+		t.Errorf("untranslated replies %+v, want 1 from %s", u, be)
+	}
+	if want := "10.244.8.23 sent ICMP destination unreachable (code 3: port unreachable) about them"; !strings.Contains(f.Reason, want) {
+		t.Errorf("reason %q lacks %q", f.Reason, want)
+	}
+}

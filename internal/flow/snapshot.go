@@ -35,12 +35,17 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	if u, translated := f.untranslatedReplies(); u != nil {
 		out.UntranslatedReplies = u
 		refuses := "a UDP client that asked the VIP takes no answer from another address"
-		if f.proto == obs.TCP {
-			// The client's kernel resets them: no reply reached the
-			// client's socket unless one from the Service did.
+		switch {
+		case f.proto == obs.TCP:
+			refuses = "the client's kernel resets them"
+		case f.replyICMP != nil:
+			refuses = fmt.Sprintf("%s sent %s about them", f.replyICMP.From, f.replyICMP.Message)
+		}
+		if f.proto == obs.TCP || f.replyICMP != nil {
+			// Refused: no reply reached the client's socket unless one
+			// from the Service did.
 			out.Reply = translated
 			out.Refused = translated && f.tcp.refused()
-			refuses = "the client's kernel resets them"
 		}
 		out.Reason += fmt.Sprintf("; replies entered the client's Pod from %s, not from %s: nothing translated them back (they never met the node's conntrack entry: a bridge switched them from the backend Pod straight to the client with bridge-nf-call-iptables 0, or they came back by another path), and %s", u.From, f.service, refuses)
 	}

@@ -135,8 +135,10 @@ type flowState struct {
 	points      []pointStats
 	first, last time.Time
 	reply       bool
-	icmp        *ICMPError // the first ICMP error about its packets
-	stray       *StrayReplies
+	icmp        *ICMPError // the first ICMP error about its requests
+	// replyICMP is the first ICMP error about one of its replies (noteICMP).
+	replyICMP *ICMPError
+	stray     *StrayReplies
 	// untranslated is the earliest reply that entered the client's Pod
 	// from another source than the Service (untranslatedReplies).
 	untranslated *StrayReplies
@@ -358,6 +360,9 @@ func (f *flowState) absorb(o *flowState) {
 	}
 	if o.untranslated != nil && (f.untranslated == nil || o.untranslated.At.Before(f.untranslated.At)) {
 		f.untranslated = o.untranslated
+	}
+	if o.replyICMP != nil && (f.replyICMP == nil || o.replyICMP.At.Before(f.replyICMP.At)) {
+		f.replyICMP = o.replyICMP
 	}
 	if o.icmp != nil && (f.icmp == nil || o.icmp.At.Before(f.icmp.At)) {
 		f.icmp = o.icmp
