@@ -47,7 +47,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 			out.Reply = translated
 			out.Refused = translated && f.tcp.refused()
 		}
-		out.Reason += fmt.Sprintf("; replies entered the client's Pod from %s, not from %s: nothing translated them back (they never met the node's conntrack entry: a bridge switched them from the backend Pod straight to the client with bridge-nf-call-iptables 0, or they came back by another path), and %s", u.From, f.service, refuses)
+		out.Reason += fmt.Sprintf("; replies entered the client's Pod from %s, not from %s: nothing translated them back (%s), and %s", u.From, f.service, whyUntranslated(v.place), refuses)
 	}
 	if f.proto != 0 {
 		out.Proto = f.proto.String()
@@ -72,6 +72,18 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	}
 	out.Points = e.pointsSeen(f.points)
 	return out
+}
+
+// whyUntranslated says what can have let a flow's replies reach its client
+// untranslated, by where its request was rewritten.
+func whyUntranslated(p Place) string {
+	switch p {
+	case PlaceTC:
+		return "the tc program that rewrote the request did not reverse it for them: no reverse NAT on their way to the Pod, at the host veth's egress"
+	case PlaceNetfilter, PlaceIPVS:
+		return "they never met the node's conntrack entry: a bridge switched them from the backend Pod straight to the client with bridge-nf-call-iptables 0, or they came back by another path"
+	}
+	return "nothing on their way back knew the flow's translation"
 }
 
 // tagProto names an outer tag other than 802.1Q's (a QinQ S-tag); "" for

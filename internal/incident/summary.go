@@ -285,7 +285,7 @@ func sentence(g *verdictGroup) string {
 		b.WriteString(pick(one, "; the backend refused the connection (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)",
 			"; the backend refused the connections (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)"))
 	case f.UntranslatedReplies != nil && !f.Reply:
-		fmt.Fprintf(&b, "; no reply came back translated: %s answered, but its replies entered the client's Pod from %s, not from the VIP (they never met the node's conntrack entry: a bridge with bridge-nf-call-iptables 0 switched them straight from the backend Pod, or they came back by another path), which the client does not take", f.UntranslatedReplies.From.Addr(), f.UntranslatedReplies.From)
+		fmt.Fprintf(&b, "; no reply came back translated: %s answered, but its replies entered the client's Pod from %s, not from the VIP (nothing translated them back: see the evidence), which the client does not take", f.UntranslatedReplies.From.Addr(), f.UntranslatedReplies.From)
 	case f.Reply:
 		b.WriteString("; replies came back")
 	case f.By == flow.ByClientNetfilter && f.VLAN == nil:

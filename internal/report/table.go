@@ -464,7 +464,7 @@ func writeUntranslatedReplies(w io.Writer, flows []flow.Flow) {
 	if len(lines) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nReplies not translated back to the VIP (they entered the client's Pod from a backend's address, never meeting the node's conntrack entry; the client does not take them):\n%s\n", strings.Join(lines, "\n"))
+	fmt.Fprintf(w, "\nReplies not translated back to the VIP (they entered the client's Pod from a backend's address; the client does not take them):\n%s\n", strings.Join(lines, "\n"))
 }
 
 // expectedFrom is where a flow's replies were due from: its Service, and
