@@ -16,8 +16,13 @@ type Ref struct {
 	// Translated: the packet's service side is a backend, not the VIP: a
 	// request after the rewrite, a reply before it is translated back.
 	Translated bool
-	Verdict    Place // PlaceUnknown while the observations do not tell yet
-	By         string
+	// Untranslated: a reply that entered the client's Pod from a backend's
+	// address while the client addressed the VIP, or the client's packet
+	// to that backend there (its kernel's reset of such a reply): nothing
+	// translated them (untranslatedReplies).
+	Untranslated bool
+	Verdict      Place // PlaceUnknown while the observations do not tell yet
+	By           string
 }
 
 // Classify finds the flow of a packet observation (Proto, Src, Dst) and its
@@ -30,7 +35,9 @@ func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
 	if f == nil {
 		return Ref{}, false
 	}
-	return e.ref(f, reply, translated(f, o, reply)), true
+	r := e.ref(f, reply, translated(f, o, reply))
+	r.Untranslated = untranslatedAt(f, o, reply)
+	return r, true
 }
 
 // NoteICMPError records an ICMP error message about a packet of a flow: o
@@ -98,6 +105,25 @@ func translated(f *flowState, o obs.Observation, reply bool) bool {
 	return o.Dst != f.service
 }
 
+// untranslatedAt tells whether o is a packet of f at the client's Pod's
+// eth0 that nothing translated although the client addressed the VIP
+// there: a reply from a backend's address coming in, or the client's
+// packet to it going out (Ref.Untranslated).
+func untranslatedAt(f *flowState, o obs.Observation, reply bool) bool {
+	return f.untranslatedKey(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)})
+}
+
+// untranslatedKey is untranslatedAt for the packets counted under k.
+func (f *flowState) untranslatedKey(k pointKey) bool {
+	if k.point != obs.PointPod || !f.cps[cpPod].vip {
+		return false
+	}
+	if k.reply {
+		return k.dir == obs.DirIn && k.src.addrPort() != f.service
+	}
+	return k.dir == obs.DirOut && k.dst.addrPort() != f.service
+}
+
 func (e *Engine) ref(f *flowState, reply, translated bool) Ref {
 	v := e.cachedVerdict(f)
 	return Ref{ID: e.idOf(f), Reply: reply, Translated: translated, Verdict: v.place, By: v.by}
@@ -144,6 +170,10 @@ func (r Ref) Comment() string {
 	b.WriteString("flow ")
 	b.WriteString(strconv.Itoa(r.ID))
 	switch {
+	case r.Untranslated && r.Reply:
+		b.WriteString(" reply from backend, not translated back to the VIP (the client does not take it)")
+	case r.Untranslated:
+		b.WriteString(" to backend from the client, answering a reply that came untranslated")
 	case !r.Reply && !r.Translated:
 		b.WriteString(" request to VIP (before translation)")
 	case !r.Reply:

@@ -2,6 +2,7 @@ package flow_test
 
 import (
 	"net/netip"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -307,5 +308,40 @@ func TestICMPErrorAboutUntranslatedReply(t *testing.T) {
 	}
 	if want := "10.244.8.23 sent ICMP destination unreachable (code 3: port unreachable) about them"; !strings.Contains(f.Reason, want) {
 		t.Errorf("reason %q lacks %q", f.Reason, want)
+	}
+}
+
+// TestUntranslatedComments: in the capture file, the reply that entered the
+// client's Pod from the backend's address says nothing translated it back,
+// and the client's reset of it says what it answers, rather than "request
+// to backend (after translation)" at a point before any rewrite; the same
+// packets at the host veths keep their usual comments.
+func TestUntranslatedComments(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "netfilter-bridge-untranslated-reply.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := flow.NewEngine(s.Config)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	c := netip.MustParseAddrPort("10.244.1.10:56800")
+	b := netip.MustParseAddrPort("10.244.1.11:8080")
+	for _, tc := range []struct {
+		p        obs.Point
+		dir      obs.Dir
+		src, dst netip.AddrPort
+		want     string
+	}{
+		{obs.PointPod, obs.DirIn, b, c, "flow 1 reply from backend, not translated back to the VIP (the client does not take it); rewritten_at=netfilter"},
+		{obs.PointPod, obs.DirOut, c, b, "flow 1 to backend from the client, answering a reply that came untranslated; rewritten_at=netfilter"},
+		{obs.PointHost, obs.DirOut, b, c, "flow 1 reply from backend (before reverse translation); rewritten_at=netfilter"},
+		{obs.PointHost, obs.DirOut, c, b, "flow 1 request to backend (after translation); rewritten_at=netfilter"},
+	} {
+		o := obs.Observation{Time: flowtest.At(0.2), Point: tc.p, Dir: tc.dir, Proto: obs.TCP, Src: tc.src, Dst: tc.dst}
+		r, ok := e.Classify(o)
+		if !ok || !strings.HasPrefix(r.Comment(), tc.want) {
+			t.Errorf("%s %s %s -> %s: comment %q (%v), want it to begin %q", tc.p, tc.dir, tc.src, tc.dst, r.Comment(), ok, tc.want)
+		}
 	}
 }

@@ -78,7 +78,7 @@ func (e *Engine) CommentedFlows() int {
 	n := 0
 	for _, list := range e.clients {
 		for _, f := range list {
-			if f.comments != [4]string{} {
+			if f.comments != [6]string{} {
 				n++
 			}
 		}

@@ -88,7 +88,7 @@ func (e *Engine) CommentOf(h Handle) (string, bool) {
 		return "", false
 	}
 	if f.commentsEvidence != f.evidence || f.commentsGen != e.gen {
-		f.comments = [4]string{}
+		f.comments = [6]string{}
 		f.commentsEvidence, f.commentsGen = f.evidence, e.gen
 	}
 	i := 0
@@ -98,8 +98,16 @@ func (e *Engine) CommentOf(h Handle) (string, bool) {
 	if h.translated {
 		i |= 2
 	}
+	// Told now, not when h was made: whether the client addressed the VIP
+	// at its Pod may be learned after the packet.
+	untranslated := h.slot >= 0 && h.slot < len(f.points) && f.untranslatedKey(f.points[h.slot].pointKey)
+	if untranslated {
+		i = 4 + i&1
+	}
 	if f.comments[i] == "" {
-		f.comments[i] = e.ref(f, h.reply, h.translated).Comment()
+		r := e.ref(f, h.reply, h.translated)
+		r.Untranslated = untranslated
+		f.comments[i] = r.Comment()
 		if !f.commented {
 			e.keepComments(f)
 		}
@@ -108,7 +116,7 @@ func (e *Engine) CommentOf(h Handle) (string, bool) {
 }
 
 // maxCommented bounds the flows that keep their packets' comments (a few
-// hundred bytes each, four kinds): most flows' packets are all written
+// hundred bytes each, six kinds): most flows' packets are all written
 // within seconds, and thousands of quiet flows' comments were 4.6 MiB of
 // the live heap at the default --max-flows under churn.
 const maxCommented = 1024
@@ -122,7 +130,7 @@ func (e *Engine) keepComments(f *flowState) {
 		return
 	}
 	old := e.commented[e.nextCommented]
-	old.comments, old.commented = [4]string{}, false
+	old.comments, old.commented = [6]string{}, false
 	e.commented[e.nextCommented] = f
 	e.nextCommented = (e.nextCommented + 1) % maxCommented
 }

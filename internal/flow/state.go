@@ -184,7 +184,7 @@ type flowState struct {
 	// comments are the pcapng comments of its packets by kind (CommentOf),
 	// valid while evidence and the engine's gen are as recorded; commented:
 	// it is among the flows that keep them (keepComments).
-	comments                      [4]string
+	comments                      [6]string
 	commentsEvidence, commentsGen uint64
 	commented                     bool
 }
