@@ -106,22 +106,30 @@ func translated(f *flowState, o obs.Observation, reply bool) bool {
 }
 
 // untranslatedAt tells whether o is a packet of f at the client's Pod's
-// eth0 that nothing translated although the client addressed the VIP
+// eth0 or host veth that nothing translated although the client addressed the VIP
 // there: a reply from a backend's address coming in, or the client's
 // packet to it going out (Ref.Untranslated).
 func untranslatedAt(f *flowState, o obs.Observation, reply bool) bool {
 	return f.untranslatedKey(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)})
 }
 
-// untranslatedKey is untranslatedAt for the packets counted under k.
+// untranslatedKey is untranslatedAt for the packets counted under k; the
+// client's host veth tells the same as its eth0 (a reply leaving the node
+// towards the client, the client's packet coming in: its TX tap runs after
+// tc egress, its RX tap before tc ingress).
 func (f *flowState) untranslatedKey(k pointKey) bool {
-	if k.point != obs.PointPod || !f.cps[cpPod].vip {
+	towards := obs.DirIn // the client's side, from the node
+	switch {
+	case k.point == obs.PointPod && f.cps[cpPod].vip:
+	case k.point == obs.PointHost && f.cps[cpHost].vip:
+		towards = obs.DirOut
+	default:
 		return false
 	}
 	if k.reply {
-		return k.dir == obs.DirIn && k.src.addrPort() != f.service
+		return k.dir == towards && k.src.addrPort() != f.service
 	}
-	return k.dir == obs.DirOut && k.dst.addrPort() != f.service
+	return k.dir != towards && k.dir != obs.DirUnknown && k.dst.addrPort() != f.service
 }
 
 func (e *Engine) ref(f *flowState, reply, translated bool) Ref {

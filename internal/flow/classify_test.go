@@ -314,8 +314,8 @@ func TestICMPErrorAboutUntranslatedReply(t *testing.T) {
 // TestUntranslatedComments: in the capture file, the reply that entered the
 // client's Pod from the backend's address says nothing translated it back,
 // and the client's reset of it says what it answers, rather than "request
-// to backend (after translation)" at a point before any rewrite; the same
-// packets at the host veths keep their usual comments.
+// to backend (after translation)" at a point before any rewrite; so does
+// the client's host veth, and the backend Pod's keeps the usual comments.
 func TestUntranslatedComments(t *testing.T) {
 	s, err := flowtest.Load(filepath.Join(scenarioDir, "netfilter-bridge-untranslated-reply.json"))
 	if err != nil {
@@ -335,7 +335,10 @@ func TestUntranslatedComments(t *testing.T) {
 	}{
 		{obs.PointPod, obs.DirIn, b, c, "flow 1 reply from backend, not translated back to the VIP (the client does not take it); rewritten_at=netfilter"},
 		{obs.PointPod, obs.DirOut, c, b, "flow 1 to backend from the client, answering a reply that came untranslated; rewritten_at=netfilter"},
-		{obs.PointHost, obs.DirOut, b, c, "flow 1 reply from backend (before reverse translation); rewritten_at=netfilter"},
+		{obs.PointHost, obs.DirOut, b, c, "flow 1 reply from backend, not translated back to the VIP (the client does not take it); rewritten_at=netfilter"},
+		{obs.PointHost, obs.DirIn, c, b, "flow 1 to backend from the client, answering a reply that came untranslated; rewritten_at=netfilter"},
+		// The backend Pod's side: as usual.
+		{obs.PointHost, obs.DirIn, b, c, "flow 1 reply from backend (before reverse translation); rewritten_at=netfilter"},
 		{obs.PointHost, obs.DirOut, c, b, "flow 1 request to backend (after translation); rewritten_at=netfilter"},
 	} {
 		o := obs.Observation{Time: flowtest.At(0.2), Point: tc.p, Dir: tc.dir, Proto: obs.TCP, Src: tc.src, Dst: tc.dst}
