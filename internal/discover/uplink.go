@@ -95,6 +95,7 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 		for i := range info.Pods {
 			info.Pods[i].Uplinks, info.Pods[i].UplinkHow = []string{l.Attrs().Name}, "--uplink"
 		}
+		noteTunnelsOver(host, l, info)
 		return []netlink.Link{l}, nil
 	}
 
@@ -204,6 +205,26 @@ func (u *uplinkFinder) assign(info *NodeInfo) []netlink.Link {
 		info.notef("bridge FDB not read: %v", u.fdbErr)
 	}
 	return uplinks
+}
+
+// noteTunnelsOver notes the overlay devices (flannel.1, vxlan.calico) that
+// encapsulate over the uplink l: its tap sees their traffic as UDP between
+// the nodes, whose inner frames pathtrace does not decode, so the flows the
+// node routes through them show no uplink frame there.
+func noteTunnelsOver(host *hostNS, l netlink.Link, info *NodeInfo) {
+	var ids []int
+	for id := range host.links {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		t, ok := host.links[id].(*netlink.Vxlan)
+		if !ok || t.VtepDevIndex != l.Attrs().Index || t.Attrs().Flags&net.FlagUp == 0 {
+			continue
+		}
+		info.notef("%s carries the traffic of %s (%s) encapsulated, which pathtrace does not decode: the flows the node routes through %s show no uplink frame on %s's tap (VLAN and UPLINK DST MAC -); --uplink %s captures them before encapsulation",
+			l.Attrs().Name, t.Attrs().Name, describeTunnel(host, t), t.Attrs().Name, l.Attrs().Name, t.Attrs().Name)
+	}
 }
 
 // flowBasedTunnels are the node's VXLAN and Geneve devices that are up and

@@ -185,3 +185,31 @@ func TestTunnelUplinkDescribed(t *testing.T) {
 		t.Errorf("capture points table lacks %q:\n%s", want, b.String())
 	}
 }
+
+// TestUplinkBelowTunnelNoted: --uplink naming the device a VXLAN overlay
+// encapsulates over (a flannel node's eth0) is taken, with a note that the
+// flows routed through the overlay show no uplink frame there and how to
+// capture them; a device no overlay uses gets no such note.
+func TestUplinkBelowTunnelNoted(t *testing.T) {
+	host := &hostNS{links: map[int]netlink.Link{}}
+	attrs := func(index int, name string) netlink.LinkAttrs {
+		a := netlink.NewLinkAttrs()
+		a.Index, a.Name, a.Flags = index, name, net.FlagUp
+		return a
+	}
+	eth0 := &netlink.Device{LinkAttrs: attrs(2, "eth0")}
+	eth1 := &netlink.Device{LinkAttrs: attrs(3, "eth1")}
+	host.links[2], host.links[3] = eth0, eth1
+	host.links[4] = &netlink.Vxlan{LinkAttrs: attrs(4, "flannel.1"), VxlanId: 1, VtepDevIndex: 2, Port: 8472}
+	var info NodeInfo
+	noteTunnelsOver(host, eth0, &info)
+	if len(info.Notes) != 1 || !strings.Contains(info.Notes[0], "eth0 carries the traffic of flannel.1 (vxlan id 1 over eth0, udp 8472) encapsulated") ||
+		!strings.Contains(info.Notes[0], "--uplink flannel.1 captures them before encapsulation") {
+		t.Errorf("notes %q, want one naming flannel.1 over eth0", info.Notes)
+	}
+	info = NodeInfo{}
+	noteTunnelsOver(host, eth1, &info)
+	if len(info.Notes) != 0 {
+		t.Errorf("notes %q for eth1, which no overlay uses", info.Notes)
+	}
+}
