@@ -315,9 +315,10 @@ func (f *flowState) absorb(o *flowState) {
 	for i := range f.cps {
 		// A checkpoint's backend stays seen only by resets when each
 		// flow that saw one there saw it so (sawBackend).
+		// fReset, oReset: the flow saw no request to a backend there.
 		bit := uint16(1) << i
 		fReset, oReset := f.resetOnly&bit != 0 || !f.cps[i].backend, o.resetOnly&bit != 0 || !o.cps[i].backend
-		if f.cps[i].backend && !(f.resetOnly&bit != 0) && o.cps[i].backend && oReset {
+		if !fReset && o.cps[i].backend && oReset {
 			// f's request sighting stands against o's resets: merge the VIP only.
 			f.cps[i].merge(sighting{vip: o.cps[i].vip, vipFrom: o.cps[i].vipFrom, vipAt: o.cps[i].vipAt})
 			continue
