@@ -312,7 +312,28 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		}
 		return unknown("the VIP was last seen at %s and no point saw the request rewritten, yet an answer came back%s: it was rewritten where no active point saw it afterwards (the uplink never saw this flow)", where, from)
 	}
+	if e.keptInPod(f, last) {
+		return unknown("the VIP was last seen at %s, and the Pod's eth0 (captured) never saw the request: it did not leave the Pod's netns that way, so nothing on the node saw it; the Pod kept it (a sidecar proxy's TPROXY capture, which delivers it to the proxy with the VIP unchanged: the proxy's own connection to the Service is a flow of its own), dropped it, or routed it out another of its interfaces", where)
+	}
 	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+}
+
+// keptInPod tells whether a Pod's flow, last seen with the VIP at its
+// socket's first packet (after the Pod's own OUTPUT hooks and routing), was
+// never seen by the Pod's eth0 tap, which captured: the request stayed in
+// the Pod's netns (policy routing to lo and a TPROXY rule deliver it to a
+// local proxy unrewritten) or went nowhere, and "dropped on the node" would
+// send the reader to the wrong netns.
+func (e *Engine) keptInPod(f *flowState, last checkpoint) bool {
+	if last != cpSockEgress || f.fromNode || !e.active(obs.PointPod) {
+		return false
+	}
+	for cp := cpPod; cp < numCheckpoints; cp++ {
+		if f.cps[cp].any() {
+			return false
+		}
+	}
+	return true
 }
 
 // rejectsFor are the node's rules that reject or drop the packets of f, a

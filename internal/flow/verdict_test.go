@@ -111,6 +111,18 @@ func TestVerdicts(t *testing.T) {
 			want: flow.PlaceNetfilter, wantBy: "netfilter OUTPUT in the client's netns", wantReason: "sidecar proxy",
 		},
 		{
+			// Istio's TPROXY capture: the Pod's mangle OUTPUT marks the
+			// app's packets, its policy routing sends them to lo and a
+			// TPROXY rule hands them to the proxy with the VIP unchanged:
+			// they never reach the Pod's eth0. Not the node's doing.
+			name:   "socket's first packet shows the VIP, pod eth0 captured and never saw it: kept in the pod",
+			points: []obs.Point{obs.PointSockState, obs.PointSockEgress, obs.PointPod, obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink},
+			obs: []obs.Observation{
+				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 8},
+				{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 8}},
+			want: flow.PlaceUnknown, wantReason: "did not leave the Pod's netns",
+		},
+		{
 			name:   "socket's first packet shows the VIP, pod eth0 the backend: tc egress in the pod netns",
 			points: []obs.Point{obs.PointSockState, obs.PointSockEgress, obs.PointPod},
 			obs: []obs.Observation{
