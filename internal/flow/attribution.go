@@ -56,12 +56,18 @@ func describeSock(p SockProgram) string {
 // tail observer already saw the backend.
 func (e *Engine) byTC(f *flowState) string { return oneOf(e.tcCands(f)) }
 
-// tcCands are the ingress programs of the flow's host veth of its time.
+// tcCands are the ingress programs of the flow's host veth of its time. The
+// tc tail observer runs after every tcx program the veth had when it was
+// attached, before its cls_bpf filters: when it saw the backend, a tcx
+// program rewrote; when it saw only the VIP, those tcx programs did not
+// (they were there from the start, Since zero: one attached during the run
+// may be past the tail), so a cls_bpf filter did.
 func (e *Engine) tcCands(f *flowState) []string {
 	tcxOnly := f.cps[cpTCTail].backend
+	pastTail := f.cps[cpTCTail].vip && !tcxOnly
 	var cands []string
 	for _, p := range e.cfg.Attribution.TCPrograms {
-		if p.Direction != "ingress" || (tcxOnly && p.Kind != "tcx") ||
+		if p.Direction != "ingress" || (tcxOnly && p.Kind != "tcx") || (pastTail && p.Kind == "tcx" && p.Since.IsZero()) ||
 			(p.Ifindex != 0 && f.hostIfindex != 0 && p.Ifindex != f.hostIfindex) || !presentAt(p, f.first) {
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // TestTCProgramsOfTheFlowsTime: a flow's tc rewrite is attributed to the
@@ -54,6 +55,49 @@ func TestTCProgramsOfTheFlowsTime(t *testing.T) {
 			}
 			if tc == 0 {
 				t.Fatal("no flow was rewritten in tc")
+			}
+		})
+	}
+}
+
+// TestTCTailSawTheVIP: the tail observer runs after the tcx programs the
+// veth had when it was attached, and before its cls_bpf filters; when it saw
+// the VIP and netfilter the backend, those tcx programs are not the
+// rewriter, but one attached during the run may sit past the tail.
+func TestTCTailSawTheVIP(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		tcxSince  float64 // ms; 0: there from the start
+		want, not []string
+	}{
+		{"tcx there from the start", 0, []string{"cls_bpf ingress hb_dnat (id 8)"}, []string{"one of", "hb_noop"}},
+		{"tcx attached during the run", 5, []string{"one of 2", "tcx ingress hb_noop (id 7)", "cls_bpf ingress hb_dnat (id 8)"}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := httpConfig(obs.PointTCHead, obs.PointTCTail, obs.PointNFBefore, obs.PointNFAfter)
+			tcx := flow.TCProgram{Direction: "ingress", Kind: "tcx", Name: "hb_noop", ID: 7}
+			if c.tcxSince != 0 {
+				tcx.Since = flowtest.At(c.tcxSince)
+			}
+			cfg.Attribution.TCPrograms = []flow.TCProgram{tcx, {Direction: "ingress", Kind: "cls_bpf", Name: "hb_dnat", ID: 8}}
+			e := flow.NewEngine(cfg)
+			e.Add(req(10, obs.PointTCHead, obs.DirIn, vip))
+			e.Add(req(10.01, obs.PointTCTail, obs.DirIn, vip))
+			e.Add(req(10.02, obs.PointNFBefore, 0, backend))
+			e.Add(req(10.03, obs.PointNFAfter, 0, backend))
+			f := only(t, e)
+			if f.RewrittenAt != flow.PlaceTC {
+				t.Fatalf("rewritten_at %s (%s), want tc", f.RewrittenAt, f.Reason)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(f.By, w) {
+					t.Errorf("by %q, want it to name %q", f.By, w)
+				}
+			}
+			for _, n := range c.not {
+				if strings.Contains(f.By, n) {
+					t.Errorf("by %q names %q", f.By, n)
+				}
 			}
 		})
 	}
