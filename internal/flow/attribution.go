@@ -52,8 +52,7 @@ func describeSock(p SockProgram) string {
 	return s
 }
 
-// byTC names the ingress programs on the host veth; only tcx ones when the tcx
-// tail observer already saw the backend.
+// byTC names the ingress programs on the host veth (see tcCands).
 func (e *Engine) byTC(f *flowState) string { return oneOf(e.tcCands(f)) }
 
 // tcCands are the ingress programs of the flow's host veth of its time. The
@@ -61,9 +60,12 @@ func (e *Engine) byTC(f *flowState) string { return oneOf(e.tcCands(f)) }
 // attached, before its cls_bpf filters: when it saw the backend, a tcx
 // program rewrote; when it saw only the VIP, those tcx programs did not
 // (they were there from the start, Since zero: one attached during the run
-// may be past the tail), so a cls_bpf filter did.
+// may be past the tail), so a cls_bpf filter did. When the head saw the
+// request and the tail, attached with it, never did, a tcx program ended the
+// chain (a verdict other than TCX_NEXT: the kernel then runs no cls_bpf
+// filter at all).
 func (e *Engine) tcCands(f *flowState) []string {
-	tcxOnly := f.cps[cpTCTail].backend
+	tcxOnly := f.cps[cpTCTail].backend || e.tcxChainEnded(f)
 	pastTail := f.cps[cpTCTail].vip && !tcxOnly
 	var cands []string
 	for _, p := range e.cfg.Attribution.TCPrograms {
@@ -74,6 +76,13 @@ func (e *Engine) tcCands(f *flowState) []string {
 		cands = append(cands, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
 	}
 	return cands
+}
+
+// tcxChainEnded tells whether a program of the tcx chain ended it for f's
+// request: the tc head saw it and the tail, watching (the two are attached
+// together), never did.
+func (e *Engine) tcxChainEnded(f *flowState) bool {
+	return f.cps[cpTCHead].any() && !f.cps[cpTCTail].any() && e.active(obs.PointTCTail)
 }
 
 // byUplinkTC names the uplinks' tc egress programs of the flow's time.

@@ -102,3 +102,26 @@ func TestTCTailSawTheVIP(t *testing.T) {
 		})
 	}
 }
+
+// TestTCXChainEnded: a request the tc head saw and the tail (watching)
+// never did was ended by a program of the tcx chain (TCX_PASS, a redirect):
+// the kernel then runs none of the veth's cls_bpf filters, which cannot
+// have rewritten it.
+func TestTCXChainEnded(t *testing.T) {
+	cfg := httpConfig(obs.PointTCHead, obs.PointTCTail, obs.PointNFBefore, obs.PointNFAfter)
+	cfg.Attribution.TCPrograms = []flow.TCProgram{
+		{Direction: "ingress", Kind: "tcx", Name: "hb_dnat_ok", ID: 7},
+		{Direction: "ingress", Kind: "cls_bpf", Name: "hb_noop", ID: 8},
+	}
+	e := flow.NewEngine(cfg)
+	e.Add(req(10, obs.PointTCHead, obs.DirIn, vip))
+	e.Add(req(10.02, obs.PointNFBefore, 0, backend))
+	e.Add(req(10.03, obs.PointNFAfter, 0, backend))
+	f := only(t, e)
+	if f.RewrittenAt != flow.PlaceTC || f.By != "tcx ingress hb_dnat_ok (id 7)" {
+		t.Errorf("got %s by %q, want tc by the tcx program alone", f.RewrittenAt, f.By)
+	}
+	if strings.Contains(f.Reason, "cls_bpf program after it") {
+		t.Errorf("reason %q still offers a cls_bpf filter that never ran", f.Reason)
+	}
+}

@@ -596,8 +596,8 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	}
 	switch g {
 	case gapTC:
-		if iB > cpTCTail && e.active(obs.PointTCTail) && !f.cps[cpTCTail].any() {
-			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (or is a cls_bpf program after it)")
+		if iB > cpTCTail && e.tcxChainEnded(f) {
+			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (so no cls_bpf filter ran)")
 		}
 	case gapNetfilter:
 		notes = append(notes, e.conntrackNote(f, iV, iB))
