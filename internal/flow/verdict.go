@@ -612,6 +612,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	if v.by == "" {
 		notes = append(notes, "no "+g.String()+" rewriter for the VIP was found on the node")
 	}
+	notes = append(notes, e.notLeftNote(f, g))
 	if bs := f.sortedBackends(); len(bs) > 1 {
 		notes = append(notes, fmt.Sprintf("%d backends seen", len(bs)))
 	}
@@ -625,6 +626,21 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		}
 	}
 	return v
+}
+
+// notLeftNote says, of a rewritten flow that got no answer (no reply, no
+// ICMP error), that the uplink's TX tap, which captured, never saw its
+// request after the rewrite, nor did it reach a Pod of the node: the node
+// lost it after the rewrite (a filter rule, the uplink's qdisc: a TBF or
+// a full queue drops before the TX tap) or sent it elsewhere. Without it the
+// row reads as a backend that does not answer. "" otherwise; a sidecar's
+// redirect in the Pod (gapPodNAT) says why it never left the Pod itself.
+func (e *Engine) notLeftNote(f *flowState, g gap) string {
+	if f.reply || f.icmp != nil || g == gapPodNAT || !e.active(obs.PointUplink) ||
+		f.cps[cpUplink].any() || f.cps[cpLocal].any() || e.window(f) != withinWindow {
+		return ""
+	}
+	return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself, out another interface)"
 }
 
 // bracketBase is the start of a bracketed verdict's reason: where the VIP

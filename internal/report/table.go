@@ -367,13 +367,16 @@ func uplinkMAC(f flow.Flow) string {
 
 // writeReasons explains the nowhere and unknown verdicts, one line per
 // distinct reason with the flows it applies to: these are the rows an SRE
-// has to act on.
+// has to act on. So are the rewritten flows that got no answer and never
+// reached the uplink (REPLY no, VLAN -): their reason says whether the
+// node lost them on the way out, which the row alone cannot tell from a
+// backend that does not answer.
 func writeReasons(w io.Writer, flows []flow.Flow) {
-	for _, place := range []flow.Place{flow.PlaceNowhere, flow.PlaceUnknown} {
+	for _, place := range []flow.Place{flow.PlaceNowhere, flow.PlaceUnknown, ""} {
 		var order []string
 		ids := map[string][]string{}
 		for _, f := range flows {
-			if f.RewrittenAt != place {
+			if place == "" && !unansweredOnNode(f) || place != "" && f.RewrittenAt != place {
 				continue
 			}
 			if _, ok := ids[f.Reason]; !ok {
@@ -384,7 +387,11 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 		if len(order) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\nWhy %s:\n", place)
+		if place == "" {
+			fmt.Fprintf(w, "\nRewritten, no reply, never seen on the uplink:\n")
+		} else {
+			fmt.Fprintf(w, "\nWhy %s:\n", place)
+		}
 		for _, r := range order {
 			label := "flows"
 			if len(ids[r]) == 1 {
@@ -393,6 +400,17 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 			fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(ids[r], ", "), r)
 		}
 	}
+}
+
+// unansweredOnNode tells whether f was rewritten (socket, tc, netfilter,
+// ipvs), got nothing back (REPLY no) and was never seen on the uplink.
+func unansweredOnNode(f flow.Flow) bool {
+	switch f.RewrittenAt {
+	case flow.PlaceSocket, flow.PlaceTC, flow.PlaceNetfilter, flow.PlaceIPVS:
+	default:
+		return false
+	}
+	return reply(f) == "no" && f.StrayReplies == nil && f.VLAN == nil
 }
 
 // writeICMPErrors lists the ICMP errors that came back instead of replies
