@@ -172,6 +172,87 @@ func tcProgramsOf(host *hostNS, cps []CapturePoint, progs *progCache, info *Node
 	return out, gone
 }
 
+// podTCPrograms lists the tcx and cls_bpf programs on the Pods' eth0, read
+// in each Pod's netns: one on its egress rewrites the Pod's requests after
+// the socket's egress hook and before the host veth (a CNI or a mesh that
+// does its load balancing inside the Pod), which no observer brackets but
+// the Pod's eth0 tap. Each names its Pod's host veth (HostIfindex), which
+// ties it to that Pod's flows.
+func podTCPrograms(pods []Pod, progs *progCache, info *NodeInfo) []TCProgram {
+	var out []TCProgram
+	for _, p := range pods {
+		if p.NetNS.Path == "" || p.HostPeer == nil || p.Eth0.Ifindex == 0 {
+			continue
+		}
+		found, err := ifacePrograms(p.NetNS.Path, p.Eth0.Ifindex)
+		if err != nil {
+			info.notef("tc programs on %s in %s not checked: %v", p.Eth0.Name, p.NetNS.Path, err)
+		}
+		for _, tp := range found {
+			facts := progs.facts(tp.ID)
+			if facts.own {
+				continue
+			}
+			if facts.name != "" || tp.Name == "" {
+				tp.Name = facts.name
+			}
+			tp.Ifname, tp.Ifindex, tp.HostIfindex, tp.Role = p.Eth0.Name, p.Eth0.Ifindex, p.HostPeer.Ifindex, RolePod
+			out = append(out, tp)
+		}
+	}
+	return out
+}
+
+// ifacePrograms lists the tcx programs and the clsact (or ingress) qdisc's
+// bpf filters of the interface ifindex of the netns at path, unnamed.
+func ifacePrograms(path string, ifindex int) ([]TCProgram, error) {
+	var out []TCProgram
+	err := nsutil.Do(path, func() error {
+		for _, d := range []struct {
+			dir string
+			typ ebpf.AttachType
+		}{{"ingress", ebpf.AttachTCXIngress}, {"egress", ebpf.AttachTCXEgress}} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: d.typ})
+			if err != nil {
+				return fmt.Errorf("query tcx %s: %w", d.dir, err)
+			}
+			for _, p := range res.Programs {
+				out = append(out, TCProgram{Dir: d.dir, Via: "tcx", ID: p.ID})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return out, err
+	}
+	err = nsutil.Netlink(path, func(nl *netlink.Handle) error {
+		l := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
+		qdiscs, err := nl.QdiscList(l)
+		if err != nil {
+			return fmt.Errorf("list qdiscs: %w", err)
+		}
+		for _, q := range qdiscs {
+			if q.Attrs().LinkIndex != ifindex {
+				continue
+			}
+			for _, p := range TCParents(q) {
+				filters, err := nl.FilterList(l, p.Handle)
+				if err != nil {
+					return fmt.Errorf("list %s filters: %w", p.Dir, err)
+				}
+				for _, f := range filters {
+					if bf, ok := f.(*netlink.BpfFilter); ok {
+						out = append(out, TCProgram{Dir: p.Dir, Via: "cls_bpf", Name: bf.Name,
+							ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
+					}
+				}
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
 // pointProgs are the programs found on one capture point, still unnamed.
 type pointProgs struct {
 	progs []TCProgram

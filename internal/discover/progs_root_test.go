@@ -178,3 +178,63 @@ func TestNewSockAddrProgram(t *testing.T) {
 		t.Errorf("looking after %d, program %d: found %v, err %v; want neither", l, sock, found, err)
 	}
 }
+
+// TestNodeFindsPodEth0Programs attaches a tcx program and a cls_bpf filter
+// on the egress of the Pod's own eth0, in the Pod's netns (a DNAT there
+// rewrites the Pod's requests before the host veth), and expects discovery
+// to report both as the Pod's, tied to its host veth; pathtrace's own are
+// left out.
+func TestNodeFindsPodEth0Programs(t *testing.T) {
+	tb := newTestbed(t)
+	const tcxNext, tcActUnspec = -1, -1
+	tcx := loadReturn(t, "pttest_podtcx", ebpf.SchedCLS, ebpf.AttachTCXEgress, tcxNext)
+	cls := loadReturn(t, "pttest_podcls", ebpf.SchedCLS, ebpf.AttachNone, tcActUnspec)
+	var eth0, hv0 int
+	err := nsutil.Do(tb.pod, func() error {
+		ifc, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		eth0 = ifc.Index
+		tl, err := link.AttachTCX(link.TCXOptions{Interface: eth0, Program: tcx, Attach: ebpf.AttachTCXEgress})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { tl.Close() })
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("attach tcx in the pod netns: %v", err)
+	}
+	addClsBPF(t, tb.pod, eth0, cls)
+	if err := nsutil.Do(tb.node, func() error {
+		ifc, err := net.InterfaceByName("hv0")
+		if err == nil {
+			hv0 = ifc.Index
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	opt := Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []TCProgram{
+		{Ifname: "eth0", Ifindex: eth0, HostIfindex: hv0, Role: RolePod, Dir: "egress", Via: "tcx", Name: "pttest_podtcx", ID: progID(t, tcx)},
+		{Ifname: "eth0", Ifindex: eth0, HostIfindex: hv0, Role: RolePod, Dir: "egress", Via: "cls_bpf", Name: "pttest_podcls", ID: progID(t, cls), DirectAction: true},
+	}
+	if !slices.Equal(info.TCPrograms, want) {
+		t.Errorf("tc programs:\n got %+v\nwant %+v", info.TCPrograms, want)
+	}
+
+	opt.IsObserver = func(id ebpf.ProgramID) bool { return id == progID(t, tcx) || id == progID(t, cls) }
+	if info, err = Node(context.Background(), opt); err != nil {
+		t.Fatal(err)
+	}
+	if len(info.TCPrograms) != 0 {
+		t.Errorf("own tc programs reported: %+v", info.TCPrograms)
+	}
+}

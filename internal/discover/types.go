@@ -174,13 +174,16 @@ type SockProgram struct {
 	Cgroup string         `json:"cgroup"` // the cgroup directory it is attached to
 }
 
-// TCProgram is a tcx or cls_bpf program on a host veth or uplink.
+// TCProgram is a tcx or cls_bpf program on a host veth or uplink, or on a
+// Pod's eth0 (in the Pod's netns: Ifindex is there, HostIfindex names the
+// Pod's host veth in the node netns).
 type TCProgram struct {
 	Ifname       string         `json:"ifname"`
 	Ifindex      int            `json:"ifindex"`
-	Role         string         `json:"role"` // host or uplink
-	Dir          string         `json:"dir"`  // ingress or egress
-	Via          string         `json:"via"`  // tcx or cls_bpf
+	HostIfindex  int            `json:"host_ifindex,omitempty"` // pod only
+	Role         string         `json:"role"`                   // host, uplink or pod
+	Dir          string         `json:"dir"`                    // ingress or egress
+	Via          string         `json:"via"`                    // tcx or cls_bpf
 	Name         string         `json:"name"`
 	ID           ebpf.ProgramID `json:"id"`
 	DirectAction bool           `json:"direct_action,omitempty"` // cls_bpf only

@@ -101,6 +101,28 @@ func (e *Engine) uplinkTCCands(f *flowState, dir string) []string {
 	return cands
 }
 
+// podTCCands are the egress programs on the eth0 of the flow's Pod (all
+// Pods' when its host veth is not known).
+func (e *Engine) podTCCands(f *flowState) []string {
+	var cands []string
+	for _, p := range e.cfg.Attribution.PodTCPrograms {
+		if p.Direction == "egress" && (p.Ifindex == 0 || f.hostIfindex == 0 || p.Ifindex == f.hostIfindex) && presentAt(p, f.first) {
+			cands = append(cands, fmt.Sprintf("%s egress %s (id %d) on the Pod's eth0", p.Kind, p.Name, p.ID))
+		}
+	}
+	return cands
+}
+
+// AddPodTCPrograms adds the programs on the eth0 of Pods that started
+// during the run.
+func (e *Engine) AddPodTCPrograms(progs []TCProgram) {
+	if len(progs) == 0 {
+		return
+	}
+	e.cfg.Attribution.PodTCPrograms = append(e.cfg.Attribution.PodTCPrograms, progs...)
+	e.gen++
+}
+
 // presentAt tells whether p could have been on its veth at t: from when it
 // was first seen (or a look before, tcTimeSlack) to when it was seen gone.
 func presentAt(p TCProgram, t time.Time) bool {

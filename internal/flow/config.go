@@ -67,6 +67,11 @@ type Attribution struct {
 	// uplink's TX tap, after every other place that rewrites: a DNAT there
 	// (Cilium's bpf_host) is where nothing else can have rewritten.
 	UplinkTCPrograms []TCProgram
+	// PodTCPrograms: those on the Pods' eth0, in the Pods' netns, each with
+	// Ifindex its Pod's host veth (in the node netns, as a flow's). An
+	// egress one runs after the socket's egress hook and before the Pod's
+	// eth0 tap.
+	PodTCPrograms []TCProgram
 	// NATRules: DNAT rules whose match includes a watched VIP.
 	NATRules []NATRule
 	// Rejects: rules that reject or drop a watched VIP's packets (no

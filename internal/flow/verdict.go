@@ -554,6 +554,17 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			notes = append(notes, "netfilter excluded: "+excluded)
 		}
 	}
+	if len(cands) == 1 && cands[0] == gapPodNetns {
+		// Between the socket's egress hook and the Pod's eth0 tap only its
+		// eth0's tc egress runs: its programs, when it has some, did it.
+		if by := oneOf(e.podTCCands(f)); by != "" {
+			v := verdict{place: PlaceTC, by: by}
+			if why {
+				v.reason = bracketBase(f, iV, iB) + "; rewritten inside the Pod's netns, by a tc program on its eth0's egress, before the packet reached the node"
+			}
+			return v
+		}
+	}
 	if len(cands) != 1 || cands[0] == gapPodNetns {
 		if !why {
 			return verdict{place: PlaceUnknown}

@@ -404,7 +404,7 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 	for _, p := range node.TCPrograms {
 		tc = append(tc, fmt.Sprintf("%s %s %s %s (id %d)", p.Ifname, p.Via, p.Dir, orDash(p.Name), p.ID))
 	}
-	fmt.Fprintf(b, "- tc programs on the host veth and uplink: %s.\n", orNone(tc))
+	fmt.Fprintf(b, "- tc programs on the host veths, the uplinks and the Pods' eth0: %s.\n", orNone(tc))
 	var nat []string
 	for _, r := range node.Netfilter.Rules {
 		s := fmt.Sprintf("%s %s %s: %s", r.Source, r.Table, r.Hook, strings.Join(r.Chains, " -> "))

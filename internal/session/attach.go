@@ -319,6 +319,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	}
 	a.TCPrograms = hostTCPrograms(node.TCPrograms)
 	a.UplinkTCPrograms = uplinkTCPrograms(node.TCPrograms)
+	a.PodTCPrograms = podTCPrograms(node.TCPrograms)
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
 	a.Rejects = natRulesOf(node.Netfilter.Rejects)
 	a.IPVS = ipvsOf(node.IPVS.Services)
