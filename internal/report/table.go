@@ -97,6 +97,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write drops table: %w", err)
 	}
+	// kernel_drops reads as the node's drops on that interface: it is what
+	// pathtrace's capture ring lost, and a qdisc's drops are no counter here.
+	fmt.Fprintln(w, "(pathtrace's own losses: its capture rings and event readers. Packets the node dropped are not counted here;\n a rewritten flow whose request never reached the uplink says so under the flows.)")
 	for _, h := range DropHints(s.Drops) {
 		fmt.Fprintln(w, h)
 	}
