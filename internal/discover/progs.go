@@ -157,6 +157,10 @@ func tcProgramsOf(host *hostNS, cps []CapturePoint, progs *progCache, info *Node
 			info.notef("cls_bpf filters on %s not checked: %v", cp.Ifname, err)
 			cps[i].TCUnread = true
 		}
+		for _, r := range cls[i].redirects {
+			r.Ifname, r.Ifindex, r.Role = cp.Ifname, cp.Ifindex, cp.Role
+			info.TCRedirects = append(info.TCRedirects, r)
+		}
 		for _, p := range append(tcx[i].progs, cls[i].progs...) {
 			facts := progs.facts(p.ID)
 			if facts.own {
@@ -253,10 +257,49 @@ func ifacePrograms(path string, ifindex int) ([]TCProgram, error) {
 	return out, err
 }
 
-// pointProgs are the programs found on one capture point, still unnamed.
+// pointProgs are the programs found on one capture point, still unnamed,
+// and its filters' mirred redirects.
 type pointProgs struct {
-	progs []TCProgram
-	err   error
+	progs     []TCProgram
+	redirects []TCRedirect
+	err       error
+}
+
+// mirredWords says what a mirred action does, as tc(8) writes it.
+func mirredWords(a netlink.MirredAct) string {
+	switch a {
+	case netlink.TCA_EGRESS_REDIR:
+		return "egress redirect"
+	case netlink.TCA_EGRESS_MIRROR:
+		return "egress mirror"
+	case netlink.TCA_INGRESS_REDIR:
+		return "ingress redirect"
+	case netlink.TCA_INGRESS_MIRROR:
+		return "ingress mirror"
+	}
+	return fmt.Sprintf("action %d", a)
+}
+
+// mirredRedirects are the mirred actions of a tc filter that is not BPF
+// (u32, flower, matchall), with the filter and where they send packets.
+func mirredRedirects(host *hostNS, f netlink.Filter, dir string) []TCRedirect {
+	var actions []netlink.Action
+	switch f := f.(type) {
+	case *netlink.U32:
+		actions = f.Actions
+	case *netlink.Flower:
+		actions = f.Actions
+	case *netlink.MatchAll:
+		actions = f.Actions
+	}
+	var out []TCRedirect
+	for _, a := range actions {
+		if m, ok := a.(*netlink.MirredAction); ok {
+			out = append(out, TCRedirect{Dir: dir, Filter: fmt.Sprintf("%s pref %d", f.Type(), f.Attrs().Priority),
+				Action: mirredWords(m.MirredAction), To: host.name(m.Ifindex)})
+		}
+	}
+	return out
 }
 
 // tcxPrograms queries the tcx chains of every host and uplink point, from
@@ -342,7 +385,9 @@ func clsBPFPrograms(host *hostNS, cps []CapturePoint) ([]pointProgs, error) {
 					if bf, ok := f.(*netlink.BpfFilter); ok {
 						out[i].progs = append(out[i].progs, TCProgram{Dir: p.Dir, Via: "cls_bpf", Name: bf.Name,
 							ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
+						continue
 					}
+					out[i].redirects = append(out[i].redirects, mirredRedirects(host, f, p.Dir)...)
 				}
 			}
 		}

@@ -238,3 +238,57 @@ func TestNodeFindsPodEth0Programs(t *testing.T) {
 		t.Errorf("own tc programs reported: %+v", info.TCPrograms)
 	}
 }
+
+// TestNodeFindsMirredRedirect: a u32 filter (no BPF) at the host veth's
+// ingress whose mirred action redirects the Pod's packets to the uplink
+// takes them past the bridge and netfilter; discovery lists it with where
+// it sends them.
+func TestNodeFindsMirredRedirect(t *testing.T) {
+	tb := newTestbed(t)
+	ns, err := netns.GetFromPath(tb.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	hv0, err := h.LinkByName("hv0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up0, err := h.LinkByName("up0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.QdiscAdd(&netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: hv0.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}); err != nil {
+		t.Fatal(err)
+	}
+	redir := netlink.NewMirredAction(up0.Attrs().Index)
+	mirror := netlink.NewMirredAction(up0.Attrs().Index)
+	mirror.MirredAction = netlink.TCA_EGRESS_MIRROR
+	for i, a := range []*netlink.MirredAction{redir, mirror} {
+		if err := h.FilterAdd(&netlink.U32{FilterAttrs: netlink.FilterAttrs{LinkIndex: hv0.Attrs().Index,
+			Parent: netlink.HANDLE_MIN_INGRESS, Priority: uint16(10 + i), Protocol: unix.ETH_P_IP},
+			Actions: []netlink.Action{a}}); err != nil {
+			t.Fatalf("add u32 mirred filter: %v", err)
+		}
+	}
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []TCRedirect{
+		{Ifname: "hv0", Ifindex: hv0.Attrs().Index, Role: RoleHost, Dir: "ingress", Filter: "u32 pref 10", Action: "egress redirect", To: "up0"},
+		{Ifname: "hv0", Ifindex: hv0.Attrs().Index, Role: RoleHost, Dir: "ingress", Filter: "u32 pref 11", Action: "egress mirror", To: "up0"},
+	}
+	if !slices.Equal(info.TCRedirects, want) {
+		t.Errorf("tc redirects:\n got %+v\nwant %+v", info.TCRedirects, want)
+	}
+	if len(info.TCPrograms) != 0 {
+		t.Errorf("a u32 filter taken for a tc program: %+v", info.TCPrograms)
+	}
+}

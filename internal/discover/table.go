@@ -99,6 +99,9 @@ func (n *NodeInfo) Table(w io.Writer) error {
 			p("tc\t%s %s %s\t%s%s (id %d)\t%s\n", t.Ifname, t.Dir, t.Via, orDash(t.Name), da, t.ID, t.Role)
 		}
 	}
+	for _, r := range n.TCRedirects {
+		p("tc\t%s %s %s\tmirred %s to %s (not BPF)\t%s\n", r.Ifname, r.Dir, r.Filter, r.Action, r.To, r.Role)
+	}
 	nf := n.Netfilter
 	p("netfilter\tnftables: %s\n", nf.NFTables)
 	p("netfilter\tiptables-legacy: %s\n", nf.IPTablesLegacy)

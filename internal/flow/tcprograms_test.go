@@ -125,3 +125,30 @@ func TestTCXChainEnded(t *testing.T) {
 		t.Errorf("reason %q still offers a cls_bpf filter that never ran", f.Reason)
 	}
 }
+
+// TestNowhereNamesMirredRedirect: a request that left the uplink with the
+// VIP, never seen by netfilter (which watched) although the node hands its
+// bridged frames to it, names the tc filter at its host veth's ingress
+// whose mirred action redirected it past the bridge and netfilter; another
+// veth's is not named.
+func TestNowhereNamesMirredRedirect(t *testing.T) {
+	cfg := httpConfig(obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink)
+	cfg.Attribution.TCPrograms = nil
+	cfg.Attribution.HostRedirects = []flow.TCRedirect{
+		{Ifindex: 5, Text: "veth-a ingress u32 pref 10: mirred egress redirect to bond0"},
+		{Ifindex: 9, Text: "veth-b ingress matchall pref 1: mirred egress redirect to eth1"},
+	}
+	e := flow.NewEngine(cfg)
+	h := req(10, obs.PointHost, obs.DirIn, vip)
+	h.Ifindex = 5
+	e.Add(h)
+	e.Add(req(10.02, obs.PointUplink, obs.DirOut, vip))
+	f := only(t, e)
+	if f.RewrittenAt != flow.PlaceNowhere || f.By != "" {
+		t.Fatalf("got %s by %q, want nowhere by nobody", f.RewrittenAt, f.By)
+	}
+	if !strings.Contains(f.Reason, "netfilter never saw it (a tc filter at its host veth's ingress") ||
+		!strings.Contains(f.Reason, "veth-a ingress u32 pref 10: mirred egress redirect to bond0") || strings.Contains(f.Reason, "veth-b") {
+		t.Errorf("reason %q does not name the redirect of its own veth", f.Reason)
+	}
+}

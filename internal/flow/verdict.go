@@ -484,7 +484,17 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 		notes = append(notes, note)
 	}
 	if e.active(obs.PointNFBefore) && !f.cps[cpNFBefore].any() {
-		notes = append(notes, "netfilter never saw it")
+		note := "netfilter never saw it"
+		var redirs []string
+		for _, r := range e.cfg.Attribution.HostRedirects {
+			if r.Ifindex == 0 || f.hostIfindex == 0 || r.Ifindex == f.hostIfindex {
+				redirs = append(redirs, r.Text)
+			}
+		}
+		if len(redirs) > 0 {
+			note += " (a tc filter at its host veth's ingress sends packets to another interface, past the bridge and netfilter: " + strings.Join(redirs, "; ") + ")"
+		}
+		notes = append(notes, note)
 	}
 	return strings.Join(notes, "; ")
 }
