@@ -313,7 +313,7 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		return unknown("the VIP was last seen at %s and no point saw the request rewritten, yet an answer came back%s: it was rewritten where no active point saw it afterwards (the uplink never saw this flow)", where, from)
 	}
 	if e.keptInPod(f, last) {
-		return unknown("the VIP was last seen at %s, and the Pod's eth0 (captured) never saw the request: it did not leave the Pod's netns that way, so nothing on the node saw it; the Pod kept it (a sidecar proxy's TPROXY capture, which delivers it to the proxy with the VIP unchanged: the proxy's own connection to the Service is a flow of its own), dropped it, or routed it out another of its interfaces", where)
+		return unknown("the VIP was last seen at %s, and the Pod's eth0 (captured) never saw the request: it did not leave the Pod's netns that way, so nothing on the node saw it; the Pod kept it (a sidecar proxy's TPROXY capture, which delivers it to the proxy with the VIP unchanged: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)), dropped it, or routed it out another of its interfaces", where)
 	}
 	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
 }
@@ -624,7 +624,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		notes = append(notes, e.conntrackNote(f, iV, iB))
 	case gapPodNAT:
 		if b := f.cps[iB].backendAddr.addrPort(); b.Addr().IsLoopback() {
-			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own connection to the Service is a flow of its own", b))
+			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)", b))
 		}
 		if !f.reply && !f.cps[cpPod].any() {
 			notes = append(notes, "it never left the Pod: no capture point could see it or its reply")
