@@ -111,7 +111,10 @@ func TestVerdicts(t *testing.T) {
 			obs: []obs.Observation{
 				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 6},
 				{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: netip.MustParseAddrPort("127.0.0.1:15001"), Cookie: 6}},
-			want: flow.PlaceNetfilter, wantBy: "netfilter OUTPUT in the client's netns", wantReason: "sidecar proxy",
+			want: flow.PlaceNetfilter, wantBy: "netfilter OUTPUT in the client's netns",
+			// Envoy dials the Service's endpoints, not the VIP: no flow of
+			// its own is promised.
+			wantReason: "sidecar proxy's capture does: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)",
 		},
 		{
 			// Istio's TPROXY capture: the Pod's mangle OUTPUT marks the
