@@ -661,7 +661,7 @@ func (e *Engine) notLeftNote(f *flowState, g gap) string {
 		f.cps[cpUplink].any() || f.cps[cpLocal].any() || e.window(f) != withinWindow {
 		return ""
 	}
-	return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself, out another interface)"
+	return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
 }
 
 // bracketBase is the start of a bracketed verdict's reason: where the VIP
