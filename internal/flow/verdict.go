@@ -594,7 +594,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			}
 			return v
 		}
-		return unknown("%s: rewritten inside the Pod's netns by a tc egress program on its eth0 (not read)", base)
+		return unknown("%s: rewritten inside the Pod's netns, at its eth0's egress, where no tc program was found when the Pod was read (one attached since, a tc action such as pedit or nat, or an nftables netdev egress rule)", base)
 	}
 	g := cands[0]
 	v := verdict{place: g.place()}

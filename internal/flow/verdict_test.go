@@ -135,7 +135,7 @@ func TestVerdicts(t *testing.T) {
 				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 7},
 				{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 7},
 				req(0.02, obs.PointPod, out, backend)},
-			want: flow.PlaceUnknown, wantReason: "tc egress program on its eth0",
+			want: flow.PlaceUnknown, wantReason: "at its eth0's egress, where no tc program was found",
 		},
 		{
 			name:   "VIP after the backend is inconsistent",
