@@ -279,6 +279,9 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		if notes := e.nowhereNotes(f); notes != "" {
 			v.reason += "; " + notes
 		}
+		if note := e.lostOnTheWayNote(f); note != "" {
+			v.reason += "; " + note
+		}
 		return v
 	case local:
 		on := ""
@@ -633,7 +636,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	if v.by == "" {
 		notes = append(notes, "no "+g.String()+" rewriter for the VIP was found on the node")
 	}
-	notes = append(notes, e.notLeftNote(f, g))
+	notes = append(notes, e.notLeftNote(f, g), e.lostOnTheWayNote(f))
 	if bs := f.sortedBackends(); len(bs) > 1 {
 		notes = append(notes, fmt.Sprintf("%d backends seen", len(bs)))
 	}
@@ -662,6 +665,44 @@ func (e *Engine) notLeftNote(f *flowState, g gap) string {
 		return ""
 	}
 	return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
+}
+
+// lostOnTheWayNote says, of a flow some of whose requests left the uplink,
+// how many of those its host veth's tap received never did: both taps see
+// every frame (the uplink's TX tap after the qdisc, which a TBF or a full
+// queue drops in front of; a GSO frame split on its way out only adds to
+// the uplink's count), so a shortfall is the node's drop on the way out
+// or the capture's own loss. Without it, a connection whose SYN got through
+// and whose data a qdisc dropped reads "reply yes" with nothing amiss.
+func (e *Engine) lostOnTheWayNote(f *flowState) string {
+	host, lost := e.lostOnTheWay(f)
+	if lost == 0 {
+		return ""
+	}
+	return fmt.Sprintf("of the %d request packets its host veth received, %d never left the uplink (its TX tap runs after the qdisc): the node dropped them on the way out (a qdisc or a filter rule), or pathtrace's capture lost them (kernel_drops)", host, lost)
+}
+
+// lostOnTheWay counts the request packets of f its host veth's tap
+// received and of those, how many the uplink's TX tap never saw (0 unless
+// some did leave it: one that left none says so otherwise, notLeftNote).
+func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
+	if f.fromNode || f.cps[cpLocal].any() || e.window(f) != withinWindow {
+		return 0, 0
+	}
+	var up uint64
+	for _, p := range f.points {
+		switch {
+		case p.reply:
+		case p.point == obs.PointHost && p.dir == obs.DirIn:
+			host += p.packets
+		case p.point == obs.PointUplink && p.dir == obs.DirOut:
+			up += p.packets
+		}
+	}
+	if up == 0 || host <= up {
+		return host, 0
+	}
+	return host, host - up
 }
 
 // bracketBase is the start of a bracketed verdict's reason: where the VIP

@@ -551,14 +551,19 @@ func TestUnansweredOnNodeExplained(t *testing.T) {
 		{ID: 1, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: lost},
 		{ID: 2, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "left", VLAN: &vlan},
 		{ID: 3, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "answered", Reply: true},
+		{ID: 4, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "data lost", Reply: true, VLAN: &vlan, LostOnNode: 6},
 	}
 	var table bytes.Buffer
 	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
 		t.Fatal(err)
 	}
 	out := table.String()
-	if want := "Rewritten, no reply, never seen on the uplink:\n  flow 1: " + lost + "\n"; !strings.Contains(out, want) {
+	if want := "Rewritten, not all sent out or no reply:\n  flow 1: " + lost + "\n"; !strings.Contains(out, want) {
 		t.Errorf("the table does not explain flow 1 (want %q):\n%s", want, out)
+	}
+	// Its SYN got through and was answered, its data did not leave.
+	if want := "  flow 4: data lost\n"; !strings.Contains(out, want) {
+		t.Errorf("the table does not explain flow 4, which lost packets on the node (want %q):\n%s", want, out)
 	}
 	if strings.Contains(out, "flow 2:") || strings.Contains(out, "flow 3:") {
 		t.Errorf("the table explains a flow that left the uplink or was answered:\n%s", out)

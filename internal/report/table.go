@@ -391,7 +391,7 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 			continue
 		}
 		if place == "" {
-			fmt.Fprintf(w, "\nRewritten, no reply, never seen on the uplink:\n")
+			fmt.Fprintf(w, "\nRewritten, not all sent out or no reply:\n")
 		} else {
 			fmt.Fprintf(w, "\nWhy %s:\n", place)
 		}
@@ -406,14 +406,15 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 }
 
 // unansweredOnNode tells whether f was rewritten (socket, tc, netfilter,
-// ipvs), got nothing back (REPLY no) and was never seen on the uplink.
+// ipvs) and got nothing back (REPLY no) and was never seen on the uplink,
+// or lost request packets on the node (LostOnNode).
 func unansweredOnNode(f flow.Flow) bool {
 	switch f.RewrittenAt {
 	case flow.PlaceSocket, flow.PlaceTC, flow.PlaceNetfilter, flow.PlaceIPVS:
 	default:
 		return false
 	}
-	return reply(f) == "no" && f.StrayReplies == nil && f.VLAN == nil
+	return reply(f) == "no" && f.StrayReplies == nil && f.VLAN == nil || f.LostOnNode > 0
 }
 
 // writeICMPErrors lists the ICMP errors that came back instead of replies
