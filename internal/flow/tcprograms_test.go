@@ -1,6 +1,7 @@
 package flow_test
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -150,5 +151,43 @@ func TestNowhereNamesMirredRedirect(t *testing.T) {
 	if !strings.Contains(f.Reason, "netfilter never saw it (a tc filter at its host veth's ingress") ||
 		!strings.Contains(f.Reason, "veth-a ingress u32 pref 10: mirred egress redirect to bond0") || strings.Contains(f.Reason, "veth-b") {
 		t.Errorf("reason %q does not name the redirect of its own veth", f.Reason)
+	}
+}
+
+// TestUDPSidecarRedirect: an unconnected UDP socket's datagram to the VIP
+// that its Pod's own OUTPUT NAT redirects to a local proxy (a sidecar's DNS
+// capture) has no socket tuple between the socket observer and its first
+// packet; with no sock_addr program effective on its cgroup (read), the
+// socket layer is excluded and the verdict is the Pod's netfilter. With
+// one, it stays open.
+func TestUDPSidecarRedirect(t *testing.T) {
+	dnsVIP := netip.MustParseAddrPort("10.120.0.10:53")
+	proxy := netip.MustParseAddrPort("127.0.0.1:15053")
+	const cg = 9001
+	for _, c := range []struct {
+		name  string
+		progs []flow.SockProgram
+		want  flow.Place
+	}{
+		{"no sock_addr program", []flow.SockProgram{}, flow.PlaceNetfilter},
+		{"a sendmsg4 program", []flow.SockProgram{{AttachType: "sendmsg4", Name: "lb_sendmsg4", ID: 3}}, flow.PlaceUnknown},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := flow.Config{Services: []flow.Service{{Addr: dnsVIP.Addr(), Port: dnsVIP.Port(), Proto: obs.UDP}},
+				Points: map[obs.Point]bool{obs.PointSockAddr: true, obs.PointSockEgress: true, obs.PointPod: true}}
+			e := flow.NewEngine(cfg)
+			e.SetCgroupSockPrograms(cg, c.progs)
+			e.Add(obs.Observation{Time: flowtest.At(0), Point: obs.PointSockAddr, Kind: obs.SockSendmsg, Proto: obs.UDP,
+				Src: netip.MustParseAddrPort("10.244.8.23:0"), ReqDst: dnsVIP, Dst: dnsVIP, Cookie: 11, Cgroup: cg})
+			e.Add(obs.Observation{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.UDP,
+				Src: netip.MustParseAddrPort("10.244.8.23:36236"), Dst: proxy, Cookie: 11, Cgroup: cg, Len: 33})
+			f := only(t, e)
+			if f.RewrittenAt != c.want {
+				t.Fatalf("got %s by %q (%s), want %s", f.RewrittenAt, f.By, f.Reason, c.want)
+			}
+			if c.want == flow.PlaceNetfilter && (f.By != flow.ByClientNetfilter || !strings.Contains(f.Reason, "socket excluded")) {
+				t.Errorf("by %q reason %q", f.By, f.Reason)
+			}
+		})
 	}
 }

@@ -559,6 +559,13 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		cands = []gap{gapUplinkTC}
 	}
 	var notes []string
+	if len(cands) > 1 && slices.Contains(cands, gapSocket) && e.noSockPrograms(f) {
+		// A UDP socket redirected by its Pod's own OUTPUT NAT (a sidecar's
+		// DNS capture): no socket tuple between the socket observer and
+		// the first packet, but nothing at the socket layer to rewrite.
+		cands = removeGap(cands, gapSocket)
+		notes = append(notes, "socket excluded: no sock_addr program is effective on the client's cgroup")
+	}
 	doubt := ""
 	if len(cands) > 1 && slices.Contains(cands, gapNetfilter) {
 		var excluded string
@@ -650,6 +657,17 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		}
 	}
 	return v
+}
+
+// noSockPrograms tells whether the sock_addr programs effective on f's
+// client cgroup were read (the session resolves a client's cgroup when it
+// first sees it) and none of them, pathtrace's own left out, runs at f's
+// hook: the socket layer then cannot have rewritten its destination.
+func (e *Engine) noSockPrograms(f *flowState) bool {
+	if _, ok := e.cfg.Attribution.SockProgramsByCgroup[f.cgroup]; !ok || f.cgroup == 0 {
+		return false
+	}
+	return e.bySocket(f) == ""
 }
 
 // notLeftNote says, of a rewritten flow that got no answer (no reply, no
