@@ -113,7 +113,9 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 
 	own := observerFilter(opt.IsObserver)
 	info.SockPrograms, info.SockCgroup = sockPrograms(opt.Cgroup, own, info), opt.Cgroup
-	info.TCPrograms = tcPrograms(host, info.CapturePoints, newProgCache(own), info)
+	cache := newProgCache(own)
+	info.TCPrograms = tcPrograms(host, info.CapturePoints, cache, info)
+	info.TCPrograms = append(info.TCPrograms, podTCPrograms(info.Pods, cache, info)...)
 	info.emptyNotNull()
 	return info, ctx.Err()
 }

@@ -152,6 +152,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	}
 	found.CapturePoints = capturePoints(host, &NodeInfo{Pods: found.Pods}, w.newUplinks(ctx, host, found.Pods))
 	found.TCPrograms = tcPrograms(host, found.CapturePoints, w.progs, &info)
+	found.TCPrograms = append(found.TCPrograms, podTCPrograms(found.Pods, w.progs, &info)...)
 	return found, nil
 }
 

@@ -157,6 +157,10 @@ func tcProgramsOf(host *hostNS, cps []CapturePoint, progs *progCache, info *Node
 			info.notef("cls_bpf filters on %s not checked: %v", cp.Ifname, err)
 			cps[i].TCUnread = true
 		}
+		for _, r := range cls[i].redirects {
+			r.Ifname, r.Ifindex, r.Role = cp.Ifname, cp.Ifindex, cp.Role
+			info.TCRedirects = append(info.TCRedirects, r)
+		}
 		for _, p := range append(tcx[i].progs, cls[i].progs...) {
 			facts := progs.facts(p.ID)
 			if facts.own {
@@ -172,10 +176,130 @@ func tcProgramsOf(host *hostNS, cps []CapturePoint, progs *progCache, info *Node
 	return out, gone
 }
 
-// pointProgs are the programs found on one capture point, still unnamed.
+// podTCPrograms lists the tcx and cls_bpf programs on the Pods' eth0, read
+// in each Pod's netns: one on its egress rewrites the Pod's requests after
+// the socket's egress hook and before the host veth (a CNI or a mesh that
+// does its load balancing inside the Pod), which no observer brackets but
+// the Pod's eth0 tap. Each names its Pod's host veth (HostIfindex), which
+// ties it to that Pod's flows.
+func podTCPrograms(pods []Pod, progs *progCache, info *NodeInfo) []TCProgram {
+	var out []TCProgram
+	for _, p := range pods {
+		if p.NetNS.Path == "" || p.HostPeer == nil || p.Eth0.Ifindex == 0 {
+			continue
+		}
+		found, err := ifacePrograms(p.NetNS.Path, p.Eth0.Ifindex)
+		if err != nil {
+			info.notef("tc programs on %s in %s not checked: %v", p.Eth0.Name, p.NetNS.Path, err)
+		}
+		for _, tp := range found {
+			facts := progs.facts(tp.ID)
+			if facts.own {
+				continue
+			}
+			if facts.name != "" || tp.Name == "" {
+				tp.Name = facts.name
+			}
+			tp.Ifname, tp.Ifindex, tp.HostIfindex, tp.Role = p.Eth0.Name, p.Eth0.Ifindex, p.HostPeer.Ifindex, RolePod
+			out = append(out, tp)
+		}
+	}
+	return out
+}
+
+// ifacePrograms lists the tcx programs and the clsact (or ingress) qdisc's
+// bpf filters of the interface ifindex of the netns at path, unnamed.
+func ifacePrograms(path string, ifindex int) ([]TCProgram, error) {
+	var out []TCProgram
+	err := nsutil.Do(path, func() error {
+		for _, d := range []struct {
+			dir string
+			typ ebpf.AttachType
+		}{{"ingress", ebpf.AttachTCXIngress}, {"egress", ebpf.AttachTCXEgress}} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: d.typ})
+			if err != nil {
+				return fmt.Errorf("query tcx %s: %w", d.dir, err)
+			}
+			for _, p := range res.Programs {
+				out = append(out, TCProgram{Dir: d.dir, Via: "tcx", ID: p.ID})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return out, err
+	}
+	err = nsutil.Netlink(path, func(nl *netlink.Handle) error {
+		l := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
+		qdiscs, err := nl.QdiscList(l)
+		if err != nil {
+			return fmt.Errorf("list qdiscs: %w", err)
+		}
+		for _, q := range qdiscs {
+			if q.Attrs().LinkIndex != ifindex {
+				continue
+			}
+			for _, p := range TCParents(q) {
+				filters, err := nl.FilterList(l, p.Handle)
+				if err != nil {
+					return fmt.Errorf("list %s filters: %w", p.Dir, err)
+				}
+				for _, f := range filters {
+					if bf, ok := f.(*netlink.BpfFilter); ok {
+						out = append(out, TCProgram{Dir: p.Dir, Via: "cls_bpf", Name: bf.Name,
+							ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
+					}
+				}
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// pointProgs are the programs found on one capture point, still unnamed,
+// and its filters' mirred redirects.
 type pointProgs struct {
-	progs []TCProgram
-	err   error
+	progs     []TCProgram
+	redirects []TCRedirect
+	err       error
+}
+
+// mirredWords says what a mirred action does, as tc(8) writes it.
+func mirredWords(a netlink.MirredAct) string {
+	switch a {
+	case netlink.TCA_EGRESS_REDIR:
+		return "egress redirect"
+	case netlink.TCA_EGRESS_MIRROR:
+		return "egress mirror"
+	case netlink.TCA_INGRESS_REDIR:
+		return "ingress redirect"
+	case netlink.TCA_INGRESS_MIRROR:
+		return "ingress mirror"
+	}
+	return fmt.Sprintf("action %d", a)
+}
+
+// mirredRedirects are the mirred actions of a tc filter that is not BPF
+// (u32, flower, matchall), with the filter and where they send packets.
+func mirredRedirects(host *hostNS, f netlink.Filter, dir string) []TCRedirect {
+	var actions []netlink.Action
+	switch f := f.(type) {
+	case *netlink.U32:
+		actions = f.Actions
+	case *netlink.Flower:
+		actions = f.Actions
+	case *netlink.MatchAll:
+		actions = f.Actions
+	}
+	var out []TCRedirect
+	for _, a := range actions {
+		if m, ok := a.(*netlink.MirredAction); ok {
+			out = append(out, TCRedirect{Dir: dir, Filter: fmt.Sprintf("%s pref %d", f.Type(), f.Attrs().Priority),
+				Action: mirredWords(m.MirredAction), To: host.name(m.Ifindex)})
+		}
+	}
+	return out
 }
 
 // tcxPrograms queries the tcx chains of every host and uplink point, from
@@ -261,7 +385,9 @@ func clsBPFPrograms(host *hostNS, cps []CapturePoint) ([]pointProgs, error) {
 					if bf, ok := f.(*netlink.BpfFilter); ok {
 						out[i].progs = append(out[i].progs, TCProgram{Dir: p.Dir, Via: "cls_bpf", Name: bf.Name,
 							ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
+						continue
 					}
+					out[i].redirects = append(out[i].redirects, mirredRedirects(host, f, p.Dir)...)
 				}
 			}
 		}

@@ -178,3 +178,117 @@ func TestNewSockAddrProgram(t *testing.T) {
 		t.Errorf("looking after %d, program %d: found %v, err %v; want neither", l, sock, found, err)
 	}
 }
+
+// TestNodeFindsPodEth0Programs attaches a tcx program and a cls_bpf filter
+// on the egress of the Pod's own eth0, in the Pod's netns (a DNAT there
+// rewrites the Pod's requests before the host veth), and expects discovery
+// to report both as the Pod's, tied to its host veth; pathtrace's own are
+// left out.
+func TestNodeFindsPodEth0Programs(t *testing.T) {
+	tb := newTestbed(t)
+	const tcxNext, tcActUnspec = -1, -1
+	tcx := loadReturn(t, "pttest_podtcx", ebpf.SchedCLS, ebpf.AttachTCXEgress, tcxNext)
+	cls := loadReturn(t, "pttest_podcls", ebpf.SchedCLS, ebpf.AttachNone, tcActUnspec)
+	var eth0, hv0 int
+	err := nsutil.Do(tb.pod, func() error {
+		ifc, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		eth0 = ifc.Index
+		tl, err := link.AttachTCX(link.TCXOptions{Interface: eth0, Program: tcx, Attach: ebpf.AttachTCXEgress})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { tl.Close() })
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("attach tcx in the pod netns: %v", err)
+	}
+	addClsBPF(t, tb.pod, eth0, cls)
+	if err := nsutil.Do(tb.node, func() error {
+		ifc, err := net.InterfaceByName("hv0")
+		if err == nil {
+			hv0 = ifc.Index
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	opt := Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []TCProgram{
+		{Ifname: "eth0", Ifindex: eth0, HostIfindex: hv0, Role: RolePod, Dir: "egress", Via: "tcx", Name: "pttest_podtcx", ID: progID(t, tcx)},
+		{Ifname: "eth0", Ifindex: eth0, HostIfindex: hv0, Role: RolePod, Dir: "egress", Via: "cls_bpf", Name: "pttest_podcls", ID: progID(t, cls), DirectAction: true},
+	}
+	if !slices.Equal(info.TCPrograms, want) {
+		t.Errorf("tc programs:\n got %+v\nwant %+v", info.TCPrograms, want)
+	}
+
+	opt.IsObserver = func(id ebpf.ProgramID) bool { return id == progID(t, tcx) || id == progID(t, cls) }
+	if info, err = Node(context.Background(), opt); err != nil {
+		t.Fatal(err)
+	}
+	if len(info.TCPrograms) != 0 {
+		t.Errorf("own tc programs reported: %+v", info.TCPrograms)
+	}
+}
+
+// TestNodeFindsMirredRedirect: a u32 filter (no BPF) at the host veth's
+// ingress whose mirred action redirects the Pod's packets to the uplink
+// takes them past the bridge and netfilter; discovery lists it with where
+// it sends them.
+func TestNodeFindsMirredRedirect(t *testing.T) {
+	tb := newTestbed(t)
+	ns, err := netns.GetFromPath(tb.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	hv0, err := h.LinkByName("hv0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up0, err := h.LinkByName("up0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.QdiscAdd(&netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: hv0.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}); err != nil {
+		t.Fatal(err)
+	}
+	redir := netlink.NewMirredAction(up0.Attrs().Index)
+	mirror := netlink.NewMirredAction(up0.Attrs().Index)
+	mirror.MirredAction = netlink.TCA_EGRESS_MIRROR
+	for i, a := range []*netlink.MirredAction{redir, mirror} {
+		if err := h.FilterAdd(&netlink.U32{FilterAttrs: netlink.FilterAttrs{LinkIndex: hv0.Attrs().Index,
+			Parent: netlink.HANDLE_MIN_INGRESS, Priority: uint16(10 + i), Protocol: unix.ETH_P_IP},
+			Actions: []netlink.Action{a}}); err != nil {
+			t.Fatalf("add u32 mirred filter: %v", err)
+		}
+	}
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []TCRedirect{
+		{Ifname: "hv0", Ifindex: hv0.Attrs().Index, Role: RoleHost, Dir: "ingress", Filter: "u32 pref 10", Action: "egress redirect", To: "up0"},
+		{Ifname: "hv0", Ifindex: hv0.Attrs().Index, Role: RoleHost, Dir: "ingress", Filter: "u32 pref 11", Action: "egress mirror", To: "up0"},
+	}
+	if !slices.Equal(info.TCRedirects, want) {
+		t.Errorf("tc redirects:\n got %+v\nwant %+v", info.TCRedirects, want)
+	}
+	if len(info.TCPrograms) != 0 {
+		t.Errorf("a u32 filter taken for a tc program: %+v", info.TCPrograms)
+	}
+}

@@ -102,6 +102,23 @@ func (n *NodeInfo) Table(w io.Writer) error {
 			p("tc\t%s %s %s\t%s%s (id %d)\t%s\n", t.Ifname, t.Dir, t.Via, orDash(t.Name), da, t.ID, t.Role)
 		}
 	}
+	// One per Pod (a CNI that redirects every veth): one row per kind.
+	type redirKind struct{ role, dir, action string }
+	redirs := map[redirKind][]string{}
+	for _, r := range n.TCRedirects {
+		k := redirKind{r.Role, r.Dir, r.Action}
+		redirs[k] = append(redirs[k], r.Ifname)
+	}
+	for _, r := range n.TCRedirects {
+		k := redirKind{r.Role, r.Dir, r.Action}
+		switch same := redirs[k]; {
+		case len(same) > maxSameRows:
+			p("tc\t%d %s interfaces %s\tmirred %s (not BPF) on %s, …\t%s\n", len(same), r.Role, r.Dir, r.Action, strings.Join(same[:maxSameRows], ", "), r.Role)
+			delete(redirs, k)
+		case same != nil:
+			p("tc\t%s %s %s\tmirred %s to %s (not BPF)\t%s\n", r.Ifname, r.Dir, r.Filter, r.Action, r.To, r.Role)
+		}
+	}
 	nf := n.Netfilter
 	p("netfilter\tnftables: %s\n", nf.NFTables)
 	p("netfilter\tiptables-legacy: %s\n", nf.IPTablesLegacy)

@@ -106,3 +106,30 @@ func TestTableDropFromSources(t *testing.T) {
 		t.Errorf("lacks %q:\n%s", want, b.String())
 	}
 }
+
+// TestTableListsMirredRedirects: a tc filter's mirred redirect is a row of
+// its own; one per Pod (a CNI that redirects every veth) folds into one.
+func TestTableListsMirredRedirects(t *testing.T) {
+	node := func(pods int) *NodeInfo {
+		n := &NodeInfo{}
+		for i := range pods {
+			n.TCRedirects = append(n.TCRedirects, TCRedirect{Ifname: fmt.Sprintf("veth%d", i), Ifindex: 10 + i, Role: RoleHost,
+				Dir: "ingress", Filter: "u32 pref 10", Action: "egress redirect", To: "bond0"})
+		}
+		return n
+	}
+	var one bytes.Buffer
+	if err := node(1).Table(&one); err != nil {
+		t.Fatal(err)
+	}
+	if want := "veth0 ingress u32 pref 10  mirred egress redirect to bond0 (not BPF)"; !strings.Contains(one.String(), want) {
+		t.Errorf("lacks %q:\n%s", want, one.String())
+	}
+	var many bytes.Buffer
+	if err := node(5).Table(&many); err != nil {
+		t.Fatal(err)
+	}
+	if rows := strings.Count(many.String(), "mirred egress redirect"); rows != 1 || !strings.Contains(many.String(), "5 host interfaces ingress") {
+		t.Errorf("5 redirects: want one folded row:\n%s", many.String())
+	}
+}

@@ -26,8 +26,11 @@ type NodeInfo struct {
 	SockPrograms []SockProgram `json:"sock_programs"`
 	SockCgroup   string        `json:"sock_cgroup"`
 	TCPrograms   []TCProgram   `json:"tc_programs"`
-	Netfilter    Netfilter     `json:"netfilter"`
-	IPVS         IPVS          `json:"ipvs"`
+	// TCRedirects: the tc filters of the host veths and uplinks whose mirred
+	// action sends packets to another interface (no BPF).
+	TCRedirects []TCRedirect `json:"tc_redirects,omitempty"`
+	Netfilter   Netfilter    `json:"netfilter"`
+	IPVS        IPVS         `json:"ipvs"`
 
 	// LocalVIPs are the traced VIPs that are addresses of the node itself.
 	LocalVIPs []LocalVIP `json:"local_vips,omitempty"`
@@ -179,16 +182,37 @@ type SockProgram struct {
 	Cgroup string         `json:"cgroup"` // the cgroup directory it is attached to
 }
 
-// TCProgram is a tcx or cls_bpf program on a host veth or uplink.
+// TCProgram is a tcx or cls_bpf program on a host veth or uplink, or on a
+// Pod's eth0 (in the Pod's netns: Ifindex is there, HostIfindex names the
+// Pod's host veth in the node netns).
 type TCProgram struct {
 	Ifname       string         `json:"ifname"`
 	Ifindex      int            `json:"ifindex"`
-	Role         string         `json:"role"` // host or uplink
-	Dir          string         `json:"dir"`  // ingress or egress
-	Via          string         `json:"via"`  // tcx or cls_bpf
+	HostIfindex  int            `json:"host_ifindex,omitempty"` // pod only
+	Role         string         `json:"role"`                   // host, uplink or pod
+	Dir          string         `json:"dir"`                    // ingress or egress
+	Via          string         `json:"via"`                    // tcx or cls_bpf
 	Name         string         `json:"name"`
 	ID           ebpf.ProgramID `json:"id"`
 	DirectAction bool           `json:"direct_action,omitempty"` // cls_bpf only
+}
+
+// TCRedirect is a tc filter whose mirred action redirects (or mirrors)
+// packets to another interface: at a host veth's ingress it takes a Pod's
+// packets past the bridge and netfilter, whose NAT then never applies.
+type TCRedirect struct {
+	Ifname  string `json:"ifname"`
+	Ifindex int    `json:"ifindex"`
+	Role    string `json:"role"` // host or uplink
+	Dir     string `json:"dir"`  // ingress or egress
+	Filter  string `json:"filter"`
+	Action  string `json:"action"` // "egress redirect", "egress mirror", "ingress redirect", ...
+	To      string `json:"to"`     // the target interface
+}
+
+// String names it for a reason or the report.
+func (r TCRedirect) String() string {
+	return fmt.Sprintf("%s %s %s: mirred %s to %s", r.Ifname, r.Dir, r.Filter, r.Action, r.To)
 }
 
 // Netfilter is what the node's netfilter does to the Service VIPs.

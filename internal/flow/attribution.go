@@ -52,22 +52,37 @@ func describeSock(p SockProgram) string {
 	return s
 }
 
-// byTC names the ingress programs on the host veth; only tcx ones when the tcx
-// tail observer already saw the backend.
+// byTC names the ingress programs on the host veth (see tcCands).
 func (e *Engine) byTC(f *flowState) string { return oneOf(e.tcCands(f)) }
 
-// tcCands are the ingress programs of the flow's host veth of its time.
+// tcCands are the ingress programs of the flow's host veth of its time. The
+// tc tail observer runs after every tcx program the veth had when it was
+// attached, before its cls_bpf filters: when it saw the backend, a tcx
+// program rewrote; when it saw only the VIP, those tcx programs did not
+// (they were there from the start, Since zero: one attached during the run
+// may be past the tail), so a cls_bpf filter did. When the head saw the
+// request and the tail, attached with it, never did, a tcx program ended the
+// chain (a verdict other than TCX_NEXT: the kernel then runs no cls_bpf
+// filter at all).
 func (e *Engine) tcCands(f *flowState) []string {
-	tcxOnly := f.cps[cpTCTail].backend
+	tcxOnly := f.cps[cpTCTail].backend || e.tcxChainEnded(f)
+	pastTail := f.cps[cpTCTail].vip && !tcxOnly
 	var cands []string
 	for _, p := range e.cfg.Attribution.TCPrograms {
-		if p.Direction != "ingress" || (tcxOnly && p.Kind != "tcx") ||
+		if p.Direction != "ingress" || (tcxOnly && p.Kind != "tcx") || (pastTail && p.Kind == "tcx" && p.Since.IsZero()) ||
 			(p.Ifindex != 0 && f.hostIfindex != 0 && p.Ifindex != f.hostIfindex) || !presentAt(p, f.first) {
 			continue
 		}
 		cands = append(cands, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
 	}
 	return cands
+}
+
+// tcxChainEnded tells whether a program of the tcx chain ended it for f's
+// request: the tc head saw it and the tail, watching (the two are attached
+// together), never did.
+func (e *Engine) tcxChainEnded(f *flowState) bool {
+	return f.cps[cpTCHead].any() && !f.cps[cpTCTail].any() && e.active(obs.PointTCTail)
 }
 
 // byUplinkTC names the uplinks' tc egress programs of the flow's time.
@@ -84,6 +99,28 @@ func (e *Engine) uplinkTCCands(f *flowState, dir string) []string {
 		}
 	}
 	return cands
+}
+
+// podTCCands are the egress programs on the eth0 of the flow's Pod (all
+// Pods' when its host veth is not known).
+func (e *Engine) podTCCands(f *flowState) []string {
+	var cands []string
+	for _, p := range e.cfg.Attribution.PodTCPrograms {
+		if p.Direction == "egress" && (p.Ifindex == 0 || f.hostIfindex == 0 || p.Ifindex == f.hostIfindex) && presentAt(p, f.first) {
+			cands = append(cands, fmt.Sprintf("%s egress %s (id %d) on the Pod's eth0", p.Kind, p.Name, p.ID))
+		}
+	}
+	return cands
+}
+
+// AddPodTCPrograms adds the programs on the eth0 of Pods that started
+// during the run.
+func (e *Engine) AddPodTCPrograms(progs []TCProgram) {
+	if len(progs) == 0 {
+		return
+	}
+	e.cfg.Attribution.PodTCPrograms = append(e.cfg.Attribution.PodTCPrograms, progs...)
+	e.gen++
 }
 
 // presentAt tells whether p could have been on its veth at t: from when it

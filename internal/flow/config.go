@@ -67,6 +67,15 @@ type Attribution struct {
 	// uplink's TX tap, after every other place that rewrites: a DNAT there
 	// (Cilium's bpf_host) is where nothing else can have rewritten.
 	UplinkTCPrograms []TCProgram
+	// PodTCPrograms: those on the Pods' eth0, in the Pods' netns, each with
+	// Ifindex its Pod's host veth (in the node netns, as a flow's). An
+	// egress one runs after the socket's egress hook and before the Pod's
+	// eth0 tap.
+	PodTCPrograms []TCProgram
+	// HostRedirects: the tc filters (not BPF) at the host veths' ingress
+	// whose mirred action sends a Pod's packets to another interface, past
+	// the bridge and netfilter, each with its host veth's Ifindex (0: any).
+	HostRedirects []TCRedirect
 	// NATRules: DNAT rules whose match includes a watched VIP.
 	NATRules []NATRule
 	// Rejects: rules that reject or drop a watched VIP's packets (no
@@ -114,6 +123,13 @@ type TCProgram struct {
 	// (zero: from before the start, to the end): a CNI agent that restarts
 	// replaces its programs, and a flow is attributed to those of its time.
 	Since, Until time.Time
+}
+
+// TCRedirect is a tc filter's mirred redirect, as text ("veth-a ingress u32
+// pref 10: mirred egress redirect to bond0").
+type TCRedirect struct {
+	Ifindex int
+	Text    string
 }
 
 // NATRule is a DNAT rule for a VIP.

@@ -59,12 +59,17 @@ type Flow struct {
 	// entry), so the client refuses them. Reply is then false unless a
 	// reply from the Service entered the Pod too.
 	UntranslatedReplies *StrayReplies `json:"untranslated_replies,omitempty"`
-	PID                 uint32        `json:"pid,omitempty"`
-	Comm                string        `json:"comm,omitempty"`
-	Cgroup              uint64        `json:"cgroup,omitempty"`
-	First               time.Time     `json:"first"`
-	Last                time.Time     `json:"last"`
-	Points              []PointSeen   `json:"points"`
+	// LostOnNode: request packets its host veth's tap received that the
+	// uplink's TX tap (after the qdisc) never saw, when some did leave: the
+	// node dropped them on the way out (a TBF, a full queue, a filter rule)
+	// or the capture lost them (kernel_drops).
+	LostOnNode uint64      `json:"lost_on_node,omitempty"`
+	PID        uint32      `json:"pid,omitempty"`
+	Comm       string      `json:"comm,omitempty"`
+	Cgroup     uint64      `json:"cgroup,omitempty"`
+	First      time.Time   `json:"first"`
+	Last       time.Time   `json:"last"`
+	Points     []PointSeen `json:"points"`
 }
 
 // StrayReplies counts the packets to a flow's client from the first

@@ -70,6 +70,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		vlan := f.uplinkReply.vlan
 		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplinkReply.tpid)
 	}
+	_, out.LostOnNode = e.lostOnTheWay(f)
 	out.Points = e.pointsSeen(f.points)
 	return out
 }

@@ -1,11 +1,13 @@
 package flow_test
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // TestTCProgramsOfTheFlowsTime: a flow's tc rewrite is attributed to the
@@ -54,6 +56,137 @@ func TestTCProgramsOfTheFlowsTime(t *testing.T) {
 			}
 			if tc == 0 {
 				t.Fatal("no flow was rewritten in tc")
+			}
+		})
+	}
+}
+
+// TestTCTailSawTheVIP: the tail observer runs after the tcx programs the
+// veth had when it was attached, and before its cls_bpf filters; when it saw
+// the VIP and netfilter the backend, those tcx programs are not the
+// rewriter, but one attached during the run may sit past the tail.
+func TestTCTailSawTheVIP(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		tcxSince  float64 // ms; 0: there from the start
+		want, not []string
+	}{
+		{"tcx there from the start", 0, []string{"cls_bpf ingress hb_dnat (id 8)"}, []string{"one of", "hb_noop"}},
+		{"tcx attached during the run", 5, []string{"one of 2", "tcx ingress hb_noop (id 7)", "cls_bpf ingress hb_dnat (id 8)"}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := httpConfig(obs.PointTCHead, obs.PointTCTail, obs.PointNFBefore, obs.PointNFAfter)
+			tcx := flow.TCProgram{Direction: "ingress", Kind: "tcx", Name: "hb_noop", ID: 7}
+			if c.tcxSince != 0 {
+				tcx.Since = flowtest.At(c.tcxSince)
+			}
+			cfg.Attribution.TCPrograms = []flow.TCProgram{tcx, {Direction: "ingress", Kind: "cls_bpf", Name: "hb_dnat", ID: 8}}
+			e := flow.NewEngine(cfg)
+			e.Add(req(10, obs.PointTCHead, obs.DirIn, vip))
+			e.Add(req(10.01, obs.PointTCTail, obs.DirIn, vip))
+			e.Add(req(10.02, obs.PointNFBefore, 0, backend))
+			e.Add(req(10.03, obs.PointNFAfter, 0, backend))
+			f := only(t, e)
+			if f.RewrittenAt != flow.PlaceTC {
+				t.Fatalf("rewritten_at %s (%s), want tc", f.RewrittenAt, f.Reason)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(f.By, w) {
+					t.Errorf("by %q, want it to name %q", f.By, w)
+				}
+			}
+			for _, n := range c.not {
+				if strings.Contains(f.By, n) {
+					t.Errorf("by %q names %q", f.By, n)
+				}
+			}
+		})
+	}
+}
+
+// TestTCXChainEnded: a request the tc head saw and the tail (watching)
+// never did was ended by a program of the tcx chain (TCX_PASS, a redirect):
+// the kernel then runs none of the veth's cls_bpf filters, which cannot
+// have rewritten it.
+func TestTCXChainEnded(t *testing.T) {
+	cfg := httpConfig(obs.PointTCHead, obs.PointTCTail, obs.PointNFBefore, obs.PointNFAfter)
+	cfg.Attribution.TCPrograms = []flow.TCProgram{
+		{Direction: "ingress", Kind: "tcx", Name: "hb_dnat_ok", ID: 7},
+		{Direction: "ingress", Kind: "cls_bpf", Name: "hb_noop", ID: 8},
+	}
+	e := flow.NewEngine(cfg)
+	e.Add(req(10, obs.PointTCHead, obs.DirIn, vip))
+	e.Add(req(10.02, obs.PointNFBefore, 0, backend))
+	e.Add(req(10.03, obs.PointNFAfter, 0, backend))
+	f := only(t, e)
+	if f.RewrittenAt != flow.PlaceTC || f.By != "tcx ingress hb_dnat_ok (id 7)" {
+		t.Errorf("got %s by %q, want tc by the tcx program alone", f.RewrittenAt, f.By)
+	}
+	if strings.Contains(f.Reason, "cls_bpf program after it") {
+		t.Errorf("reason %q still offers a cls_bpf filter that never ran", f.Reason)
+	}
+}
+
+// TestNowhereNamesMirredRedirect: a request that left the uplink with the
+// VIP, never seen by netfilter (which watched) although the node hands its
+// bridged frames to it, names the tc filter at its host veth's ingress
+// whose mirred action redirected it past the bridge and netfilter; another
+// veth's is not named.
+func TestNowhereNamesMirredRedirect(t *testing.T) {
+	cfg := httpConfig(obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink)
+	cfg.Attribution.TCPrograms = nil
+	cfg.Attribution.HostRedirects = []flow.TCRedirect{
+		{Ifindex: 5, Text: "veth-a ingress u32 pref 10: mirred egress redirect to bond0"},
+		{Ifindex: 9, Text: "veth-b ingress matchall pref 1: mirred egress redirect to eth1"},
+	}
+	e := flow.NewEngine(cfg)
+	h := req(10, obs.PointHost, obs.DirIn, vip)
+	h.Ifindex = 5
+	e.Add(h)
+	e.Add(req(10.02, obs.PointUplink, obs.DirOut, vip))
+	f := only(t, e)
+	if f.RewrittenAt != flow.PlaceNowhere || f.By != "" {
+		t.Fatalf("got %s by %q, want nowhere by nobody", f.RewrittenAt, f.By)
+	}
+	if !strings.Contains(f.Reason, "netfilter never saw it (a tc filter at its host veth's ingress") ||
+		!strings.Contains(f.Reason, "veth-a ingress u32 pref 10: mirred egress redirect to bond0") || strings.Contains(f.Reason, "veth-b") {
+		t.Errorf("reason %q does not name the redirect of its own veth", f.Reason)
+	}
+}
+
+// TestUDPSidecarRedirect: an unconnected UDP socket's datagram to the VIP
+// that its Pod's own OUTPUT NAT redirects to a local proxy (a sidecar's DNS
+// capture) has no socket tuple between the socket observer and its first
+// packet; with no sock_addr program effective on its cgroup (read), the
+// socket layer is excluded and the verdict is the Pod's netfilter. With
+// one, it stays open.
+func TestUDPSidecarRedirect(t *testing.T) {
+	dnsVIP := netip.MustParseAddrPort("10.120.0.10:53")
+	proxy := netip.MustParseAddrPort("127.0.0.1:15053")
+	const cg = 9001
+	for _, c := range []struct {
+		name  string
+		progs []flow.SockProgram
+		want  flow.Place
+	}{
+		{"no sock_addr program", []flow.SockProgram{}, flow.PlaceNetfilter},
+		{"a sendmsg4 program", []flow.SockProgram{{AttachType: "sendmsg4", Name: "lb_sendmsg4", ID: 3}}, flow.PlaceUnknown},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := flow.Config{Services: []flow.Service{{Addr: dnsVIP.Addr(), Port: dnsVIP.Port(), Proto: obs.UDP}},
+				Points: map[obs.Point]bool{obs.PointSockAddr: true, obs.PointSockEgress: true, obs.PointPod: true}}
+			e := flow.NewEngine(cfg)
+			e.SetCgroupSockPrograms(cg, c.progs)
+			e.Add(obs.Observation{Time: flowtest.At(0), Point: obs.PointSockAddr, Kind: obs.SockSendmsg, Proto: obs.UDP,
+				Src: netip.MustParseAddrPort("10.244.8.23:0"), ReqDst: dnsVIP, Dst: dnsVIP, Cookie: 11, Cgroup: cg})
+			e.Add(obs.Observation{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.UDP,
+				Src: netip.MustParseAddrPort("10.244.8.23:36236"), Dst: proxy, Cookie: 11, Cgroup: cg, Len: 33})
+			f := only(t, e)
+			if f.RewrittenAt != c.want {
+				t.Fatalf("got %s by %q (%s), want %s", f.RewrittenAt, f.By, f.Reason, c.want)
+			}
+			if c.want == flow.PlaceNetfilter && (f.By != flow.ByClientNetfilter || !strings.Contains(f.Reason, "socket excluded")) {
+				t.Errorf("by %q reason %q", f.By, f.Reason)
 			}
 		})
 	}

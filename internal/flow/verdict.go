@@ -279,6 +279,9 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		if notes := e.nowhereNotes(f); notes != "" {
 			v.reason += "; " + notes
 		}
+		if note := e.lostOnTheWayNote(f); note != "" {
+			v.reason += "; " + note
+		}
 		return v
 	case local:
 		on := ""
@@ -312,7 +315,28 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		}
 		return unknown("the VIP was last seen at %s and no point saw the request rewritten, yet an answer came back%s: it was rewritten where no active point saw it afterwards (the uplink never saw this flow)", where, from)
 	}
+	if e.keptInPod(f, last) {
+		return unknown("the VIP was last seen at %s, and the Pod's eth0 (captured) never saw the request: it did not leave the Pod's netns that way, so nothing on the node saw it; the Pod kept it (a sidecar proxy's TPROXY capture, which delivers it to the proxy with the VIP unchanged: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)), dropped it, or routed it out another of its interfaces", where)
+	}
 	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+}
+
+// keptInPod tells whether a Pod's flow, last seen with the VIP at its
+// socket's first packet (after the Pod's own OUTPUT hooks and routing), was
+// never seen by the Pod's eth0 tap, which captured: the request stayed in
+// the Pod's netns (policy routing to lo and a TPROXY rule deliver it to a
+// local proxy unrewritten) or went nowhere, and "dropped on the node" would
+// send the reader to the wrong netns.
+func (e *Engine) keptInPod(f *flowState, last checkpoint) bool {
+	if last != cpSockEgress || f.fromNode || !e.active(obs.PointPod) {
+		return false
+	}
+	for cp := cpPod; cp < numCheckpoints; cp++ {
+		if f.cps[cp].any() {
+			return false
+		}
+	}
+	return true
 }
 
 // rejectsFor are the node's rules that reject or drop the packets of f, a
@@ -463,7 +487,17 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 		notes = append(notes, note)
 	}
 	if e.active(obs.PointNFBefore) && !f.cps[cpNFBefore].any() {
-		notes = append(notes, "netfilter never saw it")
+		note := "netfilter never saw it"
+		var redirs []string
+		for _, r := range e.cfg.Attribution.HostRedirects {
+			if r.Ifindex == 0 || f.hostIfindex == 0 || r.Ifindex == f.hostIfindex {
+				redirs = append(redirs, r.Text)
+			}
+		}
+		if len(redirs) > 0 {
+			note += " (a tc filter at its host veth's ingress sends packets to another interface, past the bridge and netfilter: " + strings.Join(redirs, "; ") + ")"
+		}
+		notes = append(notes, note)
 	}
 	return strings.Join(notes, "; ")
 }
@@ -525,12 +559,30 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		cands = []gap{gapUplinkTC}
 	}
 	var notes []string
+	if len(cands) > 1 && slices.Contains(cands, gapSocket) && e.noSockPrograms(f) {
+		// A UDP socket redirected by its Pod's own OUTPUT NAT (a sidecar's
+		// DNS capture): no socket tuple between the socket observer and
+		// the first packet, but nothing at the socket layer to rewrite.
+		cands = removeGap(cands, gapSocket)
+		notes = append(notes, "socket excluded: no sock_addr program is effective on the client's cgroup")
+	}
 	doubt := ""
 	if len(cands) > 1 && slices.Contains(cands, gapNetfilter) {
 		var excluded string
 		if excluded, doubt = e.netfilterExcluded(f, why); excluded != "" {
 			cands = removeGap(cands, gapNetfilter)
 			notes = append(notes, "netfilter excluded: "+excluded)
+		}
+	}
+	if len(cands) == 1 && cands[0] == gapPodNetns {
+		// Between the socket's egress hook and the Pod's eth0 tap only its
+		// eth0's tc egress runs: its programs, when it has some, did it.
+		if by := oneOf(e.podTCCands(f)); by != "" {
+			v := verdict{place: PlaceTC, by: by}
+			if why {
+				v.reason = bracketBase(f, iV, iB) + "; rewritten inside the Pod's netns, by a tc program on its eth0's egress, before the packet reached the node"
+			}
+			return v
 		}
 	}
 	if len(cands) != 1 || cands[0] == gapPodNetns {
@@ -552,7 +604,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			}
 			return v
 		}
-		return unknown("%s: rewritten inside the Pod's netns by a tc egress program on its eth0 (not read)", base)
+		return unknown("%s: rewritten inside the Pod's netns, at its eth0's egress, where no tc program was found when the Pod was read (one attached since, a tc action such as pedit or nat, or an nftables netdev egress rule)", base)
 	}
 	g := cands[0]
 	v := verdict{place: g.place()}
@@ -575,14 +627,14 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	}
 	switch g {
 	case gapTC:
-		if iB > cpTCTail && e.active(obs.PointTCTail) && !f.cps[cpTCTail].any() {
-			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (or is a cls_bpf program after it)")
+		if iB > cpTCTail && e.tcxChainEnded(f) {
+			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (so no cls_bpf filter ran)")
 		}
 	case gapNetfilter:
 		notes = append(notes, e.conntrackNote(f, iV, iB))
 	case gapPodNAT:
 		if b := f.cps[iB].backendAddr.addrPort(); b.Addr().IsLoopback() {
-			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own connection to the Service is a flow of its own", b))
+			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)", b))
 		}
 		if !f.reply && !f.cps[cpPod].any() {
 			notes = append(notes, "it never left the Pod: no capture point could see it or its reply")
@@ -591,6 +643,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	if v.by == "" {
 		notes = append(notes, "no "+g.String()+" rewriter for the VIP was found on the node")
 	}
+	notes = append(notes, e.notLeftNote(f, g), e.lostOnTheWayNote(f))
 	if bs := f.sortedBackends(); len(bs) > 1 {
 		notes = append(notes, fmt.Sprintf("%d backends seen", len(bs)))
 	}
@@ -604,6 +657,70 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		}
 	}
 	return v
+}
+
+// noSockPrograms tells whether the sock_addr programs effective on f's
+// client cgroup were read (the session resolves a client's cgroup when it
+// first sees it) and none of them, pathtrace's own left out, runs at f's
+// hook: the socket layer then cannot have rewritten its destination.
+func (e *Engine) noSockPrograms(f *flowState) bool {
+	if _, ok := e.cfg.Attribution.SockProgramsByCgroup[f.cgroup]; !ok || f.cgroup == 0 {
+		return false
+	}
+	return e.bySocket(f) == ""
+}
+
+// notLeftNote says, of a rewritten flow that got no answer (no reply, no
+// ICMP error), that the uplink's TX tap, which captured, never saw its
+// request after the rewrite, nor did it reach a Pod of the node: the node
+// lost it after the rewrite (a filter rule, the uplink's qdisc: a TBF or
+// a full queue drops before the TX tap) or sent it elsewhere. Without it the
+// row reads as a backend that does not answer. "" otherwise; a sidecar's
+// redirect in the Pod (gapPodNAT) says why it never left the Pod itself.
+func (e *Engine) notLeftNote(f *flowState, g gap) string {
+	if f.reply || f.icmp != nil || g == gapPodNAT || !e.active(obs.PointUplink) ||
+		f.cps[cpUplink].any() || f.cps[cpLocal].any() || e.window(f) != withinWindow {
+		return ""
+	}
+	return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
+}
+
+// lostOnTheWayNote says, of a flow some of whose requests left the uplink,
+// how many of those its host veth's tap received never did: both taps see
+// every frame (the uplink's TX tap after the qdisc, which a TBF or a full
+// queue drops in front of; a GSO frame split on its way out only adds to
+// the uplink's count), so a shortfall is the node's drop on the way out
+// or the capture's own loss. Without it, a connection whose SYN got through
+// and whose data a qdisc dropped reads "reply yes" with nothing amiss.
+func (e *Engine) lostOnTheWayNote(f *flowState) string {
+	host, lost := e.lostOnTheWay(f)
+	if lost == 0 {
+		return ""
+	}
+	return fmt.Sprintf("of the %d request packets its host veth received, %d never left the uplink (its TX tap runs after the qdisc): the node dropped them on the way out (a qdisc or a filter rule), or pathtrace's capture lost them (kernel_drops)", host, lost)
+}
+
+// lostOnTheWay counts the request packets of f its host veth's tap
+// received and of those, how many the uplink's TX tap never saw (0 unless
+// some did leave it: one that left none says so otherwise, notLeftNote).
+func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
+	if f.fromNode || f.cps[cpLocal].any() || e.window(f) != withinWindow {
+		return 0, 0
+	}
+	var up uint64
+	for _, p := range f.points {
+		switch {
+		case p.reply:
+		case p.point == obs.PointHost && p.dir == obs.DirIn:
+			host += p.packets
+		case p.point == obs.PointUplink && p.dir == obs.DirOut:
+			up += p.packets
+		}
+	}
+	if up == 0 || host <= up {
+		return host, 0
+	}
+	return host, host - up
 }
 
 // bracketBase is the start of a bracketed verdict's reason: where the VIP

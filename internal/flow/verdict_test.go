@@ -89,7 +89,10 @@ func TestVerdicts(t *testing.T) {
 			points: []obs.Point{obs.PointTCHead, obs.PointTCTail, obs.PointNFBefore},
 			obs: []obs.Observation{req(0, obs.PointTCHead, in, vip), req(0.01, obs.PointTCTail, in, vip),
 				req(0.02, obs.PointNFBefore, 0, backend)},
-			want: flow.PlaceTC, wantBy: "one of 2", wantReason: "at netfilter before NAT",
+			// lb_tcx was on the veth before the tail observer went
+			// after it, and that observer saw the VIP: only the cls_bpf
+			// filter, which runs after the tcx chain, is left.
+			want: flow.PlaceTC, wantBy: "cls_bpf ingress lb_cls (id 8)", wantNotBy: "tcx", wantReason: "at netfilter before NAT",
 		},
 		{
 			name:   "socket tuple shows the VIP, pod eth0 the backend: inside the pod netns",
@@ -108,7 +111,22 @@ func TestVerdicts(t *testing.T) {
 			obs: []obs.Observation{
 				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 6},
 				{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: netip.MustParseAddrPort("127.0.0.1:15001"), Cookie: 6}},
-			want: flow.PlaceNetfilter, wantBy: "netfilter OUTPUT in the client's netns", wantReason: "sidecar proxy",
+			want: flow.PlaceNetfilter, wantBy: "netfilter OUTPUT in the client's netns",
+			// Envoy dials the Service's endpoints, not the VIP: no flow of
+			// its own is promised.
+			wantReason: "sidecar proxy's capture does: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)",
+		},
+		{
+			// Istio's TPROXY capture: the Pod's mangle OUTPUT marks the
+			// app's packets, its policy routing sends them to lo and a
+			// TPROXY rule hands them to the proxy with the VIP unchanged:
+			// they never reach the Pod's eth0. Not the node's doing.
+			name:   "socket's first packet shows the VIP, pod eth0 captured and never saw it: kept in the pod",
+			points: []obs.Point{obs.PointSockState, obs.PointSockEgress, obs.PointPod, obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink},
+			obs: []obs.Observation{
+				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 8},
+				{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 8}},
+			want: flow.PlaceUnknown, wantReason: "did not leave the Pod's netns",
 		},
 		{
 			name:   "socket's first packet shows the VIP, pod eth0 the backend: tc egress in the pod netns",
@@ -117,7 +135,7 @@ func TestVerdicts(t *testing.T) {
 				{Time: flowtest.At(0), Point: obs.PointSockState, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 7},
 				{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 7},
 				req(0.02, obs.PointPod, out, backend)},
-			want: flow.PlaceUnknown, wantReason: "tc egress program on its eth0",
+			want: flow.PlaceUnknown, wantReason: "at its eth0's egress, where no tc program was found",
 		},
 		{
 			name:   "VIP after the backend is inconsistent",

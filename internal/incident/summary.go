@@ -142,7 +142,7 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), icmpKey(f), strayKey(f), untranslatedKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(f.LostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
 }
 
 // icmpKey is what of an ICMP error the summary says, "" without one.
@@ -299,6 +299,13 @@ func sentence(g *verdictGroup) string {
 		b.WriteString("; no reply came back")
 	}
 	b.WriteString(uplinkWords(f, one))
+	if f.LostOnNode > 0 {
+		lost := fmt.Sprintf("%d of its request packets that reached the host veth", f.LostOnNode)
+		if !one {
+			lost = "some of their request packets that reached the host veth (lost_on_node in report.json)"
+		}
+		fmt.Fprintf(&b, "; %s never left the uplink: dropped on the node on the way out (the uplink's qdisc, a filter rule) or lost by the capture", lost)
+	}
 	b.WriteString(".")
 	return b.String()
 }
@@ -415,7 +422,7 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 	for _, p := range node.TCPrograms {
 		tc = append(tc, fmt.Sprintf("%s %s %s %s (id %d)", p.Ifname, p.Via, p.Dir, orDash(p.Name), p.ID))
 	}
-	fmt.Fprintf(b, "- tc programs on the host veth and uplink: %s.\n", orNone(tc))
+	fmt.Fprintf(b, "- tc programs on the host veths, the uplinks and the Pods' eth0: %s.\n", orNone(tc))
 	var nat []string
 	for _, r := range node.Netfilter.Rules {
 		s := fmt.Sprintf("%s %s %s: %s", r.Source, r.Table, r.Hook, strings.Join(r.Chains, " -> "))
@@ -478,7 +485,7 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 			fmt.Fprintf(b, "  - %s\n", h)
 		}
 	case len(ended.Captures) == 0 && ended.Observers == "" && ended.File == nil:
-		b.WriteString("- Nothing was lost: every drop counter is zero.\n")
+		b.WriteString("- The capture lost nothing: every drop counter is zero (they count pathtrace's own losses; packets the node dropped are said with their flows).\n")
 	default:
 		b.WriteString("- Every drop counter is zero, but what follows ended early.\n")
 	}

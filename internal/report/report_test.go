@@ -570,3 +570,36 @@ func TestWriterErr(t *testing.T) {
 type failingWriter struct{}
 
 func (failingWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
+
+// TestUnansweredOnNodeExplained: a rewritten flow that got no answer and
+// never reached the uplink (a qdisc on the uplink dropped it) has its reason
+// under the flows, as the nowhere and unknown ones do: its row alone reads
+// as a backend that does not answer. One that left the uplink, or was
+// answered, is not listed.
+func TestUnansweredOnNodeExplained(t *testing.T) {
+	svc := netip.MustParseAddrPort("10.120.0.80:80")
+	be := netip.MustParseAddrPort("10.244.20.31:3000")
+	vlan := uint16(200)
+	lost := "VIP 10.120.0.80:80 at netfilter before NAT, backend 10.244.20.31:3000 at netfilter after NAT; no answer, and the uplink TX (captured) never saw the request after its rewrite"
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: lost},
+		{ID: 2, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "left", VLAN: &vlan},
+		{ID: 3, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "answered", Reply: true},
+		{ID: 4, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "data lost", Reply: true, VLAN: &vlan, LostOnNode: 6},
+	}
+	var table bytes.Buffer
+	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	out := table.String()
+	if want := "Rewritten, not all sent out or no reply:\n  flow 1: " + lost + "\n"; !strings.Contains(out, want) {
+		t.Errorf("the table does not explain flow 1 (want %q):\n%s", want, out)
+	}
+	// Its SYN got through and was answered, its data did not leave.
+	if want := "  flow 4: data lost\n"; !strings.Contains(out, want) {
+		t.Errorf("the table does not explain flow 4, which lost packets on the node (want %q):\n%s", want, out)
+	}
+	if strings.Contains(out, "flow 2:") || strings.Contains(out, "flow 3:") {
+		t.Errorf("the table explains a flow that left the uplink or was answered:\n%s", out)
+	}
+}

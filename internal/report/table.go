@@ -98,6 +98,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write drops table: %w", err)
 	}
+	// kernel_drops reads as the node's drops on that interface: it is what
+	// pathtrace's capture ring lost, and a qdisc's drops are no counter here.
+	fmt.Fprintln(w, "(pathtrace's own losses: its capture rings and event readers. Packets the node dropped are not counted here;\n a rewritten flow whose request never reached the uplink says so under the flows.)")
 	for _, h := range DropHints(s.Drops) {
 		fmt.Fprintln(w, h)
 	}
@@ -368,13 +371,16 @@ func uplinkMAC(f flow.Flow) string {
 
 // writeReasons explains the nowhere and unknown verdicts, one line per
 // distinct reason with the flows it applies to: these are the rows an SRE
-// has to act on.
+// has to act on. So are the rewritten flows that got no answer and never
+// reached the uplink (REPLY no, VLAN -): their reason says whether the
+// node lost them on the way out, which the row alone cannot tell from a
+// backend that does not answer.
 func writeReasons(w io.Writer, flows []flow.Flow) {
-	for _, place := range []flow.Place{flow.PlaceNowhere, flow.PlaceUnknown} {
+	for _, place := range []flow.Place{flow.PlaceNowhere, flow.PlaceUnknown, ""} {
 		var order []string
 		ids := map[string][]string{}
 		for _, f := range flows {
-			if f.RewrittenAt != place {
+			if place == "" && !unansweredOnNode(f) || place != "" && f.RewrittenAt != place {
 				continue
 			}
 			if _, ok := ids[f.Reason]; !ok {
@@ -385,7 +391,11 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 		if len(order) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\nWhy %s:\n", place)
+		if place == "" {
+			fmt.Fprintf(w, "\nRewritten, not all sent out or no reply:\n")
+		} else {
+			fmt.Fprintf(w, "\nWhy %s:\n", place)
+		}
 		for _, r := range order {
 			label := "flows"
 			if len(ids[r]) == 1 {
@@ -394,6 +404,18 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 			fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(ids[r], ", "), r)
 		}
 	}
+}
+
+// unansweredOnNode tells whether f was rewritten (socket, tc, netfilter,
+// ipvs) and got nothing back (REPLY no) and was never seen on the uplink,
+// or lost request packets on the node (LostOnNode).
+func unansweredOnNode(f flow.Flow) bool {
+	switch f.RewrittenAt {
+	case flow.PlaceSocket, flow.PlaceTC, flow.PlaceNetfilter, flow.PlaceIPVS:
+	default:
+		return false
+	}
+	return reply(f) == "no" && f.StrayReplies == nil && f.VLAN == nil || f.LostOnNode > 0
 }
 
 // writeICMPErrors lists the ICMP errors that came back instead of replies

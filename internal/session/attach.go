@@ -319,6 +319,13 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	}
 	a.TCPrograms = hostTCPrograms(node.TCPrograms)
 	a.UplinkTCPrograms = uplinkTCPrograms(node.TCPrograms)
+	a.PodTCPrograms = podTCPrograms(node.TCPrograms)
+	for _, r := range node.TCRedirects {
+		// A mirror copies: the packet itself goes on through the bridge.
+		if r.Role == discover.RoleHost && r.Dir == "ingress" && strings.HasSuffix(r.Action, "redirect") {
+			a.HostRedirects = append(a.HostRedirects, flow.TCRedirect{Ifindex: r.Ifindex, Text: r.String()})
+		}
+	}
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
 	a.Rejects = natRulesOf(node.Netfilter.Rejects)
 	a.IPVS = ipvsOf(node.IPVS.Services)

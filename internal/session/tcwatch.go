@@ -108,6 +108,18 @@ func uplinkTCPrograms(progs []discover.TCProgram) []flow.TCProgram {
 	return tcProgramsOf(progs, discover.RoleUplink)
 }
 
+// podTCPrograms are discovery's tc programs of the Pods' eth0 in the
+// engine's terms: each by its Pod's host veth, as the engine knows a flow's.
+func podTCPrograms(progs []discover.TCProgram) []flow.TCProgram {
+	var out []flow.TCProgram
+	for _, p := range progs {
+		if p.Role == discover.RolePod {
+			out = append(out, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: p.HostIfindex})
+		}
+	}
+	return out
+}
+
 func tcProgramsOf(progs []discover.TCProgram, role string) []flow.TCProgram {
 	var out []flow.TCProgram
 	for _, p := range progs {

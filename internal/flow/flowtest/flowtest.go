@@ -275,6 +275,7 @@ type attribution struct {
 		ID        uint32 `json:"id"`
 		Ifindex   int    `json:"ifindex"`
 		Uplink    bool   `json:"uplink"` // on the uplink, not a host veth
+		Pod       bool   `json:"pod"`    // on a Pod's eth0 (ifindex: its host veth)
 	} `json:"tc_programs"`
 	NATRules []natRule `json:"nat_rules"`
 	// Rejects are rules that reject or drop a VIP's packets (no backends).
@@ -391,9 +392,12 @@ func (a attribution) convert() (flow.Attribution, error) {
 	}
 	for _, p := range a.TCPrograms {
 		tp := flow.TCProgram{Direction: p.Direction, Kind: p.Kind, Name: p.Name, ID: p.ID, Ifindex: p.Ifindex}
-		if p.Uplink {
+		switch {
+		case p.Uplink:
 			out.UplinkTCPrograms = append(out.UplinkTCPrograms, tp)
-		} else {
+		case p.Pod:
+			out.PodTCPrograms = append(out.PodTCPrograms, tp)
+		default:
 			out.TCPrograms = append(out.TCPrograms, tp)
 		}
 	}
