@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -487,4 +488,66 @@ func TestPodWatchRoutedUplink(t *testing.T) {
 	// pod3 goes through up1, tapped since the start.
 	n.addRoutedPod(t, "pod3", "eni3", "10.99.21.7")
 	look(4*time.Second, "eni3", "up1", []string{RolePod + ":eth0", RoleHost + ":eni3"})
+}
+
+// TestPodWatchVethIndexReused: a Pod deleted and made again whose host veth
+// got its predecessor's ifindex and name (the kernel keeps a veth's ifindex
+// when it is moved into the node netns and that one is free, as Calico's
+// CNI moves it; a StatefulSet's Pod keeps its name) is a new Pod, whether a
+// look came between the two or not.
+func TestPodWatchVethIndexReused(t *testing.T) {
+	tb := newTestbed(t)
+	opt := Options{HostNetNS: tb.node}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPodWatch(info, opt)
+	node := filepath.Base(tb.node)
+	pod2 := secondPod(t, tb)
+	index := strings.SplitN(ipCmd(t, "-n", node, "-o", "link", "show", "hv1"), ":", 2)[0]
+	t0 := time.Now()
+	found, err := w.Look(context.Background(), t0)
+	if err != nil || len(found.Pods) != 1 {
+		t.Fatalf("look after the second Pod started: %+v, %v", found.Pods, err)
+	}
+	deletePod := func() {
+		t.Helper()
+		ipCmd(t, "netns", "del", pod2)
+		for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", node, "link", "show", "hv1").Run() == nil; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("hv1 still there 10 s after its netns was deleted")
+			}
+		}
+	}
+	remake := func() {
+		t.Helper()
+		ipCmd(t, "netns", "add", pod2)
+		ipCmd(t, "-n", node, "link", "add", "hv1", "index", index, "type", "veth", "peer", "name", "eth0", "netns", pod2)
+		ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
+		ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
+		ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
+		ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+	}
+	at := 2 * time.Second
+	for _, lookBetween := range []bool{true, false} {
+		deletePod()
+		if lookBetween {
+			if found, err := w.Look(context.Background(), t0.Add(at)); err != nil || len(found.Pods) != 0 {
+				t.Fatalf("look after the Pod was deleted: %+v, %v", found.Pods, err)
+			}
+			at += 2 * time.Second
+		}
+		remake()
+		found, err := w.Look(context.Background(), t0.Add(at))
+		at += 2 * time.Second
+		if err != nil || len(found.Pods) != 1 || found.Pods[0].HostPeer.Name != "hv1" || strconv.Itoa(found.Pods[0].HostPeer.Ifindex) != index {
+			t.Fatalf("look after the Pod was made again with its host veth's ifindex %s (a look between: %v): %+v, %v; want the new Pod",
+				index, lookBetween, found.Pods, err)
+		}
+		if found, err := w.Look(context.Background(), t0.Add(at)); err != nil || len(found.Pods) != 0 {
+			t.Fatalf("the next look found %+v, %v; want nothing new", found.Pods, err)
+		}
+		at += 2 * time.Second
+	}
 }

@@ -39,7 +39,7 @@ type NodeInfo struct {
 	// veths at discovery, for PodWatch; hostAddrs the node netns's
 	// addresses, all of them when hostAddrsComplete.
 	svcs              serviceSet
-	veths             map[int]bool
+	veths             map[int]vethID
 	hostAddrs         []netip.Addr
 	hostAddrsComplete bool
 }
