@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,5 +75,27 @@ func TestCheckOptionsCgroupAbsolute(t *testing.T) {
 	}
 	if opt.Cgroup != root {
 		t.Errorf("--cgroup . in %s: got %q, want %q", root, opt.Cgroup, root)
+	}
+}
+
+// TestTCWatchAddReplacesIfindex: a new Pod's host veth that got the ifindex
+// of a veth watched (a Pod deleted and made again) takes its place, where
+// both would read the new veth's programs, twice; a Pod's eth0 of that
+// ifindex (in its own netns) is no host veth.
+func TestTCWatchAddReplacesIfindex(t *testing.T) {
+	w := NewTCWatch("/run/netns/x", []CapturePoint{
+		{Role: RoleHost, Ifindex: 3, Ifname: "cali1234abcd567"},
+		{Role: RoleHost, Ifindex: 4, Ifname: "lxc12ab"},
+	}, nil)
+	w.Add([]CapturePoint{
+		{Role: RolePod, Ifindex: 4, Ifname: "eth0"},
+		{Role: RoleHost, Ifindex: 3, Ifname: "cali1234abcd567", MAC: "02:00:00:00:00:03"},
+	})
+	var got []string
+	for _, cp := range w.cps {
+		got = append(got, fmt.Sprintf("%s#%d %s", cp.Ifname, cp.Ifindex, cp.MAC))
+	}
+	if want := []string{"lxc12ab#4 ", "cali1234abcd567#3 02:00:00:00:00:03"}; !slices.Equal(got, want) {
+		t.Errorf("watched veths %q, want %q", got, want)
 	}
 }
