@@ -551,3 +551,36 @@ func TestPodWatchVethIndexReused(t *testing.T) {
 		at += 2 * time.Second
 	}
 }
+
+// TestPodNetNSMountedElsewhere: a Pod whose netns only a bind mount outside
+// /run/netns holds (CRI-O's namespaces_dir, containerd's sandbox state
+// directory, Docker's /var/run/docker/netns; no process in it) is found by
+// --pod-ip and among the node's Pods, named by its mount.
+func TestPodNetNSMountedElsewhere(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw")
+	n.run(t, "node", "link add up1 type veth peer name eth0 netns "+n.name("gw"), "addr add 10.99.40.1/24 dev up1",
+		"link set up1 up", "route add default via 10.99.40.254")
+	n.addRoutedPod(t, "pod", "cali0123456789a", "10.99.21.5")
+	mnt := filepath.Join(t.TempDir(), "cni-6c0e3f4a-0b1d-4c2e-9f5a-1d2e3f4a5b6c")
+	if err := os.WriteFile(mnt, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "--bind", n.path("pod"), mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount --bind: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
+	ipCmd(t, "netns", "del", n.name("pod")) // the mount alone holds it now
+	for _, opt := range []Options{
+		{HostNetNS: n.path("node"), PodIP: netip.MustParseAddr("10.99.21.5")},
+		{HostNetNS: n.path("node")},
+	} {
+		info, err := Node(context.Background(), opt)
+		if err != nil {
+			t.Fatalf("pod ip %v: %v", opt.PodIP, err)
+		}
+		if len(info.Pods) != 1 || info.Pods[0].NetNS.Path != mnt || info.Pods[0].NSName != mnt ||
+			info.Pods[0].HostPeer == nil || info.Pods[0].HostPeer.Name != "cali0123456789a" {
+			t.Errorf("pod ip %v: pods %+v, want the Pod behind cali0123456789a in %s", opt.PodIP, info.Pods, mnt)
+		}
+	}
+}

@@ -99,3 +99,26 @@ func TestTCWatchAddReplacesIfindex(t *testing.T) {
 		t.Errorf("watched veths %q, want %q", got, want)
 	}
 }
+
+// TestNSFSMounts: the netns mounts of a mountinfo file, each netns once
+// (the first of a mount propagated elsewhere), without /run/netns's (listed
+// by name), mountinfo's escapes undone.
+func TestNSFSMounts(t *testing.T) {
+	const info = `22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw
+590 28 0:4 net:[4026532894] /run/netns/hc-node rw shared:295 - nsfs nsfs rw
+591 28 0:4 net:[4026532894] /var/run/netns/hc-node rw shared:295 - nsfs nsfs rw
+612 24 0:4 net:[4026533100] /var/run/docker/netns/1a2b3c4d rw shared:300 - nsfs nsfs rw
+613 24 0:4 net:[4026533100] /run/docker/netns/1a2b3c4d rw shared:300 - nsfs nsfs rw
+620 24 0:4 net:[4026533200] /var/lib/my\040pods/cni-0a1b rw - nsfs nsfs rw
+621 24 0:4 mnt:[4026533300] /run/ns/mnt rw - nsfs nsfs rw
+630 24 0:52 / /run/netns rw shared:1 - tmpfs tmpfs rw
+`
+	path := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(path, []byte(info), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := nsfsMounts(path)
+	if want := []string{"/var/run/docker/netns/1a2b3c4d", "/var/lib/my pods/cni-0a1b"}; !slices.Equal(got, want) {
+		t.Errorf("nsfs mounts %q, want %q", got, want)
+	}
+}

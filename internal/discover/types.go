@@ -104,7 +104,8 @@ type Iface struct {
 // Pod is a network namespace with a veth whose peer is in the node's netns.
 type Pod struct {
 	NetNS NetNS `json:"netns"`
-	// Who holds the netns: a process (PID, Comm) and/or a /run/netns name.
+	// Who holds the netns: a process (PID, Comm) and/or a /run/netns name
+	// (or the path of a netns mount elsewhere).
 	PID    int    `json:"pid,omitempty"`
 	Comm   string `json:"comm,omitempty"`
 	NSName string `json:"netns_name,omitempty"`
