@@ -584,3 +584,35 @@ func TestPodNetNSMountedElsewhere(t *testing.T) {
 		}
 	}
 }
+
+// TestPodNetNSHidden: a Pod whose netns nothing pathtrace sees holds (a
+// process of another PID namespace, a mount of another mount namespace;
+// here an open file) is not traced, and discovery says so: the node's
+// Pods in a note naming its host veth, --pod-ip in its error, with what to
+// give instead.
+func TestPodNetNSHidden(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw")
+	n.run(t, "node", "link add up1 type veth peer name eth0 netns "+n.name("gw"), "addr add 10.99.40.1/24 dev up1",
+		"link set up1 up", "route add default via 10.99.40.254")
+	n.run(t, "gw", "addr add 10.99.40.254/24 dev eth0", "link set eth0 up")
+	n.addRoutedPod(t, "pod", "cali0123456789a", "10.99.21.5")
+	f, err := os.Open(n.path("pod")) // keeps it alive unnamed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ipCmd(t, "netns", "del", n.name("pod"))
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 0 || !hasNote(info, "cali0123456789a", "--pod-netns") || hasNote(info, "up1") {
+		t.Errorf("pods %+v, notes %q; want none, and a note naming cali0123456789a (not up1, the node's uplink)", info.Pods, info.Notes)
+	}
+	_, err = Node(context.Background(), Options{HostNetNS: n.path("node"), PodIP: netip.MustParseAddr("10.99.21.5")})
+	var ue *UsageError
+	if !errors.As(err, &ue) || !strings.Contains(ue.Msg, "--host-veth cali0123456789a") || strings.Contains(ue.Msg, "\n") {
+		t.Errorf("--pod-ip of the hidden Pod: %v, want a one-line usage error naming --host-veth cali0123456789a", err)
+	}
+	t.Log(ue.Msg)
+}
