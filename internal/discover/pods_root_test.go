@@ -616,3 +616,48 @@ func TestPodNetNSHidden(t *testing.T) {
 	}
 	t.Log(ue.Msg)
 }
+
+// TestPodWatchPodIP: with --pod-ip, the watch follows a Pod that gets that
+// address in a new netns (the Pod deleted and made again, as a
+// StatefulSet's keeps its address), and no other Pod that starts.
+func TestPodWatchPodIP(t *testing.T) {
+	tb := newTestbed(t)
+	opt := Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPodWatch(info, opt)
+	if w == nil {
+		t.Fatal("no watch with --pod-ip")
+	}
+	t0 := time.Now()
+	secondPod(t, tb)
+	if found, err := w.Look(context.Background(), t0); err != nil || len(found.Pods) != 0 {
+		t.Fatalf("look after another Pod started: %+v, %v; want none followed", found.Pods, err)
+	}
+	node, pod := filepath.Base(tb.node), filepath.Base(tb.pod)
+	ipCmd(t, "netns", "del", pod)
+	for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", node, "link", "show", "hv0").Run() == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("hv0 still there 10 s after its netns was deleted")
+		}
+	}
+	ipCmd(t, "netns", "add", pod)
+	ipCmd(t, "-n", node, "link", "add", "hv7", "type", "veth", "peer", "name", "eth0", "netns", pod)
+	ipCmd(t, "-n", node, "link", "set", "hv7", "master", "br0", "up")
+	ipCmd(t, "-n", pod, "addr", "add", podIP+"/22", "dev", "eth0")
+	ipCmd(t, "-n", pod, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod, "route", "add", "default", "via", gwIP)
+	found, err := w.Look(context.Background(), t0.Add(2*time.Second))
+	if err != nil || len(found.Pods) != 1 || found.Pods[0].HostPeer.Name != "hv7" {
+		t.Fatalf("look after the Pod was made again with %s: %+v, %v; want it behind hv7", podIP, found.Pods, err)
+	}
+	var points []string
+	for _, cp := range found.CapturePoints {
+		points = append(points, cp.Role+":"+cp.Ifname)
+	}
+	if !slices.Equal(points, []string{RolePod + ":eth0", RoleHost + ":hv7"}) {
+		t.Errorf("capture points of the Pod made again: %v, want its eth0 and hv7 (the uplink tapped already)", points)
+	}
+}

@@ -38,6 +38,9 @@ type PodWatch struct {
 	uplink             string
 	services, backends []netip.Addr
 	uplinks            map[int]bool
+	// podIP, when valid, is the only address whose Pods are followed
+	// (--pod-ip); Pods of others are known and left alone.
+	podIP netip.Addr
 }
 
 // vethID tells a node veth from one that gets its ifindex later. The
@@ -66,9 +69,12 @@ func vethIDOf(l netlink.Link) vethID {
 const vethSettle = 30 * time.Second
 
 // NewPodWatch returns the watch of the Pods of node that start later, or
-// nil when opt selects Pods (then only those are traced).
+// nil when opt selects Pods by netns, process or host veth (then only
+// those are traced). With --pod-ip it watches for a Pod that gets that
+// address in another netns: the selected Pod deleted and made again (a
+// StatefulSet's keeps its address).
 func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
-	if opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" {
+	if opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" {
 		return nil
 	}
 	maxPods := opt.MaxPods
@@ -93,11 +99,13 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 			}
 		}
 	}
-	if w.room <= 0 {
-		// Discovery reached the bound (and counted what it left out): no
+	if w.room <= 0 || opt.PodIP.IsValid() {
+		// Discovery reached the bound (and counted what it left out), or
+		// found the Pod with the address (the others are not traced): no
 		// veth of the start is looked behind again, nor counted again.
 		maps.Copy(w.veths, node.veths)
 	}
+	w.podIP = opt.PodIP
 	return w
 }
 
@@ -192,6 +200,9 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 				continue
 			}
 		}
+		if w.podIP.IsValid() && !slices.ContainsFunc(p.Eth0.Addrs, func(a netip.Prefix) bool { return a.Addr() == w.podIP }) {
+			continue // another Pod: not traced
+		}
 		w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
 		found.Pods = append(found.Pods, p)
 	}
@@ -219,7 +230,8 @@ func (w *PodWatch) newUplinks(ctx context.Context, host *hostNS, pods []Pod) []n
 	others := slices.Collect(maps.Values(w.netns))
 	info := NodeInfo{Pods: pods} // its Pods are pods' elements: set in place
 	var out []netlink.Link
-	for _, l := range podUplinks(ctx, host, w.services, w.backends, &info, others, w.room <= 0) {
+	partial := w.room <= 0 || w.podIP.IsValid() // the node's Pods are not all followed
+	for _, l := range podUplinks(ctx, host, w.services, w.backends, &info, others, partial) {
 		if idx := l.Attrs().Index; !w.uplinks[idx] {
 			w.uplinks[idx] = true
 			out = append(out, l)
