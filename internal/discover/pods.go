@@ -63,7 +63,7 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 		switch {
 		case p.HostPeer == nil && hostVeth == nil:
 			info.notef("%s", noHostPeerNote(ctx, host, p))
-		case p.HostPeer != nil && !p.viaEth0 && p.defaultDev != "":
+		case p.HostPeer != nil && !p.viaEth0:
 			info.notef("pod netns %s: %s: its traffic may not pass the node", p.NetNS.Path, notRoutedWhy(p, opt.Services))
 		}
 	}
@@ -96,6 +96,13 @@ func noHostPeerNote(ctx context.Context, host *hostNS, p Pod) string {
 // default route nor a VIP through it.
 func notRoutedWhy(p Pod, vips []netip.Addr) string {
 	why := fmt.Sprintf("its default route leaves through %s, not through %s, its veth into the node (host side %s)", p.defaultDev, p.Eth0.Name, p.HostPeer.Name)
+	if p.defaultDev == "" {
+		why = fmt.Sprintf("it has no default route at all, through %s, its veth into the node (host side %s), or elsewhere (a router's netns behind the node's uplink?)", p.Eth0.Name, p.HostPeer.Name)
+		if len(vips) > 0 {
+			why += ", and its route to the VIPs does not leave through " + p.Eth0.Name
+		}
+		return why
+	}
 	if len(vips) > 0 {
 		why += ", nor does its route to the VIPs"
 	}

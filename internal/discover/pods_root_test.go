@@ -661,3 +661,23 @@ func TestPodWatchPodIP(t *testing.T) {
 		t.Errorf("capture points of the Pod made again: %v, want its eth0 and hv7 (the uplink tapped already)", points)
 	}
 }
+
+// TestSelectedNetNSNotRouted: a netns selected with --pod-netns that routes
+// nothing through its veth into the node, not even by a default route (the
+// gateway's, behind the node's uplink: a wrong netns given), is traced as
+// asked, and a note says its traffic may not pass the node.
+func TestSelectedNetNSNotRouted(t *testing.T) {
+	tb := newTestbed(t)
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodNetNS: tb.gw,
+		Services: []netip.Addr{netip.MustParseAddr("10.120.0.80")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 || info.Pods[0].HostPeer == nil || info.Pods[0].HostPeer.Name != "up0" {
+		t.Fatalf("pods %+v, want the selected netns behind up0", info.Pods)
+	}
+	if !hasNote(info, tb.gw, "no default route at all", "host side up0", "may not pass the node") {
+		t.Errorf("notes %q, want one saying %s routes nothing through up0", info.Notes, tb.gw)
+	}
+	t.Logf("%q", info.Notes)
+}
