@@ -120,7 +120,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringArrayVar(&f.svcs, "svc", nil, "Service `IP[:PORT][/tcp|udp]` to trace, repeatable (required): a ClusterIP, or a NodePort as NODE-IP:PORT; without a port any port of that IP")
 	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C, SIGTERM or SIGHUP (the terminal went away; not when ignored, as under nohup) ends early and still prints the full report (incident: and writes the bundle)")
-	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address (default: every Pod of the node, and those that start during the run; give at most one of --pod-ip, --pod-netns, --pod-pid)")
+	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address, and the one made again with it during the run (default: every Pod of the node, and those that start during the run; give at most one of --pod-ip, --pod-netns, --pod-pid)")
 	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
 	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
 	fs.StringVar(&f.hostNetNS, "host-netns", "", "the node's network namespace `path` (default: pathtrace's own; set it for kind/k3d nodes or the lab)")

@@ -91,10 +91,10 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	for _, lv := range info.LocalVIPs {
 		svcs.local[lv.Addr] = true
 	}
-	info.veths = map[int]bool{}
+	info.veths = map[int]vethID{}
 	for idx, l := range host.links {
 		if _, ok := l.(*netlink.Veth); ok {
-			info.veths[idx] = true
+			info.veths[idx] = vethIDOf(l)
 		}
 	}
 	if err := discoverPods(ctx, host, opt, info); err != nil {

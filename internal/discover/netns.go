@@ -23,6 +23,9 @@ type nsCandidate struct {
 // runNetNSDir is where `ip netns` and CNI runtimes bind-mount named netns.
 const runNetNSDir = "/run/netns"
 
+// mountInfoPath lists the mounts pathtrace sees, netns bind mounts among them.
+const mountInfoPath = "/proc/self/mountinfo"
+
 // HeldNetNS returns the network namespaces a process or a /run/netns name
 // holds, by inode, with a path that opens each: one that is in none is kept
 // alive only by sockets in it (a capture's), its Pod gone.
@@ -69,6 +72,18 @@ func listNetNS(skipInode uint64) ([]nsCandidate, error) {
 			continue // a stale file, or one removed meanwhile
 		}
 		add(nsCandidate{path: path, inode: inode, name: e.Name()})
+	}
+
+	// Netns mounted elsewhere (CRI-O's namespaces_dir, containerd's
+	// sandbox state directory, Docker's /var/run/docker/netns): held by
+	// the mount alone, with no process in them, as a Pod's is between
+	// restarts of its containers when no pause process holds it.
+	for _, m := range nsfsMounts(mountInfoPath) {
+		inode, err := nsutil.Inode(m)
+		if err != nil {
+			continue
+		}
+		add(nsCandidate{path: m, inode: inode, name: m})
 	}
 
 	pids, err := procPIDs()
@@ -136,4 +151,54 @@ func holderOf(path string, inode uint64) nsCandidate {
 		c.name = name
 	}
 	return c
+}
+
+// nsfsMounts are the mount points of network namespaces in the mountinfo
+// file at path (a netns bind-mounted: fstype nsfs, root "net:[INODE]"),
+// but those under /run/netns (listed by name) and those of the same netns
+// mounted again (a mount propagated to another place), each once.
+func nsfsMounts(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	seen := map[string]bool{}
+	for line := range strings.Lines(string(b)) {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+		pre, post, ok := strings.Cut(strings.TrimRight(line, "\n"), " - ")
+		if !ok {
+			continue
+		}
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(g) < 1 || g[0] != "nsfs" || !strings.HasPrefix(f[3], "net:[") || seen[f[3]] {
+			continue
+		}
+		mp := unescapeMountField(f[4])
+		if dir := filepath.Dir(mp); dir == runNetNSDir || dir == "/var/run/netns" {
+			continue
+		}
+		seen[f[3]] = true
+		out = append(out, mp)
+	}
+	return out
+}
+
+// unescapeMountField undoes mountinfo's octal escapes (a space is \040).
+func unescapeMountField(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -60,7 +63,7 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 		switch {
 		case p.HostPeer == nil && hostVeth == nil:
 			info.notef("%s", noHostPeerNote(ctx, host, p))
-		case p.HostPeer != nil && !p.viaEth0 && p.defaultDev != "":
+		case p.HostPeer != nil && !p.viaEth0:
 			info.notef("pod netns %s: %s: its traffic may not pass the node", p.NetNS.Path, notRoutedWhy(p, opt.Services))
 		}
 	}
@@ -93,6 +96,13 @@ func noHostPeerNote(ctx context.Context, host *hostNS, p Pod) string {
 // default route nor a VIP through it.
 func notRoutedWhy(p Pod, vips []netip.Addr) string {
 	why := fmt.Sprintf("its default route leaves through %s, not through %s, its veth into the node (host side %s)", p.defaultDev, p.Eth0.Name, p.HostPeer.Name)
+	if p.defaultDev == "" {
+		why = fmt.Sprintf("it has no default route at all, through %s, its veth into the node (host side %s), or elsewhere (a router's netns behind the node's uplink?)", p.Eth0.Name, p.HostPeer.Name)
+		if len(vips) > 0 {
+			why += ", and its route to the VIPs does not leave through " + p.Eth0.Name
+		}
+		return why
+	}
 	if len(vips) > 0 {
 		why += ", nor does its route to the VIPs"
 	}
@@ -245,13 +255,28 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 	if err != nil {
 		return err
 	}
+	// The netns behind the node's own default route (a kind node's eth0,
+	// whose peer is in the host's netns) is its upstream, never a Pod's.
+	unfound := maps.Clone(peerIDs)
+	for _, l := range host.links {
+		if a := l.Attrs(); a.NetNsID >= 0 && host.carriesDefault(a.Index) {
+			delete(unfound, a.NetNsID)
+		}
+	}
+	defer func() {
+		if len(unfound) > 0 && ctx.Err() == nil {
+			info.notef("%s", unfoundNetNSNote(host, unfound, only))
+		}
+	}()
 	for _, c := range cands {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if !peerIDs[host.netnsID(c.path)] {
+		id := host.netnsID(c.path)
+		if !peerIDs[id] {
 			continue
 		}
+		delete(unfound, id)
 		if len(info.Pods) >= maxPods {
 			info.PodsSkipped++
 			continue
@@ -290,6 +315,26 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 		info.notef("%d netns with a veth into the node not examined: pathtrace follows at most %d Pods (select one with --pod-ip, --pod-netns or --pod-pid)", info.PodsSkipped, maxPods)
 	}
 	return nil
+}
+
+// unfoundNetNSNote says which of the node's veths (of only, when set) lead
+// into a netns that no process nor mount pathtrace sees holds (nsids):
+// their Pods, if any, are not traced.
+func unfoundNetNSNote(host *hostNS, nsids map[int]bool, only map[int]bool) string {
+	var names []string
+	for _, l := range host.links {
+		a := l.Attrs()
+		if _, ok := l.(*netlink.Veth); ok && nsids[a.NetNsID] && (only == nil || only[a.Index]) {
+			names = append(names, a.Name)
+		}
+	}
+	slices.Sort(names)
+	shown := names[:min(len(names), 8)]
+	list := strings.Join(shown, ", ")
+	if len(names) > len(shown) {
+		list += fmt.Sprintf(" and %d more", len(names)-len(shown))
+	}
+	return fmt.Sprintf("veths of the node lead into netns that no process nor mount visible to pathtrace holds (%s): Pods behind them are not traced; give such a Pod's netns with --pod-netns PATH, or its host veth with --host-veth for the node side", list)
 }
 
 // podHostVeths returns the node's veths that are a Pod's host veth, for
@@ -397,7 +442,24 @@ func podByIP(ctx context.Context, host *hostNS, ip netip.Addr, vips []netip.Addr
 	if detached != nil {
 		return detached, nil
 	}
-	return nil, usagef("--pod-ip %s: no pod has this address (%d netns checked); give the IP of a pod running on this node", ip, len(cands))
+	return nil, usagef("--pod-ip %s: no pod has this address (%d netns checked); give the IP of a pod running on this node%s", ip, len(cands), hiddenPodHint(host, ip))
+}
+
+// hiddenPodHint is, when the node routes ip through a veth into another
+// netns, what to give instead of --pod-ip: that netns is held by nothing
+// pathtrace sees (a process of another PID namespace, a mount of another
+// mount namespace).
+func hiddenPodHint(host *hostNS, ip netip.Addr) string {
+	routes, err := host.nl.RouteGet(net.IP(ip.AsSlice()))
+	if err != nil || len(routes) == 0 || routes[0].Type == unix.RTN_LOCAL {
+		return ""
+	}
+	l, err := host.link(routes[0].LinkIndex)
+	if err != nil || !isVeth(l) || l.Attrs().NetNsID < 0 || host.carriesDefault(l.Attrs().Index) {
+		return ""
+	}
+	name := l.Attrs().Name
+	return fmt.Sprintf("; but the node routes it through %s, a veth into a netns that no process nor mount visible to pathtrace holds: give that netns with --pod-netns PATH, or --host-veth %s for the node side", name, name)
 }
 
 func netnsHasAddr(path string, ip netip.Addr) (bool, error) {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -487,4 +488,196 @@ func TestPodWatchRoutedUplink(t *testing.T) {
 	// pod3 goes through up1, tapped since the start.
 	n.addRoutedPod(t, "pod3", "eni3", "10.99.21.7")
 	look(4*time.Second, "eni3", "up1", []string{RolePod + ":eth0", RoleHost + ":eni3"})
+}
+
+// TestPodWatchVethIndexReused: a Pod deleted and made again whose host veth
+// got its predecessor's ifindex and name (the kernel keeps a veth's ifindex
+// when it is moved into the node netns and that one is free, as Calico's
+// CNI moves it; a StatefulSet's Pod keeps its name) is a new Pod, whether a
+// look came between the two or not.
+func TestPodWatchVethIndexReused(t *testing.T) {
+	tb := newTestbed(t)
+	opt := Options{HostNetNS: tb.node}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPodWatch(info, opt)
+	node := filepath.Base(tb.node)
+	pod2 := secondPod(t, tb)
+	index := strings.SplitN(ipCmd(t, "-n", node, "-o", "link", "show", "hv1"), ":", 2)[0]
+	t0 := time.Now()
+	found, err := w.Look(context.Background(), t0)
+	if err != nil || len(found.Pods) != 1 {
+		t.Fatalf("look after the second Pod started: %+v, %v", found.Pods, err)
+	}
+	deletePod := func() {
+		t.Helper()
+		ipCmd(t, "netns", "del", pod2)
+		for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", node, "link", "show", "hv1").Run() == nil; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("hv1 still there 10 s after its netns was deleted")
+			}
+		}
+	}
+	remake := func() {
+		t.Helper()
+		ipCmd(t, "netns", "add", pod2)
+		ipCmd(t, "-n", node, "link", "add", "hv1", "index", index, "type", "veth", "peer", "name", "eth0", "netns", pod2)
+		ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
+		ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
+		ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
+		ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+	}
+	at := 2 * time.Second
+	for _, lookBetween := range []bool{true, false} {
+		deletePod()
+		if lookBetween {
+			if found, err := w.Look(context.Background(), t0.Add(at)); err != nil || len(found.Pods) != 0 {
+				t.Fatalf("look after the Pod was deleted: %+v, %v", found.Pods, err)
+			}
+			at += 2 * time.Second
+		}
+		remake()
+		found, err := w.Look(context.Background(), t0.Add(at))
+		at += 2 * time.Second
+		if err != nil || len(found.Pods) != 1 || found.Pods[0].HostPeer.Name != "hv1" || strconv.Itoa(found.Pods[0].HostPeer.Ifindex) != index {
+			t.Fatalf("look after the Pod was made again with its host veth's ifindex %s (a look between: %v): %+v, %v; want the new Pod",
+				index, lookBetween, found.Pods, err)
+		}
+		if found, err := w.Look(context.Background(), t0.Add(at)); err != nil || len(found.Pods) != 0 {
+			t.Fatalf("the next look found %+v, %v; want nothing new", found.Pods, err)
+		}
+		at += 2 * time.Second
+	}
+}
+
+// TestPodNetNSMountedElsewhere: a Pod whose netns only a bind mount outside
+// /run/netns holds (CRI-O's namespaces_dir, containerd's sandbox state
+// directory, Docker's /var/run/docker/netns; no process in it) is found by
+// --pod-ip and among the node's Pods, named by its mount.
+func TestPodNetNSMountedElsewhere(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw")
+	n.run(t, "node", "link add up1 type veth peer name eth0 netns "+n.name("gw"), "addr add 10.99.40.1/24 dev up1",
+		"link set up1 up", "route add default via 10.99.40.254")
+	n.addRoutedPod(t, "pod", "cali0123456789a", "10.99.21.5")
+	mnt := filepath.Join(t.TempDir(), "cni-6c0e3f4a-0b1d-4c2e-9f5a-1d2e3f4a5b6c")
+	if err := os.WriteFile(mnt, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "--bind", n.path("pod"), mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount --bind: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", mnt).Run() })
+	ipCmd(t, "netns", "del", n.name("pod")) // the mount alone holds it now
+	for _, opt := range []Options{
+		{HostNetNS: n.path("node"), PodIP: netip.MustParseAddr("10.99.21.5")},
+		{HostNetNS: n.path("node")},
+	} {
+		info, err := Node(context.Background(), opt)
+		if err != nil {
+			t.Fatalf("pod ip %v: %v", opt.PodIP, err)
+		}
+		if len(info.Pods) != 1 || info.Pods[0].NetNS.Path != mnt || info.Pods[0].NSName != mnt ||
+			info.Pods[0].HostPeer == nil || info.Pods[0].HostPeer.Name != "cali0123456789a" {
+			t.Errorf("pod ip %v: pods %+v, want the Pod behind cali0123456789a in %s", opt.PodIP, info.Pods, mnt)
+		}
+	}
+}
+
+// TestPodNetNSHidden: a Pod whose netns nothing pathtrace sees holds (a
+// process of another PID namespace, a mount of another mount namespace;
+// here an open file) is not traced, and discovery says so: the node's
+// Pods in a note naming its host veth, --pod-ip in its error, with what to
+// give instead.
+func TestPodNetNSHidden(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw")
+	n.run(t, "node", "link add up1 type veth peer name eth0 netns "+n.name("gw"), "addr add 10.99.40.1/24 dev up1",
+		"link set up1 up", "route add default via 10.99.40.254")
+	n.run(t, "gw", "addr add 10.99.40.254/24 dev eth0", "link set eth0 up")
+	n.addRoutedPod(t, "pod", "cali0123456789a", "10.99.21.5")
+	f, err := os.Open(n.path("pod")) // keeps it alive unnamed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ipCmd(t, "netns", "del", n.name("pod"))
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 0 || !hasNote(info, "cali0123456789a", "--pod-netns") || hasNote(info, "up1") {
+		t.Errorf("pods %+v, notes %q; want none, and a note naming cali0123456789a (not up1, the node's uplink)", info.Pods, info.Notes)
+	}
+	_, err = Node(context.Background(), Options{HostNetNS: n.path("node"), PodIP: netip.MustParseAddr("10.99.21.5")})
+	var ue *UsageError
+	if !errors.As(err, &ue) || !strings.Contains(ue.Msg, "--host-veth cali0123456789a") || strings.Contains(ue.Msg, "\n") {
+		t.Errorf("--pod-ip of the hidden Pod: %v, want a one-line usage error naming --host-veth cali0123456789a", err)
+	}
+	t.Log(ue.Msg)
+}
+
+// TestPodWatchPodIP: with --pod-ip, the watch follows a Pod that gets that
+// address in a new netns (the Pod deleted and made again, as a
+// StatefulSet's keeps its address), and no other Pod that starts.
+func TestPodWatchPodIP(t *testing.T) {
+	tb := newTestbed(t)
+	opt := Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPodWatch(info, opt)
+	if w == nil {
+		t.Fatal("no watch with --pod-ip")
+	}
+	t0 := time.Now()
+	secondPod(t, tb)
+	if found, err := w.Look(context.Background(), t0); err != nil || len(found.Pods) != 0 {
+		t.Fatalf("look after another Pod started: %+v, %v; want none followed", found.Pods, err)
+	}
+	node, pod := filepath.Base(tb.node), filepath.Base(tb.pod)
+	ipCmd(t, "netns", "del", pod)
+	for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", node, "link", "show", "hv0").Run() == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("hv0 still there 10 s after its netns was deleted")
+		}
+	}
+	ipCmd(t, "netns", "add", pod)
+	ipCmd(t, "-n", node, "link", "add", "hv7", "type", "veth", "peer", "name", "eth0", "netns", pod)
+	ipCmd(t, "-n", node, "link", "set", "hv7", "master", "br0", "up")
+	ipCmd(t, "-n", pod, "addr", "add", podIP+"/22", "dev", "eth0")
+	ipCmd(t, "-n", pod, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod, "route", "add", "default", "via", gwIP)
+	found, err := w.Look(context.Background(), t0.Add(2*time.Second))
+	if err != nil || len(found.Pods) != 1 || found.Pods[0].HostPeer.Name != "hv7" {
+		t.Fatalf("look after the Pod was made again with %s: %+v, %v; want it behind hv7", podIP, found.Pods, err)
+	}
+	var points []string
+	for _, cp := range found.CapturePoints {
+		points = append(points, cp.Role+":"+cp.Ifname)
+	}
+	if !slices.Equal(points, []string{RolePod + ":eth0", RoleHost + ":hv7"}) {
+		t.Errorf("capture points of the Pod made again: %v, want its eth0 and hv7 (the uplink tapped already)", points)
+	}
+}
+
+// TestSelectedNetNSNotRouted: a netns selected with --pod-netns that routes
+// nothing through its veth into the node, not even by a default route (the
+// gateway's, behind the node's uplink: a wrong netns given), is traced as
+// asked, and a note says its traffic may not pass the node.
+func TestSelectedNetNSNotRouted(t *testing.T) {
+	tb := newTestbed(t)
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodNetNS: tb.gw,
+		Services: []netip.Addr{netip.MustParseAddr("10.120.0.80")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 || info.Pods[0].HostPeer == nil || info.Pods[0].HostPeer.Name != "up0" {
+		t.Fatalf("pods %+v, want the selected netns behind up0", info.Pods)
+	}
+	if !hasNote(info, tb.gw, "no default route at all", "host side up0", "may not pass the node") {
+		t.Errorf("notes %q, want one saying %s routes nothing through up0", info.Notes, tb.gw)
+	}
+	t.Logf("%q", info.Notes)
 }

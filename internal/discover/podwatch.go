@@ -21,9 +21,11 @@ type PodWatch struct {
 	room     int // Pods still to follow before MaxPods
 	progs    *progCache
 	// veths are the node's veths known: Pods', and those that proved no
-	// Pod's. pending are new ones not (yet) a Pod's, by when first seen: a
-	// CNI plugin creates the veth before it configures the Pod's netns.
-	veths   map[int]bool
+	// Pod's, by ifindex, with what tells them from a veth that gets the
+	// ifindex later (see vethID). pending are new ones not (yet) a Pod's,
+	// by when first seen: a CNI plugin creates the veth before it
+	// configures the Pod's netns.
+	veths   map[int]vethID
 	pending map[int]time.Time
 	// netns are the Pods' netns, by inode, with their host veth: a Pod
 	// may have two veths. The kernel gives a deleted netns's inode to the
@@ -36,6 +38,29 @@ type PodWatch struct {
 	uplink             string
 	services, backends []netip.Addr
 	uplinks            map[int]bool
+	// podIP, when valid, is the only address whose Pods are followed
+	// (--pod-ip); Pods of others are known and left alone.
+	podIP netip.Addr
+}
+
+// vethID tells a node veth from one that gets its ifindex later. The
+// kernel gives a link moved into the node netns the ifindex it had in the
+// netns it came from when that one is free (a CNI that makes the veth pair
+// in the Pod's netns and moves the host side out, as Calico's does, or one
+// that asks for an ifindex): a Pod deleted and made again can bring a host
+// veth of its predecessor's ifindex, and of its name. Its peer's ifindex,
+// the id of the peer's netns (the lowest free) and the MAC (Calico's are
+// all ee:ee:ee:ee:ee:ee) can repeat too: a veth replaced between two looks
+// with all of them the same is missed; one replaced over several looks is
+// not (a look forgets the veths gone).
+type vethID struct {
+	name, mac  string
+	peer, nsid int
+}
+
+func vethIDOf(l netlink.Link) vethID {
+	a := l.Attrs()
+	return vethID{name: a.Name, mac: a.HardwareAddr.String(), peer: a.ParentIndex, nsid: a.NetNsID}
 }
 
 // vethSettle is how long a new veth that leads to no Pod yet is looked at
@@ -44,9 +69,12 @@ type PodWatch struct {
 const vethSettle = 30 * time.Second
 
 // NewPodWatch returns the watch of the Pods of node that start later, or
-// nil when opt selects Pods (then only those are traced).
+// nil when opt selects Pods by netns, process or host veth (then only
+// those are traced). With --pod-ip it watches for a Pod that gets that
+// address in another netns: the selected Pod deleted and made again (a
+// StatefulSet's keeps its address).
 func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
-	if opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" {
+	if opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" {
 		return nil
 	}
 	maxPods := opt.MaxPods
@@ -54,7 +82,7 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 		maxPods = DefaultMaxPods
 	}
 	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, room: maxPods - len(node.Pods) - node.PodsSkipped,
-		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]bool{}, pending: map[int]time.Time{}, netns: map[uint64]int{},
+		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]vethID{}, pending: map[int]time.Time{}, netns: map[uint64]int{},
 		uplink: opt.Uplink, services: node.svcs.vips, backends: node.Backends(), uplinks: map[int]bool{}}
 	for _, cp := range node.CapturePoints {
 		if cp.Role == RoleUplink {
@@ -66,14 +94,18 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 	for _, p := range node.Pods {
 		if p.HostPeer != nil {
 			w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
-			w.veths[p.HostPeer.Ifindex] = true
+			if id, ok := node.veths[p.HostPeer.Ifindex]; ok {
+				w.veths[p.HostPeer.Ifindex] = id
+			}
 		}
 	}
-	if w.room <= 0 {
-		// Discovery reached the bound (and counted what it left out): no
+	if w.room <= 0 || opt.PodIP.IsValid() {
+		// Discovery reached the bound (and counted what it left out), or
+		// found the Pod with the address (the others are not traced): no
 		// veth of the start is looked behind again, nor counted again.
 		maps.Copy(w.veths, node.veths)
 	}
+	w.podIP = opt.PodIP
 	return w
 }
 
@@ -96,10 +128,27 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		return NewPods{}, err
 	}
 	defer host.close()
+	// A known veth that went is forgotten, and one whose ifindex another
+	// veth has now is not known: a Pod deleted and made again (a
+	// StatefulSet's, with its address and often its host veth's name) can
+	// get its predecessor's ifindex, and is a new Pod.
+	for idx, id := range w.veths {
+		if l := host.links[idx]; l == nil || vethIDOf(l) != id {
+			delete(w.veths, idx)
+		}
+	}
+	for inode, idx := range w.netns {
+		if host.links[idx] == nil {
+			delete(w.netns, inode) // its Pod went; the inode may come again
+		}
+	}
 	only := map[int]bool{}
 	skipped := 0
 	for idx, l := range host.links {
-		if _, ok := l.(*netlink.Veth); !ok || l.Attrs().NetNsID < 0 || w.veths[idx] {
+		if _, known := w.veths[idx]; known {
+			continue
+		}
+		if _, ok := l.(*netlink.Veth); !ok || l.Attrs().NetNsID < 0 {
 			continue
 		}
 		first, ok := w.pending[idx]
@@ -109,7 +158,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 			if !ok {
 				skipped++
 			}
-			w.veths[idx] = true
+			w.veths[idx] = vethIDOf(l)
 			delete(w.pending, idx)
 			continue
 		}
@@ -117,7 +166,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 			w.pending[idx], first = now, now
 		}
 		if now.Sub(first) > vethSettle {
-			w.veths[idx] = true // no Pod's: looked at long enough
+			w.veths[idx] = vethIDOf(l) // no Pod's: looked at long enough
 			delete(w.pending, idx)
 			continue
 		}
@@ -138,10 +187,21 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	var found NewPods
 	found.Skipped = info.PodsSkipped
 	for _, p := range info.Pods {
-		w.veths[p.HostPeer.Ifindex] = true
-		delete(w.pending, p.HostPeer.Ifindex)
-		if veth, ok := w.netns[p.NetNS.Inode]; ok && host.links[veth] != nil {
-			continue // a second veth of a Pod followed
+		idx := p.HostPeer.Ifindex
+		delete(w.pending, idx)
+		if l := host.links[idx]; l != nil {
+			w.veths[idx] = vethIDOf(l)
+		}
+		// A second veth of a Pod followed, or its veth renamed (or given
+		// another MAC): the same Pod. A known inode whose veth went is a
+		// new Pod's (see netns).
+		if veth, ok := w.netns[p.NetNS.Inode]; ok {
+			if _, live := w.veths[veth]; veth == idx || live {
+				continue
+			}
+		}
+		if w.podIP.IsValid() && !slices.ContainsFunc(p.Eth0.Addrs, func(a netip.Prefix) bool { return a.Addr() == w.podIP }) {
+			continue // another Pod: not traced
 		}
 		w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
 		found.Pods = append(found.Pods, p)
@@ -171,7 +231,8 @@ func (w *PodWatch) newUplinks(ctx context.Context, host *hostNS, pods []Pod) []n
 	others := slices.Collect(maps.Values(w.netns))
 	info := NodeInfo{Pods: pods} // its Pods are pods' elements: set in place
 	var out []netlink.Link
-	for _, l := range podUplinks(ctx, host, w.services, w.backends, &info, others, w.room <= 0) {
+	partial := w.room <= 0 || w.podIP.IsValid() // the node's Pods are not all followed
+	for _, l := range podUplinks(ctx, host, w.services, w.backends, &info, others, partial) {
 		if idx := l.Attrs().Index; !w.uplinks[idx] {
 			w.uplinks[idx] = true
 			out = append(out, l)

@@ -489,10 +489,13 @@ func NewTCWatch(hostNetNS string, cps []CapturePoint, isObserver func(ebpf.Progr
 // HostNetNS is the node netns the watched veths are in.
 func (w *TCWatch) HostNetNS() string { return w.hostNetNS }
 
-// Add watches the host veths among cps too (a Pod that started).
+// Add watches the host veths among cps too (a Pod that started). One that
+// got the ifindex of a veth watched (a Pod deleted and made again, see
+// PodWatch) takes its place: both would read the new veth's programs.
 func (w *TCWatch) Add(cps []CapturePoint) {
 	for _, cp := range cps {
 		if cp.Role == RoleHost {
+			w.cps = slices.DeleteFunc(w.cps, func(c CapturePoint) bool { return c.Ifindex == cp.Ifindex })
 			w.cps = append(w.cps, cp)
 		}
 	}

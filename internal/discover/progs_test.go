@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,5 +75,50 @@ func TestCheckOptionsCgroupAbsolute(t *testing.T) {
 	}
 	if opt.Cgroup != root {
 		t.Errorf("--cgroup . in %s: got %q, want %q", root, opt.Cgroup, root)
+	}
+}
+
+// TestTCWatchAddReplacesIfindex: a new Pod's host veth that got the ifindex
+// of a veth watched (a Pod deleted and made again) takes its place, where
+// both would read the new veth's programs, twice; a Pod's eth0 of that
+// ifindex (in its own netns) is no host veth.
+func TestTCWatchAddReplacesIfindex(t *testing.T) {
+	w := NewTCWatch("/run/netns/x", []CapturePoint{
+		{Role: RoleHost, Ifindex: 3, Ifname: "cali1234abcd567"},
+		{Role: RoleHost, Ifindex: 4, Ifname: "lxc12ab"},
+	}, nil)
+	w.Add([]CapturePoint{
+		{Role: RolePod, Ifindex: 4, Ifname: "eth0"},
+		{Role: RoleHost, Ifindex: 3, Ifname: "cali1234abcd567", MAC: "02:00:00:00:00:03"},
+	})
+	var got []string
+	for _, cp := range w.cps {
+		got = append(got, fmt.Sprintf("%s#%d %s", cp.Ifname, cp.Ifindex, cp.MAC))
+	}
+	if want := []string{"lxc12ab#4 ", "cali1234abcd567#3 02:00:00:00:00:03"}; !slices.Equal(got, want) {
+		t.Errorf("watched veths %q, want %q", got, want)
+	}
+}
+
+// TestNSFSMounts: the netns mounts of a mountinfo file, each netns once
+// (the first of a mount propagated elsewhere), without /run/netns's (listed
+// by name), mountinfo's escapes undone.
+func TestNSFSMounts(t *testing.T) {
+	const info = `22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw
+590 28 0:4 net:[4026532894] /run/netns/hc-node rw shared:295 - nsfs nsfs rw
+591 28 0:4 net:[4026532894] /var/run/netns/hc-node rw shared:295 - nsfs nsfs rw
+612 24 0:4 net:[4026533100] /var/run/docker/netns/1a2b3c4d rw shared:300 - nsfs nsfs rw
+613 24 0:4 net:[4026533100] /run/docker/netns/1a2b3c4d rw shared:300 - nsfs nsfs rw
+620 24 0:4 net:[4026533200] /var/lib/my\040pods/cni-0a1b rw - nsfs nsfs rw
+621 24 0:4 mnt:[4026533300] /run/ns/mnt rw - nsfs nsfs rw
+630 24 0:52 / /run/netns rw shared:1 - tmpfs tmpfs rw
+`
+	path := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(path, []byte(info), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := nsfsMounts(path)
+	if want := []string{"/var/run/docker/netns/1a2b3c4d", "/var/lib/my pods/cni-0a1b"}; !slices.Equal(got, want) {
+		t.Errorf("nsfs mounts %q, want %q", got, want)
 	}
 }

@@ -42,7 +42,7 @@ type NodeInfo struct {
 	// veths at discovery, for PodWatch; hostAddrs the node netns's
 	// addresses, all of them when hostAddrsComplete.
 	svcs              serviceSet
-	veths             map[int]bool
+	veths             map[int]vethID
 	hostAddrs         []netip.Addr
 	hostAddrsComplete bool
 }
@@ -107,7 +107,8 @@ type Iface struct {
 // Pod is a network namespace with a veth whose peer is in the node's netns.
 type Pod struct {
 	NetNS NetNS `json:"netns"`
-	// Who holds the netns: a process (PID, Comm) and/or a /run/netns name.
+	// Who holds the netns: a process (PID, Comm) and/or a /run/netns name
+	// (or the path of a netns mount elsewhere).
 	PID    int    `json:"pid,omitempty"`
 	Comm   string `json:"comm,omitempty"`
 	NSName string `json:"netns_name,omitempty"`

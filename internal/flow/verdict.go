@@ -236,6 +236,11 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 	if iV >= 0 && iB < 0 {
 		return e.unrewritten(f, checkpoint(iV), why)
 	}
+	if iV >= 0 && iV == iB {
+		if v, ok := e.cameBack(f, checkpoint(iV), why); ok {
+			return v
+		}
+	}
 	if iV < 0 && iB >= 0 && f.wireVIP {
 		if v, ok := e.fromWire(f, checkpoint(iB), why); ok {
 			return v
@@ -257,6 +262,32 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 			checkpoint(iB).describe(f.cps[iB].backendFrom))
 	}
 	return e.bracket(f, checkpoint(iV), checkpoint(iB), why)
+}
+
+// cameBack decides a flow whose last checkpoint that saw the VIP saw the
+// backend too, later, and a later checkpoint the backend: the packets came
+// back to it after the rewrite between them, through the uplink (the
+// backend's route leads out and a router sends it back: a deleted backend
+// Pod that the NAT rules still name, looping until its TTL runs out; a
+// router that returns a local Pod's traffic). The retransmissions of the
+// client came with the VIP meanwhile, so the VIP was also seen there after
+// the backend: not a contradiction.
+func (e *Engine) cameBack(f *flowState, at checkpoint, why bool) (verdict, bool) {
+	s := f.cps[at]
+	if !s.vip || !s.backend || s.backendAt <= s.vipAt {
+		return verdict{}, false
+	}
+	for next := at + 1; int(next) < len(f.cps); next++ {
+		if f.cps[next].backend {
+			v := e.bracket(f, at, next, why)
+			if why {
+				v.reason += fmt.Sprintf("; %s saw backend %s too, after the VIP: the packets came back to it after NAT (their route to the backend leads out of the node and back: a routing loop?)",
+					at.describe(s.backendFrom), s.backendAddr.addrPort())
+			}
+			return v, true
+		}
+	}
+	return verdict{}, false
 }
 
 // unrewritten decides a flow no checkpoint saw with a backend.

@@ -75,6 +75,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	// The observers first, as at the start: a flow then meets the tcx
 	// observers before the taps miss its first packets. A veth without a
 	// tc program gets them once one appears there (tracer.observeTC).
+	tr.late.newVeths(found.CapturePoints)
 	tr.observeTC(now, found.TCPrograms)
 	for _, cp := range found.CapturePoints {
 		if cp.Role == discover.RoleHost && cp.TCUnread {

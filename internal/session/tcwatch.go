@@ -181,6 +181,18 @@ func (tr *tracer) observeVeth(now time.Time, ifindex int, ifname, why string) {
 	tr.late.note(note)
 }
 
+// newVeths forgets the observers of the host veths that had the ifindexes
+// of cps' host veths, a new Pod's: a Pod deleted and made again can get
+// its predecessor's ifindex (see discover.PodWatch), and the observers on
+// the veth that went went with it.
+func (l *tcLate) newVeths(cps []discover.CapturePoint) {
+	for _, cp := range cps {
+		if cp.Role == discover.RoleHost {
+			delete(l.observed, cp.Ifindex)
+		}
+	}
+}
+
 // summary lists what was attached late, for the report; nil when nothing.
 func (l *tcLate) summary() []string {
 	out := l.notes

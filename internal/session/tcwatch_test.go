@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
 )
 
@@ -38,5 +39,21 @@ func TestTCWatchUpdate(t *testing.T) {
 	}
 	if last := w.progs[len(w.progs)-1]; last.ID != uint32(100+2*maxGoneTCPrograms-1) || !last.Until.IsZero() {
 		t.Errorf("the program there now is %+v", last)
+	}
+}
+
+// TestNewVethsForgetObservers: a new Pod's host veth that got the ifindex
+// of a veth that had tcx observers (a Pod deleted and made again) is
+// observed anew once a tc program is there; the observers of the node's
+// other veths stay known, also one whose ifindex a Pod's eth0 has in the
+// Pod's own netns.
+func TestNewVethsForgetObservers(t *testing.T) {
+	l := &tcLate{observed: map[int]bool{3: true, 4: true}}
+	l.newVeths([]discover.CapturePoint{
+		{Role: discover.RolePod, Ifindex: 4, Ifname: "eth0"},
+		{Role: discover.RoleHost, Ifindex: 3, Ifname: "cali1234abcd567"},
+	})
+	if l.observed[3] || !l.observed[4] {
+		t.Errorf("observed after a new Pod behind ifindex 3 (its eth0 #4): %v, want only 4", l.observed)
 	}
 }
