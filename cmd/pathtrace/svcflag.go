@@ -26,8 +26,19 @@ func parseService(s string) (flow.Service, error) {
 			return svc, usagef("--svc %q: protocol %q is not tcp or udp (example: --svc 10.120.0.80:80/tcp)", s, proto)
 		}
 	}
+	// An IPv4 address in brackets ("[10.96.0.10]:53", as some tools print
+	// an address and port) is taken as written without them.
+	if inner, rest, ok := strings.Cut(strings.TrimPrefix(spec, "["), "]"); ok && strings.HasPrefix(spec, "[") {
+		if a, err := netip.ParseAddr(inner); err == nil && a.Is4() && (rest == "" || strings.HasPrefix(rest, ":")) {
+			spec = inner + rest
+		}
+	}
 	if strings.Count(spec, ":") > 1 || strings.HasPrefix(spec, "[") {
-		return svc, usagef("--svc %q: an IPv6 VIP; pathtrace traces IPv4 Services only (a dual-stack Service has an IPv4 ClusterIP too: kubectl get svc -o wide)", s)
+		inner, _, _ := strings.Cut(strings.TrimPrefix(spec, "["), "]")
+		if a, err := netip.ParseAddr(inner); err == nil && a.Is6() {
+			return svc, usagef("--svc %q: an IPv6 VIP; pathtrace traces IPv4 Services only (a dual-stack Service has an IPv4 ClusterIP too: kubectl get svc -o wide)", s)
+		}
+		return svc, usagef("--svc %q: %q is not an IPv4 address (example: --svc 10.120.0.80:80/tcp)", s, spec)
 	}
 	host, port, hasPort := spec, "", false
 	if i := strings.LastIndexByte(spec, ':'); i >= 0 {

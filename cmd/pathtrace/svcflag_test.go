@@ -16,6 +16,8 @@ func TestParseService(t *testing.T) {
 		"10.120.0.80:80":     {Addr: netip.MustParseAddr("10.120.0.80"), Port: 80},
 		"10.120.0.80:80/tcp": {Addr: netip.MustParseAddr("10.120.0.80"), Port: 80, Proto: obs.TCP},
 		"10.120.0.10/UDP":    {Addr: netip.MustParseAddr("10.120.0.10"), Proto: obs.UDP},
+		"[10.96.7.7]:80":     {Addr: netip.MustParseAddr("10.96.7.7"), Port: 80},
+		"[10.96.7.7]":        {Addr: netip.MustParseAddr("10.96.7.7")},
 	}
 	for in, want := range good {
 		got, err := parseService(in)
@@ -24,7 +26,7 @@ func TestParseService(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"999.1.1.1", "10.0.0.1:99999", "10.0.0.1:0", "10.0.0.1:80/sctp", "", "::1", "web:80", "10.0.0.1:",
-		"0.0.0.0", "0.0.0.0:80", "224.0.0.251:5353/udp", "255.255.255.255"} {
+		"0.0.0.0", "0.0.0.0:80", "224.0.0.251:5353/udp", "255.255.255.255", "[10.96.7.7]x", "[10.96.7.7"} {
 		_, err := parseService(in)
 		var ue usageError
 		if !errors.As(err, &ue) {
