@@ -50,7 +50,6 @@ func BenchmarkConsume(b *testing.B) {
 						p.Time = at.Add(time.Duration(3*j+k) * time.Microsecond)
 						bt.add(&p)
 					}
-					bt.seal()
 					if reason := tr.consume(bt); reason != "" {
 						b.Fatal(reason)
 					}
@@ -104,7 +103,6 @@ func BenchmarkNewFlow(b *testing.B) {
 		}
 		tr.consume(ob)
 		for _, fb := range fbs {
-			fb.seal()
 			if reason := tr.consume(fb); reason != "" {
 				b.Fatal(reason)
 			}

@@ -119,7 +119,6 @@ func TestReusedPortBeginsFlow(t *testing.T) {
 		f[14+20+13] = flags
 		b := tr.newBatch(0, false)
 		b.add(&capture.Packet{Time: base.Add(at), Dir: obs.DirOut, Len: len(f), CapLen: len(f), Data: f})
-		b.seal()
 		tr.consume(b)
 	}
 	const syn, rst, ack = 0x02, 0x04, 0x10

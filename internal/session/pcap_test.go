@@ -73,7 +73,6 @@ func frames(t *testing.T, tr *tracer, tapIdx int, offsets ...time.Duration) stri
 	for _, off := range offsets {
 		b.add(&capture.Packet{Time: base.Add(off), Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw})
 	}
-	b.seal()
 	return tr.consume(b)
 }
 
@@ -253,7 +252,6 @@ func TestICMPErrorComment(t *testing.T) {
 		}
 		b.add(&capture.Packet{Time: base.Add(time.Duration(i) * time.Millisecond), Dir: dir, Len: len(raw), CapLen: len(raw), Data: raw})
 	}
-	b.seal()
 	if reason := tr.consume(b); reason != "" {
 		t.Fatalf("stop reason %q", reason)
 	}

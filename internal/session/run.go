@@ -282,7 +282,6 @@ func (tr *tracer) produce(ctx context.Context, iface int, tp tap, items chan<- *
 	flush := func() {
 		if b != nil && len(b.frames) > 0 {
 			small = len(b.frames) <= smallBatch
-			b.seal()
 			items <- b
 			b = nil
 		}
