@@ -44,17 +44,21 @@ type classEntry struct {
 
 func newClassTable() *classTable { return &classTable{m: map[classKey]flow.Handle{}} }
 
-func (c *classTable) get(k classKey) (flow.Handle, bool) {
+// get returns the handle of kind k, nil when it has none. The pointer is
+// into the table's recent entries, valid until its next change (put,
+// remove or a get that finds k in the map only): the handle is not copied
+// through the stack, which cost a store-forwarding stall per packet.
+func (c *classTable) get(k classKey) *flow.Handle {
 	for i := range c.recent {
 		if e := &c.recent[i]; e.ok && e.k == k {
-			return e.h, true
+			return &e.h
 		}
 	}
 	h, ok := c.m[k]
-	if ok {
-		c.remember(k, h)
+	if !ok {
+		return nil
 	}
-	return h, ok
+	return c.remember(k, h)
 }
 
 func (c *classTable) put(k classKey, h flow.Handle) {
@@ -75,48 +79,56 @@ func (c *classTable) remove(k classKey) {
 	}
 }
 
-func (c *classTable) remember(k classKey, h flow.Handle) {
+// remember keeps k's handle among the recent entries and returns where.
+func (c *classTable) remember(k classKey, h flow.Handle) *flow.Handle {
 	for i := range c.recent {
 		if e := &c.recent[i]; e.ok && e.k == k {
 			e.h = h
-			return
+			return &e.h
 		}
 	}
-	c.recent[c.next] = classEntry{k: k, h: h, ok: true}
+	e := &c.recent[c.next]
+	*e = classEntry{k: k, h: h, ok: true}
 	c.next = (c.next + 1) % len(c.recent)
+	return &e.h
 }
 
-// classify counts a captured frame in its flow and returns its handle;
+// classify counts a captured frame in its flow and sets h to its handle;
 // false for a frame that is no packet of a known flow (not IPv4 TCP/UDP,
 // or its flow is not known yet: the engine keeps it waiting). This is the
 // path of every captured packet: a packet of a kind seen before is only
-// counted; the rest goes to correlate.
-func (tr *tracer) classify(tapIdx int, p *capture.Packet) (flow.Handle, bool) {
+// counted; the rest goes to correlate. The handle is set in place (the
+// frame's), not returned: a handle returned through the stack cost a
+// store-forwarding stall per packet.
+func (tr *tracer) classify(tapIdx int, p *capture.Packet, h *flow.Handle) bool {
 	t, control, ok := p.Tuple()
 	if !ok {
-		if h, ok, frag := tr.laterFragment(tapIdx, p); frag {
-			return h, ok
+		var frag bool
+		if *h, ok, frag = tr.laterFragment(tapIdx, p); frag {
+			return ok
 		}
 		tr.noteICMPError(tapIdx, p)
-		return flow.Handle{}, false
+		*h = flow.Handle{}
+		return false
 	}
 	k := kindOf(tapIdx, p.Dir, t)
 	// A TCP SYN, FIN or RST always goes to the engine: a SYN on a reused
 	// client port begins a new flow, which counting it in the old one
 	// would hide.
 	if !control {
-		if h, ok := tr.classes.get(k); ok && tr.eng.Repeat(h, tr.taps[tapIdx].point, p.Time, p.Len) {
+		if known := tr.classes.get(k); known != nil && tr.eng.Repeat(*known, tr.taps[tapIdx].point, p.Time, p.Len) {
+			*h = *known
 			if t.FirstFragment() {
-				tr.noteFirstFragment(tapIdx, p, h)
+				tr.noteFirstFragment(tapIdx, p, *h)
 			}
-			return h, true
+			return true
 		}
 	}
-	h, ok := tr.correlate(tapIdx, p, k)
+	*h, ok = tr.correlate(tapIdx, p, k)
 	if ok && t.FirstFragment() {
-		tr.noteFirstFragment(tapIdx, p, h)
+		tr.noteFirstFragment(tapIdx, p, *h)
 	}
-	return h, ok
+	return ok
 }
 
 // maxFrags bounds the datagrams remembered for their later fragments;

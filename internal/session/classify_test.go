@@ -26,7 +26,12 @@ func TestClassTableActsAsMap(t *testing.T) {
 		t.Helper()
 		for _, i := range append([]int{first}, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11) {
 			k := key(i)
-			h, ok := c.get(k)
+			var h flow.Handle
+			hp := c.get(k)
+			ok := hp != nil
+			if ok {
+				h = *hp
+			}
 			wh, wok := want[k]
 			if ok != wok || h != wh {
 				t.Fatalf("%s: key %d: got %v/%v, want %v/%v", step, i, h, ok, wh, wok)

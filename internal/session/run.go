@@ -331,7 +331,7 @@ func (tr *tracer) consume(b *batch) string {
 	tr.catchUp()
 	for i := range b.frames {
 		f := &b.frames[i]
-		f.h, f.known = tr.classify(b.tap, &f.pkt)
+		f.known = tr.classify(b.tap, &f.pkt, &f.h)
 	}
 	if tr.pcap == nil {
 		tr.putBatch(b)
