@@ -82,7 +82,7 @@ func TestRepeatMatchesAdd(t *testing.T) {
 					}
 					k := packetKey{o.Point, o.Dir, o.Proto, o.Src, o.Dst}
 					last[k] = o
-					if h, ok := handles[k]; ok && fast.Repeat(h, o.Point, o.Time, o.Len) {
+					if h, ok := handles[k]; ok && fast.Repeat(&h, o.Point, o.Time, o.Len) {
 						repeats++
 						continue
 					}
@@ -100,7 +100,7 @@ func TestRepeatMatchesAdd(t *testing.T) {
 				}
 				for k, h := range handles {
 					want, wantOK := plain.Classify(last[k])
-					got, gotOK := fast.CommentOf(h)
+					got, gotOK := fast.CommentOf(&h)
 					if gotOK != wantOK || wantOK && got != want.Comment() {
 						t.Errorf("%s order: %v: CommentOf = %q %v, Classify = %q %v", name, k, got, gotOK, want.Comment(), wantOK)
 					}

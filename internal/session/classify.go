@@ -116,7 +116,7 @@ func (tr *tracer) classify(tapIdx int, p *capture.Packet, h *flow.Handle) bool {
 	// client port begins a new flow, which counting it in the old one
 	// would hide.
 	if !control {
-		if known := tr.classes.get(k); known != nil && tr.eng.Repeat(*known, tr.taps[tapIdx].point, p.Time, p.Len) {
+		if known := tr.classes.get(k); known != nil && tr.eng.Repeat(known, tr.taps[tapIdx].point, p.Time, p.Len) {
 			*h = *known
 			if t.FirstFragment() {
 				tr.noteFirstFragment(tapIdx, p, *h)
@@ -166,7 +166,7 @@ func (tr *tracer) laterFragment(tapIdx int, p *capture.Packet) (h flow.Handle, o
 		return flow.Handle{}, false, false
 	}
 	point := tr.taps[tapIdx].point
-	if h, ok := tr.frags[fragKind(tapIdx, p.Dir, fk)]; ok && tr.eng.Repeat(h, point, p.Time, p.Len) {
+	if h, ok := tr.frags[fragKind(tapIdx, p.Dir, fk)]; ok && tr.eng.Repeat(&h, point, p.Time, p.Len) {
 		return h, true, true
 	}
 	src, dst := fk.Addrs4()
@@ -201,7 +201,7 @@ func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey) (flow.Han
 // it is and the flow of the packet it quotes (icmpComment).
 func (tr *tracer) comment(tapIdx int, f *frame) string {
 	if f.known {
-		if c, ok := tr.eng.CommentOf(f.h); ok {
+		if c, ok := tr.eng.CommentOf(&f.h); ok {
 			return c
 		}
 		if f.h.Refused() {

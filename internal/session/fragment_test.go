@@ -63,7 +63,7 @@ func TestLaterFragmentsFollowTheirDatagram(t *testing.T) {
 	if !ok {
 		t.Fatal("a later fragment of the datagram found no flow")
 	}
-	if c, _ := tr.eng.CommentOf(h); !strings.HasPrefix(c, "flow 1 ") {
+	if c, _ := tr.eng.CommentOf(&h); !strings.HasPrefix(c, "flow 1 ") {
 		t.Errorf("later fragment's comment %q, want flow 1's", c)
 	}
 	if _, ok := classify(2*time.Microsecond, fragFrame(t, 77, 370, false)); !ok {
