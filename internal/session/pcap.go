@@ -128,13 +128,12 @@ func (p *pcapOut) write(w export.Held, iface int, pkt *capture.Packet, comment s
 	if p.err != nil {
 		return "pcap-error"
 	}
-	err := w.WritePacket(iface, pkt, comment)
-	switch {
-	case errors.Is(err, export.ErrLimit):
+	if err := w.WritePacket(iface, pkt, comment); err != nil {
+		if !errors.Is(err, export.ErrLimit) {
+			p.err = err
+			return "pcap-error"
+		}
 		p.notWritten++
-	case err != nil:
-		p.err = err
-		return "pcap-error"
 	}
 	reason := p.w.StopReason()
 	if reason != "" && p.endedAt.IsZero() {
@@ -235,10 +234,12 @@ func (p *pcapOut) release(t time.Time, tr *tracer) string {
 			p.heads[0].at = q[0].frames[q[0].next].pkt.Time.UnixNano()
 			p.siftDown(0)
 		}
-		if p.full() {
-			return p.dropHeld(tr)
-		}
+		// A bound that ended the file made the write return its stop
+		// reason: the file is looked at only then.
 		if reason != "" {
+			if p.full() {
+				return p.dropHeld(tr)
+			}
 			return reason
 		}
 	}
