@@ -109,6 +109,14 @@ func (e *Engine) CommentOf(h *Handle) (string, bool) {
 	return f.comments[i], true
 }
 
+// SharesComment tells whether the packets of h and o have the same comment
+// (CommentOf) for as long as the engine learns nothing new: they are of
+// the same flow, direction and side of the translation (the capture point
+// aside). False for a refused flow's.
+func (h *Handle) SharesComment(o *Handle) bool {
+	return h.f != nil && h.f == o.f && h.reply == o.reply && h.translated == o.translated
+}
+
 // maxCommented bounds the flows that keep their packets' comments (a few
 // hundred bytes each, four kinds): most flows' packets are all written
 // within seconds, and thousands of quiet flows' comments were 4.6 MiB of
