@@ -220,20 +220,20 @@ func (p *Packet) layers() (l3, l4 int, proto obs.Proto, tpid, vlan uint16, ok bo
 // out-of-band tag takes precedence over in-band ones (it is the outer one).
 // Ifname and NetNS are the caller's to fill in; the observation may outlive
 // Data.
-func (p *Packet) Observation(point obs.Point) (obs.Observation, bool) {
+func (p *Packet) Observation(point obs.Point) (o obs.Observation, ok bool) {
 	l3, l4, proto, tpid, vlan, ok := p.layers()
 	if !ok {
 		return obs.Observation{}, false
 	}
+	// Field by field into the result: a composite literal was built on
+	// the stack and copied out with wide loads over its narrow stores, a
+	// store-forwarding stall that was a quarter of the decoding.
 	f := p.Data
-	o := obs.Observation{
-		Time: p.Time, Point: point, Dir: p.Dir, Ifindex: p.Ifindex, Len: p.Len,
-		Proto: proto,
-		Src:   netip.AddrPortFrom(netip.AddrFrom4([4]byte(f[l3+12:l3+16])), binary.BigEndian.Uint16(f[l4:])),
-		Dst:   netip.AddrPortFrom(netip.AddrFrom4([4]byte(f[l3+16:l3+20])), binary.BigEndian.Uint16(f[l4+2:])),
-		TPID:  tpid,
-		VLAN:  vlan,
-	}
+	o.Time, o.Point, o.Dir, o.Ifindex, o.Len = p.Time, point, p.Dir, p.Ifindex, p.Len
+	o.Proto = proto
+	o.Src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(f[l3+12:l3+16])), binary.BigEndian.Uint16(f[l4:]))
+	o.Dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(f[l3+16:l3+20])), binary.BigEndian.Uint16(f[l4+2:]))
+	o.TPID, o.VLAN = tpid, vlan
 	if proto == obs.TCP {
 		o.TCPFlags = f[l4+13]
 	}
