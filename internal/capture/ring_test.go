@@ -3,6 +3,7 @@ package capture
 import (
 	"bytes"
 	"encoding/binary"
+	"reflect"
 	"testing"
 	"time"
 
@@ -143,4 +144,50 @@ func FuzzWalkBlock(f *testing.F) {
 			}
 		}
 	})
+}
+
+// parsePacket sets every field of the packet it fills in (walkBlock reuses
+// one for the whole block): parsed into a packet whose every field holds
+// something, each packet comes out as parsed into a zero one.
+func TestParsePacketSetsEveryField(t *testing.T) {
+	out := tcpFrame(t, "10.244.8.23", "10.120.0.80", 40000, 80)
+	inband := udpFrame(t, "10.0.0.1", "10.0.0.2", 1, 2, tag{tpid: etherTypeDot1Q, vid: 42, pcp: 1})
+	pkts := []fakePkt{
+		{frame: out, sec: 1700000000, nsec: 7, ifindex: 3, pktType: unix.PACKET_OUTGOING, status: unix.TP_STATUS_USER},
+		{frame: out, ifindex: 4, pktType: unix.PACKET_HOST, status: unix.TP_STATUS_USER | unix.TP_STATUS_VLAN_VALID, tci: 10},
+		{frame: inband, pktType: unix.PACKET_HOST, status: unix.TP_STATUS_USER},
+		{frame: out[:10], pktType: unix.PACKET_HOST, status: unix.TP_STATUS_USER},
+	}
+	for i, fp := range pkts {
+		block := fakeBlock(4096, fp)
+		off := int(binary.NativeEndian.Uint32(block[blockFirstPktOff:]))
+		var want Packet
+		if !parsePacket(block, off, &want) {
+			t.Fatalf("packet %d not parsed", i)
+		}
+		var dirty Packet
+		v := reflect.ValueOf(&dirty).Elem()
+		for j := range v.NumField() {
+			switch f := v.Field(j); f.Kind() {
+			case reflect.Bool:
+				f.SetBool(true)
+			case reflect.Int:
+				f.SetInt(-99)
+			case reflect.Uint8, reflect.Uint16:
+				f.SetUint(0xfe)
+			case reflect.Slice:
+				f.SetBytes([]byte{1, 2, 3})
+			case reflect.Struct: // Time
+				f.Set(reflect.ValueOf(time.Unix(5, 5).UTC()))
+			default:
+				t.Fatalf("field %s of kind %s: teach the test to fill it", v.Type().Field(j).Name, f.Kind())
+			}
+		}
+		if !parsePacket(block, off, &dirty) {
+			t.Fatalf("packet %d not parsed into a used packet", i)
+		}
+		if !reflect.DeepEqual(dirty, want) {
+			t.Errorf("packet %d parsed into a used packet:\n%+v\nwant\n%+v", i, dirty, want)
+		}
+	}
 }

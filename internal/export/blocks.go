@@ -148,7 +148,14 @@ func (o *blockOut) flushFullPages() error {
 }
 
 // used is how much of the current page the written and pending blocks fill.
-func (o *blockOut) used() int64 { return (o.off + int64(len(o.pending))) % o.pageSize }
+// A page is a power of two: the mask, not a division (three per packet).
+func (o *blockOut) used() int64 {
+	at := o.off + int64(len(o.pending))
+	if o.pageSize&(o.pageSize-1) == 0 {
+		return at & (o.pageSize - 1)
+	}
+	return at % o.pageSize
+}
 
 // appendFiller appends a skippable block of n bytes (n >= minBlock, a
 // multiple of 4).

@@ -661,7 +661,7 @@ func feedSeq(e *flow.Engine, seq []obs.Observation, fast bool) string {
 			e.NoteICMPError(o, o.Comm, o.NATSrc.Addr())
 		case !fast || !isPacket(o.Point):
 			e.Add(o)
-		case ok && !control && e.Repeat(h, o.Point, o.Time, o.Len):
+		case ok && !control && e.Repeat(&h, o.Point, o.Time, o.Len):
 		default:
 			if h, ok := e.AddPacket(o); ok {
 				handles[k] = h

@@ -397,12 +397,12 @@ func TestRepeatAfterClose(t *testing.T) {
 		}
 		if i == 0 {
 			h, _ = e.AddPacket(o)
-		} else if !e.Repeat(h, o.Point, o.Time, o.Len) {
+		} else if !e.Repeat(&h, o.Point, o.Time, o.Len) {
 			t.Fatalf("packet %d of the open connection not repeated", i)
 		}
 	}
 	next := tcConn(120000, client, vip, other, true)
-	if e.Repeat(h, next[0].Point, next[0].Time, next[0].Len) {
+	if e.Repeat(&h, next[0].Point, next[0].Time, next[0].Len) {
 		t.Fatal("a packet 2 minutes after the close was counted in the closed flow")
 	}
 	for _, o := range next {

@@ -112,7 +112,7 @@ func TestCommentsKeptByRecentFlows(t *testing.T) {
 		if !ok {
 			t.Fatalf("flow %d: no handle", i)
 		}
-		s, ok := e.CommentOf(h)
+		s, ok := e.CommentOf(&h)
 		if !ok || !strings.Contains(s, "request to VIP") {
 			t.Fatalf("flow %d: comment %q, %v", i, s, ok)
 		}
@@ -122,7 +122,7 @@ func TestCommentsKeptByRecentFlows(t *testing.T) {
 		t.Errorf("%d of %d flows keep comments, want at most 1024", n, nflows)
 	}
 	for _, i := range []int{0, nflows / 2, nflows - 1} {
-		if s, ok := e.CommentOf(handles[i]); !ok || s != comments[i] {
+		if s, ok := e.CommentOf(&handles[i]); !ok || s != comments[i] {
 			t.Errorf("flow %d: comment %q, %v; it was %q", i, s, ok, comments[i])
 		}
 	}

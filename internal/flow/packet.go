@@ -50,8 +50,10 @@ func (e *Engine) AddPacket(o obs.Observation) (Handle, bool) {
 // another), the packet is older than h's, or h's TCP connection closed
 // well before it (its client port may be reused): the packet was not
 // counted, the caller must Add it. A TCP SYN, FIN or RST must be added,
-// never repeated: they tell a connection's life (reuse.go).
-func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
+// never repeated: they tell a connection's life (reuse.go). h is taken by
+// address, as by CommentOf: a handle passed by value was copied through the
+// stack at every packet, with a store-forwarding stall.
+func (e *Engine) Repeat(h *Handle, p obs.Point, at time.Time, n int) bool {
 	if at.UnixNano() < h.at {
 		return false
 	}
@@ -82,7 +84,7 @@ func (e *Engine) Repeat(h Handle, p obs.Point, at time.Time, n int) bool {
 // point shares it. The maxCommented flows that were given comments last
 // keep them; an earlier one's are made again when its packets come back.
 // False for a refused flow or one merged into another.
-func (e *Engine) CommentOf(h Handle) (string, bool) {
+func (e *Engine) CommentOf(h *Handle) (string, bool) {
 	f := h.f
 	if f == nil || f.merged {
 		return "", false
@@ -113,6 +115,14 @@ func (e *Engine) CommentOf(h Handle) (string, bool) {
 		}
 	}
 	return f.comments[i], true
+}
+
+// SharesComment tells whether the packets of h and o have the same comment
+// (CommentOf) for as long as the engine learns nothing new: they are of
+// the same flow, direction and side of the translation (the capture point
+// aside). False for a refused flow's.
+func (h *Handle) SharesComment(o *Handle) bool {
+	return h.f != nil && h.f == o.f && h.reply == o.reply && h.translated == o.translated
 }
 
 // maxCommented bounds the flows that keep their packets' comments (a few

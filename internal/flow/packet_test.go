@@ -85,7 +85,7 @@ func TestRepeatMatchesAdd(t *testing.T) {
 					// A TCP SYN, FIN or RST is always added, never
 					// repeated (Repeat; the capture path's classify).
 					control := o.Proto == obs.TCP && o.TCPFlags&0x07 != 0
-					if h, ok := handles[k]; ok && !control && fast.Repeat(h, o.Point, o.Time, o.Len) {
+					if h, ok := handles[k]; ok && !control && fast.Repeat(&h, o.Point, o.Time, o.Len) {
 						repeats++
 						continue
 					}
@@ -103,7 +103,7 @@ func TestRepeatMatchesAdd(t *testing.T) {
 				}
 				for k, h := range handles {
 					want, wantOK := plain.Classify(last[k])
-					got, gotOK := fast.CommentOf(h)
+					got, gotOK := fast.CommentOf(&h)
 					if gotOK != wantOK || wantOK && got != want.Comment() {
 						t.Errorf("%s order: %v: CommentOf = %q %v, Classify = %q %v", name, k, got, gotOK, want.Comment(), wantOK)
 					}

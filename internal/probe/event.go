@@ -57,7 +57,7 @@ var bpfPoints = map[uint32]obs.Point{
 // decodeEvent turns one ring-buffer record into an observation. monoEpoch is
 // the wall-clock time at which CLOCK_MONOTONIC was zero. Interface names and
 // netfilter priorities are not in the record; the Probe adds them.
-func decodeEvent(raw []byte, monoEpoch time.Time) (obs.Observation, error) {
+func decodeEvent(raw []byte, monoEpoch time.Time) (o obs.Observation, err error) {
 	if len(raw) < eventSize {
 		return obs.Observation{}, fmt.Errorf("event of %d bytes, want %d", len(raw), eventSize)
 	}
@@ -66,21 +66,22 @@ func decodeEvent(raw []byte, monoEpoch time.Time) (obs.Observation, error) {
 	if !ok {
 		return obs.Observation{}, fmt.Errorf("event with unknown point %d", raw[evPoint])
 	}
-	o := obs.Observation{
-		Time:     monoEpoch.Add(time.Duration(le.Uint64(raw[evKtime:]))),
-		Point:    point,
-		Proto:    obs.Proto(raw[evProto]),
-		Src:      addrPort(raw[evSaddr:], raw[evSport:]),
-		Dst:      addrPort(raw[evDaddr:], raw[evDport:]),
-		ReqDst:   addrPort(raw[evReqDaddr:], raw[evReqDport:]),
-		Cookie:   le.Uint64(raw[evCookie:]),
-		PID:      le.Uint32(raw[evPid:]),
-		Cgroup:   le.Uint64(raw[evCgroup:]),
-		Ifindex:  int(le.Uint32(raw[evIfindex:])),
-		NetNS:    uint64(le.Uint32(raw[evNetns:])),
-		Len:      int(le.Uint32(raw[evLen:])),
-		TCPFlags: raw[evTCPFlags],
-	}
+	// Field by field into the result: a composite literal was built on
+	// the stack and copied out with wide loads over its narrow stores (a
+	// store-forwarding stall per event).
+	o.Time = monoEpoch.Add(time.Duration(le.Uint64(raw[evKtime:])))
+	o.Point = point
+	o.Proto = obs.Proto(raw[evProto])
+	o.Src = addrPort(raw[evSaddr:], raw[evSport:])
+	o.Dst = addrPort(raw[evDaddr:], raw[evDport:])
+	o.ReqDst = addrPort(raw[evReqDaddr:], raw[evReqDport:])
+	o.Cookie = le.Uint64(raw[evCookie:])
+	o.PID = le.Uint32(raw[evPid:])
+	o.Cgroup = le.Uint64(raw[evCgroup:])
+	o.Ifindex = int(le.Uint32(raw[evIfindex:]))
+	o.NetNS = uint64(le.Uint32(raw[evNetns:]))
+	o.Len = int(le.Uint32(raw[evLen:]))
+	o.TCPFlags = raw[evTCPFlags]
 	comm := raw[evComm : evComm+evCommLen]
 	if i := bytes.IndexByte(comm, 0); i >= 0 {
 		comm = comm[:i]

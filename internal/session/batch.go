@@ -1,6 +1,7 @@
 package session
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
@@ -16,24 +17,27 @@ type batch struct {
 	tap    int     // index in tracer.taps; -1 for the probe's observations
 	frames []frame // in capture (time) order
 	// data holds the frames' bytes: a ring slot is reused once its block is
-	// handed back to the kernel, so every frame is copied, once.
+	// handed back to the kernel, so every frame is copied, once. Each
+	// frame's Data points into it from add on (rebase when it grows).
 	data []byte
 	obs  []obs.Observation
 	next int // with --pcap: the first frame not written yet
 }
 
-// frame is one captured frame and what the consumer made of it.
+// frame is one captured frame and what the consumer made of it. It is 128
+// bytes, two cache lines: the merge holds thousands of them (maxHeld) and
+// goes through them again to write them, out of the CPU's caches by then, so
+// every line counts.
 type frame struct {
-	pkt    capture.Packet // Data points into the batch's data once sealed
-	off, n int            // where in data
-	h      flow.Handle    // the flow counter it went to, when known
-	known  bool
+	pkt   capture.Packet // Data points into the batch's data
+	h     flow.Handle    // the flow counter it went to, when known
+	known bool
 }
 
 // A batch is handed over when it reaches maxBatch frames or maxBatchBytes of
 // frame data, or at the end of a ring block. A tap whose last batch held at
 // most smallBatch frames (a quiet Pod's, most of a node's) takes a small
-// one, with room for that many (2 KiB, where a full one takes 36 KiB):
+// one, with room for that many (2 KiB, where a full one takes 32 KiB):
 // with --pcap every batch is held 200 ms for the merge, so a node of many
 // Pods holds one or two per tap, live heap for the collector.
 const (
@@ -43,7 +47,7 @@ const (
 )
 
 // add copies p into the batch: straight into the next frame, where a frame
-// value appended was built and then copied again (a frame is 150 bytes).
+// value appended was built and then copied again (a frame is 128 bytes).
 func (b *batch) add(p *capture.Packet) {
 	n := len(b.frames)
 	if n < cap(b.frames) {
@@ -51,22 +55,30 @@ func (b *batch) add(p *capture.Packet) {
 	} else {
 		b.frames = append(b.frames, frame{})
 	}
+	if cap(b.data)-len(b.data) < len(p.Data) {
+		b.data = slices.Grow(b.data, len(p.Data))
+		b.rebase(n)
+	}
+	off := len(b.data)
+	b.data = append(b.data, p.Data...)
 	f := &b.frames[n]
 	f.pkt = *p
-	f.pkt.Data = nil
-	f.off, f.n = len(b.data), len(p.Data)
-	b.data = append(b.data, p.Data...)
+	f.pkt.Data = b.data[off:len(b.data):len(b.data)]
+}
+
+// rebase points the first n frames at their bytes in data, moved by its
+// growth; they are stored there one after the other.
+func (b *batch) rebase(n int) {
+	off := 0
+	for i := range b.frames[:n] {
+		f := &b.frames[i]
+		end := off + len(f.pkt.Data)
+		f.pkt.Data = b.data[off:end:end]
+		off = end
+	}
 }
 
 func (b *batch) full() bool { return len(b.frames) >= maxBatch || len(b.data) >= maxBatchBytes }
-
-// seal points every frame at its bytes; data does not grow any more.
-func (b *batch) seal() {
-	for i := range b.frames {
-		f := &b.frames[i]
-		f.pkt.Data = b.data[f.off : f.off+f.n : f.off+f.n]
-	}
-}
 
 // maxObs is the largest batch of observations kept for reuse (the probe's
 // batches are smaller).

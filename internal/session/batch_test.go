@@ -4,6 +4,7 @@ import (
 	"io"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -44,5 +45,48 @@ func TestSmallBatches(t *testing.T) {
 	}
 	if b := tr.newBatch(2, false); cap(b.frames) != maxBatch {
 		t.Errorf("a full batch has room for %d frames, want %d", cap(b.frames), maxBatch)
+	}
+}
+
+// TestBatchFramesKeepTheirBytes: each frame's Data holds its own bytes in
+// the batch's data from add on, also after the data grew (moved) under
+// later frames, and after the batch was reused; the source (a ring slot) is not
+// referenced.
+func TestBatchFramesKeepTheirBytes(t *testing.T) {
+	tr := testTracer(t, io.Discard)
+	frameOf := func(i int) []byte {
+		f := make([]byte, 40+i%70) // sizes that make the data grow at odd places
+		for j := range f {
+			f[j] = byte(i*7 + j)
+		}
+		return f
+	}
+	for round := range 2 { // a fresh batch, then the same one reused
+		b := tr.newBatch(0, round == 0)
+		slot := make([]byte, 200)
+		for i := range maxBatch {
+			src := frameOf(i)
+			copy(slot, src)
+			b.add(&capture.Packet{Time: base.Add(time.Duration(i)), Len: len(src), CapLen: len(src), Data: slot[:len(src)]})
+			clear(slot) // the ring slot is reused
+		}
+		for i := range b.frames {
+			if got, want := b.frames[i].pkt.Data, frameOf(i); string(got) != string(want) || cap(got) != len(want) {
+				t.Fatalf("round %d: frame %d holds %x (cap %d), want %x", round, i, got, cap(got), want)
+			}
+			// In the batch's data, not an array it outgrew (kept alive
+			// until the batch is given back).
+			if at := uintptr(unsafe.Pointer(unsafe.SliceData(b.frames[i].pkt.Data))) - uintptr(unsafe.Pointer(unsafe.SliceData(b.data))); at >= uintptr(len(b.data)) {
+				t.Fatalf("round %d: frame %d points outside the batch's data", round, i)
+			}
+		}
+		tr.putBatch(b)
+	}
+}
+
+// A frame is two cache lines: the merge goes through thousands of them.
+func TestFrameSize(t *testing.T) {
+	if n := unsafe.Sizeof(frame{}); n > 128 {
+		t.Errorf("a frame takes %d bytes, more than two cache lines", n)
 	}
 }

@@ -20,7 +20,8 @@ import (
 // microsecond apart, as a request crosses a Pod's eth0, its host veth and
 // the uplink, so the merge switches points at every frame. "many Pods" has
 // the capture points of 41 Pods, three of them with traffic. The file write
-// itself is left out (io.Discard).
+// itself is left out (io.Discard). "8 flows" is "3 points" with the frames
+// of 8 flows in turn (8 client ports), as a busy client's sockets send.
 func BenchmarkConsume(b *testing.B) {
 	points := []tap{{label: "pod:eth0", point: obs.PointPod}, {label: "host:veth-a", point: obs.PointHost}, {label: "uplink:bond0", point: obs.PointUplink}}
 	many := []tap{{label: "uplink:bond0", point: obs.PointUplink}}
@@ -31,13 +32,19 @@ func BenchmarkConsume(b *testing.B) {
 		name   string
 		taps   []tap
 		active []int
+		flows  int
 	}{
-		{"3 points", points, []int{0, 1, 2}},
-		{"many Pods", many, []int{39, 40, 0}},
+		{"3 points", points, []int{0, 1, 2}, 1},
+		{"many Pods", many, []int{39, 40, 0}, 1},
+		{"8 flows", points, []int{0, 1, 2}, 8},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			tr := testTracerOf(b, io.Discard, c.taps)
-			raw := udpFrame(b, client, vip)
+			var raws [][]byte
+			for i := range c.flows {
+				raws = append(raws, udpFrame(b, netip.AddrPortFrom(client.Addr(), client.Port()+uint16(i)), vip))
+			}
+			raw := raws[0]
 			p := capture.Packet{Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw}
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -48,9 +55,9 @@ func BenchmarkConsume(b *testing.B) {
 					bt := tr.newBatch(tapIdx, false)
 					for j := range maxBatch {
 						p.Time = at.Add(time.Duration(3*j+k) * time.Microsecond)
+						p.Data = raws[j%len(raws)]
 						bt.add(&p)
 					}
-					bt.seal()
 					if reason := tr.consume(bt); reason != "" {
 						b.Fatal(reason)
 					}
@@ -104,7 +111,6 @@ func BenchmarkNewFlow(b *testing.B) {
 		}
 		tr.consume(ob)
 		for _, fb := range fbs {
-			fb.seal()
 			if reason := tr.consume(fb); reason != "" {
 				b.Fatal(reason)
 			}

@@ -3,6 +3,7 @@ package session
 import (
 	"io"
 	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 	"time"
@@ -26,7 +27,12 @@ func TestClassTableActsAsMap(t *testing.T) {
 		t.Helper()
 		for _, i := range append([]int{first}, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11) {
 			k := key(i)
-			h, ok := c.get(k)
+			var h flow.Handle
+			hp := c.get(k)
+			ok := hp != nil
+			if ok {
+				h = *hp
+			}
 			wh, wok := want[k]
 			if ok != wok || h != wh {
 				t.Fatalf("%s: key %d: got %v/%v, want %v/%v", step, i, h, ok, wh, wok)
@@ -119,7 +125,6 @@ func TestReusedPortBeginsFlow(t *testing.T) {
 		f[14+20+13] = flags
 		b := tr.newBatch(0, false)
 		b.add(&capture.Packet{Time: base.Add(at), Dir: obs.DirOut, Len: len(f), CapLen: len(f), Data: f})
-		b.seal()
 		tr.consume(b)
 	}
 	const syn, rst, ack = 0x02, 0x04, 0x10
@@ -167,5 +172,56 @@ func TestPointsNameTheirTap(t *testing.T) {
 	want := map[string]uint64{"pod pod:eth0@10.244.8.23": 2, "pod pod:eth0@10.244.8.24": 2}
 	if !maps.Equal(got, want) {
 		t.Errorf("points %v, want %v", got, want)
+	}
+}
+
+// TestClassTableCacheCollisions: whatever kinds share a cache slot, the
+// table answers like a plain map through puts, gets and removals.
+func TestClassTableCacheCollisions(t *testing.T) {
+	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
+	var handles []flow.Handle
+	for i := range 8 {
+		h, ok := eng.AddPacket(obs.Observation{Time: base, Point: obs.PointPod, Dir: obs.DirOut, Proto: obs.UDP,
+			Src: netip.AddrPortFrom(client.Addr(), uint16(1000+i)), Dst: vip, Len: 60})
+		if !ok {
+			t.Fatal("no handle for a packet to the VIP")
+		}
+		handles = append(handles, h)
+	}
+	c := newClassTable()
+	want := map[classKey]flow.Handle{}
+	rng := rand.New(rand.NewPCG(7, 7))
+	keys := make([]classKey, 3*recentSlots) // more kinds than slots: collisions
+	for i := range keys {
+		keys[i] = kindOf(i%5, obs.Dir(1+i%2), capture.Tuple{Addrs: rng.Uint64(), Rest: rng.Uint64() &^ (1<<24 - 1)})
+	}
+	collided := false
+	seen := map[int]classKey{}
+	for _, k := range keys {
+		if o, ok := seen[slotOf(k)]; ok && o != k {
+			collided = true
+		}
+		seen[slotOf(k)] = k
+	}
+	if !collided {
+		t.Fatal("no two kinds share a slot: the test tests nothing")
+	}
+	for step := range 20000 {
+		k := keys[rng.IntN(len(keys))]
+		switch op := rng.IntN(10); {
+		case op < 3:
+			h := handles[rng.IntN(len(handles))]
+			c.put(k, h)
+			want[k] = h
+		case op < 4:
+			c.remove(k)
+			delete(want, k)
+		default:
+			got := c.get(k)
+			wh, wok := want[k]
+			if (got != nil) != wok || got != nil && *got != wh {
+				t.Fatalf("step %d: get %v: %v, want %v/%v", step, k, got, wh, wok)
+			}
+		}
 	}
 }

@@ -52,7 +52,9 @@ func TestLaterFragmentsFollowTheirDatagram(t *testing.T) {
 	tr.pcap = nil
 	tr.eng = flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
 	classify := func(at time.Duration, f []byte) (flow.Handle, bool) {
-		return tr.classify(0, &capture.Packet{Time: base.Add(at), Dir: obs.DirOut, Len: len(f), CapLen: len(f), Data: f})
+		var h flow.Handle
+		ok := tr.classify(0, &capture.Packet{Time: base.Add(at), Dir: obs.DirOut, Len: len(f), CapLen: len(f), Data: f}, &h)
+		return h, ok
 	}
 	if _, ok := classify(0, fragFrame(t, 77, 0, true)); !ok {
 		t.Fatal("the first fragment found no flow")
@@ -61,7 +63,7 @@ func TestLaterFragmentsFollowTheirDatagram(t *testing.T) {
 	if !ok {
 		t.Fatal("a later fragment of the datagram found no flow")
 	}
-	if c, _ := tr.eng.CommentOf(h); !strings.HasPrefix(c, "flow 1 ") {
+	if c, _ := tr.eng.CommentOf(&h); !strings.HasPrefix(c, "flow 1 ") {
 		t.Errorf("later fragment's comment %q, want flow 1's", c)
 	}
 	if _, ok := classify(2*time.Microsecond, fragFrame(t, 77, 370, false)); !ok {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/export"
+	"github.com/pathtrace/pathtrace/internal/flow"
 )
 
 // pcapOut is the session's pcapng file: one interface per tap, in tap order.
@@ -31,6 +32,17 @@ type pcapOut struct {
 	// file; notWritten counts the frames it had no room for from then on.
 	endedAt    time.Time
 	notWritten uint64
+	// last is the comment of the last frame release wrote from a known
+	// flow: the next frames of that flow, direction and side of the
+	// translation share it (at every capture point) while the engine
+	// learns nothing, which it does not during a release.
+	last lastComment
+}
+
+type lastComment struct {
+	h  flow.Handle
+	c  string
+	ok bool
 }
 
 // queueHead is a queue in pcapOut.heads and the time of its oldest frame.
@@ -128,13 +140,12 @@ func (p *pcapOut) write(w export.Held, iface int, pkt *capture.Packet, comment s
 	if p.err != nil {
 		return "pcap-error"
 	}
-	err := w.WritePacket(iface, pkt, comment)
-	switch {
-	case errors.Is(err, export.ErrLimit):
+	if err := w.WritePacket(iface, pkt, comment); err != nil {
+		if !errors.Is(err, export.ErrLimit) {
+			p.err = err
+			return "pcap-error"
+		}
 		p.notWritten++
-	case err != nil:
-		p.err = err
-		return "pcap-error"
 	}
 	reason := p.w.StopReason()
 	if reason != "" && p.endedAt.IsZero() {
@@ -213,6 +224,7 @@ func (p *pcapOut) release(t time.Time, tr *tracer) string {
 		return p.dropHeld(tr)
 	}
 	before := t.UnixNano()
+	p.last.ok = false // the engine may have learned since the last release
 	var w export.Held // held from the first frame due to the last
 	held := false
 	defer func() {
@@ -235,10 +247,12 @@ func (p *pcapOut) release(t time.Time, tr *tracer) string {
 			p.heads[0].at = q[0].frames[q[0].next].pkt.Time.UnixNano()
 			p.siftDown(0)
 		}
-		if p.full() {
-			return p.dropHeld(tr)
-		}
+		// A bound that ended the file made the write return its stop
+		// reason: the file is looked at only then.
 		if reason != "" {
+			if p.full() {
+				return p.dropHeld(tr)
+			}
 			return reason
 		}
 	}
@@ -294,7 +308,7 @@ func (p *pcapOut) writeHead(w export.Held, i int, tr *tracer) string {
 	q := p.queues[i]
 	b := q[0]
 	f := &b.frames[b.next]
-	reason := p.write(w, i, &f.pkt, tr.comment(i, f))
+	reason := p.write(w, i, &f.pkt, p.comment(tr, i, f))
 	b.next++
 	p.held--
 	if b.next == len(b.frames) {
@@ -304,4 +318,22 @@ func (p *pcapOut) writeHead(w export.Held, i int, tr *tracer) string {
 		tr.putBatch(b)
 	}
 	return reason
+}
+
+// comment is tr.comment(i, f), the last one made again when f's flow,
+// direction and side of the translation are those of the frame before
+// (the engine cannot have changed since: see pcapOut.last).
+func (p *pcapOut) comment(tr *tracer, i int, f *frame) string {
+	if !f.known {
+		return tr.comment(i, f)
+	}
+	if p.last.ok && f.h.SharesComment(&p.last.h) {
+		return p.last.c
+	}
+	c, ok := tr.eng.CommentOf(&f.h)
+	if !ok {
+		return tr.comment(i, f)
+	}
+	p.last = lastComment{h: f.h, c: c, ok: true}
+	return c
 }

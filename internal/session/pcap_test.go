@@ -73,7 +73,6 @@ func frames(t *testing.T, tr *tracer, tapIdx int, offsets ...time.Duration) stri
 	for _, off := range offsets {
 		b.add(&capture.Packet{Time: base.Add(off), Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw})
 	}
-	b.seal()
 	return tr.consume(b)
 }
 
@@ -195,7 +194,7 @@ func TestCommentFollowsVerdict(t *testing.T) {
 	raw := udpFrame(t, client, vip)
 	p := &capture.Packet{Time: base, Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw}
 	f := &frame{pkt: *p}
-	if f.h, f.known = tr.classify(0, p); !f.known {
+	if f.known = tr.classify(0, p, &f.h); !f.known {
 		t.Fatal("a request to the VIP was not classified")
 	}
 	first := tr.comment(0, f)
@@ -253,7 +252,6 @@ func TestICMPErrorComment(t *testing.T) {
 		}
 		b.add(&capture.Packet{Time: base.Add(time.Duration(i) * time.Millisecond), Dir: dir, Len: len(raw), CapLen: len(raw), Data: raw})
 	}
-	b.seal()
 	if reason := tr.consume(b); reason != "" {
 		t.Fatalf("stop reason %q", reason)
 	}
@@ -364,6 +362,47 @@ func TestPcapBoundEndsFileOrRun(t *testing.T) {
 		}
 		if packets != 7 {
 			t.Errorf("fileOnly %v: the flow counted %d packets, want all 7", fileOnly, packets)
+		}
+	}
+}
+
+// TestPcapCommentsFollowTheEngineBetweenReleases: the frames of a flow at
+// two taps written by one release share its comment; those written by
+// a later one, after the engine learned the flow's rewrite, carry the new
+// verdict (a comment is never reused across releases).
+func TestPcapCommentsFollowTheEngineBetweenReleases(t *testing.T) {
+	var out bytes.Buffer
+	// Two taps of the client Pod (its eth0 and a second capture of it):
+	// the verdict below needs the VIP seen before tc only.
+	tr := testTracerOf(t, &out, []tap{{label: "pod:eth0", point: obs.PointPod}, {label: "pod:eth0-again", point: obs.PointPod}})
+	tr.eng = flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointPod: true, obs.PointTCHead: true, obs.PointTCTail: true},
+	})
+	ms := time.Millisecond
+	frames(t, tr, 0, 0, 2*ms)
+	frames(t, tr, 1, 1*ms, 3*ms)
+	tr.pcap.release(base.Add(10*ms), tr)
+	backend := netip.MustParseAddrPort("10.244.20.31:5353")
+	tr.eng.Add(obs.Observation{Time: base.Add(time.Microsecond), Point: obs.PointTCHead, Dir: obs.DirIn, Proto: obs.UDP, Src: client, Dst: vip})
+	tr.eng.Add(obs.Observation{Time: base.Add(2 * time.Microsecond), Point: obs.PointTCTail, Dir: obs.DirIn, Proto: obs.UDP, Src: client, Dst: backend})
+	if got := tr.eng.Flows()[0].RewrittenAt; got != flow.PlaceTC {
+		t.Fatalf("verdict %s, want tc: the test needs a verdict change", got)
+	}
+	frames(t, tr, 0, 6*ms)
+	frames(t, tr, 1, 7*ms)
+	tr.pcap.release(base.Add(time.Hour), tr)
+	if err := tr.pcap.w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	got := readBack(t, out.Bytes())
+	if len(got) != 6 {
+		t.Fatalf("read %d packets, want 6", len(got))
+	}
+	for i, p := range got {
+		rewritten := strings.Contains(p.comment, "rewritten_at=tc")
+		if !strings.HasPrefix(p.comment, "flow 1 request to VIP (before translation)") || rewritten != (i >= 4) {
+			t.Errorf("packet %d (interface %d) comment %q; rewritten at tc from packet 4 on", i, p.iface, p.comment)
 		}
 	}
 }

@@ -282,7 +282,6 @@ func (tr *tracer) produce(ctx context.Context, iface int, tp tap, items chan<- *
 	flush := func() {
 		if b != nil && len(b.frames) > 0 {
 			small = len(b.frames) <= smallBatch
-			b.seal()
 			items <- b
 			b = nil
 		}
@@ -332,7 +331,7 @@ func (tr *tracer) consume(b *batch) string {
 	tr.catchUp()
 	for i := range b.frames {
 		f := &b.frames[i]
-		f.h, f.known = tr.classify(b.tap, &f.pkt)
+		f.known = tr.classify(b.tap, &f.pkt, &f.h)
 	}
 	if tr.pcap == nil {
 		tr.putBatch(b)
