@@ -113,6 +113,11 @@ func untranslatedAt(f *flowState, o obs.Observation, reply bool) bool {
 	return f.untranslatedKey(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)})
 }
 
+// untranslatedSlot is untranslatedKey of the point at slot (a Handle's).
+func (f *flowState) untranslatedSlot(slot int) bool {
+	return slot >= 0 && slot < len(f.points) && f.untranslatedKey(f.points[slot].pointKey)
+}
+
 // untranslatedKey is untranslatedAt for the packets counted under k; the
 // client's host veth tells the same as its eth0 (a reply leaving the node
 // towards the client, the client's packet coming in: its TX tap runs after

@@ -348,3 +348,47 @@ func TestUntranslatedComments(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedCommentsAreEqual: two packets whose handles SharesComment says
+// share a comment (the capture file's writer then makes it once for a run
+// of them) have the same comment, over every scenario's packets: a reply
+// that entered the client's Pod untranslated is commented apart from the
+// same reply at another point.
+func TestSharedCommentsAreEqual(t *testing.T) {
+	scenarios, err := flowtest.LoadDir(scenarioDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := 0
+	for _, s := range scenarios {
+		e := flow.NewEngine(s.Config)
+		var handles []flow.Handle
+		for _, o := range s.Observations {
+			if o.Point == obs.PointPod || o.Point == obs.PointHost || o.Point == obs.PointUplink {
+				if h, ok := e.AddPacket(o); ok {
+					handles = append(handles, h)
+				}
+				continue
+			}
+			e.Add(o)
+		}
+		comments := make([]string, len(handles))
+		for i := range handles {
+			comments[i], _ = e.CommentOf(&handles[i])
+		}
+		for i := range handles {
+			for j := range i {
+				if !handles[i].SharesComment(&handles[j]) {
+					continue
+				}
+				shared++
+				if comments[i] != comments[j] {
+					t.Errorf("%s: packets said to share a comment have %q and %q", s.Name, comments[j], comments[i])
+				}
+			}
+		}
+	}
+	if shared == 0 {
+		t.Fatal("no packets shared a comment: the test checked nothing")
+	}
+}

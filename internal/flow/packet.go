@@ -102,7 +102,7 @@ func (e *Engine) CommentOf(h *Handle) (string, bool) {
 	}
 	// Told now, not when h was made: whether the client addressed the VIP
 	// at its Pod may be learned after the packet.
-	untranslated := h.slot >= 0 && h.slot < len(f.points) && f.untranslatedKey(f.points[h.slot].pointKey)
+	untranslated := f.untranslatedSlot(h.slot)
 	if untranslated {
 		i = 4 + i&1
 	}
@@ -119,10 +119,15 @@ func (e *Engine) CommentOf(h *Handle) (string, bool) {
 
 // SharesComment tells whether the packets of h and o have the same comment
 // (CommentOf) for as long as the engine learns nothing new: they are of
-// the same flow, direction and side of the translation (the capture point
-// aside). False for a refused flow's.
+// the same flow, direction and side of the translation, and neither or
+// both are untranslated at their capture points (a reply that entered the
+// client's Pod from the backend's address is commented apart from the same
+// reply at the uplink). False for a refused flow's.
 func (h *Handle) SharesComment(o *Handle) bool {
-	return h.f != nil && h.f == o.f && h.reply == o.reply && h.translated == o.translated
+	if h.f == nil || h.f != o.f || h.reply != o.reply || h.translated != o.translated {
+		return false
+	}
+	return h.slot == o.slot || h.f.untranslatedSlot(h.slot) == h.f.untranslatedSlot(o.slot)
 }
 
 // maxCommented bounds the flows that keep their packets' comments (a few
