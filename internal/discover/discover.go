@@ -70,6 +70,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	if opt.MaxPods <= 0 {
 		opt.MaxPods = DefaultMaxPods
 	}
+	defaultCgroup := opt.Cgroup == ""
 	if err := checkOptions(&opt); err != nil {
 		return nil, err
 	}
@@ -113,6 +114,11 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 
 	own := observerFilter(opt.IsObserver)
 	info.SockPrograms, info.SockCgroup = sockPrograms(opt.Cgroup, own, info), opt.Cgroup
+	if defaultCgroup && opt.Cgroup != "" {
+		if note := cgroupNSNote(opt.Cgroup, cgroup2.IsHierarchyRoot); note != "" {
+			info.notef("%s", note)
+		}
+	}
 	cache := newProgCache(own)
 	info.TCPrograms = tcPrograms(host, info.CapturePoints, cache, info)
 	info.TCPrograms = append(info.TCPrograms, podTCPrograms(info.Pods, cache, info)...)
@@ -195,6 +201,19 @@ func checkOptions(opt *Options) error {
 		return usagef("--cgroup %s: not on a cgroup2 filesystem; give a cgroup v2 directory", given)
 	}
 	return nil
+}
+
+// cgroupNSNote says what the socket observers miss when the only cgroup2
+// mount pathtrace sees is not the hierarchy's root but that of its cgroup
+// namespace (a container's, a DaemonSet Pod's): attached there, they see the
+// processes below it only, pathtrace's own, and none of the node's Pods.
+func cgroupNSNote(dir string, isRoot func(string) bool) string {
+	if isRoot(dir) {
+		return ""
+	}
+	return fmt.Sprintf("the cgroup2 mount %s is not the root of the node's cgroup hierarchy (pathtrace runs in a cgroup namespace of its own, as a container does): "+
+		"the socket observers attached there see only the processes below it, not the node's Pods, so socket-level rewrites (a socket LB) go unseen; "+
+		"mount the host's /sys/fs/cgroup into the container (a hostPath volume, at /host/sys/fs/cgroup say: pathtrace takes it by itself) or give --cgroup with it", dir)
 }
 
 // nsGetNSType is the NS_GET_NSTYPE ioctl (_IO(0xb7, 0x3)), absent from x/sys.

@@ -249,3 +249,18 @@ func TestParseIPTablesRuleSources(t *testing.T) {
 		}
 	}
 }
+
+// A DaemonSet's container sees its own cgroup namespace: the default cgroup
+// is then not the hierarchy's root, and the socket observers attached there
+// would miss every Pod without a word.
+func TestCgroupNSNote(t *testing.T) {
+	if n := cgroupNSNote("/sys/fs/cgroup", func(string) bool { return true }); n != "" {
+		t.Errorf("hierarchy root: got note %q, want none", n)
+	}
+	n := cgroupNSNote("/sys/fs/cgroup", func(string) bool { return false })
+	for _, want := range []string{"/sys/fs/cgroup", "cgroup namespace", "--cgroup", "hostPath"} {
+		if !strings.Contains(n, want) {
+			t.Errorf("note %q does not say %q", n, want)
+		}
+	}
+}
