@@ -202,7 +202,7 @@ func (f *traceFlags) validate() (session.Options, error) {
 			return opt, usagef("--pod-pid %d: not a process id", f.podPID)
 		}
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", f.podPID)); errors.Is(err, fs.ErrNotExist) {
-			return opt, usagef("--pod-pid %d: no such process", f.podPID)
+			return opt, discover.PodPIDMissing(f.podPID)
 		} else if err != nil {
 			return opt, usagef("--pod-pid %d: %v", f.podPID, err)
 		}

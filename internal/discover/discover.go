@@ -175,7 +175,7 @@ func checkOptions(opt *Options) error {
 	if opt.PodPID > 0 {
 		path := fmt.Sprintf("/proc/%d/ns/net", opt.PodPID)
 		if _, err := os.Stat(path); err != nil {
-			return usagef("--pod-pid %d: no such process (%s missing); give the PID of a process in the pod", opt.PodPID, path)
+			return PodPIDMissing(opt.PodPID)
 		}
 		opt.PodNetNS = path
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"golang.org/x/sys/unix"
 )
 
 // nsCandidate is a network namespace that may be a pod's, with who holds it.
@@ -146,11 +147,36 @@ func holderOf(path string, inode uint64) nsCandidate {
 		if pid, err := strconv.Atoi(strings.SplitN(rest, "/", 2)[0]); err == nil {
 			c.pid, c.comm = pid, procComm(pid)
 		}
+	} else if c.pid, c.comm = otherProcHolder(path); c.pid != 0 {
+		return c
 	}
 	if dir, name := filepath.Split(path); filepath.Clean(dir) == runNetNSDir {
 		c.name = name
 	}
 	return c
+}
+
+// otherProcHolder is the process whose netns path is PROC/PID/ns/net under a
+// proc mount other than /proc (the host's in a container), with its command
+// read there; 0 when path is not one.
+func otherProcHolder(path string) (int, string) {
+	dir, ok := strings.CutSuffix(filepath.Clean(path), "/ns/net")
+	if !ok {
+		return 0, ""
+	}
+	pid, err := strconv.Atoi(filepath.Base(dir))
+	if err != nil || pid <= 0 {
+		return 0, ""
+	}
+	var st unix.Statfs_t
+	if unix.Statfs(filepath.Dir(dir), &st) != nil || st.Type != unix.PROC_SUPER_MAGIC {
+		return 0, ""
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "comm"))
+	if err != nil {
+		return 0, ""
+	}
+	return pid, strings.TrimSpace(string(b))
 }
 
 // nsfsMounts are the mount points of network namespaces in the mountinfo
@@ -201,4 +227,51 @@ func unescapeMountField(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// OtherProcNetNS is, for a PID that pathtrace's own /proc does not have, the
+// netns path of that PID under another proc mount that has it ("" if none):
+// in a container's PID namespace, a Pod's PID as the node knows it (crictl
+// inspect) exists only in the host's /proc, mounted in as a hostPath.
+func OtherProcNetNS(pid int) string {
+	for _, mp := range procMounts(mountInfoPath) {
+		path := filepath.Join(mp, strconv.Itoa(pid), "ns", "net")
+		if _, err := os.Stat(path); err == nil {
+			return path
+		}
+	}
+	return ""
+}
+
+// procMounts are the mount points of proc filesystems in the mountinfo file
+// at path but /proc itself.
+func procMounts(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		pre, post, ok := strings.Cut(strings.TrimRight(line, "\n"), " - ")
+		if !ok {
+			continue
+		}
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(g) < 1 || g[0] != "proc" || f[3] != "/" {
+			continue
+		}
+		if mp := unescapeMountField(f[4]); mp != "/proc" {
+			out = append(out, mp)
+		}
+	}
+	return out
+}
+
+// PodPIDMissing is the usage error for a --pod-pid that pathtrace's /proc
+// does not have.
+func PodPIDMissing(pid int) error {
+	if other := OtherProcNetNS(pid); other != "" {
+		return usagef("--pod-pid %d: no such process in pathtrace's PID namespace (a container's own?), but %s exists: give --pod-netns %s", pid, other, other)
+	}
+	return usagef("--pod-pid %d: no such process; give the PID of a process in the pod (when pathtrace runs in a container's own PID namespace, run it with the host's PID namespace, or mount the host's /proc and give --pod-netns HOSTPROC/%d/ns/net)", pid, pid)
 }

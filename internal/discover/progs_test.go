@@ -122,3 +122,37 @@ func TestNSFSMounts(t *testing.T) {
 		t.Errorf("nsfs mounts %q, want %q", got, want)
 	}
 }
+
+// A container's /proc is its own PID namespace's; the host's, mounted in as
+// a hostPath, is where a Pod's PID as the node knows it can be found.
+func TestProcMounts(t *testing.T) {
+	const info = `22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw
+23 1 0:22 / /host/proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+24 22 0:23 / /proc/sys/fs/binfmt_misc rw - binfmt_misc binfmt_misc rw
+25 1 0:21 /sys /host/proc-sys ro - proc proc rw
+26 1 0:24 / /mnt/other\040proc rw - proc none rw
+`
+	path := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(path, []byte(info), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := procMounts(path), []string{"/host/proc", "/mnt/other proc"}; !slices.Equal(got, want) {
+		t.Errorf("proc mounts %q, want %q", got, want)
+	}
+}
+
+// A netns given as PROC/PID/ns/net under any proc mount (the host's /proc
+// mounted into a container) is held by that process, named from there.
+func TestOtherProcHolder(t *testing.T) {
+	pid, comm := otherProcHolder(fmt.Sprintf("/proc/%d/ns/net", os.Getpid()))
+	if pid != os.Getpid() || comm == "" {
+		t.Errorf("own netns: got pid %d comm %q, want pid %d and a command", pid, comm, os.Getpid())
+	}
+	dir := filepath.Join(t.TempDir(), "123", "ns")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if pid, _ := otherProcHolder(filepath.Join(dir, "net")); pid != 0 {
+		t.Errorf("a path not on a proc filesystem taken for process %d", pid)
+	}
+}
