@@ -87,7 +87,7 @@ func listNetNS(skipInode uint64) ([]nsCandidate, error) {
 		add(nsCandidate{path: m, inode: inode, name: m})
 	}
 
-	pids, err := procPIDs()
+	pids, err := procPIDs("/proc")
 	if err != nil {
 		return nil, err
 	}
@@ -99,13 +99,47 @@ func listNetNS(skipInode uint64) ([]nsCandidate, error) {
 		}
 		add(nsCandidate{path: path, inode: inode, pid: pid, comm: procComm(pid)})
 	}
+	// In a container's own PID namespace the node's processes are seen
+	// only through the host's /proc mounted in (a hostPath): its PIDs are
+	// the node's, as crictl and ps on the node show them.
+	for _, mp := range procMounts(mountInfoPath) {
+		pids, err := procPIDs(mp)
+		if err != nil {
+			continue
+		}
+		for _, pid := range pids {
+			dir := filepath.Join(mp, strconv.Itoa(pid))
+			path := filepath.Join(dir, "ns", "net")
+			inode, ok := nsLinkInode(path)
+			if !ok {
+				continue
+			}
+			add(nsCandidate{path: path, inode: inode, pid: pid, comm: commAt(dir)})
+		}
+	}
 	return out, nil
 }
 
-func procPIDs() ([]int, error) {
-	entries, err := os.ReadDir("/proc")
+// commAt is the command of the process whose proc directory is dir.
+func commAt(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, "comm"))
 	if err != nil {
-		return nil, fmt.Errorf("list /proc: %w", err)
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// ownPIDNamespace tells whether pathtrace's /proc is that of a PID namespace
+// below the node's (a container's): there, no kernel thread is seen, and PID
+// 2 is not kthreadd, as it always is in the node's.
+func ownPIDNamespace() bool {
+	return commAt("/proc/2") != "kthreadd"
+}
+
+func procPIDs(proc string) ([]int, error) {
+	entries, err := os.ReadDir(proc)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", proc, err)
 	}
 	var pids []int
 	for _, e := range entries {
@@ -172,11 +206,11 @@ func otherProcHolder(path string) (int, string) {
 	if unix.Statfs(filepath.Dir(dir), &st) != nil || st.Type != unix.PROC_SUPER_MAGIC {
 		return 0, ""
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "comm"))
-	if err != nil {
+	comm := commAt(dir)
+	if comm == "" {
 		return 0, ""
 	}
-	return pid, strings.TrimSpace(string(b))
+	return pid, comm
 }
 
 // nsfsMounts are the mount points of network namespaces in the mountinfo

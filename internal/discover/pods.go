@@ -334,7 +334,16 @@ func unfoundNetNSNote(host *hostNS, nsids map[int]bool, only map[int]bool) strin
 	if len(names) > len(shown) {
 		list += fmt.Sprintf(" and %d more", len(names)-len(shown))
 	}
-	return fmt.Sprintf("veths of the node lead into netns that no process nor mount visible to pathtrace holds (%s): Pods behind them are not traced; give such a Pod's netns with --pod-netns PATH, or its host veth with --host-veth for the node side", list)
+	return fmt.Sprintf("veths of the node lead into netns that no process nor mount visible to pathtrace holds (%s): Pods behind them are not traced; give such a Pod's netns with --pod-netns PATH, or its host veth with --host-veth for the node side%s", list, containerHint(ownPIDNamespace(), len(procMounts(mountInfoPath)) > 0))
+}
+
+// containerHint is what a pathtrace in a container's own PID namespace,
+// which sees none of the node's processes, lacks to find the Pods' netns.
+func containerHint(ownPIDNS, hostProc bool) string {
+	if !ownPIDNS || hostProc {
+		return ""
+	}
+	return "; pathtrace runs in a PID namespace of its own (a container's) and sees none of the node's processes: run it with hostPID, or mount the host's /proc into the container (a hostPath volume, anywhere: pathtrace reads it) and /run/netns with mountPropagation HostToContainer"
 }
 
 // podHostVeths returns the node's veths that are a Pod's host veth, for
