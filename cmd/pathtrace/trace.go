@@ -308,8 +308,8 @@ func runTrace(args []string) int {
 		return exitUsage
 	}
 	limitMemory(opt.MaxFlows)
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "pathtrace: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN for setns): run it with sudo")
+	if msg := capsProblem("pathtrace"); msg != "" {
+		fmt.Fprintln(os.Stderr, msg)
 		return exitRuntime
 	}
 	if err := setNice(f.nice); err != nil {
