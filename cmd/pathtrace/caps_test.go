@@ -67,3 +67,32 @@ func TestMissingCapExitsOne(t *testing.T) {
 		}
 	}
 }
+
+// TestReadOnlyOutputExitsTwo: a --pcap or incident --out in a read-only
+// directory (a container's read-only root or volume) is refused up front,
+// one line, exit 2 as a missing directory is, before anything is attached or
+// the node-wide incident lock taken; nothing is left in it.
+func TestReadOnlyOutputExitsTwo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a read-only filesystem")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("ptro", dir, "tmpfs", unix.MS_RDONLY, "size=64m"); err != nil {
+		t.Skipf("mount a read-only tmpfs: %v", err)
+	}
+	defer unix.Unmount(dir, unix.MNT_DETACH)
+	for _, args := range [][]string{
+		{"--svc", "10.0.0.1", "--duration", "1s", "--pcap", dir + "/x.pcapng"},
+		{"incident", "--svc", "10.0.0.1", "--duration", "1s", "--out", dir + "/inc"},
+	} {
+		cmd := pathtrace(args...)
+		out, err := cmd.CombinedOutput()
+		msg := strings.TrimSpace(string(out))
+		if exitCode(err) != exitUsage || strings.Contains(msg, "\n") || !strings.Contains(msg, "read-only file system") {
+			t.Errorf("pathtrace %s: exit %d, output %q; want exit 2 and one line saying the directory is read-only", strings.Join(args, " "), exitCode(err), msg)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("left in the read-only directory: %v", ents)
+	}
+}

@@ -216,6 +216,9 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	if st, err := os.Stat(filepath.Dir(out)); err != nil || !st.IsDir() {
 		return session.Options{}, 0, usagef("--out %s: no directory %s to create it in", out, filepath.Dir(out))
 	}
+	if err := canWriteIn(filepath.Dir(out)); err != nil {
+		return session.Options{}, 0, usagef("--out %s: cannot create it in %s: %v; give --out in a writable directory", out, filepath.Dir(out), err)
+	}
 	budget, err := parseSize(maxBytes)
 	if err != nil || budget < 1<<20 {
 		return session.Options{}, 0, usagef("--max-bytes %q: give a size of at least 1M, e.g. 256M", maxBytes)

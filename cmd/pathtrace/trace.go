@@ -247,6 +247,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		if st, err := os.Stat(filepath.Dir(f.pcap)); err != nil || !st.IsDir() {
 			return opt, usagef("--pcap %s: no directory %s to write it in", f.pcap, filepath.Dir(f.pcap))
 		}
+		if err := canWriteIn(filepath.Dir(f.pcap)); err != nil {
+			return opt, usagef("--pcap %s: cannot write in %s: %v; give a file in a writable directory", f.pcap, filepath.Dir(f.pcap), err)
+		}
 	}
 	opt.Pcap = f.pcap
 	opt.PcapLimits.MaxPackets = f.maxPkts
@@ -254,6 +257,20 @@ func (f *traceFlags) validate() (session.Options, error) {
 	opt.Snaplen = f.snaplen
 	opt.MaxFlows = f.maxFlows
 	return opt, nil
+}
+
+// canWriteIn tells why files cannot be made in dir (a read-only filesystem, a
+// container's read-only root or volume, no permission), nil when they can:
+// found before anything is attached, not when the capture opens its file.
+func canWriteIn(dir string) error {
+	err := unix.Faccessat(unix.AT_FDCWD, dir, unix.W_OK|unix.X_OK, unix.AT_EACCESS)
+	if errors.Is(err, unix.EROFS) {
+		return errors.New("read-only file system")
+	}
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		return errors.New("permission denied")
+	}
+	return nil // other errors: the create itself will say
 }
 
 // stampedVersion is set by `make build` (-X): the commit it was built from.
