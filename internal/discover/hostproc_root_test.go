@@ -108,3 +108,39 @@ func TestHostProcHelper(t *testing.T) {
 		t.Errorf("host /proc mounted: hint %q, want none", h)
 	}
 }
+
+// TestNetNSUnreadableWithoutPtrace: without CAP_SYS_PTRACE (a container given
+// only the capabilities pathtrace requires) the netns of another user's
+// process (a Pod's pause, 65535) cannot be read: the note on unreachable
+// netns says so and names the capability, not that no process holds them.
+func TestNetNSUnreadableWithoutPtrace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("no setpriv")
+	}
+	if os.Getenv("PTTEST_NOPTRACE") == "1" {
+		if n := deniedNetNSLinks(); n == 0 {
+			t.Fatal("no netns link denied without CAP_SYS_PTRACE, though a process of another user runs")
+		} else if h := ptraceHint(n); !strings.Contains(h, "CAP_SYS_PTRACE") {
+			t.Fatalf("hint %q does not name CAP_SYS_PTRACE", h)
+		}
+		return
+	}
+	other := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Skipf("start a process as 65534: %v", err)
+	}
+	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+	time.Sleep(100 * time.Millisecond)
+	if ptraceHint(0) != "" {
+		t.Error("a hint with nothing denied")
+	}
+	cmd := exec.Command("setpriv", "--inh-caps=-all", "--bounding-set=-all,+bpf,+perfmon,+net_admin,+net_raw,+sys_admin", "--",
+		os.Args[0], "-test.run=^TestNetNSUnreadableWithoutPtrace$")
+	cmd.Env = append(os.Environ(), "PTTEST_NOPTRACE=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("without CAP_SYS_PTRACE: %v\n%s", err, out)
+	}
+}

@@ -1,7 +1,9 @@
 package discover
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -118,6 +120,32 @@ func listNetNS(skipInode uint64) ([]nsCandidate, error) {
 		}
 	}
 	return out, nil
+}
+
+// deniedNetNSLinks counts the processes, in /proc and the other proc mounts,
+// whose netns link pathtrace may not read (EACCES: another user's process,
+// without CAP_SYS_PTRACE).
+func deniedNetNSLinks() int {
+	n := 0
+	for _, proc := range append([]string{"/proc"}, procMounts(mountInfoPath)...) {
+		pids, _ := procPIDs(proc)
+		for _, pid := range pids {
+			dir := filepath.Join(proc, strconv.Itoa(pid))
+			_, err := os.Readlink(filepath.Join(dir, "ns", "net"))
+			if errors.Is(err, fs.ErrPermission) && !kernelThread(dir) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// kernelThread tells whether the process whose proc directory is dir is a
+// kernel thread (an empty command line: no user memory), which holds no
+// Pod's netns.
+func kernelThread(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+	return err == nil && len(b) == 0
 }
 
 // commAt is the command of the process whose proc directory is dir.

@@ -334,7 +334,18 @@ func unfoundNetNSNote(host *hostNS, nsids map[int]bool, only map[int]bool) strin
 	if len(names) > len(shown) {
 		list += fmt.Sprintf(" and %d more", len(names)-len(shown))
 	}
-	return fmt.Sprintf("veths of the node lead into netns that no process nor mount visible to pathtrace holds (%s): Pods behind them are not traced; give such a Pod's netns with --pod-netns PATH, or its host veth with --host-veth for the node side%s", list, containerHint(ownPIDNamespace(), len(procMounts(mountInfoPath)) > 0))
+	return fmt.Sprintf("veths of the node lead into netns that no process nor mount visible to pathtrace holds (%s): Pods behind them are not traced; give such a Pod's netns with --pod-netns PATH, or its host veth with --host-veth for the node side%s%s", list, ptraceHint(deniedNetNSLinks()), containerHint(ownPIDNamespace(), len(procMounts(mountInfoPath)) > 0))
+}
+
+// ptraceHint says why processes' netns could not be read: another user's
+// /proc/PID/ns/net needs CAP_SYS_PTRACE, which a container given only the
+// capabilities pathtrace requires lacks (a Pod's pause process runs as
+// 65535): the Pods' netns are then found only by their names.
+func ptraceHint(denied int) string {
+	if denied == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the netns of %d processes could not be read (permission denied: another user's or a non-dumpable process's /proc/PID/ns/net needs CAP_SYS_PTRACE, which pathtrace lacks: add it, or mount the Pods' netns directory, /run/netns, in)", denied)
 }
 
 // containerHint is what a pathtrace in a container's own PID namespace,
