@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -94,5 +95,31 @@ func TestReadOnlyOutputExitsTwo(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("left in the read-only directory: %v", ents)
+	}
+}
+
+// TestPtraceDeniedExitsOne: a --pod-pid or --pod-netns /proc/PID/ns/net of
+// another user's process (a Pod's pause) without CAP_SYS_PTRACE is a missing
+// capability, named, exit 1: not "permission denied" as bad input.
+func TestPtraceDeniedExitsOne(t *testing.T) {
+	needRoot(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("no setpriv")
+	}
+	other := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Skipf("start a process as 65534: %v", err)
+	}
+	defer func() { other.Process.Kill(); other.Wait() }()
+	pid := strconv.Itoa(other.Process.Pid)
+	for _, sel := range [][]string{{"--pod-pid", pid}, {"--pod-netns", "/proc/" + pid + "/ns/net"}} {
+		args := append([]string{"--inh-caps=-all", "--bounding-set=-all,+bpf,+perfmon,+net_admin,+net_raw,+sys_admin", "--",
+			os.Args[0], "--svc", "10.120.0.80", "--duration", "1s", "--nice", "0"}, sel...)
+		cmd := exec.Command("setpriv", args...)
+		cmd.Env = append(os.Environ(), runMainEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if exitCode(err) != exitRuntime || strings.Count(string(out), "\n") != 1 || !strings.Contains(string(out), "CAP_SYS_PTRACE") {
+			t.Errorf("%s without CAP_SYS_PTRACE: exit %d, output %q; want exit 1 and one line naming CAP_SYS_PTRACE", strings.Join(sel, " "), exitCode(err), out)
+		}
 	}
 }

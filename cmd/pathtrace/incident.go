@@ -97,7 +97,7 @@ func runIncident(args []string) int {
 	opt, budget, err := incidentOptions(&f, out, maxBytes)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
-		return exitUsage
+		return exitFor(err)
 	}
 	limitMemory(opt.MaxFlows)
 	if msg := capsProblem("pathtrace incident"); msg != "" {

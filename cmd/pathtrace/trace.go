@@ -192,7 +192,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		d.PodIP = a
 	}
 	if f.podNetNS != "" {
-		if _, err := os.Stat(f.podNetNS); err != nil {
+		if _, err := os.Stat(f.podNetNS); errors.Is(err, fs.ErrPermission) && strings.HasSuffix(f.podNetNS, "/ns/net") {
+			return opt, ptraceDenied("--pod-netns", f.podNetNS, err)
+		} else if err != nil {
 			return opt, usagef("--pod-netns %s: %v; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", f.podNetNS, errors.Unwrap(err))
 		}
 		d.PodNetNS = f.podNetNS
@@ -203,13 +205,17 @@ func (f *traceFlags) validate() (session.Options, error) {
 		}
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", f.podPID)); errors.Is(err, fs.ErrNotExist) {
 			return opt, discover.PodPIDMissing(f.podPID)
+		} else if errors.Is(err, fs.ErrPermission) {
+			return opt, ptraceDenied("--pod-pid", strconv.Itoa(f.podPID), err)
 		} else if err != nil {
 			return opt, usagef("--pod-pid %d: %v", f.podPID, err)
 		}
 		d.PodPID = f.podPID
 	}
 	if f.hostNetNS != "" {
-		if _, err := os.Stat(f.hostNetNS); err != nil {
+		if _, err := os.Stat(f.hostNetNS); errors.Is(err, fs.ErrPermission) && strings.HasSuffix(f.hostNetNS, "/ns/net") {
+			return opt, ptraceDenied("--host-netns", f.hostNetNS, err)
+		} else if err != nil {
 			return opt, usagef("--host-netns %s: %v; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", f.hostNetNS, errors.Unwrap(err))
 		}
 		d.HostNetNS = f.hostNetNS
@@ -257,6 +263,28 @@ func (f *traceFlags) validate() (session.Options, error) {
 	opt.Snaplen = f.snaplen
 	opt.MaxFlows = f.maxFlows
 	return opt, nil
+}
+
+// capError is an input pathtrace could not use for want of a capability:
+// a runtime failure (exit 1), not bad usage.
+type capError struct{ msg string }
+
+func (e capError) Error() string { return e.msg }
+
+// exitFor is the exit code of an error found while checking the flags.
+func exitFor(err error) int {
+	var ce capError
+	if errors.As(err, &ce) {
+		return exitRuntime
+	}
+	return exitUsage
+}
+
+// ptraceDenied says why a /proc/PID/ns/net (or another netns file) could not
+// be read: another user's or a non-dumpable process's needs CAP_SYS_PTRACE,
+// which a container given only what pathtrace requires lacks.
+func ptraceDenied(flag, what string, err error) error {
+	return capError{fmt.Sprintf("%s %s: %v: reading another user's (or a non-dumpable) process's netns needs CAP_SYS_PTRACE, which this process lacks: add it, or give the Pod's netns by its name under /run/netns", flag, what, errors.Unwrap(err))}
 }
 
 // canWriteIn tells why files cannot be made in dir (a read-only filesystem, a
@@ -322,7 +350,7 @@ func runTrace(args []string) int {
 	opt, err := f.validate()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
-		return exitUsage
+		return exitFor(err)
 	}
 	limitMemory(opt.MaxFlows)
 	if msg := capsProblem("pathtrace"); msg != "" {
