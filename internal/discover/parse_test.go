@@ -152,6 +152,15 @@ func TestNFTUnreadableWithoutModules(t *testing.T) {
 			}
 		})
 	}
+	// A container without the node's /lib/modules cannot tell a built-in
+	// nf_tables from a missing one: not "absent".
+	h := tree(t, "nfnetlink 1 0 - Live 0x0\n")
+	if err := os.RemoveAll(h.LibModules); err != nil {
+		t.Fatal(err)
+	}
+	if got := nftUnreadable(h); !strings.HasPrefix(got, "not read: nf_tables is not loaded, or is built in") || !strings.Contains(got, "mount the node's") {
+		t.Errorf("no modules.builtin: nftUnreadable = %q, want it not read, maybe built in, and what to mount", got)
+	}
 }
 
 // TestNodePortRules: a VIP that is an address of the node (a NodePort
