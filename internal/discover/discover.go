@@ -106,6 +106,9 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	info.svcs = svcs
 	info.Netfilter = readNetfilter(ctx, host.path, svcs, info)
 	info.IPVS = readIPVS(host.path, svcs)
+	if note := podLikeNodeNote(host, info); note != "" {
+		info.notef("%s", note)
+	}
 	uplinks, err := discoverUplinks(ctx, host, opt, info)
 	if err != nil {
 		return nil, err
@@ -201,6 +204,29 @@ func checkOptions(opt *Options) error {
 		return usagef("--cgroup %s: not on a cgroup2 filesystem; give a cgroup v2 directory", given)
 	}
 	return nil
+}
+
+// podLikeNodeNote says when the netns taken for the node looks like a Pod's:
+// it forwards nothing (ip_forward 0, which no node of a cluster has) and its
+// default route leaves through its only veth into another netns. pathtrace then
+// runs in a Pod without hostNetwork, or --host-netns names a Pod's netns:
+// what it traces is that Pod's own view, none of the node's datapath.
+func podLikeNodeNote(host *hostNS, info *NodeInfo) string {
+	if fwd := info.Netfilter.IPForward; fwd == nil || *fwd {
+		return ""
+	}
+	var out []netlink.Link // veths into other netns
+	for _, l := range host.links {
+		if _, ok := l.(*netlink.Veth); ok && l.Attrs().NetNsID >= 0 {
+			out = append(out, l)
+		}
+	}
+	// A Pod has one, its eth0; a node with Pods has one per Pod.
+	if len(out) != 1 || !host.carriesDefault(out[0].Attrs().Index) {
+		return ""
+	}
+	return fmt.Sprintf("the node netns %s looks like a Pod's, not a node's: ip_forward is 0 and its default route leaves through %s, a veth into another netns; "+
+		"run pathtrace with hostNetwork (a DaemonSet's hostNetwork: true), or give --host-netns with the node's netns (the host's /proc/1/ns/net, mounted in)", host.path, out[0].Attrs().Name)
 }
 
 // cgroupNSNote says what the socket observers miss when the only cgroup2

@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -142,5 +143,27 @@ func TestNetNSUnreadableWithoutPtrace(t *testing.T) {
 	cmd.Env = append(os.Environ(), "PTTEST_NOPTRACE=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("without CAP_SYS_PTRACE: %v\n%s", err, out)
+	}
+}
+
+// TestPodNetNSTakenForNode: pathtrace in a Pod without hostNetwork (or
+// --host-netns naming a Pod's netns) sees that Pod's netns as the node's; a
+// note says so and how to give the node's, instead of naming the real node
+// behind its veth "not taken for a Pod".
+func TestPodNetNSTakenForNode(t *testing.T) {
+	tb := newTestbed(t)
+	info, err := Node(context.Background(), Options{HostNetNS: tb.pod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasNote(info, "looks like a Pod's", "eth0", "hostNetwork", "--host-netns") {
+		t.Errorf("a Pod's netns as the node: notes %q, want one saying it looks like a Pod's", info.Notes)
+	}
+	info, err = Node(context.Background(), Options{HostNetNS: tb.node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hasNote(info, "looks like a Pod's") {
+		t.Errorf("the node's netns: notes %q, want none saying it looks like a Pod's", info.Notes)
 	}
 }

@@ -342,10 +342,21 @@ func unfoundNetNSNote(host *hostNS, nsids map[int]bool, only map[int]bool) strin
 // capabilities pathtrace requires lacks (a Pod's pause process runs as
 // 65535): the Pods' netns are then found only by their names.
 func ptraceHint(denied int) string {
-	if denied == 0 {
+	if denied == 0 || hasCapSysPtrace() {
 		return ""
 	}
 	return fmt.Sprintf("; the netns of %d processes could not be read (permission denied: another user's or a non-dumpable process's /proc/PID/ns/net needs CAP_SYS_PTRACE, which pathtrace lacks: add it, or mount the Pods' netns directory, /run/netns, in)", denied)
+}
+
+// hasCapSysPtrace tells whether pathtrace may read any process's netns link
+// (some, a sandbox's init, stay denied even to it: not its lack).
+func hasCapSysPtrace() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if unix.Capget(&hdr, &data[0]) != nil {
+		return false
+	}
+	return data[0].Effective&(1<<unix.CAP_SYS_PTRACE) != 0
 }
 
 // containerHint is what a pathtrace in a container's own PID namespace,
