@@ -172,7 +172,13 @@ func runIncident(args []string) int {
 		if _, serr := os.Stat(building); serr != nil {
 			where = out // published already: the archive failed
 		}
-		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (what was written is in %s)\n", err, where)
+		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (what was written is in %s); the run's report follows on stdout\n", err, where)
+		// The verdicts are not lost with the bundle (a disk another
+		// process filled, an --out gone read-only): they are printed.
+		rw := report.NewWriter(os.Stdout, report.FormatTable)
+		rw.Node(nodeJSON(res.Node, res.Attachments), func(w io.Writer) { writeNodeTable(w, res.Node, res.Attachments) })
+		rw.Flows(res.Flows)
+		rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded})
 		return exitRuntime
 	}
 	return exitOK
