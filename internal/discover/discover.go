@@ -252,6 +252,11 @@ func checkNetNSPath(flag, path string) error {
 	}
 	defer f.Close()
 	typ, err := unix.IoctlRetInt(int(f.Fd()), nsGetNSType)
+	if st, serr := f.Stat(); err != nil && serr == nil && st.Mode().IsRegular() && st.Size() == 0 {
+		// What a named netns's file is without the mount on it: the
+		// directory was bind-mounted without its submounts.
+		return usagef("%s %s: an empty file, not a network namespace: the netns mounted on it is not visible here (its directory was mounted without its submounts: mount it recursively, rbind, or in Kubernetes with mountPropagation: HostToContainer); or give /proc/PID/ns/net of a process in it", flag, path)
+	}
 	if err != nil || typ != unix.CLONE_NEWNET {
 		return usagef("%s %s: not a network namespace; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", flag, path)
 	}

@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -154,5 +155,26 @@ func TestOtherProcHolder(t *testing.T) {
 	}
 	if pid, _ := otherProcHolder(filepath.Join(dir, "net")); pid != 0 {
 		t.Errorf("a path not on a proc filesystem taken for process %d", pid)
+	}
+}
+
+// A named netns's file seen without the mount on it (its directory
+// bind-mounted without submounts into a container) is an empty file: the
+// error says why, not only "not a network namespace".
+func TestNetNSPathEmptyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node")
+	if err := os.WriteFile(path, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	err := checkNetNSPath("--host-netns", path)
+	var ue *UsageError
+	if !errors.As(err, &ue) || !strings.Contains(ue.Msg, "an empty file") || !strings.Contains(ue.Msg, "HostToContainer") {
+		t.Errorf("empty file: %v, want a usage error saying the netns mount is not visible", err)
+	}
+	if err := os.WriteFile(path, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkNetNSPath("--host-netns", path); err == nil || strings.Contains(err.Error(), "an empty file") {
+		t.Errorf("a file with content: %v, want only 'not a network namespace'", err)
 	}
 }
