@@ -77,6 +77,16 @@ func TestHostProcHelper(t *testing.T) {
 		must(unix.Mount("/proc", hostProc, "", unix.MS_BIND|unix.MS_REC, ""))
 	}
 	must(unix.Mount("proc", "/proc", "proc", 0, ""))
+	// The container's own /proc mounted again elsewhere is no other view:
+	// not scanned twice.
+	same := hostProc + "-same"
+	must(os.MkdirAll(same, 0o755))
+	must(unix.Mount("proc", same, "proc", 0, ""))
+	for _, mp := range procMounts(mountInfoPath) {
+		if mp == same {
+			t.Errorf("%s, a proc of pathtrace's own PID namespace, taken for another view", same)
+		}
+	}
 	// Named netns and netns mounts out of sight, as in a container.
 	must(unix.Mount("tmpfs", "/run", "tmpfs", 0, ""))
 	if !ownPIDNamespace() {

@@ -322,11 +322,23 @@ func procMounts(path string) []string {
 		if len(f) < 5 || len(g) < 1 || g[0] != "proc" || f[3] != "/" {
 			continue
 		}
-		if mp := unescapeMountField(f[4]); mp != "/proc" {
+		if mp := unescapeMountField(f[4]); mp != "/proc" && !sameProc(mp) {
 			out = append(out, mp)
 		}
 	}
 	return out
+}
+
+// sameProc tells whether the proc mount at mp shows /proc's PID namespace
+// (the host's /proc mounted in too, with hostPID): pathtrace has the same PID
+// in both. Scanning it again would only double the work.
+func sameProc(mp string) bool {
+	self, err := os.Readlink("/proc/self")
+	if err != nil {
+		return false
+	}
+	other, err := os.Readlink(filepath.Join(mp, "self"))
+	return err == nil && other == self
 }
 
 // PodPIDMissing is the usage error for a --pod-pid that pathtrace's /proc
