@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -74,4 +76,40 @@ func capNames(missing []string) string {
 		names[i], _, _ = strings.Cut(strings.TrimPrefix(m, "CAP_"), " ")
 	}
 	return strings.Join(names, ", ")
+}
+
+// memlockHint is what cilium/ebpf adds to an EPERM from bpf(): on the kernels
+// pathtrace runs on (>= 6.6) BPF memory is charged to the memory cgroup, and
+// RLIMIT_MEMLOCK plays no part.
+const memlockHint = " (MEMLOCK may be too low, consider rlimit.RemoveMemlock)"
+
+// explainDenied is the message of a run that failed, with why the kernel
+// refused when it said EPERM though pathtrace has the capabilities it needs
+// (checked before): a seccomp filter (a container's RuntimeDefault profile
+// blocks bpf() and setns()) or a security module.
+func explainDenied(err error) string {
+	msg := err.Error()
+	if !errors.Is(err, unix.EPERM) && !strings.Contains(msg, "operation not permitted") {
+		return msg
+	}
+	msg = strings.ReplaceAll(msg, memlockHint, "")
+	if seccompFiltered("/proc/self/status") {
+		return msg + ": a seccomp filter is on pathtrace (Seccomp: 2 in /proc/self/status; a container's RuntimeDefault profile is one) and refuses this system call though pathtrace has the capabilities: run it unconfined (seccompProfile: Unconfined; a privileged container usually is)"
+	}
+	return msg + ": refused though pathtrace has the capabilities it needs and no seccomp filter: a security module (AppArmor, SELinux, kernel lockdown) may forbid it"
+}
+
+// seccompFiltered tells whether the process status file at path says a
+// seccomp filter is on it (mode 2).
+func seccompFiltered(path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Seccomp:"); ok {
+			return strings.TrimSpace(v) == "2"
+		}
+	}
+	return false
 }

@@ -3,10 +3,13 @@ package main
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -120,6 +123,71 @@ func TestPtraceDeniedExitsOne(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		if exitCode(err) != exitRuntime || strings.Count(string(out), "\n") != 1 || !strings.Contains(string(out), "CAP_SYS_PTRACE") {
 			t.Errorf("%s without CAP_SYS_PTRACE: exit %d, output %q; want exit 1 and one line naming CAP_SYS_PTRACE", strings.Join(sel, " "), exitCode(err), out)
+		}
+	}
+}
+
+// denySyscallEnv names a system call that the test binary, run as
+// pathtrace, has fail with EPERM through a seccomp filter of its own.
+const denySyscallEnv = "PATHTRACE_TEST_DENY_SYSCALL"
+
+func denySyscall(nrText string) {
+	nr, err := strconv.Atoi(nrText)
+	if err != nil {
+		panic(err)
+	}
+	prog, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 0, Size: 4}, // seccomp_data.nr
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(nr), SkipFalse: 1},
+		bpf.RetConstant{Val: 0x00050000 | uint32(unix.EPERM)}, // SECCOMP_RET_ERRNO
+		bpf.RetConstant{Val: 0x7fff0000},                      // SECCOMP_RET_ALLOW
+	})
+	if err != nil {
+		panic(err)
+	}
+	filter := make([]unix.SockFilter, len(prog))
+	for i, p := range prog {
+		filter[i] = unix.SockFilter{Code: p.Op, Jt: p.Jt, Jf: p.Jf, K: p.K}
+	}
+	fp := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		panic(err)
+	}
+	// SECCOMP_FILTER_FLAG_TSYNC: every thread of the Go runtime, not this one only.
+	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, 1, 1, uintptr(unsafe.Pointer(&fp))); e != 0 {
+		panic(e)
+	}
+}
+
+// TestSeccompDeniedNamed: a container's seccomp profile refusing bpf() or
+// setns() though pathtrace has every capability: the failure says a seccomp
+// filter refused it and how to run unconfined, not "MEMLOCK may be too low".
+func TestSeccompDeniedNamed(t *testing.T) {
+	needRoot(t)
+	for name, nr := range map[string]int{"bpf": unix.SYS_BPF, "setns": unix.SYS_SETNS} {
+		cmd := pathtrace("--svc", "10.120.0.80", "--duration", "1s", "--nice", "0")
+		cmd.Env = append(cmd.Env, denySyscallEnv+"="+strconv.Itoa(nr))
+		out, err := cmd.CombinedOutput()
+		msg := string(out)
+		if exitCode(err) != exitRuntime || !strings.Contains(msg, "seccomp filter") || strings.Contains(msg, "MEMLOCK") {
+			t.Errorf("%s refused by seccomp: exit %d, output %q; want exit 1 naming the seccomp filter", name, exitCode(err), msg)
+		}
+	}
+}
+
+func TestSeccompFiltered(t *testing.T) {
+	dir := t.TempDir()
+	for status, want := range map[string]bool{
+		"Name:\tx\nSeccomp:\t2\nSeccomp_filters:\t1\n": true,
+		"Name:\tx\nSeccomp:\t0\nSeccomp_filters:\t0\n": false,
+		"Name:\tx\n": false,
+	} {
+		path := filepath.Join(dir, "status")
+		if err := os.WriteFile(path, []byte(status), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got := seccompFiltered(path); got != want {
+			t.Errorf("%q: %v, want %v", status, got, want)
 		}
 	}
 }

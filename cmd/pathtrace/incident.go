@@ -157,7 +157,7 @@ func runIncident(args []string) int {
 			fmt.Fprintf(os.Stderr, "pathtrace incident: %s; no bundle was written\n", interruptedStart)
 			return exitRuntime
 		}
-		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
+		fmt.Fprintf(os.Stderr, "pathtrace incident: %s\n", explainDenied(err))
 		return exitRuntime
 	}
 	// The snapshot is taken after the capture: pathtrace's own observers are

@@ -400,7 +400,7 @@ func runTrace(args []string) int {
 			fmt.Fprintf(os.Stderr, "pathtrace: %s\n", interruptedStart)
 			return exitRuntime
 		}
-		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
+		fmt.Fprintf(os.Stderr, "pathtrace: %s\n", explainDenied(err))
 		return exitRuntime
 	}
 	if path := os.Getenv("PATHTRACE_MEMPROFILE"); path != "" {
