@@ -97,11 +97,11 @@ func runIncident(args []string) int {
 	opt, budget, err := incidentOptions(&f, out, maxBytes)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
-		return exitUsage
+		return exitFor(err)
 	}
 	limitMemory(opt.MaxFlows)
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "pathtrace incident: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN for setns): run it with sudo")
+	if msg := capsProblem("pathtrace incident"); msg != "" {
+		fmt.Fprintln(os.Stderr, msg)
 		return exitRuntime
 	}
 	if err := setNice(f.nice); err != nil {
@@ -157,7 +157,7 @@ func runIncident(args []string) int {
 			fmt.Fprintf(os.Stderr, "pathtrace incident: %s; no bundle was written\n", interruptedStart)
 			return exitRuntime
 		}
-		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
+		fmt.Fprintf(os.Stderr, "pathtrace incident: %s\n", explainDenied(err))
 		return exitRuntime
 	}
 	// The snapshot is taken after the capture: pathtrace's own observers are
@@ -172,7 +172,13 @@ func runIncident(args []string) int {
 		if _, serr := os.Stat(building); serr != nil {
 			where = out // published already: the archive failed
 		}
-		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (what was written is in %s)\n", err, where)
+		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (what was written is in %s); the run's report follows on stdout\n", err, where)
+		// The verdicts are not lost with the bundle (a disk another
+		// process filled, an --out gone read-only): they are printed.
+		rw := report.NewWriter(os.Stdout, report.FormatTable)
+		rw.Node(nodeJSON(res.Node, res.Attachments), func(w io.Writer) { writeNodeTable(w, res.Node, res.Attachments) })
+		rw.Flows(res.Flows)
+		rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded})
 		return exitRuntime
 	}
 	return exitOK
@@ -215,6 +221,9 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	}
 	if st, err := os.Stat(filepath.Dir(out)); err != nil || !st.IsDir() {
 		return session.Options{}, 0, usagef("--out %s: no directory %s to create it in", out, filepath.Dir(out))
+	}
+	if err := canWriteIn(filepath.Dir(out)); err != nil {
+		return session.Options{}, 0, usagef("--out %s: cannot create it in %s: %v; give --out in a writable directory", out, filepath.Dir(out), err)
 	}
 	budget, err := parseSize(maxBytes)
 	if err != nil || budget < 1<<20 {

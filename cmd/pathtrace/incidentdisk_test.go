@@ -72,3 +72,47 @@ func TestFitDisk(t *testing.T) {
 		}
 	}
 }
+
+// TestIncidentDiskFilledByOther: another process fills --out's filesystem
+// during the run: the bundle cannot be written (exit 1, what was written
+// left in DIR.partial), and the run's verdicts are printed on stdout rather
+// than lost with it.
+func TestIncidentDiskFilledByOther(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=8m"); err != nil {
+		t.Skipf("cannot mount a small tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	out := filepath.Join(dir, "incident")
+	cmd := pathtrace("incident", "--out", out, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "4s")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
+	if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 3}); err != nil {
+		t.Fatal(err)
+	}
+	filler, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := filler.Write(chunk); err != nil {
+			break
+		}
+	}
+	filler.Close()
+	err = cmd.Wait()
+	if exitCode(err) != exitRuntime || !strings.Contains(stderr.String(), "no space left on device") || !strings.Contains(stderr.String(), out+".partial") {
+		t.Fatalf("bundle on a disk filled by another process: exit %d, stderr %q; want exit 1 naming ENOSPC and %s.partial", exitCode(err), stderr.String(), out)
+	}
+	if !strings.Contains(stdout.String(), lab.TCPVIP.String()) || !strings.Contains(stdout.String(), "REWRITTEN AT") || !strings.Contains(stdout.String(), "netfilter") {
+		t.Errorf("the run's report is not on stdout:\n%s", stdout.String())
+	}
+}

@@ -11,6 +11,9 @@ import (
 // re-executes it for its workers, and the CLI tests re-execute it as pathtrace.
 func TestMain(m *testing.M) {
 	lab.RunWorkerIfRequested()
+	if nr := os.Getenv(denySyscallEnv); nr != "" {
+		denySyscall(nr) // before main, as a container's seccomp profile is
+	}
 	if os.Getenv(runMainEnv) == "1" {
 		os.Args = append([]string{"pathtrace"}, os.Args[1:]...)
 		main()

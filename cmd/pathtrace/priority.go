@@ -37,6 +37,10 @@ func setNice(n int) error {
 		for _, tid := range tids {
 			err := unix.Setpriority(unix.PRIO_PROCESS, tid, n)
 			if err != nil && !errors.Is(err, unix.ESRCH) { // ESRCH: the thread ended
+				if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+					// A container's root often lacks it: say which.
+					return fmt.Errorf("set nice %d: %w (a nice value below 0 needs CAP_SYS_NICE; --nice 0 asks for none)", n, err)
+				}
 				return fmt.Errorf("set nice %d: %w", n, err)
 			}
 		}

@@ -192,7 +192,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		d.PodIP = a
 	}
 	if f.podNetNS != "" {
-		if _, err := os.Stat(f.podNetNS); err != nil {
+		if _, err := os.Stat(f.podNetNS); errors.Is(err, fs.ErrPermission) && strings.HasSuffix(f.podNetNS, "/ns/net") {
+			return opt, ptraceDenied("--pod-netns", f.podNetNS, err)
+		} else if err != nil {
 			return opt, usagef("--pod-netns %s: %v; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", f.podNetNS, errors.Unwrap(err))
 		}
 		d.PodNetNS = f.podNetNS
@@ -202,14 +204,18 @@ func (f *traceFlags) validate() (session.Options, error) {
 			return opt, usagef("--pod-pid %d: not a process id", f.podPID)
 		}
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", f.podPID)); errors.Is(err, fs.ErrNotExist) {
-			return opt, usagef("--pod-pid %d: no such process", f.podPID)
+			return opt, discover.PodPIDMissing(f.podPID)
+		} else if errors.Is(err, fs.ErrPermission) {
+			return opt, ptraceDenied("--pod-pid", strconv.Itoa(f.podPID), err)
 		} else if err != nil {
 			return opt, usagef("--pod-pid %d: %v", f.podPID, err)
 		}
 		d.PodPID = f.podPID
 	}
 	if f.hostNetNS != "" {
-		if _, err := os.Stat(f.hostNetNS); err != nil {
+		if _, err := os.Stat(f.hostNetNS); errors.Is(err, fs.ErrPermission) && strings.HasSuffix(f.hostNetNS, "/ns/net") {
+			return opt, ptraceDenied("--host-netns", f.hostNetNS, err)
+		} else if err != nil {
 			return opt, usagef("--host-netns %s: %v; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", f.hostNetNS, errors.Unwrap(err))
 		}
 		d.HostNetNS = f.hostNetNS
@@ -247,6 +253,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		if st, err := os.Stat(filepath.Dir(f.pcap)); err != nil || !st.IsDir() {
 			return opt, usagef("--pcap %s: no directory %s to write it in", f.pcap, filepath.Dir(f.pcap))
 		}
+		if err := canWriteIn(filepath.Dir(f.pcap)); err != nil {
+			return opt, usagef("--pcap %s: cannot write in %s: %v; give a file in a writable directory", f.pcap, filepath.Dir(f.pcap), err)
+		}
 	}
 	opt.Pcap = f.pcap
 	opt.PcapLimits.MaxPackets = f.maxPkts
@@ -254,6 +263,42 @@ func (f *traceFlags) validate() (session.Options, error) {
 	opt.Snaplen = f.snaplen
 	opt.MaxFlows = f.maxFlows
 	return opt, nil
+}
+
+// capError is an input pathtrace could not use for want of a capability:
+// a runtime failure (exit 1), not bad usage.
+type capError struct{ msg string }
+
+func (e capError) Error() string { return e.msg }
+
+// exitFor is the exit code of an error found while checking the flags.
+func exitFor(err error) int {
+	var ce capError
+	if errors.As(err, &ce) {
+		return exitRuntime
+	}
+	return exitUsage
+}
+
+// ptraceDenied says why a /proc/PID/ns/net (or another netns file) could not
+// be read: another user's or a non-dumpable process's needs CAP_SYS_PTRACE,
+// which a container given only what pathtrace requires lacks.
+func ptraceDenied(flag, what string, err error) error {
+	return capError{fmt.Sprintf("%s %s: %v: reading another user's (or a non-dumpable) process's netns needs CAP_SYS_PTRACE, which this process lacks: add it, or give the Pod's netns by its name under /run/netns", flag, what, errors.Unwrap(err))}
+}
+
+// canWriteIn tells why files cannot be made in dir (a read-only filesystem, a
+// container's read-only root or volume, no permission), nil when they can:
+// found before anything is attached, not when the capture opens its file.
+func canWriteIn(dir string) error {
+	err := unix.Faccessat(unix.AT_FDCWD, dir, unix.W_OK|unix.X_OK, unix.AT_EACCESS)
+	if errors.Is(err, unix.EROFS) {
+		return errors.New("read-only file system")
+	}
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		return errors.New("permission denied")
+	}
+	return nil // other errors: the create itself will say
 }
 
 // stampedVersion is set by `make build` (-X): the commit it was built from.
@@ -305,11 +350,11 @@ func runTrace(args []string) int {
 	opt, err := f.validate()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
-		return exitUsage
+		return exitFor(err)
 	}
 	limitMemory(opt.MaxFlows)
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "pathtrace: needs root (CAP_BPF, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN for setns): run it with sudo")
+	if msg := capsProblem("pathtrace"); msg != "" {
+		fmt.Fprintln(os.Stderr, msg)
 		return exitRuntime
 	}
 	if err := setNice(f.nice); err != nil {
@@ -355,7 +400,7 @@ func runTrace(args []string) int {
 			fmt.Fprintf(os.Stderr, "pathtrace: %s\n", interruptedStart)
 			return exitRuntime
 		}
-		fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
+		fmt.Fprintf(os.Stderr, "pathtrace: %s\n", explainDenied(err))
 		return exitRuntime
 	}
 	if path := os.Getenv("PATHTRACE_MEMPROFILE"); path != "" {

@@ -17,18 +17,60 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Root returns the mount point of the cgroup2 filesystem.
+// Root returns the mount point of the cgroup2 filesystem: of one that shows
+// the whole hierarchy when there is one. In a cgroup namespace (a container's
+// own, as Kubernetes gives even a privileged one on cgroup v2) a cgroup2
+// mounted there shows only the namespace's cgroup and what is below it, while
+// a mount of the host's hierarchy (a hostPath of /sys/fs/cgroup) shows all:
+// that one is taken wherever it is. Without one, the first cgroup2 mount is
+// returned: IsHierarchyRoot tells which it is.
 func Root() (string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return "", fmt.Errorf("find cgroup2 mount: %w", err)
 	}
 	defer f.Close()
-	return mountPoint(f)
+	mps, err := mountPoints(f)
+	if err != nil {
+		return "", err
+	}
+	return pickRoot(mps, IsHierarchyRoot), nil
+}
+
+// pickRoot is the first of the mount points that isRoot holds for, else the first.
+func pickRoot(mps []string, isRoot func(string) bool) string {
+	for _, mp := range mps {
+		if isRoot(mp) {
+			return mp
+		}
+	}
+	return mps[0]
+}
+
+// rootCgroupID is the id (kernfs inode number) of the hierarchy's root cgroup.
+const rootCgroupID = 1
+
+// IsHierarchyRoot tells whether dir is the root cgroup of the cgroup v2
+// hierarchy, not a cgroup below it (the root of a cgroup namespace, a
+// subtree bind-mounted).
+func IsHierarchyRoot(dir string) bool {
+	var st unix.Stat_t
+	return IsCgroup2(dir) && unix.Stat(dir, &st) == nil && st.Ino == rootCgroupID
 }
 
 // mountPoint returns the first cgroup2 mount point listed in a mountinfo file.
 func mountPoint(r io.Reader) (string, error) {
+	mps, err := mountPoints(r)
+	if err != nil {
+		return "", err
+	}
+	return mps[0], nil
+}
+
+// mountPoints returns the cgroup2 mount points listed in a mountinfo file, in
+// its order; an error when there is none.
+func mountPoints(r io.Reader) ([]string, error) {
+	var out []string
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
@@ -41,12 +83,15 @@ func mountPoint(r io.Reader) (string, error) {
 		if len(fields) < 5 || len(fsFields) < 1 || fsFields[0] != "cgroup2" {
 			continue
 		}
-		return unescapeMountPath(fields[4]), nil
+		out = append(out, unescapeMountPath(fields[4]))
 	}
 	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read mountinfo: %w", err)
+		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
-	return "", errors.New("no cgroup2 filesystem in /proc/self/mountinfo: mount one or pass --cgroup")
+	if len(out) == 0 {
+		return nil, errors.New("no cgroup2 filesystem in /proc/self/mountinfo: mount one or pass --cgroup")
+	}
+	return out, nil
 }
 
 // unescapeMountPath undoes the octal escapes (\040 for space, ...) mountinfo

@@ -70,6 +70,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	if opt.MaxPods <= 0 {
 		opt.MaxPods = DefaultMaxPods
 	}
+	defaultCgroup := opt.Cgroup == ""
 	if err := checkOptions(&opt); err != nil {
 		return nil, err
 	}
@@ -105,6 +106,9 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	info.svcs = svcs
 	info.Netfilter = readNetfilter(ctx, host.path, svcs, info)
 	info.IPVS = readIPVS(host.path, svcs)
+	if note := podLikeNodeNote(host, info); note != "" {
+		info.notef("%s", note)
+	}
 	uplinks, err := discoverUplinks(ctx, host, opt, info)
 	if err != nil {
 		return nil, err
@@ -113,6 +117,11 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 
 	own := observerFilter(opt.IsObserver)
 	info.SockPrograms, info.SockCgroup = sockPrograms(opt.Cgroup, own, info), opt.Cgroup
+	if defaultCgroup && opt.Cgroup != "" {
+		if note := cgroupNSNote(opt.Cgroup, cgroup2.IsHierarchyRoot); note != "" {
+			info.notef("%s", note)
+		}
+	}
 	cache := newProgCache(own)
 	info.TCPrograms = tcPrograms(host, info.CapturePoints, cache, info)
 	info.TCPrograms = append(info.TCPrograms, podTCPrograms(info.Pods, cache, info)...)
@@ -169,7 +178,7 @@ func checkOptions(opt *Options) error {
 	if opt.PodPID > 0 {
 		path := fmt.Sprintf("/proc/%d/ns/net", opt.PodPID)
 		if _, err := os.Stat(path); err != nil {
-			return usagef("--pod-pid %d: no such process (%s missing); give the PID of a process in the pod", opt.PodPID, path)
+			return PodPIDMissing(opt.PodPID)
 		}
 		opt.PodNetNS = path
 	}
@@ -197,6 +206,42 @@ func checkOptions(opt *Options) error {
 	return nil
 }
 
+// podLikeNodeNote says when the netns taken for the node looks like a Pod's:
+// it forwards nothing (ip_forward 0, which no node of a cluster has) and its
+// default route leaves through its only veth into another netns. pathtrace then
+// runs in a Pod without hostNetwork, or --host-netns names a Pod's netns:
+// what it traces is that Pod's own view, none of the node's datapath.
+func podLikeNodeNote(host *hostNS, info *NodeInfo) string {
+	if fwd := info.Netfilter.IPForward; fwd == nil || *fwd {
+		return ""
+	}
+	var out []netlink.Link // veths into other netns
+	for _, l := range host.links {
+		if _, ok := l.(*netlink.Veth); ok && l.Attrs().NetNsID >= 0 {
+			out = append(out, l)
+		}
+	}
+	// A Pod has one, its eth0; a node with Pods has one per Pod.
+	if len(out) != 1 || !host.carriesDefault(out[0].Attrs().Index) {
+		return ""
+	}
+	return fmt.Sprintf("the node netns %s looks like a Pod's, not a node's: ip_forward is 0 and its default route leaves through %s, a veth into another netns; "+
+		"run pathtrace with hostNetwork (a DaemonSet's hostNetwork: true), or give --host-netns with the node's netns (the host's /proc/1/ns/net, mounted in)", host.path, out[0].Attrs().Name)
+}
+
+// cgroupNSNote says what the socket observers miss when the only cgroup2
+// mount pathtrace sees is not the hierarchy's root but that of its cgroup
+// namespace (a container's, a DaemonSet Pod's): attached there, they see the
+// processes below it only, pathtrace's own, and none of the node's Pods.
+func cgroupNSNote(dir string, isRoot func(string) bool) string {
+	if isRoot(dir) {
+		return ""
+	}
+	return fmt.Sprintf("the cgroup2 mount %s is not the root of the node's cgroup hierarchy (pathtrace runs in a cgroup namespace of its own, as a container does): "+
+		"the socket observers attached there see only the processes below it, not the node's Pods, so socket-level rewrites (a socket LB) go unseen; "+
+		"mount the host's /sys/fs/cgroup into the container (a hostPath volume, at /host/sys/fs/cgroup say: pathtrace takes it by itself) or give --cgroup with it", dir)
+}
+
 // nsGetNSType is the NS_GET_NSTYPE ioctl (_IO(0xb7, 0x3)), absent from x/sys.
 const nsGetNSType = 0xb703
 
@@ -207,6 +252,11 @@ func checkNetNSPath(flag, path string) error {
 	}
 	defer f.Close()
 	typ, err := unix.IoctlRetInt(int(f.Fd()), nsGetNSType)
+	if st, serr := f.Stat(); err != nil && serr == nil && st.Mode().IsRegular() && st.Size() == 0 {
+		// What a named netns's file is without the mount on it: the
+		// directory was bind-mounted without its submounts.
+		return usagef("%s %s: an empty file, not a network namespace: the netns mounted on it is not visible here (its directory was mounted without its submounts: mount it recursively, rbind, or in Kubernetes with mountPropagation: HostToContainer); or give /proc/PID/ns/net of a process in it", flag, path)
+	}
 	if err != nil || typ != unix.CLONE_NEWNET {
 		return usagef("%s %s: not a network namespace; give a netns file such as /run/netns/NAME or /proc/PID/ns/net", flag, path)
 	}

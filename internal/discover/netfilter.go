@@ -114,6 +114,9 @@ func (w *NATWatch) Look(ctx context.Context) (nf Netfilter, ipvs IPVS, unread []
 // no nftables ruleset to read anyway.
 func nftUnreadable(h kmod.Host) string {
 	if m := h.FirstToLoad(kmod.NFTables...); m != "" {
+		if nl := h.NotLoaded(m); nl != m+" is not loaded" {
+			return fmt.Sprintf("not read: %s (not listed: listing would load it)", nl)
+		}
 		return fmt.Sprintf("absent: %s not loaded (not listed: listing would load it)", m)
 	}
 	return ""

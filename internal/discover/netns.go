@@ -1,7 +1,9 @@
 package discover
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -9,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"golang.org/x/sys/unix"
 )
 
 // nsCandidate is a network namespace that may be a pod's, with who holds it.
@@ -86,7 +89,7 @@ func listNetNS(skipInode uint64) ([]nsCandidate, error) {
 		add(nsCandidate{path: m, inode: inode, name: m})
 	}
 
-	pids, err := procPIDs()
+	pids, err := procPIDs("/proc")
 	if err != nil {
 		return nil, err
 	}
@@ -98,13 +101,73 @@ func listNetNS(skipInode uint64) ([]nsCandidate, error) {
 		}
 		add(nsCandidate{path: path, inode: inode, pid: pid, comm: procComm(pid)})
 	}
+	// In a container's own PID namespace the node's processes are seen
+	// only through the host's /proc mounted in (a hostPath): its PIDs are
+	// the node's, as crictl and ps on the node show them.
+	for _, mp := range procMounts(mountInfoPath) {
+		pids, err := procPIDs(mp)
+		if err != nil {
+			continue
+		}
+		for _, pid := range pids {
+			dir := filepath.Join(mp, strconv.Itoa(pid))
+			path := filepath.Join(dir, "ns", "net")
+			inode, ok := nsLinkInode(path)
+			if !ok {
+				continue
+			}
+			add(nsCandidate{path: path, inode: inode, pid: pid, comm: commAt(dir)})
+		}
+	}
 	return out, nil
 }
 
-func procPIDs() ([]int, error) {
-	entries, err := os.ReadDir("/proc")
+// deniedNetNSLinks counts the processes, in /proc and the other proc mounts,
+// whose netns link pathtrace may not read (EACCES: another user's process,
+// without CAP_SYS_PTRACE).
+func deniedNetNSLinks() int {
+	n := 0
+	for _, proc := range append([]string{"/proc"}, procMounts(mountInfoPath)...) {
+		pids, _ := procPIDs(proc)
+		for _, pid := range pids {
+			dir := filepath.Join(proc, strconv.Itoa(pid))
+			_, err := os.Readlink(filepath.Join(dir, "ns", "net"))
+			if errors.Is(err, fs.ErrPermission) && !kernelThread(dir) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// kernelThread tells whether the process whose proc directory is dir is a
+// kernel thread (an empty command line: no user memory), which holds no
+// Pod's netns.
+func kernelThread(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+	return err == nil && len(b) == 0
+}
+
+// commAt is the command of the process whose proc directory is dir.
+func commAt(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, "comm"))
 	if err != nil {
-		return nil, fmt.Errorf("list /proc: %w", err)
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// ownPIDNamespace tells whether pathtrace's /proc is that of a PID namespace
+// below the node's (a container's): there, no kernel thread is seen, and PID
+// 2 is not kthreadd, as it always is in the node's.
+func ownPIDNamespace() bool {
+	return commAt("/proc/2") != "kthreadd"
+}
+
+func procPIDs(proc string) ([]int, error) {
+	entries, err := os.ReadDir(proc)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", proc, err)
 	}
 	var pids []int
 	for _, e := range entries {
@@ -146,11 +209,36 @@ func holderOf(path string, inode uint64) nsCandidate {
 		if pid, err := strconv.Atoi(strings.SplitN(rest, "/", 2)[0]); err == nil {
 			c.pid, c.comm = pid, procComm(pid)
 		}
+	} else if c.pid, c.comm = otherProcHolder(path); c.pid != 0 {
+		return c
 	}
 	if dir, name := filepath.Split(path); filepath.Clean(dir) == runNetNSDir {
 		c.name = name
 	}
 	return c
+}
+
+// otherProcHolder is the process whose netns path is PROC/PID/ns/net under a
+// proc mount other than /proc (the host's in a container), with its command
+// read there; 0 when path is not one.
+func otherProcHolder(path string) (int, string) {
+	dir, ok := strings.CutSuffix(filepath.Clean(path), "/ns/net")
+	if !ok {
+		return 0, ""
+	}
+	pid, err := strconv.Atoi(filepath.Base(dir))
+	if err != nil || pid <= 0 {
+		return 0, ""
+	}
+	var st unix.Statfs_t
+	if unix.Statfs(filepath.Dir(dir), &st) != nil || st.Type != unix.PROC_SUPER_MAGIC {
+		return 0, ""
+	}
+	comm := commAt(dir)
+	if comm == "" {
+		return 0, ""
+	}
+	return pid, comm
 }
 
 // nsfsMounts are the mount points of network namespaces in the mountinfo
@@ -201,4 +289,63 @@ func unescapeMountField(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// OtherProcNetNS is, for a PID that pathtrace's own /proc does not have, the
+// netns path of that PID under another proc mount that has it ("" if none):
+// in a container's PID namespace, a Pod's PID as the node knows it (crictl
+// inspect) exists only in the host's /proc, mounted in as a hostPath.
+func OtherProcNetNS(pid int) string {
+	for _, mp := range procMounts(mountInfoPath) {
+		path := filepath.Join(mp, strconv.Itoa(pid), "ns", "net")
+		if _, err := os.Stat(path); err == nil {
+			return path
+		}
+	}
+	return ""
+}
+
+// procMounts are the mount points of proc filesystems in the mountinfo file
+// at path but /proc itself.
+func procMounts(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		pre, post, ok := strings.Cut(strings.TrimRight(line, "\n"), " - ")
+		if !ok {
+			continue
+		}
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(g) < 1 || g[0] != "proc" || f[3] != "/" {
+			continue
+		}
+		if mp := unescapeMountField(f[4]); mp != "/proc" && !sameProc(mp) {
+			out = append(out, mp)
+		}
+	}
+	return out
+}
+
+// sameProc tells whether the proc mount at mp shows /proc's PID namespace
+// (the host's /proc mounted in too, with hostPID): pathtrace has the same PID
+// in both. Scanning it again would only double the work.
+func sameProc(mp string) bool {
+	self, err := os.Readlink("/proc/self")
+	if err != nil {
+		return false
+	}
+	other, err := os.Readlink(filepath.Join(mp, "self"))
+	return err == nil && other == self
+}
+
+// PodPIDMissing is the usage error for a --pod-pid that pathtrace's /proc
+// does not have.
+func PodPIDMissing(pid int) error {
+	if other := OtherProcNetNS(pid); other != "" {
+		return usagef("--pod-pid %d: no such process in pathtrace's PID namespace (a container's own?), but %s exists: give --pod-netns %s", pid, other, other)
+	}
+	return usagef("--pod-pid %d: no such process; give the PID of a process in the pod (when pathtrace runs in a container's own PID namespace, run it with the host's PID namespace, or mount the host's /proc and give --pod-netns HOSTPROC/%d/ns/net)", pid, pid)
 }

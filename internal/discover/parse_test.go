@@ -152,6 +152,15 @@ func TestNFTUnreadableWithoutModules(t *testing.T) {
 			}
 		})
 	}
+	// A container without the node's /lib/modules cannot tell a built-in
+	// nf_tables from a missing one: not "absent".
+	h := tree(t, "nfnetlink 1 0 - Live 0x0\n")
+	if err := os.RemoveAll(h.LibModules); err != nil {
+		t.Fatal(err)
+	}
+	if got := nftUnreadable(h); !strings.HasPrefix(got, "not read: nf_tables is not loaded, or is built in") || !strings.Contains(got, "mount the node's") {
+		t.Errorf("no modules.builtin: nftUnreadable = %q, want it not read, maybe built in, and what to mount", got)
+	}
 }
 
 // TestNodePortRules: a VIP that is an address of the node (a NodePort
@@ -246,6 +255,21 @@ func TestParseIPTablesRuleSources(t *testing.T) {
 		}
 		if got := strings.TrimPrefix(NATRule{Sources: r.src}.fromString(), " from "); got != want {
 			t.Errorf("%s: sources %q, want %q", rule, got, want)
+		}
+	}
+}
+
+// A DaemonSet's container sees its own cgroup namespace: the default cgroup
+// is then not the hierarchy's root, and the socket observers attached there
+// would miss every Pod without a word.
+func TestCgroupNSNote(t *testing.T) {
+	if n := cgroupNSNote("/sys/fs/cgroup", func(string) bool { return true }); n != "" {
+		t.Errorf("hierarchy root: got note %q, want none", n)
+	}
+	n := cgroupNSNote("/sys/fs/cgroup", func(string) bool { return false })
+	for _, want := range []string{"/sys/fs/cgroup", "cgroup namespace", "--cgroup", "hostPath"} {
+		if !strings.Contains(n, want) {
+			t.Errorf("note %q does not say %q", n, want)
 		}
 	}
 }

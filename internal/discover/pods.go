@@ -334,7 +334,38 @@ func unfoundNetNSNote(host *hostNS, nsids map[int]bool, only map[int]bool) strin
 	if len(names) > len(shown) {
 		list += fmt.Sprintf(" and %d more", len(names)-len(shown))
 	}
-	return fmt.Sprintf("veths of the node lead into netns that no process nor mount visible to pathtrace holds (%s): Pods behind them are not traced; give such a Pod's netns with --pod-netns PATH, or its host veth with --host-veth for the node side", list)
+	return fmt.Sprintf("veths of the node lead into netns that no process nor mount visible to pathtrace holds (%s): Pods behind them are not traced; give such a Pod's netns with --pod-netns PATH, or its host veth with --host-veth for the node side%s%s", list, ptraceHint(deniedNetNSLinks()), containerHint(ownPIDNamespace(), len(procMounts(mountInfoPath)) > 0))
+}
+
+// ptraceHint says why processes' netns could not be read: another user's
+// /proc/PID/ns/net needs CAP_SYS_PTRACE, which a container given only the
+// capabilities pathtrace requires lacks (a Pod's pause process runs as
+// 65535): the Pods' netns are then found only by their names.
+func ptraceHint(denied int) string {
+	if denied == 0 || hasCapSysPtrace() {
+		return ""
+	}
+	return fmt.Sprintf("; the netns of %d processes could not be read (permission denied: another user's or a non-dumpable process's /proc/PID/ns/net needs CAP_SYS_PTRACE, which pathtrace lacks: add it, or mount the Pods' netns directory, /run/netns, in)", denied)
+}
+
+// hasCapSysPtrace tells whether pathtrace may read any process's netns link
+// (some, a sandbox's init, stay denied even to it: not its lack).
+func hasCapSysPtrace() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if unix.Capget(&hdr, &data[0]) != nil {
+		return false
+	}
+	return data[0].Effective&(1<<unix.CAP_SYS_PTRACE) != 0
+}
+
+// containerHint is what a pathtrace in a container's own PID namespace,
+// which sees none of the node's processes, lacks to find the Pods' netns.
+func containerHint(ownPIDNS, hostProc bool) string {
+	if !ownPIDNS || hostProc {
+		return ""
+	}
+	return "; pathtrace runs in a PID namespace of its own (a container's) and sees none of the node's processes: run it with hostPID, or mount the host's /proc into the container (a hostPath volume, anywhere: pathtrace reads it) and /run/netns with mountPropagation HostToContainer"
 }
 
 // podHostVeths returns the node's veths that are a Pod's host veth, for

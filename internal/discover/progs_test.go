@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -120,5 +121,60 @@ func TestNSFSMounts(t *testing.T) {
 	got := nsfsMounts(path)
 	if want := []string{"/var/run/docker/netns/1a2b3c4d", "/var/lib/my pods/cni-0a1b"}; !slices.Equal(got, want) {
 		t.Errorf("nsfs mounts %q, want %q", got, want)
+	}
+}
+
+// A container's /proc is its own PID namespace's; the host's, mounted in as
+// a hostPath, is where a Pod's PID as the node knows it can be found.
+func TestProcMounts(t *testing.T) {
+	const info = `22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw
+23 1 0:22 / /host/proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+24 22 0:23 / /proc/sys/fs/binfmt_misc rw - binfmt_misc binfmt_misc rw
+25 1 0:21 /sys /host/proc-sys ro - proc proc rw
+26 1 0:24 / /mnt/other\040proc rw - proc none rw
+`
+	path := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(path, []byte(info), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := procMounts(path), []string{"/host/proc", "/mnt/other proc"}; !slices.Equal(got, want) {
+		t.Errorf("proc mounts %q, want %q", got, want)
+	}
+}
+
+// A netns given as PROC/PID/ns/net under any proc mount (the host's /proc
+// mounted into a container) is held by that process, named from there.
+func TestOtherProcHolder(t *testing.T) {
+	pid, comm := otherProcHolder(fmt.Sprintf("/proc/%d/ns/net", os.Getpid()))
+	if pid != os.Getpid() || comm == "" {
+		t.Errorf("own netns: got pid %d comm %q, want pid %d and a command", pid, comm, os.Getpid())
+	}
+	dir := filepath.Join(t.TempDir(), "123", "ns")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if pid, _ := otherProcHolder(filepath.Join(dir, "net")); pid != 0 {
+		t.Errorf("a path not on a proc filesystem taken for process %d", pid)
+	}
+}
+
+// A named netns's file seen without the mount on it (its directory
+// bind-mounted without submounts into a container) is an empty file: the
+// error says why, not only "not a network namespace".
+func TestNetNSPathEmptyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node")
+	if err := os.WriteFile(path, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	err := checkNetNSPath("--host-netns", path)
+	var ue *UsageError
+	if !errors.As(err, &ue) || !strings.Contains(ue.Msg, "an empty file") || !strings.Contains(ue.Msg, "HostToContainer") {
+		t.Errorf("empty file: %v, want a usage error saying the netns mount is not visible", err)
+	}
+	if err := os.WriteFile(path, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkNetNSPath("--host-netns", path); err == nil || strings.Contains(err.Error(), "an empty file") {
+		t.Errorf("a file with content: %v, want only 'not a network namespace'", err)
 	}
 }

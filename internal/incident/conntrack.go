@@ -36,8 +36,8 @@ func (s *snapshot) conntrack(ctx context.Context, w *topicWriter) error {
 		fmt.Fprintln(w, "nf_conntrack is not loaded: no connection tracking, no entries")
 		return nil
 	default:
-		fmt.Fprintf(w, "%s is not loaded: entries not read (reading would load the module)\n", m)
-		w.notef("not read: %s is not loaded", m)
+		fmt.Fprintf(w, "%s: entries not read (reading would load the module)\n", kmod.NotLoaded(m))
+		w.notef("not read: %s", kmod.NotLoaded(m))
 		return nil
 	}
 	if n, err := s.conntrackCount(); err == nil && n > maxConntrackDump {

@@ -37,12 +37,12 @@ func (e *BusyError) Error() string {
 // lock. The file itself stays; only the flock on it matters.
 func Lock(runDir string) (release func(), err error) {
 	if err := os.MkdirAll(runDir, 0o755); err != nil {
-		return nil, fmt.Errorf("incident lock: %w", err)
+		return nil, fmt.Errorf("incident lock: %w%s", err, lockDirHint(runDir))
 	}
 	path := filepath.Join(runDir, LockFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("incident lock: %w", err)
+		return nil, fmt.Errorf("incident lock: %w%s", err, lockDirHint(runDir))
 	}
 	// flock locks belong to the open file: a second Lock in the same process
 	// (a second session) is refused too.
@@ -58,6 +58,13 @@ func Lock(runDir string) (release func(), err error) {
 		return nil, fmt.Errorf("incident lock %s: %w", path, err)
 	}
 	return func() { f.Close() }, nil
+}
+
+// lockDirHint says how to give pathtrace the lock directory it could not
+// make: a container with a read-only root (readOnlyRootFilesystem) has no
+// writable /run, and one with its own /run locks only against itself.
+func lockDirHint(runDir string) string {
+	return fmt.Sprintf(" (an incident needs a writable %s; in a container, mount the node's %s there as a hostPath volume, which also makes incidents in containers and on the node take turns)", runDir, runDir)
 }
 
 func writePID(f *os.File) error {

@@ -85,3 +85,16 @@ func TestLockSurvivesACrash(t *testing.T) {
 		t.Errorf("lock file holds %q, want our pid", b)
 	}
 }
+
+// TestLockDirUnwritable: a lock directory that cannot be made (a container's
+// read-only root) is named with how to give one.
+func TestLockDirUnwritable(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Lock(filepath.Join(file, "run"))
+	if err == nil || !strings.Contains(err.Error(), "hostPath") || !strings.Contains(err.Error(), "writable "+filepath.Join(file, "run")) {
+		t.Errorf("lock in a directory that cannot be made: %v; want the directory named and how to give one", err)
+	}
+}

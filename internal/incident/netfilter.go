@@ -20,7 +20,7 @@ import (
 // nft is installed, else pathtrace's rendering of what netlink lists.
 func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
 	if m := kmod.FirstToLoad(kmod.NFTables...); m != "" {
-		fmt.Fprintf(w, "%s is not loaded: no nftables ruleset (not listed: listing would load the module)\n", m)
+		fmt.Fprintf(w, "%s: no nftables ruleset (not listed: listing would load the module)\n", kmod.NotLoaded(m))
 		return nil
 	}
 	if nft, err := exec.LookPath("nft"); err == nil {

@@ -195,7 +195,13 @@ func (s *snapshot) cgroupPrograms(ctx context.Context, w *topicWriter) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "cgroup2 mount: %s\n\n## on the root (effective for every process in it)\n", root)
+	fmt.Fprintf(w, "cgroup2 mount: %s\n", root)
+	if !cgroup2.IsHierarchyRoot(root) {
+		// A container's own cgroup namespace: the node's cgroups, and the
+		// programs on them, are out of sight.
+		fmt.Fprintln(w, "NOT the node's cgroup hierarchy but the root of pathtrace's cgroup namespace (a container's): the node's other cgroups and the programs on them are not seen here; mount the host's /sys/fs/cgroup in (a hostPath)")
+	}
+	fmt.Fprint(w, "\n## on the root (effective for every process in it)\n")
 	if err := s.cgroupQuery(w, root, 0); err != nil {
 		return err
 	}

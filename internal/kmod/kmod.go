@@ -10,6 +10,7 @@ package kmod
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,6 +90,28 @@ func (h Host) WouldLoad(name string) bool {
 		return strings.TrimSuffix(filepath.Base(strings.TrimSpace(line)), ".ko")
 	})
 }
+
+// NotLoaded says that module name (one FirstToLoad returned) is not there:
+// "nf_tables is not loaded", or, when the built-in modules could not be read
+// (a container without the node's /lib/modules), that it may be built in
+// where pathtrace cannot see, and how to let it see.
+func (h Host) NotLoaded(name string) string {
+	release := h.Release
+	if release == "" {
+		var u unix.Utsname
+		if unix.Uname(&u) == nil {
+			release = unix.ByteSliceToString(u.Release[:])
+		}
+	}
+	path := filepath.Join(h.LibModules, release, "modules.builtin")
+	if _, err := os.Stat(path); err == nil {
+		return name + " is not loaded"
+	}
+	return fmt.Sprintf("%s is not loaded, or is built in where pathtrace cannot tell (%s unreadable: in a container, mount the node's %s in)", name, path, h.LibModules)
+}
+
+// NotLoaded is System.NotLoaded.
+func NotLoaded(name string) string { return System.NotLoaded(name) }
 
 // FirstToLoad returns the first of names that WouldLoad, "" when none.
 func (h Host) FirstToLoad(names ...string) string {

@@ -3,6 +3,7 @@ package kmod
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -104,5 +105,24 @@ func TestSystem(t *testing.T) {
 	}
 	if System.WouldLoad(entries[0].Name()) {
 		t.Errorf("%s is in %s, yet WouldLoad says it would load", entries[0].Name(), System.SysModule)
+	}
+}
+
+// TestNotLoaded: a module that would load is "not loaded" when the built-in
+// list was read; without it (a container without the node's /lib/modules) it
+// may be built in, and the message says so and what to mount, rather than
+// calling nftables absent on a node whose nf_tables is built in.
+func TestNotLoaded(t *testing.T) {
+	loaded := []string{"nfnetlink 1 0 - Live 0x0"}
+	h := fakeHost(t, nil, loaded, []string{"kernel/net/netfilter/x_tables.ko"}, "")
+	if got := h.NotLoaded("nf_tables"); got != "nf_tables is not loaded" {
+		t.Errorf("built-ins read: %q, want \"nf_tables is not loaded\"", got)
+	}
+	h = fakeHost(t, nil, loaded, nil, "")
+	got := h.NotLoaded("nf_tables")
+	for _, want := range []string{"nf_tables is not loaded, or is built in", "modules.builtin unreadable", "mount the node's " + h.LibModules} {
+		if !strings.Contains(got, want) {
+			t.Errorf("built-ins unreadable: %q does not say %q", got, want)
+		}
 	}
 }

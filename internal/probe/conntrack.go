@@ -55,9 +55,12 @@ func conntrackModulesErr(h kmod.Host) error {
 	case "":
 		return nil
 	case "nf_conntrack":
+		if nl := h.NotLoaded(m); nl != m+" is not loaded" {
+			return fmt.Errorf("unavailable: %s (not subscribed: subscribing would load it, and pathtrace never changes the node)", nl)
+		}
 		return errors.New("unavailable: nf_conntrack is not loaded, nothing tracks connections on this node (not subscribed: subscribing would load it, and pathtrace never changes the node)")
 	default:
-		return fmt.Errorf("unavailable: %s is not loaded (not subscribed: subscribing would load it, and pathtrace never changes the node)", m)
+		return fmt.Errorf("unavailable: %s (not subscribed: subscribing would load it, and pathtrace never changes the node)", h.NotLoaded(m))
 	}
 }
 
