@@ -3,6 +3,7 @@ package session
 import (
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,5 +112,30 @@ func TestTCObserversOnlyWhereProgram(t *testing.T) {
 	}
 	if len(tr.late.atts) != 2 {
 		t.Errorf("%d late attachments, want the 2 egress observers", len(tr.late.atts))
+	}
+	if len(tr.late.notes) != 1 || !strings.Contains(tr.late.notes[0], "tcx egress cni_from_pod appeared there") {
+		t.Errorf("notes %q, want one, naming the egress program", tr.late.notes)
+	}
+
+	// A veth whose programs on both directions appear in one look: its
+	// observers in one attachment, one note.
+	tr.late = &tcLate{observed: map[int]tcDirs{}, tails: true}
+	pr.Detach() // the observers go; the veth has only its programs
+	pr2, err := probe.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr2.Close()
+	pr2.Preload(true, true)
+	tr.pr = pr2
+	tr.observeTC(time.Now(), []discover.TCProgram{
+		{Ifname: "hv0", Ifindex: ifindex, Role: discover.RoleHost, Dir: "ingress", Via: "tcx", Name: "cni_from_pod"},
+		{Ifname: "hv0", Ifindex: ifindex, Role: discover.RoleHost, Dir: "egress", Via: "tcx", Name: "cni_to_pod"},
+	})
+	if in, out := count(ebpf.AttachTCXIngress), count(ebpf.AttachTCXEgress); in != 3 || out != 3 {
+		t.Fatalf("both programs appeared: tcx programs on ingress %d, egress %d; want 3 and 3", in, out)
+	}
+	if len(tr.late.notes) != 1 || len(tr.late.atts) != 4 {
+		t.Errorf("notes %q, %d attachments; want one note and the 4 observers", tr.late.notes, len(tr.late.atts))
 	}
 }

@@ -151,10 +151,32 @@ var errNoTailsLoaded = errors.New("no host veth had a tcx program when the trace
 // direction of the program, that has none yet: a rewrite there is then
 // bracketed as at the veths of the start.
 func (tr *tracer) observeTC(now time.Time, progs []discover.TCProgram) {
+	// One attachment per veth, of every direction that got a program,
+	// named by the first program that brings one.
+	type veth struct {
+		ifindex int
+		ifname  string
+		dirs    tcDirs
+		why     string
+	}
+	var veths []*veth
 	for _, p := range progs {
-		if p.Role == discover.RoleHost {
-			tr.observeVeth(now, p.Ifindex, p.Ifname, tcDir(p.Dir), fmt.Sprintf("%s %s %s appeared there", p.Via, p.Dir, p.Name))
+		if p.Role != discover.RoleHost {
+			continue
 		}
+		i := slices.IndexFunc(veths, func(v *veth) bool { return v.ifindex == p.Ifindex })
+		if i < 0 {
+			veths = append(veths, &veth{ifindex: p.Ifindex, ifname: p.Ifname})
+			i = len(veths) - 1
+		}
+		v, d := veths[i], tcDir(p.Dir)
+		if v.why == "" && d&^tr.late.observed[p.Ifindex] != 0 {
+			v.why = fmt.Sprintf("%s %s %s appeared there", p.Via, p.Dir, p.Name)
+		}
+		v.dirs |= d
+	}
+	for _, v := range veths {
+		tr.observeVeth(now, v.ifindex, v.ifname, v.dirs, v.why)
 	}
 }
 
