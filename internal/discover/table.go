@@ -75,24 +75,32 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		p("tc\tno tcx or cls_bpf program on host veths and uplinks\n")
 	}
 	type progKind struct{ role, dir, via, name string }
-	ids := map[progKind][]string{}
+	ids := map[progKind][]string{} // distinct, in order
+	places := map[progKind]int{}   // how many interfaces have one
 	for _, t := range n.TCPrograms {
 		k := progKind{t.Role, t.Dir, t.Via, t.Name}
-		ids[k] = append(ids[k], fmt.Sprint(t.ID))
+		places[k]++
+		if id := fmt.Sprint(t.ID); !slices.Contains(ids[k], id) {
+			ids[k] = append(ids[k], id)
+		}
 	}
 	printed := map[progKind]bool{}
 	for _, t := range n.TCPrograms {
 		k := progKind{t.Role, t.Dir, t.Via, t.Name}
 		switch same := ids[k]; {
-		case len(same) > maxSameRows:
-			// One program per Pod (Cilium loads one per endpoint): one row.
+		case places[k] > maxSameRows:
+			// One program per Pod (Cilium loads one per endpoint), or one
+			// program on every veth (an observer's): one row.
 			if !printed[k] {
 				printed[k] = true
-				shown := strings.Join(same[:min(len(same), maxSameRows)], ", ")
+				shown := "id " + same[0]
+				if len(same) > 1 {
+					shown = "ids " + strings.Join(same[:min(len(same), maxSameRows)], ", ")
+				}
 				if len(same) > maxSameRows {
 					shown += ", …"
 				}
-				p("tc\t%d %s interfaces %s %s\t%s (ids %s)\t%s\n", len(same), t.Role, t.Dir, t.Via, orDash(t.Name), shown, t.Role)
+				p("tc\t%d %s interfaces %s %s\t%s (%s)\t%s\n", places[k], t.Role, t.Dir, t.Via, orDash(t.Name), shown, t.Role)
 			}
 		default:
 			da := ""

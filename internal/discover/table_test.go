@@ -59,6 +59,19 @@ func TestTableFoldsManyPods(t *testing.T) {
 	if strings.Contains(few.String(), "one per Pod") {
 		t.Errorf("2 Pods: folded:\n%s", few.String())
 	}
+	// One program on every veth (an observer's, such as pwru's or Hubble's
+	// tcx program): its id once, not once per veth.
+	shared := node(110)
+	for i := range shared.TCPrograms {
+		shared.TCPrograms[i].ID = 34501
+	}
+	var one bytes.Buffer
+	if err := shared.Table(&one); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(one.String(), "110 host interfaces ingress tcx  cil_from_container (id 34501)") {
+		t.Errorf("110 Pods sharing one program: want it named with its id once:\n%s", one.String())
+	}
 }
 
 // TestTableRejectAfterNAT: kube-proxy's reject of a ClusterIP's other ports

@@ -25,22 +25,33 @@ import (
 func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string) []probe.Attachment {
 	var atts []probe.Attachment
 	atts = append(atts, pr.AttachSocket(cgroup)...)
+	atts = append(atts, attachTCObservers(pr, node)...)
+	atts = append(atts, pr.AttachNetfilter(node.HostNetNS.Path)...)
+	atts = append(atts, pr.AttachConntrack(node.HostNetNS.Path)...)
+	return atts
+}
+
+// attachTCObservers puts tcx observers on the host veths, in each direction
+// where discovery found a tc program (both where it could not read them):
+// elsewhere nothing rewrites at tc, and the veth's tap brackets the place.
+func attachTCObservers(pr *probe.Probe, node *discover.NodeInfo) []probe.Attachment {
+	var atts []probe.Attachment
 	tails := needTails(node)
 	for _, cp := range node.CapturePoints {
 		if cp.Role != discover.RoleHost {
 			continue
 		}
-		switch {
-		case !hasTCProgram(node, cp):
+		dirs := tcDirsOf(node, cp)
+		if dirs == 0 {
 			atts = append(atts, probe.SkippedTC(cp.NetNS, cp.Ifindex, cp.Ifname, errNoTCProgram)...)
-		case !tails:
-			atts = append(atts, pr.AttachTCHeads(cp.NetNS, cp.Ifindex, cp.Ifname, errNoOtherTCX)...)
-		default:
-			atts = append(atts, pr.AttachTC(cp.NetNS, cp.Ifindex, cp.Ifname)...)
+			continue
 		}
+		skip := dirs.skip()
+		if !tails {
+			skip.Tails = errNoOtherTCX
+		}
+		atts = append(atts, pr.AttachTCSkip(cp.NetNS, cp.Ifindex, cp.Ifname, skip)...)
 	}
-	atts = append(atts, pr.AttachNetfilter(node.HostNetNS.Path)...)
-	atts = append(atts, pr.AttachConntrack(node.HostNetNS.Path)...)
 	return atts
 }
 
@@ -55,15 +66,63 @@ func preloadObservers(pr *probe.Probe, node *discover.NodeInfo) {
 }
 
 // tcObserved are the host veths (by ifindex) attachObservers gave tcx
-// observers.
-func tcObserved(node *discover.NodeInfo) map[int]bool {
-	out := map[int]bool{}
+// observers, with the directions it gave them.
+func tcObserved(node *discover.NodeInfo) map[int]tcDirs {
+	out := map[int]tcDirs{}
 	for _, cp := range node.CapturePoints {
-		if cp.Role == discover.RoleHost && hasTCProgram(node, cp) {
-			out[cp.Ifindex] = true
+		if cp.Role != discover.RoleHost {
+			continue
+		}
+		if dirs := tcDirsOf(node, cp); dirs != 0 {
+			out[cp.Ifindex] = dirs
 		}
 	}
 	return out
+}
+
+// tcDirs is a set of directions of a host veth's tc chain.
+type tcDirs uint8
+
+const (
+	tcIngress tcDirs = 1 << iota // from the Pod
+	tcEgress                     // towards the Pod
+	tcBoth    = tcIngress | tcEgress
+)
+
+// tcDir is the direction a discovered program's Dir names.
+func tcDir(dir string) tcDirs {
+	if dir == "egress" {
+		return tcEgress
+	}
+	return tcIngress
+}
+
+// skip says which observers of AttachTCSkip to leave out: those of a
+// direction without a tc program.
+func (d tcDirs) skip() probe.TCSkip {
+	var s probe.TCSkip
+	if d&tcIngress == 0 {
+		s.Ingress = errNoTCProgramDir
+	}
+	if d&tcEgress == 0 {
+		s.Egress = errNoTCProgramDir
+	}
+	return s
+}
+
+// tcDirsOf are the directions of the host veth cp in which discovery found
+// a tc program, both when it could not tell.
+func tcDirsOf(node *discover.NodeInfo, cp discover.CapturePoint) tcDirs {
+	if cp.TCUnread {
+		return tcBoth
+	}
+	var d tcDirs
+	for _, p := range node.TCPrograms {
+		if p.Role == discover.RoleHost && p.Ifindex == cp.Ifindex {
+			d |= tcDir(p.Dir)
+		}
+	}
+	return d
 }
 
 // errNoTCProgram is why a host veth gets no tcx observers. With no tc
@@ -72,6 +131,12 @@ func tcObserved(node *discover.NodeInfo) map[int]bool {
 // RCU grace period (about 10 ms) under the global RTNL lock at start and at
 // stop, which a node of 110 kube-proxy Pods would pay 880 times.
 var errNoTCProgram = errors.New("no tc program (tcx or cls_bpf) on this veth to bracket; its tap covers the place")
+
+// errNoTCProgramDir is why a host veth with a tc program in one direction
+// gets no tcx observers in the other (Cilium's veths, whose programs are on
+// ingress only): nothing there to bracket, and the observers of that
+// direction would cost two more grace periods at the start and at the stop.
+var errNoTCProgramDir = errors.New("no tc program (tcx or cls_bpf) in this direction of the veth to bracket; its tap covers the place")
 
 // errNoOtherTCX is why the tail observers are left out on a node whose host
 // veths carry only legacy cls_bpf filters (older Cilium and Calico): the
@@ -90,20 +155,6 @@ func needTails(node *discover.NodeInfo) bool {
 	}
 	for _, p := range node.TCPrograms {
 		if p.Role == discover.RoleHost && p.Via == "tcx" {
-			return true
-		}
-	}
-	return false
-}
-
-// hasTCProgram tells whether discovery found a tc program on the host veth
-// cp, or could not tell.
-func hasTCProgram(node *discover.NodeInfo, cp discover.CapturePoint) bool {
-	if cp.TCUnread {
-		return true
-	}
-	for _, p := range node.TCPrograms {
-		if p.Role == discover.RoleHost && p.Ifindex == cp.Ifindex {
 			return true
 		}
 	}

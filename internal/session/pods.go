@@ -79,7 +79,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	tr.observeTC(now, found.TCPrograms)
 	for _, cp := range found.CapturePoints {
 		if cp.Role == discover.RoleHost && cp.TCUnread {
-			tr.observeVeth(now, cp.Ifindex, cp.Ifname, "its tc programs could not be read")
+			tr.observeVeth(now, cp.Ifindex, cp.Ifname, tcBoth, "its tc programs could not be read")
 		}
 	}
 	tr.tc.add(found.CapturePoints, found.TCPrograms, now, tr.eng)

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
@@ -229,8 +230,13 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// and the rings (megabytes each) are unmapped before the report,
 	// which is when the process needs the most memory. Their counters
 	// stay readable, the pcapng statistics included.
+	// Both wait for the kernel: a tcx observer's detach for a grace period
+	// under the RTNL lock, one after the other, a tap's close for one of
+	// its own (synchronize_net), so they overlap.
+	var closing sync.WaitGroup
+	closing.Go(func() { closeTaps(tr.taps) })
 	pr.Detach()
-	closeTaps(tr.taps)
+	closing.Wait()
 	if tr.pcap != nil {
 		res.Pcap = tr.pcap.close(tr.taps)
 	}

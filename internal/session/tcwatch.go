@@ -134,8 +134,8 @@ func tcProgramsOf(progs []discover.TCProgram, role string) []flow.TCProgram {
 // veths that got a tc program (a Pod that started, a CNI agent that
 // started), and the taps of Pods that started.
 type tcLate struct {
-	observed map[int]bool // host veths with tcx observers, by ifindex
-	tails    bool         // the node's host veths get tail observers
+	observed map[int]tcDirs // host veths with tcx observers, by ifindex, and their directions
+	tails    bool           // the node's host veths get tail observers
 	atts     []probe.Attachment
 	notes    []string // what the report says, bounded
 	more     int
@@ -147,39 +147,75 @@ type tcLate struct {
 // program may well be one.
 var errNoTailsLoaded = errors.New("no host veth had a tcx program when the trace started, so no tail observer was loaded: the head observer and the next point bracket this veth's tc programs")
 
-// observeTC attaches the tcx observers on each host veth in progs that has
-// none yet: a rewrite there is then bracketed as at the veths of the start.
+// observeTC attaches the tcx observers on each host veth in progs, in the
+// direction of the program, that has none yet: a rewrite there is then
+// bracketed as at the veths of the start.
 func (tr *tracer) observeTC(now time.Time, progs []discover.TCProgram) {
+	// One attachment per veth, of every direction that got a program,
+	// named by the first program that brings one.
+	type veth struct {
+		ifindex int
+		ifname  string
+		dirs    tcDirs
+		why     string
+	}
+	var veths []*veth
 	for _, p := range progs {
-		if p.Role == discover.RoleHost {
-			tr.observeVeth(now, p.Ifindex, p.Ifname, fmt.Sprintf("%s %s appeared there", p.Via, p.Name))
+		if p.Role != discover.RoleHost {
+			continue
 		}
+		i := slices.IndexFunc(veths, func(v *veth) bool { return v.ifindex == p.Ifindex })
+		if i < 0 {
+			veths = append(veths, &veth{ifindex: p.Ifindex, ifname: p.Ifname})
+			i = len(veths) - 1
+		}
+		v, d := veths[i], tcDir(p.Dir)
+		if v.why == "" && d&^tr.late.observed[p.Ifindex] != 0 {
+			v.why = fmt.Sprintf("%s %s %s appeared there", p.Via, p.Dir, p.Name)
+		}
+		v.dirs |= d
+	}
+	for _, v := range veths {
+		tr.observeVeth(now, v.ifindex, v.ifname, v.dirs, v.why)
 	}
 }
 
-// observeVeth attaches the tcx observers on the host veth ifindex unless it
-// has them; why says what brought them, for the report.
-func (tr *tracer) observeVeth(now time.Time, ifindex int, ifname, why string) {
-	if tr.late.observed[ifindex] {
+// observeVeth attaches the tcx observers of the directions dirs on the host
+// veth ifindex unless it has them; why says what brought them, for the
+// report.
+func (tr *tracer) observeVeth(now time.Time, ifindex int, ifname string, dirs tcDirs, why string) {
+	had := tr.late.observed[ifindex]
+	if dirs&^had == 0 {
 		return
 	}
-	tr.late.observed[ifindex] = true
-	netns := tr.tc.look.HostNetNS()
-	var atts []probe.Attachment
-	if tr.late.tails {
-		atts = tr.pr.AttachTC(netns, ifindex, ifname)
-	} else {
-		atts = tr.pr.AttachTCHeads(netns, ifindex, ifname, errNoTailsLoaded)
+	tr.late.observed[ifindex] = had | dirs
+	skip := (dirs &^ had).skip()
+	if had&tcIngress != 0 {
+		skip.Ingress = errAttachedBefore
 	}
-	tr.late.atts = append(tr.late.atts, atts...)
+	if had&tcEgress != 0 {
+		skip.Egress = errAttachedBefore
+	}
+	if !tr.late.tails {
+		skip.Tails = errNoTailsLoaded
+	}
+	atts := tr.pr.AttachTCSkip(tr.tc.look.HostNetNS(), ifindex, ifname, skip)
 	note := fmt.Sprintf("tcx observers on %s at %s (%s)", ifname, now.Format("15:04:05"), why)
 	for _, a := range atts {
-		if a.Err != nil && !errors.Is(a.Err, errNoTailsLoaded) {
+		switch {
+		case errors.Is(a.Err, errAttachedBefore):
+			continue // listed when they were attached
+		case a.Err != nil && !errors.Is(a.Err, errNoTailsLoaded) && !errors.Is(a.Err, errNoTCProgramDir):
 			note += fmt.Sprintf("; %s not attached: %v", a.Observer, a.Err)
 		}
+		tr.late.atts = append(tr.late.atts, a)
 	}
 	tr.late.note(note)
 }
+
+// errAttachedBefore marks the observers of a direction that observeVeth
+// attached before: they are not attached again.
+var errAttachedBefore = errors.New("attached before")
 
 // newVeths forgets the observers of the host veths that had the ifindexes
 // of cps' host veths, a new Pod's: a Pod deleted and made again can get

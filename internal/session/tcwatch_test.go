@@ -48,12 +48,12 @@ func TestTCWatchUpdate(t *testing.T) {
 // other veths stay known, also one whose ifindex a Pod's eth0 has in the
 // Pod's own netns.
 func TestNewVethsForgetObservers(t *testing.T) {
-	l := &tcLate{observed: map[int]bool{3: true, 4: true}}
+	l := &tcLate{observed: map[int]tcDirs{3: tcBoth, 4: tcIngress}}
 	l.newVeths([]discover.CapturePoint{
 		{Role: discover.RolePod, Ifindex: 4, Ifname: "eth0"},
 		{Role: discover.RoleHost, Ifindex: 3, Ifname: "cali1234abcd567"},
 	})
-	if l.observed[3] || !l.observed[4] {
+	if l.observed[3] != 0 || l.observed[4] == 0 {
 		t.Errorf("observed after a new Pod behind ifindex 3 (its eth0 #4): %v, want only 4", l.observed)
 	}
 }
