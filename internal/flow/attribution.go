@@ -118,7 +118,8 @@ func (e *Engine) podTCCands(f *flowState) []string {
 // host veth can have the ifindex of a Pod's that went (a Pod deleted and
 // made again, see discover.PodWatch): the programs of the gone Pod's eth0
 // were there until then, and the new Pod's from then on (tcTimeSlack
-// before it), not those of the other Pod tied to the same host veth.
+// before it), not those of the other Pod tied to the same host veth; so
+// were the tc redirects of the gone Pod's host veth (HostRedirects).
 func (e *Engine) AddPodTCPrograms(at time.Time, hostIfindexes []int, progs []TCProgram) {
 	reused := map[int]bool{}
 	// A copy: the caller's Config may share the array.
@@ -131,6 +132,14 @@ func (e *Engine) AddPodTCPrograms(at time.Time, hostIfindexes []int, progs []TCP
 		}
 	}
 	e.cfg.Attribution.PodTCPrograms = all
+	redirs := slices.Clone(e.cfg.Attribution.HostRedirects)
+	for i := range redirs {
+		if r := &redirs[i]; r.Ifindex != 0 && r.Until.IsZero() && slices.Contains(hostIfindexes, r.Ifindex) {
+			r.Until = at
+			reused[r.Ifindex] = true
+		}
+	}
+	e.cfg.Attribution.HostRedirects = redirs
 	for _, p := range progs {
 		if reused[p.Ifindex] && p.Since.IsZero() {
 			p.Since = at

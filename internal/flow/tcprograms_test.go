@@ -229,3 +229,38 @@ func TestPodTCProgramsOfARecreatedPod(t *testing.T) {
 		}
 	}
 }
+
+// TestMirredRedirectOfAGoneVeth: a mirred redirect read on a host veth at
+// the start stays on it, not on the veth of a Pod made again later with its
+// ifindex: the new Pod's nowhere flow (bridge-nf-call-iptables 0, say) is
+// not told that a tc filter of its host veth sends its packets past
+// netfilter; a flow of the veth's own time still is.
+func TestMirredRedirectOfAGoneVeth(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		found    float64 // when the new Pod was found (ms; the flow is at 10)
+		redirect bool
+	}{
+		{"the new Pod's flow", 5, false},
+		{"the gone Pod's flow", 5000, true},
+	} {
+		cfg := httpConfig(obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink)
+		cfg.Attribution.TCPrograms = nil
+		cfg.Attribution.HostRedirects = []flow.TCRedirect{
+			{Ifindex: 5, Text: "veth-a ingress u32 pref 10: mirred egress redirect to bond0"},
+		}
+		e := flow.NewEngine(cfg)
+		e.AddPodTCPrograms(flowtest.At(c.found), []int{5}, nil)
+		h := req(10, obs.PointHost, obs.DirIn, vip)
+		h.Ifindex = 5
+		e.Add(h)
+		e.Add(req(10.02, obs.PointUplink, obs.DirOut, vip))
+		f := only(t, e)
+		if f.RewrittenAt != flow.PlaceNowhere {
+			t.Fatalf("%s: got %s, want nowhere", c.name, f.RewrittenAt)
+		}
+		if got := strings.Contains(f.Reason, "mirred egress redirect to bond0"); got != c.redirect {
+			t.Errorf("%s: the reason names veth-a's redirect: %v, want %v (%q)", c.name, got, c.redirect, f.Reason)
+		}
+	}
+}
