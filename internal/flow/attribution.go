@@ -114,13 +114,41 @@ func (e *Engine) podTCCands(f *flowState) []string {
 }
 
 // AddPodTCPrograms adds the programs on the eth0 of Pods that started
-// during the run.
-func (e *Engine) AddPodTCPrograms(progs []TCProgram) {
-	if len(progs) == 0 {
-		return
+// during the run, found at; hostIfindexes are those Pods' host veths. A
+// host veth can have the ifindex of a Pod's that went (a Pod deleted and
+// made again, see discover.PodWatch): the programs of the gone Pod's eth0
+// were there until then, and the new Pod's from then on (tcTimeSlack
+// before it), not those of the other Pod tied to the same host veth; so
+// were the tc redirects of the gone Pod's host veth (HostRedirects).
+func (e *Engine) AddPodTCPrograms(at time.Time, hostIfindexes []int, progs []TCProgram) {
+	reused := map[int]bool{}
+	// A copy: the caller's Config may share the array.
+	all := slices.Clone(e.cfg.Attribution.PodTCPrograms)
+	for i := range all {
+		p := &all[i]
+		if p.Ifindex != 0 && p.Until.IsZero() && slices.Contains(hostIfindexes, p.Ifindex) {
+			p.Until = at
+			reused[p.Ifindex] = true
+		}
 	}
-	e.cfg.Attribution.PodTCPrograms = append(e.cfg.Attribution.PodTCPrograms, progs...)
-	e.gen++
+	e.cfg.Attribution.PodTCPrograms = all
+	redirs := slices.Clone(e.cfg.Attribution.HostRedirects)
+	for i := range redirs {
+		if r := &redirs[i]; r.Ifindex != 0 && r.Until.IsZero() && slices.Contains(hostIfindexes, r.Ifindex) {
+			r.Until = at
+			reused[r.Ifindex] = true
+		}
+	}
+	e.cfg.Attribution.HostRedirects = redirs
+	for _, p := range progs {
+		if reused[p.Ifindex] && p.Since.IsZero() {
+			p.Since = at
+		}
+		e.cfg.Attribution.PodTCPrograms = append(e.cfg.Attribution.PodTCPrograms, p)
+	}
+	if len(progs) > 0 || len(reused) > 0 {
+		e.gen++
+	}
 }
 
 // presentAt tells whether p could have been on its veth at t: from when it

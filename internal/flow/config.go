@@ -130,6 +130,9 @@ type TCProgram struct {
 type TCRedirect struct {
 	Ifindex int
 	Text    string
+	// Until: when another Pod's host veth was found with its ifindex (the
+	// veth it was on went with its Pod); zero while it stands.
+	Until time.Time
 }
 
 // NATRule is a DNAT rule for a VIP.

@@ -94,6 +94,9 @@ type Engine struct {
 	// stopped is when the run was asked to stop (zero while it runs): flows
 	// that begin after it meet points that are already closing.
 	stopped time.Time
+	// lateCounts are the flows' packets captured once the run was
+	// stopping that lostOnTheWay leaves out.
+	lateCounts map[*flowState]*lateCount
 }
 
 // NewEngine returns an engine for cfg.
@@ -140,6 +143,52 @@ func (e *Engine) SetConntrackLosses(n uint64) {
 // make the backend guesses still put off (plausibleGuess): no observation
 // that could tell otherwise is to come.
 func (e *Engine) Stopping(t time.Time) { e.stopped = t }
+
+// late tells whether a packet captured at (Unix ns) was captured once the
+// run was stopping: the taps go on capturing for a moment, each stopping
+// on its own (lateCount).
+func (e *Engine) late(at int64) bool { return !e.stopped.IsZero() && at >= e.stopped.UnixNano() }
+
+// lateCount counts a flow's request packets its host veth's tap received
+// once the run was stopping (at or after Engine.stopped), and those the
+// uplink's TX tap saw later than stopTransit after it: the taps stop one
+// after the other, so the uplink's may have stopped before the host veth's
+// late packets went out (lostOnTheWay leaves both out). Kept by the engine
+// (lateCounts), not in every flow: only the last moments have them.
+type lateCount struct{ host, up uint64 }
+
+func (l *lateCount) add(o lateCount) { l.host += o.host; l.up += o.up }
+
+// lateOf is f's lateCount, made when it has none.
+func (e *Engine) lateOf(f *flowState) *lateCount {
+	l := e.lateCounts[f]
+	if l == nil {
+		if e.lateCounts == nil {
+			e.lateCounts = map[*flowState]*lateCount{}
+		}
+		l = &lateCount{}
+		e.lateCounts[f] = l
+	}
+	return l
+}
+
+// stopTransit is how long after the run began stopping the uplink's copies
+// of the request packets its host veths received before are counted: the
+// node's time to send them out (a qdisc's queue), well within the time
+// every tap goes on capturing once the run is stopping (the session's
+// stopGrace, 200 ms).
+const stopTransit = 100 * time.Millisecond
+
+// countLate counts a request packet of f captured once the run was
+// stopping (late) at point p among those lostOnTheWay leaves out.
+func (e *Engine) countLate(f *flowState, p obs.Point, dir obs.Dir, at int64) {
+	switch {
+	case p == obs.PointHost && dir == obs.DirIn:
+		e.lateOf(f).host++
+	case p == obs.PointUplink && dir == obs.DirOut && at >= e.stopped.Add(stopTransit).UnixNano():
+		e.lateOf(f).up++
+	}
+}
 
 // Settle gives the observations whose backend guess was put off their last
 // chance once the run is stopping (after Stopping): what the last packets'

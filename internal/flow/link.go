@@ -473,6 +473,9 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
 	}
 	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst), iface: e.labels.indexOf(o.Ifname)}, 1, uint64(o.Len))
+	if !reply && e.late(o.Time.UnixNano()) {
+		e.countLate(f, o.Point, o.Dir, o.Time.UnixNano())
+	}
 	if reply {
 		f.reply = true
 		if o.Point == obs.PointUplink {
@@ -731,6 +734,10 @@ func (e *Engine) merge(g, f *flowState) {
 		e.setSNAT(g, f.snat, f.snatDst)
 	}
 	g.absorb(f)
+	if l := e.lateCounts[f]; l != nil {
+		e.lateOf(g).add(*l)
+		delete(e.lateCounts, f)
+	}
 	e.nflows--
 	e.replays = append(e.replays, g.key()) // g may know new backends
 }

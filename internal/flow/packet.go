@@ -70,8 +70,12 @@ func (e *Engine) Repeat(h *Handle, p obs.Point, at time.Time, n int) bool {
 		// The client's ACK: it acknowledged the handshake (tcpLife.over).
 		earliest(&h.f.tcp.ack, at.UnixNano())
 	}
-	h.f.points[h.slot].packets++
-	h.f.points[h.slot].bytes += uint64(n)
+	pt := &h.f.points[h.slot]
+	pt.packets++
+	pt.bytes += uint64(n)
+	if !pt.reply && e.late(at.UnixNano()) {
+		e.countLate(h.f, pt.point, pt.dir, at.UnixNano())
+	}
 	if len(e.replays) > 0 || e.waiting.live > 0 {
 		e.expire()
 	}

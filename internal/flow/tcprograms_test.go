@@ -191,3 +191,76 @@ func TestUDPSidecarRedirect(t *testing.T) {
 		})
 	}
 }
+
+// TestPodTCProgramsOfARecreatedPod: a Pod deleted and made again whose host
+// veth got its predecessor's ifindex (discover.PodWatch) has its own eth0
+// programs, found when it started: a flow of the new Pod is not put on the
+// gone Pod's program, nor a flow of the gone Pod on the new one's, though
+// both are tied to the same host veth ifindex. It named both ("one of 2:
+// tcx egress mesh_lb (id 71) ...; tcx egress mesh_lb (id 91) ..."), one of
+// them a program that was no longer anywhere.
+func TestPodTCProgramsOfARecreatedPod(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/tc-pod-eth0-egress.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newLB := flow.TCProgram{Direction: "egress", Kind: "tcx", Name: "mesh_lb", ID: 91, Ifindex: 5}
+	for _, tc := range []struct {
+		name  string
+		found float64 // when the new Pod was found (ms; the flow is at 0)
+		want  string
+	}{
+		{"the flow is the new Pod's", -2000, "tcx egress mesh_lb (id 91) on the Pod's eth0"},
+		{"the flow is the gone Pod's", 20000, "tcx egress mesh_lb (id 71) on the Pod's eth0"},
+	} {
+		e := flow.NewEngine(s.Config)
+		// Another Pod started too, whose host veth is another one.
+		other := flow.TCProgram{Direction: "egress", Kind: "tcx", Name: "other_lb", ID: 95, Ifindex: 12}
+		e.AddPodTCPrograms(flowtest.At(tc.found), []int{5, 12}, []flow.TCProgram{newLB, other})
+		for _, o := range s.Observations {
+			e.Add(o)
+		}
+		flows := e.Flows()
+		if len(flows) != 1 {
+			t.Fatalf("%s: %d flows, want 1", tc.name, len(flows))
+		}
+		if f := flows[0]; f.RewrittenAt != flow.PlaceTC || f.By != tc.want {
+			t.Errorf("%s: %s by %q, want tc by %q", tc.name, f.RewrittenAt, f.By, tc.want)
+		}
+	}
+}
+
+// TestMirredRedirectOfAGoneVeth: a mirred redirect read on a host veth at
+// the start stays on it, not on the veth of a Pod made again later with its
+// ifindex: the new Pod's nowhere flow (bridge-nf-call-iptables 0, say) is
+// not told that a tc filter of its host veth sends its packets past
+// netfilter; a flow of the veth's own time still is.
+func TestMirredRedirectOfAGoneVeth(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		found    float64 // when the new Pod was found (ms; the flow is at 10)
+		redirect bool
+	}{
+		{"the new Pod's flow", 5, false},
+		{"the gone Pod's flow", 5000, true},
+	} {
+		cfg := httpConfig(obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink)
+		cfg.Attribution.TCPrograms = nil
+		cfg.Attribution.HostRedirects = []flow.TCRedirect{
+			{Ifindex: 5, Text: "veth-a ingress u32 pref 10: mirred egress redirect to bond0"},
+		}
+		e := flow.NewEngine(cfg)
+		e.AddPodTCPrograms(flowtest.At(c.found), []int{5}, nil)
+		h := req(10, obs.PointHost, obs.DirIn, vip)
+		h.Ifindex = 5
+		e.Add(h)
+		e.Add(req(10.02, obs.PointUplink, obs.DirOut, vip))
+		f := only(t, e)
+		if f.RewrittenAt != flow.PlaceNowhere {
+			t.Fatalf("%s: got %s, want nowhere", c.name, f.RewrittenAt)
+		}
+		if got := strings.Contains(f.Reason, "mirred egress redirect to bond0"); got != c.redirect {
+			t.Errorf("%s: the reason names veth-a's redirect: %v, want %v (%q)", c.name, got, c.redirect, f.Reason)
+		}
+	}
+}

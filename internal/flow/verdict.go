@@ -521,7 +521,7 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 		note := "netfilter never saw it"
 		var redirs []string
 		for _, r := range e.cfg.Attribution.HostRedirects {
-			if r.Ifindex == 0 || f.hostIfindex == 0 || r.Ifindex == f.hostIfindex {
+			if (r.Ifindex == 0 || f.hostIfindex == 0 || r.Ifindex == f.hostIfindex) && (r.Until.IsZero() || f.first.Before(r.Until)) {
 				redirs = append(redirs, r.Text)
 			}
 		}
@@ -732,8 +732,9 @@ func (e *Engine) lostOnTheWayNote(f *flowState) string {
 }
 
 // lostOnTheWay counts the request packets of f its host veth's tap
-// received and of those, how many the uplink's TX tap never saw (0 unless
-// some did leave it: one that left none says so otherwise, notLeftNote).
+// received before the run was stopping and of those, how many the
+// uplink's TX tap never saw (0 unless some did leave it: one that left
+// none says so otherwise, notLeftNote).
 func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
 	if f.fromNode || f.cps[cpLocal].any() || e.window(f) != withinWindow {
 		return 0, 0
@@ -747,6 +748,15 @@ func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
 		case p.point == obs.PointUplink && p.dir == obs.DirOut:
 			up += p.packets
 		}
+	}
+	// The host veth's packets captured once the run was stopping may have
+	// left the uplink after its tap stopped (the taps stop one by one): a
+	// flow that was busy at the end would count them lost. Those captured
+	// before went out while every tap still captured, within stopTransit;
+	// the uplink's later ones are of the packets left out.
+	if l := e.lateCounts[f]; l != nil {
+		host -= min(l.host, host)
+		up -= min(l.up, up)
 	}
 	if up == 0 || host <= up {
 		return host, 0

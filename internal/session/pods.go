@@ -83,7 +83,13 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 		}
 	}
 	tr.tc.add(found.CapturePoints, found.TCPrograms, now, tr.eng)
-	tr.eng.AddPodTCPrograms(podTCPrograms(found.TCPrograms))
+	var hostIfindexes []int
+	for _, cp := range found.CapturePoints {
+		if cp.Role == discover.RoleHost {
+			hostIfindexes = append(hostIfindexes, cp.Ifindex)
+		}
+	}
+	tr.eng.AddPodTCPrograms(now, hostIfindexes, podTCPrograms(found.TCPrograms))
 	// The Pods' points share a bounded budget of rings, as at the start:
 	// each new one gets the share of a node with that many points (the
 	// rings open cannot shrink, so the total grows slowly with every Pod).
