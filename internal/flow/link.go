@@ -491,6 +491,9 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 		return slot
 	}
 	if cp, ok := e.requestCheckpoint(o); ok {
+		if e.afterIPVS(f, cp, o) {
+			cp = cpConfirm
+		}
 		if (cp == cpHost || cp == cpTCHead || cp == cpTCTail) && f.hostIfindex == 0 && o.Ifindex > 0 {
 			f.hostIfindex = o.Ifindex
 			f.evidenceChanged() // names the tc programs of the flow's veth
@@ -509,6 +512,28 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 		f.evidenceChanged()
 	}
 	return slot
+}
+
+// afterIPVS tells whether o, seen by a netfilter observer at cp, is a
+// request IPVS already rewrote: IPVS's NAT sends the packet it rewrote (at
+// LOCAL_IN for a Pod's request, at LOCAL_OUT after the observers for the
+// node's own) through the LOCAL_OUT hook again, where the observers see it
+// with the backend as destination, after they saw the VIP on either side
+// of NAT. Taken for what it is, that sighting is past IPVS (cpConfirm's
+// place), not before NAT: there it made the VIP, seen after NAT, come
+// after the backend ("inconsistent"). Only for a Service IPVS serves: a
+// node process's request that netfilter's own DNAT at OUTPUT rewrote keeps
+// its place.
+func (e *Engine) afterIPVS(f *flowState, cp checkpoint, o obs.Observation) bool {
+	if (cp != cpNFBefore && cp != cpNFAfter) || o.Hook != obs.HookLocalOut || o.Dst == f.service {
+		return false
+	}
+	for _, s := range e.cfg.Attribution.IPVS {
+		if vipMatches(s.VIP, s.Proto, f) {
+			return true
+		}
+	}
+	return false
 }
 
 // packetMoment is momentOf for a packet of f, with what tells a client's

@@ -162,6 +162,9 @@ func (c checkpoint) describe(from obs.Point) string {
 	case cpNFAfter:
 		return "netfilter after NAT"
 	case cpConfirm:
+		if from == obs.PointNFBefore || from == obs.PointNFAfter {
+			return "netfilter OUTPUT after IPVS (its rewritten packet sent again)"
+		}
 		return "conntrack (reply src)"
 	case cpNodeEgress:
 		return "the node socket's egress (" + from.String() + ")"
