@@ -163,7 +163,9 @@ func TestOtherProcHolder(t *testing.T) {
 // error says why, not only "not a network namespace".
 func TestNetNSPathEmptyFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "node")
-	if err := os.WriteFile(path, nil, 0); err != nil {
+	// ip netns add makes the file with mode 0, which only root opens:
+	// readable here, so the test runs as a normal user too.
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	err := checkNetNSPath("--host-netns", path)
