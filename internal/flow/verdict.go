@@ -524,7 +524,8 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 		note := "netfilter never saw it"
 		var redirs []string
 		for _, r := range e.cfg.Attribution.HostRedirects {
-			if (r.Ifindex == 0 || f.hostIfindex == 0 || r.Ifindex == f.hostIfindex) && (r.Until.IsZero() || f.first.Before(r.Until)) {
+			if (r.Ifindex == 0 || f.hostIfindex == 0 || r.Ifindex == f.hostIfindex) && (r.Until.IsZero() || f.first.Before(r.Until)) &&
+				(r.Since.IsZero() || !f.first.Before(r.Since.Add(-tcTimeSlack))) {
 				redirs = append(redirs, r.Text)
 			}
 		}
