@@ -681,3 +681,47 @@ func TestSelectedNetNSNotRouted(t *testing.T) {
 	}
 	t.Logf("%q", info.Notes)
 }
+
+// TestPodWatchMirredRedirect: a Pod that starts after discovery gets the
+// mirred redirects of the tc filters on its host veth read with its tc
+// programs, as the Pods of the start do (NodeInfo.TCRedirects).
+func TestPodWatchMirredRedirect(t *testing.T) {
+	tb := newTestbed(t)
+	node := filepath.Base(tb.node)
+	opt := Options{HostNetNS: tb.node}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPodWatch(info, opt)
+	late := node + "-late"
+	ipCmd(t, "netns", "add", late)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", late).Run() })
+	ipCmd(t, "-n", node, "link", "add", "hv9", "type", "veth", "peer", "name", "eth0", "netns", late)
+	ipCmd(t, "-n", node, "link", "set", "hv9", "master", "br0", "up")
+	ipCmd(t, "-n", late, "addr", "add", "10.99.8.99/22", "dev", "eth0")
+	ipCmd(t, "-n", late, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", late, "route", "add", "default", "via", gwIP)
+	for _, args := range [][]string{
+		{"qdisc", "add", "dev", "hv9", "clsact"},
+		{"filter", "add", "dev", "hv9", "ingress", "pref", "10", "protocol", "ip", "u32", "match", "u32", "0", "0",
+			"action", "mirred", "egress", "redirect", "dev", "up0"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", node, "tc"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("tc %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	found, err := w.Look(context.Background(), time.Now())
+	if err != nil || len(found.Pods) != 1 {
+		t.Fatalf("look after the Pod started: %+v, %v", found.Pods, err)
+	}
+	hv9 := slices.IndexFunc(found.CapturePoints, func(cp CapturePoint) bool { return cp.Role == RoleHost })
+	if hv9 < 0 {
+		t.Fatalf("no host veth among %+v", found.CapturePoints)
+	}
+	want := []TCRedirect{{Ifname: "hv9", Ifindex: found.CapturePoints[hv9].Ifindex, Role: RoleHost, Dir: "ingress",
+		Filter: "u32 pref 10", Action: "egress redirect", To: "up0"}}
+	if !slices.Equal(found.TCRedirects, want) {
+		t.Errorf("tc redirects of the new Pod's veth:\n got %+v\nwant %+v", found.TCRedirects, want)
+	}
+}

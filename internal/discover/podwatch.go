@@ -115,6 +115,9 @@ type NewPods struct {
 	Pods          []Pod
 	CapturePoints []CapturePoint
 	TCPrograms    []TCProgram
+	// TCRedirects are the mirred actions of the tc filters (not BPF) on
+	// their host veths, read with the programs.
+	TCRedirects []TCRedirect
 	// Skipped counts the netns with a veth into the node left unexamined:
 	// the bound on Pods (Options.MaxPods) reached.
 	Skipped int
@@ -212,6 +215,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	}
 	found.CapturePoints = capturePoints(host, &NodeInfo{Pods: found.Pods}, w.newUplinks(ctx, host, found.Pods))
 	found.TCPrograms = tcPrograms(host, found.CapturePoints, w.progs, &info)
+	found.TCRedirects = info.TCRedirects
 	found.TCPrograms = append(found.TCPrograms, podTCPrograms(found.Pods, w.progs, &info)...)
 	return found, nil
 }

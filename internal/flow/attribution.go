@@ -151,6 +151,26 @@ func (e *Engine) AddPodTCPrograms(at time.Time, hostIfindexes []int, progs []TCP
 	}
 }
 
+// AddHostRedirects adds the mirred redirects read on the host veths of Pods
+// that started during the run, found at (their Since when unset). Call it
+// after AddPodTCPrograms of the same Pods, which ends the redirects of the
+// veths whose ifindexes they took.
+func (e *Engine) AddHostRedirects(at time.Time, redirs []TCRedirect) {
+	if len(redirs) == 0 {
+		return
+	}
+	// A copy: the caller's Config may share the array.
+	all := slices.Clone(e.cfg.Attribution.HostRedirects)
+	for _, r := range redirs {
+		if r.Since.IsZero() {
+			r.Since = at
+		}
+		all = append(all, r)
+	}
+	e.cfg.Attribution.HostRedirects = all
+	e.gen++
+}
+
 // presentAt tells whether p could have been on its veth at t: from when it
 // was first seen (or a look before, tcTimeSlack) to when it was seen gone.
 func presentAt(p TCProgram, t time.Time) bool {
@@ -281,6 +301,7 @@ func within(since, until, t time.Time) bool {
 // when flows reach backends that none names (UnlistedBackends).
 func (e *Engine) SetNATAttribution(rules []NATRule, ipvs []IPVSService) {
 	e.cfg.Attribution.NATRules, e.cfg.Attribution.IPVS = rules, ipvs
+	e.ruleBackends = nil
 	e.gen++
 	// Each pair is checked again against what was read: a backend whose
 	// rule went may come back (a rollout rolled back, an endpoint ready

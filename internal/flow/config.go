@@ -130,6 +130,9 @@ type TCProgram struct {
 type TCRedirect struct {
 	Ifindex int
 	Text    string
+	// Since: when it was first read, for the host veth of a Pod that
+	// started during the run (tcTimeSlack before it); zero: from the start.
+	Since time.Time
 	// Until: when another Pod's host veth was found with its ifindex (the
 	// veth it was on went with its Pod); zero while it stands.
 	Until time.Time

@@ -59,6 +59,11 @@ type Engine struct {
 	snat map[clientKey][]*flowState
 
 	backends map[netip.Addr]bool
+	// backendPorts are the learned backends' endpoints, ruleBackends the
+	// NAT rules' and IPVS services' by address (nil: to be made): what
+	// counted asks of an observation no flow claimed.
+	backendPorts map[netip.AddrPort]bool
+	ruleBackends map[netip.Addr][]uint16
 	// pairs are the Service and backend pairs checked against the NAT rules
 	// and IPVS services; unlisted counts those none named (checkListed).
 	pairs    map[[2]netip.AddrPort]struct{}
@@ -106,16 +111,17 @@ func NewEngine(cfg Config) *Engine {
 		maxFlows = DefaultMaxFlows
 	}
 	e := &Engine{
-		cfg:      cfg,
-		maxFlows: maxFlows,
-		services: make(map[netip.Addr][]Service),
-		clients:  make(map[clientKey][]*flowState),
-		snat:     make(map[clientKey][]*flowState),
-		socks:    newSockTable(max(4096, 2*maxFlows)),
-		waiting:  newWaiting(max(4096, maxFlows)),
-		backends: make(map[netip.Addr]bool),
-		pairs:    make(map[[2]netip.AddrPort]struct{}),
-		labels:   newLabels(),
+		cfg:          cfg,
+		maxFlows:     maxFlows,
+		services:     make(map[netip.Addr][]Service),
+		clients:      make(map[clientKey][]*flowState),
+		snat:         make(map[clientKey][]*flowState),
+		socks:        newSockTable(max(4096, 2*maxFlows)),
+		waiting:      newWaiting(max(4096, maxFlows)),
+		backends:     make(map[netip.Addr]bool),
+		backendPorts: make(map[netip.AddrPort]bool),
+		pairs:        make(map[[2]netip.AddrPort]struct{}),
+		labels:       newLabels(),
 	}
 	// Two generations the size of the flow table remember the refused flows:
 	// a flow is counted again only when seen after that many newer ones.
@@ -270,7 +276,7 @@ func (e *Engine) note(p obs.Point, at time.Time) {
 }
 
 func (e *Engine) expire() {
-	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow, e.lastChance, e.noteStray)
+	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow, e.lastChance, e.noteStray, e.counted)
 	e.overflow += overflow
 	e.unmatched += unmatched
 	e.replay() // what the last chances taught

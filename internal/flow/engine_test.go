@@ -29,7 +29,7 @@ func TestScenarios(t *testing.T) {
 		t.Run(s.Name, func(t *testing.T) {
 			for name, order := range orders(s) {
 				e := s.Run(order)
-				if errs := s.Want.Check(e.Flows(), e.Summary().Drops); len(errs) > 0 {
+				if errs := s.Want.Check(e.Flows(), e.Summary()); len(errs) > 0 {
 					t.Errorf("%s order:\n  %s", name, strings.Join(errs, "\n  "))
 				}
 			}

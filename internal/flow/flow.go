@@ -117,7 +117,9 @@ type Summary struct {
 	// adds the caller's.
 	Drops map[string]uint64 `json:"drops"`
 	// Unmatched counts observations that no flow claimed within the reordering
-	// window (e.g. traffic to a backend that did not go through a VIP).
+	// window (e.g. traffic to a backend that did not go through a VIP); a
+	// packet between two watched addresses on ports that are no Service's
+	// nor backend's (a tunnel between nodes that are backends) is left out.
 	Unmatched uint64 `json:"unmatched"`
 	// WithoutPorts counts packet and conntrack observations without TCP or
 	// UDP ports (ICMP and other protocols to a VIP watched on any

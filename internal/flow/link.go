@@ -429,6 +429,7 @@ func (e *Engine) learnBackend(f *flowState, b netip.AddrPort, at time.Time) {
 		return
 	}
 	e.backends[b.Addr()] = true
+	e.backendPorts[b] = true
 	e.checkListed(f, b)
 	if f.client.Port() != 0 {
 		e.replays = append(e.replays, f.key())

@@ -264,3 +264,43 @@ func TestMirredRedirectOfAGoneVeth(t *testing.T) {
 		}
 	}
 }
+
+// TestMirredRedirectOfANewVeth: the mirred redirect read on the host veth
+// of a Pod that started during the run (AddHostRedirects) is named by that
+// Pod's nowhere flow, as one read at the start is; when the new veth took
+// the ifindex of a gone Pod's, a flow of the gone Pod's time names the old
+// veth's redirect, not the new one's.
+func TestMirredRedirectOfANewVeth(t *testing.T) {
+	const (
+		old = "veth-a ingress u32 pref 10: mirred egress redirect to bond0"
+		neu = "veth-b ingress matchall pref 1: mirred egress redirect to eth1"
+	)
+	for _, c := range []struct {
+		name    string
+		start   []flow.TCRedirect // read at the start
+		found   float64           // when the new Pod was found (ms; the flow is at 10)
+		want    string
+		wantNot string
+	}{
+		{"a new Pod's flow", nil, 1000, neu, ""},
+		{"the gone Pod's flow", []flow.TCRedirect{{Ifindex: 5, Text: old}}, 60000, old, neu},
+	} {
+		cfg := httpConfig(obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink)
+		cfg.Attribution.TCPrograms = nil
+		cfg.Attribution.HostRedirects = c.start
+		e := flow.NewEngine(cfg)
+		e.AddPodTCPrograms(flowtest.At(c.found), []int{5}, nil)
+		e.AddHostRedirects(flowtest.At(c.found), []flow.TCRedirect{{Ifindex: 5, Text: neu}})
+		h := req(10, obs.PointHost, obs.DirIn, vip)
+		h.Ifindex = 5
+		e.Add(h)
+		e.Add(req(10.02, obs.PointUplink, obs.DirOut, vip))
+		f := only(t, e)
+		if f.RewrittenAt != flow.PlaceNowhere {
+			t.Fatalf("%s: got %s, want nowhere", c.name, f.RewrittenAt)
+		}
+		if !strings.Contains(f.Reason, c.want) || c.wantNot != "" && strings.Contains(f.Reason, c.wantNot) {
+			t.Errorf("%s: reason %q, want it to name %q and not %q", c.name, f.Reason, c.want, c.wantNot)
+		}
+	}
+}

@@ -524,7 +524,8 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 		note := "netfilter never saw it"
 		var redirs []string
 		for _, r := range e.cfg.Attribution.HostRedirects {
-			if (r.Ifindex == 0 || f.hostIfindex == 0 || r.Ifindex == f.hostIfindex) && (r.Until.IsZero() || f.first.Before(r.Until)) {
+			if (r.Ifindex == 0 || f.hostIfindex == 0 || r.Ifindex == f.hostIfindex) && (r.Until.IsZero() || f.first.Before(r.Until)) &&
+				(r.Since.IsZero() || !f.first.Before(r.Since.Add(-tcTimeSlack))) {
 				redirs = append(redirs, r.Text)
 			}
 		}
@@ -681,9 +682,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	if bs := f.sortedBackends(); len(bs) > 1 {
 		notes = append(notes, fmt.Sprintf("%d backends seen", len(bs)))
 	}
-	if f.snat.IsValid() {
-		notes = append(notes, "SNAT on the node: it left with source "+f.snat.String()+" (conntrack)")
-	}
+	notes = append(notes, snatNote(f))
 	v.reason = bracketBase(f, iV, iB)
 	for _, n := range notes {
 		if n != "" {
@@ -691,6 +690,22 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		}
 	}
 	return v
+}
+
+// snatNote names the source conntrack says the node's SNAT gave f. It
+// says the flow left with it only when the uplink's TX tap saw the flow
+// leave: a flow to a Pod of the node (a hairpin, a local backend), whose
+// source conntrack remapped too, never left the node. "" without SNAT.
+func snatNote(f *flowState) string {
+	switch {
+	case !f.snat.IsValid():
+		return ""
+	case f.cps[cpUplink].any():
+		return "SNAT on the node: it left with source " + f.snat.String() + " (conntrack)"
+	case f.cps[cpLocal].any():
+		return "SNAT on the node: conntrack gave it source " + f.snat.String() + " on its way to a Pod of the node (it did not leave the node)"
+	}
+	return "SNAT on the node: conntrack gave it source " + f.snat.String()
 }
 
 // noSockPrograms tells whether the sock_addr programs effective on f's

@@ -100,8 +100,9 @@ func (w *waiting) resolved(p *waitingObs) {
 
 // expire evicts from the oldest arrival: beyond the limit (overflow, a loss) or
 // older than window behind newest (unmatched: nothing claimed it in time,
-// unless a deferred one's last chance claims it; unclaimed is told of it).
-func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func(obs.Observation) bool, unclaimed func(obs.Observation)) (overflow, unmatched uint64) {
+// unless a deferred one's last chance claims it; unclaimed is told of it,
+// and counts tells whether it counts as unmatched).
+func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func(obs.Observation) bool, unclaimed func(obs.Observation), counts func(obs.Observation) bool) (overflow, unmatched uint64) {
 	horizon := newest.Add(-window)
 	for w.head < len(w.queue) {
 		p := w.queue[w.head]
@@ -113,7 +114,9 @@ func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func
 				overflow++
 			case p.o.Time.Before(horizon):
 				if !p.deferred || !lastChance(p.o) {
-					unmatched++
+					if counts(p.o) {
+						unmatched++
+					}
 					if !p.strayNoted {
 						unclaimed(p.o)
 					}

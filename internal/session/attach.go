@@ -362,6 +362,19 @@ func activePoints(atts []probe.Attachment) map[obs.Point]bool {
 	return pts
 }
 
+// hostRedirects are the mirred redirects at the host veths' ingress among
+// redirs, in the engine's terms. A mirror copies: the packet itself goes on
+// through the bridge.
+func hostRedirects(redirs []discover.TCRedirect) []flow.TCRedirect {
+	var out []flow.TCRedirect
+	for _, r := range redirs {
+		if r.Role == discover.RoleHost && r.Dir == "ingress" && strings.HasSuffix(r.Action, "redirect") {
+			out = append(out, flow.TCRedirect{Ifindex: r.Ifindex, Text: r.String()})
+		}
+	}
+	return out
+}
+
 // attribution turns what discovery read from the node into the engine's terms.
 func attribution(node *discover.NodeInfo) flow.Attribution {
 	var a flow.Attribution
@@ -371,12 +384,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.TCPrograms = hostTCPrograms(node.TCPrograms)
 	a.UplinkTCPrograms = uplinkTCPrograms(node.TCPrograms)
 	a.PodTCPrograms = podTCPrograms(node.TCPrograms)
-	for _, r := range node.TCRedirects {
-		// A mirror copies: the packet itself goes on through the bridge.
-		if r.Role == discover.RoleHost && r.Dir == "ingress" && strings.HasSuffix(r.Action, "redirect") {
-			a.HostRedirects = append(a.HostRedirects, flow.TCRedirect{Ifindex: r.Ifindex, Text: r.String()})
-		}
-	}
+	a.HostRedirects = hostRedirects(node.TCRedirects)
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
 	a.Rejects = natRulesOf(node.Netfilter.Rejects)
 	a.IPVS = ipvsOf(node.IPVS.Services)

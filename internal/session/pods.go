@@ -72,6 +72,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	pf.node.Pods = append(pf.node.Pods, found.Pods...)
 	pf.node.CapturePoints = append(pf.node.CapturePoints, found.CapturePoints...)
 	pf.node.TCPrograms = append(pf.node.TCPrograms, found.TCPrograms...)
+	pf.node.TCRedirects = append(pf.node.TCRedirects, found.TCRedirects...)
 	// The observers first, as at the start: a flow then meets the tcx
 	// observers before the taps miss its first packets. A veth without a
 	// tc program gets them once one appears there (tracer.observeTC).
@@ -90,6 +91,9 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 		}
 	}
 	tr.eng.AddPodTCPrograms(now, hostIfindexes, podTCPrograms(found.TCPrograms))
+	// The new veths' tc redirects, read with their programs: a nowhere
+	// flow of the Pod names the one that takes its packets past netfilter.
+	tr.eng.AddHostRedirects(now, hostRedirects(found.TCRedirects))
 	// The Pods' points share a bounded budget of rings, as at the start:
 	// each new one gets the share of a node with that many points (the
 	// rings open cannot shrink, so the total grows slowly with every Pod).

@@ -42,10 +42,12 @@ type Scenario struct {
 }
 
 // Want is the expected outcome: exactly these flows (matched by proto, client,
-// service) and, when given, these drop counters.
+// service) and, when given, these drop counters and this many observations
+// no flow claimed.
 type Want struct {
-	Flows []WantFlow        `json:"flows"`
-	Drops map[string]uint64 `json:"drops"`
+	Flows     []WantFlow        `json:"flows"`
+	Drops     map[string]uint64 `json:"drops"`
+	Unmatched *uint64           `json:"unmatched"`
 }
 
 // WantFlow is one expected flow. VLAN, Reply, Backend and RewrittenAt are always
@@ -129,9 +131,10 @@ func (s Scenario) Run(order []int) *flow.Engine {
 	return e
 }
 
-// Check compares the engine's flows and drops with the wanted ones and returns
-// every mismatch.
-func (w Want) Check(got []flow.Flow, drops map[string]uint64) []string {
+// Check compares the engine's flows and summary (its drops, its unmatched
+// observations) with the wanted ones and returns every mismatch.
+func (w Want) Check(got []flow.Flow, sum flow.Summary) []string {
+	drops := sum.Drops
 	var errs []string
 	if len(got) != len(w.Flows) {
 		errs = append(errs, fmt.Sprintf("got %d flows, want %d:%s", len(got), len(w.Flows), describe(got)))
@@ -148,6 +151,9 @@ func (w Want) Check(got []flow.Flow, drops map[string]uint64) []string {
 		if drops[name] != n {
 			errs = append(errs, fmt.Sprintf("drop %s = %d, want %d", name, drops[name], n))
 		}
+	}
+	if w.Unmatched != nil && sum.Unmatched != *w.Unmatched {
+		errs = append(errs, fmt.Sprintf("unmatched = %d, want %d", sum.Unmatched, *w.Unmatched))
 	}
 	return errs
 }
