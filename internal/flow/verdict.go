@@ -609,6 +609,14 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			notes = append(notes, "netfilter excluded: "+excluded)
 		}
 	}
+	if len(cands) == 1 && cands[0] == gapTC && iB == cpUplink && e.byTC(f) == "" && e.byUplinkTC(f) != "" {
+		// The tc left between the two points is the host veth's ingress,
+		// which had no program that can have rewritten (none at all on a
+		// bridged node's veth, or only tcx programs the tail saw pass the
+		// VIP), and the uplink's tc egress, before its TX tap, which has.
+		cands = []gap{gapUplinkTC}
+		notes = append(notes, "the host veth's tc ingress has no program that can have rewritten it; the uplink's tc egress, just before its TX tap, has")
+	}
 	if len(cands) == 1 && cands[0] == gapPodNetns {
 		// Between the socket's egress hook and the Pod's eth0 tap only its
 		// eth0's tc egress runs: its programs, when it has some, did it.
