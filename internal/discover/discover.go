@@ -116,6 +116,10 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	info.CapturePoints = capturePoints(host, info, uplinks)
 
 	own := observerFilter(opt.IsObserver)
+	var err2 error
+	if info.Netfilter.BPFPrograms, err2 = netfilterPrograms(own); err2 != nil {
+		info.notef("netfilter BPF programs not fully read: %v", err2)
+	}
 	info.SockPrograms, info.SockCgroup = sockPrograms(opt.Cgroup, own, info), opt.Cgroup
 	if defaultCgroup && opt.Cgroup != "" {
 		if note := cgroupNSNote(opt.Cgroup, cgroup2.IsHierarchyRoot); note != "" {

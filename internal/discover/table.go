@@ -153,6 +153,9 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		// the clients it spares reach the backend.
 		p("netfilter\t%s %s (%s)\t%s %s\t%s%s\n", r.Source, r.Table, r.Hook, r.rejectedString(nf.Rules), what, strings.Join(r.Chains, " > "), r.fromString())
 	}
+	for _, bp := range nf.BPFPrograms {
+		p("netfilter\tBPF program (%s %s priority %d)\t%s (id %d)\tnetfilter link %d (the kernel does not say in which netns)\n", bp.Family, bp.Hook, bp.Priority, orDash(bp.Name), bp.ID, bp.LinkID)
+	}
 	if !n.IPVS.Present {
 		p("ipvs\t%s\n", n.IPVS.Note)
 	} else if len(n.IPVS.Services) == 0 {

@@ -228,6 +228,10 @@ type Netfilter struct {
 	// filter chain, a NAT one's for a DROP): kube-proxy's for a Service
 	// without endpoints, or to a port a ClusterIP does not serve.
 	Rejects []NATRule `json:"rejects,omitempty"`
+	// BPFPrograms are the BPF programs attached to netfilter hooks (not
+	// pathtrace's observers), the machine's: the kernel does not say in
+	// which netns a netfilter link is. Read once, at discovery.
+	BPFPrograms []NetfilterProgram `json:"bpf_programs,omitempty"`
 }
 
 // NATRule is one DNAT reachable for a VIP: the chain path from a NAT base chain

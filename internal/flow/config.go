@@ -83,7 +83,10 @@ type Attribution struct {
 	// kube-proxy's for a Service without endpoints. Hook is the filter
 	// hook: forward, input or output.
 	Rejects []NATRule
-	IPVS    []IPVSService
+	// NetfilterPrograms: BPF programs on netfilter hooks (another tool's,
+	// not pathtrace's observers), which may drop what they see.
+	NetfilterPrograms []NetfilterProgram
+	IPVS              []IPVSService
 	// BridgeNFCallIPTables is the node's net.bridge.bridge-nf-call-iptables (nil
 	// when unknown); it explains why NAT rules never saw a bridged flow.
 	BridgeNFCallIPTables *bool
@@ -107,6 +110,16 @@ type SockProgram struct {
 	Name       string
 	ID         uint32
 	Cgroup     string // the cgroup directory it is attached to
+}
+
+// NetfilterProgram is a BPF program on a netfilter hook (a
+// BPF_LINK_TYPE_NETFILTER link).
+type NetfilterProgram struct {
+	Family   string // "ipv4", "ipv6"
+	Hook     string // "prerouting", "input", "forward", "output", "postrouting"
+	Priority int32
+	Name     string
+	ID       uint32
 }
 
 // TCProgram is a tc program on the host-side veth.

@@ -352,7 +352,11 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 	if e.keptInPod(f, last) {
 		return unknown("the VIP was last seen at %s, and the Pod's eth0 (captured) never saw the request: it did not leave the Pod's netns that way, so nothing on the node saw it; the Pod kept it (a sidecar proxy's TPROXY capture, which delivers it to the proxy with the VIP unchanged: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)), dropped it, or routed it out another of its interfaces", where)
 	}
-	return unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+	v := unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
+	if note := e.netfilterProgramsNote(f); note != "" {
+		v.reason += "; " + note
+	}
+	return v
 }
 
 // keptInPod tells whether a Pod's flow, last seen with the VIP at its
@@ -686,7 +690,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	if v.by == "" {
 		notes = append(notes, "no "+g.String()+" rewriter for the VIP was found on the node")
 	}
-	notes = append(notes, e.notLeftNote(f, g), e.lostOnTheWayNote(f))
+	notes = append(notes, e.notLeftNote(f, g), e.netfilterProgramsNote(f), e.lostOnTheWayNote(f))
 	if bs := f.sortedBackends(); len(bs) > 1 {
 		notes = append(notes, fmt.Sprintf("%d backends seen", len(bs)))
 	}
@@ -906,4 +910,72 @@ func removeGap(gs []gap, g gap) []gap {
 		}
 	}
 	return out
+}
+
+// natPriority is the priority of netfilter's DNAT at prerouting and
+// output (NF_IP_PRI_NAT_DST), which pathtrace's netfilter observers
+// bracket.
+const natPriority = -100
+
+// netfilterProgramsNote names the BPF programs on netfilter hooks
+// (another tool's: NetfilterPrograms) that sit where f's request, which
+// got no answer and never left the uplink, went after the last point that
+// saw it: at its NAT hook before NAT when pathtrace's netfilter observers
+// (watching, and seen by a bridged frame) never saw it; after NAT (the
+// NAT hook's later priorities, the filter hook, postrouting) when the
+// last point to see it was the observer after NAT or conntrack. One that
+// returns NF_DROP ends the packet there, which nothing else reports. ""
+// when none sits there, or the flow was lost elsewhere.
+func (e *Engine) netfilterProgramsNote(f *flowState) string {
+	progs := e.cfg.Attribution.NetfilterPrograms
+	if len(progs) == 0 || f.reply || f.icmp != nil || f.cps[cpUplink].any() || f.cps[cpLocal].any() || !e.active(obs.PointUplink) {
+		return ""
+	}
+	last := cpApp
+	for cp := cpApp; cp <= cpNodeEgress; cp++ {
+		if f.cps[cp].any() {
+			last = cp
+		}
+	}
+	var before bool
+	switch {
+	case last == cpNFAfter || last == cpConfirm:
+	case last >= cpNFBefore || !e.active(obs.PointNFBefore):
+		return ""
+	case f.fromNode && last != cpSockAddr && last != cpSockState && last != cpApp:
+		return ""
+	case !f.fromNode && last < cpPod:
+		return "" // never left the Pod
+	default:
+		if b := e.cfg.Attribution.BridgeNFCallIPTables; !f.fromNode && b != nil && !*b {
+			return "" // bridged frames meet no IPv4 hook
+		}
+		before = true
+	}
+	family := "ipv4"
+	if f.service.Addr().Is6() {
+		family = "ipv6"
+	}
+	nat := natHookOf(f)
+	var names []string
+	for _, p := range progs {
+		if p.Family != family {
+			continue
+		}
+		at := p.Hook == nat && p.Priority < natPriority
+		if !before {
+			at = p.Hook == nat && p.Priority > natPriority || p.Hook == e.filterHookOf(f) || p.Hook == "postrouting"
+		}
+		if at {
+			names = append(names, fmt.Sprintf("%s (id %d) at %s priority %d", p.Name, p.ID, p.Hook, p.Priority))
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	const drop = "one that returns NF_DROP ends the packet there, and no netfilter rule shows it"
+	if before {
+		return fmt.Sprintf("it vanished at %s before netfilter's NAT (pathtrace's netfilter observers, watching, never saw it), where netfilter BPF programs run: %s (%s)", nat, strings.Join(names, ", "), drop)
+	}
+	return fmt.Sprintf("past %s (the last point that saw it), netfilter BPF programs run: %s (%s)", last.describe(f.cps[last].vipFrom), strings.Join(names, ", "), drop)
 }

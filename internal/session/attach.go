@@ -387,6 +387,9 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.HostRedirects = hostRedirects(node.TCRedirects)
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
 	a.Rejects = natRulesOf(node.Netfilter.Rejects)
+	for _, p := range node.Netfilter.BPFPrograms {
+		a.NetfilterPrograms = append(a.NetfilterPrograms, flow.NetfilterProgram{Family: p.Family, Hook: p.Hook, Priority: p.Priority, Name: p.Name, ID: uint32(p.ID)})
+	}
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
 	a.GatewayMACs = gatewayMACs(node)

@@ -286,7 +286,15 @@ type attribution struct {
 	NATRules []natRule `json:"nat_rules"`
 	// Rejects are rules that reject or drop a VIP's packets (no backends).
 	Rejects []natRule `json:"rejects"`
-	IPVS    []struct {
+	// NetfilterPrograms are BPF programs on netfilter hooks.
+	NetfilterPrograms []struct {
+		Family   string `json:"family"`
+		Hook     string `json:"hook"`
+		Priority int32  `json:"priority"`
+		Name     string `json:"name"`
+		ID       uint32 `json:"id"`
+	} `json:"netfilter_programs"`
+	IPVS []struct {
 		VIP       netip.AddrPort   `json:"vip"`
 		Proto     string           `json:"proto"`
 		Scheduler string           `json:"scheduler"`
@@ -420,6 +428,9 @@ func (a attribution) convert() (flow.Attribution, error) {
 			return out, err
 		}
 		out.Rejects = append(out.Rejects, nr)
+	}
+	for _, p := range a.NetfilterPrograms {
+		out.NetfilterPrograms = append(out.NetfilterPrograms, flow.NetfilterProgram(p))
 	}
 	for _, v := range a.IPVS {
 		proto, err := parseProto(v.Proto)
