@@ -101,6 +101,11 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	if err := discoverPods(ctx, host, opt, info); err != nil {
 		return nil, err
 	}
+	for _, p := range info.Pods {
+		if p.vipsElsewhere != "" && p.HostPeer != nil {
+			info.notef("pod netns %s routes %s, not through %s, its interface captured (host side %s): its flows to them are not captured at the Pod's points; the node's netfilter observers, conntrack and uplink still follow them where they cross the node", p.NetNS.Path, p.vipsElsewhere, p.Eth0.Name, p.HostPeer.Name)
+		}
+	}
 	// The NAT rules and IPVS services name the backends, whose routes tell
 	// a routed node's uplink.
 	info.svcs = svcs

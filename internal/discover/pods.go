@@ -559,6 +559,8 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr)
 	if gwIndex != 0 && gwIndex != eth0.Attrs().Index {
 		pod.defaultDev = linkName(nl, gwIndex)
 	}
+	pod.OtherAddrs = otherAddrs(nl, eth0.Attrs().Index)
+	pod.vipsElsewhere = vipsElsewhere(nl, eth0.Attrs().Index, vips)
 	if gwIndex != eth0.Attrs().Index {
 		gw, pod.viaEth0 = vipRouteThrough(nl, eth0.Attrs().Index, vips)
 		pod.vipRouteOnly = pod.viaEth0
@@ -610,6 +612,37 @@ func vipRouteThrough(nl *netlink.Handle, index int, vips []netip.Addr) (netip.Ad
 		}
 	}
 	return netip.Addr{}, false
+}
+
+// otherAddrs are the IPv4 addresses of the netns of nl on other
+// interfaces than index, loopback addresses left out.
+func otherAddrs(nl *netlink.Handle, index int) []netip.Addr {
+	addrs, err := nl.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if ip = ip.Unmap(); ok && a.LinkIndex != index && !ip.IsLoopback() && !slices.Contains(out, ip) {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// vipsElsewhere says which of the VIPs the netns of nl routes through
+// another interface than index ("10.120.0.10 through net1"), "" when none.
+func vipsElsewhere(nl *netlink.Handle, index int, vips []netip.Addr) string {
+	var out []string
+	for _, vip := range vips[:min(len(vips), maxVIPRoutes)] {
+		routes, err := nl.RouteGet(net.IP(vip.AsSlice()))
+		if err != nil || len(routes) == 0 || routes[0].Type == unix.RTN_LOCAL || routes[0].LinkIndex == index {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s through %s", vip, linkName(nl, routes[0].LinkIndex)))
+	}
+	return strings.Join(out, ", ")
 }
 
 // vipRouteDevs are the interfaces the netns of nl routes the VIPs through

@@ -725,3 +725,43 @@ func TestPodWatchMirredRedirect(t *testing.T) {
 		t.Errorf("tc redirects of the new Pod's veth:\n got %+v\nwant %+v", found.TCRedirects, want)
 	}
 }
+
+// TestPodRoutesAVIPThroughNet1: a Pod with a Multus net1 on a node bridge
+// beside eth0 that routes one traced VIP through net1 is found once, on
+// eth0; its net1 address is one of its client addresses (a --pod-ip run
+// otherwise leaves the node-wide points' sightings of its flows out of
+// scope, and those flows read unknown), and a note says which VIP's flows
+// its captured interface does not carry.
+func TestPodRoutesAVIPThroughNet1(t *testing.T) {
+	n := newNodeNS(t, "node", "pod")
+	n.run(t, "node", "link add hve type veth peer name eth0 netns "+n.name("pod"), "link set hve up",
+		"route add 10.99.21.5/32 dev hve",
+		"link add hvn type veth peer name net1 netns "+n.name("pod"), "link set hvn up",
+		"addr add 192.168.50.1/24 dev hvn")
+	n.run(t, "pod", "addr add 10.99.21.5/32 dev eth0", "link set eth0 up",
+		"route add 169.254.1.1 dev eth0 scope link", "route add default via 169.254.1.1 dev eth0",
+		"addr add 192.168.50.5/24 dev net1", "link set net1 up", "route add 10.120.9.9/32 via 192.168.50.1 dev net1")
+	vips := []netip.Addr{netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.9.9")}
+	for _, opt := range []Options{
+		{HostNetNS: n.path("node"), Services: vips},
+		{HostNetNS: n.path("node"), Services: vips, PodIP: netip.MustParseAddr("10.99.21.5")},
+	} {
+		info, err := Node(context.Background(), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Pods) != 1 || info.Pods[0].Eth0.Name != "eth0" || info.Pods[0].HostPeer == nil || info.Pods[0].HostPeer.Name != "hve" {
+			t.Fatalf("pod ip %v: pods %+v, want one, on eth0 and its host veth hve", opt.PodIP, info.Pods)
+		}
+		if got := info.Pods[0].OtherAddrs; !slices.Equal(got, []netip.Addr{netip.MustParseAddr("192.168.50.5")}) {
+			t.Errorf("pod ip %v: other addresses %v, want [192.168.50.5]", opt.PodIP, got)
+		}
+		clients := info.ClientAddrs()
+		if !clients[netip.MustParseAddr("192.168.50.5")] || !clients[netip.MustParseAddr("10.99.21.5")] {
+			t.Errorf("pod ip %v: client addresses %v, want the Pod's eth0 and net1 addresses", opt.PodIP, clients)
+		}
+		if !hasNote(info, n.path("pod"), "10.120.9.9 through net1", "not through eth0") || hasNote(info, "10.120.0.80 through") {
+			t.Errorf("pod ip %v: notes %q, want one saying 10.120.9.9 goes through net1", opt.PodIP, info.Notes)
+		}
+	}
+}

@@ -73,6 +73,9 @@ func (n *NodeInfo) ClientAddrs() map[netip.Addr]bool {
 		for _, pfx := range p.Eth0.Addrs {
 			addrs[pfx.Addr()] = true
 		}
+		for _, a := range p.OtherAddrs {
+			addrs[a] = true
+		}
 	}
 	return addrs
 }
@@ -120,6 +123,14 @@ type Pod struct {
 
 	Uplinks   []string `json:"uplinks"`
 	UplinkHow string   `json:"uplink_how"` // which rule chose Uplinks
+
+	// OtherAddrs are the Pod's IPv4 addresses on its other interfaces
+	// (Multus's net1), loopback's left out: a flow it routes out one of
+	// them has that source, and is the Pod's all the same.
+	OtherAddrs []netip.Addr `json:"other_addrs,omitempty"`
+	// vipsElsewhere says which traced VIPs the Pod routes through another
+	// interface than Eth0 ("10.120.0.10 through net1"), "" when none.
+	vipsElsewhere string
 
 	// viaEth0: the pod's default route leaves through Eth0, or, when it
 	// leaves elsewhere (Multus's net1), its route to one of the VIPs does.
