@@ -239,6 +239,11 @@ func (tr *tracer) releaseGone(now time.Time) {
 			continue
 		}
 		*tp.released = fmt.Sprintf("released at %s: its Pod's netns was deleted; the capture alone kept it (and its veth pair) alive", now.Format("15:04:05"))
+		// Its socket events are out of scope from now on: once the tap,
+		// the last holder, closes, the kernel frees the netns and gives
+		// its inode number to the next netns made on the machine, which
+		// is no Pod of this run (or one the Pod watch finds and adds).
+		delete(tr.scope, tp.inode)
 		// Close waits for the tap's producer to leave the ring, and the
 		// producer may be waiting for this goroutine, the consumer, to
 		// take its batch.

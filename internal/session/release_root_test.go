@@ -43,10 +43,14 @@ func TestReleaseGone(t *testing.T) {
 	run(t, "mount", "--bind", first, second)
 	run(t, "ip", "netns", "del", name)
 
-	tr := &tracer{taps: []tap{{role: discover.RolePod, ifname: "pt0", netns: first, inode: inode, t: tp, ended: new(string), released: new(string)}}}
+	tr := &tracer{taps: []tap{{role: discover.RolePod, ifname: "pt0", netns: first, inode: inode, t: tp, ended: new(string), released: new(string)}},
+		scope: map[uint64]bool{inode: true}}
 	tr.releaseGone(time.Now())
 	if got := tr.taps[0]; *got.released != "" || got.netns != second {
 		t.Fatalf("netns still held by %s: released %q, looks at %s; want kept, looking there", second, *got.released, got.netns)
+	}
+	if !tr.scope[inode] {
+		t.Error("the netns of a Pod that lives on left the scope")
 	}
 	run(t, "umount", second)
 	tr.releaseGone(time.Now())
@@ -54,6 +58,11 @@ func TestReleaseGone(t *testing.T) {
 		t.Fatal("netns held by nothing but the tap: not released")
 	}
 	waitClosed(t, tp)
+	// The kernel gives a freed netns's inode number to the next netns made
+	// (another node's Pod, a test's): its sockets are no Pod's of the run.
+	if tr.scope[inode] {
+		t.Errorf("the inode %d of the released netns is still in scope: the next netns to get it would be traced", inode)
+	}
 }
 
 // waitClosed fails unless tp is closed within a second (releaseGone closes
