@@ -335,7 +335,9 @@ func pointLabels(taps []tap, pods []discover.Pod) []string {
 		}
 		where := tp.netns
 		for _, p := range pods {
-			if p.NetNS.Path != tp.netns {
+			// A Pod made again in a netns of the same name (a named netns
+			// reused, a PID reused) is another netns: the inodes tell.
+			if p.NetNS.Path != tp.netns || tp.inode != 0 && p.NetNS.Inode != 0 && p.NetNS.Inode != tp.inode {
 				continue
 			}
 			switch {

@@ -33,4 +33,19 @@ func TestPointLabels(t *testing.T) {
 	if got := pointLabels(three, pods); !slices.Equal(got, want) {
 		t.Errorf("three Pods: %q, want %q", got, want)
 	}
+	// A Pod deleted and made again with another address in a netns of the
+	// same name (a named netns reused): each tap is named by its own Pod's
+	// address, told apart by the netns inode (it took the gone Pod's).
+	again := []tap{
+		{role: "pod", ifname: "eth0", netns: "/run/netns/a", inode: 11}, {role: "pod", ifname: "eth0", netns: "/run/netns/p2", inode: 12},
+		{role: "pod", ifname: "eth0", netns: "/run/netns/p2", inode: 13},
+	}
+	gone, back := pod("/run/netns/p2", "10.0.0.24", "p2"), pod("/run/netns/p2", "10.0.0.25", "p2")
+	gone.NetNS.Inode, back.NetNS.Inode = 12, 13
+	first := pod("/run/netns/a", "10.0.0.23", "a")
+	first.NetNS.Inode = 11
+	want = []string{"pod:eth0@10.0.0.23", "pod:eth0@10.0.0.24", "pod:eth0@10.0.0.25"}
+	if got := pointLabels(again, []discover.Pod{first, gone, back}); !slices.Equal(got, want) {
+		t.Errorf("a Pod made again in a netns of the same name: %q, want %q", got, want)
+	}
 }
