@@ -942,7 +942,10 @@ func (e *Engine) netfilterProgramsNote(f *flowState) string {
 	case last == cpNFAfter || last == cpConfirm:
 	case last >= cpNFBefore || !e.active(obs.PointNFBefore):
 		return ""
-	case f.fromNode && last != cpSockAddr && last != cpSockState && last != cpApp:
+	case f.fromNode && last != cpSockState && (f.proto == obs.TCP || last != cpSockAddr):
+		// A node's TCP connection sent its SYN (into OUTPUT) only once
+		// in SYN_SENT: one last seen at connect() failed before (no
+		// route), and sent nothing a program could drop.
 		return ""
 	case !f.fromNode && last < cpPod:
 		return "" // never left the Pod

@@ -518,3 +518,18 @@ func TestConntrackSilence(t *testing.T) {
 	e.SetConntrackLosses(3)
 	check("conntrack lost events", e, flow.PlaceUnknown, "does not exclude netfilter: conntrack lost 3 events during the run")
 }
+
+// TestNetfilterProgramsNotBlamedForUnsent: a BPF program on a netfilter
+// hook is named only for a request that reached the hook: a node's TCP
+// connect() that failed before SYN_SENT (no route) sent nothing.
+func TestNetfilterProgramsNotBlamedForUnsent(t *testing.T) {
+	s, err := flowtest.Load(scenarioDir + "/netfilter-bpf-program-drops-node.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range s.Run(nil).Flows() {
+		if !f.Client.IsValid() && strings.Contains(f.Reason, "pr_nf_drop") {
+			t.Errorf("a connect() that sent nothing is told a netfilter BPF program dropped it: %q", f.Reason)
+		}
+	}
+}
