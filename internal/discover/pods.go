@@ -559,7 +559,7 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr)
 	if gwIndex != 0 && gwIndex != eth0.Attrs().Index {
 		pod.defaultDev = linkName(nl, gwIndex)
 	}
-	pod.OtherAddrs = otherAddrs(nl, eth0.Attrs().Index)
+	pod.OtherIfaces = otherIfaces(nl, links, eth0.Attrs().Index)
 	pod.vipsElsewhere = vipsElsewhere(nl, eth0.Attrs().Index, vips)
 	if gwIndex != eth0.Attrs().Index {
 		gw, pod.viaEth0 = vipRouteThrough(nl, eth0.Attrs().Index, vips)
@@ -614,18 +614,16 @@ func vipRouteThrough(nl *netlink.Handle, index int, vips []netip.Addr) (netip.Ad
 	return netip.Addr{}, false
 }
 
-// otherAddrs are the IPv4 addresses of the netns of nl on other
-// interfaces than index, loopback addresses left out.
-func otherAddrs(nl *netlink.Handle, index int) []netip.Addr {
-	addrs, err := nl.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		return nil
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if ip = ip.Unmap(); ok && a.LinkIndex != index && !ip.IsLoopback() && !slices.Contains(out, ip) {
-			out = append(out, ip)
+// otherIfaces are the interfaces among links with an IPv4 address but
+// index's and loopback's.
+func otherIfaces(nl *netlink.Handle, links []netlink.Link, index int) []Iface {
+	var out []Iface
+	for _, l := range links {
+		if l.Attrs().Index == index || l.Attrs().Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		if ifc := iface(nl, l); len(ifc.Addrs) > 0 {
+			out = append(out, ifc)
 		}
 	}
 	return out

@@ -753,8 +753,8 @@ func TestPodRoutesAVIPThroughNet1(t *testing.T) {
 		if len(info.Pods) != 1 || info.Pods[0].Eth0.Name != "eth0" || info.Pods[0].HostPeer == nil || info.Pods[0].HostPeer.Name != "hve" {
 			t.Fatalf("pod ip %v: pods %+v, want one, on eth0 and its host veth hve", opt.PodIP, info.Pods)
 		}
-		if got := info.Pods[0].OtherAddrs; !slices.Equal(got, []netip.Addr{netip.MustParseAddr("192.168.50.5")}) {
-			t.Errorf("pod ip %v: other addresses %v, want [192.168.50.5]", opt.PodIP, got)
+		if got := info.Pods[0].OtherIfaces; len(got) != 1 || got[0].Name != "net1" || !slices.Equal(got[0].Addrs, []netip.Prefix{netip.MustParsePrefix("192.168.50.5/24")}) {
+			t.Errorf("pod ip %v: other interfaces %+v, want net1 with 192.168.50.5/24", opt.PodIP, got)
 		}
 		clients := info.ClientAddrs()
 		if !clients[netip.MustParseAddr("192.168.50.5")] || !clients[netip.MustParseAddr("10.99.21.5")] {

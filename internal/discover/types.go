@@ -73,8 +73,10 @@ func (n *NodeInfo) ClientAddrs() map[netip.Addr]bool {
 		for _, pfx := range p.Eth0.Addrs {
 			addrs[pfx.Addr()] = true
 		}
-		for _, a := range p.OtherAddrs {
-			addrs[a] = true
+		for _, ifc := range p.OtherIfaces {
+			for _, pfx := range ifc.Addrs {
+				addrs[pfx.Addr()] = true
+			}
 		}
 	}
 	return addrs
@@ -124,10 +126,10 @@ type Pod struct {
 	Uplinks   []string `json:"uplinks"`
 	UplinkHow string   `json:"uplink_how"` // which rule chose Uplinks
 
-	// OtherAddrs are the Pod's IPv4 addresses on its other interfaces
-	// (Multus's net1), loopback's left out: a flow it routes out one of
-	// them has that source, and is the Pod's all the same.
-	OtherAddrs []netip.Addr `json:"other_addrs,omitempty"`
+	// OtherIfaces are the Pod's other interfaces with an IPv4 address
+	// (Multus's net1, a macvlan), loopback left out: a flow it routes out
+	// one of them has that source, and is the Pod's all the same.
+	OtherIfaces []Iface `json:"other_ifaces,omitempty"`
 	// vipsElsewhere says which traced VIPs the Pod routes through another
 	// interface than Eth0 ("10.120.0.10 through net1"), "" when none.
 	vipsElsewhere string

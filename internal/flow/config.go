@@ -90,6 +90,10 @@ type Attribution struct {
 	// BridgeNFCallIPTables is the node's net.bridge.bridge-nf-call-iptables (nil
 	// when unknown); it explains why NAT rules never saw a bridged flow.
 	BridgeNFCallIPTables *bool
+	// PodOtherIfaces names, by address, the Pods' interfaces other than
+	// the one captured (Multus's net1, a macvlan): a flow with one of
+	// those addresses as source left its Pod through it, uncaptured.
+	PodOtherIfaces map[netip.Addr]string
 	// GatewayMACs are the Pods' default-gateway MAC addresses.
 	GatewayMACs []net.HardwareAddr
 	// NodeAddrs are the node netns's own addresses (nil: unknown), which

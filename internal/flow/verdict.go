@@ -350,6 +350,9 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		return unknown("the VIP was last seen at %s and no point saw the request rewritten, yet an answer came back%s: it was rewritten where no active point saw it afterwards (the uplink never saw this flow)", where, from)
 	}
 	if e.keptInPod(f, last) {
+		if dev, ok := e.cfg.Attribution.PodOtherIfaces[f.client.Addr()]; ok {
+			return unknown("the VIP was last seen at %s, from %s, the address of the Pod's %s: it left the Pod through %s, where pathtrace does not capture, and no point on the node saw it afterwards: its way crosses neither the node's netfilter nor its uplink (a network of its own, as Multus gives), or it was dropped on that way", where, f.client.Addr(), dev, dev)
+		}
 		return unknown("the VIP was last seen at %s, and the Pod's eth0 (captured) never saw the request: it did not leave the Pod's netns that way, so nothing on the node saw it; the Pod kept it (a sidecar proxy's TPROXY capture, which delivers it to the proxy with the VIP unchanged: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)), dropped it, or routed it out another of its interfaces", where)
 	}
 	v := unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)

@@ -394,6 +394,16 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	}
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
+	for _, p := range node.Pods {
+		for _, ifc := range p.OtherIfaces {
+			for _, pfx := range ifc.Addrs {
+				if a.PodOtherIfaces == nil {
+					a.PodOtherIfaces = map[netip.Addr]string{}
+				}
+				a.PodOtherIfaces[pfx.Addr()] = ifc.Name
+			}
+		}
+	}
 	a.GatewayMACs = gatewayMACs(node)
 	a.NodeAddrs = node.NodeAddrs()
 	for _, lv := range node.LocalVIPs {

@@ -300,9 +300,11 @@ type attribution struct {
 		Scheduler string           `json:"scheduler"`
 		Backends  []netip.AddrPort `json:"backends"`
 	} `json:"ipvs"`
-	BridgeNFCallIPTables *bool    `json:"bridge_nf_call_iptables"`
-	GatewayMACs          []string `json:"gateway_macs"`
-	LocalVIPs            []struct {
+	BridgeNFCallIPTables *bool `json:"bridge_nf_call_iptables"`
+	// PodOtherIfaces: the Pods' other interfaces by address.
+	PodOtherIfaces map[netip.Addr]string `json:"pod_other_ifaces"`
+	GatewayMACs    []string              `json:"gateway_macs"`
+	LocalVIPs      []struct {
 		Addr   netip.Addr `json:"addr"`
 		Device string     `json:"device"`
 	} `json:"local_vips"`
@@ -400,7 +402,7 @@ func (f file) scenario() (Scenario, error) {
 }
 
 func (a attribution) convert() (flow.Attribution, error) {
-	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables}
+	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables, PodOtherIfaces: a.PodOtherIfaces}
 	for _, p := range a.SockPrograms {
 		out.SockPrograms = append(out.SockPrograms, flow.SockProgram(p))
 	}
