@@ -121,10 +121,14 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	info.CapturePoints = capturePoints(host, info, uplinks)
 
 	own := observerFilter(opt.IsObserver)
-	var err2 error
-	if info.Netfilter.BPFPrograms, err2 = netfilterPrograms(own); err2 != nil {
-		info.notef("netfilter BPF programs not fully read: %v", err2)
+	nfProgs, err := netfilterPrograms(own)
+	if err != nil {
+		info.notef("netfilter BPF programs not fully read: %v", err)
 	}
+	if err := placeNetfilterPrograms(host.path, nfProgs); err != nil {
+		info.notef("netfilter BPF programs: not told whether in the node netns: %v", err)
+	}
+	info.Netfilter.BPFPrograms = nfProgs
 	info.SockPrograms, info.SockCgroup = sockPrograms(opt.Cgroup, own, info), opt.Cgroup
 	if defaultCgroup && opt.Cgroup != "" {
 		if note := cgroupNSNote(opt.Cgroup, cgroup2.IsHierarchyRoot); note != "" {

@@ -5,7 +5,11 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // NetfilterProgram is a BPF program attached to a netfilter hook with a
@@ -13,7 +17,8 @@ import (
 // It runs among the hook's other functions by its priority: one below NAT's
 // (-100) at prerouting sees the VIP before kube-proxy's DNAT, and one that
 // returns NF_DROP ends the packet there. The kernel does not say in which
-// network namespace a netfilter link is: these are the machine's.
+// network namespace a netfilter link is: these are the machine's, those
+// found to be in another netns than the node's marked Elsewhere.
 type NetfilterProgram struct {
 	Family   string         `json:"family"` // ipv4, ipv6
 	Hook     string         `json:"hook"`   // prerouting, input, forward, output, postrouting
@@ -21,7 +26,17 @@ type NetfilterProgram struct {
 	Name     string         `json:"name"`
 	ID       ebpf.ProgramID `json:"id"`
 	LinkID   link.ID        `json:"link_id"`
+	// Elsewhere: not in the node netns, which has no hook function at that
+	// hook and priority (see placeNetfilterPrograms).
+	Elsewhere bool `json:"elsewhere,omitempty"`
+
+	pf   link.NetfilterProtocolFamily
+	hook link.NetfilterInetHook
 }
+
+// probeProgramName names the no-op program placeNetfilterPrograms
+// attaches for a moment, left out of the lists.
+const probeProgramName = "pt_nf_probe"
 
 // maxNetfilterLinks bounds the links looked at.
 const maxNetfilterLinks = 4096
@@ -44,13 +59,19 @@ func netfilterPrograms(own func(ebpf.ProgramID) bool) ([]NetfilterProgram, error
 		if nf == nil || own(info.Program) {
 			continue
 		}
+		name := programName(info.Program)
+		if name == probeProgramName {
+			continue // another pathtrace's, placing its list
+		}
 		out = append(out, NetfilterProgram{
 			Family:   nfFamilyName(uint32(nf.ProtocolFamily)),
 			Hook:     nfHookName(uint32(nf.Hook)),
 			Priority: nf.Priority,
-			Name:     programName(info.Program),
+			Name:     name,
 			ID:       info.Program,
 			LinkID:   info.ID,
+			pf:       nf.ProtocolFamily,
+			hook:     nf.Hook,
 		})
 	}
 	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
@@ -88,4 +109,41 @@ func nfHookName(h uint32) string {
 		return names[h]
 	}
 	return fmt.Sprintf("hook %d", h)
+}
+
+// placeNetfilterPrograms marks Elsewhere the programs that are not in the
+// netns at hostPath. A netfilter hook of a netns takes one BPF function per
+// priority: attaching a no-op program (NF_ACCEPT) at a listed program's
+// family, hook and priority there fails with EBUSY when a function holds
+// that priority in that netns (the listed one, or another hook's), and
+// succeeds when none does: the listed one is in another netns. The probe
+// is detached at once; it accepts whatever passes meanwhile. Programs it
+// cannot place stay unmarked (possibly the node's).
+func placeNetfilterPrograms(hostPath string, progs []NetfilterProgram) error {
+	if len(progs) == 0 {
+		return nil
+	}
+	const nfAccept = 1
+	probe, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: probeProgramName, Type: ebpf.Netfilter, AttachType: ebpf.AttachNetfilter,
+		License: "GPL", Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, nfAccept), asm.Return()}})
+	if err != nil {
+		return fmt.Errorf("load the netfilter probe: %w", err)
+	}
+	defer probe.Close()
+	return nsutil.Do(hostPath, func() error {
+		var errs []error
+		for i := range progs {
+			p := &progs[i]
+			l, err := link.AttachNetfilter(link.NetfilterOptions{Program: probe, ProtocolFamily: p.pf, Hook: p.hook, Priority: p.Priority})
+			switch {
+			case err == nil:
+				l.Close()
+				p.Elsewhere = true
+			case errors.Is(err, unix.EBUSY):
+			default:
+				errs = append(errs, fmt.Errorf("%s %s priority %d: %w", p.Family, p.Hook, p.Priority, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
 }

@@ -17,14 +17,29 @@ import (
 // TestNodeFindsNetfilterPrograms: another tool's BPF programs on netfilter
 // hooks (one that drops at prerouting before NAT, one at forward) are
 // listed in the node's netfilter section and its table, by hook and
-// priority, and pathtrace's own are not.
+// priority, and pathtrace's own are not; one in another netns is told
+// apart (Elsewhere).
 func TestNodeFindsNetfilterPrograms(t *testing.T) {
 	tb := newTestbed(t)
 	const nfDrop, nfAccept = 0, 1
 	drop := loadReturn(t, "pttest_nf_drop", ebpf.Netfilter, ebpf.AttachNetfilter, nfDrop)
 	fwd := loadReturn(t, "pttest_nf_fwd", ebpf.Netfilter, ebpf.AttachNetfilter, nfAccept)
 	own := loadReturn(t, "pttest_nf_own", ebpf.Netfilter, ebpf.AttachNetfilter, nfAccept)
-	err := nsutil.Do(tb.node, func() error {
+	other := loadReturn(t, "pttest_nf_other", ebpf.Netfilter, ebpf.AttachNetfilter, nfDrop)
+	// Another netns's (the Pod's here), at a priority nothing holds in
+	// the node netns.
+	err := nsutil.Do(tb.pod, func() error {
+		l, err := link.AttachNetfilter(link.NetfilterOptions{Program: other, ProtocolFamily: link.NetfilterProtoIPv4, Hook: link.NetfilterInetPreRouting, Priority: -157})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { l.Close() })
+		return nil
+	})
+	if err != nil {
+		t.Skipf("attach a netfilter link (kernel without BPF netfilter links?): %v", err)
+	}
+	err = nsutil.Do(tb.node, func() error {
 		for _, a := range []struct {
 			prog *ebpf.Program
 			hook link.NetfilterInetHook
@@ -51,13 +66,15 @@ func TestNodeFindsNetfilterPrograms(t *testing.T) {
 	for _, want := range []NetfilterProgram{
 		{Family: "ipv4", Hook: "prerouting", Priority: -151, Name: "pttest_nf_drop", ID: progID(t, drop)},
 		{Family: "ipv4", Hook: "forward", Priority: 7, Name: "pttest_nf_fwd", ID: progID(t, fwd)},
+		{Family: "ipv4", Hook: "prerouting", Priority: -157, Name: "pttest_nf_other", ID: progID(t, other), Elsewhere: true},
 	} {
 		i := slices.IndexFunc(got, func(p NetfilterProgram) bool { return p.ID == want.ID })
 		if i < 0 {
 			t.Errorf("netfilter BPF programs: %+v lacks %+v", got, want)
 			continue
 		}
-		if want.LinkID = got[i].LinkID; got[i] != want || want.LinkID == 0 {
+		want.LinkID, want.pf, want.hook = got[i].LinkID, got[i].pf, got[i].hook
+		if got[i] != want || want.LinkID == 0 {
 			t.Errorf("netfilter BPF program: got %+v, want %+v", got[i], want)
 		}
 	}
@@ -68,7 +85,8 @@ func TestNodeFindsNetfilterPrograms(t *testing.T) {
 	if err := info.Table(&b); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(b.String(), "BPF program (ipv4 prerouting priority -151)") || !strings.Contains(b.String(), "pttest_nf_drop") {
+	if !strings.Contains(b.String(), "BPF program (ipv4 prerouting priority -151)") || !strings.Contains(b.String(), "pttest_nf_drop") ||
+		!strings.Contains(b.String(), "in another netns") {
 		t.Errorf("node table does not list the netfilter BPF program:\n%s", b.String())
 	}
 }

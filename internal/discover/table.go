@@ -154,7 +154,11 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		p("netfilter\t%s %s (%s)\t%s %s\t%s%s\n", r.Source, r.Table, r.Hook, r.rejectedString(nf.Rules), what, strings.Join(r.Chains, " > "), r.fromString())
 	}
 	for _, bp := range nf.BPFPrograms {
-		p("netfilter\tBPF program (%s %s priority %d)\t%s (id %d)\tnetfilter link %d (the kernel does not say in which netns)\n", bp.Family, bp.Hook, bp.Priority, orDash(bp.Name), bp.ID, bp.LinkID)
+		where := "in the node netns, or another hook holds its priority there"
+		if bp.Elsewhere {
+			where = "in another netns"
+		}
+		p("netfilter\tBPF program (%s %s priority %d)\t%s (id %d)\tnetfilter link %d, %s\n", bp.Family, bp.Hook, bp.Priority, orDash(bp.Name), bp.ID, bp.LinkID, where)
 	}
 	if !n.IPVS.Present {
 		p("ipvs\t%s\n", n.IPVS.Note)

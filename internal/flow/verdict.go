@@ -979,7 +979,7 @@ func (e *Engine) netfilterProgramsNote(f *flowState) string {
 	if len(names) == 0 {
 		return ""
 	}
-	const drop = "one that returns NF_DROP ends the packet there, and no netfilter rule shows it; the kernel does not say which netns a netfilter link is in, this node's or another's"
+	const drop = "one that returns NF_DROP ends the packet there, and no netfilter rule shows it"
 	if before {
 		return fmt.Sprintf("it vanished at %s before netfilter's NAT (pathtrace's netfilter observers, watching, never saw it), where netfilter BPF programs run: %s (%s)", nat, strings.Join(names, ", "), drop)
 	}

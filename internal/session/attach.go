@@ -390,6 +390,9 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
 	a.Rejects = natRulesOf(node.Netfilter.Rejects)
 	for _, p := range node.Netfilter.BPFPrograms {
+		if p.Elsewhere {
+			continue // in another netns: none of the node's packets meets it
+		}
 		a.NetfilterPrograms = append(a.NetfilterPrograms, flow.NetfilterProgram{Family: p.Family, Hook: p.Hook, Priority: p.Priority, Name: p.Name, ID: uint32(p.ID)})
 	}
 	a.IPVS = ipvsOf(node.IPVS.Services)

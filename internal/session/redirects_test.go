@@ -1,9 +1,11 @@
 package session
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
 )
 
 // TestHostRedirects: the engine gets the mirred redirects at the host
@@ -19,5 +21,21 @@ func TestHostRedirects(t *testing.T) {
 	got := attribution(node).HostRedirects
 	if len(got) != 1 || got[0].Ifindex != 5 || got[0].Text != "veth-a ingress u32 pref 10: mirred egress redirect to bond0" {
 		t.Errorf("host redirects %+v, want the ingress redirect of veth-a alone", got)
+	}
+}
+
+// TestAttributionNetfilterPrograms: the netfilter BPF programs found in
+// another netns than the node's are no candidates for the node's flows;
+// the others are, with their hook and priority.
+func TestAttributionNetfilterPrograms(t *testing.T) {
+	node := &discover.NodeInfo{}
+	node.Netfilter.BPFPrograms = []discover.NetfilterProgram{
+		{Family: "ipv4", Hook: "prerouting", Priority: -150, Name: "elsewhere_drop", ID: 7, Elsewhere: true},
+		{Family: "ipv4", Hook: "forward", Priority: 0, Name: "node_drop", ID: 8},
+	}
+	got := attribution(node).NetfilterPrograms
+	want := []flow.NetfilterProgram{{Family: "ipv4", Hook: "forward", Priority: 0, Name: "node_drop", ID: 8}}
+	if !slices.Equal(got, want) {
+		t.Errorf("netfilter programs %+v, want %+v", got, want)
 	}
 }
