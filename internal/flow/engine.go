@@ -102,6 +102,11 @@ type Engine struct {
 	// lateCounts are the flows' packets captured once the run was
 	// stopping that lostOnTheWay leaves out.
 	lateCounts map[*flowState]*lateCount
+
+	// retiredKeys remembers the recently retired flows by client endpoint
+	// and Service (bounded), retiredTotals counts every retired flow.
+	retiredKeys   recentSet[flowKey, retiredNote]
+	retiredTotals retiredTotals
 }
 
 // NewEngine returns an engine for cfg.
@@ -127,6 +132,7 @@ func NewEngine(cfg Config) *Engine {
 	// a flow is counted again only when seen after that many newer ones.
 	e.refused = newRecentSet[flowKey, refusedFlow](max(4096, maxFlows))
 	e.refusedClients = newRecentSet[clientKey, struct{}](max(4096, maxFlows))
+	e.retiredKeys = newRecentSet[flowKey, retiredNote](max(4096, maxFlows))
 	for _, s := range cfg.Services {
 		e.services[s.Addr] = append(e.services[s.Addr], s)
 	}
@@ -442,8 +448,10 @@ func (e *Engine) idOf(f *flowState) int {
 // Summary counts flows per verdict, the engine's drops and observations per point.
 func (e *Engine) Summary() Summary {
 	e.Settle()
+	t := e.retiredTotals
 	s := Summary{
-		Flows:       e.nflows,
+		Flows:       e.nflows + t.n,
+		Retired:     t.n,
 		RewrittenAt: make(map[Place]int),
 		Drops: map[string]uint64{
 			DropFlowsOverMax:      e.overMax,
@@ -455,8 +463,9 @@ func (e *Engine) Summary() Summary {
 		Observations: make(map[string]uint64),
 	}
 	for _, p := range Places() {
-		s.RewrittenAt[p] = 0
+		s.RewrittenAt[p] = t.places[p]
 	}
+	s.UnknownBeforeReady, s.UnknownAfterStop = t.beforeReady, t.afterStop
 	for _, list := range e.clients {
 		for _, f := range list {
 			place := e.cachedVerdict(f).place

@@ -316,6 +316,7 @@ func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie
 	if client.Port() == 0 {
 		f.cookie = cookie
 	}
+	e.continued(f, m)
 	e.index(f)
 	e.nflows++
 	e.unrefuse(flowKey{k, service}, cookie, m)

@@ -844,6 +844,8 @@ func (e *Engine) conntrackBlind(f *flowState) string {
 		return fmt.Sprintf("conntrack lost %d events during the run", e.ctLosses)
 	case e.window(f) == beforeReady:
 		return "the flow began before pathtrace was in place, and " + when
+	case f.continues != 0:
+		return fmt.Sprintf("it continues flow %d, whose connection conntrack reported when it began", f.continues)
 	case e.ctMayBeOthers(f):
 		return "its client port was reused just after an earlier connection to the VIP, which conntrack's report of it may have been taken for"
 	case f.proto == obs.TCP:
