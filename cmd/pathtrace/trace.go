@@ -23,6 +23,7 @@ import (
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/export"
+	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/probe"
 	"github.com/pathtrace/pathtrace/internal/report"
 	"github.com/pathtrace/pathtrace/internal/session"
@@ -45,6 +46,7 @@ Examples:
   sudo pathtrace --svc 10.96.0.10:53/udp --output json | jq 'select(.type=="flow")'
   sudo pathtrace --host-netns /run/netns/ptlab-node --svc 10.120.0.80 --duration 10s
   sudo pathtrace --svc 10.120.0.80 --duration 30s --pcap /var/tmp/svc.pcapng
+  sudo pathtrace --svc 10.96.0.10:53/udp --duration 0 --output json   (until stopped: a flow log)
 
 How it decides: every place that can rewrite a destination is bracketed by an
 observation just before and just after it (syscall arguments vs cgroup connect4/
@@ -94,6 +96,9 @@ type traceFlags struct {
 	maxPkts   uint64
 	maxBytes  string
 	version   bool
+	// flowTimeout: with --duration 0, a flow idle this long is reported
+	// and forgotten.
+	flowTimeout time.Duration
 }
 
 func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
@@ -104,6 +109,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs.StringVarP(&f.pcap, "pcap", "w", "", "write every captured frame to this pcapng `file`, one interface per capture point (\"-\" = stdout, the report then goes to stderr); written as FILE.partial, renamed when complete, mode 0600")
 	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
 	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
+	fs.DurationVar(&f.flowTimeout, "flow-timeout", flow.DefaultFlowTimeout, "with --duration 0: a flow idle this long is reported then and forgotten (a TCP connection is reported once closed and quiet for 9 s); a long idle connection that speaks again after it is a new flow, whose JSON \"continues\" names the earlier one, at least 10s")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	// Only --help prints this (ContinueOnError: errors are one line each),
 	// to stdout, so that it pages.
@@ -119,7 +125,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 // Services, the duration, and which Pods and node to look at.
 func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringArrayVar(&f.svcs, "svc", nil, "Service `IP[:PORT][/tcp|udp]` to trace, repeatable (required): a ClusterIP, or a NodePort as NODE-IP:PORT; without a port any port of that IP")
-	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C, SIGTERM or SIGHUP (the terminal went away; not when ignored, as under nohup) ends early and still prints the full report (incident: and writes the bundle)")
+	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C, SIGTERM or SIGHUP (the terminal went away; not when ignored, as under nohup) ends early and still prints the full report (incident: and writes the bundle); 0: until stopped (not for incident), each flow reported as it ends (see --flow-timeout), memory bounded (--max-flows bounds the flows open at once; --pcap needs --max-bytes)")
 	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address, and the one made again with it during the run (default: every Pod of the node, and those that start during the run; give at most one of --pod-ip, --pod-netns, --pod-pid)")
 	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
 	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
@@ -146,8 +152,8 @@ func (f *traceFlags) validate() (session.Options, error) {
 		}
 		opt.Services = append(opt.Services, svc)
 	}
-	if f.duration <= 0 {
-		return opt, usagef("--duration %s: must be positive, e.g. --duration 30s", f.duration)
+	if f.duration < 0 {
+		return opt, usagef("--duration %s: must be positive (or 0: until stopped), e.g. --duration 30s", f.duration)
 	}
 	if f.output != "table" && f.output != "json" {
 		return opt, usagef("--output %q: use table or json", f.output)
@@ -257,6 +263,13 @@ func (f *traceFlags) validate() (session.Options, error) {
 			return opt, usagef("--pcap %s: cannot write in %s: %v; give a file in a writable directory", f.pcap, filepath.Dir(f.pcap), err)
 		}
 	}
+	if f.duration == 0 && f.pcap != "" && f.maxBytes == "" {
+		return opt, usagef("--pcap with --duration 0 (until stopped) would grow without end: give --max-bytes SIZE too (e.g. --max-bytes 1G); the file ends at that size and tracing goes on")
+	}
+	if f.duration == 0 && f.flowTimeout < minFlowTimeout {
+		return opt, usagef("--flow-timeout %s: use at least %s (flows are reported after a few seconds' quiet anyway)", f.flowTimeout, minFlowTimeout)
+	}
+	opt.FlowTimeout = f.flowTimeout
 	opt.Pcap = f.pcap
 	opt.PcapLimits.MaxPackets = f.maxPkts
 	opt.Duration = f.duration
@@ -264,6 +277,10 @@ func (f *traceFlags) validate() (session.Options, error) {
 	opt.MaxFlows = f.maxFlows
 	return opt, nil
 }
+
+// minFlowTimeout bounds --flow-timeout from below: a flow is idle for a
+// few of the engine's reordering windows before it may be over.
+const minFlowTimeout = 10 * time.Second
 
 // capError is an input pathtrace could not use for want of a capability:
 // a runtime failure (exit 1), not bad usage.
@@ -379,6 +396,12 @@ func runTrace(args []string) int {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
 	opt.CaptureDone = tightenHeap
+	if opt.Duration == 0 {
+		// Until stopped: each flow is reported as it ends, the file (if
+		// any) ends at its bound while tracing goes on.
+		opt.Finished = func(fs []flow.Flow) { rw.Finished(fs) }
+		opt.PcapBoundEndsFileOnly = true
+	}
 	opt.Ready = func(node *discover.NodeInfo, atts []probe.Attachment) {
 		rw.Node(nodeJSON(node, atts), func(w io.Writer) { writeNodeTable(w, node, atts) })
 	}

@@ -27,6 +27,11 @@ type Writer struct {
 	// byPlace remembers the distinct rewriters per verdict from Flows, for the
 	// table's summary.
 	byPlace map[flow.Place][]string
+	// rows counts the table rows Finished wrote since its last header.
+	rows int
+	// finished: Finished wrote flows (the flows left at the end follow
+	// them, without the note that none was seen).
+	finished bool
 }
 
 // NewWriter returns a writer to w: JSON lines for FormatJSON, tables for
@@ -74,6 +79,16 @@ func (w *Writer) Node(v any, table func(io.Writer)) error {
 func (w *Writer) Flows(flows []flow.Flow) error {
 	w.noteRewriters(flows)
 	if w.format != FormatJSON {
+		if w.finished {
+			if len(flows) == 0 {
+				return nil
+			}
+			_, err := fmt.Fprintln(w.w, "Flows still open at the end:")
+			if err != nil {
+				return err
+			}
+			return writeFlowRows(w.w, flows, true, true)
+		}
 		return writeFlowTable(w.w, flows)
 	}
 	for _, f := range flows {
@@ -83,6 +98,31 @@ func (w *Writer) Flows(flows []flow.Flow) error {
 	}
 	return nil
 }
+
+// Finished writes flows that ended while the run goes on (a run until
+// stopped reports each flow as it ends): a JSON line each, as Flows
+// writes them, or table rows under a header repeated every screenful,
+// with their notes. Each call's output is written at once (no buffer):
+// a reader of a pipe sees the flows as they end.
+func (w *Writer) Finished(flows []flow.Flow) error {
+	if len(flows) == 0 {
+		return nil
+	}
+	w.finished = true
+	if w.format == FormatJSON {
+		return w.Flows(flows)
+	}
+	w.noteRewriters(flows)
+	header := w.rows == 0 || w.rows+len(flows) > finishedScreen
+	if header {
+		w.rows = 0
+	}
+	w.rows += len(flows)
+	return writeFlowRows(w.w, flows, header, true)
+}
+
+// finishedScreen is how many rows Finished writes under one header.
+const finishedScreen = 40
 
 func (w *Writer) noteRewriters(flows []flow.Flow) {
 	for _, f := range flows {
