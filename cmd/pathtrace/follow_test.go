@@ -131,6 +131,7 @@ func TestFollowBadUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"--svc", "10.0.0.1", "--duration", "0", "--pcap", "/tmp/pf-follow.pcapng"},
 		{"--svc", "10.0.0.1", "--duration", "0", "--flow-timeout", "1s"},
+		{"--svc", "10.0.0.1", "--duration", "5s", "--report-every", "1s"},
 		{"incident", "--svc", "10.0.0.1", "--duration", "0", "--out", "/tmp/pf-follow-incident"},
 	} {
 		out, err := pathtrace(args...).CombinedOutput()

@@ -71,6 +71,14 @@ what changed on the node meanwhile (Pods that started and were followed, capture
 whose Pod went, tc programs and NAT rules that appeared: flows name those of their time)
 and why the run stopped.
 
+Until stopped (--duration 0, e.g. a DaemonSet's flow log): each flow is written as it
+ends, a TCP connection once closed and quiet for 9 s, any flow once idle for
+--flow-timeout (JSON: a flow line each, flushed at once; table: rows under a header
+repeated every 40 rows); at the end the flows still open, then the summary, which
+counts them all. --max-flows bounds the flows open at once; --pcap needs --max-bytes,
+which ends the file, not the run. A connection idle past --flow-timeout that speaks
+again is a new flow whose "continues" names the earlier one.
+
 Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing,
 --pcap cut by a write error: the report is still printed), 2 bad usage.
 
@@ -99,6 +107,8 @@ type traceFlags struct {
 	// flowTimeout: with --duration 0, a flow idle this long is reported
 	// and forgotten.
 	flowTimeout time.Duration
+	// reportEvery: with --duration 0, how often the summary so far is written.
+	reportEvery time.Duration
 }
 
 func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
@@ -110,6 +120,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
 	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
 	fs.DurationVar(&f.flowTimeout, "flow-timeout", flow.DefaultFlowTimeout, "with --duration 0: a flow idle this long is reported then and forgotten (a TCP connection is reported once closed and quiet for 9 s); a long idle connection that speaks again after it is a new flow, whose JSON \"continues\" names the earlier one, at least 10s")
+	fs.DurationVar(&f.reportEvery, "report-every", 0, "with --duration 0: write the counts so far (flows per verdict, drops) this often, a {\"type\":\"interval\"} JSON line or a table line (0 = never)")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	// Only --help prints this (ContinueOnError: errors are one line each),
 	// to stdout, so that it pages.
@@ -136,7 +147,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, 64 to 65535, as tcpdump -s")
 	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` 16K to 256M, in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops; with more than two Pods, the Pods' points share 4 such rings")
 	fs.IntVar(&f.nice, "nice", defaultNice, "nice `value` of pathtrace's threads, -20 to 19: below 0 the capture drains its rings ahead of the node's ordinary work, so it loses fewer frames when the CPUs are saturated (its CPU use stays the same); 0 runs it like any process")
-	fs.IntVar(&f.maxFlows, "max-flows", defaultMaxFlows, "bound on tracked flows (about 3 KiB each, 4 KiB of memory beyond the default); more are counted as dropped (flows_over_max) and reported, their packets still captured")
+	fs.IntVar(&f.maxFlows, "max-flows", defaultMaxFlows, "bound on tracked flows (about 3 KiB each, 4 KiB of memory beyond the default; with --duration 0, on the flows open at once); more are counted as dropped (flows_over_max) and reported, their packets still captured")
 }
 
 // validate turns the flags into session options; every error is a usage error.
@@ -269,7 +280,11 @@ func (f *traceFlags) validate() (session.Options, error) {
 	if f.duration == 0 && f.flowTimeout < minFlowTimeout {
 		return opt, usagef("--flow-timeout %s: use at least %s (flows are reported after a few seconds' quiet anyway)", f.flowTimeout, minFlowTimeout)
 	}
+	if f.reportEvery < 0 || f.reportEvery > 0 && f.duration != 0 {
+		return opt, usagef("--report-every %s: use a positive interval, with --duration 0 only (a bounded run reports at its end)", f.reportEvery)
+	}
 	opt.FlowTimeout = f.flowTimeout
+	opt.ReportEvery = f.reportEvery
 	opt.Pcap = f.pcap
 	opt.PcapLimits.MaxPackets = f.maxPkts
 	opt.Duration = f.duration
@@ -401,6 +416,7 @@ func runTrace(args []string) int {
 		// any) ends at its bound while tracing goes on.
 		opt.Finished = func(fs []flow.Flow) { rw.Finished(fs) }
 		opt.PcapBoundEndsFileOnly = true
+		opt.Interval = func(s flow.Summary, drops, packets map[string]uint64) { rw.Interval(time.Now(), s, drops, packets) }
 	}
 	opt.Ready = func(node *discover.NodeInfo, atts []probe.Attachment) {
 		rw.Node(nodeJSON(node, atts), func(w io.Writer) { writeNodeTable(w, node, atts) })

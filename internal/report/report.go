@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/flow"
@@ -198,6 +200,33 @@ func (w *Writer) Summary(s flow.Summary, drops map[string]uint64, run Run) error
 		flow.Summary
 		Run
 	}{s, run})
+}
+
+// Interval writes how a run until stopped goes, every so often: the
+// summary so far (every flow, reported or open, and every drop counter) as
+// {"type":"interval","at":...,...}, or one line for a table. Never a
+// "summary": that stays the run's last line.
+func (w *Writer) Interval(at time.Time, s flow.Summary, drops, packets map[string]uint64) error {
+	s = s.WithDrops(drops)
+	if w.format == FormatJSON {
+		return w.object("interval", struct {
+			At time.Time `json:"at"`
+			flow.Summary
+			Packets map[string]uint64 `json:"packets,omitempty"`
+		}{at, s, packets})
+	}
+	var lost uint64
+	for _, n := range s.Drops {
+		lost += n
+	}
+	var verdicts []string
+	for _, p := range flow.Places() {
+		if n := s.RewrittenAt[p]; n > 0 {
+			verdicts = append(verdicts, fmt.Sprintf("%s %d", p, n))
+		}
+	}
+	_, err := fmt.Fprintf(w.w, "%s so far: %d flows (%s), %d open; drops %d\n", at.Format("15:04:05"), s.Flows, strings.Join(verdicts, ", "), s.Flows-s.Retired, lost)
+	return err
 }
 
 // WriteTable writes flows and their summary (drops included) as tables.

@@ -101,6 +101,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write summary table: %w", err)
 	}
+	if s.Retired > 0 {
+		fmt.Fprintf(w, "Of the %d flows, %d were reported above as they ended, %d were still open at the end.\n", s.Flows, s.Retired, s.Flows-s.Retired)
+	}
 	if s.UnknownBeforeReady > 0 {
 		fmt.Fprintf(w, "Of the unknown, %d began while pathtrace was still attaching: points not yet there missed their first packets.\n", s.UnknownBeforeReady)
 	}

@@ -187,6 +187,7 @@ func (tr *tracer) run(ctx context.Context) string {
 	go func() { producers.Wait(); close(items) }()
 
 	start := time.Now()
+	nextInterval := start.Add(tr.opt.ReportEvery)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 loop:
@@ -208,6 +209,13 @@ loop:
 			}
 			tr.noteConntrackLosses()
 			tr.retire(time.Now())
+			if tr.opt.Interval != nil && tr.opt.ReportEvery > 0 && !time.Now().Before(nextInterval) {
+				nextInterval = time.Now().Add(tr.opt.ReportEvery)
+				s := tr.eng.Summary()
+				s.OutOfScope = tr.outOfScope
+				packets, drops := tr.counters()
+				tr.opt.Interval(s, drops, packets)
+			}
 			tr.widen()
 			tr.lb.check()
 			tr.observeTC(time.Now(), tr.tc.check(time.Now(), tr.eng))

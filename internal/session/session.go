@@ -42,6 +42,12 @@ type Options struct {
 	// open at the end (Result.Summary counts them all).
 	Finished    func([]flow.Flow)
 	FlowTimeout time.Duration // flow.DefaultFlowTimeout when 0
+	// Interval, when set with ReportEvery, is given every ReportEvery the
+	// summary so far (every flow, reported or open, as flow.Engine.Summary
+	// counts them) with the session's own drops and packets per capture
+	// point: a run until stopped says how it goes without ending.
+	Interval    func(s flow.Summary, drops, packets map[string]uint64)
+	ReportEvery time.Duration
 	// Ready, when set, is called once every observer and tap is in place: a
 	// caller that generates traffic waits for it.
 	Ready func(*discover.NodeInfo, []probe.Attachment)
