@@ -3,6 +3,7 @@ package report
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -85,5 +86,24 @@ func TestInterval(t *testing.T) {
 	NewWriter(&b, FormatTable).Interval(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s, nil, nil)
 	if got := b.String(); !strings.Contains(got, "7 flows (netfilter 7), 2 open; drops 1") || strings.Count(got, "\n") != 1 {
 		t.Errorf("table interval %q", got)
+	}
+}
+
+// TestRewritersBounded: a run until stopped meets ever new rules (a
+// kube-proxy chain per endpoint set); the summary table lists a bounded
+// number per verdict and says there were more.
+func TestRewritersBounded(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	for i := range 1000 {
+		f := finishedFlow(i + 1)
+		f.By = fmt.Sprintf("rule-%d", i)
+		w.Finished([]flow.Flow{f})
+	}
+	b.Reset()
+	w.Summary(flow.Summary{Flows: 1000, Retired: 1000, RewrittenAt: map[flow.Place]int{flow.PlaceNetfilter: 1000}}, nil, Run{})
+	out := b.String()
+	if n := strings.Count(out, "rule-"); n >= maxRewritersListed || !strings.Contains(out, "and others") {
+		t.Errorf("summary lists %d rewriters of 1000 (bound %d):\n%s", n, maxRewritersListed, out)
 	}
 }

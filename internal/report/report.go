@@ -101,6 +101,14 @@ func (w *Writer) Flows(flows []flow.Flow) error {
 	return nil
 }
 
+// maxRewritersListed bounds the rewriters the summary table lists per
+// verdict; the last line then says there were more.
+const maxRewritersListed = 32
+
+// moreRewriters is the summary table's last rewriter line of a verdict
+// that had more than maxRewritersListed.
+const moreRewriters = "... and others (the flows' rows and JSON name each)"
+
 // Finished writes flows that ended while the run goes on (a run until
 // stopped reports each flow as it ends): a JSON line each, as Flows
 // writes them, or table rows under a header repeated every screenful,
@@ -128,9 +136,18 @@ const finishedScreen = 40
 
 func (w *Writer) noteRewriters(flows []flow.Flow) {
 	for _, f := range flows {
-		if f.By != "" && !slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
-			w.byPlace[f.RewrittenAt] = append(w.byPlace[f.RewrittenAt], f.By)
+		if f.By == "" || slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
+			continue
 		}
+		if w.finished && len(w.byPlace[f.RewrittenAt]) >= maxRewritersListed {
+			// A run until stopped meets ever new rules (kube-proxy names
+			// its chains after the endpoints): the list stays bounded.
+			if w.byPlace[f.RewrittenAt][maxRewritersListed-1] != moreRewriters {
+				w.byPlace[f.RewrittenAt][maxRewritersListed-1] = moreRewriters
+			}
+			continue
+		}
+		w.byPlace[f.RewrittenAt] = append(w.byPlace[f.RewrittenAt], f.By)
 	}
 }
 
