@@ -281,8 +281,12 @@ func (e *Engine) note(p obs.Point, at time.Time) {
 	}
 }
 
-func (e *Engine) expire() {
-	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow, e.lastChance, e.noteStray, e.counted)
+func (e *Engine) expire() { e.expireAt(e.newest) }
+
+// expireAt is expire as of clock (the newest observation's time, or a
+// later one: Retire's).
+func (e *Engine) expireAt(clock time.Time) {
+	overflow, unmatched := e.waiting.expire(clock, reorderWindow, e.lastChance, e.noteStray, e.counted)
 	e.overflow += overflow
 	e.unmatched += unmatched
 	e.replay() // what the last chances taught

@@ -61,7 +61,11 @@ func (e *Engine) Retire(now time.Time) []Flow {
 	if timeout <= 0 {
 		timeout = DefaultFlowTimeout
 	}
-	e.replay()
+	// What waited for its flow that long has had its chance, as it would
+	// have had at the next observation: a backend guess put off for a
+	// flow is made (lastChance) before that flow is reported, on a node
+	// quiet since.
+	e.expireAt(clock)
 	return e.retire(func(f *flowState) bool {
 		if f.last.IsZero() {
 			return false

@@ -325,3 +325,37 @@ func TestRetireContinuedConntrackOnly(t *testing.T) {
 		t.Errorf("continued flow: continues %d, %s (%s); want unknown continuing flow %d", f.Continues, f.RewrittenAt, f.Reason, retired[0].ID)
 	}
 }
+
+// TestRetireQuietNodeMakesDeferredGuess: a backend guess put off for a
+// flow (its packet to an address it did not know came 10 ms after its
+// last activity) is made before the flow is retired, although no
+// observation came since to move the engine's clock and expire it: the
+// end of a bounded run makes it (Settle), and so must a run until
+// stopped on a quiet node.
+func TestRetireQuietNodeMakesDeferredGuess(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	c := netip.MustParseAddrPort("10.244.9.1:40000")
+	at := flowtest.At(0)
+	obsv := []obs.Observation{
+		{Time: at, Point: obs.PointPod, Dir: obs.DirOut, Proto: obs.TCP, Src: c, Dst: svc, Len: 60},
+		{Time: at.Add(10 * time.Millisecond), Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.TCP, Src: c, Dst: be, Len: 60},
+	}
+	cfg := flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}}}
+	ref := flow.NewEngine(cfg)
+	for _, o := range obsv {
+		ref.Add(o)
+	}
+	ref.Stopping(at.Add(time.Second))
+	want := ref.Flows()
+	e := flow.NewEngine(cfg)
+	for _, o := range obsv {
+		e.Add(o)
+	}
+	got := e.Retire(at.Add(2 * time.Minute))
+	if len(want) != 1 || want[0].Backend != be {
+		t.Fatalf("the end of a bounded run reports %+v; the test expects backend %s", want, be)
+	}
+	if len(got) != 1 || got[0].Backend != be {
+		t.Errorf("retired %+v, want backend %s as the end of a run reports it", got, be)
+	}
+}
