@@ -214,6 +214,11 @@ loop:
 				s := tr.eng.Summary()
 				s.OutOfScope = tr.outOfScope
 				packets, drops := tr.counters()
+				if tr.pods != nil && tr.pods.skipped > 0 {
+					// Said at the end among the Pods started; a run
+					// until stopped says it as it goes.
+					drops["pods_not_followed"] = uint64(tr.pods.skipped)
+				}
 				tr.opt.Interval(s, drops, packets)
 			}
 			tr.widen()
