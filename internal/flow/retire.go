@@ -169,10 +169,13 @@ func (e *Engine) forget(f *flowState) {
 
 // continued notes, of a flow f made at m, the retired flow of its client
 // endpoint and Service it continues, if any: not a TCP connection opening
-// (a SYN is another connection), nor a closed one's (its late packets).
+// (a SYN is another connection), nor a closed one's (its late packets),
+// nor, for UDP, one idle for longer than conntrack keeps an entry
+// (udpEntryLife): a datagram then makes a new entry, as a new flow's.
 func (e *Engine) continued(f *flowState, m moment) {
 	r, ok := e.retiredKeys.get(flowKey{f.key(), f.service})
-	if !ok || r.closed || (f.proto == obs.TCP && m.opens()) {
+	if !ok || r.closed || (f.proto == obs.TCP && m.opens()) ||
+		f.proto != obs.TCP && m.at-r.last > int64(udpEntryLife) {
 		return
 	}
 	f.continues, f.continuesLast = r.id, r.last

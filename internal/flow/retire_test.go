@@ -359,3 +359,25 @@ func TestRetireQuietNodeMakesDeferredGuess(t *testing.T) {
 		t.Errorf("retired %+v, want backend %s as the end of a run reports it", got, be)
 	}
 }
+
+// TestRetireUDPLongGapContinuesNothing: a UDP client endpoint that speaks
+// again longer after its retired flow than conntrack keeps an entry
+// starts afresh: a new flow that continues nothing, whose conntrack
+// silence counts as for any flow.
+func TestRetireUDPLongGapContinuesNothing(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}}})
+	at := flowtest.At(0)
+	for _, o := range churnFlow(7, obs.UDP, svc, be, at) {
+		e.Add(o)
+	}
+	if got := e.Retire(at.Add(2 * time.Minute)); len(got) != 1 {
+		t.Fatalf("retired %d flows, want 1", len(got))
+	}
+	for _, o := range churnFlow(7, obs.UDP, svc, be, at.Add(10*time.Minute)) {
+		e.Add(o)
+	}
+	if fs := e.Flows(); len(fs) != 1 || fs[0].Continues != 0 || fs[0].RewrittenAt != flow.PlaceNetfilter {
+		t.Errorf("flows %+v, want one netfilter flow continuing none", fs)
+	}
+}
