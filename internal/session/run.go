@@ -209,18 +209,7 @@ loop:
 			}
 			tr.noteConntrackLosses()
 			tr.retire(time.Now())
-			if tr.opt.Interval != nil && tr.opt.ReportEvery > 0 && !time.Now().Before(nextInterval) {
-				nextInterval = time.Now().Add(tr.opt.ReportEvery)
-				s := tr.eng.Summary()
-				s.OutOfScope = tr.outOfScope
-				packets, drops := tr.counters()
-				if tr.pods != nil && tr.pods.skipped > 0 {
-					// Said at the end among the Pods started; a run
-					// until stopped says it as it goes.
-					drops["pods_not_followed"] = uint64(tr.pods.skipped)
-				}
-				tr.opt.Interval(s, drops, packets)
-			}
+			tr.interval(time.Now(), &nextInterval)
 			tr.widen()
 			tr.lb.check()
 			tr.observeTC(time.Now(), tr.tc.check(time.Now(), tr.eng))
@@ -318,6 +307,23 @@ func (tr *tracer) retire(now time.Time) {
 	if fs := tr.eng.Retire(now.Add(-retireLag)); len(fs) > 0 {
 		tr.opt.Finished(fs)
 	}
+}
+
+// interval gives Options.Interval the counts so far when next is due.
+func (tr *tracer) interval(now time.Time, next *time.Time) {
+	if tr.opt.Interval == nil || tr.opt.ReportEvery <= 0 || now.Before(*next) {
+		return
+	}
+	*next = now.Add(tr.opt.ReportEvery)
+	s := tr.eng.Summary()
+	s.OutOfScope = tr.outOfScope
+	packets, drops := tr.counters()
+	if tr.pods != nil && tr.pods.skipped > 0 {
+		// Said at the end among the Pods started; a run until stopped
+		// says it as it goes.
+		drops["pods_not_followed"] = uint64(tr.pods.skipped)
+	}
+	tr.opt.Interval(s, drops, packets)
 }
 
 // produce hands the frames of tap iface to the consumer in batches until
