@@ -107,6 +107,9 @@ type Engine struct {
 	// and Service (bounded), retiredTotals counts every retired flow.
 	retiredKeys   recentSet[flowKey, retiredNote]
 	retiredTotals retiredTotals
+	// retiredForgotten is the latest last sighting (unix ns) of the
+	// retired flows retiredKeys forgot, 0 while it forgot none.
+	retiredForgotten int64
 }
 
 // NewEngine returns an engine for cfg.

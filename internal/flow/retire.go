@@ -36,9 +36,8 @@ const DefaultFlowTimeout = time.Minute
 // retiredNote is what the engine remembers of a retired flow for a while,
 // to tell its client endpoint's later packets that they continue it.
 type retiredNote struct {
-	id     int
-	last   int64 // its last observation (unix ns)
-	closed bool  // a TCP connection seen to close
+	id   int
+	last int64 // its last observation (unix ns)
 }
 
 // retiredTotals counts the flows retired so far, for Summary.
@@ -162,19 +161,48 @@ func (e *Engine) forget(f *flowState) {
 			g.evidenceChanged()
 		}
 	}
-	if f.client.Port() != 0 {
-		e.retiredKeys.put(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), closed: f.proto == obs.TCP && f.tcp.closed() != 0})
+	// A closed TCP connection continues in no later flow: only the others
+	// are remembered.
+	if f.client.Port() != 0 && (f.proto != obs.TCP || f.tcp.closed() == 0) {
+		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano()})
 	}
 }
 
+// rememberRetired puts a retired flow in retiredKeys. When that forgets a
+// generation of them, forgotten is moved to the latest of their last
+// sightings: a flow first seen within udpEntryLife of it may continue one
+// of them, which the engine can no longer tell (conntrackBlind).
+func (e *Engine) rememberRetired(k flowKey, r retiredNote) {
+	s := &e.retiredKeys
+	if _, ok := s.cur[k]; !ok && len(s.cur) >= s.limit {
+		latest := e.retiredForgotten
+		for _, o := range s.old {
+			latest = max(latest, o.last)
+		}
+		if latest != e.retiredForgotten {
+			e.retiredForgotten = latest
+			e.gen++ // verdicts that rested on conntrack's silence
+		}
+	}
+	s.put(k, r)
+}
+
+// mayContinueForgotten tells whether f, a UDP flow not known to continue
+// a retired one, may yet continue one the engine forgot (a busy node
+// retires more flows than it remembers): it was first seen less than
+// udpEntryLife after the last sighting of a forgotten one.
+func (e *Engine) mayContinueForgotten(f *flowState) bool {
+	return e.retiredForgotten != 0 && f.continues == 0 && f.first.UnixNano()-e.retiredForgotten < int64(udpEntryLife)
+}
+
 // continued notes, of a flow f made at m, the retired flow of its client
-// endpoint and Service it continues, if any: not a TCP connection opening
-// (a SYN is another connection), nor a closed one's (its late packets),
-// nor, for UDP, one idle for longer than conntrack keeps an entry
+// endpoint and Service it continues, if any (a closed TCP connection's
+// is not remembered: its late packets continue nothing): not a TCP
+// connection opening (a SYN is another connection), nor, for UDP, one idle for longer than conntrack keeps an entry
 // (udpEntryLife): a datagram then makes a new entry, as a new flow's.
 func (e *Engine) continued(f *flowState, m moment) {
 	r, ok := e.retiredKeys.get(flowKey{f.key(), f.service})
-	if !ok || r.closed || (f.proto == obs.TCP && m.opens()) ||
+	if !ok || (f.proto == obs.TCP && m.opens()) ||
 		f.proto != obs.TCP && m.at-r.last > int64(udpEntryLife) {
 		return
 	}

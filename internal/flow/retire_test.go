@@ -381,3 +381,53 @@ func TestRetireUDPLongGapContinuesNothing(t *testing.T) {
 		t.Errorf("flows %+v, want one netfilter flow continuing none", fs)
 	}
 }
+
+// TestRetireForgottenMayBeContinued: on a busy node the engine remembers
+// fewer retired flows than it retires; a UDP flow resumed after its
+// retired flow was forgotten, within conntrack's entry life, gets no
+// conntrack event either (the entry stands): where conntrack alone told of
+// netfilter, that silence must not exclude netfilter (it was taken for tc).
+func TestRetireForgottenMayBeContinued(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	ready := flowtest.At(0)
+	e := flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointConntrack: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+		Ready:    ready,
+		MaxFlows: 4096,
+	})
+	t0 := ready.Add(200 * time.Second)
+	add := func(i int, at time.Time, conntrack bool) {
+		for _, o := range churnFlow(i, obs.UDP, svc, be, at) {
+			switch o.Point {
+			case obs.PointNFBefore, obs.PointNFAfter, obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress:
+				continue
+			case obs.PointConntrack:
+				if !conntrack {
+					continue
+				}
+			}
+			e.Add(o)
+		}
+	}
+	const n = 9000 // more than the engine remembers (2 x 4096)
+	retired := 0
+	for i := range n {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		add(i, at, true)
+		if i%1000 == 999 || i == n-1 {
+			retired += len(e.Retire(at.Add(70 * time.Second)))
+		}
+	}
+	if retired != n {
+		t.Fatalf("retired %d flows, want %d", retired, n)
+	}
+	add(0, t0.Add(100*time.Second), false) // flow 0's client again, its entry standing
+	fs := e.Flows()
+	if len(fs) != 1 {
+		t.Fatalf("%d flows open, want 1", len(fs))
+	}
+	if f := fs[0]; f.RewrittenAt == flow.PlaceTC || f.RewrittenAt == flow.PlaceNowhere || !strings.Contains(f.Reason, "may continue") {
+		t.Errorf("resumed flow: %s (%s); want no verdict that excludes netfilter on conntrack's silence", f.RewrittenAt, f.Reason)
+	}
+}

@@ -854,6 +854,9 @@ func (e *Engine) conntrackBlind(f *flowState) string {
 		}
 		return "its first packets seen were not a SYN: the connection began before they were seen, and " + when
 	case f.proto == obs.UDP:
+		if e.mayContinueForgotten(f) {
+			return fmt.Sprintf("it may continue one of the flows reported as ended less than %s before it began, more than pathtrace remembers (a busy node), and ride the conntrack entry made for it, which conntrack does not report again", udpEntryLife)
+		}
 		if !e.cfg.Ready.IsZero() && f.first.Sub(e.cfg.Ready) >= udpEntryLife {
 			return ""
 		}
