@@ -414,9 +414,20 @@ func runTrace(args []string) int {
 	if opt.Duration == 0 {
 		// Until stopped: each flow is reported as it ends, the file (if
 		// any) ends at its bound while tracing goes on.
-		opt.Finished = func(fs []flow.Flow) { rw.Finished(fs) }
+		// The progress line (stderr, a terminal) is cleared first: the
+		// rows would go on from where it ends, on the same terminal; the
+		// next tick writes it again below them.
+		clearProgress := func() {
+			if opt.Progress != nil {
+				fmt.Fprint(os.Stderr, "\r\033[K")
+			}
+		}
+		opt.Finished = func(fs []flow.Flow) { clearProgress(); rw.Finished(fs) }
 		opt.PcapBoundEndsFileOnly = true
-		opt.Interval = func(s flow.Summary, drops, packets map[string]uint64) { rw.Interval(time.Now(), s, drops, packets) }
+		opt.Interval = func(s flow.Summary, drops, packets map[string]uint64) {
+			clearProgress()
+			rw.Interval(time.Now(), s, drops, packets)
+		}
 	}
 	opt.Ready = func(node *discover.NodeInfo, atts []probe.Attachment) {
 		rw.Node(nodeJSON(node, atts), func(w io.Writer) { writeNodeTable(w, node, atts) })
