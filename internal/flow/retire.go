@@ -218,3 +218,20 @@ func (f *flowState) continuesNote() string {
 	return fmt.Sprintf("it continues flow %d, reported when it had been idle for the flow timeout (last seen at %s): its connection began then, before this part of it; ",
 		f.continues, time.Unix(0, f.continuesLast).UTC().Format("15:04:05.000"))
 }
+
+// stillRefused tells whether a flow refused beyond MaxFlows (k, seen again
+// at m, of socket sock) stays refused although there is room now: once
+// flows are retired (a run until stopped), a retired flow's room does not
+// take in the rest of a flow refused before, whose beginning was lost (its
+// packets after the rewrite would stay refused with its client: an
+// "unknown" flow made of its packets before the rewrite). A later flow of
+// the endpoint (refusedFlow.another) is a flow of its own. A run that
+// retires nothing keeps taking back the refusals a merge made room for
+// (unrefuse).
+func (e *Engine) stillRefused(k flowKey, sock uint64, m moment) bool {
+	if e.retiredTotals.n == 0 || k.client.Port() == 0 {
+		return false
+	}
+	r, ok := e.refused.get(k)
+	return ok && !r.another(sock, m)
+}

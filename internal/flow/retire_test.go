@@ -431,3 +431,36 @@ func TestRetireForgottenMayBeContinued(t *testing.T) {
 		t.Errorf("resumed flow: %s (%s); want no verdict that excludes netfilter on conntrack's silence", f.RewrittenAt, f.Reason)
 	}
 }
+
+// TestRetireRefusedStaysRefused: a flow refused for want of room stays
+// refused for its life when a retired flow makes room meanwhile: its
+// packets after the rewrite are refused with its client, and the rest
+// made a flow of its own, "unknown" (no point saw it rewritten) with a
+// reason that blamed the node.
+func TestRetireRefusedStaysRefused(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}}, MaxFlows: 1})
+	at := flowtest.At(0)
+	for _, o := range churnFlow(1, obs.TCP, svc, be, at) {
+		e.Add(o) // flow A takes the only room
+	}
+	b := churnFlow(2, obs.TCP, svc, be, at.Add(50*time.Second)) // flow B, refused at first
+	for _, o := range b[:7] {                                 // up to netfilter after NAT
+		e.Add(o)
+	}
+	if got := e.Retire(time.Time{}); len(got) != 0 {
+		t.Fatalf("retired %d flows before A's timeout", len(got))
+	}
+	if got := e.Retire(at.Add(61 * time.Second)); len(got) != 1 {
+		t.Fatalf("retired %d flows, want A", len(got))
+	}
+	for _, o := range b[7:] {
+		e.Add(o)
+	}
+	if fs := e.Flows(); len(fs) != 0 {
+		t.Errorf("flow B, refused at its start, followed from its middle: %s %s (%s)", fs[0].Client, fs[0].RewrittenAt, fs[0].Reason)
+	}
+	if s := e.Summary(); s.Drops[flow.DropFlowsOverMax] != 1 || s.Flows != 1 {
+		t.Errorf("summary: %d flows, %d over max; want 1 and 1", s.Flows, s.Drops[flow.DropFlowsOverMax])
+	}
+}
