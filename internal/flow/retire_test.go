@@ -445,7 +445,7 @@ func TestRetireRefusedStaysRefused(t *testing.T) {
 		e.Add(o) // flow A takes the only room
 	}
 	b := churnFlow(2, obs.TCP, svc, be, at.Add(50*time.Second)) // flow B, refused at first
-	for _, o := range b[:7] {                                 // up to netfilter after NAT
+	for _, o := range b[:7] {                                   // up to netfilter after NAT
 		e.Add(o)
 	}
 	if got := e.Retire(time.Time{}); len(got) != 0 {
