@@ -38,6 +38,10 @@ const DefaultFlowTimeout = time.Minute
 type retiredNote struct {
 	id   int
 	last int64 // its last observation (unix ns)
+	// opening: a TCP connection whose client sent its SYN and got no
+	// answer yet (nor acknowledged one): its SYN retransmissions after it
+	// was retired continue it.
+	opening bool
 }
 
 // retiredTotals counts the flows retired so far, for Summary.
@@ -164,7 +168,8 @@ func (e *Engine) forget(f *flowState) {
 	// A closed TCP connection continues in no later flow: only the others
 	// are remembered.
 	if f.client.Port() != 0 && (f.proto != obs.TCP || f.tcp.closed() == 0) {
-		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano()})
+		opening := f.proto == obs.TCP && f.tcp.syn != 0 && f.tcp.synAck == 0 && f.tcp.ack == 0 && f.tcp.rstReply == 0
+		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), opening: opening})
 	}
 }
 
@@ -198,11 +203,13 @@ func (e *Engine) mayContinueForgotten(f *flowState) bool {
 // continued notes, of a flow f made at m, the retired flow of its client
 // endpoint and Service it continues, if any (a closed TCP connection's
 // is not remembered: its late packets continue nothing): not a TCP
-// connection opening (a SYN is another connection), nor, for UDP, one idle for longer than conntrack keeps an entry
+// connection opening (a SYN is another connection), unless the retired
+// one was still sending its SYN unanswered (a retransmission: a client
+// retries for up to synRetryWindow, with gaps that double), nor, for UDP, one idle for longer than conntrack keeps an entry
 // (udpEntryLife): a datagram then makes a new entry, as a new flow's.
 func (e *Engine) continued(f *flowState, m moment) {
 	r, ok := e.retiredKeys.get(flowKey{f.key(), f.service})
-	if !ok || (f.proto == obs.TCP && m.opens()) ||
+	if !ok || f.proto == obs.TCP && m.opens() && !(r.opening && !m.reply && m.at-r.last <= int64(synRetryWindow)) ||
 		f.proto != obs.TCP && m.at-r.last > int64(udpEntryLife) {
 		return
 	}

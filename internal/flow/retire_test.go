@@ -464,3 +464,44 @@ func TestRetireRefusedStaysRefused(t *testing.T) {
 		t.Errorf("summary: %d flows, %d over max; want 1 and 1", s.Flows, s.Drops[flow.DropFlowsOverMax])
 	}
 }
+
+// TestRetireSYNRetryContinues: a connection whose SYNs get no answer (a
+// backend that drops them) retransmits with gaps that double (32 s, 64 s
+// with more retries than the default): retired in between, its next SYN
+// continues it. Conntrack reported the connection at its first SYN only;
+// without that, its silence excluded netfilter for the retransmissions.
+func TestRetireSYNRetryContinues(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	c := netip.MustParseAddrPort("10.244.9.1:40000")
+	ready := flowtest.At(0)
+	e := flow.NewEngine(flow.Config{
+		Services:    []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}},
+		Points:      map[obs.Point]bool{obs.PointConntrack: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+		Ready:       ready,
+		FlowTimeout: 20 * time.Second,
+	})
+	syn := func(at time.Time, conntrack bool) {
+		e.Add(obs.Observation{Time: at, Point: obs.PointPod, Dir: obs.DirOut, Proto: obs.TCP, TCPFlags: 0x02, Src: c, Dst: svc, Len: 60})
+		e.Add(obs.Observation{Time: at.Add(10 * time.Microsecond), Point: obs.PointHost, Dir: obs.DirIn, Proto: obs.TCP, TCPFlags: 0x02, Src: c, Dst: svc, Len: 60})
+		if conntrack {
+			e.Add(obs.Observation{Time: at.Add(20 * time.Microsecond), Point: obs.PointConntrack, Proto: obs.TCP, Src: c, Dst: svc, NATDst: be})
+		}
+		e.Add(obs.Observation{Time: at.Add(30 * time.Microsecond), Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.TCP, TCPFlags: 0x02, Src: c, Dst: be, Len: 60})
+	}
+	t0 := ready.Add(10 * time.Second)
+	for _, s := range []int{0, 1, 3, 7, 15, 31} {
+		syn(t0.Add(time.Duration(s)*time.Second), s == 0)
+	}
+	first := e.Retire(t0.Add(60 * time.Second))
+	if len(first) != 1 || first[0].RewrittenAt != flow.PlaceNetfilter {
+		t.Fatalf("retired %+v, want the connection, netfilter", first)
+	}
+	syn(t0.Add(63*time.Second), false) // its next retransmission
+	fs := e.Flows()
+	if len(fs) != 1 || fs[0].Continues != first[0].ID {
+		t.Fatalf("flows %+v, want one continuing flow %d", fs, first[0].ID)
+	}
+	if p := fs[0].RewrittenAt; p == flow.PlaceTC || p == flow.PlaceNowhere {
+		t.Errorf("the retransmissions: %s (%s); conntrack's silence excluded netfilter", p, fs[0].Reason)
+	}
+}
