@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -104,6 +105,37 @@ func TestFollowUntilStopped(t *testing.T) {
 			t.Errorf("%d of pathtrace's programs and links still exist 10 s after it exited", left)
 			break
 		}
+	}
+}
+
+// TestFollowReportLost: a run until stopped whose report can no longer be
+// written (stdout on a full disk, here /dev/full) ends at once with exit 1
+// and says why; it traced on with nothing to show until stopped.
+func TestFollowReportLost(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer full.Close()
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json")
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = full, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "could not be written") {
+			t.Errorf("exit %d, stderr %q; want exit 1 saying the report could not be written", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still tracing 30 s after its report could not be written (stderr %q)", stderr.String())
 	}
 }
 

@@ -395,6 +395,11 @@ func runTrace(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
+	// runCtx also ends when a run until stopped can no longer write its
+	// report (stdout closed, its disk full): it would trace on for days
+	// with nothing to show.
+	runCtx, endRun := context.WithCancel(ctx)
+	defer endRun()
 	if path := os.Getenv("PATHTRACE_CPUPROFILE"); path != "" {
 		defer profileCPU(path)()
 	}
@@ -422,17 +427,26 @@ func runTrace(args []string) int {
 				fmt.Fprint(os.Stderr, "\r\033[K")
 			}
 		}
-		opt.Finished = func(fs []flow.Flow) { clearProgress(); rw.Finished(fs) }
+		reportLost := func() {
+			if rw.Err() != nil {
+				endRun()
+			}
+		}
+		opt.Finished = func(fs []flow.Flow) { clearProgress(); rw.Finished(fs); reportLost() }
 		opt.PcapBoundEndsFileOnly = true
 		opt.Interval = func(s flow.Summary, drops, packets map[string]uint64) {
 			clearProgress()
 			rw.Interval(time.Now(), s, drops, packets)
+			reportLost()
 		}
 	}
 	opt.Ready = func(node *discover.NodeInfo, atts []probe.Attachment) {
 		rw.Node(nodeJSON(node, atts), func(w io.Writer) { writeNodeTable(w, node, atts) })
+		if opt.Duration == 0 && rw.Err() != nil {
+			endRun()
+		}
 	}
-	res, err := session.Run(ctx, opt)
+	res, err := session.Run(runCtx, opt)
 	if opt.Progress != nil {
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}
