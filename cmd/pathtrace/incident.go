@@ -229,6 +229,9 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	if err != nil || budget < 1<<20 {
 		return session.Options{}, 0, usagef("--max-bytes %q: give a size of at least 1M, e.g. 256M", maxBytes)
 	}
+	if f.duration == 0 {
+		return session.Options{}, 0, usagef("--duration 0: an incident is time-bounded; give its duration, e.g. --duration 60s (to trace until stopped, run pathtrace --duration 0 without incident)")
+	}
 	opt, err := f.validate()
 	if err != nil {
 		return opt, 0, err

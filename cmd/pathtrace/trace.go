@@ -23,6 +23,7 @@ import (
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/export"
+	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/probe"
 	"github.com/pathtrace/pathtrace/internal/report"
 	"github.com/pathtrace/pathtrace/internal/session"
@@ -45,6 +46,7 @@ Examples:
   sudo pathtrace --svc 10.96.0.10:53/udp --output json | jq 'select(.type=="flow")'
   sudo pathtrace --host-netns /run/netns/ptlab-node --svc 10.120.0.80 --duration 10s
   sudo pathtrace --svc 10.120.0.80 --duration 30s --pcap /var/tmp/svc.pcapng
+  sudo pathtrace --svc 10.96.0.10:53/udp --duration 0 --output json   (until stopped: a flow log)
 
 How it decides: every place that can rewrite a destination is bracketed by an
 observation just before and just after it (syscall arguments vs cgroup connect4/
@@ -68,6 +70,14 @@ then the flows per verdict, every drop counter (a non-zero one says which flag t
 what changed on the node meanwhile (Pods that started and were followed, capture points
 whose Pod went, tc programs and NAT rules that appeared: flows name those of their time)
 and why the run stopped.
+
+Until stopped (--duration 0, e.g. a DaemonSet's flow log): each flow is written as it
+ends, a TCP connection once closed and quiet for 9 s, any flow once idle for
+--flow-timeout (JSON: a flow line each, flushed at once; table: rows under a header
+repeated every 40 rows); at the end the flows still open, then the summary, which
+counts them all. --max-flows bounds the flows open at once; --pcap needs --max-bytes,
+which ends the file, not the run. A connection idle past --flow-timeout that speaks
+again is a new flow whose "continues" names the earlier one.
 
 Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing,
 --pcap cut by a write error: the report is still printed), 2 bad usage.
@@ -94,6 +104,11 @@ type traceFlags struct {
 	maxPkts   uint64
 	maxBytes  string
 	version   bool
+	// flowTimeout: with --duration 0, a flow idle this long is reported
+	// and forgotten.
+	flowTimeout time.Duration
+	// reportEvery: with --duration 0, how often the summary so far is written.
+	reportEvery time.Duration
 }
 
 func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
@@ -104,6 +119,8 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs.StringVarP(&f.pcap, "pcap", "w", "", "write every captured frame to this pcapng `file`, one interface per capture point (\"-\" = stdout, the report then goes to stderr); written as FILE.partial, renamed when complete, mode 0600")
 	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
 	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
+	fs.DurationVar(&f.flowTimeout, "flow-timeout", flow.DefaultFlowTimeout, "with --duration 0: a flow idle this long is reported then and forgotten (a TCP connection is reported once closed and quiet for 9 s); a long idle connection that speaks again after it is a new flow, whose JSON \"continues\" names the earlier one, at least 10s")
+	fs.DurationVar(&f.reportEvery, "report-every", 0, "with --duration 0: write the counts so far (flows per verdict, drops) this often, a {\"type\":\"interval\"} JSON line or a table line (0 = never)")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	// Only --help prints this (ContinueOnError: errors are one line each),
 	// to stdout, so that it pages.
@@ -119,7 +136,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 // Services, the duration, and which Pods and node to look at.
 func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.StringArrayVar(&f.svcs, "svc", nil, "Service `IP[:PORT][/tcp|udp]` to trace, repeatable (required): a ClusterIP, or a NodePort as NODE-IP:PORT; without a port any port of that IP")
-	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C, SIGTERM or SIGHUP (the terminal went away; not when ignored, as under nohup) ends early and still prints the full report (incident: and writes the bundle)")
+	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C, SIGTERM or SIGHUP (the terminal went away; not when ignored, as under nohup) ends early and still prints the full report (incident: and writes the bundle); 0: until stopped (not for incident), each flow reported as it ends (see --flow-timeout), memory bounded (--max-flows bounds the flows open at once; --pcap needs --max-bytes)")
 	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address, and the one made again with it during the run (default: every Pod of the node, and those that start during the run; give at most one of --pod-ip, --pod-netns, --pod-pid)")
 	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
 	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
@@ -130,7 +147,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, 64 to 65535, as tcpdump -s")
 	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` 16K to 256M, in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops; with more than two Pods, the Pods' points share 4 such rings")
 	fs.IntVar(&f.nice, "nice", defaultNice, "nice `value` of pathtrace's threads, -20 to 19: below 0 the capture drains its rings ahead of the node's ordinary work, so it loses fewer frames when the CPUs are saturated (its CPU use stays the same); 0 runs it like any process")
-	fs.IntVar(&f.maxFlows, "max-flows", defaultMaxFlows, "bound on tracked flows (about 3 KiB each, 4 KiB of memory beyond the default); more are counted as dropped (flows_over_max) and reported, their packets still captured")
+	fs.IntVar(&f.maxFlows, "max-flows", defaultMaxFlows, "bound on tracked flows (about 3 KiB each, 4 KiB of memory beyond the default; with --duration 0, on the flows open at once); more are counted as dropped (flows_over_max) and reported, their packets still captured")
 }
 
 // validate turns the flags into session options; every error is a usage error.
@@ -146,8 +163,8 @@ func (f *traceFlags) validate() (session.Options, error) {
 		}
 		opt.Services = append(opt.Services, svc)
 	}
-	if f.duration <= 0 {
-		return opt, usagef("--duration %s: must be positive, e.g. --duration 30s", f.duration)
+	if f.duration < 0 {
+		return opt, usagef("--duration %s: must be positive (or 0: until stopped), e.g. --duration 30s", f.duration)
 	}
 	if f.output != "table" && f.output != "json" {
 		return opt, usagef("--output %q: use table or json", f.output)
@@ -257,6 +274,17 @@ func (f *traceFlags) validate() (session.Options, error) {
 			return opt, usagef("--pcap %s: cannot write in %s: %v; give a file in a writable directory", f.pcap, filepath.Dir(f.pcap), err)
 		}
 	}
+	if f.duration == 0 && f.pcap != "" && f.maxBytes == "" {
+		return opt, usagef("--pcap with --duration 0 (until stopped) would grow without end: give --max-bytes SIZE too (e.g. --max-bytes 1G); the file ends at that size and tracing goes on")
+	}
+	if f.duration == 0 && f.flowTimeout < minFlowTimeout {
+		return opt, usagef("--flow-timeout %s: use at least %s (flows are reported after a few seconds' quiet anyway)", f.flowTimeout, minFlowTimeout)
+	}
+	if f.reportEvery < 0 || f.reportEvery > 0 && f.duration != 0 {
+		return opt, usagef("--report-every %s: use a positive interval, with --duration 0 only (a bounded run reports at its end)", f.reportEvery)
+	}
+	opt.FlowTimeout = f.flowTimeout
+	opt.ReportEvery = f.reportEvery
 	opt.Pcap = f.pcap
 	opt.PcapLimits.MaxPackets = f.maxPkts
 	opt.Duration = f.duration
@@ -264,6 +292,10 @@ func (f *traceFlags) validate() (session.Options, error) {
 	opt.MaxFlows = f.maxFlows
 	return opt, nil
 }
+
+// minFlowTimeout bounds --flow-timeout from below: a flow is idle for a
+// few of the engine's reordering windows before it may be over.
+const minFlowTimeout = 10 * time.Second
 
 // capError is an input pathtrace could not use for want of a capability:
 // a runtime failure (exit 1), not bad usage.
@@ -363,6 +395,11 @@ func runTrace(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
+	// runCtx also ends when a run until stopped can no longer write its
+	// report (stdout closed, its disk full): it would trace on for days
+	// with nothing to show.
+	runCtx, endRun := context.WithCancel(ctx)
+	defer endRun()
 	if path := os.Getenv("PATHTRACE_CPUPROFILE"); path != "" {
 		defer profileCPU(path)()
 	}
@@ -379,10 +416,37 @@ func runTrace(args []string) int {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
 	opt.CaptureDone = tightenHeap
+	if opt.Duration == 0 {
+		// Until stopped: each flow is reported as it ends, the file (if
+		// any) ends at its bound while tracing goes on.
+		// The progress line (stderr, a terminal) is cleared first: the
+		// rows would go on from where it ends, on the same terminal; the
+		// next tick writes it again below them.
+		clearProgress := func() {
+			if opt.Progress != nil {
+				fmt.Fprint(os.Stderr, "\r\033[K")
+			}
+		}
+		reportLost := func() {
+			if rw.Err() != nil {
+				endRun()
+			}
+		}
+		opt.Finished = func(fs []flow.Flow) { clearProgress(); rw.Finished(fs); reportLost() }
+		opt.PcapBoundEndsFileOnly = true
+		opt.Interval = func(s flow.Summary, drops, packets map[string]uint64) {
+			clearProgress()
+			rw.Interval(time.Now(), s, drops, packets)
+			reportLost()
+		}
+	}
 	opt.Ready = func(node *discover.NodeInfo, atts []probe.Attachment) {
 		rw.Node(nodeJSON(node, atts), func(w io.Writer) { writeNodeTable(w, node, atts) })
+		if opt.Duration == 0 && rw.Err() != nil {
+			endRun()
+		}
 	}
-	res, err := session.Run(ctx, opt)
+	res, err := session.Run(runCtx, opt)
 	if opt.Progress != nil {
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}

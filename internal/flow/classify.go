@@ -145,6 +145,9 @@ func (e *Engine) ref(f *flowState, reply, translated bool) Ref {
 // cachedVerdict is decide without its reason, recomputed only when the flow's evidence or the
 // engine's generation changed since the last call.
 func (e *Engine) cachedVerdict(f *flowState) verdict {
+	if f.retired {
+		return f.cached // final
+	}
 	if !f.cachedOK || f.cachedGen != e.gen {
 		// Packet comments read place and by only; the report makes the
 		// reason afresh: thousands of flows need not keep it.

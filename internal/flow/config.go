@@ -38,6 +38,9 @@ type Config struct {
 	// MaxFlows bounds the flow table (DefaultMaxFlows when 0). Observations of
 	// flows beyond it are counted in the "flows_over_max" drop counter.
 	MaxFlows int
+	// FlowTimeout is how long a flow may be idle before Retire retires it
+	// (DefaultFlowTimeout when 0).
+	FlowTimeout time.Duration
 	// HostNetNS is the node's netns inode (0: unknown). A client there (a
 	// node process, a hostNetwork Pod) sends through the node's netfilter
 	// OUTPUT and POSTROUTING hooks before its cgroup egress hook, so its

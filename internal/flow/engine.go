@@ -102,6 +102,14 @@ type Engine struct {
 	// lateCounts are the flows' packets captured once the run was
 	// stopping that lostOnTheWay leaves out.
 	lateCounts map[*flowState]*lateCount
+
+	// retiredKeys remembers the recently retired flows by client endpoint
+	// and Service (bounded), retiredTotals counts every retired flow.
+	retiredKeys   recentSet[flowKey, retiredNote]
+	retiredTotals retiredTotals
+	// retiredForgotten is the latest last sighting (unix ns) of the
+	// retired flows retiredKeys forgot, 0 while it forgot none.
+	retiredForgotten int64
 }
 
 // NewEngine returns an engine for cfg.
@@ -127,6 +135,7 @@ func NewEngine(cfg Config) *Engine {
 	// a flow is counted again only when seen after that many newer ones.
 	e.refused = newRecentSet[flowKey, refusedFlow](max(4096, maxFlows))
 	e.refusedClients = newRecentSet[clientKey, struct{}](max(4096, maxFlows))
+	e.retiredKeys = newRecentSet[flowKey, retiredNote](max(4096, maxFlows))
 	for _, s := range cfg.Services {
 		e.services[s.Addr] = append(e.services[s.Addr], s)
 	}
@@ -275,8 +284,12 @@ func (e *Engine) note(p obs.Point, at time.Time) {
 	}
 }
 
-func (e *Engine) expire() {
-	overflow, unmatched := e.waiting.expire(e.newest, reorderWindow, e.lastChance, e.noteStray, e.counted)
+func (e *Engine) expire() { e.expireAt(e.newest) }
+
+// expireAt is expire as of clock (the newest observation's time, or a
+// later one: Retire's).
+func (e *Engine) expireAt(clock time.Time) {
+	overflow, unmatched := e.waiting.expire(clock, reorderWindow, e.lastChance, e.noteStray, e.counted)
 	e.overflow += overflow
 	e.unmatched += unmatched
 	e.replay() // what the last chances taught
@@ -442,8 +455,10 @@ func (e *Engine) idOf(f *flowState) int {
 // Summary counts flows per verdict, the engine's drops and observations per point.
 func (e *Engine) Summary() Summary {
 	e.Settle()
+	t := e.retiredTotals
 	s := Summary{
-		Flows:       e.nflows,
+		Flows:       e.nflows + t.n,
+		Retired:     t.n,
 		RewrittenAt: make(map[Place]int),
 		Drops: map[string]uint64{
 			DropFlowsOverMax:      e.overMax,
@@ -455,8 +470,9 @@ func (e *Engine) Summary() Summary {
 		Observations: make(map[string]uint64),
 	}
 	for _, p := range Places() {
-		s.RewrittenAt[p] = 0
+		s.RewrittenAt[p] = t.places[p]
 	}
+	s.UnknownBeforeReady, s.UnknownAfterStop = t.beforeReady, t.afterStop
 	for _, list := range e.clients {
 		for _, f := range list {
 			place := e.cachedVerdict(f).place

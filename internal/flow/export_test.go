@@ -99,3 +99,43 @@ func (e *Engine) ByData() map[int]*byte {
 	}
 	return out
 }
+
+// Sizes reports the size of every table the engine keeps that can grow
+// with the flows it saw: a run until stopped must keep each bounded.
+func (e *Engine) Sizes() map[string]int {
+	n := 0
+	for _, l := range e.clients {
+		n += len(l)
+	}
+	snat := 0
+	for _, l := range e.snat {
+		snat += len(l)
+	}
+	sockFlows := 0
+	for _, s := range e.socks.m {
+		sockFlows += len(s.flows)
+	}
+	return map[string]int{
+		"clients":        len(e.clients),
+		"clients.flows":  n,
+		"nflows":         e.nflows,
+		"snat":           len(e.snat),
+		"snat.flows":     snat,
+		"socks":          len(e.socks.m),
+		"socks.order":    len(e.socks.order),
+		"socks.flows":    sockFlows,
+		"waiting.queue":  len(e.waiting.queue),
+		"waiting.byEnd":  len(e.waiting.byEnd),
+		"replays":        len(e.replays),
+		"commented":      len(e.commented),
+		"lateCounts":     len(e.lateCounts),
+		"refused":        len(e.refused.cur) + len(e.refused.old),
+		"refusedClients": len(e.refusedClients.cur) + len(e.refusedClients.old),
+		"retiredKeys":    len(e.retiredKeys.cur) + len(e.retiredKeys.old),
+		"backends":       len(e.backends),
+		"backendPorts":   len(e.backendPorts),
+		"pairs":          len(e.pairs),
+		"labels":         len(e.labels.names),
+		"byNames":        len(e.byNames),
+	}
+}

@@ -24,11 +24,16 @@ func Places() []Place {
 
 // Flow is one client IP:port <-> Service VIP:port flow and its verdict.
 type Flow struct {
-	ID      int            `json:"id"`
-	Proto   string         `json:"proto"`
-	Client  netip.AddrPort `json:"client"`  // port 0 when only the socket layer saw it
-	Service netip.AddrPort `json:"service"` // the VIP:port the client asked for
-	Backend netip.AddrPort `json:"backend"` // "" when none was seen
+	ID int `json:"id"`
+	// Continues is the id of the flow this one continues: the same client
+	// endpoint and Service, reported when it had been idle for the flow
+	// timeout (a run until stopped reports flows as they end), whose
+	// connection spoke again. Its beginning was seen with that flow.
+	Continues int            `json:"continues,omitempty"`
+	Proto     string         `json:"proto"`
+	Client    netip.AddrPort `json:"client"`  // port 0 when only the socket layer saw it
+	Service   netip.AddrPort `json:"service"` // the VIP:port the client asked for
+	Backend   netip.AddrPort `json:"backend"` // "" when none was seen
 	// Backends lists every backend seen when there was more than one.
 	Backends    []netip.AddrPort `json:"backends,omitempty"`
 	RewrittenAt Place            `json:"rewritten_at"`
@@ -107,7 +112,10 @@ type PointSeen struct {
 
 // Summary counts flows per verdict and what the engine could not keep.
 type Summary struct {
-	Flows       int           `json:"flows"`
+	Flows int `json:"flows"`
+	// Retired counts the flows of Flows reported as they ended (a run
+	// until stopped, Engine.Retire), before the summary.
+	Retired     int           `json:"flows_reported_before,omitempty"`
 	RewrittenAt map[Place]int `json:"rewritten_at"`
 	// Drops are losses by counter name. The engine reports its own,
 	// "flows_over_max" (flows beyond MaxFlows), "flows_joined" (flows of a

@@ -307,7 +307,7 @@ func (e *Engine) joinOrSupersede(k clientKey, service netip.AddrPort, cookie uin
 // known) seen at m within MaxFlows.
 func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment) (*flowState, linkResult) {
 	k := clientKey{proto, client}
-	if e.nflows >= e.maxFlows {
+	if e.nflows >= e.maxFlows || e.stillRefused(flowKey{k, service}, cookie, m) {
 		e.refuse(flowKey{k, service}, cookie, m)
 		return nil, refused
 	}
@@ -316,6 +316,7 @@ func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie
 	if client.Port() == 0 {
 		f.cookie = cookie
 	}
+	e.continued(f, m)
 	e.index(f)
 	e.nflows++
 	e.unrefuse(flowKey{k, service}, cookie, m)

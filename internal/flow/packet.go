@@ -61,7 +61,7 @@ func (e *Engine) Repeat(h *Handle, p obs.Point, at time.Time, n int) bool {
 		e.note(p, at)
 		return true
 	}
-	if ns := at.UnixNano(); h.f.merged || h.f.tcp.closedBefore(ns) || h.f.tcp.superseded(moment{at: ns}) {
+	if ns := at.UnixNano(); h.f.merged || h.f.retired || h.f.tcp.closedBefore(ns) || h.f.tcp.superseded(moment{at: ns}) {
 		return false // a closed connection's port reused: link tells
 	}
 	e.note(p, at)
@@ -87,7 +87,8 @@ func (e *Engine) Repeat(h *Handle, p obs.Point, at time.Time, n int) bool {
 // while the flow's verdict holds: every packet of a flow at every capture
 // point shares it. The maxCommented flows that were given comments last
 // keep them; an earlier one's are made again when its packets come back.
-// False for a refused flow or one merged into another.
+// False for a refused flow or one merged into another. A retired flow's
+// (Retire) is its final verdict's.
 func (e *Engine) CommentOf(h *Handle) (string, bool) {
 	f := h.f
 	if f == nil || f.merged {

@@ -13,10 +13,11 @@ import (
 func (e *Engine) snapshot(f *flowState) Flow {
 	v := e.decide(f, true)
 	if v.place == PlaceUnknown {
-		v.reason = e.outsideWindow(f) + v.reason
+		v.reason = e.outsideWindow(f) + f.continuesNote() + v.reason
 	}
 	out := Flow{
 		ID:           e.idOf(f),
+		Continues:    f.continues,
 		Client:       f.client,
 		Service:      f.service,
 		RewrittenAt:  v.place,

@@ -2,6 +2,7 @@ package flow
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -66,6 +67,8 @@ func (t *sockTable) get(cookie uint64) *sockState {
 		return nil
 	}
 	if s, ok := t.m[cookie]; ok {
+		// A flow retired since (Engine.Retire) is no longer its socket's.
+		s.flows = slices.DeleteFunc(s.flows, func(f *flowState) bool { return f.retired })
 		return s
 	}
 	s := &sockState{}

@@ -187,6 +187,14 @@ type flowState struct {
 	comments                      [6]string
 	commentsEvidence, commentsGen uint64
 	commented                     bool
+	// retired: reported as over and forgotten by the engine (Retire);
+	// cached holds its final verdict. Nothing changes it any more.
+	retired bool
+	// continues is the id of the retired flow of its client endpoint and
+	// Service it continues (a connection idle for the flow timeout that
+	// spoke again), 0 for none; continuesLast, that flow's last sighting.
+	continues     int
+	continuesLast int64
 }
 
 // evidenceChanged drops the cached verdict.

@@ -859,6 +859,8 @@ func (e *Engine) conntrackBlind(f *flowState) string {
 		return fmt.Sprintf("conntrack lost %d events during the run", e.ctLosses)
 	case e.window(f) == beforeReady:
 		return "the flow began before pathtrace was in place, and " + when
+	case f.continues != 0:
+		return fmt.Sprintf("it continues flow %d, whose connection conntrack reported when it began", f.continues)
 	case e.ctMayBeOthers(f):
 		return "its client port was reused just after an earlier connection to the VIP, which conntrack's report of it may have been taken for"
 	case f.proto == obs.TCP:
@@ -867,6 +869,9 @@ func (e *Engine) conntrackBlind(f *flowState) string {
 		}
 		return "its first packets seen were not a SYN: the connection began before they were seen, and " + when
 	case f.proto == obs.UDP:
+		if e.mayContinueForgotten(f) {
+			return fmt.Sprintf("it may continue one of the flows reported as ended less than %s before it began, more than pathtrace remembers (a busy node), and ride the conntrack entry made for it, which conntrack does not report again", udpEntryLife)
+		}
 		if !e.cfg.Ready.IsZero() && f.first.Sub(e.cfg.Ready) >= udpEntryLife {
 			return ""
 		}

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/flow"
@@ -27,6 +29,11 @@ type Writer struct {
 	// byPlace remembers the distinct rewriters per verdict from Flows, for the
 	// table's summary.
 	byPlace map[flow.Place][]string
+	// rows counts the table rows Finished wrote since its last header.
+	rows int
+	// finished: Finished wrote flows (the flows left at the end follow
+	// them, without the note that none was seen).
+	finished bool
 }
 
 // NewWriter returns a writer to w: JSON lines for FormatJSON, tables for
@@ -74,6 +81,16 @@ func (w *Writer) Node(v any, table func(io.Writer)) error {
 func (w *Writer) Flows(flows []flow.Flow) error {
 	w.noteRewriters(flows)
 	if w.format != FormatJSON {
+		if w.finished {
+			if len(flows) == 0 {
+				return nil
+			}
+			_, err := fmt.Fprintln(w.w, "Flows still open at the end:")
+			if err != nil {
+				return err
+			}
+			return writeFlowRows(w.w, flows, true, true)
+		}
 		return writeFlowTable(w.w, flows)
 	}
 	for _, f := range flows {
@@ -84,11 +101,53 @@ func (w *Writer) Flows(flows []flow.Flow) error {
 	return nil
 }
 
+// maxRewritersListed bounds the rewriters the summary table lists per
+// verdict; the last line then says there were more.
+const maxRewritersListed = 32
+
+// moreRewriters is the summary table's last rewriter line of a verdict
+// that had more than maxRewritersListed.
+const moreRewriters = "... and others (the flows' rows and JSON name each)"
+
+// Finished writes flows that ended while the run goes on (a run until
+// stopped reports each flow as it ends): a JSON line each, as Flows
+// writes them, or table rows under a header repeated every screenful,
+// with their notes. Each call's output is written at once (no buffer):
+// a reader of a pipe sees the flows as they end.
+func (w *Writer) Finished(flows []flow.Flow) error {
+	if len(flows) == 0 {
+		return nil
+	}
+	w.finished = true
+	if w.format == FormatJSON {
+		return w.Flows(flows)
+	}
+	w.noteRewriters(flows)
+	header := w.rows == 0 || w.rows+len(flows) > finishedScreen
+	if header {
+		w.rows = 0
+	}
+	w.rows += len(flows)
+	return writeFlowRows(w.w, flows, header, true)
+}
+
+// finishedScreen is how many rows Finished writes under one header.
+const finishedScreen = 40
+
 func (w *Writer) noteRewriters(flows []flow.Flow) {
 	for _, f := range flows {
-		if f.By != "" && !slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
-			w.byPlace[f.RewrittenAt] = append(w.byPlace[f.RewrittenAt], f.By)
+		if f.By == "" || slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
+			continue
 		}
+		if w.finished && len(w.byPlace[f.RewrittenAt]) >= maxRewritersListed {
+			// A run until stopped meets ever new rules (kube-proxy names
+			// its chains after the endpoints): the list stays bounded.
+			if w.byPlace[f.RewrittenAt][maxRewritersListed-1] != moreRewriters {
+				w.byPlace[f.RewrittenAt][maxRewritersListed-1] = moreRewriters
+			}
+			continue
+		}
+		w.byPlace[f.RewrittenAt] = append(w.byPlace[f.RewrittenAt], f.By)
 	}
 }
 
@@ -158,6 +217,33 @@ func (w *Writer) Summary(s flow.Summary, drops map[string]uint64, run Run) error
 		flow.Summary
 		Run
 	}{s, run})
+}
+
+// Interval writes how a run until stopped goes, every so often: the
+// summary so far (every flow, reported or open, and every drop counter) as
+// {"type":"interval","at":...,...}, or one line for a table. Never a
+// "summary": that stays the run's last line.
+func (w *Writer) Interval(at time.Time, s flow.Summary, drops, packets map[string]uint64) error {
+	s = s.WithDrops(drops)
+	if w.format == FormatJSON {
+		return w.object("interval", struct {
+			At time.Time `json:"at"`
+			flow.Summary
+			Packets map[string]uint64 `json:"packets,omitempty"`
+		}{at, s, packets})
+	}
+	var lost uint64
+	for _, n := range s.Drops {
+		lost += n
+	}
+	var verdicts []string
+	for _, p := range flow.Places() {
+		if n := s.RewrittenAt[p]; n > 0 {
+			verdicts = append(verdicts, fmt.Sprintf("%s %d", p, n))
+		}
+	}
+	_, err := fmt.Fprintf(w.w, "%s so far: %d flows (%s), %d open; drops %d\n", at.Format("15:04:05"), s.Flows, strings.Join(verdicts, ", "), s.Flows-s.Retired, lost)
+	return err
 }
 
 // WriteTable writes flows and their summary (drops included) as tables.

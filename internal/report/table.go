@@ -33,10 +33,33 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 			"points saw packets of the Service at all.\n\n")
 		return err
 	}
-	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tPROTO\tCLIENT\tSERVICE\tBACKEND\tREWRITTEN AT\tBY\tVLAN\tUPLINK DST MAC\tREPLY")
+	return writeFlowRows(w, flows, true, false)
+}
+
+// nopFlush is a writer with nothing to flush.
+type nopFlush struct{ io.Writer }
+
+func (nopFlush) Flush() error { return nil }
+
+// writeFlowRows writes flows as table rows, under the header when asked,
+// and their notes. fixed: in columns of fixed widths (rows written a few
+// at a time as flows end line up under one header), else as wide as the
+// rows need.
+func writeFlowRows(w io.Writer, flows []flow.Flow, header, fixed bool) error {
+	var tw interface {
+		io.Writer
+		Flush() error
+	} = newTable(w)
+	row := "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n"
+	if fixed {
+		tw = nopFlush{w}
+		row = "%-6d %-5s %-21s %-21s %-21s %-12s %-30s %-9s %-17s %s\n"
+	}
+	if header {
+		fmt.Fprintf(tw, strings.ReplaceAll(row, "d", "s"), "ID", "PROTO", "CLIENT", "SERVICE", "BACKEND", "REWRITTEN AT", "BY", "VLAN", "UPLINK DST MAC", "REPLY")
+	}
 	for _, f := range flows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.ID, orDash(f.Proto), clientOrDash(f), f.Service,
+		fmt.Fprintf(tw, row, f.ID, orDash(f.Proto), clientOrDash(f), f.Service,
 			addrOrDash(f), f.RewrittenAt, orDash(shortBy(f.By, maxByWidth)), vlan(f.VLAN, f.VLANProto), uplinkMAC(f), reply(f))
 	}
 	if err := tw.Flush(); err != nil {
@@ -77,6 +100,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write summary table: %w", err)
+	}
+	if s.Retired > 0 {
+		fmt.Fprintf(w, "Of the %d flows, %d were reported above as they ended, %d were still open at the end.\n", s.Flows, s.Retired, s.Flows-s.Retired)
 	}
 	if s.UnknownBeforeReady > 0 {
 		fmt.Fprintf(w, "Of the unknown, %d began while pathtrace was still attaching: points not yet there missed their first packets.\n", s.UnknownBeforeReady)

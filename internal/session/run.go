@@ -60,6 +60,10 @@ type tracer struct {
 	// capture point and direction) to that fragment's handle: the later
 	// fragments carry no ports, only the datagram's IP ID.
 	frags map[classKey]flow.Handle
+	// node is the node as discovered (with the Pods that started since);
+	// gatewaysRead, when retire last read their gateways' MACs.
+	node         *discover.NodeInfo
+	gatewaysRead time.Time
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
@@ -183,6 +187,7 @@ func (tr *tracer) run(ctx context.Context) string {
 	go func() { producers.Wait(); close(items) }()
 
 	start := time.Now()
+	nextInterval := start.Add(tr.opt.ReportEvery)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 loop:
@@ -203,6 +208,8 @@ loop:
 				}
 			}
 			tr.noteConntrackLosses()
+			tr.retire(time.Now())
+			tr.interval(time.Now(), &nextInterval)
 			tr.widen()
 			tr.lb.check()
 			tr.observeTC(time.Now(), tr.tc.check(time.Now(), tr.eng))
@@ -271,6 +278,52 @@ settle:
 		tr.pcap.release(time.Now().Add(time.Hour), tr) // everything left
 	}
 	return stop
+}
+
+// retireLag is how far behind the wall clock the engine's clock is pushed
+// for retiring flows: the flow engine's reordering window, what the
+// sources may still deliver late.
+const retireLag = 3 * time.Second
+
+// gatewaysEvery bounds how often retire reads the gateways' MACs of the
+// Pods whose gateway has none yet (one netlink request in each netns).
+const gatewaysEvery = 5 * time.Second
+
+// retire hands the flows that are over to Options.Finished (a run that
+// reports them as they end). The engine's clock is pushed to now less
+// retireLag: a quiet node's last flows end too.
+func (tr *tracer) retire(now time.Time) {
+	if tr.opt.Finished == nil {
+		return
+	}
+	// A flow reported now says whether its uplink frame went to its Pod's
+	// gateway: the Pods' neighbour entries are read as the run goes on, not
+	// only at its end (a Pod resolves its gateway as it first sends).
+	if tr.node != nil && now.Sub(tr.gatewaysRead) >= gatewaysEvery {
+		tr.gatewaysRead = now
+		discover.RefreshGatewayMACs(tr.node)
+		tr.eng.SetGatewayMACs(gatewayMACs(tr.node))
+	}
+	if fs := tr.eng.Retire(now.Add(-retireLag)); len(fs) > 0 {
+		tr.opt.Finished(fs)
+	}
+}
+
+// interval gives Options.Interval the counts so far when next is due.
+func (tr *tracer) interval(now time.Time, next *time.Time) {
+	if tr.opt.Interval == nil || tr.opt.ReportEvery <= 0 || now.Before(*next) {
+		return
+	}
+	*next = now.Add(tr.opt.ReportEvery)
+	s := tr.eng.Summary()
+	s.OutOfScope = tr.outOfScope
+	packets, drops := tr.counters()
+	if tr.pods != nil && tr.pods.skipped > 0 {
+		// Said at the end among the Pods started; a run until stopped
+		// says it as it goes.
+		drops["pods_not_followed"] = uint64(tr.pods.skipped)
+	}
+	tr.opt.Interval(s, drops, packets)
 }
 
 // produce hands the frames of tap iface to the consumer in batches until

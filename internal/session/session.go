@@ -33,6 +33,21 @@ type Options struct {
 	// RingBytes is each capture point's kernel ring (0 = capture's default).
 	RingBytes int
 	MaxFlows  int
+	// Finished, when set, makes the run report its flows as they end (a
+	// run until stopped, Duration 0): about once a second the engine
+	// retires the flows that are over (a TCP connection closed and quiet,
+	// any flow idle for FlowTimeout; flow.Engine.Retire) and hands them
+	// to Finished, in the consumer's goroutine, then forgets them: MaxFlows
+	// bounds the flows open at once, and Result.Flows holds those still
+	// open at the end (Result.Summary counts them all).
+	Finished    func([]flow.Flow)
+	FlowTimeout time.Duration // flow.DefaultFlowTimeout when 0
+	// Interval, when set with ReportEvery, is given every ReportEvery the
+	// summary so far (every flow, reported or open, as flow.Engine.Summary
+	// counts them) with the session's own drops and packets per capture
+	// point: a run until stopped says how it goes without ending.
+	Interval    func(s flow.Summary, drops, packets map[string]uint64)
+	ReportEvery time.Duration
 	// Ready, when set, is called once every observer and tap is in place: a
 	// caller that generates traffic waits for it.
 	Ready func(*discover.NodeInfo, []probe.Attachment)
@@ -190,6 +205,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		Points:      activePoints(atts),
 		Attribution: attribution(node),
 		MaxFlows:    opt.MaxFlows,
+		FlowTimeout: opt.FlowTimeout,
 		HostNetNS:   node.HostNetNS.Inode,
 		Ready:       ready,
 	})
@@ -199,8 +215,8 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		root = cgroup
 	}
 	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), clients: clientScope(opt.Discover, node), classes: newClassTable(), lb: lb,
-		tc:   newTCWatch(node, pr.IsObserver, time.Now()),
-		nat:  newNATWatch(node, discovered),
+		tc:  newTCWatch(node, pr.IsObserver, time.Now()),
+		nat: newNATWatch(node, discovered), node: node,
 		late: &tcLate{observed: tcObserved(node), tails: needTails(node)},
 		free: newBatchPool(freeBatches), freeSmall: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches)}
 	defer func() { closeTaps(tr.taps) }() // with those of Pods that started

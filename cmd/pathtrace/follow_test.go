@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/pathtrace/pathtrace/internal/lab"
+)
+
+// TestFollowUntilStopped: --duration 0 traces until stopped and reports
+// each flow as it ends. With the lab client sending two bursts of requests
+// seconds apart, the first burst's flows come out (JSON lines, read while
+// pathtrace runs) once their connections closed, before the SIGTERM, with
+// their verdict and backend; the second burst's come with the summary at
+// the end, which counts both; ids are unique; exit 0; nothing stays
+// attached.
+func TestFollowUntilStopped(t *testing.T) {
+	needRoot(t)
+	mode := lab.ModeNetfilter
+	l := upLab(t, mode)
+	gwMAC, err := l.GatewayMAC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "0")
+	r.waitNode(t)
+	progs, links := heldBPF(t, r.cmd.Process.Pid)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const first, second = 3, 2
+	if res, err := l.Client(ctx, lab.ClientOptions{Requests: first}); err != nil || res.TCP.OK != first {
+		t.Fatalf("lab client (first burst): %+v, %v", res.TCP, err)
+	}
+	// A closed connection is reported once quiet for a few seconds (9 s,
+	// and 3 s the sources may be late): well within 30 s.
+	ids := map[float64]bool{}
+	var early []map[string]any
+	deadline := time.After(30 * time.Second)
+	for len(early) < first {
+		select {
+		case m, ok := <-r.lines:
+			if !ok {
+				t.Fatalf("pathtrace ended before the first burst's flows came (stderr: %s)", r.stderr.String())
+			}
+			if m["type"] != "flow" {
+				t.Fatalf("line before the SIGTERM that is not a flow: %v", m)
+			}
+			early = append(early, m)
+		case <-deadline:
+			t.Fatalf("%d of the first burst's %d flows reported within 30 s of their end: %s (stderr: %s)", len(early), first, dump(early), r.stderr.String())
+		}
+	}
+	for _, f := range early {
+		checkFlow(t, mode, f, gwMAC.String())
+		id, _ := f["id"].(float64)
+		if ids[id] {
+			t.Errorf("flow id %v reported twice", id)
+		}
+		ids[id] = true
+	}
+	if res, err := l.Client(ctx, lab.ClientOptions{Requests: second}); err != nil || res.TCP.OK != second {
+		t.Fatalf("lab client (second burst): %+v, %v", res.TCP, err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	late, summary := r.rest(t) // exit 0, or it fails
+	if len(late) != second {
+		t.Errorf("%d flows at the end, want the second burst's %d: %s", len(late), second, dump(late))
+	}
+	for _, f := range late {
+		checkFlow(t, mode, f, gwMAC.String())
+		id, _ := f["id"].(float64)
+		if ids[id] {
+			t.Errorf("flow id %v reported twice", id)
+		}
+		ids[id] = true
+	}
+	if summary == nil {
+		t.Fatal("no summary line")
+	}
+	if n, _ := summary["flows"].(float64); n != first+second {
+		t.Errorf("summary counts %v flows, want %d", summary["flows"], first+second)
+	}
+	if n, _ := summary["flows_reported_before"].(float64); n != first {
+		t.Errorf("summary: %v flows reported before, want %d", summary["flows_reported_before"], first)
+	}
+	if summary["stop_reason"] != "interrupted" {
+		t.Errorf("stop reason %v, want interrupted", summary["stop_reason"])
+	}
+	// The kernel frees them once their last holder is gone (an RCU grace
+	// period or so after the exit).
+	for wait := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		left := stillThere(progs, links)
+		if left == 0 {
+			break
+		}
+		if time.Now().After(wait) {
+			t.Errorf("%d of pathtrace's programs and links still exist 10 s after it exited", left)
+			break
+		}
+	}
+}
+
+// TestFollowReportLost: a run until stopped whose report can no longer be
+// written (stdout on a full disk, here /dev/full) ends at once with exit 1
+// and says why; it traced on with nothing to show until stopped.
+func TestFollowReportLost(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer full.Close()
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json")
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = full, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "could not be written") {
+			t.Errorf("exit %d, stderr %q; want exit 1 saying the report could not be written", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still tracing 30 s after its report could not be written (stderr %q)", stderr.String())
+	}
+}
+
+// stillThere counts the BPF programs and links of ids that still exist.
+func stillThere(progs, links []uint32) int {
+	left := 0
+	for _, id := range links {
+		if lk, err := link.NewFromID(link.ID(id)); err == nil {
+			lk.Close()
+			left++
+		}
+	}
+	for _, id := range progs {
+		if p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id)); err == nil {
+			p.Close()
+			left++
+		}
+	}
+	return left
+}
+
+// TestFollowBadUsage: --duration 0 refuses what would grow without end or
+// is time-bounded by nature, with one line that says what to give.
+func TestFollowBadUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"--svc", "10.0.0.1", "--duration", "0", "--pcap", "/tmp/pf-follow.pcapng"},
+		{"--svc", "10.0.0.1", "--duration", "0", "--flow-timeout", "1s"},
+		{"--svc", "10.0.0.1", "--duration", "5s", "--report-every", "1s"},
+		{"incident", "--svc", "10.0.0.1", "--duration", "0", "--out", "/tmp/pf-follow-incident"},
+	} {
+		out, err := pathtrace(args...).CombinedOutput()
+		msg := strings.TrimSpace(string(out))
+		if code := exitCode(err); code != exitUsage || msg == "" || strings.Contains(msg, "\n") {
+			t.Errorf("pathtrace %v: exit %d, output %q; want exit 2 and one line", args, code, out)
+		}
+	}
+}

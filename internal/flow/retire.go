@@ -1,0 +1,244 @@
+package flow
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// A run that follows a node until stopped (a daemon) cannot keep every flow
+// to its end: the engine retires the flows that are over, hands out their
+// final snapshot and forgets them (Retire). What tells a flow is over is
+// its evidence and the engine's clock (the newest observation's time, or a
+// later time the caller gives: never the wall clock by itself, so that a
+// scenario replays alike):
+//   - a TCP connection closed (its first RST, or FINs both ways) and quiet
+//     for closeQuiet since its last packet;
+//   - any flow idle for the flow timeout (Config.FlowTimeout).
+//
+// A retired flow is never mutated again nor found for an observation: its
+// later packets (a long idle connection that speaks again) make a new flow
+// with a new id, which says what it continues (Flow.Continues). Handles to
+// it that the caller still holds (packets written later) give its final
+// verdict's comment.
+
+// closeQuiet is how long after its last packet a closed TCP connection is
+// retired: its last ACKs and retransmissions, and every source's reordered
+// observations (reorderWindow each), are in by then.
+const closeQuiet = 3 * reorderWindow
+
+// DefaultFlowTimeout is the idle time after which Retire retires any flow
+// when Config.FlowTimeout is 0.
+const DefaultFlowTimeout = time.Minute
+
+// retiredNote is what the engine remembers of a retired flow for a while,
+// to tell its client endpoint's later packets that they continue it.
+type retiredNote struct {
+	id   int
+	last int64 // its last observation (unix ns)
+	// opening: a TCP connection whose client sent its SYN and got no
+	// answer yet (nor acknowledged one): its SYN retransmissions after it
+	// was retired continue it.
+	opening bool
+}
+
+// retiredTotals counts the flows retired so far, for Summary.
+type retiredTotals struct {
+	n                      int
+	places                 map[Place]int
+	beforeReady, afterStop int
+}
+
+// Retire retires the flows that are over as of now (or of the newest
+// observation, when later) and returns their final snapshots, sorted by
+// first seen. Every reference the engine keeps to them is dropped; Summary
+// still counts them. A zero now uses the newest observation's time.
+func (e *Engine) Retire(now time.Time) []Flow {
+	clock := e.newest
+	if now.After(clock) {
+		clock = now
+	}
+	timeout := e.cfg.FlowTimeout
+	if timeout <= 0 {
+		timeout = DefaultFlowTimeout
+	}
+	// What waited for its flow that long has had its chance, as it would
+	// have had at the next observation: a backend guess put off for a
+	// flow is made (lastChance) before that flow is reported, on a node
+	// quiet since.
+	e.expireAt(clock)
+	return e.retire(func(f *flowState) bool {
+		if f.last.IsZero() {
+			return false
+		}
+		quiet := clock.Sub(f.last)
+		if quiet >= timeout {
+			return true
+		}
+		return f.proto == obs.TCP && f.tcp.closed() != 0 && quiet >= closeQuiet
+	})
+}
+
+// RetireAll retires every flow now (the end of a run that reports them so)
+// and returns their snapshots: what Flows would return.
+func (e *Engine) RetireAll() []Flow {
+	e.Settle()
+	return e.retire(func(*flowState) bool { return true })
+}
+
+// Open counts the flows the engine follows now (not retired).
+func (e *Engine) Open() int { return e.nflows }
+
+func (e *Engine) retire(over func(*flowState) bool) []Flow {
+	var fs []*flowState
+	for _, list := range e.clients {
+		for _, f := range list {
+			if over(f) {
+				fs = append(fs, f)
+			}
+		}
+	}
+	if len(fs) == 0 {
+		return nil
+	}
+	// In the order Flows lists them: ids not given yet are given so.
+	slices.SortFunc(fs, func(a, b *flowState) int {
+		if c := a.first.Compare(b.first); c != 0 {
+			return c
+		}
+		return a.seq - b.seq
+	})
+	out := make([]Flow, len(fs))
+	for i, f := range fs {
+		out[i] = e.snapshot(f)
+		e.count(f, out[i].RewrittenAt)
+		// Its verdict is final: the comments of its packets still held
+		// (CommentOf) say it, whatever the engine learns later.
+		f.cached, f.cachedOK = verdict{place: out[i].RewrittenAt, by: e.byName(out[i].By)}, true
+		f.retired = true
+	}
+	for _, f := range fs {
+		e.forget(f)
+	}
+	return out
+}
+
+// count adds a retired flow to the totals Summary reports.
+func (e *Engine) count(f *flowState, place Place) {
+	t := &e.retiredTotals
+	if t.places == nil {
+		t.places = map[Place]int{}
+	}
+	t.n++
+	t.places[place]++
+	if place == PlaceUnknown {
+		switch e.window(f) {
+		case beforeReady:
+			t.beforeReady++
+		case afterStop:
+			t.afterStop++
+		}
+	}
+}
+
+// forget drops every reference the engine keeps to f: its client
+// endpoint's index, its SNAT source's, its sockets', the late packet
+// counts; the comment keepers let it go in their turn (keepComments).
+func (e *Engine) forget(f *flowState) {
+	k := f.key()
+	e.unindex(f)
+	e.dropSNAT(f)
+	delete(e.lateCounts, f)
+	if len(e.lateCounts) == 0 {
+		e.lateCounts = nil // a map keeps its buckets once grown
+	}
+	if s := e.socks.m[f.sock]; s != nil {
+		s.flows = slices.DeleteFunc(s.flows, func(g *flowState) bool { return g == f })
+	}
+	e.nflows--
+	// The other flows of its endpoint and Service no longer have it for a
+	// sibling (ctMayBeOthers).
+	for _, g := range e.clients[k] {
+		if g.service == f.service {
+			g.evidenceChanged()
+		}
+	}
+	// A closed TCP connection continues in no later flow: only the others
+	// are remembered.
+	if f.client.Port() != 0 && (f.proto != obs.TCP || f.tcp.closed() == 0) {
+		opening := f.proto == obs.TCP && f.tcp.syn != 0 && f.tcp.synAck == 0 && f.tcp.ack == 0 && f.tcp.rstReply == 0
+		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), opening: opening})
+	}
+}
+
+// rememberRetired puts a retired flow in retiredKeys. When that forgets a
+// generation of them, forgotten is moved to the latest of their last
+// sightings: a flow first seen within udpEntryLife of it may continue one
+// of them, which the engine can no longer tell (conntrackBlind).
+func (e *Engine) rememberRetired(k flowKey, r retiredNote) {
+	s := &e.retiredKeys
+	if _, ok := s.cur[k]; !ok && len(s.cur) >= s.limit {
+		latest := e.retiredForgotten
+		for _, o := range s.old {
+			latest = max(latest, o.last)
+		}
+		if latest != e.retiredForgotten {
+			e.retiredForgotten = latest
+			e.gen++ // verdicts that rested on conntrack's silence
+		}
+	}
+	s.put(k, r)
+}
+
+// mayContinueForgotten tells whether f, a UDP flow not known to continue
+// a retired one, may yet continue one the engine forgot (a busy node
+// retires more flows than it remembers): it was first seen less than
+// udpEntryLife after the last sighting of a forgotten one.
+func (e *Engine) mayContinueForgotten(f *flowState) bool {
+	return e.retiredForgotten != 0 && f.continues == 0 && f.first.UnixNano()-e.retiredForgotten < int64(udpEntryLife)
+}
+
+// continued notes, of a flow f made at m, the retired flow of its client
+// endpoint and Service it continues, if any (a closed TCP connection's
+// is not remembered: its late packets continue nothing): not a TCP
+// connection opening (a SYN is another connection), unless the retired
+// one was still sending its SYN unanswered (a retransmission: a client
+// retries for up to synRetryWindow, with gaps that double), nor, for UDP, one idle for longer than conntrack keeps an entry
+// (udpEntryLife): a datagram then makes a new entry, as a new flow's.
+func (e *Engine) continued(f *flowState, m moment) {
+	r, ok := e.retiredKeys.get(flowKey{f.key(), f.service})
+	if !ok || f.proto == obs.TCP && m.opens() && !(r.opening && !m.reply && m.at-r.last <= int64(synRetryWindow)) ||
+		f.proto != obs.TCP && m.at-r.last > int64(udpEntryLife) {
+		return
+	}
+	f.continues, f.continuesLast = r.id, r.last
+}
+
+// continuesNote says, of a flow that continues a retired one, that its
+// beginning was reported with that one.
+func (f *flowState) continuesNote() string {
+	if f.continues == 0 {
+		return ""
+	}
+	return fmt.Sprintf("it continues flow %d, reported when it had been idle for the flow timeout (last seen at %s): its connection began then, before this part of it; ",
+		f.continues, time.Unix(0, f.continuesLast).UTC().Format("15:04:05.000"))
+}
+
+// stillRefused tells whether a flow refused beyond MaxFlows (k, seen again
+// at m, of socket sock) stays refused although there is room now: once
+// flows are retired (a run until stopped), a retired flow's room does not
+// take in the rest of a flow refused before, whose beginning was lost (its
+// packets after the rewrite would stay refused with its client: an
+// "unknown" flow made of its packets before the rewrite). A later flow of
+// the endpoint (refusedFlow.another) is a flow of its own. A run that
+// retires nothing keeps taking back the refusals a merge made room for
+// (unrefuse).
+func (e *Engine) stillRefused(k flowKey, sock uint64, m moment) bool {
+	if e.retiredTotals.n == 0 || k.client.Port() == 0 {
+		return false
+	}
+	r, ok := e.refused.get(k)
+	return ok && !r.another(sock, m)
+}

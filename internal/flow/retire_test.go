@@ -1,0 +1,507 @@
+package flow_test
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// TestRetireMatchesReport: a flow retired (reported as it ends, in a run
+// until stopped) is reported as the end of a run reports it from the same
+// evidence, for every recorded scenario in every order: retired all at the
+// end (RetireAll), or by the flow timeout once the engine's clock passed
+// it (Retire). Retired flows leave the engine; the summary still counts
+// them, per verdict.
+func TestRetireMatchesReport(t *testing.T) {
+	scenarios, err := flowtest.LoadDir(scenarioDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range scenarios {
+		for name, order := range orders(s) {
+			ref := s.Run(order)
+			want, wantSum := ref.Flows(), ref.Summary()
+			for _, mode := range []string{"all", "timeout"} {
+				e := s.Run(order)
+				var got []flow.Flow
+				if mode == "all" {
+					got = e.RetireAll()
+				} else {
+					got = e.Retire(flowtest.At(0).Add(24 * time.Hour))
+				}
+				if len(want) == 0 {
+					want = nil
+				}
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("%s, %s order, retired (%s): %d flows\n%+v\nwant %d\n%+v", s.Name, name, mode, len(got), got, len(want), want)
+					continue
+				}
+				if rest := e.Flows(); len(rest) != 0 {
+					t.Errorf("%s, %s order (%s): %d flows left after retiring them all", s.Name, name, mode, len(rest))
+				}
+				sum := e.Summary()
+				if sum.Flows != wantSum.Flows || sum.Retired != len(want) || !reflect.DeepEqual(sum.RewrittenAt, wantSum.RewrittenAt) ||
+					sum.UnknownBeforeReady != wantSum.UnknownBeforeReady || !reflect.DeepEqual(sum.Drops, wantSum.Drops) {
+					t.Errorf("%s, %s order (%s): summary %+v, want %+v", s.Name, name, mode, sum, wantSum)
+				}
+				if z := e.Sizes(); z["clients"] != 0 || z["nflows"] != 0 || z["snat"] != 0 || z["socks.flows"] != 0 || z["lateCounts"] != 0 {
+					t.Errorf("%s, %s order (%s): tables still hold retired flows: %v", s.Name, name, mode, z)
+				}
+			}
+		}
+	}
+}
+
+// closingFlow is churnFlow with the TCP connection's handshake and close
+// seen at the Pod's eth0 (SYN, SYN-ACK, FINs both ways).
+func closingFlow(i int, svc, be netip.AddrPort, at time.Time) []obs.Observation {
+	seq := churnFlow(i, obs.TCP, svc, be, at)
+	for j := range seq {
+		switch {
+		case seq[j].Point == obs.PointPod && seq[j].Dir == obs.DirOut:
+			seq[j].TCPFlags = 0x02
+		case seq[j].Point == obs.PointPod && seq[j].Dir == obs.DirIn:
+			seq[j].TCPFlags = 0x12
+		}
+	}
+	last := seq[len(seq)-1].Time
+	c := seq[3].Src
+	pod, podIn := seq[3], seq[len(seq)-1]
+	pod.Time, pod.TCPFlags = last.Add(time.Millisecond), 0x11
+	podIn.Time, podIn.TCPFlags = last.Add(2*time.Millisecond), 0x11
+	_ = c
+	return append(seq, pod, podIn)
+}
+
+// TestRetireBounded: a run until stopped sees flow after flow; retiring
+// them as they end keeps every table of the engine bounded, whatever the
+// number of flows: 200,000 short flows (TCP connections that close, UDP
+// exchanges that go idle) through an engine of 4096 flows at most, each
+// reported once, none refused.
+func TestRetireBounded(t *testing.T) {
+	const nflows = 200_000
+	tcpSvc, udpSvc := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.120.0.10:53")
+	tcpBe, udpBe := netip.MustParseAddrPort("10.244.20.31:3000"), netip.MustParseAddrPort("10.244.20.31:5353")
+	e := flow.NewEngine(flow.Config{
+		Services:    []flow.Service{{Addr: tcpSvc.Addr(), Port: 80, Proto: obs.TCP}, {Addr: udpSvc.Addr(), Port: 53, Proto: obs.UDP}},
+		MaxFlows:    4096,
+		FlowTimeout: 5 * time.Second,
+	})
+	start := flowtest.At(0)
+	ids := make(map[int]bool, nflows)
+	places := map[flow.Place]int{}
+	peak := map[string]int{}
+	take := func(fs []flow.Flow) {
+		for _, f := range fs {
+			if ids[f.ID] {
+				t.Fatalf("flow id %d reported twice", f.ID)
+			}
+			ids[f.ID] = true
+			places[f.RewrittenAt]++
+		}
+	}
+	for i := range nflows {
+		// A flow every 4 ms: 1,250 in a flow timeout; a client port is
+		// used again every 50,000 flows (churnFlow), 200 s later.
+		at := start.Add(time.Duration(i) * 4 * time.Millisecond)
+		var seq []obs.Observation
+		if i%2 == 0 {
+			seq = closingFlow(i%50000, tcpSvc, tcpBe, at)
+		} else {
+			seq = churnFlow(i%50000, obs.UDP, udpSvc, udpBe, at)
+		}
+		for _, o := range seq {
+			e.Add(o)
+		}
+		if i%500 == 0 {
+			take(e.Retire(time.Time{}))
+			for k, v := range e.Sizes() {
+				peak[k] = max(peak[k], v)
+			}
+		}
+	}
+	t.Logf("peak sizes: %v", peak)
+	take(e.RetireAll())
+	sum := e.Summary()
+	if len(ids) != nflows || sum.Flows != nflows || sum.Retired != nflows {
+		t.Errorf("%d flows reported, summary %d (%d retired), want %d", len(ids), sum.Flows, sum.Retired, nflows)
+	}
+	if places[flow.PlaceNetfilter] != nflows || sum.RewrittenAt[flow.PlaceNetfilter] != nflows {
+		t.Errorf("verdicts %v, summary %v: want every flow netfilter", places, sum.RewrittenAt)
+	}
+	if n := sum.Drops[flow.DropFlowsOverMax]; n != 0 {
+		t.Errorf("%d flows refused beyond --max-flows", n)
+	}
+	bounds := map[string]int{
+		"clients": 4096, "clients.flows": 4096, "nflows": 4096, "snat": 0, "snat.flows": 0,
+		"socks": 8192, "socks.order": 8192, "socks.flows": 8192,
+		"waiting.queue": 4 * 4096, "waiting.byEnd": 4 * 4096, "replays": 64,
+		"commented": 1024, "lateCounts": 0, "refused": 0, "refusedClients": 0,
+		"retiredKeys": 2 * 4096, "backends": 2, "backendPorts": 2, "pairs": 2, "labels": 128, "byNames": 16,
+	}
+	for k, v := range peak {
+		b, ok := bounds[k]
+		if !ok {
+			t.Errorf("table %s (peak %d) has no bound in this test", k, v)
+			continue
+		}
+		if v > b {
+			t.Errorf("table %s grew to %d, want at most %d", k, v, b)
+		}
+	}
+	// The open flows peaked at what the timeout holds (TCP ones close).
+	if peak["nflows"] < 1000 {
+		t.Errorf("at most %d flows open at once: the test retired nothing late", peak["nflows"])
+	}
+}
+
+// TestRetireContinued: a UDP flow (netfilter NAT) idle past the flow
+// timeout is retired; when its client speaks again the next packets make
+// a new flow, with a new id, that says which one it continues and has the
+// same verdict: conntrack does not report the connection again (its entry
+// still stands), which proves nothing against netfilter here.
+func TestRetireContinued(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	ready := flowtest.At(0)
+	e := flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointNFBefore: true, obs.PointNFAfter: true, obs.PointConntrack: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+		Ready:    ready,
+	})
+	at := ready.Add(200 * time.Second) // long after the start: conntrack's silence would tell
+	for _, o := range churnFlow(7, obs.UDP, svc, be, at) {
+		e.Add(o)
+	}
+	if got := e.Retire(at.Add(30 * time.Second)); len(got) != 0 {
+		t.Fatalf("retired %d flows before the timeout", len(got))
+	}
+	first := e.Retire(at.Add(61 * time.Second))
+	if len(first) != 1 || first[0].RewrittenAt != flow.PlaceNetfilter || first[0].Backend != be {
+		t.Fatalf("retired %+v, want one netfilter flow to %s", first, be)
+	}
+	// The same socket again, 90 s later: no socket event (connected long
+	// ago), no conntrack event (its entry stands).
+	again := at.Add(90 * time.Second)
+	var seq []obs.Observation
+	for _, o := range churnFlow(7, obs.UDP, svc, be, again) {
+		switch o.Point {
+		case obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress, obs.PointConntrack:
+			continue
+		}
+		seq = append(seq, o)
+	}
+	for _, o := range seq {
+		e.Add(o)
+	}
+	fs := e.Flows()
+	if len(fs) != 1 {
+		t.Fatalf("%d flows open, want 1", len(fs))
+	}
+	f := fs[0]
+	if f.ID == first[0].ID || f.Continues != first[0].ID {
+		t.Errorf("flow id %d continues %d; want a new id continuing %d", f.ID, f.Continues, first[0].ID)
+	}
+	if f.RewrittenAt != flow.PlaceNetfilter || f.Backend != be {
+		t.Errorf("continued flow: %s to %s (%s), want netfilter to %s", f.RewrittenAt, f.Backend, f.Reason, be)
+	}
+	if f.First.Before(again) {
+		t.Errorf("continued flow first seen %s, before it spoke again (%s): the retired flow's evidence leaked into it", f.First, again)
+	}
+	if sum := e.Summary(); sum.Flows != 2 || sum.RewrittenAt[flow.PlaceNetfilter] != 2 {
+		t.Errorf("summary %d flows, %v", sum.Flows, sum.RewrittenAt)
+	}
+}
+
+// TestRetireTCPReopened: a TCP connection's port reused for a new
+// connection (a SYN) after the first closed and was retired is a new
+// flow that continues nothing.
+func TestRetireTCPReopened(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}}})
+	at := flowtest.At(0)
+	for _, o := range closingFlow(3, svc, be, at) {
+		e.Add(o)
+	}
+	if got := e.Retire(at.Add(5 * time.Second)); len(got) != 0 {
+		t.Fatalf("a closed connection retired %v after its close: its reordered observations may still come", got)
+	}
+	first := e.Retire(at.Add(10 * time.Second))
+	if len(first) != 1 {
+		t.Fatalf("closed connection not retired 10 s after its close: %v", first)
+	}
+	for _, o := range closingFlow(3, svc, be, at.Add(20*time.Second)) {
+		e.Add(o)
+	}
+	fs := e.Flows()
+	if len(fs) != 1 || fs[0].Continues != 0 || fs[0].ID == first[0].ID || fs[0].RewrittenAt != flow.PlaceNetfilter {
+		t.Errorf("reopened: %+v, want one new netfilter flow continuing none", fs)
+	}
+}
+
+// TestRetiredHandles: the packets of a retired flow still held (a pcapng
+// writes them later) get its final comment, which nothing the engine
+// learns later changes; their handle counts no more packets (Repeat), and
+// the next packet of the same tuple makes a new flow with its own comment.
+func TestRetiredHandles(t *testing.T) {
+	svc := netip.MustParseAddrPort("10.120.0.80:80")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}}})
+	c := netip.MustParseAddrPort("10.244.9.1:40000")
+	at := flowtest.At(0)
+	pkt := obs.Observation{Time: at, Point: obs.PointPod, Dir: obs.DirOut, Proto: obs.TCP, TCPFlags: 0x10, Src: c, Dst: svc, Len: 60}
+	h, ok := e.AddPacket(pkt)
+	if !ok {
+		t.Fatal("no handle")
+	}
+	before, ok := e.CommentOf(&h)
+	if !ok || !strings.HasPrefix(before, "flow 1 ") {
+		t.Fatalf("comment %q, %v", before, ok)
+	}
+	if got := e.Retire(at.Add(2 * time.Minute)); len(got) != 1 || got[0].ID != 1 {
+		t.Fatalf("retired %+v", got)
+	}
+	// What changes every open flow's verdict must not change a retired one's.
+	e.SetTCPrograms([]flow.TCProgram{{Direction: "ingress", Kind: "tcx", Name: "lb", ID: 9}})
+	if s, ok := e.CommentOf(&h); !ok || s != before {
+		t.Errorf("retired flow's comment %q, %v; want %q", s, ok, before)
+	}
+	pkt.Time = at.Add(3 * time.Minute)
+	if e.Repeat(&h, obs.PointPod, pkt.Time, 60) {
+		t.Error("a retired flow's handle counted a packet")
+	}
+	h2, ok := e.AddPacket(pkt)
+	if !ok {
+		t.Fatal("no handle for the new flow")
+	}
+	if s, _ := e.CommentOf(&h2); !strings.HasPrefix(s, "flow 2 ") {
+		t.Errorf("new flow's comment %q, want flow 2", s)
+	}
+	if s, _ := e.CommentOf(&h); s != before {
+		t.Errorf("retired flow's comment %q after a new flow of its tuple; want %q", s, before)
+	}
+	if fs := e.Flows(); len(fs) != 1 || fs[0].ID != 2 || fs[0].Continues != 1 {
+		t.Errorf("open flows %+v, want flow 2 continuing 1", fs)
+	}
+}
+
+// TestRetireContinuedConntrackOnly: where conntrack alone told of netfilter
+// (no netfilter observer), the continued flow of a retired UDP flow gets
+// no conntrack event (its entry stands): that silence must not exclude
+// netfilter (a flow first seen this long after the start otherwise proves
+// netfilter did not track it), and it was taken for tc.
+func TestRetireContinuedConntrackOnly(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	ready := flowtest.At(0)
+	e := flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointConntrack: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+		Ready:    ready,
+	})
+	var retired []flow.Flow
+	for i, at := range []time.Time{ready.Add(200 * time.Second), ready.Add(290 * time.Second)} {
+		for _, o := range churnFlow(7, obs.UDP, svc, be, at) {
+			switch o.Point {
+			case obs.PointNFBefore, obs.PointNFAfter, obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress:
+				continue
+			case obs.PointConntrack:
+				if i > 0 {
+					continue
+				}
+			}
+			e.Add(o)
+		}
+		retired = append(retired, e.Retire(at.Add(70*time.Second))...)
+	}
+	if len(retired) != 2 || retired[0].RewrittenAt != flow.PlaceNetfilter {
+		t.Fatalf("retired %+v, want 2 flows, the first netfilter", retired)
+	}
+	f := retired[1]
+	if f.Continues != retired[0].ID || f.RewrittenAt != flow.PlaceUnknown || !strings.Contains(f.Reason, "continues flow") {
+		t.Errorf("continued flow: continues %d, %s (%s); want unknown continuing flow %d", f.Continues, f.RewrittenAt, f.Reason, retired[0].ID)
+	}
+}
+
+// TestRetireQuietNodeMakesDeferredGuess: a backend guess put off for a
+// flow (its packet to an address it did not know came 10 ms after its
+// last activity) is made before the flow is retired, although no
+// observation came since to move the engine's clock and expire it: the
+// end of a bounded run makes it (Settle), and so must a run until
+// stopped on a quiet node.
+func TestRetireQuietNodeMakesDeferredGuess(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	c := netip.MustParseAddrPort("10.244.9.1:40000")
+	at := flowtest.At(0)
+	obsv := []obs.Observation{
+		{Time: at, Point: obs.PointPod, Dir: obs.DirOut, Proto: obs.TCP, Src: c, Dst: svc, Len: 60},
+		{Time: at.Add(10 * time.Millisecond), Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.TCP, Src: c, Dst: be, Len: 60},
+	}
+	cfg := flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}}}
+	ref := flow.NewEngine(cfg)
+	for _, o := range obsv {
+		ref.Add(o)
+	}
+	ref.Stopping(at.Add(time.Second))
+	want := ref.Flows()
+	e := flow.NewEngine(cfg)
+	for _, o := range obsv {
+		e.Add(o)
+	}
+	got := e.Retire(at.Add(2 * time.Minute))
+	if len(want) != 1 || want[0].Backend != be {
+		t.Fatalf("the end of a bounded run reports %+v; the test expects backend %s", want, be)
+	}
+	if len(got) != 1 || got[0].Backend != be {
+		t.Errorf("retired %+v, want backend %s as the end of a run reports it", got, be)
+	}
+}
+
+// TestRetireUDPLongGapContinuesNothing: a UDP client endpoint that speaks
+// again longer after its retired flow than conntrack keeps an entry
+// starts afresh: a new flow that continues nothing, whose conntrack
+// silence counts as for any flow.
+func TestRetireUDPLongGapContinuesNothing(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}}})
+	at := flowtest.At(0)
+	for _, o := range churnFlow(7, obs.UDP, svc, be, at) {
+		e.Add(o)
+	}
+	if got := e.Retire(at.Add(2 * time.Minute)); len(got) != 1 {
+		t.Fatalf("retired %d flows, want 1", len(got))
+	}
+	for _, o := range churnFlow(7, obs.UDP, svc, be, at.Add(10*time.Minute)) {
+		e.Add(o)
+	}
+	if fs := e.Flows(); len(fs) != 1 || fs[0].Continues != 0 || fs[0].RewrittenAt != flow.PlaceNetfilter {
+		t.Errorf("flows %+v, want one netfilter flow continuing none", fs)
+	}
+}
+
+// TestRetireForgottenMayBeContinued: on a busy node the engine remembers
+// fewer retired flows than it retires; a UDP flow resumed after its
+// retired flow was forgotten, within conntrack's entry life, gets no
+// conntrack event either (the entry stands): where conntrack alone told of
+// netfilter, that silence must not exclude netfilter (it was taken for tc).
+func TestRetireForgottenMayBeContinued(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	ready := flowtest.At(0)
+	e := flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointConntrack: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+		Ready:    ready,
+		MaxFlows: 4096,
+	})
+	t0 := ready.Add(200 * time.Second)
+	add := func(i int, at time.Time, conntrack bool) {
+		for _, o := range churnFlow(i, obs.UDP, svc, be, at) {
+			switch o.Point {
+			case obs.PointNFBefore, obs.PointNFAfter, obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress:
+				continue
+			case obs.PointConntrack:
+				if !conntrack {
+					continue
+				}
+			}
+			e.Add(o)
+		}
+	}
+	const n = 9000 // more than the engine remembers (2 x 4096)
+	retired := 0
+	for i := range n {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		add(i, at, true)
+		if i%1000 == 999 || i == n-1 {
+			retired += len(e.Retire(at.Add(70 * time.Second)))
+		}
+	}
+	if retired != n {
+		t.Fatalf("retired %d flows, want %d", retired, n)
+	}
+	add(0, t0.Add(100*time.Second), false) // flow 0's client again, its entry standing
+	fs := e.Flows()
+	if len(fs) != 1 {
+		t.Fatalf("%d flows open, want 1", len(fs))
+	}
+	if f := fs[0]; f.RewrittenAt == flow.PlaceTC || f.RewrittenAt == flow.PlaceNowhere || !strings.Contains(f.Reason, "may continue") {
+		t.Errorf("resumed flow: %s (%s); want no verdict that excludes netfilter on conntrack's silence", f.RewrittenAt, f.Reason)
+	}
+}
+
+// TestRetireRefusedStaysRefused: a flow refused for want of room stays
+// refused for its life when a retired flow makes room meanwhile: its
+// packets after the rewrite are refused with its client, and the rest
+// made a flow of its own, "unknown" (no point saw it rewritten) with a
+// reason that blamed the node.
+func TestRetireRefusedStaysRefused(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}}, MaxFlows: 1})
+	at := flowtest.At(0)
+	for _, o := range churnFlow(1, obs.TCP, svc, be, at) {
+		e.Add(o) // flow A takes the only room
+	}
+	b := churnFlow(2, obs.TCP, svc, be, at.Add(50*time.Second)) // flow B, refused at first
+	for _, o := range b[:7] {                                   // up to netfilter after NAT
+		e.Add(o)
+	}
+	if got := e.Retire(time.Time{}); len(got) != 0 {
+		t.Fatalf("retired %d flows before A's timeout", len(got))
+	}
+	if got := e.Retire(at.Add(61 * time.Second)); len(got) != 1 {
+		t.Fatalf("retired %d flows, want A", len(got))
+	}
+	for _, o := range b[7:] {
+		e.Add(o)
+	}
+	if fs := e.Flows(); len(fs) != 0 {
+		t.Errorf("flow B, refused at its start, followed from its middle: %s %s (%s)", fs[0].Client, fs[0].RewrittenAt, fs[0].Reason)
+	}
+	if s := e.Summary(); s.Drops[flow.DropFlowsOverMax] != 1 || s.Flows != 1 {
+		t.Errorf("summary: %d flows, %d over max; want 1 and 1", s.Flows, s.Drops[flow.DropFlowsOverMax])
+	}
+}
+
+// TestRetireSYNRetryContinues: a connection whose SYNs get no answer (a
+// backend that drops them) retransmits with gaps that double (32 s, 64 s
+// with more retries than the default): retired in between, its next SYN
+// continues it. Conntrack reported the connection at its first SYN only;
+// without that, its silence excluded netfilter for the retransmissions.
+func TestRetireSYNRetryContinues(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	c := netip.MustParseAddrPort("10.244.9.1:40000")
+	ready := flowtest.At(0)
+	e := flow.NewEngine(flow.Config{
+		Services:    []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}},
+		Points:      map[obs.Point]bool{obs.PointConntrack: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+		Ready:       ready,
+		FlowTimeout: 20 * time.Second,
+	})
+	syn := func(at time.Time, conntrack bool) {
+		e.Add(obs.Observation{Time: at, Point: obs.PointPod, Dir: obs.DirOut, Proto: obs.TCP, TCPFlags: 0x02, Src: c, Dst: svc, Len: 60})
+		e.Add(obs.Observation{Time: at.Add(10 * time.Microsecond), Point: obs.PointHost, Dir: obs.DirIn, Proto: obs.TCP, TCPFlags: 0x02, Src: c, Dst: svc, Len: 60})
+		if conntrack {
+			e.Add(obs.Observation{Time: at.Add(20 * time.Microsecond), Point: obs.PointConntrack, Proto: obs.TCP, Src: c, Dst: svc, NATDst: be})
+		}
+		e.Add(obs.Observation{Time: at.Add(30 * time.Microsecond), Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.TCP, TCPFlags: 0x02, Src: c, Dst: be, Len: 60})
+	}
+	t0 := ready.Add(10 * time.Second)
+	for _, s := range []int{0, 1, 3, 7, 15, 31} {
+		syn(t0.Add(time.Duration(s)*time.Second), s == 0)
+	}
+	first := e.Retire(t0.Add(60 * time.Second))
+	if len(first) != 1 || first[0].RewrittenAt != flow.PlaceNetfilter {
+		t.Fatalf("retired %+v, want the connection, netfilter", first)
+	}
+	syn(t0.Add(63*time.Second), false) // its next retransmission
+	fs := e.Flows()
+	if len(fs) != 1 || fs[0].Continues != first[0].ID {
+		t.Fatalf("flows %+v, want one continuing flow %d", fs, first[0].ID)
+	}
+	if p := fs[0].RewrittenAt; p == flow.PlaceTC || p == flow.PlaceNowhere {
+		t.Errorf("the retransmissions: %s (%s); conntrack's silence excluded netfilter", p, fs[0].Reason)
+	}
+}

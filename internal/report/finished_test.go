@@ -1,0 +1,109 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+func finishedFlow(id int) flow.Flow {
+	return flow.Flow{ID: id, Proto: "tcp", Client: netip.MustParseAddrPort("10.244.8.23:40000"), Service: netip.MustParseAddrPort("10.120.0.80:80"),
+		Backend: netip.MustParseAddrPort("10.244.20.31:3000"), RewrittenAt: flow.PlaceNetfilter, By: "rule", Reply: true}
+}
+
+// TestFinishedJSON: a run until stopped writes each flow as it ends, as
+// Flows writes it, each call's lines at once; the flows left at the end
+// and the summary follow.
+func TestFinishedJSON(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatJSON)
+	w.Finished([]flow.Flow{finishedFlow(1), finishedFlow(2)})
+	if n := strings.Count(b.String(), "\n"); n != 2 {
+		t.Fatalf("%d lines written by Finished, want 2 at once: %q", n, b.String())
+	}
+	w.Finished([]flow.Flow{finishedFlow(3)})
+	w.Flows([]flow.Flow{finishedFlow(4)})
+	w.Summary(flow.Summary{Flows: 4, Retired: 3}, nil, Run{})
+	var types []string
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		types = append(types, m["type"].(string))
+	}
+	if got := strings.Join(types, ","); got != "flow,flow,flow,flow,summary" {
+		t.Errorf("lines %s", got)
+	}
+	if !strings.Contains(b.String(), `"flows_reported_before":3`) {
+		t.Errorf("summary does not say how many were reported before: %s", b.String())
+	}
+}
+
+// TestFinishedTable: rows come under a header written first and again
+// every screenful; the flows left at the end are listed under their own;
+// no "no flow was seen" when flows were reported as they ended.
+func TestFinishedTable(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	for i := 1; i <= 50; i++ {
+		w.Finished([]flow.Flow{finishedFlow(i)})
+	}
+	if n := strings.Count(b.String(), "REWRITTEN AT"); n != 2 {
+		t.Errorf("%d headers over 50 rows, want 2", n)
+	}
+	w.Flows(nil)
+	if strings.Contains(b.String(), "No flow") {
+		t.Error("says no flow was seen after reporting 50")
+	}
+	w.Summary(flow.Summary{Flows: 50, Retired: 50}, nil, Run{})
+	if !strings.Contains(b.String(), "50 were reported above as they ended, 0 were still open") {
+		t.Errorf("summary does not say the flows were reported as they ended:\n%s", b.String())
+	}
+}
+
+// TestInterval: the counts so far of a run until stopped are an
+// "interval" line, never a "summary" (the run's last line).
+func TestInterval(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatJSON)
+	s := flow.Summary{Flows: 7, Retired: 5, RewrittenAt: map[flow.Place]int{flow.PlaceNetfilter: 7}, Drops: map[string]uint64{flow.DropFlowsOverMax: 1}}
+	w.Interval(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s, map[string]uint64{"ringbuf_losses": 2}, map[string]uint64{"pod:eth0": 9})
+	var m map[string]any
+	if err := json.Unmarshal(b.Bytes(), &m); err != nil || m["type"] != "interval" || m["flows"] != 7.0 || m["at"] == nil {
+		t.Fatalf("interval line %s (%v)", b.String(), err)
+	}
+	if d := m["drops"].(map[string]any); d["ringbuf_losses"] != 2.0 || d[flow.DropFlowsOverMax] != 1.0 {
+		t.Errorf("drops %v", d)
+	}
+	b.Reset()
+	NewWriter(&b, FormatTable).Interval(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s, nil, nil)
+	if got := b.String(); !strings.Contains(got, "7 flows (netfilter 7), 2 open; drops 1") || strings.Count(got, "\n") != 1 {
+		t.Errorf("table interval %q", got)
+	}
+}
+
+// TestRewritersBounded: a run until stopped meets ever new rules (a
+// kube-proxy chain per endpoint set); the summary table lists a bounded
+// number per verdict and says there were more.
+func TestRewritersBounded(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	for i := range 1000 {
+		f := finishedFlow(i + 1)
+		f.By = fmt.Sprintf("rule-%d", i)
+		w.Finished([]flow.Flow{f})
+	}
+	b.Reset()
+	w.Summary(flow.Summary{Flows: 1000, Retired: 1000, RewrittenAt: map[flow.Place]int{flow.PlaceNetfilter: 1000}}, nil, Run{})
+	out := b.String()
+	if n := strings.Count(out, "rule-"); n >= maxRewritersListed || !strings.Contains(out, "and others") {
+		t.Errorf("summary lists %d rewriters of 1000 (bound %d):\n%s", n, maxRewritersListed, out)
+	}
+}
