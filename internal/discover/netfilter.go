@@ -40,22 +40,16 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 	nf.IPForward = readBoolSysctl(hostPath, ipForwardSysctl)
 
 	var graphs []*natGraph
+	var nftErr error
 	if why := nftUnreadable(kmod.System); why != "" {
 		nf.NFTables = why
 	} else {
-		var err error
-		graphs, err = readNFT(hostPath)
-		nat := 0
-		for _, g := range graphs {
-			if g.hasNAT() {
-				nat++
-			}
-		}
-		nf.NFTables = fmt.Sprintf("read %d table(s) with NAT chains", nat)
-		if err != nil {
-			nf.NFTables = fmt.Sprintf("not fully read (%d table(s) read): %v", len(graphs), err)
-		}
+		var closeNFT func()
+		graphs, closeNFT, nftErr = readNFT(hostPath)
+		// The graphs read their chains as the matching below reaches them.
+		defer closeNFT()
 	}
+	nftGraphs := len(graphs)
 	legacy, status := readLegacyNAT(ctx, hostPath)
 	nf.IPTablesLegacy = status
 	graphs = append(graphs, legacy...)
@@ -66,6 +60,21 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 			} else {
 				nf.Rules = append(nf.Rules, r)
 			}
+		}
+	}
+	if nf.NFTables == "" {
+		nat := 0
+		for _, g := range graphs[:nftGraphs] {
+			if g.hasNAT() {
+				nat++
+			}
+			if g.err != nil && nftErr == nil {
+				nftErr = g.err
+			}
+		}
+		nf.NFTables = fmt.Sprintf("read %d table(s) with NAT chains", nat)
+		if nftErr != nil {
+			nf.NFTables = fmt.Sprintf("not fully read (%d table(s) read): %v", nftGraphs, nftErr)
 		}
 	}
 	return nf
@@ -122,17 +131,20 @@ func nftUnreadable(h kmod.Host) string {
 	return ""
 }
 
-func readNFT(hostPath string) ([]*natGraph, error) {
+func readNFT(hostPath string) (graphs []*natGraph, closeConn func(), err error) {
 	ns, err := netns.GetFromPath(hostPath)
 	if err != nil {
-		return nil, fmt.Errorf("open node netns: %w", err)
+		return nil, func() {}, fmt.Errorf("open node netns: %w", err)
 	}
 	defer ns.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	// One netlink socket for every request: without AsLasting each request
+	// dials its own, entering the node netns and leaving it again.
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting())
 	if err != nil {
-		return nil, fmt.Errorf("nftables netlink: %w", err)
+		return nil, func() {}, fmt.Errorf("nftables netlink: %w", err)
 	}
-	return nftGraphs(conn)
+	graphs, err = nftGraphs(conn)
+	return graphs, func() { conn.CloseLasting() }, err
 }
 
 // readLegacyNAT reads the iptables-legacy nat table, only if it already exists:
