@@ -62,6 +62,11 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 			}
 		}
 	}
+	for _, g := range graphs[nftGraphs:] {
+		if g.err != nil {
+			nf.IPTablesLegacy = "not fully read: " + g.err.Error()
+		}
+	}
 	if nf.NFTables == "" {
 		nat := 0
 		for _, g := range graphs[:nftGraphs] {
@@ -186,19 +191,33 @@ func readLegacyNAT(ctx context.Context, hostPath string) ([]*natGraph, string) {
 	return graphs, "read"
 }
 
-// legacyTable dumps and parses one existing legacy table with bin.
+// legacyTable dumps and parses one existing legacy table with bin, as the
+// dump streams (megabytes on a node of thousands of Services).
 func legacyTable(ctx context.Context, hostPath, bin, table string) (*natGraph, error) {
-	var out, stderr bytes.Buffer
+	var stderr bytes.Buffer
+	var g *natGraph
+	var parseErr error
 	err := nsutil.Do(hostPath, func() error {
 		// A child started from this locked thread inherits its netns.
 		cmd := exec.CommandContext(ctx, bin, "-t", table)
-		cmd.Stdout, cmd.Stderr = &out, &stderr
-		return cmd.Run()
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		g, parseErr = parseIPTablesSaveTable(out, SourceIPTablesLegacy, table)
+		if parseErr != nil {
+			io.Copy(io.Discard, out) // let it finish its output
+		}
+		return cmd.Wait()
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s -t %s: %v %s", bin, table, err, strings.TrimSpace(stderr.String()))
 	}
-	return parseIPTablesSaveTable(&out, SourceIPTablesLegacy, table)
+	return g, parseErr
 }
 
 // saveTools is how legacySave finds and asks programs (fakes in tests).

@@ -47,7 +47,7 @@ func kubeProxyNFTRuleset(services, endpoints int) string {
 
 func scaleVIP(i int) string { return fmt.Sprintf("10.121.%d.%d", i/250, i%250+1) }
 
-// scaleNode is a netns holding kubeProxyNFTRuleset(services, 3).
+// scaleNode is a netns holding kubeProxyNFTRuleset(services, 3) (none for 0).
 func scaleNode(tb testing.TB, services int) string {
 	tb.Helper()
 	if testing.Short() || os.Geteuid() != 0 {
@@ -61,10 +61,12 @@ func scaleNode(tb testing.TB, services int) string {
 		tb.Fatalf("ip netns add: %v: %s", err, out)
 	}
 	tb.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	cmd := exec.Command("ip", "netns", "exec", name, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(kubeProxyNFTRuleset(services, 3))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("nft -f: %v: %s", err, out)
+	if services > 0 {
+		cmd := exec.Command("ip", "netns", "exec", name, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(kubeProxyNFTRuleset(services, 3))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			tb.Fatalf("nft -f: %v: %s", err, out)
+		}
 	}
 	return "/run/netns/" + name
 }
@@ -82,6 +84,59 @@ func BenchmarkReadNetfilterManyServices(b *testing.B) {
 		nf := readNetfilter(context.Background(), path, svcs, &info)
 		if len(nf.Rules) != 6 { // 3 endpoints at prerouting and at output
 			b.Fatalf("%d rules (%s), want 6: %+v", len(nf.Rules), nf.NFTables, nf.Rules)
+		}
+	}
+}
+
+// kubeProxyIPTablesSave is kube-proxy's iptables mode for services
+// Services of 3 endpoints each, as iptables-restore input (the nat table):
+// Service i is scaleVIP(i):80.
+func kubeProxyIPTablesSave(services int) string {
+	var chains, rules strings.Builder
+	chains.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n")
+	rules.WriteString("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+	rules.WriteString("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n")
+	rules.WriteString("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n")
+	for i := range services {
+		name := fmt.Sprintf("ns%d/svc%d:http", i%50, i)
+		svc := fmt.Sprintf("KUBE-SVC-%016d", i)
+		fmt.Fprintf(&chains, ":%s - [0:0]\n", svc)
+		fmt.Fprintf(&rules, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j %s\n", scaleVIP(i), name, svc)
+		fmt.Fprintf(&rules, "-A %s ! -s 10.244.0.0/16 -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j KUBE-MARK-MASQ\n", svc, scaleVIP(i), name)
+		for j := range 3 {
+			k := i*3 + j
+			ep := fmt.Sprintf("10.245.%d.%d", k/250, k%250+1)
+			sep := fmt.Sprintf("KUBE-SEP-%016d", k)
+			fmt.Fprintf(&chains, ":%s - [0:0]\n", sep)
+			prob := []string{" -m statistic --mode random --probability 0.33333333349", " -m statistic --mode random --probability 0.50000000000", ""}[j]
+			fmt.Fprintf(&rules, "-A %s -m comment --comment \"%s -> %s:8080\"%s -j %s\n", svc, name, ep, prob, sep)
+			fmt.Fprintf(&rules, "-A %s -s %s/32 -m comment --comment \"%s\" -j KUBE-MARK-MASQ\n", sep, ep, name)
+			fmt.Fprintf(&rules, "-A %s -p tcp -m comment --comment \"%s\" -m tcp -j DNAT --to-destination %s:8080\n", sep, name, ep)
+		}
+	}
+	return chains.String() + rules.String() + "COMMIT\n"
+}
+
+// BenchmarkReadNetfilterLegacyManyServices: discovery's read of an
+// iptables-legacy nat table of 5,000 kube-proxy Services (55,000 rules)
+// for one traced VIP.
+func BenchmarkReadNetfilterLegacyManyServices(b *testing.B) {
+	if _, err := exec.LookPath("iptables-legacy-restore"); err != nil {
+		b.Skip("iptables-legacy-restore is not installed")
+	}
+	path := scaleNode(b, 0)
+	cmd := exec.Command("ip", "netns", "exec", path[len("/run/netns/"):], "iptables-legacy-restore")
+	cmd.Stdin = strings.NewReader(kubeProxyIPTablesSave(5000))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("iptables-legacy-restore: %v: %s", err, out)
+	}
+	vip := netip.MustParseAddr(scaleVIP(4321))
+	svcs := newServiceSet([]netip.Addr{vip}, nil)
+	for b.Loop() {
+		var info NodeInfo
+		nf := readNetfilter(context.Background(), path, svcs, &info)
+		if len(nf.Rules) != 6 || nf.IPTablesLegacy != "read" {
+			b.Fatalf("%d rules (%s), want 6: %+v", len(nf.Rules), nf.IPTablesLegacy, nf.Rules)
 		}
 	}
 }
