@@ -14,6 +14,28 @@ type natGraph struct {
 	table  string    // "ip kube-proxy", "nat"
 	bases  []natBase // chains hooked at NAT prerouting/output, the walk's entries
 	chains map[string][]natRule
+	// load reads the rules of a chain of chains (every chain's name is a
+	// key, its rules nil until loaded) the first time a walk reaches it;
+	// nil when chains holds every chain's rules already (iptables-save).
+	load   func(name string) ([]natRule, error)
+	loaded map[string]bool
+	err    error // the first load that failed: the graph is not read in full
+}
+
+// rules returns the rules of chain name, read now if not yet; ok false
+// when the graph has no such chain.
+func (g *natGraph) rules(name string) (rules []natRule, ok bool) {
+	rules, ok = g.chains[name]
+	if !ok || g.load == nil || g.loaded[name] {
+		return rules, ok
+	}
+	g.loaded[name] = true
+	rules, err := g.load(name)
+	if err != nil && g.err == nil {
+		g.err = err
+	}
+	g.chains[name] = rules
+	return rules, true
 }
 
 // natBase is a base chain and its netfilter hook: prerouting or output for
@@ -120,7 +142,8 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 	}
 	w.onPath[name] = true
 	defer delete(w.onPath, name)
-	for _, r := range w.g.chains[name] {
+	rules, _ := w.g.rules(name)
+	for _, r := range rules {
 		if w.ended {
 			return
 		}

@@ -40,22 +40,16 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 	nf.IPForward = readBoolSysctl(hostPath, ipForwardSysctl)
 
 	var graphs []*natGraph
+	var nftErr error
 	if why := nftUnreadable(kmod.System); why != "" {
 		nf.NFTables = why
 	} else {
-		var err error
-		graphs, err = readNFT(hostPath)
-		nat := 0
-		for _, g := range graphs {
-			if g.hasNAT() {
-				nat++
-			}
-		}
-		nf.NFTables = fmt.Sprintf("read %d table(s) with NAT chains", nat)
-		if err != nil {
-			nf.NFTables = fmt.Sprintf("not fully read (%d table(s) read): %v", len(graphs), err)
-		}
+		var closeNFT func()
+		graphs, closeNFT, nftErr = readNFT(hostPath)
+		// The graphs read their chains as the matching below reaches them.
+		defer closeNFT()
 	}
+	nftGraphs := len(graphs)
 	legacy, status := readLegacyNAT(ctx, hostPath)
 	nf.IPTablesLegacy = status
 	graphs = append(graphs, legacy...)
@@ -66,6 +60,26 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 			} else {
 				nf.Rules = append(nf.Rules, r)
 			}
+		}
+	}
+	for _, g := range graphs[nftGraphs:] {
+		if g.err != nil {
+			nf.IPTablesLegacy = "not fully read: " + g.err.Error()
+		}
+	}
+	if nf.NFTables == "" {
+		nat := 0
+		for _, g := range graphs[:nftGraphs] {
+			if g.hasNAT() {
+				nat++
+			}
+			if g.err != nil && nftErr == nil {
+				nftErr = g.err
+			}
+		}
+		nf.NFTables = fmt.Sprintf("read %d table(s) with NAT chains", nat)
+		if nftErr != nil {
+			nf.NFTables = fmt.Sprintf("not fully read (%d table(s) read): %v", nftGraphs, nftErr)
 		}
 	}
 	return nf
@@ -122,17 +136,20 @@ func nftUnreadable(h kmod.Host) string {
 	return ""
 }
 
-func readNFT(hostPath string) ([]*natGraph, error) {
+func readNFT(hostPath string) (graphs []*natGraph, closeConn func(), err error) {
 	ns, err := netns.GetFromPath(hostPath)
 	if err != nil {
-		return nil, fmt.Errorf("open node netns: %w", err)
+		return nil, func() {}, fmt.Errorf("open node netns: %w", err)
 	}
 	defer ns.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	// One netlink socket for every request: without AsLasting each request
+	// dials its own, entering the node netns and leaving it again.
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting())
 	if err != nil {
-		return nil, fmt.Errorf("nftables netlink: %w", err)
+		return nil, func() {}, fmt.Errorf("nftables netlink: %w", err)
 	}
-	return nftGraphs(conn)
+	graphs, err = nftGraphs(conn)
+	return graphs, func() { conn.CloseLasting() }, err
 }
 
 // readLegacyNAT reads the iptables-legacy nat table, only if it already exists:
@@ -174,19 +191,33 @@ func readLegacyNAT(ctx context.Context, hostPath string) ([]*natGraph, string) {
 	return graphs, "read"
 }
 
-// legacyTable dumps and parses one existing legacy table with bin.
+// legacyTable dumps and parses one existing legacy table with bin, as the
+// dump streams (megabytes on a node of thousands of Services).
 func legacyTable(ctx context.Context, hostPath, bin, table string) (*natGraph, error) {
-	var out, stderr bytes.Buffer
+	var stderr bytes.Buffer
+	var g *natGraph
+	var parseErr error
 	err := nsutil.Do(hostPath, func() error {
 		// A child started from this locked thread inherits its netns.
 		cmd := exec.CommandContext(ctx, bin, "-t", table)
-		cmd.Stdout, cmd.Stderr = &out, &stderr
-		return cmd.Run()
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		g, parseErr = parseIPTablesSaveTable(out, SourceIPTablesLegacy, table)
+		if parseErr != nil {
+			io.Copy(io.Discard, out) // let it finish its output
+		}
+		return cmd.Wait()
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s -t %s: %v %s", bin, table, err, strings.TrimSpace(stderr.String()))
 	}
-	return parseIPTablesSaveTable(&out, SourceIPTablesLegacy, table)
+	return g, parseErr
 }
 
 // saveTools is how legacySave finds and asks programs (fakes in tests).

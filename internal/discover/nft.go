@@ -20,6 +20,9 @@ import (
 // natGraph: DNATs are the NAT chains', rejects and drops of a VIP the filter
 // chains' (kube-proxy's for a Service without endpoints). Read-only: list
 // requests only.
+//
+// The graphs read their chains' rules through conn as walks reach them
+// (natGraph.load): conn must stay open until they are matched.
 func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 	chains, err := conn.ListChains()
 	if err != nil {
@@ -55,11 +58,25 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 			continue // nothing for a VIP happens in a table without those hooks
 		}
 		sets := &nftSets{conn: conn, table: byTable[k][0].Table, cache: map[string]nftSet{}}
+		byName := map[string]*nftables.Chain{}
 		for _, c := range byTable[k] {
+			byName[c.Name] = c
+			g.chains[c.Name] = nil
+		}
+		// A chain's rules are read when a walk first reaches it: kube-proxy's
+		// table has a chain per Service and one per endpoint, tens of
+		// thousands on a big cluster's node, of which the walk for the
+		// traced VIPs reaches a handful. Reading every chain (a netlink
+		// request each, and its verdict maps) took seconds and hundreds of
+		// MB there.
+		g.loaded = map[string]bool{}
+		g.load = func(name string) ([]natRule, error) {
+			c := byName[name]
 			rules, err := conn.GetRules(c.Table, c)
 			if err != nil {
-				return graphs, fmt.Errorf("list rules of %s chain %s: %w", g.table, c.Name, err)
+				return nil, fmt.Errorf("list rules of %s chain %s: %w", g.table, c.Name, err)
 			}
+			var out []natRule
 			for _, r := range rules {
 				nrs := nftNATRules(r.Exprs, sets.lookup)
 				if comment, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
@@ -69,8 +86,9 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 						}
 					}
 				}
-				g.chains[c.Name] = append(g.chains[c.Name], nrs...)
+				out = append(out, nrs...)
 			}
+			return out, nil
 		}
 		graphs = append(graphs, g)
 	}

@@ -273,3 +273,36 @@ func TestCgroupNSNote(t *testing.T) {
 		}
 	}
 }
+
+// TestIPTablesSaveParsedAsReached: a chain's rules are parsed when a walk
+// reaches it; a line that does not parse is an error only then (the rest
+// of a node's 100,000 rules is never parsed).
+func TestIPTablesSaveParsedAsReached(t *testing.T) {
+	save := `*nat
+:PREROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-A - [0:0]
+:KUBE-SVC-B - [0:0]
+-A PREROUTING -j KUBE-SERVICES
+-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A
+-A KUBE-SERVICES -d 10.96.0.2/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-B
+-A KUBE-SVC-A -p tcp -m tcp -j DNAT --to-destination 10.244.0.1:8080
+-A KUBE-SVC-B -m comment --comment "unterminated -j DNAT --to-destination 10.244.0.2:8080
+COMMIT
+`
+	g, err := parseIPTablesSave(strings.NewReader(save), SourceIPTablesLegacy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := g.match([]netip.Addr{netip.MustParseAddr("10.96.0.1")})
+	if len(a) != 1 || a[0].Backend != netip.MustParseAddrPort("10.244.0.1:8080") || g.err != nil {
+		t.Fatalf("10.96.0.1: %+v, err %v", a, g.err)
+	}
+	if g.loaded["KUBE-SVC-B"] {
+		t.Error("KUBE-SVC-B parsed though no walk reached it")
+	}
+	g.match([]netip.Addr{netip.MustParseAddr("10.96.0.2")})
+	if g.err == nil || !strings.Contains(g.err.Error(), "KUBE-SVC-B") {
+		t.Errorf("10.96.0.2: err %v, want the unparsable line of KUBE-SVC-B", g.err)
+	}
+}

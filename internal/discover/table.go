@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 )
@@ -134,15 +135,36 @@ func (n *NodeInfo) Table(w io.Writer) error {
 	if len(nf.Rules) == 0 {
 		p("netfilter\tno DNAT rule for the services\n")
 	}
+	// A Service of many endpoints (a big Deployment's: hundreds) has a DNAT
+	// per endpoint at each hook, all on one path but for its last chain:
+	// one row says how many and shows a few (the JSON lists every one).
+	type natPath struct{ source, table, hook, svc, path, from string }
+	pathOf := func(r NATRule) natPath {
+		return natPath{r.Source, r.Table, r.Hook, r.serviceString(), strings.Join(r.Chains[:max(len(r.Chains)-1, 0)], " > "), r.fromString()}
+	}
+	perPath := map[natPath][]NATRule{}
 	for _, r := range nf.Rules {
-		svc := r.serviceString()
-		backend := r.Backend.String()
-		if !r.Backend.IsValid() {
-			backend = r.Note
-		} else if r.Backend.Port() == 0 {
-			backend = r.Backend.Addr().String() + " (port kept)"
+		k := pathOf(r)
+		perPath[k] = append(perPath[k], r)
+	}
+	for _, r := range nf.Rules {
+		k := pathOf(r)
+		switch same := perPath[k]; {
+		case len(same) > maxSameRows:
+			var shown []string
+			for _, o := range same[:maxSameRows] {
+				shown = append(shown, natBackendString(o))
+			}
+			last := "its last chain"
+			if n := len(r.Chains); n > 0 {
+				last = "one of " + strconv.Itoa(len(same)) + " chains such as " + r.Chains[n-1]
+			}
+			p("netfilter\t%s %s (%s)\t%s -> %d backends: %s, …\t%s > %s%s\n", r.Source, r.Table, r.Hook, k.svc, len(same),
+				strings.Join(shown, ", "), k.path, last, k.from)
+			delete(perPath, k)
+		case same != nil:
+			p("netfilter\t%s %s (%s)\t%s -> %s\t%s%s\n", r.Source, r.Table, r.Hook, k.svc, natBackendString(r), strings.Join(r.Chains, " > "), k.from)
 		}
-		p("netfilter\t%s %s (%s)\t%s -> %s\t%s%s\n", r.Source, r.Table, r.Hook, svc, backend, strings.Join(r.Chains, " > "), r.fromString())
 	}
 	for _, r := range nf.Rejects {
 		what := r.Verdict
@@ -183,6 +205,17 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		p("note\t%s\n", note)
 	}
 	return tw.Flush()
+}
+
+// natBackendString is a DNAT rule's backend as the table shows it.
+func natBackendString(r NATRule) string {
+	switch {
+	case !r.Backend.IsValid():
+		return r.Note
+	case r.Backend.Port() == 0:
+		return r.Backend.Addr().String() + " (port kept)"
+	}
+	return r.Backend.String()
 }
 
 // maxSameRows is how many capture points of a Pod-side role, or tc programs

@@ -146,3 +146,44 @@ func TestTableListsMirredRedirects(t *testing.T) {
 		t.Errorf("5 redirects: want one folded row:\n%s", many.String())
 	}
 }
+
+// TestTableFoldsManyEndpoints: a Service of 500 endpoints (a DNAT per
+// endpoint at prerouting and at output) takes one row per hook, which says
+// how many backends and shows a few; one of 2 endpoints keeps a row each.
+func TestTableFoldsManyEndpoints(t *testing.T) {
+	vip := netip.MustParseAddr("10.123.0.1")
+	n := &NodeInfo{}
+	for _, hook := range []string{"prerouting", "output"} {
+		base := map[string]string{"prerouting": "nat-prerouting", "output": "nat-output"}[hook]
+		for i := range 500 {
+			n.Netfilter.Rules = append(n.Netfilter.Rules, NATRule{Source: SourceNFTables, Table: "ip kube-proxy", Hook: hook,
+				Service: vip, Port: 80, Proto: "tcp", Backend: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 246, byte(i / 250), byte(i%250 + 1)}), 8080),
+				Chains: []string{base, "services", "service-BIG-big/web/tcp/http", fmt.Sprintf("endpoint-%d", i)}})
+		}
+		for i := range 2 {
+			n.Netfilter.Rules = append(n.Netfilter.Rules, NATRule{Source: SourceNFTables, Table: "ip kube-proxy", Hook: hook,
+				Service: netip.MustParseAddr("10.120.0.80"), Port: 80, Proto: "tcp", Backend: netip.MustParseAddrPort(fmt.Sprintf("10.244.20.%d:3000", 31+i)),
+				Chains: []string{base, "services", "service-web", fmt.Sprintf("endpoint-web-%d", i)}})
+		}
+	}
+	var b bytes.Buffer
+	if err := n.Table(&b); err != nil {
+		t.Fatal(err)
+	}
+	var big, web []string
+	for _, line := range strings.Split(b.String(), "\n") {
+		if strings.Contains(line, "10.123.0.1:80/tcp") {
+			big = append(big, line)
+		}
+		if strings.Contains(line, "10.120.0.80:80/tcp") {
+			web = append(web, line)
+		}
+	}
+	if len(big) != 2 || !strings.Contains(big[0], "(prerouting)") || !strings.Contains(big[0], "-> 500 backends: 10.246.0.1:8080, 10.246.0.2:8080, 10.246.0.3:8080, …") ||
+		!strings.Contains(big[0], "nat-prerouting > services > service-BIG-big/web/tcp/http > one of 500 chains such as endpoint-0") {
+		t.Errorf("500 endpoints: want one row per hook:\n%s", b.String())
+	}
+	if len(web) != 4 || !strings.Contains(web[1], "-> 10.244.20.32:3000") || !strings.Contains(web[1], "service-web > endpoint-web-1") {
+		t.Errorf("2 endpoints: want a row each:\n%s", b.String())
+	}
+}

@@ -115,16 +115,42 @@ func Snapshot(ctx context.Context, node *discover.NodeInfo, vips []netip.Addr, d
 		}
 	}
 
+	m, err := s.collect(ctx, dir, s.topics())
+	if err != nil {
+		return m, err
+	}
+	if n := len(node.Pods) - maxPodNetNS; n > 0 {
+		m.Notef("network state of %d more pod netns not collected (at most %d)", n, maxPodNetNS)
+	}
+	if err := m.Write(dir); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// topicReserve bounds what each topic is kept of the snapshot's budget
+// while the topics before it are collected.
+const topicReserve = 64 << 10
+
+// collect runs the topics' collectors in order and writes their files into
+// dir, within the byte budget: each topic may take what the ones before it
+// left, less a reserve for each topic after it (a share of the budget, at
+// most topicReserve), so that one bulky file — the ruleset of a node with
+// thousands of Services, megabytes — cannot starve the small, telling ones
+// after it (the VIPs' conntrack entries, the node's routes and bridges). A
+// topic that needs less than its reserve leaves the rest to the later ones.
+func (s *snapshot) collect(ctx context.Context, dir string, topics []topic) (Manifest, error) {
 	var m Manifest
-	budget := opt.MaxBytes
-	for _, t := range s.topics() {
+	budget := s.opt.MaxBytes
+	reserve := min(s.opt.MaxBytes/int64(2*max(len(topics), 1)), topicReserve)
+	for i, t := range topics {
 		if err := ctx.Err(); err != nil {
 			m.Notef("%s: not collected: %v", t.file, err)
 			continue
 		}
-		limit := min(opt.MaxFileBytes, budget)
+		limit := min(s.opt.MaxFileBytes, budget-reserve*int64(len(topics)-1-i))
 		if limit < minFileBytes {
-			m.Notef("%s: not collected: the snapshot's byte budget (%d bytes) is used up", t.file, opt.MaxBytes)
+			m.Notef("%s: not collected: the snapshot's byte budget (%d bytes) is used up", t.file, s.opt.MaxBytes)
 			continue
 		}
 		body, notes, truncated := s.run(ctx, t, int(limit))
@@ -136,12 +162,6 @@ func Snapshot(ctx context.Context, node *discover.NodeInfo, vips []netip.Addr, d
 		}
 		budget -= int64(len(body))
 		m.Files = append(m.Files, File{Name: t.file, Bytes: int64(len(body)), Holds: t.holds, Truncated: truncated})
-	}
-	if n := len(node.Pods) - maxPodNetNS; n > 0 {
-		m.Notef("network state of %d more pod netns not collected (at most %d)", n, maxPodNetNS)
-	}
-	if err := m.Write(dir); err != nil {
-		return m, err
 	}
 	return m, nil
 }

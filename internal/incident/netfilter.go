@@ -25,7 +25,7 @@ func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
 	}
 	if nft, err := exec.LookPath("nft"); err == nil {
 		fmt.Fprintf(w, "# %s list ruleset (in netns %s)\n", nft, s.hostPath)
-		err := runCommand(ctx, s.hostPath, w, nft, "list", "ruleset")
+		err := s.listRuleset(ctx, w, newVIPLines(styleNFT, discover.SourceNFTables, s.node, s.vips, 0), nft, "list", "ruleset")
 		if err == nil {
 			return nil
 		}
@@ -95,7 +95,7 @@ func (s *snapshot) iptablesLegacy(ctx context.Context, w *topicWriter) error {
 			w.notef("legacy nat table exists but %s", why)
 			continue
 		}
-		if err := runCommand(ctx, s.hostPath, w, bin, "-t", "nat"); err != nil {
+		if err := s.listRuleset(ctx, w, newVIPLines(styleIPTablesSave, discover.SourceIPTablesLegacy, s.node, s.vips, 0), bin, "-t", "nat"); err != nil {
 			fmt.Fprintf(w, "not read: %v\n", err)
 			w.notef("%v", err)
 		}

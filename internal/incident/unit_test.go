@@ -3,6 +3,8 @@ package incident
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -217,5 +219,49 @@ func TestSplitBudget(t *testing.T) {
 		if snap != c.snap || snap+rest != c.max {
 			t.Errorf("SplitBudget(%d) = %d, %d", c.max, snap, rest)
 		}
+	}
+}
+
+// TestSnapshotBulkyFileLeavesRoom: a ruleset of thousands of Services
+// (megabytes) collected first does not use up a small bundle's snapshot
+// budget: the small files after it are still collected, whole, and the
+// bulky one is cut with its marker.
+func TestSnapshotBulkyFileLeavesRoom(t *testing.T) {
+	const budget = 512 << 10 // --max-bytes 2M
+	s := &snapshot{opt: Options{MaxBytes: budget, MaxFileBytes: DefaultFileBytes, CollectorTimeout: time.Second}}
+	bulky := topic{file: "nftables.txt", collect: func(ctx context.Context, w *topicWriter) error {
+		for i := range 200000 {
+			fmt.Fprintf(w, "\tchain KUBE-SEP-%016d {\n", i)
+		}
+		return nil
+	}}
+	topics := []topic{bulky}
+	for i := range 10 {
+		topics = append(topics, topic{file: fmt.Sprintf("small-%d.txt", i), collect: func(ctx context.Context, w *topicWriter) error {
+			fmt.Fprint(w, strings.Repeat("entry of the VIP\n", 500)) // 8.5 KB
+			return nil
+		}})
+	}
+	dir := t.TempDir()
+	m, err := s.collect(context.Background(), dir, topics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Files) != len(topics) {
+		t.Fatalf("%d files collected, want %d; notes %q", len(m.Files), len(topics), m.Notes)
+	}
+	var sum int64
+	for _, f := range m.Files {
+		sum += f.Bytes
+		if f.Truncated != (f.Name == "nftables.txt") {
+			t.Errorf("%s: truncated %v", f.Name, f.Truncated)
+		}
+	}
+	if sum > budget {
+		t.Errorf("files hold %d bytes, budget %d", sum, budget)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "nftables.txt"))
+	if !strings.Contains(string(b), "[pathtrace: truncated here:") {
+		t.Errorf("nftables.txt cut without a marker")
 	}
 }
