@@ -95,14 +95,16 @@ func (c *classTable) remember(k classKey, h flow.Handle) *flow.Handle {
 	return &e.h
 }
 
-// classify counts a captured frame in its flow and sets h to its handle;
+// classify counts a captured frame in its flow and sets h to its handle,
+// and kindSlot to a hash of its kind (0 without one);
 // false for a frame that is no packet of a known flow (not IPv4 TCP/UDP,
 // or its flow is not known yet: the engine keeps it waiting). This is the
 // path of every captured packet: a packet of a kind seen before is only
 // counted; the rest goes to correlate. The handle is set in place (the
 // frame's), not returned: a handle returned through the stack cost a
 // store-forwarding stall per packet.
-func (tr *tracer) classify(tapIdx int, p *capture.Packet, h *flow.Handle) bool {
+func (tr *tracer) classify(tapIdx int, p *capture.Packet, h *flow.Handle, kindSlot *uint8) bool {
+	*kindSlot = 0
 	t, control, ok := p.Tuple()
 	if !ok {
 		var frag bool
@@ -114,6 +116,7 @@ func (tr *tracer) classify(tapIdx int, p *capture.Packet, h *flow.Handle) bool {
 		return false
 	}
 	k := kindOf(tapIdx, p.Dir, t)
+	*kindSlot = uint8(slotOf(k))
 	// A TCP SYN, FIN or RST always goes to the engine: a SYN on a reused
 	// client port begins a new flow, which counting it in the old one
 	// would hide.

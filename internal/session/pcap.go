@@ -35,24 +35,29 @@ type pcapOut struct {
 	// last is the comment of the last frame release wrote from a known
 	// flow: the next frames of that flow, direction and side of the
 	// translation share it (at every capture point) while the engine
-	// learns nothing, which it does not during a release. lastAt is the
-	// same per queue (capture point): the merge takes the points in turn,
-	// and a frame of the flow the previous frame of its own point was of
-	// is almost always counted under the same handle slot there, which
-	// SharesComment tells from the slot alone, where a frame of another
-	// point (another slot) made it work out on which side of the
-	// translation each point is (a fifth of the user CPU per frame in
-	// BenchmarkConsume). An entry holds while its gen is lastGen.
+	// learns nothing, which it does not during a release. byKind keeps the
+	// same for the frames of each kind (frame.kindSlot: a hash of capture
+	// point, direction and tuple), which are almost always counted under
+	// one handle slot, which SharesComment tells from the slot alone: the
+	// merge takes the points in turn and a point's requests and replies
+	// alternate, so the frame before was mostly of another slot, for which
+	// SharesComment had to work out on which side of the translation each
+	// point is, and a busy client's flows in turn missed it (a fifth of the
+	// user CPU per frame in BenchmarkConsume; 15% of pathtrace's CPU in a
+	// lab capture). An entry holds while its gen is lastGen.
 	last    lastComment
-	lastAt  []lastComment // by queue
+	byKind  [kindComments]lastComment
 	lastGen uint64
 }
+
+// kindComments is the size of pcapOut.byKind, a power of two.
+const kindComments = 64
 
 type lastComment struct {
 	h   flow.Handle
 	c   string
 	ok  bool
-	gen uint64 // lastAt's: the release it was made in (pcapOut.lastGen)
+	gen uint64 // byKind's: the release it was made in (pcapOut.lastGen)
 }
 
 // queueHead is a queue in pcapOut.heads and the time of its oldest frame.
@@ -332,18 +337,16 @@ func (p *pcapOut) writeHead(w export.Held, i int, tr *tracer) string {
 }
 
 // comment is tr.comment(i, f), the last one made again when f's flow,
-// direction and side of the translation are those of the frame before
-// (the engine cannot have changed since: see pcapOut.last).
+// direction and side of the translation are those of the frame before, or
+// of the last frame of its kind (the engine cannot have changed since: see
+// pcapOut.last).
 func (p *pcapOut) comment(tr *tracer, i int, f *frame) string {
 	if !f.known {
 		return tr.comment(i, f)
 	}
-	if i >= len(p.lastAt) {
-		p.lastAt = append(p.lastAt, make([]lastComment, len(p.queues)-len(p.lastAt))...)
-	}
-	at := &p.lastAt[i]
-	if at.ok && at.gen == p.lastGen && f.h.SharesComment(&at.h) {
-		return at.c
+	k := &p.byKind[f.kindSlot&(kindComments-1)]
+	if k.gen == p.lastGen && k.ok && f.h.SharesComment(&k.h) {
+		return k.c
 	}
 	c, ok := "", false
 	if p.last.ok && f.h.SharesComment(&p.last.h) {
@@ -352,6 +355,6 @@ func (p *pcapOut) comment(tr *tracer, i int, f *frame) string {
 		return tr.comment(i, f)
 	}
 	p.last = lastComment{h: f.h, c: c, ok: true}
-	*at = lastComment{h: f.h, c: c, ok: true, gen: p.lastGen}
+	*k = lastComment{h: f.h, c: c, ok: true, gen: p.lastGen}
 	return c
 }
