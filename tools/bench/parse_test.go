@@ -200,3 +200,15 @@ func TestBulkRatios(t *testing.T) {
 		t.Errorf("ratioRange(nil) = %q", s)
 	}
 }
+
+// TestFdinfoProgID reads a BPF program descriptor's fdinfo (Linux 6.x) and
+// refuses another descriptor's.
+func TestFdinfoProgID(t *testing.T) {
+	prog := "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t2069\nprog_type:\t3\nprog_jited:\t1\nprog_tag:\tb7b7d387d4b0fe04\nmemlock:\t8192\nprog_id:\t49274\nrun_time_ns:\t0\nrun_cnt:\t0\n"
+	if id, ok := fdinfoProgID(prog); !ok || id != 49274 {
+		t.Errorf("prog_id %d %v, want 49274", id, ok)
+	}
+	if _, ok := fdinfoProgID("pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t2069\nmap_type:\t27\nmap_id:\t76011\n"); ok {
+		t.Error("a map's fdinfo read as a program's")
+	}
+}
