@@ -176,15 +176,24 @@ func (e *Engine) byName(by string) string {
 	return by
 }
 
+// commentLen is room for a comment's fixed words (the longest, the
+// untranslated reply's, and the verdict's labels) and a flow id.
+const commentLen = 128
+
 // Comment renders the reference as a packet comment, e.g.
 // "flow 3 request to backend (after translation); rewritten_at=socket by=...".
 // The verdict is left out while it is unknown. The capture point is not in
 // it: each packet block names its interface, and a comment is written for
 // every packet.
 func (r Ref) Comment() string {
+	// Sized once, the id formatted in place: every new flow makes a few
+	// comments, and a builder grown step by step took 8 of the 16
+	// allocations of a short connection (BenchmarkNewFlow).
 	var b strings.Builder
+	b.Grow(commentLen + len(r.Verdict) + len(r.By))
+	var id [20]byte
 	b.WriteString("flow ")
-	b.WriteString(strconv.Itoa(r.ID))
+	b.Write(strconv.AppendInt(id[:0], int64(r.ID), 10))
 	switch {
 	case r.Untranslated && r.Reply:
 		b.WriteString(" reply from backend, not translated back to the VIP (the client does not take it)")

@@ -32,6 +32,9 @@ type frame struct {
 	pkt   capture.Packet // Data points into the batch's data
 	h     flow.Handle    // the flow counter it went to, when known
 	known bool
+	// kindSlot is a hash of the frame's kind (classKey), for
+	// pcapOut.byKind; 0 for a frame without one.
+	kindSlot uint8
 }
 
 // A batch is handed over when it reaches maxBatch frames or maxBatchBytes of

@@ -72,7 +72,7 @@ func BenchmarkConsume(b *testing.B) {
 
 // BenchmarkNewFlow is the user-space cost of one short TCP connection to the
 // VIP, as the connect() latency benchmark makes them: the socket observers'
-// events and 4 packets (SYN, SYN-ACK, ACK, RST) at each of two capture
+// events and 4 packets (SYN, SYN-ACK, ACK, RST, with those flags) at each of two capture
 // points, written with their comments; handed over in batches of 64
 // connections, as ring blocks and ring-buffer reads do. Every flow is new.
 func BenchmarkNewFlow(b *testing.B) {
@@ -80,6 +80,9 @@ func BenchmarkNewFlow(b *testing.B) {
 	tcpVIP := netip.AddrPortFrom(vip.Addr(), 80)
 	tr.eng = flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: tcpVIP.Addr(), Port: tcpVIP.Port(), Proto: obs.TCP}}, MaxFlows: b.N + 1})
 	frames := [][]byte{tcpFrame(b, client, tcpVIP), tcpFrame(b, tcpVIP, client), tcpFrame(b, client, tcpVIP), tcpFrame(b, client, tcpVIP)}
+	for k, flags := range []byte{0x02, 0x12, 0x10, 0x04} { // SYN, SYN-ACK, ACK, RST
+		frames[k][14+20+13] = flags
+	}
 	const perBatch = 64
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -88,6 +88,16 @@ func (c *classTable) remove(k classKey) {
 	}
 }
 
+// putRecent is put into the cache only: the map forgets what it had of k
+// (a reused port's older flow), so that k falling out of the cache finds
+// nothing rather than that.
+func (c *classTable) putRecent(k classKey, h flow.Handle) {
+	if len(c.m) > 0 {
+		delete(c.m, k)
+	}
+	c.remember(k, h)
+}
+
 // remember keeps k's handle in its cache slot and returns where.
 func (c *classTable) remember(k classKey, h flow.Handle) *flow.Handle {
 	e := &c.recent[slotOf(k)]
@@ -95,14 +105,16 @@ func (c *classTable) remember(k classKey, h flow.Handle) *flow.Handle {
 	return &e.h
 }
 
-// classify counts a captured frame in its flow and sets h to its handle;
+// classify counts a captured frame in its flow and sets h to its handle,
+// and kindSlot to a hash of its kind (0 without one);
 // false for a frame that is no packet of a known flow (not IPv4 TCP/UDP,
 // or its flow is not known yet: the engine keeps it waiting). This is the
 // path of every captured packet: a packet of a kind seen before is only
 // counted; the rest goes to correlate. The handle is set in place (the
 // frame's), not returned: a handle returned through the stack cost a
 // store-forwarding stall per packet.
-func (tr *tracer) classify(tapIdx int, p *capture.Packet, h *flow.Handle) bool {
+func (tr *tracer) classify(tapIdx int, p *capture.Packet, h *flow.Handle, kindSlot *uint8) bool {
+	*kindSlot = 0
 	t, control, ok := p.Tuple()
 	if !ok {
 		var frag bool
@@ -114,6 +126,7 @@ func (tr *tracer) classify(tapIdx int, p *capture.Packet, h *flow.Handle) bool {
 		return false
 	}
 	k := kindOf(tapIdx, p.Dir, t)
+	*kindSlot = uint8(slotOf(k))
 	// A TCP SYN, FIN or RST always goes to the engine: a SYN on a reused
 	// client port begins a new flow, which counting it in the old one
 	// would hide.
@@ -126,7 +139,7 @@ func (tr *tracer) classify(tapIdx int, p *capture.Packet, h *flow.Handle) bool {
 			return true
 		}
 	}
-	*h, ok = tr.correlate(tapIdx, p, k)
+	*h, ok = tr.correlate(tapIdx, p, k, control)
 	if ok && t.FirstFragment() {
 		tr.noteFirstFragment(tapIdx, p, *h)
 	}
@@ -181,8 +194,15 @@ func (tr *tracer) laterFragment(tapIdx int, p *capture.Packet) (h flow.Handle, o
 }
 
 // correlate adds the first packet of a kind (or one its handle cannot
-// count) to the engine and remembers the handle it gets for the kind.
-func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey) (flow.Handle, bool) {
+// count) to the engine and remembers the handle it gets for the kind. A
+// TCP SYN, FIN or RST (control) always comes here, and the packets after it
+// of its kind are few, or come soon (a handshake's ACK): its handle goes to
+// the table's cache only, not its map (which forgets the kind's older
+// handle: a reused port's). Short connections brought the map a
+// new kind at almost every packet, and the map's inserts were 6% of the
+// CPU per traced connection in the lab; a kind that falls out of the
+// cache is correlated again, at its next packet.
+func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey, control bool) (flow.Handle, bool) {
 	tp := &tr.taps[tapIdx]
 	o, _ := p.Observation(tp.point)
 	if !tr.inScope(o.Src.Addr(), o.Dst.Addr()) {
@@ -194,7 +214,11 @@ func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey) (flow.Han
 		tr.classes.remove(k)
 		return h, false
 	}
-	tr.classes.put(k, h)
+	if control {
+		tr.classes.putRecent(k, h)
+	} else {
+		tr.classes.put(k, h)
+	}
 	return h, true
 }
 

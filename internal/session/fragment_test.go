@@ -53,7 +53,7 @@ func TestLaterFragmentsFollowTheirDatagram(t *testing.T) {
 	tr.eng = flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}}})
 	classify := func(at time.Duration, f []byte) (flow.Handle, bool) {
 		var h flow.Handle
-		ok := tr.classify(0, &capture.Packet{Time: base.Add(at), Dir: obs.DirOut, Len: len(f), CapLen: len(f), Data: f}, &h)
+		ok := tr.classify(0, &capture.Packet{Time: base.Add(at), Dir: obs.DirOut, Len: len(f), CapLen: len(f), Data: f}, &h, new(uint8))
 		return h, ok
 	}
 	if _, ok := classify(0, fragFrame(t, 77, 0, true)); !ok {

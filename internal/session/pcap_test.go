@@ -194,7 +194,7 @@ func TestCommentFollowsVerdict(t *testing.T) {
 	raw := udpFrame(t, client, vip)
 	p := &capture.Packet{Time: base, Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw}
 	f := &frame{pkt: *p}
-	if f.known = tr.classify(0, p, &f.h); !f.known {
+	if f.known = tr.classify(0, p, &f.h, &f.kindSlot); !f.known {
 		t.Fatal("a request to the VIP was not classified")
 	}
 	first := tr.comment(0, f)

@@ -386,7 +386,7 @@ func (tr *tracer) consume(b *batch) string {
 	tr.catchUp()
 	for i := range b.frames {
 		f := &b.frames[i]
-		f.known = tr.classify(b.tap, &f.pkt, &f.h)
+		f.known = tr.classify(b.tap, &f.pkt, &f.h, &f.kindSlot)
 	}
 	if tr.pcap == nil {
 		tr.putBatch(b)

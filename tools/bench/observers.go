@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,14 +57,18 @@ func (b *bench) observerRuns(ctx context.Context, res *results) error {
 			return 0, 0, fmt.Errorf("enable BPF run-time statistics: %w", err)
 		}
 		defer stats.Close()
-		s0, err := observerStats()
+		// Only this run's programs: another pathtrace on the machine (a
+		// test, another session) runs programs of the same names, which
+		// the connects below pass through too.
+		pids := b.running
+		s0, err := observerStats(pids)
 		if err != nil {
 			return 0, 0, err
 		}
 		if _, err := connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects, pacedEvery); err != nil {
 			return 0, 0, err
 		}
-		s1, err := observerStats()
+		s1, err := observerStats(pids)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -72,7 +76,7 @@ func (b *bench) observerRuns(ctx context.Context, res *results) error {
 		if err != nil {
 			return 0, 0, err
 		}
-		s2, err := observerStats()
+		s2, err := observerStats(pids)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -85,19 +89,16 @@ func (b *bench) observerRuns(ctx context.Context, res *results) error {
 	return nil
 }
 
-// observerStats sums the run count and run time of pathtrace's programs by
-// name (a name loaded twice, e.g. by two sessions, counts once).
-func observerStats() (map[string]progCost, error) {
+// observerStats sums the run count and run time of the pathtrace programs
+// that the processes pids hold, by name (the taps share one socket filter;
+// a name loaded twice counts once).
+func observerStats(pids []int) (map[string]progCost, error) {
+	ids, err := heldPrograms(pids)
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]progCost{}
-	for id := ebpf.ProgramID(0); ; {
-		next, err := ebpf.ProgramGetNextID(id)
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("list BPF programs: %w", err)
-		}
-		id = next
+	for _, id := range ids {
 		prog, err := ebpf.NewProgramFromID(id)
 		if err != nil {
 			continue // unloaded meanwhile
@@ -112,13 +113,56 @@ func observerStats() (map[string]progCost, error) {
 		c.Name, c.Runs, c.Time = info.Name, c.Runs+st.RunCount, c.Time+st.Runtime
 		out[info.Name] = c
 	}
+	return out, nil
+}
+
+// heldPrograms lists the BPF programs the processes pids hold a descriptor
+// of (the prog_id lines of /proc/PID/fdinfo), each once.
+func heldPrograms(pids []int) ([]ebpf.ProgramID, error) {
+	seen := map[ebpf.ProgramID]bool{}
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/fdinfo", pid)
+		fds, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("programs of pid %d: %w", pid, err)
+		}
+		for _, fd := range fds {
+			b, err := os.ReadFile(dir + "/" + fd.Name())
+			if err != nil {
+				continue // closed meanwhile
+			}
+			if id, ok := fdinfoProgID(string(b)); ok {
+				seen[id] = true
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return nil, fmt.Errorf("processes %v hold no BPF program", pids)
+	}
+	ids := slices.Sorted(maps.Keys(seen))
+	return ids, nil
+}
+
+// fdinfoProgID reads the prog_id line of a BPF program descriptor's fdinfo.
+func fdinfoProgID(fdinfo string) (ebpf.ProgramID, bool) {
+	for line := range strings.Lines(fdinfo) {
+		if v, ok := strings.CutPrefix(line, "prog_id:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+			return ebpf.ProgramID(n), err == nil
+		}
+	}
+	return 0, false
 }
 
 // costDelta is what each program ran from before to after, busiest first.
 func costDelta(before, after map[string]progCost) []progCost {
 	var out []progCost
 	for name, a := range after {
-		d := progCost{Name: name, Runs: a.Runs - before[name].Runs, Time: a.Time - before[name].Time}
+		b := before[name]
+		if a.Runs < b.Runs || a.Time < b.Time {
+			continue // not the same programs (unloaded and loaded again)
+		}
+		d := progCost{Name: name, Runs: a.Runs - b.Runs, Time: a.Time - b.Time}
 		if d.Runs > 0 {
 			out = append(out, d)
 		}

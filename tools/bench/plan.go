@@ -51,6 +51,7 @@ type bench struct {
 
 	commands  map[string][]string // the exact command lines of each tool, for the report
 	loadStart string              // load average when the measurements started
+	running   []int               // pids of the tools of the window that runs
 }
 
 // trafficFunc sends the traffic of one measured window.
@@ -171,6 +172,10 @@ func (b *bench) window(ctx context.Context, tool string, argvs [][]string, rate 
 			return run, err
 		}
 		procs = append(procs, p)
+	}
+	b.running = b.running[:0]
+	for _, p := range procs {
+		b.running = append(b.running, p.pid())
 	}
 	if err := sleepCtx(ctx, 300*time.Millisecond); err != nil { // let start-up work finish
 		return run, err

@@ -332,7 +332,9 @@ func parsePathtraceSummary(line []byte, res *captureResult) error {
 	return nil
 }
 
-var tcpdumpStat = regexp.MustCompile(`(?m)^(\d+) packets (captured|dropped by kernel)$`)
+// tcpdump says "packet" for one (its PLURAL_SUFFIX): "1 packet dropped by
+// kernel".
+var tcpdumpStat = regexp.MustCompile(`(?m)^(\d+) packets? (captured|dropped by kernel)$`)
 
 // parseTcpdumpStats reads the counters tcpdump prints on stderr when it ends.
 func parseTcpdumpStats(stderr, iface string, res *captureResult) error {
