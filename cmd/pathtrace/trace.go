@@ -119,7 +119,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs.StringVarP(&f.pcap, "pcap", "w", "", "write every captured frame to this pcapng `file`, one interface per capture point (\"-\" = stdout, the report then goes to stderr); written as FILE.partial, renamed when complete, mode 0600")
 	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
 	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
-	fs.DurationVar(&f.flowTimeout, "flow-timeout", flow.DefaultFlowTimeout, "with --duration 0: a flow idle this long is reported then and forgotten (a TCP connection is reported once closed and quiet for 9 s); a long idle connection that speaks again after it is a new flow, whose JSON \"continues\" names the earlier one, at least 10s")
+	fs.DurationVar(&f.flowTimeout, "flow-timeout", 0, fmt.Sprintf("with --duration 0: a flow idle this long is reported then and forgotten (a TCP connection is reported once closed and quiet for 9 s); a long idle connection that speaks again after it is a new flow, whose JSON \"continues\" names the earlier one; at least %s (default %s)", minFlowTimeout, flow.DefaultFlowTimeout))
 	fs.DurationVar(&f.reportEvery, "report-every", 0, "with --duration 0: write the counts so far (flows per verdict, drops) this often, a {\"type\":\"interval\"} JSON line or a table line (0 = never)")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	// Only --help prints this (ContinueOnError: errors are one line each),
@@ -277,7 +277,12 @@ func (f *traceFlags) validate() (session.Options, error) {
 	if f.duration == 0 && f.pcap != "" && f.maxBytes == "" {
 		return opt, usagef("--pcap with --duration 0 (until stopped) would grow without end: give --max-bytes SIZE too (e.g. --max-bytes 1G); the file ends at that size and tracing goes on")
 	}
-	if f.duration == 0 && f.flowTimeout < minFlowTimeout {
+	switch {
+	case f.duration != 0 && f.flowTimeout != 0:
+		return opt, usagef("--flow-timeout %s: with --duration 0 only (a bounded run reports every flow at its end)", f.flowTimeout)
+	case f.duration == 0 && f.flowTimeout == 0:
+		f.flowTimeout = flow.DefaultFlowTimeout
+	case f.duration == 0 && f.flowTimeout < minFlowTimeout:
 		return opt, usagef("--flow-timeout %s: use at least %s (flows are reported after a few seconds' quiet anyway)", f.flowTimeout, minFlowTimeout)
 	}
 	if f.reportEvery < 0 || f.reportEvery > 0 && f.duration != 0 {
