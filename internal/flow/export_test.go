@@ -139,3 +139,6 @@ func (e *Engine) Sizes() map[string]int {
 		"byNames":        len(e.byNames),
 	}
 }
+
+// SetMaxLabels sets how many capture point labels the engine holds at once.
+func (e *Engine) SetMaxLabels(n int) { e.labels.maxNames = n }

@@ -1,0 +1,112 @@
+package flow_test
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// labelledFlow is churnFlow with capture points of a Pod of their own
+// every two flows: a run until stopped on a node whose Pods come and go.
+func labelledFlow(i int, proto obs.Proto, svc, be netip.AddrPort, at time.Time) (seq []obs.Observation, pod, host string) {
+	seq = churnFlow(i, proto, svc, be, at)
+	pod, host = fmt.Sprintf("pod:eth0@p%d", i/2), fmt.Sprintf("host:v%d", i/2)
+	for j := range seq {
+		switch seq[j].Point {
+		case obs.PointPod:
+			seq[j].Ifname = pod
+		case obs.PointHost:
+			seq[j].Ifname = host
+		}
+	}
+	return seq, pod, host
+}
+
+// TestRetireLabelsBounded: the capture points of 100,000 Pods, each for
+// two flows, more than the 65,536 labels the engine can number at once:
+// retiring flows as they end forgets the labels of the Pods gone, every
+// flow reported names its own points, and the labels held stay bounded by
+// those of the open flows.
+func TestRetireLabelsBounded(t *testing.T) {
+	const nflows = 200_000
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	e := flow.NewEngine(flow.Config{
+		Services:    []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}},
+		MaxFlows:    4096,
+		FlowTimeout: 5 * time.Second,
+	})
+	start := flowtest.At(0)
+	type names struct{ pod, host string }
+	want := map[netip.AddrPort]names{}
+	reported, peak := 0, 0
+	take := func(fs []flow.Flow) {
+		for _, f := range fs {
+			reported++
+			w := want[f.Client]
+			for _, p := range f.Points {
+				if p.Point == obs.PointPod.String() && p.Iface != w.pod || p.Point == obs.PointHost.String() && p.Iface != w.host {
+					t.Fatalf("flow %d of %s: %s point named %q, want %q / %q", f.ID, f.Client, p.Point, p.Iface, w.pod, w.host)
+				}
+			}
+		}
+	}
+	for i := range nflows {
+		// churnFlow's client is the same every 50,000 flows (200 s later):
+		// it is this flow's until a later one takes it.
+		seq, pod, host := labelledFlow(i, obs.UDP, svc, be, start.Add(time.Duration(i)*4*time.Millisecond))
+		want[seq[3].Src] = names{pod, host}
+		for _, o := range seq {
+			e.Add(o)
+		}
+		if i%500 == 0 {
+			take(e.Retire(time.Time{}))
+			peak = max(peak, e.Sizes()["labels"])
+		}
+	}
+	take(e.RetireAll())
+	if reported != nflows {
+		t.Errorf("%d flows reported, want %d", reported, nflows)
+	}
+	if n := e.UnnamedPoints(); n != 0 {
+		t.Errorf("%d points counted unnamed", n)
+	}
+	// A flow timeout holds 1,250 flows of 2 labels a Pod; a sweep comes
+	// once twice as many as the last one kept are held.
+	if peak > 16384 {
+		t.Errorf("%d labels at the peak, want at most 16384", peak)
+	}
+	t.Logf("labels at the peak: %d", peak)
+}
+
+// TestLabelsBeyondMax: more capture points at once than the engine can
+// number are counted unnamed, never given another's label.
+func TestLabelsBeyondMax(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}}})
+	e.SetMaxLabels(5) // "", uplink:bond0 and two Pods' pod and host (the second one's host left out)
+	for i := range 4 {
+		seq, _, _ := labelledFlow(2*i, obs.UDP, svc, be, flowtest.At(float64(i*10)))
+		for _, o := range seq {
+			e.Add(o)
+		}
+	}
+	got := map[string]int{}
+	for _, f := range e.Flows() {
+		for _, p := range f.Points {
+			if p.Point == obs.PointPod.String() || p.Point == obs.PointHost.String() {
+				got[p.Iface]++
+			}
+		}
+	}
+	if got["pod:eth0@p0"] == 0 || got["host:v0"] == 0 || got["pod:eth0@p1"] == 0 || got["host:v1"] != 0 || got["pod:eth0@p2"] != 0 {
+		t.Errorf("points named %v: want the first Pod's, the second's eth0, and the rest unnamed", got)
+	}
+	if e.UnnamedPoints() == 0 {
+		t.Error("no point counted unnamed")
+	}
+}
