@@ -52,8 +52,11 @@ type tracer struct {
 	tc        *tcWatch
 	nat       *natWatch
 	pods      *podFollow // nil when Pods were selected
-	late      *tcLate
-	classes   *classTable
+	// gone, in a run until stopped, is what it keeps of the taps it
+	// forgot (their capture ended); nil in a bounded run.
+	gone    *goneTaps
+	late    *tcLate
+	classes *classTable
 	// icmpKinds names the ICMP errors seen, by type<<8 | code.
 	icmpKinds map[uint16]string
 	// frags maps the datagrams whose first fragment was in a flow (per
@@ -357,6 +360,11 @@ func (tr *tracer) produce(ctx context.Context, iface int, tp tap, items chan<- *
 		// socket keeps alive; the counters stay readable.
 		tp.t.Close()
 	}
+	if err != nil || ctx.Err() == nil { // ended before the run: failed, or released
+		// After its frames: a run until stopped forgets the tap once the
+		// consumer has them (tapEnded).
+		items <- &batch{tap: iface, ended: true}
+	}
 }
 
 // dueStop is the stop reason of a run whose capture file reported reason:
@@ -376,6 +384,10 @@ func dueStop(reason string, due, ctx context.Context) string {
 // consume feeds a batch to the engine and the pcapng file; it returns a stop
 // reason when the file reached a bound.
 func (tr *tracer) consume(b *batch) string {
+	if b.ended {
+		tr.tapEnded(b.tap)
+		return ""
+	}
 	if b.tap < 0 {
 		for _, o := range b.obs {
 			tr.add(o)
