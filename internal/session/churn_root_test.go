@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/probe"
 )
@@ -20,8 +21,15 @@ import (
 // node whose Pods come and go follows new Pods long after more Pods than
 // its bound (MaxPods) came: a Pod that went gives its room back, its taps
 // are forgotten (their counts go to points-gone) and it leaves the node's
-// lists; the bound still holds on the Pods there at once.
+// lists; the bound still holds on the Pods there at once. With a pcapng
+// file, whose interfaces are the taps' slots, the slots are reused once
+// the file ended, and the file's interfaces keep their names.
 func TestUntilStoppedFollowsChurn(t *testing.T) {
+	t.Run("no file", func(t *testing.T) { testChurn(t, "") })
+	t.Run("file", func(t *testing.T) { testChurn(t, t.TempDir()+"/churn.pcapng") })
+}
+
+func testChurn(t *testing.T, pcap string) {
 	names := testNetNS(t, "pdchurn", "-node", "-pa")
 	node, first := names[0], names[1]
 	base := strings.TrimSuffix(node, "-node")
@@ -72,6 +80,8 @@ func TestUntilStoppedFollowsChurn(t *testing.T) {
 				points = p.Packets
 				mu.Unlock()
 			},
+			// The file ends at its first frame, and the run goes on.
+			Pcap: pcap, PcapLimits: export.Limits{MaxPackets: 1}, PcapBoundEndsFileOnly: true,
 		})
 		done <- result{res, err}
 	}()
@@ -103,11 +113,26 @@ func TestUntilStoppedFollowsChurn(t *testing.T) {
 		return func(p map[string]uint64) bool { _, ok := p[label]; return !ok }
 	}
 	until("the Pod of the start", has("host:hv0"))
+	started := map[int]string{}
+	if pcap != "" {
+		// A Pod starts while the file takes frames: its taps are
+		// interfaces of the file, which it keeps when they go.
+		started[1] = newPod(1)
+		until("Pod 1 started", has("host:hv1"))
+		// A datagram to the VIP from the first Pod fills the file.
+		if err := sendFromSockets("/run/netns/"+first, netip.MustParseAddrPort("192.0.2.80:53"), 1); err != nil {
+			t.Fatal(err)
+		}
+		until("the first Pod's datagram", func(p map[string]uint64) bool { return p["pod:eth0"] > 0 })
+	}
 	// Pods come and go, one at a time: twice the bound and more.
 	const churn = 5
 	for i := 1; i <= churn; i++ {
-		ns := newPod(i)
-		until(fmt.Sprintf("Pod %d started", i), has(fmt.Sprintf("host:hv%d", i)))
+		ns, ok := started[i]
+		if !ok {
+			ns = newPod(i)
+			until(fmt.Sprintf("Pod %d started", i), has(fmt.Sprintf("host:hv%d", i)))
+		}
 		run(t, "ip", "netns", "del", ns)
 		until(fmt.Sprintf("Pod %d went", i), hasNot(fmt.Sprintf("host:hv%d", i)))
 	}
@@ -161,6 +186,18 @@ func TestUntilStoppedFollowsChurn(t *testing.T) {
 	}
 	if slices.ContainsFunc(res.PodsStarted, func(s string) bool { return strings.Contains(s, "capture points of new Pods not opened") }) {
 		t.Errorf("Pods started %q: capture points not opened", res.PodsStarted)
+	}
+	if pcap != "" {
+		// The file's interfaces are the taps open before it ended (the
+		// first Pod's and Pod 1's), named as they were, whatever took
+		// their slots since.
+		var ifaces []string
+		if res.Pcap != nil {
+			ifaces = mapsKeys(res.Pcap.PerInterface)
+		}
+		if want := []string{"host:hv0", "host:hv1", "pod:eth0", "pod:eth0@10.98.0.11"}; res.Pcap == nil || res.Pcap.Packets != 1 || res.Pcap.PerInterface["pod:eth0"] != 1 || !slices.Equal(ifaces, want) {
+			t.Errorf("pcapng file: %+v; want the datagram, at pod:eth0, of interfaces %q", res.Pcap, want)
+		}
 	}
 }
 
