@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -380,6 +381,24 @@ func (e *Engine) SetCgroupSockPrograms(cgroup uint64, progs []SockProgram) {
 	}
 	e.cfg.Attribution.SockProgramsByCgroup[cgroup] = progs
 	e.gen++
+}
+
+// ForgetCgroups forgets the sock_addr programs of the clients' cgroups
+// (SetCgroupSockPrograms) that no open flow is of: a run until stopped
+// sees the cgroups of every Pod that ever came. A cgroup seen again is
+// told again.
+func (e *Engine) ForgetCgroups() {
+	byCg := e.cfg.Attribution.SockProgramsByCgroup
+	if len(byCg) == 0 {
+		return
+	}
+	used := map[uint64]bool{}
+	for _, list := range e.clients {
+		for _, f := range list {
+			used[f.cgroup] = true
+		}
+	}
+	maps.DeleteFunc(byCg, func(cg uint64, _ []SockProgram) bool { return !used[cg] })
 }
 
 // natHookOf is the NAT hook a flow went through: the one the netfilter

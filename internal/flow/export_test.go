@@ -137,6 +137,7 @@ func (e *Engine) Sizes() map[string]int {
 		"pairs":          len(e.pairs),
 		"labels":         len(e.labels.names),
 		"byNames":        len(e.byNames),
+		"cgroups":        len(e.cfg.Attribution.SockProgramsByCgroup),
 	}
 }
 

@@ -110,3 +110,26 @@ func TestLabelsBeyondMax(t *testing.T) {
 		t.Error("no point counted unnamed")
 	}
 }
+
+// TestForgetCgroups: the sock_addr programs of cgroups no open flow is of
+// are forgotten (the cgroups of Pods gone); an open flow's stay.
+func TestForgetCgroups(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}}})
+	seq := churnFlow(0, obs.UDP, svc, be, flowtest.At(0))
+	for i := range seq {
+		if seq[i].Point == obs.PointSockAddr {
+			seq[i].Cgroup, seq[i].PID = 7, 100
+		}
+	}
+	for _, o := range seq {
+		e.Add(o)
+	}
+	for cg := uint64(6); cg <= 9; cg++ {
+		e.SetCgroupSockPrograms(cg, []flow.SockProgram{{Name: fmt.Sprintf("lb%d", cg)}})
+	}
+	e.ForgetCgroups()
+	if n := e.Sizes()["cgroups"]; n != 1 {
+		t.Errorf("%d cgroups' programs kept, want the open flow's", n)
+	}
+}

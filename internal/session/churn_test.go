@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
 )
 
 // TestPodsStartedBounded: the Pods started that the report lists stay
@@ -90,5 +91,30 @@ func TestForgetGonePods(t *testing.T) {
 	}
 	if s := tr.pods.summary(); !slices.Contains(s, "2 Pods followed went during the run") {
 		t.Errorf("summary %q", s)
+	}
+}
+
+// TestCgroupsBounded: a run until stopped keeps a bounded number of client
+// cgroups resolved: beyond it, they are forgotten (the engine's too, but
+// for open flows') and resolved again when seen again.
+func TestCgroupsBounded(t *testing.T) {
+	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: netip.MustParseAddr("192.0.2.80")}}})
+	tr := &tracer{eng: eng, gone: &goneTaps{}, cgroupRoot: t.TempDir(), cgroupDone: map[uint64]bool{}}
+	for id := range uint64(maxCgroupsDone) {
+		tr.cgroupDone[id+1] = true
+		eng.SetCgroupSockPrograms(id+1, nil)
+	}
+	tr.attributeCgroup(maxCgroupsDone + 1)
+	if len(tr.cgroupDone) != 1 {
+		t.Errorf("%d cgroups resolved, want the new one only", len(tr.cgroupDone))
+	}
+	// A bounded run keeps them all.
+	tr.gone = nil
+	for id := range uint64(maxCgroupsDone) {
+		tr.cgroupDone[id+1] = true
+	}
+	tr.attributeCgroup(maxCgroupsDone + 2)
+	if len(tr.cgroupDone) != maxCgroupsDone+2 {
+		t.Errorf("a bounded run kept %d cgroups resolved, want %d", len(tr.cgroupDone), maxCgroupsDone+2)
 	}
 }

@@ -476,6 +476,13 @@ func (tr *tracer) attributeCgroup(id uint64) {
 	if tr.cgroupDone == nil {
 		tr.cgroupDone = map[uint64]bool{}
 	}
+	if tr.gone != nil && len(tr.cgroupDone) >= maxCgroupsDone {
+		// A run until stopped sees the cgroups of every Pod that ever
+		// came: those of no open flow are forgotten, and resolved again
+		// when seen again.
+		clear(tr.cgroupDone)
+		tr.eng.ForgetCgroups()
+	}
 	tr.cgroupDone[id] = true
 	_, progs, err := discover.SockProgramsForCgroupID(tr.cgroupRoot, id, tr.pr.IsObserver)
 	if err != nil {
@@ -487,6 +494,10 @@ func (tr *tracer) attributeCgroup(id uint64) {
 	}
 	tr.eng.SetCgroupSockPrograms(id, fps)
 }
+
+// maxCgroupsDone bounds the client cgroups a run until stopped keeps
+// resolved (attributeCgroup).
+const maxCgroupsDone = 4096
 
 // widen adds the backends the engine learned to the observers' watch list
 // (which the eBPF tap filter shares) and to the classic tap filters, so
