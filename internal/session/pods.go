@@ -429,6 +429,10 @@ func (tr *tracer) forgetGonePods(gone []uint64) {
 		delete(tr.scope, ino) // the kernel gives the inode to the next netns made
 	}
 	for idx := range veths {
-		delete(tr.late.observed, idx) // its observers went with it
+		if _, ok := tr.late.observed[idx]; ok && tr.pr != nil && tr.tc != nil {
+			// Its observers went with it: their links are let go.
+			tr.pr.ForgetTC(tr.tc.look.HostNetNS(), idx)
+		}
+		delete(tr.late.observed, idx)
 	}
 }
