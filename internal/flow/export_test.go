@@ -138,6 +138,8 @@ func (e *Engine) Sizes() map[string]int {
 		"labels":         len(e.labels.names),
 		"byNames":        len(e.byNames),
 		"cgroups":        len(e.cfg.Attribution.SockProgramsByCgroup),
+		"podTCPrograms":  len(e.cfg.Attribution.PodTCPrograms),
+		"hostRedirects":  len(e.cfg.Attribution.HostRedirects),
 	}
 }
 

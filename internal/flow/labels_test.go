@@ -133,3 +133,37 @@ func TestForgetCgroups(t *testing.T) {
 		t.Errorf("%d cgroups' programs kept, want the open flow's", n)
 	}
 }
+
+// TestPodsGone: the tc programs on a gone Pod's eth0 and the redirects on
+// its host veth end when it went, and are forgotten once no open flow of
+// that veth began before (and a flow timeout passed); the others stay.
+func TestPodsGone(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}}, FlowTimeout: 10 * time.Second})
+	t0 := flowtest.At(0)
+	e.AddPodTCPrograms(t0, nil, []flow.TCProgram{{Direction: "egress", Name: "p5", Ifindex: 5}, {Direction: "egress", Name: "p6", Ifindex: 6}, {Direction: "egress", Name: "p7", Ifindex: 7}})
+	e.AddHostRedirects(t0, []flow.TCRedirect{{Ifindex: 5, Text: "r5"}, {Ifindex: 7, Text: "r7"}})
+	// A flow of veth 7 open from t0 on.
+	seq := churnFlow(0, obs.UDP, svc, be, t0)
+	for i := range seq {
+		if seq[i].Point == obs.PointHost {
+			seq[i].Ifindex = 7
+		}
+	}
+	for _, o := range seq {
+		e.Add(o)
+	}
+	e.PodsGone(t0.Add(time.Second), []int{5, 7})
+	if s := e.Sizes(); s["podTCPrograms"] != 3 || s["hostRedirects"] != 2 {
+		t.Errorf("right after the Pods went: %v; want every entry kept", s)
+	}
+	e.PodsGone(t0.Add(time.Minute), nil)
+	if s := e.Sizes(); s["podTCPrograms"] != 2 || s["hostRedirects"] != 1 {
+		t.Errorf("a minute later: %v; want veth 5's forgotten, 6's (there) and 7's (a flow open) kept", s)
+	}
+	e.RetireAll()
+	e.PodsGone(t0.Add(2*time.Minute), nil)
+	if s := e.Sizes(); s["podTCPrograms"] != 1 || s["hostRedirects"] != 0 {
+		t.Errorf("once the flow of veth 7 is retired: %v; want veth 6's only", s)
+	}
+}

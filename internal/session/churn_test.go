@@ -65,7 +65,7 @@ func TestForgetGonePods(t *testing.T) {
 	node.CapturePoints = append(node.CapturePoints, discover.CapturePoint{Role: discover.RoleUplink, NetNS: "/node", Ifindex: 101})
 	tr := &tracer{pods: &podFollow{node: node, untilStopped: true}, scope: map[uint64]bool{1: true, 11: true, 12: true, 13: true},
 		late: &tcLate{observed: map[int]tcDirs{101: tcBoth, 102: tcBoth}}}
-	tr.forgetGonePods([]uint64{11, 13})
+	tr.forgetGonePods(time.Now(), []uint64{11, 13})
 	var inodes []uint64
 	for _, p := range node.Pods {
 		inodes = append(inodes, p.NetNS.Inode)

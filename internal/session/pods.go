@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -65,7 +66,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	}
 	pf.next = now.Add(podWatchEvery)
 	found, err := pf.watch.Look(ctx, now)
-	tr.forgetGonePods(found.Gone)
+	tr.forgetGonePods(now, found.Gone)
 	if err != nil {
 		if ctx.Err() == nil { // not the run's end
 			pf.lookErr = fmt.Sprintf("%s: %v", now.Format("15:04:05"), err)
@@ -394,7 +395,7 @@ func (tr *tracer) forgetTap(i int) {
 // their netns from the socket observers' scope: a run until stopped's
 // lists follow the node as it is. Their taps end by themselves (their
 // interfaces went) or were released (releaseGone).
-func (tr *tracer) forgetGonePods(gone []uint64) {
+func (tr *tracer) forgetGonePods(now time.Time, gone []uint64) {
 	pf := tr.pods
 	if len(gone) == 0 || pf == nil {
 		return
@@ -427,6 +428,9 @@ func (tr *tracer) forgetGonePods(gone []uint64) {
 	})
 	for _, ino := range gone {
 		delete(tr.scope, ino) // the kernel gives the inode to the next netns made
+	}
+	if tr.eng != nil {
+		tr.eng.PodsGone(now, slices.Sorted(maps.Keys(veths)))
 	}
 	for idx := range veths {
 		if _, ok := tr.late.observed[idx]; ok && tr.pr != nil && tr.tc != nil {
