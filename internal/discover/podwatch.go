@@ -253,6 +253,13 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	found.TCPrograms = tcPrograms(host, found.CapturePoints, w.progs, &info)
 	found.TCRedirects = info.TCRedirects
 	found.TCPrograms = append(found.TCPrograms, podTCPrograms(found.Pods, w.progs, &info)...)
+	if w.giveBack {
+		// The programs of the Pods found are not asked about again (a
+		// look goes behind new veths only): a run until stopped's cache
+		// would keep those of every Pod that came (Cilium loads one per
+		// Pod).
+		w.progs.forget()
+	}
 	return found, nil
 }
 
