@@ -765,3 +765,73 @@ func TestPodRoutesAVIPThroughNet1(t *testing.T) {
 		}
 	}
 }
+
+// TestPodWatchRoomBack: a run until stopped (GiveRoomBack) bounds the Pods
+// followed at once: once a Pod followed went, a Pod that starts is
+// followed although the bound was reached, and the look says which went; a
+// netns left out when the bound was reached stays left out. A bounded run
+// keeps counting every Pod seen.
+func TestPodWatchRoomBack(t *testing.T) {
+	tb := newTestbed(t)
+	opt := Options{HostNetNS: tb.node, MaxPods: 1}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 {
+		t.Fatalf("discovery found %d Pods, want the testbed's only", len(info.Pods))
+	}
+	first := info.Pods[0].NetNS.Inode
+	bounded, w := NewPodWatch(info, opt), NewPodWatch(info, opt)
+	w.GiveRoomBack()
+	t0 := time.Now()
+	look := func(w *PodWatch, at time.Duration) NewPods {
+		t.Helper()
+		found, err := w.Look(context.Background(), t0.Add(at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return found
+	}
+	secondPod(t, tb)
+	for _, w := range []*PodWatch{bounded, w} {
+		if found := look(w, 0); len(found.Pods) != 0 || found.Skipped != 1 || len(found.Gone) != 0 {
+			t.Fatalf("look with the bound reached: %+v; want the second Pod left out", found)
+		}
+	}
+	// The testbed's Pod goes (its netns deleted, its veth pair with it).
+	node := filepath.Base(tb.node)
+	ipCmd(t, "netns", "del", filepath.Base(tb.pod))
+	for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", node, "link", "show", "hv0").Run() == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("hv0 still there 10 s after its netns was deleted")
+		}
+	}
+	if found := look(w, 2*time.Second); len(found.Pods) != 0 || !slices.Equal(found.Gone, []uint64{first}) {
+		t.Fatalf("look once the first Pod went: %+v; want it gone (inode %d), nothing new", found, first)
+	}
+	look(bounded, 2*time.Second)
+	// A third Pod starts: followed by the run until stopped only.
+	pod3 := filepath.Base(tb.pod) + "3"
+	ipCmd(t, "netns", "add", pod3)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod3).Run() })
+	ipCmd(t, "-n", node, "link", "add", "hv3", "type", "veth", "peer", "name", "eth0", "netns", pod3)
+	ipCmd(t, "-n", node, "link", "set", "hv3", "master", "br0", "up")
+	ipCmd(t, "-n", pod3, "addr", "add", "10.99.8.33/22", "dev", "eth0")
+	ipCmd(t, "-n", pod3, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod3, "route", "add", "default", "via", gwIP)
+	if found := look(w, 4*time.Second); len(found.Pods) != 1 || found.Pods[0].NetNS.Path != "/run/netns/"+pod3 || found.Skipped != 0 {
+		t.Fatalf("look after a third Pod started: %+v; want it followed", found)
+	}
+	if found := look(bounded, 4*time.Second); len(found.Pods) != 0 || found.Skipped != 1 || len(found.Gone) != 0 {
+		t.Fatalf("bounded run's look after a third Pod started: %+v; want it left out, no Pod reported gone", found)
+	}
+	// The bound holds: a fourth is left out while the third is there.
+	ipCmd(t, "-n", node, "link", "del", "hv1") // the second Pod's veth: it was never followed
+	if found := look(w, 6*time.Second); len(found.Pods) != 0 || len(found.Gone) != 0 {
+		t.Fatalf("look after a Pod never followed went: %+v; want nothing", found)
+	}
+	if w.room() != 0 {
+		t.Errorf("room %d with the third Pod followed, want 0", w.room())
+	}
+}

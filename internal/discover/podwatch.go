@@ -18,8 +18,15 @@ import (
 type PodWatch struct {
 	hostPath string
 	vips     []netip.Addr
-	room     int // Pods still to follow before MaxPods
-	progs    *progCache
+	// The bound on Pods (MaxPods): followed counts the Pods followed
+	// (discovery's and the watch's), skippedOut the netns left out for
+	// it. A bounded run's room is what remains of the bound once both
+	// are counted: every Pod seen takes room, for the run. A run until
+	// stopped's (GiveRoomBack) is the bound less the Pods followed now: a
+	// Pod that went gives its room back.
+	max, followed, skippedOut int
+	giveBack                  bool
+	progs                     *progCache
 	// veths are the node's veths known: Pods', and those that proved no
 	// Pod's, by ifindex, with what tells them from a veth that gets the
 	// ifindex later (see vethID). pending are new ones not (yet) a Pod's,
@@ -81,7 +88,7 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 	if maxPods <= 0 {
 		maxPods = DefaultMaxPods
 	}
-	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, room: maxPods - len(node.Pods) - node.PodsSkipped,
+	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, max: maxPods, followed: len(node.Pods), skippedOut: node.PodsSkipped,
 		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]vethID{}, pending: map[int]time.Time{}, netns: map[uint64]int{},
 		uplink: opt.Uplink, services: node.svcs.vips, backends: node.Backends(), uplinks: map[int]bool{}}
 	for _, cp := range node.CapturePoints {
@@ -99,7 +106,7 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 			}
 		}
 	}
-	if w.room <= 0 || opt.PodIP.IsValid() {
+	if w.room() <= 0 || opt.PodIP.IsValid() {
 		// Discovery reached the bound (and counted what it left out), or
 		// found the Pod with the address (the others are not traced): no
 		// veth of the start is looked behind again, nor counted again.
@@ -107,6 +114,25 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 	}
 	w.podIP = opt.PodIP
 	return w
+}
+
+// GiveRoomBack makes a Pod that went give its room under the bound back
+// (a run until stopped: the bound is on the Pods followed at once, not on
+// those seen over the run, on a node where CronJobs and rollouts bring a
+// Pod a minute), and Look report the Pods that went (NewPods.Gone). A Pod
+// went when its host veth did: its CNI deleted the pair, or the kernel did
+// with the Pod's netns, which a capture that alone held it had to give up
+// first (the session's release of gone Pods). A netns left out for the
+// bound is not followed later, unless its veth was still waiting to be
+// looked behind.
+func (w *PodWatch) GiveRoomBack() { w.giveBack = true }
+
+// room is how many more Pods may be followed.
+func (w *PodWatch) room() int {
+	if w.giveBack {
+		return w.max - w.followed
+	}
+	return w.max - w.followed - w.skippedOut
 }
 
 // NewPods are the Pods a look found, with their capture points (eth0 and
@@ -121,6 +147,9 @@ type NewPods struct {
 	// Skipped counts the netns with a veth into the node left unexamined:
 	// the bound on Pods (Options.MaxPods) reached.
 	Skipped int
+	// Gone are the netns inodes of the Pods followed whose host veth went
+	// since the previous look (only with GiveRoomBack).
+	Gone []uint64
 }
 
 // Look finds the Pods behind the veths that appeared since the previous
@@ -140,11 +169,17 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 			delete(w.veths, idx)
 		}
 	}
+	var gone []uint64
 	for inode, idx := range w.netns {
 		if host.links[idx] == nil {
 			delete(w.netns, inode) // its Pod went; the inode may come again
+			if w.giveBack {
+				w.followed--
+				gone = append(gone, inode)
+			}
 		}
 	}
+	slices.Sort(gone)
 	only := map[int]bool{}
 	skipped := 0
 	for idx, l := range host.links {
@@ -155,7 +190,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 			continue
 		}
 		first, ok := w.pending[idx]
-		if w.room <= 0 {
+		if w.room() <= 0 {
 			// The bound is reached: a new veth is not looked behind, and
 			// counted once (a pending one was when scanPods skipped it).
 			if !ok {
@@ -181,13 +216,13 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		}
 	}
 	if len(only) == 0 {
-		return NewPods{Skipped: skipped}, nil
+		return NewPods{Skipped: skipped, Gone: gone}, nil
 	}
 	var info NodeInfo
-	if err := scanPods(ctx, host, max(w.room, 0), only, w.vips, &info); err != nil {
-		return NewPods{}, err
+	if err := scanPods(ctx, host, max(w.room(), 0), only, w.vips, &info); err != nil {
+		return NewPods{Gone: gone}, err
 	}
-	var found NewPods
+	found := NewPods{Gone: gone}
 	found.Skipped = info.PodsSkipped
 	for _, p := range info.Pods {
 		idx := p.HostPeer.Ifindex
@@ -209,7 +244,8 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
 		found.Pods = append(found.Pods, p)
 	}
-	w.room -= len(found.Pods) + found.Skipped
+	w.followed += len(found.Pods)
+	w.skippedOut += found.Skipped
 	if len(found.Pods) == 0 {
 		return found, nil
 	}
@@ -217,6 +253,13 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	found.TCPrograms = tcPrograms(host, found.CapturePoints, w.progs, &info)
 	found.TCRedirects = info.TCRedirects
 	found.TCPrograms = append(found.TCPrograms, podTCPrograms(found.Pods, w.progs, &info)...)
+	if w.giveBack {
+		// The programs of the Pods found are not asked about again (a
+		// look goes behind new veths only): a run until stopped's cache
+		// would keep those of every Pod that came (Cilium loads one per
+		// Pod).
+		w.progs.forget()
+	}
 	return found, nil
 }
 
@@ -235,7 +278,7 @@ func (w *PodWatch) newUplinks(ctx context.Context, host *hostNS, pods []Pod) []n
 	others := slices.Collect(maps.Values(w.netns))
 	info := NodeInfo{Pods: pods} // its Pods are pods' elements: set in place
 	var out []netlink.Link
-	partial := w.room <= 0 || w.podIP.IsValid() // the node's Pods are not all followed
+	partial := w.room() <= 0 || w.podIP.IsValid() // the node's Pods are not all followed
 	for _, l := range podUplinks(ctx, host, w.services, w.backends, &info, others, partial) {
 		if idx := l.Attrs().Index; !w.uplinks[idx] {
 			w.uplinks[idx] = true

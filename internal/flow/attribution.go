@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -168,6 +169,64 @@ func (e *Engine) AddHostRedirects(at time.Time, redirs []TCRedirect) {
 		all = append(all, r)
 	}
 	e.cfg.Attribution.HostRedirects = all
+	e.gen++
+}
+
+// PodsGone ends, at at, the tc programs on the eth0 of the Pods that went
+// and the tc redirects on their host veths (by the host veths' ifindexes),
+// and forgets those that ended before every open flow they could concern
+// began (and more than a flow timeout ago: a flow of that time may still
+// come): a run until stopped sees every Pod that ever came.
+func (e *Engine) PodsGone(at time.Time, hostIfindexes []int) {
+	a := &e.cfg.Attribution
+	if len(a.PodTCPrograms) == 0 && len(a.HostRedirects) == 0 {
+		return
+	}
+	timeout := e.cfg.FlowTimeout
+	if timeout <= 0 {
+		timeout = DefaultFlowTimeout
+	}
+	// The earliest open flow of each host veth (0: not known), and of all.
+	earliest := map[int]time.Time{}
+	var first time.Time
+	for _, list := range e.clients {
+		for _, f := range list {
+			if t, ok := earliest[f.hostIfindex]; !ok || f.first.Before(t) {
+				earliest[f.hostIfindex] = f.first
+			}
+			if first.IsZero() || f.first.Before(first) {
+				first = f.first
+			}
+		}
+	}
+	gone := func(ifindex int, until time.Time) bool {
+		if until.IsZero() || !until.Before(at.Add(-timeout)) {
+			return false
+		}
+		if ifindex == 0 {
+			return first.IsZero() || !first.Before(until)
+		}
+		for _, idx := range []int{ifindex, 0} {
+			if t, ok := earliest[idx]; ok && t.Before(until) {
+				return false
+			}
+		}
+		return true
+	}
+	progs := slices.Clone(a.PodTCPrograms) // the caller's Config may share the array
+	for i := range progs {
+		if p := &progs[i]; p.Until.IsZero() && p.Ifindex != 0 && slices.Contains(hostIfindexes, p.Ifindex) {
+			p.Until = at
+		}
+	}
+	a.PodTCPrograms = slices.DeleteFunc(progs, func(p TCProgram) bool { return gone(p.Ifindex, p.Until) })
+	redirs := slices.Clone(a.HostRedirects)
+	for i := range redirs {
+		if r := &redirs[i]; r.Until.IsZero() && r.Ifindex != 0 && slices.Contains(hostIfindexes, r.Ifindex) {
+			r.Until = at
+		}
+	}
+	a.HostRedirects = slices.DeleteFunc(redirs, func(r TCRedirect) bool { return gone(r.Ifindex, r.Until) })
 	e.gen++
 }
 
@@ -380,6 +439,24 @@ func (e *Engine) SetCgroupSockPrograms(cgroup uint64, progs []SockProgram) {
 	}
 	e.cfg.Attribution.SockProgramsByCgroup[cgroup] = progs
 	e.gen++
+}
+
+// ForgetCgroups forgets the sock_addr programs of the clients' cgroups
+// (SetCgroupSockPrograms) that no open flow is of: a run until stopped
+// sees the cgroups of every Pod that ever came. A cgroup seen again is
+// told again.
+func (e *Engine) ForgetCgroups() {
+	byCg := e.cfg.Attribution.SockProgramsByCgroup
+	if len(byCg) == 0 {
+		return
+	}
+	used := map[uint64]bool{}
+	for _, list := range e.clients {
+		for _, f := range list {
+			used[f.cgroup] = true
+		}
+	}
+	maps.DeleteFunc(byCg, func(cg uint64, _ []SockProgram) bool { return !used[cg] })
 }
 
 // natHookOf is the NAT hook a flow went through: the one the netfilter

@@ -137,5 +137,11 @@ func (e *Engine) Sizes() map[string]int {
 		"pairs":          len(e.pairs),
 		"labels":         len(e.labels.names),
 		"byNames":        len(e.byNames),
+		"cgroups":        len(e.cfg.Attribution.SockProgramsByCgroup),
+		"podTCPrograms":  len(e.cfg.Attribution.PodTCPrograms),
+		"hostRedirects":  len(e.cfg.Attribution.HostRedirects),
 	}
 }
+
+// SetMaxLabels sets how many capture point labels the engine holds at once.
+func (e *Engine) SetMaxLabels(n int) { e.labels.maxNames = n }

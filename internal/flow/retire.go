@@ -69,6 +69,9 @@ func (e *Engine) Retire(now time.Time) []Flow {
 	// flow is made (lastChance) before that flow is reported, on a node
 	// quiet since.
 	e.expireAt(clock)
+	// The labels of capture points gone (Pods that went) that only the
+	// flows retired now counted in are forgotten after them.
+	defer e.sweepLabels()
 	return e.retire(func(f *flowState) bool {
 		if f.last.IsZero() {
 			return false

@@ -143,7 +143,7 @@ func TestRetireBounded(t *testing.T) {
 		"socks": 8192, "socks.order": 8192, "socks.flows": 8192,
 		"waiting.queue": 4 * 4096, "waiting.byEnd": 4 * 4096, "replays": 64,
 		"commented": 1024, "lateCounts": 0, "refused": 0, "refusedClients": 0,
-		"retiredKeys": 2 * 4096, "backends": 2, "backendPorts": 2, "pairs": 2, "labels": 128, "byNames": 16,
+		"retiredKeys": 2 * 4096, "backends": 2, "backendPorts": 2, "pairs": 2, "labels": 128, "byNames": 16, "cgroups": 0, "podTCPrograms": 0, "hostRedirects": 0,
 	}
 	for k, v := range peak {
 		b, ok := bounds[k]

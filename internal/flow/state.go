@@ -393,26 +393,94 @@ func (f *flowState) absorb(o *flowState) {
 // labels numbers the labels of the observation points (capture points and
 // the interfaces of tc observers, obs.Observation.Ifname), so that a
 // per-point entry holds an index, not a string: few (two per Pod, at most
-// a few thousand Pods, and the uplink), kept for the engine's life. Index
-// 0 is the empty label.
+// a few thousand Pods, and the uplink). Index 0 is the empty label. A run
+// until stopped sees Pods come and go for days, each with labels of its
+// own: the labels no open flow counts in are forgotten (sweep), and their
+// indexes given to the next. Beyond maxLabels at once, a point is counted
+// unnamed (index 0) and unnamed says how often: never silently another's.
 type labels struct {
 	names []string
 	index map[string]uint16
+	free  []uint16 // indexes of labels forgotten, for the next
+	// sweepAt is how many labels make Retire look for those no open flow
+	// counts in (twice what the last sweep kept, and at least
+	// minLabelSweep): a sweep costs a look at every open flow's points.
+	sweepAt  int
+	unnamed  uint64
+	maxNames int // maxLabels; smaller in tests
 }
 
+// maxLabels is how many labels the engine holds at once: the 16 bits of
+// pointKey.iface.
+const maxLabels = 1 << 16
+
+// minLabelSweep is the fewest labels held that make Retire sweep them.
+const minLabelSweep = 1024
+
 func newLabels() labels {
-	return labels{names: []string{""}, index: map[string]uint16{"": 0}}
+	return labels{names: []string{""}, index: map[string]uint16{"": 0}, sweepAt: minLabelSweep, maxNames: maxLabels}
 }
 
 func (l *labels) indexOf(name string) uint16 {
 	if i, ok := l.index[name]; ok {
 		return i
 	}
-	i := uint16(len(l.names))
-	l.names = append(l.names, name)
+	var i uint16
+	switch {
+	case len(l.free) > 0:
+		i = l.free[len(l.free)-1]
+		l.free = l.free[:len(l.free)-1]
+		l.names[i] = name
+	case len(l.names) < l.maxNames:
+		i = uint16(len(l.names))
+		l.names = append(l.names, name)
+	default:
+		l.unnamed++
+		return 0
+	}
 	l.index[name] = i
 	return i
 }
+
+// held counts the labels held now.
+func (l *labels) held() int { return len(l.index) - 1 }
+
+// sweep forgets the labels whose index used does not report, and returns
+// how many it kept. A label forgotten that comes again gets an index anew.
+func (l *labels) sweep(used func(uint16) bool) int {
+	for name, i := range l.index {
+		if i != 0 && !used(i) {
+			delete(l.index, name)
+			l.names[i] = ""
+			l.free = append(l.free, i)
+		}
+	}
+	kept := l.held()
+	l.sweepAt = max(2*kept, minLabelSweep)
+	return kept
+}
+
+// sweepLabels forgets the labels no open flow counts in, when there are
+// many (labels.sweepAt): a retired flow's snapshot is made, a merged one's
+// points went to the flow it merged into.
+func (e *Engine) sweepLabels() {
+	if e.labels.held() < e.labels.sweepAt {
+		return
+	}
+	used := make([]bool, len(e.labels.names))
+	for _, list := range e.clients {
+		for _, f := range list {
+			for i := range f.points {
+				used[f.points[i].iface] = true
+			}
+		}
+	}
+	e.labels.sweep(func(i uint16) bool { return used[i] })
+}
+
+// UnnamedPoints counts the observations counted at a point without its
+// label: more labels than the engine holds at once (maxLabels).
+func (e *Engine) UnnamedPoints() uint64 { return e.labels.unnamed }
 
 func (l *labels) name(i uint16) string { return l.names[i] }
 

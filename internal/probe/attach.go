@@ -3,6 +3,7 @@ package probe
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -168,7 +169,11 @@ func (p *Probe) AttachTCSkip(netnsPath string, ifindex int, ifname string, skip 
 			a.Err = nsErr
 		}
 		if a.Err == nil {
-			a.Err = p.attachTCX(netnsPath, ifindex, c.prog, c.attach, c.anchor)
+			var l link.Link
+			if l, a.Err = p.attachTCX(netnsPath, ifindex, c.prog, c.attach, c.anchor); a.Err == nil {
+				k := ifaceKey{netns, ifindex}
+				p.tcLinks[k] = append(p.tcLinks[k], l)
+			}
 		}
 		out = append(out, a)
 	}
@@ -193,19 +198,46 @@ func SkippedTC(netnsPath string, ifindex int, ifname string, why error) []Attach
 
 // attachTCX creates the tcx link from a thread inside the interface's netns.
 // Callers hold p.mu.
-func (p *Probe) attachTCX(netnsPath string, ifindex int, progName string, attach ebpf.AttachType, anchor link.Anchor) error {
+func (p *Probe) attachTCX(netnsPath string, ifindex int, progName string, attach ebpf.AttachType, anchor link.Anchor) (link.Link, error) {
 	prog, err := p.program(p.tcSpec, progName)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return nsutil.Do(netnsPath, func() error {
-		l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: attach, Anchor: anchor})
+	var l link.Link
+	err = nsutil.Do(netnsPath, func() error {
+		var err error
+		l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: attach, Anchor: anchor})
 		if err != nil {
 			return fmt.Errorf("attach %s to ifindex %d: %w", progName, ifindex, err)
 		}
 		p.keep(l)
 		return nil
 	})
+	return l, err
+}
+
+// ForgetTC closes the links of the tcx observers on the interface
+// ifindex of the netns at netnsPath, one that went (a Pod's host veth: the
+// kernel took them out of its path with it, but each link held a
+// descriptor and its kernel object until the run's end), and forgets the
+// interface's name. A run until stopped calls it for the Pods that went.
+func (p *Probe) ForgetTC(netnsPath string, ifindex int) {
+	netns, err := netnsInode(netnsPath)
+	if err != nil {
+		return
+	}
+	k := ifaceKey{netns, ifindex}
+	p.mu.Lock()
+	ls := p.tcLinks[k]
+	delete(p.tcLinks, k)
+	delete(p.ifnames, k)
+	if len(ls) > 0 {
+		p.links = slices.DeleteFunc(p.links, func(l link.Link) bool { return slices.Contains(ls, l) })
+	}
+	p.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
 }
 
 // NAT runs at priority -100 (NF_IP_PRI_NAT_DST) at PREROUTING and OUTPUT; the

@@ -83,6 +83,8 @@ type Probe struct {
 	watched  map[netip.Addr]bool
 	userBits [addrBits / 64]uint64 // watch_bits_user's value
 	ifnames  map[ifaceKey]string
+	// tcLinks are the tcx observers' links by interface (ForgetTC).
+	tcLinks  map[ifaceKey][]link.Link
 	nfPrios  map[nfKey]int32
 	ctSubs   []*ctSubscription
 	ctObs    chan obs.Observation // conntrack observations waiting for Run
@@ -123,6 +125,7 @@ func New() (*Probe, error) {
 		globals: map[string]bool{},
 		watched: map[netip.Addr]bool{},
 		ifnames: map[ifaceKey]string{},
+		tcLinks: map[ifaceKey][]link.Link{},
 		nfPrios: map[nfKey]int32{},
 		ctObs:   make(chan obs.Observation, 4096),
 		closing: make(chan struct{}),
@@ -397,6 +400,7 @@ func (p *Probe) Detach() error {
 	close(p.closing)
 	links, subs := p.links, p.ctSubs
 	p.links, p.ctSubs = nil, nil
+	clear(p.tcLinks) // closed with links
 	p.mu.Unlock()
 
 	var errs []error

@@ -247,7 +247,11 @@ func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []netip.Addr, sn
 // closeTaps closes every tap at once: closing a ring waits for RCU grace
 // periods too.
 func closeTaps(taps []tap) {
-	concurrently(len(taps), func(i int) { taps[i].t.Close() })
+	concurrently(len(taps), func(i int) {
+		if taps[i].t != nil { // nil: a slot a run until stopped forgot
+			taps[i].t.Close()
+		}
+	})
 }
 
 // maxConcurrent bounds the goroutines (each on a thread of its own while it
@@ -485,10 +489,24 @@ func protoOf(s string) obs.Proto {
 func (tr *tracer) counters() (packets, drops map[string]uint64) {
 	packets, drops = map[string]uint64{}, map[string]uint64{}
 	for _, tp := range tr.taps {
+		if tp.t == nil {
+			continue // forgotten: counted in goneLabel's
+		}
 		st := tp.t.Stats()
 		packets[tp.label] += st.Packets
 		drops[tp.label+" kernel_drops"] += st.KernelDrops
 		drops[tp.label+" decode_errors"] += st.DecodeErrors
+	}
+	if g := tr.gone; g != nil && g.n > 0 {
+		packets[goneLabel] += g.packets
+		drops[goneLabel+" kernel_drops"] += g.kernelDrops
+		drops[goneLabel+" decode_errors"] += g.decodeErrors
+	}
+	if n := tr.eng.UnnamedPoints(); n > 0 {
+		// More capture points at once than the engine numbers: counted
+		// without their names (a run until stopped forgets those of
+		// Pods that went).
+		drops["points_unnamed"] = n
 	}
 	ps := tr.pr.Stats()
 	drops["ringbuf_losses"] = ps.RingbufLosses

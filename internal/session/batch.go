@@ -22,6 +22,10 @@ type batch struct {
 	data []byte
 	obs  []obs.Observation
 	next int // with --pcap: the first frame not written yet
+	// ended marks the last batch of a tap whose capture ended (no frame,
+	// never reused): the consumer has taken every frame of the tap once
+	// it takes this one (tracer.tapEnded).
+	ended bool
 }
 
 // frame is one captured frame and what the consumer made of it. It is 128

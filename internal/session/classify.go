@@ -81,6 +81,12 @@ func (c *classTable) put(k classKey, h flow.Handle) {
 	c.remember(k, h)
 }
 
+// reset forgets every kind.
+func (c *classTable) reset() {
+	clear(c.m)
+	c.recent = [recentSlots]classEntry{}
+}
+
 func (c *classTable) remove(k classKey) {
 	delete(c.m, k)
 	if e := &c.recent[slotOf(k)]; e.k == k {

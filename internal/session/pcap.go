@@ -48,6 +48,31 @@ type pcapOut struct {
 	last    lastComment
 	byKind  [kindComments]lastComment
 	lastGen uint64
+	// frozen, once a run until stopped gives the slots of the taps it
+	// forgot to others (after the file ended: see tracer.tapEnded), are
+	// the file's interfaces' names and statistics as they were then.
+	frozen []frozenIface
+}
+
+type frozenIface struct {
+	label string
+	stats export.InterfaceStats
+}
+
+// freeze keeps the file's interfaces' names and statistics as they are
+// now, the first time: their taps' slots are about to change.
+func (p *pcapOut) freeze(taps []tap) {
+	if p.frozen != nil {
+		return
+	}
+	p.frozen = make([]frozenIface, len(taps))
+	for i, tp := range taps {
+		if tp.t == nil {
+			continue // a slot forgotten: its interface was frozen with it
+		}
+		st := tp.t.Stats()
+		p.frozen[i] = frozenIface{label: tp.label, stats: export.InterfaceStats{Received: st.KernelPackets, Dropped: st.KernelDrops}}
+	}
 }
 
 // kindComments is the size of pcapOut.byKind, a power of two.
@@ -173,9 +198,20 @@ func (p *pcapOut) write(w export.Held, iface int, pkt *capture.Packet, comment s
 func (p *pcapOut) close(taps []tap) *export.Summary {
 	stats := make([]export.InterfaceStats, len(taps))
 	res := &export.Summary{Path: p.path, PerInterface: map[string]uint64{}}
+	labels := make([]string, len(taps))
 	for i, tp := range taps {
+		if tp.t == nil {
+			continue // a slot forgotten (frozen holds its interface)
+		}
 		st := tp.t.Stats()
 		stats[i] = export.InterfaceStats{Received: st.KernelPackets, Dropped: st.KernelDrops}
+		labels[i] = tp.label
+	}
+	if p.frozen != nil {
+		stats, labels = stats[:len(p.frozen)], labels[:len(p.frozen)]
+		for i, f := range p.frozen {
+			stats[i], labels[i] = f.stats, f.label
+		}
 	}
 	// A failed close (a reader that went away from "-", a full disk) is
 	// reported with the rest, never at the cost of the report. The counts
@@ -184,7 +220,7 @@ func (p *pcapOut) close(taps []tap) *export.Summary {
 		p.err = err
 	}
 	for i, n := range p.w.PerInterface() {
-		res.PerInterface[taps[i].label] = n
+		res.PerInterface[labels[i]] = n
 	}
 	if p.err != nil {
 		res.Error = p.err.Error()

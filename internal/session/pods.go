@@ -1,8 +1,10 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -33,6 +35,16 @@ type podFollow struct {
 	maxPods int      // that bound
 	failed  []string // taps of new Pods that failed
 	lookErr string   // the last look that failed
+	// untilStopped: a run until stopped, whose bound is on the Pods
+	// followed at once (discover.PodWatch.GiveRoomBack). It lists the
+	// last Pods started (earlier counts those it no longer lists),
+	// forgets the Pods that went (went counts them) from the node's
+	// lists, and counts the capture points it could not open for the
+	// bound on taps (overTaps).
+	untilStopped bool
+	earlier      int
+	went         int
+	overTaps     int
 }
 
 const (
@@ -54,6 +66,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	}
 	pf.next = now.Add(podWatchEvery)
 	found, err := pf.watch.Look(ctx, now)
+	tr.forgetGonePods(now, found.Gone)
 	if err != nil {
 		if ctx.Err() == nil { // not the run's end
 			pf.lookErr = fmt.Sprintf("%s: %v", now.Format("15:04:05"), err)
@@ -99,12 +112,12 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	// rings open cannot shrink, so the total grows slowly with every Pod).
 	podPoints := 0
 	for _, tp := range tr.taps {
-		if tp.role != discover.RoleUplink {
+		if tp.t != nil && tp.role != discover.RoleUplink { // a slot forgotten has none
 			podPoints++
 		}
 	}
 	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, podPoints, tr.watch, tr.opt.Snaplen, tr.opt.RingBytes, pf.prog, pf.progErr)
-	tr.late.atts = append(tr.late.atts, tapAtts...)
+	tr.late.keep(tapAtts...)
 
 	all := append(append([]tap(nil), tr.taps...), taps...)
 	labels := pointLabels(all, pf.node.Pods)
@@ -134,15 +147,25 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 			tp.t.Close()
 			continue
 		}
-		if tr.pcap != nil {
+		slot := tr.tapSlot()
+		if slot < 0 {
+			tp.t.Close()
+			pf.overTaps++
+			continue
+		}
+		if tr.pcap != nil && slot == len(tr.taps) { // a slot reused: the file ended, see tapEnded
 			if stop = tr.pcap.addInterface(tp, tr.opt.Snaplen); stop != "" {
 				// The file reached its bound: the run ends, as for a packet.
 				tp.t.Close()
 				continue
 			}
 		}
-		tr.taps = append(tr.taps, tp)
-		startTap(len(tr.taps) - 1)
+		if slot == len(tr.taps) {
+			tr.taps = append(tr.taps, tp)
+		} else {
+			tr.taps[slot] = tp
+		}
+		startTap(slot)
 		opened = append(opened, tp)
 	}
 	for _, p := range found.Pods {
@@ -162,8 +185,13 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 // and which of the taps opened follow it.
 func (pf *podFollow) note(p discover.Pod, at time.Time, opened []tap) {
 	if len(pf.started) >= maxStartedListed {
-		pf.more++
-		return
+		if !pf.untilStopped {
+			pf.more++
+			return
+		}
+		// A run until stopped lists the last ones.
+		pf.started = slices.Delete(pf.started, 0, 1)
+		pf.earlier++
 	}
 	who := p.NetNS.Path
 	if len(p.Eth0.Addrs) > 0 {
@@ -190,11 +218,23 @@ func (pf *podFollow) summary() []string {
 		return nil
 	}
 	out := pf.started
+	if pf.earlier > 0 {
+		out = append([]string{fmt.Sprintf("%d earlier (the last %d listed)", pf.earlier, len(pf.started))}, out...)
+	}
 	if pf.more > 0 {
 		out = append(out, fmt.Sprintf("%d more", pf.more))
 	}
-	if pf.skipped > 0 {
+	if pf.went > 0 {
+		out = append(out, fmt.Sprintf("%d Pods followed went during the run", pf.went))
+	}
+	switch {
+	case pf.skipped > 0 && pf.untilStopped:
+		out = append(out, fmt.Sprintf("%d not followed: pathtrace follows at most %d Pods at once", pf.skipped, pf.maxPods))
+	case pf.skipped > 0:
 		out = append(out, fmt.Sprintf("%d not followed: pathtrace follows at most %d Pods", pf.skipped, pf.maxPods))
+	}
+	if pf.overTaps > 0 {
+		out = append(out, fmt.Sprintf("%d capture points of new Pods not opened: a run has at most %d open at once (with --pcap, until the file ends, every capture point of the run counts)", pf.overTaps, maxTaps))
 	}
 	for _, f := range pf.failed {
 		out = append(out, "not attached: "+f)
@@ -214,6 +254,7 @@ func (pf *podFollow) summary() []string {
 // it any more: an app container that restarts in a Pod that lives on does
 // not count.
 func (tr *tracer) releaseGone(now time.Time) {
+	tr.forgetEnded()
 	var gone []int
 	for i, tp := range tr.taps {
 		if tp.role != discover.RolePod || tp.inode == 0 || *tp.released != "" {
@@ -248,5 +289,154 @@ func (tr *tracer) releaseGone(now time.Time) {
 		// producer may be waiting for this goroutine, the consumer, to
 		// take its batch.
 		go tp.t.Close()
+	}
+}
+
+// maxTaps bounds the slots of tracer.taps: the consumer's packet kinds
+// name a capture point by its slot in 16 bits (kindOf). A bounded run's
+// taps take a slot each; a run until stopped reuses the slots of the taps
+// it forgot (tapEnded), so only the capture points open at once count
+// (two per Pod followed, at most discover.DefaultMaxPods of them, and the
+// uplinks), except while its pcapng file takes frames: the file's
+// interfaces are the slots, and it cannot remove one.
+const maxTaps = 1 << 16
+
+// tapSlot is the slot in tracer.taps of the next tap opened: a forgotten
+// tap's, else a new one at the end; -1 when none is left (maxTaps).
+func (tr *tracer) tapSlot() int {
+	if g := tr.gone; g != nil && len(g.free) > 0 {
+		i := g.free[len(g.free)-1]
+		g.free = g.free[:len(g.free)-1]
+		return i
+	}
+	if len(tr.taps) >= maxTaps {
+		return -1
+	}
+	return len(tr.taps)
+}
+
+// goneTaps is what a run until stopped keeps of the taps it forgot. A tap
+// whose capture ended before the run (its Pod went: the veth went away, or
+// the session released it) is forgotten once the consumer has its last
+// frames: its counts go to the totals of the points gone (goneLabel), why
+// it ended to a bounded list, its slot in tracer.taps to the next tap
+// opened.
+type goneTaps struct {
+	free []int // slots to reuse
+	// waiting are taps ended while the pcapng file takes frames: their
+	// slots are the file's interfaces. They are forgotten once it ended
+	// (a run until stopped's file is bounded, --max-bytes).
+	waiting                            []int
+	n                                  int // taps forgotten
+	packets, kernelDrops, decodeErrors uint64
+	ended                              []goneTap // the last maxGoneListed
+}
+
+// goneTap is a forgotten capture point's label and why its capture ended.
+type goneTap struct{ label, why string }
+
+// goneLabel names the capture points forgotten in the counts per point.
+const goneLabel = "points-gone"
+
+// maxGoneListed bounds the forgotten capture points the report lists.
+const maxGoneListed = 64
+
+// tapEnded is called once the consumer has the last frames of tap i, whose
+// capture ended before the run: a run until stopped forgets it.
+func (tr *tracer) tapEnded(i int) {
+	g := tr.gone
+	if g == nil {
+		return // a bounded run reports every capture point
+	}
+	if tr.pcap != nil && !tr.pcap.full() {
+		g.waiting = append(g.waiting, i)
+		return
+	}
+	tr.forgetTap(i)
+}
+
+// forgetEnded forgets the taps that ended while the pcapng file took
+// frames, once it ended.
+func (tr *tracer) forgetEnded() {
+	if g := tr.gone; g != nil && len(g.waiting) > 0 && tr.pcap != nil && tr.pcap.full() {
+		for _, i := range g.waiting {
+			tr.forgetTap(i)
+		}
+		g.waiting = nil
+	}
+}
+
+func (tr *tracer) forgetTap(i int) {
+	g := tr.gone
+	tp := tr.taps[i]
+	if tr.pcap != nil {
+		tr.pcap.freeze(tr.taps) // its interfaces as they are: the slots change now
+	}
+	st := tp.t.Stats()
+	g.packets += st.Packets
+	g.kernelDrops += st.KernelDrops
+	g.decodeErrors += st.DecodeErrors
+	ended, gap := captureEnd(cmp.Or(*tp.released, *tp.ended), st)
+	if len(g.ended) >= maxGoneListed {
+		g.ended = slices.Delete(g.ended, 0, 1)
+	}
+	g.ended = append(g.ended, goneTap{tp.label, cmp.Or(ended, gap)})
+	g.n++
+	tr.taps[i] = tap{}
+	g.free = append(g.free, i)
+	// The packet kinds and fragments remembered name capture points by
+	// slot: the next tap in this one must not find the old one's.
+	tr.classes.reset()
+	clear(tr.frags)
+}
+
+// forgetGonePods drops the Pods that went (discover.NewPods.Gone) from the
+// node's lists, with their capture points, tc programs and redirects, and
+// their netns from the socket observers' scope: a run until stopped's
+// lists follow the node as it is. Their taps end by themselves (their
+// interfaces went) or were released (releaseGone).
+func (tr *tracer) forgetGonePods(now time.Time, gone []uint64) {
+	pf := tr.pods
+	if len(gone) == 0 || pf == nil {
+		return
+	}
+	node := pf.node
+	type point struct {
+		netns   string
+		ifindex int
+	}
+	eth0s, veths := map[point]bool{}, map[int]bool{}
+	node.Pods = slices.DeleteFunc(node.Pods, func(p discover.Pod) bool {
+		if !slices.Contains(gone, p.NetNS.Inode) {
+			return false
+		}
+		eth0s[point{p.NetNS.Path, p.Eth0.Ifindex}] = true
+		if p.HostPeer != nil {
+			veths[p.HostPeer.Ifindex] = true
+		}
+		pf.went++
+		return true
+	})
+	node.CapturePoints = slices.DeleteFunc(node.CapturePoints, func(cp discover.CapturePoint) bool {
+		return cp.Role == discover.RolePod && eth0s[point{cp.NetNS, cp.Ifindex}] || cp.Role == discover.RoleHost && veths[cp.Ifindex]
+	})
+	node.TCPrograms = slices.DeleteFunc(node.TCPrograms, func(p discover.TCProgram) bool {
+		return p.Role == discover.RoleHost && veths[p.Ifindex] || p.Role == discover.RolePod && veths[p.HostIfindex]
+	})
+	node.TCRedirects = slices.DeleteFunc(node.TCRedirects, func(r discover.TCRedirect) bool {
+		return r.Role == discover.RoleHost && veths[r.Ifindex]
+	})
+	for _, ino := range gone {
+		delete(tr.scope, ino) // the kernel gives the inode to the next netns made
+	}
+	if tr.eng != nil {
+		tr.eng.PodsGone(now, slices.Sorted(maps.Keys(veths)))
+	}
+	for idx := range veths {
+		if _, ok := tr.late.observed[idx]; ok && tr.pr != nil && tr.tc != nil {
+			// Its observers went with it: their links are let go.
+			tr.pr.ForgetTC(tr.tc.look.HostNetNS(), idx)
+		}
+		delete(tr.late.observed, idx)
 	}
 }

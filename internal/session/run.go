@@ -52,8 +52,11 @@ type tracer struct {
 	tc        *tcWatch
 	nat       *natWatch
 	pods      *podFollow // nil when Pods were selected
-	late      *tcLate
-	classes   *classTable
+	// gone, in a run until stopped, is what it keeps of the taps it
+	// forgot (their capture ended); nil in a bounded run.
+	gone    *goneTaps
+	late    *tcLate
+	classes *classTable
 	// icmpKinds names the ICMP errors seen, by type<<8 | code.
 	icmpKinds map[uint16]string
 	// frags maps the datagrams whose first fragment was in a flow (per
@@ -357,6 +360,11 @@ func (tr *tracer) produce(ctx context.Context, iface int, tp tap, items chan<- *
 		// socket keeps alive; the counters stay readable.
 		tp.t.Close()
 	}
+	if err != nil || ctx.Err() == nil { // ended before the run: failed, or released
+		// After its frames: a run until stopped forgets the tap once the
+		// consumer has them (tapEnded).
+		items <- &batch{tap: iface, ended: true}
+	}
 }
 
 // dueStop is the stop reason of a run whose capture file reported reason:
@@ -376,6 +384,10 @@ func dueStop(reason string, due, ctx context.Context) string {
 // consume feeds a batch to the engine and the pcapng file; it returns a stop
 // reason when the file reached a bound.
 func (tr *tracer) consume(b *batch) string {
+	if b.ended {
+		tr.tapEnded(b.tap)
+		return ""
+	}
 	if b.tap < 0 {
 		for _, o := range b.obs {
 			tr.add(o)
@@ -464,6 +476,13 @@ func (tr *tracer) attributeCgroup(id uint64) {
 	if tr.cgroupDone == nil {
 		tr.cgroupDone = map[uint64]bool{}
 	}
+	if tr.gone != nil && len(tr.cgroupDone) >= maxCgroupsDone {
+		// A run until stopped sees the cgroups of every Pod that ever
+		// came: those of no open flow are forgotten, and resolved again
+		// when seen again.
+		clear(tr.cgroupDone)
+		tr.eng.ForgetCgroups()
+	}
 	tr.cgroupDone[id] = true
 	_, progs, err := discover.SockProgramsForCgroupID(tr.cgroupRoot, id, tr.pr.IsObserver)
 	if err != nil {
@@ -475,6 +494,10 @@ func (tr *tracer) attributeCgroup(id uint64) {
 	}
 	tr.eng.SetCgroupSockPrograms(id, fps)
 }
+
+// maxCgroupsDone bounds the client cgroups a run until stopped keeps
+// resolved (attributeCgroup).
+const maxCgroupsDone = 4096
 
 // widen adds the backends the engine learned to the observers' watch list
 // (which the eBPF tap filter shares) and to the classic tap filters, so

@@ -85,10 +85,12 @@ type Progress struct {
 // Result is everything a session learned.
 type Result struct {
 	// Node is the node as discovered, with the Pods that started during
-	// the session (their capture points and tc programs too).
+	// the session (their capture points and tc programs too); a run until
+	// stopped drops the Pods that went (PodsStarted counts them).
 	Node *discover.NodeInfo
 	// Attachments are the observers and taps, with those attached while
-	// the session ran (Pods that started, veths that got a tc program).
+	// the session ran (Pods that started, veths that got a tc program):
+	// of these, a run until stopped keeps the last 1024.
 	Attachments []probe.Attachment
 	Flows       []flow.Flow
 	Summary     flow.Summary
@@ -220,9 +222,18 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		late: &tcLate{observed: tcObserved(node), tails: needTails(node)},
 		free: newBatchPool(freeBatches), freeSmall: newBatchPool(freeBatches), freeObs: newBatchPool(freeObsBatches)}
 	defer func() { closeTaps(tr.taps) }() // with those of Pods that started
+	if opt.Finished != nil {
+		// A run until stopped is bounded by what the node has at once, not
+		// by what came over the run: it forgets the taps that ended and
+		// the Pods that went.
+		tr.gone, tr.late.bounded = &goneTaps{}, true
+	}
 	if w := discover.NewPodWatch(node, opt.Discover); w != nil {
 		tr.pods = &podFollow{watch: w, node: node, next: time.Now().Add(podWatchEvery), prog: tapProg, progErr: tapProgErr,
-			maxPods: cmp.Or(opt.Discover.MaxPods, discover.DefaultMaxPods)}
+			maxPods: cmp.Or(opt.Discover.MaxPods, discover.DefaultMaxPods), untilStopped: opt.Finished != nil}
+		if opt.Finished != nil {
+			w.GiveRoomBack()
+		}
 	}
 	if opt.Pcap != "" {
 		if tr.pcap, err = openPcap(opt.Pcap, opt.PcapLimits, taps, opt.Snaplen); err != nil {
@@ -272,7 +283,26 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res.Summary = eng.Summary()
 	res.Summary.OutOfScope = tr.outOfScope
 	res.Packets, res.Drops = tr.counters()
+	if g := tr.gone; g != nil {
+		for _, e := range g.ended {
+			if e.why != "" {
+				if res.CaptureEnded == nil {
+					res.CaptureEnded = map[string]string{}
+				}
+				res.CaptureEnded[e.label] = e.why
+			}
+		}
+		if g.n > len(g.ended) {
+			if res.CaptureEnded == nil {
+				res.CaptureEnded = map[string]string{}
+			}
+			res.CaptureEnded[goneLabel] = fmt.Sprintf("%d capture points of Pods that went ended before the run (the last %d are listed); their frames are counted as %s's", g.n, len(g.ended), goneLabel)
+		}
+	}
 	for _, tp := range tr.taps {
+		if tp.t == nil {
+			continue // forgotten: listed above
+		}
 		ended, gap := captureEnd(cmp.Or(*tp.released, *tp.ended), tp.t.Stats())
 		if ended != "" {
 			if res.CaptureEnded == nil {

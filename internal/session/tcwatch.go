@@ -139,6 +139,22 @@ type tcLate struct {
 	atts     []probe.Attachment
 	notes    []string // what the report says, bounded
 	more     int
+	// bounded: a run until stopped keeps the last maxLateAtts of atts
+	// (the Pods that went had many), and counts the others in attsMore.
+	bounded  bool
+	attsMore int
+}
+
+// maxLateAtts bounds what a run until stopped keeps of tcLate.atts.
+const maxLateAtts = 1024
+
+// keep adds atts to what was attached late.
+func (l *tcLate) keep(atts ...probe.Attachment) {
+	l.atts = append(l.atts, atts...)
+	if n := len(l.atts) - maxLateAtts; l.bounded && n > 0 {
+		l.atts = slices.Delete(l.atts, 0, n)
+		l.attsMore += n
+	}
 }
 
 // errNoTailsLoaded is why a host veth that got a tc program during the
@@ -208,7 +224,7 @@ func (tr *tracer) observeVeth(now time.Time, ifindex int, ifname string, dirs tc
 		case a.Err != nil && !errors.Is(a.Err, errNoTailsLoaded) && !errors.Is(a.Err, errNoTCProgramDir):
 			note += fmt.Sprintf("; %s not attached: %v", a.Observer, a.Err)
 		}
-		tr.late.atts = append(tr.late.atts, a)
+		tr.late.keep(a)
 	}
 	tr.late.note(note)
 }
@@ -234,6 +250,9 @@ func (l *tcLate) summary() []string {
 	out := l.notes
 	if l.more > 0 {
 		out = append(out, fmt.Sprintf("%d more", l.more))
+	}
+	if l.attsMore > 0 {
+		out = append(out, fmt.Sprintf("%d earlier attachments (taps and observers of Pods started) are not kept in the node's list: a run until stopped keeps the last %d", l.attsMore, maxLateAtts))
 	}
 	return out
 }

@@ -1,0 +1,120 @@
+package session
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+// TestPodsStartedBounded: the Pods started that the report lists stay
+// bounded: a bounded run lists the first ones and counts the others, a
+// run until stopped the last ones, counting the earlier.
+func TestPodsStartedBounded(t *testing.T) {
+	pod := func(i int) discover.Pod {
+		return discover.Pod{NetNS: discover.NetNS{Path: fmt.Sprintf("/run/netns/p%d", i)},
+			Eth0: discover.Iface{Addrs: []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 24)}}}
+	}
+	for _, untilStopped := range []bool{false, true} {
+		pf := &podFollow{untilStopped: untilStopped}
+		const n = 1000
+		for i := range n {
+			pf.note(pod(i), time.Unix(0, 0), nil)
+		}
+		s := pf.summary()
+		if len(s) != maxStartedListed+1 {
+			t.Fatalf("until stopped %v: %d lines, want %d Pods and a count", untilStopped, len(s), maxStartedListed)
+		}
+		first, last := s[0], s[len(s)-1]
+		if untilStopped {
+			first, last = s[1], s[0]
+		}
+		wantFirst, wantCount := "10.0.0.0 ", fmt.Sprintf("%d more", n-maxStartedListed)
+		if untilStopped {
+			wantFirst, wantCount = fmt.Sprintf("10.0.%d.%d ", (n-maxStartedListed)>>8, (n-maxStartedListed)&0xff), fmt.Sprintf("%d earlier (the last %d listed)", n-maxStartedListed, maxStartedListed)
+		}
+		if !strings.HasPrefix(first, wantFirst) || last != wantCount {
+			t.Errorf("until stopped %v: first listed %q, count %q; want %q..., %q", untilStopped, first, last, wantFirst, wantCount)
+		}
+	}
+}
+
+// TestForgetGonePods: the Pods that went leave the node's lists with their
+// capture points, tc programs and redirects, and their netns the scope;
+// the others stay, the uplinks too.
+func TestForgetGonePods(t *testing.T) {
+	pod := func(ino uint64, veth int) discover.Pod {
+		return discover.Pod{NetNS: discover.NetNS{Path: fmt.Sprintf("/run/netns/p%d", ino), Inode: ino}, Eth0: discover.Iface{Ifindex: 2},
+			HostPeer: &discover.HostPeer{Iface: discover.Iface{Ifindex: veth}}}
+	}
+	node := &discover.NodeInfo{Pods: []discover.Pod{pod(11, 101), pod(12, 102), pod(13, 103)}}
+	for _, p := range node.Pods {
+		node.CapturePoints = append(node.CapturePoints,
+			discover.CapturePoint{Role: discover.RolePod, NetNS: p.NetNS.Path, Ifindex: 2},
+			discover.CapturePoint{Role: discover.RoleHost, NetNS: "/node", Ifindex: p.HostPeer.Ifindex})
+		node.TCPrograms = append(node.TCPrograms,
+			discover.TCProgram{Role: discover.RoleHost, Ifindex: p.HostPeer.Ifindex},
+			discover.TCProgram{Role: discover.RolePod, Ifindex: 2, HostIfindex: p.HostPeer.Ifindex})
+		node.TCRedirects = append(node.TCRedirects, discover.TCRedirect{Role: discover.RoleHost, Ifindex: p.HostPeer.Ifindex})
+	}
+	node.CapturePoints = append(node.CapturePoints, discover.CapturePoint{Role: discover.RoleUplink, NetNS: "/node", Ifindex: 101})
+	tr := &tracer{pods: &podFollow{node: node, untilStopped: true}, scope: map[uint64]bool{1: true, 11: true, 12: true, 13: true},
+		late: &tcLate{observed: map[int]tcDirs{101: tcBoth, 102: tcBoth}}}
+	tr.forgetGonePods(time.Now(), []uint64{11, 13})
+	var inodes []uint64
+	for _, p := range node.Pods {
+		inodes = append(inodes, p.NetNS.Inode)
+	}
+	if !slices.Equal(inodes, []uint64{12}) {
+		t.Errorf("Pods %v, want 12 only", inodes)
+	}
+	var cps []string
+	for _, cp := range node.CapturePoints {
+		cps = append(cps, fmt.Sprintf("%s %s %d", cp.Role, cp.NetNS, cp.Ifindex))
+	}
+	if want := []string{"pod /run/netns/p12 2", "host /node 102", "uplink /node 101"}; !slices.Equal(cps, want) {
+		t.Errorf("capture points %q, want %q", cps, want)
+	}
+	if len(node.TCPrograms) != 2 || len(node.TCRedirects) != 1 || node.TCRedirects[0].Ifindex != 102 {
+		t.Errorf("tc programs %+v, redirects %+v: want Pod 12's", node.TCPrograms, node.TCRedirects)
+	}
+	if tr.scope[11] || tr.scope[13] || !tr.scope[12] || !tr.scope[1] {
+		t.Errorf("scope %v, want the node's and Pod 12's", tr.scope)
+	}
+	if _, ok := tr.late.observed[101]; ok {
+		t.Errorf("the observers of a veth gone still known: %v", tr.late.observed)
+	}
+	if s := tr.pods.summary(); !slices.Contains(s, "2 Pods followed went during the run") {
+		t.Errorf("summary %q", s)
+	}
+}
+
+// TestCgroupsBounded: a run until stopped keeps a bounded number of client
+// cgroups resolved: beyond it, they are forgotten (the engine's too, but
+// for open flows') and resolved again when seen again.
+func TestCgroupsBounded(t *testing.T) {
+	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: netip.MustParseAddr("192.0.2.80")}}})
+	tr := &tracer{eng: eng, gone: &goneTaps{}, cgroupRoot: t.TempDir(), cgroupDone: map[uint64]bool{}}
+	for id := range uint64(maxCgroupsDone) {
+		tr.cgroupDone[id+1] = true
+		eng.SetCgroupSockPrograms(id+1, nil)
+	}
+	tr.attributeCgroup(maxCgroupsDone + 1)
+	if len(tr.cgroupDone) != 1 {
+		t.Errorf("%d cgroups resolved, want the new one only", len(tr.cgroupDone))
+	}
+	// A bounded run keeps them all.
+	tr.gone = nil
+	for id := range uint64(maxCgroupsDone) {
+		tr.cgroupDone[id+1] = true
+	}
+	tr.attributeCgroup(maxCgroupsDone + 2)
+	if len(tr.cgroupDone) != maxCgroupsDone+2 {
+		t.Errorf("a bounded run kept %d cgroups resolved, want %d", len(tr.cgroupDone), maxCgroupsDone+2)
+	}
+}
