@@ -55,7 +55,9 @@ func (e *Engine) NoteICMPError(o obs.Observation, message string, from netip.Add
 		return true
 	}
 	if o.Src.IsValid() && o.Dst.IsValid() {
-		e.waiting.addICMP(o, note)
+		if !e.waiting.addICMP(o, note, e.related(o)) {
+			e.otherOverflow++
+		}
 		e.expire()
 	}
 	return false
