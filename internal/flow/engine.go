@@ -242,12 +242,26 @@ func (e *Engine) Add(o obs.Observation) { e.add(o) }
 func (e *Engine) add(o obs.Observation) (Handle, bool) {
 	e.note(o.Point, o.Time)
 	done, deferred, h, ok := e.process(o, false)
-	if !done && !e.waiting.add(o, deferred, e.related(o)) {
-		e.otherOverflow++
+	if !done {
+		related := e.related(o)
+		if !e.waiting.add(o, deferred, related) {
+			e.refusedWaiting(related)
+		}
 	}
 	e.replay()
 	e.expire()
 	return h, ok
+}
+
+// refusedWaiting counts an observation its waiting room refused (one
+// endpoint pair took its share of it): in unmatched_overflow when related
+// (it may have been a watched flow's), unrelated_overflow otherwise.
+func (e *Engine) refusedWaiting(related bool) {
+	if related {
+		e.overflow++
+	} else {
+		e.otherOverflow++
+	}
 }
 
 // replay processes again the waiting observations of the endpoints whose

@@ -89,7 +89,7 @@ func (e *Engine) ruleBackendPorts() map[netip.Addr][]uint16 {
 // in a room of their own (waiting), so that they cannot evict the traced
 // flows' observations. A socket LB's flow whose backend port is not
 // learned yet (its socket events come after its packets) is among the
-// others until then: the other room keeps its first packets (pairCap).
+// others until then: the other room keeps its first packets (otherPairCap).
 func (e *Engine) related(o obs.Observation) bool {
 	if o.Proto != obs.TCP && o.Proto != obs.UDP {
 		return true

@@ -21,11 +21,16 @@ import (
 // and a smaller one for the others (other traffic to or from a backend's
 // address, on other ports: the taps and observers watch addresses on any
 // port), so that heavy other traffic to a backend cannot evict the traced
-// flows' observations. The other room holds at most pairCap observations
-// of one endpoint pair at one point (the first ones: a socket LB's flow
-// whose backend port is not learned yet waits there until its socket
-// events come, and its first packets are what its verdict needs), so that
-// one flood cannot take that room either.
+// flows' observations. One endpoint pair cannot take either room: the
+// other room holds at most otherPairCap of its observations at each point;
+// the main one, once three quarters full, refuses those of a pair that has
+// a quarter of it (heavy direct traffic to a backend's served port, which
+// may be a traced flow's until the window says otherwise; below that, a
+// traced bulk flow's packets that wait for its flow all stay). The first
+// ones are kept, the later ones refused and counted: a flow's first packets
+// are what its verdict needs (a socket LB's flow whose backend port is not
+// learned yet waits in the other room until its socket events come), the
+// later ones only its counts.
 type waiting struct {
 	queue  []*waitingObs // arrival order; done entries are skipped
 	head   int
@@ -35,7 +40,8 @@ type waiting struct {
 	limit  int
 
 	// others is the other room's queue, otherLive and otherLimit its
-	// count and bound, pairs its count per endpoint pair and point.
+	// count and bound; pairs counts each room's observations per
+	// endpoint pair and point.
 	others     []*waitingObs
 	otherHead  int
 	otherLive  int
@@ -44,25 +50,39 @@ type waiting struct {
 	seq        uint64 // arrival number of the last pushed (waitingObs.seq)
 }
 
-// pairCap is how many observations of one endpoint pair at one point the
-// other room holds (waiting): a flow's first packets at a point, enough for
-// its verdict and its handshake; the rest are dropped (counted).
-const pairCap = 64
+// otherPairCap is how many observations of one endpoint pair at one point
+// the other room holds (waiting): a flow's first packets at a point, enough
+// for its verdict and its handshake; the rest are refused (counted).
+const otherPairCap = 64
 
-// pairKey is an endpoint pair (unordered) of one protocol at one capture
-// point or observer.
+// pairKey is an endpoint pair (unordered) of one protocol in one room, at
+// one capture point or observer in the other room (at any in the main one).
 type pairKey struct {
 	point obs.Point
 	proto obs.Proto
+	other bool
 	a, b  netip.AddrPort
 }
 
-func pairOf(o obs.Observation) pairKey {
-	a, b := o.Src, o.Dst
+func pairOf(p *waitingObs) pairKey {
+	a, b := p.o.Src, p.o.Dst
 	if b.Compare(a) < 0 {
 		a, b = b, a
 	}
-	return pairKey{o.Point, o.Proto, a, b}
+	k := pairKey{proto: p.o.Proto, other: p.other, a: a, b: b}
+	if p.other {
+		k.point = p.o.Point
+	}
+	return k
+}
+
+// full tells whether the room of p refuses another observation of its
+// endpoint pair and point, which has n waiting there.
+func (w *waiting) full(p *waitingObs, n int) bool {
+	if p.other {
+		return n >= otherPairCap
+	}
+	return 4*w.live >= 3*w.limit && n >= w.limit/4
 }
 
 type waitingObs struct {
@@ -93,8 +113,8 @@ func newWaiting(limit int) waiting {
 		otherLimit: max(1024, limit/4), pairs: make(map[pairKey]int)}
 }
 
-// add keeps o waiting, in the other room unless related; false when the
-// other room refused it (pairCap): the caller counts it.
+// add keeps o waiting, in the other room unless related; false when its
+// room refused it (full): the caller counts it.
 func (w *waiting) add(o obs.Observation, deferred, related bool) bool {
 	return w.push(&waitingObs{o: o, deferred: deferred, other: !related})
 }
@@ -106,12 +126,12 @@ func (w *waiting) addICMP(o obs.Observation, note *icmpNote, related bool) bool 
 }
 
 func (w *waiting) push(p *waitingObs) bool {
+	k := pairOf(p)
+	if w.full(p, w.pairs[k]) {
+		return false
+	}
+	w.pairs[k]++
 	if p.other {
-		k := pairOf(p.o)
-		if w.pairs[k] >= pairCap {
-			return false
-		}
-		w.pairs[k]++
 		w.others = append(w.others, p)
 		w.otherLive++
 	} else {
@@ -162,12 +182,12 @@ func (w *waiting) putBack(k clientKey, p *waitingObs) {
 
 func (w *waiting) resolved(p *waitingObs) {
 	p.done = true
-	if !p.other {
+	if p.other {
+		w.otherLive--
+	} else {
 		w.live--
-		return
 	}
-	w.otherLive--
-	k := pairOf(p.o)
+	k := pairOf(p)
 	if w.pairs[k] <= 1 {
 		delete(w.pairs, k)
 	} else {
