@@ -115,8 +115,22 @@ func TestFloodKeepsTracedFlows(t *testing.T) {
 			seq := append(append(append([]obs.Observation{}, first...), fl...), last...)
 			c.cfg.MaxFlows = 4096 // pathtrace's default: a room of 4096
 			e := flow.NewEngine(c.cfg)
-			for _, o := range seq {
+			peak := map[string]int{}
+			for i, o := range seq {
 				e.Add(o)
+				if i%1000 == 0 {
+					for k, v := range e.Sizes() {
+						peak[k] = max(peak[k], v)
+					}
+				}
+			}
+			// The rooms stay bounded: 4096 and 1024 observations (their
+			// queues hold those and at most 4*4096 more, done ones).
+			for k, b := range map[string]int{"waiting.queue": 5*4096 + 1024, "waiting.others": 5*4096 + 1024,
+				"waiting.byEnd": 2 * (5*4096 + 1024), "waiting.pairs": 4096 + 1024} {
+				if peak[k] > b {
+					t.Errorf("%s grew to %d, want at most %d", k, peak[k], b)
+				}
 			}
 			flushAt(e, flowtest.At(1000))
 			got := e.Flows()

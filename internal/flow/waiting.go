@@ -2,6 +2,7 @@ package flow
 
 import (
 	"cmp"
+	"encoding/binary"
 	"net/netip"
 	"slices"
 	"time"
@@ -56,12 +57,16 @@ type waiting struct {
 const otherPairCap = 64
 
 // pairKey is an endpoint pair (unordered) of one protocol in one room, at
-// one capture point or observer in the other room (at any in the main one).
-type pairKey struct {
-	point obs.Point
-	proto obs.Proto
-	other bool
-	a, b  netip.AddrPort
+// one capture point or observer in the other room (at any in the main one):
+// each address folded to 64 bits (exact for IPv4; two IPv6 pairs may share
+// a count, which only bounds them together), the ports and the rest in
+// meta, so that the map hashes plain words (every waiting observation
+// counts in it).
+type pairKey struct{ a, b, meta uint64 }
+
+func fold(a netip.Addr) uint64 {
+	b := a.As16()
+	return binary.BigEndian.Uint64(b[:8]) ^ binary.BigEndian.Uint64(b[8:])
 }
 
 func pairOf(p *waitingObs) pairKey {
@@ -69,11 +74,11 @@ func pairOf(p *waitingObs) pairKey {
 	if b.Compare(a) < 0 {
 		a, b = b, a
 	}
-	k := pairKey{proto: p.o.Proto, other: p.other, a: a, b: b}
+	meta := uint64(a.Port())<<48 | uint64(b.Port())<<32 | uint64(p.o.Proto)<<16
 	if p.other {
-		k.point = p.o.Point
+		meta |= uint64(p.o.Point)<<8 | 1
 	}
-	return k
+	return pairKey{fold(a.Addr()), fold(b.Addr()), meta}
 }
 
 // full tells whether the room of p refuses another observation of its
@@ -142,7 +147,7 @@ func (w *waiting) push(p *waitingObs) bool {
 	p.seq = w.seq
 	w.index(p)
 	w.pushes++
-	if w.pushes > 4*(w.limit+w.otherLimit) {
+	if w.pushes > 4*w.limit { // both rooms: the other is smaller
 		w.rebuild()
 	}
 	return true
