@@ -243,7 +243,8 @@ func (e *Engine) add(o obs.Observation) (Handle, bool) {
 	e.note(o.Point, o.Time)
 	done, deferred, h, ok := e.process(o, false)
 	if !done {
-		related := e.related(o)
+		// One whose backend guess was put off has flows it may be of.
+		related := deferred || e.related(o)
 		if !e.waiting.add(o, deferred, related) {
 			e.refusedWaiting(related)
 		}
