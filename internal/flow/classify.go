@@ -55,7 +55,9 @@ func (e *Engine) NoteICMPError(o obs.Observation, message string, from netip.Add
 		return true
 	}
 	if o.Src.IsValid() && o.Dst.IsValid() {
-		e.waiting.addICMP(o, note)
+		// Refused, it is not counted: an ICMP error is not an
+		// observation of the flow (nor is one evicted, waiting.expire).
+		e.waiting.addICMP(o, note, e.related(o))
 		e.expire()
 	}
 	return false

@@ -22,6 +22,7 @@ const (
 	DropFlowsOverMax      = "flows_over_max"
 	DropUnmatchedOverflow = "unmatched_overflow"
 	DropFlowsJoined       = "flows_joined"
+	DropUnrelatedOverflow = "unrelated_overflow"
 )
 
 // clientKey is one endpoint of one protocol: a flow's client, or either end of
@@ -88,10 +89,13 @@ type Engine struct {
 	overMax        uint64
 	// joined counts the flows of a socket taken into another socket's
 	// flow of the same client endpoint and Service (joinOrSupersede).
-	joined       uint64
-	overflow     uint64
-	unmatched    uint64
-	withoutPorts uint64
+	joined   uint64
+	overflow uint64
+	// otherOverflow counts the observations of other traffic (not
+	// related) dropped from their own waiting room (waiting).
+	otherOverflow uint64
+	unmatched     uint64
+	withoutPorts  uint64
 	// ctLosses are the conntrack events the caller lost (SetConntrackLosses):
 	// then conntrack's silence about a flow proves nothing.
 	ctLosses uint64
@@ -239,11 +243,26 @@ func (e *Engine) add(o obs.Observation) (Handle, bool) {
 	e.note(o.Point, o.Time)
 	done, deferred, h, ok := e.process(o, false)
 	if !done {
-		e.waiting.add(o, deferred)
+		// One whose backend guess was put off has flows it may be of.
+		related := deferred || e.related(o)
+		if !e.waiting.add(o, deferred, related) {
+			e.refusedWaiting(related)
+		}
 	}
 	e.replay()
 	e.expire()
 	return h, ok
+}
+
+// refusedWaiting counts an observation its waiting room refused (one
+// endpoint pair took its share of it): in unmatched_overflow when related
+// (it may have been a watched flow's), unrelated_overflow otherwise.
+func (e *Engine) refusedWaiting(related bool) {
+	if related {
+		e.overflow++
+	} else {
+		e.otherOverflow++
+	}
 }
 
 // replay processes again the waiting observations of the endpoints whose
@@ -289,8 +308,9 @@ func (e *Engine) expire() { e.expireAt(e.newest) }
 // expireAt is expire as of clock (the newest observation's time, or a
 // later one: Retire's).
 func (e *Engine) expireAt(clock time.Time) {
-	overflow, unmatched := e.waiting.expire(clock, reorderWindow, e.lastChance, e.noteStray, e.counted)
+	overflow, other, unmatched := e.waiting.expire(clock, reorderWindow, e.lastChance, e.noteStray, e.counted)
 	e.overflow += overflow
+	e.otherOverflow += other
 	e.unmatched += unmatched
 	e.replay() // what the last chances taught
 }
@@ -464,6 +484,7 @@ func (e *Engine) Summary() Summary {
 			DropFlowsOverMax:      e.overMax,
 			DropUnmatchedOverflow: e.overflow,
 			DropFlowsJoined:       e.joined,
+			DropUnrelatedOverflow: e.otherOverflow,
 		},
 		Unmatched:    e.unmatched,
 		WithoutPorts: e.withoutPorts,

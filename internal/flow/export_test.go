@@ -126,6 +126,8 @@ func (e *Engine) Sizes() map[string]int {
 		"socks.flows":    sockFlows,
 		"waiting.queue":  len(e.waiting.queue),
 		"waiting.byEnd":  len(e.waiting.byEnd),
+		"waiting.others": len(e.waiting.others),
+		"waiting.pairs":  len(e.waiting.pairs),
 		"replays":        len(e.replays),
 		"commented":      len(e.commented),
 		"lateCounts":     len(e.lateCounts),

@@ -76,7 +76,7 @@ func (e *Engine) Repeat(h *Handle, p obs.Point, at time.Time, n int) bool {
 	if !pt.reply && e.late(at.UnixNano()) {
 		e.countLate(h.f, pt.point, pt.dir, at.UnixNano())
 	}
-	if len(e.replays) > 0 || e.waiting.live > 0 {
+	if len(e.replays) > 0 || e.waiting.waits() {
 		e.expire()
 	}
 	return true

@@ -78,3 +78,28 @@ func (e *Engine) ruleBackendPorts() map[netip.Addr][]uint16 {
 	e.ruleBackends = m
 	return m
 }
+
+// related tells whether an observation whose flow is not known yet may be
+// a watched flow's by what is known now: an end of it (or of conntrack's
+// reply tuple, or the destination its socket's application asked for) is
+// a watched Service's, a served backend endpoint (servedPort), or a
+// client endpoint (or SNAT source) of a flow. Those wait in the main
+// waiting room; the others (traffic to or from a backend's address on
+// other ports, which the taps and observers capture with the rest) wait
+// in a room of their own (waiting), so that they cannot evict the traced
+// flows' observations. A socket LB's flow whose backend port is not
+// learned yet (its socket events come after its packets) is among the
+// others until then: the other room keeps its first packets (otherPairCap).
+func (e *Engine) related(o obs.Observation) bool {
+	if o.Proto != obs.TCP && o.Proto != obs.UDP {
+		return true
+	}
+	end := func(ap netip.AddrPort) bool {
+		if !ap.IsValid() {
+			return false
+		}
+		k := clientKey{o.Proto, ap}
+		return e.isService(o.Proto, ap) || e.servedPort(o.Proto, ap) || len(e.clients[k]) > 0 || len(e.snat[k]) > 0
+	}
+	return end(o.Src) || end(o.Dst) || end(o.NATSrc) || end(o.NATDst) || end(o.ReqDst)
+}

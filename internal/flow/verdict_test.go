@@ -314,6 +314,10 @@ func TestUplinkFrame(t *testing.T) {
 func TestWaitingBounded(t *testing.T) {
 	cfg := httpConfig(obs.PointUplink)
 	cfg.MaxFlows = 10 // the waiting room holds max(4096, MaxFlows)
+	// The backend is the VIP's by a NAT rule: traffic to it may be a
+	// traced flow's and waits in the main room.
+	cfg.Attribution.NATRules = []flow.NATRule{{Source: "nftables", Table: "ip kube-proxy", Chain: "service-web", Hook: "prerouting",
+		VIP: vip, Proto: obs.TCP, Backends: []netip.AddrPort{backend}, Rule: "dnat to " + backend.String()}}
 	e := flow.NewEngine(cfg)
 	// Traffic between endpoints no flow ever claims: it waits, then counts.
 	const n = 5000

@@ -1,7 +1,10 @@
 package flow
 
 import (
+	"cmp"
+	"encoding/binary"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -12,6 +15,23 @@ import (
 // observation naming it. Each is indexed by both endpoints, since either may be
 // the client. Bounded in number (the oldest arrivals are evicted first) and in
 // age (older than the reordering window behind the newest observation).
+//
+// Two rooms share the index: the main one for the observations that may be
+// a watched flow's by what is known when they arrive (an end is a watched
+// Service's, a served backend endpoint, a traced client's: Engine.related),
+// and a smaller one for the others (other traffic to or from a backend's
+// address, on other ports: the taps and observers watch addresses on any
+// port), so that heavy other traffic to a backend cannot evict the traced
+// flows' observations. One endpoint pair cannot take either room: the
+// other room holds at most otherPairCap of its observations at each point;
+// the main one, once three quarters full, refuses those of a pair that has
+// a quarter of it (heavy direct traffic to a backend's served port, which
+// may be a traced flow's until the window says otherwise; below that, a
+// traced bulk flow's packets that wait for its flow all stay). The first
+// ones are kept, the later ones refused and counted: a flow's first packets
+// are what its verdict needs (a socket LB's flow whose backend port is not
+// learned yet waits in the other room until its socket events come), the
+// later ones only its counts.
 type waiting struct {
 	queue  []*waitingObs // arrival order; done entries are skipped
 	head   int
@@ -19,11 +39,63 @@ type waiting struct {
 	live   int
 	pushes int // since the last rebuild: bounds the memory done entries hold
 	limit  int
+
+	// others is the other room's queue, otherLive and otherLimit its
+	// count and bound; pairs counts each room's observations per
+	// endpoint pair and point.
+	others     []*waitingObs
+	otherHead  int
+	otherLive  int
+	otherLimit int
+	pairs      map[pairKey]int
+	seq        uint64 // arrival number of the last pushed (waitingObs.seq)
+}
+
+// otherPairCap is how many observations of one endpoint pair at one point
+// the other room holds (waiting): a flow's first packets at a point, enough
+// for its verdict and its handshake; the rest are refused (counted).
+const otherPairCap = 64
+
+// pairKey is an endpoint pair (unordered) of one protocol in one room, at
+// one capture point or observer in the other room (at any in the main one):
+// each address folded to 64 bits (exact for IPv4; two IPv6 pairs may share
+// a count, which only bounds them together), the ports and the rest in
+// meta, so that the map hashes plain words (every waiting observation
+// counts in it).
+type pairKey struct{ a, b, meta uint64 }
+
+func fold(a netip.Addr) uint64 {
+	b := a.As16()
+	return binary.BigEndian.Uint64(b[:8]) ^ binary.BigEndian.Uint64(b[8:])
+}
+
+func pairOf(p *waitingObs) pairKey {
+	a, b := p.o.Src, p.o.Dst
+	if b.Compare(a) < 0 {
+		a, b = b, a
+	}
+	meta := uint64(a.Port())<<48 | uint64(b.Port())<<32 | uint64(p.o.Proto)<<16
+	if p.other {
+		meta |= uint64(p.o.Point)<<8 | 1
+	}
+	return pairKey{fold(a.Addr()), fold(b.Addr()), meta}
+}
+
+// full tells whether the room of p refuses another observation of its
+// endpoint pair and point, which has n waiting there.
+func (w *waiting) full(p *waitingObs, n int) bool {
+	if p.other {
+		return n >= otherPairCap
+	}
+	return 4*w.live >= 3*w.limit && n >= w.limit/4
 }
 
 type waitingObs struct {
 	o    obs.Observation
 	done bool
+	// other: it waits in the other room (waiting.others).
+	other bool
+	seq   uint64 // arrival order across both rooms
 	// deferred: its flow is known but was not taken for sure (a backend
 	// guess put off): it has a last chance as it expires.
 	deferred bool
@@ -42,27 +114,47 @@ type icmpNote struct {
 }
 
 func newWaiting(limit int) waiting {
-	return waiting{byEnd: make(map[clientKey][]*waitingObs), limit: limit}
+	return waiting{byEnd: make(map[clientKey][]*waitingObs), limit: limit,
+		otherLimit: max(1024, limit/4), pairs: make(map[pairKey]int)}
 }
 
-func (w *waiting) add(o obs.Observation, deferred bool) {
-	w.push(&waitingObs{o: o, deferred: deferred})
+// add keeps o waiting, in the other room unless related; false when its
+// room refused it (full): the caller counts it.
+func (w *waiting) add(o obs.Observation, deferred, related bool) bool {
+	return w.push(&waitingObs{o: o, deferred: deferred, other: !related})
 }
 
-// addICMP keeps the packet an ICMP error quotes waiting for its flow.
-func (w *waiting) addICMP(o obs.Observation, note *icmpNote) {
-	w.push(&waitingObs{o: o, icmp: note})
+// addICMP keeps the packet an ICMP error quotes waiting for its flow; false
+// as add.
+func (w *waiting) addICMP(o obs.Observation, note *icmpNote, related bool) bool {
+	return w.push(&waitingObs{o: o, icmp: note, other: !related})
 }
 
-func (w *waiting) push(p *waitingObs) {
-	w.queue = append(w.queue, p)
+func (w *waiting) push(p *waitingObs) bool {
+	k := pairOf(p)
+	if w.full(p, w.pairs[k]) {
+		return false
+	}
+	w.pairs[k]++
+	if p.other {
+		w.others = append(w.others, p)
+		w.otherLive++
+	} else {
+		w.queue = append(w.queue, p)
+		w.live++
+	}
+	w.seq++
+	p.seq = w.seq
 	w.index(p)
-	w.live++
 	w.pushes++
-	if w.pushes > 4*w.limit {
+	if w.pushes > 4*w.limit { // both rooms: the other is smaller
 		w.rebuild()
 	}
+	return true
 }
+
+// waits tells whether any observation waits, in either room.
+func (w *waiting) waits() bool { return w.live > 0 || w.otherLive > 0 }
 
 func (w *waiting) index(p *waitingObs) {
 	src, dst := clientKey{p.o.Proto, p.o.Src}, clientKey{p.o.Proto, p.o.Dst}
@@ -95,79 +187,114 @@ func (w *waiting) putBack(k clientKey, p *waitingObs) {
 
 func (w *waiting) resolved(p *waitingObs) {
 	p.done = true
-	w.live--
+	if p.other {
+		w.otherLive--
+	} else {
+		w.live--
+	}
+	k := pairOf(p)
+	if w.pairs[k] <= 1 {
+		delete(w.pairs, k)
+	} else {
+		w.pairs[k]--
+	}
 }
 
-// expire evicts from the oldest arrival: beyond the limit (overflow, a loss) or
-// older than window behind newest (unmatched: nothing claimed it in time,
-// unless a deferred one's last chance claims it; unclaimed is told of it,
-// and counts tells whether it counts as unmatched).
-func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func(obs.Observation) bool, unclaimed func(obs.Observation), counts func(obs.Observation) bool) (overflow, unmatched uint64) {
+// expire evicts from the oldest arrival of each room: beyond the room's
+// limit (overflow, a loss: the main room's counted in overflow, the other
+// room's in otherOverflow) or older than window behind newest (unmatched:
+// nothing claimed it in time, unless a deferred one's last chance claims
+// it; unclaimed is told of it, and counts tells whether it counts as
+// unmatched).
+func (w *waiting) expire(newest time.Time, window time.Duration, lastChance func(obs.Observation) bool, unclaimed func(obs.Observation), counts func(obs.Observation) bool) (overflow, otherOverflow, unmatched uint64) {
 	horizon := newest.Add(-window)
-	for w.head < len(w.queue) {
-		p := w.queue[w.head]
-		if !p.done {
-			switch {
-			case p.icmp != nil && (w.live > w.limit || p.o.Time.Before(horizon)):
-				// an ICMP error about no flow's packet: not an observation
-			case w.live > w.limit:
-				overflow++
-			case p.o.Time.Before(horizon):
-				if !p.deferred || !lastChance(p.o) {
-					if counts(p.o) {
-						unmatched++
+	room := func(queue *[]*waitingObs, head *int, live *int, limit int, overflow *uint64) {
+		for *head < len(*queue) {
+			p := (*queue)[*head]
+			if !p.done {
+				switch {
+				case p.icmp != nil && (*live > limit || p.o.Time.Before(horizon)):
+					// an ICMP error about no flow's packet: not an observation
+				case *live > limit:
+					*overflow++
+				case p.o.Time.Before(horizon):
+					if !p.deferred || !lastChance(p.o) {
+						if counts(p.o) {
+							unmatched++
+						}
+						if !p.strayNoted {
+							unclaimed(p.o)
+						}
 					}
-					if !p.strayNoted {
-						unclaimed(p.o)
-					}
+				default:
+					return
 				}
-			default:
-				return overflow, unmatched
+				if !p.done { // a last chance may have resolved it by a replay
+					w.resolved(p)
+				}
 			}
-			w.resolved(p)
+			(*queue)[*head] = nil
+			*head++
 		}
-		w.queue[w.head] = nil
-		w.head++
+		*queue, *head = (*queue)[:0], 0
 	}
-	w.queue, w.head = w.queue[:0], 0
-	return overflow, unmatched
+	room(&w.queue, &w.head, &w.live, w.limit, &overflow)
+	room(&w.others, &w.otherHead, &w.otherLive, w.otherLimit, &otherOverflow)
+	return overflow, otherOverflow, unmatched
+}
+
+// live returns the live observations of both rooms that keep, oldest
+// first.
+func (w *waiting) liveWhere(keep func(*waitingObs) bool) []*waitingObs {
+	var out []*waitingObs
+	for _, p := range w.queue[w.head:] {
+		if !p.done && keep(p) {
+			out = append(out, p)
+		}
+	}
+	n := len(out)
+	for _, p := range w.others[w.otherHead:] {
+		if !p.done && keep(p) {
+			out = append(out, p)
+		}
+	}
+	if n > 0 && n < len(out) {
+		slices.SortStableFunc(out, func(a, b *waitingObs) int { return cmp.Compare(a.seq, b.seq) })
+	}
+	return out
 }
 
 // deferredLive returns the live observations whose guess was put off, oldest
 // first.
 func (w *waiting) deferredLive() []*waitingObs {
-	var out []*waitingObs
-	for _, p := range w.queue[w.head:] {
-		if !p.done && p.deferred {
-			out = append(out, p)
-		}
-	}
-	return out
+	return w.liveWhere(func(p *waitingObs) bool { return p.deferred })
 }
 
 // unclaimedLive returns the live packets and events nothing claimed yet
 // and no backend guess waits for, oldest first.
 func (w *waiting) unclaimedLive() []*waitingObs {
-	var out []*waitingObs
-	for _, p := range w.queue[w.head:] {
-		if !p.done && !p.deferred && p.icmp == nil {
-			out = append(out, p)
-		}
-	}
-	return out
+	return w.liveWhere(func(p *waitingObs) bool { return !p.deferred && p.icmp == nil })
 }
 
-// rebuild drops the done entries from the queue and the index.
+// rebuild drops the done entries from the queues and the index.
 func (w *waiting) rebuild() {
-	live := make([]*waitingObs, 0, w.live)
-	for _, p := range w.queue[w.head:] {
-		if !p.done {
-			live = append(live, p)
+	compact := func(queue []*waitingObs, head, live int) []*waitingObs {
+		out := make([]*waitingObs, 0, live)
+		for _, p := range queue[head:] {
+			if !p.done {
+				out = append(out, p)
+			}
 		}
+		return out
 	}
-	w.queue, w.head, w.pushes = live, 0, 0
-	w.byEnd = make(map[clientKey][]*waitingObs, len(live))
-	for _, p := range live {
+	w.queue, w.head = compact(w.queue, w.head, w.live), 0
+	w.others, w.otherHead = compact(w.others, w.otherHead, w.otherLive), 0
+	w.pushes = 0
+	w.byEnd = make(map[clientKey][]*waitingObs, len(w.queue)+len(w.others))
+	for _, p := range w.queue {
+		w.index(p)
+	}
+	for _, p := range w.others {
 		w.index(p)
 	}
 }

@@ -61,6 +61,13 @@ func TestDropHints(t *testing.T) {
 	if len(h) != 3 {
 		t.Errorf("%d hints, want 3: %q", len(h), h)
 	}
+	// A flood of other traffic to a backend's other ports: its own room's
+	// drops are said to be apart from the traced flows' (not "some flows
+	// may lack points").
+	h = DropHints(map[string]uint64{"unmatched_overflow": 0, "unrelated_overflow": 134991})
+	if len(h) != 1 || !strings.Contains(h[0], "waiting room of its own") || strings.Contains(h[0], "may lack points") {
+		t.Errorf("hints %q, want the other traffic's room's", h)
+	}
 }
 
 // TestSummaryTableNamesFlowsNotFollowed: a run far beyond --max-flows

@@ -297,7 +297,8 @@ type dropRow struct {
 	count uint64
 }
 
-// dropHints are the hints of the loss counters a flag helps with, in the
+// dropHints are the hints of the loss counters a flag helps with (and what
+// the other traffic's waiting room dropped means), in the
 // order DropHints gives them: each when one of its counters is not zero.
 var dropHints = []struct {
 	counters []string
@@ -313,11 +314,15 @@ var dropHints = []struct {
 		"before their socket events, which pathtrace read late (its CPU was short); a lower --nice (e.g. -10) reads them in time."},
 	{[]string{"unmatched_overflow"}, "Observations waiting for their flow were evicted (more out of order at once than pathtrace holds): " +
 		"some flows may lack points; trace fewer with --pod-ip or a --svc port."},
+	{[]string{"unrelated_overflow"}, "Other traffic to or from the backends' addresses, on ports no traced Service uses (the taps watch " +
+		"those addresses on any port), was more than pathtrace holds while it waits: the excess was dropped from a waiting room of its own, " +
+		"kept apart so that it cannot evict the traced flows' observations (only a socket LB's flow whose socket events came after its packets waits there)."},
 }
 
 // DropHints says how to avoid the losses a rerun with other flags can
 // avoid: a full capture ring, flows beyond --max-flows, a full event ring,
-// conntrack events or socket events read late, a full waiting room.
+// conntrack events or socket events read late, a full waiting room; and
+// what the other traffic's own waiting room dropped means.
 func DropHints(drops map[string]uint64) []string {
 	var rings []string
 	for _, name := range slices.Sorted(maps.Keys(drops)) {
