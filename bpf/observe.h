@@ -93,14 +93,41 @@ struct {
 
 /* IPv4 addresses (network byte order) whose traffic is observed: the Service
  * VIPs and the backends learned so far. Filled from user space, and by the
- * socket observers with the backend a socket LB chose, before the first
- * packet of that connection exists. */
+ * observers with the backend a socket LB, a tc program or NAT chose, before
+ * the first packet of that connection passes the later points. The value
+ * says how: PT_WATCH_ANY_PORT, every port of the address (a VIP, a backend
+ * known without its port); PT_WATCH_ENDPOINTS, only the endpoints of it in
+ * watch_endpoints (a backend known with the port it serves), so the
+ * address's other traffic (its other ports: a metrics scrape, another
+ * Service's port, a flood) is left alone. A packet without ports (a later
+ * fragment, ICMP) is matched by its address either way. */
+#define PT_WATCH_ANY_PORT 1
+#define PT_WATCH_ENDPOINTS 2
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
 	__type(key, __u32);
 	__type(value, __u8);
 } watch_addrs SEC(".maps");
+
+/* A backend endpoint: address and port in network byte order, protocol
+ * (IPPROTO_TCP or IPPROTO_UDP; user space adds both when it does not know
+ * which). Its address is in watch_addrs (PT_WATCH_ENDPOINTS, unless another
+ * entry made it PT_WATCH_ANY_PORT), added after it. */
+struct pt_endpoint {
+	__be32 addr;
+	__be16 port;
+	__u8 proto;
+	__u8 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct pt_endpoint);
+	__type(value, __u8);
+} watch_endpoints SEC(".maps");
 
 /* A quick "maybe" in front of watch_addrs and watch_clients: one bit per
  * hash of each watched address and each learned client endpoint. A clear bit
@@ -187,9 +214,39 @@ static __always_inline void pt_set_kernel_addr_bit(__u32 addr)
 		pt_set_bit(k->addrs, pt_addr_bit(addr));
 }
 
+/* pt_watched_how is addr's watch_addrs value, 0 when it is not watched. */
+static __always_inline __u8 pt_watched_how(__u32 addr)
+{
+	if (!addr || !pt_addr_maybe(addr))
+		return 0;
+	__u8 *how = bpf_map_lookup_elem(&watch_addrs, &addr);
+	return how ? *how : 0;
+}
+
+/* pt_watched tells whether anything of addr is watched: for what has no
+ * ports (the address an ICMP message or a conntrack entry names). */
 static __always_inline bool pt_watched(__u32 addr)
 {
-	return addr && pt_addr_maybe(addr) && bpf_map_lookup_elem(&watch_addrs, &addr);
+	return pt_watched_how(addr) != 0;
+}
+
+static __always_inline bool pt_has_ports(__u16 port, __u8 proto)
+{
+	return port && (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
+}
+
+/* pt_watched_at tells whether the endpoint addr:port (proto) is watched:
+ * every port of addr is, or that endpoint. A packet without ports (port 0:
+ * a later fragment, ICMP, another protocol) is matched by its address. */
+static __always_inline bool pt_watched_at(__u32 addr, __u16 port, __u8 proto)
+{
+	__u8 how = pt_watched_how(addr);
+	if (how != PT_WATCH_ENDPOINTS)
+		return how != 0;
+	if (!pt_has_ports(port, proto))
+		return true;
+	struct pt_endpoint k = {.addr = addr, .port = port, .proto = proto};
+	return bpf_map_lookup_elem(&watch_endpoints, &k) != NULL;
 }
 
 /* The client side of a flow to a watched address, learned in the kernel by
@@ -228,14 +285,34 @@ static __always_inline void pt_count_learn_error(void)
 		(*n)++;
 }
 
-/* pt_learn_addr adds addr to watch_addrs (a backend a socket LB chose). */
-static __always_inline void pt_learn_addr(__u32 addr)
+#define PT_EEXIST 17
+
+/* pt_learn_endpoint watches addr:port (proto), the backend a socket LB, a
+ * tc program or NAT chose: that endpoint only, or every port of addr when
+ * the port is not known (no TCP or UDP port). The endpoint goes in before
+ * its address, so an observer that finds the address finds the endpoint;
+ * the address's entry is only added, never changed (one that watches every
+ * port stays so). */
+static __always_inline void pt_learn_endpoint(__u32 addr, __u16 port, __u8 proto)
 {
-	__u8 one = 1;
-	if (!addr || pt_watched(addr))
+	if (!addr || pt_watched_at(addr, port, proto))
 		return;
-	pt_set_kernel_addr_bit(addr); /* before the entry: see watch_bits_user */
-	if (bpf_map_update_elem(&watch_addrs, &addr, &one, BPF_ANY))
+	if (!pt_has_ports(port, proto)) {
+		__u8 any = PT_WATCH_ANY_PORT;
+		pt_set_kernel_addr_bit(addr); /* before the entry: see watch_bits_user */
+		if (bpf_map_update_elem(&watch_addrs, &addr, &any, BPF_ANY))
+			pt_count_learn_error();
+		return;
+	}
+	struct pt_endpoint k = {.addr = addr, .port = port, .proto = proto};
+	__u8 one = 1, eps = PT_WATCH_ENDPOINTS;
+	if (bpf_map_update_elem(&watch_endpoints, &k, &one, BPF_ANY)) {
+		pt_count_learn_error();
+		return;
+	}
+	pt_set_kernel_addr_bit(addr);
+	long err = bpf_map_update_elem(&watch_addrs, &addr, &eps, BPF_NOEXIST);
+	if (err && err != -PT_EEXIST)
 		pt_count_learn_error();
 }
 
@@ -482,17 +559,17 @@ static __always_inline int pt_load_frame(struct __sk_buff *skb, struct pt_tuple 
  * for an observer that already looked that one up. */
 static __always_inline bool pt_interesting_but_dst(const struct pt_tuple *t)
 {
-	return pt_watched(t->saddr) || pt_watched_client(t->saddr, t->sport, t->proto) ||
+	return pt_watched_at(t->saddr, t->sport, t->proto) || pt_watched_client(t->saddr, t->sport, t->proto) ||
 	       pt_watched_client(t->daddr, t->dport, t->proto);
 }
 
-/* pt_interesting is every packet observer's test: a watched address on
- * either side, or a learned client endpoint on either side (the flow after
- * its destination was rewritten to an address never named, and its
- * replies). */
+/* pt_interesting is every packet observer's test: a watched endpoint (or
+ * address watched on every port) on either side, or a learned client
+ * endpoint on either side (the flow after its destination was rewritten to
+ * an address never named, and its replies). */
 static __always_inline bool pt_interesting(const struct pt_tuple *t)
 {
-	return pt_watched(t->daddr) || pt_interesting_but_dst(t);
+	return pt_watched_at(t->daddr, t->dport, t->proto) || pt_interesting_but_dst(t);
 }
 
 /* Packet observers (tc, netfilter) report the first PT_EVENTS_PER_FLOW packets
@@ -610,10 +687,10 @@ static __always_inline void pt_forget_to_watched(__u64 skb)
 		w->skb = 0;
 }
 
-/* pt_learn_rewrite learns the destination of a packet an earlier observer
- * noted going to a watched address, from the same client endpoint, which
- * now goes to an address not watched: the backend a rewrite between the two
- * chose. */
+/* pt_learn_rewrite learns the destination endpoint of a packet an earlier
+ * observer noted going to a watched address, from the same client
+ * endpoint, which now goes to an address (or port of it) not watched: the
+ * backend a rewrite between the two chose. */
 static __always_inline void pt_learn_rewrite(__u64 skb, const struct pt_tuple *t)
 {
 	__u32 key = 0;
@@ -623,7 +700,7 @@ static __always_inline void pt_learn_rewrite(__u64 skb, const struct pt_tuple *t
 		return;
 	w->skb = 0; /* once */
 	if (bpf_ktime_get_ns() - w->at <= PT_REWRITE_WINDOW_NS)
-		pt_learn_addr(t->daddr);
+		pt_learn_endpoint(t->daddr, t->dport, t->proto);
 }
 
 static __always_inline void pt_set_tuple(struct pt_event *e, const struct pt_tuple *t)

@@ -42,7 +42,7 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 	struct pt_tuple t;
 	if (pt_nf_tuple(&ptr, &t) < 0)
 		return NF_ACCEPT;
-	bool dst_watched = pt_watched(t.daddr);
+	bool dst_watched = pt_watched_at(t.daddr, t.dport, t.proto);
 	/* A packet of a connection's reply direction, per conntrack (which ran
 	 * before, at priority -200): its source is no client. */
 	enum ip_conntrack_info ct = ctx->skb->_nfct & 7; /* NFCT_INFOMASK */

@@ -1,7 +1,9 @@
 /* The AF_PACKET taps' socket filter: it keeps the frames of watched flows
- * (a watched address, or a client endpoint the observers learned in the
- * kernel), and the ICMP errors about them, and drops the rest before they
- * are copied to user space. It shares watch_addrs and watch_clients with the
+ * (a watched backend endpoint or an address watched on every port, or a
+ * client endpoint the observers learned in the kernel), and the ICMP errors
+ * about them, and drops the rest (a backend's other ports) before they are
+ * copied to user space. It shares watch_addrs, watch_endpoints and
+ * watch_clients with the
  * observers, so a tap follows a flow whose destination was rewritten from
  * the first packet after the rewrite, with no user-space round trip. It only
  * reads. */
@@ -89,7 +91,8 @@ int pt_tap_filter(struct __sk_buff *skb)
 
 /* The conntrack event socket's filter: a ctnetlink event (nlmsghdr,
  * nfgenmsg, then the attributes, the first being the original tuple) passes
- * when its original destination is watched or its original source is a
+ * when its original destination is watched (the endpoint, or every port of
+ * the address) or its original source is a
  * learned client endpoint, so the entry of a flow whose destination a socket
  * LB or a tc program rewrote before conntrack saw it, and that the node's
  * SNAT then gave another source, reaches user space from its first event;
@@ -138,10 +141,15 @@ int pt_ct_filter(struct __sk_buff *skb)
 	if (PT_NLA_TYPE(m.orig) != 1 || PT_NLA_TYPE(m.ip) != 1 || m.src_h.nla_len != 8 ||
 	    PT_NLA_TYPE(m.src_h) != 1 || m.dst_h.nla_len != 8 || PT_NLA_TYPE(m.dst_h) != 2)
 		return skb->len;
-	if (pt_watched(m.dst))
+	__u8 how = pt_watched_how(m.dst);
+	if (how && how != PT_WATCH_ENDPOINTS)
 		return skb->len;
 	if (bpf_skb_load_bytes(skb, 0, &m, sizeof(m)) < 0 || PT_NLA_TYPE(m.proto_h) != 2 ||
 	    PT_NLA_TYPE(m.num_h) != 1 || PT_NLA_TYPE(m.sport_h) != 2 || m.sport_h.nla_len != 6)
-		return 0; /* no ports (ICMP) or cut: the destination decided */
+		return how ? skb->len : 0; /* no ports (ICMP) or cut: the destination's address decided */
+	if (how && PT_NLA_TYPE(m.dport_h) == 3 && m.dport_h.nla_len == 6 && pt_watched_at(m.dst, m.dport, m.num))
+		return skb->len;
+	if (how && (PT_NLA_TYPE(m.dport_h) != 3 || m.dport_h.nla_len != 6))
+		return skb->len; /* not laid out as expected: user space decides */
 	return pt_watched_client(m.src, m.sport, m.num) ? skb->len : 0;
 }

@@ -6,7 +6,7 @@
  * cookie to the packet 4-tuple. x86-64 syscall numbers and registers.
  *
  * They also teach the other points, in the kernel and before the packet
- * reaches them: the backend a socket LB chose (watch_addrs) and the client
+ * reaches them: the backend a socket LB chose (watch_endpoints) and the client
  * endpoint of the first packet (watch_clients). */
 #include "observe.h"
 #include "headers/bpf_tracing.h"
@@ -250,18 +250,21 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 	if (pt_must_read_requested() && !pt_requested(&req_daddr, &req_dport))
 		req_daddr = req_dport = 0;
 
-	bool req_watched = pt_watched(req_daddr);
-	if (!req_watched && !pt_watched(daddr))
+	__u16 dport = (__u16)ctx->user_port;
+	__u8 proto = ctx->protocol;
+	bool req_watched = pt_watched_at(req_daddr, req_dport, proto);
+	if (!req_watched && !pt_watched_at(daddr, dport, proto))
 		return 1;
-	/* A socket LB rewrote a watched destination: follow the backend from
-	 * the connection's first packet on, at every later point. */
-	if (req_watched && daddr != req_daddr)
-		pt_learn_addr(daddr);
+	/* A socket LB rewrote a watched destination: follow the backend
+	 * endpoint from the connection's first packet on, at every later
+	 * point. */
+	if (req_watched && (daddr != req_daddr || dport != req_dport))
+		pt_learn_endpoint(daddr, dport, proto);
 
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	/* An unconnected UDP socket sending again to the same destination is the
 	 * same flow: reported once, not once per datagram. */
-	if (kind == PT_KIND_SENDMSG && pt_sent_before(cookie, daddr, (__u16)ctx->user_port))
+	if (kind == PT_KIND_SENDMSG && pt_sent_before(cookie, daddr, dport))
 		return 1;
 	__u32 netns = pt_sock_netns(ctx);
 	pt_watch_cookie(cookie, netns);
@@ -270,9 +273,9 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 	if (!e)
 		return 1;
 	e->kind = kind;
-	e->proto = ctx->protocol;
+	e->proto = proto;
 	e->daddr = daddr;
-	e->dport = (__u16)ctx->user_port;
+	e->dport = dport;
 	e->req_daddr = req_daddr;
 	e->req_dport = req_dport;
 	e->cookie = cookie;
@@ -382,7 +385,7 @@ int BPF_PROG(pt_sock_state, const struct sock *sk, int oldstate, int newstate)
 	__u32 daddr = sk->__sk_common.skc_daddr;
 	__u64 cookie = 0;
 	if (newstate == TCP_SYN_SENT) {
-		if (!pt_watched(daddr))
+		if (!pt_watched_at(daddr, sk->__sk_common.skc_dport, IPPROTO_TCP))
 			return 0;
 	} else {
 		cookie = bpf_get_socket_cookie((void *)sk);

@@ -37,7 +37,7 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 		vlan_tci = skb->vlan_tci;
 		vlan_proto = bpf_ntohs(skb->vlan_proto);
 	}
-	bool dst_watched = pt_watched(t.daddr);
+	bool dst_watched = pt_watched_at(t.daddr, t.dport, t.proto);
 	if (learn && dst_watched)
 		pt_learn_client(t.saddr, t.sport, t.proto);
 	if (!(dst_watched || pt_interesting_but_dst(&t)))

@@ -1,9 +1,13 @@
 package capture
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
@@ -29,13 +33,37 @@ func runFilter(t testing.TB, prog []bpf.RawInstruction, frame []byte) int {
 	return n
 }
 
-func mustFilter(t testing.TB, snaplen int, addrs ...string) []bpf.RawInstruction {
-	t.Helper()
-	var as []netip.Addr
-	for _, a := range addrs {
-		as = append(as, netip.MustParseAddr(a))
+// mustFilter builds the filter of watches: "ADDR" (every port), "ADDR:PORT"
+// (TCP and UDP) or "ADDR:PORT/tcp|udp".
+// watchAll watches every port of addrs.
+func watchAll(addrs []netip.Addr) []obs.Watch {
+	ws := make([]obs.Watch, len(addrs))
+	for i, a := range addrs {
+		ws[i] = obs.WatchAddr(a)
 	}
-	prog, err := FilterFor(as, snaplen)
+	return ws
+}
+
+func mustFilter(t testing.TB, snaplen int, watches ...string) []bpf.RawInstruction {
+	t.Helper()
+	var ws []obs.Watch
+	for _, w := range watches {
+		s, proto, _ := strings.Cut(w, "/")
+		var ow obs.Watch
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			ow = obs.Watch{Addr: ap.Addr(), Port: ap.Port()}
+		} else {
+			ow = obs.WatchAddr(netip.MustParseAddr(s))
+		}
+		switch proto {
+		case "tcp":
+			ow.Proto = obs.TCP
+		case "udp":
+			ow.Proto = obs.UDP
+		}
+		ws = append(ws, ow)
+	}
+	prog, err := FilterFor(ws, snaplen)
 	if err != nil {
 		t.Fatalf("FilterFor: %v", err)
 	}
@@ -172,10 +200,10 @@ func TestFilterForLimits(t *testing.T) {
 	for i := range addrs {
 		addrs[i] = netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
 	}
-	if _, err := FilterFor(addrs, 96); err == nil {
+	if _, err := FilterFor(watchAll(addrs), 96); err == nil {
 		t.Errorf("FilterFor accepted %d addresses", len(addrs))
 	}
-	prog, err := FilterFor(addrs[:MaxFilterAddrs], 96)
+	prog, err := FilterFor(watchAll(addrs[:MaxFilterAddrs]), 96)
 	if err != nil {
 		t.Fatalf("FilterFor(%d addresses): %v", MaxFilterAddrs, err)
 	}
@@ -207,8 +235,98 @@ func TestFilterForLimits(t *testing.T) {
 		{[]netip.Addr{{}}, 96},
 		{nil, 0},
 	} {
-		if _, err := FilterFor(bad.addrs, bad.snaplen); err == nil {
+		if _, err := FilterFor(watchAll(bad.addrs), bad.snaplen); err == nil {
 			t.Errorf("FilterFor(%v, %d) gave no error", bad.addrs, bad.snaplen)
 		}
+	}
+}
+
+// A backend known with the port it serves is matched on that port (and
+// protocol) in both directions; its other ports are not captured, while a
+// packet of it without ports (a later fragment, ICMP) and an ICMP error
+// about a traced flow still are. The VIP, watched on every port, keeps
+// matching any port.
+func TestFilterForEndpoints(t *testing.T) {
+	const vip, backend, client, gw = "10.120.0.80", "10.244.20.31", "10.244.8.23", "10.244.8.1"
+	prog := mustFilter(t, 96, vip, backend+":3000/tcp", "10.244.20.32:53")
+	dot1q := tag{tpid: etherTypeDot1Q, vid: 200}
+	qinq := []tag{{tpid: etherTypeDot1AD, vid: 100}, dot1q}
+	fragment := func(f []byte) []byte { f[14+6], f[14+7] = 0, 0x10; return f }
+	icmpEcho := buildFrame(t, nil, layers.EthernetTypeIPv4, ipv4(client, backend, layers.IPProtocolICMPv4),
+		&layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(8, 0)})
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		want  int
+	}{
+		{"to the served port", tcpFrame(t, client, backend, 40000, 3000), 96},
+		{"reply from the served port", tcpFrame(t, backend, client, 3000, 40000), 96},
+		{"to another port", tcpFrame(t, client, backend, 40000, 9100), 0},
+		{"from another port", tcpFrame(t, backend, client, 9100, 40000), 0},
+		{"udp to the served tcp port", udpFrame(t, client, backend, 40000, 3000), 0},
+		{"served port as the source, to the backend", tcpFrame(t, client, backend, 3000, 9100), 0},
+		{"802.1Q to the served port", tcpFrame(t, client, backend, 40000, 3000, dot1q), 96},
+		{"802.1Q to another port", tcpFrame(t, client, backend, 40000, 9100, dot1q), 0},
+		{"QinQ reply from the served port", tcpFrame(t, backend, client, 3000, 40000, qinq...), 96},
+		{"QinQ to another port", udpFrame(t, client, backend, 40000, 9100, qinq...), 0},
+		{"IP options, to the served port", withIPOptions(t, tcpFrame(t, client, backend, 40000, 3000)), 96},
+		{"IP options, to another port", withIPOptions(t, tcpFrame(t, client, backend, 40000, 9100)), 0},
+		{"later fragment to the backend (no ports)", fragment(udpFrame(t, client, backend, 40000, 9100)), 96},
+		{"icmp echo to the backend", icmpEcho, 96},
+		{"no protocol named: udp", udpFrame(t, client, "10.244.20.32", 40000, 53), 96},
+		{"no protocol named: tcp", tcpFrame(t, client, "10.244.20.32", 40000, 53), 96},
+		{"no protocol named: another port", udpFrame(t, client, "10.244.20.32", 40000, 54), 0},
+		{"VIP, any port", udpFrame(t, client, vip, 40000, 12345), 96},
+		{"host unreachable about a request to the served port", icmpFrame(t, gw, client, 3, 1, quoteOf(tcpFrame(t, client, backend, 40000, 3000), 8)), 96},
+		{"802.1Q, host unreachable about the served port", icmpFrame(t, gw, client, 3, 1, quoteOf(tcpFrame(t, client, backend, 40000, 3000), 8), dot1q), 96},
+		{"host unreachable about another port", icmpFrame(t, gw, client, 3, 1, quoteOf(tcpFrame(t, client, backend, 40000, 9100), 8)), 0},
+		{"quote cut before the ports, about the backend", icmpFrame(t, gw, client, 3, 1, quoteOf(tcpFrame(t, client, backend, 40000, 9100), 2)), 96},
+		{"net unreachable about a request to the VIP", icmpFrame(t, gw, client, 3, 0, quoteOf(udpFrame(t, client, vip, 41911, 80), 8)), 96},
+		{"cut in the ports, another port (by its address)", tcpFrame(t, client, backend, 40000, 9100)[:14+20+3], 96},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := runFilter(t, prog, tc.frame); got != tc.want {
+				t.Errorf("filter returned %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// An address watched on every port and with an endpoint is watched on
+// every port; one with more endpoints than a program's jumps reach too.
+func TestFilterForEndpointsMerge(t *testing.T) {
+	const backend, client = "10.244.20.31", "10.244.8.23"
+	for _, ws := range [][]string{{backend + ":3000", backend}, {backend, backend + ":3000/tcp"}} {
+		prog := mustFilter(t, 96, ws...)
+		if got := runFilter(t, prog, tcpFrame(t, client, backend, 40000, 9100)); got != 96 {
+			t.Errorf("%v: another port returned %d, want 96", ws, got)
+		}
+	}
+	var many []string
+	for p := range maxEndpointsPerAddr + 1 {
+		many = append(many, fmt.Sprintf("%s:%d/tcp", backend, 1000+p))
+	}
+	prog := mustFilter(t, 96, many...)
+	if got := runFilter(t, prog, tcpFrame(t, client, backend, 40000, 9100)); got != 96 {
+		t.Errorf("%d endpoints: another port returned %d, want 96 (every port)", len(many), got)
+	}
+	prog = mustFilter(t, 96, many[:maxEndpointsPerAddr]...)
+	for _, port := range []uint16{1000, 1000 + maxEndpointsPerAddr - 1} {
+		if got := runFilter(t, prog, tcpFrame(t, backend, client, port, 40000)); got != 96 {
+			t.Errorf("%d endpoints: reply from %d returned %d, want 96", maxEndpointsPerAddr, port, got)
+		}
+	}
+	if got := runFilter(t, prog, tcpFrame(t, client, backend, 40000, 9100)); got != 0 {
+		t.Errorf("%d endpoints: another port returned %d, want 0", maxEndpointsPerAddr, got)
+	}
+	// The kernel's limit: endpoints of many addresses.
+	var ws []obs.Watch
+	for i := range 200 {
+		for p := range 10 {
+			ws = append(ws, obs.Watch{Addr: netip.AddrFrom4([4]byte{10, 2, 0, byte(i)}), Port: uint16(80 + p), Proto: obs.TCP})
+		}
+	}
+	if _, err := FilterFor(ws, 96); err == nil {
+		t.Errorf("FilterFor of %d endpoints gave no error past the kernel's limit", len(ws))
 	}
 }

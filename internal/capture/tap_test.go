@@ -443,12 +443,28 @@ func TestTapMaxFilterAndMissingInterface(t *testing.T) {
 	for i := range addrs {
 		addrs[i] = netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
 	}
-	prog, err := FilterFor(addrs, DefaultSnaplen)
+	prog, err := FilterFor(watchAll(addrs), DefaultSnaplen)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := tap.SetFilter(prog); err != nil {
 		t.Errorf("kernel refused a filter for %d addresses (%d instructions): %v", MaxFilterAddrs, len(prog), err)
+	}
+	// Endpoints: the port compares the kernel must take too (scratch
+	// memory, jumps over each address's block), near its limit.
+	var ws []obs.Watch
+	for i := range 90 {
+		for p := range 3 {
+			ws = append(ws, obs.Watch{Addr: netip.AddrFrom4([4]byte{10, 3, 0, byte(i)}), Port: uint16(80 + p), Proto: obs.TCP})
+		}
+	}
+	ws = append(ws, obs.WatchAddr(netip.MustParseAddr("10.4.0.1")), obs.Watch{Addr: netip.MustParseAddr("10.4.0.2"), Port: 53})
+	prog, err = FilterFor(ws, DefaultSnaplen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tap.SetFilter(prog); err != nil {
+		t.Errorf("kernel refused a filter of %d endpoints (%d instructions): %v", len(ws), len(prog), err)
 	}
 	if err := tap.SetFilter([]bpf.RawInstruction{}); err == nil {
 		t.Errorf("empty filter accepted")

@@ -146,7 +146,9 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 		case "--limit-iface-in", "--limit-iface-out":
 			limited = true
 		case "--to-destination":
-			r.backend, r.note = parseDNATTarget(next())
+			target := next()
+			r.backend, r.note = parseDNATTarget(target)
+			r.portRange = dnatPortRange(target)
 		case "--comment":
 			r.comment = next()
 		default:
@@ -216,6 +218,19 @@ func parseIPTablesPrefix(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("bad address %q: %w", s, err)
 	}
 	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// dnatPortRange tells whether a DNAT target "ADDR[-ADDR2][:PORT[-PORT2]]"
+// names a range of ports.
+func dnatPortRange(s string) bool {
+	if strings.HasPrefix(s, "[") {
+		_, s, _ = strings.Cut(s, "]")
+	} else if strings.Count(s, ":") != 1 {
+		return false
+	}
+	_, port, _ := strings.Cut(s, ":")
+	lo, hi, ok := strings.Cut(port, "-")
+	return ok && lo != hi
 }
 
 // parseDNATTarget reads "ADDR[-ADDR2][:PORT[-PORT2]]" (or "[V6]:PORT"), keeping

@@ -69,7 +69,9 @@ type natRule struct {
 	targets []string       // chains jumped or gone to
 	dnat    bool
 	backend netip.AddrPort // dnat target; invalid when not decodable
-	note    string         // why backend is invalid
+	// portRange: the target is a range of ports, backend's the first.
+	portRange bool
+	note      string // why backend is invalid
 	// localDst: the rule is limited to the node's own addresses (iptables
 	// `-m addrtype --dst-type LOCAL`, nftables `fib daddr type local`: how
 	// kube-proxy and Docker select NodePorts); localNeg: to other ones.
@@ -180,7 +182,7 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 		}
 		if r.dnat && (m || w.hostPort(po)) {
 			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip,
-				Port: po, Proto: pr, Chains: slices.Clone(path), Backend: r.backend, Note: r.note, Sources: sm})
+				Port: po, Proto: pr, Chains: slices.Clone(path), Backend: r.backend, PortRange: r.portRange, Note: r.note, Sources: sm})
 		}
 		if m && r.verdict != "" {
 			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip,

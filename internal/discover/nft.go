@@ -291,6 +291,7 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 		case "DNAT":
 			ev.rule.dnat = true
 			ev.rule.backend, ev.rule.note = xtDNATBackend(e.Info)
+			ev.rule.portRange = xtDNATPortRange(e.Info)
 		case "REJECT": // iptables-nft's -j REJECT
 			ev.rule.verdict = "reject"
 		}
@@ -536,6 +537,11 @@ func (ev *nftRuleEval) nat(e *expr.NAT) {
 			port = binary.BigEndian.Uint16(p.value)
 		}
 	}
+	if e.RegProtoMax != 0 && e.RegProtoMax != e.RegProtoMin {
+		if p := ev.get(e.RegProtoMax); p.kind != fieldImm || len(p.value) < 2 || binary.BigEndian.Uint16(p.value) != port {
+			ev.rule.portRange = true
+		}
+	}
 	ev.rule.backend = netip.AddrPortFrom(ip, port)
 }
 
@@ -592,6 +598,20 @@ const (
 	xtAddrTypeInvertDest   = 0x2
 	xtAddrTypeLimitIface   = 0x4 | 0x8
 )
+
+// xtDNATPortRange tells whether an iptables-nft `-j DNAT` target names a
+// range of ports.
+func xtDNATPortRange(info xt.InfoAny) bool {
+	switch r := info.(type) {
+	case *xt.NatIPv4MultiRangeCompat:
+		return len(*r) > 0 && (*r)[0].MaxPort != (*r)[0].MinPort
+	case *xt.NatRange:
+		return r.MaxPort != r.MinPort
+	case *xt.NatRange2:
+		return r.MaxPort != r.MinPort
+	}
+	return false
+}
 
 // xtDNATBackend decodes the target of an iptables-nft `-j DNAT`.
 func xtDNATBackend(info xt.InfoAny) (netip.AddrPort, string) {

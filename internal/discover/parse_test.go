@@ -89,6 +89,19 @@ func TestParseIPTablesRuleQuotesAndNegation(t *testing.T) {
 	if got, note := parseDNATTarget("nonsense"); got.IsValid() || note == "" {
 		t.Errorf("parseDNATTarget(nonsense) = %v %q, want invalid with a note", got, note)
 	}
+	for in, want := range map[string]bool{
+		"10.244.20.31:3000":       false,
+		"10.244.20.31":            false,
+		"10.0.0.1-10.0.0.9":       false,
+		"10.0.0.1-10.0.0.9:80-90": true,
+		"10.0.0.1:80-80":          false,
+		"[2001:db8::1]:8080-8090": true,
+		"[2001:db8::1]:8080":      false,
+	} {
+		if got := dnatPortRange(in); got != want {
+			t.Errorf("dnatPortRange(%q) = %v, want %v", in, got, want)
+		}
+	}
 }
 
 func TestParseIPVS(t *testing.T) {

@@ -262,7 +262,10 @@ type NATRule struct {
 	// Backend is the DNAT target; port 0 keeps the destination port. Invalid
 	// when the target could not be decoded (then Note says why).
 	Backend netip.AddrPort `json:"backend"`
-	Note    string         `json:"note,omitempty"`
+	// PortRange: the target is a range of ports, of which Backend names
+	// the first (the backend may serve any port of it).
+	PortRange bool   `json:"port_range,omitempty"`
+	Note      string `json:"note,omitempty"`
 	// Verdict is "reject" or "drop" for a rule that ends the packets, ""
 	// for a DNAT; Comment is its comment (kube-proxy's: "default/web:http
 	// has no endpoints"), only kept for those.

@@ -167,7 +167,10 @@ type NATRule struct {
 	VIP      netip.AddrPort // port 0: any port
 	Proto    obs.Proto      // 0: any protocol
 	Backends []netip.AddrPort
-	Rule     string // the rule as text, e.g. "endpoint-EF34 dnat to 10.244.20.31:3000"
+	// PortRange: the DNAT's target is a range of ports, of which Backends
+	// name the first: the backend may serve any of them.
+	PortRange bool
+	Rule      string // the rule as text, e.g. "endpoint-EF34 dnat to 10.244.20.31:3000"
 	// Sources are the conditions on the client's address that the path
 	// requires, all of them (none: any client): kube-proxy sends only
 	// clients outside the cluster to an externalTrafficPolicy: Local

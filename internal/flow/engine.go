@@ -64,7 +64,10 @@ type Engine struct {
 	// NAT rules' and IPVS services' by address (nil: to be made): what
 	// counted asks of an observation no flow claimed.
 	backendPorts map[netip.AddrPort]bool
-	ruleBackends map[netip.Addr][]uint16
+	// backendWatches are the learned backends' endpoints with their
+	// protocol (BackendWatches).
+	backendWatches map[obs.Watch]bool
+	ruleBackends   map[netip.Addr][]uint16
 	// pairs are the Service and backend pairs checked against the NAT rules
 	// and IPVS services; unlisted counts those none named (checkListed).
 	pairs    map[[2]netip.AddrPort]struct{}
@@ -123,17 +126,18 @@ func NewEngine(cfg Config) *Engine {
 		maxFlows = DefaultMaxFlows
 	}
 	e := &Engine{
-		cfg:          cfg,
-		maxFlows:     maxFlows,
-		services:     make(map[netip.Addr][]Service),
-		clients:      make(map[clientKey][]*flowState),
-		snat:         make(map[clientKey][]*flowState),
-		socks:        newSockTable(max(4096, 2*maxFlows)),
-		waiting:      newWaiting(max(4096, maxFlows)),
-		backends:     make(map[netip.Addr]bool),
-		backendPorts: make(map[netip.AddrPort]bool),
-		pairs:        make(map[[2]netip.AddrPort]struct{}),
-		labels:       newLabels(),
+		cfg:            cfg,
+		maxFlows:       maxFlows,
+		services:       make(map[netip.Addr][]Service),
+		clients:        make(map[clientKey][]*flowState),
+		snat:           make(map[clientKey][]*flowState),
+		socks:          newSockTable(max(4096, 2*maxFlows)),
+		waiting:        newWaiting(max(4096, maxFlows)),
+		backends:       make(map[netip.Addr]bool),
+		backendPorts:   make(map[netip.AddrPort]bool),
+		backendWatches: make(map[obs.Watch]bool),
+		pairs:          make(map[[2]netip.AddrPort]struct{}),
+		labels:         newLabels(),
 	}
 	// Two generations the size of the flow table remember the refused flows:
 	// a flow is counted again only when seen after that many newer ones.
@@ -427,6 +431,62 @@ func (e *Engine) Backends() []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out
+}
+
+// BackendWatches is what to watch of the backends learned so far and those
+// the NAT rules and IPVS services of the traced Services name: the endpoint
+// a backend serves when its port is known (a learned backend's, a DNAT
+// target's, or the Service port a DNAT without a port keeps), every port of
+// it otherwise (a DNAT to a port range, whose first port alone is known,
+// a rule of any port without a target port, IPVS without a port). Sorted.
+func (e *Engine) BackendWatches() []obs.Watch {
+	set := make(map[obs.Watch]bool, len(e.backendWatches))
+	for w := range e.backendWatches {
+		set[w] = true
+	}
+	for _, r := range e.cfg.Attribution.NATRules {
+		if !e.watches(r.Proto, r.VIP) {
+			continue
+		}
+		for _, b := range r.Backends {
+			w := obs.Watch{Addr: b.Addr(), Port: b.Port(), Proto: r.Proto}
+			if w.Port == 0 {
+				w.Port = r.VIP.Port() // kept by the DNAT; 0: any
+			}
+			if r.PortRange || w.Port == 0 {
+				w.Port, w.Proto = 0, 0
+			}
+			set[w] = true
+		}
+	}
+	for _, s := range e.cfg.Attribution.IPVS {
+		if !e.watches(s.Proto, s.VIP) {
+			continue
+		}
+		for _, b := range s.Backends {
+			w := obs.Watch{Addr: b.Addr(), Port: b.Port(), Proto: s.Proto}
+			if w.Port == 0 {
+				w.Proto = 0
+			}
+			set[w] = true
+		}
+	}
+	out := make([]obs.Watch, 0, len(set))
+	for w := range set {
+		out = append(out, w)
+	}
+	slices.SortFunc(out, compareWatch)
+	return out
+}
+
+func compareWatch(a, b obs.Watch) int {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	if a.Port != b.Port {
+		return int(a.Port) - int(b.Port)
+	}
+	return int(a.Proto) - int(b.Proto)
 }
 
 // watches tells whether a rule's VIP (port 0 = any) overlaps a watched Service.

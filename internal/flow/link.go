@@ -431,6 +431,11 @@ func (e *Engine) learnBackend(f *flowState, b netip.AddrPort, at time.Time) {
 	}
 	e.backends[b.Addr()] = true
 	e.backendPorts[b] = true
+	w := obs.Watch{Addr: b.Addr(), Port: b.Port(), Proto: f.proto}
+	if f.proto != obs.TCP && f.proto != obs.UDP {
+		w.Port, w.Proto = 0, 0 // no ports: every port of it
+	}
+	e.backendWatches[w] = true
 	e.checkListed(f, b)
 	if f.client.Port() != 0 {
 		e.replays = append(e.replays, f.key())

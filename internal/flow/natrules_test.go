@@ -2,6 +2,7 @@ package flow_test
 
 import (
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -232,4 +233,47 @@ func withClient(o obs.Observation, from, to netip.Addr) obs.Observation {
 		}
 	}
 	return o
+}
+
+// TestBackendWatches: a backend is watched on the endpoint it serves when
+// its port is known (learned from a flow, a DNAT target's, the Service port
+// a DNAT without a port keeps), on every port otherwise (a DNAT to a port
+// range, a rule of any port without a target port, IPVS without a port);
+// rules of Services not traced add nothing.
+func TestBackendWatches(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-tcp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.Config
+	cfg.Attribution.NATRules = nil
+	e := flow.NewEngine(cfg)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	ws := func(a ...obs.Watch) []obs.Watch { return a }
+	w := func(s string, proto obs.Proto) obs.Watch {
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			return obs.Watch{Addr: ap.Addr(), Port: ap.Port(), Proto: proto}
+		}
+		return obs.Watch{Addr: netip.MustParseAddr(s)}
+	}
+	if got, want := e.BackendWatches(), ws(w("10.244.20.31:3000", obs.TCP)); !reflect.DeepEqual(got, want) {
+		t.Errorf("learned from the flows: %v, want %v", got, want)
+	}
+	vip := netip.MustParseAddrPort("10.120.0.80:80")
+	e.SetNATAttribution([]flow.NATRule{
+		{VIP: vip, Proto: obs.TCP, Backends: []netip.AddrPort{netip.MustParseAddrPort("10.244.20.32:8080")}},
+		{VIP: vip, Proto: obs.TCP, Backends: []netip.AddrPort{netip.MustParseAddrPort("10.244.20.33:0")}},
+		{VIP: vip, Proto: obs.TCP, Backends: []netip.AddrPort{netip.MustParseAddrPort("10.244.20.34:8000")}, PortRange: true},
+		{VIP: netip.AddrPortFrom(vip.Addr(), 0), Backends: []netip.AddrPort{netip.MustParseAddrPort("10.244.20.35:0")}},
+		{VIP: netip.MustParseAddrPort("10.120.0.99:80"), Proto: obs.TCP, Backends: []netip.AddrPort{netip.MustParseAddrPort("10.244.20.36:80")}},
+	}, []flow.IPVSService{
+		{VIP: vip, Proto: obs.TCP, Backends: []netip.AddrPort{netip.MustParseAddrPort("10.244.20.37:0"), netip.MustParseAddrPort("10.244.20.38:3000")}},
+	})
+	want := ws(w("10.244.20.31:3000", obs.TCP), w("10.244.20.32:8080", obs.TCP), w("10.244.20.33:80", obs.TCP),
+		w("10.244.20.34", 0), w("10.244.20.35", 0), w("10.244.20.37", 0), w("10.244.20.38:3000", obs.TCP))
+	if got := e.BackendWatches(); !reflect.DeepEqual(got, want) {
+		t.Errorf("with the rules:\n got %v\nwant %v", got, want)
+	}
 }

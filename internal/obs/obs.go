@@ -109,6 +109,32 @@ func (p Proto) String() string {
 	return "proto?"
 }
 
+// Watch is what the observers and the taps follow of one address: every
+// port of it (Port 0: a VIP, a backend known without its port, e.g. one of a
+// DNAT rule to a port range or of IPVS without a port), or only the endpoint
+// Port of it (a backend known with the port it serves), of protocol Proto
+// (0: TCP and UDP). Traffic to an address's other ports is not followed; a
+// packet without ports (a later fragment, ICMP) is matched by its address.
+type Watch struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto Proto
+}
+
+// WatchAddr watches every port of a.
+func WatchAddr(a netip.Addr) Watch { return Watch{Addr: a} }
+
+func (w Watch) String() string {
+	if w.Port == 0 {
+		return w.Addr.String()
+	}
+	s := netip.AddrPortFrom(w.Addr, w.Port).String()
+	if w.Proto != 0 {
+		s += "/" + w.Proto.String()
+	}
+	return s
+}
+
 // SockKind tells which socket operation a PointSockAddr observation comes
 // from, or for a PointSockState one, SockClosed.
 type SockKind uint8

@@ -318,9 +318,15 @@ func (s *ctSubscription) stop() {
 // watch them yet).
 func (p *Probe) learnedInKernel(e ctEntry) bool {
 	var v uint8
-	dst, src := e.orig.dst.Addr().Unmap(), unmapped(e.orig.src)
-	if dst.Is4() && p.maps["watch_addrs"].Lookup(dst.As4(), &v) == nil {
-		return true
+	dst, src := unmapped(e.orig.dst), unmapped(e.orig.src)
+	if dst.Addr().Is4() && p.maps["watch_addrs"].Lookup(dst.Addr().As4(), &v) == nil {
+		// An address the kernel watches on some ports only: the entry's
+		// destination port must be one of them (pt_ct_filter's test).
+		proto := obs.Proto(e.proto)
+		if v != watchEndpoints || dst.Port() == 0 || (proto != obs.TCP && proto != obs.UDP) ||
+			p.maps["watch_endpoints"].Lookup(endpointKey(dst, proto), &v) == nil {
+			return true
+		}
 	}
 	return src.Addr().Is4() && p.maps["watch_clients"].Lookup(clientKey(src, obs.Proto(e.proto)), &v) == nil
 }

@@ -29,6 +29,20 @@ func (p *Probe) hasAddr(t *testing.T, a netip.Addr) bool {
 	return p.maps["watch_addrs"].Lookup(a.As4(), &v) == nil
 }
 
+// watchHow is watch_addrs' value of a (0: not watched).
+func (p *Probe) watchHow(a netip.Addr) uint8 {
+	var v uint8
+	if p.maps["watch_addrs"].Lookup(a.As4(), &v) != nil {
+		return 0
+	}
+	return v
+}
+
+func (p *Probe) hasEndpoint(ap netip.AddrPort, proto obs.Proto) bool {
+	var v uint8
+	return p.maps["watch_endpoints"].Lookup(endpointKey(ap, proto), &v) == nil
+}
+
 func (p *Probe) hasClient(t *testing.T, ap netip.AddrPort, proto obs.Proto) bool {
 	t.Helper()
 	var v uint8
@@ -53,6 +67,16 @@ func TestSocketObserversLearnBackendAndClient(t *testing.T) {
 	}
 	if p.isWatched(env.srvIP) {
 		t.Errorf("backend %v in the user-space watch set: the test would not tell kernel learning", env.srvIP)
+	}
+	// The endpoint the LB chose, not every port of the backend.
+	if how := p.watchHow(env.srvIP); how != watchEndpoints {
+		t.Errorf("watch_addrs[%v] = %d, want %d (its endpoints only)", env.srvIP, how, watchEndpoints)
+	}
+	if !p.hasEndpoint(env.backendTCP, obs.TCP) {
+		t.Errorf("watch_endpoints lacks %v/tcp, the endpoint the socket LB chose", env.backendTCP)
+	}
+	if other := netip.AddrPortFrom(env.srvIP, env.backendTCP.Port()+1); p.hasEndpoint(other, obs.TCP) || p.hasEndpoint(env.backendTCP, obs.UDP) {
+		t.Errorf("watch_endpoints has an endpoint of %v the LB did not choose", env.srvIP)
 	}
 	first := c.waitFor(t, "first packet of the LB connection", func(o obs.Observation) bool {
 		return o.Point == obs.PointSockEgress && o.Dst == env.backendTCP

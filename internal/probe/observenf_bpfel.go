@@ -28,6 +28,7 @@ const (
 	observeNFMapWatchBitsKernel  = "watch_bits_kernel"
 	observeNFMapWatchBitsUser    = "watch_bits_user"
 	observeNFMapWatchClients     = "watch_clients"
+	observeNFMapWatchEndpoints   = "watch_endpoints"
 	observeNFProgPtNfAfter       = "pt_nf_after"
 	observeNFProgPtNfBefore      = "pt_nf_before"
 	observeNFVarPtEventLayout    = "pt_event_layout"
@@ -95,6 +96,7 @@ type observeNFMapSpecs struct {
 	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
+	WatchEndpoints   *ebpf.MapSpec `ebpf:"watch_endpoints"`
 }
 
 // observeNFVariableSpecs contains global variables before they are loaded into the kernel.
@@ -136,6 +138,7 @@ type observeNFMaps struct {
 	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
+	WatchEndpoints   *ebpf.Map `ebpf:"watch_endpoints"`
 }
 
 func (m *observeNFMaps) Close() error {
@@ -152,6 +155,7 @@ func (m *observeNFMaps) Close() error {
 		m.WatchBitsKernel,
 		m.WatchBitsUser,
 		m.WatchClients,
+		m.WatchEndpoints,
 	)
 }
 

@@ -28,6 +28,7 @@ const (
 	observePktMapWatchBitsKernel  = "watch_bits_kernel"
 	observePktMapWatchBitsUser    = "watch_bits_user"
 	observePktMapWatchClients     = "watch_clients"
+	observePktMapWatchEndpoints   = "watch_endpoints"
 	observePktProgPtCtFilter      = "pt_ct_filter"
 	observePktProgPtTapFilter     = "pt_tap_filter"
 	observePktVarPtEventLayout    = "pt_event_layout"
@@ -96,6 +97,7 @@ type observePktMapSpecs struct {
 	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
+	WatchEndpoints   *ebpf.MapSpec `ebpf:"watch_endpoints"`
 }
 
 // observePktVariableSpecs contains global variables before they are loaded into the kernel.
@@ -138,6 +140,7 @@ type observePktMaps struct {
 	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
+	WatchEndpoints   *ebpf.Map `ebpf:"watch_endpoints"`
 }
 
 func (m *observePktMaps) Close() error {
@@ -154,6 +157,7 @@ func (m *observePktMaps) Close() error {
 		m.WatchBitsKernel,
 		m.WatchBitsUser,
 		m.WatchClients,
+		m.WatchEndpoints,
 	)
 }
 

@@ -32,6 +32,7 @@ const (
 	observeSockMapWatchClients     = "watch_clients"
 	observeSockMapWatchCookieBits  = "watch_cookie_bits"
 	observeSockMapWatchCookies     = "watch_cookies"
+	observeSockMapWatchEndpoints   = "watch_endpoints"
 	observeSockProgPtConnect4      = "pt_connect4"
 	observeSockProgPtConnect6      = "pt_connect6"
 	observeSockProgPtSendmsg4      = "pt_sendmsg4"
@@ -109,6 +110,7 @@ type observeSockMapSpecs struct {
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
 	WatchCookieBits  *ebpf.MapSpec `ebpf:"watch_cookie_bits"`
 	WatchCookies     *ebpf.MapSpec `ebpf:"watch_cookies"`
+	WatchEndpoints   *ebpf.MapSpec `ebpf:"watch_endpoints"`
 }
 
 // observeSockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -154,6 +156,7 @@ type observeSockMaps struct {
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
 	WatchCookieBits  *ebpf.Map `ebpf:"watch_cookie_bits"`
 	WatchCookies     *ebpf.Map `ebpf:"watch_cookies"`
+	WatchEndpoints   *ebpf.Map `ebpf:"watch_endpoints"`
 }
 
 func (m *observeSockMaps) Close() error {
@@ -174,6 +177,7 @@ func (m *observeSockMaps) Close() error {
 		m.WatchClients,
 		m.WatchCookieBits,
 		m.WatchCookies,
+		m.WatchEndpoints,
 	)
 }
 

@@ -28,6 +28,7 @@ const (
 	observeTCMapWatchBitsKernel  = "watch_bits_kernel"
 	observeTCMapWatchBitsUser    = "watch_bits_user"
 	observeTCMapWatchClients     = "watch_clients"
+	observeTCMapWatchEndpoints   = "watch_endpoints"
 	observeTCProgPtTcHeadIn      = "pt_tc_head_in"
 	observeTCProgPtTcHeadOut     = "pt_tc_head_out"
 	observeTCProgPtTcTailIn      = "pt_tc_tail_in"
@@ -99,6 +100,7 @@ type observeTCMapSpecs struct {
 	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
+	WatchEndpoints   *ebpf.MapSpec `ebpf:"watch_endpoints"`
 }
 
 // observeTCVariableSpecs contains global variables before they are loaded into the kernel.
@@ -140,6 +142,7 @@ type observeTCMaps struct {
 	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
+	WatchEndpoints   *ebpf.Map `ebpf:"watch_endpoints"`
 }
 
 func (m *observeTCMaps) Close() error {
@@ -156,6 +159,7 @@ func (m *observeTCMaps) Close() error {
 		m.WatchBitsKernel,
 		m.WatchBitsUser,
 		m.WatchClients,
+		m.WatchEndpoints,
 	)
 }
 

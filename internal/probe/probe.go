@@ -60,7 +60,7 @@ type Stats struct {
 // watch_clients are also written by the observers themselves: what they learn
 // about a flow in the kernel reaches every later point, the taps' filter
 // included, before the flow's next packet does.
-var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_clients", "learn_errors",
+var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_endpoints", "watch_clients", "learn_errors",
 	"watch_cookies", "flow_events", "events_summarized", "read_requested", "watch_bits_user", "watch_bits_kernel", "watch_cookie_bits",
 	"reader_asleep", "submit_fence", "last_to_watched"}
 
@@ -181,34 +181,77 @@ func (p *Probe) ReadRequested(on bool) error {
 	return nil
 }
 
-// Watch adds IPv4 addresses (Service VIPs, backends) to the set whose traffic
-// the observers report. It can be called while the Probe runs.
+// Watch adds IPv4 addresses (Service VIPs, backends known without their
+// port) to the set whose traffic the observers report, on every port. It
+// can be called while the Probe runs.
 func (p *Probe) Watch(addrs ...netip.Addr) error {
+	ws := make([]obs.Watch, len(addrs))
+	for i, a := range addrs {
+		ws[i] = obs.WatchAddr(a)
+	}
+	return p.WatchEndpoints(ws...)
+}
+
+// Values of watch_addrs (PT_WATCH_ANY_PORT, PT_WATCH_ENDPOINTS of
+// observe.h).
+const (
+	watchAnyPort   = 1
+	watchEndpoints = 2
+)
+
+// WatchEndpoints adds what the observers report: every port of an address
+// (Port 0), or one endpoint of it (a backend known with the port it serves;
+// Proto 0 is TCP and UDP), whose address's other ports stay unobserved
+// unless another Watch names them. An address once watched on every port
+// stays so. It can be called while the Probe runs.
+func (p *Probe) WatchEndpoints(ws ...obs.Watch) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return errors.New("probe closed")
 	}
-	for _, a := range addrs {
-		a = a.Unmap()
+	added := false
+	for _, w := range ws {
+		a := w.Addr.Unmap()
 		if !a.Is4() {
-			return fmt.Errorf("watch %s: only IPv4 addresses are observed", a)
+			return fmt.Errorf("watch %s: only IPv4 addresses are observed", w.Addr)
 		}
 		// The address's bit first: an observer that finds its bit clear
 		// does not look the address up (watch_bits_user in observe.h).
 		bit := addrBit(a.As4())
-		p.userBits[bit/64] |= 1 << (bit % 64)
-		if err := p.maps["watch_bits_user"].Put(uint32(0), &p.userBits); err != nil {
-			return fmt.Errorf("watch %s: %w", a, err)
+		if p.userBits[bit/64]&(1<<(bit%64)) == 0 {
+			p.userBits[bit/64] |= 1 << (bit % 64)
+			if err := p.maps["watch_bits_user"].Put(uint32(0), &p.userBits); err != nil {
+				return fmt.Errorf("watch %s: %w", w, err)
+			}
 		}
-		if err := p.maps["watch_addrs"].Put(a.As4(), uint8(1)); err != nil {
-			return fmt.Errorf("watch %s: %w", a, err)
+		if w.Port == 0 {
+			if err := p.maps["watch_addrs"].Put(a.As4(), uint8(watchAnyPort)); err != nil {
+				return fmt.Errorf("watch %s: %w", w, err)
+			}
+		} else {
+			// The endpoints before their address (pt_watched_at reads
+			// the address first); an address watched on every port,
+			// by user space or the kernel, is left so.
+			for _, proto := range protosOf(w.Proto) {
+				k := endpointKey(netip.AddrPortFrom(a, w.Port), proto)
+				if err := p.maps["watch_endpoints"].Put(k, uint8(1)); err != nil {
+					return fmt.Errorf("watch %s: %w", w, err)
+				}
+			}
+			err := p.maps["watch_addrs"].Update(a.As4(), uint8(watchEndpoints), ebpf.UpdateNoExist)
+			if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+				return fmt.Errorf("watch %s: %w", w, err)
+			}
 		}
-		p.watched[a] = true
+		if !p.watched[a] {
+			p.watched[a] = true
+			added = true
+		}
 	}
 	// The conntrack subscriptions' classic kernel filters follow the watch
 	// list (pt_ct_filter reads watch_addrs).
-	if len(p.ctSubs) > 0 && len(addrs) > 0 {
+	if len(p.ctSubs) > 0 && added {
 		filter := conntrackFilter(slices.Collect(maps.Keys(p.watched)))
 		for _, s := range p.ctSubs {
 			if s.prog != nil {
@@ -220,6 +263,20 @@ func (p *Probe) Watch(addrs ...netip.Addr) error {
 		}
 	}
 	return nil
+}
+
+// protosOf are the protocols of an endpoint of protocol proto (0: both).
+func protosOf(proto obs.Proto) []obs.Proto {
+	if proto == 0 {
+		return []obs.Proto{obs.TCP, obs.UDP}
+	}
+	return []obs.Proto{proto}
+}
+
+// endpointKey is struct pt_endpoint as the kernel stores it (the layout of
+// struct pt_client).
+func endpointKey(ap netip.AddrPort, proto obs.Proto) [8]byte {
+	return clientKey(ap, proto)
 }
 
 // addrBits is PT_ADDR_BITS of observe.h.

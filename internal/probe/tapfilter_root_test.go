@@ -346,3 +346,82 @@ func BenchmarkTapFilter(b *testing.B) {
 		})
 	}
 }
+
+// reversed is frame (untagged, no IP options) with its addresses and ports
+// swapped: the reply.
+func reversed(frame []byte) []byte {
+	f := append([]byte(nil), frame...)
+	ip := f[14:]
+	var a [4]byte
+	copy(a[:], ip[12:16])
+	copy(ip[12:16], ip[16:20])
+	copy(ip[16:20], a[:])
+	l4 := ip[20:]
+	l4[0], l4[1], l4[2], l4[3] = l4[2], l4[3], l4[0], l4[1]
+	return f
+}
+
+// A backend watched on the endpoint it serves (WatchEndpoints) is kept on
+// that port and protocol, in both directions, and dropped on its other
+// ports; what has no ports (a later fragment, ICMP) and an ICMP error about
+// the served port stay kept. Watching every port of it later widens it, and
+// an endpoint watched after that does not narrow it again.
+func TestTapFilterEndpoints(t *testing.T) {
+	needRoot(t)
+	vip := netip.MustParseAddrPort("10.120.0.80:80")
+	served := netip.MustParseAddrPort("10.244.20.31:3000")
+	otherPort := netip.AddrPortFrom(served.Addr(), 9100)
+	p, _ := startProbe(t, vip.Addr())
+	if err := p.WatchEndpoints(obs.Watch{Addr: served.Addr(), Port: served.Port(), Proto: obs.TCP}); err != nil {
+		t.Fatal(err)
+	}
+	if how := p.watchHow(served.Addr()); how != watchEndpoints {
+		t.Errorf("watch_addrs[%v] = %d, want %d", served.Addr(), how, watchEndpoints)
+	}
+	if !p.hasEndpoint(served, obs.TCP) || p.hasEndpoint(served, obs.UDP) {
+		t.Errorf("watch_endpoints: want %v/tcp only", served)
+	}
+	const snaplen = 96
+	prog, err := p.TapFilter(snaplen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const udp, tcp = 17, 6
+	run := func(name string, frame []byte, keep bool) {
+		t.Helper()
+		outer := append(make([]byte, 12), 0x08, 0x00) // see TestTapFilterFrames
+		ret, err := prog.Run(&ebpf.RunOptions{Data: append(outer, frame...)})
+		if err != nil {
+			t.Fatalf("%s: test run: %v", name, err)
+		}
+		if want := map[bool]uint32{true: snaplen, false: 0}[keep]; ret != want {
+			t.Errorf("%s: filter returned %d, want %d", name, ret, want)
+		}
+	}
+	run("TCP to the served port", testFrame(served, frameOpts{proto: tcp}), true)
+	run("reply from the served port", reversed(testFrame(served, frameOpts{proto: tcp})), true)
+	run("TCP to another port", testFrame(otherPort, frameOpts{proto: tcp}), false)
+	run("reply from another port", reversed(testFrame(otherPort, frameOpts{proto: tcp})), false)
+	run("UDP to the served TCP port", testFrame(served, frameOpts{proto: udp, payload: 8}), false)
+	run("UDP flood port", testFrame(netip.AddrPortFrom(served.Addr(), 40001), frameOpts{proto: udp, payload: 64}), false)
+	run("802.1Q to the served port", testFrame(served, frameOpts{tags: []uint16{0x8100}, proto: tcp}), true)
+	run("802.1Q to another port", testFrame(otherPort, frameOpts{tags: []uint16{0x8100}, proto: tcp}), false)
+	run("IP options, to the served port", testFrame(served, frameOpts{proto: tcp, ipOptions: 2}), true)
+	run("IP options, to another port", testFrame(otherPort, frameOpts{proto: tcp, ipOptions: 2}), false)
+	run("later fragment to the backend", testFrame(otherPort, frameOpts{proto: udp, fragment: true, payload: 64}), true)
+	run("VIP on any port", testFrame(netip.AddrPortFrom(vip.Addr(), 12345), frameOpts{proto: udp, payload: 8}), true)
+	run("ICMP error about the served port", icmpFrame(3, 1, quoted(served, frameOpts{proto: tcp}, 8), icmpOpts{}), true)
+	run("ICMP error about another port", icmpFrame(3, 1, quoted(otherPort, frameOpts{proto: tcp}, 8), icmpOpts{}), false)
+
+	if err := p.Watch(served.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	run("every port watched: another port", testFrame(otherPort, frameOpts{proto: tcp}), true)
+	if err := p.WatchEndpoints(obs.Watch{Addr: served.Addr(), Port: 3001}); err != nil {
+		t.Fatal(err)
+	}
+	if how := p.watchHow(served.Addr()); how != watchAnyPort {
+		t.Errorf("an endpoint after every port: watch_addrs[%v] = %d, want %d", served.Addr(), how, watchAnyPort)
+	}
+	run("an endpoint after every port: another port", testFrame(otherPort, frameOpts{proto: tcp}), true)
+}

@@ -180,7 +180,7 @@ const (
 // bridge share the uplink: it is captured once. The rings are opened
 // concurrently: setting up a ring waits for an RCU grace period, about
 // 10 ms, which a node of many Pods would otherwise pay once per point.
-func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []netip.Addr, snaplen, ringBytes int, prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
+func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []obs.Watch, snaplen, ringBytes int, prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
 	filter, ferr := capture.FilterFor(watch, snaplen)
 	var points []discover.CapturePoint
 	seen := map[string]bool{}
@@ -446,6 +446,7 @@ func natRulesOf(rules []discover.NATRule) []flow.NATRule {
 			}
 		case r.Backend.IsValid():
 			rule.Backends = []netip.AddrPort{r.Backend}
+			rule.PortRange = r.PortRange
 			rule.Rule = "dnat to " + r.Backend.String()
 		default:
 			rule.Rule = r.Note

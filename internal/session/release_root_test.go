@@ -14,6 +14,7 @@ import (
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // TestReleaseGone: a Pod tap whose netns path went while another name still
@@ -94,7 +95,7 @@ func TestReleaseGoneWhileProducing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	filter, err := capture.FilterFor([]netip.Addr{netip.MustParseAddr("192.0.2.1")}, 96)
+	filter, err := capture.FilterFor([]obs.Watch{obs.WatchAddr(netip.MustParseAddr("192.0.2.1"))}, 96)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ type tracer struct {
 	pr         *probe.Probe
 	taps       []tap
 	eng        *flow.Engine
-	watch      []netip.Addr
+	watch      []obs.Watch
 	cgroupRoot string
 	cgroupDone map[uint64]bool
 	// filterErrors counts failed widenings (watch list or tap filter
@@ -499,28 +499,30 @@ func (tr *tracer) attributeCgroup(id uint64) {
 // resolved (attributeCgroup).
 const maxCgroupsDone = 4096
 
-// widen adds the backends the engine learned to the observers' watch list
-// (which the eBPF tap filter shares) and to the classic tap filters, so
-// post-rewrite packets are captured too. The observers already learn most
-// of this in the kernel; widen covers what they could not (e.g. a backend
-// only conntrack named). Failures are counted, never ignored.
+// widen adds the backends the engine learned, and those the NAT rules and
+// IPVS services name, to the observers' watch list (which the eBPF tap
+// filter shares) and to the classic tap filters, so post-rewrite packets
+// are captured too: the endpoint a backend serves when its port is known,
+// every port of it otherwise. The observers already learn most of this in
+// the kernel; widen covers what they could not (e.g. a backend only
+// conntrack named). Failures are counted, never ignored.
 func (tr *tracer) widen() {
-	seen := make(map[netip.Addr]bool, len(tr.watch))
-	for _, a := range tr.watch {
-		seen[a] = true
+	seen := make(map[obs.Watch]bool, len(tr.watch))
+	for _, w := range tr.watch {
+		seen[w] = true
 	}
-	var added []netip.Addr
-	for _, b := range tr.eng.Backends() {
-		if !seen[b] {
-			seen[b] = true
-			added = append(added, b)
+	var added []obs.Watch
+	for _, w := range tr.eng.BackendWatches() {
+		if !seen[w] {
+			seen[w] = true
+			added = append(added, w)
 		}
 	}
 	if len(added) == 0 {
 		return
 	}
 	tr.watch = append(tr.watch, added...)
-	if err := tr.pr.Watch(added...); err != nil {
+	if err := tr.pr.WatchEndpoints(added...); err != nil {
 		tr.filterErrors++
 	}
 	var f []bpf.RawInstruction

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"time"
 
@@ -178,7 +177,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	}
 
 	watch := initialWatch(opt.Services, node)
-	if err := pr.Watch(watch...); err != nil {
+	if err := pr.WatchEndpoints(watch...); err != nil {
 		return nil, fmt.Errorf("watch addresses: %w", err)
 	}
 
@@ -327,17 +326,40 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 
 // initialWatch is the VIPs plus every backend the node's NAT rules and IPVS
 // services name.
-func initialWatch(svcs []flow.Service, node *discover.NodeInfo) []netip.Addr {
-	var out []netip.Addr
+func initialWatch(svcs []flow.Service, node *discover.NodeInfo) []obs.Watch {
+	var out []obs.Watch
+	vips := map[netip.Addr]bool{}
 	for _, s := range svcs {
-		if !slices.Contains(out, s.Addr) { // a few VIPs
-			out = append(out, s.Addr)
+		if !vips[s.Addr] { // a few VIPs
+			vips[s.Addr] = true
+			out = append(out, obs.WatchAddr(s.Addr))
 		}
 	}
-	vip := len(out)
-	for _, b := range node.Backends() {
-		if !slices.Contains(out[:vip], b) {
-			out = append(out, b)
+	seen := map[obs.Watch]bool{} // a Service may have thousands of endpoints
+	add := func(w obs.Watch) {
+		if w.Addr.IsValid() && !vips[w.Addr] && !seen[w] {
+			seen[w] = true
+			out = append(out, w)
+		}
+	}
+	for _, r := range node.Netfilter.Rules {
+		b := r.Backend
+		w := obs.Watch{Addr: b.Addr(), Port: b.Port(), Proto: protoOf(r.Proto)}
+		if w.Port == 0 {
+			w.Port = r.Port // kept by the DNAT; 0: any
+		}
+		if r.PortRange || w.Port == 0 {
+			w.Port, w.Proto = 0, 0
+		}
+		add(w)
+	}
+	for _, s := range node.IPVS.Services {
+		for _, b := range s.Backends {
+			w := obs.Watch{Addr: b.Addr(), Port: b.Port(), Proto: protoOf(s.Proto)}
+			if w.Port == 0 {
+				w.Proto = 0
+			}
+			add(w)
 		}
 	}
 	return out
