@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -42,6 +43,31 @@ type retiredNote struct {
 	// answer yet (nor acknowledged one): its SYN retransmissions after it
 	// was retired continue it.
 	opening bool
+	// sock is what its socket's observers taught (nil: none): a facet of
+	// the socket, not of the packets, true for the socket's life.
+	sock *retiredSocket
+}
+
+// retiredSocket is what the socket observers taught of a retired flow, which
+// the flow continuing it (the same socket, which no socket event names
+// again: it connected long ago) keeps: the app's request and the socket
+// layer's destinations (a socket LB's rewrite, which no packet shows), the
+// socket and its process.
+type retiredSocket struct {
+	cps      [cpPod]sighting // cpApp to cpSockEgress
+	kind     obs.SockKind
+	sock     uint64
+	fromNode bool
+	pid      uint32
+	comm     string
+	cgroup   uint64
+	procAt   time.Time
+}
+
+// peerKey is a client endpoint and the backend it talked to.
+type peerKey struct {
+	clientKey
+	peer netip.AddrPort
 }
 
 // retiredTotals counts the flows retired so far, for Summary.
@@ -169,8 +195,49 @@ func (e *Engine) forget(f *flowState) {
 	// are remembered.
 	if f.client.Port() != 0 && (f.proto != obs.TCP || f.tcp.closed() == 0) {
 		opening := f.proto == obs.TCP && f.tcp.syn != 0 && f.tcp.synAck == 0 && f.tcp.ack == 0 && f.tcp.rstReply == 0
-		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), opening: opening})
+		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), opening: opening, sock: retiredSocketOf(f)})
+		// Its backends too: behind a socket LB no packet of its
+		// endpoint names the VIP, only the backend (resumed).
+		for _, b := range f.backends {
+			e.retiredPeers.put(peerKey{k, b.addr}, f.service)
+		}
 	}
+}
+
+// retiredSocketOf is what the socket observers taught of f, nil if nothing.
+func retiredSocketOf(f *flowState) *retiredSocket {
+	r := &retiredSocket{kind: f.kind, sock: f.sock, fromNode: f.fromNode, pid: f.pid, comm: f.comm, cgroup: f.cgroup, procAt: f.procAt}
+	copy(r.cps[:], f.cps[:cpPod])
+	seen := f.sock != 0 || f.kind != 0 || !f.procAt.IsZero()
+	for _, s := range r.cps {
+		seen = seen || s.any()
+	}
+	if !seen {
+		return nil
+	}
+	return r
+}
+
+// resumed is the flow that the packet of client to (from, with reply) peer
+// at m continues, made now, when nothing else names its flow: the client
+// endpoint's retired flow went to peer, its backend, and the packet may
+// continue it (continues). Behind a socket LB the packets of a long idle
+// connection that speaks again never name the VIP: without this they
+// would be matched to no flow, lost to the flow log.
+func (e *Engine) resumed(client, peer netip.AddrPort, proto obs.Proto, cookie uint64, m moment, last bool) (*flowState, linkResult) {
+	k := clientKey{proto, client}
+	svc, ok := e.retiredPeers.get(peerKey{k, peer})
+	if !ok {
+		return nil, unlinked
+	}
+	if r, ok := e.retiredKeys.get(flowKey{k, svc}); !ok || !r.continuedBy(proto, m) {
+		return nil, unlinked
+	}
+	f, res := e.flowFor(proto, client, svc, cookie, m, last)
+	if res == linked {
+		e.learnBackend(f, peer, time.Unix(0, m.at))
+	}
+	return f, res
 }
 
 // rememberRetired puts a retired flow in retiredKeys. When that forgets a
@@ -209,11 +276,31 @@ func (e *Engine) mayContinueForgotten(f *flowState) bool {
 // (udpEntryLife): a datagram then makes a new entry, as a new flow's.
 func (e *Engine) continued(f *flowState, m moment) {
 	r, ok := e.retiredKeys.get(flowKey{f.key(), f.service})
-	if !ok || f.proto == obs.TCP && m.opens() && !(r.opening && !m.reply && m.at-r.last <= int64(synRetryWindow)) ||
-		f.proto != obs.TCP && m.at-r.last > int64(udpEntryLife) {
+	if !ok || !r.continuedBy(f.proto, m) {
 		return
 	}
 	f.continues, f.continuesLast = r.id, r.last
+	if s := r.sock; s != nil {
+		for cp := range s.cps {
+			f.cps[cp].merge(s.cps[cp])
+		}
+		f.kind, f.fromNode = s.kind, s.fromNode
+		f.noteProc(s.pid, s.comm, s.cgroup, s.procAt)
+		if st := e.socks.m[s.sock]; st != nil && s.sock != 0 {
+			st.add(f)
+		}
+		f.claim(s.sock)
+		f.evidenceChanged()
+	}
+}
+
+// continuedBy tells whether an observation of proto at m of the client
+// endpoint and Service of the retired flow r may continue it (continued).
+func (r retiredNote) continuedBy(proto obs.Proto, m moment) bool {
+	if proto == obs.TCP {
+		return !m.opens() || r.opening && !m.reply && m.at-r.last <= int64(synRetryWindow)
+	}
+	return m.at-r.last <= int64(udpEntryLife)
 }
 
 // continuesNote says, of a flow that continues a retired one, that its
