@@ -206,6 +206,7 @@ loop:
 					stop = stopFor(reason)
 					break loop
 				}
+				tr.pcap.endFile(tr.taps)
 			}
 			tr.noteConntrackLosses()
 			tr.retire(time.Now())
