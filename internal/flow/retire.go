@@ -49,19 +49,16 @@ type retiredNote struct {
 }
 
 // retiredSocket is what the socket observers taught of a retired flow, which
-// the flow continuing it (the same socket, which no socket event names
-// again: it connected long ago) keeps: the app's request and the socket
-// layer's destinations (a socket LB's rewrite, which no packet shows), the
-// socket and its process.
+// the flow continuing it behind a socket LB keeps (carrySocket): the app's
+// request and the socket layer's destinations (the rewrite, which no packet
+// shows), its process.
 type retiredSocket struct {
 	cps      [cpPod]sighting // cpApp to cpSockEgress
 	kind     obs.SockKind
-	sock     uint64
 	fromNode bool
 	pid      uint32
 	comm     string
 	cgroup   uint64
-	procAt   time.Time
 }
 
 // peerKey is a client endpoint and the backend it talked to.
@@ -206,9 +203,9 @@ func (e *Engine) forget(f *flowState) {
 
 // retiredSocketOf is what the socket observers taught of f, nil if nothing.
 func retiredSocketOf(f *flowState) *retiredSocket {
-	r := &retiredSocket{kind: f.kind, sock: f.sock, fromNode: f.fromNode, pid: f.pid, comm: f.comm, cgroup: f.cgroup, procAt: f.procAt}
+	r := &retiredSocket{kind: f.kind, fromNode: f.fromNode, pid: f.pid, comm: f.comm, cgroup: f.cgroup}
 	copy(r.cps[:], f.cps[:cpPod])
-	seen := f.sock != 0 || f.kind != 0 || !f.procAt.IsZero()
+	seen := f.kind != 0 || !f.procAt.IsZero()
 	for _, s := range r.cps {
 		seen = seen || s.any()
 	}
@@ -230,11 +227,16 @@ func (e *Engine) resumed(client, peer netip.AddrPort, proto obs.Proto, cookie ui
 	if !ok {
 		return nil, unlinked
 	}
-	if r, ok := e.retiredKeys.get(flowKey{k, svc}); !ok || !r.continuedBy(proto, m) {
+	r, ok := e.retiredKeys.get(flowKey{k, svc})
+	if !ok || !r.continuedBy(proto, m) {
 		return nil, unlinked
 	}
+	made := e.made
 	f, res := e.flowFor(proto, client, svc, cookie, m, last)
 	if res == linked {
+		if e.made != made && f.continues == r.id {
+			e.carrySocket(f, r, time.Unix(0, m.at))
+		}
 		e.learnBackend(f, peer, time.Unix(0, m.at))
 	}
 	return f, res
@@ -280,18 +282,29 @@ func (e *Engine) continued(f *flowState, m moment) {
 		return
 	}
 	f.continues, f.continuesLast = r.id, r.last
-	if s := r.sock; s != nil {
-		for cp := range s.cps {
-			f.cps[cp].merge(s.cps[cp])
-		}
-		f.kind, f.fromNode = s.kind, s.fromNode
-		f.noteProc(s.pid, s.comm, s.cgroup, s.procAt)
-		if st := e.socks.m[s.sock]; st != nil && s.sock != 0 {
-			st.add(f)
-		}
-		f.claim(s.sock)
-		f.evidenceChanged()
+}
+
+// carrySocket gives f, made by resumed from packets that never name the
+// VIP, what the socket observers taught of the retired flow it continues
+// (r.sock): a socket LB's rewrite, which none of its packets shows. Not
+// its socket: packets do not tell sockets apart, and a new socket that
+// reused the port (a resolver's socket per query) claims the flow with
+// its own events, as it would a flow its packets made.
+func (e *Engine) carrySocket(f *flowState, r retiredNote, at time.Time) {
+	s := r.sock
+	if s == nil {
+		return
 	}
+	for cp := range s.cps {
+		f.cps[cp].merge(s.cps[cp])
+	}
+	if f.kind == 0 {
+		f.kind = s.kind
+	}
+	f.fromNode = f.fromNode || s.fromNode
+	// As of now: a new socket's own events, earlier, name its process.
+	f.noteProc(s.pid, s.comm, s.cgroup, at)
+	f.evidenceChanged()
 }
 
 // continuedBy tells whether an observation of proto at m of the client

@@ -593,3 +593,45 @@ func TestRetireContinuedSocketLB(t *testing.T) {
 		})
 	}
 }
+
+// TestRetireSocketLBPortReusedByNewSocket: behind a socket LB, a new
+// socket (a resolver's socket per query) that reuses the port of a retired
+// flow, its packets delivered before its socket's events, makes one new
+// flow that its events claim: not a flow "joined" by another socket
+// (flows_joined), and its process is its own.
+func TestRetireSocketLBPortReusedByNewSocket(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	ready := flowtest.At(0)
+	e := flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: svc.Addr(), Port: svc.Port(), Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointSockAddr: true, obs.PointSockState: true, obs.PointSockEgress: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+		Ready:    ready,
+	})
+	c := netip.MustParseAddrPort("10.244.8.23:40001")
+	at := ready.Add(time.Second)
+	for _, o := range socketLBFlow(obs.UDP, c, svc, be, 77, at) {
+		e.Add(o)
+	}
+	if first := e.Retire(at.Add(61 * time.Second)); len(first) != 1 {
+		t.Fatalf("retired %d flows, want 1", len(first))
+	}
+	again := at.Add(90 * time.Second)
+	seq := socketLBFlow(obs.UDP, c, svc, be, 78, again)
+	for i := range seq[:2] {
+		seq[i].PID, seq[i].Comm = 4343, "other"
+	}
+	for _, o := range append(seq[2:], seq[:2]...) { // packets first
+		e.Add(o)
+	}
+	e.Retire(again.Add(5 * time.Second))
+	fs := e.Flows()
+	if len(fs) != 1 || fs[0].RewrittenAt != flow.PlaceSocket || fs[0].Backend != be {
+		t.Fatalf("flows %+v, want one socket flow to %s", fs, be)
+	}
+	if j := e.Summary().Drops[flow.DropFlowsJoined]; j != 0 {
+		t.Errorf("flows_joined %d: the new socket's flow counted as joined to another's", j)
+	}
+	if fs[0].PID != 4343 || fs[0].Comm != "other" {
+		t.Errorf("process %d %q, want the new socket's 4343 other", fs[0].PID, fs[0].Comm)
+	}
+}
