@@ -206,7 +206,9 @@ loop:
 					stop = stopFor(reason)
 					break loop
 				}
-				tr.pcap.endFile(tr.taps)
+				if tr.opt.Duration == 0 { // until stopped: an incident's file is its bundle's
+					tr.pcap.endFile(tr.taps)
+				}
 			}
 			tr.noteConntrackLosses()
 			tr.retire(time.Now())
