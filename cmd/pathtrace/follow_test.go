@@ -175,3 +175,37 @@ func TestFollowBadUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowReaderGone: a run until stopped whose report's reader went
+// away (`pathtrace --duration 0 -o json | head -1`, a log shipper that
+// died) ends with exit 1 and says so, as for a full disk: it was killed
+// by SIGPIPE at its first write, exit 141 with nothing said.
+func TestFollowReaderGone(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // the reader is gone before the first line
+	defer w.Close()
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json")
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = w, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "reader went away") {
+			t.Errorf("exit %d (%v), stderr %q; want exit 1 saying the report's reader went away", code, err, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still tracing 30 s after its report's reader went away (stderr %q)", stderr.String())
+	}
+}

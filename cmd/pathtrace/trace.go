@@ -414,6 +414,13 @@ func runTrace(args []string) int {
 	out := io.Writer(os.Stdout)
 	if f.pcap == "-" {
 		out = os.Stderr
+	}
+	if f.pcap == "-" || opt.Duration == 0 {
+		// So too a run until stopped whose report's reader went away
+		// (`| head -1`, a log shipper that died): the write fails with
+		// EPIPE and the run ends as for any lost report (runCtx), with the
+		// open flows' end and a message, rather than die of SIGPIPE
+		// mid-run, exit 141, with nothing said.
 		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	}
 	rw := report.NewWriter(out, f.output)
@@ -481,6 +488,9 @@ func runTrace(args []string) int {
 	// A report lost to its output (stdout on a full disk, closed) is never
 	// a silent success.
 	if err := rw.Err(); err != nil {
+		if errors.Is(err, syscall.EPIPE) {
+			err = fmt.Errorf("its reader went away (%w)", err)
+		}
 		fmt.Fprintf(os.Stderr, "pathtrace: the report could not be written: %v\n", err)
 		code = exitRuntime
 	}

@@ -112,7 +112,10 @@ type Engine struct {
 
 	// retiredKeys remembers the recently retired flows by client endpoint
 	// and Service (bounded), retiredTotals counts every retired flow.
-	retiredKeys   recentSet[flowKey, retiredNote]
+	retiredKeys recentSet[flowKey, retiredNote]
+	// retiredPeers names the Service of a retired flow by its client
+	// endpoint and backend (bounded as retiredKeys).
+	retiredPeers  recentSet[peerKey, netip.AddrPort]
 	retiredTotals retiredTotals
 	// retiredForgotten is the latest last sighting (unix ns) of the
 	// retired flows retiredKeys forgot, 0 while it forgot none.
@@ -144,6 +147,7 @@ func NewEngine(cfg Config) *Engine {
 	e.refused = newRecentSet[flowKey, refusedFlow](max(4096, maxFlows))
 	e.refusedClients = newRecentSet[clientKey, struct{}](max(4096, maxFlows))
 	e.retiredKeys = newRecentSet[flowKey, retiredNote](max(4096, maxFlows))
+	e.retiredPeers = newRecentSet[peerKey, netip.AddrPort](max(4096, maxFlows))
 	for _, s := range cfg.Services {
 		e.services[s.Addr] = append(e.services[s.Addr], s)
 	}

@@ -135,6 +135,17 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 			return f, true, linked
 		}
 	}
+	// The rest of a retired flow, its endpoint talking to its backend.
+	if learn && g.out == nil && g.in == nil {
+		if f, r := e.resumed(src, dst, proto, cookie, req, last); r != unlinked {
+			return f, false, r
+		}
+		if replies {
+			if f, r := e.resumed(dst, src, proto, 0, rep, last); r != unlinked {
+				return f, true, r
+			}
+		}
+	}
 	return nil, false, unlinked
 }
 

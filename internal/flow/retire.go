@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -42,6 +43,28 @@ type retiredNote struct {
 	// answer yet (nor acknowledged one): its SYN retransmissions after it
 	// was retired continue it.
 	opening bool
+	// sock is what its socket's observers taught (nil: none): a facet of
+	// the socket, not of the packets, true for the socket's life.
+	sock *retiredSocket
+}
+
+// retiredSocket is what the socket observers taught of a retired flow, which
+// the flow continuing it behind a socket LB keeps (carrySocket): the app's
+// request and the socket layer's destinations (the rewrite, which no packet
+// shows), its process.
+type retiredSocket struct {
+	cps      [cpPod]sighting // cpApp to cpSockEgress
+	kind     obs.SockKind
+	fromNode bool
+	pid      uint32
+	comm     string
+	cgroup   uint64
+}
+
+// peerKey is a client endpoint and the backend it talked to.
+type peerKey struct {
+	clientKey
+	peer netip.AddrPort
 }
 
 // retiredTotals counts the flows retired so far, for Summary.
@@ -172,8 +195,54 @@ func (e *Engine) forget(f *flowState) {
 	// are remembered.
 	if f.client.Port() != 0 && (f.proto != obs.TCP || f.tcp.closed() == 0) {
 		opening := f.proto == obs.TCP && f.tcp.syn != 0 && f.tcp.synAck == 0 && f.tcp.ack == 0 && f.tcp.rstReply == 0
-		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), opening: opening})
+		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), opening: opening, sock: retiredSocketOf(f)})
+		// Its backends too: behind a socket LB no packet of its
+		// endpoint names the VIP, only the backend (resumed).
+		for _, b := range f.backends {
+			e.retiredPeers.put(peerKey{k, b.addr}, f.service)
+		}
 	}
+}
+
+// retiredSocketOf is what the socket observers taught of f, nil if nothing.
+func retiredSocketOf(f *flowState) *retiredSocket {
+	r := &retiredSocket{kind: f.kind, fromNode: f.fromNode, pid: f.pid, comm: f.comm, cgroup: f.cgroup}
+	copy(r.cps[:], f.cps[:cpPod])
+	seen := f.kind != 0 || !f.procAt.IsZero()
+	for _, s := range r.cps {
+		seen = seen || s.any()
+	}
+	if !seen {
+		return nil
+	}
+	return r
+}
+
+// resumed is the flow that the packet of client to (from, with reply) peer
+// at m continues, made now, when nothing else names its flow: the client
+// endpoint's retired flow went to peer, its backend, and the packet may
+// continue it (continues). Behind a socket LB the packets of a long idle
+// connection that speaks again never name the VIP: without this they
+// would be matched to no flow, lost to the flow log.
+func (e *Engine) resumed(client, peer netip.AddrPort, proto obs.Proto, cookie uint64, m moment, last bool) (*flowState, linkResult) {
+	k := clientKey{proto, client}
+	svc, ok := e.retiredPeers.get(peerKey{k, peer})
+	if !ok {
+		return nil, unlinked
+	}
+	r, ok := e.retiredKeys.get(flowKey{k, svc})
+	if !ok || !r.continuedBy(proto, m) {
+		return nil, unlinked
+	}
+	made := e.made
+	f, res := e.flowFor(proto, client, svc, cookie, m, last)
+	if res == linked {
+		if e.made != made && f.continues == r.id {
+			e.carrySocket(f, r, time.Unix(0, m.at))
+		}
+		e.learnBackend(f, peer, time.Unix(0, m.at))
+	}
+	return f, res
 }
 
 // rememberRetired puts a retired flow in retiredKeys. When that forgets a
@@ -212,11 +281,42 @@ func (e *Engine) mayContinueForgotten(f *flowState) bool {
 // (udpEntryLife): a datagram then makes a new entry, as a new flow's.
 func (e *Engine) continued(f *flowState, m moment) {
 	r, ok := e.retiredKeys.get(flowKey{f.key(), f.service})
-	if !ok || f.proto == obs.TCP && m.opens() && !(r.opening && !m.reply && m.at-r.last <= int64(synRetryWindow)) ||
-		f.proto != obs.TCP && m.at-r.last > int64(udpEntryLife) {
+	if !ok || !r.continuedBy(f.proto, m) {
 		return
 	}
 	f.continues, f.continuesLast = r.id, r.last
+}
+
+// carrySocket gives f, made by resumed from packets that never name the
+// VIP, what the socket observers taught of the retired flow it continues
+// (r.sock): a socket LB's rewrite, which none of its packets shows. Not
+// its socket: packets do not tell sockets apart, and a new socket that
+// reused the port (a resolver's socket per query) claims the flow with
+// its own events, as it would a flow its packets made.
+func (e *Engine) carrySocket(f *flowState, r retiredNote, at time.Time) {
+	s := r.sock
+	if s == nil {
+		return
+	}
+	for cp := range s.cps {
+		f.cps[cp].merge(s.cps[cp])
+	}
+	if f.kind == 0 {
+		f.kind = s.kind
+	}
+	f.fromNode = f.fromNode || s.fromNode
+	// As of now: a new socket's own events, earlier, name its process.
+	f.noteProc(s.pid, s.comm, s.cgroup, at)
+	f.evidenceChanged()
+}
+
+// continuedBy tells whether an observation of proto at m of the client
+// endpoint and Service of the retired flow r may continue it (continued).
+func (r retiredNote) continuedBy(proto obs.Proto, m moment) bool {
+	if proto == obs.TCP {
+		return !m.opens() || r.opening && !m.reply && m.at-r.last <= int64(synRetryWindow)
+	}
+	return m.at-r.last <= int64(udpEntryLife)
 }
 
 // continuesNote says, of a flow that continues a retired one, that its

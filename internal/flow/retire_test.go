@@ -506,3 +506,133 @@ func TestRetireSYNRetryContinues(t *testing.T) {
 		t.Errorf("the retransmissions: %s (%s); conntrack's silence excluded netfilter", p, fs[0].Reason)
 	}
 }
+
+// socketLBFlow is a flow whose VIP a socket LB (connect4) rewrote: no
+// packet ever names the VIP, only the socket event does.
+func socketLBFlow(proto obs.Proto, c, svc, be netip.AddrPort, cookie uint64, at time.Time) []obs.Observation {
+	seq := []obs.Observation{
+		{Point: obs.PointSockAddr, Kind: obs.SockConnect, Cookie: cookie, Src: netip.AddrPortFrom(c.Addr(), 0), Dst: be, ReqDst: svc, PID: 4242, Comm: "client", Cgroup: 9001, Time: at.Add(-50 * time.Microsecond)},
+		{Point: obs.PointSockEgress, Cookie: cookie, Src: c, Dst: be, Len: 60, Time: at.Add(-time.Microsecond)},
+	}
+	for j := range seq {
+		seq[j].Proto = proto
+	}
+	return append(seq, socketLBPackets(proto, c, be, at)...)
+}
+
+// socketLBPackets are the packets of one exchange of a socket LB's flow.
+func socketLBPackets(proto obs.Proto, c, be netip.AddrPort, at time.Time) []obs.Observation {
+	seq := []obs.Observation{
+		{Point: obs.PointPod, Ifname: "pod:eth0", Dir: obs.DirOut, Src: c, Dst: be, Len: 74},
+		{Point: obs.PointHost, Ifname: "host:veth-a", Dir: obs.DirIn, Src: c, Dst: be, Len: 74},
+		{Point: obs.PointUplink, Ifname: "uplink:bond0", Dir: obs.DirOut, Src: c, Dst: be, Len: 74, VLAN: 200},
+		{Point: obs.PointUplink, Ifname: "uplink:bond0", Dir: obs.DirIn, Src: be, Dst: c, Len: 74, VLAN: 200},
+		{Point: obs.PointHost, Ifname: "host:veth-a", Dir: obs.DirOut, Src: be, Dst: c, Len: 74},
+		{Point: obs.PointPod, Ifname: "pod:eth0", Dir: obs.DirIn, Src: be, Dst: c, Len: 74},
+	}
+	for j := range seq {
+		seq[j].Proto, seq[j].Time = proto, at.Add(time.Duration(j)*10*time.Microsecond)
+	}
+	return seq
+}
+
+// TestRetireContinuedSocketLB: with a socket LB (Cilium's, the lab's
+// socket mode) no packet names the VIP; a connection (or a connected UDP
+// socket) idle past the flow timeout that speaks again sends to its
+// backend, with no socket event (it connected long ago). Its packets are
+// a new flow continuing the retired one, rewritten at the socket as a
+// bounded run says of it, not observations matched to nothing
+// (Summary.Unmatched): the flow log lost them silently.
+func TestRetireContinuedSocketLB(t *testing.T) {
+	for _, tc := range []struct {
+		proto   obs.Proto
+		svc, be netip.AddrPort
+	}{
+		{obs.TCP, netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")},
+		{obs.UDP, netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")},
+	} {
+		t.Run(tc.proto.String(), func(t *testing.T) {
+			ready := flowtest.At(0)
+			e := flow.NewEngine(flow.Config{
+				Services: []flow.Service{{Addr: tc.svc.Addr(), Port: tc.svc.Port(), Proto: tc.proto}},
+				Points:   map[obs.Point]bool{obs.PointSockAddr: true, obs.PointSockState: true, obs.PointSockEgress: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+				Ready:    ready,
+			})
+			c := netip.MustParseAddrPort("10.244.8.23:40001")
+			at := ready.Add(time.Second)
+			for _, o := range socketLBFlow(tc.proto, c, tc.svc, tc.be, 77, at) {
+				e.Add(o)
+			}
+			first := e.Retire(at.Add(61 * time.Second))
+			if len(first) != 1 || first[0].RewrittenAt != flow.PlaceSocket || first[0].Backend != tc.be {
+				t.Fatalf("retired %+v, want one socket flow to %s", first, tc.be)
+			}
+			again := at.Add(90 * time.Second)
+			for _, o := range socketLBPackets(tc.proto, c, tc.be, again) {
+				e.Add(o)
+			}
+			if got := e.Retire(again.Add(5 * time.Second)); len(got) != 0 {
+				t.Fatalf("retired %+v 5 s after it spoke again", got)
+			}
+			fs := e.Flows()
+			if len(fs) != 1 {
+				t.Fatalf("%d flows open after the idle socket spoke again, want 1 (unmatched %d)", len(fs), e.Summary().Unmatched)
+			}
+			f := fs[0]
+			if f.ID == first[0].ID || f.Continues != first[0].ID {
+				t.Errorf("flow id %d continues %d; want a new id continuing %d", f.ID, f.Continues, first[0].ID)
+			}
+			if f.Service != tc.svc || f.RewrittenAt != flow.PlaceSocket || f.Backend != tc.be || !f.Reply {
+				t.Errorf("continued flow: %s via %s at %s to %s, reply %v (%s); want %s at socket to %s with its reply", f.Client, f.Service, f.RewrittenAt, f.Backend, f.Reply, f.Reason, tc.svc, tc.be)
+			}
+			if f.First.Before(again) {
+				t.Errorf("continued flow first seen %s, before it spoke again (%s)", f.First, again)
+			}
+			if u := e.Summary().Unmatched; u != 0 {
+				t.Errorf("%d observations matched no flow", u)
+			}
+		})
+	}
+}
+
+// TestRetireSocketLBPortReusedByNewSocket: behind a socket LB, a new
+// socket (a resolver's socket per query) that reuses the port of a retired
+// flow, its packets delivered before its socket's events, makes one new
+// flow that its events claim: not a flow "joined" by another socket
+// (flows_joined), and its process is its own.
+func TestRetireSocketLBPortReusedByNewSocket(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	ready := flowtest.At(0)
+	e := flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: svc.Addr(), Port: svc.Port(), Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointSockAddr: true, obs.PointSockState: true, obs.PointSockEgress: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+		Ready:    ready,
+	})
+	c := netip.MustParseAddrPort("10.244.8.23:40001")
+	at := ready.Add(time.Second)
+	for _, o := range socketLBFlow(obs.UDP, c, svc, be, 77, at) {
+		e.Add(o)
+	}
+	if first := e.Retire(at.Add(61 * time.Second)); len(first) != 1 {
+		t.Fatalf("retired %d flows, want 1", len(first))
+	}
+	again := at.Add(90 * time.Second)
+	seq := socketLBFlow(obs.UDP, c, svc, be, 78, again)
+	for i := range seq[:2] {
+		seq[i].PID, seq[i].Comm = 4343, "other"
+	}
+	for _, o := range append(seq[2:], seq[:2]...) { // packets first
+		e.Add(o)
+	}
+	e.Retire(again.Add(5 * time.Second))
+	fs := e.Flows()
+	if len(fs) != 1 || fs[0].RewrittenAt != flow.PlaceSocket || fs[0].Backend != be {
+		t.Fatalf("flows %+v, want one socket flow to %s", fs, be)
+	}
+	if j := e.Summary().Drops[flow.DropFlowsJoined]; j != 0 {
+		t.Errorf("flows_joined %d: the new socket's flow counted as joined to another's", j)
+	}
+	if fs[0].PID != 4343 || fs[0].Comm != "other" {
+		t.Errorf("process %d %q, want the new socket's 4343 other", fs[0].PID, fs[0].Comm)
+	}
+}

@@ -32,6 +32,9 @@ type pcapOut struct {
 	// file; notWritten counts the frames it had no room for from then on.
 	endedAt    time.Time
 	notWritten uint64
+	// published: the file a bound ended while the run goes on was
+	// closed and given its name then (endFile), not at the run's end.
+	published bool
 	// last is the comment of the last frame release wrote from a known
 	// flow: the next frames of that flow, direction and side of the
 	// translation share it (at every capture point) while the engine
@@ -120,6 +123,10 @@ func (p *pcapOut) addInterface(tp tap, snaplen int) string {
 	if p.err != nil {
 		return "pcap-error"
 	}
+	if p.published { // the file ended: the tap's frames are counted (hold)
+		p.queues = append(p.queues, nil)
+		return ""
+	}
 	if err := p.w.AddInterface(pcapInterface(tp, snaplen)); err != nil {
 		if !errors.Is(err, export.ErrLimit) {
 			p.err = err
@@ -194,10 +201,26 @@ func (p *pcapOut) write(w export.Held, iface int, pkt *capture.Packet, comment s
 	return reason
 }
 
-// close writes each interface's statistics and publishes the file.
-func (p *pcapOut) close(taps []tap) *export.Summary {
+// endFile closes the file a bound ended while the run goes on (a run until
+// stopped) and gives it its name now: PATH, complete, for days, rather than
+// PATH.partial until the run stops (and forever if it is killed). Its
+// interfaces' statistics are those of then.
+func (p *pcapOut) endFile(taps []tap) {
+	if !p.endsFileOnly || p.published || !p.full() || p.held > 0 {
+		return
+	}
+	p.published = true
+	stats, _ := p.interfaces(taps)
+	if err := p.w.Close(stats); err != nil && p.err == nil {
+		p.err = err
+	}
+}
+
+// interfaces are the file's interfaces: the kernel's counts of each tap,
+// for the file's statistics, and their names; those frozen when the taps'
+// slots went to others (freeze) as they were then.
+func (p *pcapOut) interfaces(taps []tap) ([]export.InterfaceStats, []string) {
 	stats := make([]export.InterfaceStats, len(taps))
-	res := &export.Summary{Path: p.path, PerInterface: map[string]uint64{}}
 	labels := make([]string, len(taps))
 	for i, tp := range taps {
 		if tp.t == nil {
@@ -213,11 +236,20 @@ func (p *pcapOut) close(taps []tap) *export.Summary {
 			stats[i], labels[i] = f.stats, f.label
 		}
 	}
+	return stats, labels
+}
+
+// close writes each interface's statistics and publishes the file.
+func (p *pcapOut) close(taps []tap) *export.Summary {
+	res := &export.Summary{Path: p.path, PerInterface: map[string]uint64{}}
+	stats, labels := p.interfaces(taps)
 	// A failed close (a reader that went away from "-", a full disk) is
 	// reported with the rest, never at the cost of the report. The counts
 	// are read after it: a failed write makes them what the file holds.
-	if err := p.w.Close(stats); err != nil && p.err == nil {
-		p.err = err
+	if !p.published {
+		if err := p.w.Close(stats); err != nil && p.err == nil {
+			p.err = err
+		}
 	}
 	for i, n := range p.w.PerInterface() {
 		res.PerInterface[labels[i]] = n

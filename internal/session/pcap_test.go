@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -404,5 +406,49 @@ func TestPcapCommentsFollowTheEngineBetweenReleases(t *testing.T) {
 		if !strings.HasPrefix(p.comment, "flow 1 request to VIP (before translation)") || rewritten != (i >= 4) {
 			t.Errorf("packet %d (interface %d) comment %q; rewritten at tc from packet 4 on", i, p.iface, p.comment)
 		}
+	}
+}
+
+// TestPcapBoundEndsFileNamedThen: in a run until stopped, the file a bound
+// ended is closed and named PATH then, readable whole while the run goes
+// on for days; it stayed PATH.partial until the run stopped (for ever if it
+// was killed, and the next run refused to start over it).
+func TestPcapBoundEndsFileNamedThen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.pcapng")
+	tr := testTracer(t, io.Discard)
+	w, err := export.Create(path, []export.Interface{{Name: "pod:eth0"}, {Name: "uplink:bond0"}}, export.Limits{MaxPackets: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.pcap = &pcapOut{w: w, path: path, queues: make([][]*batch, 2), endsFileOnly: true}
+	ms := time.Millisecond
+	if got := frames(t, tr, 0, 0, 1*ms, 2*ms, 300*ms, 301*ms); got != "" {
+		t.Fatalf("stop reason %q when the file filled, want none", got)
+	}
+	tr.pcap.endFile(tr.taps) // the run's next tick
+	if _, err := os.Stat(path + ".partial"); err == nil {
+		t.Errorf("%s.partial still there once the bound ended the file", path)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the file a bound ended is not named %s while the run goes on: %v", path, err)
+	}
+	if n := len(readBack(t, data)); n != 3 {
+		t.Errorf("%d packets in the ended file, want 3", n)
+	}
+	// The run goes on: frames are counted, a tap that starts is no error.
+	if got := frames(t, tr, 1, 400*ms, 401*ms); got != "" {
+		t.Errorf("stop reason %q after the file ended, want none", got)
+	}
+	if got := tr.pcap.addInterface(tap{label: "pod:eth0@new"}, 96); got != "" {
+		t.Errorf("a tap added after the file ended: stop reason %q, want none", got)
+	}
+	tr.pcap.endFile(tr.taps)
+	res := tr.pcap.close(tr.taps)
+	if res.Error != "" || res.Packets != 3 || res.StopReason != "max-packets" || tr.pcap.notWritten != 4 {
+		t.Errorf("summary %+v, %d not written; want 3 packets, max-packets, no error, 4 not written", res, tr.pcap.notWritten)
+	}
+	if data2, err := os.ReadFile(path); err != nil || !bytes.Equal(data, data2) {
+		t.Errorf("the file changed after it ended (%v)", err)
 	}
 }

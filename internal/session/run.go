@@ -209,6 +209,9 @@ loop:
 					stop = stopFor(reason)
 					break loop
 				}
+				if tr.opt.Duration == 0 { // until stopped: an incident's file is its bundle's
+					tr.pcap.endFile(tr.taps)
+				}
 			}
 			tr.noteConntrackLosses()
 			tr.retire(time.Now())
