@@ -573,11 +573,18 @@ static __always_inline bool pt_interesting(const struct pt_tuple *t)
 }
 
 /* Packet observers (tc, netfilter) report the first PT_EVENTS_PER_FLOW packets
- * of each flow direction at each point, and every TCP SYN, FIN and RST: a
- * verdict needs a flow's first packets, and a busy flow must not flood the
- * ring buffer (the packet taps still see every packet). What is left out is
- * counted per point in events_summarized: summarized, not lost. */
+ * of each flow direction at each point, then one every PT_REFILL_NS, and every
+ * TCP SYN, FIN and RST: a verdict needs a flow's first packets, and a busy
+ * flow must not flood the ring buffer (the packet taps still see every
+ * packet). The budget refills with time because a 5-tuple outlives its flow:
+ * a UDP client port used again by the next socket (a resolver's query after
+ * query), or reused hours later, is another flow, whose first packets a
+ * spent budget would leave out, and the engine would take the point's
+ * silence for "not seen here" (a netfilter rewrite read as one after
+ * netfilter). What is left out is counted per point in events_summarized:
+ * summarized, not lost. */
 #define PT_EVENTS_PER_FLOW 8
+#define PT_REFILL_NS (100 * 1000 * 1000ULL)
 
 struct pt_flow_point {
 	__u32 saddr;
@@ -590,11 +597,20 @@ struct pt_flow_point {
 	__u8 _pad;
 };
 
+/* The events a flow direction may still report at a point, and when the
+ * budget last grew. Updated without atomics: two CPUs racing may report
+ * one event more or less, which is all a budget needs. */
+struct pt_budget {
+	__u64 refilled; /* bpf_ktime_get_ns */
+	__u32 tokens;
+	__u32 _pad;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct pt_flow_point);
-	__type(value, __u32);
+	__type(value, struct pt_budget);
 } flow_events SEC(".maps");
 
 struct {
@@ -612,14 +628,21 @@ static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 poin
 		.saddr = t->saddr, .daddr = t->daddr, .sport = t->sport, .dport = t->dport,
 		.proto = t->proto, .point = point, .where = where,
 	};
-	__u32 *n = bpf_map_lookup_elem(&flow_events, &k);
-	if (!n) {
-		__u32 one = 1;
-		bpf_map_update_elem(&flow_events, &k, &one, BPF_ANY);
+	__u64 now = bpf_ktime_get_ns();
+	struct pt_budget *b = bpf_map_lookup_elem(&flow_events, &k);
+	if (!b) {
+		struct pt_budget fresh = {.refilled = now, .tokens = PT_EVENTS_PER_FLOW - 1};
+		bpf_map_update_elem(&flow_events, &k, &fresh, BPF_ANY);
 		return true;
 	}
-	if (*n < PT_EVENTS_PER_FLOW) {
-		__sync_fetch_and_add(n, 1);
+	if (now > b->refilled && now - b->refilled >= PT_REFILL_NS) {
+		__u64 more = (now - b->refilled) / PT_REFILL_NS;
+		__u64 tokens = b->tokens + (more < PT_EVENTS_PER_FLOW ? more : PT_EVENTS_PER_FLOW);
+		b->tokens = tokens < PT_EVENTS_PER_FLOW ? tokens : PT_EVENTS_PER_FLOW;
+		b->refilled = now;
+	}
+	if (b->tokens) {
+		b->tokens--;
 		return true;
 	}
 	__u32 key = point;
