@@ -581,10 +581,12 @@ static __always_inline bool pt_interesting(const struct pt_tuple *t)
  * query), or reused hours later, is another flow, whose first packets a
  * spent budget would leave out, and the engine would take the point's
  * silence for "not seen here" (a netfilter rewrite read as one after
- * netfilter). What is left out is counted per point in events_summarized:
- * summarized, not lost. */
+ * netfilter). 10 ms: a client port bound again by socket after socket
+ * (a query every few tens of ms) still finds tokens, and a bulk flow costs 100
+ * events a second per point and direction. What is left out is counted per
+ * point in events_summarized: summarized, not lost. */
 #define PT_EVENTS_PER_FLOW 8
-#define PT_REFILL_NS (100 * 1000 * 1000ULL)
+#define PT_REFILL_NS (10 * 1000 * 1000ULL)
 
 struct pt_flow_point {
 	__u32 saddr;

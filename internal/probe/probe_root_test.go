@@ -458,7 +458,7 @@ func TestTwoProbesSideBySide(t *testing.T) {
 
 // A flow's packets past the per-flow budget are summarized, not reported: the
 // first PT_EVENTS_PER_FLOW (8) of a flow direction reach user space at each
-// point, then one more per 100 ms the flow lasts; the rest are counted.
+// point, then one more per 10 ms the flow lasts; the rest are counted.
 func TestBusyFlowIsSummarized(t *testing.T) {
 	needRoot(t)
 	env := newTestEnv(t)
@@ -476,7 +476,7 @@ func TestBusyFlowIsSummarized(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	refills := int(time.Since(start)/(100*time.Millisecond)) + 1
+	refills := int(time.Since(start)/(10*time.Millisecond)) + 1
 	head := func(o obs.Observation) bool { return o.Point == obs.PointTCHead && o.Dir == obs.DirIn }
 	tail := func(o obs.Observation) bool { return o.Point == obs.PointTCTail && o.Dir == obs.DirIn }
 	c.waitCount(t, "the flow's first packets at tc head", 8, head)
