@@ -117,6 +117,9 @@ type Engine struct {
 	// endpoint and backend (bounded as retiredKeys).
 	retiredPeers  recentSet[peerKey, netip.AddrPort]
 	retiredTotals retiredTotals
+	// retiring: Retire was called (a run until stopped), so Summary
+	// says how many flows were reported before it, 0 too.
+	retiring bool
 	// retiredForgotten is the latest last sighting (unix ns) of the
 	// retired flows retiredKeys forgot, 0 while it forgot none.
 	retiredForgotten int64
@@ -553,6 +556,10 @@ func (e *Engine) Summary() Summary {
 		Unmatched:    e.unmatched,
 		WithoutPorts: e.withoutPorts,
 		Observations: make(map[string]uint64),
+	}
+	if e.retiring {
+		n := t.n
+		s.ReportedBefore = &n
 	}
 	for _, p := range Places() {
 		s.RewrittenAt[p] = t.places[p]

@@ -114,9 +114,12 @@ type PointSeen struct {
 type Summary struct {
 	Flows int `json:"flows"`
 	// Retired counts the flows of Flows reported as they ended (a run
-	// until stopped, Engine.Retire), before the summary.
-	Retired     int           `json:"flows_reported_before,omitempty"`
-	RewrittenAt map[Place]int `json:"rewritten_at"`
+	// until stopped, Engine.Retire), before the summary; ReportedBefore
+	// is the same for JSON, present (0 too) once the engine retires flows,
+	// absent from a bounded run's summary.
+	Retired        int           `json:"-"`
+	ReportedBefore *int          `json:"flows_reported_before,omitempty"`
+	RewrittenAt    map[Place]int `json:"rewritten_at"`
 	// Drops are losses by counter name. The engine reports its own,
 	// "flows_over_max" (flows beyond MaxFlows), "flows_joined" (flows of a
 	// socket on a reused client port taken into the earlier socket's flow,

@@ -79,6 +79,7 @@ type retiredTotals struct {
 // first seen. Every reference the engine keeps to them is dropped; Summary
 // still counts them. A zero now uses the newest observation's time.
 func (e *Engine) Retire(now time.Time) []Flow {
+	e.retiring = true
 	clock := e.newest
 	if now.After(clock) {
 		clock = now

@@ -636,3 +636,28 @@ func TestRetireSocketLBPortReusedByNewSocket(t *testing.T) {
 		t.Errorf("process %d %q, want the new socket's 4343 other", fs[0].PID, fs[0].Comm)
 	}
 }
+
+// TestSummaryReportedBefore: the summary of a run that retires flows says
+// how many it reported before, 0 too (a tool subtracting it from "flows"
+// must find it); a bounded run's summary has no such field.
+func TestSummaryReportedBefore(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	cfg := flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}}}
+	at := flowtest.At(0)
+	bounded, following := flow.NewEngine(cfg), flow.NewEngine(cfg)
+	for _, o := range closingFlow(3, svc, be, at) {
+		bounded.Add(o)
+		following.Add(o)
+	}
+	if s := bounded.Summary(); s.ReportedBefore != nil {
+		t.Errorf("a bounded run's summary says %d reported before", *s.ReportedBefore)
+	}
+	following.Retire(at.Add(time.Second)) // too soon: nothing retired
+	if s := following.Summary(); s.ReportedBefore == nil || *s.ReportedBefore != 0 {
+		t.Errorf("summary of a run until stopped that retired nothing: %+v, want flows_reported_before 0", s.ReportedBefore)
+	}
+	following.Retire(at.Add(20 * time.Second))
+	if s := following.Summary(); s.ReportedBefore == nil || *s.ReportedBefore != 1 || s.Flows != 1 {
+		t.Errorf("summary after one flow retired: flows %d, reported before %v", s.Flows, s.ReportedBefore)
+	}
+}

@@ -29,7 +29,8 @@ func TestFinishedJSON(t *testing.T) {
 	}
 	w.Finished([]flow.Flow{finishedFlow(3)})
 	w.Flows([]flow.Flow{finishedFlow(4)})
-	w.Summary(flow.Summary{Flows: 4, Retired: 3}, nil, Run{})
+	retired := 3
+	w.Summary(flow.Summary{Flows: 4, Retired: retired, ReportedBefore: &retired}, nil, Run{})
 	var types []string
 	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
 		var m map[string]any
