@@ -517,17 +517,21 @@ func (e *Engine) Flows() []Flow {
 	}
 	// Sorted before their snapshots: flows not shown yet get their ids in
 	// the order listed.
-	slices.SortFunc(fs, func(a, b *flowState) int {
-		if c := a.first.Compare(b.first); c != 0 {
-			return c
-		}
-		return a.seq - b.seq
-	})
+	slices.SortFunc(fs, byFirstSeen)
 	out := make([]Flow, len(fs))
 	for i, f := range fs {
 		out[i] = e.snapshot(f)
 	}
 	return out
+}
+
+// byFirstSeen orders flows as the report lists them: by first sighting,
+// then by the order they were made.
+func byFirstSeen(a, b *flowState) int {
+	if c := a.first.Compare(b.first); c != 0 {
+		return c
+	}
+	return a.seq - b.seq
 }
 
 // idOf is f's id, given now if it has none yet.

@@ -131,12 +131,7 @@ func (e *Engine) retire(over func(*flowState) bool) []Flow {
 		return nil
 	}
 	// In the order Flows lists them: ids not given yet are given so.
-	slices.SortFunc(fs, func(a, b *flowState) int {
-		if c := a.first.Compare(b.first); c != 0 {
-			return c
-		}
-		return a.seq - b.seq
-	})
+	slices.SortFunc(fs, byFirstSeen)
 	out := make([]Flow, len(fs))
 	for i, f := range fs {
 		out[i] = e.snapshot(f)
