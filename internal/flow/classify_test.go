@@ -131,8 +131,8 @@ func TestClassify(t *testing.T) {
 	if _, ok := e.Classify(uplinkReq); ok {
 		t.Error("classified a packet to a backend the flow has not learned")
 	}
-	if got := e.Flows(); !reflect.DeepEqual(got, flowsBefore) || len(e.Backends()) != 0 {
-		t.Errorf("Classify changed the engine: flows %+v -> %+v, backends %v", flowsBefore, got, e.Backends())
+	if got := e.Flows(); !reflect.DeepEqual(got, flowsBefore) || len(e.BackendWatches()) != 0 {
+		t.Errorf("Classify changed the engine: flows %+v -> %+v, backends %v", flowsBefore, got, e.BackendWatches())
 	}
 
 	r, ok := e.Classify(podReq)

@@ -410,36 +410,6 @@ func (e *Engine) active(p obs.Point) bool {
 	return e.cfg.Points[p] || e.observed[p] > 0
 }
 
-// Backends returns the backend addresses learned so far, plus those the node's
-// NAT rules and IPVS services list for the watched VIPs, sorted: capture
-// filters and probe watch lists are widened with them.
-func (e *Engine) Backends() []netip.Addr {
-	set := make(map[netip.Addr]bool, len(e.backends))
-	for a := range e.backends {
-		set[a] = true
-	}
-	for _, r := range e.cfg.Attribution.NATRules {
-		if e.watches(r.Proto, r.VIP) {
-			for _, b := range r.Backends {
-				set[b.Addr()] = true
-			}
-		}
-	}
-	for _, s := range e.cfg.Attribution.IPVS {
-		if e.watches(s.Proto, s.VIP) {
-			for _, b := range s.Backends {
-				set[b.Addr()] = true
-			}
-		}
-	}
-	out := make([]netip.Addr, 0, len(set))
-	for a := range set {
-		out = append(out, a)
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return out
-}
-
 // BackendWatches is what to watch of the backends learned so far and those
 // the NAT rules and IPVS services of the traced Services name: the endpoint
 // a backend serves when its port is known (a learned backend's, a DNAT

@@ -1,6 +1,7 @@
 package flow_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -143,15 +144,15 @@ func TestBackendsLearned(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := flow.NewEngine(s.Config)
-	if got := e.Backends(); len(got) != 0 {
+	if got := e.BackendWatches(); len(got) != 0 {
 		t.Fatalf("backends before any observation = %v, want none (tc mode has no NAT rules)", got)
 	}
 	for _, o := range s.Observations {
 		e.Add(o)
 	}
-	got := e.Backends()
-	if len(got) != 1 || got[0].String() != "10.244.20.31" {
-		t.Errorf("backends = %v, want [10.244.20.31]", got)
+	got := e.BackendWatches()
+	if len(got) != 1 || got[0].Addr.String() != "10.244.20.31" || got[0].Port != 5353 {
+		t.Errorf("backends = %v, want the endpoint 10.244.20.31:5353", got)
 	}
 }
 
@@ -160,9 +161,10 @@ func TestBackendsFromNATRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := flow.NewEngine(s.Config).Backends()
-	if len(got) != 2 || got[0].String() != "10.244.20.31" || got[1].String() != "10.244.20.32" {
-		t.Errorf("backends from NAT rules = %v, want [10.244.20.31 10.244.20.32]", got)
+	got := flow.NewEngine(s.Config).BackendWatches()
+	want := "[10.244.20.31:3000/tcp 10.244.20.31:5353/udp 10.244.20.32:3000/tcp]"
+	if fmt.Sprint(got) != want {
+		t.Errorf("backends from NAT rules = %v, want %s", got, want)
 	}
 }
 
