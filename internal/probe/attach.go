@@ -120,14 +120,6 @@ func (p *Probe) AttachTC(netnsPath string, ifindex int, ifname string) []Attachm
 	return p.AttachTCSkip(netnsPath, ifindex, ifname, TCSkip{})
 }
 
-// AttachTCHeads is AttachTC without the tail observers, reported as not
-// attached for why: where no other tcx program is in the chain, the head
-// observer sees what the tail would (legacy cls_bpf filters run after the
-// whole tcx chain), and each attachment costs an RCU grace period.
-func (p *Probe) AttachTCHeads(netnsPath string, ifindex int, ifname string, why error) []Attachment {
-	return p.AttachTCSkip(netnsPath, ifindex, ifname, TCSkip{Tails: why})
-}
-
 // TCSkip says which of AttachTC's observers to leave out, and why (nil:
 // attach them): the tails, or both observers of a direction whose chain
 // has no program to bracket. Each attachment and each detachment costs an
