@@ -383,7 +383,7 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 				continue
 			}
 			if err := t.wait(conn, retired); err != nil {
-				if errors.Is(err, unix.ENETDOWN) && t.stillBound() {
+				if errors.Is(err, unix.ENETDOWN) && t.StillBound() {
 					// The interface went down, not away: the kernel hooks the
 					// socket again when it comes back up (a bond or a NIC
 					// that flaps); until then nothing crosses it.
@@ -535,7 +535,7 @@ func (t *Tap) waitLinkBack(ctx context.Context, retired func() bool, drainUntil 
 		if retired() {
 			return nil
 		}
-		if !t.stillBound() {
+		if !t.StillBound() {
 			return fmt.Errorf("socket error: %w (the interface was deleted while down)", unix.ENETDOWN)
 		}
 		if t.linkUp() {
@@ -555,9 +555,9 @@ func (t *Tap) waitLinkBack(ctx context.Context, retired func() bool, drainUntil 
 	}
 }
 
-// stillBound tells whether the socket is still bound to its interface: the
+// StillBound tells whether the socket is still bound to its interface: the
 // kernel unbinds it (ifindex -1) when the interface is deleted.
-func (t *Tap) stillBound() bool {
+func (t *Tap) StillBound() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {

@@ -279,7 +279,11 @@ func (tr *tracer) releaseGone(now time.Time) {
 			tr.taps[i].netns = path
 			continue
 		}
-		*tp.released = fmt.Sprintf("released at %s: its Pod's netns was deleted; the capture alone kept it (and its veth pair) alive", now.Format("15:04:05"))
+		kept := "it (and its veth pair)"
+		if !tp.t.StillBound() {
+			kept = "it (its veth was deleted already)"
+		}
+		*tp.released = fmt.Sprintf("released at %s: its Pod's netns was deleted; the capture alone kept %s alive", now.Format("15:04:05"), kept)
 		// Its socket events are out of scope from now on: once the tap,
 		// the last holder, closes, the kernel frees the netns and gives
 		// its inode number to the next netns made on the machine, which

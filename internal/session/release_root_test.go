@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,8 +56,8 @@ func TestReleaseGone(t *testing.T) {
 	}
 	run(t, "umount", second)
 	tr.releaseGone(time.Now())
-	if *tr.taps[0].released == "" {
-		t.Fatal("netns held by nothing but the tap: not released")
+	if got := *tr.taps[0].released; !strings.Contains(got, "kept it (and its veth pair) alive") {
+		t.Fatalf("netns held by nothing but the tap: released %q; want it released, saying the capture kept its veth pair", got)
 	}
 	waitClosed(t, tp)
 	// The kernel gives a freed netns's inode number to the next netns made
@@ -64,6 +65,35 @@ func TestReleaseGone(t *testing.T) {
 	if tr.scope[inode] {
 		t.Errorf("the inode %d of the released netns is still in scope: the next netns to get it would be traced", inode)
 	}
+}
+
+// TestReleaseGoneVethFirst: a Pod whose CNI deleted the veth before the
+// runtime deleted the netns is released without saying that the capture
+// kept its veth pair alive: the veth was gone already.
+func TestReleaseGoneVethFirst(t *testing.T) {
+	names := testNetNS(t, "pttest-vethfirst", "")
+	name := names[0]
+	path := "/run/netns/" + name
+	run(t, "ip", "-n", name, "link", "add", "pt0", "type", "veth", "peer", "name", "pt1")
+	inode, err := nsutil.Inode(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := capture.Open(capture.Config{NetNS: path, Ifname: "pt0", Role: discover.RolePod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Close()
+	run(t, "ip", "-n", name, "link", "del", "pt0")
+	run(t, "ip", "netns", "del", name)
+	tr := &tracer{taps: []tap{{role: discover.RolePod, ifname: "pt0", netns: path, inode: inode, t: tp, ended: new(string), released: new(string)}},
+		scope: map[uint64]bool{inode: true}}
+	tr.releaseGone(time.Now())
+	got := *tr.taps[0].released
+	if got == "" || strings.Contains(got, "veth pair") || !strings.Contains(got, "veth was deleted already") {
+		t.Errorf("released %q; want it released, saying its veth was deleted already", got)
+	}
+	waitClosed(t, tp)
 }
 
 // waitClosed fails unless tp is closed within a second (releaseGone closes
