@@ -429,10 +429,7 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		return
 	}
 	for _, el := range set.elems {
-		v := el.VerdictData
-		if v == nil {
-			v = verdictFromData(el.Val)
-		}
+		v := ElementVerdict(el)
 		r := ev.rule
 		switch {
 		case v == nil:
@@ -459,6 +456,15 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		}
 		ev.out = append(ev.out, r)
 	}
+}
+
+// ElementVerdict is a verdict map element's verdict (nil for another
+// element).
+func ElementVerdict(el nftables.SetElement) *expr.Verdict {
+	if el.VerdictData != nil {
+		return el.VerdictData
+	}
+	return verdictFromData(el.Val)
 }
 
 // verdictFromData decodes a verdict map element's data as the kernel sends it

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -28,7 +29,10 @@ type nftLister interface {
 // renderRuleset writes tables, sets, chains (type, hook, priority, policy) and
 // rules as their expressions, for nodes without the nft binary. Not nft's
 // syntax: the low-level expressions nft would decompile, one rule a line.
-func renderRuleset(w io.Writer, conn nftLister) error {
+// With focus, a ruleset of more than focusAboveChains chains (or any, when
+// focus.always) is written narrowed to what the traced Services need (see
+// nftFocus).
+func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus) error {
 	tables, err := conn.ListTables()
 	if err != nil {
 		return fmt.Errorf("list nftables tables: %w", err)
@@ -37,38 +41,164 @@ func renderRuleset(w io.Writer, conn nftLister) error {
 	if err != nil {
 		return fmt.Errorf("list nftables chains: %w", err)
 	}
+	if focus != nil && !focus.always && len(chains) <= focusAboveChains {
+		focus = nil
+	}
+	if focus != nil {
+		fmt.Fprintf(w, "# %d chains: written narrowed to the traced Services (%s): every base chain, the chains on their NAT paths\n", len(chains), strings.Join(focus.vipNames(), ", "))
+		fmt.Fprintf(w, "# as discovery found them, and in long chains and sets only the rules and elements naming a VIP or leading to those chains\n")
+	}
 	if len(tables) == 0 {
 		fmt.Fprintln(w, "no nftables tables")
 	}
 	for _, t := range tables {
-		fmt.Fprintf(w, "table %s %s {\n", discover.NFTFamilyName(t.Family), t.Name)
-		sets, err := conn.GetSets(t)
-		if err != nil {
-			fmt.Fprintf(w, "\t# sets not read: %v\n", err)
-		}
-		for _, set := range sets {
-			renderSet(w, conn, set)
-		}
+		table := discover.NFTFamilyName(t.Family) + " " + t.Name
+		fmt.Fprintf(w, "table %s {\n", table)
+		// Chains first, into a buffer: a focused rendering writes only the
+		// anonymous sets (a rule's inline map, one per kube-proxy Service:
+		// a netlink request each) that the rules it keeps look up.
+		var body strings.Builder
+		skipped, used := 0, map[string]bool{}
 		for _, c := range chains {
 			if c.Table.Name != t.Name || c.Table.Family != t.Family {
 				continue
 			}
-			fmt.Fprintf(w, "\tchain %s {%s\n", c.Name, chainHeader(c))
+			if focus != nil && c.Hooknum == nil && !focus.chains[table+" "+c.Name] {
+				skipped++
+				continue
+			}
+			fmt.Fprintf(&body, "\tchain %s {%s\n", c.Name, chainHeader(c))
 			rules, err := conn.GetRules(t, c)
 			if err != nil {
-				fmt.Fprintf(w, "\t\t# rules not read: %v\n", err)
+				fmt.Fprintf(&body, "\t\t# rules not read: %v\n", err)
 			}
+			left := 0
 			for _, r := range rules {
-				fmt.Fprintf(w, "\t\t%s # handle %d\n", ruleString(r.Exprs), r.Handle)
+				line := ruleString(r.Exprs)
+				if focus != nil && len(rules) > focusLongerThan && !focus.keepRule(table, line) {
+					left++
+					continue
+				}
+				for _, e := range r.Exprs {
+					if l, ok := e.(*expr.Lookup); ok {
+						used[l.SetName] = true
+					}
+				}
+				fmt.Fprintf(&body, "\t\t%s # handle %d\n", line, r.Handle)
 			}
-			fmt.Fprintln(w, "\t}")
+			if left > 0 {
+				fmt.Fprintf(&body, "\t\t# %d more rules, naming no traced VIP nor leading to their chains, not written\n", left)
+			}
+			fmt.Fprintln(&body, "\t}")
+		}
+		sets, err := conn.GetSets(t)
+		if err != nil {
+			fmt.Fprintf(w, "\t# sets not read: %v\n", err)
+		}
+		unused := 0
+		for _, set := range sets {
+			if focus != nil && set.Anonymous && !used[set.Name] {
+				unused++
+				continue
+			}
+			renderSet(w, conn, set, focus)
+		}
+		if unused > 0 {
+			fmt.Fprintf(w, "\t# %d more anonymous sets, of rules not written, not written\n", unused)
+		}
+		io.WriteString(w, body.String())
+		if skipped > 0 {
+			fmt.Fprintf(w, "\t# %d more chains, on no traced Service's path, not written\n", skipped)
 		}
 		fmt.Fprintln(w, "}")
 	}
 	return nil
 }
 
-func renderSet(w io.Writer, conn nftLister, set *nftables.Set) {
+// Above these sizes a focused rendering writes only what names the traced
+// Services: kube-proxy's tables on a big cluster's node hold a chain per
+// Service and per endpoint (tens of thousands) and a verdict map with an
+// element per Service.
+const (
+	focusAboveChains = 2000
+	focusLongerThan  = 200 // rules of a chain, elements of a set
+)
+
+// nftFocus narrows a rendering of a big ruleset to the traced Services: the
+// chains of their NAT paths (discovery's walk) and every base chain whole,
+// and in longer chains and sets, the rules and elements that name a VIP or
+// lead to one of those chains. What is left out is counted.
+type nftFocus struct {
+	always bool            // narrow whatever the ruleset's size
+	chains map[string]bool // "FAMILY TABLE CHAIN": "ip kube-proxy services"
+	vips   []netip.Addr
+}
+
+func newNFTFocus(node *discover.NodeInfo, vips []netip.Addr) *nftFocus {
+	f := &nftFocus{chains: map[string]bool{}, vips: vips}
+	if node != nil {
+		for _, r := range append(append([]discover.NATRule(nil), node.Netfilter.Rules...), node.Netfilter.Rejects...) {
+			if r.Source != discover.SourceNFTables {
+				continue
+			}
+			for _, c := range r.Chains {
+				f.chains[r.Table+" "+c] = true
+			}
+		}
+	}
+	return f
+}
+
+func (f *nftFocus) vipNames() []string {
+	names := make([]string, len(f.vips))
+	for i, a := range f.vips {
+		names[i] = a.String()
+	}
+	return names
+}
+
+// keepRule tells whether a rule of table (its rendering) names a VIP or
+// jumps or goes to a chain on a traced Service's path.
+func (f *nftFocus) keepRule(table, line string) bool {
+	for _, a := range f.vips {
+		if strings.Contains(line, "("+a.String()+")") {
+			return true
+		}
+	}
+	for _, word := range []string{"jump ", "goto "} {
+		for rest := line; ; {
+			i := strings.Index(rest, word)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(word):]
+			name, _, _ := strings.Cut(rest, ";")
+			if f.chains[table+" "+strings.TrimSpace(name)] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// keepElement tells whether a set element's key or value holds a VIP, as a
+// whole 4-byte field of it (a concatenated key pads each field to 4 bytes),
+// or leads to a chain on a traced Service's path.
+func (f *nftFocus) keepElement(table string, e nftables.SetElement) bool {
+	if v := discover.ElementVerdict(e); v != nil && f.chains[table+" "+v.Chain] {
+		return true
+	}
+	for _, b := range [][]byte{e.Key, e.Val} {
+		for i := 0; i+4 <= len(b); i += 4 {
+			if a := netip.AddrFrom4([4]byte(b[i : i+4])); slices.Contains(f.vips, a) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func renderSet(w io.Writer, conn nftLister, set *nftables.Set, focus *nftFocus) {
 	kind := "set"
 	if set.IsMap {
 		kind = "map"
@@ -85,15 +215,26 @@ func renderSet(w io.Writer, conn nftLister, set *nftables.Set) {
 		fmt.Fprintf(w, " } # elements not read: %v\n", err)
 		return
 	}
+	table := discover.NFTFamilyName(set.Table.Family) + " " + set.Table.Name
 	fmt.Fprint(w, "; elements = {")
-	for i, e := range elems {
-		if i > 0 {
+	written, left := 0, 0
+	for _, e := range elems {
+		if focus != nil && len(elems) > focusLongerThan && !focus.keepElement(table, e) {
+			left++
+			continue
+		}
+		if written > 0 {
 			fmt.Fprint(w, ",")
 		}
+		written++
 		fmt.Fprintf(w, " %s", dataString(e.Key))
+		v := e.VerdictData
+		if set.IsMap {
+			v = discover.ElementVerdict(e)
+		}
 		switch {
-		case e.VerdictData != nil:
-			fmt.Fprintf(w, " : %s", verdictString(e.VerdictData))
+		case v != nil:
+			fmt.Fprintf(w, " : %s", verdictString(v))
 		case len(e.Val) > 0:
 			fmt.Fprintf(w, " : %s", dataString(e.Val))
 		}
@@ -101,7 +242,11 @@ func renderSet(w io.Writer, conn nftLister, set *nftables.Set) {
 			fmt.Fprint(w, " (interval end)")
 		}
 	}
-	fmt.Fprintln(w, " } }")
+	fmt.Fprint(w, " } }")
+	if left > 0 {
+		fmt.Fprintf(w, " # %d more elements, naming no traced VIP nor leading to their chains, not written", left)
+	}
+	fmt.Fprintln(w)
 }
 
 // chainHeader is "type nat hook prerouting priority -100 policy accept" for a

@@ -291,7 +291,7 @@ func (tn *testNode) state(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := renderRuleset(&b, conn); err != nil {
+	if err := renderRuleset(&b, conn, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, path := range []string{tn.node, tn.pod} {
@@ -508,5 +508,45 @@ func TestSnapshotBounds(t *testing.T) {
 	}
 	if !slices.ContainsFunc(m.Notes, func(n string) bool { return strings.Contains(n, "byte budget") }) {
 		t.Errorf("no note says the budget ran out: %q", m.Notes)
+	}
+}
+
+// An nft that does not finish in its share of the collector's time (as on
+// a node with tens of thousands of kube-proxy chains) gives way to the
+// rendering from netlink narrowed to the traced Services, within the
+// collector's time: the file holds their rules, not "not collected".
+func TestNFTablesOverrunNarrowed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace and nftables rules")
+	}
+	name := fmt.Sprintf("pttest-nftslow-%06x", rand.IntN(1<<24))
+	ipCmd(t, "netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	tn := &testNode{node: "/run/netns/" + name}
+	tn.addDNAT(t)
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "nft"), []byte("#!/bin/sh\nexec sleep 30\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	node := &discover.NodeInfo{}
+	node.Netfilter.Rules = []discover.NATRule{{Source: discover.SourceNFTables, Table: "ip pttest-incident", Chains: []string{"prerouting"}}}
+	s := &snapshot{node: node, hostPath: tn.node, vips: []netip.Addr{netip.MustParseAddr(testVIP)}, opt: Options{CollectorTimeout: 3 * time.Second}}
+	body, notes, _ := s.run(context.Background(), topic{"nftables.txt", "", s.nftables}, 1<<20)
+	for _, want := range []string{
+		"# nft did not finish in its share of the collector's time",
+		"written narrowed to the traced Services (" + testVIP + ")",
+		"table ip pttest-incident {\n\tchain prerouting { # type nat hook prerouting priority -100",
+		"cmp reg 1 == 0x0a780050 (" + testVIP + ")",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("missing %q in:\n%s", want, body)
+		}
+	}
+	if len(notes) != 1 || !strings.Contains(notes[0], "overran its time") {
+		t.Errorf("notes %q, want the overrun", notes)
 	}
 }

@@ -3,6 +3,7 @@ package incident
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -138,6 +139,8 @@ type fakeNFT struct {
 	table *nftables.Table
 	chain []*nftables.Chain
 	rules map[string][]*nftables.Rule
+	elems []nftables.SetElement // of service-ips; nil: one, 10.120.0.80
+	anon  []string              // anonymous sets (a rule's inline map), after service-ips
 }
 
 func (f fakeNFT) ListTables() ([]*nftables.Table, error) { return []*nftables.Table{f.table}, nil }
@@ -146,9 +149,19 @@ func (f fakeNFT) GetRules(_ *nftables.Table, c *nftables.Chain) ([]*nftables.Rul
 	return f.rules[c.Name], nil
 }
 func (f fakeNFT) GetSets(t *nftables.Table) ([]*nftables.Set, error) {
-	return []*nftables.Set{{Table: t, Name: "service-ips", KeyType: nftables.TypeIPAddr}}, nil
+	sets := []*nftables.Set{{Table: t, Name: "service-ips", KeyType: nftables.TypeIPAddr}}
+	for _, name := range f.anon {
+		sets = append(sets, &nftables.Set{Table: t, Name: name, Anonymous: true, KeyType: nftables.TypeInteger})
+	}
+	return sets, nil
 }
-func (f fakeNFT) GetSetElements(*nftables.Set) ([]nftables.SetElement, error) {
+func (f fakeNFT) GetSetElements(s *nftables.Set) ([]nftables.SetElement, error) {
+	if s.Anonymous {
+		return []nftables.SetElement{{Key: []byte{0, 0, 0, 0}}}, nil
+	}
+	if f.elems != nil {
+		return f.elems, nil
+	}
 	return []nftables.SetElement{{Key: []byte{10, 120, 0, 80}, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: "svc-web"}}}, nil
 }
 
@@ -178,7 +191,7 @@ func TestRenderRuleset(t *testing.T) {
 		}}},
 	}}
 	var b strings.Builder
-	if err := renderRuleset(&b, f); err != nil {
+	if err := renderRuleset(&b, f, nil); err != nil {
 		t.Fatal(err)
 	}
 	want := `table ip kube-proxy {
@@ -193,6 +206,70 @@ func TestRenderRuleset(t *testing.T) {
 `
 	if b.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// A big cluster's ruleset narrowed to the traced Service: its chains and
+// the base chain whole, its element of the verdict map and its rule of a
+// long chain, the rest counted.
+func TestRenderRulesetFocused(t *testing.T) {
+	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "kube-proxy"}
+	prio := nftables.ChainPriority(-100)
+	nat := &nftables.Chain{Name: "nat-prerouting", Table: table, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: &prio}
+	f := fakeNFT{table: table, chain: []*nftables.Chain{nat}, rules: map[string][]*nftables.Rule{
+		"nat-prerouting": {{Handle: 1, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: "services"}}}},
+	}}
+	svcs := &nftables.Chain{Name: "services", Table: table}
+	f.chain = append(f.chain, svcs)
+	for i := range 3000 {
+		vip := []byte{10, 96, byte(i >> 8), byte(i)}
+		name := fmt.Sprintf("svc-%d", i)
+		f.chain = append(f.chain, &nftables.Chain{Name: name, Table: table})
+		f.rules["services"] = append(f.rules["services"], &nftables.Rule{Handle: uint64(10 + i), Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: vip},
+			&expr.Verdict{Kind: expr.VerdictGoto, Chain: name},
+		}})
+		f.rules[name] = []*nftables.Rule{{Handle: uint64(5000 + i), Exprs: []expr.Any{
+			&expr.Lookup{SourceRegister: 1, SetName: fmt.Sprintf("__map%d", i)}}}}
+		f.anon = append(f.anon, fmt.Sprintf("__map%d", i))
+		f.elems = append(f.elems, nftables.SetElement{Key: append(vip, 0, 0, 0, 6),
+			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: name}})
+	}
+	node := &discover.NodeInfo{}
+	node.Netfilter.Rules = []discover.NATRule{{Source: discover.SourceNFTables, Table: "ip kube-proxy",
+		Chains: []string{"nat-prerouting", "services", "svc-7"}}}
+	var b strings.Builder
+	if err := renderRuleset(&b, f, newNFTFocus(node, []netip.Addr{netip.MustParseAddr("10.96.0.7")})); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"# 3002 chains: written narrowed to the traced Services (10.96.0.7)",
+		"elements = { 0x0a60000700000006 : goto svc-7 } } # 2999 more elements, naming no traced VIP nor leading to their chains, not written",
+		"\tchain nat-prerouting { # type nat hook prerouting priority -100\n\t\tjump services # handle 1\n",
+		"cmp reg 1 == 0x0a600007 (10.96.0.7); goto svc-7 # handle 17\n\t\t# 2999 more rules, naming no traced VIP nor leading to their chains, not written\n",
+		"\tchain svc-7 {\n\t\tlookup reg 1 in @__map7 # handle 5007\n\t}\n",
+		"\tset __map7 { type integer; elements = { 0x00000000 (0.0.0.0) } }\n\t# 2999 more anonymous sets, of rules not written, not written\n",
+		"\t# 2999 more chains, on no traced Service's path, not written\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%.3000s", want, out)
+		}
+	}
+	if strings.Count(out, "\n") > 20 {
+		t.Errorf("%d lines, want the narrowed few:\n%.3000s", strings.Count(out, "\n"), out)
+	}
+
+	// A small ruleset is written whole even with a focus.
+	b.Reset()
+	small := fakeNFT{table: table, chain: f.chain[:5], rules: f.rules, elems: f.elems[:3], anon: f.anon[:3]}
+	if err := renderRuleset(&b, small, newNFTFocus(node, []netip.Addr{netip.MustParseAddr("10.96.0.7")})); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "narrowed") || !strings.Contains(b.String(), "chain svc-0 {") || !strings.Contains(b.String(), "set __map2 {") {
+		t.Errorf("small ruleset not written whole:\n%s", b.String())
 	}
 }
 
