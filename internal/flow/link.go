@@ -135,6 +135,25 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 			return f, true, linked
 		}
 	}
+	// Beyond the node's SNAT, to a peer conntrack does not name: a flow
+	// that left netfilter with its VIP (conntrack's reply source) and was
+	// rewritten after it, by a tc program on the uplink's egress. Its
+	// SNAT source talks to one peer, as a client endpoint does.
+	// (toPeer guesses only when learning, with g.)
+	if fOut == nil && (g == nil || g.out == nil) {
+		if f, guessed := toPeer(e.snatUnrewritten(proto, src), dst, req, learn); f != nil && !guessed {
+			return f, false, linked
+		} else if guessed {
+			g.out = f
+		}
+	}
+	if replies && (g == nil || g.in == nil) {
+		if f, guessed := toPeer(e.snatUnrewritten(proto, dst), src, rep, learn); f != nil && !guessed {
+			return f, true, linked
+		} else if guessed {
+			g.in = f
+		}
+	}
 	// The rest of a retired flow, its endpoint talking to its backend.
 	if learn && g.out == nil && g.in == nil {
 		if f, r := e.resumed(src, dst, proto, cookie, req, last); r != unlinked {
@@ -184,6 +203,23 @@ func (e *Engine) snattedTo(proto obs.Proto, ap, far netip.AddrPort, m moment) *f
 		return nil
 	}
 	return latestBefore(list, m, m.at+int64(sameConnGap), func(f *flowState) bool { return f.snatDst == far })
+}
+
+// snatUnrewritten are the flows a SNAT gave the source ap that left
+// netfilter unrewritten: conntrack's reply source is their VIP. A packet
+// from ap to another peer was rewritten after the SNAT.
+func (e *Engine) snatUnrewritten(proto obs.Proto, ap netip.AddrPort) []*flowState {
+	list := e.snat[clientKey{proto, ap}]
+	if len(list) == 0 {
+		return nil
+	}
+	var out []*flowState
+	for _, f := range list {
+		if f.snatDst == f.service {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // setSNAT records that conntrack says f leaves the node from src to dst.
