@@ -797,6 +797,35 @@ func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
 	return host, host - up
 }
 
+// repliesLostOnNode counts the reply packets of f the uplink's RX tap
+// received, and names their sender, when none reached the client's Pod:
+// its eth0 tap saw the flow's requests and no reply (translated or not).
+// The uplink's replies captured once the run was stopping are left out:
+// the Pod's tap may have stopped before they would have reached it.
+func (e *Engine) repliesLostOnNode(f *flowState) (n uint64, from netip.AddrPort) {
+	if f.fromNode || !f.uplinkReply.seen || e.window(f) != withinWindow || e.late(f.uplinkReply.at.UnixNano()) {
+		return 0, netip.AddrPort{}
+	}
+	var podOut uint64
+	for _, p := range f.points {
+		switch {
+		case p.point == obs.PointPod && p.dir == obs.DirOut && !p.reply:
+			podOut += p.packets
+		case p.point == obs.PointPod && p.dir == obs.DirIn && p.reply:
+			return 0, netip.AddrPort{}
+		case p.point == obs.PointUplink && p.dir == obs.DirIn && p.reply:
+			n += p.packets
+			if !from.IsValid() {
+				from = p.src.addrPort()
+			}
+		}
+	}
+	if podOut == 0 {
+		return 0, netip.AddrPort{}
+	}
+	return n, from
+}
+
 // bracketBase is the start of a bracketed verdict's reason: where the VIP
 // was seen last and the backend first.
 func bracketBase(f *flowState, iV, iB checkpoint) string {
