@@ -37,6 +37,16 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m
 	if f, reply, r := e.lookup(proto, src, dst, cookie, m, replies, last, &g); r != unlinked {
 		return f, reply, r
 	}
+	// A flow the uplink's TX tap saw leave with its VIP left unrewritten:
+	// whatever else its client endpoint sends is another connection's (a
+	// node socket whose port the masquerade of a Pod's flow shares), not
+	// its backend.
+	if g.out != nil && g.out.cps[cpUplink].vip {
+		g.out = nil
+	}
+	if g.in != nil && g.in.cps[cpUplink].vip {
+		g.in = nil
+	}
 	at := time.Unix(0, m.at)
 	if g.out != nil && e.plausibleGuess(g.out, m, last) {
 		e.learnBackend(g.out, dst, at)
@@ -206,8 +216,11 @@ func (e *Engine) snattedTo(proto obs.Proto, ap, far netip.AddrPort, m moment) *f
 }
 
 // snatUnrewritten are the flows a SNAT gave the source ap that left
-// netfilter unrewritten: conntrack's reply source is their VIP. A packet
-// from ap to another peer was rewritten after the SNAT.
+// netfilter unrewritten (conntrack's reply source is their VIP) on a node
+// whose uplink has a tc egress program of their time: a packet from ap to
+// another peer was rewritten after the SNAT, where only such a program
+// runs. Without one, nothing rewrites there: a packet of ap to another
+// peer is another socket's that the SNAT's port collides with.
 func (e *Engine) snatUnrewritten(proto obs.Proto, ap netip.AddrPort) []*flowState {
 	list := e.snat[clientKey{proto, ap}]
 	if len(list) == 0 {
@@ -215,11 +228,22 @@ func (e *Engine) snatUnrewritten(proto obs.Proto, ap netip.AddrPort) []*flowStat
 	}
 	var out []*flowState
 	for _, f := range list {
-		if f.snatDst == f.service {
+		if f.snatDst == f.service && e.hasUplinkEgressTC(f) {
 			out = append(out, f)
 		}
 	}
 	return out
+}
+
+// hasUplinkEgressTC tells whether an uplink had a tc egress program at f's
+// time.
+func (e *Engine) hasUplinkEgressTC(f *flowState) bool {
+	for _, p := range e.cfg.Attribution.UplinkTCPrograms {
+		if p.Direction == "egress" && presentAt(p, f.first) {
+			return true
+		}
+	}
+	return false
 }
 
 // setSNAT records that conntrack says f leaves the node from src to dst.
