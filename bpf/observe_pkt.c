@@ -129,6 +129,59 @@ struct pt_ct_orig {
 
 #define PT_NLA_TYPE(a) ((a).nla_type & 0x3fff)
 
+/* The reply tuple, which follows the original one: CTA_TUPLE_REPLY (2), laid
+ * out as the original. */
+struct pt_ct_reply {
+	struct nlattr reply; /* CTA_TUPLE_REPLY (2) */
+	struct nlattr ip;
+	struct nlattr src_h;
+	__u32 src;
+	struct nlattr dst_h;
+	__u32 dst;
+	struct nlattr proto_h;
+	struct nlattr num_h;
+	__u8 num;
+	__u8 num_pad[3];
+	struct nlattr sport_h;
+	__u16 sport;
+	__u16 sport_pad;
+	struct nlattr dport_h;
+	__u16 dport;
+	__u16 dport_pad;
+};
+
+/* pt_ct_ports_laid_out tells whether an event's original tuple has its
+ * protocol and both ports where pt_ct_orig expects them. */
+static __always_inline bool pt_ct_ports_laid_out(const struct pt_ct_orig *m)
+{
+	return PT_NLA_TYPE(m->proto_h) == 2 && PT_NLA_TYPE(m->num_h) == 1 && PT_NLA_TYPE(m->sport_h) == 2 &&
+	       m->sport_h.nla_len == 6 && PT_NLA_TYPE(m->dport_h) == 3 && m->dport_h.nla_len == 6;
+}
+
+/* pt_ct_learn_snat learns, for the entry of a watched flow (its event
+ * passes), the source the node's SNAT gave it (the reply tuple's
+ * destination, when it is not the original source) as a client endpoint: the
+ * taps then keep the flow's frames beyond the SNAT and their replies also
+ * when their destination is watched by no one, because a tc program on the
+ * uplink's egress rewrote it after netfilter, where no observer learns the
+ * new destination. conntrack reports a new entry as it confirms it, at the
+ * end of POSTROUTING, and this filter runs in that report, before the packet
+ * reaches the uplink: its first packet is kept. */
+static __always_inline void pt_ct_learn_snat(struct __sk_buff *skb, const struct pt_ct_orig *m)
+{
+	struct pt_ct_reply r;
+	__u32 off = offsetof(struct pt_ct_orig, orig) + ((m->orig.nla_len + 3) & ~3);
+	if (bpf_skb_load_bytes(skb, off, &r, sizeof(r)) < 0)
+		return;
+	if (PT_NLA_TYPE(r.reply) != 2 || PT_NLA_TYPE(r.ip) != 1 || r.src_h.nla_len != 8 || PT_NLA_TYPE(r.src_h) != 1 ||
+	    r.dst_h.nla_len != 8 || PT_NLA_TYPE(r.dst_h) != 2 || PT_NLA_TYPE(r.proto_h) != 2 ||
+	    PT_NLA_TYPE(r.num_h) != 1 || r.num != m->num || PT_NLA_TYPE(r.dport_h) != 3 || r.dport_h.nla_len != 6)
+		return;
+	if (r.dst == m->src && r.dport == m->sport)
+		return; /* no SNAT */
+	pt_learn_client(r.dst, r.dport, r.num);
+}
+
 SEC("socket")
 int pt_ct_filter(struct __sk_buff *skb)
 {
@@ -143,13 +196,18 @@ int pt_ct_filter(struct __sk_buff *skb)
 		return skb->len;
 	__u8 how = pt_watched_how(m.dst);
 	if (how && how != PT_WATCH_ENDPOINTS)
-		return skb->len;
+		goto watched;
 	if (bpf_skb_load_bytes(skb, 0, &m, sizeof(m)) < 0 || PT_NLA_TYPE(m.proto_h) != 2 ||
 	    PT_NLA_TYPE(m.num_h) != 1 || PT_NLA_TYPE(m.sport_h) != 2 || m.sport_h.nla_len != 6)
 		return how ? skb->len : 0; /* no ports (ICMP) or cut: the destination's address decided */
 	if (how && PT_NLA_TYPE(m.dport_h) == 3 && m.dport_h.nla_len == 6 && pt_watched_at(m.dst, m.dport, m.num))
-		return skb->len;
+		goto watched;
 	if (how && (PT_NLA_TYPE(m.dport_h) != 3 || m.dport_h.nla_len != 6))
 		return skb->len; /* not laid out as expected: user space decides */
-	return pt_watched_client(m.src, m.sport, m.num) ? skb->len : 0;
+	if (!pt_watched_client(m.src, m.sport, m.num))
+		return 0;
+watched:
+	if (bpf_skb_load_bytes(skb, 0, &m, sizeof(m)) == 0 && pt_ct_ports_laid_out(&m))
+		pt_ct_learn_snat(skb, &m);
+	return skb->len;
 }

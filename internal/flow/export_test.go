@@ -147,3 +147,8 @@ func (e *Engine) Sizes() map[string]int {
 
 // SetMaxLabels sets how many capture point labels the engine holds at once.
 func (e *Engine) SetMaxLabels(n int) { e.labels.maxNames = n }
+
+// HandleMerged tells whether h's flow was merged into another since h was
+// made (CommentOf is then false, and the capture path classifies the frame
+// again).
+func HandleMerged(h *Handle) bool { return h.f != nil && h.f.merged }

@@ -68,13 +68,20 @@ type Flow struct {
 	// uplink's TX tap (after the qdisc) never saw, when some did leave: the
 	// node dropped them on the way out (a TBF, a full queue, a filter rule)
 	// or the capture lost them (kernel_drops).
-	LostOnNode uint64      `json:"lost_on_node,omitempty"`
-	PID        uint32      `json:"pid,omitempty"`
-	Comm       string      `json:"comm,omitempty"`
-	Cgroup     uint64      `json:"cgroup,omitempty"`
-	First      time.Time   `json:"first"`
-	Last       time.Time   `json:"last"`
-	Points     []PointSeen `json:"points"`
+	LostOnNode uint64 `json:"lost_on_node,omitempty"`
+	// RepliesLostOnNode: reply packets the uplink's RX tap received of
+	// which none reached the client's Pod, whose eth0 tap saw its
+	// requests: the node dropped or altered them on the way in (a tc
+	// program or a filter rule at the uplink's ingress, rp_filter, a
+	// conntrack INVALID drop) or the capture lost them (kernel_drops).
+	// Reply is then false: the backend answered, the client got nothing.
+	RepliesLostOnNode uint64      `json:"replies_lost_on_node,omitempty"`
+	PID               uint32      `json:"pid,omitempty"`
+	Comm              string      `json:"comm,omitempty"`
+	Cgroup            uint64      `json:"cgroup,omitempty"`
+	First             time.Time   `json:"first"`
+	Last              time.Time   `json:"last"`
+	Points            []PointSeen `json:"points"`
 }
 
 // StrayReplies counts the packets to a flow's client from the first

@@ -37,6 +37,16 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m
 	if f, reply, r := e.lookup(proto, src, dst, cookie, m, replies, last, &g); r != unlinked {
 		return f, reply, r
 	}
+	// A flow the uplink's TX tap saw leave with its VIP left unrewritten:
+	// whatever else its client endpoint sends is another connection's (a
+	// node socket whose port the masquerade of a Pod's flow shares), not
+	// its backend.
+	if g.out != nil && g.out.cps[cpUplink].vip {
+		g.out = nil
+	}
+	if g.in != nil && g.in.cps[cpUplink].vip {
+		g.in = nil
+	}
 	at := time.Unix(0, m.at)
 	if g.out != nil && e.plausibleGuess(g.out, m, last) {
 		e.learnBackend(g.out, dst, at)
@@ -135,6 +145,25 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 			return f, true, linked
 		}
 	}
+	// Beyond the node's SNAT, to a peer conntrack does not name: a flow
+	// that left netfilter with its VIP (conntrack's reply source) and was
+	// rewritten after it, by a tc program on the uplink's egress. Its
+	// SNAT source talks to one peer, as a client endpoint does.
+	// (toPeer guesses only when learning, with g.)
+	if fOut == nil && (g == nil || g.out == nil) {
+		if f, guessed := toPeer(e.snatUnrewritten(proto, src), dst, req, learn); f != nil && !guessed {
+			return f, false, linked
+		} else if guessed {
+			g.out = f
+		}
+	}
+	if replies && (g == nil || g.in == nil) {
+		if f, guessed := toPeer(e.snatUnrewritten(proto, dst), src, rep, learn); f != nil && !guessed {
+			return f, true, linked
+		} else if guessed {
+			g.in = f
+		}
+	}
 	// The rest of a retired flow, its endpoint talking to its backend.
 	if learn && g.out == nil && g.in == nil {
 		if f, r := e.resumed(src, dst, proto, cookie, req, last); r != unlinked {
@@ -184,6 +213,37 @@ func (e *Engine) snattedTo(proto obs.Proto, ap, far netip.AddrPort, m moment) *f
 		return nil
 	}
 	return latestBefore(list, m, m.at+int64(sameConnGap), func(f *flowState) bool { return f.snatDst == far })
+}
+
+// snatUnrewritten are the flows a SNAT gave the source ap that left
+// netfilter unrewritten (conntrack's reply source is their VIP) on a node
+// whose uplink has a tc egress program of their time: a packet from ap to
+// another peer was rewritten after the SNAT, where only such a program
+// runs. Without one, nothing rewrites there: a packet of ap to another
+// peer is another socket's that the SNAT's port collides with.
+func (e *Engine) snatUnrewritten(proto obs.Proto, ap netip.AddrPort) []*flowState {
+	list := e.snat[clientKey{proto, ap}]
+	if len(list) == 0 {
+		return nil
+	}
+	var out []*flowState
+	for _, f := range list {
+		if f.snatDst == f.service && e.hasUplinkEgressTC(f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// hasUplinkEgressTC tells whether an uplink had a tc egress program at f's
+// time.
+func (e *Engine) hasUplinkEgressTC(f *flowState) bool {
+	for _, p := range e.cfg.Attribution.UplinkTCPrograms {
+		if p.Direction == "egress" && presentAt(p, f.first) {
+			return true
+		}
+	}
+	return false
 }
 
 // setSNAT records that conntrack says f leaves the node from src to dst.

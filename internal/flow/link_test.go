@@ -520,6 +520,9 @@ func TestUnrewrittenFlowKeepsOtherVIPsBackend(t *testing.T) {
 		pkt(1.03, obs.PointUplink, obs.DirOut, obs.UDP, src, be2),
 		pkt(1.4, obs.PointUplink, obs.DirIn, obs.UDP, be2, src),
 		pkt(1, obs.PointPod, obs.DirOut, obs.UDP, src, dns2),
+		// The reply reached the client: its Pod's tap saw it, translated
+		// (without it the reply is one the node lost, RepliesLostOnNode).
+		pkt(1.42, obs.PointPod, obs.DirIn, obs.UDP, dns2, src),
 	}
 	for _, order := range permutations(len(obsv)) {
 		e := flow.NewEngine(cfg)

@@ -104,6 +104,13 @@ func TestRepeatMatchesAdd(t *testing.T) {
 				for k, h := range handles {
 					want, wantOK := plain.Classify(last[k])
 					got, gotOK := fast.CommentOf(&h)
+					if !gotOK && wantOK && flow.HandleMerged(&h) {
+						// Its flow merged into another after its last
+						// packet (a flow beyond the node's SNAT that
+						// conntrack then named): the capture path
+						// classifies the frame again.
+						continue
+					}
 					if gotOK != wantOK || wantOK && got != want.Comment() {
 						t.Errorf("%s order: %v: CommentOf = %q %v, Classify = %q %v", name, k, got, gotOK, want.Comment(), wantOK)
 					}

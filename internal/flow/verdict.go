@@ -741,9 +741,19 @@ func (e *Engine) noSockPrograms(f *flowState) bool {
 // a full queue drops before the TX tap) or sent it elsewhere. Without it the
 // row reads as a backend that does not answer. "" otherwise; a sidecar's
 // redirect in the Pod (gapPodNAT) says why it never left the Pod itself.
+//
+// A flow whose backend is its client's own Pod (a hairpin) has no business
+// on the uplink: when it never came back into that Pod (its host veth's TX
+// tap, which captured, never saw it after the rewrite), the note says so,
+// and what usually stops it there, rather than name the uplink.
 func (e *Engine) notLeftNote(f *flowState, g gap) string {
-	if f.reply || f.icmp != nil || g == gapPodNAT || !e.active(obs.PointUplink) ||
-		f.cps[cpUplink].any() || f.cps[cpLocal].any() || e.window(f) != withinWindow {
+	if f.reply || f.icmp != nil || g == gapPodNAT || f.cps[cpUplink].any() || f.cps[cpLocal].any() || e.window(f) != withinWindow {
+		return ""
+	}
+	if bs := f.sortedBackends(); len(bs) > 0 && bs[0].Addr() == f.client.Addr() && !f.fromNode && e.active(obs.PointHost) {
+		return "no answer: its backend is the client's own Pod (a hairpin), and the request never came back into it after the rewrite (its host veth's TX tap, which captured, never saw it): a bridge sends a packet back out the port it came in on only when that port has hairpin mode on (the CNI's hairpinMode, kubelet's --hairpin-mode), or a filter rule dropped it"
+	}
+	if !e.active(obs.PointUplink) {
 		return ""
 	}
 	return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
@@ -795,6 +805,35 @@ func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
 		return host, 0
 	}
 	return host, host - up
+}
+
+// repliesLostOnNode counts the reply packets of f the uplink's RX tap
+// received, and names their sender, when none reached the client's Pod:
+// its eth0 tap saw the flow's requests and no reply (translated or not).
+// The uplink's replies captured once the run was stopping are left out:
+// the Pod's tap may have stopped before they would have reached it.
+func (e *Engine) repliesLostOnNode(f *flowState) (n uint64, from netip.AddrPort) {
+	if f.fromNode || !f.uplinkReply.seen || e.window(f) != withinWindow || e.late(f.uplinkReply.at.UnixNano()) {
+		return 0, netip.AddrPort{}
+	}
+	var podOut uint64
+	for _, p := range f.points {
+		switch {
+		case p.point == obs.PointPod && p.dir == obs.DirOut && !p.reply:
+			podOut += p.packets
+		case p.point == obs.PointPod && p.dir == obs.DirIn && p.reply:
+			return 0, netip.AddrPort{}
+		case p.point == obs.PointUplink && p.dir == obs.DirIn && p.reply:
+			n += p.packets
+			if !from.IsValid() {
+				from = p.src.addrPort()
+			}
+		}
+	}
+	if podOut == 0 {
+		return 0, netip.AddrPort{}
+	}
+	return n, from
 }
 
 // bracketBase is the start of a bracketed verdict's reason: where the VIP

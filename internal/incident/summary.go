@@ -142,7 +142,7 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(f.LostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
 }
 
 // icmpKey is what of an ICMP error the summary says, "" without one.
@@ -286,6 +286,9 @@ func sentence(g *verdictGroup) string {
 			"; the backend refused the connections (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)"))
 	case f.UntranslatedReplies != nil && !f.Reply:
 		fmt.Fprintf(&b, "; no reply came back translated: %s answered, but its replies entered the client's Pod from %s, not from the VIP (nothing translated them back: see the evidence), which the client does not take", f.UntranslatedReplies.From.Addr(), f.UntranslatedReplies.From)
+	case f.RepliesLostOnNode > 0:
+		b.WriteString(pick(one, "; its backend answered, but none of the replies that came in on the uplink reached the client's Pod: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, conntrack) or the capture lost them",
+			"; their backends answered, but none of the replies that came in on the uplink reached the clients' Pods: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, conntrack) or the capture lost them (replies_lost_on_node in report.json)"))
 	case f.Reply:
 		b.WriteString("; replies came back")
 	case f.By == flow.ByClientNetfilter && f.VLAN == nil:

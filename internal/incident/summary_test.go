@@ -324,3 +324,22 @@ func TestSummaryNamesPacketsLostOnTheNode(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryNamesRepliesLostOnTheNode: a flow whose backend answered on
+// the uplink while nothing reached the client's Pod says so, rather than
+// "no reply came back" (the backend did answer).
+func TestSummaryNamesRepliesLostOnTheNode(t *testing.T) {
+	dir := t.TempDir()
+	vlan := uint16(305)
+	flows := []flow.Flow{{ID: 1, Proto: "tcp", Client: netip.MustParseAddrPort("172.18.9.66:49842"), Service: netip.MustParseAddrPort("192.168.200.15:8080"),
+		Backend: netip.MustParseAddrPort("100.64.99.21:8080"), RewrittenAt: flow.PlaceNetfilter, By: "nft", VLAN: &vlan, RepliesLostOnNode: 2}}
+	s := flow.Summary{Flows: 1, Drops: map[string]uint64{"uplink:eth1 kernel_drops": 0}}
+	if err := WriteSummary(dir, flows, s, nil, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	want := "its backend answered, but none of the replies that came in on the uplink reached the client's Pod"
+	if !strings.Contains(string(got), want) || strings.Contains(string(got), "no reply came back") {
+		t.Errorf("summary lacks %q (or says no reply came back):\n%s", want, got)
+	}
+}

@@ -175,3 +175,72 @@ func waitStack(t *testing.T, fn string) {
 		}
 	}
 }
+
+// TestConntrackFilterLearnsSNATSource: the conntrack subscription's filter
+// learns, in the kernel, the source the node's SNAT gave a watched flow (the
+// reply tuple's destination) as a client endpoint, so the taps keep the
+// flow's frames beyond the SNAT even when their destination is watched by no
+// one (a tc program on the uplink's egress rewrote it after netfilter).
+func TestConntrackFilterLearnsSNATSource(t *testing.T) {
+	needRoot(t)
+	name := fmt.Sprintf("ptsn%d", os.Getpid()%100000)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ns := "/run/netns/" + name
+	rules := "table ip ptsn {\n chain post {\n  type nat hook postrouting priority 100; policy accept;\n" +
+		"  ip daddr 127.0.0.1 meta l4proto tcp snat ip to 127.0.0.2\n }\n}\n"
+	cmd := exec.Command("ip", "netns", "exec", name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("lo up: %v: %s", err, out)
+	}
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Watch(netip.MustParseAddr("127.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	if a := p.AttachConntrack(ns); a[0].Err != nil {
+		t.Fatal(a[0].Err)
+	}
+	if p.ctSubs[0].prog == nil {
+		t.Skip("the conntrack subscription has no eBPF filter here (classic fallback)")
+	}
+	var snatted []netip.AddrPort
+	err = nsutil.Do(ns, func() error {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		s, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		snatted = append(snatted, netip.MustParseAddrPort(s.RemoteAddr().String()))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snatted[0].Addr() != netip.MustParseAddr("127.0.0.2") {
+		t.Fatalf("the server saw the client as %s: the SNAT rule did not apply", snatted[0])
+	}
+	var v uint8
+	if err := p.maps["watch_clients"].Lookup(clientKey(snatted[0], obs.TCP), &v); err != nil {
+		t.Errorf("the SNAT source %s of a connection to a watched address was not learned as a client: %v", snatted[0], err)
+	}
+}

@@ -586,6 +586,7 @@ func TestUnansweredOnNodeExplained(t *testing.T) {
 		{ID: 2, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "left", VLAN: &vlan},
 		{ID: 3, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "answered", Reply: true},
 		{ID: 4, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "data lost", Reply: true, VLAN: &vlan, LostOnNode: 6},
+		{ID: 5, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "replies lost", VLAN: &vlan, RepliesLostOnNode: 2},
 	}
 	var table bytes.Buffer
 	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
@@ -598,6 +599,11 @@ func TestUnansweredOnNodeExplained(t *testing.T) {
 	// Its SYN got through and was answered, its data did not leave.
 	if want := "  flow 4: data lost\n"; !strings.Contains(out, want) {
 		t.Errorf("the table does not explain flow 4, which lost packets on the node (want %q):\n%s", want, out)
+	}
+	// It left the uplink and was answered there; the answers never reached
+	// the client's Pod.
+	if want := "  flow 5: replies lost\n"; !strings.Contains(out, want) {
+		t.Errorf("the table does not explain flow 5, whose replies the node lost (want %q):\n%s", want, out)
 	}
 	if strings.Contains(out, "flow 2:") || strings.Contains(out, "flow 3:") {
 		t.Errorf("the table explains a flow that left the uplink or was answered:\n%s", out)

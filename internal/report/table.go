@@ -439,14 +439,15 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 
 // unansweredOnNode tells whether f was rewritten (socket, tc, netfilter,
 // ipvs) and got nothing back (REPLY no) and was never seen on the uplink,
-// or lost request packets on the node (LostOnNode).
+// or lost request packets on the node (LostOnNode), or its replies on the
+// node (RepliesLostOnNode).
 func unansweredOnNode(f flow.Flow) bool {
 	switch f.RewrittenAt {
 	case flow.PlaceSocket, flow.PlaceTC, flow.PlaceNetfilter, flow.PlaceIPVS:
 	default:
 		return false
 	}
-	return reply(f) == "no" && f.StrayReplies == nil && f.VLAN == nil || f.LostOnNode > 0
+	return reply(f) == "no" && f.StrayReplies == nil && f.VLAN == nil || f.LostOnNode > 0 || f.RepliesLostOnNode > 0
 }
 
 // writeICMPErrors lists the ICMP errors that came back instead of replies

@@ -325,16 +325,23 @@ func sizeString(n int) string {
 
 // pointLabels names each tap's capture point for the report and the pcapng
 // interfaces: "role:ifname", made unique where several points share it (every
-// Pod's eth0) with the Pod's IPv4 address, else its netns name or path.
+// Pod's eth0) with the Pod's IPv4 address, else its netns name or path. With
+// several Pods every Pod's point says whose it is, also one whose interface
+// has a name no other Pod's has (a CNI that names it net0): "pod:net0" beside
+// "pod:eth0@10.0.0.5" would leave that one Pod unnamed.
 func pointLabels(taps []tap, pods []discover.Pod) []string {
 	n := map[string]int{}
+	podTaps := 0
 	for _, tp := range taps {
 		n[tp.role+":"+tp.ifname]++
+		if tp.role == discover.RolePod {
+			podTaps++
+		}
 	}
 	labels := make([]string, len(taps))
 	for i, tp := range taps {
 		labels[i] = tp.role + ":" + tp.ifname
-		if n[labels[i]] < 2 {
+		if n[labels[i]] < 2 && (tp.role != discover.RolePod || podTaps < 2) {
 			continue
 		}
 		where := tp.netns

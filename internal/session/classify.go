@@ -249,6 +249,9 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 		if tr.clients != nil && !tr.clients[o.Src.Addr()] && !tr.clients[o.Dst.Addr()] {
 			return "another client's packet, not traced: a Pod is selected"
 		}
+		if tr.othersSNAT[o.Src] || tr.othersSNAT[o.Dst] {
+			return "another client's packet, with the source the node's SNAT gave it (conntrack), not traced: a Pod is selected"
+		}
 	} else if e, ok := f.pkt.ICMPError(); ok {
 		return tr.icmpComment(tapIdx, e)
 	} else if _, first, ok := f.pkt.Fragment(); ok && !first {
@@ -300,6 +303,8 @@ func (tr *tracer) icmpComment(tapIdx int, e capture.ICMPError) string {
 	about := e.QuotedString() + " (no Service flow known for it)"
 	if ref, ok := tr.eng.Classify(o); ok {
 		about = ref.Comment()
+	} else if tr.othersSNAT[o.Src] || tr.othersSNAT[o.Dst] {
+		about = e.QuotedString() + " (another client's flow, with the source the node's SNAT gave it: not traced, a Pod is selected)"
 	}
 	return tr.icmpKind(e) + " from " + e.From.String() + " about " + about
 }

@@ -225,3 +225,32 @@ func TestClassTableCacheCollisions(t *testing.T) {
 		}
 	}
 }
+
+// TestOtherPodsSNATFramesComment: with a Pod selected, another Pod's frames
+// that the node masqueraded carry the node's address, which is in scope:
+// their pcapng comment says whose they are (conntrack gave that source to an
+// out-of-scope client's flow), not "no Service flow known", which reads as
+// a frame pathtrace failed to correlate.
+func TestOtherPodsSNATFramesComment(t *testing.T) {
+	tr := testTracer(t, io.Discard)
+	node := netip.MustParseAddr("198.18.5.2")
+	other := netip.MustParseAddrPort("172.18.9.66:41000")
+	snat := netip.AddrPortFrom(node, 40000)
+	backend := netip.MustParseAddrPort("100.64.99.21:5353")
+	tr.clients = map[netip.Addr]bool{client.Addr(): true, node: true}
+	tr.add(obs.Observation{Time: base, Point: obs.PointConntrack, Proto: obs.UDP, Src: other, Dst: vip, NATDst: backend, NATSrc: snat})
+	if tr.outOfScope != 1 {
+		t.Fatalf("out of scope %d, want 1: the other Pod's conntrack entry", tr.outOfScope)
+	}
+	raw := udpFrame(t, snat, backend)
+	f := &frame{pkt: capture.Packet{Time: base.Add(time.Millisecond), Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw}}
+	got := tr.comment(1, f)
+	if want := "another client's packet, with the source the node's SNAT gave it (conntrack), not traced: a Pod is selected"; got != want {
+		t.Errorf("comment %q, want %q", got, want)
+	}
+	raw = udpFrame(t, netip.AddrPortFrom(node, 40001), backend)
+	f = &frame{pkt: capture.Packet{Time: base.Add(time.Millisecond), Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw}}
+	if got := tr.comment(1, f); got != "no Service flow known for this packet" {
+		t.Errorf("a frame of no known SNAT source: comment %q", got)
+	}
+}

@@ -33,6 +33,16 @@ func TestPointLabels(t *testing.T) {
 	if got := pointLabels(three, pods); !slices.Equal(got, want) {
 		t.Errorf("three Pods: %q, want %q", got, want)
 	}
+	// A Pod whose interface has a name of its own (net0) among Pods with
+	// eth0 is named by its address too: each Pod's point says whose it is.
+	mixed := []tap{
+		{role: "pod", ifname: "eth0", netns: "/run/netns/a"}, {role: "pod", ifname: "net0", netns: "/run/netns/b"},
+		{role: "pod", ifname: "eth0", netns: "/run/netns/c"}, {role: "host", ifname: "cali1", netns: "/node"}, {role: "uplink", ifname: "ens5", netns: "/node"},
+	}
+	want = []string{"pod:eth0@10.0.0.5", "pod:net0@10.0.0.6", "pod:eth0@10.0.0.7", "host:cali1", "uplink:ens5"}
+	if got := pointLabels(mixed, []discover.Pod{pod("/run/netns/a", "10.0.0.5", "a"), pod("/run/netns/b", "10.0.0.6", "b"), pod("/run/netns/c", "10.0.0.7", "c")}); !slices.Equal(got, want) {
+		t.Errorf("a Pod's net0 among eth0s: %q, want %q", got, want)
+	}
 	// A Pod deleted and made again with another address in a netns of the
 	// same name (a named netns reused): each tap is named by its own Pod's
 	// address, told apart by the netns inode (it took the gone Pod's).

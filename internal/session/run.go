@@ -38,6 +38,12 @@ type tracer struct {
 	// client.
 	clients    map[netip.Addr]bool
 	outOfScope uint64
+	// othersSNAT, with a Pod selected, are the sources the node's SNAT gave
+	// other clients' flows (their conntrack entries, out of scope): on a
+	// masquerading node their frames on the uplink carry the node's
+	// address, which is in scope, and no traced flow claims them. Only
+	// their pcapng comment uses it; bounded (maxOthersSNAT).
+	othersSNAT map[netip.AddrPort]bool
 	pcap       *pcapOut  // nil without --pcap
 	stopped    time.Time // when the run was asked to stop
 	// events brings the observers' events to the consumer; nil once their
@@ -88,6 +94,9 @@ func (tr *tracer) add(o obs.Observation) {
 		}
 	default:
 		if !tr.inScope(o.Src.Addr(), o.Dst.Addr()) {
+			if o.Point == obs.PointConntrack && o.NATSrc.IsValid() {
+				tr.noteOtherSNAT(o.NATSrc)
+			}
 			return
 		}
 	}
@@ -108,6 +117,19 @@ func (tr *tracer) inScope(src, dst netip.Addr) bool {
 	}
 	tr.outOfScope++
 	return false
+}
+
+// maxOthersSNAT bounds tracer.othersSNAT: past it the set starts again (a
+// frame of a forgotten entry is then commented as one of no known flow).
+const maxOthersSNAT = 4096
+
+// noteOtherSNAT remembers the source the node's SNAT gave another
+// client's flow (tracer.othersSNAT).
+func (tr *tracer) noteOtherSNAT(ap netip.AddrPort) {
+	if tr.othersSNAT == nil || len(tr.othersSNAT) >= maxOthersSNAT {
+		tr.othersSNAT = map[netip.AddrPort]bool{}
+	}
+	tr.othersSNAT[ap] = true
 }
 
 // clientScope is tracer.clients for a run that selected a Pod, nil for one

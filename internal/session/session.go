@@ -325,24 +325,46 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 }
 
 // initialWatch is the VIPs plus every backend the node's NAT rules and IPVS
-// services name.
+// services name. A Service given with its port is watched on that endpoint
+// (and protocol, when given) only: a NodePort is the node's own address,
+// whose every other packet (the kubelet's, ssh) would otherwise pass the
+// taps into the capture file and the observers into the event ring, as
+// would a ClusterIP's other ports. Given without a port, every port.
 func initialWatch(svcs []flow.Service, node *discover.NodeInfo) []obs.Watch {
 	var out []obs.Watch
 	vips := map[netip.Addr]bool{}
+	anyPort := map[netip.Addr]bool{}
 	for _, s := range svcs {
-		if !vips[s.Addr] { // a few VIPs
-			vips[s.Addr] = true
-			out = append(out, obs.WatchAddr(s.Addr))
+		if s.Port == 0 {
+			anyPort[s.Addr] = true
+		}
+	}
+	vipSeen := map[obs.Watch]bool{}
+	for _, s := range svcs {
+		vips[s.Addr] = true
+		w := obs.Watch{Addr: s.Addr, Port: s.Port, Proto: s.Proto}
+		if anyPort[s.Addr] {
+			w = obs.WatchAddr(s.Addr)
+		}
+		if !vipSeen[w] { // a few VIPs
+			vipSeen[w] = true
+			out = append(out, w)
 		}
 	}
 	seen := map[obs.Watch]bool{} // a Service may have thousands of endpoints
 	add := func(w obs.Watch) {
-		if w.Addr.IsValid() && !vips[w.Addr] && !seen[w] {
+		// A VIP watched on every port covers its own address as a
+		// backend; one watched on its endpoint does not (a NodePort to a
+		// hostNetwork backend on the node's address).
+		if w.Addr.IsValid() && !anyPort[w.Addr] && !seen[w] && !vipSeen[w] {
 			seen[w] = true
 			out = append(out, w)
 		}
 	}
 	for _, r := range node.Netfilter.Rules {
+		if vips[r.Service] && !anyPort[r.Service] && !overlaps(svcs, r) {
+			continue // another port of a VIP traced on some ports only
+		}
 		b := r.Backend
 		w := obs.Watch{Addr: b.Addr(), Port: b.Port(), Proto: protoOf(r.Proto)}
 		if w.Port == 0 {
@@ -363,6 +385,18 @@ func initialWatch(svcs []flow.Service, node *discover.NodeInfo) []obs.Watch {
 		}
 	}
 	return out
+}
+
+// overlaps tells whether a NAT rule of a traced VIP's address (its port
+// 0: any) can serve one of the traced Services on that address.
+func overlaps(svcs []flow.Service, r discover.NATRule) bool {
+	for _, s := range svcs {
+		if s.Addr == r.Service && (s.Port == 0 || r.Port == 0 || s.Port == r.Port) &&
+			(s.Proto == 0 || r.Proto == "" || s.Proto == protoOf(r.Proto)) {
+			return true
+		}
+	}
+	return false
 }
 
 // captureEnd is what the report says of a capture point whose capture

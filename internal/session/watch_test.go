@@ -10,11 +10,12 @@ import (
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
-// initialWatch watches the VIPs on every port, and each backend of the NAT
-// rules and IPVS services on the endpoint it serves when its port is known:
-// the DNAT target's, or the Service port a DNAT without a port keeps; on
-// every port when it is not (a rule of any port without a target port, a
-// DNAT to a port range, IPVS without a port).
+// initialWatch watches a VIP given with its port on that endpoint, one given
+// without on every port, and each backend of the NAT rules (of the traced
+// ports) and IPVS services on the endpoint it serves when its port is
+// known: the DNAT target's, or the Service port a DNAT without a port
+// keeps; on every port when it is not (a rule of any port without a target
+// port, a DNAT to a port range, IPVS without a port).
 func TestInitialWatchEndpoints(t *testing.T) {
 	vip := netip.MustParseAddr("10.120.0.80")
 	ap := netip.MustParseAddrPort
@@ -38,8 +39,39 @@ func TestInitialWatchEndpoints(t *testing.T) {
 		}
 		return obs.WatchAddr(netip.MustParseAddr(s))
 	}
-	want := []obs.Watch{w("10.120.0.80", 0), w("10.244.20.31:3000", obs.TCP), w("10.244.20.32:80", obs.TCP),
+	// The rule of port 443 serves no traced port: its backend (the VIP's
+	// own address) is not watched.
+	want := []obs.Watch{w("10.120.0.80:80", obs.TCP), w("10.244.20.31:3000", obs.TCP), w("10.244.20.32:80", obs.TCP),
 		w("10.244.20.33", 0), w("10.244.20.34", 0), w("10.244.20.35", 0), w("10.244.20.36:53", obs.UDP)}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("initialWatch:\n got %v\nwant %v", got, want)
+	}
+	// Traced without a port: every port of the VIP, which covers the rule
+	// of port 443's backend on the VIP's address.
+	got = initialWatch([]flow.Service{{Addr: vip}}, node)
+	want = []obs.Watch{w("10.120.0.80", 0), w("10.244.20.31:3000", obs.TCP), w("10.244.20.32:80", obs.TCP),
+		w("10.244.20.33", 0), w("10.244.20.34", 0), w("10.244.20.35", 0), w("10.244.20.36:53", obs.UDP)}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("initialWatch of the VIP on every port:\n got %v\nwant %v", got, want)
+	}
+}
+
+// TestInitialWatchNodePort: a NodePort traced as the node's address and
+// port is watched on that endpoint only, not on every port of the node's
+// address (its kubelet, ssh and API traffic would all pass the taps and
+// observers, into the capture file), and its hostNetwork backend on the
+// node's own address is watched on its endpoint.
+func TestInitialWatchNodePort(t *testing.T) {
+	nodeIP := netip.MustParseAddr("198.18.5.2")
+	node := &discover.NodeInfo{}
+	node.Netfilter.Rules = []discover.NATRule{
+		{Service: nodeIP, Port: 30080, Proto: "tcp", Backend: netip.AddrPortFrom(nodeIP, 6443)},
+		{Service: nodeIP, Port: 30080, Proto: "tcp", Backend: netip.MustParseAddrPort("100.64.99.21:8080")},
+		{Service: nodeIP, Port: 30053, Proto: "udp", Backend: netip.MustParseAddrPort("100.64.99.24:5353")},
+	}
+	got := initialWatch([]flow.Service{{Addr: nodeIP, Port: 30080, Proto: obs.TCP}}, node)
+	want := []obs.Watch{{Addr: nodeIP, Port: 30080, Proto: obs.TCP}, {Addr: nodeIP, Port: 6443, Proto: obs.TCP},
+		{Addr: netip.MustParseAddr("100.64.99.21"), Port: 8080, Proto: obs.TCP}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("initialWatch:\n got %v\nwant %v", got, want)
 	}

@@ -73,8 +73,11 @@ type WantFlow struct {
 	// compared always (absent: none).
 	UntranslatedFrom    string `json:"untranslated_from"`
 	UntranslatedPackets uint64 `json:"untranslated_packets"`
-	PID                 uint32 `json:"pid"`
-	Comm                string `json:"comm"`
+	// RepliesLostOnNode: reply packets the uplink received of which none
+	// reached the client's Pod (replies_lost_on_node); compared always.
+	RepliesLostOnNode uint64 `json:"replies_lost_on_node"`
+	PID               uint32 `json:"pid"`
+	Comm              string `json:"comm"`
 }
 
 // LoadDir loads every *.json scenario in dir, sorted by name.
@@ -237,6 +240,9 @@ func (wf WantFlow) check(g flow.Flow) []string {
 		}
 	} else if g.UntranslatedReplies != nil {
 		bad("untranslated_replies", g.UntranslatedReplies.From, "none")
+	}
+	if g.RepliesLostOnNode != wf.RepliesLostOnNode {
+		bad("replies_lost_on_node", g.RepliesLostOnNode, wf.RepliesLostOnNode)
 	}
 	if wf.PID != 0 && g.PID != wf.PID {
 		bad("pid", g.PID, wf.PID)
