@@ -261,7 +261,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		opt.PcapLimits.MaxBytes = n
 	}
 	if f.pcap != "" && f.pcap != "-" {
-		if _, err := os.Stat(f.pcap); err == nil {
+		if st, err := os.Stat(f.pcap); err == nil && st.IsDir() {
+			return opt, usagef("--pcap %s: a directory; give a file to write in it, e.g. --pcap %s", f.pcap, filepath.Join(f.pcap, "svc.pcapng"))
+		} else if err == nil {
 			return opt, usagef("--pcap %s: the file exists; pathtrace never overwrites a capture, give a new name", f.pcap)
 		}
 		if _, err := os.Lstat(f.pcap + ".partial"); err == nil {
