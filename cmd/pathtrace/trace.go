@@ -66,7 +66,8 @@ points, the Service mechanisms found, every observer's status), then one row per
   UPLINK DST MAC  destination MAC on the uplink, "gw" when it is the Pod's gateway
   REPLY           yes, no, rst (refused), icmp (an ICMP error instead, listed below the rows)
                   or unseen (the flow never left the client's netns)
-then the flows per verdict, every drop counter (a non-zero one says which flag to change),
+then the flows per verdict, the flows per backend with their replies (a backend that
+answered none is marked), every drop counter (a non-zero one says which flag to change),
 what changed on the node meanwhile (Pods that started and were followed, capture points
 whose Pod went, tc programs and NAT rules that appeared: flows name those of their time)
 and why the run stopped.

@@ -29,6 +29,9 @@ type Writer struct {
 	// byPlace remembers the distinct rewriters per verdict from Flows, for the
 	// table's summary.
 	byPlace map[flow.Place][]string
+	// backends counts the flows per backend and how each was answered,
+	// for the table's summary.
+	backends backendCounts
 	// rows counts the table rows Finished wrote since its last header.
 	rows int
 	// finished: Finished wrote flows (the flows left at the end follow
@@ -156,6 +159,7 @@ const finishedScreen = 40
 
 func (w *Writer) noteRewriters(flows []flow.Flow) {
 	for _, f := range flows {
+		w.backends.add(f)
 		if f.By == "" || slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
 			continue
 		}
@@ -231,7 +235,7 @@ type Run struct {
 func (w *Writer) Summary(s flow.Summary, drops map[string]uint64, run Run) error {
 	s = s.WithDrops(drops)
 	if w.format != FormatJSON {
-		return writeSummaryTable(w.w, s, w.byPlace, run)
+		return writeSummaryTable(w.w, s, w.byPlace, w.backends, run)
 	}
 	return w.object("summary", struct {
 		flow.Summary

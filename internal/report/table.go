@@ -115,7 +115,7 @@ func writeFlowRows(w io.Writer, flows []flow.Flow, header bool, fixed fixedWidth
 
 // writeSummaryTable writes the flows per verdict with their rewriters, then
 // every drop counter and why the run stopped.
-func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]string, run Run) error {
+func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]string, backends backendCounts, run Run) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "REWRITTEN AT\tFLOWS\tBY")
 	for _, p := range flow.Places() {
@@ -149,6 +149,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	}
 	if s.UnknownAfterStop > 0 {
 		fmt.Fprintf(w, "Of the unknown, %d began after the capture was asked to stop: its points were closing.\n", s.UnknownAfterStop)
+	}
+	if err := backends.write(w); err != nil {
+		return err
 	}
 
 	fmt.Fprintln(w)
