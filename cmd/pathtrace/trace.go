@@ -80,6 +80,8 @@ counts them all. --max-flows bounds the flows open at once; --pcap needs --max-b
 which ends the file, not the run. A connection idle past --flow-timeout that speaks
 again is a new flow whose "continues" names the earlier one.
 
+A second Ctrl-C (or stop signal) ends pathtrace at once, without the report.
+
 Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing,
 --pcap cut by a write error: the report is still printed), 2 bad usage.
 
@@ -403,6 +405,13 @@ func runTrace(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
+	// The first stop signal ends the run and lets the report be written;
+	// the next one has its default action, ending pathtrace at once (the
+	// kernel detaches what it attached): a report stuck on an output that
+	// is not read (a pipe whose reader stalled, a terminal stopped with
+	// Ctrl-S) or a stop that takes too long is not a process Ctrl-C or
+	// SIGTERM can no longer end.
+	go func() { <-ctx.Done(); stop() }()
 	// runCtx also ends when a run until stopped can no longer write its
 	// report (stdout closed, its disk full): it would trace on for days
 	// with nothing to show.
