@@ -14,6 +14,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -435,6 +436,14 @@ func runTrace(args []string) int {
 		// mid-run, exit 141, with nothing said.
 		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	}
+	var readerGone atomic.Bool
+	if opt.Duration == 0 {
+		// A run until stopped may write nothing for hours (no flow to the
+		// VIP): a reader that went away after the node block (`| head
+		// -1`) is seen when it goes, not at a next write that may never
+		// come.
+		watchReaderGone(os.Stdout, func() { readerGone.Store(true); endRun() })
+	}
 	rw := report.NewWriter(out, f.output)
 	if isTerminal(os.Stderr) {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
@@ -483,6 +492,10 @@ func runTrace(args []string) int {
 		if errors.Is(err, export.ErrLimit) { // the bound cannot even hold the file's header
 			fmt.Fprintf(os.Stderr, "pathtrace: --max-bytes %s: %v; give a larger bound, e.g. --max-bytes 64M\n", f.maxBytes, err)
 			return exitUsage
+		}
+		if errors.Is(err, context.Canceled) && readerGone.Load() {
+			fmt.Fprintln(os.Stderr, "pathtrace: the report's reader went away (stdout closed) before tracing began: nothing was traced, nothing stays attached")
+			return exitRuntime
 		}
 		if startInterrupted(ctx, err) {
 			fmt.Fprintf(os.Stderr, "pathtrace: %s\n", interruptedStart)
@@ -595,4 +608,33 @@ func pcapName(path string) string {
 		return "stream on stdout"
 	}
 	return "file " + path
+}
+
+// watchReaderGone calls gone once the reader of f, a pipe or a socket, has
+// gone away (its end closed: poll says POLLERR or POLLHUP), whether or not
+// anything is written to f meanwhile; nothing for other files.
+func watchReaderGone(f *os.File, gone func()) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return
+	}
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFIFO && t != unix.S_IFSOCK {
+		return
+	}
+	fd := int32(f.Fd())
+	go func() {
+		for {
+			// No event asked for: poll returns on POLLERR, POLLHUP or
+			// POLLNVAL only, which it always reports.
+			fds := []unix.PollFd{{Fd: fd}}
+			_, err := unix.Poll(fds, -1)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+				gone()
+				return
+			}
+		}
+	}()
 }
