@@ -264,6 +264,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		}
 		opt.PcapLimits.MaxBytes = n
 	}
+	if f.pcap == "-" && stdoutIsTerminal() {
+		return opt, usagef("--pcap -: stdout is a terminal, which binary pcapng would garble: pipe it to a reader (--pcap - | wireshark -k -i -) or give a file (--pcap /var/tmp/svc.pcapng)")
+	}
 	if f.pcap != "" && f.pcap != "-" {
 		if st, err := os.Stat(f.pcap); err == nil && st.IsDir() {
 			return opt, usagef("--pcap %s: a directory; give a file to write in it, e.g. --pcap %s", f.pcap, filepath.Join(f.pcap, "svc.pcapng"))
@@ -580,6 +583,10 @@ func parseSize(s string) (int64, error) {
 	}
 	return n * mult, nil
 }
+
+// stdoutIsTerminal tells whether stdout is a terminal (a variable: tests
+// have none).
+var stdoutIsTerminal = func() bool { return isTerminal(os.Stdout) }
 
 func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
