@@ -17,7 +17,8 @@ import (
 	"github.com/spf13/pflag"
 )
 
-const labHelp = `pathtrace lab — the seed's cluster datapath in network namespaces, to try pathtrace on.
+const labHelp = `pathtrace lab — a small Kubernetes-like datapath in network namespaces (a Pod, a node
+with a bridge and a VLAN uplink, a gateway, a backend) to try pathtrace on.
 
 Usage:
   pathtrace lab up [--mode MODE] [--name NAME]   build the lab (idempotent) or switch its mode
