@@ -145,3 +145,15 @@ func TestFinishedTableAligned(t *testing.T) {
 		t.Errorf("%d headers, want 2 (the wider row starts a new one):\n%s", headers, b.String())
 	}
 }
+
+// TestFinishedCountsGrammar: "1 was still open", not "1 were".
+func TestFinishedCountsGrammar(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	w.Finished([]flow.Flow{finishedFlow(1)})
+	w.Flows([]flow.Flow{finishedFlow(2)})
+	w.Summary(flow.Summary{Flows: 2, Retired: 1}, nil, Run{})
+	if !strings.Contains(b.String(), "Of the 2 flows, 1 was reported above as they ended, 1 was still open at the end.") {
+		t.Errorf("summary:\n%s", b.String())
+	}
+}

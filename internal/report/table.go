@@ -142,7 +142,7 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 		return fmt.Errorf("write summary table: %w", err)
 	}
 	if s.Retired > 0 {
-		fmt.Fprintf(w, "Of the %d flows, %d were reported above as they ended, %d were still open at the end.\n", s.Flows, s.Retired, s.Flows-s.Retired)
+		fmt.Fprintf(w, "Of the %d flows, %d %s reported above as they ended, %d %s still open at the end.\n", s.Flows, s.Retired, wasWere(s.Retired), s.Flows-s.Retired, wasWere(s.Flows-s.Retired))
 	}
 	if s.UnknownBeforeReady > 0 {
 		fmt.Fprintf(w, "Of the unknown, %d began while pathtrace was still attaching: points not yet there missed their first packets.\n", s.UnknownBeforeReady)
@@ -570,4 +570,12 @@ func expectedFrom(f flow.Flow) string {
 		return f.Service.String() + " or " + f.Backend.String()
 	}
 	return f.Service.String()
+}
+
+// wasWere is the verb for n things: "1 was", "2 were".
+func wasWere(n int) string {
+	if n == 1 {
+		return "was"
+	}
+	return "were"
 }
