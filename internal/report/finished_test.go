@@ -153,7 +153,7 @@ func TestFinishedCountsGrammar(t *testing.T) {
 	w.Finished([]flow.Flow{finishedFlow(1)})
 	w.Flows([]flow.Flow{finishedFlow(2)})
 	w.Summary(flow.Summary{Flows: 2, Retired: 1}, nil, Run{})
-	if !strings.Contains(b.String(), "Of the 2 flows, 1 was reported above as they ended, 1 was still open at the end.") {
+	if !strings.Contains(b.String(), "Of the 2 flows, 1 was reported above as it ended, 1 was still open at the end.") {
 		t.Errorf("summary:\n%s", b.String())
 	}
 }

@@ -142,7 +142,7 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 		return fmt.Errorf("write summary table: %w", err)
 	}
 	if s.Retired > 0 {
-		fmt.Fprintf(w, "Of the %d flows, %d %s reported above as they ended, %d %s still open at the end.\n", s.Flows, s.Retired, wasWere(s.Retired), s.Flows-s.Retired, wasWere(s.Flows-s.Retired))
+		fmt.Fprintf(w, "Of the %d flows, %d %s reported above as %s ended, %d %s still open at the end.\n", s.Flows, s.Retired, wasWere(s.Retired), itThey(s.Retired), s.Flows-s.Retired, wasWere(s.Flows-s.Retired))
 	}
 	if s.UnknownBeforeReady > 0 {
 		fmt.Fprintf(w, "Of the unknown, %d began while pathtrace was still attaching: points not yet there missed their first packets.\n", s.UnknownBeforeReady)
@@ -578,4 +578,12 @@ func wasWere(n int) string {
 		return "was"
 	}
 	return "were"
+}
+
+// itThey is the pronoun for n things.
+func itThey(n int) string {
+	if n == 1 {
+		return "it"
+	}
+	return "they"
 }
