@@ -273,7 +273,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		} else if err == nil {
 			return opt, usagef("--pcap %s: the file exists; pathtrace never overwrites a capture, give a new name", f.pcap)
 		}
-		if _, err := os.Lstat(f.pcap + ".partial"); err == nil {
+		if _, err := os.Lstat(f.pcap + ".partial"); err == nil && export.PartialInUse(f.pcap) {
+			return opt, usagef("--pcap %s: %s.partial is being written by a capture running now (another pathtrace): give another file", f.pcap, f.pcap)
+		} else if err == nil {
 			return opt, usagef("--pcap %s: %s.partial exists (left by an interrupted capture?): remove it or give a new name", f.pcap, f.pcap)
 		}
 		if st, err := os.Stat(filepath.Dir(f.pcap)); err != nil || !st.IsDir() {
