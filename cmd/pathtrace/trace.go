@@ -332,6 +332,18 @@ func exitFor(err error) int {
 // be read: another user's or a non-dumpable process's needs CAP_SYS_PTRACE,
 // which a container given only what pathtrace requires lacks.
 func ptraceDenied(flag, what string, err error) error {
+	eff, cerr := effectiveCaps()
+	return ptraceDeniedWith(flag, what, err, eff, cerr == nil)
+}
+
+// ptraceDeniedWith is ptraceDenied for the effective capability set eff
+// (known: read); a process that has CAP_SYS_PTRACE (root on most nodes)
+// was refused by something else, which the message must not blame on a
+// capability it has.
+func ptraceDeniedWith(flag, what string, err error, eff uint64, known bool) error {
+	if known && eff&(1<<unix.CAP_SYS_PTRACE) != 0 {
+		return capError{fmt.Sprintf("%s %s: %v although this process has CAP_SYS_PTRACE: something besides capabilities refuses it (a security module such as AppArmor or SELinux, a sandbox); give the Pod's netns by its name under /run/netns (--pod-netns /run/netns/NAME)", flag, what, errors.Unwrap(err))}
+	}
 	return capError{fmt.Sprintf("%s %s: %v: reading another user's (or a non-dumpable) process's netns needs CAP_SYS_PTRACE, which this process lacks: add it, or give the Pod's netns by its name under /run/netns", flag, what, errors.Unwrap(err))}
 }
 
