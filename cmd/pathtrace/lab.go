@@ -129,6 +129,12 @@ func labCommand(args []string, out io.Writer) error {
 	if cmd == "client" && *requests < 1 {
 		return usagef("client: --requests must be at least 1")
 	}
+	if cmd == "client" && *timeout <= 0 {
+		return usagef("client: --timeout %s: give a positive per-request timeout, e.g. --timeout 1s", *timeout)
+	}
+	if cmd == "client" && *interval < 0 {
+		return usagef("client: --interval %s: give 0 (back to back) or a pause, e.g. --interval 200ms", *interval)
+	}
 	if cmd == "up" {
 		if _, err := lab.ParseMode(*mode); err != nil {
 			return usagef("up: %v", err)
