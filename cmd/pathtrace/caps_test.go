@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"unsafe"
 
@@ -189,5 +190,21 @@ func TestSeccompFiltered(t *testing.T) {
 		if got := seccompFiltered(path); got != want {
 			t.Errorf("%q: %v, want %v", status, got, want)
 		}
+	}
+}
+
+// TestPtraceDeniedBlamesTheRightCause: a netns refused to a process that
+// lacks CAP_SYS_PTRACE names the capability; one refused to a process that
+// has it (root, under a security module's policy) does not claim it lacks
+// it.
+func TestPtraceDeniedBlamesTheRightCause(t *testing.T) {
+	denied := &os.PathError{Op: "stat", Path: "/proc/1/ns/net", Err: syscall.EACCES}
+	lacks := ptraceDeniedWith("--pod-pid", "1", denied, 0, true).Error()
+	if !strings.Contains(lacks, "which this process lacks") {
+		t.Errorf("without CAP_SYS_PTRACE: %q", lacks)
+	}
+	has := ptraceDeniedWith("--pod-pid", "1", denied, 1<<unix.CAP_SYS_PTRACE, true).Error()
+	if strings.Contains(has, "lacks") || !strings.Contains(has, "although this process has CAP_SYS_PTRACE") {
+		t.Errorf("with CAP_SYS_PTRACE: %q; want it not to blame the capability", has)
 	}
 }

@@ -75,6 +75,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"--svc", "10.0.0.1", "--nice", "20"},
 		{"help", "nosuchtopic"},
 		{"help", "lab", "up"},
+		{"lab", "client", "--name", "ptbadinput", "--timeout", "0"},
+		{"lab", "client", "--name", "ptbadinput", "--interval", "-1s"},
 	}
 	for _, args := range cases {
 		var stderr bytes.Buffer

@@ -89,3 +89,41 @@ func TestStartInterrupted(t *testing.T) {
 		t.Errorf("another error after the stop signal is taken for an interrupted start")
 	}
 }
+
+// TestPcapDirectory: --pcap naming a directory (--pcap /var/tmp, meaning
+// "write it there") is told as such, with a file to give instead, not as
+// a capture that exists and will not be overwritten.
+func TestPcapDirectory(t *testing.T) {
+	dir := t.TempDir()
+	var f traceFlags
+	if err := newTraceFlagSet(&f).Parse([]string{"--svc", "10.0.0.1", "--pcap", dir}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.validate()
+	var ue usageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "a directory") || !strings.Contains(err.Error(), dir+"/svc.pcapng") {
+		t.Errorf("--pcap %s: %v; want a usage error saying it is a directory, with a file in it to give", dir, err)
+	}
+}
+
+// TestPcapStdoutTerminal: --pcap - on a terminal (the pipe to Wireshark
+// forgotten) is refused before anything is attached, not a screenful of
+// binary that leaves the terminal garbled; into a pipe it is fine.
+func TestPcapStdoutTerminal(t *testing.T) {
+	defer func(f func() bool) { stdoutIsTerminal = f }(stdoutIsTerminal)
+	for _, tty := range []bool{true, false} {
+		stdoutIsTerminal = func() bool { return tty }
+		var f traceFlags
+		if err := newTraceFlagSet(&f).Parse([]string{"--svc", "10.0.0.1", "--pcap", "-"}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.validate()
+		var ue usageError
+		if tty && (!errors.As(err, &ue) || !strings.Contains(err.Error(), "terminal")) {
+			t.Errorf("--pcap - on a terminal: %v; want a usage error saying so", err)
+		}
+		if !tty && err != nil {
+			t.Errorf("--pcap - into a pipe: %v", err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"os"
 	"strings"
@@ -207,5 +208,44 @@ func TestFollowReaderGone(t *testing.T) {
 		_ = cmd.Process.Kill()
 		<-done
 		t.Fatalf("still tracing 30 s after its report's reader went away (stderr %q)", stderr.String())
+	}
+}
+
+// TestFollowReaderGoneWhileIdle: `pathtrace --duration 0 | head -1` with no
+// flow to the VIP: the reader goes away after the node line, and nothing
+// is written after it for as long as no client reaches the VIP. The run
+// ends when the reader goes (exit 1, said on stderr), not at a write
+// that may never come.
+func TestFollowReaderGoneWhileIdle(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json")
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = w, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	line, err := bufio.NewReader(r).ReadString('\n') // the node line, as head -1 reads it
+	if err != nil || !strings.Contains(line, `"type":"node"`) {
+		t.Fatalf("first line %.80q (%v), want the node", line, err)
+	}
+	r.Close()
+	select {
+	case err := <-done:
+		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "reader went away") {
+			t.Errorf("exit %d (%v), stderr %q; want exit 1 saying the report's reader went away", code, err, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still tracing 15 s after its report's reader went away, nothing to write (stderr %q)", stderr.String())
 	}
 }

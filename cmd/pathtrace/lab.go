@@ -17,7 +17,8 @@ import (
 	"github.com/spf13/pflag"
 )
 
-const labHelp = `pathtrace lab — the seed's cluster datapath in network namespaces, to try pathtrace on.
+const labHelp = `pathtrace lab — a small Kubernetes-like datapath in network namespaces (a Pod, a node
+with a bridge and a VLAN uplink, a gateway, a backend) to try pathtrace on.
 
 Usage:
   pathtrace lab up [--mode MODE] [--name NAME]   build the lab (idempotent) or switch its mode
@@ -127,6 +128,12 @@ func labCommand(args []string, out io.Writer) error {
 	}
 	if cmd == "client" && *requests < 1 {
 		return usagef("client: --requests must be at least 1")
+	}
+	if cmd == "client" && *timeout <= 0 {
+		return usagef("client: --timeout %s: give a positive per-request timeout, e.g. --timeout 1s", *timeout)
+	}
+	if cmd == "client" && *interval < 0 {
+		return usagef("client: --interval %s: give 0 (back to back) or a pause, e.g. --interval 200ms", *interval)
 	}
 	if cmd == "up" {
 		if _, err := lab.ParseMode(*mode); err != nil {

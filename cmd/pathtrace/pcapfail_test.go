@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
 
@@ -181,5 +183,45 @@ func TestSIGHUPEndsLikeSIGTERM(t *testing.T) {
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Errorf("capture file after SIGHUP: %v", err)
+	}
+}
+
+// TestSecondSignalEndsStuckRun: a report that cannot be written (its
+// output a pipe nobody reads, full) holds the run; the first SIGTERM asks
+// for the report, which stays stuck; the second must end pathtrace, as
+// Ctrl-C twice does at 3 a.m., not be swallowed.
+func TestSecondSignalEndsStuckRun(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close() // never read: the node block fills the smallest pipe
+	if _, err := unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 4096); err != nil {
+		t.Fatal(err)
+	}
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "60s")
+	cmd.Stdout = w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done := make(chan struct{}) // closed when pathtrace has exited
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	time.Sleep(3 * time.Second) // attached, the node block written into the full pipe
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+		t.Skipf("pathtrace ended on the first SIGTERM (%v): the pipe did not hold it", waitErr)
+	case <-time.After(2 * time.Second):
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("pathtrace still runs 5 s after a second SIGTERM")
 	}
 }

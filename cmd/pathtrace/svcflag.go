@@ -23,6 +23,9 @@ func parseService(s string) (flow.Service, error) {
 		case "udp":
 			svc.Proto = obs.UDP
 		default:
+			if bits, _, _ := strings.Cut(proto, "/"); isDigits(bits) {
+				return svc, usagef("--svc %q: a CIDR; --svc takes one Service VIP (its ClusterIP: kubectl get svc -A -o wide), repeat it for more: --svc 10.120.0.80 --svc 10.120.0.10", s)
+			}
 			return svc, usagef("--svc %q: protocol %q is not tcp or udp (example: --svc 10.120.0.80:80/tcp)", s, proto)
 		}
 	}
@@ -45,6 +48,9 @@ func parseService(s string) (flow.Service, error) {
 		host, port, hasPort = spec[:i], spec[i+1:], true
 	}
 	addr, err := netip.ParseAddr(host)
+	if err != nil && isName(host) {
+		return svc, usagef("--svc %q: %q is a name; --svc takes the Service's ClusterIP: kubectl get svc NAME -n NAMESPACE -o wide", s, host)
+	}
 	if err != nil || !addr.Is4() {
 		return svc, usagef("--svc %q: %q is not an IPv4 address (example: --svc 10.120.0.80:80/tcp)", s, host)
 	}
@@ -60,4 +66,27 @@ func parseService(s string) (flow.Service, error) {
 		svc.Port = uint16(p)
 	}
 	return svc, nil
+}
+
+// isName tells whether s reads as a host or Service name (web,
+// web.default.svc.cluster.local) rather than a mistyped address: it has a
+// letter, and only what DNS names are made of.
+func isName(s string) bool {
+	letter := false
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z':
+			letter = true
+		case r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_':
+		default:
+			return false
+		}
+	}
+	return letter
+}
+
+// isDigits tells whether s is a decimal number (a CIDR's prefix length).
+func isDigits(s string) bool {
+	_, err := strconv.ParseUint(s, 10, 8)
+	return err == nil
 }

@@ -40,3 +40,26 @@ func TestParseService(t *testing.T) {
 		}
 	}
 }
+
+// TestParseServiceSaysWhatWasGiven: a CIDR or a Service's name is named as
+// such, with how to get the VIP, not as a bad protocol or address.
+func TestParseServiceSaysWhatWasGiven(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.96.0.0/12":                     "a CIDR",
+		"10.96.0.0/24/tcp":                 "a CIDR",
+		"web":                              "is a name",
+		"web.default.svc.cluster.local:80": "is a name",
+		"kube-dns:53/udp":                  "is a name",
+	} {
+		_, err := parseService(in)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "kubectl get svc") {
+			t.Errorf("parseService(%q) = %v; want a usage error saying %q and how to find the ClusterIP", in, err, want)
+		}
+	}
+	for _, in := range []string{"10.0.0.1/sctp", "999.1.1.1"} {
+		if _, err := parseService(in); err == nil || strings.Contains(err.Error(), "a CIDR") || strings.Contains(err.Error(), "is a name") {
+			t.Errorf("parseService(%q) = %v", in, err)
+		}
+	}
+}

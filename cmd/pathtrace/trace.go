@@ -14,6 +14,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -66,7 +67,8 @@ points, the Service mechanisms found, every observer's status), then one row per
   UPLINK DST MAC  destination MAC on the uplink, "gw" when it is the Pod's gateway
   REPLY           yes, no, rst (refused), icmp (an ICMP error instead, listed below the rows)
                   or unseen (the flow never left the client's netns)
-then the flows per verdict, every drop counter (a non-zero one says which flag to change),
+then the flows per verdict, the flows per backend with their replies (a backend that
+answered none is marked), every drop counter (a non-zero one says which flag to change),
 what changed on the node meanwhile (Pods that started and were followed, capture points
 whose Pod went, tc programs and NAT rules that appeared: flows name those of their time)
 and why the run stopped.
@@ -78,6 +80,8 @@ repeated every 40 rows); at the end the flows still open, then the summary, whic
 counts them all. --max-flows bounds the flows open at once; --pcap needs --max-bytes,
 which ends the file, not the run. A connection idle past --flow-timeout that speaks
 again is a new flow whose "continues" names the earlier one.
+
+A second Ctrl-C (or stop signal) ends pathtrace at once, without the report.
 
 Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing,
 --pcap cut by a write error: the report is still printed), 2 bad usage.
@@ -260,11 +264,18 @@ func (f *traceFlags) validate() (session.Options, error) {
 		}
 		opt.PcapLimits.MaxBytes = n
 	}
+	if f.pcap == "-" && stdoutIsTerminal() {
+		return opt, usagef("--pcap -: stdout is a terminal, which binary pcapng would garble: pipe it to a reader (--pcap - | wireshark -k -i -) or give a file (--pcap /var/tmp/svc.pcapng)")
+	}
 	if f.pcap != "" && f.pcap != "-" {
-		if _, err := os.Stat(f.pcap); err == nil {
+		if st, err := os.Stat(f.pcap); err == nil && st.IsDir() {
+			return opt, usagef("--pcap %s: a directory; give a file to write in it, e.g. --pcap %s", f.pcap, filepath.Join(f.pcap, "svc.pcapng"))
+		} else if err == nil {
 			return opt, usagef("--pcap %s: the file exists; pathtrace never overwrites a capture, give a new name", f.pcap)
 		}
-		if _, err := os.Lstat(f.pcap + ".partial"); err == nil {
+		if _, err := os.Lstat(f.pcap + ".partial"); err == nil && export.PartialInUse(f.pcap) {
+			return opt, usagef("--pcap %s: %s.partial is being written by a capture running now (another pathtrace): give another file", f.pcap, f.pcap)
+		} else if err == nil {
 			return opt, usagef("--pcap %s: %s.partial exists (left by an interrupted capture?): remove it or give a new name", f.pcap, f.pcap)
 		}
 		if st, err := os.Stat(filepath.Dir(f.pcap)); err != nil || !st.IsDir() {
@@ -321,6 +332,18 @@ func exitFor(err error) int {
 // be read: another user's or a non-dumpable process's needs CAP_SYS_PTRACE,
 // which a container given only what pathtrace requires lacks.
 func ptraceDenied(flag, what string, err error) error {
+	eff, cerr := effectiveCaps()
+	return ptraceDeniedWith(flag, what, err, eff, cerr == nil)
+}
+
+// ptraceDeniedWith is ptraceDenied for the effective capability set eff
+// (known: read); a process that has CAP_SYS_PTRACE (root on most nodes)
+// was refused by something else, which the message must not blame on a
+// capability it has.
+func ptraceDeniedWith(flag, what string, err error, eff uint64, known bool) error {
+	if known && eff&(1<<unix.CAP_SYS_PTRACE) != 0 {
+		return capError{fmt.Sprintf("%s %s: %v although this process has CAP_SYS_PTRACE: something besides capabilities refuses it (a security module such as AppArmor or SELinux, a sandbox); give the Pod's netns by its name under /run/netns (--pod-netns /run/netns/NAME)", flag, what, errors.Unwrap(err))}
+	}
 	return capError{fmt.Sprintf("%s %s: %v: reading another user's (or a non-dumpable) process's netns needs CAP_SYS_PTRACE, which this process lacks: add it, or give the Pod's netns by its name under /run/netns", flag, what, errors.Unwrap(err))}
 }
 
@@ -400,6 +423,13 @@ func runTrace(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
 	defer stop()
+	// The first stop signal ends the run and lets the report be written;
+	// the next one has its default action, ending pathtrace at once (the
+	// kernel detaches what it attached): a report stuck on an output that
+	// is not read (a pipe whose reader stalled, a terminal stopped with
+	// Ctrl-S) or a stop that takes too long is not a process Ctrl-C or
+	// SIGTERM can no longer end.
+	go func() { <-ctx.Done(); stop() }()
 	// runCtx also ends when a run until stopped can no longer write its
 	// report (stdout closed, its disk full): it would trace on for days
 	// with nothing to show.
@@ -422,6 +452,14 @@ func runTrace(args []string) int {
 		// open flows' end and a message, rather than die of SIGPIPE
 		// mid-run, exit 141, with nothing said.
 		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	}
+	var readerGone atomic.Bool
+	if opt.Duration == 0 {
+		// A run until stopped may write nothing for hours (no flow to the
+		// VIP): a reader that went away after the node block (`| head
+		// -1`) is seen when it goes, not at a next write that may never
+		// come.
+		watchReaderGone(os.Stdout, func() { readerGone.Store(true); endRun() })
 	}
 	rw := report.NewWriter(out, f.output)
 	if isTerminal(os.Stderr) {
@@ -471,6 +509,10 @@ func runTrace(args []string) int {
 		if errors.Is(err, export.ErrLimit) { // the bound cannot even hold the file's header
 			fmt.Fprintf(os.Stderr, "pathtrace: --max-bytes %s: %v; give a larger bound, e.g. --max-bytes 64M\n", f.maxBytes, err)
 			return exitUsage
+		}
+		if errors.Is(err, context.Canceled) && readerGone.Load() {
+			fmt.Fprintln(os.Stderr, "pathtrace: the report's reader went away (stdout closed) before tracing began: nothing was traced, nothing stays attached")
+			return exitRuntime
 		}
 		if startInterrupted(ctx, err) {
 			fmt.Fprintf(os.Stderr, "pathtrace: %s\n", interruptedStart)
@@ -556,6 +598,10 @@ func parseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
+// stdoutIsTerminal tells whether stdout is a terminal (a variable: tests
+// have none).
+var stdoutIsTerminal = func() bool { return isTerminal(os.Stdout) }
+
 func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
@@ -583,4 +629,33 @@ func pcapName(path string) string {
 		return "stream on stdout"
 	}
 	return "file " + path
+}
+
+// watchReaderGone calls gone once the reader of f, a pipe or a socket, has
+// gone away (its end closed: poll says POLLERR or POLLHUP), whether or not
+// anything is written to f meanwhile; nothing for other files.
+func watchReaderGone(f *os.File, gone func()) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return
+	}
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFIFO && t != unix.S_IFSOCK {
+		return
+	}
+	fd := int32(f.Fd())
+	go func() {
+		for {
+			// No event asked for: poll returns on POLLERR, POLLHUP or
+			// POLLNVAL only, which it always reports.
+			fds := []unix.PollFd{{Fd: fd}}
+			_, err := unix.Poll(fds, -1)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+				gone()
+				return
+			}
+		}
+	}()
 }

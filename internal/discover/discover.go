@@ -83,6 +83,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	info := &NodeInfo{
 		Kernel:    kernelRelease(),
 		HostNetNS: NetNS{Path: host.path, Inode: host.inode},
+		Services:  traced(opt.Services, opt.ServicePorts),
 	}
 	svcs := newServiceSet(opt.Services, opt.ServicePorts)
 	opt.Services = svcs.vips

@@ -218,6 +218,8 @@ func TestNodeUsageErrors(t *testing.T) {
 		{"missing host netns", Options{HostNetNS: "/nonexistent"}},
 		{"host netns not a netns", Options{HostNetNS: "/proc/self/ns/mnt"}},
 		{"missing uplink", Options{HostNetNS: tb.node, PodIP: pod, Uplink: "nosuchif"}},
+		{"uplink is the pod's host veth", Options{HostNetNS: tb.node, PodIP: pod, Uplink: "hv0"}},
+		{"uplink is a pod's host veth", Options{HostNetNS: tb.node, Uplink: "hv0"}},
 		{"missing host veth", Options{HostNetNS: tb.node, PodIP: pod, HostVeth: "nosuchif"}},
 		{"missing cgroup", Options{HostNetNS: tb.node, PodIP: pod, Cgroup: "/nonexistent"}},
 		{"two selectors", Options{HostNetNS: tb.node, PodIP: pod, PodNetNS: tb.pod}},

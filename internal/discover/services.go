@@ -3,6 +3,7 @@ package discover
 import (
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -11,6 +12,37 @@ type ServicePort struct {
 	Addr  netip.Addr
 	Port  uint16 // 0 = any port
 	Proto string // tcp, udp, ...; "" = any protocol
+}
+
+// String is the Service as --svc takes it: VIP[:PORT][/PROTO].
+func (p ServicePort) String() string {
+	s := p.Addr.String()
+	if p.Port != 0 {
+		s += ":" + strconv.Itoa(int(p.Port))
+	}
+	if p.Proto != "" {
+		s += "/" + strings.ToLower(p.Proto)
+	}
+	return s
+}
+
+// traced lists the Services as --svc gave them, each once.
+func traced(addrs []netip.Addr, ports []ServicePort) []string {
+	var out []string
+	add := func(s string) {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	for _, p := range ports {
+		add(p.String())
+	}
+	for _, a := range addrs {
+		if !slices.ContainsFunc(ports, func(p ServicePort) bool { return p.Addr == a }) {
+			add(a.String())
+		}
+	}
+	return out
 }
 
 // serviceSet is what discovery looks for: each VIP once, and the ports and

@@ -15,6 +15,15 @@ func (n *NodeInfo) Table(w io.Writer) error {
 	p := func(format string, args ...any) { fmt.Fprintf(tw, format, args...) }
 
 	p("NODE\tkernel %s\tnetns %s (inode %d)\n", n.Kernel, n.HostNetNS.Path, n.HostNetNS.Inode)
+	if len(n.Services) > 0 {
+		svcs := make([]string, len(n.Services))
+		for i, s := range n.Services {
+			if svcs[i] = s; !strings.Contains(s, ":") {
+				svcs[i] += " (any port)"
+			}
+		}
+		p("TRACING\t%s\n", strings.Join(svcs, ", "))
+	}
 	p("\nPODS: %d found, %d skipped\n", len(n.Pods), n.PodsSkipped)
 	if len(n.Pods) > 0 {
 		p("NETNS\tHELD BY\tETH0\tGATEWAY\tHOST VETH\tMASTER\tUPLINK\n")

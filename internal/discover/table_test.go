@@ -187,3 +187,21 @@ func TestTableFoldsManyEndpoints(t *testing.T) {
 		t.Errorf("2 endpoints: want a row each:\n%s", b.String())
 	}
 }
+
+// TestTableSaysWhatIsTraced: the report names the Services it traced, as
+// --svc gave them, each once (a report pasted into a ticket, read later,
+// says what it looked for); JSON has them as "services".
+func TestTableSaysWhatIsTraced(t *testing.T) {
+	vip, dns := netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10")
+	got := traced([]netip.Addr{vip, dns, vip}, []ServicePort{{Addr: vip}, {Addr: dns, Port: 53, Proto: "UDP"}, {Addr: vip}})
+	if want := []string{"10.120.0.80", "10.120.0.10:53/udp"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("traced = %q, want %q", got, want)
+	}
+	var b bytes.Buffer
+	if err := (&NodeInfo{Services: got}).Table(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "TRACING  10.120.0.80 (any port), 10.120.0.10:53/udp\n") {
+		t.Errorf("table does not say what is traced:\n%s", b.String())
+	}
+}

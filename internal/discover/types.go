@@ -14,7 +14,10 @@ import (
 type NodeInfo struct {
 	Kernel    string `json:"kernel"`
 	HostNetNS NetNS  `json:"host_netns"`
-	Pods      []Pod  `json:"pods"`
+	// Services are the traced Services as --svc gave them (VIP[:PORT][/PROTO]),
+	// each once: a report read later says what it traced.
+	Services []string `json:"services"`
+	Pods     []Pod    `json:"pods"`
 	// PodsSkipped counts netns with a veth into the node left unexamined
 	// because of Options.MaxPods.
 	PodsSkipped   int            `json:"pods_skipped"`

@@ -92,6 +92,14 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 		if et := l.Attrs().EncapType; et != "ether" {
 			return nil, usagef("--uplink %s: its link type is %s, not Ethernet, which pathtrace captures; give the Ethernet device the node's packets leave through", opt.Uplink, et)
 		}
+		for _, p := range info.Pods {
+			// A Pod's own veth as the uplink would make its host point and
+			// the uplink one interface: every flow would look rewritten
+			// on the uplink side and never to leave the node.
+			if p.HostPeer != nil && p.HostPeer.Ifindex == l.Attrs().Index {
+				return nil, usagef("--uplink %s: the host veth of the Pod in %s (captured as its host point), not an uplink; give the device the node's packets leave through, or leave --uplink out", opt.Uplink, p.NetNS.Path)
+			}
+		}
 		for i := range info.Pods {
 			info.Pods[i].Uplinks, info.Pods[i].UplinkHow = []string{l.Attrs().Name}, "--uplink"
 		}

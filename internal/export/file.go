@@ -29,7 +29,7 @@ func createPartial(path string, tmpfile bool) (*partialFile, error) {
 		return nil, fmt.Errorf("%s exists: pathtrace does not overwrite capture files", path)
 	}
 	if _, err := os.Lstat(pf.partial); err == nil {
-		return nil, fmt.Errorf("%s exists (left by an interrupted capture?): remove it or choose another file", pf.partial)
+		return nil, partialExists(path)
 	}
 	if tmpfile {
 		fd, err := unix.Open(filepath.Dir(path), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
@@ -47,6 +47,10 @@ func createPartial(path string, tmpfile bool) (*partialFile, error) {
 		}
 		pf.File = f
 	}
+	// The writer's lock tells its PATH.partial from one an interrupted
+	// run left (PartialInUse); best effort: a filesystem without locks
+	// only loses that distinction.
+	_ = unix.Flock(int(pf.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 	// Captures hold payload: 0600 whatever the umask.
 	if err := pf.Chmod(0o600); err != nil {
 		pf.discard()
@@ -61,11 +65,35 @@ func (pf *partialFile) publish() error {
 		return nil
 	}
 	proc := "/proc/self/fd/" + strconv.Itoa(int(pf.Fd()))
-	if err := unix.Linkat(unix.AT_FDCWD, proc, unix.AT_FDCWD, pf.partial, unix.AT_SYMLINK_FOLLOW); err != nil {
+	if err := unix.Linkat(unix.AT_FDCWD, proc, unix.AT_FDCWD, pf.partial, unix.AT_SYMLINK_FOLLOW); errors.Is(err, unix.EEXIST) {
+		return partialExists(pf.path)
+	} else if err != nil {
 		return fmt.Errorf("name the capture file %s: %w", pf.partial, err)
 	}
 	pf.unnamed = false
 	return nil
+}
+
+// PartialInUse tells whether PATH.partial is the file of a capture being
+// written now, whose writer (another pathtrace) holds its lock, rather than
+// one an interrupted run left.
+func PartialInUse(path string) bool {
+	f, err := os.Open(path + ".partial")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB), unix.EWOULDBLOCK)
+}
+
+// partialExists says why PATH.partial, which exists, is in the way: a
+// capture running now, which removing it would destroy, or one an
+// interrupted run left.
+func partialExists(path string) error {
+	if PartialInUse(path) {
+		return fmt.Errorf("%s.partial is being written by a capture running now (another pathtrace): give another file", path)
+	}
+	return fmt.Errorf("%s.partial exists (left by an interrupted capture?): remove it or choose another file", path)
 }
 
 // finish makes the file durable and renames it to PATH, never over an

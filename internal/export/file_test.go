@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -38,6 +39,40 @@ func TestCreatePartial(t *testing.T) {
 		}
 		if _, err := os.Stat(pf.partial); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("tmpfile %v: %s remains after finish", tmpfile, pf.partial)
+		}
+	}
+}
+
+// TestPartialOfRunningCapture: a PATH.partial that a running capture
+// writes is told from one an interrupted run left: "remove it" about the
+// first would have the user destroy a capture in progress (two pathtraces
+// given one --pcap).
+func TestPartialOfRunningCapture(t *testing.T) {
+	for _, tmpfile := range []bool{true, false} {
+		path := filepath.Join(t.TempDir(), "cap.pcapng")
+		pf, err := createPartial(path, tmpfile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pf.WriteString("header"); err != nil {
+			t.Fatal(err)
+		}
+		if err := pf.publish(); err != nil {
+			t.Fatal(err)
+		}
+		if !PartialInUse(path) {
+			t.Errorf("tmpfile %v: the running capture's %s.partial is not in use", tmpfile, path)
+		}
+		_, err = createPartial(path, tmpfile)
+		if err == nil || !strings.Contains(err.Error(), "running now") || strings.Contains(err.Error(), "remove it") {
+			t.Errorf("tmpfile %v: a second capture to %s: %v; want one saying a capture runs, not to remove it", tmpfile, path, err)
+		}
+		pf.Close() // the run was killed: its file stays
+		if PartialInUse(path) {
+			t.Errorf("tmpfile %v: a left %s.partial is in use", tmpfile, path)
+		}
+		if _, err = createPartial(path, tmpfile); err == nil || !strings.Contains(err.Error(), "interrupted") {
+			t.Errorf("tmpfile %v: %v; want a left file said as such", tmpfile, err)
 		}
 	}
 }

@@ -79,7 +79,7 @@ func TestSummaryTableNamesFlowsNotFollowed(t *testing.T) {
 		var b strings.Builder
 		s := flow.Summary{Flows: 4096, RewrittenAt: map[flow.Place]int{flow.PlaceTC: 4096},
 			Drops: map[string]uint64{flow.DropFlowsOverMax: over}}
-		if err := writeSummaryTable(&b, s, nil, Run{}); err != nil {
+		if err := writeSummaryTable(&b, s, nil, backendCounts{}, Run{}); err != nil {
 			t.Fatal(err)
 		}
 		got := strings.Contains(b.String(), "not followed  166005  beyond --max-flows")

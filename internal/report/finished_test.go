@@ -108,3 +108,52 @@ func TestRewritersBounded(t *testing.T) {
 		t.Errorf("summary lists %d rewriters of 1000 (bound %d):\n%s", n, maxRewritersListed, out)
 	}
 }
+
+// TestFinishedTableAligned: rows written as flows end line up under their
+// header whatever their cells' widths (a tc program's "by" longer than the
+// column's start, a MAC with " gw", an 802.1ad tag); a column that widens
+// starts a new header, so that the rows below it line up again.
+func TestFinishedTableAligned(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	short := finishedFlow(1)
+	vid := uint16(200)
+	long := finishedFlow(2)
+	long.RewrittenAt, long.By = flow.PlaceTC, "tcx ingress cil_from_container (id 74917)"
+	long.VLAN, long.VLANProto = &vid, "802.1ad"
+	long.UplinkDstMAC, long.UplinkDstIsGateway = "ce:58:b4:73:6f:47", true
+	w.Finished([]flow.Flow{short})
+	w.Finished([]flow.Flow{long})
+	w.Finished([]flow.Flow{short})
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	var col int // where REPLY starts under the last header
+	headers := 0
+	for _, l := range lines {
+		if l == "" {
+			continue
+		}
+		if strings.HasPrefix(l, "ID ") {
+			col, headers = strings.Index(l, "REPLY"), headers+1
+			continue
+		}
+		if !strings.HasSuffix(l, "yes") || len(l)-len("yes") != col {
+			t.Errorf("row not under its header's REPLY (column %d):\n%s", col, b.String())
+			break
+		}
+	}
+	if headers != 2 {
+		t.Errorf("%d headers, want 2 (the wider row starts a new one):\n%s", headers, b.String())
+	}
+}
+
+// TestFinishedCountsGrammar: "1 was still open", not "1 were".
+func TestFinishedCountsGrammar(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	w.Finished([]flow.Flow{finishedFlow(1)})
+	w.Flows([]flow.Flow{finishedFlow(2)})
+	w.Summary(flow.Summary{Flows: 2, Retired: 1}, nil, Run{})
+	if !strings.Contains(b.String(), "Of the 2 flows, 1 was reported above as it ended, 1 was still open at the end.") {
+		t.Errorf("summary:\n%s", b.String())
+	}
+}

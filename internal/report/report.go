@@ -29,11 +29,17 @@ type Writer struct {
 	// byPlace remembers the distinct rewriters per verdict from Flows, for the
 	// table's summary.
 	byPlace map[flow.Place][]string
+	// backends counts the flows per backend and how each was answered,
+	// for the table's summary.
+	backends backendCounts
 	// rows counts the table rows Finished wrote since its last header.
 	rows int
 	// finished: Finished wrote flows (the flows left at the end follow
 	// them, without the note that none was seen).
 	finished bool
+	// widths: the columns of the rows Finished writes, widened as wider
+	// cells come (fixedWidths.fit).
+	widths fixedWidths
 }
 
 // NewWriter returns a writer to w: JSON lines for FormatJSON, tables for
@@ -89,7 +95,8 @@ func (w *Writer) Flows(flows []flow.Flow) error {
 			if err != nil {
 				return err
 			}
-			return writeFlowRows(w.w, flows, true, true)
+			w.fitWidths(flows)
+			return writeFlowRows(w.w, flows, true, w.widths)
 		}
 		return writeFlowTable(w.w, flows)
 	}
@@ -123,12 +130,28 @@ func (w *Writer) Finished(flows []flow.Flow) error {
 		return w.Flows(flows)
 	}
 	w.noteRewriters(flows)
-	header := w.rows == 0 || w.rows+len(flows) > finishedScreen
+	// A column that had to widen starts a new header: the rows below it
+	// line up again.
+	header := w.fitWidths(flows) || w.rows == 0 || w.rows+len(flows) > finishedScreen
 	if header {
 		w.rows = 0
 	}
 	w.rows += len(flows)
-	return writeFlowRows(w.w, flows, header, true)
+	return writeFlowRows(w.w, flows, header, w.widths)
+}
+
+// fitWidths widens the columns of Finished's rows for flows and tells
+// whether one grew.
+func (w *Writer) fitWidths(flows []flow.Flow) bool {
+	if w.widths == nil {
+		w.widths = slices.Clone(fixedWidths(minFixedWidths))
+		w.widths.fit([][]string{flowHeader})
+	}
+	rows := make([][]string, len(flows))
+	for i, f := range flows {
+		rows[i] = flowCells(f)
+	}
+	return w.widths.fit(rows)
 }
 
 // finishedScreen is how many rows Finished writes under one header.
@@ -136,6 +159,7 @@ const finishedScreen = 40
 
 func (w *Writer) noteRewriters(flows []flow.Flow) {
 	for _, f := range flows {
+		w.backends.add(f)
 		if f.By == "" || slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
 			continue
 		}
@@ -211,7 +235,7 @@ type Run struct {
 func (w *Writer) Summary(s flow.Summary, drops map[string]uint64, run Run) error {
 	s = s.WithDrops(drops)
 	if w.format != FormatJSON {
-		return writeSummaryTable(w.w, s, w.byPlace, run)
+		return writeSummaryTable(w.w, s, w.byPlace, w.backends, run)
 	}
 	return w.object("summary", struct {
 		flow.Summary

@@ -33,37 +33,77 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 			"points saw packets of the Service at all.\n\n")
 		return err
 	}
-	return writeFlowRows(w, flows, true, false)
+	return writeFlowRows(w, flows, true, nil)
 }
 
-// nopFlush is a writer with nothing to flush.
-type nopFlush struct{ io.Writer }
+// flowHeader names the flow table's columns.
+var flowHeader = []string{"ID", "PROTO", "CLIENT", "SERVICE", "BACKEND", "REWRITTEN AT", "BY", "VLAN", "UPLINK DST MAC", "REPLY"}
 
-func (nopFlush) Flush() error { return nil }
+// flowCells is a flow's row: a cell per column of flowHeader.
+func flowCells(f flow.Flow) []string {
+	return []string{fmt.Sprint(f.ID), orDash(f.Proto), clientOrDash(f), f.Service.String(),
+		addrOrDash(f), string(f.RewrittenAt), orDash(shortBy(f.By, maxByWidth)), vlan(f.VLAN, f.VLANProto), uplinkMAC(f), reply(f)}
+}
+
+// minFixedWidths are the columns' widths of rows written a few at a time
+// (a run until stopped): wide enough for an IPv4 address and port, a MAC
+// and "gw", a short "by". A wider cell widens its column from then on
+// (fixedWidths.fit), under a new header.
+var minFixedWidths = []int{6, 5, 21, 21, 21, 12, 30, 9, 20, 5}
+
+// fixedWidths are the widths the rows written so far were aligned to.
+type fixedWidths []int
+
+// fit widens the columns to hold every cell of rows, and tells whether
+// one grew: the rows no longer line up under the last header.
+func (fw fixedWidths) fit(rows [][]string) bool {
+	grew := false
+	for _, r := range rows {
+		for i, c := range r {
+			if n := utf8.RuneCountInString(c); n > fw[i] {
+				fw[i], grew = n, true
+			}
+		}
+	}
+	return grew
+}
 
 // writeFlowRows writes flows as table rows, under the header when asked,
-// and their notes. fixed: in columns of fixed widths (rows written a few
-// at a time as flows end line up under one header), else as wide as the
-// rows need.
-func writeFlowRows(w io.Writer, flows []flow.Flow, header, fixed bool) error {
-	var tw interface {
-		io.Writer
-		Flush() error
-	} = newTable(w)
-	row := "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n"
-	if fixed {
-		tw = nopFlush{w}
-		row = "%-6d %-5s %-21s %-21s %-21s %-12s %-30s %-9s %-17s %s\n"
-	}
+// and their notes. fixed: in columns of the widths it gives (rows written
+// a few at a time as flows end line up under one header), else as wide as
+// the rows need.
+func writeFlowRows(w io.Writer, flows []flow.Flow, header bool, fixed fixedWidths) error {
+	rows := make([][]string, 0, len(flows)+1)
 	if header {
-		fmt.Fprintf(tw, strings.ReplaceAll(row, "d", "s"), "ID", "PROTO", "CLIENT", "SERVICE", "BACKEND", "REWRITTEN AT", "BY", "VLAN", "UPLINK DST MAC", "REPLY")
+		rows = append(rows, flowHeader)
 	}
 	for _, f := range flows {
-		fmt.Fprintf(tw, row, f.ID, orDash(f.Proto), clientOrDash(f), f.Service,
-			addrOrDash(f), f.RewrittenAt, orDash(shortBy(f.By, maxByWidth)), vlan(f.VLAN, f.VLANProto), uplinkMAC(f), reply(f))
+		rows = append(rows, flowCells(f))
 	}
-	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("write flow table: %w", err)
+	if fixed != nil {
+		var b strings.Builder
+		for _, r := range rows {
+			for i, c := range r {
+				if i == len(r)-1 {
+					b.WriteString(c)
+					break
+				}
+				b.WriteString(c)
+				b.WriteString(strings.Repeat(" ", fixed[i]-utf8.RuneCountInString(c)+1))
+			}
+			b.WriteByte('\n')
+		}
+		if _, err := io.WriteString(w, b.String()); err != nil {
+			return fmt.Errorf("write flow table: %w", err)
+		}
+	} else {
+		tw := newTable(w)
+		for _, r := range rows {
+			fmt.Fprintln(tw, strings.Join(r, "\t"))
+		}
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("write flow table: %w", err)
+		}
 	}
 	writeReasons(w, flows)
 	writeICMPErrors(w, flows)
@@ -75,7 +115,7 @@ func writeFlowRows(w io.Writer, flows []flow.Flow, header, fixed bool) error {
 
 // writeSummaryTable writes the flows per verdict with their rewriters, then
 // every drop counter and why the run stopped.
-func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]string, run Run) error {
+func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]string, backends backendCounts, run Run) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "REWRITTEN AT\tFLOWS\tBY")
 	for _, p := range flow.Places() {
@@ -102,13 +142,16 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 		return fmt.Errorf("write summary table: %w", err)
 	}
 	if s.Retired > 0 {
-		fmt.Fprintf(w, "Of the %d flows, %d were reported above as they ended, %d were still open at the end.\n", s.Flows, s.Retired, s.Flows-s.Retired)
+		fmt.Fprintf(w, "Of the %d flows, %d %s reported above as %s ended, %d %s still open at the end.\n", s.Flows, s.Retired, wasWere(s.Retired), itThey(s.Retired), s.Flows-s.Retired, wasWere(s.Flows-s.Retired))
 	}
 	if s.UnknownBeforeReady > 0 {
 		fmt.Fprintf(w, "Of the unknown, %d began while pathtrace was still attaching: points not yet there missed their first packets.\n", s.UnknownBeforeReady)
 	}
 	if s.UnknownAfterStop > 0 {
 		fmt.Fprintf(w, "Of the unknown, %d began after the capture was asked to stop: its points were closing.\n", s.UnknownAfterStop)
+	}
+	if err := backends.write(w); err != nil {
+		return err
 	}
 
 	fmt.Fprintln(w)
@@ -528,4 +571,20 @@ func expectedFrom(f flow.Flow) string {
 		return f.Service.String() + " or " + f.Backend.String()
 	}
 	return f.Service.String()
+}
+
+// wasWere is the verb for n things: "1 was", "2 were".
+func wasWere(n int) string {
+	if n == 1 {
+		return "was"
+	}
+	return "were"
+}
+
+// itThey is the pronoun for n things.
+func itThey(n int) string {
+	if n == 1 {
+		return "it"
+	}
+	return "they"
 }

@@ -1,0 +1,92 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+// maxBackendsListed bounds the backends the summary table lists (a run
+// until stopped of a large Service meets many); the flows of the others
+// are counted in one row.
+const maxBackendsListed = 32
+
+// backendCounts are the flows that reached each backend and how they were
+// answered (the REPLY column's words): a Service of several backends one
+// of which refuses or does not answer shows as that backend's row, not as
+// a third of the rows to pick out by hand.
+type backendCounts struct {
+	by     map[netip.AddrPort]map[string]int
+	others map[string]int // beyond maxBackendsListed
+}
+
+func (b *backendCounts) add(f flow.Flow) {
+	if !f.Backend.IsValid() {
+		return
+	}
+	if b.by == nil {
+		b.by = map[netip.AddrPort]map[string]int{}
+	}
+	r := reply(f)
+	if c, ok := b.by[f.Backend]; ok {
+		c[r]++
+		return
+	}
+	if len(b.by) >= maxBackendsListed {
+		if b.others == nil {
+			b.others = map[string]int{}
+		}
+		b.others[r]++
+		return
+	}
+	b.by[f.Backend] = map[string]int{r: 1}
+}
+
+// replyOrder is the order of a backend's reply counts: answered first,
+// then the failures an SRE acts on.
+var replyOrder = []string{"yes", "rst", "icmp", "no", "unseen"}
+
+// replies formats counts as "yes 4, rst 3", and the total.
+func replies(c map[string]int) (string, int) {
+	var parts []string
+	total := 0
+	for _, r := range replyOrder {
+		if n := c[r]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", r, n))
+			total += n
+		}
+	}
+	return strings.Join(parts, ", "), total
+}
+
+// write writes the flows per backend with their replies, when some flow
+// reached one; the backends no flow got an answer from are marked.
+func (b backendCounts) write(w io.Writer) error {
+	if len(b.by) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := newTable(w)
+	fmt.Fprintln(tw, "BACKEND\tFLOWS\tREPLY")
+	for _, be := range slices.SortedFunc(maps.Keys(b.by), netip.AddrPort.Compare) {
+		c := b.by[be]
+		r, n := replies(c)
+		if c["yes"] == 0 && c["unseen"] == 0 {
+			r += "  <- no flow got a reply"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", be, n, r)
+	}
+	if len(b.others) > 0 {
+		r, n := replies(b.others)
+		fmt.Fprintf(tw, "(others)\t%d\t%s\n", n, r)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write backends table: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,62 @@
+package report
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+)
+
+// TestBackendsSummary: ten flows to a Service of three backends, one
+// answering, one refusing, one unreachable: the summary says per backend
+// how many flows reached it and how they were answered, and marks the two
+// that never answered, so that the failing backend is read in one line
+// rather than picked out of the rows.
+func TestBackendsSummary(t *testing.T) {
+	backends := []string{"10.244.20.31:3000", "10.244.20.31:3001", "10.244.20.77:3000"}
+	var flows []flow.Flow
+	for i := range 10 {
+		f := flow.Flow{ID: i + 1, Proto: "tcp", Client: netip.MustParseAddrPort(fmt.Sprintf("10.244.8.23:%d", 40000+i)),
+			Service: netip.MustParseAddrPort("10.120.0.90:80"), Backend: netip.MustParseAddrPort(backends[i%3]),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip t pre -> b"}
+		switch i % 3 {
+		case 0:
+			f.Reply = true
+		case 1:
+			f.Refused = true
+		case 2:
+			f.ICMPError = &flow.ICMPError{Message: "ICMP destination unreachable (code 1: host unreachable)", From: netip.MustParseAddr("10.244.8.1"), Point: "pod"}
+		}
+		flows = append(flows, f)
+	}
+	flows = append(flows, flow.Flow{ID: 11, Proto: "tcp", Service: netip.MustParseAddrPort("10.120.0.90:80"), RewrittenAt: flow.PlaceNowhere})
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	w.Flows(flows)
+	w.Summary(flow.Summary{Flows: 11}, nil, Run{})
+	out := b.String()
+	_, summary, _ := strings.Cut(out, "REWRITTEN AT  FLOWS")
+	for _, want := range []string{
+		"10.244.20.31:3000  4      yes 4\n",
+		"10.244.20.31:3001  3      rst 3  <- no flow got a reply\n",
+		"10.244.20.77:3000  3      icmp 3  <- no flow got a reply\n",
+	} {
+		if !strings.Contains(summary, want) {
+			t.Errorf("summary lacks %q:\n%s", want, summary)
+		}
+	}
+	if strings.Count(summary, "BACKEND") != 1 {
+		t.Errorf("want one BACKEND table in the summary:\n%s", summary)
+	}
+	// No flow reached a backend: no such table.
+	b.Reset()
+	w = NewWriter(&b, FormatTable)
+	w.Flows(flows[10:])
+	w.Summary(flow.Summary{Flows: 1}, nil, Run{})
+	if _, summary, _ := strings.Cut(b.String(), "REWRITTEN AT  FLOWS"); strings.Contains(summary, "BACKEND") {
+		t.Errorf("a BACKEND table without backends:\n%s", summary)
+	}
+}
