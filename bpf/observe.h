@@ -363,9 +363,11 @@ static __always_inline bool pt_watched_client(__u32 addr, __u16 port, __u8 proto
 	       bpf_map_lookup_elem(&watch_clients, &k);
 }
 
-/* pt_reserve returns a zeroed event stamped with time and point, or NULL after
- * counting the loss. */
-static __always_inline struct pt_event *pt_reserve(__u8 point)
+/* pt_reserve_at returns a zeroed event stamped with now (bpf_ktime_get_ns)
+ * and point, or NULL after counting the loss. A packet observer reads the
+ * clock once per run and passes it to everything that needs it (its budget,
+ * its note, its event): in a VM each read is a helper call of tens of ns. */
+static __always_inline struct pt_event *pt_reserve_at(__u8 point, __u64 now)
 {
 	struct pt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -376,9 +378,16 @@ static __always_inline struct pt_event *pt_reserve(__u8 point)
 		return NULL;
 	}
 	__builtin_memset(e, 0, sizeof(*e));
-	e->ktime_ns = bpf_ktime_get_ns();
+	e->ktime_ns = now;
 	e->point = point;
 	return e;
+}
+
+/* pt_reserve is pt_reserve_at reading the clock itself: for an observer
+ * that needs the time for its event only. */
+static __always_inline struct pt_event *pt_reserve(__u8 point)
+{
+	return pt_reserve_at(point, bpf_ktime_get_ns());
 }
 
 /* Events are submitted without waking the reader, which polls the ring while
@@ -622,7 +631,7 @@ struct {
 	__type(value, __u64);
 } events_summarized SEC(".maps");
 
-static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 point, __u8 where)
+static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 point, __u8 where, __u64 now)
 {
 	if (t->proto == IPPROTO_TCP && (t->tcp_flags & 0x07)) /* FIN, SYN, RST */
 		return true;
@@ -630,7 +639,6 @@ static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 poin
 		.saddr = t->saddr, .daddr = t->daddr, .sport = t->sport, .dport = t->dport,
 		.proto = t->proto, .point = point, .where = where,
 	};
-	__u64 now = bpf_ktime_get_ns();
 	struct pt_budget *b = bpf_map_lookup_elem(&flow_events, &k);
 	if (!b) {
 		struct pt_budget fresh = {.refilled = now, .tokens = PT_EVENTS_PER_FLOW - 1};
@@ -687,15 +695,15 @@ struct {
 } last_to_watched SEC(".maps");
 
 /* pt_note_to_watched records a packet (skb: its sk_buff's address) whose
- * destination is watched. */
-static __always_inline void pt_note_to_watched(__u64 skb, const struct pt_tuple *t)
+ * destination is watched, seen at now. */
+static __always_inline void pt_note_to_watched(__u64 skb, const struct pt_tuple *t, __u64 now)
 {
 	__u32 key = 0;
 	struct pt_to_watched *w = bpf_map_lookup_elem(&last_to_watched, &key);
 	if (!w)
 		return;
 	w->skb = skb;
-	w->at = bpf_ktime_get_ns();
+	w->at = now;
 	w->saddr = t->saddr;
 	w->daddr = t->daddr;
 	w->sport = t->sport;
@@ -714,9 +722,9 @@ static __always_inline void pt_forget_to_watched(__u64 skb)
 
 /* pt_learn_rewrite learns the destination endpoint of a packet an earlier
  * observer noted going to a watched address, from the same client
- * endpoint, which now goes to an address (or port of it) not watched: the
- * backend a rewrite between the two chose. */
-static __always_inline void pt_learn_rewrite(__u64 skb, const struct pt_tuple *t)
+ * endpoint, which now goes (seen at now) to an address (or port of it) not
+ * watched: the backend a rewrite between the two chose. */
+static __always_inline void pt_learn_rewrite(__u64 skb, const struct pt_tuple *t, __u64 now)
 {
 	__u32 key = 0;
 	struct pt_to_watched *w = bpf_map_lookup_elem(&last_to_watched, &key);
@@ -724,7 +732,7 @@ static __always_inline void pt_learn_rewrite(__u64 skb, const struct pt_tuple *t
 	    w->proto != t->proto)
 		return;
 	w->skb = 0; /* once */
-	if (bpf_ktime_get_ns() - w->at <= PT_REWRITE_WINDOW_NS)
+	if (now - w->at <= PT_REWRITE_WINDOW_NS)
 		pt_learn_endpoint(t->daddr, t->dport, t->proto);
 }
 

@@ -351,10 +351,14 @@ int pt_sock_egress(struct __sk_buff *skb)
 	 * client: report that; the port the SNAT chose stays learned for the
 	 * uplink's frames. */
 	pt_learn_client(t.saddr, t.sport, t.proto);
+	__u32 saddr = t.saddr;
+	__u16 sport = t.sport;
 	pt_socket_source(skb, &t);
 	/* The source port is known from here on: later points follow the
-	 * client endpoint whatever its destination becomes. */
-	pt_learn_client(t.saddr, t.sport, t.proto);
+	 * client endpoint whatever its destination becomes (learned above
+	 * unless the packet's source is another). */
+	if (t.saddr != saddr || t.sport != sport)
+		pt_learn_client(t.saddr, t.sport, t.proto);
 	struct pt_event *e = pt_reserve(PT_SOCKEGRESS);
 	if (!e)
 		return 1;
