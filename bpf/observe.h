@@ -269,7 +269,8 @@ struct {
 } watch_clients SEC(".maps");
 
 /* In-kernel learning that failed (a map update refused, e.g. watch_addrs
- * full), index 0: counted, never hidden. */
+ * full; a socket's watch taken by others before its first packet,
+ * observe_sock.c's watch_cookies), index 0: counted, never hidden. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
