@@ -108,7 +108,8 @@ static __always_inline void pt_watch_cookie(__u64 cookie, __u32 netns, __u64 now
 	if (s->cookie != cookie &&
 	    (s2->cookie == cookie || (s->cookie && (!s2->cookie || (__s32)(s2->at_ms - s->at_ms) < 0))))
 		s = s2; /* this socket's already, free, or watched earlier */
-	if (s->cookie && s->cookie != cookie && (__s32)(now_ms - s->at_ms) < PT_COOKIE_LIVE_MS)
+	__s32 age = now_ms - s->at_ms;
+	if (s->cookie && s->cookie != cookie && age >= 0 && age < PT_COOKIE_LIVE_MS)
 		pt_count_learn_error(); /* a socket watched just now may lose its first packet */
 	__sync_lock_test_and_set(&s->cookie, 0);
 	s->netns = netns;
@@ -122,8 +123,9 @@ static __always_inline bool pt_claim_slot(struct pt_cookie_slot *s, __u64 cookie
 {
 	if (!s || *(volatile __u64 *)&s->cookie != cookie)
 		return false;
-	/* Read before the claim: a watch that takes the slot after it
-	 * empties it first, so a claim that succeeds read this socket's. */
+	/* Read before the claim: a watch that takes the slot empties it
+	 * before it writes its netns, so a claim that succeeds read this
+	 * socket's. */
 	__u32 n = *(volatile __u32 *)&s->netns;
 	if (__sync_val_compare_and_swap(&s->cookie, cookie, 0) != cookie)
 		return false;
