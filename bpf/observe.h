@@ -269,7 +269,8 @@ struct {
 } watch_clients SEC(".maps");
 
 /* In-kernel learning that failed (a map update refused, e.g. watch_addrs
- * full), index 0: counted, never hidden. */
+ * full; a socket's watch taken by others before its first packet,
+ * observe_sock.c's watch_cookies), index 0: counted, never hidden. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -363,9 +364,11 @@ static __always_inline bool pt_watched_client(__u32 addr, __u16 port, __u8 proto
 	       bpf_map_lookup_elem(&watch_clients, &k);
 }
 
-/* pt_reserve returns a zeroed event stamped with time and point, or NULL after
- * counting the loss. */
-static __always_inline struct pt_event *pt_reserve(__u8 point)
+/* pt_reserve_at returns a zeroed event stamped with now (bpf_ktime_get_ns)
+ * and point, or NULL after counting the loss. A packet observer reads the
+ * clock once per run and passes it to everything that needs it (its budget,
+ * its note, its event): in a VM each read is a helper call of tens of ns. */
+static __always_inline struct pt_event *pt_reserve_at(__u8 point, __u64 now)
 {
 	struct pt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -376,9 +379,16 @@ static __always_inline struct pt_event *pt_reserve(__u8 point)
 		return NULL;
 	}
 	__builtin_memset(e, 0, sizeof(*e));
-	e->ktime_ns = bpf_ktime_get_ns();
+	e->ktime_ns = now;
 	e->point = point;
 	return e;
+}
+
+/* pt_reserve is pt_reserve_at reading the clock itself: for an observer
+ * that needs the time for its event only. */
+static __always_inline struct pt_event *pt_reserve(__u8 point)
+{
+	return pt_reserve_at(point, bpf_ktime_get_ns());
 }
 
 /* Events are submitted without waking the reader, which polls the ring while
@@ -597,21 +607,34 @@ struct pt_flow_point {
 	__u8 point;
 	__u8 where; /* tc direction or netfilter hook */
 	__u8 _pad;
-};
+} __attribute__((aligned(8))); /* compared as two 64-bit words */
+
+_Static_assert(sizeof(struct pt_flow_point) == 16, "pt_same_flow_point compares two words");
 
 /* The events a flow direction may still report at a point, and when the
- * budget last grew. Updated without atomics: two CPUs racing may report
- * one event more or less, which is all a budget needs. */
+ * budget last grew, in an array of slots: a flow-point has two (two
+ * hashes of it), and a new one takes the one whose budget grew earlier (or
+ * was never used). An LRU hash map's insert (its locks and free lists) cost
+ * the first packet of each flow-point that is no SYN, FIN or RST (the
+ * handshake's ACK) ~0.4 us; a slot is written with plain stores. A flow
+ * whose slot another took (two newer flow-points on its two slots) starts
+ * a new budget when it comes back, as one the LRU evicted did: a few more
+ * events, never fewer. Updated without atomics: two CPUs racing may report
+ * one event more or less, or start a budget again, which is all a budget
+ * needs. 2 MiB. */
 struct pt_budget {
-	__u64 refilled; /* bpf_ktime_get_ns */
+	struct pt_flow_point k;
+	__u64 refilled; /* bpf_ktime_get_ns; 0: never used */
 	__u32 tokens;
 	__u32 _pad;
 };
 
+#define PT_BUDGET_SLOTS (1 << 16)
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct pt_flow_point);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PT_BUDGET_SLOTS);
+	__type(key, __u32);
 	__type(value, struct pt_budget);
 } flow_events SEC(".maps");
 
@@ -622,7 +645,13 @@ struct {
 	__type(value, __u64);
 } events_summarized SEC(".maps");
 
-static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 point, __u8 where)
+static __always_inline bool pt_same_flow_point(const struct pt_flow_point *a, const struct pt_flow_point *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+	return x[0] == y[0] && x[1] == y[1];
+}
+
+static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 point, __u8 where, __u64 now)
 {
 	if (t->proto == IPPROTO_TCP && (t->tcp_flags & 0x07)) /* FIN, SYN, RST */
 		return true;
@@ -630,12 +659,25 @@ static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 poin
 		.saddr = t->saddr, .daddr = t->daddr, .sport = t->sport, .dport = t->dport,
 		.proto = t->proto, .point = point, .where = where,
 	};
-	__u64 now = bpf_ktime_get_ns();
-	struct pt_budget *b = bpf_map_lookup_elem(&flow_events, &k);
-	if (!b) {
-		struct pt_budget fresh = {.refilled = now, .tokens = PT_EVENTS_PER_FLOW - 1};
-		bpf_map_update_elem(&flow_events, &k, &fresh, BPF_ANY);
+	const __u64 *kw = (const __u64 *)&k;
+	__u32 h = pt_mix(kw[0] ^ pt_mix(kw[0] >> 32) ^ pt_mix(kw[1] ^ pt_mix(kw[1] >> 32)));
+	__u32 i1 = h & (PT_BUDGET_SLOTS - 1), i2 = pt_mix(h ^ 0x9e3779b9) & (PT_BUDGET_SLOTS - 1);
+	struct pt_budget *b = bpf_map_lookup_elem(&flow_events, &i1);
+	struct pt_budget *b2 = bpf_map_lookup_elem(&flow_events, &i2);
+	if (!b || !b2)
 		return true;
+	if (!pt_same_flow_point(&b->k, &k)) {
+		if (pt_same_flow_point(&b2->k, &k)) {
+			b = b2;
+		} else {
+			/* A new budget, in the slot whose budget grew earlier. */
+			if (b2->refilled < b->refilled)
+				b = b2;
+			b->k = k;
+			b->refilled = now;
+			b->tokens = PT_EVENTS_PER_FLOW - 1;
+			return true;
+		}
 	}
 	if (now > b->refilled && now - b->refilled >= PT_REFILL_NS) {
 		__u64 more = (now - b->refilled) / PT_REFILL_NS;
@@ -687,15 +729,15 @@ struct {
 } last_to_watched SEC(".maps");
 
 /* pt_note_to_watched records a packet (skb: its sk_buff's address) whose
- * destination is watched. */
-static __always_inline void pt_note_to_watched(__u64 skb, const struct pt_tuple *t)
+ * destination is watched, seen at now. */
+static __always_inline void pt_note_to_watched(__u64 skb, const struct pt_tuple *t, __u64 now)
 {
 	__u32 key = 0;
 	struct pt_to_watched *w = bpf_map_lookup_elem(&last_to_watched, &key);
 	if (!w)
 		return;
 	w->skb = skb;
-	w->at = bpf_ktime_get_ns();
+	w->at = now;
 	w->saddr = t->saddr;
 	w->daddr = t->daddr;
 	w->sport = t->sport;
@@ -714,9 +756,9 @@ static __always_inline void pt_forget_to_watched(__u64 skb)
 
 /* pt_learn_rewrite learns the destination endpoint of a packet an earlier
  * observer noted going to a watched address, from the same client
- * endpoint, which now goes to an address (or port of it) not watched: the
- * backend a rewrite between the two chose. */
-static __always_inline void pt_learn_rewrite(__u64 skb, const struct pt_tuple *t)
+ * endpoint, which now goes (seen at now) to an address (or port of it) not
+ * watched: the backend a rewrite between the two chose. */
+static __always_inline void pt_learn_rewrite(__u64 skb, const struct pt_tuple *t, __u64 now)
 {
 	__u32 key = 0;
 	struct pt_to_watched *w = bpf_map_lookup_elem(&last_to_watched, &key);
@@ -724,7 +766,7 @@ static __always_inline void pt_learn_rewrite(__u64 skb, const struct pt_tuple *t
 	    w->proto != t->proto)
 		return;
 	w->skb = 0; /* once */
-	if (bpf_ktime_get_ns() - w->at <= PT_REWRITE_WINDOW_NS)
+	if (now - w->at <= PT_REWRITE_WINDOW_NS)
 		pt_learn_endpoint(t->daddr, t->dport, t->proto);
 }
 

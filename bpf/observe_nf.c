@@ -58,19 +58,19 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 	 * destination back to the address the node's SNAT replaced (a Pod's,
 	 * or a NodePort client's when the VIP is the node's address), which
 	 * is no backend. */
-	__u64 skb = (__u64)ctx->skb;
+	__u64 skb = (__u64)ctx->skb, now = bpf_ktime_get_ns();
 	if (reply)
 		pt_forget_to_watched(skb);
 	else if (!dst_watched)
-		pt_learn_rewrite(skb, &t);
+		pt_learn_rewrite(skb, &t, now);
 	else if (learn)
-		pt_note_to_watched(skb, &t);
+		pt_note_to_watched(skb, &t, now);
 	else
 		pt_forget_to_watched(skb);
-	if (!pt_within_budget(&t, point, ctx->state->hook))
+	if (!pt_within_budget(&t, point, ctx->state->hook, now))
 		return NF_ACCEPT;
 
-	struct pt_event *e = pt_reserve(point);
+	struct pt_event *e = pt_reserve_at(point, now);
 	if (!e)
 		return NF_ACCEPT;
 	pt_set_tuple(e, &t);

@@ -21,18 +21,42 @@
 #define PF_KTHREAD 0x00200000
 
 /* Sockets that connected or sent to a watched address and whose first packet
- * has not been seen yet. */
+ * has not been seen yet, in an array of slots: each holds a socket cookie
+ * (0: free), the netns inode of the socket's creator and when it was
+ * watched. connect4 and sendmsg4 write a slot with plain stores and two
+ * exchanges, where an LRU hash map's insert (its locks and free lists) cost
+ * them ~0.8 us per connection; the egress observer claims it with one
+ * compare-and-swap. A cookie has two slots (two hashes): a new watch takes
+ * a free one or the one watched earlier. A slot is freed when claimed, so
+ * what stays is a socket that never sent (a UDP socket connected only to
+ * learn its source address) or closed without sending, which a new watch
+ * then replaces first. A socket sends its first packet microseconds after
+ * its watch (a TCP socket in the same connect call), so both its slots
+ * taken by later watches meanwhile needs many sockets watched and waiting
+ * to send at once (with 1000, fewer than one in 10000 of them): it is counted
+ * in learn_errors (a slot replaced within PT_COOKIE_LIVE_MS of its watch).
+ * 1 MiB, as the LRU map of 16384 sockets it replaces. Cookies are never
+ * reused: a stale slot matches no other socket. */
+#define PT_COOKIE_SLOTS (1 << 16)
+#define PT_COOKIE_LIVE_MS 1000
+
+struct pt_cookie_slot {
+	__u64 cookie;
+	__u32 netns;
+	__u32 at_ms; /* bpf_ktime_get_ns >> 20 (~ms), wraps */
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64);   /* socket cookie */
-	__type(value, __u32); /* netns inode of the socket's creator */
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, PT_COOKIE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct pt_cookie_slot);
 } watch_cookies SEC(".maps");
 
 /* The egress observer runs for every packet of every socket under the
  * cgroup: a bit per hash of each watched cookie answers "not watched"
- * without the hash-map lookup (as watch_bits_kernel does for addresses; set
- * before the entry, never cleared). */
+ * without reading its slots (as watch_bits_kernel does for addresses; set
+ * before the slot, never cleared). */
 #define PT_COOKIE_BITS (1 << 16)
 
 struct pt_cookie_bits {
@@ -46,25 +70,79 @@ struct {
 	__type(value, struct pt_cookie_bits);
 } watch_cookie_bits SEC(".maps");
 
-static __always_inline __u32 pt_cookie_bit(__u64 cookie)
+static __always_inline __u32 pt_cookie_hash(__u64 cookie)
 {
-	return pt_mix((__u32)cookie ^ pt_mix(cookie >> 32)) & (PT_COOKIE_BITS - 1);
+	return pt_mix((__u32)cookie ^ pt_mix(cookie >> 32));
 }
 
-static __always_inline bool pt_cookie_maybe(__u64 cookie)
+static __always_inline bool pt_cookie_maybe(__u32 hash)
 {
 	__u32 key = 0;
 	struct pt_cookie_bits *b = bpf_map_lookup_elem(&watch_cookie_bits, &key);
-	return !b || pt_bit(b->w, pt_cookie_bit(cookie));
+	return !b || pt_bit(b->w, hash & (PT_COOKIE_BITS - 1));
 }
 
-static __always_inline void pt_watch_cookie(__u64 cookie, __u32 netns)
+/* pt_cookie_slot is a cookie's first (which 0) or second slot: from the
+ * hash's high bits (the bit array uses its low ones), and from another
+ * hash of it. */
+static __always_inline struct pt_cookie_slot *pt_cookie_slot(__u32 hash, int which)
 {
-	__u32 key = 0;
+	__u32 i = which ? pt_mix(hash ^ 0x9e3779b9) : hash >> 16;
+	i &= PT_COOKIE_SLOTS - 1;
+	return bpf_map_lookup_elem(&watch_cookies, &i);
+}
+
+/* pt_watch_cookie watches the socket cookie (netns: its creator's), at now.
+ * The slot is emptied before its netns changes and the cookie published
+ * after (exchanges: full barriers), so pt_claim_cookie never pairs a cookie
+ * with another socket's netns. */
+static __always_inline void pt_watch_cookie(__u64 cookie, __u32 netns, __u64 now)
+{
+	__u32 key = 0, hash = pt_cookie_hash(cookie), now_ms = now >> 20;
 	struct pt_cookie_bits *b = bpf_map_lookup_elem(&watch_cookie_bits, &key);
 	if (b)
-		pt_set_bit(b->w, pt_cookie_bit(cookie));
-	bpf_map_update_elem(&watch_cookies, &cookie, &netns, BPF_ANY);
+		pt_set_bit(b->w, hash & (PT_COOKIE_BITS - 1));
+	struct pt_cookie_slot *s = pt_cookie_slot(hash, 0), *s2 = pt_cookie_slot(hash, 1);
+	if (!s || !s2)
+		return;
+	if (s->cookie != cookie &&
+	    (s2->cookie == cookie || (s->cookie && (!s2->cookie || (__s32)(s2->at_ms - s->at_ms) < 0))))
+		s = s2; /* this socket's already, free, or watched earlier */
+	__s32 age = now_ms - s->at_ms;
+	if (s->cookie && s->cookie != cookie && age >= 0 && age < PT_COOKIE_LIVE_MS)
+		pt_count_learn_error(); /* a socket watched just now may lose its first packet */
+	__sync_lock_test_and_set(&s->cookie, 0);
+	s->netns = netns;
+	s->at_ms = now_ms;
+	__sync_lock_test_and_set(&s->cookie, cookie);
+}
+
+/* pt_claim_slot takes slot s's watch of cookie, once (an observer of
+ * another CPU that claims it too gets false), and reports its netns. */
+static __always_inline bool pt_claim_slot(struct pt_cookie_slot *s, __u64 cookie, __u32 *netns)
+{
+	if (!s || *(volatile __u64 *)&s->cookie != cookie)
+		return false;
+	/* Read before the claim: a watch that takes the slot empties it
+	 * before it writes its netns, so a claim that succeeds read this
+	 * socket's. */
+	__u32 n = *(volatile __u32 *)&s->netns;
+	if (__sync_val_compare_and_swap(&s->cookie, cookie, 0) != cookie)
+		return false;
+	*netns = n;
+	return true;
+}
+
+/* pt_claim_cookie takes the watch of the socket cookie: true once after each
+ * pt_watch_cookie of it. */
+static __always_inline bool pt_claim_cookie(__u64 cookie, __u32 *netns)
+{
+	if (!cookie)
+		return false;
+	__u32 hash = pt_cookie_hash(cookie);
+	return pt_cookie_maybe(hash) &&
+	       (pt_claim_slot(pt_cookie_slot(hash, 0), cookie, netns) ||
+		pt_claim_slot(pt_cookie_slot(hash, 1), cookie, netns));
 }
 
 /* read_requested (key 0) is 1 while another sock_addr program may rewrite
@@ -267,9 +345,10 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 	if (kind == PT_KIND_SENDMSG && pt_sent_before(cookie, daddr, dport))
 		return 1;
 	__u32 netns = pt_sock_netns(ctx);
-	pt_watch_cookie(cookie, netns);
+	__u64 now = bpf_ktime_get_ns();
+	pt_watch_cookie(cookie, netns, now);
 
-	struct pt_event *e = pt_reserve(PT_SOCKADDR);
+	struct pt_event *e = pt_reserve_at(PT_SOCKADDR, now);
 	if (!e)
 		return 1;
 	e->kind = kind;
@@ -332,13 +411,11 @@ SEC("cgroup_skb/egress")
 int pt_sock_egress(struct __sk_buff *skb)
 {
 	__u64 cookie = bpf_get_socket_cookie(skb);
-	__u32 *watched = cookie && pt_cookie_maybe(cookie) ? bpf_map_lookup_elem(&watch_cookies, &cookie) : NULL;
-	if (!watched)
-		return 1;
 	/* The first packet can leave from softirq context (a retransmit): the
 	 * netns comes from the connect/sendmsg that watched the socket. */
-	__u32 netns = *watched;
-	bpf_map_delete_elem(&watch_cookies, &cookie);
+	__u32 netns;
+	if (!pt_claim_cookie(cookie, &netns))
+		return 1;
 
 	struct pt_tuple t;
 	if (pt_load_ipv4(skb, 0, &t) < 0)
@@ -351,10 +428,14 @@ int pt_sock_egress(struct __sk_buff *skb)
 	 * client: report that; the port the SNAT chose stays learned for the
 	 * uplink's frames. */
 	pt_learn_client(t.saddr, t.sport, t.proto);
+	__u32 saddr = t.saddr;
+	__u16 sport = t.sport;
 	pt_socket_source(skb, &t);
 	/* The source port is known from here on: later points follow the
-	 * client endpoint whatever its destination becomes. */
-	pt_learn_client(t.saddr, t.sport, t.proto);
+	 * client endpoint whatever its destination becomes (learned above
+	 * unless the packet's source is another). */
+	if (t.saddr != saddr || t.sport != sport)
+		pt_learn_client(t.saddr, t.sport, t.proto);
 	struct pt_event *e = pt_reserve(PT_SOCKEGRESS);
 	if (!e)
 		return 1;
@@ -389,9 +470,9 @@ int BPF_PROG(pt_sock_state, const struct sock *sk, int oldstate, int newstate)
 			return 0;
 	} else {
 		cookie = bpf_get_socket_cookie((void *)sk);
-		if (!pt_cookie_maybe(cookie) || !bpf_map_lookup_elem(&watch_cookies, &cookie))
+		__u32 netns;
+		if (!pt_claim_cookie(cookie, &netns))
 			return 0;
-		bpf_map_delete_elem(&watch_cookies, &cookie);
 	}
 
 	struct pt_event *e = pt_reserve(PT_SOCKSTATE);

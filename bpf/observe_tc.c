@@ -44,18 +44,19 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 		return TCX_NEXT;
 	/* A trusted pointer: plain loads, no probe-read helper calls. */
 	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
+	__u64 now = bpf_ktime_get_ns();
 	if (dir == PT_DIR_IN) { /* from the Pod: before and after its rewrite at tc */
 		if (learn && dst_watched)
-			pt_note_to_watched((__u64)kskb, &t);
+			pt_note_to_watched((__u64)kskb, &t, now);
 		else if (learn) /* a packet of the Pod to elsewhere: no earlier note holds */
 			pt_forget_to_watched(0);
 		else if (!dst_watched)
-			pt_learn_rewrite((__u64)kskb, &t);
+			pt_learn_rewrite((__u64)kskb, &t, now);
 	}
-	if (!pt_within_budget(&t, point, dir))
+	if (!pt_within_budget(&t, point, dir, now))
 		return TCX_NEXT;
 
-	struct pt_event *e = pt_reserve(point);
+	struct pt_event *e = pt_reserve_at(point, now);
 	if (!e)
 		return TCX_NEXT;
 	pt_set_tuple(e, &t);

@@ -48,7 +48,7 @@ type Stats struct {
 	ConntrackEvents uint64               // conntrack observations emitted
 	ConntrackErrors uint64               // netlink receive errors (ENOBUFS: events lost)
 	ConntrackDrops  uint64               // conntrack observations dropped: reader behind
-	LearnErrors     uint64               // in-kernel learning refused (watch_addrs full)
+	LearnErrors     uint64               // in-kernel learning refused (watch_addrs full) or undone (a socket's watch replaced before its first packet)
 	// Summarized counts packets the tc and netfilter observers did not report
 	// because their flow direction had already been reported PT_EVENTS_PER_FLOW
 	// times at that point (the taps still capture them): not a loss.
