@@ -317,20 +317,29 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 			v.reason += "; " + note
 		}
 		return v
+	case len(rejects) > 0:
+		// Before local delivery too: a NodePort or a local VIP whose
+		// Service has no endpoints is rejected at input (kube-proxy's
+		// KUBE-EXTERNAL-SERVICES, nodeport-endpoints-check), never reaching
+		// a listener.
+		return e.rejected(f, rejects)
 	case local:
 		on := ""
 		if dev != "" {
 			on = " (on " + dev + ")"
 		}
 		v := verdict{place: PlaceNowhere, reason: fmt.Sprintf("not rewritten: %s is an address of the node itself%s, still the destination after netfilter's NAT, so the node delivered the flow to its own listener (as NodeLocal DNSCache listens on kube-dns's ClusterIP)", f.service.Addr(), on)}
-		if f.reply {
+		switch {
+		case f.reply && f.tcp.refused():
+			v.reason += "; the node's TCP reset refused it: nothing listens on that port"
+		case f.reply:
 			v.reason += ", which answered"
-		} else {
+		case f.icmp != nil:
+			v.reason += fmt.Sprintf("; the %s from %s is its only answer", f.icmp.Message, f.icmp.From)
+		default:
 			v.reason += "; no answer came back (nothing listening there?)"
 		}
 		return v
-	case len(rejects) > 0:
-		return e.rejected(f, rejects)
 	case !e.active(obs.PointUplink):
 		return unknown("the VIP was last seen at %s; no rewrite observed and the uplink capture was inactive", where)
 	}
