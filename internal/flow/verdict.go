@@ -402,11 +402,21 @@ func (e *Engine) keptInPod(f *flowState, last checkpoint) bool {
 // serve and loadBalancerSourceRanges, so that those connections fail at once.
 func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
 	beforeNAT := e.beforeNetfilter(f, last)
-	if last != cpNFAfter && !beforeNAT || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
+	// A node process's request to an address of the node (its own
+	// NodePort) goes on from output through loopback to input, whose filter
+	// (kube-proxy's KUBE-EXTERNAL-SERVICES, nodeport-endpoints-check) runs
+	// before any listener, after the socket's egress observer saw it leave.
+	_, localVIP := e.cfg.Attribution.LocalVIPs[f.service.Addr()]
+	viaInput := f.fromNode && localVIP && !beforeNAT
+	if last != cpNFAfter && !(viaInput && last == cpNodeEgress) && !beforeNAT || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
 		return nil
 	}
 	hooks := []string{e.filterHookOf(f)}
 	switch {
+	case viaInput && last == cpNodeEgress:
+		hooks = []string{"input"} // past output's filter
+	case viaInput:
+		hooks = []string{"output", "input"}
 	case f.fromNode:
 		hooks = []string{"output"}
 	case beforeNAT:
