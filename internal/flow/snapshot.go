@@ -19,6 +19,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		ID:           e.idOf(f),
 		Continues:    f.continues,
 		Client:       f.client,
+		NodeClient:   f.fromNode,
 		Service:      f.service,
 		RewrittenAt:  v.place,
 		By:           v.by,

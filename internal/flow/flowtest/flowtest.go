@@ -76,8 +76,10 @@ type WantFlow struct {
 	// RepliesLostOnNode: reply packets the uplink received of which none
 	// reached the client's Pod (replies_lost_on_node); compared always.
 	RepliesLostOnNode uint64 `json:"replies_lost_on_node"`
-	PID               uint32 `json:"pid"`
-	Comm              string `json:"comm"`
+	// NodeClient: compared when set (a node process's flow, or not).
+	NodeClient *bool  `json:"node_client"`
+	PID        uint32 `json:"pid"`
+	Comm       string `json:"comm"`
 }
 
 // LoadDir loads every *.json scenario in dir, sorted by name.
@@ -205,6 +207,9 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	}
 	if !strings.Contains(g.Reason, wf.ReasonContains) {
 		bad("reason", g.Reason, "containing "+wf.ReasonContains)
+	}
+	if wf.NodeClient != nil && g.NodeClient != *wf.NodeClient {
+		bad("node_client", fmt.Sprint(g.NodeClient), fmt.Sprint(*wf.NodeClient))
 	}
 	if vlanString(g.VLAN) != vlanString(wf.VLAN) {
 		bad("vlan", vlanString(g.VLAN), vlanString(wf.VLAN))
