@@ -283,14 +283,30 @@ func (e *Engine) cameBack(f *flowState, at checkpoint, why bool) (verdict, bool)
 	for next := at + 1; int(next) < len(f.cps); next++ {
 		if f.cps[next].backend {
 			v := e.bracket(f, at, next, why)
-			if why {
+			switch be := s.backendAddr.addrPort(); {
+			case !why:
+			case f.fromNode && e.nodeAddr(be.Addr()):
+				// A node process's request that OUTPUT's DNAT sent to an
+				// address of the node itself (a hostNetwork endpoint: the
+				// kubernetes Service's API server) goes through loopback
+				// and comes in again at prerouting, after NAT: no loop.
+				v.reason += fmt.Sprintf("; backend %s is an address of the node: the request went on through loopback, in again at prerouting (where %s saw it)",
+					be, at.describe(s.backendFrom))
+			default:
 				v.reason += fmt.Sprintf("; %s saw backend %s too, after the VIP: the packets came back to it after NAT (their route to the backend leads out of the node and back: a routing loop?)",
-					at.describe(s.backendFrom), s.backendAddr.addrPort())
+					at.describe(s.backendFrom), be)
 			}
 			return v, true
 		}
 	}
 	return verdict{}, false
+}
+
+// nodeAddr tells whether a is an address of the node netns (loopback
+// included), as far as the node's addresses were read.
+func (e *Engine) nodeAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsLoopback() || slices.Contains(e.cfg.Attribution.NodeAddrs, a)
 }
 
 // unrewritten decides a flow no checkpoint saw with a backend.

@@ -315,7 +315,9 @@ type attribution struct {
 	// PodOtherIfaces: the Pods' other interfaces by address.
 	PodOtherIfaces map[netip.Addr]string `json:"pod_other_ifaces"`
 	GatewayMACs    []string              `json:"gateway_macs"`
-	LocalVIPs      []struct {
+	// NodeAddrs: the node netns's own addresses (flow.Attribution.NodeAddrs).
+	NodeAddrs []netip.Addr `json:"node_addrs"`
+	LocalVIPs []struct {
 		Addr   netip.Addr `json:"addr"`
 		Device string     `json:"device"`
 	} `json:"local_vips"`
@@ -413,7 +415,7 @@ func (f file) scenario() (Scenario, error) {
 }
 
 func (a attribution) convert() (flow.Attribution, error) {
-	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables, PodOtherIfaces: a.PodOtherIfaces}
+	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables, PodOtherIfaces: a.PodOtherIfaces, NodeAddrs: a.NodeAddrs}
 	for _, p := range a.SockPrograms {
 		out.SockPrograms = append(out.SockPrograms, flow.SockProgram(p))
 	}
