@@ -88,6 +88,15 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	svcs := newServiceSet(opt.Services, opt.ServicePorts)
 	opt.Services = svcs.vips
 	info.LocalVIPs = host.localVIPs(svcs.vips)
+	for _, lv := range info.LocalVIPs {
+		if svcs.anyPort(lv.Addr) && host.routesFrom(lv.Addr) {
+			on := ""
+			if lv.Device != "" {
+				on = " (on " + lv.Device + ")"
+			}
+			return nil, usagef("--svc %s: an address of the node%s that its own connections leave from, given without a port: every packet to it would be the Service's, the replies to the node's own and masqueraded connections included; give the NodePort: --svc %s:PORT", lv.Addr, on, lv.Addr)
+		}
+	}
 	info.hostAddrs, info.hostAddrsComplete = host.addrs()
 	svcs.local = map[netip.Addr]bool{}
 	for _, lv := range info.LocalVIPs {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -121,6 +122,22 @@ func (h *hostNS) masterOf(l netlink.Link) (name, kind string) {
 		return fmt.Sprintf("if%d", idx), "unknown"
 	}
 	return m.Attrs().Name, m.Type()
+}
+
+// routesFrom tells whether a route of the node's main table gives a as
+// the source of what the node sends (the kernel's route to the subnet of
+// an address of the uplink does): the node's own connections leave from
+// it. A VIP put on a dummy device as a /32 (kube-ipvs0, NodeLocal
+// DNSCache's) has only a route of the local table.
+func (h *hostNS) routesFrom(a netip.Addr) bool {
+	routes, err := h.nl.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(routes, func(r netlink.Route) bool {
+		src, ok := netip.AddrFromSlice(r.Src)
+		return ok && src.Unmap() == a
+	})
 }
 
 // addrs are the node netns's addresses, of both families; complete false

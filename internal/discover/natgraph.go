@@ -20,6 +20,8 @@ type natGraph struct {
 	load   func(name string) ([]natRule, error)
 	loaded map[string]bool
 	err    error // the first load that failed: the graph is not read in full
+	// ending caches ends: by chain and protocol.
+	ending map[[2]string]bool
 }
 
 // rules returns the rules of chain name, read now if not yet; ok false
@@ -195,10 +197,45 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 				w.chain(t, append(slices.Clone(path), t), m, pr, po, cm, sm)
 			}
 		}
-		if not, ok := r.goneFrom(); ok {
+		if not, ok := r.goneFrom(); ok && (r.gotos || len(r.targets) == 1 && w.g.ends(r.targets[0], pr, 0)) {
 			src = append(slices.Clone(src), not)
 		}
 	}
+}
+
+// ends tells whether every packet of protocol proto ("" any) that enters
+// chain name leaves it rewritten or ended: one of its rules without a
+// condition read (on destination, port, source or the node's addresses; a
+// protocol only when proto is it) DNATs, rejects or drops, or jumps to one
+// chain that ends so. kube-proxy's iptables service chains end with their
+// last endpoint's unconditional jump, whose chain DNATs every tcp packet.
+// A condition the graph does not read (statistic, recent) counts as none,
+// which a service chain's last rule makes harmless.
+func (g *natGraph) ends(name, proto string, depth int) bool {
+	if depth > maxChainDepth {
+		return false
+	}
+	key := [2]string{name, proto}
+	if v, ok := g.ending[key]; ok {
+		return v
+	}
+	if g.ending == nil {
+		g.ending = map[[2]string]bool{}
+	}
+	g.ending[key] = false // a loop ends nothing
+	rules, ok := g.rules(name)
+	end := false
+	for _, r := range rules {
+		if !ok || end {
+			break
+		}
+		if len(r.dst) > 0 || r.port != 0 || r.localDst || len(r.src) > 0 || (r.proto != "" && r.proto != proto) {
+			continue
+		}
+		end = r.dnat || r.verdict != "" || len(r.targets) == 1 && g.ends(r.targets[0], proto, depth+1)
+	}
+	g.ending[key] = end
+	return end
 }
 
 // hostPort tells whether a DNAT reached on a path that never named the
@@ -217,9 +254,12 @@ func (w *natWalk) hostPort(port uint16) bool {
 // goes to another chain for one condition on the source, and nothing else
 // (kube-proxy's "short-circuit pod traffic" and "short-circuit local
 // traffic" of an externalTrafficPolicy: Local Service), leaves the rest of
-// the chain the packets that do not meet it.
+// the chain the packets that do not meet it. The walk takes it so for a
+// goto (nftables), and for a jump to a chain that ends every packet
+// (natGraph.ends: iptables' -j KUBE-SVC-X, whose last endpoint takes what
+// the others leave).
 func (r *natRule) goneFrom() (SourceMatch, bool) {
-	if !r.gotos || len(r.src) != 1 || len(r.dst) > 0 || r.localDst || r.port != 0 || r.proto != "" {
+	if len(r.src) != 1 || len(r.dst) > 0 || r.localDst || r.port != 0 || r.proto != "" {
 		return SourceMatch{}, false
 	}
 	not := r.src[0]

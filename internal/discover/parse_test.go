@@ -226,17 +226,20 @@ func sourceKeys(rules []NATRule) []string {
 // externalTrafficPolicy: Local Service sends Pods' (-s CLUSTER-CIDR) and
 // the node's own (--src-type LOCAL) traffic to the cluster-wide chain and
 // the rest to the local one: each path says the sources it is taken from,
-// the cluster-wide one once per rule that leads there.
+// the cluster-wide one once per rule that leads there. Those are jumps, not
+// gotos, but to a service chain whose last endpoint takes every packet the
+// others leave: what they take is not left to the rules after them, so the
+// node's own client is not "one of 2" paths, the local one too.
 func TestIPTablesSourceConditions(t *testing.T) {
 	g := loadIPTablesSave(t, "testdata/iptables-save-kube-proxy-local-policy.txt")
 	node := netip.MustParseAddr("192.168.1.10")
 	got := sourceKeys(g.matchLocal([]netip.Addr{node}, map[netip.Addr]bool{node: true}))
 	want := []string{
 		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALAAAAAAAAAAA => 10.244.0.7:8080 from 10.244.0.0/16",
-		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALAAAAAAAAAAA => 10.244.0.7:8080 from local",
+		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALAAAAAAAAAAA => 10.244.0.7:8080 from not 10.244.0.0/16 and local",
 		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALBBBBBBBBBBB => 10.244.1.5:8080 from 10.244.0.0/16",
-		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALBBBBBBBBBBB => 10.244.1.5:8080 from local",
-		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVL-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALAAAAAAAAAAA => 10.244.0.7:8080",
+		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVC-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALBBBBBBBBBBB => 10.244.1.5:8080 from not 10.244.0.0/16 and local",
+		"KUBE-SERVICES>KUBE-NODEPORTS>KUBE-EXT-LOCALXXXXXXXXXXX>KUBE-SVL-LOCALXXXXXXXXXXX>KUBE-SEP-LOCALAAAAAAAAAAA => 10.244.0.7:8080 from not 10.244.0.0/16 and not local",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("NodePort paths:\n got %q\nwant %q", got, want)

@@ -248,10 +248,15 @@ func TestUpstreamRoutesVIPsToNode(t *testing.T) {
 	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.30.7")
 
 	for _, vip := range []string{"10.120.0.10", "10.99.20.1"} {
-		svcs := []netip.Addr{netip.MustParseAddr(vip)}
+		// The node's own address is traced as a NodePort, with its port
+		// (without one it is a usage error: TestNodeAddressWithoutPort).
+		svcs, ports := []netip.Addr{netip.MustParseAddr(vip)}, []ServicePort(nil)
+		if vip == "10.99.20.1" {
+			svcs, ports = nil, []ServicePort{{Addr: netip.MustParseAddr(vip), Port: 30053, Proto: "udp"}}
+		}
 		for _, opt := range []Options{
-			{HostNetNS: n.path("node"), Services: svcs},
-			{HostNetNS: n.path("node"), Services: svcs, PodIP: netip.MustParseAddr("10.99.21.5")},
+			{HostNetNS: n.path("node"), Services: svcs, ServicePorts: ports},
+			{HostNetNS: n.path("node"), Services: svcs, ServicePorts: ports, PodIP: netip.MustParseAddr("10.99.21.5")},
 		} {
 			info, err := Node(context.Background(), opt)
 			if err != nil {

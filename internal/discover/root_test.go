@@ -823,3 +823,29 @@ func secondPod(t *testing.T, tb *testbed) string {
 	ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
 	return pod2
 }
+
+// TestNodeAddressWithoutPort: an address the node's own connections leave
+// from (its subnet route's source) traced without a port would make every
+// reply to the node's connections a flow of its own: a usage error naming
+// the NodePort form. With a port it is a NodePort; a VIP on a dummy /32
+// (NodeLocal DNSCache's; here on lo: no dummy module) is fine without one.
+func TestNodeAddressWithoutPort(t *testing.T) {
+	n := newNodeNS(t, "node", "gw")
+	n.run(t, "node", "link add mgmt type veth peer name eth0 netns "+n.name("gw"),
+		"addr add 10.99.20.1/24 dev mgmt", "link set mgmt up", "route add default via 10.99.20.254",
+		"addr add 169.254.25.10/32 dev lo")
+	node, cache := netip.MustParseAddr("10.99.20.1"), netip.MustParseAddr("169.254.25.10")
+	_, err := Node(context.Background(), Options{HostNetNS: n.path("node"), Services: []netip.Addr{node}})
+	var ue *UsageError
+	if !errors.As(err, &ue) || !strings.Contains(ue.Msg, "--svc 10.99.20.1:PORT") || strings.Contains(ue.Msg, "\n") {
+		t.Errorf("the node's address without a port: got %v, want a one-line usage error naming --svc 10.99.20.1:PORT", err)
+	}
+	for name, opt := range map[string]Options{
+		"NodePort":           {HostNetNS: n.path("node"), ServicePorts: []ServicePort{{Addr: node, Port: 30080, Proto: "tcp"}}},
+		"local VIP, no port": {HostNetNS: n.path("node"), Services: []netip.Addr{cache}},
+	} {
+		if _, err := Node(context.Background(), opt); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}

@@ -76,6 +76,12 @@ func newServiceSet(addrs []netip.Addr, ports []ServicePort) serviceSet {
 	return s
 }
 
+// anyPort tells whether vip is traced on every port (given without one).
+func (s serviceSet) anyPort(vip netip.Addr) bool {
+	specs := s.ports[vip]
+	return len(specs) == 0 || s.any[vip] || slices.ContainsFunc(specs, func(sp ServicePort) bool { return sp.Port == 0 })
+}
+
 // allows tells whether a translation of vip limited to port and proto (0
 // and "" when it requires none) concerns the services.
 func (s serviceSet) allows(vip netip.Addr, port uint16, proto string) bool {

@@ -143,3 +143,20 @@ func TestClientAddrs(t *testing.T) {
 		t.Errorf("client addresses %v, want the Pod's and the node's, not the local VIP %s", got, local)
 	}
 }
+
+// TestNodeVIPPorts: a node address traced with ports (NODE-IP:30081) is
+// the Service's on those ports only; one traced without a port (a local
+// VIP) is the Service's on every port, and other node addresses are not
+// VIPs at all.
+func TestNodeVIPPorts(t *testing.T) {
+	node, other, local := netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("192.168.2.10"), netip.MustParseAddr("10.96.0.10")
+	n := NodeInfo{
+		hostAddrs: []netip.Addr{node, other, local},
+		svcs: newServiceSet([]netip.Addr{local}, []ServicePort{
+			{Addr: node, Port: 30081, Proto: "tcp"}, {Addr: node, Port: 30082}, {Addr: netip.MustParseAddr("10.96.0.20"), Port: 80}}),
+	}
+	got := n.NodeVIPPorts()
+	if len(got) != 1 || !slices.Equal(got[node], []uint16{30081, 30082}) {
+		t.Errorf("node VIP ports %v, want %s on 30081 and 30082 only", got, node)
+	}
+}

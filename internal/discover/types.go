@@ -85,6 +85,31 @@ func (n *NodeInfo) ClientAddrs() map[netip.Addr]bool {
 	return addrs
 }
 
+// NodeVIPPorts are the traced VIPs that are addresses of the node and
+// were given with ports only (a NodePort traced as NODE-IP:PORT), with those
+// ports: only they are the Service's, the node's other ports are its own
+// processes' client ports (ClientAddrs leaves such an address out). A VIP
+// given without a port is not here: every port of it is the Service's.
+func (n *NodeInfo) NodeVIPPorts() map[netip.Addr][]uint16 {
+	var out map[netip.Addr][]uint16
+	for _, a := range n.hostAddrs {
+		specs := n.svcs.ports[a]
+		if !slices.Contains(n.svcs.vips, a) || len(specs) == 0 || n.svcs.any[a] ||
+			slices.ContainsFunc(specs, func(sp ServicePort) bool { return sp.Port == 0 }) {
+			continue
+		}
+		if out == nil {
+			out = map[netip.Addr][]uint16{}
+		}
+		for _, sp := range specs {
+			if !slices.Contains(out[a], sp.Port) {
+				out[a] = append(out[a], sp.Port)
+			}
+		}
+	}
+	return out
+}
+
 func (n *NodeInfo) notef(format string, args ...any) {
 	n.Notes = append(n.Notes, fmt.Sprintf(format, args...))
 }

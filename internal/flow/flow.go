@@ -75,13 +75,17 @@ type Flow struct {
 	// program or a filter rule at the uplink's ingress, rp_filter, a
 	// conntrack INVALID drop) or the capture lost them (kernel_drops).
 	// Reply is then false: the backend answered, the client got nothing.
-	RepliesLostOnNode uint64      `json:"replies_lost_on_node,omitempty"`
-	PID               uint32      `json:"pid,omitempty"`
-	Comm              string      `json:"comm,omitempty"`
-	Cgroup            uint64      `json:"cgroup,omitempty"`
-	First             time.Time   `json:"first"`
-	Last              time.Time   `json:"last"`
-	Points            []PointSeen `json:"points"`
+	RepliesLostOnNode uint64 `json:"replies_lost_on_node,omitempty"`
+	// NodeClient: a socket of the node's own network namespace made the
+	// flow (a hostNetwork Pod, the kubelet, a node process), not a Pod's:
+	// such clients are traced also when a Pod is selected (--pod-ip).
+	NodeClient bool        `json:"node_client,omitempty"`
+	PID        uint32      `json:"pid,omitempty"`
+	Comm       string      `json:"comm,omitempty"`
+	Cgroup     uint64      `json:"cgroup,omitempty"`
+	First      time.Time   `json:"first"`
+	Last       time.Time   `json:"last"`
+	Points     []PointSeen `json:"points"`
 }
 
 // StrayReplies counts the packets to a flow's client from the first

@@ -585,6 +585,9 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 	if o.Point == obs.PointUplink && o.Dir != obs.DirIn {
 		f.uplink.note(o)
 	}
+	if o.Point == obs.PointUplink && o.Dir == obs.DirIn {
+		f.uplinkIn.note(o)
+	}
 	if o.Point == obs.PointUplink && o.Dir == obs.DirIn && o.Dst == f.service && !f.wireVIP {
 		f.wireVIP = true
 		f.evidenceChanged()

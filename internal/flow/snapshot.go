@@ -19,6 +19,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		ID:           e.idOf(f),
 		Continues:    f.continues,
 		Client:       f.client,
+		NodeClient:   f.fromNode,
 		Service:      f.service,
 		RewrittenAt:  v.place,
 		By:           v.by,
@@ -70,6 +71,12 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	case f.uplinkReply.seen:
 		vlan := f.uplinkReply.vlan
 		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplinkReply.tpid)
+	case f.uplinkIn.seen:
+		// An outside client's request that came in on the uplink and
+		// neither left again nor got a reply out of it (rejected by the
+		// node): it did reach the uplink, on this VLAN.
+		vlan := f.uplinkIn.vlan
+		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplinkIn.tpid)
 	}
 	_, out.LostOnNode = e.lostOnTheWay(f)
 	if n, from := e.repliesLostOnNode(f); n > 0 {

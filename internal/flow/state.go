@@ -102,6 +102,21 @@ func (u *uplinkFrame) note(o obs.Observation) {
 	u.dstMAC = o.DstMAC
 }
 
+// uplinkTag is the tag of a direction's frames on the uplink, without the
+// rest of an uplinkFrame: a flow's memory is bounded, and it fits the
+// padding after flowState.proto. The first frame noted gives it (a flow's
+// frames in one direction of the uplink carry one tag).
+type uplinkTag struct {
+	vlan, tpid uint16
+	seen       bool
+}
+
+func (u *uplinkTag) note(o obs.Observation) {
+	if !u.seen {
+		u.vlan, u.tpid, u.seen = o.VLAN, o.TPID, true
+	}
+}
+
 // flowState is the engine's record of one flow.
 type flowState struct {
 	// id is the number the user sees, given when it is first shown (a
@@ -113,6 +128,11 @@ type flowState struct {
 	// fromNode: a socket of the node's own netns made it (Config.HostNetNS).
 	fromNode bool
 	proto    obs.Proto
+	// uplinkIn: an outside client's request coming in on the uplink (a
+	// NodePort's, an external IP's): the VLAN it came on, the last fallback,
+	// for a flow whose request never left again and got no reply there (the
+	// node rejected it, or it is still unanswered).
+	uplinkIn uplinkTag
 	client   netip.AddrPort
 	service  netip.AddrPort
 	// cookie tells apart flows of different sockets while their client port is
@@ -387,6 +407,9 @@ func (f *flowState) absorb(o *flowState) {
 	}
 	if o.uplinkReply.seen {
 		f.uplinkReply.note(obs.Observation{Time: o.uplinkReply.at, VLAN: o.uplinkReply.vlan, TPID: o.uplinkReply.tpid})
+	}
+	if o.uplinkIn.seen {
+		f.uplinkIn.note(obs.Observation{VLAN: o.uplinkIn.vlan, TPID: o.uplinkIn.tpid})
 	}
 }
 

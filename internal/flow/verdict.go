@@ -283,14 +283,30 @@ func (e *Engine) cameBack(f *flowState, at checkpoint, why bool) (verdict, bool)
 	for next := at + 1; int(next) < len(f.cps); next++ {
 		if f.cps[next].backend {
 			v := e.bracket(f, at, next, why)
-			if why {
+			switch be := s.backendAddr.addrPort(); {
+			case !why:
+			case f.fromNode && e.nodeAddr(be.Addr()):
+				// A node process's request that OUTPUT's DNAT sent to an
+				// address of the node itself (a hostNetwork endpoint: the
+				// kubernetes Service's API server) goes through loopback
+				// and comes in again at prerouting, after NAT: no loop.
+				v.reason += fmt.Sprintf("; backend %s is an address of the node: the request went on through loopback, in again at prerouting (where %s saw it)",
+					be, at.describe(s.backendFrom))
+			default:
 				v.reason += fmt.Sprintf("; %s saw backend %s too, after the VIP: the packets came back to it after NAT (their route to the backend leads out of the node and back: a routing loop?)",
-					at.describe(s.backendFrom), s.backendAddr.addrPort())
+					at.describe(s.backendFrom), be)
 			}
 			return v, true
 		}
 	}
 	return verdict{}, false
+}
+
+// nodeAddr tells whether a is an address of the node netns (loopback
+// included), as far as the node's addresses were read.
+func (e *Engine) nodeAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsLoopback() || slices.Contains(e.cfg.Attribution.NodeAddrs, a)
 }
 
 // unrewritten decides a flow no checkpoint saw with a backend.
@@ -317,20 +333,29 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 			v.reason += "; " + note
 		}
 		return v
+	case len(rejects) > 0:
+		// Before local delivery too: a NodePort or a local VIP whose
+		// Service has no endpoints is rejected at input (kube-proxy's
+		// KUBE-EXTERNAL-SERVICES, nodeport-endpoints-check), never reaching
+		// a listener.
+		return e.rejected(f, rejects)
 	case local:
 		on := ""
 		if dev != "" {
 			on = " (on " + dev + ")"
 		}
 		v := verdict{place: PlaceNowhere, reason: fmt.Sprintf("not rewritten: %s is an address of the node itself%s, still the destination after netfilter's NAT, so the node delivered the flow to its own listener (as NodeLocal DNSCache listens on kube-dns's ClusterIP)", f.service.Addr(), on)}
-		if f.reply {
+		switch {
+		case f.reply && f.tcp.refused():
+			v.reason += "; the node's TCP reset refused it: nothing listens on that port"
+		case f.reply:
 			v.reason += ", which answered"
-		} else {
+		case f.icmp != nil:
+			v.reason += fmt.Sprintf("; the %s from %s is its only answer", f.icmp.Message, f.icmp.From)
+		default:
 			v.reason += "; no answer came back (nothing listening there?)"
 		}
 		return v
-	case len(rejects) > 0:
-		return e.rejected(f, rejects)
 	case !e.active(obs.PointUplink):
 		return unknown("the VIP was last seen at %s; no rewrite observed and the uplink capture was inactive", where)
 	}
@@ -393,11 +418,21 @@ func (e *Engine) keptInPod(f *flowState, last checkpoint) bool {
 // serve and loadBalancerSourceRanges, so that those connections fail at once.
 func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
 	beforeNAT := e.beforeNetfilter(f, last)
-	if last != cpNFAfter && !beforeNAT || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
+	// A node process's request to an address of the node (its own
+	// NodePort) goes on from output through loopback to input, whose filter
+	// (kube-proxy's KUBE-EXTERNAL-SERVICES, nodeport-endpoints-check) runs
+	// before any listener, after the socket's egress observer saw it leave.
+	_, localVIP := e.cfg.Attribution.LocalVIPs[f.service.Addr()]
+	viaInput := f.fromNode && localVIP && !beforeNAT
+	if last != cpNFAfter && !(viaInput && last == cpNodeEgress) && !beforeNAT || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
 		return nil
 	}
 	hooks := []string{e.filterHookOf(f)}
 	switch {
+	case viaInput && last == cpNodeEgress:
+		hooks = []string{"input"} // past output's filter
+	case viaInput:
+		hooks = []string{"output", "input"}
 	case f.fromNode:
 		hooks = []string{"output"}
 	case beforeNAT:

@@ -231,6 +231,34 @@ func TestReplyUnseen(t *testing.T) {
 	}
 }
 
+// TestNodeClientsNamed: a flow of a process in the node's own netns (a
+// hostNetwork Pod, the kubelet) is said to be the node's under the rows,
+// with its command: its client address alone does not tell it from a
+// Pod's, and it is traced whichever Pod is selected.
+func TestNodeClientsNamed(t *testing.T) {
+	var buf bytes.Buffer
+	svc, be := netip.MustParseAddrPort("10.96.4.20:80"), netip.MustParseAddrPort("10.77.2.7:8080")
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Client: netip.MustParseAddrPort("10.77.1.5:40000"), Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, Reply: true, Comm: "wget"},
+		{ID: 2, Proto: "tcp", Client: netip.MustParseAddrPort("172.31.9.2:40002"), Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, Reply: true, NodeClient: true, Comm: "curl"},
+		{ID: 3, Proto: "tcp", Client: netip.MustParseAddrPort("172.31.9.2:40004"), Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, Reply: true, NodeClient: true, Comm: "curl"},
+	}
+	if err := report.WriteTable(&buf, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	want := "Clients in the node's own netns, not Pods (hostNetwork Pods, the kubelet, node processes): flows 2, 3 (curl)\n"
+	if !strings.Contains(buf.String(), want) {
+		t.Errorf("table:\n%s\nwant a line %q", buf.String(), want)
+	}
+	buf.Reset()
+	if err := report.WriteTable(&buf, flows[:1], flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "node's own netns") {
+		t.Errorf("table without node clients names some:\n%s", buf.String())
+	}
+}
+
 // TestRunEndedEarly: a capture point or the observers' reader that ended
 // before the run did is said in both formats, with when and why.
 func TestRunEndedEarly(t *testing.T) {

@@ -105,6 +105,7 @@ func writeFlowRows(w io.Writer, flows []flow.Flow, header bool, fixed fixedWidth
 			return fmt.Errorf("write flow table: %w", err)
 		}
 	}
+	writeNodeClients(w, flows)
 	writeReasons(w, flows)
 	writeICMPErrors(w, flows)
 	writeStrayReplies(w, flows)
@@ -478,6 +479,35 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 			fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(ids[r], ", "), r)
 		}
 	}
+}
+
+// writeNodeClients names the flows whose client is a process of the node's
+// own netns, not a Pod: its address is the node's (or the one its route
+// gives), which the row alone does not tell from a Pod's, and they are
+// traced whichever Pod is selected.
+func writeNodeClients(w io.Writer, flows []flow.Flow) {
+	var ids, comms []string
+	for _, f := range flows {
+		if !f.NodeClient {
+			continue
+		}
+		ids = append(ids, fmt.Sprint(f.ID))
+		if f.Comm != "" && !slices.Contains(comms, f.Comm) {
+			comms = append(comms, f.Comm)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	label := "flows"
+	if len(ids) == 1 {
+		label = "flow"
+	}
+	by := ""
+	if len(comms) > 0 {
+		by = " (" + strings.Join(comms, ", ") + ")"
+	}
+	fmt.Fprintf(w, "\nClients in the node's own netns, not Pods (hostNetwork Pods, the kubelet, node processes): %s %s%s\n", label, strings.Join(ids, ", "), by)
 }
 
 // unansweredOnNode tells whether f was rewritten (socket, tc, netfilter,

@@ -191,7 +191,7 @@ func (tr *tracer) laterFragment(tapIdx int, p *capture.Packet) (h flow.Handle, o
 		return h, true, true
 	}
 	src, dst := fk.Addrs4()
-	if !tr.inScope(src, dst) {
+	if !tr.inScope(netip.AddrPortFrom(src, 0), netip.AddrPortFrom(dst, 0)) {
 		return flow.Handle{}, false, true
 	}
 	tr.eng.AddPacket(obs.Observation{Time: p.Time, Point: point, Dir: p.Dir, Ifindex: p.Ifindex, Len: p.Len,
@@ -211,7 +211,7 @@ func (tr *tracer) laterFragment(tapIdx int, p *capture.Packet) (h flow.Handle, o
 func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey, control bool) (flow.Handle, bool) {
 	tp := &tr.taps[tapIdx]
 	o, _ := p.Observation(tp.point)
-	if !tr.inScope(o.Src.Addr(), o.Dst.Addr()) {
+	if !tr.inScope(o.Src, o.Dst) {
 		return flow.Handle{}, false
 	}
 	o.Ifname = tp.label
@@ -246,7 +246,7 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 		if ref, ok := tr.eng.Classify(o); ok {
 			return ref.Comment()
 		}
-		if tr.clients != nil && !tr.clients[o.Src.Addr()] && !tr.clients[o.Dst.Addr()] {
+		if tr.clients != nil && !tr.isClient(o.Src) && !tr.isClient(o.Dst) {
 			return "another client's packet, not traced: a Pod is selected"
 		}
 		if tr.othersSNAT[o.Src] || tr.othersSNAT[o.Dst] {
@@ -268,7 +268,7 @@ func (tr *tracer) noteICMPError(tapIdx int, p *capture.Packet) {
 		return
 	}
 	o := e.Observation()
-	if !tr.inScope(o.Src.Addr(), o.Dst.Addr()) {
+	if !tr.inScope(o.Src, o.Dst) {
 		return
 	}
 	o.Point, o.Time = tr.taps[tapIdx].point, p.Time

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,8 +37,13 @@ type tracer struct {
 	// have (that Pod's and the node's): the node-wide points (netfilter,
 	// conntrack, the uplink) also see the other Pods' flows. Nil: every
 	// client.
-	clients    map[netip.Addr]bool
-	outOfScope uint64
+	clients map[netip.Addr]bool
+	// clientVIPPorts, with a Pod selected, are the node's addresses that
+	// are traced VIPs on these ports only (a NodePort traced as
+	// NODE-IP:PORT): on any other port they are a node process's client
+	// endpoint (discover.NodeInfo.NodeVIPPorts).
+	clientVIPPorts map[netip.Addr][]uint16
+	outOfScope     uint64
 	// othersSNAT, with a Pod selected, are the sources the node's SNAT gave
 	// other clients' flows (their conntrack entries, out of scope): on a
 	// masquerading node their frames on the uplink carry the node's
@@ -93,7 +99,7 @@ func (tr *tracer) add(o obs.Observation) {
 			return
 		}
 	default:
-		if !tr.inScope(o.Src.Addr(), o.Dst.Addr()) {
+		if !tr.inScope(o.Src, o.Dst) {
 			if o.Point == obs.PointConntrack && o.NATSrc.IsValid() {
 				tr.noteOtherSNAT(o.NATSrc)
 			}
@@ -111,12 +117,24 @@ func (tr *tracer) add(o obs.Observation) {
 // address to itself is the node's own: the kernel gives a socket talking to
 // a local address (a node-local cache's VIP, which is no client address)
 // that address as its source, and only the node has it.
-func (tr *tracer) inScope(src, dst netip.Addr) bool {
-	if tr.clients == nil || tr.clients[src] || tr.clients[dst] || src == dst {
+func (tr *tracer) inScope(src, dst netip.AddrPort) bool {
+	if tr.clients == nil || tr.isClient(src) || tr.isClient(dst) || src.Addr() == dst.Addr() {
 		return true
 	}
 	tr.outOfScope++
 	return false
+}
+
+// isClient tells whether ep may be a traced client's endpoint: an address
+// of the selected Pod or of the node, or of the node on a port other than
+// the traced NodePort's when that address is the NodePort's (port 0, a
+// packet without ports, is no Service's).
+func (tr *tracer) isClient(ep netip.AddrPort) bool {
+	if tr.clients[ep.Addr()] {
+		return true
+	}
+	ports, ok := tr.clientVIPPorts[ep.Addr()]
+	return ok && !slices.Contains(ports, ep.Port())
 }
 
 // maxOthersSNAT bounds tracer.othersSNAT: past it the set starts again (a
@@ -139,6 +157,15 @@ func clientScope(opt discover.Options, node *discover.NodeInfo) map[netip.Addr]b
 		return nil
 	}
 	return node.ClientAddrs()
+}
+
+// clientVIPPortScope is clientScope's NodeVIPPorts: nil without a Pod
+// selected (every client is traced).
+func clientVIPPortScope(opt discover.Options, node *discover.NodeInfo) map[netip.Addr][]uint16 {
+	if !opt.PodIP.IsValid() && opt.PodNetNS == "" && opt.PodPID == 0 {
+		return nil
+	}
+	return node.NodeVIPPorts()
 }
 
 // stopGrace is how long the producers go on after the run ends: events for

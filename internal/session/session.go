@@ -215,7 +215,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		root = cgroup
 	}
-	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), clients: clientScope(opt.Discover, node), classes: newClassTable(), lb: lb,
+	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), clients: clientScope(opt.Discover, node), clientVIPPorts: clientVIPPortScope(opt.Discover, node), classes: newClassTable(), lb: lb,
 		tc:  newTCWatch(node, pr.IsObserver, time.Now()),
 		nat: newNATWatch(node, discovered), node: node,
 		late: &tcLate{observed: tcObserved(node), tails: needTails(node)},

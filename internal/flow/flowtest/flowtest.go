@@ -76,8 +76,10 @@ type WantFlow struct {
 	// RepliesLostOnNode: reply packets the uplink received of which none
 	// reached the client's Pod (replies_lost_on_node); compared always.
 	RepliesLostOnNode uint64 `json:"replies_lost_on_node"`
-	PID               uint32 `json:"pid"`
-	Comm              string `json:"comm"`
+	// NodeClient: compared when set (a node process's flow, or not).
+	NodeClient *bool  `json:"node_client"`
+	PID        uint32 `json:"pid"`
+	Comm       string `json:"comm"`
 }
 
 // LoadDir loads every *.json scenario in dir, sorted by name.
@@ -206,6 +208,9 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	if !strings.Contains(g.Reason, wf.ReasonContains) {
 		bad("reason", g.Reason, "containing "+wf.ReasonContains)
 	}
+	if wf.NodeClient != nil && g.NodeClient != *wf.NodeClient {
+		bad("node_client", fmt.Sprint(g.NodeClient), fmt.Sprint(*wf.NodeClient))
+	}
 	if vlanString(g.VLAN) != vlanString(wf.VLAN) {
 		bad("vlan", vlanString(g.VLAN), vlanString(wf.VLAN))
 	}
@@ -310,7 +315,9 @@ type attribution struct {
 	// PodOtherIfaces: the Pods' other interfaces by address.
 	PodOtherIfaces map[netip.Addr]string `json:"pod_other_ifaces"`
 	GatewayMACs    []string              `json:"gateway_macs"`
-	LocalVIPs      []struct {
+	// NodeAddrs: the node netns's own addresses (flow.Attribution.NodeAddrs).
+	NodeAddrs []netip.Addr `json:"node_addrs"`
+	LocalVIPs []struct {
 		Addr   netip.Addr `json:"addr"`
 		Device string     `json:"device"`
 	} `json:"local_vips"`
@@ -408,7 +415,7 @@ func (f file) scenario() (Scenario, error) {
 }
 
 func (a attribution) convert() (flow.Attribution, error) {
-	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables, PodOtherIfaces: a.PodOtherIfaces}
+	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables, PodOtherIfaces: a.PodOtherIfaces, NodeAddrs: a.NodeAddrs}
 	for _, p := range a.SockPrograms {
 		out.SockPrograms = append(out.SockPrograms, flow.SockProgram(p))
 	}
