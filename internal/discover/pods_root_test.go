@@ -304,9 +304,15 @@ func TestPodWatch(t *testing.T) {
 	ipCmd(t, "-n", late, "addr", "add", "10.99.8.99/22", "dev", "eth0")
 	ipCmd(t, "-n", late, "link", "set", "eth0", "up")
 	ipCmd(t, "-n", late, "route", "add", "default", "via", gwIP)
+	listings := netnsListings.Load()
 	found, err := w.Look(context.Background(), t0.Add(4*time.Second))
 	if err != nil || len(found.Pods) != 1 || found.Pods[0].NetNS.Path != "/run/netns/"+late {
 		t.Fatalf("look after the Pod's netns was set up: %+v, %v", found.Pods, err)
+	}
+	// The netns behind hv9 was found by the look before: looked into
+	// again, without listing every process's.
+	if n := netnsListings.Load() - listings; n != 0 {
+		t.Errorf("the look behind a veth already looked behind listed the netns %d times", n)
 	}
 	var roles []string
 	for _, cp := range found.CapturePoints {

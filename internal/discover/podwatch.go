@@ -34,6 +34,9 @@ type PodWatch struct {
 	// configures the Pod's netns.
 	veths   map[int]vethID
 	pending map[int]time.Time
+	// behind are the netns the last look found behind pending veths
+	// (scanPods).
+	behind []netnsBehind
 	// netns are the Pods' netns, by inode, with their host veth: a Pod
 	// may have two veths. The kernel gives a deleted netns's inode to the
 	// next one made: a known inode whose Pod's veth is gone is a new Pod's.
@@ -219,7 +222,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		return NewPods{Skipped: skipped, Gone: gone}, nil
 	}
 	var info NodeInfo
-	if err := scanPods(ctx, host, max(w.room(), 0), only, w.vips, &info); err != nil {
+	if err := scanPods(ctx, host, max(w.room(), 0), only, w.vips, &info, &w.behind); err != nil {
 		return NewPods{Gone: gone}, err
 	}
 	found := NewPods{Gone: gone}
