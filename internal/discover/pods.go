@@ -55,7 +55,7 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 		if hostVeth != nil {
 			only = map[int]bool{hostVeth.Attrs().Index: true}
 		}
-		if err := scanPods(ctx, host, opt.MaxPods, only, opt.Services, info, nil); err != nil {
+		if err := scanPods(ctx, host, opt.MaxPods, only, opt.Services, info, &info.behind); err != nil {
 			return err
 		}
 	}

@@ -93,6 +93,7 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 	}
 	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, max: maxPods, followed: len(node.Pods), skippedOut: node.PodsSkipped,
 		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]vethID{}, pending: map[int]time.Time{}, netns: map[uint64]int{},
+		behind: node.behind, // the netns discovery found behind the veths the first look looks behind again
 		uplink: opt.Uplink, services: node.svcs.vips, backends: node.Backends(), uplinks: map[int]bool{}}
 	for _, cp := range node.CapturePoints {
 		if cp.Role == RoleUplink {
