@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"time"
 )
 
 // blockOut writes whole pcapng blocks so that the output never ends inside a
@@ -39,6 +40,10 @@ type blockOut struct {
 	pageSize int64
 	off      int64  // bytes written to w
 	pending  []byte // whole blocks not written yet
+	// pendingSince is when the oldest of them was added (zero while none
+	// is pending): the writer's flush timer writes them once they are
+	// flushInterval old, not sooner.
+	pendingSince time.Time
 }
 
 // pipeBuf is Linux's PIPE_BUF: the largest pipe write that is atomic.
@@ -114,6 +119,9 @@ func (o *blockOut) room(n int64) (dst []byte, inPlace bool, err error) {
 		return o.pending, n <= pipeBuf, nil
 	}
 	if f := o.fillerBefore(n); f > 0 {
+		if len(o.pending) == 0 {
+			o.pendingSince = time.Now()
+		}
 		o.pending = appendFiller(o.pending, f)
 		if err := o.flushFullPages(); err != nil {
 			return nil, false, err
@@ -129,6 +137,9 @@ func (o *blockOut) room(n int64) (dst []byte, inPlace bool, err error) {
 // appended takes back what room returned with the block appended, and
 // reports whether blocks are left pending.
 func (o *blockOut) appended(pending []byte) (bool, error) {
+	if len(o.pending) == 0 {
+		o.pendingSince = time.Now()
+	}
 	o.pending = pending
 	if !o.file {
 		return true, nil
@@ -186,6 +197,7 @@ func (o *blockOut) flush() error {
 	if len(o.pending) == 0 {
 		return nil
 	}
+	o.pendingSince = time.Time{}
 	if h, ok := o.w.(handOffer); ok {
 		n := len(o.pending)
 		next, err := h.handOff(o.pending)
