@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"golang.org/x/sys/unix"
@@ -44,10 +45,15 @@ func HeldNetNS() (map[uint64]string, error) {
 	return held, nil
 }
 
+// netnsListings counts the calls of listNetNS (for tests: a look behind a
+// veth already looked behind lists no netns).
+var netnsListings atomic.Int64
+
 // listNetNS returns every network namespace held by a process or a
 // /run/netns name, deduplicated by inode, without the one with skipInode.
 // Named netns come first (their paths stay valid when processes come and go).
 func listNetNS(skipInode uint64) ([]nsCandidate, error) {
+	netnsListings.Add(1)
 	byInode := map[uint64]int{} // index into out
 	var out []nsCandidate
 	add := func(c nsCandidate) {

@@ -55,7 +55,7 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 		if hostVeth != nil {
 			only = map[int]bool{hostVeth.Attrs().Index: true}
 		}
-		if err := scanPods(ctx, host, opt.MaxPods, only, opt.Services, info); err != nil {
+		if err := scanPods(ctx, host, opt.MaxPods, only, opt.Services, info, &info.behind); err != nil {
 			return err
 		}
 	}
@@ -236,7 +236,14 @@ func overrideHostVeth(host *hostNS, l netlink.Link, info *NodeInfo) {
 // node's own address, a NodePort's) from the node where Calico, kube-router
 // or MetalLB advertise them over BGP; taking one for a Pod would make the
 // node's uplink its host veth.
-func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool, vips []netip.Addr, info *NodeInfo) error {
+//
+// behind, when not nil, holds the netns the previous scan found behind the
+// veths it looked at, and is set to those of this one: when every veth of
+// only leads into one of them still, those are looked into again without
+// listing every process's netns (a look a second behind a veth that stays
+// no Pod's, the node's veth to a gateway, cost most of that look, and more
+// the more processes the node runs).
+func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool, vips []netip.Addr, info *NodeInfo, behind *[]netnsBehind) error {
 	// The node's veths carry, from the node's view, the id of their peer's
 	// netns: a candidate whose id is not among them has no veth to the node,
 	// and is skipped without opening a netlink socket in it.
@@ -251,9 +258,19 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 	if len(peerIDs) == 0 {
 		return nil
 	}
-	cands, err := listNetNS(host.inode)
-	if err != nil {
-		return err
+	var cands []nsCandidate
+	if behind != nil {
+		cands = stillBehind(host, *behind, peerIDs)
+	}
+	if cands == nil {
+		var err error
+		if cands, err = listNetNS(host.inode); err != nil {
+			return err
+		}
+	}
+	var found []netnsBehind
+	if behind != nil {
+		defer func() { *behind = found }()
 	}
 	// The netns behind the node's own default route (a kind node's eth0,
 	// whose peer is in the host's netns) is its upstream, never a Pod's.
@@ -276,6 +293,7 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 		if !peerIDs[id] {
 			continue
 		}
+		found = append(found, netnsBehind{c: c, id: id})
 		delete(unfound, id)
 		if len(info.Pods) >= maxPods {
 			info.PodsSkipped++
@@ -315,6 +333,35 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 		info.notef("%d netns with a veth into the node not examined: pathtrace follows at most %d Pods (select one with --pod-ip, --pod-netns or --pod-pid)", info.PodsSkipped, maxPods)
 	}
 	return nil
+}
+
+// netnsBehind is a netns a scan found behind a node veth: id is the id the
+// node gives it, the veth's NetNsID.
+type netnsBehind struct {
+	c  nsCandidate
+	id int
+}
+
+// stillBehind returns the netns of prev behind the veths whose peers' ids
+// are peerIDs, in their order, when each of those ids has one that still
+// opens the same netns (the same inode, the same id from the node: the
+// process whose /proc path it is may have gone, its PID taken by another's);
+// nil otherwise.
+func stillBehind(host *hostNS, prev []netnsBehind, peerIDs map[int]bool) []nsCandidate {
+	var out []nsCandidate
+	for _, b := range prev {
+		if !peerIDs[b.id] {
+			continue
+		}
+		if inode, err := nsutil.Inode(b.c.path); err != nil || inode != b.c.inode || host.netnsID(b.c.path) != b.id {
+			return nil
+		}
+		out = append(out, b.c)
+	}
+	if len(out) != len(peerIDs) {
+		return nil
+	}
+	return out
 }
 
 // unfoundNetNSNote says which of the node's veths (of only, when set) lead

@@ -309,9 +309,15 @@ func TestPodWatch(t *testing.T) {
 	ipCmd(t, "-n", late, "addr", "add", "10.99.8.99/22", "dev", "eth0")
 	ipCmd(t, "-n", late, "link", "set", "eth0", "up")
 	ipCmd(t, "-n", late, "route", "add", "default", "via", gwIP)
+	listings := netnsListings.Load()
 	found, err := w.Look(context.Background(), t0.Add(4*time.Second))
 	if err != nil || len(found.Pods) != 1 || found.Pods[0].NetNS.Path != "/run/netns/"+late {
 		t.Fatalf("look after the Pod's netns was set up: %+v, %v", found.Pods, err)
+	}
+	// The netns behind hv9 was found by the look before: looked into
+	// again, without listing every process's.
+	if n := netnsListings.Load() - listings; n != 0 {
+		t.Errorf("the look behind a veth already looked behind listed the netns %d times", n)
 	}
 	var roles []string
 	for _, cp := range found.CapturePoints {
@@ -350,9 +356,15 @@ func TestPodWatchSetUpAtDiscovery(t *testing.T) {
 	ipCmd(t, "-n", late, "addr", "add", "10.99.8.99/22", "dev", "eth0")
 	ipCmd(t, "-n", late, "link", "set", "eth0", "up")
 	ipCmd(t, "-n", late, "route", "add", "default", "via", gwIP)
+	listings := netnsListings.Load()
 	found, err := w.Look(context.Background(), t0)
 	if err != nil || len(found.Pods) != 1 || found.Pods[0].NetNS.Path != "/run/netns/"+late {
 		t.Fatalf("look once the Pod's netns was set up: %+v, %v; want the Pod behind hv9", found.Pods, err)
+	}
+	// Discovery found the netns behind hv9 and the gateway's veth: the
+	// look went into them without listing every process's netns.
+	if n := netnsListings.Load() - listings; n != 0 {
+		t.Errorf("the first look listed the netns %d times", n)
 	}
 	w.Look(context.Background(), t0.Add(vethSettle+time.Second))
 	if len(w.pending) != 0 {

@@ -34,6 +34,9 @@ type PodWatch struct {
 	// configures the Pod's netns.
 	veths   map[int]vethID
 	pending map[int]time.Time
+	// behind are the netns the last look found behind pending veths
+	// (scanPods).
+	behind []netnsBehind
 	// netns are the Pods' netns, by inode, with their host veth: a Pod
 	// may have two veths. The kernel gives a deleted netns's inode to the
 	// next one made: a known inode whose Pod's veth is gone is a new Pod's.
@@ -90,6 +93,7 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 	}
 	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, max: maxPods, followed: len(node.Pods), skippedOut: node.PodsSkipped,
 		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]vethID{}, pending: map[int]time.Time{}, netns: map[uint64]int{},
+		behind: node.behind, // the netns discovery found behind the veths the first look looks behind again
 		uplink: opt.Uplink, services: node.svcs.vips, backends: node.Backends(), uplinks: map[int]bool{}}
 	for _, cp := range node.CapturePoints {
 		if cp.Role == RoleUplink {
@@ -219,7 +223,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		return NewPods{Skipped: skipped, Gone: gone}, nil
 	}
 	var info NodeInfo
-	if err := scanPods(ctx, host, max(w.room(), 0), only, w.vips, &info); err != nil {
+	if err := scanPods(ctx, host, max(w.room(), 0), only, w.vips, &info, &w.behind); err != nil {
 		return NewPods{Gone: gone}, err
 	}
 	found := NewPods{Gone: gone}

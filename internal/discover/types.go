@@ -42,10 +42,12 @@ type NodeInfo struct {
 	Notes []string `json:"notes,omitempty"`
 
 	// svcs are the traced VIPs and ports, for NATWatch; veths the node's
-	// veths at discovery, for PodWatch; hostAddrs the node netns's
-	// addresses, all of them when hostAddrsComplete.
+	// veths at discovery, and behind the netns found behind them, for
+	// PodWatch; hostAddrs the node netns's addresses, all of them when
+	// hostAddrsComplete.
 	svcs              serviceSet
 	veths             map[int]vethID
+	behind            []netnsBehind
 	hostAddrs         []netip.Addr
 	hostAddrsComplete bool
 }

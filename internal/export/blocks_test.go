@@ -113,6 +113,43 @@ func TestPageContainedWrites(t *testing.T) {
 	}
 }
 
+// TestWritesAlignedToFlushBytes: once packets stream in, each write starts
+// and ends where the file reaches a multiple of flushBytes, whatever the
+// header before them and a flush by the timer: the page cache then takes a
+// write as one large folio instead of a folio of every order.
+func TestWritesAlignedToFlushBytes(t *testing.T) {
+	const page = 4096
+	rec := &recorder{}
+	o := blockOut{w: rec, file: true, pageSize: page}
+	o.put(block(612, 0)) // the section header and interfaces
+	if err := o.flush(); err != nil {
+		t.Fatal(err)
+	}
+	timer := -1
+	for i := range 20000 {
+		o.put(block(252, byte(i)))
+		if i == 7000 {
+			o.flush() // the flush timer, mid-page
+			timer = len(rec.writes) - 1
+		}
+	}
+	o.flush()
+	var off int64
+	for i, w := range rec.writes {
+		end := off + int64(len(w))
+		if i > 0 && i != timer && i < len(rec.writes)-1 && end%flushBytes != 0 {
+			t.Errorf("write %d covers [%d, %d): does not end on a multiple of %d", i, off, end, flushBytes)
+		}
+		if len(w) > flushBytes {
+			t.Errorf("write %d of %d bytes, more than %d", i, len(w), flushBytes)
+		}
+		off = end
+	}
+	if len(rec.writes) < 15 {
+		t.Errorf("%d writes of %d bytes: the blocks were not flushed as they filled", len(rec.writes), off)
+	}
+}
+
 // TestFailedWriteLeavesWholeBlocks: a write cut short (disk full) is cut
 // back to the last whole block.
 func TestFailedWriteLeavesWholeBlocks(t *testing.T) {

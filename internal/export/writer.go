@@ -405,11 +405,23 @@ func (w *Writer) committed(total int64, pending bool, err error) error {
 	return nil
 }
 
-// flushPending runs flushInterval after a block was left pending.
+// flushPending runs flushInterval after a block was left pending. Blocks
+// pending since a younger time (those then were written since, as a file
+// write filled its pages) wait for their own due time: a write of the
+// pages filled so far cut the file's writes off their flushBytes
+// boundaries (see blockOut.flushFullPages), ten times a second at any
+// packet rate.
 func (w *Writer) flushPending() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.armed = false
+	if since := w.out.pendingSince; !since.IsZero() && !w.closed {
+		if wait := flushInterval - time.Since(since); wait > 0 {
+			w.armed = true
+			w.flush.Reset(wait)
+			return
+		}
+	}
 	if err := w.out.flush(); err != nil && w.err == nil {
 		w.err = fmt.Errorf("write pcapng: %w", err)
 	}

@@ -612,3 +612,30 @@ func blockTypes(t *testing.T, path string) []uint32 {
 	}
 	return types
 }
+
+// TestFlushTimerWaitsForYoungerBlocks: the flush timer writes the pending
+// blocks once the oldest is flushInterval old; when those it was armed for
+// went out meanwhile (a write of full pages), the younger ones wait for
+// their own time instead of cutting the file's writes off their
+// boundaries.
+func TestFlushTimerWaitsForYoungerBlocks(t *testing.T) {
+	w, err := export.Create(filepath.Join(t.TempDir(), "timer.pcapng"), testIfaces, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(nil)
+	if err := w.WritePacket(0, packet(tcpFrame(64), obs.DirOut, 0, 0), "young"); err != nil {
+		t.Fatal(err)
+	}
+	before := export.HandedOff(w)
+	export.SetPendingSince(w, time.Now().Add(time.Hour)) // pending for less than the interval
+	export.FlushPending(w)
+	if got := export.HandedOff(w); got != before {
+		t.Fatalf("the timer wrote blocks pending for less than the interval: %d bytes out, had %d", got, before)
+	}
+	export.SetPendingSince(w, time.Now().Add(-time.Hour))
+	export.FlushPending(w)
+	if got := export.HandedOff(w); got <= before {
+		t.Fatalf("the timer did not write blocks pending for longer than the interval (%d bytes out)", got)
+	}
+}
