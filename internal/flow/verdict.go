@@ -811,9 +811,11 @@ func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
 // received, and names their sender, when none reached the client's Pod:
 // its eth0 tap saw the flow's requests and no reply (translated or not).
 // The uplink's replies captured once the run was stopping are left out:
-// the Pod's tap may have stopped before they would have reached it.
+// the Pod's tap may have stopped before they would have reached it. So is
+// every flow once a Pod's tap lost frames (CaptureLost): its ring may have
+// dropped the replies the client did get.
 func (e *Engine) repliesLostOnNode(f *flowState) (n uint64, from netip.AddrPort) {
-	if f.fromNode || !f.uplinkReply.seen || e.window(f) != withinWindow || e.late(f.uplinkReply.at.UnixNano()) {
+	if f.fromNode || !f.uplinkReply.seen || e.window(f) != withinWindow || e.late(f.uplinkReply.at.UnixNano()) || e.captureLost[obs.PointPod] {
 		return 0, netip.AddrPort{}
 	}
 	var podOut uint64
