@@ -76,7 +76,7 @@ and why the run stopped.
 Until stopped (--duration 0, e.g. a DaemonSet's flow log): each flow is written as it
 ends, a TCP connection once closed and quiet for 9 s, any flow once idle for
 --flow-timeout (JSON: a flow line each, flushed at once; table: rows under a header
-repeated every 40 rows); at the end the flows still open, then the summary, which
+repeated every 40 rows and when a column widens); at the end the flows still open, then the summary, which
 counts them all. --max-flows bounds the flows open at once; --pcap needs --max-bytes,
 which ends the file, not the run. A connection idle past --flow-timeout that speaks
 again is a new flow whose "continues" names the earlier one.

@@ -152,6 +152,29 @@ func (e *Engine) AddPodTCPrograms(at time.Time, hostIfindexes []int, progs []TCP
 	}
 }
 
+// SetHostVethsRouted records, for the host veths of Pods that started
+// during the run (by ifindex), whether each has no master: routed
+// (Attribution.RoutedHostVeths). An ifindex given again takes its newest
+// state.
+func (e *Engine) SetHostVethsRouted(routed map[int]bool) {
+	if len(routed) == 0 {
+		return
+	}
+	// A copy: the caller's Config may share the map.
+	all := maps.Clone(e.cfg.Attribution.RoutedHostVeths)
+	if all == nil {
+		all = map[int]bool{}
+	}
+	for i, r := range routed {
+		if r {
+			all[i] = true
+		} else {
+			delete(all, i)
+		}
+	}
+	e.cfg.Attribution.RoutedHostVeths = all
+}
+
 // AddHostRedirects adds the mirred redirects read on the host veths of Pods
 // that started during the run, found at (their Since when unset). Call it
 // after AddPodTCPrograms of the same Pods, which ends the redirects of the

@@ -97,6 +97,11 @@ type Attribution struct {
 	// the one captured (Multus's net1, a macvlan): a flow with one of
 	// those addresses as source left its Pod through it, uncaptured.
 	PodOtherIfaces map[netip.Addr]string
+	// RoutedHostVeths are the Pods' host veths (ifindex in the node netns)
+	// that have no master: the node routes their Pods' packets (Calico,
+	// Cilium), and a hairpin to the client's own Pod goes back out its
+	// veth by routing, where no bridge's hairpin mode can stop it.
+	RoutedHostVeths map[int]bool
 	// GatewayMACs are the Pods' default-gateway MAC addresses.
 	GatewayMACs []net.HardwareAddr
 	// NodeAddrs are the node netns's own addresses (nil: unknown), which

@@ -106,6 +106,8 @@ type Engine struct {
 	// stopped is when the run was asked to stop (zero while it runs): flows
 	// that begin after it meet points that are already closing.
 	stopped time.Time
+	// captureLost: the points whose capture lost frames (CaptureLost).
+	captureLost map[obs.Point]bool
 	// lateCounts are the flows' packets captured once the run was
 	// stopping that lostOnTheWay leaves out.
 	lateCounts map[*flowState]*lateCount
@@ -173,6 +175,19 @@ func (e *Engine) SetConntrackLosses(n uint64) {
 // make the backend guesses still put off (plausibleGuess): no observation
 // that could tell otherwise is to come.
 func (e *Engine) Stopping(t time.Time) { e.stopped = t }
+
+// CaptureLost tells the engine that the capture at point p lost frames (a
+// tap's kernel_drops): what its tap did not see may have been there, so a
+// flow's replies missing at the client's Pod while the uplink received
+// them are not said to be lost on the node (repliesLostOnNode), which
+// would turn a reply the client got into REPLY no. Once said, for the rest
+// of the run.
+func (e *Engine) CaptureLost(p obs.Point) {
+	if e.captureLost == nil {
+		e.captureLost = map[obs.Point]bool{}
+	}
+	e.captureLost[p] = true
+}
 
 // late tells whether a packet captured at (Unix ns) was captured once the
 // run was stopping: the taps go on capturing for a moment, each stopping

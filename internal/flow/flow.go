@@ -73,8 +73,9 @@ type Flow struct {
 	// which none reached the client's Pod, whose eth0 tap saw its
 	// requests: the node dropped or altered them on the way in (a tc
 	// program or a filter rule at the uplink's ingress, rp_filter, a
-	// conntrack INVALID drop) or the capture lost them (kernel_drops).
-	// Reply is then false: the backend answered, the client got nothing.
+	// conntrack INVALID drop). Reply is then false: the backend
+	// answered, the client got nothing. Never counted once a Pod's tap
+	// lost frames (Engine.CaptureLost): its ring may have dropped them.
 	RepliesLostOnNode uint64 `json:"replies_lost_on_node,omitempty"`
 	// NodeClient: a socket of the node's own network namespace made the
 	// flow (a hostNetwork Pod, the kubelet, a node process), not a Pod's:

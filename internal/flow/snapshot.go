@@ -86,7 +86,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		if n == 1 {
 			packets = "reply packet"
 		}
-		out.Reason += fmt.Sprintf("; %d %s came in on the uplink from %s and none reached the Pod's eth0, whose tap saw the requests: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, a conntrack INVALID drop), or pathtrace's capture lost them (kernel_drops)", n, packets, from)
+		out.Reason += fmt.Sprintf("; %d %s came in on the uplink from %s and none reached the Pod's eth0, whose tap saw the requests: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, a conntrack INVALID drop); the Pods' taps lost no frames", n, packets, from)
 	}
 	out.Points = e.pointsSeen(f.points)
 	return out

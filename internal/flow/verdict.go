@@ -780,12 +780,18 @@ func (e *Engine) noSockPrograms(f *flowState) bool {
 // A flow whose backend is its client's own Pod (a hairpin) has no business
 // on the uplink: when it never came back into that Pod (its host veth's TX
 // tap, which captured, never saw it after the rewrite), the note says so,
-// and what usually stops it there, rather than name the uplink.
+// and what usually stops it there, rather than name the uplink: a bridge
+// port without hairpin mode, or on a routed Pod (its host veth has no
+// master, Attribution.RoutedHostVeths), which no hairpin mode concerns,
+// a filter rule.
 func (e *Engine) notLeftNote(f *flowState, g gap) string {
 	if f.reply || f.icmp != nil || g == gapPodNAT || f.cps[cpUplink].any() || f.cps[cpLocal].any() || e.window(f) != withinWindow {
 		return ""
 	}
 	if bs := f.sortedBackends(); len(bs) > 0 && bs[0].Addr() == f.client.Addr() && !f.fromNode && e.active(obs.PointHost) {
+		if f.hostIfindex != 0 && e.cfg.Attribution.RoutedHostVeths[f.hostIfindex] {
+			return "no answer: its backend is the client's own Pod (a hairpin), and the request never came back into it after the rewrite (its host veth's TX tap, which captured, never saw it): the node routes this Pod's packets (its host veth has no bridge, so no hairpin mode applies): the node dropped it between the rewrite and that veth (a filter rule at forward, a NetworkPolicy's) or routed it elsewhere"
+		}
 		return "no answer: its backend is the client's own Pod (a hairpin), and the request never came back into it after the rewrite (its host veth's TX tap, which captured, never saw it): a bridge sends a packet back out the port it came in on only when that port has hairpin mode on (the CNI's hairpinMode, kubelet's --hairpin-mode), or a filter rule dropped it"
 	}
 	if !e.active(obs.PointUplink) {
@@ -846,9 +852,11 @@ func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
 // received, and names their sender, when none reached the client's Pod:
 // its eth0 tap saw the flow's requests and no reply (translated or not).
 // The uplink's replies captured once the run was stopping are left out:
-// the Pod's tap may have stopped before they would have reached it.
+// the Pod's tap may have stopped before they would have reached it. So is
+// every flow once a Pod's tap lost frames (CaptureLost): its ring may have
+// dropped the replies the client did get.
 func (e *Engine) repliesLostOnNode(f *flowState) (n uint64, from netip.AddrPort) {
-	if f.fromNode || !f.uplinkReply.seen || e.window(f) != withinWindow || e.late(f.uplinkReply.at.UnixNano()) {
+	if f.fromNode || !f.uplinkReply.seen || e.window(f) != withinWindow || e.late(f.uplinkReply.at.UnixNano()) || e.captureLost[obs.PointPod] {
 		return 0, netip.AddrPort{}
 	}
 	var podOut uint64

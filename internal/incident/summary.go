@@ -287,8 +287,8 @@ func sentence(g *verdictGroup) string {
 	case f.UntranslatedReplies != nil && !f.Reply:
 		fmt.Fprintf(&b, "; no reply came back translated: %s answered, but its replies entered the client's Pod from %s, not from the VIP (nothing translated them back: see the evidence), which the client does not take", f.UntranslatedReplies.From.Addr(), f.UntranslatedReplies.From)
 	case f.RepliesLostOnNode > 0:
-		b.WriteString(pick(one, "; its backend answered, but none of the replies that came in on the uplink reached the client's Pod: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, conntrack) or the capture lost them",
-			"; their backends answered, but none of the replies that came in on the uplink reached the clients' Pods: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, conntrack) or the capture lost them (replies_lost_on_node in report.json)"))
+		b.WriteString(pick(one, "; its backend answered, but none of the replies that came in on the uplink reached the client's Pod: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, conntrack)",
+			"; their backends answered, but none of the replies that came in on the uplink reached the clients' Pods: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, conntrack) (replies_lost_on_node in report.json)"))
 	case f.Reply:
 		b.WriteString("; replies came back")
 	case f.By == flow.ByClientNetfilter && f.VLAN == nil:

@@ -32,7 +32,7 @@ func (b *backendCounts) add(f flow.Flow) {
 	if b.by == nil {
 		b.by = map[netip.AddrPort]map[string]int{}
 	}
-	r := reply(f)
+	r := backendReply(f)
 	if c, ok := b.by[f.Backend]; ok {
 		c[r]++
 		return
@@ -47,9 +47,24 @@ func (b *backendCounts) add(f flow.Flow) {
 	b.by[f.Backend] = map[string]int{r: 1}
 }
 
+// replyLost is a backend's count of flows it answered whose replies the
+// node lost on their way to the client (Flow.RepliesLostOnNode): REPLY no
+// in the flow's row, but not the backend's failure.
+const replyLost = "lost"
+
+// backendReply is the word f is counted under for its backend: the REPLY
+// column's, but "lost" for a flow whose backend answered and whose replies
+// never reached the client's Pod, which "no" would blame on the backend.
+func backendReply(f flow.Flow) string {
+	if f.RepliesLostOnNode > 0 {
+		return replyLost
+	}
+	return reply(f)
+}
+
 // replyOrder is the order of a backend's reply counts: answered first,
 // then the failures an SRE acts on.
-var replyOrder = []string{"yes", "rst", "icmp", "no", "unseen"}
+var replyOrder = []string{"yes", "rst", "icmp", replyLost, "no", "unseen"}
 
 // replies formats counts as "yes 4, rst 3", and the total.
 func replies(c map[string]int) (string, int) {
@@ -65,7 +80,8 @@ func replies(c map[string]int) (string, int) {
 }
 
 // write writes the flows per backend with their replies, when some flow
-// reached one; the backends no flow got an answer from are marked.
+// reached one; the backends no flow got an answer from are marked, and
+// those that answered only flows whose replies the node lost say so.
 func (b backendCounts) write(w io.Writer) error {
 	if len(b.by) == 0 {
 		return nil
@@ -76,7 +92,11 @@ func (b backendCounts) write(w io.Writer) error {
 	for _, be := range slices.SortedFunc(maps.Keys(b.by), netip.AddrPort.Compare) {
 		c := b.by[be]
 		r, n := replies(c)
-		if c["yes"] == 0 && c["unseen"] == 0 {
+		switch {
+		case c["yes"] > 0 || c["unseen"] > 0:
+		case c[replyLost] > 0:
+			r += "  <- it answered; the node lost the replies on their way to the client"
+		default:
 			r += "  <- no flow got a reply"
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\n", be, n, r)

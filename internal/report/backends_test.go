@@ -60,3 +60,34 @@ func TestBackendsSummary(t *testing.T) {
 		t.Errorf("a BACKEND table without backends:\n%s", summary)
 	}
 }
+
+// TestBackendsSummaryRepliesLostOnNode: a backend that answered every flow
+// while the node lost the replies on their way to the client (REPLY no,
+// replies_lost_on_node) is not marked as one that got no reply, the mark
+// of a refusing or unreachable backend: its count says "lost" and the mark
+// says where the replies went.
+func TestBackendsSummaryRepliesLostOnNode(t *testing.T) {
+	vlan := uint16(200)
+	var flows []flow.Flow
+	for i := range 3 {
+		flows = append(flows, flow.Flow{ID: i + 1, Proto: "tcp", Client: netip.MustParseAddrPort(fmt.Sprintf("10.244.8.23:%d", 40000+i)),
+			Service: netip.MustParseAddrPort("10.120.0.90:80"), Backend: netip.MustParseAddrPort("10.244.20.31:3000"),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip t pre -> b", VLAN: &vlan, RepliesLostOnNode: 2, Reason: "replies lost"})
+	}
+	flows = append(flows, flow.Flow{ID: 4, Proto: "tcp", Client: netip.MustParseAddrPort("10.244.8.23:40010"),
+		Service: netip.MustParseAddrPort("10.120.0.90:80"), Backend: netip.MustParseAddrPort("10.244.20.77:3000"),
+		RewrittenAt: flow.PlaceNetfilter, By: "nftables ip t pre -> b", VLAN: &vlan})
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	w.Flows(flows)
+	w.Summary(flow.Summary{Flows: 4}, nil, Run{})
+	_, summary, _ := strings.Cut(b.String(), "REWRITTEN AT  FLOWS")
+	for _, want := range []string{
+		"10.244.20.31:3000  3      lost 3  <- it answered; the node lost the replies on their way to the client\n",
+		"10.244.20.77:3000  1      no 1  <- no flow got a reply\n",
+	} {
+		if !strings.Contains(summary, want) {
+			t.Errorf("summary lacks %q:\n%s", want, summary)
+		}
+	}
+}

@@ -409,6 +409,12 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
 	for _, p := range node.Pods {
+		if p.HostPeer != nil && p.HostPeer.MasterKind == "none" {
+			if a.RoutedHostVeths == nil {
+				a.RoutedHostVeths = map[int]bool{}
+			}
+			a.RoutedHostVeths[p.HostPeer.Ifindex] = true
+		}
 		for _, ifc := range p.OtherIfaces {
 			for _, pfx := range ifc.Addrs {
 				if a.PodOtherIfaces == nil {

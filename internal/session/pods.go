@@ -98,11 +98,14 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	}
 	tr.tc.add(found.CapturePoints, found.TCPrograms, now, tr.eng)
 	var hostIfindexes []int
+	routed := map[int]bool{}
 	for _, cp := range found.CapturePoints {
 		if cp.Role == discover.RoleHost {
 			hostIfindexes = append(hostIfindexes, cp.Ifindex)
+			routed[cp.Ifindex] = cp.MasterKind == "none"
 		}
 	}
+	tr.eng.SetHostVethsRouted(routed)
 	tr.eng.AddPodTCPrograms(now, hostIfindexes, podTCPrograms(found.TCPrograms))
 	// The new veths' tc redirects, read with their programs: a nowhere
 	// flow of the Pod names the one that takes its packets past netfilter.

@@ -44,6 +44,9 @@ type tracer struct {
 	// endpoint (discover.NodeInfo.NodeVIPPorts).
 	clientVIPPorts map[netip.Addr][]uint16
 	outOfScope     uint64
+	// podCaptureLost: a Pod's tap lost frames, which the engine was told
+	// (noteCaptureLosses).
+	podCaptureLost bool
 	// othersSNAT, with a Pod selected, are the sources the node's SNAT gave
 	// other clients' flows (their conntrack entries, out of scope): on a
 	// masquerading node their frames on the uplink carry the node's
@@ -263,6 +266,7 @@ loop:
 				}
 			}
 			tr.noteConntrackLosses()
+			tr.noteCaptureLosses()
 			tr.retire(time.Now())
 			tr.interval(time.Now(), &nextInterval)
 			tr.widen()
@@ -518,6 +522,27 @@ func (tr *tracer) takeEvents(b *batch, ok bool) bool {
 // did not track it.
 func (tr *tracer) noteConntrackLosses() {
 	tr.eng.SetConntrackLosses(tr.pr.ConntrackLosses())
+}
+
+// noteCaptureLosses tells the engine which capture points lost frames (a
+// tap's kernel_drops), before it judges flows by what their taps did not
+// see: a Pod's tap whose ring dropped a reply the client got must not make
+// it a reply lost on the node. A forgotten tap (a Pod gone) may have been a
+// Pod's: its losses count as the Pods'.
+func (tr *tracer) noteCaptureLosses() {
+	if tr.podCaptureLost {
+		return // said once, for the rest of the run
+	}
+	lost := tr.gone != nil && tr.gone.kernelDrops > 0
+	for _, tp := range tr.taps {
+		if !lost && tp.t != nil && tp.point == obs.PointPod && tp.t.Stats().KernelDrops > 0 {
+			lost = true
+		}
+	}
+	if lost {
+		tr.podCaptureLost = true
+		tr.eng.CaptureLost(obs.PointPod)
+	}
 }
 
 // attributeCgroup resolves a client cgroup, when an observation first names

@@ -278,6 +278,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		opt.CaptureDone()
 	}
 	tr.noteConntrackLosses()
+	tr.noteCaptureLosses()
 	res.Flows = eng.Flows()
 	res.Summary = eng.Summary()
 	res.Summary.OutOfScope = tr.outOfScope

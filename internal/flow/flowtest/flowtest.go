@@ -314,7 +314,9 @@ type attribution struct {
 	BridgeNFCallIPTables *bool `json:"bridge_nf_call_iptables"`
 	// PodOtherIfaces: the Pods' other interfaces by address.
 	PodOtherIfaces map[netip.Addr]string `json:"pod_other_ifaces"`
-	GatewayMACs    []string              `json:"gateway_macs"`
+	// RoutedHostVeths: the ifindexes of host veths without a master.
+	RoutedHostVeths []int    `json:"routed_host_veths"`
+	GatewayMACs     []string `json:"gateway_macs"`
 	// NodeAddrs: the node netns's own addresses (flow.Attribution.NodeAddrs).
 	NodeAddrs []netip.Addr `json:"node_addrs"`
 	LocalVIPs []struct {
@@ -416,6 +418,12 @@ func (f file) scenario() (Scenario, error) {
 
 func (a attribution) convert() (flow.Attribution, error) {
 	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables, PodOtherIfaces: a.PodOtherIfaces, NodeAddrs: a.NodeAddrs}
+	for _, i := range a.RoutedHostVeths {
+		if out.RoutedHostVeths == nil {
+			out.RoutedHostVeths = map[int]bool{}
+		}
+		out.RoutedHostVeths[i] = true
+	}
 	for _, p := range a.SockPrograms {
 		out.SockPrograms = append(out.SockPrograms, flow.SockProgram(p))
 	}

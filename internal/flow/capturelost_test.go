@@ -1,0 +1,44 @@
+package flow_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// TestRepliesMissingAtALossyPodTapAreNoVerdict: the scenario's first
+// connection got replies on the uplink and none at its Pod's eth0 tap:
+// lost on the node (REPLY no, replies_lost_on_node). When that Pod's tap
+// lost frames (its ring's kernel_drops, CaptureLost), its silence proves
+// nothing: the ring may have dropped the replies the client got, and a
+// reply the client got would read as REPLY no. The flow is then judged by
+// what was seen, as before the node-loss rule: the uplink's replies.
+func TestRepliesMissingAtALossyPodTapAreNoVerdict(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "netfilter-reply-lost-on-node.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without a loss: the scenario's own verdict.
+	e := s.Run(nil)
+	var lost int
+	for _, f := range e.Flows() {
+		if f.RepliesLostOnNode > 0 {
+			lost++
+			if f.Reply {
+				t.Errorf("flow %d: replies lost on the node, yet REPLY yes", f.ID)
+			}
+		}
+	}
+	if lost != 1 {
+		t.Fatalf("want one flow with replies lost on the node without a capture loss, got %d", lost)
+	}
+	e = s.Run(nil)
+	e.CaptureLost(obs.PointPod)
+	for _, f := range e.Flows() {
+		if f.RepliesLostOnNode > 0 || !f.Reply {
+			t.Errorf("flow %d (%s): the Pod's tap lost frames, yet replies_lost_on_node %d, reply %v: %s", f.ID, f.Client, f.RepliesLostOnNode, f.Reply, f.Reason)
+		}
+	}
+}
