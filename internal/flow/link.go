@@ -558,6 +558,10 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 		f.reply = true
 		if o.Point == obs.PointUplink {
 			f.uplinkReply.note(o)
+			if o.Dir == obs.DirOut && o.Src == f.service && !f.wireAnswered {
+				f.wireAnswered = true
+				f.evidenceChanged() // takenAtUplinkIn
+			}
 		}
 		if o.Point == obs.PointPod && o.Dir == obs.DirIn && o.Src != f.service &&
 			(f.untranslated == nil || o.Time.Before(f.untranslated.At)) {

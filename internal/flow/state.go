@@ -187,6 +187,8 @@ type flowState struct {
 	// wireVIP: the uplink's RX tap saw a request to the VIP come in (an
 	// outside client's, a NodePort's), before the uplink's tc ingress.
 	wireVIP bool
+	// wireAnswered: the uplink's TX tap saw a reply leave from the VIP.
+	wireAnswered bool
 
 	// cached is the verdict as of engine generation cachedGen, valid while
 	// cachedOK: every change to the evidence decide reads clears cachedOK.
@@ -384,6 +386,7 @@ func (f *flowState) absorb(o *flowState) {
 	f.touch(o.last)
 	f.reply = f.reply || o.reply
 	f.wireVIP = f.wireVIP || o.wireVIP
+	f.wireAnswered = f.wireAnswered || o.wireAnswered
 	if f.stray == nil {
 		f.stray = o.stray
 	}

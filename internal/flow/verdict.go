@@ -249,11 +249,18 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 			return v
 		}
 	}
+	if iV < 0 && iB < 0 && f.wireVIP {
+		if v, ok := e.takenAtUplinkIn(f, why); ok {
+			return v
+		}
+	}
 	if iV < 0 || iV >= iB {
 		if !why {
 			return verdict{place: PlaceUnknown}
 		}
 		switch {
+		case iB < 0 && f.wireVIP:
+			return unknown("the request came in on the uplink with VIP %s (uplink RX) and no point saw it after", f.service)
 		case iB < 0:
 			return unknown("only replies were seen, no request")
 		case iV < 0:
@@ -613,6 +620,35 @@ func (e *Engine) fromWire(f *flowState, iB checkpoint, why bool) (verdict, bool)
 		if excluded != "" {
 			v.reason += "; netfilter excluded: " + excluded
 		}
+	}
+	return v, true
+}
+
+// takenAtUplinkIn decides a request that came in on the uplink with the VIP
+// (an outside client's, to a NodePort) that no point saw after the uplink's
+// RX tap, with netfilter watching and never seeing it, and that was answered
+// from the VIP out of the uplink: only the uplink's tc ingress runs between
+// that tap and PREROUTING, and its program took the request out of the stack
+// and had it answered (Cilium's bpf_host in SNAT mode redirects a NodePort's
+// request to a backend on another node straight back out of the uplink; its
+// frames to the backend carry the node's address, which no point links to
+// the flow). The backend stays unseen. False when that does not hold.
+func (e *Engine) takenAtUplinkIn(f *flowState, why bool) (verdict, bool) {
+	by := e.byUplinkInTC(f)
+	if by == "" {
+		return verdict{}, false
+	}
+	if !f.wireAnswered {
+		return verdict{}, false
+	}
+	excluded, _ := e.netfilterExcluded(f, why)
+	if excluded == "" {
+		return verdict{}, false
+	}
+	v := verdict{place: PlaceTC, by: by}
+	if why {
+		v.reason = fmt.Sprintf("VIP %s on the uplink's wire (uplink RX, before its tc ingress), and replies from it left the uplink, but no point after saw the request: the uplink's tc ingress program took it out of the stack (a redirect, as to a backend on another node with BPF SNAT, whose frames carry the node's address, which no point links to this flow); netfilter excluded: %s; backend unseen",
+			f.service, excluded)
 	}
 	return v, true
 }

@@ -23,10 +23,20 @@ const maxBackendsListed = 32
 type backendCounts struct {
 	by     map[netip.AddrPort]map[string]int
 	others map[string]int // beyond maxBackendsListed
+	// unseen: rewritten flows whose backend no point saw (a NodePort the
+	// uplink's tc ingress redirected back out with BPF SNAT): their
+	// answers count too, or a refusing backend among them goes unnoticed.
+	unseen map[string]int
 }
 
 func (b *backendCounts) add(f flow.Flow) {
 	if !f.Backend.IsValid() {
+		if f.RewrittenAt != flow.PlaceNowhere && f.RewrittenAt != flow.PlaceUnknown && f.RewrittenAt != "" {
+			if b.unseen == nil {
+				b.unseen = map[string]int{}
+			}
+			b.unseen[reply(f)]++
+		}
 		return
 	}
 	if b.by == nil {
@@ -83,7 +93,7 @@ func replies(c map[string]int) (string, int) {
 // reached one; the backends no flow got an answer from are marked, and
 // those that answered only flows whose replies the node lost say so.
 func (b backendCounts) write(w io.Writer) error {
-	if len(b.by) == 0 {
+	if len(b.by) == 0 && len(b.unseen) == 0 {
 		return nil
 	}
 	fmt.Fprintln(w)
@@ -104,6 +114,10 @@ func (b backendCounts) write(w io.Writer) error {
 	if len(b.others) > 0 {
 		r, n := replies(b.others)
 		fmt.Fprintf(tw, "(others)\t%d\t%s\n", n, r)
+	}
+	if len(b.unseen) > 0 {
+		r, n := replies(b.unseen)
+		fmt.Fprintf(tw, "(unseen)\t%d\t%s\n", n, r)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write backends table: %w", err)

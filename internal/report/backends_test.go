@@ -48,6 +48,22 @@ func TestBackendsSummary(t *testing.T) {
 			t.Errorf("summary lacks %q:\n%s", want, summary)
 		}
 	}
+	// Rewritten flows whose backend no point saw (a NodePort redirected
+	// back out of the uplink with BPF SNAT) are counted with their
+	// answers, a refusal among them included.
+	b.Reset()
+	w = NewWriter(&b, FormatTable)
+	unseen := []flow.Flow{flows[0], flows[10]}
+	for i, refused := range []bool{false, true, true} {
+		unseen = append(unseen, flow.Flow{ID: 12 + i, Proto: "tcp", Client: netip.MustParseAddrPort(fmt.Sprintf("192.168.77.1:%d", 50000+i)),
+			Service: netip.MustParseAddrPort("192.168.77.2:30081"), RewrittenAt: flow.PlaceTC, By: "tcx ingress rf (id 8) on the uplink",
+			Reply: true, Refused: refused})
+	}
+	w.Flows(unseen)
+	w.Summary(flow.Summary{Flows: 5}, nil, Run{})
+	if _, s, _ := strings.Cut(b.String(), "REWRITTEN AT  FLOWS"); !strings.Contains(s, "(unseen)           3      yes 1, rst 2\n") {
+		t.Errorf("summary lacks the flows whose backend was unseen:\n%s", s)
+	}
 	if strings.Count(summary, "BACKEND") != 1 {
 		t.Errorf("want one BACKEND table in the summary:\n%s", summary)
 	}
