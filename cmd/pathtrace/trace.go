@@ -120,7 +120,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs.SortFlags = false
 	addSelectionFlags(fs, f)
 	fs.StringVarP(&f.output, "output", "o", "table", "report format: table or json (JSON lines: node, one per flow, summary)")
-	fs.StringVarP(&f.pcap, "pcap", "w", "", "write every captured frame to this pcapng `file`, one interface per capture point (\"-\" = stdout, the report then goes to stderr); written as FILE.partial, renamed when complete, mode 0600")
+	fs.StringVarP(&f.pcap, "pcap", "w", "", "write every captured frame to this pcapng `file`, one interface per capture point (\"-\" = stdout, the report then goes to stderr); written as FILE.partial, renamed to FILE when the capture ends (cut by a full disk too: the report says so; a killed run leaves FILE.partial), mode 0600")
 	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
 	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
 	fs.DurationVar(&f.flowTimeout, "flow-timeout", 0, fmt.Sprintf("with --duration 0: a flow idle this long is reported then and forgotten (a TCP connection is reported once closed and quiet for 9 s); a long idle connection that speaks again after it is a new flow, whose JSON \"continues\" names the earlier one; at least %s (default %s)", minFlowTimeout, flow.DefaultFlowTimeout))
