@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,6 +178,39 @@ func TestFollowBadUsage(t *testing.T) {
 	}
 }
 
+// startFollowInto starts a run until stopped on the lab's TCP VIP with
+// its JSON report written to w, which it closes on its side; done gets the
+// run's end.
+func startFollowInto(t *testing.T, l *lab.Lab, w *os.File) (cmd *exec.Cmd, stderr *strings.Builder, done chan error) {
+	t.Helper()
+	cmd = pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json")
+	stderr = &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = w, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done = make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return cmd, stderr, done
+}
+
+// wantReaderGoneExit waits up to within for the run to end with exit 1
+// saying its report's reader went away.
+func wantReaderGoneExit(t *testing.T, cmd *exec.Cmd, stderr *strings.Builder, done chan error, within time.Duration, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "reader went away") {
+			t.Errorf("exit %d (%v), stderr %q; want exit 1 saying the report's reader went away", code, err, stderr.String())
+		}
+	case <-time.After(within):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still tracing %s after its report's reader went away%s (stderr %q)", within, what, stderr.String())
+	}
+}
+
 // TestFollowReaderGone: a run until stopped whose report's reader went
 // away (`pathtrace --duration 0 -o json | head -1`, a log shipper that
 // died) ends with exit 1 and says so, as for a full disk: it was killed
@@ -190,25 +224,8 @@ func TestFollowReaderGone(t *testing.T) {
 	}
 	r.Close() // the reader is gone before the first line
 	defer w.Close()
-	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json")
-	var stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = w, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "reader went away") {
-			t.Errorf("exit %d (%v), stderr %q; want exit 1 saying the report's reader went away", code, err, stderr.String())
-		}
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-		t.Fatalf("still tracing 30 s after its report's reader went away (stderr %q)", stderr.String())
-	}
+	cmd, stderr, done := startFollowInto(t, l, w)
+	wantReaderGoneExit(t, cmd, stderr, done, 30*time.Second, "")
 }
 
 // TestFollowReaderGoneWhileIdle: `pathtrace --duration 0 | head -1` with no
@@ -224,28 +241,11 @@ func TestFollowReaderGoneWhileIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json")
-	var stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = w, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	cmd, stderr, done := startFollowInto(t, l, w)
 	line, err := bufio.NewReader(r).ReadString('\n') // the node line, as head -1 reads it
 	if err != nil || !strings.Contains(line, `"type":"node"`) {
 		t.Fatalf("first line %.80q (%v), want the node", line, err)
 	}
 	r.Close()
-	select {
-	case err := <-done:
-		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "reader went away") {
-			t.Errorf("exit %d (%v), stderr %q; want exit 1 saying the report's reader went away", code, err, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-		t.Fatalf("still tracing 15 s after its report's reader went away, nothing to write (stderr %q)", stderr.String())
-	}
+	wantReaderGoneExit(t, cmd, stderr, done, 15*time.Second, ", nothing to write")
 }
