@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -178,12 +180,14 @@ func TestFollowBadUsage(t *testing.T) {
 	}
 }
 
-// startFollowInto starts a run until stopped on the lab's TCP VIP with
-// its JSON report written to w, which it closes on its side; done gets the
-// run's end.
-func startFollowInto(t *testing.T, l *lab.Lab, w *os.File) (cmd *exec.Cmd, stderr *strings.Builder, done chan error) {
+// startFollowInto starts a run until stopped on the lab's TCP VIP, with
+// extra arguments, with its stdout (the JSON report, or the --pcap -
+// stream) written to w, which it closes on its side; done gets the run's
+// end.
+func startFollowInto(t *testing.T, l *lab.Lab, w *os.File, extra ...string) (cmd *exec.Cmd, stderr *strings.Builder, done chan error) {
 	t.Helper()
-	cmd = pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json")
+	args := append([]string{"--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json"}, extra...)
+	cmd = pathtrace(args...)
 	stderr = &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = w, stderr
 	if err := cmd.Start(); err != nil {
@@ -248,4 +252,48 @@ func TestFollowReaderGoneWhileIdle(t *testing.T) {
 	}
 	r.Close()
 	wantReaderGoneExit(t, cmd, stderr, done, 15*time.Second, ", nothing to write")
+}
+
+// TestFollowPcapReaderGone: `pathtrace --duration 0 --pcap - | head -c
+// 1000`: the stream's reader goes away, which ends the run (exit 1, the
+// stream is cut), and the report on stderr says so in its stop reason:
+// it said "interrupted", as for a Ctrl-C or a SIGTERM.
+func TestFollowPcapReaderGone(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd, stderr, done := startFollowInto(t, l, w, "--pcap", "-", "--max-bytes", "1M")
+	if _, err := io.ReadFull(r, make([]byte, 4)); err != nil { // the pcapng header's start, as head -c reads it
+		t.Fatalf("reading the stream: %v (stderr %q)", err, stderr.String())
+	}
+	if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 3}); err != nil {
+		t.Fatalf("lab client: %v", err)
+	}
+	r.Close()
+	var code int
+	select {
+	case err := <-done:
+		code = exitCode(err)
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still tracing 30 s after the stream's reader went away (stderr %q)", stderr.String())
+	}
+	var summary map[string]any
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["type"] == "summary" {
+			summary = m
+		}
+	}
+	if summary == nil || summary["stop_reason"] != "reader-gone" {
+		t.Errorf("summary %v, want stop_reason reader-gone (stderr %q)", summary, stderr.String())
+	}
+	if code != exitRuntime {
+		t.Errorf("exit %d, want %d: the stream was cut", code, exitRuntime)
+	}
 }

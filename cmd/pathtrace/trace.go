@@ -14,7 +14,6 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -383,6 +382,13 @@ func version() string {
 // any observer is attached) did, where the error is only "context canceled".
 const interruptedStart = "stopped while starting (Ctrl-C or a stop signal before tracing began): nothing was traced, nothing stays attached"
 
+// errReaderGone is the cause that ends a run until stopped whose stdout's
+// reader went away (watchReaderGone); stopReaderGone is the stop reason it
+// gives the report.
+var errReaderGone = errors.New("stdout's reader went away")
+
+const stopReaderGone = "reader-gone"
+
 // startInterrupted tells whether err ended the run because ctx, the run's stop
 // signals, was done before tracing began.
 func startInterrupted(ctx context.Context, err error) bool {
@@ -432,8 +438,10 @@ func runTrace(args []string) int {
 	go func() { <-ctx.Done(); stop() }()
 	// runCtx also ends when a run until stopped can no longer write its
 	// report (stdout closed, its disk full): it would trace on for days
-	// with nothing to show.
-	runCtx, endRun := context.WithCancel(ctx)
+	// with nothing to show; its cause says when stdout's reader went away
+	// first (errReaderGone).
+	runCtx, endRunCause := context.WithCancelCause(ctx)
+	endRun := func() { endRunCause(nil) }
 	defer endRun()
 	if path := os.Getenv("PATHTRACE_CPUPROFILE"); path != "" {
 		defer profileCPU(path)()
@@ -453,13 +461,12 @@ func runTrace(args []string) int {
 		// mid-run, exit 141, with nothing said.
 		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	}
-	var readerGone atomic.Bool
 	if opt.Duration == 0 {
 		// A run until stopped may write nothing for hours (no flow to the
 		// VIP): a reader that went away after the node block (`| head
 		// -1`) is seen when it goes, not at a next write that may never
 		// come.
-		watchReaderGone(os.Stdout, func() { readerGone.Store(true); endRun() })
+		watchReaderGone(os.Stdout, func() { endRunCause(errReaderGone) })
 	}
 	rw := report.NewWriter(out, f.output)
 	if isTerminal(os.Stderr) {
@@ -510,7 +517,7 @@ func runTrace(args []string) int {
 			fmt.Fprintf(os.Stderr, "pathtrace: --max-bytes %s: %v; give a larger bound, e.g. --max-bytes 64M\n", f.maxBytes, err)
 			return exitUsage
 		}
-		if errors.Is(err, context.Canceled) && readerGone.Load() {
+		if errors.Is(err, context.Canceled) && errors.Is(context.Cause(runCtx), errReaderGone) {
 			fmt.Fprintln(os.Stderr, "pathtrace: the report's reader went away (stdout closed) before tracing began: nothing was traced, nothing stays attached")
 			return exitRuntime
 		}
@@ -523,6 +530,12 @@ func runTrace(args []string) int {
 	}
 	if path := os.Getenv("PATHTRACE_MEMPROFILE"); path != "" {
 		profileHeap(path)
+	}
+	if errors.Is(context.Cause(runCtx), errReaderGone) && (res.StopReason == "interrupted" || res.StopReason == "pcap-error") {
+		// Not a signal: the run ended because stdout's reader (the --pcap -
+		// stream's; the report's, which then is lost anyway) went away,
+		// whether or not a write to the stream failed before the run saw it.
+		res.StopReason = stopReaderGone
 	}
 	rw.Flows(res.Flows)
 	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded})

@@ -197,7 +197,7 @@ func (w *Writer) Omitted(left []flow.Flow, why string) error {
 
 // Run is what the caller adds to the summary about the run itself.
 type Run struct {
-	Stop    string            `json:"stop_reason,omitempty"` // why it ended: duration, interrupted, max-packets, ...
+	Stop    string            `json:"stop_reason,omitempty"` // why it ended: duration, interrupted, max-packets, reader-gone, ...
 	Packets map[string]uint64 `json:"packets,omitempty"`     // frames captured per capture point
 	Pcap    *export.Summary   `json:"pcap,omitempty"`        // the pcapng file, when one was written
 	// Summarized counts packets the tc and netfilter observers left out of
