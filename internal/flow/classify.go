@@ -81,12 +81,45 @@ func (e *Engine) noteICMP(o obs.Observation, note *icmpNote) bool {
 		at = &f.replyICMP
 	}
 	if *at == nil || o.Time.Before((*at).At) {
-		*at = &ICMPError{Message: note.message, From: note.from, Point: o.Point.String(), At: o.Time}
+		var quote netip.AddrPort
+		if *at != nil {
+			quote = (*at).QuotedDst
+		}
+		*at = &ICMPError{Message: note.message, From: note.from, Point: o.Point.String(), At: o.Time, QuotedDst: quote}
 		if reply {
 			f.evidenceChanged()
 		}
 	}
+	if !reply && quotesBackendAtClient(f, o) {
+		f.icmp = f.icmp.withQuote(o.Dst)
+	}
 	return true
+}
+
+// withQuote is e with QuotedDst q unless it has one or q is none: a copy,
+// since the flows reported before share e.
+func (e *ICMPError) withQuote(q netip.AddrPort) *ICMPError {
+	if e.QuotedDst.IsValid() || !q.IsValid() {
+		return e
+	}
+	c := *e
+	c.QuotedDst = q
+	return &c
+}
+
+// quotesBackendAtClient tells whether o, the request an ICMP error quotes
+// (Point and Dir those of the message), is quoted with another destination
+// than the VIP where the message reached the client, which addressed the
+// VIP there: its Pod's eth0 coming in, or its host veth going out (the TX
+// tap runs after tc egress, where a tc program reverses the NAT).
+func quotesBackendAtClient(f *flowState, o obs.Observation) bool {
+	switch {
+	case o.Point == obs.PointPod && o.Dir == obs.DirIn && f.cps[cpPod].vip:
+	case o.Point == obs.PointHost && o.Dir == obs.DirOut && f.cps[cpHost].vip:
+	default:
+		return false
+	}
+	return o.Dst != f.service
 }
 
 // find is the flow o belongs to, as its packet would be linked (lookup),

@@ -392,3 +392,53 @@ func TestSharedCommentsAreEqual(t *testing.T) {
 		t.Fatal("no packets shared a comment: the test checked nothing")
 	}
 }
+
+// TestICMPErrorQuotingBackend: a tc program rewrote the request to the VIP
+// and does not translate ICMP errors back: the backend's port unreachable
+// reaches the client's Pod quoting the request to the backend, not to the
+// VIP the client sent to, and the client's connected socket never gets it.
+// The flow's ICMP error says what it quoted there, and its reason says so;
+// the same message with the VIP quoted at the Pod (conntrack translated it
+// back) is not flagged.
+func TestICMPErrorQuotingBackend(t *testing.T) {
+	const message = "ICMP destination unreachable (code 3: port unreachable)"
+	for _, tc := range []struct {
+		name      string
+		atPod     netip.AddrPort // the destination quoted at the Pod's eth0 and host veth
+		wantQuote netip.AddrPort
+	}{
+		{"untranslated", backend, backend},
+		{"translated back", vip, netip.AddrPort{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := flow.NewEngine(httpConfig(obs.PointPod, obs.PointHost, obs.PointUplink))
+			e.Add(req(0, obs.PointPod, obs.DirOut, vip))
+			e.Add(req(0.01, obs.PointHost, obs.DirIn, vip))
+			e.Add(req(0.02, obs.PointUplink, obs.DirOut, backend))
+			quoted := func(ms float64, p obs.Point, dir obs.Dir, dst netip.AddrPort) obs.Observation {
+				return obs.Observation{Time: flowtest.At(ms), Point: p, Dir: dir, Proto: obs.TCP, Src: client, Dst: dst}
+			}
+			for _, o := range []obs.Observation{
+				quoted(0.1, obs.PointUplink, obs.DirIn, backend),
+				quoted(0.11, obs.PointHost, obs.DirOut, tc.atPod),
+				quoted(0.12, obs.PointPod, obs.DirIn, tc.atPod),
+			} {
+				if !e.NoteICMPError(o, message, backend.Addr()) {
+					t.Fatalf("the ICMP error at %s found no flow", o.Point)
+				}
+			}
+			flows := e.Flows()
+			if len(flows) != 1 || flows[0].ICMPError == nil {
+				t.Fatalf("flows %+v, want one with its ICMP error", flows)
+			}
+			f := flows[0]
+			if got := f.ICMPError.QuotedDst; got != tc.wantQuote {
+				t.Errorf("quoted_dst %v, want %v", got, tc.wantQuote)
+			}
+			says := strings.Contains(f.Reason, "quoting its request to "+backend.String()+", not to "+vip.String())
+			if says != tc.wantQuote.IsValid() {
+				t.Errorf("reason %q: says the quote is untranslated %v, want %v", f.Reason, says, tc.wantQuote.IsValid())
+			}
+		})
+	}
+}

@@ -106,6 +106,13 @@ type ICMPError struct {
 	From    netip.Addr `json:"from"`
 	Point   string     `json:"point"`
 	At      time.Time  `json:"at"`
+	// QuotedDst: the destination of the request the message quotes where
+	// it reached the client (its Pod's eth0, or the host veth towards
+	// it), when that is not the VIP the client sent to (a backend):
+	// nothing reversed the NAT of the quoted header, and a connected
+	// socket (TCP, connected UDP), looked up by the quoted addresses,
+	// does not get the error.
+	QuotedDst netip.AddrPort `json:"quoted_dst,omitzero"`
 }
 
 // PointSeen aggregates what one point saw of a flow in one direction.

@@ -34,6 +34,10 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		First:        f.first,
 		Last:         f.last,
 	}
+	if e := f.icmp; e != nil && e.QuotedDst.IsValid() {
+		out.Reason += fmt.Sprintf("; the %s reached the client quoting its request to %s, not to %s, where the client sent it: nothing reversed the NAT of the quoted header (%s), so a connected socket (TCP, connected UDP) does not get the error (an unconnected UDP socket, found by its port alone, may)",
+			e.Message, e.QuotedDst, f.service, whyQuoteUntranslated(v.place))
+	}
 	if u, translated := f.untranslatedReplies(); u != nil {
 		out.UntranslatedReplies = u
 		refuses := "a UDP client that asked the VIP takes no answer from another address"
@@ -90,6 +94,19 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	}
 	out.Points = e.pointsSeen(f.points)
 	return out
+}
+
+// whyQuoteUntranslated says what can have left the header an ICMP error
+// quotes untranslated on its way to the client, by where its request was
+// rewritten.
+func whyQuoteUntranslated(p Place) string {
+	switch p {
+	case PlaceTC:
+		return "the tc program that rewrote the request does not translate ICMP errors back"
+	case PlaceNetfilter, PlaceIPVS:
+		return "the message never met the node's conntrack entry, which translates the errors related to it"
+	}
+	return "nothing on its way back knew the flow's translation"
 }
 
 // whyUntranslated says what can have let a flow's replies reach its client

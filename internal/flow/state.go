@@ -155,7 +155,7 @@ type flowState struct {
 	points      []pointStats
 	first, last time.Time
 	reply       bool
-	icmp        *ICMPError // the first ICMP error about its requests
+	icmp        *ICMPError // the first ICMP error about its requests (and its QuotedDst: noteICMP)
 	// replyICMP is the first ICMP error about one of its replies (noteICMP).
 	replyICMP *ICMPError
 	stray     *StrayReplies
@@ -396,8 +396,13 @@ func (f *flowState) absorb(o *flowState) {
 	if o.replyICMP != nil && (f.replyICMP == nil || o.replyICMP.At.Before(f.replyICMP.At)) {
 		f.replyICMP = o.replyICMP
 	}
-	if o.icmp != nil && (f.icmp == nil || o.icmp.At.Before(f.icmp.At)) {
-		f.icmp = o.icmp
+	if later := o.icmp; later != nil {
+		if f.icmp == nil || later.At.Before(f.icmp.At) {
+			later, f.icmp = f.icmp, later
+		}
+		if later != nil {
+			f.icmp = f.icmp.withQuote(later.QuotedDst)
+		}
 	}
 	if f.kind == 0 {
 		f.kind = o.kind

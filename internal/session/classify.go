@@ -271,7 +271,7 @@ func (tr *tracer) noteICMPError(tapIdx int, p *capture.Packet) {
 	if !tr.inScope(o.Src, o.Dst) {
 		return
 	}
-	o.Point, o.Time = tr.taps[tapIdx].point, p.Time
+	o.Point, o.Dir, o.Time = tr.taps[tapIdx].point, p.Dir, p.Time
 	tr.eng.NoteICMPError(o, tr.icmpKind(e), e.From)
 }
 
