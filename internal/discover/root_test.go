@@ -243,6 +243,34 @@ func TestNodeUsageErrors(t *testing.T) {
 	}
 }
 
+// TestUplinkIsUnselectedPodsVeth: --uplink naming the host veth of a Pod
+// the selection left out is refused as the selected Pod's own is: the
+// uplink would see none of the traced flows. The node's real uplink, a veth
+// too (into the gateway's netns), stays accepted.
+func TestUplinkIsUnselectedPodsVeth(t *testing.T) {
+	tb := newTestbed(t)
+	secondPod(t, tb)
+	pod, pod2 := netip.MustParseAddr(podIP), netip.MustParseAddr("10.99.8.24")
+	for _, opt := range []Options{
+		{HostNetNS: tb.node, PodIP: pod, Uplink: "hv1"},
+		{HostNetNS: tb.node, PodIP: pod2, Uplink: "hv0"},
+		{HostNetNS: tb.node, HostVeth: "hv1", Uplink: "hv0"},
+	} {
+		_, err := Node(context.Background(), opt)
+		var ue *UsageError
+		if !errors.As(err, &ue) || !strings.Contains(ue.Msg, "host veth of a Pod") {
+			t.Errorf("pod ip %v, host veth %q, --uplink %s: got %v, want a usage error naming a Pod's host veth", opt.PodIP, opt.HostVeth, opt.Uplink, err)
+		}
+	}
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: pod, Uplink: "up0"})
+	if err != nil {
+		t.Fatalf("--uplink up0, the node's uplink: %v", err)
+	}
+	if len(info.Pods) != 1 || !slices.Equal(info.Pods[0].Uplinks, []string{"up0"}) {
+		t.Errorf("--uplink up0: pods %+v, want one with uplink up0", info.Pods)
+	}
+}
+
 // addNATTables builds, inside the node netns, a DNAT table mixing a plain
 // match-and-jump with kube-proxy's nftables shapes: a concatenated-key
 // verdict map of services and a numgen verdict map of endpoints.

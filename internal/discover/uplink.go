@@ -100,6 +100,9 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 				return nil, usagef("--uplink %s: the host veth of the Pod in %s (captured as its host point), not an uplink; give the device the node's packets leave through, or leave --uplink out", opt.Uplink, p.NetNS.Path)
 			}
 		}
+		if err := notPodVeth(ctx, host, opt, l); err != nil {
+			return nil, err
+		}
 		for i := range info.Pods {
 			info.Pods[i].Uplinks, info.Pods[i].UplinkHow = []string{l.Attrs().Name}, "--uplink"
 		}
@@ -111,6 +114,26 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 	// out: their host veths are found when a Pod's uplink needs them.
 	partial := opt.PodIP.IsValid() || opt.PodNetNS != "" || opt.PodPID != 0 || opt.HostVeth != "" || info.PodsSkipped > 0
 	return podUplinks(ctx, host, opt.Services, info.Backends(), info, nil, partial), nil
+}
+
+// notPodVeth refuses l, the --uplink device, when it is the host veth of a
+// Pod that the selection left out (--pod-ip, --host-veth, a bound): a veth
+// whose peer's netns routes its default route or a VIP through it, as
+// podHostVeths finds the Pods' veths (the node's upstream excluded, a veth
+// too in kind and the lab). Captured as the uplink, it would see none of
+// the traced flows, and the uplink side of every flow would be missing.
+func notPodVeth(ctx context.Context, host *hostNS, opt Options, l netlink.Link) error {
+	if _, ok := l.(*netlink.Veth); !ok || l.Attrs().NetNsID < 0 {
+		return nil
+	}
+	veths, err := podHostVeths(ctx, host, opt.Services)
+	if err != nil && ctx.Err() != nil {
+		return err
+	}
+	if veths[l.Attrs().Index] {
+		return usagef("--uplink %s: the host veth of a Pod (its peer's netns routes its traffic through it), not an uplink; give the device the node's packets leave through, or leave --uplink out", opt.Uplink)
+	}
+	return nil
 }
 
 // podUplinks sets the uplinks of info's Pods, found by the routes towards
