@@ -143,6 +143,8 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 			if next() == "LOCAL" {
 				r.src = append(r.src, SourceMatch{Local: true, Not: neg})
 			}
+		case "--reject-with":
+			r.rejectWith = next()
 		case "--limit-iface-in", "--limit-iface-out":
 			limited = true
 		case "--to-destination":

@@ -81,6 +81,8 @@ type natRule struct {
 	// verdict is "reject" or "drop" for a rule that ends the packets it
 	// matches (kube-proxy rejects a Service without endpoints so).
 	verdict string
+	// rejectWith: what a reject answers with (NATRule.RejectWith).
+	rejectWith string
 	// gotos: the rule's targets are gone to, not jumped to: the rest of
 	// its chain never sees the packets it matched.
 	gotos   bool
@@ -188,7 +190,7 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 		}
 		if m && r.verdict != "" {
 			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip,
-				Port: po, Proto: pr, Chains: slices.Clone(path), Verdict: r.verdict, Comment: cm, Sources: sm,
+				Port: po, Proto: pr, Chains: slices.Clone(path), Verdict: r.verdict, RejectWith: r.rejectWith, Comment: cm, Sources: sm,
 				AfterNAT: w.base.afterNAT()})
 			w.ended = po == 0 && pr == "" && len(sm) == 0
 		}
@@ -275,7 +277,7 @@ func (r *natRule) goneFrom() (SourceMatch, bool) {
 // NodePort) make two: a client may take it meeting either's, and one list
 // of conditions, all required, cannot say so.
 func (w *natWalk) add(r NATRule) {
-	k := fmt.Sprint(r.Service, r.Hook, r.Port, r.Proto, r.Chains, r.Backend, r.Note, r.Verdict, r.Sources)
+	k := fmt.Sprint(r.Service, r.Hook, r.Port, r.Proto, r.Chains, r.Backend, r.Note, r.Verdict, r.RejectWith, r.Sources)
 	if !w.seen[k] {
 		w.seen[k] = true
 		*w.out = append(*w.out, r)

@@ -281,7 +281,7 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 			ev.rule.verdict = "drop"
 		}
 	case *expr.Reject:
-		ev.rule.verdict = "reject"
+		ev.rule.verdict, ev.rule.rejectWith = "reject", nftRejectWith(e)
 	case *expr.NAT:
 		if e.Type == expr.NATTypeDestNAT {
 			ev.nat(e)
@@ -293,7 +293,7 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 			ev.rule.backend, ev.rule.note = xtDNATBackend(e.Info)
 			ev.rule.portRange = xtDNATPortRange(e.Info)
 		case "REJECT": // iptables-nft's -j REJECT
-			ev.rule.verdict = "reject"
+			ev.rule.verdict, ev.rule.rejectWith = "reject", xtRejectWith(e.Info)
 		}
 	case *expr.Match:
 		ev.xtMatch(e)
@@ -620,6 +620,44 @@ func xtDNATPortRange(info xt.InfoAny) bool {
 }
 
 // xtDNATBackend decodes the target of an iptables-nft `-j DNAT`.
+// nftRejectWith is what an nftables reject answers with (RejectWith): its
+// type NFT_REJECT_ICMP_UNREACH (the code is ICMP's), NFT_REJECT_TCP_RST or
+// NFT_REJECT_ICMPX_UNREACH (a code of its own, for IPv4 as
+// nft_reject_icmp_code maps it).
+func nftRejectWith(e *expr.Reject) string {
+	switch e.Type {
+	case 0:
+		return rejectWithICMPCode(e.Code)
+	case 1:
+		return "tcp-reset"
+	case 2:
+		if int(e.Code) < len(icmpxCodes) {
+			return rejectWithICMPCode(icmpxCodes[e.Code])
+		}
+	}
+	return ""
+}
+
+// icmpxCodes are the ICMP codes of NFT_REJECT_ICMPX_NO_ROUTE, _PORT_UNREACH,
+// _HOST_UNREACH and _ADMIN_PROHIBITED.
+var icmpxCodes = []uint8{0, 3, 1, 13}
+
+// xtRejectWith is what an xtables REJECT target answers with (struct
+// ipt_reject_info: the enum ipt_reject_with, in host order).
+func xtRejectWith(info xt.InfoAny) string {
+	b, ok := info.(*xt.Unknown)
+	if !ok || len(*b) < 4 {
+		return ""
+	}
+	with := binary.NativeEndian.Uint32((*b)[:4])
+	names := []string{"icmp-net-unreachable", "icmp-host-unreachable", "icmp-proto-unreachable", "icmp-port-unreachable",
+		"", "icmp-net-prohibited", "icmp-host-prohibited", "tcp-reset", "icmp-admin-prohibited"}
+	if int(with) < len(names) {
+		return names[with]
+	}
+	return ""
+}
+
 func xtDNATBackend(info xt.InfoAny) (netip.AddrPort, string) {
 	var ipb []byte
 	var port uint16

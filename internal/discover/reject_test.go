@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -266,5 +267,61 @@ func TestFilterChainsBeforeNAT(t *testing.T) {
 	chain := &nftables.Chain{Name: "filter-prerouting", Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: &prio}
 	if got := filterHook(chain); got != "prerouting" {
 		t.Errorf("filter chain at prerouting: hook %q, want prerouting", got)
+	}
+}
+
+// TestRejectWith: what a reject rule answers with is read from each
+// source's form of it (iptables-save's --reject-with, an nftables reject's
+// type and code, iptables-nft's REJECT target info), and gives the ICMP
+// code a node process gets back (RejectICMPCode); a TCP reset and an
+// unknown answer give none.
+func TestRejectWith(t *testing.T) {
+	xtReject := func(with uint32) expr.Any {
+		info := xt.Unknown(binary.NativeEndian.AppendUint32(nil, with))
+		return &expr.Target{Name: "REJECT", Info: &info}
+	}
+	for _, tc := range []struct {
+		name     string
+		rule     expr.Any
+		want     string
+		wantCode int // -1: none
+	}{
+		{"nft reject (ip family default)", &expr.Reject{Type: 0, Code: 3}, "icmp-port-unreachable", 3},
+		{"nft reject with tcp reset", &expr.Reject{Type: 1}, "tcp-reset", -1},
+		{"nft reject with icmpx admin-prohibited", &expr.Reject{Type: 2, Code: 3}, "icmp-admin-prohibited", 13},
+		{"nft reject with icmpx port-unreachable", &expr.Reject{Type: 2, Code: 1}, "icmp-port-unreachable", 3},
+		{"iptables-nft REJECT (default)", xtReject(3), "icmp-port-unreachable", 3},
+		{"iptables-nft REJECT --reject-with icmp-host-prohibited", xtReject(6), "icmp-host-prohibited", 10},
+		{"iptables-nft REJECT --reject-with tcp-reset", xtReject(7), "tcp-reset", -1},
+		{"iptables-nft REJECT, info not decoded", &expr.Target{Name: "REJECT"}, "", -1},
+	} {
+		rs := nftNATRules([]expr.Any{loadDaddr(1), cmpEq(1, ip4("10.96.0.60")...), tc.rule}, noSets)
+		if len(rs) != 1 || rs[0].verdict != "reject" || rs[0].rejectWith != tc.want {
+			t.Errorf("%s: got %+v, want a reject with %q", tc.name, rs, tc.want)
+			continue
+		}
+		code, ok := NATRule{RejectWith: rs[0].rejectWith}.RejectICMPCode()
+		if got := map[bool]int{true: int(code), false: -1}[ok]; got != tc.wantCode {
+			t.Errorf("%s: ICMP code %d, want %d", tc.name, got, tc.wantCode)
+		}
+	}
+
+	const save = `*filter
+:OUTPUT ACCEPT [0:0]
+-A OUTPUT -d 10.96.0.60/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with icmp-admin-prohibited
+-A OUTPUT -d 10.96.0.61/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset
+COMMIT
+`
+	g, err := parseIPTablesSaveTable(strings.NewReader(save), SourceIPTablesLegacy, "filter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range g.matchServices(newServiceSet(nil, []ServicePort{{Addr: netip.MustParseAddr("10.96.0.60")}, {Addr: netip.MustParseAddr("10.96.0.61")}})) {
+		got = append(got, r.Service.String()+" "+r.RejectWith)
+	}
+	slices.Sort(got)
+	if want := []string{"10.96.0.60 icmp-admin-prohibited", "10.96.0.61 tcp-reset"}; !slices.Equal(got, want) {
+		t.Errorf("iptables-legacy rejects: got %q, want %q", got, want)
 	}
 }

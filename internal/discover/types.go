@@ -300,7 +300,11 @@ type NATRule struct {
 	// for a DNAT; Comment is its comment (kube-proxy's: "default/web:http
 	// has no endpoints"), only kept for those.
 	Verdict string `json:"verdict,omitempty"`
-	Comment string `json:"comment,omitempty"`
+	// RejectWith is what a reject rule answers with, in iptables' words:
+	// "tcp-reset", "icmp-port-unreachable", "icmp-admin-prohibited", ...
+	// (RejectICMPCode); "" for a drop or an answer not decoded.
+	RejectWith string `json:"reject_with,omitempty"`
+	Comment    string `json:"comment,omitempty"`
 	// AfterNAT: the rule sees packets after destination NAT (a filter
 	// chain at forward, input, or output after NAT's priority), so it only
 	// ends those NAT left addressed to the VIP: the ports no DNAT rule
@@ -378,4 +382,35 @@ type IPVSService struct {
 	Service   netip.AddrPort   `json:"service"`
 	Scheduler string           `json:"scheduler"`
 	Backends  []netip.AddrPort `json:"backends"`
+}
+
+// rejectICMPCodes are the ICMP destination unreachable codes of the reject
+// answers (RejectWith) that are one.
+var rejectICMPCodes = map[string]uint8{
+	"icmp-net-unreachable":   0,
+	"icmp-host-unreachable":  1,
+	"icmp-proto-unreachable": 2,
+	"icmp-port-unreachable":  3,
+	"icmp-net-prohibited":    9,
+	"icmp-host-prohibited":   10,
+	"icmp-admin-prohibited":  13,
+}
+
+// RejectICMPCode is the code of the ICMP destination unreachable a reject
+// rule answers with; false when it answers otherwise (a TCP reset) or not
+// known.
+func (r NATRule) RejectICMPCode() (uint8, bool) {
+	c, ok := rejectICMPCodes[r.RejectWith]
+	return c, ok
+}
+
+// rejectWithICMPCode is the RejectWith of an ICMP destination unreachable
+// of code c, "" for a code no reject sends.
+func rejectWithICMPCode(c uint8) string {
+	for name, code := range rejectICMPCodes {
+		if code == c {
+			return name
+		}
+	}
+	return ""
 }

@@ -177,9 +177,16 @@ func (e *Engine) ref(f *flowState, reply, translated bool) Ref {
 	return Ref{ID: e.idOf(f), Reply: reply, Translated: translated, Verdict: v.place, By: v.by}
 }
 
+// placeBy is what packet comments read of a verdict: its place and by
+// (flowState.cached).
+type placeBy struct {
+	place Place
+	by    string
+}
+
 // cachedVerdict is decide without its reason, recomputed only when the flow's evidence or the
 // engine's generation changed since the last call.
-func (e *Engine) cachedVerdict(f *flowState) verdict {
+func (e *Engine) cachedVerdict(f *flowState) placeBy {
 	if f.retired {
 		return f.cached // final
 	}
@@ -187,8 +194,7 @@ func (e *Engine) cachedVerdict(f *flowState) verdict {
 		// Packet comments read place and by only; the report makes the
 		// reason afresh: thousands of flows need not keep it.
 		v := e.decide(f, false)
-		v.by = e.byName(v.by)
-		f.cached, f.cachedOK, f.cachedGen = v, true, e.gen
+		f.cached, f.cachedOK, f.cachedGen = placeBy{place: v.place, by: e.byName(v.by)}, true, e.gen
 	}
 	return f.cached
 }

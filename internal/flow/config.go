@@ -181,6 +181,11 @@ type NATRule struct {
 	// clients outside the cluster to an externalTrafficPolicy: Local
 	// Service's local endpoints.
 	Sources []SourceMatch
+	// ICMPAnswer: the ICMP error a reject rule (Rejects) answers with, as
+	// the capture words one, e.g. "ICMP destination unreachable (code 3:
+	// port unreachable)"; "" for a drop, a TCP reset or an answer not
+	// known.
+	ICMPAnswer string
 	// BeforeNAT: a reject or drop rule (Rejects) of a chain at prerouting
 	// or output that runs before destination NAT, and so before the
 	// netfilter observers (kube-proxy nftables' filter-prerouting and

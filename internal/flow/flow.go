@@ -104,8 +104,13 @@ type StrayReplies struct {
 type ICMPError struct {
 	Message string     `json:"message"` // e.g. "ICMP destination unreachable (code 0: net unreachable)"
 	From    netip.Addr `json:"from"`
-	Point   string     `json:"point"`
+	Point   string     `json:"point,omitempty"`
 	At      time.Time  `json:"at"`
+	// FromRule: no capture point saw the message; it is the one the node's
+	// filter rule (as the flow's reason names it) answers a node process
+	// with, through loopback, which pathtrace does not capture. Point is
+	// empty then, At the request's last sighting.
+	FromRule bool `json:"from_rule,omitempty"`
 	// QuotedDst: the destination of the request the message quotes where
 	// it reached the client (its Pod's eth0, or the host veth towards
 	// it), when that is not the VIP the client sent to (a backend):

@@ -138,7 +138,7 @@ func (e *Engine) retire(over func(*flowState) bool) []Flow {
 		e.count(f, out[i].RewrittenAt)
 		// Its verdict is final: the comments of its packets still held
 		// (CommentOf) say it, whatever the engine learns later.
-		f.cached, f.cachedOK = verdict{place: out[i].RewrittenAt, by: e.byName(out[i].By)}, true
+		f.cached, f.cachedOK = placeBy{place: out[i].RewrittenAt, by: e.byName(out[i].By)}, true
 		f.retired = true
 	}
 	for _, f := range fs {

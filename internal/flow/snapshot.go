@@ -34,6 +34,9 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		First:        f.first,
 		Last:         f.last,
 	}
+	if r := v.answer; r != nil {
+		out.ICMPError = &ICMPError{Message: r.ICMPAnswer, From: f.client.Addr(), At: f.last, FromRule: true}
+	}
 	if e := f.icmp; e != nil && e.QuotedDst.IsValid() {
 		out.Reason += fmt.Sprintf("; the %s reached the client quoting its request to %s, not to %s, where the client sent it: nothing reversed the NAT of the quoted header (%s), so a connected socket (TCP, connected UDP) does not get the error (an unconnected UDP socket, found by its port alone, may)",
 			e.Message, e.QuotedDst, f.service, whyQuoteUntranslated(v.place))

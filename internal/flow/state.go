@@ -192,7 +192,7 @@ type flowState struct {
 
 	// cached is the verdict as of engine generation cachedGen, valid while
 	// cachedOK: every change to the evidence decide reads clears cachedOK.
-	cached    verdict
+	cached    placeBy
 	cachedOK  bool
 	cachedGen uint64
 	// evidence counts evidenceChanged calls: a packet comment made for this

@@ -216,6 +216,9 @@ type verdict struct {
 	place  Place
 	by     string
 	reason string
+	// answer: the reject rule whose ICMP error a node process got through
+	// loopback, which no capture point sees (rejected).
+	answer *NATRule
 }
 
 func unknown(format string, a ...any) verdict {
@@ -505,13 +508,31 @@ func (e *Engine) rejected(f *flowState, rules []NATRule) verdict {
 	if r := rules[0]; r.BeforeNAT {
 		reason = fmt.Sprintf("not rewritten: the node's filter ends the connection to %s at %s before netfilter's NAT (and before pathtrace's netfilter observers, which never saw it): %s", f.service, r.Hook, oneOf(cands))
 	}
+	v := verdict{place: PlaceNowhere}
 	switch {
 	case f.icmp != nil:
 		reason += fmt.Sprintf("; the %s from %s is its answer", f.icmp.Message, f.icmp.From)
 	case f.reply:
 		reason += "; the TCP reset that answered it is the rule's"
+	case f.fromNode && f.client.Addr().IsValid() && sameICMPAnswer(rules):
+		// A node process's refusal comes back through loopback, which
+		// no tap captures, nor do the netfilter observers report ICMP.
+		v.answer = &rules[0]
+		reason += fmt.Sprintf("; the rule answers the node process with an %s from its own address %s, through loopback (not captured: known from the rule)", rules[0].ICMPAnswer, f.client.Addr())
 	}
-	return verdict{place: PlaceNowhere, reason: reason}
+	v.reason = reason
+	return v
+}
+
+// sameICMPAnswer tells whether every candidate rule answers with one ICMP
+// error, known.
+func sameICMPAnswer(rules []NATRule) bool {
+	for _, r := range rules {
+		if r.ICMPAnswer == "" || r.ICMPAnswer != rules[0].ICMPAnswer {
+			return false
+		}
+	}
+	return len(rules) > 0
 }
 
 // redirectedAtTC decides a flow last seen with the VIP at the tc head of

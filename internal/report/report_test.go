@@ -456,18 +456,21 @@ func TestICMPErrorInsteadOfReply(t *testing.T) {
 	}
 }
 
-// TestICMPErrorQuotingBackendListed: an ICMP error that reached the client
-// quoting the backend, not the VIP (QuotedDst), is listed apart from the
-// same message that quoted the VIP, saying what it quoted.
-func TestICMPErrorQuotingBackendListed(t *testing.T) {
+// TestICMPErrorNotesListed: an ICMP error that reached the client quoting
+// the backend, not the VIP (QuotedDst), is listed apart from the same
+// message that quoted the VIP, saying what it quoted; one no capture point
+// saw, known from a node's reject rule (FromRule), says so.
+func TestICMPErrorNotesListed(t *testing.T) {
 	svc := netip.MustParseAddrPort("10.120.0.10:53")
 	be := netip.MustParseAddrPort("10.244.20.31:5353")
 	unreach := flow.ICMPError{Message: "ICMP destination unreachable (code 3: port unreachable)", From: be.Addr(), Point: "uplink"}
 	quoting := unreach
 	quoting.QuotedDst = be
+	fromRule := flow.ICMPError{Message: unreach.Message, From: netip.MustParseAddr("192.168.77.2"), FromRule: true}
 	flows := []flow.Flow{
 		{ID: 1, Proto: "udp", Service: svc, RewrittenAt: flow.PlaceTC, ICMPError: &quoting},
 		{ID: 2, Proto: "udp", Service: svc, RewrittenAt: flow.PlaceNetfilter, ICMPError: &unreach},
+		{ID: 3, Proto: "udp", Service: svc, RewrittenAt: flow.PlaceNowhere, ICMPError: &fromRule, NodeClient: true},
 	}
 	var table bytes.Buffer
 	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
@@ -476,6 +479,7 @@ func TestICMPErrorQuotingBackendListed(t *testing.T) {
 	for _, want := range []string{
 		"  flow 1: ICMP destination unreachable (code 3: port unreachable) from 10.244.20.31, reaching the client quoting 10.244.20.31:5353, not the Service 10.120.0.10:53: no reverse NAT of the quoted header\n",
 		"  flow 2: ICMP destination unreachable (code 3: port unreachable) from 10.244.20.31\n",
+		"  flow 3: ICMP destination unreachable (code 3: port unreachable) from 192.168.77.2 (the node's filter rule's answer, through loopback: known from the rule, not captured)\n",
 	} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("the table does not list %q:\n%s", want, table.String())

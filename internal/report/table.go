@@ -533,6 +533,9 @@ func writeICMPErrors(w io.Writer, flows []flow.Flow) {
 			continue
 		}
 		what := f.ICMPError.Message + " from " + f.ICMPError.From.String()
+		if f.ICMPError.FromRule {
+			what += " (the node's filter rule's answer, through loopback: known from the rule, not captured)"
+		}
 		if q := f.ICMPError.QuotedDst; q.IsValid() {
 			// Its reason says why it matters.
 			what += fmt.Sprintf(", reaching the client quoting %s, not the Service %s: no reverse NAT of the quoted header", q, f.Service)

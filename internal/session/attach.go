@@ -454,6 +454,9 @@ func natRulesOf(rules []discover.NATRule) []flow.NATRule {
 		case r.Verdict != "":
 			rule.Rule = r.Verdict
 			rule.BeforeNAT = !r.AfterNAT
+			if code, ok := r.RejectICMPCode(); ok {
+				rule.ICMPAnswer = capture.ICMPError{Type: capture.ICMPDestUnreachable, Code: code}.Kind()
+			}
 			if r.Comment != "" {
 				rule.Rule += fmt.Sprintf(" (%q)", r.Comment)
 			}

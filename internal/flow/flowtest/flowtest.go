@@ -76,6 +76,10 @@ type WantFlow struct {
 	// RepliesLostOnNode: reply packets the uplink received of which none
 	// reached the client's Pod (replies_lost_on_node); compared always.
 	RepliesLostOnNode uint64 `json:"replies_lost_on_node"`
+	// ICMPError: the flow's ICMP error as "MESSAGE from SENDER", with
+	// " (from the rule)" when no point captured it (ICMPError.FromRule);
+	// compared when set.
+	ICMPError string `json:"icmp_error"`
 	// NodeClient: compared when set (a node process's flow, or not).
 	NodeClient *bool  `json:"node_client"`
 	PID        uint32 `json:"pid"`
@@ -226,6 +230,18 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	if g.Refused != wf.Refused {
 		bad("refused", g.Refused, wf.Refused)
 	}
+	if wf.ICMPError != "" {
+		got := "none"
+		if e := g.ICMPError; e != nil {
+			got = e.Message + " from " + e.From.String()
+			if e.FromRule {
+				got += " (from the rule)"
+			}
+		}
+		if got != wf.ICMPError {
+			bad("icmp_error", got, wf.ICMPError)
+		}
+	}
 	if wf.StrayFrom != "" {
 		switch s := g.StrayReplies; {
 		case s == nil:
@@ -336,6 +352,8 @@ type natRule struct {
 	Rule     string           `json:"rule"`
 	// BeforeNAT: a reject at output before NAT (flow.NATRule.BeforeNAT).
 	BeforeNAT bool `json:"before_nat"`
+	// ICMPAnswer: the ICMP error a reject answers with (flow.NATRule.ICMPAnswer).
+	ICMPAnswer string `json:"icmp_answer"`
 	// Sources: the rule's conditions on the client's address.
 	Sources []sourceMatch `json:"sources"`
 }
@@ -349,7 +367,7 @@ type sourceMatch struct {
 func (r natRule) convert() (flow.NATRule, error) {
 	proto, err := parseProto(r.Proto)
 	rule := flow.NATRule{Source: r.Source, Table: r.Table, Chain: r.Chain,
-		Hook: r.Hook, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule, BeforeNAT: r.BeforeNAT}
+		Hook: r.Hook, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule, BeforeNAT: r.BeforeNAT, ICMPAnswer: r.ICMPAnswer}
 	for _, m := range r.Sources {
 		rule.Sources = append(rule.Sources, flow.SourceMatch(m))
 	}
