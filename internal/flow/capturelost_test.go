@@ -42,3 +42,30 @@ func TestRepliesMissingAtALossyPodTapAreNoVerdict(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeSynAckLostNeedsALosslessUplink: a node process's SYN-ACK is
+// judged lost on the node by the ACK that no point saw; once the uplink's
+// tap lost frames, its silence proves nothing (its ring may have dropped
+// the ACK): the flow keeps the reply the uplink saw.
+func TestNodeSynAckLostNeedsALosslessUplink(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "netfilter-node-synack-lost.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := 0
+	for _, f := range s.Run(nil).Flows() {
+		if f.RepliesLostOnNode > 0 {
+			lost++
+		}
+	}
+	if lost != 1 {
+		t.Fatalf("want one flow with its SYN-ACK lost on the node without a capture loss, got %d", lost)
+	}
+	e := s.Run(nil)
+	e.CaptureLost(obs.PointUplink)
+	for _, f := range e.Flows() {
+		if f.RepliesLostOnNode > 0 || !f.Reply {
+			t.Errorf("flow %d (%s): the uplink's tap lost frames, yet replies_lost_on_node %d, reply %v: %s", f.ID, f.Client, f.RepliesLostOnNode, f.Reply, f.Reason)
+		}
+	}
+}

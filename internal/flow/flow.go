@@ -76,6 +76,9 @@ type Flow struct {
 	// conntrack INVALID drop). Reply is then false: the backend
 	// answered, the client got nothing. Never counted once a Pod's tap
 	// lost frames (Engine.CaptureLost): its ring may have dropped them.
+	// A node process's flow has no tap past the uplink: counted when its
+	// socket never answered the backend's SYN-ACK the uplink received
+	// (nodeSynAckLost).
 	RepliesLostOnNode uint64 `json:"replies_lost_on_node,omitempty"`
 	// NodeClient: a socket of the node's own network namespace made the
 	// flow (a hostNetwork Pod, the kubelet, a node process), not a Pod's:

@@ -93,7 +93,15 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		if n == 1 {
 			packets = "reply packet"
 		}
-		out.Reason += fmt.Sprintf("; %d %s came in on the uplink from %s and none reached the Pod's eth0, whose tap saw the requests: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, a conntrack INVALID drop); the Pods' taps lost no frames", n, packets, from)
+		lost := "none reached the Pod's eth0, whose tap saw the requests"
+		causes := "a tc program or a filter rule at the uplink's ingress, rp_filter, a conntrack INVALID drop"
+		checked := "the Pods' taps lost no frames"
+		if f.fromNode {
+			lost = "the node process's socket never got the SYN-ACK: neither its ACK nor a reset answered it at any point (the netfilter observer at output, the uplink)"
+			causes = "a tc program or a filter rule at the uplink's ingress, a filter rule at input, rp_filter, a conntrack INVALID drop"
+			checked = "the uplink's tap lost no frames"
+		}
+		out.Reason += fmt.Sprintf("; %d %s came in on the uplink from %s and %s: the node dropped or altered them on the way in (%s); %s", n, packets, from, lost, causes, checked)
 	}
 	out.Points = e.pointsSeen(f.points)
 	return out

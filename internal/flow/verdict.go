@@ -912,8 +912,12 @@ func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
 // the Pod's tap may have stopped before they would have reached it. So is
 // every flow once a Pod's tap lost frames (CaptureLost): its ring may have
 // dropped the replies the client did get.
+//
+// A node process's flow has no tap past the uplink: its TCP handshake
+// tells instead (nodeSynAckLost).
 func (e *Engine) repliesLostOnNode(f *flowState) (n uint64, from netip.AddrPort) {
-	if f.fromNode || !f.uplinkReply.seen || e.window(f) != withinWindow || e.late(f.uplinkReply.at.UnixNano()) || e.captureLost[obs.PointPod] {
+	if !f.uplinkReply.seen || e.window(f) != withinWindow || e.late(f.uplinkReply.at.UnixNano()) ||
+		f.fromNode && !e.nodeSynAckLost(f) || !f.fromNode && e.captureLost[obs.PointPod] {
 		return 0, netip.AddrPort{}
 	}
 	var podOut uint64
@@ -930,10 +934,24 @@ func (e *Engine) repliesLostOnNode(f *flowState) (n uint64, from netip.AddrPort)
 			}
 		}
 	}
-	if podOut == 0 {
+	if podOut == 0 && !f.fromNode {
 		return 0, netip.AddrPort{}
 	}
 	return n, from
+}
+
+// nodeSynAckLost tells whether the SYN-ACK of f, a node process's TCP
+// flow, came in on the uplink and never reached its socket: the socket
+// answers a SYN-ACK at once, with its ACK (in SYN_SENT) or the kernel with a
+// RST (the socket gone), and no point saw either, where the netfilter
+// observer at output sees every packet the node sends before any filter
+// rule can drop it, and the uplink's TX tap, which lost no frames, every
+// packet that leaves. A SYN-ACK captured once the run was stopping tells
+// nothing: the answer may have come after the points stopped.
+func (e *Engine) nodeSynAckLost(f *flowState) bool {
+	t := &f.tcp
+	return f.proto == obs.TCP && t.synAck != 0 && t.ack == 0 && t.rst == 0 && !e.late(t.synAck) &&
+		e.active(obs.PointNFBefore) && e.active(obs.PointUplink) && !e.captureLost[obs.PointUplink]
 }
 
 // bracketBase is the start of a bracketed verdict's reason: where the VIP

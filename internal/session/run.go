@@ -47,6 +47,9 @@ type tracer struct {
 	// podCaptureLost: a Pod's tap lost frames, which the engine was told
 	// (noteCaptureLosses).
 	podCaptureLost bool
+	// uplinkCaptureLost: the same for an uplink's tap (a node process's
+	// SYN-ACK judged lost on the node by the ACK its tap did not see).
+	uplinkCaptureLost bool
 	// othersSNAT, with a Pod selected, are the sources the node's SNAT gave
 	// other clients' flows (their conntrack entries, out of scope): on a
 	// masquerading node their frames on the uplink carry the node's
@@ -527,21 +530,33 @@ func (tr *tracer) noteConntrackLosses() {
 // noteCaptureLosses tells the engine which capture points lost frames (a
 // tap's kernel_drops), before it judges flows by what their taps did not
 // see: a Pod's tap whose ring dropped a reply the client got must not make
-// it a reply lost on the node. A forgotten tap (a Pod gone) may have been a
+// it a reply lost on the node, nor an uplink's that dropped a node
+// process's ACK. A forgotten tap (a Pod gone) may have been a
 // Pod's: its losses count as the Pods'.
 func (tr *tracer) noteCaptureLosses() {
-	if tr.podCaptureLost {
+	if tr.podCaptureLost && tr.uplinkCaptureLost {
 		return // said once, for the rest of the run
 	}
-	lost := tr.gone != nil && tr.gone.kernelDrops > 0
+	pod := tr.gone != nil && tr.gone.kernelDrops > 0
+	uplink := false
 	for _, tp := range tr.taps {
-		if !lost && tp.t != nil && tp.point == obs.PointPod && tp.t.Stats().KernelDrops > 0 {
-			lost = true
+		if tp.t == nil || tp.t.Stats().KernelDrops == 0 {
+			continue
+		}
+		switch tp.point {
+		case obs.PointPod:
+			pod = true
+		case obs.PointUplink:
+			uplink = true
 		}
 	}
-	if lost {
+	if pod && !tr.podCaptureLost {
 		tr.podCaptureLost = true
 		tr.eng.CaptureLost(obs.PointPod)
+	}
+	if uplink && !tr.uplinkCaptureLost {
+		tr.uplinkCaptureLost = true
+		tr.eng.CaptureLost(obs.PointUplink)
 	}
 }
 
