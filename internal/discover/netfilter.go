@@ -199,7 +199,7 @@ func legacyTable(ctx context.Context, hostPath, bin, table string) (*natGraph, e
 	var parseErr error
 	err := nsutil.Do(hostPath, func() error {
 		// A child started from this locked thread inherits its netns.
-		cmd := exec.CommandContext(ctx, bin, "-t", table)
+		cmd := nsutil.Command(ctx, bin, "-t", table)
 		cmd.Stderr = &stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -275,7 +275,7 @@ func systemSaveTools(ctx context.Context, hostPath string) saveTools {
 		defer cancel()
 		out := &headBuffer{max: 4096}
 		err := nsutil.Do(hostPath, func() error {
-			cmd := exec.CommandContext(ctx, bin, "-t", "nat", "--version")
+			cmd := nsutil.Command(ctx, bin, "-t", "nat", "--version")
 			cmd.Stdout, cmd.Stderr = out, out
 			return cmd.Run()
 		})

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -135,7 +134,7 @@ func readSysctl(name string) string {
 func runCommand(ctx context.Context, nsPath string, w io.Writer, bin string, args ...string) error {
 	stderr := newTopicWriter(4096)
 	run := func() error {
-		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd := nsutil.Command(ctx, bin, args...)
 		cmd.Stdout, cmd.Stderr = w, stderr
 		cmd.Env = append(os.Environ(), "LC_ALL=C")
 		cmd.WaitDelay = time.Second

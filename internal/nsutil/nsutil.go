@@ -5,9 +5,12 @@
 package nsutil
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
+	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -55,6 +58,21 @@ func Do(path string, fn func() error) error {
 		errc <- ferr
 	}()
 	return <-errc
+}
+
+// Command is exec.CommandContext for the programs pathtrace runs to read the
+// node (nft, iptables-legacy-save, ovs-vsctl), tied to pathtrace's life: the
+// kernel kills the program when pathtrace dies, even by SIGKILL, instead of
+// leaving it to run to its end (`nft list ruleset` on a node of thousands of
+// Services takes seconds and hundreds of MB). The kernel sends that signal
+// when the thread that started the program exits; Go keeps its threads, but
+// for one left locked by a goroutine that ends (Do, when it cannot return to
+// its netns), which happens only after fn returned: run and wait for the
+// program within one fn.
+func Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
 }
 
 // Inode returns the inode number of a namespace file, the identity of the
