@@ -228,14 +228,15 @@ type SockProgram struct {
 
 // TCProgram is a tcx or cls_bpf program on a host veth or uplink, or on a
 // Pod's eth0 (in the Pod's netns: Ifindex is there, HostIfindex names the
-// Pod's host veth in the node netns).
+// Pod's host veth in the node netns), or a netkit program of a Pod's netkit
+// pair, on its host side (see NetkitChain).
 type TCProgram struct {
 	Ifname       string         `json:"ifname"`
 	Ifindex      int            `json:"ifindex"`
 	HostIfindex  int            `json:"host_ifindex,omitempty"` // pod only
 	Role         string         `json:"role"`                   // host, uplink or pod
 	Dir          string         `json:"dir"`                    // ingress or egress
-	Via          string         `json:"via"`                    // tcx or cls_bpf
+	Via          string         `json:"via"`                    // tcx, cls_bpf or netkit
 	Name         string         `json:"name"`
 	ID           ebpf.ProgramID `json:"id"`
 	DirectAction bool           `json:"direct_action,omitempty"` // cls_bpf only
