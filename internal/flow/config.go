@@ -64,7 +64,8 @@ type Attribution struct {
 	// (by cgroup id), when known; they take precedence over SockPrograms for
 	// flows whose socket was seen in that cgroup.
 	SockProgramsByCgroup map[uint64][]SockProgram
-	// TCPrograms: tcx and cls_bpf programs on the host-side veth.
+	// TCPrograms: tcx and cls_bpf programs on the host-side veth, and the
+	// programs of a netkit pair, on its host side (its primary).
 	TCPrograms []TCProgram
 	// UplinkTCPrograms: those on the uplinks. An egress one runs before the
 	// uplink's TX tap, after every other place that rewrites: a DNAT there
@@ -137,7 +138,7 @@ type NetfilterProgram struct {
 // TCProgram is a tc program on the host-side veth.
 type TCProgram struct {
 	Direction string // "ingress" (from the Pod) or "egress" (towards the Pod)
-	Kind      string // "tcx" or "cls_bpf"
+	Kind      string // "tcx", "cls_bpf" or "netkit" (a Pod's netkit pair's: see gapAt)
 	Name      string
 	ID        uint32
 	// Ifindex is the host veth it is attached to (in the node netns): a
