@@ -624,7 +624,7 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr)
 			pod.HostPeer = hostPeer(host, hl)
 		}
 	case isStackedOn(eth0, hostID):
-		pod.lower = a.ParentIndex
+		pod.lower, pod.lowerName = a.ParentIndex, host.name(a.ParentIndex)
 	case isVeth(eth0) && a.NetNsID >= 0:
 		pod.peerElsewhere, pod.peerNSID = true, a.NetNsID
 	}

@@ -178,8 +178,20 @@ type Pod struct {
 	peerElsewhere bool
 	peerNSID      int
 	// lower is the ifindex in the node netns of the device below Eth0 when
-	// Eth0 is a macvlan or ipvlan on a node device (0 otherwise).
-	lower int
+	// Eth0 is a macvlan or ipvlan on a node device (0 otherwise), lowerName
+	// its name.
+	lower     int
+	lowerName string
+}
+
+// StackedOn says, for a Pod whose eth0 is a macvlan or ipvlan of a node
+// device, what it is ("ipvlan on eno1"): such a Pod has no host side, and
+// no host veth's tc runs on its way out. "" for another Pod.
+func (p Pod) StackedOn() string {
+	if p.lower == 0 {
+		return ""
+	}
+	return p.Eth0.Kind + " on " + p.lowerName
 }
 
 // HostPeer is the node-side end of a pod's veth.

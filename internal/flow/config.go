@@ -98,6 +98,12 @@ type Attribution struct {
 	// the one captured (Multus's net1, a macvlan): a flow with one of
 	// those addresses as source left its Pod through it, uncaptured.
 	PodOtherIfaces map[netip.Addr]string
+	// StackedPods are the addresses of the traced Pods whose eth0 is a
+	// macvlan or ipvlan of a node device, with what it is ("macvlan on
+	// eno1"): they have no host side, so no host veth's tc runs between
+	// their eth0 and the uplink, only the uplink's egress (and the node's
+	// netfilter, for ipvlan's L3 modes, which its observers watch).
+	StackedPods map[netip.Addr]string
 	// RoutedHostVeths are the Pods' host veths (ifindex in the node netns)
 	// that have no master: the node routes their Pods' packets (Calico,
 	// Cilium), and a hairpin to the client's own Pod goes back out its

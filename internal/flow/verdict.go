@@ -122,11 +122,18 @@ func gapBefore(cp checkpoint) gap {
 // what the Pod sends after the programs of the pair's peer ran, inside the
 // pair, between the Pod's eth0 TX tap and the host side's RX tap (a veth
 // has nothing there).
+//
+// A Pod without a host side (see Attribution.StackedPods) meets no host
+// veth's tc: what runs at tc on its way is the uplink's egress.
 func (e *Engine) gapAt(f *flowState, cp checkpoint) gap {
 	if cp == cpHost && len(e.netkitCands(f)) > 0 {
 		return gapNetkit
 	}
-	return gapBefore(cp)
+	g := gapBefore(cp)
+	if _, ok := e.cfg.Attribution.StackedPods[f.client.Addr()]; ok && g == gapTC {
+		return gapUplinkTC
+	}
+	return g
 }
 
 func (g gap) String() string {
@@ -705,6 +712,16 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		// sent it elsewhere.
 		cands = slices.DeleteFunc(cands, func(g gap) bool { return g == gapTC || g == gapNetfilter || g == gapIPVS })
 		notes = append(notes, "the host side of its netkit pair and every later point of the node (watching) never saw it: the pair's program redirected it past the node's stack (bpf_redirect_neigh or bpf_redirect to the uplink)")
+	}
+	if stacked, ok := e.cfg.Attribution.StackedPods[f.client.Addr()]; ok && slices.Equal(cands, []gap{gapUplinkTC}) && e.byUplinkTC(f) == "" {
+		if !why {
+			return verdict{place: PlaceUnknown}
+		}
+		v := unknown("%s: the Pod's eth0 has no host side (%s): only the uplink's egress runs in between, where no tc program was found (a tc action such as pedit or nat, or an nftables netdev egress chain, which pathtrace does not read)", bracketBase(f, iV, iB), stacked)
+		for _, n := range notes {
+			v.reason += "; " + n
+		}
+		return v
 	}
 	if len(cands) == 1 && cands[0] == gapTC && iB == cpUplink && e.byTC(f) == "" && e.byUplinkTC(f) != "" {
 		// The tc left between the two points is the host veth's ingress,

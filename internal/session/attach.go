@@ -415,6 +415,14 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
 	for _, p := range node.Pods {
+		if on := p.StackedOn(); on != "" {
+			if a.StackedPods == nil {
+				a.StackedPods = map[netip.Addr]string{}
+			}
+			for _, pfx := range p.Eth0.Addrs {
+				a.StackedPods[pfx.Addr()] = on
+			}
+		}
 		if p.HostPeer != nil && p.HostPeer.MasterKind == "none" {
 			if a.RoutedHostVeths == nil {
 				a.RoutedHostVeths = map[int]bool{}
