@@ -98,6 +98,11 @@ type Attribution struct {
 	// the one captured (Multus's net1, a macvlan): a flow with one of
 	// those addresses as source left its Pod through it, uncaptured.
 	PodOtherIfaces map[netip.Addr]string
+	// PodHostSides are the host sides (ifindex in the node netns) of the
+	// traced Pods, by their eth0's addresses: a request a program of a
+	// netkit pair redirected past the host side is tied to its own pair's
+	// programs by its client.
+	PodHostSides map[netip.Addr]int
 	// StackedPods are the addresses of the traced Pods whose eth0 is a
 	// macvlan or ipvlan of a node device, with what it is ("macvlan on
 	// eno1"): they have no host side, so no host veth's tc runs between

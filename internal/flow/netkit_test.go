@@ -1,6 +1,7 @@
 package flow_test
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -76,5 +77,23 @@ func TestVethNoNetkit(t *testing.T) {
 	f := only(t, e)
 	if f.RewrittenAt != flow.PlaceUnknown || !strings.Contains(f.Reason, "nothing between these points rewrites") {
 		t.Fatalf("rewritten_at %s (%s), want unknown, inconsistent", f.RewrittenAt, f.Reason)
+	}
+}
+
+// TestNetkitRedirectOwnPair: on a node of many netkit Pods (Cilium loads
+// one program per endpoint), a request its pair redirected past the host
+// side is tied to its own pair's program by its client, not to every
+// pair's.
+func TestNetkitRedirectOwnPair(t *testing.T) {
+	cfg := netkitConfig()
+	cfg.Attribution.TCPrograms = append(cfg.Attribution.TCPrograms,
+		flow.TCProgram{Direction: "ingress", Kind: "netkit", Name: "cil_from_container", ID: 41, Ifindex: 5})
+	cfg.Attribution.PodHostSides = map[netip.Addr]int{client.Addr(): 4}
+	e := flow.NewEngine(cfg)
+	e.Add(req(10, obs.PointPod, obs.DirOut, vip))
+	e.Add(req(10.04, obs.PointUplink, obs.DirOut, backend))
+	f := only(t, e)
+	if f.RewrittenAt != flow.PlaceTC || f.By != "netkit peer cil_from_container (id 31)" {
+		t.Fatalf("rewritten_at %s by %q (%s), want tc by its own pair's peer program", f.RewrittenAt, f.By, f.Reason)
 	}
 }

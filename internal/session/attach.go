@@ -394,6 +394,20 @@ func hostRedirects(redirs []discover.TCRedirect) []flow.TCRedirect {
 	return out
 }
 
+// podHostSides are the host sides of pods by their eth0's addresses.
+func podHostSides(pods []discover.Pod) map[netip.Addr]int {
+	out := map[netip.Addr]int{}
+	for _, p := range pods {
+		if p.HostPeer == nil {
+			continue
+		}
+		for _, pfx := range p.Eth0.Addrs {
+			out[pfx.Addr()] = p.HostPeer.Ifindex
+		}
+	}
+	return out
+}
+
 // attribution turns what discovery read from the node into the engine's terms.
 func attribution(node *discover.NodeInfo) flow.Attribution {
 	var a flow.Attribution
@@ -414,6 +428,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	}
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
+	a.PodHostSides = podHostSides(node.Pods)
 	for _, p := range node.Pods {
 		if on := p.StackedOn(); on != "" {
 			if a.StackedPods == nil {
