@@ -390,48 +390,110 @@ func TestOverlayNode(t *testing.T) {
 }
 
 // TestMacvlanPod traces a Pod whose interface is a macvlan on a node device
-// (Multus, macvlan CNIs), selected with --pod-netns: its frames leave
-// through that device past the node's stack, so no netfilter rule of the
-// node applies; the uplink is the device below the macvlan.
+// (Multus, macvlan CNIs), or an ipvlan in L2 mode (as some CNIs do),
+// selected with --pod-netns: its frames leave through that device past the
+// node's stack, so no netfilter rule of the node applies; the uplink is the
+// device below the macvlan.
 func TestMacvlanPod(t *testing.T) {
 	needRoot(t)
-	const vip = "10.67.0.10:80"
-	ns := testNetns(t, fmt.Sprintf("ptmv%d", os.Getpid()%100000), "node", "gw", "pod")
-	node, gw, pod := ns[0], ns[1], ns[2]
+	for _, kind := range [][]string{{"macvlan", "mode", "bridge"}, {"ipvlan", "mode", "l2"}} {
+		t.Run(kind[0], func(t *testing.T) {
+			const vip = "10.67.0.10:80"
+			node, _, pod := macvlanPod(t, fmt.Sprintf("ptmv%d-%s", os.Getpid()%100000, kind[0]), kind...)
+			// The node's rules for the VIP, which the Pod's frames never meet.
+			dnatAt(t, node, "mv-kube-proxy", vip, "10.66.5.1:8080")
+
+			r := startJSON(t, "--host-netns", "/run/netns/"+node, "--pod-netns", "/run/netns/"+pod, "--svc", vip+"/tcp", "--duration", "30s")
+			nodeInfo := r.waitNode(t)
+			var points []string
+			cps, _ := nodeInfo["capture_points"].([]any)
+			for _, c := range cps {
+				cp, _ := c.(map[string]any)
+				points = append(points, fmt.Sprint(cp["role"], ":", cp["ifname"]))
+			}
+			if !slices.Equal(points, []string{"pod:mvpod", "uplink:mvnic"}) {
+				t.Errorf("capture points %v, want [pod:mvpod uplink:mvnic] (the %s and the device below it)", points, kind[0])
+			}
+			_ = connectFrom("/run/netns/"+pod, vip, 1) // nobody answers: it fails
+			time.Sleep(300 * time.Millisecond)
+			_ = r.cmd.Process.Signal(syscall.SIGTERM)
+			flows, _ := r.rest(t)
+			if len(flows) != 1 {
+				t.Fatalf("%d flows, want 1: %s", len(flows), dump(flows))
+			}
+			if f := flows[0]; f["rewritten_at"] != "nowhere" || f["vlan"] != float64(0) {
+				t.Errorf("want nowhere, seen leaving the uplink untagged: %s", dump(flows))
+			}
+		})
+	}
+}
+
+// macvlanPod builds a node whose device mvnic leads to a gateway
+// (10.66.5.1) and a Pod PREFIX-pod on a link of it (mvpod, 10.66.5.9), of
+// the type and options kind (a macvlan in bridge mode without), and
+// returns the names of the node, gateway and Pod netns. A kernel without
+// that link type skips the test.
+func macvlanPod(t *testing.T, prefix string, kind ...string) (node, gw, pod string) {
+	t.Helper()
+	if len(kind) == 0 {
+		kind = []string{"macvlan", "mode", "bridge"}
+	}
+	ns := testNetns(t, prefix, "node", "gw", "pod")
+	node, gw, pod = ns[0], ns[1], ns[2]
 	ipAll(t, [][]string{
 		{"link", "add", "mvnic", "netns", node, "type", "veth", "peer", "name", "mvgw", "netns", gw},
 		{"-n", node, "link", "set", "mvnic", "up"},
 		{"-n", gw, "addr", "add", "10.66.5.1/24", "dev", "mvgw"},
 		{"-n", gw, "link", "set", "mvgw", "up"},
-		{"-n", node, "link", "add", "mvpod", "link", "mvnic", "type", "macvlan", "mode", "bridge"},
+	})
+	if out, err := exec.Command("ip", append([]string{"-n", node, "link", "add", "mvpod", "link", "mvnic", "type"}, kind...)...).CombinedOutput(); err != nil {
+		t.Skipf("no %s links on this kernel: %v: %s", kind[0], err, out)
+	}
+	ipAll(t, [][]string{
 		{"-n", node, "link", "set", "mvpod", "netns", pod},
 		{"-n", pod, "addr", "add", "10.66.5.9/24", "dev", "mvpod"},
 		{"-n", pod, "link", "set", "mvpod", "up"},
 		{"-n", pod, "route", "add", "default", "via", "10.66.5.1"},
 	})
-	// The node's rules for the VIP, which the Pod's frames never meet.
-	dnatAt(t, node, "mv-kube-proxy", vip, "10.66.5.1:8080")
+	return node, gw, pod
+}
+
+// TestMacvlanPodRewrittenUnread: a macvlan Pod's request is rewritten on
+// the device below it by what pathtrace does not read (an nftables netdev
+// egress chain): the Pod has no host side, so the flow is unknown, at the
+// uplink's egress with nothing found there, never placed at a host veth's
+// tc that does not exist.
+func TestMacvlanPodRewrittenUnread(t *testing.T) {
+	needRoot(t)
+	const vip, backend = "10.67.0.11:80", "10.66.5.1:8080"
+	node, gw, pod := macvlanPod(t, fmt.Sprintf("ptmu%d", os.Getpid()%100000))
+	rules := `table netdev mu-rewrite {
+	chain egress {
+		type filter hook egress device mvnic priority 0;
+		ip daddr 10.67.0.11 tcp dport 80 ip daddr set 10.66.5.1 tcp dport set 8080
+	}
+}
+`
+	cmd := exec.Command("ip", "netns", "exec", node, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Skipf("no nftables netdev egress hook here: %v: %s", err, out)
+	}
+	serveIn(t, "/run/netns/"+gw, backend)
 
 	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--pod-netns", "/run/netns/"+pod, "--svc", vip+"/tcp", "--duration", "30s")
-	nodeInfo := r.waitNode(t)
-	var points []string
-	cps, _ := nodeInfo["capture_points"].([]any)
-	for _, c := range cps {
-		cp, _ := c.(map[string]any)
-		points = append(points, fmt.Sprint(cp["role"], ":", cp["ifname"]))
-	}
-	if !slices.Equal(points, []string{"pod:mvpod", "uplink:mvnic"}) {
-		t.Errorf("capture points %v, want [pod:mvpod uplink:mvnic] (the macvlan and the device below it)", points)
-	}
-	_ = connectFrom("/run/netns/"+pod, vip, 1) // nobody answers: it fails
+	r.waitNode(t)
+	_ = connectFrom("/run/netns/"+pod, vip, 1) // the reply is not translated back: it fails
 	time.Sleep(300 * time.Millisecond)
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
 	flows, _ := r.rest(t)
 	if len(flows) != 1 {
 		t.Fatalf("%d flows, want 1: %s", len(flows), dump(flows))
 	}
-	if f := flows[0]; f["rewritten_at"] != "nowhere" || f["vlan"] != float64(0) {
-		t.Errorf("want nowhere, seen leaving the uplink untagged: %s", dump(flows))
+	f := flows[0]
+	reason, _ := f["reason"].(string)
+	if f["rewritten_at"] != "unknown" || f["backend"] != backend || !strings.Contains(reason, "no host side (macvlan on mvnic)") || strings.Contains(reason, "host veth's tc") {
+		t.Errorf("want unknown, backend %s, at the uplink's egress of a Pod without host side: %s", backend, dump(flows))
 	}
 }
 

@@ -104,7 +104,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	}
 	info.veths = map[int]vethID{}
 	for idx, l := range host.links {
-		if _, ok := l.(*netlink.Veth); ok {
+		if isVeth(l) {
 			info.veths[idx] = vethIDOf(l)
 		}
 	}
@@ -240,7 +240,7 @@ func podLikeNodeNote(host *hostNS, info *NodeInfo) string {
 	}
 	var out []netlink.Link // veths into other netns
 	for _, l := range host.links {
-		if _, ok := l.(*netlink.Veth); ok && l.Attrs().NetNsID >= 0 {
+		if isVeth(l) && l.Attrs().NetNsID >= 0 {
 			out = append(out, l)
 		}
 	}

@@ -132,7 +132,7 @@ func checkHostVeth(ctx context.Context, host *hostNS, name string, vips []netip.
 	}
 	const fix = "give the node side of the Pod's veth (in the Pod, `ip link show eth0` says eth0@ifN: N is its ifindex in the node netns), or leave --host-veth out"
 	a := l.Attrs()
-	if _, ok := l.(*netlink.Veth); !ok {
+	if !isVeth(l) {
 		kind := l.Type()
 		if a.Flags&net.FlagLoopback != 0 {
 			kind = "loopback"
@@ -249,7 +249,7 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 	// and is skipped without opening a netlink socket in it.
 	peerIDs := map[int]bool{}
 	for _, l := range host.links {
-		if _, ok := l.(*netlink.Veth); ok && l.Attrs().NetNsID >= 0 {
+		if isVeth(l) && l.Attrs().NetNsID >= 0 {
 			if only == nil || only[l.Attrs().Index] {
 				peerIDs[l.Attrs().NetNsID] = true
 			}
@@ -371,7 +371,7 @@ func unfoundNetNSNote(host *hostNS, nsids map[int]bool, only map[int]bool) strin
 	var names []string
 	for _, l := range host.links {
 		a := l.Attrs()
-		if _, ok := l.(*netlink.Veth); ok && nsids[a.NetNsID] && (only == nil || only[a.Index]) {
+		if isVeth(l) && nsids[a.NetNsID] && (only == nil || only[a.Index]) {
 			names = append(names, a.Name)
 		}
 	}
@@ -424,7 +424,7 @@ func containerHint(ownPIDNS, hostProc bool) string {
 func podHostVeths(ctx context.Context, host *hostNS, vips []netip.Addr) (map[int]bool, error) {
 	byID := map[int][]netlink.Link{} // node veths by the id of their peer's netns
 	for _, l := range host.links {
-		if _, ok := l.(*netlink.Veth); ok && l.Attrs().NetNsID >= 0 {
+		if isVeth(l) && l.Attrs().NetNsID >= 0 {
 			byID[l.Attrs().NetNsID] = append(byID[l.Attrs().NetNsID], l)
 		}
 	}
@@ -624,7 +624,7 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr)
 			pod.HostPeer = hostPeer(host, hl)
 		}
 	case isStackedOn(eth0, hostID):
-		pod.lower = a.ParentIndex
+		pod.lower, pod.lowerName = a.ParentIndex, host.name(a.ParentIndex)
 	case isVeth(eth0) && a.NetNsID >= 0:
 		pod.peerElsewhere, pod.peerNSID = true, a.NetNsID
 	}
@@ -795,9 +795,17 @@ func isVethTo(l netlink.Link, nsid int) bool {
 	return isVeth(l) && nsid >= 0 && l.Attrs().NetNsID == nsid
 }
 
+// isVeth tells whether l is one end of a pair of devices whose other end
+// is ParentIndex in the netns NetNsID: a veth, or a netkit (Cilium's
+// datapathMode=netkit, its primary on the node, its peer the Pod's eth0),
+// which links its ends the same way. A netkit's BPF programs run inside
+// the pair, between its two ends' taps (see NetkitChain).
 func isVeth(l netlink.Link) bool {
-	_, ok := l.(*netlink.Veth)
-	return ok
+	switch l.(type) {
+	case *netlink.Veth, *netlink.Netkit:
+		return true
+	}
+	return false
 }
 
 func hostPeer(host *hostNS, l netlink.Link) *HostPeer {

@@ -190,7 +190,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		if _, known := w.veths[idx]; known {
 			continue
 		}
-		if _, ok := l.(*netlink.Veth); !ok || l.Attrs().NetNsID < 0 {
+		if !isVeth(l) || l.Attrs().NetNsID < 0 {
 			continue
 		}
 		first, ok := w.pending[idx]

@@ -326,6 +326,10 @@ func tcxPrograms(hostPath string, cps []CapturePoint) []pointProgs {
 					out[i].progs = append(out[i].progs, TCProgram{Dir: d.dir, Via: "tcx", ID: p.ID})
 				}
 			}
+			if cp.Kind == "netkit" && out[i].err == nil {
+				progs, err := netkitPrograms(cp.Ifindex)
+				out[i].progs, out[i].err = append(out[i].progs, progs...), err
+			}
 		}
 		return nil
 	})
@@ -335,6 +339,40 @@ func tcxPrograms(hostPath string, cps []CapturePoint) []pointProgs {
 		}
 	}
 	return out
+}
+
+// NetkitChain is one of a netkit pair's program lists, queried on its
+// primary: the peer's run on what the Pod sends (Cilium's
+// cil_from_container), the primary's on what the node sends to the Pod.
+// Both run inside the pair, before the receiving end's tap: the node side's
+// RX tap already sees what a peer program made of the Pod's packet. Dir
+// names the direction of the node side they act on, as a veth's tc
+// programs' does.
+type NetkitChain struct {
+	Dir, End string // "ingress", "peer"; "egress", "primary"
+	Attach   ebpf.AttachType
+}
+
+// NetkitChains are both lists of a netkit pair.
+var NetkitChains = []NetkitChain{{"ingress", "peer", ebpf.AttachNetkitPeer}, {"egress", "primary", ebpf.AttachNetkitPrimary}}
+
+// netkitPrograms lists the programs of the netkit pair whose primary is the
+// interface ifindex of the calling thread's netns, unnamed.
+func netkitPrograms(ifindex int) ([]TCProgram, error) {
+	var out []TCProgram
+	for _, c := range NetkitChains {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: c.Attach})
+		if errors.Is(err, unix.EACCES) {
+			return out, errors.New("query netkit programs: this end of the pair is not its primary, which holds them (the primary is in the Pod's netns)")
+		}
+		if err != nil {
+			return out, fmt.Errorf("query netkit %s programs: %w", c.End, err)
+		}
+		for _, p := range res.Programs {
+			out = append(out, TCProgram{Dir: c.Dir, Via: "netkit", ID: p.ID})
+		}
+	}
+	return out, nil
 }
 
 // TCParent is a clsact/ingress qdisc parent that bpf filters hang off.

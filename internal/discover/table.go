@@ -82,7 +82,7 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		p("socket\t%s\t%s (id %d)\tcgroup %s\n", s.Attach, orDash(s.Name), s.ID, s.Cgroup)
 	}
 	if len(n.TCPrograms) == 0 {
-		p("tc\tno tcx or cls_bpf program on host veths and uplinks\n")
+		p("tc\tno tcx, cls_bpf or netkit program on host veths and uplinks\n")
 	}
 	type progKind struct{ role, dir, via, name string }
 	ids := map[progKind][]string{} // distinct, in order

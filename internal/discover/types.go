@@ -178,8 +178,20 @@ type Pod struct {
 	peerElsewhere bool
 	peerNSID      int
 	// lower is the ifindex in the node netns of the device below Eth0 when
-	// Eth0 is a macvlan or ipvlan on a node device (0 otherwise).
-	lower int
+	// Eth0 is a macvlan or ipvlan on a node device (0 otherwise), lowerName
+	// its name.
+	lower     int
+	lowerName string
+}
+
+// StackedOn says, for a Pod whose eth0 is a macvlan or ipvlan of a node
+// device, what it is ("ipvlan on eno1"): such a Pod has no host side, and
+// no host veth's tc runs on its way out. "" for another Pod.
+func (p Pod) StackedOn() string {
+	if p.lower == 0 {
+		return ""
+	}
+	return p.Eth0.Kind + " on " + p.lowerName
 }
 
 // HostPeer is the node-side end of a pod's veth.
@@ -228,14 +240,15 @@ type SockProgram struct {
 
 // TCProgram is a tcx or cls_bpf program on a host veth or uplink, or on a
 // Pod's eth0 (in the Pod's netns: Ifindex is there, HostIfindex names the
-// Pod's host veth in the node netns).
+// Pod's host veth in the node netns), or a netkit program of a Pod's netkit
+// pair, on its host side (see NetkitChain).
 type TCProgram struct {
 	Ifname       string         `json:"ifname"`
 	Ifindex      int            `json:"ifindex"`
 	HostIfindex  int            `json:"host_ifindex,omitempty"` // pod only
 	Role         string         `json:"role"`                   // host, uplink or pod
 	Dir          string         `json:"dir"`                    // ingress or egress
-	Via          string         `json:"via"`                    // tcx or cls_bpf
+	Via          string         `json:"via"`                    // tcx, cls_bpf or netkit
 	Name         string         `json:"name"`
 	ID           ebpf.ProgramID `json:"id"`
 	DirectAction bool           `json:"direct_action,omitempty"` // cls_bpf only

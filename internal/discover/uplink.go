@@ -54,7 +54,7 @@ func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC
 			// An Open vSwitch bridge's own interface into the node
 			// (br-int, br-ex): the node's stack, not the way out.
 			internal = append(internal, p.index)
-		case p.kind != "veth":
+		case p.kind != "veth" && p.kind != "netkit":
 			nonVeth = append(nonVeth, p.index)
 			others = append(others, p.index)
 		default:

@@ -70,13 +70,41 @@ func (e *Engine) tcCands(f *flowState) []string {
 	pastTail := f.cps[cpTCTail].vip && !tcxOnly
 	var cands []string
 	for _, p := range e.cfg.Attribution.TCPrograms {
-		if p.Direction != "ingress" || (tcxOnly && p.Kind != "tcx") || (pastTail && p.Kind == "tcx" && p.Since.IsZero()) ||
+		if p.Direction != "ingress" || p.Kind == "netkit" || (tcxOnly && p.Kind != "tcx") || (pastTail && p.Kind == "tcx" && p.Since.IsZero()) ||
 			(p.Ifindex != 0 && f.hostIfindex != 0 && p.Ifindex != f.hostIfindex) || !presentAt(p, f.first) {
 			continue
 		}
 		cands = append(cands, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
 	}
 	return cands
+}
+
+// netkitCands are the programs of the flow's netkit pair (all pairs' when
+// its host side is not known) that run on what the Pod sends: the peer's,
+// attached on the primary, its host side.
+func (e *Engine) netkitCands(f *flowState) []string {
+	host := f.hostIfindex
+	if host == 0 {
+		host = e.cfg.Attribution.PodHostSides[f.client.Addr()]
+	}
+	var cands []string
+	for _, p := range e.cfg.Attribution.TCPrograms {
+		if p.Kind == "netkit" && p.Direction == "ingress" && (p.Ifindex == 0 || host == 0 || p.Ifindex == host) && presentAt(p, f.first) {
+			cands = append(cands, fmt.Sprintf("netkit peer %s (id %d)", p.Name, p.ID))
+		}
+	}
+	return cands
+}
+
+// bypassedHostSide tells whether the host-side points, from its RX tap to
+// netfilter, all watching, never saw f's request.
+func (e *Engine) bypassedHostSide(f *flowState) bool {
+	for _, cp := range []checkpoint{cpHost, cpTCHead, cpTCTail, cpNFBefore, cpNFAfter} {
+		if f.cps[cp].any() {
+			return false
+		}
+	}
+	return e.active(obs.PointHost) && e.active(obs.PointNFBefore)
 }
 
 // tcxChainEnded tells whether a program of the tcx chain ended it for f's
@@ -150,6 +178,22 @@ func (e *Engine) AddPodTCPrograms(at time.Time, hostIfindexes []int, progs []TCP
 	if len(progs) > 0 || len(reused) > 0 {
 		e.gen++
 	}
+}
+
+// AddPodHostSides records the host sides of Pods that started during the
+// run, by their addresses (Attribution.PodHostSides); an address given
+// again takes its newest.
+func (e *Engine) AddPodHostSides(sides map[netip.Addr]int) {
+	if len(sides) == 0 {
+		return
+	}
+	// A copy: the caller's Config may share the map.
+	all := maps.Clone(e.cfg.Attribution.PodHostSides)
+	if all == nil {
+		all = map[netip.Addr]int{}
+	}
+	maps.Copy(all, sides)
+	e.cfg.Attribution.PodHostSides = all
 }
 
 // SetHostVethsRouted records, for the host veths of Pods that started

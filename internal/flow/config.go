@@ -64,7 +64,8 @@ type Attribution struct {
 	// (by cgroup id), when known; they take precedence over SockPrograms for
 	// flows whose socket was seen in that cgroup.
 	SockProgramsByCgroup map[uint64][]SockProgram
-	// TCPrograms: tcx and cls_bpf programs on the host-side veth.
+	// TCPrograms: tcx and cls_bpf programs on the host-side veth, and the
+	// programs of a netkit pair, on its host side (its primary).
 	TCPrograms []TCProgram
 	// UplinkTCPrograms: those on the uplinks. An egress one runs before the
 	// uplink's TX tap, after every other place that rewrites: a DNAT there
@@ -97,6 +98,17 @@ type Attribution struct {
 	// the one captured (Multus's net1, a macvlan): a flow with one of
 	// those addresses as source left its Pod through it, uncaptured.
 	PodOtherIfaces map[netip.Addr]string
+	// PodHostSides are the host sides (ifindex in the node netns) of the
+	// traced Pods, by their eth0's addresses: a request a program of a
+	// netkit pair redirected past the host side is tied to its own pair's
+	// programs by its client.
+	PodHostSides map[netip.Addr]int
+	// StackedPods are the addresses of the traced Pods whose eth0 is a
+	// macvlan or ipvlan of a node device, with what it is ("macvlan on
+	// eno1"): they have no host side, so no host veth's tc runs between
+	// their eth0 and the uplink, only the uplink's egress (and the node's
+	// netfilter, for ipvlan's L3 modes, which its observers watch).
+	StackedPods map[netip.Addr]string
 	// RoutedHostVeths are the Pods' host veths (ifindex in the node netns)
 	// that have no master: the node routes their Pods' packets (Calico,
 	// Cilium), and a hairpin to the client's own Pod goes back out its
@@ -137,7 +149,7 @@ type NetfilterProgram struct {
 // TCProgram is a tc program on the host-side veth.
 type TCProgram struct {
 	Direction string // "ingress" (from the Pod) or "egress" (towards the Pod)
-	Kind      string // "tcx" or "cls_bpf"
+	Kind      string // "tcx", "cls_bpf" or "netkit" (a Pod's netkit pair's: see gapAt)
 	Name      string
 	ID        uint32
 	// Ifindex is the host veth it is attached to (in the node netns): a

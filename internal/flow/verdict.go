@@ -93,6 +93,7 @@ const (
 	gapIPVS                  // IPVS at LOCAL_IN (only when an IPVS service matches)
 	gapUplinkTC              // tc egress of the uplink, before its TX tap (see bracket)
 	gapUplinkInTC            // tc ingress of the uplink, after its RX tap (see fromWire)
+	gapNetkit                // the programs of the Pod's netkit pair, inside it (see gapAt)
 )
 
 func gapBefore(cp checkpoint) gap {
@@ -117,15 +118,33 @@ func gapBefore(cp checkpoint) gap {
 	return gapNothing // cpApp, cpHost (veth), cpNodeEgress, cpLocal, cpUplink (no DNAT after conntrack confirms)
 }
 
+// gapAt is gapBefore for f: the host side of a Pod's netkit pair receives
+// what the Pod sends after the programs of the pair's peer ran, inside the
+// pair, between the Pod's eth0 TX tap and the host side's RX tap (a veth
+// has nothing there).
+//
+// A Pod without a host side (see Attribution.StackedPods) meets no host
+// veth's tc: what runs at tc on its way is the uplink's egress.
+func (e *Engine) gapAt(f *flowState, cp checkpoint) gap {
+	if cp == cpHost && len(e.netkitCands(f)) > 0 {
+		return gapNetkit
+	}
+	g := gapBefore(cp)
+	if _, ok := e.cfg.Attribution.StackedPods[f.client.Addr()]; ok && g == gapTC {
+		return gapUplinkTC
+	}
+	return g
+}
+
 func (g gap) String() string {
-	return [...]string{"nothing", "socket", "netfilter in the Pod's netns", "tc egress in the Pod's netns", "tc", "netfilter", "ipvs", "tc egress of the uplink", "tc ingress of the uplink"}[g]
+	return [...]string{"nothing", "socket", "netfilter in the Pod's netns", "tc egress in the Pod's netns", "tc", "netfilter", "ipvs", "tc egress of the uplink", "tc ingress of the uplink", "a program of the Pod's netkit pair"}[g]
 }
 
 func (g gap) place() Place {
 	switch g {
 	case gapSocket:
 		return PlaceSocket
-	case gapTC, gapUplinkTC, gapUplinkInTC:
+	case gapTC, gapUplinkTC, gapUplinkInTC, gapNetkit:
 		return PlaceTC
 	case gapNetfilter, gapPodNAT:
 		return PlaceNetfilter
@@ -679,7 +698,7 @@ func (e *Engine) takenAtUplinkIn(f *flowState, why bool) (verdict, bool) {
 func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	var cands []gap
 	for cp := iV + 1; cp <= iB; cp++ {
-		g := gapBefore(cp)
+		g := e.gapAt(f, cp)
 		if g == gapNothing || (g == gapIPVS && len(e.ipvsFor(f)) == 0) || slices.Contains(cands, g) {
 			continue
 		}
@@ -707,6 +726,23 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			cands = removeGap(cands, gapNetfilter)
 			notes = append(notes, "netfilter excluded: "+excluded)
 		}
+	}
+	if len(cands) > 1 && slices.Contains(cands, gapNetkit) && e.bypassedHostSide(f) {
+		// Every place after the netkit pair is on the node side, whose
+		// points (watching) never saw the request: a program of the pair
+		// sent it elsewhere.
+		cands = slices.DeleteFunc(cands, func(g gap) bool { return g == gapTC || g == gapNetfilter || g == gapIPVS })
+		notes = append(notes, "the host side of its netkit pair and every later point of the node (watching) never saw it: the pair's program redirected it past the node's stack (bpf_redirect_neigh or bpf_redirect to the uplink)")
+	}
+	if stacked, ok := e.cfg.Attribution.StackedPods[f.client.Addr()]; ok && slices.Equal(cands, []gap{gapUplinkTC}) && e.byUplinkTC(f) == "" {
+		if !why {
+			return verdict{place: PlaceUnknown}
+		}
+		v := unknown("%s: the Pod's eth0 has no host side (%s): only the uplink's egress runs in between, where no tc program was found (a tc action such as pedit or nat, or an nftables netdev egress chain, which pathtrace does not read)", bracketBase(f, iV, iB), stacked)
+		for _, n := range notes {
+			v.reason += "; " + n
+		}
+		return v
 	}
 	if len(cands) == 1 && cands[0] == gapTC && iB == cpUplink && e.byTC(f) == "" && e.byUplinkTC(f) != "" {
 		// The tc left between the two points is the host veth's ingress,
@@ -755,6 +791,8 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		v.by = e.bySocket(f)
 	case gapTC:
 		v.by = e.byTC(f)
+	case gapNetkit:
+		v.by = oneOf(e.netkitCands(f))
 	case gapUplinkTC:
 		v.by = e.byUplinkTC(f)
 	case gapNetfilter:
@@ -768,6 +806,8 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		return v
 	}
 	switch g {
+	case gapNetkit:
+		notes = append(notes, "rewritten inside the Pod's netkit pair, by a program its host side (the primary) holds for what the Pod sends, which runs after the Pod's eth0 TX tap and before the host side's RX tap")
 	case gapTC:
 		if iB > cpTCTail && e.tcxChainEnded(f) {
 			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (so no cls_bpf filter ran)")

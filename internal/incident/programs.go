@@ -130,6 +130,9 @@ func (s *snapshot) tcIface(w *topicWriter, h *netlink.Handle, nsPath string, ifc
 				fmt.Fprintf(w, "  %d. %s link %d\n", i+1, s.progDesc(p.ID), linkID)
 			}
 		}
+		if nk, ok := l.(*netlink.Netkit); ok {
+			s.netkitChains(w, idx, nk)
+		}
 		return nil
 	})
 	if err != nil {
@@ -157,6 +160,33 @@ func (s *snapshot) tcIface(w *topicWriter, h *netlink.Handle, nsPath string, ifc
 		fmt.Fprintln(w, "xdp: none")
 	}
 	fmt.Fprintln(w)
+}
+
+// netkitChains writes the program lists of the netkit pair whose end nk
+// (ifindex idx) is, from a thread in its netns: they run inside the pair,
+// before the receiving end's tap and tcx chain. Only the primary holds them.
+func (s *snapshot) netkitChains(w *topicWriter, idx int, nk *netlink.Netkit) {
+	if !nk.IsPrimary() {
+		fmt.Fprintln(w, "netkit: the peer end of its pair; the pair's programs are held by its primary, in the other netns")
+		return
+	}
+	for _, c := range discover.NetkitChains {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: idx, Attach: c.Attach})
+		if err != nil {
+			fmt.Fprintf(w, "netkit %s: not read: %v\n", c.End, err)
+			w.notef("netkit %s programs of %s not read: %v", c.End, nk.Name, err)
+			continue
+		}
+		fmt.Fprintf(w, "netkit %s (%s of the node side, run order):", c.End, c.Dir)
+		if len(res.Programs) == 0 {
+			fmt.Fprint(w, " none")
+		}
+		fmt.Fprintln(w)
+		for i, p := range res.Programs {
+			linkID, _ := p.LinkID()
+			fmt.Fprintf(w, "  %d. %s link %d\n", i+1, s.progDesc(p.ID), linkID)
+		}
+	}
 }
 
 // tcFilters writes the filters hanging off one qdisc parent of l.
@@ -354,6 +384,8 @@ func linkTarget(info *link.Info) string {
 		return fmt.Sprintf(" %s %s priority %d flags %#x", nfFamily(uint32(nf.ProtocolFamily)), nfHook(uint32(nf.Hook)), nf.Priority, nf.Flags)
 	case info.Cgroup() != nil:
 		return fmt.Sprintf(" cgroup id %d %s", info.Cgroup().CgroupId, strings.TrimPrefix(info.Cgroup().AttachType.String(), "BPF_"))
+	case info.Netkit() != nil:
+		return fmt.Sprintf(" ifindex %d %s", info.Netkit().Ifindex, strings.TrimPrefix(info.Netkit().AttachType.String(), "BPF_"))
 	case info.XDP() != nil:
 		return fmt.Sprintf(" ifindex %d", info.XDP().Ifindex)
 	case info.NetNs() != nil:

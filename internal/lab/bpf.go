@@ -33,6 +33,9 @@ func (p attachPoint) String() string {
 	if p.cgroup != "" {
 		return "cgroup " + p.hook
 	}
+	if p.attach == ebpf.AttachNetkitPeer || p.attach == ebpf.AttachNetkitPrimary {
+		return p.iface + " " + p.hook
+	}
 	return p.iface + " tcx " + p.hook
 }
 
@@ -295,6 +298,25 @@ func (l *Lab) AttachTCLBTo(hostVeth string) error {
 		return err
 	}
 	return attachProgram(tcxEgress(l.NodeNetNS(), hostVeth), objs.ToContainer)
+}
+
+// AttachNetkitLBTo attaches a copy of the tc LB to primary, the node side
+// of a Pod's netkit pair in the netns at netnsPath, as Cilium's netkit
+// datapath does: DNAT on what the Pod sends (the peer's programs), reverse
+// NAT on what the node sends to it (the primary's). Like the veth's, it
+// stays until the device is deleted. The programs read an Ethernet header,
+// which a netkit's frames carry in L3 mode too.
+func AttachNetkitLBTo(netnsPath, primary string) error {
+	objs, err := loadTCLB()
+	if err != nil {
+		return err
+	}
+	defer objs.close()
+	peer := attachPoint{netns: netnsPath, iface: primary, attach: ebpf.AttachNetkitPeer, hook: "netkit peer"}
+	if err := attachProgram(peer, objs.FromContainer); err != nil {
+		return err
+	}
+	return attachProgram(attachPoint{netns: netnsPath, iface: primary, attach: ebpf.AttachNetkitPrimary, hook: "netkit primary"}, objs.ToContainer)
 }
 
 func loadLB(objs any) error {

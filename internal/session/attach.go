@@ -118,19 +118,25 @@ func tcDirsOf(node *discover.NodeInfo, cp discover.CapturePoint) tcDirs {
 	}
 	var d tcDirs
 	for _, p := range node.TCPrograms {
-		if p.Role == discover.RoleHost && p.Ifindex == cp.Ifindex {
+		if p.Role == discover.RoleHost && p.Ifindex == cp.Ifindex && bracketedByTCX(p) {
 			d |= tcDir(p.Dir)
 		}
 	}
 	return d
 }
 
+// bracketedByTCX tells whether the tcx observers of a host veth bracket
+// the program p: not a netkit program, which runs inside the Pod's netkit
+// pair, before the host side's RX tap and its tcx chain (the Pod's eth0 tap
+// and the host side's bracket it).
+func bracketedByTCX(p discover.TCProgram) bool { return p.Via != "netkit" }
+
 // errNoTCProgram is why a host veth gets no tcx observers. With no tc
 // program there, nothing at tc can rewrite its Pod's packets, and the host
 // veth's tap (before tc) brackets the same place; a tcx attachment costs an
 // RCU grace period (about 10 ms) under the global RTNL lock at start and at
 // stop, which a node of 110 kube-proxy Pods would pay 880 times.
-var errNoTCProgram = errors.New("no tc program (tcx or cls_bpf) on this veth to bracket; its tap covers the place")
+var errNoTCProgram = errors.New("no tc program (tcx or cls_bpf) on this veth to bracket; its tap covers the place (a netkit pair's own programs run before it: its tap and the Pod's eth0 bracket them)")
 
 // errNoTCProgramDir is why a host veth with a tc program in one direction
 // gets no tcx observers in the other (Cilium's veths, whose programs are on
@@ -388,6 +394,20 @@ func hostRedirects(redirs []discover.TCRedirect) []flow.TCRedirect {
 	return out
 }
 
+// podHostSides are the host sides of pods by their eth0's addresses.
+func podHostSides(pods []discover.Pod) map[netip.Addr]int {
+	out := map[netip.Addr]int{}
+	for _, p := range pods {
+		if p.HostPeer == nil {
+			continue
+		}
+		for _, pfx := range p.Eth0.Addrs {
+			out[pfx.Addr()] = p.HostPeer.Ifindex
+		}
+	}
+	return out
+}
+
 // attribution turns what discovery read from the node into the engine's terms.
 func attribution(node *discover.NodeInfo) flow.Attribution {
 	var a flow.Attribution
@@ -408,7 +428,16 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	}
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
+	a.PodHostSides = podHostSides(node.Pods)
 	for _, p := range node.Pods {
+		if on := p.StackedOn(); on != "" {
+			if a.StackedPods == nil {
+				a.StackedPods = map[netip.Addr]string{}
+			}
+			for _, pfx := range p.Eth0.Addrs {
+				a.StackedPods[pfx.Addr()] = on
+			}
+		}
 		if p.HostPeer != nil && p.HostPeer.MasterKind == "none" {
 			if a.RoutedHostVeths == nil {
 				a.RoutedHostVeths = map[int]bool{}

@@ -106,6 +106,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 		}
 	}
 	tr.eng.SetHostVethsRouted(routed)
+	tr.eng.AddPodHostSides(podHostSides(found.Pods))
 	tr.eng.AddPodTCPrograms(now, hostIfindexes, podTCPrograms(found.TCPrograms))
 	// The new veths' tc redirects, read with their programs: a nowhere
 	// flow of the Pod names the one that takes its packets past netfilter.

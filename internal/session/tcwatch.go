@@ -177,7 +177,7 @@ func (tr *tracer) observeTC(now time.Time, progs []discover.TCProgram) {
 	}
 	var veths []*veth
 	for _, p := range progs {
-		if p.Role != discover.RoleHost {
+		if p.Role != discover.RoleHost || !bracketedByTCX(p) {
 			continue
 		}
 		i := slices.IndexFunc(veths, func(v *veth) bool { return v.ifindex == p.Ifindex })
