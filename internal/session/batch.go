@@ -163,6 +163,11 @@ func (tr *tracer) newBatch(tap int, small bool) *batch {
 			n = smallBatch
 		}
 		b.frames = make([]frame, 0, n)
+		// Room for n frames of snaplen bytes from the start: grown by
+		// append, a new batch's data went through a dozen sizes, each
+		// copied and its frames rebased (most of the CPU of the first
+		// 200 ms of a capture, while the merge fills with new batches).
+		b.data = make([]byte, 0, min(n*tr.opt.Snaplen, maxBatchBytes))
 	}
 	b.tap = tap
 	return b
