@@ -708,7 +708,11 @@ static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 poin
  * only a tc program chose was watched from user space's next look on, after
  * a short connection's packets had gone by. A freed sk_buff's address comes
  * back for later packets: the note is dropped where the packet's walk past
- * the observers ends, and is good for PT_REWRITE_WINDOW_NS only. */
+ * the observers ends, and is good for PT_REWRITE_WINDOW_NS only. That walk
+ * usually takes microseconds, but the first packets after the observers
+ * are attached took 100 us to 1 ms in one run of four here (cold programs
+ * and maps): 2 ms keeps them, and a stale note still needs the same
+ * sk_buff address and client endpoint to mislead. */
 struct pt_to_watched {
 	__u64 skb;
 	__u64 at;
@@ -719,7 +723,7 @@ struct pt_to_watched {
 	__u8 _pad[5];
 };
 
-#define PT_REWRITE_WINDOW_NS 100000
+#define PT_REWRITE_WINDOW_NS 2000000
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
