@@ -260,7 +260,9 @@ func noteTunnelsOver(host *hostNS, l netlink.Link, info *NodeInfo) {
 
 // flowBasedTunnels are the node's VXLAN and Geneve devices that are up and
 // flow-based (collect_md: Cilium's cilium_vxlan, cilium_geneve), whose
-// destinations a BPF program sets per packet: no route leads to them.
+// destinations a BPF program sets per packet: no route leads to them. Only
+// those carrying Ethernet frames: a VXLAN-GPE or an inner-protocol Geneve
+// device carries bare IP (link/none), which the taps do not decode.
 func flowBasedTunnels(links map[int]netlink.Link) []netlink.Link {
 	var out []netlink.Link
 	for _, l := range links {
@@ -271,7 +273,7 @@ func flowBasedTunnels(links map[int]netlink.Link) []netlink.Link {
 		case *netlink.Geneve:
 			flowBased = t.FlowBased
 		}
-		if flowBased && l.Attrs().Flags&net.FlagUp != 0 {
+		if flowBased && l.Attrs().Flags&net.FlagUp != 0 && l.Attrs().EncapType == "ether" {
 			out = append(out, l)
 		}
 	}

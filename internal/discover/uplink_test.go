@@ -213,3 +213,26 @@ func TestUplinkBelowTunnelNoted(t *testing.T) {
 		t.Errorf("notes %q for eth1, which no overlay uses", info.Notes)
 	}
 }
+
+// Only flow-based tunnels that carry Ethernet frames are capture points: a
+// VXLAN-GPE device (ip link add vx0 type vxlan external gpe: link/none)
+// carries bare IP, which an Ethernet interface in the pcapng would mangle.
+func TestFlowBasedTunnelsEthernetOnly(t *testing.T) {
+	tunnel := func(index int, name, encap string, flowBased bool) netlink.Link {
+		attrs := netlink.LinkAttrs{Index: index, Name: name, EncapType: encap, Flags: net.FlagUp}
+		return &netlink.Vxlan{LinkAttrs: attrs, FlowBased: flowBased}
+	}
+	links := map[int]netlink.Link{
+		3: tunnel(3, "cilium_vxlan", "ether", true),
+		4: tunnel(4, "vx-gpe", "none", true),
+		5: tunnel(5, "vx-routed", "ether", false),
+		6: &netlink.Geneve{LinkAttrs: netlink.LinkAttrs{Index: 6, Name: "cilium_geneve", EncapType: "ether", Flags: net.FlagUp}, FlowBased: true},
+	}
+	var got []string
+	for _, l := range flowBasedTunnels(links) {
+		got = append(got, l.Attrs().Name)
+	}
+	if want := []string{"cilium_vxlan", "cilium_geneve"}; !slices.Equal(got, want) {
+		t.Errorf("flowBasedTunnels = %v, want %v", got, want)
+	}
+}
