@@ -105,8 +105,22 @@ func TestReadableAfterSIGKILL(t *testing.T) {
 	}
 }
 
+// waitFirstChunk waits until the file at path holds more than its header.
+func waitFirstChunk(t *testing.T, path string) {
+	t.Helper()
+	const header = 4096 // section header and interfaces: far less
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if st, err := os.Stat(path); err == nil && st.Size() > header {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the writer wrote nothing past its header to %s in 10 s", path)
+		}
+	}
+}
+
 // killChild starts a writer of path and SIGKILLs it at a random moment: any
-// time after start when early, else 0-40 ms after it created its file.
+// time after start when early, else 0-40 ms after its first chunk reached its file.
 func killChild(t *testing.T, path string, early bool) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -126,6 +140,10 @@ func killChild(t *testing.T, path string, early bool) {
 		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
 			t.Fatalf("writer did not start: %q %v", line, err)
 		}
+		// Killed while writing: once its first chunk is in the file (a
+		// loaded machine may start it late, then a kill right after
+		// "ready" finds only the header).
+		waitFirstChunk(t, path+".partial")
 		time.Sleep(time.Duration(rand.IntN(40000)) * time.Microsecond)
 	}
 	if err := cmd.Process.Kill(); err != nil {
