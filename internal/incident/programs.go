@@ -121,14 +121,7 @@ func (s *snapshot) tcIface(w *topicWriter, h *netlink.Handle, nsPath string, ifc
 				continue
 			}
 			fmt.Fprintf(w, "tcx %s (run order):", d.dir)
-			if len(res.Programs) == 0 {
-				fmt.Fprint(w, " none")
-			}
-			fmt.Fprintln(w)
-			for i, p := range res.Programs {
-				linkID, _ := p.LinkID()
-				fmt.Fprintf(w, "  %d. %s link %d\n", i+1, s.progDesc(p.ID), linkID)
-			}
+			s.chain(w, res.Programs)
 		}
 		if nk, ok := l.(*netlink.Netkit); ok {
 			s.netkitChains(w, idx, nk)
@@ -178,14 +171,19 @@ func (s *snapshot) netkitChains(w *topicWriter, idx int, nk *netlink.Netkit) {
 			continue
 		}
 		fmt.Fprintf(w, "netkit %s (%s of the node side, run order):", c.End, c.Dir)
-		if len(res.Programs) == 0 {
-			fmt.Fprint(w, " none")
-		}
-		fmt.Fprintln(w)
-		for i, p := range res.Programs {
-			linkID, _ := p.LinkID()
-			fmt.Fprintf(w, "  %d. %s link %d\n", i+1, s.progDesc(p.ID), linkID)
-		}
+		s.chain(w, res.Programs)
+	}
+}
+
+// chain ends a chain's header line and lists its programs in run order.
+func (s *snapshot) chain(w *topicWriter, progs []link.AttachedProgram) {
+	if len(progs) == 0 {
+		fmt.Fprint(w, " none")
+	}
+	fmt.Fprintln(w)
+	for i, p := range progs {
+		linkID, _ := p.LinkID()
+		fmt.Fprintf(w, "  %d. %s link %d\n", i+1, s.progDesc(p.ID), linkID)
 	}
 }
 
