@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"github.com/vishvananda/netlink"
 )
 
@@ -37,10 +38,12 @@ type PodWatch struct {
 	// behind are the netns the last look found behind pending veths
 	// (scanPods).
 	behind []netnsBehind
-	// netns are the Pods' netns, by inode, with their host veth: a Pod
-	// may have two veths. The kernel gives a deleted netns's inode to the
-	// next one made: a known inode whose Pod's veth is gone is a new Pod's.
-	netns map[uint64]int
+	// netns are the Pods' netns, by inode, with their host veth (a Pod
+	// may have two veths) and cookie. The kernel gives a deleted netns's
+	// inode to the next one made: a known inode whose Pod's veth is gone,
+	// or whose cookie differs (a Pod made again between two looks, its
+	// veth given the same ifindex), is a new Pod's.
+	netns map[uint64]podNetNS
 	// A new Pod's uplinks are found as discovery found those of the start
 	// (--uplink, else the routes towards the Services and backends); the
 	// ones not tapped yet (uplinks) are capture points of its own: on a
@@ -51,6 +54,20 @@ type PodWatch struct {
 	// podIP, when valid, is the only address whose Pods are followed
 	// (--pod-ip); Pods of others are known and left alone.
 	podIP netip.Addr
+}
+
+// podNetNS is a followed Pod's netns: its host veth's ifindex and the
+// netns's cookie (0: not read).
+type podNetNS struct {
+	veth   int
+	cookie uint64
+}
+
+// netnsCookie is the cookie of the netns at path, 0 when it cannot be read
+// (then a Pod is told by its netns's inode and veth alone).
+func netnsCookie(path string) uint64 {
+	c, _ := nsutil.Cookie(path)
+	return c
 }
 
 // vethID tells a node veth from one that gets its ifindex later. The
@@ -92,7 +109,7 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 		maxPods = DefaultMaxPods
 	}
 	w := &PodWatch{hostPath: node.HostNetNS.Path, vips: node.svcs.vips, max: maxPods, followed: len(node.Pods), skippedOut: node.PodsSkipped,
-		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]vethID{}, pending: map[int]time.Time{}, netns: map[uint64]int{},
+		progs: newProgCache(observerFilter(opt.IsObserver)), veths: map[int]vethID{}, pending: map[int]time.Time{}, netns: map[uint64]podNetNS{},
 		behind: node.behind, // the netns discovery found behind the veths the first look looks behind again
 		uplink: opt.Uplink, services: node.svcs.vips, backends: node.Backends(), uplinks: map[int]bool{}}
 	for _, cp := range node.CapturePoints {
@@ -104,7 +121,7 @@ func NewPodWatch(node *NodeInfo, opt Options) *PodWatch {
 	// be a Pod's whose CNI was still setting it up at discovery.
 	for _, p := range node.Pods {
 		if p.HostPeer != nil {
-			w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
+			w.netns[p.NetNS.Inode] = podNetNS{veth: p.HostPeer.Ifindex, cookie: netnsCookie(p.NetNS.Path)}
 			if id, ok := node.veths[p.HostPeer.Ifindex]; ok {
 				w.veths[p.HostPeer.Ifindex] = id
 			}
@@ -174,8 +191,8 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		}
 	}
 	var gone []uint64
-	for inode, idx := range w.netns {
-		if host.links[idx] == nil {
+	for inode, ns := range w.netns {
+		if host.links[ns.veth] == nil {
 			delete(w.netns, inode) // its Pod went; the inode may come again
 			if w.giveBack {
 				w.followed--
@@ -237,15 +254,16 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		// A second veth of a Pod followed, or its veth renamed (or given
 		// another MAC): the same Pod. A known inode whose veth went is a
 		// new Pod's (see netns).
-		if veth, ok := w.netns[p.NetNS.Inode]; ok {
-			if _, live := w.veths[veth]; veth == idx || live {
+		cookie := netnsCookie(p.NetNS.Path)
+		if ns, ok := w.netns[p.NetNS.Inode]; ok && (ns.cookie == 0 || cookie == 0 || ns.cookie == cookie) {
+			if _, live := w.veths[ns.veth]; ns.veth == idx || live {
 				continue
 			}
 		}
 		if w.podIP.IsValid() && !slices.ContainsFunc(p.Eth0.Addrs, func(a netip.Prefix) bool { return a.Addr() == w.podIP }) {
 			continue // another Pod: not traced
 		}
-		w.netns[p.NetNS.Inode] = p.HostPeer.Ifindex
+		w.netns[p.NetNS.Inode] = podNetNS{veth: p.HostPeer.Ifindex, cookie: cookie}
 		found.Pods = append(found.Pods, p)
 	}
 	w.followed += len(found.Pods)
@@ -279,7 +297,10 @@ func (w *PodWatch) newUplinks(ctx context.Context, host *hostNS, pods []Pod) []n
 	// Pods left out beyond the bound (partial: looked for, at the cost of
 	// a look into every netns). What discovery would note of them, the
 	// start's report did.
-	others := slices.Collect(maps.Values(w.netns))
+	var others []int
+	for _, ns := range w.netns {
+		others = append(others, ns.veth)
+	}
 	info := NodeInfo{Pods: pods} // its Pods are pods' elements: set in place
 	var out []netlink.Link
 	partial := w.room() <= 0 || w.podIP.IsValid() // the node's Pods are not all followed

@@ -85,6 +85,26 @@ func Inode(path string) (uint64, error) {
 	return st.Ino, nil
 }
 
+// Cookie returns the cookie of the network namespace at path: unlike its
+// inode, which the kernel gives a deleted namespace's successor, never
+// reused while the system runs (SO_NETNS_COOKIE, Linux 5.14).
+func Cookie(path string) (uint64, error) {
+	var cookie uint64
+	err := Do(path, func() error {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("netns cookie of %s: %w", path, err)
+	}
+	return cookie, nil
+}
+
 // Self is the path of the calling process's network namespace.
 const Self = "/proc/self/ns/net"
 
