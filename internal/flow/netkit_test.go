@@ -39,13 +39,7 @@ func TestNetkitPeerProgram(t *testing.T) {
 	e.Add(req(10.02, obs.PointNFBefore, 0, backend))
 	e.Add(req(10.03, obs.PointNFAfter, 0, backend))
 	e.Add(req(10.04, obs.PointUplink, obs.DirOut, backend))
-	f := only(t, e)
-	if f.RewrittenAt != flow.PlaceTC || f.By != "netkit peer cil_from_container (id 31)" {
-		t.Fatalf("rewritten_at %s by %q (%s), want tc by the netkit peer program", f.RewrittenAt, f.By, f.Reason)
-	}
-	if !strings.Contains(f.Reason, "netkit") {
-		t.Errorf("reason %q does not say the netkit pair's program did it", f.Reason)
-	}
+	wantNetkitPeer(t, only(t, e), "netkit", "the netkit pair's program did it")
 }
 
 // TestNetkitRedirect: the netkit peer program redirected the request
@@ -56,12 +50,18 @@ func TestNetkitRedirect(t *testing.T) {
 	e := flow.NewEngine(netkitConfig())
 	e.Add(req(10, obs.PointPod, obs.DirOut, vip))
 	e.Add(req(10.04, obs.PointUplink, obs.DirOut, backend))
-	f := only(t, e)
+	wantNetkitPeer(t, only(t, e), "redirect", "the program took it past the node's stack")
+}
+
+// wantNetkitPeer wants f rewritten at tc by the netkit peer program, its
+// reason holding word (it says what).
+func wantNetkitPeer(t *testing.T, f flow.Flow, word, what string) {
+	t.Helper()
 	if f.RewrittenAt != flow.PlaceTC || f.By != "netkit peer cil_from_container (id 31)" {
 		t.Fatalf("rewritten_at %s by %q (%s), want tc by the netkit peer program", f.RewrittenAt, f.By, f.Reason)
 	}
-	if !strings.Contains(f.Reason, "redirect") {
-		t.Errorf("reason %q does not say the program took it past the node's stack", f.Reason)
+	if !strings.Contains(f.Reason, word) {
+		t.Errorf("reason %q does not say %s", f.Reason, what)
 	}
 }
 
