@@ -152,11 +152,11 @@ func readNFT(hostPath string) (graphs []*natGraph, closeConn func(), err error) 
 	return graphs, func() { conn.CloseLasting() }, err
 }
 
-// readLegacyNAT reads the iptables-legacy nat table, only if it already exists:
-// any read through the legacy interface (iptables-legacy-save included) would
-// create the table otherwise. The program that reads it is only run then.
-// The filter table, where kube-proxy rejects a Service without endpoints, is
-// read too when it exists.
+// readLegacyNAT reads the iptables-legacy nat table and the filter table
+// (where kube-proxy, or anything else, rejects or drops a Service's
+// connections), each only if it already exists: any read through the legacy
+// interface (iptables-legacy-save included) would create the table
+// otherwise. The program that reads them is only run then.
 func readLegacyNAT(ctx context.Context, hostPath string) ([]*natGraph, string) {
 	var names []byte
 	err := nsutil.Do(hostPath, func() error {
@@ -164,29 +164,41 @@ func readLegacyNAT(ctx context.Context, hostPath string) ([]*natGraph, string) {
 		names, err = os.ReadFile(legacyTablesFile)
 		return err
 	})
+	hasNAT, hasFilter := hasLine(names, "nat"), hasLine(names, "filter")
 	switch {
 	case os.IsNotExist(err):
 		return nil, "absent: ip_tables module not loaded"
 	case err != nil:
 		return nil, "not checked: " + err.Error()
-	case !hasLine(names, "nat"):
+	case !hasNAT && !hasFilter:
 		return nil, "absent: no legacy nat table (not read: reading would create it)"
 	}
 	bin, why := systemSaveTools(ctx, hostPath).legacySave()
 	if bin == "" {
-		return nil, "not checked: the legacy nat table exists but " + why
+		return nil, "not checked: legacy tables exist but " + why
 	}
-	g, err := legacyTable(ctx, hostPath, bin, "nat")
-	if err != nil {
-		return nil, "not checked: " + err.Error()
-	}
-	graphs := []*natGraph{g}
-	if hasLine(names, "filter") {
-		f, err := legacyTable(ctx, hostPath, bin, "filter")
+	var graphs []*natGraph
+	if hasNAT {
+		g, err := legacyTable(ctx, hostPath, bin, "nat")
 		if err != nil {
+			return nil, "not checked: " + err.Error()
+		}
+		graphs = append(graphs, g)
+	}
+	if hasFilter {
+		f, err := legacyTable(ctx, hostPath, bin, "filter")
+		switch {
+		case err != nil && hasNAT:
 			return graphs, "nat read; filter not checked: " + err.Error()
+		case err != nil:
+			return nil, "not checked: " + err.Error()
 		}
 		graphs = append(graphs, f)
+	}
+	if !hasNAT {
+		// What the filter table holds still reads: a reject or drop of
+		// a Service's connections.
+		return graphs, "filter read; no legacy nat table (not read: reading would create it)"
 	}
 	return graphs, "read"
 }

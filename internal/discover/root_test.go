@@ -466,7 +466,7 @@ func TestNodeLegacyIPTables(t *testing.T) {
 		rules  []string
 	}{
 		{legacyMulti, "read", want},
-		{nftMulti, "not checked: the legacy nat table exists but iptables-legacy-save is not installed and", nil},
+		{nftMulti, "not checked: legacy tables exist but iptables-legacy-save is not installed and", nil},
 	} {
 		dir := t.TempDir()
 		if err := os.Symlink(tc.target, filepath.Join(dir, "iptables-save")); err != nil {
@@ -483,6 +483,39 @@ func TestNodeLegacyIPTables(t *testing.T) {
 			t.Errorf("iptables-save -> %s only: status %q rules %q, want %q... and %q", tc.target, nf.IPTablesLegacy, got, tc.status, tc.rules)
 		}
 		t.Logf("iptables-save -> %s only: %s", tc.target, nf.IPTablesLegacy)
+	}
+}
+
+// TestNodeLegacyFilterOnly: a node whose legacy iptables has a filter table
+// but no nat table (kube-proxy in nftables mode beside an older tool's
+// rules): a reject of a Service's connections there is read, and the nat
+// table is still not created.
+func TestNodeLegacyFilterOnly(t *testing.T) {
+	tb := newTestbed(t)
+	if _, err := exec.LookPath("iptables-legacy"); err != nil {
+		t.Skip("iptables-legacy not installed")
+	}
+	ipCmd(t, "netns", "exec", filepath.Base(tb.node), "iptables-legacy", "-t", "filter", "-A", "OUTPUT",
+		"-d", "10.120.0.80/32", "-p", "tcp", "--dport", "80", "-j", "REJECT", "--reject-with", "tcp-reset")
+	if names := readIn(t, tb.node, legacyTablesFile); strings.Contains(names, "nat") {
+		t.Fatalf("the legacy nat table exists before discovery: %q", names)
+	}
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP),
+		Services: []netip.Addr{netip.MustParseAddr("10.120.0.80")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nf := info.Netfilter
+	var got []string
+	for _, r := range nf.Rejects {
+		got = append(got, rejectKey(r))
+	}
+	want := []string{"output 10.120.0.80 tcp/80 OUTPUT => invalid AddrPort reject "}
+	if !strings.HasPrefix(nf.IPTablesLegacy, "filter read") || !slices.Equal(got, want) {
+		t.Errorf("legacy filter only: status %q rejects %q, want filter read and %q", nf.IPTablesLegacy, got, want)
+	}
+	if names := readIn(t, tb.node, legacyTablesFile); strings.Contains(names, "nat") {
+		t.Errorf("discovery created the legacy nat table: %q", names)
 	}
 }
 

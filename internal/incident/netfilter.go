@@ -85,12 +85,14 @@ var legacyFamilies = [...]legacyFamily{
 	}},
 }
 
-// iptablesLegacy writes the legacy nat tables that already exist. Any read
-// through the legacy interface (iptables-legacy-save included) creates the
-// table it reads, so the list of existing tables is checked first.
+// iptablesLegacy writes the legacy nat and filter tables that already
+// exist (the filter table holds the rejects of Services without endpoints).
+// Any read through the legacy interface (iptables-legacy-save included)
+// creates the table it reads, so the list of existing tables is checked
+// first.
 func (s *snapshot) iptablesLegacy(ctx context.Context, w *topicWriter) error {
 	for _, fam := range legacyFamilies {
-		fmt.Fprintf(w, "## %s -t nat\n", fam.save)
+		fmt.Fprintf(w, "## %s -t nat, -t filter\n", fam.save)
 		tables, err := legacyTables(s.hostPath, fam.namesFile)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
@@ -102,20 +104,21 @@ func (s *snapshot) iptablesLegacy(ctx context.Context, w *topicWriter) error {
 			continue
 		}
 		fmt.Fprintf(w, "existing legacy tables: %s\n", orDash(strings.Join(tables, " ")))
-		if !containsString(tables, "nat") {
-			fmt.Fprintln(w, "no legacy nat table (not read: reading would create it)")
-			fmt.Fprintln(w)
-			continue
-		}
-		bin, why := fam.find(ctx, s.hostPath)
-		if bin == "" {
-			fmt.Fprintf(w, "the legacy nat table exists but %s: not read\n\n", why)
-			w.notef("legacy nat table exists but %s", why)
-			continue
-		}
-		if err := s.listRuleset(ctx, w, newVIPLines(styleIPTablesSave, discover.SourceIPTablesLegacy, s.node, s.vips, 0), bin, "-t", "nat"); err != nil {
-			fmt.Fprintf(w, "not read: %v\n", err)
-			w.notef("%v", err)
+		for _, table := range []string{"nat", "filter"} {
+			if !containsString(tables, table) {
+				fmt.Fprintf(w, "no legacy %s table (not read: reading would create it)\n", table)
+				continue
+			}
+			bin, why := fam.find(ctx, s.hostPath)
+			if bin == "" {
+				fmt.Fprintf(w, "the legacy %s table exists but %s: not read\n", table, why)
+				w.notef("legacy %s table exists but %s", table, why)
+				continue
+			}
+			if err := s.listRuleset(ctx, w, newVIPLines(styleIPTablesSave, discover.SourceIPTablesLegacy, s.node, s.vips, 0), bin, "-t", table); err != nil {
+				fmt.Fprintf(w, "not read: %v\n", err)
+				w.notef("%v", err)
+			}
 		}
 		fmt.Fprintln(w)
 	}

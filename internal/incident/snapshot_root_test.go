@@ -428,9 +428,9 @@ func TestSnapshotCollectsEverythingAndChangesNothing(t *testing.T) {
 	}
 }
 
-// TestSnapshotReadsExistingLegacyNAT creates the legacy nat table the way a
-// kube-proxy in iptables-legacy mode would, and expects its rules, without
-// the snapshot creating any other legacy table.
+// TestSnapshotReadsExistingLegacyNAT creates the legacy nat and filter
+// tables the way a kube-proxy in iptables-legacy mode would, and expects
+// their rules, without the snapshot creating any other legacy table.
 func TestSnapshotReadsExistingLegacyNAT(t *testing.T) {
 	tn := newTestNode(t)
 	legacy, err := exec.LookPath("iptables-legacy")
@@ -441,10 +441,13 @@ func TestSnapshotReadsExistingLegacyNAT(t *testing.T) {
 		t.Skip("iptables-legacy-save is not installed")
 	}
 	err = nsutil.Do(tn.node, func() error {
-		out, err := exec.Command(legacy, "-t", "nat", "-A", "PREROUTING", "-d", "10.120.0.81/32", "-p", "tcp",
-			"-j", "DNAT", "--to-destination", "10.244.20.32:3000").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
+		for _, rule := range [][]string{
+			{"-t", "nat", "-A", "PREROUTING", "-d", "10.120.0.81/32", "-p", "tcp", "-j", "DNAT", "--to-destination", "10.244.20.32:3000"},
+			{"-t", "filter", "-A", "OUTPUT", "-d", "10.120.0.82/32", "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"},
+		} {
+			if out, err := exec.Command(legacy, rule...).CombinedOutput(); err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
 		}
 		return nil
 	})
@@ -463,7 +466,7 @@ func TestSnapshotReadsExistingLegacyNAT(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"existing legacy tables: nat", "*nat", "--to-destination 10.244.20.32:3000"} {
+	for _, p := range []string{"existing legacy tables: ", "*nat", "--to-destination 10.244.20.32:3000", "*filter", "-d 10.120.0.82/32"} {
 		if !strings.Contains(string(b), p) {
 			t.Errorf("iptables-legacy-nat.txt lacks %q:\n%s", p, b)
 		}
