@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -131,6 +132,57 @@ func TestBadNodeInputExitsTwo(t *testing.T) {
 		code := exitCode(cmd.Run())
 		if msg := strings.TrimSpace(stderr.String()); code != exitUsage || strings.Contains(msg, "\n") {
 			t.Errorf("pathtrace %s: exit %d, stderr %q; want exit 2 and one line", strings.Join(args, " "), code, msg)
+		}
+	}
+}
+
+// TestSamePcapTwiceAtOnce: two runs started together with one --pcap both
+// pass the flag check (the file is made after discovery); the one that
+// finds the name taken then is a usage error too, exit 2 and one line, and
+// the other's file is whole.
+func TestSamePcapTwiceAtOnce(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNowhere)
+	path := filepath.Join(t.TempDir(), "same.pcapng")
+	type result struct {
+		code   int
+		stderr string
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			var stderr bytes.Buffer
+			cmd := pathtrace("--svc", lab.TCPVIP.String(), "--host-netns", l.NodeNetNS(), "--duration", "2s", "--pcap", path)
+			cmd.Stderr = &stderr
+			results <- result{exitCode(cmd.Run()), strings.TrimSpace(stderr.String())}
+		}()
+	}
+	var codes []int
+	for range 2 {
+		r := <-results
+		codes = append(codes, r.code)
+		if r.code == exitUsage && (!strings.Contains(r.stderr, "same.pcapng") || strings.Contains(r.stderr, "\n")) {
+			t.Errorf("refused run's stderr %q: want one line naming the file", r.stderr)
+		}
+	}
+	slices.Sort(codes)
+	if codes[0] != exitOK || codes[1] != exitUsage {
+		t.Fatalf("exit codes %v: want one run to finish (0) and the other refused as bad usage (2)", codes)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("the finished run's file: %v", err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		t.Fatalf("the finished run's file: %v", err)
+	}
+	for {
+		if _, _, err := r.ReadPacketData(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("the finished run's file: %v", err)
 		}
 	}
 }

@@ -513,6 +513,10 @@ func runTrace(args []string) int {
 			fmt.Fprintf(os.Stderr, "pathtrace: %v\n", ue)
 			return exitUsage
 		}
+		if errors.Is(err, export.ErrTaken) { // taken after the flags were checked: another run started with the same --pcap
+			fmt.Fprintf(os.Stderr, "pathtrace: %v\n", err)
+			return exitUsage
+		}
 		if errors.Is(err, export.ErrLimit) { // the bound cannot even hold the file's header
 			fmt.Fprintf(os.Stderr, "pathtrace: --max-bytes %s: %v; give a larger bound, e.g. --max-bytes 64M\n", f.maxBytes, err)
 			return exitUsage

@@ -10,6 +10,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrTaken is the cause of a Create refused because PATH or PATH.partial
+// exists (a capture from before, or one another pathtrace writes now, which
+// took the name after this run checked its flags): the user gives another
+// file.
+var ErrTaken = errors.New("the capture file's name is taken")
+
+// takenError says which name is taken and why; it is ErrTaken.
+type takenError struct{ msg string }
+
+func (e takenError) Error() string        { return e.msg }
+func (e takenError) Is(target error) bool { return target == ErrTaken }
+
+func taken(format string, a ...any) error { return takenError{fmt.Sprintf(format, a...)} }
+
 // partialFile is the capture being written: an unnamed file until its header
 // is written, then PATH.partial, renamed to PATH by finish.
 type partialFile struct {
@@ -26,7 +40,7 @@ type partialFile struct {
 func createPartial(path string, tmpfile bool) (*partialFile, error) {
 	pf := &partialFile{path: path, partial: path + ".partial"}
 	if _, err := os.Lstat(path); err == nil {
-		return nil, fmt.Errorf("%s exists: pathtrace does not overwrite capture files", path)
+		return nil, taken("%s exists: pathtrace does not overwrite capture files", path)
 	}
 	if _, err := os.Lstat(pf.partial); err == nil {
 		return nil, partialExists(path)
@@ -91,9 +105,9 @@ func PartialInUse(path string) bool {
 // interrupted run left.
 func partialExists(path string) error {
 	if PartialInUse(path) {
-		return fmt.Errorf("%s.partial is being written by a capture running now (another pathtrace): give another file", path)
+		return taken("%s.partial is being written by a capture running now (another pathtrace): give another file", path)
 	}
-	return fmt.Errorf("%s.partial exists (left by an interrupted capture?): remove it or choose another file", path)
+	return taken("%s.partial exists (left by an interrupted capture?): remove it or choose another file", path)
 }
 
 // finish makes the file durable and renames it to PATH, never over an
