@@ -23,7 +23,8 @@ enum pt_point {
 	PT_TC_TAIL = 5,
 	PT_NF_BEFORE = 6, /* netfilter, just below the NAT priority */
 	PT_NF_AFTER = 7,  /* netfilter, just above the NAT priority */
-	PT_POINTS = 8,
+	PT_DROP = 8,      /* skb:kfree_skb: the kernel dropped the packet */
+	PT_POINTS = 9,
 };
 
 enum pt_dir {
@@ -65,7 +66,8 @@ struct pt_event {
 	__u8 kind;        /* enum pt_kind */
 	__u8 tcp_flags;
 	char comm[16];
-	__u8 _pad[4];
+	__u32 drop_reason; /* PT_DROP: enum skb_drop_reason */
+	__u64 location;    /* PT_DROP: the kernel address that dropped it */
 };
 
 /* Never used: keeps struct pt_event in the object's BTF, where a test checks
@@ -651,10 +653,10 @@ static __always_inline bool pt_same_flow_point(const struct pt_flow_point *a, co
 	return x[0] == y[0] && x[1] == y[1];
 }
 
-static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 point, __u8 where, __u64 now)
+/* pt_take_budget takes one event of the budget of t's flow direction at
+ * point (and where), counting one summarized when none is left. */
+static __always_inline bool pt_take_budget(const struct pt_tuple *t, __u8 point, __u8 where, __u64 now)
 {
-	if (t->proto == IPPROTO_TCP && (t->tcp_flags & 0x07)) /* FIN, SYN, RST */
-		return true;
 	struct pt_flow_point k = {
 		.saddr = t->saddr, .daddr = t->daddr, .sport = t->sport, .dport = t->dport,
 		.proto = t->proto, .point = point, .where = where,
@@ -694,6 +696,15 @@ static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 poin
 	if (summarized)
 		(*summarized)++;
 	return false;
+}
+
+/* pt_within_budget is the packet observers' budget: every TCP SYN, FIN and
+ * RST is reported, the other packets within their flow direction's budget. */
+static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 point, __u8 where, __u64 now)
+{
+	if (t->proto == IPPROTO_TCP && (t->tcp_flags & 0x07)) /* FIN, SYN, RST */
+		return true;
+	return pt_take_budget(t, point, where, now);
 }
 
 /* The last packet to a watched address an observer saw on this CPU, before

@@ -45,10 +45,14 @@ const (
 	PointConntrack
 	// PointUplink: AF_PACKET tap on the uplink (TX runs after tc egress).
 	PointUplink
+	// PointDrop: the kernel dropped the packet (skb:kfree_skb), anywhere on
+	// the node: Drop says why and where. Not a place on the path: it
+	// brackets nothing.
+	PointDrop
 )
 
 var pointNames = [...]string{"none", "sockaddr", "sockstate", "sockegress", "pod", "host",
-	"tc_head", "tc_tail", "nf_before", "nf_after", "conntrack", "uplink"}
+	"tc_head", "tc_tail", "nf_before", "nf_after", "conntrack", "uplink", "drop"}
 
 func (p Point) String() string {
 	if int(p) < len(pointNames) {
@@ -192,4 +196,16 @@ type Observation struct {
 	NATSrc   netip.AddrPort // reply destination when it differs from Src: the node's SNAT (masquerade)
 	CTMark   uint32
 	CTStatus uint32 // conntrack status bits (IPS_*: IPS_DST_NAT 0x20, IPS_CONFIRMED 0x8, ...)
+
+	// PointDrop: why and where the kernel dropped the packet (NetNS and
+	// Ifindex: its device's, or the one it came in by).
+	Drop *KernelDrop
+}
+
+// KernelDrop is what the kernel says of a packet it dropped.
+type KernelDrop struct {
+	Code     uint32 // enum skb_drop_reason
+	Reason   string // its name without SKB_DROP_REASON_ (NETFILTER_DROP), "" when unknown
+	Location uint64 // the kernel address that dropped it
+	Func     string // the kernel function at Location, "" when unknown
 }

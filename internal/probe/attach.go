@@ -326,7 +326,7 @@ func netnsInode(path string) (uint64, error) {
 }
 
 // Preload loads, without attaching them, the programs the Attach calls of
-// a session will need: the socket bracket and netfilter observers always,
+// a session will need: the socket bracket, netfilter and drop observers always,
 // the tcx heads when tcHeads, their tails too when tcTails. Loading (the
 // verifier) takes most of the start-up; done first, the observers are then
 // attached within tens of milliseconds of each other, not hundreds, so few
@@ -346,6 +346,7 @@ func (p *Probe) Preload(tcHeads, tcTails bool) {
 		load(p.nfSpec, o.prog)
 	}
 	load(p.pktSpec, ctFilterProgram)
+	load(p.dropSpec, dropProgram)
 	for _, o := range tcObservers {
 		if tail := o.point == obs.PointTCTail; tcHeads && !tail || tcTails && tail {
 			load(p.tcSpec, o.prog)

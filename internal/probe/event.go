@@ -37,11 +37,13 @@ const (
 	evTCPFlags  = 67
 	evComm      = 68
 	evCommLen   = 16
-	eventSize   = 88
+	evReason    = 84
+	evLocation  = 88
+	eventSize   = 96
 )
 
 // bpfPointCount is PT_POINTS, the size of the loss counter array.
-const bpfPointCount = 8
+const bpfPointCount = 9
 
 // bpfPoints maps enum pt_point onto obs.Point.
 var bpfPoints = map[uint32]obs.Point{
@@ -52,6 +54,7 @@ var bpfPoints = map[uint32]obs.Point{
 	5: obs.PointTCTail,
 	6: obs.PointNFBefore,
 	7: obs.PointNFAfter,
+	8: obs.PointDrop,
 }
 
 // decodeEvent turns one ring-buffer record into an observation. monoEpoch is
@@ -98,6 +101,9 @@ func decodeEvent(raw []byte, monoEpoch time.Time) (o obs.Observation, err error)
 		o.Kind = obs.SockKind(raw[evKind])
 	case obs.PointNFBefore, obs.PointNFAfter:
 		o.Hook = obs.Hook(raw[evHook])
+	case obs.PointDrop:
+		// The names are the Probe's to add (name).
+		o.Drop = &obs.KernelDrop{Code: le.Uint32(raw[evReason:]), Location: le.Uint64(raw[evLocation:])}
 	}
 	if tpid := le.Uint16(raw[evVlanProto:]); tpid != 0 {
 		o.TPID = tpid

@@ -20,10 +20,10 @@ func TestEventLayoutMatchesBTF(t *testing.T) {
 		"req_daddr": evReqDaddr, "sport": evSport, "dport": evDport, "req_dport": evReqDport,
 		"vlan_tci": evVlanTCI, "vlan_proto": evVlanProto, "point": evPoint, "dir": evDir,
 		"proto": evProto, "hook": evHook, "kind": evKind, "tcp_flags": evTCPFlags, "comm": evComm,
-		"_pad": evComm + evCommLen,
+		"drop_reason": evReason, "location": evLocation,
 	}
 	for name, load := range map[string]func() (*ebpf.CollectionSpec, error){
-		"sock": loadObserveSock, "tc": loadObserveTC, "nf": loadObserveNF,
+		"sock": loadObserveSock, "tc": loadObserveTC, "nf": loadObserveNF, "drop": loadObserveDrop,
 	} {
 		spec, err := load()
 		if err != nil {

@@ -6,3 +6,4 @@ package probe
 //go:generate go tool bpf2go -tags linux -target bpfel -no-global-types -cflags "-O2 -g -Wall -Werror -D__TARGET_ARCH_x86" observeTC ../../bpf/observe_tc.c
 //go:generate go tool bpf2go -tags linux -target bpfel -no-global-types -cflags "-O2 -g -Wall -Werror -D__TARGET_ARCH_x86" observeNF ../../bpf/observe_nf.c
 //go:generate go tool bpf2go -tags linux -target bpfel -no-global-types -cflags "-O2 -g -Wall -Werror -D__TARGET_ARCH_x86" observePkt ../../bpf/observe_pkt.c
+//go:generate go tool bpf2go -tags linux -target bpfel -no-global-types -cflags "-O2 -g -Wall -Werror -D__TARGET_ARCH_x86" observeDrop ../../bpf/observe_drop.c

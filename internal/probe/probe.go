@@ -53,6 +53,9 @@ type Stats struct {
 	// because their flow direction had already been reported PT_EVENTS_PER_FLOW
 	// times at that point (the taps still capture them): not a loss.
 	Summarized uint64
+	// DropsSummarized counts the drops of the traced flows the drop
+	// observer did not report, past their flow direction's budget.
+	DropsSummarized uint64
 }
 
 // Names of the maps the observer families share; each is created once per
@@ -66,7 +69,7 @@ var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_endp
 
 // Probe owns every map, program, link and socket of one session.
 type Probe struct {
-	sockSpec, tcSpec, nfSpec, pktSpec *ebpf.CollectionSpec
+	sockSpec, tcSpec, nfSpec, pktSpec, dropSpec *ebpf.CollectionSpec
 
 	mu      sync.Mutex
 	closed  bool
@@ -94,6 +97,7 @@ type Probe struct {
 	running  atomic.Bool
 	counters counters
 	catchUp  catchUp
+	drops    dropNames
 }
 
 type programKind struct {
@@ -144,8 +148,11 @@ func New() (*Probe, error) {
 	if p.pktSpec, err = loadObservePkt(); err != nil {
 		return nil, fmt.Errorf("parse tap filter: %w", err)
 	}
+	if p.dropSpec, err = loadObserveDrop(); err != nil {
+		return nil, fmt.Errorf("parse drop observer: %w", err)
+	}
 	p.kinds, p.foreign = map[programKind]bool{}, map[ebpf.ProgramID]bool{}
-	for _, spec := range []*ebpf.CollectionSpec{p.sockSpec, p.tcSpec, p.nfSpec, p.pktSpec} {
+	for _, spec := range []*ebpf.CollectionSpec{p.sockSpec, p.tcSpec, p.nfSpec, p.pktSpec, p.dropSpec} {
 		for name, ps := range spec.Programs {
 			p.kinds[programKind{ps.Type, name}] = true
 		}
@@ -358,7 +365,7 @@ func (p *Probe) cachedProgram(spec *ebpf.CollectionSpec, key, name string) (*ebp
 func (p *Probe) ReleaseSpecs() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.sockSpec, p.tcSpec, p.nfSpec, p.pktSpec = nil, nil, nil, nil
+	p.sockSpec, p.tcSpec, p.nfSpec, p.pktSpec, p.dropSpec = nil, nil, nil, nil, nil
 }
 
 // IsObserver tells whether the program with this ID is one of pathtrace's
@@ -418,7 +425,15 @@ func (p *Probe) Stats() Stats {
 	if losses == nil || learnErrors == nil || summarized == nil {
 		return s
 	}
-	s.Summarized = sumPerCPU(summarized, bpfPointCount)
+	// Key by key: the drop observer's are drops left out, not packets.
+	for key := range uint32(bpfPointCount) {
+		n := sumPerCPU(summarized, key)
+		if bpfPoints[key] == obs.PointDrop {
+			s.DropsSummarized += n
+		} else {
+			s.Summarized += n
+		}
+	}
 	var learnPerCPU []uint64
 	if err := learnErrors.Lookup(uint32(0), &learnPerCPU); err == nil {
 		for _, n := range learnPerCPU {
@@ -498,17 +513,15 @@ func (p *Probe) keep(l link.Link) {
 	p.links = append(p.links, l)
 }
 
-// sumPerCPU adds up every CPU's value of every key below n of a per-CPU array.
-func sumPerCPU(m *ebpf.Map, n int) uint64 {
+// sumPerCPU adds up every CPU's value of key of a per-CPU array.
+func sumPerCPU(m *ebpf.Map, key uint32) uint64 {
+	var perCPU []uint64
+	if err := m.Lookup(key, &perCPU); err != nil {
+		return 0
+	}
 	var total uint64
-	for key := range uint32(n) {
-		var perCPU []uint64
-		if err := m.Lookup(key, &perCPU); err != nil {
-			continue
-		}
-		for _, v := range perCPU {
-			total += v
-		}
+	for _, v := range perCPU {
+		total += v
 	}
 	return total
 }

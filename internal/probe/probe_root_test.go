@@ -187,6 +187,7 @@ func TestObserversBracketTraffic(t *testing.T) {
 	mustAttach(t, p.AttachTC(env.srvNS, env.b0Index, "b0"))
 	nf := mustAttach(t, p.AttachNetfilter(env.srvNS))
 	mustAttach(t, p.AttachConntrack(env.srvNS))
+	mustAttach(t, p.AttachDrops())
 	if len(p.progs) != preloaded {
 		t.Errorf("attaching loaded %d programs Preload had not: it should load every one", len(p.progs)-preloaded)
 	}
@@ -303,8 +304,8 @@ func TestObserversBracketTraffic(t *testing.T) {
 	}
 
 	ids := ownProgramIDs(p)
-	if len(ids) != 12 {
-		t.Errorf("%d own programs, want 12 (sock state, 4 cgroup, 4 tcx, 2 netfilter, the conntrack filter)", len(ids))
+	if len(ids) != 13 {
+		t.Errorf("%d own programs, want 13 (sock state, 4 cgroup, 4 tcx, 2 netfilter, the conntrack filter, the drop observer)", len(ids))
 	}
 	if err := p.Close(); err != nil {
 		t.Fatalf("Close: %v", err)

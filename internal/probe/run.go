@@ -337,8 +337,13 @@ func (r *ringPark) interrupt() {
 func (r *ringPark) Close() error { return r.f.Close() }
 
 // name adds what the record does not carry: the interface name of a tc
-// observation and the priority of a netfilter one.
+// observation, the priority of a netfilter one, the names of a drop's
+// reason and function.
 func (p *Probe) name(o *obs.Observation) {
+	if o.Drop != nil {
+		p.drops.name(o.Drop) // not under p.mu: a new function reads kallsyms
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch o.Point {

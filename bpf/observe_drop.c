@@ -1,0 +1,74 @@
+/* Drop observer: the skb:kfree_skb tracepoint, which the kernel fires when
+ * it frees a packet it did not deliver, with its reason (enum
+ * skb_drop_reason) and the address of the code that dropped it. Only
+ * packets the other observers would report (pt_interesting) are reported,
+ * within their flow direction's budget. It only looks. */
+#include "observe.h"
+#include "headers/bpf_tracing.h"
+
+#define AF_PACKET 17
+
+/* pt_skb_tuple reads the IPv4 header at skb's network header and the TCP or
+ * UDP ports after it. Returns -1 when the packet is not IPv4 (or its
+ * headers cannot be read). */
+static __always_inline int pt_skb_tuple(struct sk_buff *skb, struct pt_tuple *t)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return -1;
+	unsigned char *head = skb->head;
+	__u16 nh = skb->network_header;
+	struct iphdr ip;
+	if (bpf_probe_read_kernel(&ip, sizeof(ip), head + nh) < 0 || ip.version != 4 || ip.ihl < 5)
+		return -1;
+	pt_parse_ip(t, &ip);
+	if (ip.frag_off & bpf_htons(0x1fff)) /* not the first fragment */
+		return 0;
+	__u8 l4[14];
+	__u32 l4len = ip.protocol == IPPROTO_TCP ? 14 : 8;
+	if ((ip.protocol == IPPROTO_TCP || ip.protocol == IPPROTO_UDP) &&
+	    bpf_probe_read_kernel(l4, l4len, head + nh + ip.ihl * 4) == 0)
+		pt_parse_l4(t, l4, l4len);
+	return 0;
+}
+
+/* Left out: SKB_CONSUMED (a packet freed after its use, not dropped),
+ * QUEUE_PURGE (a queue emptied as its socket or device goes away), and
+ * every packet freed by a packet socket (rx_sk an AF_PACKET socket): the
+ * copies the taps, pathtrace's or tcpdump's, were given, whose losses their
+ * own counters report. The packet itself went on. */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(pt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason, struct sock *rx_sk)
+{
+	if (reason == SKB_CONSUMED || reason == SKB_DROP_REASON_QUEUE_PURGE)
+		return 0;
+	if (rx_sk && rx_sk->__sk_common.skc_family == AF_PACKET)
+		return 0;
+	struct pt_tuple t;
+	if (pt_skb_tuple(skb, &t) < 0 || !pt_interesting(&t))
+		return 0;
+	/* Every drop counts against the budget, TCP control packets too: a
+	 * flood of dropped SYNs must not flood the ring. */
+	__u64 now = bpf_ktime_get_ns();
+	if (!pt_take_budget(&t, PT_DROP, 0, now))
+		return 0;
+
+	struct pt_event *e = pt_reserve_at(PT_DROP, now);
+	if (!e)
+		return 0;
+	pt_set_tuple(e, &t);
+	e->len = skb->len;
+	e->drop_reason = reason;
+	e->location = (__u64)location;
+	struct net_device *dev = skb->dev;
+	struct sock *sk = skb->sk;
+	if (dev) {
+		e->ifindex = dev->ifindex;
+		e->netns = dev->nd_net.net->ns.inum;
+	} else {
+		e->ifindex = skb->skb_iif; /* the device it came in by, 0 for a local one */
+		if (sk)
+			e->netns = sk->__sk_common.skc_net.net->ns.inum;
+	}
+	pt_submit(e);
+	return 0;
+}

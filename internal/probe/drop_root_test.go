@@ -1,0 +1,138 @@
+package probe
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/pathtrace/pathtrace/internal/nsutil"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// dropInput makes the server netns drop every datagram to to at filter
+// INPUT, as a node's firewall rule does.
+func (e *testEnv) dropInput(t *testing.T, to netip.AddrPort) {
+	t.Helper()
+	c, tbl := nftTable(t, e.srvNS)
+	ch := c.AddChain(&nftables.Chain{Name: "input", Table: tbl, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: append(matchDst(unix.IPPROTO_UDP, to),
+		&expr.Verdict{Kind: expr.VerdictDrop})})
+	if err := c.Flush(); err != nil {
+		t.Fatalf("nft drop rule: %v", err)
+	}
+}
+
+// A datagram of a watched flow that a filter rule drops is reported at
+// PointDrop with the kernel's reason by name, the function that dropped
+// it, and the netns and device where it was.
+func TestDropObserverNamesReasonAndFunction(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	env.dropInput(t, env.backendUDP)
+	p, c := startProbe(t, env.srvIP)
+	mustAttach(t, p.AttachDrops())
+
+	conn := env.clientUDP(t)
+	sendUDP(t, conn, env.backendUDP, []byte("dropped"))
+	client := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	o := c.waitFor(t, "the dropped datagram", func(o obs.Observation) bool {
+		return o.Point == obs.PointDrop && o.Src == client && o.Dst == env.backendUDP
+	})
+	srvNS, err := nsutil.Inode(env.srvNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Drop == nil {
+		t.Fatalf("drop observation without its reason: %+v", o)
+	}
+	if o.Drop.Reason != "NETFILTER_DROP" {
+		t.Errorf("reason %q (code %d), want NETFILTER_DROP", o.Drop.Reason, o.Drop.Code)
+	}
+	if o.Drop.Func == "" || o.Drop.Location == 0 {
+		t.Errorf("no function named for location %#x", o.Drop.Location)
+	}
+	t.Logf("dropped by %s (%#x)", o.Drop.Func, o.Drop.Location)
+	if o.NetNS != srvNS || o.Ifindex != env.b0Index {
+		t.Errorf("dropped in netns %d ifindex %d, want the server's %d, b0 %d", o.NetNS, o.Ifindex, srvNS, env.b0Index)
+	}
+	if o.Proto != obs.UDP {
+		t.Errorf("proto %v, want udp", o.Proto)
+	}
+}
+
+// The copies of a packet a packet socket was given and drops (its queue
+// full) are not drops of the packet, which went on: the observer leaves
+// them out, whoever the socket's owner (a tap, tcpdump).
+func TestDropObserverLeavesOutPacketSocketCopies(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	p, c := startProbe(t, env.srvIP)
+	mustAttach(t, p.AttachDrops())
+
+	// A packet socket on b0 that is never read, with the smallest
+	// receive buffer: it drops its copies of the echoes below.
+	var fd int
+	if err := nsutil.Do(env.srvNS, func() error {
+		var err error
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL))); err != nil {
+			return err
+		}
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 0); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: env.b0Index})
+	}); err != nil {
+		t.Fatalf("packet socket: %v", err)
+	}
+	defer unix.Close(fd)
+
+	conn := env.clientUDP(t)
+	client := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	buf := make([]byte, 64)
+	for range 50 {
+		env.echoUDPTo(t, conn, env.backendUDP, buf)
+	}
+	var st unix.TpacketStats
+	size := uint32(unsafe.Sizeof(st))
+	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_PACKET, unix.PACKET_STATISTICS,
+		uintptr(unsafe.Pointer(&st)), uintptr(unsafe.Pointer(&size)), 0); errno != 0 {
+		t.Fatalf("PACKET_STATISTICS: %v", errno)
+	}
+	if st.Drops == 0 {
+		t.Fatalf("the packet socket dropped none of %d copies: the test proves nothing", st.Packets)
+	}
+
+	// A real drop of the same flow afterwards: once it is read, every
+	// event of before it was too.
+	env.dropInput(t, env.backendUDP)
+	sendUDP(t, conn, env.backendUDP, []byte("dropped"))
+	c.waitFor(t, "the datagram the rule dropped", func(o obs.Observation) bool {
+		return o.Point == obs.PointDrop && o.Src == client && o.Drop != nil && o.Drop.Reason == "NETFILTER_DROP"
+	})
+	for _, o := range c.matching(func(o obs.Observation) bool { return o.Point == obs.PointDrop }) {
+		if o.Drop.Reason != "NETFILTER_DROP" {
+			t.Errorf("the packet socket's dropped copy (of %d) reported: %v -> %v %s at %s", st.Drops, o.Src, o.Dst, o.Drop.Reason, o.Drop.Func)
+		}
+	}
+}
+
+// echoUDPTo sends to to and waits for its echo.
+func (e *testEnv) echoUDPTo(t *testing.T, c *net.UDPConn, to netip.AddrPort, buf []byte) {
+	t.Helper()
+	sendUDP(t, c, to, []byte("ping"))
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+		t.Fatalf("echo from %v: %v", to, err)
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
