@@ -368,6 +368,8 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 	case obs.PointConntrack:
 		done, deferred = e.conntrack(o, last)
 		return done, deferred, h, false
+	case obs.PointDrop:
+		return e.noteDrop(o), false, h, false
 	}
 	if !o.Src.IsValid() || !o.Dst.IsValid() {
 		e.unmatched++

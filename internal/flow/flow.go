@@ -80,6 +80,12 @@ type Flow struct {
 	// socket never answered the backend's SYN-ACK the uplink received
 	// (nodeSynAckLost).
 	RepliesLostOnNode uint64 `json:"replies_lost_on_node,omitempty"`
+	// KernelDrops are its packets the kernel dropped, by direction,
+	// reason, function and place (the drop observer). Replies dropped
+	// (for a reason other than NOT_SPECIFIED, which some drivers also
+	// free sent packets with) of which none reached the client make
+	// Reply false.
+	KernelDrops []KernelDrop `json:"kernel_drops,omitempty"`
 	// NodeClient: a socket of the node's own network namespace made the
 	// flow (a hostNetwork Pod, the kubelet, a node process), not a Pod's:
 	// such clients are traced also when a Pod is selected (--pod-ip).

@@ -103,6 +103,14 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		}
 		out.Reason += fmt.Sprintf("; %d %s came in on the uplink from %s and %s: the node dropped or altered them on the way in (%s); %s", n, packets, from, lost, causes, checked)
 	}
+	if drops := f.kernelDrops(); len(drops) > 0 {
+		out.KernelDrops = slices.Clone(drops)
+		out.Reason += "; " + f.dropsReason()
+		if e.repliesDroppedInKernel(f) {
+			out.Reply, out.Refused = false, false
+			out.Reason += ": no reply reached the client"
+		}
+	}
 	out.Points = e.pointsSeen(f.points)
 	return out
 }

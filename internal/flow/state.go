@@ -159,6 +159,9 @@ type flowState struct {
 	// replyICMP is the first ICMP error about one of its replies (noteICMP).
 	replyICMP *ICMPError
 	stray     *StrayReplies
+	// drops are its packets the kernel dropped (noteDrop): a pointer,
+	// as most flows have none (a flow's bytes count: maxFlowBytes).
+	drops *[]KernelDrop
 	// untranslated is the earliest reply that entered the client's Pod
 	// from another source than the Service (untranslatedReplies).
 	untranslated *StrayReplies
@@ -389,6 +392,11 @@ func (f *flowState) absorb(o *flowState) {
 	f.wireAnswered = f.wireAnswered || o.wireAnswered
 	if f.stray == nil {
 		f.stray = o.stray
+	}
+	if o.drops != nil {
+		for _, d := range *o.drops {
+			f.addDrop(d)
+		}
 	}
 	if o.untranslated != nil && (f.untranslated == nil || o.untranslated.At.Before(f.untranslated.At)) {
 		f.untranslated = o.untranslated

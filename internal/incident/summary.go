@@ -142,7 +142,29 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), kernelDropsKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+}
+
+// kernelDropsKey is what of a flow's kernel drops the summary says: their
+// directions, reasons and functions.
+func kernelDropsKey(f flow.Flow) string {
+	var parts []string
+	for _, d := range f.KernelDrops {
+		parts = append(parts, d.Direction+" "+d.Reason+" "+d.Function)
+	}
+	return strings.Join(parts, ",")
+}
+
+// repliesDropped is the first of f's replies the kernel dropped for a
+// reason (not NOT_SPECIFIED, which may be a packet sent and freed), nil
+// when none.
+func repliesDropped(f flow.Flow) *flow.KernelDrop {
+	for i, d := range f.KernelDrops {
+		if d.Direction == "reply" && d.Reason != "NOT_SPECIFIED" {
+			return &f.KernelDrops[i]
+		}
+	}
+	return nil
 }
 
 // icmpKey is what of an ICMP error the summary says, "" without one.
@@ -206,6 +228,13 @@ func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary) {
 			break
 		}
 		fmt.Fprintf(b, "- %s\n", sentence(g))
+		if len(g.first.KernelDrops) > 0 {
+			var drops []string
+			for _, d := range g.first.KernelDrops {
+				drops = append(drops, fmt.Sprintf("%d %s %s, %s", d.Count, d.Direction, pick(d.Count == 1, "packet", "packets"), d))
+			}
+			fmt.Fprintf(b, "  - Dropped by the kernel (flow %d): %s\n", g.first.ID, strings.Join(drops, "; "))
+		}
 		if g.first.Reason != "" {
 			fmt.Fprintf(b, "  - Evidence (flow %d): %s\n", g.first.ID, g.first.Reason)
 		}
@@ -284,6 +313,10 @@ func sentence(g *verdictGroup) string {
 	case f.Refused:
 		b.WriteString(pick(one, "; the backend refused the connection (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)",
 			"; the backend refused the connections (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)"))
+	case !f.Reply && repliesDropped(f) != nil:
+		d := repliesDropped(f)
+		fmt.Fprintf(&b, "; %s, but the kernel dropped %s before any reached the client: %s in %s", pick(one, "its backend answered", "their backends answered"),
+			pick(one, "the replies", "their replies"), d.Reason, orDash(d.Function))
 	case f.UntranslatedReplies != nil && !f.Reply:
 		fmt.Fprintf(&b, "; no reply came back translated: %s answered, but its replies entered the client's Pod from %s, not from the VIP (nothing translated them back: see the evidence), which the client does not take", f.UntranslatedReplies.From.Addr(), f.UntranslatedReplies.From)
 	case f.RepliesLostOnNode > 0:

@@ -343,3 +343,26 @@ func TestSummaryNamesRepliesLostOnTheNode(t *testing.T) {
 		t.Errorf("summary lacks %q (or says no reply came back):\n%s", want, got)
 	}
 }
+
+func TestSummaryNamesKernelDrops(t *testing.T) {
+	dir := t.TempDir()
+	flows := []flow.Flow{{ID: 1, Proto: "udp", Client: netip.MustParseAddrPort("10.244.8.23:40000"), Service: netip.MustParseAddrPort("10.120.0.10:53"),
+		Backend: netip.MustParseAddrPort("10.244.20.31:5353"), RewrittenAt: flow.PlaceNetfilter, By: "nft",
+		KernelDrops: []flow.KernelDrop{{Direction: "reply", Count: 2, Reason: "NETFILTER_DROP", Function: "nft_do_chain [nf_tables]", NetNS: 4026531840, Ifindex: 5}}}}
+	s := flow.Summary{Flows: 1, Drops: map[string]uint64{}}
+	if err := WriteSummary(dir, flows, s, nil, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	for _, want := range []string{
+		"its backend answered, but the kernel dropped the replies before any reached the client: NETFILTER_DROP in nft_do_chain [nf_tables]",
+		"  - Dropped by the kernel (flow 1): 2 reply packets, NETFILTER_DROP in nft_do_chain [nf_tables] (netns 4026531840, ifindex 5)\n",
+	} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(string(got), "no reply came back") {
+		t.Errorf("summary says no reply came back:\n%s", got)
+	}
+}

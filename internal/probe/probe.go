@@ -51,11 +51,9 @@ type Stats struct {
 	LearnErrors     uint64               // in-kernel learning refused (watch_addrs full) or undone (a socket's watch replaced before its first packet)
 	// Summarized counts packets the tc and netfilter observers did not report
 	// because their flow direction had already been reported PT_EVENTS_PER_FLOW
-	// times at that point (the taps still capture them): not a loss.
+	// times at that point (the taps still capture them): not a loss; and
+	// the drops the drop observer did not report past that budget.
 	Summarized uint64
-	// DropsSummarized counts the drops of the traced flows the drop
-	// observer did not report, past their flow direction's budget.
-	DropsSummarized uint64
 }
 
 // Names of the maps the observer families share; each is created once per
@@ -425,14 +423,8 @@ func (p *Probe) Stats() Stats {
 	if losses == nil || learnErrors == nil || summarized == nil {
 		return s
 	}
-	// Key by key: the drop observer's are drops left out, not packets.
 	for key := range uint32(bpfPointCount) {
-		n := sumPerCPU(summarized, key)
-		if bpfPoints[key] == obs.PointDrop {
-			s.DropsSummarized += n
-		} else {
-			s.Summarized += n
-		}
+		s.Summarized += sumPerCPU(summarized, key)
 	}
 	var learnPerCPU []uint64
 	if err := learnErrors.Lookup(uint32(0), &learnPerCPU); err == nil {

@@ -668,3 +668,37 @@ func TestUnansweredOnNodeExplained(t *testing.T) {
 		t.Errorf("the table explains a flow that left the uplink or was answered:\n%s", out)
 	}
 }
+
+// TestKernelDropsListed: the flows' packets the kernel dropped are listed
+// under the table's rows with their reason and function, and in JSON as
+// kernel_drops; a flow whose replies the kernel dropped reads REPLY no.
+func TestKernelDropsListed(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/kernel-drops.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flows := s.Run(nil).Flows()
+	var table bytes.Buffer
+	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Dropped by the kernel",
+		"  flow 1: 2 reply packets, NETFILTER_DROP in nft_do_chain [nf_tables] (netns 4026531840, ifindex 5)\n",
+		"  flow 2: 1 request packet, NETFILTER_DROP in nft_do_chain [nf_tables] (netns 4026531840, ifindex 4)\n",
+	} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("the table lacks %q:\n%s", want, table.String())
+		}
+	}
+	if row := strings.Fields(strings.Split(table.String(), "\n")[1]); row[0] != "1" || row[len(row)-1] != "no" {
+		t.Errorf("flow 1's row %v: want REPLY no", row)
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, report.FormatJSON).Flows(flows[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"kernel_drops":[{"direction":"reply","count":2,"reason":"NETFILTER_DROP","function":"nft_do_chain [nf_tables]","netns":4026531840,"ifindex":5,`; !strings.Contains(js.String(), want) {
+		t.Errorf("JSON flow lacks %s: %s", want, js.String())
+	}
+}

@@ -110,6 +110,7 @@ func writeFlowRows(w io.Writer, flows []flow.Flow, header bool, fixed fixedWidth
 	writeICMPErrors(w, flows)
 	writeStrayReplies(w, flows)
 	writeUntranslatedReplies(w, flows)
+	writeKernelDrops(w, flows)
 	_, err := fmt.Fprintln(w)
 	return err
 }
@@ -577,6 +578,25 @@ func writeStrayReplies(w io.Writer, flows []flow.Flow) {
 		return
 	}
 	fmt.Fprintf(w, "\nAnswers from another port (no flow took them; the client's socket drops them):\n%s\n", strings.Join(lines, "\n"))
+}
+
+// writeKernelDrops lists the flows' packets the kernel dropped
+// (flow.KernelDrops), with its reason and the function that dropped them.
+func writeKernelDrops(w io.Writer, flows []flow.Flow) {
+	var lines []string
+	for _, f := range flows {
+		for _, d := range f.KernelDrops {
+			unit := "packets"
+			if d.Count == 1 {
+				unit = "packet"
+			}
+			lines = append(lines, fmt.Sprintf("  flow %d: %d %s %s, %s", f.ID, d.Count, d.Direction, unit, d))
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nDropped by the kernel (its reason, in the function that dropped them):\n%s\n", strings.Join(lines, "\n"))
 }
 
 // writeUntranslatedReplies lists the flows whose replies entered the

@@ -20,14 +20,16 @@ import (
 
 // attachObservers puts the kernel observers in place: socket observers on the
 // cgroup, tcx observers on every host veth that has a tc program, netfilter
-// and conntrack in the node netns. A failed attachment is reported, never
-// fatal on its own: the verdict engine treats its point as inactive.
+// and conntrack in the node netns, and the host-wide drop observer. A failed
+// attachment is reported, never fatal on its own: the verdict engine treats
+// its point as inactive.
 func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string) []probe.Attachment {
 	var atts []probe.Attachment
 	atts = append(atts, pr.AttachSocket(cgroup)...)
 	atts = append(atts, attachTCObservers(pr, node)...)
 	atts = append(atts, pr.AttachNetfilter(node.HostNetNS.Path)...)
 	atts = append(atts, pr.AttachConntrack(node.HostNetNS.Path)...)
+	atts = append(atts, pr.AttachDrops()...)
 	return atts
 }
 

@@ -76,6 +76,10 @@ type WantFlow struct {
 	// RepliesLostOnNode: reply packets the uplink received of which none
 	// reached the client's Pod (replies_lost_on_node); compared always.
 	RepliesLostOnNode uint64 `json:"replies_lost_on_node"`
+	// KernelDrops: the flow's packets the kernel dropped (kernel_drops, as
+	// "DIRECTION COUNT REASON FUNCTION" each); compared always (absent:
+	// none).
+	KernelDrops []string `json:"kernel_drops"`
 	// ICMPError: the flow's ICMP error as "MESSAGE from SENDER", with
 	// " (from the rule)" when no point captured it (ICMPError.FromRule);
 	// compared when set.
@@ -265,6 +269,13 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	if g.RepliesLostOnNode != wf.RepliesLostOnNode {
 		bad("replies_lost_on_node", g.RepliesLostOnNode, wf.RepliesLostOnNode)
 	}
+	var drops []string
+	for _, d := range g.KernelDrops {
+		drops = append(drops, fmt.Sprintf("%s %d %s %s", d.Direction, d.Count, d.Reason, d.Function))
+	}
+	if fmt.Sprint(drops) != fmt.Sprint(wf.KernelDrops) {
+		bad("kernel_drops", drops, wf.KernelDrops)
+	}
 	if wf.PID != 0 && g.PID != wf.PID {
 		bad("pid", g.PID, wf.PID)
 	}
@@ -399,6 +410,9 @@ type observation struct {
 	NATDst   netip.AddrPort `json:"nat_dst"`
 	NATSrc   netip.AddrPort `json:"nat_src"`
 	NetNS    uint64         `json:"netns"`
+	// DropReason, DropFunc: a drop's (point "drop") reason and function.
+	DropReason string `json:"drop_reason"`
+	DropFunc   string `json:"drop_func"`
 }
 
 func (f file) scenario() (Scenario, error) {
@@ -510,6 +524,9 @@ func (o observation) convert() (obs.Observation, error) {
 	if v.Point, err = parsePoint(o.Point); err != nil {
 		return v, err
 	}
+	if v.Point == obs.PointDrop {
+		v.Drop = &obs.KernelDrop{Reason: o.DropReason, Func: o.DropFunc}
+	}
 	if v.Proto, err = parseProto(o.Proto); err != nil {
 		return v, err
 	}
@@ -590,7 +607,7 @@ func parseProto(s string) (obs.Proto, error) {
 }
 
 func parsePoint(s string) (obs.Point, error) {
-	for p := obs.PointSockAddr; p <= obs.PointUplink; p++ {
+	for p := obs.PointSockAddr; p <= obs.PointDrop; p++ {
 		if p.String() == s {
 			return p, nil
 		}

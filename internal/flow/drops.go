@@ -1,0 +1,160 @@
+package flow
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+// KernelDrop counts a flow's packets the kernel dropped (the drop
+// observer, skb:kfree_skb) in one direction, for one reason, in one
+// function, netns and device. Count is what the observer reported: the
+// first drops of each flow direction, then one every 10 ms (the rest is
+// counted in observer_events_summarized): a flood's is a lower bound.
+type KernelDrop struct {
+	Direction string `json:"direction"` // "request" or "reply"
+	Count     uint64 `json:"count"`
+	// Reason is the kernel's enum skb_drop_reason without its
+	// SKB_DROP_REASON_ prefix (NETFILTER_DROP), or its number when the
+	// kernel's BTF did not name it.
+	Reason string `json:"reason"`
+	// Function is the kernel function that dropped it ("nft_do_chain
+	// [nf_tables]": a module's is named), "" when /proc/kallsyms did not
+	// tell.
+	Function string `json:"function,omitempty"`
+	NetNS    uint64 `json:"netns"`
+	// Ifindex is the device the packet was at (or came in by), 0 when none.
+	Ifindex int       `json:"ifindex"`
+	First   time.Time `json:"first"`
+}
+
+// reasonNotSpecified is the reason of a plain kfree_skb(): a drop in most
+// paths, but also how some drivers free a packet they sent, so it alone
+// never makes a flow's replies lost.
+const reasonNotSpecified = "NOT_SPECIFIED"
+
+// maxKernelDrops bounds the entries of one flow (each a direction, reason,
+// function and place); further ones are added to the last.
+const maxKernelDrops = 8
+
+// noteDrop records a drop observation on its flow; false when no flow
+// claims the packet yet (it waits as other observations do).
+func (e *Engine) noteDrop(o obs.Observation) bool {
+	if !hasPorts(o) {
+		e.withoutPorts++
+		return true
+	}
+	f, reply := e.find(o)
+	if f == nil {
+		return false
+	}
+	d := KernelDrop{Direction: "request", Count: 1, NetNS: o.NetNS, Ifindex: o.Ifindex, First: o.Time}
+	if reply {
+		d.Direction = "reply"
+	}
+	if o.Drop != nil {
+		d.Reason, d.Function = o.Drop.Reason, o.Drop.Func
+		if d.Reason == "" {
+			d.Reason = fmt.Sprint(o.Drop.Code)
+		}
+	}
+	f.addDrop(d)
+	f.evidenceChanged()
+	return true
+}
+
+// addDrop counts d among f's drops.
+func (f *flowState) addDrop(d KernelDrop) {
+	if f.drops == nil {
+		f.drops = new([]KernelDrop)
+	}
+	drops := *f.drops
+	for i := range drops {
+		k := &drops[i]
+		if k.Direction == d.Direction && k.Reason == d.Reason && k.Function == d.Function && k.NetNS == d.NetNS && k.Ifindex == d.Ifindex ||
+			i == maxKernelDrops-1 {
+			k.Count += d.Count
+			if d.First.Before(k.First) {
+				k.First = d.First
+			}
+			return
+		}
+	}
+	*f.drops = append(drops, d)
+}
+
+// kernelDrops are f's drops, nil when none.
+func (f *flowState) kernelDrops() []KernelDrop {
+	if f.drops == nil {
+		return nil
+	}
+	return *f.drops
+}
+
+// replyDrops counts f's reply packets the kernel dropped, other than those
+// of reason NOT_SPECIFIED (reasonNotSpecified).
+func (f *flowState) replyDrops() uint64 {
+	var n uint64
+	for _, d := range f.kernelDrops() {
+		if d.Direction == "reply" && d.Reason != reasonNotSpecified {
+			n += d.Count
+		}
+	}
+	return n
+}
+
+// String says why and where a drop was: "NETFILTER_DROP in nft_do_chain
+// [nf_tables] (netns 4026532000, ifindex 7)".
+func (d KernelDrop) String() string {
+	var b strings.Builder
+	b.WriteString(d.Reason)
+	if d.Function != "" {
+		b.WriteString(" in " + d.Function)
+	}
+	fmt.Fprintf(&b, " (netns %d, ifindex %d)", d.NetNS, d.Ifindex)
+	return b.String()
+}
+
+// repliesDroppedInKernel tells whether the kernel dropped replies of f
+// (for a reason other than NOT_SPECIFIED) and none reached its client: its
+// Pod's eth0 tap, which lost no frames, saw no reply come in; or, without
+// that tap (a node process's flow has none past the uplink), the kernel
+// dropped at least as many replies as the point that saw most of them saw
+// (the drop observer reports fewer drops than there were, never more: its
+// budget).
+func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
+	n := f.replyDrops()
+	if n == 0 {
+		return false
+	}
+	podTap := !f.fromNode && e.active(obs.PointPod) && !e.captureLost[obs.PointPod]
+	var seen uint64
+	for _, p := range f.points {
+		if !p.reply {
+			continue
+		}
+		if podTap && p.point == obs.PointPod && p.dir == obs.DirIn {
+			return false
+		}
+		seen = max(seen, p.packets)
+	}
+	return podTap || n >= seen
+}
+
+// dropsReason says what the kernel dropped of f, "" when nothing.
+func (f *flowState) dropsReason() string {
+	var parts []string
+	for _, d := range f.kernelDrops() {
+		unit := "packets"
+		if d.Count == 1 {
+			unit = "packet"
+		}
+		parts = append(parts, fmt.Sprintf("%d %s %s: %s", d.Count, d.Direction, unit, d.String()))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "the kernel dropped " + strings.Join(parts, "; ")
+}
