@@ -43,8 +43,13 @@ int BPF_PROG(pt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason 
 		return 0;
 	if (rx_sk && rx_sk->__sk_common.skc_family == AF_PACKET)
 		return 0;
+	/* Only TCP and UDP packets with their ports: a flow is made of them
+	 * (a packet without, ICMP or a later fragment, is no flow's). This
+	 * also leaves out the buffer a route lookup builds and frees
+	 * (RTM_GETROUTE, which pathtrace's discovery asks for): it has a
+	 * watched address but no ports, and is no packet. */
 	struct pt_tuple t;
-	if (pt_skb_tuple(skb, &t) < 0 || !pt_interesting(&t))
+	if (pt_skb_tuple(skb, &t) < 0 || !pt_has_ports(t.sport, t.proto) || !t.dport || !pt_interesting(&t))
 		return 0;
 	/* Every drop counts against the budget, TCP control packets too: a
 	 * flood of dropped SYNs must not flood the ring. */

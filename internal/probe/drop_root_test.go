@@ -70,12 +70,15 @@ func TestDropObserverNamesReasonAndFunction(t *testing.T) {
 
 // The copies of a packet a packet socket was given and drops (its queue
 // full) are not drops of the packet, which went on: the observer leaves
-// them out, whoever the socket's owner (a tap, tcpdump).
+// them out, whoever the socket's owner (a tap, tcpdump). So is the buffer
+// a route lookup that fails builds (RTM_GETROUTE, as discovery asks) and
+// frees: no packet.
 func TestDropObserverLeavesOutPacketSocketCopies(t *testing.T) {
 	needRoot(t)
 	env := newTestEnv(t)
 	env.serve(t)
-	p, c := startProbe(t, env.srvIP)
+	unroutable := netip.MustParseAddr("192.0.2.7") // TEST-NET-1: the client netns has no route to it
+	p, c := startProbe(t, env.srvIP, unroutable)
 	mustAttach(t, p.AttachDrops())
 
 	// A packet socket on b0 that is never read, with the smallest
@@ -110,6 +113,10 @@ func TestDropObserverLeavesOutPacketSocketCopies(t *testing.T) {
 	if st.Drops == 0 {
 		t.Fatalf("the packet socket dropped none of %d copies: the test proves nothing", st.Packets)
 	}
+	h, _ := nsHandle(t, env.clientNS)
+	if _, err := h.RouteGet(net.IP(unroutable.AsSlice())); err == nil {
+		t.Fatalf("route get %v: found a route", unroutable)
+	}
 
 	// A real drop of the same flow afterwards: once it is read, every
 	// event of before it was too.
@@ -120,7 +127,7 @@ func TestDropObserverLeavesOutPacketSocketCopies(t *testing.T) {
 	})
 	for _, o := range c.matching(func(o obs.Observation) bool { return o.Point == obs.PointDrop }) {
 		if o.Drop.Reason != "NETFILTER_DROP" {
-			t.Errorf("the packet socket's dropped copy (of %d) reported: %v -> %v %s at %s", st.Drops, o.Src, o.Dst, o.Drop.Reason, o.Drop.Func)
+			t.Errorf("a packet socket's copy (it dropped %d) or a route lookup's buffer reported: %v -> %v %s at %s", st.Drops, o.Src, o.Dst, o.Drop.Reason, o.Drop.Func)
 		}
 	}
 }

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/lab"
+)
+
+// TestKernelDropsTheReplies: a filter rule on the node drops the backend's
+// replies at forward. pathtrace names the drops with each flow, in the
+// reply direction, with the kernel's reason and the function that dropped
+// them, and the flows read REPLY no; the flows before the rule have no
+// drops and their replies.
+func TestKernelDropsTheReplies(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp",
+		"--svc", lab.UDPVIP.String()+"/udp", "--duration", "60s")
+	node := r.waitNode(t)
+	attached := false
+	for _, o := range nodeObservers(node) {
+		if o.name == "tp_btf/kfree_skb" {
+			attached = o.attached
+			if !o.attached {
+				t.Fatalf("drop observer not attached: %s", o.err)
+			}
+		}
+	}
+	if !attached {
+		t.Fatalf("no drop observer in the node's observers: %+v", nodeObservers(node))
+	}
+	before, err := l.Client(ctx, lab.ClientOptions{Requests: 1})
+	if err != nil {
+		t.Fatalf("lab client: %v", err)
+	}
+	if before.TCP.OK != 1 || before.UDP.OK != 1 {
+		t.Fatalf("before the rule: %+v", before)
+	}
+	nodeNS := filepath.Base(l.NodeNetNS())
+	rules := fmt.Sprintf(`table ip pt-drop {
+	chain forward {
+		type filter hook forward priority 0; policy accept;
+		ip saddr %s drop
+	}
+}
+`, lab.BackendIP)
+	mustRun(t, strings.NewReader(rules), "ip", "netns", "exec", nodeNS, "nft", "-f", "-")
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "netns", "exec", nodeNS, "nft", "delete", "table", "ip", "pt-drop").Run()
+	})
+	after, err := l.Client(ctx, lab.ClientOptions{Requests: 2})
+	if err != nil {
+		t.Fatalf("lab client: %v", err)
+	}
+	if after.TCP.OK != 0 || after.UDP.OK != 0 {
+		t.Fatalf("with the rule, requests succeeded: %+v", after)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, _ := r.rest(t)
+
+	var answered, dropped int
+	for _, f := range flows {
+		desc := dump([]map[string]any{f})
+		drops, _ := f["kernel_drops"].([]any)
+		if f["reply"] == true {
+			answered++
+			if len(drops) > 0 {
+				t.Errorf("a flow that got its replies has kernel_drops: %s", desc)
+			}
+			continue
+		}
+		dropped++
+		if len(drops) == 0 {
+			t.Errorf("a flow without reply has no kernel_drops: %s", desc)
+			continue
+		}
+		for _, d := range drops {
+			m, _ := d.(map[string]any)
+			if m["direction"] != "reply" || m["reason"] != "NETFILTER_DROP" || m["function"] == "" || m["count"].(float64) < 1 ||
+				m["netns"].(float64) == 0 {
+				t.Errorf("kernel drop %v: want reply, NETFILTER_DROP, a function, a count and a netns: %s", m, desc)
+			}
+		}
+		if reason, _ := f["reason"].(string); !strings.Contains(reason, "reply packet") || !strings.Contains(reason, "NETFILTER_DROP") {
+			t.Errorf("reason does not name the drops: %s", desc)
+		}
+	}
+	if answered != 2 || dropped != 4 {
+		t.Errorf("%d flows answered, %d without reply; want 2 and 4: %s", answered, dropped, dump(flows))
+	}
+}
