@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 
@@ -26,16 +27,19 @@ const dropProgram = "pt_drop"
 func (p *Probe) AttachDrops() []Attachment {
 	a := Attachment{Observer: "tp_btf/kfree_skb", Where: "host-wide (every netns)", Point: obs.PointDrop,
 		Note: "drops of the traced flows with the kernel's reason; not the taps' own copies"}
-	names, err := loadDropReasons()
-	if err != nil {
-		a.Note += fmt.Sprintf("; reasons by number: %v", err)
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.globals["kfree_skb"] {
 		return nil
 	}
-	prog, err := p.program(p.dropSpec, dropProgram)
+	names, nameErr, err := kernelDrops()
+	if nameErr != nil {
+		a.Note += fmt.Sprintf("; reasons by number: %v", nameErr)
+	}
+	var prog *ebpf.Program
+	if err == nil {
+		prog, err = p.program(p.dropSpec, dropProgram)
+	}
 	if err == nil {
 		var l link.Link
 		if l, err = link.AttachTracing(link.TracingOptions{Program: prog}); err == nil {
@@ -88,18 +92,47 @@ func (n *dropNames) name(d *obs.KernelDrop) {
 // dropReasonPrefix is how the kernel's names of drop reasons begin.
 const dropReasonPrefix = "SKB_DROP_REASON_"
 
-// loadDropReasons reads the names of enum skb_drop_reason from the running
-// kernel's BTF, without their common prefix (NETFILTER_DROP).
-func loadDropReasons() (map[uint32]string, error) {
+// kernelDrops reads from the running kernel's BTF the names of enum
+// skb_drop_reason, without their common prefix (NETFILTER_DROP), into
+// names (nil, with nameErr, when unreadable), and whether its
+// skb:kfree_skb tracepoint passes the receiving socket (rx_sk, Linux 6.12
+// on), which the observer needs to leave the packet sockets' copies out:
+// noRxSk says why not.
+func kernelDrops() (names map[uint32]string, nameErr, noRxSk error) {
 	spec, err := btf.LoadKernelSpec()
 	if err != nil {
-		return nil, fmt.Errorf("kernel BTF: %w", err)
+		err = fmt.Errorf("kernel BTF: %w", err)
+		return nil, err, err
 	}
 	var enum *btf.Enum
 	if err := spec.TypeByName("skb_drop_reason", &enum); err != nil {
-		return nil, fmt.Errorf("enum skb_drop_reason in the kernel's BTF: %w", err)
+		nameErr = fmt.Errorf("enum skb_drop_reason in the kernel's BTF: %w", err)
+	} else {
+		names = dropReasons(enum)
 	}
-	return dropReasons(enum), nil
+	return names, nameErr, tracepointHasRxSk(spec)
+}
+
+// tracepointHasRxSk tells, from the type of the kfree_skb tracepoint's
+// BTF-enabled form (btf_trace_kfree_skb: context, skb, location, reason,
+// rx_sk), whether it passes rx_sk; nil when it does.
+func tracepointHasRxSk(spec *btf.Spec) error {
+	var td *btf.Typedef
+	if err := spec.TypeByName("btf_trace_kfree_skb", &td); err != nil {
+		return fmt.Errorf("no kfree_skb tracepoint in the kernel's BTF: %w", err)
+	}
+	ptr, ok := td.Type.(*btf.Pointer)
+	if !ok {
+		return fmt.Errorf("btf_trace_kfree_skb is a %T, not a pointer to a function", td.Type)
+	}
+	proto, ok := ptr.Target.(*btf.FuncProto)
+	if !ok {
+		return fmt.Errorf("btf_trace_kfree_skb points to a %T, not a function", ptr.Target)
+	}
+	if len(proto.Params) < 5 {
+		return fmt.Errorf("the kernel's kfree_skb tracepoint has no rx_sk argument (Linux 6.12 on): its packet sockets' copies could not be told from drops")
+	}
+	return nil
 }
 
 // dropReasons names the values of enum skb_drop_reason.

@@ -1,8 +1,11 @@
 package probe
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,5 +74,34 @@ func TestKernelFuncFromKallsyms(t *testing.T) {
 	os.WriteFile(hidden, []byte("0000000000000000 T nf_hook_slow\n"), 0o644)
 	if got := kernelFunc(hidden, 0xffffffff81fbe010); got != "" {
 		t.Errorf("addresses hidden (kptr_restrict): %q, want none", got)
+	}
+}
+
+func TestTracepointRxSkFromBTF(t *testing.T) {
+	proto := func(n int) *btf.Spec {
+		params := make([]btf.FuncParam, n)
+		for i := range params {
+			params[i] = btf.FuncParam{Name: fmt.Sprint("p", i), Type: &btf.Int{Name: "int", Size: 4}}
+		}
+		b, err := btf.NewBuilder([]btf.Type{&btf.Typedef{Name: "btf_trace_kfree_skb",
+			Type: &btf.Pointer{Target: &btf.FuncProto{Return: &btf.Void{}, Params: params}}}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := b.Marshal(nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return spec
+	}
+	if err := tracepointHasRxSk(proto(5)); err != nil {
+		t.Errorf("with rx_sk (6.12 on): %v", err)
+	}
+	if err := tracepointHasRxSk(proto(4)); err == nil || !strings.Contains(err.Error(), "no rx_sk") {
+		t.Errorf("without rx_sk (6.8-6.11): %v, want it said", err)
 	}
 }
