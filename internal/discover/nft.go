@@ -57,42 +57,55 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 		if len(g.bases) == 0 {
 			continue // nothing for a VIP happens in a table without those hooks
 		}
-		sets := &nftSets{conn: conn, table: byTable[k][0].Table, cache: map[string]nftSet{}}
-		byName := map[string]*nftables.Chain{}
-		for _, c := range byTable[k] {
-			byName[c.Name] = c
-			g.chains[c.Name] = nil
-		}
-		// A chain's rules are read when a walk first reaches it: kube-proxy's
-		// table has a chain per Service and one per endpoint, tens of
-		// thousands on a big cluster's node, of which the walk for the
-		// traced VIPs reaches a handful. Reading every chain (a netlink
-		// request each, and its verdict maps) took seconds and hundreds of
-		// MB there.
-		g.loaded = map[string]bool{}
-		g.load = func(name string) ([]natRule, error) {
-			c := byName[name]
-			rules, err := conn.GetRules(c.Table, c)
-			if err != nil {
-				return nil, fmt.Errorf("list rules of %s chain %s: %w", g.table, c.Name, err)
-			}
-			var out []natRule
-			for _, r := range rules {
-				nrs := nftNATRules(r.Exprs, sets.lookup)
-				if comment, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
-					for i := range nrs {
-						if nrs[i].comment == "" {
-							nrs[i].comment = comment
-						}
-					}
-				}
-				out = append(out, nrs...)
-			}
-			return out, nil
-		}
+		lazyLoad(conn, g, byTable[k], false)
 		graphs = append(graphs, g)
 	}
 	return graphs, nil
+}
+
+// lazyLoad makes g read the rules of the chains of its table (all of
+// chains) as its walks reach them. With rewrites, a rule that sets the
+// destination address (a payload statement) counts as a DNAT to what it
+// sets: a device hook's graph (deviceRewrites).
+//
+// A chain's rules are read when a walk first reaches it: kube-proxy's
+// table has a chain per Service and one per endpoint, tens of thousands on
+// a big cluster's node, of which the walk for the traced VIPs reaches a
+// handful. Reading every chain (a netlink request each, and its verdict
+// maps) took seconds and hundreds of MB there.
+func lazyLoad(conn *nftables.Conn, g *natGraph, chains []*nftables.Chain, rewrites bool) {
+	sets := &nftSets{conn: conn, table: chains[0].Table, cache: map[string]nftSet{}}
+	byName := map[string]*nftables.Chain{}
+	for _, c := range chains {
+		byName[c.Name] = c
+		g.chains[c.Name] = nil
+	}
+	g.loaded = map[string]bool{}
+	g.load = func(name string) ([]natRule, error) {
+		c := byName[name]
+		rules, err := conn.GetRules(c.Table, c)
+		if err != nil {
+			return nil, fmt.Errorf("list rules of %s chain %s: %w", g.table, c.Name, err)
+		}
+		var out []natRule
+		for _, r := range rules {
+			nrs := nftNATRules(r.Exprs, sets.lookup)
+			if comment, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
+				for i := range nrs {
+					if nrs[i].comment == "" {
+						nrs[i].comment = comment
+					}
+				}
+			}
+			if rewrites {
+				for i := range nrs {
+					nrs[i].asRewrite()
+				}
+			}
+			out = append(out, nrs...)
+		}
+		return out, nil
+	}
 }
 
 // chainPriority is a base chain's priority at its hook.
@@ -105,7 +118,7 @@ func chainPriority(c *nftables.Chain) int {
 
 // natHook names the hook of a NAT base chain where DNAT happens, "" otherwise.
 func natHook(c *nftables.Chain) string {
-	if c.Hooknum == nil || c.Type != nftables.ChainTypeNAT {
+	if c.Hooknum == nil || c.Type != nftables.ChainTypeNAT || !ipHooks(c) {
 		return ""
 	}
 	switch *c.Hooknum {
@@ -120,7 +133,7 @@ func natHook(c *nftables.Chain) string {
 // filterHook names the hook of a filter base chain where a packet to a VIP
 // can be rejected, "" otherwise.
 func filterHook(c *nftables.Chain) string {
-	if c.Hooknum == nil || c.Type != nftables.ChainTypeFilter {
+	if c.Hooknum == nil || c.Type != nftables.ChainTypeFilter || !ipHooks(c) {
 		return ""
 	}
 	switch *c.Hooknum {
@@ -134,6 +147,17 @@ func filterHook(c *nftables.Chain) string {
 		return "output"
 	}
 	return ""
+}
+
+// ipHooks tells whether the hook numbers of c's family's base chains are the
+// IP stack's (NF_INET_PRE_ROUTING 0 ... NF_INET_POST_ROUTING 4; the bridge
+// family's NF_BR_* count alike). A netdev chain's are its device's own
+// (NF_NETDEV_INGRESS 0, NF_NETDEV_EGRESS 1), an arp chain's ARP's: read as
+// prerouting and input they made a netdev ingress chain a filter chain at
+// prerouting, and its drop of a VIP a reject there (deviceRewrites reads
+// them).
+func ipHooks(c *nftables.Chain) bool {
+	return c.Table == nil || c.Table.Family != nftables.TableFamilyNetdev && c.Table.Family != nftables.TableFamilyARP
 }
 
 // hasNAT tells whether g has a NAT base chain.
@@ -228,8 +252,11 @@ func (ev *nftRuleEval) get(reg uint32) nftField {
 func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 	switch e := e.(type) {
 	case *expr.Payload:
-		if e.OperationType == expr.PayloadLoad {
+		switch e.OperationType {
+		case expr.PayloadLoad:
 			ev.set(e.DestRegister, payloadField(e))
+		case expr.PayloadWrite:
+			ev.write(e)
 		}
 	case *expr.Meta:
 		if !e.SourceRegister {
@@ -297,6 +324,24 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 		}
 	case *expr.Match:
 		ev.xtMatch(e)
+	}
+}
+
+// write reads a payload statement that sets the destination address (`ip
+// daddr set 10.244.20.31`) or port (`tcp dport set 3000`): a stateless
+// rewrite, as a device hook's chain can do before tc and netfilter's IP
+// hooks see the packet (no NAT there). A value that is not a constant (a
+// map's, numgen's) is not decoded.
+func (ev *nftRuleEval) write(e *expr.Payload) {
+	f, src := payloadField(e), ev.get(e.SourceRegister)
+	switch {
+	case f.kind == fieldDaddr && (f.size == 4 || f.size == 16):
+		ev.rule.setDst = true
+		if a, ok := netip.AddrFromSlice(src.value); ok && src.kind == fieldImm && len(src.value) == f.size {
+			ev.rule.setAddr = a
+		}
+	case f.kind == fieldDport && src.kind == fieldImm && len(src.value) >= 2:
+		ev.rule.setPort = binary.BigEndian.Uint16(src.value)
 	}
 }
 
