@@ -37,7 +37,7 @@ func (c DeviceChain) String() string {
 }
 
 // unknownRewrite is the Note of a rewrite to a value not decoded.
-const unknownRewrite = "sets the destination to ? (a map's or an expression's value: not decoded)"
+const unknownRewrite = "? (a map's or an expression's value: not decoded)"
 
 // asRewrite makes a rule that sets the destination address a DNAT to what
 // it sets, for a walk of a device hook's graph.
