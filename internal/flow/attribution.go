@@ -504,8 +504,9 @@ func (e *Engine) SetNATAttribution(rules []NATRule, ipvs []IPVSService) {
 
 // UnlistedBackends counts the Service and backend pairs the flows reached
 // that no NAT rule or IPVS service in force (not gone) when the pair was
-// checked names: a Service created, or endpoints changed, since the rules
-// were read (or a rewrite outside netfilter, which no rule names anyway).
+// checked names, nor a device chain's rewrite (read once, at discovery): a
+// Service created, or endpoints changed, since the rules were read (or a
+// rewrite outside netfilter, which no rule names anyway).
 func (e *Engine) UnlistedBackends() uint64 { return e.unlisted }
 
 // maxPairs bounds the Service and backend pairs remembered as checked;
@@ -532,6 +533,11 @@ func (e *Engine) checkListed(f *flowState, b netip.AddrPort) {
 	}
 	for _, s := range e.cfg.Attribution.IPVS {
 		if s.Until.IsZero() && vipMatches(s.VIP, s.Proto, f) && listed(s.Backends, b) {
+			return
+		}
+	}
+	for _, r := range e.cfg.Attribution.DeviceRules {
+		if vipMatches(r.VIP, r.Proto, f) && listed(r.Backends, b) {
 			return
 		}
 	}
