@@ -629,11 +629,13 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 // fromWire decides a request that came in on the uplink with the VIP (an
 // outside client's) and that no later checkpoint saw with it, the first
 // to see it having the backend (iB): between the uplink's RX tap and the
-// node's checkpoints from PREROUTING on, only the uplink's tc ingress, and
-// the places after PREROUTING up to iB, can have rewritten it. False when
-// that is not one place.
+// node's checkpoints from PREROUTING on, only the uplink's tc ingress and
+// its nftables ingress chains (netdev, inet), and the places after
+// PREROUTING up to iB, can have rewritten it. False when that is not one
+// place.
 func (e *Engine) fromWire(f *flowState, iB checkpoint, why bool) (verdict, bool) {
-	if iB < cpNFBefore || e.byUplinkInTC(f) == "" {
+	tc, nft := e.uplinkTCCands(f, "ingress"), e.deviceCands(f, true, "ingress")
+	if iB < cpNFBefore || len(tc)+len(nft) == 0 {
 		return verdict{}, false
 	}
 	cands := []gap{gapUplinkInTC}
@@ -653,13 +655,23 @@ func (e *Engine) fromWire(f *flowState, iB checkpoint, why bool) (verdict, bool)
 	if len(cands) != 1 {
 		return verdict{}, false
 	}
-	v := verdict{place: PlaceTC, by: e.byUplinkInTC(f)}
+	v := verdict{}
+	v.place, v.by = onDevice(tc, nft)
 	if why {
 		v.reason = fmt.Sprintf("VIP %s on the uplink's wire (uplink RX, before its tc ingress), backend %s at %s",
 			f.service, f.cps[iB].backendAddr.addrPort(), iB.describe(f.cps[iB].backendFrom))
 		if excluded != "" {
 			v.reason += "; netfilter excluded: " + excluded
 		}
+		switch v.place {
+		case PlaceNetfilter:
+			v.reason += "; set by a rule of an nftables chain on the uplink's ingress hook, which runs after its tc ingress and before PREROUTING: a stateless rewrite, no NAT"
+		case PlaceUnknown:
+			v.reason += "; a tc program and an nftables chain at the uplink's ingress can both have done it, and no point watches between them: " + v.by
+		}
+	}
+	if v.place == PlaceUnknown {
+		v.by = ""
 	}
 	return v, true
 }
