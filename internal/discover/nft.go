@@ -190,6 +190,10 @@ type nftField struct {
 	size  int    // bytes the value occupies
 	mask  []byte // daddr after a bitwise and
 	value []byte // immediate data
+	// mapped: a map lookup's value (fieldMapped), the map's elements;
+	// byDaddr when its key was the destination address.
+	mapped  []nftables.SetElement
+	byDaddr bool
 }
 
 type fieldKind uint8
@@ -203,6 +207,7 @@ const (
 	fieldAddrType              // fib daddr type: the route type of the destination
 	fieldSaddr                 // IP source address, or its first bytes
 	fieldSrcAddrType           // fib saddr type: the route type of the source
+	fieldMapped                // the value a map lookup found (nftField.mapped)
 )
 
 // regSlot maps an nftables register to its 4-byte slot: NFT_REG_1..4 are 16
@@ -340,9 +345,44 @@ func (ev *nftRuleEval) write(e *expr.Payload) {
 		if a, ok := netip.AddrFromSlice(src.value); ok && src.kind == fieldImm && len(src.value) == f.size {
 			ev.rule.setAddr = a
 		}
+		if src.kind == fieldMapped {
+			ev.mappedRewrites(src, f.size)
+		}
 	case f.kind == fieldDport && src.kind == fieldImm && len(src.value) >= 2:
 		ev.rule.setPort = binary.BigEndian.Uint16(src.value)
+		for i := range ev.out {
+			ev.out[i].setPort = ev.rule.setPort
+		}
 	}
+}
+
+// mappedRewrites makes a rewrite of the destination to a map's value one
+// rule per element of the map: each sets the element's value, and, when the
+// map's key was the destination, only for that key (the lookup fails for
+// any other destination, and the rule with it). An element whose value is
+// no address leaves the rule's own, not known.
+func (ev *nftRuleEval) mappedRewrites(m nftField, size int) {
+	var out []natRule
+	for _, el := range m.mapped {
+		to, ok := netip.AddrFromSlice(el.Val)
+		if !ok || len(el.Val) != size {
+			return
+		}
+		r := ev.rule
+		r.setAddr = to
+		if m.byDaddr {
+			key, ok := netip.AddrFromSlice(el.Key)
+			if !ok || len(el.Key) != size {
+				return
+			}
+			if len(r.dst) > 0 && !r.dstNeg && !slices.ContainsFunc(r.dst, func(p netip.Prefix) bool { return p.Contains(key) }) {
+				continue // a key the rule's own condition on the destination never lets through
+			}
+			r.dst, r.dstNeg = []netip.Prefix{netip.PrefixFrom(key, key.BitLen())}, false
+		}
+		out = append(out, r)
+	}
+	ev.out = append(ev.out, out...)
 }
 
 func payloadField(e *expr.Payload) nftField {
@@ -438,7 +478,7 @@ func loadedPrefix(f nftField, data []byte) (netip.Prefix, bool) {
 func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 	isVmap := e.IsDestRegSet && e.DestRegister == unix.NFT_REG_VERDICT
 	if e.IsDestRegSet && !isVmap {
-		ev.set(e.DestRegister, nftField{kind: fieldOther, size: 4})
+		ev.set(e.DestRegister, ev.mapValue(e, sets))
 		return
 	}
 	set, ok := sets(e.SetName)
@@ -501,6 +541,22 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		}
 		ev.out = append(ev.out, r)
 	}
+}
+
+// mapValue is what a map lookup (not a verdict map) puts in its
+// register: the map's elements when it is read and the packet path does not
+// change it, so that a rewrite of the destination from it (`ip daddr set ip
+// daddr map { VIP : BACKEND }`, `ip daddr set numgen random mod 2 map { 0 :
+// B1, 1 : B2 }`) reads as one rewrite per element; otherwise a value not
+// known.
+func (ev *nftRuleEval) mapValue(e *expr.Lookup, sets setLookup) nftField {
+	set, ok := sets(e.SetName)
+	if !ok || set.interval || set.dynamic {
+		return nftField{kind: fieldOther, size: 4}
+	}
+	src := ev.regs[regSlot(e.SourceRegister)]
+	return nftField{kind: fieldMapped, size: 4, mapped: set.elems,
+		byDaddr: src.kind == fieldDaddr && (src.size == 4 || src.size == 16) && src.mask == nil}
 }
 
 // ElementVerdict is a verdict map element's verdict (nil for another

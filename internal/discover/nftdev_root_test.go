@@ -13,10 +13,11 @@ import (
 )
 
 // TestReadDeviceRules reads the chains on device hooks of a netns holding
-// two veth pairs: a netdev ingress chain on one (dev0) that
-// rewrites a VIP (jumping to another chain for it), a netdev egress chain
-// on the veth that sets it from a numgen map, an inet ingress chain, and
-// an ip filter chain at prerouting that must stay one. None of the device
+// two veth pairs: a netdev ingress chain on one (dev0) that rewrites a VIP
+// (jumping to another chain for it) and another to a value not decoded, a
+// netdev egress chain on the other that sets it from a numgen map, an inet
+// ingress chain that sets it from a map by destination, and an ip filter
+// chain at prerouting that must stay one. None of the device
 // chains may be read as a prerouting or input filter chain (their hook
 // numbers are the device's, not the IP stack's): the netdev drop of the
 // VIP is no reject of the node's.
@@ -48,6 +49,7 @@ table netdev pt {
     type filter hook ingress device dev0 priority -500; policy accept;
     ip daddr 10.120.0.80 tcp dport 80 jump rw
     ip daddr 10.120.0.99 drop
+    ip daddr 10.120.0.11 ip daddr set ip saddr
   }
   chain out0 {
     type filter hook egress device vx0 priority 0; policy accept;
@@ -57,7 +59,7 @@ table netdev pt {
 table inet pi {
   chain in1 {
     type filter hook ingress device vx0 priority 10; policy accept;
-    ip daddr 10.120.0.10 udp dport 53 ip daddr set 10.244.20.31
+    udp dport 53 ip daddr set ip daddr map { 10.120.0.10 : 10.244.20.31, 10.120.0.12 : 10.244.20.32 }
   }
 }
 table ip pf {
@@ -75,7 +77,7 @@ table ip pf {
 		}
 		t.Fatalf("nft -f: %v: %s", err, out)
 	}
-	svcs := newServiceSet([]netip.Addr{netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10"),
+	svcs := newServiceSet([]netip.Addr{netip.MustParseAddr("10.120.0.80"), netip.MustParseAddr("10.120.0.10"), netip.MustParseAddr("10.120.0.11"),
 		netip.MustParseAddr("10.120.0.99"), netip.MustParseAddr("10.120.0.98")}, nil)
 	var info NodeInfo
 	nf := readNetfilter(context.Background(), "/run/netns/"+name, svcs, &info)
@@ -103,12 +105,15 @@ table ip pf {
 		for _, r := range c.Rewrites {
 			got = append(got, fmt.Sprintf("%s:%d/%s %s -> %s", r.Service, r.Port, r.Proto, strings.Join(r.Chains, ">"), natBackendString(r)))
 		}
+		slices.Sort(got) // a map's elements come in the kernel's order
 		if !slices.Equal(got, want) {
 			t.Errorf("%s rewrites:\n got %q\nwant %q", key, got, want)
 		}
 	}
-	check("netdev pt/in0", "ingress", "dev0", -500, []string{"10.120.0.80:80/tcp in0>rw -> 10.244.20.31:3000"})
-	check("netdev pt/out0", "egress", "vx0", 0, []string{"10.120.0.80:0/ out0 -> " + unknownRewrite})
+	// A constant; a value not decoded (?); a numgen map's values, each a
+	// possible backend; a map by destination, the traced VIP's element.
+	check("netdev pt/in0", "ingress", "dev0", -500, []string{"10.120.0.11:0/ in0 -> " + unknownRewrite, "10.120.0.80:80/tcp in0>rw -> 10.244.20.31:3000"})
+	check("netdev pt/out0", "egress", "vx0", 0, []string{"10.120.0.80:0/ out0 -> 10.244.20.31 (port kept)", "10.120.0.80:0/ out0 -> 10.244.20.32 (port kept)"})
 	check("inet pi/in1", "ingress", "vx0", 10, []string{"10.120.0.10:53/udp in1 -> 10.244.20.31 (port kept)"})
 
 	// The drop of 10.120.0.99 is the netdev chain's (ingress of dev0),

@@ -42,13 +42,36 @@ func TestNFTRuleSetsDestination(t *testing.T) {
 	}
 
 	// ip daddr 10.120.0.80 ip daddr set numgen random mod 2 map { ... }:
-	// a value from a map, not decoded.
+	// a value from a map not read, not decoded.
 	r = nftNATRules([]expr.Any{loadDaddr(1), cmpEq(1, ip4("10.120.0.80")...),
 		&expr.Numgen{Register: 1, Modulus: 2}, &expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: "__map%d"},
 		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}}, noSets)[0]
 	r.asRewrite()
 	if !r.dnat || r.backend.IsValid() || r.note != unknownRewrite {
 		t.Fatalf("map-valued set: %+v, want a DNAT to ? (%q)", r, unknownRewrite)
+	}
+
+	// ip daddr 10.120.0.80 ip daddr set ip daddr map { 10.120.0.80 :
+	// 10.244.20.31, 10.120.0.81 : 10.244.20.32 } tcp dport set 3000: the
+	// element of the VIP alone (the rule's own condition excludes .81).
+	maps := func(string) (nftSet, bool) {
+		return nftSet{elems: []nftables.SetElement{{Key: ip4("10.120.0.80"), Val: ip4("10.244.20.31")}, {Key: ip4("10.120.0.81"), Val: ip4("10.244.20.32")}}}, true
+	}
+	rs := nftNATRules(append([]expr.Any{loadDaddr(1), cmpEq(1, ip4("10.120.0.80")...),
+		loadDaddr(1), &expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: "__map%d"},
+		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}},
+		setDport(3000)...), maps)
+	if len(rs) != 1 || rs[0].setAddr != netip.MustParseAddr("10.244.20.31") || rs[0].setPort != 3000 ||
+		!slices.Equal(rs[0].dst, []netip.Prefix{netip.MustParsePrefix("10.120.0.80/32")}) {
+		t.Fatalf("map by destination: %+v, want one rewrite of 10.120.0.80 to 10.244.20.31:3000", rs)
+	}
+	// The same map looked up by numgen: each element a possible backend.
+	rs = nftNATRules([]expr.Any{loadDaddr(1), cmpEq(1, ip4("10.120.0.80")...),
+		&expr.Numgen{Register: 1, Modulus: 2}, &expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: "__map%d"},
+		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}}, maps)
+	if len(rs) != 2 || rs[0].setAddr != netip.MustParseAddr("10.244.20.31") || rs[1].setAddr != netip.MustParseAddr("10.244.20.32") ||
+		!slices.Equal(rs[1].dst, []netip.Prefix{netip.MustParsePrefix("10.120.0.80/32")}) {
+		t.Fatalf("numgen map: %+v, want rewrites of 10.120.0.80 to each of its values", rs)
 	}
 
 	// Setting the source, or only the port, is no rewrite of the VIP.
