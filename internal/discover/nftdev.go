@@ -78,29 +78,32 @@ func deviceHook(family nftables.TableFamily, hooknum uint32) string {
 	return ""
 }
 
-// listDeviceChains dumps the netns's chains (NFT_MSG_GETCHAIN, every
-// family) over conn and keeps the base chains on device hooks, with their
-// devices.
+// listDeviceChains dumps the netns's netdev and inet chains
+// (NFT_MSG_GETCHAIN, one family at a time: kube-proxy's thousands of ip
+// chains are not listed again) over conn and keeps the base chains on
+// device hooks, with their devices.
 func listDeviceChains(conn *netlink.Conn) ([]DeviceChain, error) {
-	req := netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETCHAIN),
-			Flags: netlink.Request | netlink.Dump,
-		},
-		Data: []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0}, // struct nfgenmsg
-	}
-	msgs, err := conn.Execute(req)
-	if err != nil {
-		return nil, fmt.Errorf("list nftables chains: %w", err)
-	}
 	var out []DeviceChain
-	for _, m := range msgs {
-		c, ok, err := parseDeviceChain(m.Data)
-		if err != nil {
-			return out, err
+	for _, family := range []uint8{unix.NFPROTO_NETDEV, unix.NFPROTO_INET} {
+		req := netlink.Message{
+			Header: netlink.Header{
+				Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETCHAIN),
+				Flags: netlink.Request | netlink.Dump,
+			},
+			Data: []byte{family, unix.NFNETLINK_V0, 0, 0}, // struct nfgenmsg
 		}
-		if ok {
-			out = append(out, c)
+		msgs, err := conn.Execute(req)
+		if err != nil {
+			return out, fmt.Errorf("list nftables chains: %w", err)
+		}
+		for _, m := range msgs {
+			c, ok, err := parseDeviceChain(m.Data)
+			if err != nil {
+				return out, err
+			}
+			if ok {
+				out = append(out, c)
+			}
 		}
 	}
 	return out, nil
