@@ -458,42 +458,59 @@ func macvlanPod(t *testing.T, prefix string, kind ...string) (node, gw, pod stri
 	return node, gw, pod
 }
 
-// TestMacvlanPodRewrittenUnread: a macvlan Pod's request is rewritten on
-// the device below it by what pathtrace does not read (an nftables netdev
-// egress chain): the Pod has no host side, so the flow is unknown, at the
-// uplink's egress with nothing found there, never placed at a host veth's
-// tc that does not exist.
-func TestMacvlanPodRewrittenUnread(t *testing.T) {
+// TestMacvlanPodRewrittenOnUplinkEgress: a macvlan Pod's request is
+// rewritten on the device below it by an nftables netdev egress chain. The
+// Pod has no host side, so only the uplink's egress lies between its eth0
+// and the uplink's TX tap: netfilter, by the chain's rule, when the rule
+// names the VIP; unknown, at the uplink's egress with nothing found there,
+// when it rewrites every port-80 packet without naming it (not read as the
+// VIP's), never placed at a host veth's tc that does not exist.
+func TestMacvlanPodRewrittenOnUplinkEgress(t *testing.T) {
 	needRoot(t)
 	const vip, backend = "10.67.0.11:80", "10.66.5.1:8080"
-	node, gw, pod := macvlanPod(t, fmt.Sprintf("ptmu%d", os.Getpid()%100000))
-	rules := `table netdev mu-rewrite {
+	for i, tc := range []struct {
+		name, match string
+		check       func(f map[string]any, reason string) bool
+	}{
+		{"read", "ip daddr 10.67.0.11 tcp dport 80", func(f map[string]any, _ string) bool {
+			by, _ := f["by"].(string)
+			return f["rewritten_at"] == "netfilter" && by == "nftables netdev mu-rewrite/egress egress on mvnic -> daddr set "+backend
+		}},
+		{"unread", "tcp dport 80", func(f map[string]any, reason string) bool {
+			return f["rewritten_at"] == "unknown" && strings.Contains(reason, "no host side (macvlan on mvnic)") && !strings.Contains(reason, "host veth's tc")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node, gw, pod := macvlanPod(t, fmt.Sprintf("ptmu%d-%d", os.Getpid()%100000, i))
+			rules := `table netdev mu-rewrite {
 	chain egress {
 		type filter hook egress device mvnic priority 0;
-		ip daddr 10.67.0.11 tcp dport 80 ip daddr set 10.66.5.1 tcp dport set 8080
+		` + tc.match + ` ip daddr set 10.66.5.1 tcp dport set 8080
 	}
 }
 `
-	cmd := exec.Command("ip", "netns", "exec", node, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Skipf("no nftables netdev egress hook here: %v: %s", err, out)
-	}
-	serveIn(t, "/run/netns/"+gw, backend)
+			cmd := exec.Command("ip", "netns", "exec", node, "nft", "-f", "-")
+			cmd.Stdin = strings.NewReader(rules)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Skipf("no nftables netdev egress hook here: %v: %s", err, out)
+			}
+			serveIn(t, "/run/netns/"+gw, backend)
 
-	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--pod-netns", "/run/netns/"+pod, "--svc", vip+"/tcp", "--duration", "30s")
-	r.waitNode(t)
-	_ = connectFrom("/run/netns/"+pod, vip, 1) // the reply is not translated back: it fails
-	time.Sleep(300 * time.Millisecond)
-	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	flows, _ := r.rest(t)
-	if len(flows) != 1 {
-		t.Fatalf("%d flows, want 1: %s", len(flows), dump(flows))
-	}
-	f := flows[0]
-	reason, _ := f["reason"].(string)
-	if f["rewritten_at"] != "unknown" || f["backend"] != backend || !strings.Contains(reason, "no host side (macvlan on mvnic)") || strings.Contains(reason, "host veth's tc") {
-		t.Errorf("want unknown, backend %s, at the uplink's egress of a Pod without host side: %s", backend, dump(flows))
+			r := startJSON(t, "--host-netns", "/run/netns/"+node, "--pod-netns", "/run/netns/"+pod, "--svc", vip+"/tcp", "--duration", "30s")
+			r.waitNode(t)
+			_ = connectFrom("/run/netns/"+pod, vip, 1) // the reply is not translated back: it fails
+			time.Sleep(300 * time.Millisecond)
+			_ = r.cmd.Process.Signal(syscall.SIGTERM)
+			flows, _ := r.rest(t)
+			if len(flows) != 1 {
+				t.Fatalf("%d flows, want 1: %s", len(flows), dump(flows))
+			}
+			f := flows[0]
+			reason, _ := f["reason"].(string)
+			if f["backend"] != backend || !tc.check(f, reason) {
+				t.Errorf("rule %q: want backend %s, %s: %s", tc.match, backend, tc.name, dump(flows))
+			}
+		})
 	}
 }
 

@@ -92,6 +92,13 @@ type natRule struct {
 	// an externalTrafficPolicy: Local Service to the cluster-wide chain
 	// and only the rest to the local one.
 	src []SourceMatch
+	// setDst: the rule sets the destination address (a payload
+	// statement, not NAT) to setAddr (invalid: not a constant), and
+	// setPort the destination port (0: kept). Only a device hook's graph
+	// takes them for rewrites (deviceGraph).
+	setDst  bool
+	setAddr netip.Addr
+	setPort uint16
 }
 
 // maxChainDepth bounds a walk (rulesets are DAGs; this only stops bad loops).

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/kmod"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
@@ -45,7 +47,7 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 		nf.NFTables = why
 	} else {
 		var closeNFT func()
-		graphs, closeNFT, nftErr = readNFT(hostPath)
+		graphs, nf.DeviceChains, closeNFT, nftErr = readNFT(hostPath, svcs)
 		// The graphs read their chains as the matching below reaches them.
 		defer closeNFT()
 	}
@@ -136,20 +138,34 @@ func nftUnreadable(h kmod.Host) string {
 	return ""
 }
 
-func readNFT(hostPath string) (graphs []*natGraph, closeConn func(), err error) {
+// readNFT reads the NAT graphs of the node netns's nftables tables and its
+// chains on device hooks with their rewrites of the VIPs of svcs.
+func readNFT(hostPath string, svcs serviceSet) (graphs []*natGraph, devChains []DeviceChain, closeConn func(), err error) {
 	ns, err := netns.GetFromPath(hostPath)
 	if err != nil {
-		return nil, func() {}, fmt.Errorf("open node netns: %w", err)
+		return nil, nil, func() {}, fmt.Errorf("open node netns: %w", err)
 	}
 	defer ns.Close()
 	// One netlink socket for every request: without AsLasting each request
 	// dials its own, entering the node netns and leaving it again.
 	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting())
 	if err != nil {
-		return nil, func() {}, fmt.Errorf("nftables netlink: %w", err)
+		return nil, nil, func() {}, fmt.Errorf("nftables netlink: %w", err)
 	}
-	graphs, err = nftGraphs(conn)
-	return graphs, func() { conn.CloseLasting() }, err
+	closeConn = func() { conn.CloseLasting() }
+	if graphs, err = nftGraphs(conn); err != nil {
+		return graphs, nil, closeConn, err
+	}
+	// google/nftables lists a chain without its devices: a dump of our own.
+	raw, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
+	if err != nil {
+		return graphs, nil, closeConn, fmt.Errorf("nftables netlink: %w", err)
+	}
+	defer raw.Close()
+	if devChains, err = listDeviceChains(raw); err != nil {
+		return graphs, devChains, closeConn, err
+	}
+	return graphs, devChains, closeConn, deviceRewrites(conn, devChains, svcs)
 }
 
 // readLegacyNAT reads the iptables-legacy nat table and the filter table

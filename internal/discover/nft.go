@@ -57,42 +57,55 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 		if len(g.bases) == 0 {
 			continue // nothing for a VIP happens in a table without those hooks
 		}
-		sets := &nftSets{conn: conn, table: byTable[k][0].Table, cache: map[string]nftSet{}}
-		byName := map[string]*nftables.Chain{}
-		for _, c := range byTable[k] {
-			byName[c.Name] = c
-			g.chains[c.Name] = nil
-		}
-		// A chain's rules are read when a walk first reaches it: kube-proxy's
-		// table has a chain per Service and one per endpoint, tens of
-		// thousands on a big cluster's node, of which the walk for the
-		// traced VIPs reaches a handful. Reading every chain (a netlink
-		// request each, and its verdict maps) took seconds and hundreds of
-		// MB there.
-		g.loaded = map[string]bool{}
-		g.load = func(name string) ([]natRule, error) {
-			c := byName[name]
-			rules, err := conn.GetRules(c.Table, c)
-			if err != nil {
-				return nil, fmt.Errorf("list rules of %s chain %s: %w", g.table, c.Name, err)
-			}
-			var out []natRule
-			for _, r := range rules {
-				nrs := nftNATRules(r.Exprs, sets.lookup)
-				if comment, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
-					for i := range nrs {
-						if nrs[i].comment == "" {
-							nrs[i].comment = comment
-						}
-					}
-				}
-				out = append(out, nrs...)
-			}
-			return out, nil
-		}
+		lazyLoad(conn, g, byTable[k], false)
 		graphs = append(graphs, g)
 	}
 	return graphs, nil
+}
+
+// lazyLoad makes g read the rules of the chains of its table (all of
+// chains) as its walks reach them. With rewrites, a rule that sets the
+// destination address (a payload statement) counts as a DNAT to what it
+// sets: a device hook's graph (deviceRewrites).
+//
+// A chain's rules are read when a walk first reaches it: kube-proxy's
+// table has a chain per Service and one per endpoint, tens of thousands on
+// a big cluster's node, of which the walk for the traced VIPs reaches a
+// handful. Reading every chain (a netlink request each, and its verdict
+// maps) took seconds and hundreds of MB there.
+func lazyLoad(conn *nftables.Conn, g *natGraph, chains []*nftables.Chain, rewrites bool) {
+	sets := &nftSets{conn: conn, table: chains[0].Table, cache: map[string]nftSet{}}
+	byName := map[string]*nftables.Chain{}
+	for _, c := range chains {
+		byName[c.Name] = c
+		g.chains[c.Name] = nil
+	}
+	g.loaded = map[string]bool{}
+	g.load = func(name string) ([]natRule, error) {
+		c := byName[name]
+		rules, err := conn.GetRules(c.Table, c)
+		if err != nil {
+			return nil, fmt.Errorf("list rules of %s chain %s: %w", g.table, c.Name, err)
+		}
+		var out []natRule
+		for _, r := range rules {
+			nrs := nftNATRules(r.Exprs, sets.lookup)
+			if comment, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
+				for i := range nrs {
+					if nrs[i].comment == "" {
+						nrs[i].comment = comment
+					}
+				}
+			}
+			if rewrites {
+				for i := range nrs {
+					nrs[i].asRewrite()
+				}
+			}
+			out = append(out, nrs...)
+		}
+		return out, nil
+	}
 }
 
 // chainPriority is a base chain's priority at its hook.
@@ -105,7 +118,7 @@ func chainPriority(c *nftables.Chain) int {
 
 // natHook names the hook of a NAT base chain where DNAT happens, "" otherwise.
 func natHook(c *nftables.Chain) string {
-	if c.Hooknum == nil || c.Type != nftables.ChainTypeNAT {
+	if c.Hooknum == nil || c.Type != nftables.ChainTypeNAT || !ipHooks(c) {
 		return ""
 	}
 	switch *c.Hooknum {
@@ -120,7 +133,7 @@ func natHook(c *nftables.Chain) string {
 // filterHook names the hook of a filter base chain where a packet to a VIP
 // can be rejected, "" otherwise.
 func filterHook(c *nftables.Chain) string {
-	if c.Hooknum == nil || c.Type != nftables.ChainTypeFilter {
+	if c.Hooknum == nil || c.Type != nftables.ChainTypeFilter || !ipHooks(c) {
 		return ""
 	}
 	switch *c.Hooknum {
@@ -134,6 +147,17 @@ func filterHook(c *nftables.Chain) string {
 		return "output"
 	}
 	return ""
+}
+
+// ipHooks tells whether the hook numbers of c's family's base chains are the
+// IP stack's (NF_INET_PRE_ROUTING 0 ... NF_INET_POST_ROUTING 4; the bridge
+// family's NF_BR_* count alike). A netdev chain's are its device's own
+// (NF_NETDEV_INGRESS 0, NF_NETDEV_EGRESS 1), an arp chain's ARP's: read as
+// prerouting and input they made a netdev ingress chain a filter chain at
+// prerouting, and its drop of a VIP a reject there (deviceRewrites reads
+// them).
+func ipHooks(c *nftables.Chain) bool {
+	return c.Table == nil || c.Table.Family != nftables.TableFamilyNetdev && c.Table.Family != nftables.TableFamilyARP
 }
 
 // hasNAT tells whether g has a NAT base chain.
@@ -166,6 +190,10 @@ type nftField struct {
 	size  int    // bytes the value occupies
 	mask  []byte // daddr after a bitwise and
 	value []byte // immediate data
+	// mapped: a map lookup's value (fieldMapped), the map's elements;
+	// byDaddr when its key was the destination address.
+	mapped  []nftables.SetElement
+	byDaddr bool
 }
 
 type fieldKind uint8
@@ -179,6 +207,7 @@ const (
 	fieldAddrType              // fib daddr type: the route type of the destination
 	fieldSaddr                 // IP source address, or its first bytes
 	fieldSrcAddrType           // fib saddr type: the route type of the source
+	fieldMapped                // the value a map lookup found (nftField.mapped)
 )
 
 // regSlot maps an nftables register to its 4-byte slot: NFT_REG_1..4 are 16
@@ -228,8 +257,11 @@ func (ev *nftRuleEval) get(reg uint32) nftField {
 func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 	switch e := e.(type) {
 	case *expr.Payload:
-		if e.OperationType == expr.PayloadLoad {
+		switch e.OperationType {
+		case expr.PayloadLoad:
 			ev.set(e.DestRegister, payloadField(e))
+		case expr.PayloadWrite:
+			ev.write(e)
 		}
 	case *expr.Meta:
 		if !e.SourceRegister {
@@ -298,6 +330,59 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 	case *expr.Match:
 		ev.xtMatch(e)
 	}
+}
+
+// write reads a payload statement that sets the destination address (`ip
+// daddr set 10.244.20.31`) or port (`tcp dport set 3000`): a stateless
+// rewrite, as a device hook's chain can do before tc and netfilter's IP
+// hooks see the packet (no NAT there). A value that is not a constant (a
+// map's, numgen's) is not decoded.
+func (ev *nftRuleEval) write(e *expr.Payload) {
+	f, src := payloadField(e), ev.get(e.SourceRegister)
+	switch {
+	case f.kind == fieldDaddr && (f.size == 4 || f.size == 16):
+		ev.rule.setDst = true
+		if a, ok := netip.AddrFromSlice(src.value); ok && src.kind == fieldImm && len(src.value) == f.size {
+			ev.rule.setAddr = a
+		}
+		if src.kind == fieldMapped {
+			ev.mappedRewrites(src, f.size)
+		}
+	case f.kind == fieldDport && src.kind == fieldImm && len(src.value) >= 2:
+		ev.rule.setPort = binary.BigEndian.Uint16(src.value)
+		for i := range ev.out {
+			ev.out[i].setPort = ev.rule.setPort
+		}
+	}
+}
+
+// mappedRewrites makes a rewrite of the destination to a map's value one
+// rule per element of the map: each sets the element's value, and, when the
+// map's key was the destination, only for that key (the lookup fails for
+// any other destination, and the rule with it). An element whose value is
+// no address leaves the rule's own, not known.
+func (ev *nftRuleEval) mappedRewrites(m nftField, size int) {
+	var out []natRule
+	for _, el := range m.mapped {
+		to, ok := netip.AddrFromSlice(el.Val)
+		if !ok || len(el.Val) != size {
+			return
+		}
+		r := ev.rule
+		r.setAddr = to
+		if m.byDaddr {
+			key, ok := netip.AddrFromSlice(el.Key)
+			if !ok || len(el.Key) != size {
+				return
+			}
+			if len(r.dst) > 0 && !r.dstNeg && !slices.ContainsFunc(r.dst, func(p netip.Prefix) bool { return p.Contains(key) }) {
+				continue // a key the rule's own condition on the destination never lets through
+			}
+			r.dst, r.dstNeg = []netip.Prefix{netip.PrefixFrom(key, key.BitLen())}, false
+		}
+		out = append(out, r)
+	}
+	ev.out = append(ev.out, out...)
 }
 
 func payloadField(e *expr.Payload) nftField {
@@ -393,7 +478,7 @@ func loadedPrefix(f nftField, data []byte) (netip.Prefix, bool) {
 func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 	isVmap := e.IsDestRegSet && e.DestRegister == unix.NFT_REG_VERDICT
 	if e.IsDestRegSet && !isVmap {
-		ev.set(e.DestRegister, nftField{kind: fieldOther, size: 4})
+		ev.set(e.DestRegister, ev.mapValue(e, sets))
 		return
 	}
 	set, ok := sets(e.SetName)
@@ -456,6 +541,22 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		}
 		ev.out = append(ev.out, r)
 	}
+}
+
+// mapValue is what a map lookup (not a verdict map) puts in its
+// register: the map's elements when it is read and the packet path does not
+// change it, so that a rewrite of the destination from it (`ip daddr set ip
+// daddr map { VIP : BACKEND }`, `ip daddr set numgen random mod 2 map { 0 :
+// B1, 1 : B2 }`) reads as one rewrite per element; otherwise a value not
+// known.
+func (ev *nftRuleEval) mapValue(e *expr.Lookup, sets setLookup) nftField {
+	set, ok := sets(e.SetName)
+	if !ok || set.interval || set.dynamic {
+		return nftField{kind: fieldOther, size: 4}
+	}
+	src := ev.regs[regSlot(e.SourceRegister)]
+	return nftField{kind: fieldMapped, size: 4, mapped: set.elems,
+		byDaddr: src.kind == fieldDaddr && (src.size == 4 || src.size == 16) && src.mask == nil}
 }
 
 // ElementVerdict is a verdict map element's verdict (nil for another

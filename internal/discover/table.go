@@ -184,6 +184,17 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		// the clients it spares reach the backend.
 		p("netfilter\t%s %s (%s)\t%s %s\t%s%s\n", r.Source, r.Table, r.Hook, r.rejectedString(nf.Rules), what, strings.Join(r.Chains, " > "), r.fromString())
 	}
+	for _, c := range nf.DeviceChains {
+		// A stateless rewrite on a device, before netfilter's IP hooks:
+		// its rewrites of the VIPs, or that it has none.
+		on := fmt.Sprintf("%s on %s priority %d", c.Hook, orDash(strings.Join(c.Devices, ",")), c.Priority)
+		if len(c.Rewrites) == 0 {
+			p("netfilter\tnftables %s (%s)\tno rewrite of the services' destination read\n", c, on)
+		}
+		for _, r := range c.Rewrites {
+			p("netfilter\tnftables %s (%s)\t%s -> %s\t%s%s\n", c, on, r.serviceString(), natBackendString(r), strings.Join(r.Chains, " > "), r.fromString())
+		}
+	}
 	for _, bp := range nf.BPFPrograms {
 		where := "in the node netns, or another hook holds its priority there"
 		if bp.Elsewhere {

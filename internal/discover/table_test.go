@@ -205,3 +205,30 @@ func TestTableSaysWhatIsTraced(t *testing.T) {
 		t.Errorf("table does not say what is traced:\n%s", b.String())
 	}
 }
+
+// TestTableListsDeviceChains: a chain on a device hook is a netfilter row
+// with its hook, devices and priority, and one row per rewrite of a VIP
+// (what it sets, or ?); one without a rewrite says so.
+func TestTableListsDeviceChains(t *testing.T) {
+	vip := netip.MustParseAddr("10.120.0.80")
+	n := &NodeInfo{Netfilter: Netfilter{DeviceChains: []DeviceChain{
+		{Family: "netdev", Table: "lb", Chain: "in", Hook: "ingress", Devices: []string{"veth-a"}, Priority: -500, Rewrites: []NATRule{
+			{Source: SourceNFTables, Table: "netdev lb", Hook: "ingress", Service: vip, Port: 80, Proto: "tcp", Chains: []string{"in", "rw"}, Backend: netip.MustParseAddrPort("10.244.20.31:3000")},
+			{Source: SourceNFTables, Table: "netdev lb", Hook: "ingress", Service: vip, Chains: []string{"in"}, Note: unknownRewrite}}},
+		{Family: "inet", Table: "fw", Chain: "early", Hook: "ingress", Devices: []string{"bond0"}, Priority: 0},
+	}}}
+	var b bytes.Buffer
+	if err := n.Table(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"nftables netdev lb/in (ingress on veth-a priority -500) 10.120.0.80:80/tcp -> 10.244.20.31:3000 in > rw",
+		"nftables netdev lb/in (ingress on veth-a priority -500) 10.120.0.80 -> " + unknownRewrite,
+		"nftables inet fw/early (ingress on bond0 priority 0) no rewrite of the services' destination read",
+	} {
+		// Columns padded by the tabwriter: compared with single spaces.
+		if !strings.Contains(strings.Join(strings.Fields(b.String()), " "), want) {
+			t.Errorf("lacks %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -284,6 +284,10 @@ type Netfilter struct {
 	// filter chain, a NAT one's for a DROP): kube-proxy's for a Service
 	// without endpoints, or to a port a ClusterIP does not serve.
 	Rejects []NATRule `json:"rejects,omitempty"`
+	// DeviceChains are the nftables base chains on device hooks (netdev
+	// ingress and egress, inet ingress), every one, with the rules that
+	// set a traced VIP's destination.
+	DeviceChains []DeviceChain `json:"device_chains,omitempty"`
 	// BPFPrograms are the BPF programs attached to netfilter hooks (not
 	// pathtrace's observers), the machine's: the kernel does not say in
 	// which netns a netfilter link is. Read once, at discovery.

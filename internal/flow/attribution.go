@@ -53,8 +53,78 @@ func describeSock(p SockProgram) string {
 	return s
 }
 
-// byTC names the ingress programs on the host veth (see tcCands).
-func (e *Engine) byTC(f *flowState) string { return oneOf(e.tcCands(f)) }
+// hostIngressCands are what can have rewritten f at its host veth's
+// ingress: its tc programs (tcCands), then its nftables ingress chains'
+// rules (hostDeviceCands).
+func (e *Engine) hostIngressCands(f *flowState) []string {
+	return append(e.tcCands(f), e.hostDeviceCands(f)...)
+}
+
+// uplinkEgressCands are what can have rewritten f at the uplinks' egress,
+// before their TX tap: their nftables egress chains' rules, then their tc
+// egress programs.
+func (e *Engine) uplinkEgressCands(f *flowState) []string {
+	return append(e.uplinkDeviceCands(f), e.uplinkTCCands(f, "egress")...)
+}
+
+// onDevice places a rewrite at a device's hook, where a tc program (tc)
+// or a rule of an nftables chain on the device (nft) can have done it:
+// tc, or netfilter, when only those are there; unknown when both are
+// (no point watches between them), by one of them all.
+func onDevice(tc, nft []string) (Place, string) {
+	switch {
+	case len(nft) == 0:
+		return PlaceTC, oneOf(tc)
+	case len(tc) == 0:
+		return PlaceNetfilter, oneOf(nft)
+	}
+	return PlaceUnknown, oneOf(append(slices.Clone(tc), nft...))
+}
+
+// hostDeviceCands are the rules of the nftables ingress chains of f's host
+// veth (all host veths' when it is not known) that set f's VIP's
+// destination. They run after the veth's whole tc ingress: when the tc
+// tail saw the backend, a tcx program rewrote before them. A tcx program
+// that ended the chain (the tail never saw it) may have passed the packet
+// on to them.
+func (e *Engine) hostDeviceCands(f *flowState) []string {
+	if f.cps[cpTCTail].backend {
+		return nil
+	}
+	return e.deviceCands(f, false, "ingress")
+}
+
+// uplinkDeviceCands are the rules of the uplinks' nftables egress chains
+// that set f's VIP's destination.
+func (e *Engine) uplinkDeviceCands(f *flowState) []string { return e.deviceCands(f, true, "egress") }
+
+// deviceCands names the device rules at hook of the uplinks (uplink) or of
+// f's host veth for f's VIP: those that set f's backend when some do, else
+// every one (one that sets a map's value may have chosen it).
+func (e *Engine) deviceCands(f *flowState, uplink bool, hook string) []string {
+	var backend netip.AddrPort
+	if bs := f.sortedBackends(); len(bs) > 0 {
+		backend = bs[0]
+	}
+	var all, setting []string
+	for _, r := range e.cfg.Attribution.DeviceRules {
+		if r.Uplink != uplink || r.Hook != hook || !vipMatches(r.VIP, r.Proto, f) ||
+			(!uplink && r.Ifindex != 0 && f.hostIfindex != 0 && r.Ifindex != f.hostIfindex) {
+			continue
+		}
+		c := fmt.Sprintf("nftables %s %s on %s -> %s", r.Chain, r.Hook, r.Device, r.Rule)
+		if !slices.Contains(all, c) {
+			all = append(all, c)
+		}
+		if backend.IsValid() && listed(r.Backends, backend) && !slices.Contains(setting, c) {
+			setting = append(setting, c)
+		}
+	}
+	if len(setting) > 0 {
+		return setting
+	}
+	return all
+}
 
 // tcCands are the ingress programs of the flow's host veth of its time. The
 // tc tail observer runs after every tcx program the veth had when it was
@@ -113,9 +183,6 @@ func (e *Engine) bypassedHostSide(f *flowState) bool {
 func (e *Engine) tcxChainEnded(f *flowState) bool {
 	return f.cps[cpTCHead].any() && !f.cps[cpTCTail].any() && e.active(obs.PointTCTail)
 }
-
-// byUplinkTC names the uplinks' tc egress programs of the flow's time.
-func (e *Engine) byUplinkTC(f *flowState) string { return oneOf(e.uplinkTCCands(f, "egress")) }
 
 // byUplinkInTC names the uplinks' tc ingress programs of the flow's time.
 func (e *Engine) byUplinkInTC(f *flowState) string { return oneOf(e.uplinkTCCands(f, "ingress")) }
@@ -437,8 +504,9 @@ func (e *Engine) SetNATAttribution(rules []NATRule, ipvs []IPVSService) {
 
 // UnlistedBackends counts the Service and backend pairs the flows reached
 // that no NAT rule or IPVS service in force (not gone) when the pair was
-// checked names: a Service created, or endpoints changed, since the rules
-// were read (or a rewrite outside netfilter, which no rule names anyway).
+// checked names, nor a device chain's rewrite (read once, at discovery): a
+// Service created, or endpoints changed, since the rules were read (or a
+// rewrite outside netfilter, which no rule names anyway).
 func (e *Engine) UnlistedBackends() uint64 { return e.unlisted }
 
 // maxPairs bounds the Service and backend pairs remembered as checked;
@@ -465,6 +533,11 @@ func (e *Engine) checkListed(f *flowState, b netip.AddrPort) {
 	}
 	for _, s := range e.cfg.Attribution.IPVS {
 		if s.Until.IsZero() && vipMatches(s.VIP, s.Proto, f) && listed(s.Backends, b) {
+			return
+		}
+	}
+	for _, r := range e.cfg.Attribution.DeviceRules {
+		if vipMatches(r.VIP, r.Proto, f) && listed(r.Backends, b) {
 			return
 		}
 	}

@@ -87,6 +87,13 @@ type Attribution struct {
 	// kube-proxy's for a Service without endpoints. Hook is the filter
 	// hook: forward, input or output.
 	Rejects []NATRule
+	// DeviceRules: the rules of nftables chains on device hooks (netdev
+	// ingress and egress, inet ingress) of the host veths and uplinks that
+	// set a watched VIP's destination. An ingress chain of a host veth runs
+	// after the veth's tc ingress and before the bridge and PREROUTING, an
+	// egress chain of an uplink before the uplink's tc egress: each at a
+	// tc place, where no point watches between the two.
+	DeviceRules []DeviceRule
 	// NetfilterPrograms: BPF programs on netfilter hooks (another tool's,
 	// not pathtrace's observers), which may drop what they see.
 	NetfilterPrograms []NetfilterProgram
@@ -173,6 +180,22 @@ type TCRedirect struct {
 	// Until: when another Pod's host veth was found with its ifindex (the
 	// veth it was on went with its Pod); zero while it stands.
 	Until time.Time
+}
+
+// DeviceRule is a rule of an nftables chain on a device hook that sets a
+// VIP's destination (`ip daddr set`): a stateless rewrite, no NAT.
+type DeviceRule struct {
+	Chain   string // family table/chain, and the chains jumped to: "netdev t/c > rw"
+	Hook    string // "ingress" or "egress"
+	Device  string
+	Ifindex int  // the device's, in the node netns; 0 = unknown, any host veth
+	Uplink  bool // the device is an uplink, not a host veth
+	VIP     netip.AddrPort
+	Proto   obs.Proto
+	// Backends: what the rule sets (port 0: kept); none when it is not
+	// a constant (a map's value), then Rule says so.
+	Backends []netip.AddrPort
+	Rule     string // e.g. "daddr set 10.244.20.31:3000"
 }
 
 // NATRule is a DNAT rule for a VIP.

@@ -277,3 +277,30 @@ func TestBackendWatches(t *testing.T) {
 		t.Errorf("with the rules:\n got %v\nwant %v", got, want)
 	}
 }
+
+// TestDeviceRewriteListed: a backend a device chain's rule sets (netdev
+// ingress on the host veth) is listed: no NAT rule names it, and reading
+// the NAT rules again would not either. Without the device rules it counts.
+func TestDeviceRewriteListed(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netdev-ingress-host-veth.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.Config
+	cfg.Attribution.NATRules = nil
+	e := flow.NewEngine(cfg)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	if n := e.UnlistedBackends(); n != 0 {
+		t.Errorf("the device rule sets the backend, yet %d pair(s) counted unlisted", n)
+	}
+	cfg.Attribution.DeviceRules = nil
+	e = flow.NewEngine(cfg)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	if n := e.UnlistedBackends(); n != 1 {
+		t.Errorf("without the device rules %d pair(s) counted unlisted, want 1", n)
+	}
+}

@@ -629,11 +629,13 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 // fromWire decides a request that came in on the uplink with the VIP (an
 // outside client's) and that no later checkpoint saw with it, the first
 // to see it having the backend (iB): between the uplink's RX tap and the
-// node's checkpoints from PREROUTING on, only the uplink's tc ingress, and
-// the places after PREROUTING up to iB, can have rewritten it. False when
-// that is not one place.
+// node's checkpoints from PREROUTING on, only the uplink's tc ingress and
+// its nftables ingress chains (netdev, inet), and the places after
+// PREROUTING up to iB, can have rewritten it. False when that is not one
+// place.
 func (e *Engine) fromWire(f *flowState, iB checkpoint, why bool) (verdict, bool) {
-	if iB < cpNFBefore || e.byUplinkInTC(f) == "" {
+	tc, nft := e.uplinkTCCands(f, "ingress"), e.deviceCands(f, true, "ingress")
+	if iB < cpNFBefore || len(tc)+len(nft) == 0 {
 		return verdict{}, false
 	}
 	cands := []gap{gapUplinkInTC}
@@ -653,13 +655,23 @@ func (e *Engine) fromWire(f *flowState, iB checkpoint, why bool) (verdict, bool)
 	if len(cands) != 1 {
 		return verdict{}, false
 	}
-	v := verdict{place: PlaceTC, by: e.byUplinkInTC(f)}
+	v := verdict{}
+	v.place, v.by = onDevice(tc, nft)
 	if why {
 		v.reason = fmt.Sprintf("VIP %s on the uplink's wire (uplink RX, before its tc ingress), backend %s at %s",
 			f.service, f.cps[iB].backendAddr.addrPort(), iB.describe(f.cps[iB].backendFrom))
 		if excluded != "" {
 			v.reason += "; netfilter excluded: " + excluded
 		}
+		switch v.place {
+		case PlaceNetfilter:
+			v.reason += "; set by a rule of an nftables chain on the uplink's ingress hook, which runs after its tc ingress and before PREROUTING: a stateless rewrite, no NAT"
+		case PlaceUnknown:
+			v.reason += "; a tc program and an nftables chain at the uplink's ingress can both have done it, and no point watches between them: " + v.by
+		}
+	}
+	if v.place == PlaceUnknown {
+		v.by = ""
 	}
 	return v, true
 }
@@ -704,9 +716,10 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		}
 		cands = append(cands, g)
 	}
-	if len(cands) == 0 && iB == cpUplink && e.byUplinkTC(f) != "" {
+	if len(cands) == 0 && iB == cpUplink && len(e.uplinkEgressCands(f)) > 0 {
 		// Past every other place that rewrites, the VIP; on the uplink's
-		// wire, the backend: only the uplink's tc egress was in between.
+		// wire, the backend: only the uplink's egress (its nftables egress
+		// chains, then its tc) was in between.
 		// (Not a candidate otherwise: it cannot be told from the others
 		// without an observer of its own, and mostly pushes VLAN tags.)
 		cands = []gap{gapUplinkTC}
@@ -734,23 +747,24 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		cands = slices.DeleteFunc(cands, func(g gap) bool { return g == gapTC || g == gapNetfilter || g == gapIPVS })
 		notes = append(notes, "the host side of its netkit pair and every later point of the node (watching) never saw it: the pair's program redirected it past the node's stack (bpf_redirect_neigh or bpf_redirect to the uplink)")
 	}
-	if stacked, ok := e.cfg.Attribution.StackedPods[f.client.Addr()]; ok && slices.Equal(cands, []gap{gapUplinkTC}) && e.byUplinkTC(f) == "" {
+	if stacked, ok := e.cfg.Attribution.StackedPods[f.client.Addr()]; ok && slices.Equal(cands, []gap{gapUplinkTC}) && len(e.uplinkEgressCands(f)) == 0 {
 		if !why {
 			return verdict{place: PlaceUnknown}
 		}
-		v := unknown("%s: the Pod's eth0 has no host side (%s): only the uplink's egress runs in between, where no tc program was found (a tc action such as pedit or nat, or an nftables netdev egress chain, which pathtrace does not read)", bracketBase(f, iV, iB), stacked)
+		v := unknown("%s: the Pod's eth0 has no host side (%s): only the uplink's egress runs in between, where no tc program and no nftables egress chain's rule for the VIP was found (a tc action such as pedit or nat, or a rule whose conditions or rewrite pathtrace does not decode)", bracketBase(f, iV, iB), stacked)
 		for _, n := range notes {
 			v.reason += "; " + n
 		}
 		return v
 	}
-	if len(cands) == 1 && cands[0] == gapTC && iB == cpUplink && e.byTC(f) == "" && e.byUplinkTC(f) != "" {
+	if len(cands) == 1 && cands[0] == gapTC && iB == cpUplink && len(e.hostIngressCands(f)) == 0 && len(e.uplinkEgressCands(f)) > 0 {
 		// The tc left between the two points is the host veth's ingress,
-		// which had no program that can have rewritten (none at all on a
-		// bridged node's veth, or only tcx programs the tail saw pass the
-		// VIP), and the uplink's tc egress, before its TX tap, which has.
+		// which had no program or nftables ingress chain that can have
+		// rewritten (none at all on a bridged node's veth, or only tcx
+		// programs the tail saw pass the VIP), and the uplink's egress,
+		// before its TX tap, which has.
 		cands = []gap{gapUplinkTC}
-		notes = append(notes, "the host veth's tc ingress has no program that can have rewritten it; the uplink's tc egress, just before its TX tap, has")
+		notes = append(notes, "the host veth's ingress has no tc program or nftables chain that can have rewritten it; the uplink's tc egress or an nftables egress chain of it, just before its TX tap, has")
 	}
 	if len(cands) == 1 && cands[0] == gapPodNetns {
 		// Between the socket's egress hook and the Pod's eth0 tap only its
@@ -790,17 +804,29 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	case gapSocket:
 		v.by = e.bySocket(f)
 	case gapTC:
-		v.by = e.byTC(f)
+		v.place, v.by = onDevice(e.tcCands(f), e.hostDeviceCands(f))
 	case gapNetkit:
 		v.by = oneOf(e.netkitCands(f))
 	case gapUplinkTC:
-		v.by = e.byUplinkTC(f)
+		v.place, v.by = onDevice(e.uplinkTCCands(f, "egress"), e.uplinkDeviceCands(f))
 	case gapNetfilter:
 		v.by = e.byNAT(f)
 	case gapIPVS:
 		v.by = e.byIPVS(f)
 	case gapPodNAT:
 		v.by = ByClientNetfilter
+	}
+	if v.place == PlaceUnknown {
+		// A tc program and an nftables chain on the same device: no
+		// point watches between them.
+		if !why {
+			return verdict{place: PlaceUnknown}
+		}
+		at := "the host veth's ingress"
+		if g == gapUplinkTC {
+			at = "the uplink's egress"
+		}
+		return unknown("%s: a tc program and an nftables chain at %s can both have done it, and no point watches between them: %s", bracketBase(f, iV, iB), at, v.by)
 	}
 	if !why {
 		return v
@@ -809,8 +835,15 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	case gapNetkit:
 		notes = append(notes, "rewritten inside the Pod's netkit pair, by a program its host side (the primary) holds for what the Pod sends, which runs after the Pod's eth0 TX tap and before the host side's RX tap")
 	case gapTC:
-		if iB > cpTCTail && e.tcxChainEnded(f) {
+		switch {
+		case v.place == PlaceNetfilter:
+			notes = append(notes, "set by a rule of an nftables chain on the host veth's ingress hook, which runs after its tc ingress and before the bridge and netfilter's IP hooks: a stateless rewrite, no NAT (conntrack's original destination is the backend)")
+		case iB > cpTCTail && e.tcxChainEnded(f):
 			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (so no cls_bpf filter ran)")
+		}
+	case gapUplinkTC:
+		if v.place == PlaceNetfilter {
+			notes = append(notes, "set by a rule of an nftables chain on the uplink's egress hook, which runs before its tc egress and TX tap: a stateless rewrite, no NAT")
 		}
 	case gapNetfilter:
 		notes = append(notes, e.conntrackNote(f, iV, iB))

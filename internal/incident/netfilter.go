@@ -61,7 +61,7 @@ func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
 	if err != nil {
 		return fmt.Errorf("nftables netlink: %w", err)
 	}
-	return renderRuleset(w, conn, focus)
+	return renderRuleset(w, conn, focus, chainDevices(s.node))
 }
 
 // legacyFamily is one iptables-legacy address family.

@@ -32,7 +32,7 @@ type nftLister interface {
 // With focus, a ruleset of more than focusAboveChains chains (or any, when
 // focus.always) is written narrowed to what the traced Services need (see
 // nftFocus).
-func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus) error {
+func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus, devices map[string][]string) error {
 	tables, err := conn.ListTables()
 	if err != nil {
 		return fmt.Errorf("list nftables tables: %w", err)
@@ -67,7 +67,7 @@ func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus) error {
 				skipped++
 				continue
 			}
-			fmt.Fprintf(&body, "\tchain %s {%s\n", c.Name, chainHeader(c))
+			fmt.Fprintf(&body, "\tchain %s {%s\n", c.Name, chainHeader(c, devices[table+" "+c.Name]))
 			rules, err := conn.GetRules(t, c)
 			if err != nil {
 				fmt.Fprintf(&body, "\t\t# rules not read: %v\n", err)
@@ -145,8 +145,28 @@ func newNFTFocus(node *discover.NodeInfo, vips []netip.Addr) *nftFocus {
 				f.chains[r.Table+" "+c] = true
 			}
 		}
+		for _, dc := range node.Netfilter.DeviceChains {
+			for _, r := range dc.Rewrites {
+				for _, c := range r.Chains {
+					f.chains[r.Table+" "+c] = true
+				}
+			}
+		}
 	}
 	return f
+}
+
+// chainDevices are the devices of the chains on device hooks as discovery
+// read them (google/nftables lists a chain without them), by "FAMILY TABLE
+// CHAIN".
+func chainDevices(node *discover.NodeInfo) map[string][]string {
+	devs := map[string][]string{}
+	if node != nil {
+		for _, c := range node.Netfilter.DeviceChains {
+			devs[c.Family+" "+c.Table+" "+c.Chain] = c.Devices
+		}
+	}
+	return devs
 }
 
 func (f *nftFocus) vipNames() []string {
@@ -250,14 +270,15 @@ func renderSet(w io.Writer, conn nftLister, set *nftables.Set, focus *nftFocus) 
 }
 
 // chainHeader is "type nat hook prerouting priority -100 policy accept" for a
-// base chain, "" for a regular one.
-func chainHeader(c *nftables.Chain) string {
+// base chain, "" for a regular one; devices are those of a chain on a
+// device hook.
+func chainHeader(c *nftables.Chain, devices []string) string {
 	if c.Hooknum == nil {
 		return ""
 	}
 	s := fmt.Sprintf(" # type %s hook %s", c.Type, hookName(c.Table.Family, *c.Hooknum))
-	if c.Device != "" {
-		s += " device " + c.Device
+	if len(devices) > 0 {
+		s += " devices " + strings.Join(devices, ",")
 	}
 	if c.Priority != nil {
 		s += fmt.Sprintf(" priority %d", *c.Priority)

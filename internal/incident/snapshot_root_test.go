@@ -291,7 +291,7 @@ func (tn *testNode) state(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := renderRuleset(&b, conn, nil); err != nil {
+	if err := renderRuleset(&b, conn, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, path := range []string{tn.node, tn.pod} {

@@ -468,6 +468,22 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 		nat = append(nat, s)
 	}
 	fmt.Fprintf(b, "- NAT rules for the VIPs: %s.\n", orNone(nat))
+	if chains := node.Netfilter.DeviceChains; len(chains) > 0 {
+		// Stateless rewrites on a device, before netfilter's IP hooks.
+		var dev []string
+		for _, c := range chains {
+			s := fmt.Sprintf("%s %s on %s (priority %d)", c, c.Hook, orDash(strings.Join(c.Devices, ",")), c.Priority)
+			for _, r := range c.Rewrites {
+				to := r.Note
+				if r.Backend.IsValid() {
+					to = r.Backend.String()
+				}
+				s += fmt.Sprintf("; sets %s to %s", r.Service, to)
+			}
+			dev = append(dev, s)
+		}
+		fmt.Fprintf(b, "- nftables chains on device hooks (netdev ingress and egress, inet ingress): %s.\n", strings.Join(dev, "; "))
+	}
 	fmt.Fprintf(b, "- Bridged traffic meets netfilter (bridge-nf-call-iptables): %s; IP forwarding: %s.\n",
 		boolWords(node.Netfilter.BridgeNFCallIPTables), boolWords(node.Netfilter.IPForward))
 	if node.IPVS.Present {

@@ -98,7 +98,10 @@ func summaryNode() *discover.NodeInfo {
 		TCPrograms:   []discover.TCProgram{{Ifname: "veth-a", Dir: "ingress", Via: "tcx", Name: "lab_lb_ingress", ID: 52}},
 		Netfilter: discover.Netfilter{BridgeNFCallIPTables: &yes, IPForward: &no, Rules: []discover.NATRule{{
 			Source: "nftables", Table: "ip kube-proxy", Hook: "prerouting", Service: netip.MustParseAddr("10.120.0.10"),
-			Chains: []string{"nat-prerouting", "services", "service-dns"}, Backend: netip.MustParseAddrPort("10.244.20.31:5353")}}},
+			Chains: []string{"nat-prerouting", "services", "service-dns"}, Backend: netip.MustParseAddrPort("10.244.20.31:5353")}},
+			DeviceChains: []discover.DeviceChain{{Family: "netdev", Table: "lb", Chain: "in", Hook: "ingress", Devices: []string{"veth-a"}, Priority: -500,
+				Rewrites: []discover.NATRule{{Source: "nftables", Table: "netdev lb", Hook: "ingress", Service: netip.MustParseAddr("10.120.0.99"),
+					Chains: []string{"in"}, Note: "? (a map's or an expression's value: not decoded)"}}}}},
 		Notes: []string{"IPVS not checked: /proc/net/ip_vs absent"},
 	}
 }

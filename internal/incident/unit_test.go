@@ -191,7 +191,7 @@ func TestRenderRuleset(t *testing.T) {
 		}}},
 	}}
 	var b strings.Builder
-	if err := renderRuleset(&b, f, nil); err != nil {
+	if err := renderRuleset(&b, f, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	want := `table ip kube-proxy {
@@ -206,6 +206,24 @@ func TestRenderRuleset(t *testing.T) {
 `
 	if b.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// A netdev chain's header names its hook and its devices, which netlink's
+// listing leaves out and discovery read (chainDevices).
+func TestRenderNetdevChain(t *testing.T) {
+	table := &nftables.Table{Family: nftables.TableFamilyNetdev, Name: "lb"}
+	prio := nftables.ChainPriority(-500)
+	in := &nftables.Chain{Name: "in", Table: table, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookIngress, Priority: &prio}
+	f := fakeNFT{table: table, chain: []*nftables.Chain{in}, rules: map[string][]*nftables.Rule{}}
+	node := &discover.NodeInfo{Netfilter: discover.Netfilter{DeviceChains: []discover.DeviceChain{
+		{Family: "netdev", Table: "lb", Chain: "in", Hook: "ingress", Devices: []string{"veth-a"}, Priority: -500}}}}
+	var b strings.Builder
+	if err := renderRuleset(&b, f, nil, chainDevices(node)); err != nil {
+		t.Fatal(err)
+	}
+	if want := "chain in { # type filter hook ingress devices veth-a priority -500\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("got:\n%s\nwant a line %q", b.String(), want)
 	}
 }
 
@@ -241,7 +259,7 @@ func TestRenderRulesetFocused(t *testing.T) {
 	node.Netfilter.Rules = []discover.NATRule{{Source: discover.SourceNFTables, Table: "ip kube-proxy",
 		Chains: []string{"nat-prerouting", "services", "svc-7"}}}
 	var b strings.Builder
-	if err := renderRuleset(&b, f, newNFTFocus(node, []netip.Addr{netip.MustParseAddr("10.96.0.7")})); err != nil {
+	if err := renderRuleset(&b, f, newNFTFocus(node, []netip.Addr{netip.MustParseAddr("10.96.0.7")}), nil); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
@@ -265,7 +283,7 @@ func TestRenderRulesetFocused(t *testing.T) {
 	// A small ruleset is written whole even with a focus.
 	b.Reset()
 	small := fakeNFT{table: table, chain: f.chain[:5], rules: f.rules, elems: f.elems[:3], anon: f.anon[:3]}
-	if err := renderRuleset(&b, small, newNFTFocus(node, []netip.Addr{netip.MustParseAddr("10.96.0.7")})); err != nil {
+	if err := renderRuleset(&b, small, newNFTFocus(node, []netip.Addr{netip.MustParseAddr("10.96.0.7")}), nil); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(b.String(), "narrowed") || !strings.Contains(b.String(), "chain svc-0 {") || !strings.Contains(b.String(), "set __map2 {") {

@@ -322,6 +322,19 @@ type attribution struct {
 		Pod       bool   `json:"pod"`    // on a Pod's eth0 (ifindex: its host veth)
 	} `json:"tc_programs"`
 	NATRules []natRule `json:"nat_rules"`
+	// DeviceRules: rules of nftables chains on device hooks that set a
+	// VIP's destination (flow.DeviceRule).
+	DeviceRules []struct {
+		Chain    string           `json:"chain"`
+		Hook     string           `json:"hook"`
+		Device   string           `json:"device"`
+		Ifindex  int              `json:"ifindex"`
+		Uplink   bool             `json:"uplink"`
+		VIP      netip.AddrPort   `json:"vip"`
+		Proto    string           `json:"proto"`
+		Backends []netip.AddrPort `json:"backends"`
+		Rule     string           `json:"rule"`
+	} `json:"device_rules"`
 	// Rejects are rules that reject or drop a VIP's packets (no backends).
 	Rejects []natRule `json:"rejects"`
 	// NetfilterPrograms are BPF programs on netfilter hooks.
@@ -476,6 +489,14 @@ func (a attribution) convert() (flow.Attribution, error) {
 			return out, err
 		}
 		out.NATRules = append(out.NATRules, nr)
+	}
+	for _, r := range a.DeviceRules {
+		proto, err := parseProto(r.Proto)
+		if err != nil {
+			return out, err
+		}
+		out.DeviceRules = append(out.DeviceRules, flow.DeviceRule{Chain: r.Chain, Hook: r.Hook, Device: r.Device, Ifindex: r.Ifindex,
+			Uplink: r.Uplink, VIP: r.VIP, Proto: proto, Backends: r.Backends, Rule: r.Rule})
 	}
 	for _, r := range a.Rejects {
 		nr, err := r.convert()
