@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -104,7 +105,21 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		out.Reason += fmt.Sprintf("; %d %s came in on the uplink from %s and %s: the node dropped or altered them on the way in (%s); %s", n, packets, from, lost, causes, checked)
 	}
 	out.Points = e.pointsSeen(f.points)
+	if e.beganBeforeRun(f) {
+		out.BeganBeforeRun = true
+		out.Reason = fmt.Sprintf("the connection began before the run: its first packet seen (at %s) was mid-connection, and neither its SYN, its SYN-ACK nor its connect() was seen, so the socket layer's bracket is not judged and the verdict rests on the packets seen; ",
+			time.Unix(0, f.tcp.first).UTC().Format("15:04:05.000")) + out.Reason
+	}
 	return out
+}
+
+// beganBeforeRun tells whether f is a TCP connection seen from its middle
+// on (tcpLife.midConnection) whose socket's connect was not seen either
+// (kind): it began before the run (or its handshake was not captured).
+// Not one that continues a retired flow: its beginning was seen with that
+// flow.
+func (e *Engine) beganBeforeRun(f *flowState) bool {
+	return f.proto == obs.TCP && f.tcp.midConnection() && f.kind == 0 && f.continues == 0
 }
 
 // whyQuoteUntranslated says what can have left the header an ICMP error
