@@ -392,7 +392,7 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 	case refused:
 		return true, false, Handle{refused: true}, true
 	case replyOnlyLinked:
-		return true, false, Handle{ro: e.replyOnly.get(clientKey{o.Proto, o.Dst}), reply: true}, true
+		return true, false, Handle{ro: true, slot: e.replyOnly.gen, reply: true}, true
 	}
 	return false, r == deferredLink, h, false
 }

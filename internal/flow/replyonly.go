@@ -20,9 +20,6 @@ const CommentReplyWithoutRequest = "reply of a connection none of whose requests
 type replyConn struct {
 	service netip.AddrPort
 	first   int64 // its first reply seen (unix ns)
-	// requested: a request of it came, and made (or was refused) its
-	// flow: the handles of its replies are stale (Repeat).
-	requested bool
 }
 
 // replyOnly remembers, in bounded memory, the connections of which only
@@ -45,6 +42,12 @@ type replyOnly struct {
 	// from another Service since; requestedLater those whose request came
 	// once they counted.
 	forgotten, replaced, requestedLater uint64
+	// gen counts the connections whose request came: a handle of a reply
+	// counted with its connection (Handle.ro) made before is stale, its
+	// connection may have a flow now (Repeat). A handle holds no pointer
+	// to its connection: a frame, which holds its handle, fits two cache
+	// lines.
+	gen int
 }
 
 func newReplyOnly(limit int) replyOnly {
@@ -106,7 +109,7 @@ func (r *replyOnly) requested(k clientKey, service netip.AddrPort, at int64) {
 	if c == nil || c.service != service {
 		return
 	}
-	c.requested = true
+	r.gen++
 	delete(r.cur, k)
 	delete(r.old, k)
 	if c.counts(at, false) {
@@ -176,5 +179,5 @@ func (e *Engine) repliesWithoutRequest() int {
 }
 
 // ReplyOnly tells whether h is a reply counted with a connection of which
-// only replies were seen (its comment is CommentReplyWithoutRequest).
-func (h Handle) ReplyOnly() bool { return h.ro != nil }
+// only replies were seen so far (its comment is CommentReplyWithoutRequest).
+func (h Handle) ReplyOnly() bool { return h.ro }
