@@ -108,7 +108,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	if e.beganBeforeRun(f) {
 		out.BeganBeforeRun = true
 		out.Reason = fmt.Sprintf("the connection began before the run: its first packet seen (at %s) was mid-connection, and neither its SYN, its SYN-ACK nor its connect() was seen, so the socket layer's bracket is not judged and the verdict rests on the packets seen; ",
-			time.Unix(0, f.tcp.first).UTC().Format("15:04:05.000")) + out.Reason
+			time.Unix(0, f.tcp.first).Format("15:04:05.000")) + out.Reason
 	}
 	return out
 }
