@@ -13,27 +13,32 @@ import (
 // snapshot renders a flow and its current verdict.
 func (e *Engine) snapshot(f *flowState) Flow {
 	v := e.decide(f, true)
+	before := e.beganBeforeRun(f)
+	if before {
+		v.reason = beganBeforeRunNote(f) + v.reason
+	}
 	if v.place == PlaceUnknown {
 		v.reason = e.outsideWindow(f) + f.continuesNote() + v.reason
 	}
 	out := Flow{
-		ID:           e.idOf(f),
-		Continues:    f.continues,
-		Client:       f.client,
-		NodeClient:   f.fromNode,
-		Service:      f.service,
-		RewrittenAt:  v.place,
-		By:           v.by,
-		Reason:       v.reason,
-		Reply:        f.reply,
-		Refused:      f.reply && f.tcp.refused(),
-		ICMPError:    f.icmp,
-		StrayReplies: f.stray,
-		PID:          f.pid,
-		Comm:         f.comm,
-		Cgroup:       f.cgroup,
-		First:        f.first,
-		Last:         f.last,
+		ID:             e.idOf(f),
+		Continues:      f.continues,
+		Client:         f.client,
+		NodeClient:     f.fromNode,
+		Service:        f.service,
+		RewrittenAt:    v.place,
+		By:             v.by,
+		Reason:         v.reason,
+		Reply:          f.reply,
+		Refused:        f.reply && f.tcp.refused(),
+		ICMPError:      f.icmp,
+		StrayReplies:   f.stray,
+		PID:            f.pid,
+		Comm:           f.comm,
+		Cgroup:         f.cgroup,
+		BeganBeforeRun: before,
+		First:          f.first,
+		Last:           f.last,
 	}
 	if r := v.answer; r != nil {
 		out.ICMPError = &ICMPError{Message: r.ICMPAnswer, From: f.client.Addr(), At: f.last, FromRule: true}
@@ -105,12 +110,15 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		out.Reason += fmt.Sprintf("; %d %s came in on the uplink from %s and %s: the node dropped or altered them on the way in (%s); %s", n, packets, from, lost, causes, checked)
 	}
 	out.Points = e.pointsSeen(f.points)
-	if e.beganBeforeRun(f) {
-		out.BeganBeforeRun = true
-		out.Reason = fmt.Sprintf("the connection began before the run: its first packet seen (at %s) was mid-connection, and neither its SYN, its SYN-ACK nor its connect() was seen, so the socket layer's bracket is not judged and the verdict rests on the packets seen; ",
-			time.Unix(0, f.tcp.first).Format("15:04:05.000")) + out.Reason
-	}
 	return out
+}
+
+// beganBeforeRunNote begins the reason of a flow that began before the run
+// (beganBeforeRun); an undecided one's says first when it began relative
+// to the points' window (outsideWindow).
+func beganBeforeRunNote(f *flowState) string {
+	return fmt.Sprintf("the connection began before the run: its first packet seen (at %s) was mid-connection, and neither its SYN, its SYN-ACK nor its connect() was seen, so the socket layer's bracket is not judged and the verdict rests on the packets seen; ",
+		time.Unix(0, f.tcp.first).Format("15:04:05.000"))
 }
 
 // beganBeforeRun tells whether f is a TCP connection seen from its middle
