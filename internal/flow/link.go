@@ -178,9 +178,9 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 			}
 		}
 		// A request to a backend's address from a client endpoint seen
-		// by its replies alone makes its flow (rewritten before any point
-		// saw it with the VIP); a reply from one is counted with them
-		// (before the node translated it back).
+		// by its replies alone makes its flow (its copy to the VIP, if a
+		// point saw one, may come later); a reply from one is counted with
+		// them (before the node translated it back).
 		if c := e.replyOnly.get(clientKey{proto, src}); c != nil && e.watchedAddr(dst.Addr()) {
 			f, r := e.flowFor(proto, src, c.service, cookie, req, last)
 			if r == linked {
@@ -332,8 +332,10 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 			return f, linked
 		}
 	}
-	if m.reply {
-		// No flow is made of a reply: it has no request to decide on.
+	if _, resumes := e.retiredBefore(flowKey{k, service}, m); m.reply && !resumes {
+		// No flow is made of a reply: it has no request to decide on
+		// (unless its connection's requests were seen, with a flow
+		// reported as ended: it continues that one).
 		return nil, e.replyWithoutRequest(proto, client, service, m)
 	}
 	if e.nflows >= e.maxFlows && cookie == 0 && !last && e.awaitsPort(proto, client, service, m) {

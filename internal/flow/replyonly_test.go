@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
@@ -119,6 +120,9 @@ func TestRepliesWithoutRequestBounded(t *testing.T) {
 	if s.RepliesWithoutRequest != n {
 		t.Errorf("replies_without_request %d, want %d", s.RepliesWithoutRequest, n)
 	}
+	if z := e.Sizes()["replyOnly"]; z > 2*4096 {
+		t.Errorf("%d connections remembered, want at most 2*4096", z)
+	}
 	if got := s.Drops[flow.DropRepliesForgotten]; got != 4096 {
 		t.Errorf("%s %d, want 4096 (the older generation, dropped once the newer filled)", flow.DropRepliesForgotten, got)
 	}
@@ -214,5 +218,44 @@ func TestSynAckBeforeItsSyn(t *testing.T) {
 	}
 	if s := e.Summary(); s.RepliesWithoutRequest != 0 || s.RequestedAfterReplies != 0 || s.Unmatched != 0 {
 		t.Errorf("replies_without_request %d, requested_after_replies %d, unmatched %d; want 0", s.RepliesWithoutRequest, s.RequestedAfterReplies, s.Unmatched)
+	}
+}
+
+// TestRepliesWithoutRequestAfterRetire: in a run until stopped, a reply of
+// a connection whose flow was reported as ended (its requests were seen)
+// continues that flow, as its request would: it is no connection seen by
+// its replies alone. A reply of a connection never seen stays one: the
+// engine remembers at most two generations of them (Sizes).
+func TestRepliesWithoutRequestAfterRetire(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	e := flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointNFBefore: true, obs.PointNFAfter: true, obs.PointConntrack: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+	})
+	at := flowtest.At(0)
+	seq := churnFlow(7, obs.UDP, svc, be, at)
+	for _, o := range seq {
+		e.Add(o)
+	}
+	first := e.Retire(at.Add(61 * time.Second))
+	if len(first) != 1 {
+		t.Fatalf("retired %d flows, want 1", len(first))
+	}
+	late := seq[len(seq)-1] // the answer at the Pod, from the VIP
+	late.Time = at.Add(62 * time.Second)
+	e.Add(late)
+	stranger := late
+	stranger.Dst = netip.AddrPortFrom(late.Dst.Addr(), late.Dst.Port()+1)
+	e.Add(stranger)
+	e.Stopping(at.Add(63 * time.Second))
+	fs := e.Flows()
+	if len(fs) != 1 || fs[0].Continues != first[0].ID || fs[0].Client != late.Dst {
+		t.Fatalf("flows %+v, want one of %s continuing flow %d", fs, late.Dst, first[0].ID)
+	}
+	if s := e.Summary(); s.RepliesWithoutRequest != 1 {
+		t.Errorf("replies_without_request %d, want 1 (%s's, never seen before)", s.RepliesWithoutRequest, stranger.Dst)
+	}
+	if n := e.Sizes()["replyOnly"]; n != 1 {
+		t.Errorf("%d connections remembered by their replies alone, want 1", n)
 	}
 }
