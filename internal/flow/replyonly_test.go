@@ -179,6 +179,14 @@ func TestBeganBeforeRun(t *testing.T) {
 		if s := e.Summary(); s.RepliesWithoutRequest != 0 {
 			t.Errorf("%s: replies_without_request %d, want 0", tc.name, s.RepliesWithoutRequest)
 		}
+		if !tc.want {
+			continue
+		}
+		// Once a tap lost frames, the handshake may have been among them.
+		e.CaptureLost(obs.PointPod)
+		if r := e.Flows()[0].Reason; !strings.HasPrefix(r, "the connection began before the run (or its handshake was among the frames a capture lost") {
+			t.Errorf("%s: reason %q once the Pod's tap lost frames, want it to say the handshake may be lost", tc.name, r)
+		}
 	}
 }
 

@@ -15,7 +15,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	v := e.decide(f, true)
 	before := e.beganBeforeRun(f)
 	if before {
-		v.reason = beganBeforeRunNote(f) + v.reason
+		v.reason = e.beganBeforeRunNote(f) + v.reason
 	}
 	if v.place == PlaceUnknown {
 		v.reason = e.outsideWindow(f) + f.continuesNote() + v.reason
@@ -115,10 +115,15 @@ func (e *Engine) snapshot(f *flowState) Flow {
 
 // beganBeforeRunNote begins the reason of a flow that began before the run
 // (beganBeforeRun); an undecided one's says first when it began relative
-// to the points' window (outsideWindow).
-func beganBeforeRunNote(f *flowState) string {
-	return fmt.Sprintf("the connection began before the run: its first packet seen (at %s) was mid-connection, and neither its SYN, its SYN-ACK nor its connect() was seen, so the socket layer's bracket is not judged and the verdict rests on the packets seen; ",
-		time.Unix(0, f.tcp.first).Format("15:04:05.000"))
+// to the points' window (outsideWindow). Once a capture lost frames, its
+// handshake may have been among them.
+func (e *Engine) beganBeforeRunNote(f *flowState) string {
+	lost := ""
+	if len(e.captureLost) > 0 {
+		lost = " (or its handshake was among the frames a capture lost: kernel_drops)"
+	}
+	return fmt.Sprintf("the connection began before the run%s: its first packet seen (at %s) was mid-connection, and neither its SYN, its SYN-ACK nor its connect() was seen, so the socket layer's bracket is not judged and the verdict rests on the packets seen; ",
+		lost, time.Unix(0, f.tcp.first).Format("15:04:05.000"))
 }
 
 // beganBeforeRun tells whether f is a TCP connection seen from its middle
