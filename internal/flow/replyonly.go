@@ -20,7 +20,19 @@ const CommentReplyWithoutRequest = "reply of a connection none of whose requests
 type replyConn struct {
 	service netip.AddrPort
 	first   int64 // its first reply seen (unix ns)
+	// waited counts its replies kept waiting for its request within the
+	// reordering window, at most replyWaitCap.
+	waited int
 }
+
+// replyWaitCap is how many replies of a connection none of whose requests
+// was seen wait for one within the reordering window; the next ones are
+// counted with it at once. A SYN-ACK delivered before its SYN has a few
+// replies at most behind it; a stream of replies alone (a server pushing
+// datagrams to a client of before the run) must not fill the waiting room,
+// whose overflow would count as a loss and evict the traced flows'
+// observations.
+const replyWaitCap = 64
 
 // replyOnly remembers, in bounded memory, the connections of which only
 // replies were seen: a reply from a Service to a client endpoint that has
@@ -69,10 +81,11 @@ func (c *replyConn) counts(now int64, stopped bool) bool {
 }
 
 // reply notes a reply of client k from service at at, whose connection
-// has no flow; it tells whether the connection counts already (counts):
-// then the reply is counted with it and waits no longer; and whether it
-// is new.
-func (r *replyOnly) reply(k clientKey, service netip.AddrPort, at int64) (counts, isNew bool) {
+// has no flow; it tells whether the reply waits for its request (the
+// connection does not count yet, and it is among its first replyWaitCap);
+// else it is counted with the connection at once; and whether the
+// connection is new.
+func (r *replyOnly) reply(k clientKey, service netip.AddrPort, at int64) (wait, isNew bool) {
 	c := r.get(k)
 	if c == nil || c.service != service {
 		if c != nil && c.counts(at, false) {
@@ -84,7 +97,11 @@ func (r *replyOnly) reply(k clientKey, service netip.AddrPort, at int64) (counts
 		c.first = at
 	}
 	r.put(k, c)
-	return c.counts(at, false), isNew
+	if c.counts(at, false) || c.waited >= replyWaitCap {
+		return false, isNew
+	}
+	c.waited++
+	return true, isNew
 }
 
 // put remembers c as the latest connection of k; when the newer generation
@@ -132,29 +149,31 @@ func (r *replyOnly) open(now int64, stopped bool) int {
 
 // replyWithoutRequest takes a reply from service to client at m whose
 // connection has no flow (flowFor): no flow is made of it. Within the
-// reordering window it waits for its request (unlinked); later it is
-// counted with its connection (replyOnlyLinked), waiting no longer.
+// reordering window it waits for its request (unlinked), as the first
+// replyWaitCap do; later, or beyond them, it is counted with its
+// connection (replyOnlyLinked), waiting no longer.
 func (e *Engine) replyWithoutRequest(proto obs.Proto, client, service netip.AddrPort, m moment) linkResult {
 	k := clientKey{proto, client}
-	counts, isNew := e.replyOnly.reply(k, service, m.at)
+	wait, isNew := e.replyOnly.reply(k, service, m.at)
 	if isNew {
 		// Its requests to a backend that came first wait: they are its
 		// flow's now (lookup).
 		e.replays = append(e.replays, k)
 	}
-	if counts {
-		return replyOnlyLinked
+	if wait {
+		return unlinked
 	}
-	return unlinked
+	return replyOnlyLinked
 }
 
 // replyToReplyOnly tells whether a packet from src to a client endpoint
 // dst at at is a reply of a connection that counts as seen by its replies
-// alone: src is a watched address (the Service's replies come from a
-// backend's before the node translates them back).
+// alone, or whose replies waiting for a request are replyWaitCap already:
+// src is a watched address (the Service's replies come from a backend's
+// before the node translates them back).
 func (e *Engine) replyToReplyOnly(proto obs.Proto, src, dst netip.AddrPort, at int64) bool {
 	c := e.replyOnly.get(clientKey{proto, dst})
-	return c != nil && c.counts(at, false) && e.watchedAddr(src.Addr())
+	return c != nil && (c.counts(at, false) || c.waited >= replyWaitCap) && e.watchedAddr(src.Addr())
 }
 
 // ReplyWithoutRequest tells whether o, a packet no flow claims (Classify

@@ -58,6 +58,34 @@ func TestRepliesWithoutRequest(t *testing.T) {
 	}
 }
 
+// TestRepliesWithoutRequestFlood: a stream of replies alone (a server
+// pushing datagrams to a client of before the run) keeps only its first
+// replies waiting for a request; the rest are counted with the connection
+// at once: the waiting room neither overflows nor counts a loss.
+func TestRepliesWithoutRequestFlood(t *testing.T) {
+	cfg := httpConfig(obs.PointPod, obs.PointHost, obs.PointUplink)
+	cfg.MaxFlows = 4096
+	e := flow.NewEngine(cfg)
+	var last flow.Handle
+	for i := range 10000 {
+		if h, ok := e.AddPacket(reply(float64(i)*0.1, 0x18)); ok {
+			last = h
+		}
+	}
+	if !last.ReplyOnly() {
+		t.Error("the stream's last reply has no reply-only handle")
+	}
+	if z := e.Sizes()["waiting.queue"]; z > 64 {
+		t.Errorf("%d observations wait, want at most the connection's first 64", z)
+	}
+	e.Stopping(flowtest.At(1000))
+	s := e.Summary()
+	if s.RepliesWithoutRequest != 1 || s.Drops[flow.DropUnmatchedOverflow] != 0 || s.Unmatched != 0 || s.Flows != 0 {
+		t.Errorf("replies_without_request %d, unmatched_overflow %d, unmatched %d, flows %d; want 1, 0, 0, 0",
+			s.RepliesWithoutRequest, s.Drops[flow.DropUnmatchedOverflow], s.Unmatched, s.Flows)
+	}
+}
+
 // TestRepliesWithoutRequestAtTheEnd: a connection whose replies came in the
 // last moments of the run counts once the run is stopping: no request is to
 // come.
