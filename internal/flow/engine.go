@@ -99,6 +99,9 @@ type Engine struct {
 	otherOverflow uint64
 	unmatched     uint64
 	withoutPorts  uint64
+	// replyOnly: the connections of which only replies were seen (no
+	// flow: replyWithoutRequest).
+	replyOnly replyOnly
 	// ctLosses are the conntrack events the caller lost (SetConntrackLosses):
 	// then conntrack's silence about a flow proves nothing.
 	ctLosses uint64
@@ -153,6 +156,7 @@ func NewEngine(cfg Config) *Engine {
 	e.refusedClients = newRecentSet[clientKey, struct{}](max(4096, maxFlows))
 	e.retiredKeys = newRecentSet[flowKey, retiredNote](max(4096, maxFlows))
 	e.retiredPeers = newRecentSet[peerKey, netip.AddrPort](max(4096, maxFlows))
+	e.replyOnly = newReplyOnly(max(4096, maxFlows))
 	for _, s := range cfg.Services {
 		e.services[s.Addr] = append(e.services[s.Addr], s)
 	}
@@ -389,6 +393,8 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 		return true, false, h, false
 	case refused:
 		return true, false, Handle{refused: true}, true
+	case replyOnlyLinked:
+		return true, false, Handle{ro: true, slot: e.replyOnly.gen, reply: true}, true
 	}
 	return false, r == deferredLink, h, false
 }
@@ -543,10 +549,13 @@ func (e *Engine) Summary() Summary {
 			DropUnmatchedOverflow: e.overflow,
 			DropFlowsJoined:       e.joined,
 			DropUnrelatedOverflow: e.otherOverflow,
+			DropRepliesForgotten:  e.replyOnly.forgotten,
 		},
-		Unmatched:    e.unmatched,
-		WithoutPorts: e.withoutPorts,
-		Observations: make(map[string]uint64),
+		Unmatched:             e.unmatched,
+		WithoutPorts:          e.withoutPorts,
+		RepliesWithoutRequest: e.repliesWithoutRequest(),
+		RequestedAfterReplies: int(e.replyOnly.requestedLater),
+		Observations:          make(map[string]uint64),
 	}
 	if e.retiring {
 		n := t.n

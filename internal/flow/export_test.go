@@ -134,6 +134,7 @@ func (e *Engine) Sizes() map[string]int {
 		"refused":        len(e.refused.cur) + len(e.refused.old),
 		"refusedClients": len(e.refusedClients.cur) + len(e.refusedClients.old),
 		"retiredKeys":    len(e.retiredKeys.cur) + len(e.retiredKeys.old),
+		"replyOnly":      len(e.replyOnly.cur) + len(e.replyOnly.old),
 		"backends":       len(e.backends),
 		"backendPorts":   len(e.backendPorts),
 		"pairs":          len(e.pairs),

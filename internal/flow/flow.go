@@ -89,13 +89,18 @@ type Flow struct {
 	// NodeClient: a socket of the node's own network namespace made the
 	// flow (a hostNetwork Pod, the kubelet, a node process), not a Pod's:
 	// such clients are traced also when a Pod is selected (--pod-ip).
-	NodeClient bool        `json:"node_client,omitempty"`
-	PID        uint32      `json:"pid,omitempty"`
-	Comm       string      `json:"comm,omitempty"`
-	Cgroup     uint64      `json:"cgroup,omitempty"`
-	First      time.Time   `json:"first"`
-	Last       time.Time   `json:"last"`
-	Points     []PointSeen `json:"points"`
+	NodeClient bool `json:"node_client,omitempty"`
+	// BeganBeforeRun: a TCP connection whose first packets seen were not
+	// its handshake (no SYN, no SYN-ACK, no connect()): it began before
+	// the run. Its verdict rests on the packets seen only; its reason
+	// says so first (beganBeforeRun).
+	BeganBeforeRun bool        `json:"began_before_run,omitempty"`
+	PID            uint32      `json:"pid,omitempty"`
+	Comm           string      `json:"comm,omitempty"`
+	Cgroup         uint64      `json:"cgroup,omitempty"`
+	First          time.Time   `json:"first"`
+	Last           time.Time   `json:"last"`
+	Points         []PointSeen `json:"points"`
 }
 
 // StrayReplies counts the packets to a flow's client from the first
@@ -175,6 +180,15 @@ type Summary struct {
 	// host-wide) and, with a Pod selected, the node-wide points' packets and
 	// conntrack entries of other clients. Set by the session.
 	OutOfScope uint64 `json:"out_of_scope,omitempty"`
+	// RepliesWithoutRequest counts the connections (a client endpoint and
+	// a Service) of which replies were seen and none of their requests,
+	// for the reordering window at least (until the end of the run for
+	// the last ones): they began before the run (or their requests went
+	// where no point captures). They are no flows: a reply alone has no
+	// request to decide on. RequestedAfterReplies counts those of which
+	// a request came after all: they are flows, and not in the count.
+	RepliesWithoutRequest int `json:"replies_without_request"`
+	RequestedAfterReplies int `json:"requested_after_replies,omitempty"`
 	// Observations counts observations per point name.
 	Observations map[string]uint64 `json:"observations"`
 	// UnknownBeforeReady and UnknownAfterStop count the undecided flows that

@@ -18,6 +18,9 @@ const (
 	// conntrack event's flow, ctFlow) was put off. It waits as unlinked
 	// does and has a last chance as it leaves the waiting room (lastChance).
 	deferredLink
+	// replyOnlyLinked: a reply of a connection none of whose requests was
+	// seen, counted with it (replyWithoutRequest): no flow.
+	replyOnlyLinked
 )
 
 // link finds the flow of an observation with addresses src -> dst seen at m
@@ -174,6 +177,20 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 				return f, true, r
 			}
 		}
+		// A request to a backend's address from a client endpoint seen
+		// by its replies alone makes its flow (its copy to the VIP, if a
+		// point saw one, may come later); a reply from one is counted with
+		// them (before the node translated it back).
+		if c := e.replyOnly.get(clientKey{proto, src}); c != nil && e.watchedAddr(dst.Addr()) {
+			f, r := e.flowFor(proto, src, c.service, cookie, req, last)
+			if r == linked {
+				e.learnBackend(f, dst, time.Unix(0, m.at))
+			}
+			return f, false, r
+		}
+		if replies && e.replyToReplyOnly(proto, src, dst, m.at) {
+			return nil, true, replyOnlyLinked
+		}
 	}
 	return nil, false, unlinked
 }
@@ -315,6 +332,12 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 			return f, linked
 		}
 	}
+	if _, resumes := e.retiredBefore(flowKey{k, service}, m); m.reply && !resumes {
+		// No flow is made of a reply: it has no request to decide on
+		// (unless its connection's requests were seen, with a flow
+		// reported as ended: it continues that one).
+		return nil, e.replyWithoutRequest(proto, client, service, m)
+	}
 	if e.nflows >= e.maxFlows && cookie == 0 && !last && e.awaitsPort(proto, client, service, m) {
 		return nil, deferredLink
 	}
@@ -378,6 +401,7 @@ func (e *Engine) joinOrSupersede(k clientKey, service netip.AddrPort, cookie uin
 // known) seen at m within MaxFlows.
 func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie uint64, m moment) (*flowState, linkResult) {
 	k := clientKey{proto, client}
+	e.replyOnly.requested(k, service, m.at)
 	if e.nflows >= e.maxFlows || e.stillRefused(flowKey{k, service}, cookie, m) {
 		e.refuse(flowKey{k, service}, cookie, m)
 		return nil, refused
@@ -744,7 +768,7 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 	if f == nil {
 		var r linkResult
 		if f, reply, r = e.link(o.Proto, o.Src, o.Dst, o.Cookie, momentOf(&o, false), true, last); r != linked {
-			return r == refused, r == deferredLink
+			return r == refused || r == replyOnlyLinked, r == deferredLink
 		}
 	}
 	if !reply {

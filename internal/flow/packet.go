@@ -14,10 +14,15 @@ import (
 // again: at tens of thousands of packets a second per point, that is most of
 // the cost of following them.
 type Handle struct {
-	f                 *flowState // nil when refused
-	slot              int        // index in f.points
+	f *flowState // nil when refused or ro
+	// slot is the index in f.points; of an ro handle, the reply-only
+	// connections' generation it was made in (replyOnly.gen).
+	slot              int
 	reply, translated bool
 	refused           bool
+	// ro: a reply counted with its connection, none of whose requests
+	// was seen (replyOnly); stale once a request came for one of them.
+	ro bool
 	// tcpFlags: the packet was TCP with its flags reported (a capture's
 	// always are): the packets like it Repeat counts are then neither
 	// SYN, FIN nor RST (the caller adds those), so they carry an ACK.
@@ -59,6 +64,16 @@ func (e *Engine) Repeat(h *Handle, p obs.Point, at time.Time, n int) bool {
 	}
 	if h.refused {
 		e.note(p, at)
+		return true
+	}
+	if h.ro {
+		if h.slot != e.replyOnly.gen {
+			return false // its connection may have a flow now: link tells
+		}
+		e.note(p, at)
+		if len(e.replays) > 0 || e.waiting.waits() {
+			e.expire() // as Add would: the clock moved
+		}
 		return true
 	}
 	if ns := at.UnixNano(); h.f.merged || h.f.retired || h.f.tcp.closedBefore(ns) || h.f.tcp.superseded(moment{at: ns}) {

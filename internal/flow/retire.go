@@ -276,11 +276,16 @@ func (e *Engine) mayContinueForgotten(f *flowState) bool {
 // retries for up to synRetryWindow, with gaps that double), nor, for UDP, one idle for longer than conntrack keeps an entry
 // (udpEntryLife): a datagram then makes a new entry, as a new flow's.
 func (e *Engine) continued(f *flowState, m moment) {
-	r, ok := e.retiredKeys.get(flowKey{f.key(), f.service})
-	if !ok || !r.continuedBy(f.proto, m) {
-		return
+	if r, ok := e.retiredBefore(flowKey{f.key(), f.service}, m); ok {
+		f.continues, f.continuesLast = r.id, r.last
 	}
-	f.continues, f.continuesLast = r.id, r.last
+}
+
+// retiredBefore is the retired flow k whose connection an observation at
+// m may continue (continuedBy), if any.
+func (e *Engine) retiredBefore(k flowKey, m moment) (retiredNote, bool) {
+	r, ok := e.retiredKeys.get(k)
+	return r, ok && r.continuedBy(k.proto, m)
 }
 
 // carrySocket gives f, made by resumed from packets that never name the

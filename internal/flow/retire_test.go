@@ -144,7 +144,7 @@ func TestRetireBounded(t *testing.T) {
 		"waiting.queue": 4 * 4096, "waiting.byEnd": 4 * 4096, "replays": 64,
 		"waiting.others": 4 * 1024, "waiting.pairs": 4096 + 1024,
 		"commented": 1024, "lateCounts": 0, "refused": 0, "refusedClients": 0,
-		"retiredKeys": 2 * 4096, "backends": 2, "backendPorts": 2, "pairs": 2, "labels": 128, "byNames": 16, "cgroups": 0, "podTCPrograms": 0, "hostRedirects": 0,
+		"retiredKeys": 2 * 4096, "replyOnly": 0, "backends": 2, "backendPorts": 2, "pairs": 2, "labels": 128, "byNames": 16, "cgroups": 0, "podTCPrograms": 0, "hostRedirects": 0,
 	}
 	for k, v := range peak {
 		b, ok := bounds[k]

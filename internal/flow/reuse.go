@@ -158,9 +158,19 @@ func (l *tcpLife) note(m moment) bool {
 
 // refused tells whether the server answered the connection with a RST
 // instead of a SYN-ACK: nothing listened on the backend's port (or a
-// firewall rejected it).
+// firewall rejected it). Not a connection seen from its middle on
+// (midConnection): its SYN-ACK came before the run, and a RST then ends
+// it, refusing nothing.
 func (l *tcpLife) refused() bool {
-	return l.rstReply != 0 && (l.synAck == 0 || l.rstReply < l.synAck)
+	return l.rstReply != 0 && (l.synAck == 0 || l.rstReply < l.synAck) && !l.midConnection()
+}
+
+// midConnection tells whether the connection was seen from its middle on:
+// its client's first packet seen was no SYN, and neither its SYN nor the
+// server's SYN-ACK was seen (a SYN-ACK seen before its SYN, which another
+// capture ring delivered later, is its handshake).
+func (l *tcpLife) midConnection() bool {
+	return l.first != 0 && l.syn == 0 && l.synAck == 0
 }
 
 func (l *tcpLife) merge(o tcpLife) {

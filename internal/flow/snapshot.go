@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -12,27 +13,32 @@ import (
 // snapshot renders a flow and its current verdict.
 func (e *Engine) snapshot(f *flowState) Flow {
 	v := e.decide(f, true)
+	before := e.beganBeforeRun(f)
+	if before {
+		v.reason = e.beganBeforeRunNote(f) + v.reason
+	}
 	if v.place == PlaceUnknown {
 		v.reason = e.outsideWindow(f) + f.continuesNote() + v.reason
 	}
 	out := Flow{
-		ID:           e.idOf(f),
-		Continues:    f.continues,
-		Client:       f.client,
-		NodeClient:   f.fromNode,
-		Service:      f.service,
-		RewrittenAt:  v.place,
-		By:           v.by,
-		Reason:       v.reason,
-		Reply:        f.reply,
-		Refused:      f.reply && f.tcp.refused(),
-		ICMPError:    f.icmp,
-		StrayReplies: f.stray,
-		PID:          f.pid,
-		Comm:         f.comm,
-		Cgroup:       f.cgroup,
-		First:        f.first,
-		Last:         f.last,
+		ID:             e.idOf(f),
+		Continues:      f.continues,
+		Client:         f.client,
+		NodeClient:     f.fromNode,
+		Service:        f.service,
+		RewrittenAt:    v.place,
+		By:             v.by,
+		Reason:         v.reason,
+		Reply:          f.reply,
+		Refused:        f.reply && f.tcp.refused(),
+		ICMPError:      f.icmp,
+		StrayReplies:   f.stray,
+		PID:            f.pid,
+		Comm:           f.comm,
+		Cgroup:         f.cgroup,
+		BeganBeforeRun: before,
+		First:          f.first,
+		Last:           f.last,
 	}
 	if r := v.answer; r != nil {
 		out.ICMPError = &ICMPError{Message: r.ICMPAnswer, From: f.client.Addr(), At: f.last, FromRule: true}
@@ -113,6 +119,28 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	}
 	out.Points = e.pointsSeen(f.points)
 	return out
+}
+
+// beganBeforeRunNote begins the reason of a flow that began before the run
+// (beganBeforeRun); an undecided one's says first when it began relative
+// to the points' window (outsideWindow). Once a capture lost frames, its
+// handshake may have been among them.
+func (e *Engine) beganBeforeRunNote(f *flowState) string {
+	lost := ""
+	if len(e.captureLost) > 0 {
+		lost = " (or its handshake was among the frames a capture lost: kernel_drops)"
+	}
+	return fmt.Sprintf("the connection began before the run%s: its first packet seen (at %s) was mid-connection, and neither its SYN, its SYN-ACK nor its connect() was seen, so the socket layer's bracket is not judged and the verdict rests on the packets seen; ",
+		lost, time.Unix(0, f.tcp.first).Format("15:04:05.000"))
+}
+
+// beganBeforeRun tells whether f is a TCP connection seen from its middle
+// on (tcpLife.midConnection) whose socket's connect was not seen either
+// (kind): it began before the run (or its handshake was not captured).
+// Not one that continues a retired flow: its beginning was seen with that
+// flow.
+func (e *Engine) beganBeforeRun(f *flowState) bool {
+	return f.proto == obs.TCP && f.tcp.midConnection() && f.kind == 0 && f.continues == 0
 }
 
 // whyQuoteUntranslated says what can have left the header an ICMP error

@@ -13,9 +13,15 @@ import (
 // on any port, and a backend that is a node address (an overlay node's)
 // brings that node's other traffic with it, its VXLAN tunnel's to another
 // watched node (UDP 8472 or 4789), which is no flow to a Service.
+//
+// Nor is a reply of a connection of which only replies were seen: it
+// counts in Summary.RepliesWithoutRequest.
 func (e *Engine) counted(o obs.Observation) bool {
 	if o.Point == obs.PointConntrack || !hasPorts(o) {
 		return true
+	}
+	if e.ReplyWithoutRequest(o) {
+		return false
 	}
 	return !e.watchedAddr(o.Src.Addr()) || !e.watchedAddr(o.Dst.Addr()) ||
 		e.servedPort(o.Proto, o.Src) || e.servedPort(o.Proto, o.Dst)

@@ -162,13 +162,6 @@ func TestVerdicts(t *testing.T) {
 			want:   flow.PlaceUnknown, wantReason: "uplink capture was inactive",
 		},
 		{
-			name:   "only a reply from the VIP",
-			points: []obs.Point{obs.PointPod},
-			obs: []obs.Observation{{Time: flowtest.At(0), Point: obs.PointPod, Dir: in, Proto: obs.TCP,
-				Src: vip, Dst: client}},
-			want: flow.PlaceUnknown, wantReason: "only replies",
-		},
-		{
 			name:   "netfilter observer at FORWARD is not a NAT checkpoint",
 			points: []obs.Point{obs.PointHost, obs.PointNFAfter, obs.PointUplink},
 			obs: []obs.Observation{req(0, obs.PointHost, in, vip),

@@ -252,6 +252,16 @@ func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary) {
 	if n := s.Drops[flow.DropFlowsOverMax]; n > 0 {
 		fmt.Fprintf(b, " %s more %s not followed (beyond --max-flows): no verdict, in no count above.", grouped(n), pick(n == 1, "was", "were"))
 	}
+	var before []int
+	for _, f := range flows {
+		if f.BeganBeforeRun {
+			before = append(before, f.ID)
+		}
+	}
+	if n := len(before); n > 0 {
+		fmt.Fprintf(b, " %s (%s) began before the capture: %s handshake and connect() were not seen, and %s on %s packets alone.",
+			plural(n, "connection", "connections"), idList(before), pick(n == 1, "its", "their"), pick(n == 1, "its verdict rests", "their verdicts rest"), pick(n == 1, "its", "their"))
+	}
 	b.WriteString("\n")
 }
 
@@ -564,6 +574,14 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 	}
 	if s.Unmatched > 0 {
 		fmt.Fprintf(b, "- %d observations matched no flow (e.g. traffic to a backend that did not go through a VIP).\n", s.Unmatched)
+	}
+	if n := s.RepliesWithoutRequest; n > 0 {
+		fmt.Fprintf(b, "- %s %s seen by %s replies alone, none of %s requests (begun before the capture?): no verdict, in no flow (replies_without_request).\n",
+			plural(n, "connection", "connections"), pick(n == 1, "was", "were"), pick(n == 1, "its", "their"), pick(n == 1, "its", "their"))
+	}
+	if n := s.RequestedAfterReplies; n > 0 {
+		fmt.Fprintf(b, "- %s %s seen by %s replies alone until a request came: %s (requested_after_replies).\n",
+			plural(n, "connection", "connections"), pick(n == 1, "was", "were"), pick(n == 1, "its", "their"), pick(n == 1, "a flow since", "flows since"))
 	}
 }
 

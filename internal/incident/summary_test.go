@@ -347,6 +347,8 @@ func TestSummaryNamesRepliesLostOnTheNode(t *testing.T) {
 	}
 }
 
+// TestSummaryNamesKernelDrops: replies the kernel dropped are named with
+// their reason and function, not read as "no reply came back".
 func TestSummaryNamesKernelDrops(t *testing.T) {
 	dir := t.TempDir()
 	flows := []flow.Flow{{ID: 1, Proto: "udp", Client: netip.MustParseAddrPort("10.244.8.23:40000"), Service: netip.MustParseAddrPort("10.120.0.10:53"),
@@ -367,5 +369,33 @@ func TestSummaryNamesKernelDrops(t *testing.T) {
 	}
 	if strings.Contains(string(got), "no reply came back") {
 		t.Errorf("summary says no reply came back:\n%s", got)
+	}
+}
+
+// TestSummaryConnectionsBeforeTheCapture: connections seen by their replies
+// alone (and those whose request came later), and flows that began before
+// the capture, are said in plain words.
+func TestSummaryConnectionsBeforeTheCapture(t *testing.T) {
+	dir := t.TempDir()
+	svc := netip.MustParseAddrPort("10.120.0.80:80")
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Client: netip.MustParseAddrPort("10.244.8.23:40100"), Service: svc, RewrittenAt: flow.PlaceNetfilter, BeganBeforeRun: true, Reply: true,
+			Reason: "the connection began before the run: ..."},
+		{ID: 2, Proto: "tcp", Client: netip.MustParseAddrPort("10.244.8.23:40101"), Service: svc, RewrittenAt: flow.PlaceNetfilter, Reply: true},
+	}
+	s := flow.Summary{Flows: 2, RewrittenAt: map[flow.Place]int{flow.PlaceNetfilter: 2}, Drops: map[string]uint64{"flows_over_max": 0},
+		RepliesWithoutRequest: 3, RequestedAfterReplies: 1}
+	if err := WriteSummary(dir, flows, s, nil, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	for _, want := range []string{
+		"1 connection (flow 1) began before the capture: its handshake and connect() were not seen, and its verdict rests on its packets alone.",
+		"- 3 connections were seen by their replies alone, none of their requests (begun before the capture?): no verdict, in no flow (replies_without_request).",
+		"- 1 connection was seen by its replies alone until a request came: a flow since (requested_after_replies).",
+	} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
 	}
 }

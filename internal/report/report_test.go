@@ -423,6 +423,70 @@ func TestWithoutPortsNamed(t *testing.T) {
 	}
 }
 
+// TestRepliesWithoutRequestNamed: the connections seen by their replies
+// alone, and those of them whose request came later, are said in a table
+// line and counted in the JSON summary (replies_without_request even when
+// zero); the table says nothing of them when there were none.
+func TestRepliesWithoutRequestNamed(t *testing.T) {
+	s := flow.Summary{RepliesWithoutRequest: 3, RequestedAfterReplies: 1}
+	var table bytes.Buffer
+	if err := report.NewWriter(&table, "table").Summary(s, nil, report.Run{}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "Replies without request (connections seen by their replies alone, none of their requests: began before the run?; no flows): 3; 1 more until a request came (flows since)"; !strings.Contains(table.String(), want) {
+		t.Errorf("table has no %q:\n%s", want, table.String())
+	}
+	table.Reset()
+	if err := report.NewWriter(&table, "table").Summary(flow.Summary{}, nil, report.Run{}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(table.String(), "Replies without request") {
+		t.Errorf("table names replies without request when there were none:\n%s", table.String())
+	}
+	for _, tc := range []struct {
+		s    flow.Summary
+		want []string
+	}{
+		{s, []string{`"replies_without_request":3`, `"requested_after_replies":1`}},
+		{flow.Summary{}, []string{`"replies_without_request":0`}},
+	} {
+		var js bytes.Buffer
+		if err := report.NewWriter(&js, "json").Summary(tc.s, nil, report.Run{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range tc.want {
+			if !strings.Contains(js.String(), want) {
+				t.Errorf("JSON summary has no %s: %s", want, js.String())
+			}
+		}
+	}
+}
+
+// TestBeganBeforeRunListed: flows seen from the middle of their connection
+// are listed under the table's rows and carry began_before_run in JSON.
+func TestBeganBeforeRunListed(t *testing.T) {
+	svc := netip.MustParseAddrPort("10.120.0.80:80")
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceNetfilter, BeganBeforeRun: true, Reply: true},
+		{ID: 2, Proto: "tcp", Service: svc, RewrittenAt: flow.PlaceNetfilter, Reply: true},
+	}
+	var table bytes.Buffer
+	if err := report.NewWriter(&table, "table").Flows(flows); err != nil {
+		t.Fatal(err)
+	}
+	if want := "Connections that began before the run (no SYN, SYN-ACK or connect() seen; verdict from their packets only): flow 1\n"; !strings.Contains(table.String(), want) {
+		t.Errorf("table has no %q:\n%s", want, table.String())
+	}
+	var js bytes.Buffer
+	if err := report.NewWriter(&js, "json").Flows(flows); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(js.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"began_before_run":true`) || strings.Contains(lines[1], "began_before_run") {
+		t.Errorf("JSON flows: want began_before_run true on the first only:\n%s", js.String())
+	}
+}
+
 // TestICMPErrorInsteadOfReply: a flow answered by an ICMP error shows
 // "icmp" as its reply, and the message and its sender are listed under the
 // table (once for the flows they answered); JSON carries it as icmp_error.

@@ -106,6 +106,7 @@ func writeFlowRows(w io.Writer, flows []flow.Flow, header bool, fixed fixedWidth
 		}
 	}
 	writeNodeClients(w, flows)
+	writeBeganBeforeRun(w, flows)
 	writeReasons(w, flows)
 	writeICMPErrors(w, flows)
 	writeStrayReplies(w, flows)
@@ -178,6 +179,13 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	fmt.Fprintf(w, "\nObservations not matched to any flow: %d\n", s.Unmatched)
 	if s.WithoutPorts > 0 {
 		fmt.Fprintf(w, "Observations without TCP/UDP ports (ICMP, IP fragments after the first; no flow's): %d\n", s.WithoutPorts)
+	}
+	if s.RepliesWithoutRequest > 0 || s.RequestedAfterReplies > 0 {
+		fmt.Fprintf(w, "Replies without request (connections seen by their replies alone, none of their requests: began before the run?; no flows): %d", s.RepliesWithoutRequest)
+		if n := s.RequestedAfterReplies; n > 0 {
+			fmt.Fprintf(w, "; %d more until a request came (flows since)", n)
+		}
+		fmt.Fprintln(w)
 	}
 	if s.OutOfScope > 0 {
 		fmt.Fprintf(w, "Observations of clients outside the traced Pods (left out): %d\n", s.OutOfScope)
@@ -357,6 +365,8 @@ var dropHints = []struct {
 		"netfilter verdicts of some flows may be unknown; a lower --nice (e.g. -10) keeps up better, fewer --svc help too."},
 	{[]string{"flows_joined"}, "Sockets that reused a client port were counted in the earlier socket's flow: their packets came " +
 		"before their socket events, which pathtrace read late (its CPU was short); a lower --nice (e.g. -10) reads them in time."},
+	{[]string{flow.DropRepliesForgotten}, "Connections seen by their replies alone were more than pathtrace remembers at once (two sets of " +
+		"--max-flows, at least 4096 each): a later reply of one forgotten counted it again in replies_without_request."},
 	{[]string{"unmatched_overflow"}, "Observations waiting for their flow were evicted (more out of order at once than pathtrace holds): " +
 		"some flows may lack points; trace fewer with --pod-ip or a --svc port."},
 	{[]string{"unrelated_overflow"}, "Other traffic to or from the backends' addresses, on ports no traced Service uses (the taps watch " +
@@ -509,6 +519,26 @@ func writeNodeClients(w io.Writer, flows []flow.Flow) {
 		by = " (" + strings.Join(comms, ", ") + ")"
 	}
 	fmt.Fprintf(w, "\nClients in the node's own netns, not Pods (hostNetwork Pods, the kubelet, node processes): %s %s%s\n", label, strings.Join(ids, ", "), by)
+}
+
+// writeBeganBeforeRun lists the TCP flows seen from the middle of their
+// connection (began_before_run): their verdict rests on the packets seen,
+// not on their connect() or handshake.
+func writeBeganBeforeRun(w io.Writer, flows []flow.Flow) {
+	var ids []string
+	for _, f := range flows {
+		if f.BeganBeforeRun {
+			ids = append(ids, fmt.Sprint(f.ID))
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	label := "flows"
+	if len(ids) == 1 {
+		label = "flow"
+	}
+	fmt.Fprintf(w, "\nConnections that began before the run (no SYN, SYN-ACK or connect() seen; verdict from their packets only): %s %s\n", label, strings.Join(ids, ", "))
 }
 
 // unansweredOnNode tells whether f was rewritten (socket, tc, netfilter,

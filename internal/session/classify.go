@@ -239,12 +239,18 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 		if f.h.Refused() {
 			return "flow not followed: more flows than --max-flows"
 		}
+		if f.h.ReplyOnly() {
+			return flow.CommentReplyWithoutRequest
+		}
 	}
 	// Not classified when it arrived (it waited for its flow), or its flow
 	// was merged since: classify it now, without counting it again.
 	if o, ok := f.pkt.Observation(tr.taps[tapIdx].point); ok {
 		if ref, ok := tr.eng.Classify(o); ok {
 			return ref.Comment()
+		}
+		if tr.eng.ReplyWithoutRequest(o) {
+			return flow.CommentReplyWithoutRequest
 		}
 		if tr.clients != nil && !tr.isClient(o.Src) && !tr.isClient(o.Dst) {
 			return "another client's packet, not traced: a Pod is selected"

@@ -452,3 +452,40 @@ func TestPcapBoundEndsFileNamedThen(t *testing.T) {
 		t.Errorf("the file changed after it ended (%v)", err)
 	}
 }
+
+// TestPcapReplyWithoutRequestComment: replies from the Service to a client
+// whose requests were never seen (a connection begun before the run) are
+// in no flow; each frame says so, those that waited for a request within
+// the reordering window as well as those counted with the connection after
+// it, and the summary counts the connection, nothing unmatched.
+func TestPcapReplyWithoutRequestComment(t *testing.T) {
+	var out bytes.Buffer
+	tr := testTracer(t, &out)
+	raw := udpFrame(t, vip, client)
+	for _, off := range []time.Duration{0, time.Second, 4 * time.Second, 4*time.Second + time.Millisecond} {
+		b := tr.newBatch(0, false)
+		b.add(&capture.Packet{Time: base.Add(off), Dir: obs.DirIn, Len: len(raw), CapLen: len(raw), Data: raw})
+		if reason := tr.consume(b); reason != "" {
+			t.Fatalf("stop reason %q", reason)
+		}
+	}
+	tr.pcap.release(base.Add(time.Hour), tr)
+	if err := tr.pcap.w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	got := readBack(t, out.Bytes())
+	if len(got) != 4 {
+		t.Fatalf("read %d packets, want 4", len(got))
+	}
+	for i, p := range got {
+		if p.comment != flow.CommentReplyWithoutRequest {
+			t.Errorf("packet %d comment %q, want %q", i, p.comment, flow.CommentReplyWithoutRequest)
+		}
+	}
+	if fs := tr.eng.Flows(); len(fs) != 0 {
+		t.Errorf("%d flows, want none: %+v", len(fs), fs)
+	}
+	if s := tr.eng.Summary(); s.RepliesWithoutRequest != 1 || s.Unmatched != 0 {
+		t.Errorf("replies_without_request %d, unmatched %d; want 1, 0", s.RepliesWithoutRequest, s.Unmatched)
+	}
+}

@@ -48,6 +48,11 @@ type Want struct {
 	Flows     []WantFlow        `json:"flows"`
 	Drops     map[string]uint64 `json:"drops"`
 	Unmatched *uint64           `json:"unmatched"`
+	// RepliesWithoutRequest, RequestedAfterReplies: the summary's
+	// connections seen by their replies alone, and those whose request
+	// came after; compared when set.
+	RepliesWithoutRequest *int `json:"replies_without_request"`
+	RequestedAfterReplies *int `json:"requested_after_replies"`
 }
 
 // WantFlow is one expected flow. VLAN, Reply, Backend and RewrittenAt are always
@@ -85,9 +90,11 @@ type WantFlow struct {
 	// compared when set.
 	ICMPError string `json:"icmp_error"`
 	// NodeClient: compared when set (a node process's flow, or not).
-	NodeClient *bool  `json:"node_client"`
-	PID        uint32 `json:"pid"`
-	Comm       string `json:"comm"`
+	NodeClient *bool `json:"node_client"`
+	// BeganBeforeRun: compared when set.
+	BeganBeforeRun *bool  `json:"began_before_run"`
+	PID            uint32 `json:"pid"`
+	Comm           string `json:"comm"`
 }
 
 // LoadDir loads every *.json scenario in dir, sorted by name.
@@ -168,6 +175,12 @@ func (w Want) Check(got []flow.Flow, sum flow.Summary) []string {
 	if w.Unmatched != nil && sum.Unmatched != *w.Unmatched {
 		errs = append(errs, fmt.Sprintf("unmatched = %d, want %d", sum.Unmatched, *w.Unmatched))
 	}
+	if w.RepliesWithoutRequest != nil && sum.RepliesWithoutRequest != *w.RepliesWithoutRequest {
+		errs = append(errs, fmt.Sprintf("replies_without_request = %d, want %d", sum.RepliesWithoutRequest, *w.RepliesWithoutRequest))
+	}
+	if w.RequestedAfterReplies != nil && sum.RequestedAfterReplies != *w.RequestedAfterReplies {
+		errs = append(errs, fmt.Sprintf("requested_after_replies = %d, want %d", sum.RequestedAfterReplies, *w.RequestedAfterReplies))
+	}
 	return errs
 }
 
@@ -218,6 +231,9 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	}
 	if wf.NodeClient != nil && g.NodeClient != *wf.NodeClient {
 		bad("node_client", fmt.Sprint(g.NodeClient), fmt.Sprint(*wf.NodeClient))
+	}
+	if wf.BeganBeforeRun != nil && g.BeganBeforeRun != *wf.BeganBeforeRun {
+		bad("began_before_run", g.BeganBeforeRun, *wf.BeganBeforeRun)
 	}
 	if vlanString(g.VLAN) != vlanString(wf.VLAN) {
 		bad("vlan", vlanString(g.VLAN), vlanString(wf.VLAN))
