@@ -474,17 +474,33 @@ func TestSnapshotReadsExistingLegacyNAT(t *testing.T) {
 }
 
 // TestSnapshotBounds cuts files at their cap with a marker and stops
-// collecting when the snapshot's budget is used up, saying so.
+// collecting when the snapshot's budget is used up, saying so. The caps are
+// taken from what an unbounded snapshot of the test node holds (the node's
+// cgroup programs and BPF links vary with what else runs on the machine), so
+// that a file is longer than the cap and the files longer than the budget.
 func TestSnapshotBounds(t *testing.T) {
 	tn := newTestNode(t)
-	dir := t.TempDir()
-	const fileCap, total = 1500, 6000
-	m, err := Snapshot(context.Background(), tn.nodeInfo(), []netip.Addr{netip.MustParseAddr(testVIP)}, dir,
-		Options{MaxFileBytes: fileCap, MaxBytes: total})
+	vips := []netip.Addr{netip.MustParseAddr(testVIP)}
+	full, err := Snapshot(context.Background(), tn.nodeInfo(), vips, t.TempDir(), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum int64
+	var largest, sum int64
+	for _, f := range full.Files {
+		largest = max(largest, f.Bytes)
+		sum += f.Bytes
+	}
+	if largest <= minFileBytes+1 {
+		t.Fatalf("no snapshot file is longer than %d bytes to cut: %+v", minFileBytes, full.Files)
+	}
+
+	// A cap below the longest file, a budget that holds everything.
+	fileCap := max(minFileBytes, largest/2)
+	dir := t.TempDir()
+	m, err := Snapshot(context.Background(), tn.nodeInfo(), vips, dir, Options{MaxFileBytes: fileCap, MaxBytes: 4 * sum})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cut := 0
 	for _, f := range m.Files {
 		st, err := os.Stat(filepath.Join(dir, f.Name))
@@ -501,16 +517,31 @@ func TestSnapshotBounds(t *testing.T) {
 				t.Errorf("%s is cut without a marker:\n%s", f.Name, b)
 			}
 		}
-		sum += st.Size()
-	}
-	if sum > total {
-		t.Errorf("snapshot files hold %d bytes, budget %d", sum, total)
 	}
 	if cut == 0 {
 		t.Errorf("no file was cut at %d bytes: %+v", fileCap, m.Files)
 	}
+
+	// A budget of half of what the files hold.
+	total := max(sum/2, 2*minFileBytes)
+	dir = t.TempDir()
+	m, err = Snapshot(context.Background(), tn.nodeInfo(), vips, dir, Options{MaxBytes: total})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int64
+	for _, f := range m.Files {
+		st, err := os.Stat(filepath.Join(dir, f.Name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held += st.Size()
+	}
+	if held > total {
+		t.Errorf("snapshot files hold %d bytes, budget %d", held, total)
+	}
 	if !slices.ContainsFunc(m.Notes, func(n string) bool { return strings.Contains(n, "byte budget") }) {
-		t.Errorf("no note says the budget ran out: %q", m.Notes)
+		t.Errorf("no note says the budget of %d bytes (of %d) ran out: %q", total, sum, m.Notes)
 	}
 }
 
