@@ -297,6 +297,11 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 		delete(unfound, id)
 		if len(info.Pods) >= maxPods {
 			info.PodsSkipped++
+			for _, l := range host.links {
+				if a := l.Attrs(); isVeth(l) && a.NetNsID == id && (only == nil || only[a.Index]) {
+					info.PodsSkippedVeths = NameSkipped(info.PodsSkippedVeths, a.Name)
+				}
+			}
 			continue
 		}
 		pod, err := inspectPod(host, c, netip.Addr{}, vips)
@@ -347,6 +352,19 @@ type netnsBehind struct {
 // opens the same netns (the same inode, the same id from the node: the
 // process whose /proc path it is may have gone, its PID taken by another's);
 // nil otherwise.
+// MaxSkippedNamed bounds the host veths of Pods left out named
+// (NodeInfo.PodsSkippedVeths, NewPods.SkippedVeths): the counts hold them all.
+const MaxSkippedNamed = 16
+
+// NameSkipped adds the host veth name to those named of the Pods left out,
+// while fewer than MaxSkippedNamed are.
+func NameSkipped(names []string, name string) []string {
+	if len(names) >= MaxSkippedNamed {
+		return names
+	}
+	return append(names, name)
+}
+
 func stillBehind(host *hostNS, prev []netnsBehind, peerIDs map[int]bool) []nsCandidate {
 	var out []nsCandidate
 	for _, b := range prev {

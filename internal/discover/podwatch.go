@@ -166,8 +166,10 @@ type NewPods struct {
 	// their host veths, read with the programs.
 	TCRedirects []TCRedirect
 	// Skipped counts the netns with a veth into the node left unexamined:
-	// the bound on Pods (Options.MaxPods) reached.
-	Skipped int
+	// the bound on Pods (Options.MaxPods) reached; SkippedVeths names their
+	// veths (at most MaxSkippedNamed).
+	Skipped      int
+	SkippedVeths []string
 	// Gone are the netns inodes of the Pods followed whose host veth went
 	// since the previous look (only with GiveRoomBack).
 	Gone []uint64
@@ -203,6 +205,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	slices.Sort(gone)
 	only := map[int]bool{}
 	skipped := 0
+	var skippedVeths []string
 	for idx, l := range host.links {
 		if _, known := w.veths[idx]; known {
 			continue
@@ -216,6 +219,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 			// counted once (a pending one was when scanPods skipped it).
 			if !ok {
 				skipped++
+				skippedVeths = NameSkipped(skippedVeths, l.Attrs().Name)
 			}
 			w.veths[idx] = vethIDOf(l)
 			delete(w.pending, idx)
@@ -237,7 +241,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		}
 	}
 	if len(only) == 0 {
-		return NewPods{Skipped: skipped, Gone: gone}, nil
+		return NewPods{Skipped: skipped, SkippedVeths: skippedVeths, Gone: gone}, nil
 	}
 	var info NodeInfo
 	if err := scanPods(ctx, host, max(w.room(), 0), only, w.vips, &info, &w.behind); err != nil {
@@ -245,6 +249,9 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 	}
 	found := NewPods{Gone: gone}
 	found.Skipped = info.PodsSkipped
+	for _, name := range info.PodsSkippedVeths {
+		found.SkippedVeths = NameSkipped(found.SkippedVeths, name)
+	}
 	for _, p := range info.Pods {
 		idx := p.HostPeer.Ifindex
 		delete(w.pending, idx)

@@ -203,6 +203,11 @@ func TestNodeEnumeratesPods(t *testing.T) {
 	if len(bounded.Pods) != 1 || bounded.PodsSkipped != 1 || !slices.ContainsFunc(bounded.Notes, func(n string) bool { return strings.Contains(n, "follows at most 1 Pods") }) {
 		t.Errorf("MaxPods 1: got %d pods, %d skipped, notes %q", len(bounded.Pods), bounded.PodsSkipped, bounded.Notes)
 	}
+	// The Pod left out is named by its host veth: the other one's.
+	followed := bounded.Pods[0].HostPeer.Name
+	if want := map[string]string{"hv0": "hv1", "hv1": "hv0"}[followed]; !slices.Equal(bounded.PodsSkippedVeths, []string{want}) {
+		t.Errorf("MaxPods 1, %s followed: Pods left out behind %q, want %q", followed, bounded.PodsSkippedVeths, want)
+	}
 }
 
 func TestNodeUsageErrors(t *testing.T) {

@@ -24,7 +24,11 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		}
 		p("TRACING\t%s\n", strings.Join(svcs, ", "))
 	}
-	p("\nPODS: %d found, %d skipped\n", len(n.Pods), n.PodsSkipped)
+	p("\nPODS: %d found, %d skipped", len(n.Pods), n.PodsSkipped)
+	if len(n.PodsSkippedVeths) > 0 {
+		p(" (host veths %s)", strings.Join(n.PodsSkippedVeths, ", "))
+	}
+	p("\n")
 	if len(n.Pods) > 0 {
 		p("NETNS\tHELD BY\tETH0\tGATEWAY\tHOST VETH\tMASTER\tUPLINK\n")
 		for _, pod := range n.Pods {

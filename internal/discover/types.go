@@ -20,8 +20,11 @@ type NodeInfo struct {
 	Pods     []Pod    `json:"pods"`
 	// PodsSkipped counts netns with a veth into the node left unexamined
 	// because of Options.MaxPods.
-	PodsSkipped   int            `json:"pods_skipped"`
-	CapturePoints []CapturePoint `json:"capture_points"`
+	PodsSkipped int `json:"pods_skipped"`
+	// PodsSkippedVeths names the node's veths into those netns (at most
+	// MaxSkippedNamed): which Pods the bound left out.
+	PodsSkippedVeths []string       `json:"pods_skipped_veths,omitempty"`
+	CapturePoints    []CapturePoint `json:"capture_points"`
 
 	// Service mechanisms present. SockPrograms are those effective on
 	// SockCgroup (--cgroup, by default the cgroup2 root); a client's own

@@ -450,7 +450,11 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 		b.WriteString(".\n")
 	}
 	if node.PodsSkipped > 0 {
-		fmt.Fprintf(b, "- %d more pod network namespaces were not examined.\n", node.PodsSkipped)
+		fmt.Fprintf(b, "- %d more pod network namespaces were not examined", node.PodsSkipped)
+		if len(node.PodsSkippedVeths) > 0 {
+			fmt.Fprintf(b, " (behind the host veths %s)", strings.Join(node.PodsSkippedVeths, ", "))
+		}
+		b.WriteString(".\n")
 	}
 	var points []string
 	for _, cp := range node.CapturePoints {

@@ -32,9 +32,11 @@ type podFollow struct {
 	started []string // what the report says of each, bounded
 	more    int      // Pods started beyond maxStartedListed
 	skipped int      // Pods left out: the bound on Pods reached
-	maxPods int      // that bound
-	failed  []string // taps of new Pods that failed
-	lookErr string   // the last look that failed
+	// skippedVeths names their host veths (discover.MaxSkippedNamed).
+	skippedVeths []string
+	maxPods      int      // that bound
+	failed       []string // taps of new Pods that failed
+	lookErr      string   // the last look that failed
 	// untilStopped: a run until stopped, whose bound is on the Pods
 	// followed at once (discover.PodWatch.GiveRoomBack). It lists the
 	// last Pods started (earlier counts those it no longer lists),
@@ -74,6 +76,9 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 		return ""
 	}
 	pf.skipped += found.Skipped
+	for _, name := range found.SkippedVeths {
+		pf.skippedVeths = discover.NameSkipped(pf.skippedVeths, name)
+	}
 	if len(found.Pods) == 0 {
 		return ""
 	}
@@ -231,11 +236,12 @@ func (pf *podFollow) summary() []string {
 	if pf.went > 0 {
 		out = append(out, fmt.Sprintf("%d Pods followed went during the run", pf.went))
 	}
-	switch {
-	case pf.skipped > 0 && pf.untilStopped:
-		out = append(out, fmt.Sprintf("%d not followed: pathtrace follows at most %d Pods at once", pf.skipped, pf.maxPods))
-	case pf.skipped > 0:
-		out = append(out, fmt.Sprintf("%d not followed: pathtrace follows at most %d Pods", pf.skipped, pf.maxPods))
+	if pf.skipped > 0 {
+		line := fmt.Sprintf("%d not followed: pathtrace follows at most %d Pods", pf.skipped, pf.maxPods)
+		if pf.untilStopped {
+			line += " at once"
+		}
+		out = append(out, line+skippedVethsSaid(pf.skippedVeths, pf.skipped))
 	}
 	if pf.overTaps > 0 {
 		out = append(out, fmt.Sprintf("%d capture points of new Pods not opened: a run has at most %d open at once (with --pcap, until the file ends, every capture point of the run counts)", pf.overTaps, maxTaps))
@@ -247,6 +253,22 @@ func (pf *podFollow) summary() []string {
 		out = append(out, "the last look for new Pods failed at "+pf.lookErr)
 	}
 	return out
+}
+
+// skippedVethsSaid names the host veths of the Pods not followed, of the
+// count in all.
+func skippedVethsSaid(names []string, count int) string {
+	if len(names) == 0 {
+		return ""
+	}
+	s := " (host veth " + strings.Join(names, ", ")
+	if len(names) > 1 {
+		s = " (host veths " + strings.Join(names, ", ")
+	}
+	if count > len(names) {
+		s += fmt.Sprintf(", %d more", count-len(names))
+	}
+	return s + ")"
 }
 
 // releaseGone closes the taps of the Pods whose netns went: a Pod deleted
