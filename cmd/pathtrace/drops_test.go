@@ -90,6 +90,11 @@ func TestKernelDropsTheReplies(t *testing.T) {
 				m["netns"].(float64) == 0 {
 				t.Errorf("kernel drop %v: want reply, NETFILTER_DROP, a function, a count and a netns: %s", m, desc)
 			}
+			// Dropped in the node's forward hook: named as the node's
+			// netns or a capture point of it, not by numbers alone.
+			if w, _ := m["where"].(string); !strings.HasPrefix(w, "the node's netns, ifindex ") && !strings.HasPrefix(w, "uplink:") && !strings.HasPrefix(w, "host:") {
+				t.Errorf("kernel drop %v: where %q, want the node's netns or one of its capture points: %s", m, w, desc)
+			}
 		}
 		if reason, _ := f["reason"].(string); !strings.Contains(reason, "reply packet") || !strings.Contains(reason, "NETFILTER_DROP") {
 			t.Errorf("reason does not name the drops: %s", desc)

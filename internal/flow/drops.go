@@ -26,8 +26,12 @@ type KernelDrop struct {
 	Function string `json:"function,omitempty"`
 	NetNS    uint64 `json:"netns"`
 	// Ifindex is the device the packet was at (or came in by), 0 when none.
-	Ifindex int       `json:"ifindex"`
-	First   time.Time `json:"first"`
+	Ifindex int `json:"ifindex"`
+	// Where names that place, as the session found it: the capture point
+	// there ("uplink:bond0"), else the netns ("netns /run/netns/gw,
+	// ifindex 2"); "" when it found none.
+	Where string    `json:"where,omitempty"`
+	First time.Time `json:"first"`
 }
 
 // reasonNotSpecified is the reason of a plain kfree_skb(): a drop in most
@@ -106,14 +110,19 @@ func (f *flowState) replyDrops() uint64 {
 }
 
 // String says why and where a drop was: "NETFILTER_DROP in nft_do_chain
-// [nf_tables] (netns 4026532000, ifindex 7)".
+// [nf_tables] (at uplink:bond0)", or with the netns inode and ifindex when
+// the place has no name (Where).
 func (d KernelDrop) String() string {
 	var b strings.Builder
 	b.WriteString(d.Reason)
 	if d.Function != "" {
 		b.WriteString(" in " + d.Function)
 	}
-	fmt.Fprintf(&b, " (netns %d, ifindex %d)", d.NetNS, d.Ifindex)
+	if d.Where != "" {
+		fmt.Fprintf(&b, " (at %s)", d.Where)
+	} else {
+		fmt.Fprintf(&b, " (netns %d, ifindex %d)", d.NetNS, d.Ifindex)
+	}
 	return b.String()
 }
 

@@ -237,7 +237,7 @@ func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []obs.Watch, sna
 			att.Note += fmt.Sprintf("; ring %s, %s", sizeString(rings[i]), shared)
 		}
 		inode, _ := nsutil.Inode(cp.NetNS) // 0: never taken for gone (releaseGone)
-		opened[i] = tap{role: cp.Role, ifname: cp.Ifname, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil,
+		opened[i] = tap{role: cp.Role, ifname: cp.Ifname, ifindex: cp.Ifindex, netns: cp.NetNS, point: rolePoint[cp.Role], t: t, classic: cfg.Program == nil,
 			ended: new(string), released: new(string), inode: inode}
 	})
 	var taps []tap

@@ -84,6 +84,7 @@ type tracer struct {
 	// node is the node as discovered (with the Pods that started since);
 	// gatewaysRead, when retire last read their gateways' MACs.
 	node         *discover.NodeInfo
+	drops        dropPlaces // names the places of the flows' kernel drops
 	gatewaysRead time.Time
 }
 
@@ -367,6 +368,7 @@ func (tr *tracer) retire(now time.Time) {
 		tr.eng.SetGatewayMACs(gatewayMACs(tr.node))
 	}
 	if fs := tr.eng.Retire(now.Add(-retireLag)); len(fs) > 0 {
+		tr.nameDrops(fs)
 		tr.opt.Finished(fs)
 	}
 }

@@ -129,6 +129,7 @@ type Result struct {
 // tap is one capture point with its role label ("pod:eth0", "uplink:bond0").
 type tap struct {
 	label, role, ifname, netns string
+	ifindex                    int // of ifname in netns
 	point                      obs.Point
 	t                          *capture.Tap
 	// ended says why its capture ended before the session did ("" while
@@ -280,6 +281,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	tr.noteConntrackLosses()
 	tr.noteCaptureLosses()
 	res.Flows = eng.Flows()
+	tr.nameDrops(res.Flows)
 	res.Summary = eng.Summary()
 	res.Summary.OutOfScope = tr.outOfScope
 	res.Packets, res.Drops = tr.counters()
