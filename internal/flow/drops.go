@@ -44,7 +44,9 @@ const reasonNotSpecified = "NOT_SPECIFIED"
 const maxKernelDrops = 8
 
 // noteDrop records a drop observation on its flow; false when no flow
-// claims the packet yet (it waits as other observations do).
+// claims the packet yet (it waits as other observations do). A drop of a
+// flow refused beyond MaxFlows, or of a connection seen by its replies
+// alone, is taken with them: no flow will claim it.
 func (e *Engine) noteDrop(o obs.Observation) bool {
 	if !hasPorts(o) {
 		e.withoutPorts++
@@ -52,7 +54,7 @@ func (e *Engine) noteDrop(o obs.Observation) bool {
 	}
 	f, reply := e.find(o)
 	if f == nil {
-		return false
+		return e.refusedClients.has(clientKey{o.Proto, o.Src}) || e.refusedClients.has(clientKey{o.Proto, o.Dst}) || e.ReplyWithoutRequest(o)
 	}
 	d := KernelDrop{Direction: "request", Count: 1, NetNS: o.NetNS, Ifindex: o.Ifindex, First: o.Time}
 	if reply {

@@ -333,6 +333,12 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 		}
 	}
 	if _, resumes := e.retiredBefore(flowKey{k, service}, m); m.reply && !resumes {
+		// A reply of a flow refused beyond MaxFlows is refused with it
+		// (refuse notes its FIN or RST, counts nothing again).
+		if r, ok := e.refused.get(flowKey{k, service}); ok && !r.another(cookie, m) {
+			e.refuse(flowKey{k, service}, cookie, m)
+			return nil, refused
+		}
 		// No flow is made of a reply: it has no request to decide on
 		// (unless its connection's requests were seen, with a flow
 		// reported as ended: it continues that one).

@@ -295,3 +295,63 @@ func TestRepliesWithoutRequestAfterRetire(t *testing.T) {
 		t.Errorf("%d connections remembered by their replies alone, want 1", n)
 	}
 }
+
+// TestRepliesOfRefusedFlows: beyond MaxFlows, a refused flow's replies and
+// the kernel's drops of its packets are refused with it: no connection
+// counts as seen by its replies alone, nothing waits for a flow that will
+// never be made (the waiting room would overflow on a busy DNS client's
+// node, whose every new socket is a flow), nothing is unmatched.
+func TestRepliesOfRefusedFlows(t *testing.T) {
+	for _, proto := range []obs.Proto{obs.TCP, obs.UDP} {
+		t.Run(proto.String(), func(t *testing.T) { testRepliesOfRefusedFlows(t, proto) })
+	}
+}
+
+func testRepliesOfRefusedFlows(t *testing.T, proto obs.Proto) {
+	cfg := httpConfig(obs.PointPod, obs.PointHost, obs.PointUplink, obs.PointDrop)
+	cfg.Services[0].Proto = proto
+	cfg.MaxFlows = 2
+	e := flow.NewEngine(cfg)
+	const n = 50
+	for i := range n {
+		c := netip.AddrPortFrom(client.Addr(), uint16(41000+i))
+		ms := float64(i)
+		e.Add(obs.Observation{Time: flowtest.At(ms), Point: obs.PointHost, Dir: obs.DirIn, Proto: proto, Src: c, Dst: vip, Len: 74, TCPFlags: 0x02})
+		e.Add(obs.Observation{Time: flowtest.At(ms + 0.2), Point: obs.PointHost, Dir: obs.DirOut, Proto: proto, Src: vip, Dst: c, Len: 74, TCPFlags: 0x12})
+		// The client's socket is gone: the kernel drops its last reply.
+		e.Add(obs.Observation{Time: flowtest.At(ms + 0.4), Point: obs.PointDrop, Proto: proto, Src: vip, Dst: c, Len: 54, TCPFlags: 0x10,
+			NetNS: 1, Drop: &obs.KernelDrop{Reason: "NO_SOCKET"}})
+	}
+	if z := e.Sizes()["waiting.queue"]; z != 0 {
+		t.Errorf("%d observations wait for a flow, want none (the refused flows' replies and drops are refused with them)", z)
+	}
+	e.Settle()
+	s := e.Summary()
+	if s.Flows != cfg.MaxFlows || s.Drops[flow.DropFlowsOverMax] != n-uint64(cfg.MaxFlows) || s.RepliesWithoutRequest != 0 || s.Unmatched != 0 {
+		t.Errorf("flows %d, flows_over_max %d, replies_without_request %d, unmatched %d; want %d, %d, 0, 0",
+			s.Flows, s.Drops[flow.DropFlowsOverMax], s.RepliesWithoutRequest, s.Unmatched, cfg.MaxFlows, n-cfg.MaxFlows)
+	}
+	for _, f := range e.Flows() {
+		if len(f.KernelDrops) != 1 || f.KernelDrops[0].Direction != "reply" || f.KernelDrops[0].Reason != "NO_SOCKET" {
+			t.Errorf("flow %d (%v): kernel drops %+v, want its reply's NO_SOCKET", f.ID, f.Client, f.KernelDrops)
+		}
+	}
+}
+
+// TestDropOfReplyWithoutRequest: the kernel's drop of a reply of a
+// connection seen by its replies alone is taken with that connection: it
+// does not wait for a flow that its requests never make.
+func TestDropOfReplyWithoutRequest(t *testing.T) {
+	e := flow.NewEngine(httpConfig(obs.PointPod, obs.PointHost, obs.PointUplink, obs.PointDrop))
+	e.AddPacket(reply(0, 0x18))
+	e.AddPacket(reply(4000, 0x18))
+	before := e.Sizes()["waiting.queue"]
+	e.Add(obs.Observation{Time: flowtest.At(4001), Point: obs.PointDrop, Proto: obs.TCP, Src: vip, Dst: client, Len: 66, TCPFlags: 0x18,
+		NetNS: 1, Drop: &obs.KernelDrop{Reason: "NO_SOCKET"}})
+	if z := e.Sizes()["waiting.queue"]; z != before {
+		t.Errorf("the drop of a reply-only connection's reply waits (%d observations waiting, %d before it)", z, before)
+	}
+	if fs := e.Flows(); len(fs) != 0 {
+		t.Errorf("%d flows, want none", len(fs))
+	}
+}
