@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -24,6 +25,11 @@ type KernelDrop struct {
 	// [nf_tables]": a module's is named), "" when /proc/kallsyms did not
 	// tell.
 	Function string `json:"function,omitempty"`
+	// Location is the kernel address that dropped it: the events of one
+	// place are counted together, whether or not the function was named
+	// yet (the probe names a new address aside: its first events come
+	// without).
+	Location uint64 `json:"-"`
 	NetNS    uint64 `json:"netns"`
 	// Ifindex is the device the packet was at (or came in by), 0 when none.
 	Ifindex int `json:"ifindex"`
@@ -61,7 +67,7 @@ func (e *Engine) noteDrop(o obs.Observation) bool {
 		d.Direction = "reply"
 	}
 	if o.Drop != nil {
-		d.Reason, d.Function = o.Drop.Reason, o.Drop.Func
+		d.Reason, d.Function, d.Location = o.Drop.Reason, o.Drop.Func, o.Drop.Location
 		if d.Reason == "" {
 			d.Reason = fmt.Sprint(o.Drop.Code)
 		}
@@ -79,9 +85,14 @@ func (f *flowState) addDrop(d KernelDrop) {
 	drops := *f.drops
 	for i := range drops {
 		k := &drops[i]
-		if k.Direction == d.Direction && k.Reason == d.Reason && k.Function == d.Function && k.NetNS == d.NetNS && k.Ifindex == d.Ifindex ||
+		samePlace := k.Function == d.Function
+		if k.Location != 0 || d.Location != 0 {
+			samePlace = k.Location == d.Location
+		}
+		if k.Direction == d.Direction && k.Reason == d.Reason && samePlace && k.NetNS == d.NetNS && k.Ifindex == d.Ifindex ||
 			i == maxKernelDrops-1 {
 			k.Count += d.Count
+			k.Function = cmp.Or(k.Function, d.Function)
 			if d.First.Before(k.First) {
 				k.First = d.First
 			}

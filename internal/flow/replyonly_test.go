@@ -1,7 +1,9 @@
 package flow_test
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -353,5 +355,31 @@ func TestDropOfReplyWithoutRequest(t *testing.T) {
 	}
 	if fs := e.Flows(); len(fs) != 0 {
 		t.Errorf("%d flows, want none", len(fs))
+	}
+}
+
+// TestDropsOfOnePlaceCountedTogether: the drops of one kernel address are
+// one entry, whether or not their events named its function yet (the probe
+// reads a new address's function aside: its first events come without).
+func TestDropsOfOnePlaceCountedTogether(t *testing.T) {
+	e := flow.NewEngine(httpConfig(obs.PointPod, obs.PointHost, obs.PointUplink, obs.PointDrop))
+	e.Add(obs.Observation{Time: flowtest.At(0), Point: obs.PointHost, Dir: obs.DirIn, Proto: obs.TCP, Src: client, Dst: vip, Len: 74, TCPFlags: 0x02})
+	for i, fn := range []string{"", "nft_do_chain [nf_tables]", ""} {
+		e.Add(obs.Observation{Time: flowtest.At(1 + float64(i)), Point: obs.PointDrop, Proto: obs.TCP, Src: vip, Dst: client, Len: 74, TCPFlags: 0x12,
+			NetNS: 1, Ifindex: 3, Drop: &obs.KernelDrop{Reason: "NETFILTER_DROP", Location: 0xffffffffc0a01234, Func: fn}})
+	}
+	e.Add(obs.Observation{Time: flowtest.At(4), Point: obs.PointDrop, Proto: obs.TCP, Src: vip, Dst: client, Len: 74, TCPFlags: 0x12,
+		NetNS: 1, Ifindex: 3, Drop: &obs.KernelDrop{Reason: "NETFILTER_DROP", Location: 0xffffffffc0a05678, Func: "nft_do_chain [nf_tables]"}})
+	fs := e.Flows()
+	if len(fs) != 1 {
+		t.Fatalf("%d flows, want 1", len(fs))
+	}
+	var got []string
+	for _, d := range fs[0].KernelDrops {
+		got = append(got, fmt.Sprintf("%d %s", d.Count, d.String()))
+	}
+	want := []string{"3 NETFILTER_DROP in nft_do_chain [nf_tables] (netns 1, ifindex 3)", "1 NETFILTER_DROP in nft_do_chain [nf_tables] (netns 1, ifindex 3)"}
+	if !slices.Equal(got, want) {
+		t.Errorf("kernel drops %q, want %q", got, want)
 	}
 }

@@ -2,6 +2,7 @@ package probe
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"os"
 	"strconv"
@@ -56,11 +57,16 @@ func (p *Probe) AttachDrops() []Attachment {
 
 // dropNames names what a drop event carries as numbers: its reason, from
 // the kernel's enum skb_drop_reason, and its location, the kernel function
-// around the address (read from /proc/kallsyms once per address, cached).
+// around the address, read from /proc/kallsyms once per address, cached.
+// That read takes tens of milliseconds (the kernel formats every symbol):
+// the event reader, which the capture's consumer waits on to catch up, does
+// not wait for it. A new address is looked up aside, and its first events
+// go without the function (Func ""), which DropFunc gives later.
 type dropNames struct {
-	mu      sync.Mutex
-	reasons map[uint32]string
-	funcs   map[uint64]string
+	mu       sync.Mutex
+	reasons  map[uint32]string
+	funcs    map[uint64]string
+	kallsyms string // /proc/kallsyms, another file in tests
 }
 
 func (n *dropNames) setReasons(names map[uint32]string) {
@@ -73,20 +79,54 @@ func (n *dropNames) setReasons(names map[uint32]string) {
 // drop packets are few (tens); past it, it starts again.
 const maxDropFuncs = 1024
 
-// name fills in d's reason and function names.
+// pendingFunc marks, in dropNames.funcs, an address being looked up.
+const pendingFunc = "\x00"
+
+// name fills in d's reason and, once its address was looked up, its
+// function's name; it never waits for kallsyms.
 func (n *dropNames) name(d *obs.KernelDrop) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	d.Reason = n.reasons[d.Code]
 	fn, ok := n.funcs[d.Location]
 	if !ok {
-		fn = kernelFunc(kallsymsPath, d.Location)
-		if n.funcs == nil || len(n.funcs) >= maxDropFuncs {
-			n.funcs = map[uint64]string{}
-		}
-		n.funcs[d.Location] = fn
+		n.put(d.Location, pendingFunc)
+		go n.lookUp(d.Location)
 	}
-	d.Func = fn
+	if fn != pendingFunc {
+		d.Func = fn
+	}
+}
+
+// put caches fn for addr (with n.mu held).
+func (n *dropNames) put(addr uint64, fn string) {
+	if n.funcs == nil || len(n.funcs) >= maxDropFuncs {
+		n.funcs = map[uint64]string{}
+	}
+	n.funcs[addr] = fn
+}
+
+// lookUp reads the function of addr from kallsyms into the cache.
+func (n *dropNames) lookUp(addr uint64) string {
+	fn := kernelFunc(cmp.Or(n.kallsyms, kallsymsPath), addr)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.put(addr, fn)
+	return fn
+}
+
+// DropFunc names the kernel function at a drop event's address
+// (obs.KernelDrop.Location), which its first events may have gone
+// without: from the cache, else read now.
+func (p *Probe) DropFunc(addr uint64) string {
+	n := &p.drops
+	n.mu.Lock()
+	fn, ok := n.funcs[addr]
+	n.mu.Unlock()
+	if ok && fn != pendingFunc {
+		return fn
+	}
+	return n.lookUp(addr)
 }
 
 // dropReasonPrefix is how the kernel's names of drop reasons begin.

@@ -341,7 +341,7 @@ func (r *ringPark) Close() error { return r.f.Close() }
 // reason and function.
 func (p *Probe) name(o *obs.Observation) {
 	if o.Drop != nil {
-		p.drops.name(o.Drop) // not under p.mu: a new function reads kallsyms
+		p.drops.name(o.Drop)
 		return
 	}
 	p.mu.Lock()

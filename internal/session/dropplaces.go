@@ -20,12 +20,16 @@ type dropPlaces struct {
 
 const maxNetnsLookups = 16
 
-// nameDrops sets Where of the kernel drops of fs.
+// nameDrops sets Where of the kernel drops of fs, and the function of
+// those whose events came before the probe had named it.
 func (tr *tracer) nameDrops(fs []flow.Flow) {
 	for i := range fs {
 		for j := range fs[i].KernelDrops {
 			d := &fs[i].KernelDrops[j]
 			d.Where = tr.dropPlace(d.NetNS, d.Ifindex)
+			if d.Function == "" && d.Location != 0 && tr.pr != nil {
+				d.Function = tr.pr.DropFunc(d.Location)
+			}
 		}
 	}
 }
