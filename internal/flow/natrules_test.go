@@ -2,6 +2,7 @@ package flow_test
 
 import (
 	"net/netip"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -241,16 +242,7 @@ func withClient(o obs.Observation, from, to netip.Addr) obs.Observation {
 // range, a rule of any port without a target port, IPVS without a port);
 // rules of Services not traced add nothing.
 func TestBackendWatches(t *testing.T) {
-	s, err := flowtest.Load("../../testdata/flows/netfilter-tcp.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.Config
-	cfg.Attribution.NATRules = nil
-	e := flow.NewEngine(cfg)
-	for _, o := range s.Observations {
-		e.Add(o)
-	}
+	e := replayWithoutNATRules(t, "netfilter-tcp.json", nil)
 	ws := func(a ...obs.Watch) []obs.Watch { return a }
 	w := func(s string, proto obs.Proto) obs.Watch {
 		if ap, err := netip.ParseAddrPort(s); err == nil {
@@ -282,25 +274,32 @@ func TestBackendWatches(t *testing.T) {
 // ingress on the host veth) is listed: no NAT rule names it, and reading
 // the NAT rules again would not either. Without the device rules it counts.
 func TestDeviceRewriteListed(t *testing.T) {
-	s, err := flowtest.Load("../../testdata/flows/netdev-ingress-host-veth.json")
+	const scenario = "netdev-ingress-host-veth.json"
+	if n := replayWithoutNATRules(t, scenario, nil).UnlistedBackends(); n != 0 {
+		t.Errorf("the device rule sets the backend, yet %d pair(s) counted unlisted", n)
+	}
+	noDeviceRules := func(cfg *flow.Config) { cfg.Attribution.DeviceRules = nil }
+	if n := replayWithoutNATRules(t, scenario, noDeviceRules).UnlistedBackends(); n != 1 {
+		t.Errorf("without the device rules %d pair(s) counted unlisted, want 1", n)
+	}
+}
+
+// replayWithoutNATRules replays a scenario of testdata/flows into an engine
+// that has no NAT rules (and what change makes of its config).
+func replayWithoutNATRules(t *testing.T, scenario string, change func(*flow.Config)) *flow.Engine {
+	t.Helper()
+	s, err := flowtest.Load(filepath.Join(scenarioDir, scenario))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := s.Config
 	cfg.Attribution.NATRules = nil
+	if change != nil {
+		change(&cfg)
+	}
 	e := flow.NewEngine(cfg)
 	for _, o := range s.Observations {
 		e.Add(o)
 	}
-	if n := e.UnlistedBackends(); n != 0 {
-		t.Errorf("the device rule sets the backend, yet %d pair(s) counted unlisted", n)
-	}
-	cfg.Attribution.DeviceRules = nil
-	e = flow.NewEngine(cfg)
-	for _, o := range s.Observations {
-		e.Add(o)
-	}
-	if n := e.UnlistedBackends(); n != 1 {
-		t.Errorf("without the device rules %d pair(s) counted unlisted, want 1", n)
-	}
+	return e
 }
