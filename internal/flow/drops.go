@@ -22,13 +22,13 @@ type KernelDrop struct {
 	// kernel's BTF did not name it.
 	Reason string `json:"reason"`
 	// Function is the kernel function that dropped it ("nft_do_chain
-	// [nf_tables]": a module's is named), "" when /proc/kallsyms did not
+	// [nf_tables]": a module's is named), "" when the kernel did not
 	// tell.
 	Function string `json:"function,omitempty"`
 	// Location is the kernel address that dropped it: the events of one
 	// place are counted together, whether or not the function was named
-	// yet (the probe names a new address aside: its first events come
-	// without).
+	// yet (a probe that reads kallsyms names a new address aside: its
+	// first events come without).
 	Location uint64 `json:"-"`
 	NetNS    uint64 `json:"netns"`
 	// Ifindex is the device the packet was at (or came in by), 0 when none.

@@ -3,10 +3,14 @@ package probe
 import (
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
@@ -56,11 +60,10 @@ func TestDropObserverNamesReasonAndFunction(t *testing.T) {
 	if o.Drop.Reason != "NETFILTER_DROP" {
 		t.Errorf("reason %q (code %d), want NETFILTER_DROP", o.Drop.Reason, o.Drop.Code)
 	}
-	// The first event of a place may come before its function was read
-	// from kallsyms (aside, not on the event reader); DropFunc names it,
-	// and the next events of the place carry it.
+	// The kernel's symbol lookup (pt_ksym) names the place on the first
+	// event already; DropFunc gives the same from the cache.
 	fn := p.DropFunc(o.Drop.Location)
-	if fn == "" || o.Drop.Location == 0 || o.Drop.Func != "" && o.Drop.Func != fn {
+	if fn == "" || o.Drop.Location == 0 || o.Drop.Func != fn {
 		t.Errorf("location %#x: function %q, event's %q", o.Drop.Location, fn, o.Drop.Func)
 	}
 	t.Logf("dropped by %s (%#x)", fn, o.Drop.Location)
@@ -156,3 +159,60 @@ func (e *testEnv) echoUDPTo(t *testing.T, c *net.UDPConn, to netip.AddrPort, buf
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// pt_ksym names kernel text addresses as /proc/kallsyms does: the function
+// an address is in, and nothing for an address that is no symbol's.
+func TestKernelSymbolAgreesWithKallsyms(t *testing.T) {
+	needRoot(t)
+	spec, err := loadObserveDrop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs struct {
+		Ksym *ebpf.Program `ebpf:"pt_ksym"`
+	}
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		t.Fatalf("load %s: %v", ksymProgram, err)
+	}
+	defer objs.Ksym.Close()
+	syms := kallsymsText(t, "ip_rcv", "nf_hook_slow", "kfree_skb_list_reason")
+	if len(syms) == 0 {
+		t.Skip("no text symbol readable in /proc/kallsyms (kptr_restrict)")
+	}
+	for name, addr := range syms {
+		for _, at := range []uint64{addr, addr + 0x10} {
+			got, want := kernelSymbol(objs.Ksym, at), kernelFunc(kallsymsPath, at)
+			if got != name || got != want {
+				t.Errorf("%s+%#x: pt_ksym %q, kallsyms %q", name, at-addr, got, want)
+			}
+		}
+	}
+	if got := kernelSymbol(objs.Ksym, 0x1000); got != "" {
+		t.Errorf("an address that is no symbol's: %q, want none", got)
+	}
+}
+
+// kallsymsText reads the addresses of the named text symbols of vmlinux
+// that /proc/kallsyms shows (not hidden).
+func kallsymsText(t *testing.T, names ...string) map[string]uint64 {
+	t.Helper()
+	data, err := os.ReadFile(kallsymsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	out := map[string]uint64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || (f[1] != "T" && f[1] != "t") || !want[f[2]] {
+			continue
+		}
+		if a, err := strconv.ParseUint(f[0], 16, 64); err == nil && a != 0 {
+			out[f[2]] = a
+		}
+	}
+	return out
+}

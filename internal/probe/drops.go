@@ -2,7 +2,9 @@ package probe
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"strconv"
@@ -16,13 +18,18 @@ import (
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
-// dropProgram is AttachDrops' observer (bpf/observe_drop.c).
-const dropProgram = "pt_drop"
+// dropProgram is AttachDrops' observer (bpf/observe_drop.c); ksymProgram
+// names the kernel functions its events point at.
+const (
+	dropProgram = "pt_drop"
+	ksymProgram = "pt_ksym"
+)
 
 // AttachDrops attaches the drop observer, host-wide (every netns), once per
 // Probe: the kernel's skb:kfree_skb tracepoint, which says which packets of
 // the traced flows the kernel dropped, why (enum skb_drop_reason, named from
-// the kernel's BTF) and in which function (/proc/kallsyms). Optional: where
+// the kernel's BTF) and in which function (the kernel's symbol lookup, run
+// by a BPF program; /proc/kallsyms where it cannot load). Optional: where
 // it cannot attach (a kernel without the tracepoint's rx_sk argument, before
 // 6.12) it is reported not attached, and nothing else changes.
 func (p *Probe) AttachDrops() []Attachment {
@@ -47,6 +54,9 @@ func (p *Probe) AttachDrops() []Attachment {
 			p.keep(l)
 			p.globals["kfree_skb"] = true
 			p.drops.setReasons(names)
+			if ksym, err := p.program(p.dropSpec, ksymProgram); err == nil {
+				p.drops.setKsym(ksym)
+			}
 		} else {
 			err = fmt.Errorf("attach %s: %w", dropProgram, err)
 		}
@@ -57,16 +67,25 @@ func (p *Probe) AttachDrops() []Attachment {
 
 // dropNames names what a drop event carries as numbers: its reason, from
 // the kernel's enum skb_drop_reason, and its location, the kernel function
-// around the address, read from /proc/kallsyms once per address, cached.
-// That read takes tens of milliseconds (the kernel formats every symbol):
-// the event reader, which the capture's consumer waits on to catch up, does
-// not wait for it. A new address is looked up aside, and its first events
-// go without the function (Func ""), which DropFunc gives later.
+// around the address, looked up once per address, cached: by the kernel's
+// own symbol lookup (pt_ksym, microseconds) where its program loads, else
+// from /proc/kallsyms. That read takes tens of milliseconds (the kernel
+// formats every symbol): the event reader, which the capture's consumer
+// waits on to catch up, does not wait for it. A new address is then looked
+// up aside, and its first events go without the function (Func ""), which
+// DropFunc gives later.
 type dropNames struct {
 	mu       sync.Mutex
 	reasons  map[uint32]string
 	funcs    map[uint64]string
-	kallsyms string // /proc/kallsyms, another file in tests
+	ksym     *ebpf.Program // pt_ksym; nil: kallsyms
+	kallsyms string        // /proc/kallsyms, another file in tests
+}
+
+func (n *dropNames) setKsym(prog *ebpf.Program) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.ksym = prog
 }
 
 func (n *dropNames) setReasons(names map[uint32]string) {
@@ -89,6 +108,10 @@ func (n *dropNames) name(d *obs.KernelDrop) {
 	defer n.mu.Unlock()
 	d.Reason = n.reasons[d.Code]
 	fn, ok := n.funcs[d.Location]
+	if !ok && n.ksym != nil {
+		fn, ok = kernelSymbol(n.ksym, d.Location), true
+		n.put(d.Location, fn)
+	}
 	if !ok {
 		n.put(d.Location, pendingFunc)
 		go n.lookUp(d.Location)
@@ -106,13 +129,40 @@ func (n *dropNames) put(addr uint64, fn string) {
 	n.funcs[addr] = fn
 }
 
-// lookUp reads the function of addr from kallsyms into the cache.
+// lookUp reads the function of addr into the cache.
 func (n *dropNames) lookUp(addr uint64) string {
-	fn := kernelFunc(cmp.Or(n.kallsyms, kallsymsPath), addr)
+	n.mu.Lock()
+	ksym := n.ksym
+	n.mu.Unlock()
+	var fn string
+	if ksym != nil {
+		fn = kernelSymbol(ksym, addr)
+	} else {
+		fn = kernelFunc(cmp.Or(n.kallsyms, kallsymsPath), addr)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.put(addr, fn)
 	return fn
+}
+
+// ksymLen is the name room of struct pt_ksym_ctx (PT_KSYM_LEN).
+const ksymLen = 128
+
+// kernelSymbol runs pt_ksym: the function addr is in, with its module when
+// not vmlinux's, as kernelFunc reads it from kallsyms; "" when the kernel
+// knows no symbol there (it prints the address) or the run fails.
+func kernelSymbol(prog *ebpf.Program, addr uint64) string {
+	var in, out [8 + ksymLen]byte
+	binary.NativeEndian.PutUint64(in[:], addr)
+	if _, err := prog.Run(&ebpf.RunOptions{Context: in[:], ContextOut: out[:]}); err != nil {
+		return ""
+	}
+	name, _, _ := bytes.Cut(out[8:], []byte{0})
+	if len(name) == 0 || bytes.HasPrefix(name, []byte("0x")) {
+		return ""
+	}
+	return string(name)
 }
 
 // DropFunc names the kernel function at a drop event's address

@@ -30,6 +30,7 @@ const (
 	observeDropMapWatchClients     = "watch_clients"
 	observeDropMapWatchEndpoints   = "watch_endpoints"
 	observeDropProgPtDrop          = "pt_drop"
+	observeDropProgPtKsym          = "pt_ksym"
 	observeDropVarPtEventLayout    = "pt_event_layout"
 )
 
@@ -76,6 +77,7 @@ type observeDropSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeDropProgramSpecs struct {
 	PtDrop *ebpf.ProgramSpec `ebpf:"pt_drop"`
+	PtKsym *ebpf.ProgramSpec `ebpf:"pt_ksym"`
 }
 
 // observeDropMapSpecs contains maps before they are loaded into the kernel.
@@ -169,11 +171,13 @@ type observeDropVariables struct {
 // It can be passed to loadObserveDropObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeDropPrograms struct {
 	PtDrop *ebpf.Program `ebpf:"pt_drop"`
+	PtKsym *ebpf.Program `ebpf:"pt_ksym"`
 }
 
 func (p *observeDropPrograms) Close() error {
 	return _ObserveDropClose(
 		p.PtDrop,
+		p.PtKsym,
 	)
 }
 
