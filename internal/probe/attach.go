@@ -347,6 +347,7 @@ func (p *Probe) Preload(tcHeads, tcTails bool) {
 	}
 	load(p.pktSpec, ctFilterProgram)
 	load(p.dropSpec, dropProgram)
+	load(p.dropSpec, ksymProgram)
 	for _, o := range tcObservers {
 		if tail := o.point == obs.PointTCTail; tcHeads && !tail || tcTails && tail {
 			load(p.tcSpec, o.prog)

@@ -304,8 +304,8 @@ func TestObserversBracketTraffic(t *testing.T) {
 	}
 
 	ids := ownProgramIDs(p)
-	if len(ids) != 13 {
-		t.Errorf("%d own programs, want 13 (sock state, 4 cgroup, 4 tcx, 2 netfilter, the conntrack filter, the drop observer)", len(ids))
+	if len(ids) != 14 {
+		t.Errorf("%d own programs, want 14 (sock state, 4 cgroup, 4 tcx, 2 netfilter, the conntrack filter, the drop observer and its symbol lookup)", len(ids))
 	}
 	if err := p.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
