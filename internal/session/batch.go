@@ -22,6 +22,9 @@ type batch struct {
 	data []byte
 	obs  []obs.Observation
 	next int // with --pcap: the first frame not written yet
+	// seq numbers a tap's batch as it is handed to the consumer
+	// (tracer.handed); 0 for any other.
+	seq uint64
 	// ended marks the last batch of a tap whose capture ended (no frame,
 	// never reused): the consumer has taken every frame of the tap once
 	// it takes this one (tracer.tapEnded).
@@ -180,7 +183,7 @@ func (tr *tracer) putBatch(b *batch) {
 	}
 	clear(b.frames) // drop the references to flows
 	clear(b.obs)
-	b.frames, b.data, b.obs, b.next = b.frames[:0], b.data[:0], b.obs[:0], 0
+	b.frames, b.data, b.obs, b.next, b.seq = b.frames[:0], b.data[:0], b.obs[:0], 0, 0
 	switch {
 	case b.tap < 0:
 		tr.freeObs.put(b)

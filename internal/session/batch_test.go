@@ -112,3 +112,26 @@ func TestFrameSize(t *testing.T) {
 		t.Errorf("a frame takes %d bytes, more than two cache lines", n)
 	}
 }
+
+// One catch-up with the observers covers every batch the taps handed over
+// before it began; a batch handed over after it needs another, and so does
+// one no tap numbered. (No probe: each catch-up finds nothing to wait for.)
+func TestOneCatchUpCoversTheBatchesHandedBefore(t *testing.T) {
+	tr := &tracer{}
+	hand := func() *batch { return &batch{tap: 0, seq: tr.handed.Add(1)} }
+	check := func(name string, b *batch, want uint64) {
+		t.Helper()
+		tr.catchUpBefore(b)
+		if tr.caughtUp != want {
+			t.Errorf("%s (seq %d): caught up to batch %d, want %d", name, b.seq, tr.caughtUp, want)
+		}
+	}
+	b1, b2, b3 := hand(), hand(), hand()
+	check("the first of three queued: one catch-up for the three", b1, 3)
+	check("the second: none", b2, 3)
+	b4 := hand() // while the consumer works on the second
+	check("the third: none", b3, 3)
+	check("one handed after the catch-up began: another", b4, 4)
+	hand()
+	check("an unnumbered batch: one, for the batches handed so far too", &batch{tap: 0}, 5)
+}

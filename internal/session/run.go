@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/bpf"
@@ -20,6 +21,12 @@ import (
 
 // tracer is one running session's moving parts.
 type tracer struct {
+	// handed counts the taps' batches handed to the consumer (batch.seq);
+	// caughtUp is its value when the consumer last caught up with the
+	// observers (catchUpBefore).
+	handed   atomic.Uint64
+	caughtUp uint64
+
 	opt        Options
 	pr         *probe.Probe
 	taps       []tap
@@ -401,6 +408,7 @@ func (tr *tracer) produce(ctx context.Context, iface int, tp tap, items chan<- *
 	flush := func() {
 		if b != nil && len(b.frames) > 0 {
 			small = len(b.frames) <= smallBatch
+			b.seq = tr.handed.Add(1)
 			items <- b
 			b = nil
 		}
@@ -456,7 +464,7 @@ func (tr *tracer) consume(b *batch) string {
 		tr.putBatch(b)
 		return ""
 	}
-	tr.catchUp()
+	tr.catchUpBefore(b)
 	for i := range b.frames {
 		f := &b.frames[i]
 		f.known = tr.classify(b.tap, &f.pkt, &f.h, &f.kindSlot)
@@ -468,6 +476,24 @@ func (tr *tracer) consume(b *batch) string {
 	return tr.pcap.hold(b, tr)
 }
 
+// catchUpBefore catches up with the observers' events before b's frames,
+// unless b was handed over before the last catch-up began: that one took
+// every event submitted before it, so before any of b's frames was
+// captured (the observers run before a packet reaches a tap). One catch-up
+// then covers all the batches that queued up meanwhile (a busy consumer,
+// several taps), where each took one (a wake-up of the reader, a round trip
+// of goroutines). A batch no tap numbered (seq 0) always takes one; a
+// catch-up that timed out covers nothing.
+func (tr *tracer) catchUpBefore(b *batch) {
+	if b.seq != 0 && b.seq <= tr.caughtUp {
+		return
+	}
+	handed := tr.handed.Load()
+	if tr.catchUp() {
+		tr.caughtUp = handed
+	}
+}
+
 // catchUpWait bounds how long a tap's frames wait for the observers'
 // reader to hand over what their ring holds (it takes microseconds when
 // the reader gets a CPU).
@@ -477,11 +503,11 @@ const catchUpWait = 20 * time.Millisecond
 // before them: what the ring holds now, and what its reader read but has
 // not handed over (probe.Probe.CatchUp). A flow is linked as its
 // observations come, and its socket's events tell a reused port's sockets
-// apart.
-func (tr *tracer) catchUp() {
+// apart. It reports false when it gave up waiting (catchUpWait).
+func (tr *tracer) catchUp() (caughtUp bool) {
 	done := tr.pr.CatchUp()
 	if done == nil {
-		return
+		return true
 	}
 	wait := time.NewTimer(catchUpWait)
 	defer wait.Stop()
@@ -489,7 +515,7 @@ func (tr *tracer) catchUp() {
 		select {
 		case b, ok := <-tr.events:
 			if !tr.takeEvents(b, ok) {
-				return
+				return true // the reader ended: no event is left to come
 			}
 		case <-done:
 			// The reader handed its batches over before it closed done:
@@ -498,14 +524,14 @@ func (tr *tracer) catchUp() {
 				select {
 				case b, ok := <-tr.events:
 					if !tr.takeEvents(b, ok) {
-						return
+						return true
 					}
 				default:
-					return
+					return true
 				}
 			}
 		case <-wait.C:
-			return
+			return false
 		}
 	}
 }
