@@ -1,11 +1,9 @@
 package export
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 	"unsafe"
@@ -21,14 +19,12 @@ const asyncDepth = 16
 // asyncFile writes the capture file from a goroutine of its own: a disk that
 // stalls (a journal commit, writeback throttling) then delays the file, not
 // the capture, whose kernel rings would overflow meanwhile (on a local
-// filesystem, from the first write that stalls on: see writeRaw). Each
-// chunk is written with one pwrite(2) at the end of the file, as blockOut
-// hands it over (whole blocks, never crossing a page where it can avoid
-// it), so the file stays readable after a SIGKILL at any moment. Where the
-// filesystem takes direct I/O, the chunks that fill whole pages go around
-// the page cache (see openDirect). After a failed write (a full disk) it
-// cuts the file back to the last whole block it holds and refuses every
-// later chunk.
+// filesystem, from the first write that stalls on: see writeDirect). Each
+// chunk is written with one write(2), as blockOut hands it over (whole
+// blocks, never crossing a page where it can avoid it), so the file stays
+// readable after a SIGKILL at any moment. After a failed write (a full
+// disk) it cuts the file back to the last whole block it holds and refuses
+// every later chunk.
 type asyncFile struct {
 	f *os.File
 	// size is the file's size: what was written before the asyncFile took
@@ -39,76 +35,28 @@ type asyncFile struct {
 	// reserveAhead); limit caps it (MaxBytes, 0 = none).
 	reserved, limit int64
 	noReserve       bool // the filesystem cannot reserve: no more tries
-	seekable        bool // a file, written at size; not a pipe (tests)
-	raw             bool // a local filesystem: written with writeRaw
-	// dio is the file opened a second time with O_DIRECT (nil where the
-	// filesystem takes no direct I/O): the chunks whose offset, length and
-	// memory are multiples of dioAlign are written through it.
-	dio      *os.File
-	dioAlign int64
-	queue    chan chunk
-	free     chan []byte
-	done     chan struct{}
-	mu       sync.Mutex
-	err      error
-	closed   bool
+	direct          bool // a local filesystem: written with writeDirect
+	queue           chan chunk
+	free            chan []byte
+	done            chan struct{}
+	mu              sync.Mutex
+	err             error
+	closed          bool
 }
 
-// newAsyncFile writes f, a regular file, from its current offset on; limit
-// (0 = none) caps the blocks reserved ahead of the data.
+// newAsyncFile writes f from its current offset on; limit (0 = none) caps
+// the blocks reserved ahead of the data.
 func newAsyncFile(f *os.File, limit int64) *asyncFile {
 	a := &asyncFile{f: f, limit: limit, queue: make(chan chunk, asyncDepth), free: make(chan []byte, asyncDepth), done: make(chan struct{})}
 	// A failed write cuts the file back to its last whole chunk: an offset
 	// that must count what was written before (0 for a pipe).
 	if off, err := f.Seek(0, io.SeekCurrent); err == nil {
-		a.size, a.seekable = off, true
+		a.size = off
 	}
 	var st unix.Statfs_t
-	a.raw = unix.Fstatfs(int(f.Fd()), &st) == nil && localFilesystem(int64(st.Type))
-	if a.raw && directIO {
-		a.openDirect()
-	}
+	a.direct = unix.Fstatfs(int(f.Fd()), &st) == nil && localFilesystem(int64(st.Type))
 	go a.run()
 	return a
-}
-
-// directIO is whether asyncFile writes whole pages with direct I/O where it
-// can (false in the tests of the page-cache path).
-var directIO = true
-
-// openDirect opens the file a second time with O_DIRECT, where its
-// filesystem takes direct I/O (statx STATX_DIOALIGN, Linux 6.1 on). A chunk
-// of whole pages written through it goes from the chunk's own memory to the
-// disk, where a buffered write allocates page-cache pages, copies into
-// them and writes them back later: at 100k packets a second that was most
-// of pathtrace's CPU per packet on a VM whose memory the host hands back
-// and maps again (the free pages it reports), and a capture of gigabytes
-// no longer pushes the node's own files out of its page cache. A chunk
-// that does not fill whole pages (the flush timer's, a large block's) is
-// written through the page cache as before; the kernel keeps the two
-// coherent, and a direct write starts where a buffered one ended, on a page
-// boundary, so they never share a page. Direct writes allocate their
-// blocks as they go: reserving them ahead (unwritten extents each write
-// would convert) only costs.
-func (a *asyncFile) openDirect() {
-	var sx unix.Statx_t
-	if err := unix.Statx(int(a.f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &sx); err != nil ||
-		sx.Mask&unix.STATX_DIOALIGN == 0 || sx.Dio_offset_align == 0 {
-		return
-	}
-	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(int(a.f.Fd())), unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return
-	}
-	a.dio = os.NewFile(uintptr(fd), a.f.Name())
-	a.dioAlign = max(int64(os.Getpagesize()), int64(sx.Dio_offset_align), int64(sx.Dio_mem_align))
-	a.noReserve = true
-}
-
-// direct tells whether b, written at the end of the file, goes through dio.
-func (a *asyncFile) direct(b []byte) bool {
-	return a.dio != nil && len(b) > 0 && a.size%a.dioAlign == 0 && int64(len(b))%a.dioAlign == 0 &&
-		int64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))%a.dioAlign == 0
 }
 
 // reserveAhead is how far past the data the file's blocks are reserved
@@ -223,15 +171,12 @@ func (a *asyncFile) failed() error {
 
 // Close waits until every queued chunk is written, gives back the blocks
 // reserved past the data, and returns the first write error. It does not
-// close the file (it closes its direct descriptor).
+// close the file.
 func (a *asyncFile) Close() error {
 	if !a.closed {
 		a.closed = true
 		close(a.queue)
 		<-a.done
-		if a.dio != nil {
-			a.dio.Close()
-		}
 		if a.reserved > a.size {
 			// Truncating to the size frees the blocks past it.
 			if err := a.f.Truncate(a.size); err != nil && a.failed() == nil {
@@ -242,53 +187,33 @@ func (a *asyncFile) Close() error {
 	return a.failed()
 }
 
-// rawStall is how long a raw write may take before the file is written
-// through the runtime from then on (the disk stalls: let it delay the file
-// only). It is wall time: on saturated CPUs a 100 us write that is
+// directStall is how long a direct write may take before the file is
+// written through the runtime from then on (the disk stalls: let it delay
+// the file only). It is wall time: on saturated CPUs a 100 us write that is
 // preempted takes milliseconds, and that is no stall. At the capture's
 // highest rates the kernel rings hold about three times as long.
-var rawStall = 50 * time.Millisecond // a variable for tests
+var directStall = 50 * time.Millisecond // a variable for tests
 
-// write writes all of b at the end of the file.
+// write writes all of b to the file.
 func (a *asyncFile) write(b []byte) (int, error) {
-	f := a.f
-	if a.direct(b) {
-		f = a.dio
-	}
-	n, err := a.writeAt(f, b)
-	if f == a.dio && n == 0 && errors.Is(err, unix.EINVAL) {
-		// The filesystem refused the alignment it reported: the page
-		// cache from now on.
-		a.dio.Close()
-		a.dio = nil
-		return a.writeAt(a.f, b)
-	}
-	return n, err
-}
-
-// writeAt writes all of b through f at the end of the file.
-func (a *asyncFile) writeAt(f *os.File, b []byte) (int, error) {
-	switch {
-	case !a.seekable:
-		return f.Write(b)
-	case !a.raw:
-		return f.WriteAt(b, a.size)
+	if !a.direct {
+		return a.f.Write(b)
 	}
 	start := time.Now()
-	n, err := writeRaw(int(f.Fd()), b, a.size)
+	n, err := writeDirect(int(a.f.Fd()), b)
 	a.checkStall(start)
 	if err != nil {
-		err = &os.PathError{Op: "write", Path: f.Name(), Err: err} // as os.File.WriteAt says it
+		err = &os.PathError{Op: "write", Path: a.f.Name(), Err: err} // as os.File.Write says it
 	}
 	return n, err
 }
 
 // fallocate reserves the file's blocks from off on (FALLOC_FL_KEEP_SIZE),
-// raw as write does: allocating 4 MiB of extents takes long enough for
+// directly as write does: allocating 4 MiB of extents takes long enough for
 // the runtime's hand-off too.
 func (a *asyncFile) fallocate(off, n int64) error {
 	fd := int(a.f.Fd())
-	if !a.raw {
+	if !a.direct {
 		return unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, off, n)
 	}
 	start := time.Now()
@@ -300,29 +225,29 @@ func (a *asyncFile) fallocate(off, n int64) error {
 	return nil
 }
 
-// checkStall ends raw calls once one that began at start took longer
-// than rawStall.
+// checkStall ends direct calls once one that began at start took longer
+// than directStall.
 func (a *asyncFile) checkStall(start time.Time) {
-	if time.Since(start) > rawStall {
-		a.raw = false
+	if time.Since(start) > directStall {
+		a.direct = false
 	}
 }
 
-// writeRaw is pwrite(2) at off without the Go runtime's syscall
-// bookkeeping. A write of a chunk takes 50-300 us: through the runtime,
-// its monitor thread takes the processor away (handing it to another
-// thread) and then polls every 20 us for a while, which at 100k packets a
-// second was half of pathtrace's context switches and about a tenth of its
-// CPU per packet. The goroutine keeps its processor instead, so a write
-// that blocks (writeback throttling, the disk of a direct write) holds up
-// the capture's other goroutines meanwhile, as tcpdump's one thread is
-// held: the kernel rings buffer the frames. Only for local filesystems
-// (localFilesystem; a network filesystem can block for long), and only
-// until a write takes longer than rawStall.
-func writeRaw(fd int, b []byte, off int64) (int, error) {
+// writeDirect is write(2) without the Go runtime's syscall bookkeeping. A
+// write of a chunk into the page cache takes 50-100 us: through the
+// runtime, its monitor thread takes the processor away (handing it to
+// another thread) and then polls every 20 us for a while, which at 100k
+// packets a second was half of pathtrace's context switches and about a
+// tenth of its CPU per packet. The goroutine keeps its processor instead, so a
+// write that blocks (writeback throttling) holds up the capture's other
+// goroutines meanwhile, as tcpdump's one thread is held: the kernel rings
+// buffer the frames. Only for local filesystems (localFilesystem), where
+// writes land in the page cache (a network filesystem can block for long),
+// and only until a write takes longer than directStall.
+func writeDirect(fd int, b []byte) (int, error) {
 	n := 0
 	for n < len(b) {
-		r, _, errno := unix.RawSyscall6(unix.SYS_PWRITE64, uintptr(fd), uintptr(unsafe.Pointer(&b[n])), uintptr(len(b)-n), uintptr(off+int64(n)), 0, 0)
+		r, _, errno := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[n])), uintptr(len(b)-n))
 		switch {
 		case errno == unix.EINTR:
 			continue

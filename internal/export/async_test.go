@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -153,11 +152,8 @@ func TestAsyncFileDiskFullKeepsWholePages(t *testing.T) {
 }
 
 // TestAsyncFileReservesAhead: blocks are reserved past the data while the
-// file is written through the page cache (never past the limit), and Close
-// gives them back.
+// file is written (never past the limit), and Close gives them back.
 func TestAsyncFileReservesAhead(t *testing.T) {
-	defer func() { directIO = true }()
-	directIO = false
 	dir := t.TempDir()
 	probe, err := os.Create(filepath.Join(dir, "probe"))
 	if err != nil {
@@ -208,25 +204,19 @@ func TestAsyncFileReservesAhead(t *testing.T) {
 	}
 }
 
-// TestWriteRaw: writeRaw writes everything at the offset it is given,
-// returns the errno of a failed write, and is used for local filesystems
-// only.
-func TestWriteRaw(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "raw")
+// TestWriteDirect: writeDirect writes everything, returns the errno of a
+// failed write, and is used for local filesystems only.
+func TestWriteDirect(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "direct")
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	first := bytes.Repeat([]byte("pathtrace"), 100_000) // several pages
-	if n, err := writeRaw(int(f.Fd()), first, 0); n != len(first) || err != nil {
-		t.Fatalf("writeRaw: %d, %v; want %d, nil", n, err, len(first))
+	want := bytes.Repeat([]byte("pathtrace"), 100_000) // several pages
+	if n, err := writeDirect(int(f.Fd()), want); n != len(want) || err != nil {
+		t.Fatalf("writeDirect: %d, %v; want %d, nil", n, err, len(want))
 	}
-	second := []byte("and after it")
-	if n, err := writeRaw(int(f.Fd()), second, int64(len(first))); n != len(second) || err != nil {
-		t.Fatalf("writeRaw at %d: %d, %v; want %d, nil", len(first), n, err, len(second))
-	}
-	want := append(first, second...)
 	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("file holds %d bytes (%v), want the %d written", len(got), err, len(want))
 	}
@@ -235,8 +225,8 @@ func TestWriteRaw(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ro.Close()
-	if n, err := writeRaw(int(ro.Fd()), want, 0); n != 0 || !errors.Is(err, syscall.EBADF) {
-		t.Errorf("writeRaw to a read-only fd: %d, %v; want 0, EBADF", n, err)
+	if n, err := writeDirect(int(ro.Fd()), want); n != 0 || !errors.Is(err, syscall.EBADF) {
+		t.Errorf("writeDirect to a read-only fd: %d, %v; want 0, EBADF", n, err)
 	}
 
 	for _, c := range []struct {
@@ -259,10 +249,10 @@ func TestWriteRaw(t *testing.T) {
 	}
 }
 
-// TestAsyncFileLeavesRawWritesAfterAStall: a file on a local filesystem
-// is written with raw system calls until one write takes longer than
-// rawStall, then through the runtime; what it holds is the same.
-func TestAsyncFileLeavesRawWritesAfterAStall(t *testing.T) {
+// TestAsyncFileLeavesDirectWritesAfterAStall: a file on a local filesystem
+// is written directly until one write takes longer than directStall, then
+// through the runtime; what it holds is the same.
+func TestAsyncFileLeavesDirectWritesAfterAStall(t *testing.T) {
 	dir := t.TempDir()
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil || !localFilesystem(int64(st.Type)) {
@@ -274,11 +264,11 @@ func TestAsyncFileLeavesRawWritesAfterAStall(t *testing.T) {
 	}
 	defer f.Close()
 	a := newAsyncFile(f, 0)
-	if !a.raw {
-		t.Fatal("a file on a local filesystem is not written with raw system calls")
+	if !a.direct {
+		t.Fatal("a file on a local filesystem is not written directly")
 	}
-	defer func(d time.Duration) { rawStall = d }(rawStall)
-	rawStall = -1 // every write stalls
+	defer func(d time.Duration) { directStall = d }(directStall)
+	directStall = -1 // every write stalls
 	var want bytes.Buffer
 	for i := range 3 {
 		chunk := bytes.Repeat([]byte{byte('a' + i)}, 10_000)
@@ -290,140 +280,10 @@ func TestAsyncFileLeavesRawWritesAfterAStall(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if a.raw {
-		t.Error("still written with raw system calls after a write that stalled")
+	if a.direct {
+		t.Error("still written directly after a write that stalled")
 	}
 	if got, err := os.ReadFile(f.Name()); err != nil || !bytes.Equal(got, want.Bytes()) {
 		t.Errorf("file holds %d bytes (%v), want the %d written", len(got), err, want.Len())
 	}
-}
-
-// TestAsyncFileWritesWholePagesDirect: where the filesystem takes direct
-// I/O, a chunk of whole pages at a page boundary of the file goes around the
-// page cache, and one that is not (a header, the flush timer's partial
-// batch) through it; the file holds every byte in order, and nothing is
-// reserved past its end.
-func TestAsyncFileWritesWholePagesDirect(t *testing.T) {
-	dir := t.TempDir()
-	f, err := os.Create(filepath.Join(dir, "direct"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	page := os.Getpagesize()
-	head := bytes.Repeat([]byte{'h'}, 100) // the header, written before
-	if _, err := f.Write(head); err != nil {
-		t.Fatal(err)
-	}
-	a := newAsyncFile(f, 0)
-	if a.dio == nil {
-		t.Skipf("the filesystem of %s takes no direct I/O", dir)
-	}
-	// A chunk to the page boundary (buffered), two of whole pages in
-	// page-aligned memory (direct), then a partial one (buffered).
-	var want bytes.Buffer
-	want.Write(head)
-	pieces := []struct {
-		n      int
-		fill   byte
-		direct bool
-	}{{page - len(head), 'a', false}, {4 * page, 'b', true}, {16 * page, 'c', true}, {300, 'd', false}}
-	for _, p := range pieces {
-		buf := alignedBuffer(t, p.n, page)
-		for i := range buf {
-			buf[i] = p.fill
-		}
-		want.Write(buf)
-		if _, err := a.handOff(buf); err != nil {
-			t.Fatal(err)
-		}
-		waitSize(t, f, int64(want.Len()))
-	}
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// Which pages the page cache holds, read before anything reads the
-	// file: the directly written ones are not there.
-	cached := residentPages(t, f.Name(), want.Len())
-	at := 0
-	for _, p := range pieces {
-		from, to := (len(head)+at)/page, (len(head)+at+p.n-1)/page
-		at += p.n
-		for pg := from; pg <= to; pg++ {
-			if p.direct && cached[pg] {
-				t.Errorf("page %d of the %q chunk is in the page cache: not written directly", pg, p.fill)
-			}
-		}
-		if !p.direct && !cached[to] {
-			t.Errorf("page %d of the %q chunk is not in the page cache: a partial page written directly?", to, p.fill)
-		}
-	}
-	got, err := os.ReadFile(f.Name())
-	if err != nil || !bytes.Equal(got, want.Bytes()) {
-		t.Fatalf("file holds %d bytes (%v), want the %d written in order", len(got), err, want.Len())
-	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(f.Name(), &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Blocks*512 > st.Size+int64(page) {
-		t.Errorf("%d bytes allocated for %d: reserved past the end", st.Blocks*512, st.Size)
-	}
-}
-
-// alignedBuffer is n bytes of memory that start on an align boundary, as
-// blockOut's batch buffers do.
-func alignedBuffer(t *testing.T, n, align int) []byte {
-	t.Helper()
-	b := make([]byte, n+align)
-	off := 0
-	if r := int(uintptr(unsafe.Pointer(&b[0])) % uintptr(align)); r != 0 {
-		off = align - r
-	}
-	return b[off : off+n : off+n]
-}
-
-// waitSize waits until the file is size bytes long: the asyncFile's
-// goroutine wrote what it was given.
-func waitSize(t *testing.T, f *os.File, size int64) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		st, err := f.Stat()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Size() == size {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("file of %d bytes, want %d", st.Size(), size)
-		}
-	}
-}
-
-// residentPages tells for each page of the first n bytes of the file at
-// path whether the page cache holds it (mincore(2) on a mapping of it,
-// which reads nothing in).
-func residentPages(t *testing.T, path string, n int) []bool {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	m, err := unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(m)
-	page := os.Getpagesize()
-	vec := make([]byte, (n+page-1)/page)
-	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(n), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
-		t.Fatalf("mincore: %v", errno)
-	}
-	out := make([]bool, len(vec))
-	for i, v := range vec {
-		out[i] = v&1 != 0
-	}
-	return out
 }
