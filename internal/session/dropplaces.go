@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
@@ -21,14 +22,20 @@ type dropPlaces struct {
 const maxNetnsLookups = 16
 
 // nameDrops sets Where of the kernel drops of fs, and the function of
-// those whose events came before the probe had named it.
+// those whose events came before the probe had named it; the flow's reason,
+// which the engine wrote with the drops unnamed, then names them as the
+// table under it does.
 func (tr *tracer) nameDrops(fs []flow.Flow) {
 	for i := range fs {
 		for j := range fs[i].KernelDrops {
 			d := &fs[i].KernelDrops[j]
+			unnamed := d.String()
 			d.Where = tr.dropPlace(d.NetNS, d.Ifindex)
 			if d.Function == "" && d.Location != 0 && tr.pr != nil {
 				d.Function = tr.pr.DropFunc(d.Location)
+			}
+			if named := d.String(); named != unnamed {
+				fs[i].Reason = strings.ReplaceAll(fs[i].Reason, ": "+unnamed, ": "+named)
 			}
 		}
 	}

@@ -23,7 +23,7 @@ func TestDropPlacesNamed(t *testing.T) {
 		// A netns looked up once already: not a netns of this machine.
 		drops: dropPlaces{netns: map[uint64]string{99: ""}},
 	}
-	fs := []flow.Flow{{KernelDrops: []flow.KernelDrop{
+	fs := []flow.Flow{{Reason: "no reply; the kernel dropped 1 request packet: NETFILTER_DROP (netns 1, ifindex 7); 2 request packets: NETFILTER_DROP (netns 1, ifindex 3)", KernelDrops: []flow.KernelDrop{
 		{Reason: "NETFILTER_DROP", NetNS: 1, Ifindex: 7},
 		{Reason: "NETFILTER_DROP", NetNS: 1, Ifindex: 3},
 		{Reason: "NO_SOCKET", NetNS: 11, Ifindex: 2},
@@ -42,5 +42,10 @@ func TestDropPlacesNamed(t *testing.T) {
 		if got := d.String(); got != want[i] {
 			t.Errorf("drop %d: %q, want %q", i, got, want[i])
 		}
+	}
+	// The reason names the places as the drops do.
+	wantReason := "no reply; the kernel dropped 1 request packet: NETFILTER_DROP (at uplink:bond0); 2 request packets: NETFILTER_DROP (at the node's netns, ifindex 3)"
+	if fs[0].Reason != wantReason {
+		t.Errorf("reason %q, want %q", fs[0].Reason, wantReason)
 	}
 }
