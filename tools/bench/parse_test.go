@@ -212,3 +212,13 @@ func TestFdinfoProgID(t *testing.T) {
 		t.Error("a map's fdinfo read as a program's")
 	}
 }
+
+func TestNonZero(t *testing.T) {
+	got := nonZero(map[string]uint64{"uplink:bond0": 5, "pod:eth0": 0, "host:veth-a": 3})
+	if want := "host:veth-a 3, uplink:bond0 5"; got != want {
+		t.Errorf("nonZero = %q, want %q", got, want)
+	}
+	if got := nonZero(nil); got != "" {
+		t.Errorf("nonZero(nil) = %q, want empty", got)
+	}
+}

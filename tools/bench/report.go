@@ -67,6 +67,17 @@ func (b *bench) markdown(res *results, started time.Time) string {
 
 type printer func(format string, a ...any)
 
+// nonZero lists the counters of m that are not 0, by name: "a 3, b 5".
+func nonZero(m map[string]uint64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if n := m[k]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, n))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 func (b *bench) captureSection(p printer, res *results) {
 	p("## 1. Capture of matching traffic\n\n")
 	p("pathtrace captures at three points (`pod:eth0`, `host:%s`, `uplink:%s`), tcpdump at one (`%s`).", lab.HostVeth, lab.Uplink, lab.Uplink)
@@ -99,18 +110,22 @@ func (b *bench) captureSection(p printer, res *results) {
 		}
 		p("%s\n", row)
 	}
-	var losses []string
+	// Which rings overflowed tells a stall of the whole process (every
+	// point at once) from one point's reader falling behind.
+	var drops, losses []string
 	for _, r := range res.Capture {
-		if r.Cap == nil || r.Cap.OtherLosses == 0 {
+		if r.Cap == nil {
 			continue
 		}
-		var parts []string
-		for _, k := range slices.Sorted(maps.Keys(r.Cap.LossCounters)) {
-			if n := r.Cap.LossCounters[k]; n > 0 {
-				parts = append(parts, fmt.Sprintf("%s %d", k, n))
-			}
+		if r.Cap.totalDrops() > 0 {
+			drops = append(drops, fmt.Sprintf("%s at %s: %s", r.Tool, b.runName(r.Rate, r.Round), nonZero(r.Cap.KernelDrops)))
 		}
-		losses = append(losses, fmt.Sprintf("%s at %s: %s", r.Tool, b.runName(r.Rate, r.Round), strings.Join(parts, ", ")))
+		if r.Cap.OtherLosses > 0 {
+			losses = append(losses, fmt.Sprintf("%s at %s: %s", r.Tool, b.runName(r.Rate, r.Round), nonZero(r.Cap.LossCounters)))
+		}
+	}
+	if len(drops) > 0 {
+		p("\nKernel drops by capture point: %s.\n", strings.Join(drops, "; "))
 	}
 	if len(losses) > 0 {
 		p("\nOther losses by counter: %s.\n", strings.Join(losses, "; "))
