@@ -653,11 +653,17 @@ func (e *Engine) afterIPVS(f *flowState, cp checkpoint, o obs.Observation) bool 
 
 // packetMoment is momentOf for a packet of f, with what tells a client's
 // refusal of an untranslated reply from a reset that ends its connection
-// (tcpLife.rstAside).
+// (tcpLife.rstAside), and a server's reset that reached the client
+// untranslated from one that did (tcpLife.rstUntranslated).
 func (e *Engine) packetMoment(f *flowState, o *obs.Observation, reply bool) moment {
 	m := momentOf(o, reply)
 	switch {
-	case reply, o.Dst == f.service:
+	case reply:
+		// Past every place on the node that translates replies back: the
+		// client's Pod's eth0, its host veth towards it.
+		towardsClient := (o.Point == obs.PointPod && o.Dir == obs.DirIn) || (o.Point == obs.PointHost && o.Dir == obs.DirOut)
+		m.untranslated = towardsClient && o.Src != f.service
+	case o.Dst == f.service:
 	case o.TCPFlags&(tcpRST|tcpACK|tcpSYN) == tcpRST:
 		m.aside = true
 	default:

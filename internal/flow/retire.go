@@ -190,7 +190,10 @@ func (e *Engine) forget(f *flowState) {
 	// A closed TCP connection continues in no later flow: only the others
 	// are remembered.
 	if f.client.Port() != 0 && (f.proto != obs.TCP || f.tcp.closed() == 0) {
-		opening := f.proto == obs.TCP && f.tcp.syn != 0 && f.tcp.synAck == 0 && f.tcp.ack == 0 && f.tcp.rstReply == 0
+		// A reset that went to the client untranslated refused nothing it
+		// heard of: it goes on retransmitting its SYN.
+		opening := f.proto == obs.TCP && f.tcp.syn != 0 && f.tcp.synAck == 0 && f.tcp.ack == 0 &&
+			(f.tcp.rstReply == 0 || f.tcp.rstUntranslated && !f.tcp.direct)
 		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), opening: opening, sock: retiredSocketOf(f)})
 		// Its backends too: behind a socket LB no packet of its
 		// endpoint names the VIP, only the backend (resumed).

@@ -2,6 +2,7 @@ package flow_test
 
 import (
 	"net/netip"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -659,5 +660,41 @@ func TestSummaryReportedBefore(t *testing.T) {
 	following.Retire(at.Add(20 * time.Second))
 	if s := following.Summary(); s.ReportedBefore == nil || *s.ReportedBefore != 1 || s.Flows != 1 {
 		t.Errorf("summary after one flow retired: flows %d, reported before %v", s.Flows, s.ReportedBefore)
+	}
+}
+
+// TestRetireUntranslatedResetStillOpening: a connection whose server's
+// reset reached the client untranslated (testdata's
+// netfilter-bridge-untranslated-reset) was refused in nothing the client
+// heard of: retired between two SYN retransmissions, its next SYN
+// continues it, as an unanswered connection's does.
+func TestRetireUntranslatedResetStillOpening(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "netfilter-bridge-untranslated-reset.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.Config
+	cfg.FlowTimeout = 10 * time.Second
+	e := flow.NewEngine(cfg)
+	start := s.Observations[0].Time
+	var retry []obs.Observation // the SYN retransmitted a second later
+	for _, o := range s.Observations {
+		if o.Time.Sub(start) < time.Second {
+			e.Add(o)
+		} else {
+			retry = append(retry, o)
+		}
+	}
+	first := e.Retire(start.Add(15 * time.Second))
+	if len(first) != 1 {
+		t.Fatalf("retired %d flows, want the first attempt's", len(first))
+	}
+	for _, o := range retry { // the client retransmits 16 s later (after 1, 3, 7 s)
+		o.Time = o.Time.Add(15 * time.Second)
+		e.Add(o)
+	}
+	fs := e.Flows()
+	if len(fs) != 1 || fs[0].Continues != first[0].ID {
+		t.Errorf("after the retransmitted SYN: %+v, want one flow continuing %d", fs, first[0].ID)
 	}
 }

@@ -61,6 +61,10 @@ type moment struct {
 	// destination where nothing on the node rewrote it yet (a socket LB's
 	// client talks to the backend itself).
 	aside, direct bool
+	// untranslated: a reply that entered the client's Pod from another
+	// address than the Service's: nothing translated it back, and no
+	// socket of the client connected to the VIP takes it.
+	untranslated bool
 }
 
 func momentOf(o *obs.Observation, reply bool) moment {
@@ -107,6 +111,12 @@ type tcpLife struct {
 	// talks to the backend itself (direct: a socket LB's).
 	rstAside int64
 	direct   bool
+	// rstUntranslated: a RST from the server came towards the client
+	// untranslated (moment.untranslated): the client's socket, connected
+	// to the VIP, never got it, so no reset ends the connection (the
+	// client retransmits its SYN; a client that never got a SYN-ACK sends
+	// no RST of its own) unless it talks to the backend itself (direct).
+	rstUntranslated bool
 }
 
 func earliest(t *int64, at int64) bool {
@@ -148,6 +158,7 @@ func (l *tcpLife) note(m moment) bool {
 		earliest(&l.rst, m.at)
 		if m.reply {
 			earliest(&l.rstReply, m.at)
+			l.rstUntranslated = l.rstUntranslated || m.untranslated
 		}
 	}
 	if m.reply && m.flags&(tcpSYN|tcpACK|tcpRST) == tcpSYN|tcpACK {
@@ -184,16 +195,22 @@ func (l *tcpLife) merge(o tcpLife) {
 		}
 	}
 	l.direct = l.direct || o.direct
+	l.rstUntranslated = l.rstUntranslated || o.rstUntranslated
 }
 
 // reset is the connection's first RST (0: none); a client's bare RST to a
 // backend's address only when it cannot be the refusal of an untranslated
-// reply (rstAside).
+// reply (rstAside); the server's only when they reached the client
+// translated (rstUntranslated).
 func (l *tcpLife) reset() int64 {
-	if l.rstAside != 0 && (l.ack != 0 || l.direct) && (l.rst == 0 || l.rstAside < l.rst) {
+	rst := l.rst
+	if l.rstUntranslated && !l.direct {
+		rst = 0
+	}
+	if l.rstAside != 0 && (l.ack != 0 || l.direct) && (rst == 0 || l.rstAside < rst) {
 		return l.rstAside
 	}
-	return l.rst
+	return rst
 }
 
 // closed is when the connection ended (0: not seen to): its first RST, or

@@ -51,6 +51,11 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		out.UntranslatedReplies = u
 		refuses := "a UDP client that asked the VIP takes no answer from another address"
 		switch {
+		case f.proto == obs.TCP && f.tcp.rstUntranslated && f.tcp.synAck == 0:
+			// The server's resets: nothing answers a reset.
+			refuses = "the client's kernel drops them: its socket never learns of the refusal and retransmits its SYN"
+		case f.proto == obs.TCP && f.tcp.rstUntranslated:
+			refuses = "the client's kernel resets them (and drops the resets among them)"
 		case f.proto == obs.TCP:
 			refuses = "the client's kernel resets them"
 		case f.replyICMP != nil:
