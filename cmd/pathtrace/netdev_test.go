@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -99,5 +100,57 @@ func TestNetdevIngressRewrite(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNetdevChainMadeDuringRun: a netdev chain made at the Pod's host veth
+// while pathtrace runs, which sets the VIP's destination to a backend port
+// no NAT rule names (nothing listens there: the backend resets), is read
+// when the flows reach that backend, and names them: netfilter, by the
+// chain's rule, not unknown.
+func TestNetdevChainMadeDuringRun(t *testing.T) {
+	needRoot(t)
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		t.Skip("needs nft (apt-get install nftables) to make the netdev chain")
+	}
+	l := testLab(t, "ptlab-ndevlate")
+	if err := l.Up(t.Context(), lab.ModeNetfilter); err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	vip := lab.TCPVIP
+	closed := netip.AddrPortFrom(lab.TCPBackend.Addr(), lab.TCPBackend.Port()+1) // no listener
+	ruleset := fmt.Sprintf(`table netdev ptlate {
+  chain vip-in {
+    type filter hook ingress device %[1]s priority -500; policy accept;
+    ip daddr %[2]s tcp dport %[3]d ip daddr set %[4]s tcp dport set %[5]d
+  }
+}
+`, lab.HostVeth, vip.Addr(), vip.Port(), closed.Addr(), closed.Port())
+	t.Cleanup(func() {
+		nsutil.Do(l.NodeNetNS(), func() error { return exec.Command(nft, "delete", "table", "netdev", "ptlate").Run() })
+	})
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", vip.String()+"/tcp", "--duration", "4s")
+	r.waitNode(t)
+	if err := nsutil.Do(l.NodeNetNS(), func() error {
+		cmd := exec.Command(nft, "-f", "-")
+		cmd.Stdin = strings.NewReader(ruleset)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("nft -f: %v", err)
+	}
+	// The backend resets: the GET fails, the flow is made all the same.
+	nsutil.Do(l.PodNetNS(), func() error { return httpGet(vip.String()) })
+	flows, _ := r.rest(t)
+	if len(flows) != 1 {
+		t.Fatalf("%d flows, want 1: %v", len(flows), flows)
+	}
+	f := flows[0]
+	want := "nftables netdev ptlate/vip-in ingress on " + lab.HostVeth + " -> daddr set " + closed.String()
+	if f["rewritten_at"] != "netfilter" || f["backend"] != closed.String() || f["by"] != want {
+		t.Errorf("flow at %v to %v by %q (reason %q); want netfilter to %s by %q", f["rewritten_at"], f["backend"], f["by"], f["reason"], closed, want)
 	}
 }

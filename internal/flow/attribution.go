@@ -108,7 +108,7 @@ func (e *Engine) deviceCands(f *flowState, uplink bool, hook string) []string {
 	}
 	var all, setting []string
 	for _, r := range e.cfg.Attribution.DeviceRules {
-		if r.Uplink != uplink || r.Hook != hook || !vipMatches(r.VIP, r.Proto, f) ||
+		if r.Uplink != uplink || r.Hook != hook || !vipMatches(r.VIP, r.Proto, f) || !within(r.Since, r.Until, f.first) ||
 			(!uplink && r.Ifindex != 0 && f.hostIfindex != 0 && r.Ifindex != f.hostIfindex) {
 			continue
 		}
@@ -502,11 +502,21 @@ func (e *Engine) SetNATAttribution(rules []NATRule, ipvs []IPVSService) {
 	clear(e.pairs)
 }
 
+// SetDeviceRules replaces the rules of the nftables chains on device hooks,
+// each with when it was there (Since, Until): the session reads the chains
+// again with the NAT rules, and gives a Pod that starts during the run the
+// rules of its host veth's chains.
+func (e *Engine) SetDeviceRules(rules []DeviceRule) {
+	e.cfg.Attribution.DeviceRules = rules
+	e.gen++
+	clear(e.pairs)
+}
+
 // UnlistedBackends counts the Service and backend pairs the flows reached
-// that no NAT rule or IPVS service in force (not gone) when the pair was
-// checked names, nor a device chain's rewrite (read once, at discovery): a
-// Service created, or endpoints changed, since the rules were read (or a
-// rewrite outside netfilter, which no rule names anyway).
+// that no NAT rule, IPVS service or device chain's rewrite in force (not
+// gone) when the pair was checked names: a Service created, or endpoints
+// changed, since the rules were read (or a rewrite outside netfilter, which
+// no rule names anyway).
 func (e *Engine) UnlistedBackends() uint64 { return e.unlisted }
 
 // maxPairs bounds the Service and backend pairs remembered as checked;
@@ -537,7 +547,7 @@ func (e *Engine) checkListed(f *flowState, b netip.AddrPort) {
 		}
 	}
 	for _, r := range e.cfg.Attribution.DeviceRules {
-		if vipMatches(r.VIP, r.Proto, f) && listed(r.Backends, b) {
+		if r.Until.IsZero() && vipMatches(r.VIP, r.Proto, f) && listed(r.Backends, b) {
 			return
 		}
 	}

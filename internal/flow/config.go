@@ -196,6 +196,10 @@ type DeviceRule struct {
 	// a constant (a map's value), then Rule says so.
 	Backends []netip.AddrPort
 	Rule     string // e.g. "daddr set 10.244.20.31:3000"
+	// Since, Until: when the rule was there, as NATRule's (zero: from the
+	// start, still there): the session reads the chains again while it
+	// runs (Engine.SetDeviceRules).
+	Since, Until time.Time
 }
 
 // NATRule is a DNAT rule for a VIP.

@@ -303,3 +303,62 @@ func replayWithoutNATRules(t *testing.T, scenario string, change func(*flow.Conf
 	}
 	return e
 }
+
+// TestDeviceRulesOfTheirTime: a device chain's rule names the flows of its
+// time only (Since, Until, as the session reads the chains again while it
+// runs), and a rule gone no longer lists the backend it set.
+func TestDeviceRulesOfTheirTime(t *testing.T) {
+	const scenario = "netdev-ingress-host-veth.json"
+	s, err := flowtest.Load(filepath.Join(scenarioDir, scenario))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := s.Observations[0].Time // the first flow's first packet; the second's is 10 ms later
+	byChain := func(e *flow.Engine) bool {
+		for _, f := range e.Flows() {
+			if f.Client.Port() == 41000 {
+				return strings.Contains(f.By, "netdev pt/rw ingress")
+			}
+		}
+		t.Fatal("no flow of client port 41000")
+		return false
+	}
+	timed := func(since, until time.Time) func(*flow.Config) {
+		return func(cfg *flow.Config) {
+			rules := slices.Clone(cfg.Attribution.DeviceRules)
+			for i := range rules {
+				rules[i].Since, rules[i].Until = since, until
+			}
+			cfg.Attribution.DeviceRules = rules
+		}
+	}
+	for _, c := range []struct {
+		name         string
+		since, until time.Time
+		named        bool
+		unlisted     uint64
+	}{
+		{"there from the start", time.Time{}, time.Time{}, true, 0},
+		{"made after the flow began", start.Add(5 * time.Millisecond), time.Time{}, false, 0},
+		{"gone after the flow began", time.Time{}, start.Add(5 * time.Millisecond), true, 1},
+		{"gone before the flow began", time.Time{}, start.Add(-time.Millisecond), false, 1},
+	} {
+		e := replayWithoutNATRules(t, scenario, timed(c.since, c.until))
+		if got := byChain(e); got != c.named {
+			t.Errorf("%s: flow named by the chain's rule: %v, want %v", c.name, got, c.named)
+		}
+		if n := e.UnlistedBackends(); n != c.unlisted {
+			t.Errorf("%s: %d pair(s) counted unlisted, want %d", c.name, n, c.unlisted)
+		}
+	}
+	// Rules given after the flows were seen (a chain read again) count for
+	// them at once: the verdicts are not kept from before.
+	e := replayWithoutNATRules(t, scenario, func(cfg *flow.Config) { cfg.Attribution.DeviceRules = nil })
+	if byChain(e) {
+		t.Fatal("named by the chain's rule without any rule")
+	}
+	e.SetDeviceRules(s.Config.Attribution.DeviceRules)
+	if !byChain(e) {
+		t.Error("after SetDeviceRules, the flow is not named by the chain's rule")
+	}
+}

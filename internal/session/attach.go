@@ -423,7 +423,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.HostRedirects = hostRedirects(node.TCRedirects)
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
 	a.Rejects = natRulesOf(node.Netfilter.Rejects)
-	a.DeviceRules = deviceRulesOf(node)
+	a.DeviceRules = deviceRulesOf(node.Netfilter.DeviceChains, node.CapturePoints)
 	for _, p := range node.Netfilter.BPFPrograms {
 		if p.Elsewhere {
 			continue // in another netns: none of the node's packets meets it
@@ -507,19 +507,19 @@ func natRulesOf(rules []discover.NATRule) []flow.NATRule {
 
 // deviceRulesOf are the rewrites of the VIPs by the node's nftables chains
 // on device hooks, in the engine's terms: one per device of a chain that is
-// a host veth or an uplink of the capture points (a chain on another
+// a host veth or an uplink of the capture points cps (a chain on another
 // device is on no traced Pod's way).
-func deviceRulesOf(node *discover.NodeInfo) []flow.DeviceRule {
+func deviceRulesOf(chains []discover.DeviceChain, cps []discover.CapturePoint) []flow.DeviceRule {
 	var out []flow.DeviceRule
-	for _, c := range node.Netfilter.DeviceChains {
+	for _, c := range chains {
 		for _, dev := range c.Devices {
-			i := slices.IndexFunc(node.CapturePoints, func(cp discover.CapturePoint) bool {
+			i := slices.IndexFunc(cps, func(cp discover.CapturePoint) bool {
 				return cp.Ifname == dev && (cp.Role == discover.RoleHost || cp.Role == discover.RoleUplink)
 			})
 			if i < 0 {
 				continue
 			}
-			cp := node.CapturePoints[i]
+			cp := cps[i]
 			for _, r := range c.Rewrites {
 				rule := flow.DeviceRule{Chain: c.String(), Hook: c.Hook, Device: dev, Ifindex: cp.Ifindex, Uplink: cp.Role == discover.RoleUplink,
 					VIP: netip.AddrPortFrom(r.Service, r.Port), Proto: protoOf(r.Proto), Rule: "daddr set " + r.Note}

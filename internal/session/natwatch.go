@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -10,19 +11,24 @@ import (
 	"github.com/pathtrace/pathtrace/internal/flow"
 )
 
-// natWatch reads the node's NAT rules and IPVS services again when flows
-// reach a Service backend that none of the rules read so far names:
-// kube-proxy rewrites its rules whenever a Service is created or its
-// endpoints change (a rolling restart during an incident), and a flow's "by"
-// must name the rule that chose its backend, not the rules to the backends
-// of the start. Reading only on such news keeps a node with thousands of
-// Services from paying for a listing every few seconds. The engine gets
-// every rule with when it was there (flow.NATRule Since, Until).
+// natWatch reads the node's NAT rules, IPVS services and nftables chains on
+// device hooks again when flows reach a Service backend that none of the
+// rules read so far names: kube-proxy rewrites its rules whenever a Service
+// is created or its endpoints change (a rolling restart during an
+// incident), and a flow's "by" must name the rule that chose its backend,
+// not the rules to the backends of the start. Reading only on such news
+// keeps a node with thousands of Services from paying for a listing every
+// few seconds. The engine gets every rule with when it was there
+// (flow.NATRule, flow.DeviceRule Since, Until).
 type natWatch struct {
 	look  *discover.NATWatch
-	node  *discover.NodeInfo // rules that appear are added to its list
+	node  *discover.NodeInfo // rules and chains that appear are added to its lists
 	rules []flow.NATRule     // what the engine has, the ones gone included
 	ipvs  []flow.IPVSService
+	// chains are the device chains of the last listing (discovery's, at
+	// first); dev the engine's rules of them, the ones gone included.
+	chains []discover.DeviceChain
+	dev    []flow.DeviceRule
 	// last is the time of the previous look (discovery's, at first): a rule
 	// first seen now was not there then.
 	last time.Time
@@ -31,7 +37,7 @@ type natWatch struct {
 
 	looks, appeared, went int
 	firstLook, lastLook   time.Time
-	listed                int // rules added to node's list
+	listed                int // rules and chains added to node's lists
 }
 
 const (
@@ -47,8 +53,10 @@ const (
 )
 
 func newNATWatch(node *discover.NodeInfo, start time.Time) *natWatch {
+	chains := node.Netfilter.DeviceChains
 	return &natWatch{look: node.NATWatch(), node: node, rules: natRulesOf(node.Netfilter.Rules),
-		ipvs: ipvsOf(node.IPVS.Services), last: start, next: start}
+		ipvs: ipvsOf(node.IPVS.Services), chains: chains, dev: deviceRulesOf(chains, node.CapturePoints),
+		last: start, next: start}
 }
 
 // check reads the rules again when flows reached backends no rule named
@@ -69,6 +77,9 @@ func (w *natWatch) check(ctx context.Context, now time.Time, eng *flow.Engine, f
 	}
 	if w.update(nf.Rules, ipvsOf(ipvs.Services), unread, now) {
 		eng.SetNATAttribution(slices.Clone(w.rules), slices.Clone(w.ipvs))
+	}
+	if !slices.Contains(unread, discover.SourceNFTables) && w.updateDevices(nf.DeviceChains, now) {
+		eng.SetDeviceRules(slices.Clone(w.dev))
 	}
 	w.last = now
 	w.looks++
@@ -124,6 +135,62 @@ func (w *natWatch) update(found []discover.NATRule, ipvs []flow.IPVSService, unr
 	return changed
 }
 
+// updateDevices ends the device chains' rules no longer there and adds the
+// new ones, since the previous look, from the chains listed now; it reports
+// whether anything changed. A chain made during the run is added to the
+// node's list.
+func (w *natWatch) updateDevices(found []discover.DeviceChain, now time.Time) bool {
+	cur := deviceRulesOf(found, w.node.CapturePoints)
+	changed := false
+	for i := range w.dev {
+		r := &w.dev[i]
+		if r.Until.IsZero() && !slices.ContainsFunc(cur, func(c flow.DeviceRule) bool { return sameDeviceRule(c, *r) }) {
+			r.Until, changed = now, true
+			w.went++
+		}
+	}
+	if w.addDeviceRules(cur, w.last) {
+		changed = true
+	}
+	w.dev = forgetGone(w.dev, func(r flow.DeviceRule) bool { return !r.Until.IsZero() })
+	for _, c := range found {
+		if !slices.ContainsFunc(w.chains, func(o discover.DeviceChain) bool { return reflect.DeepEqual(c, o) }) &&
+			w.listed < maxGoneNAT {
+			w.node.Netfilter.DeviceChains = append(w.node.Netfilter.DeviceChains, c)
+			w.listed++
+		}
+	}
+	w.chains = found
+	return changed
+}
+
+// addDeviceRules adds the rules of cur not in force yet, there since since.
+func (w *natWatch) addDeviceRules(cur []flow.DeviceRule, since time.Time) bool {
+	changed := false
+	for _, c := range cur {
+		if slices.ContainsFunc(w.dev, func(r flow.DeviceRule) bool { return r.Until.IsZero() && sameDeviceRule(c, r) }) {
+			continue
+		}
+		c.Since = since
+		w.dev, changed = append(w.dev, c), true
+		w.appeared++
+	}
+	return changed
+}
+
+// podsAdded gives the engine the rules of the chains listed last on the
+// host veths of Pods that started during the run (the node's capture
+// points hold theirs now). The chains were there before the veths: their
+// rules hold for every flow of those veths.
+func (w *natWatch) podsAdded(eng *flow.Engine) {
+	if w == nil {
+		return
+	}
+	if w.addDeviceRules(deviceRulesOf(w.chains, w.node.CapturePoints), time.Time{}) {
+		eng.SetDeviceRules(slices.Clone(w.dev))
+	}
+}
+
 // forgetGone drops the oldest gone entries beyond maxGoneNAT.
 func forgetGone[T any](list []T, gone func(T) bool) []T {
 	n := 0
@@ -143,6 +210,11 @@ func sameNATRule(a, b flow.NATRule) bool {
 	return a.Source == b.Source && a.Table == b.Table && a.Chain == b.Chain && a.Hook == b.Hook &&
 		a.VIP == b.VIP && a.Proto == b.Proto && a.Rule == b.Rule && slices.Equal(a.Backends, b.Backends) &&
 		slices.EqualFunc(a.Sources, b.Sources, flow.SourceMatch.Equal)
+}
+
+func sameDeviceRule(a, b flow.DeviceRule) bool {
+	return a.Chain == b.Chain && a.Hook == b.Hook && a.Device == b.Device && a.Ifindex == b.Ifindex && a.Uplink == b.Uplink &&
+		a.VIP == b.VIP && a.Proto == b.Proto && a.Rule == b.Rule && slices.Equal(a.Backends, b.Backends)
 }
 
 func sameIPVS(a, b flow.IPVSService) bool {

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -117,4 +118,61 @@ func TestNATWatchInterrupted(t *testing.T) {
 	if w.looks != 2 || w.seen != eng.UnlistedBackends() {
 		t.Errorf("the run's last look: %d looks, seen %d; want a second look that takes them", w.looks, w.seen)
 	}
+}
+
+// TestNATWatchDeviceChains: a chain on a device hook that appears while the
+// run reads the rules again gives the engine its rule from the look before
+// on, and joins the node's list; one gone ends its rule at that look. A
+// chain listed at the start on the host veth of a Pod that starts later
+// gives its rule once that Pod's capture points are the node's, as if there
+// from the start.
+func TestNATWatchDeviceChains(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	vip := netip.MustParseAddr("10.120.0.80")
+	chainOn := func(name, dev string) discover.DeviceChain {
+		return discover.DeviceChain{Family: "netdev", Table: "t", Chain: name, Hook: "ingress", Devices: []string{dev},
+			Rewrites: []discover.NATRule{{Service: vip, Port: 80, Proto: "tcp", Chains: []string{name}, Backend: netip.MustParseAddrPort("10.244.20.31:3000")}}}
+	}
+	cps := []discover.CapturePoint{{Role: discover.RoleHost, Ifname: "veth-a", Ifindex: 7}, {Role: discover.RoleUplink, Ifname: "bond0", Ifindex: 3}}
+	node := &discover.NodeInfo{CapturePoints: cps}
+	w := newNATWatch(node, t0)
+	if len(w.dev) != 0 {
+		t.Fatalf("device rules %+v before any chain", w.dev)
+	}
+	w.last = t0.Add(time.Second)
+	rw := chainOn("rw", "veth-a")
+	if !w.updateDevices([]discover.DeviceChain{rw}, t0.Add(6*time.Second)) {
+		t.Fatal("a new chain not counted as a change")
+	}
+	if len(w.dev) != 1 || !w.dev[0].Since.Equal(t0.Add(time.Second)) || !w.dev[0].Until.IsZero() || w.dev[0].Ifindex != 7 {
+		t.Fatalf("device rules %+v: want the chain's rule on veth-a since the look before", w.dev)
+	}
+	if len(node.Netfilter.DeviceChains) != 1 || node.Netfilter.DeviceChains[0].Chain != "rw" {
+		t.Errorf("node lists chains %+v, want the new one", node.Netfilter.DeviceChains)
+	}
+	w.last = t0.Add(6 * time.Second)
+	if w.updateDevices([]discover.DeviceChain{rw}, t0.Add(8*time.Second)) || len(node.Netfilter.DeviceChains) != 1 {
+		t.Errorf("the same chain again: counted as a change, or listed twice (%d)", len(node.Netfilter.DeviceChains))
+	}
+	w.last = t0.Add(8 * time.Second)
+	if !w.updateDevices(nil, t0.Add(10*time.Second)) || !w.dev[0].Until.Equal(t0.Add(10*time.Second)) {
+		t.Errorf("device rules %+v: want the rule ended when its chain went", w.dev)
+	}
+
+	// A chain on veth-b, whose Pod starts during the run.
+	rwB := chainOn("rw-b", "veth-b")
+	node = &discover.NodeInfo{CapturePoints: slices.Clone(cps), Netfilter: discover.Netfilter{DeviceChains: []discover.DeviceChain{rwB}}}
+	w = newNATWatch(node, t0)
+	if len(w.dev) != 0 {
+		t.Fatalf("device rules %+v: veth-b is no capture point yet", w.dev)
+	}
+	eng := flow.NewEngine(flow.Config{})
+	node.CapturePoints = append(node.CapturePoints, discover.CapturePoint{Role: discover.RoleHost, Ifname: "veth-b", Ifindex: 9})
+	w.podsAdded(eng)
+	w.podsAdded(eng)
+	if len(w.dev) != 1 || !w.dev[0].Since.IsZero() || w.dev[0].Ifindex != 9 {
+		t.Errorf("device rules %+v: want veth-b's rule once, from the start", w.dev)
+	}
+	var none *natWatch
+	none.podsAdded(eng) // a run without the watch
 }

@@ -116,6 +116,8 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	// The new veths' tc redirects, read with their programs: a nowhere
 	// flow of the Pod names the one that takes its packets past netfilter.
 	tr.eng.AddHostRedirects(now, hostRedirects(found.TCRedirects))
+	// The nftables chains on the new veths, listed with the node's.
+	tr.nat.podsAdded(tr.eng)
 	// The Pods' points share a bounded budget of rings, as at the start:
 	// each new one gets the share of a node with that many points (the
 	// rings open cannot shrink, so the total grows slowly with every Pod).
