@@ -61,9 +61,10 @@ type moment struct {
 	// destination where nothing on the node rewrote it yet (a socket LB's
 	// client talks to the backend itself).
 	aside, direct bool
-	// untranslated: a reply that entered the client's Pod from another
-	// address than the Service's: nothing translated it back, and no
-	// socket of the client connected to the VIP takes it.
+	// untranslated: a reply on its way into the client's Pod (its host
+	// veth's TX, its eth0) from another address than the Service's:
+	// nothing translated it back, and no socket of the client connected
+	// to the VIP takes it.
 	untranslated bool
 }
 
