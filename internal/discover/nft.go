@@ -629,15 +629,11 @@ func (ev *nftRuleEval) decodeKey(start int, key []byte) setKey {
 	return k
 }
 
-// nat decodes `dnat to ADDR[:PORT]` from the immediate values in its registers.
+// nat decodes `dnat to ADDR[:PORT]` from the immediate values in its
+// registers, and `dnat to numgen random mod 2 map { 0 : B1, 1 : B2 }[:PORT]`
+// (or `ip daddr map { VIP : B }`) as one DNAT per element of the map.
 func (ev *nftRuleEval) nat(e *expr.NAT) {
 	ev.rule.dnat = true
-	addr := ev.get(e.RegAddrMin)
-	ip, ok := netip.AddrFromSlice(addr.value)
-	if addr.kind != fieldImm || !ok {
-		ev.rule.note = "dnat target from a map or expression: not decoded"
-		return
-	}
 	var port uint16
 	if e.RegProtoMin != 0 {
 		if p := ev.get(e.RegProtoMin); p.kind == fieldImm && len(p.value) >= 2 {
@@ -649,7 +645,48 @@ func (ev *nftRuleEval) nat(e *expr.NAT) {
 			ev.rule.portRange = true
 		}
 	}
+	addr := ev.get(e.RegAddrMin)
+	if addr.kind == fieldMapped && ev.mappedDNATs(addr, port) {
+		return
+	}
+	ip, ok := netip.AddrFromSlice(addr.value)
+	if addr.kind != fieldImm || !ok {
+		ev.rule.note = "dnat target from a map or expression: not decoded"
+		return
+	}
 	ev.rule.backend = netip.AddrPortFrom(ip, port)
+}
+
+// mappedDNATs makes a DNAT to a map's value one rule per element of the
+// map, each to the element's address and port (as mappedRewrites does for
+// a stateless rewrite); false, adding none, when an element's value is no
+// IPv4 address (an address and port concatenated, an IPv6 map).
+func (ev *nftRuleEval) mappedDNATs(m nftField, port uint16) bool {
+	var out []natRule
+	for _, el := range m.mapped {
+		to, ok := netip.AddrFromSlice(el.Val)
+		if !ok || !to.Is4() {
+			return false
+		}
+		r := ev.rule
+		r.backend = netip.AddrPortFrom(to, port)
+		if m.byDaddr {
+			key, ok := netip.AddrFromSlice(el.Key)
+			if !ok || !key.Is4() {
+				return false
+			}
+			if len(r.dst) > 0 && !r.dstNeg && !slices.ContainsFunc(r.dst, func(p netip.Prefix) bool { return p.Contains(key) }) {
+				continue // a key the rule's own condition on the destination never lets through
+			}
+			r.dst, r.dstNeg = []netip.Prefix{netip.PrefixFrom(key, key.BitLen())}, false
+		}
+		out = append(out, r)
+	}
+	if len(out) == 0 {
+		return false // an empty map, or none of its keys the rule lets through
+	}
+	ev.out = append(ev.out, out...)
+	return true
 }
 
 // xtMatch reads the destination port of an iptables-nft `-m tcp/udp --dport`.

@@ -353,3 +353,46 @@ func TestNFTPortmapHostPorts(t *testing.T) {
 		t.Errorf("a ClusterIP took hostPorts: %q", keys(got))
 	}
 }
+
+// TestNFTDNATFromMap: `dnat to numgen inc mod 2 map { 0 : B1, 1 : B2 }:3000`
+// is one DNAT per element, each to its address and the port; keyed by the
+// destination (`dnat to ip daddr map { VIP : B }`), each for its key only. A
+// map whose values are no addresses, or one not read, stays undecoded.
+func TestNFTDNATFromMap(t *testing.T) {
+	natFromReg1 := func(withPort bool) []expr.Any {
+		if !withPort {
+			return []expr.Any{&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, Specified: true}}
+		}
+		return []expr.Any{&expr.Immediate{Register: 2, Data: port(3000)},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true}}
+	}
+	byNumgen := []expr.Any{loadDaddr(1), cmpEq(1, ip4("10.120.0.98")...),
+		&expr.Numgen{Register: 1, Modulus: 2}, &expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: "__map%d"}}
+	maps := func(string) (nftSet, bool) {
+		return nftSet{elems: []nftables.SetElement{{Key: []byte{0, 0, 0, 0}, Val: ip4("10.244.20.31")}, {Key: []byte{0, 0, 0, 1}, Val: ip4("10.244.20.1")}}}, true
+	}
+	rs := nftNATRules(append(slices.Clone(byNumgen), natFromReg1(true)...), maps)
+	if len(rs) != 2 || rs[0].backend != netip.MustParseAddrPort("10.244.20.31:3000") || rs[1].backend != netip.MustParseAddrPort("10.244.20.1:3000") ||
+		!rs[1].dnat || rs[1].note != "" || !slices.Equal(rs[1].dst, []netip.Prefix{netip.MustParsePrefix("10.120.0.98/32")}) {
+		t.Fatalf("numgen map: %+v, want DNATs of 10.120.0.98 to each value, port 3000", rs)
+	}
+
+	byDaddr := func(string) (nftSet, bool) {
+		return nftSet{elems: []nftables.SetElement{{Key: ip4("10.120.0.98"), Val: ip4("10.244.20.31")}, {Key: ip4("10.120.0.97"), Val: ip4("10.244.20.32")}}}, true
+	}
+	rs = nftNATRules(append([]expr.Any{loadDaddr(1), &expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: "__map%d"}}, natFromReg1(false)...), byDaddr)
+	if len(rs) != 2 || rs[0].backend != netip.MustParseAddrPort("10.244.20.31:0") || !slices.Equal(rs[0].dst, []netip.Prefix{netip.MustParsePrefix("10.120.0.98/32")}) ||
+		rs[1].backend != netip.MustParseAddrPort("10.244.20.32:0") || !slices.Equal(rs[1].dst, []netip.Prefix{netip.MustParsePrefix("10.120.0.97/32")}) {
+		t.Fatalf("map by destination: %+v, want each VIP DNATed to its value, port kept", rs)
+	}
+
+	concat := func(string) (nftSet, bool) {
+		return nftSet{elems: []nftables.SetElement{{Key: []byte{0, 0, 0, 0}, Val: append(ip4("10.244.20.31"), 0x0b, 0xb8, 0, 0)}}}, true
+	}
+	for name, sets := range map[string]setLookup{"address . port values": concat, "map not read": noSets} {
+		rs = nftNATRules(append(slices.Clone(byNumgen), natFromReg1(true)...), sets)
+		if len(rs) != 1 || !rs[0].dnat || rs[0].backend.IsValid() || rs[0].note == "" {
+			t.Errorf("%s: %+v, want one DNAT not decoded", name, rs)
+		}
+	}
+}
