@@ -409,11 +409,41 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		}
 		return unknown("the VIP was last seen at %s, and the Pod's eth0 (captured) never saw the request: it did not leave the Pod's netns that way, so nothing on the node saw it; the Pod kept it (a sidecar proxy's TPROXY capture, which delivers it to the proxy with the VIP unchanged: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)), dropped it, or routed it out another of its interfaces", where)
 	}
+	if why := e.neverSent(f, last); why != "" {
+		return unknown("the VIP was last seen at %s; %s", where, why)
+	}
 	v := unknown("the VIP was last seen at %s; no rewrite observed and the uplink never saw this flow (dropped on the node, or routed out another interface)", where)
 	if note := e.netfilterProgramsNote(f); note != "" {
 		v.reason += "; " + note
 	}
 	return v
+}
+
+// neverSent says why f, seen at its connect() or sendmsg() alone, has no
+// packet anywhere, "" when another point may have missed one: the socket
+// observers report a TCP socket's SYN_SENT and every watched socket's first
+// packet, so with them watching and silent no packet left the socket. A
+// node has no route to a VIP when nothing (kube-proxy's rules, a socket LB)
+// handles it and no default route covers it: connect() and sendmsg() fail
+// at once with "network unreachable", before any packet.
+func (e *Engine) neverSent(f *flowState, last checkpoint) string {
+	if last != cpSockAddr || f.reply || len(f.backends) > 0 || !e.active(obs.PointSockEgress) {
+		return ""
+	}
+	for cp := cpSockAddr + 1; cp < numCheckpoints; cp++ {
+		if f.cps[cp].any() {
+			return ""
+		}
+	}
+	switch {
+	case f.proto == obs.TCP && e.active(obs.PointSockState):
+		return "the socket never entered SYN_SENT nor sent a packet: connect() failed in the kernel before its SYN (no route to the VIP, network unreachable, is the usual cause)"
+	case f.proto == obs.UDP && f.kind == obs.SockSendmsg:
+		return "no packet left the socket: the send failed in the kernel before any packet (no route to the VIP, network unreachable, is the usual cause)"
+	case f.proto == obs.UDP:
+		return "no packet left the socket: its connect() failed in the kernel (no route to the VIP, network unreachable, is the usual cause), or the socket connected to the VIP sent nothing (as one connected only to learn its source address)"
+	}
+	return ""
 }
 
 // keptInPod tells whether a Pod's flow, last seen with the VIP at its
