@@ -20,11 +20,7 @@ import (
 // lab's tc-legacy mode (a cls_bpf DNAT on the same veth's ingress, which
 // rewrites first), no point tells the two apart: unknown, naming both.
 func TestNetdevIngressRewrite(t *testing.T) {
-	needRoot(t)
-	nft, err := exec.LookPath("nft")
-	if err != nil {
-		t.Skip("needs nft (apt-get install nftables) to make the netdev chains")
-	}
+	nft := needNFT(t)
 	l := testLab(t, "ptlab-ndev")
 	vip, backend := lab.TCPVIP, lab.TCPBackend
 	ruleset := fmt.Sprintf(`table netdev ptdev {
@@ -54,15 +50,7 @@ func TestNetdevIngressRewrite(t *testing.T) {
 			t.Cleanup(func() {
 				nsutil.Do(l.NodeNetNS(), func() error { return exec.Command(nft, "delete", "table", "netdev", "ptdev").Run() })
 			})
-			if err := nsutil.Do(l.NodeNetNS(), func() error {
-				cmd := exec.Command(nft, "-f", "-")
-				cmd.Stdin = strings.NewReader(ruleset)
-				out, err := cmd.CombinedOutput()
-				if err != nil {
-					return fmt.Errorf("%v: %s", err, out)
-				}
-				return nil
-			}); err != nil {
+			if err := nftApply(nft, l.NodeNetNS(), ruleset); err != nil {
 				if strings.Contains(err.Error(), "egress") {
 					t.Skipf("this kernel has no netdev egress hook: %v", err)
 				}
@@ -109,11 +97,7 @@ func TestNetdevIngressRewrite(t *testing.T) {
 // when the flows reach that backend, and names them: netfilter, by the
 // chain's rule, not unknown.
 func TestNetdevChainMadeDuringRun(t *testing.T) {
-	needRoot(t)
-	nft, err := exec.LookPath("nft")
-	if err != nil {
-		t.Skip("needs nft (apt-get install nftables) to make the netdev chain")
-	}
+	nft := needNFT(t)
 	l := testLab(t, "ptlab-ndevlate")
 	if err := l.Up(t.Context(), lab.ModeNetfilter); err != nil {
 		t.Fatalf("lab up: %v", err)
@@ -132,14 +116,7 @@ func TestNetdevChainMadeDuringRun(t *testing.T) {
 	})
 	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", vip.String()+"/tcp", "--duration", "4s")
 	r.waitNode(t)
-	if err := nsutil.Do(l.NodeNetNS(), func() error {
-		cmd := exec.Command(nft, "-f", "-")
-		cmd.Stdin = strings.NewReader(ruleset)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		return nil
-	}); err != nil {
+	if err := nftApply(nft, l.NodeNetNS(), ruleset); err != nil {
 		t.Fatalf("nft -f: %v", err)
 	}
 	// The backend resets: the GET fails, the flow is made all the same.
@@ -153,4 +130,28 @@ func TestNetdevChainMadeDuringRun(t *testing.T) {
 	if f["rewritten_at"] != "netfilter" || f["backend"] != closed.String() || f["by"] != want {
 		t.Errorf("flow at %v to %v by %q (reason %q); want netfilter to %s by %q", f["rewritten_at"], f["backend"], f["by"], f["reason"], closed, want)
 	}
+}
+
+// needNFT is the path of nft(8), which makes the tests' chains; it skips
+// the test without root or nft.
+func needNFT(t *testing.T) string {
+	t.Helper()
+	needRoot(t)
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		t.Skip("needs nft (apt-get install nftables) to make the netdev chains")
+	}
+	return nft
+}
+
+// nftApply loads ruleset (nft -f) in the netns at nsPath.
+func nftApply(nft, nsPath, ruleset string) error {
+	return nsutil.Do(nsPath, func() error {
+		cmd := exec.Command(nft, "-f", "-")
+		cmd.Stdin = strings.NewReader(ruleset)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
 }
