@@ -110,6 +110,17 @@ func (f *flowState) kernelDrops() []KernelDrop {
 	return *f.drops
 }
 
+// requestDropped tells whether the kernel dropped requests of f for a
+// reason it named (not a plain kfree_skb(): NOT_SPECIFIED).
+func (f *flowState) requestDropped() bool {
+	for _, d := range f.kernelDrops() {
+		if d.Direction == "request" && d.Reason != reasonNotSpecified {
+			return true
+		}
+	}
+	return false
+}
+
 // replyDrops counts f's reply packets the kernel dropped, other than those
 // of reason NOT_SPECIFIED (reasonNotSpecified).
 func (f *flowState) replyDrops() uint64 {

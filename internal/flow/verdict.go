@@ -957,6 +957,10 @@ func (e *Engine) notLeftNote(f *flowState, g gap) string {
 	if !e.active(obs.PointUplink) {
 		return ""
 	}
+	if f.requestDropped() {
+		// The drop observer saw where: its drops, which follow, say it.
+		return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the kernel dropped it on the node"
+	}
 	return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
 }
 
