@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/lab"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // TestKernelDropsTheReplies: a filter rule on the node drops the backend's
@@ -102,5 +103,48 @@ func TestKernelDropsTheReplies(t *testing.T) {
 	}
 	if answered != 2 || dropped != 4 {
 		t.Errorf("%d flows answered, %d without reply; want 2 and 4: %s", answered, dropped, dump(flows))
+	}
+}
+
+// TestRequestDroppedByBackendRule: a filter rule at forward written on the
+// backend's address (a NetworkPolicy's chain for the Pod) drops the
+// requests kube-proxy rewrote to it. The node lists the rule among its
+// backend drops, and the flow's reason says the kernel dropped the request
+// on the node and names that rule.
+func TestRequestDroppedByBackendRule(t *testing.T) {
+	nft := needNFT(t)
+	l := upLab(t, lab.ModeNetfilter)
+	backend := lab.TCPBackend
+	ruleset := fmt.Sprintf(`table ip pt-netpol {
+	chain forward {
+		type filter hook forward priority 0; policy accept;
+		ip daddr %s jump pod-web
+	}
+	chain pod-web {
+		tcp dport %d drop comment "deny web"
+	}
+}
+`, backend.Addr(), backend.Port())
+	if err := nftApply(nft, l.NodeNetNS(), ruleset); err != nil {
+		t.Fatalf("nft -f: %v", err)
+	}
+	t.Cleanup(func() {
+		nsutil.Do(l.NodeNetNS(), func() error { return exec.Command(nft, "delete", "table", "ip", "pt-netpol").Run() })
+	})
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "4s")
+	node := r.waitNode(t)
+	drops, _ := node["netfilter"].(map[string]any)["backend_drops"].([]any)
+	if !strings.Contains(fmt.Sprint(drops), "pod-web") || !strings.Contains(fmt.Sprint(drops), "deny web") {
+		t.Errorf("node backend_drops %v, want pt-netpol's drop on pod-web", drops)
+	}
+	// The request is dropped: the GET times out, the flow is made all the same.
+	nsutil.Do(l.PodNetNS(), func() error { return httpGet(lab.TCPVIP.String()) })
+	flows, _ := r.rest(t)
+	if len(flows) != 1 {
+		t.Fatalf("%d flows, want 1: %s", len(flows), dump(flows))
+	}
+	want := fmt.Sprintf(`the kernel dropped it on the node; the node's filter drops or rejects packets to backend %s: nftables ip pt-netpol forward -> pod-web -> drop ("deny web")`, backend)
+	if f := flows[0]; f["rewritten_at"] != "netfilter" || f["reply"] != false || !strings.Contains(fmt.Sprint(f["reason"]), want) {
+		t.Errorf("flow %s\nwant netfilter, no reply, a reason containing %q", dump(flows), want)
 	}
 }

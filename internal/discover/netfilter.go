@@ -64,6 +64,7 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 			}
 		}
 	}
+	nf.BackendDrops = backendDrops(graphs, nf.Rules)
 	for _, g := range graphs[nftGraphs:] {
 		if g.err != nil {
 			nf.IPTablesLegacy = "not fully read: " + g.err.Error()
@@ -85,6 +86,33 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 		}
 	}
 	return nf
+}
+
+// backendDrops are the rules of graphs' filter chains after NAT that drop
+// or reject packets to the backends the DNATs of rules name: a path from a
+// base chain that names a backend's address, as a VIP's rejects are read
+// (a NetworkPolicy's chain per Pod, which kube-router jumps to on the Pod's
+// address), Service holding the backend.
+func backendDrops(graphs []*natGraph, rules []NATRule) []NATRule {
+	var ports []ServicePort
+	for _, r := range rules {
+		if r.Backend.IsValid() {
+			ports = append(ports, ServicePort{Addr: r.Backend.Addr(), Port: r.Backend.Port(), Proto: r.Proto})
+		}
+	}
+	if len(ports) == 0 {
+		return nil
+	}
+	backends := newServiceSet(nil, ports)
+	var out []NATRule
+	for _, g := range graphs {
+		for _, r := range g.matchServices(backends) {
+			if r.Verdict != "" && r.AfterNAT {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
 }
 
 // The sources of NAT rules (NATRule.Source).

@@ -325,3 +325,43 @@ COMMIT
 		t.Errorf("iptables-legacy rejects: got %q, want %q", got, want)
 	}
 }
+
+// TestBackendDrops: the filter rules after NAT on a backend's address (a
+// NetworkPolicy's chain per Pod, which kube-router jumps to on the Pod's
+// address, and whose drop has a condition not read: it may apply) are read
+// for the backends the DNATs name; a rule on another address, or one that
+// names no address (conntrack's INVALID), is not.
+func TestBackendDrops(t *testing.T) {
+	const save = `*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-ROUTER-FORWARD - [0:0]
+:KUBE-POD-FW-WEB - [0:0]
+:KUBE-POD-FW-OTHER - [0:0]
+-A FORWARD -m comment --comment "kube-router netpol" -j KUBE-ROUTER-FORWARD
+-A KUBE-ROUTER-FORWARD -d 10.244.20.31/32 -m comment --comment "to POD web" -j KUBE-POD-FW-WEB
+-A KUBE-ROUTER-FORWARD -d 10.244.20.99/32 -m comment --comment "to POD other" -j KUBE-POD-FW-OTHER
+-A KUBE-ROUTER-FORWARD -m conntrack --ctstate INVALID -j DROP
+-A KUBE-POD-FW-WEB -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A KUBE-POD-FW-WEB -m comment --comment "rule to DROP traffic destined for POD name:web" -m mark ! --mark 0x10000/0x10000 -j DROP
+-A KUBE-POD-FW-OTHER -j DROP
+COMMIT
+`
+	g, err := parseIPTablesSaveTable(strings.NewReader(save), SourceIPTablesLegacy, "filter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dnats := []NATRule{{Service: netip.MustParseAddr("10.120.0.80"), Port: 80, Proto: "tcp", Backend: netip.MustParseAddrPort("10.244.20.31:3000")}}
+	var got []string
+	for _, r := range backendDrops([]*natGraph{g}, dnats) {
+		got = append(got, rejectKey(r))
+	}
+	want := []string{"forward 10.244.20.31 /0 FORWARD>KUBE-ROUTER-FORWARD>KUBE-POD-FW-WEB => invalid AddrPort drop rule to DROP traffic destined for POD name:web"}
+	if !slices.Equal(got, want) {
+		t.Errorf("backend drops:\n got %q\nwant %q", got, want)
+	}
+	if got := backendDrops([]*natGraph{g}, nil); got != nil {
+		t.Errorf("no DNAT, no backend: got %v", got)
+	}
+}

@@ -188,6 +188,13 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		// the clients it spares reach the backend.
 		p("netfilter\t%s %s (%s)\t%s %s\t%s%s\n", r.Source, r.Table, r.Hook, r.rejectedString(nf.Rules), what, strings.Join(r.Chains, " > "), r.fromString())
 	}
+	for _, r := range nf.BackendDrops {
+		what := r.Verdict
+		if r.Comment != "" {
+			what += fmt.Sprintf(" (%q)", r.Comment)
+		}
+		p("netfilter\t%s %s (%s)\tbackend %s %s\t%s%s\n", r.Source, r.Table, r.Hook, r.serviceString(), what, strings.Join(r.Chains, " > "), r.fromString())
+	}
 	for _, c := range nf.DeviceChains {
 		// A stateless rewrite on a device, before netfilter's IP hooks:
 		// its rewrites of the VIPs, or that it has none.

@@ -287,6 +287,12 @@ type Netfilter struct {
 	// filter chain, a NAT one's for a DROP): kube-proxy's for a Service
 	// without endpoints, or to a port a ClusterIP does not serve.
 	Rejects []NATRule `json:"rejects,omitempty"`
+	// BackendDrops are the rules of filter chains after NAT that reject or
+	// drop packets to the address of a backend the NAT rules name (a
+	// NetworkPolicy's, written on the Pod's address), Service holding the
+	// backend: a request the node drops after its rewrite may meet them.
+	// Read at discovery.
+	BackendDrops []NATRule `json:"backend_drops,omitempty"`
 	// DeviceChains are the nftables base chains on device hooks (netdev
 	// ingress and egress, inet ingress), every one, with the rules that
 	// set a traced VIP's destination.

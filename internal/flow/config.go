@@ -87,6 +87,11 @@ type Attribution struct {
 	// kube-proxy's for a Service without endpoints. Hook is the filter
 	// hook: forward, input or output.
 	Rejects []NATRule
+	// BackendDrops: rules of filter chains after NAT that reject or drop
+	// packets to a backend's address (VIP holds the backend, port 0 any;
+	// Rule the verdict): a NetworkPolicy's, which a request the node lost
+	// after its rewrite may have met.
+	BackendDrops []NATRule
 	// DeviceRules: the rules of nftables chains on device hooks (netdev
 	// ingress and egress, inet ingress) of the host veths and uplinks that
 	// set a watched VIP's destination. An ingress chain of a host veth runs

@@ -957,11 +957,35 @@ func (e *Engine) notLeftNote(f *flowState, g gap) string {
 	if !e.active(obs.PointUplink) {
 		return ""
 	}
+	note := "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
 	if f.requestDropped() {
 		// The drop observer saw where: its drops, which follow, say it.
-		return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the kernel dropped it on the node"
+		note = "no answer, and the uplink TX (captured) never saw the request after its rewrite: the kernel dropped it on the node"
 	}
-	return "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
+	if cands := e.backendDropCands(f); len(cands) > 0 {
+		note += fmt.Sprintf("; the node's filter drops or rejects packets to backend %s: %s", f.sortedBackends()[0], oneOf(cands))
+	}
+	return note
+}
+
+// backendDropCands names the filter rules after NAT that drop or reject
+// packets to f's backend (Attribution.BackendDrops).
+func (e *Engine) backendDropCands(f *flowState) []string {
+	bs := f.sortedBackends()
+	if len(bs) == 0 {
+		return nil
+	}
+	var out []string
+	for _, r := range e.cfg.Attribution.BackendDrops {
+		if r.VIP.Addr() != bs[0].Addr() || (r.VIP.Port() != 0 && r.VIP.Port() != bs[0].Port()) || (r.Proto != 0 && f.proto != 0 && r.Proto != f.proto) {
+			continue
+		}
+		c := fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // lostOnTheWayNote says, of a flow some of whose requests left the uplink,

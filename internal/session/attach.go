@@ -423,6 +423,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.HostRedirects = hostRedirects(node.TCRedirects)
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
 	a.Rejects = natRulesOf(node.Netfilter.Rejects)
+	a.BackendDrops = natRulesOf(node.Netfilter.BackendDrops)
 	a.DeviceRules = deviceRulesOf(node.Netfilter.DeviceChains, node.CapturePoints)
 	for _, p := range node.Netfilter.BPFPrograms {
 		if p.Elsewhere {

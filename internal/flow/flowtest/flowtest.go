@@ -353,6 +353,9 @@ type attribution struct {
 	} `json:"device_rules"`
 	// Rejects are rules that reject or drop a VIP's packets (no backends).
 	Rejects []natRule `json:"rejects"`
+	// BackendDrops are filter rules after NAT that drop or reject packets
+	// to a backend's address ("vip" holds the backend).
+	BackendDrops []natRule `json:"backend_drops"`
 	// NetfilterPrograms are BPF programs on netfilter hooks.
 	NetfilterPrograms []struct {
 		Family   string `json:"family"`
@@ -520,6 +523,13 @@ func (a attribution) convert() (flow.Attribution, error) {
 			return out, err
 		}
 		out.Rejects = append(out.Rejects, nr)
+	}
+	for _, r := range a.BackendDrops {
+		nr, err := r.convert()
+		if err != nil {
+			return out, err
+		}
+		out.BackendDrops = append(out.BackendDrops, nr)
 	}
 	for _, p := range a.NetfilterPrograms {
 		out.NetfilterPrograms = append(out.NetfilterPrograms, flow.NetfilterProgram(p))
