@@ -400,7 +400,7 @@ func (e *Engine) byNAT(f *flowState) string {
 	for _, r := range rules {
 		// One path per source condition it is taken with (kube-proxy's
 		// Pods' and node's traffic to a NodePort): one candidate.
-		if c := fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule); !seen[c] {
+		if c := r.String(); !seen[c] {
 			seen[c] = true
 			cands = append(cands, c)
 		}

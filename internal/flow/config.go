@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -241,6 +242,12 @@ type NATRule struct {
 	// rules whenever a Service's endpoints change, and a flow is attributed
 	// to the rules of its time.
 	Since, Until time.Time
+}
+
+// String names the rule as verdicts do: source, table, chain path, then
+// what it does ("nftables ip kube-proxy services -> ... -> dnat to B").
+func (r NATRule) String() string {
+	return fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
 }
 
 // SourceMatch is a condition on a client's address: in one of Prefixes, or,

@@ -551,7 +551,7 @@ func (e *Engine) filterHookOf(f *flowState) string {
 func (e *Engine) rejected(f *flowState, rules []NATRule) verdict {
 	cands := make([]string, len(rules))
 	for i, r := range rules {
-		cands[i] = fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
+		cands[i] = r.String()
 	}
 	reason := fmt.Sprintf("not rewritten: %s was still the destination after netfilter's NAT (no DNAT applied), and the node's filter ends it: %s", f.service, oneOf(cands))
 	if r := rules[0]; r.BeforeNAT {
@@ -977,11 +977,10 @@ func (e *Engine) backendDropCands(f *flowState) []string {
 	}
 	var out []string
 	for _, r := range e.cfg.Attribution.BackendDrops {
-		if r.VIP.Addr() != bs[0].Addr() || (r.VIP.Port() != 0 && r.VIP.Port() != bs[0].Port()) || (r.Proto != 0 && f.proto != 0 && r.Proto != f.proto) {
+		if !listed([]netip.AddrPort{r.VIP}, bs[0]) || (r.Proto != 0 && f.proto != 0 && r.Proto != f.proto) {
 			continue
 		}
-		c := fmt.Sprintf("%s %s %s -> %s", r.Source, r.Table, r.Chain, r.Rule)
-		if !slices.Contains(out, c) {
+		if c := r.String(); !slices.Contains(out, c) {
 			out = append(out, c)
 		}
 	}
