@@ -498,6 +498,18 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 		}
 		fmt.Fprintf(b, "- nftables chains on device hooks (netdev ingress and egress, inet ingress): %s.\n", strings.Join(dev, "; "))
 	}
+	if drops := node.Netfilter.BackendDrops; len(drops) > 0 {
+		// A NetworkPolicy's rules on a Pod's address, after NAT.
+		var rules []string
+		for _, r := range drops {
+			s := fmt.Sprintf("%s %s %s: %s -> %s", r.Source, r.Table, r.Hook, strings.Join(r.Chains, " -> "), r.Verdict)
+			if r.Comment != "" {
+				s += fmt.Sprintf(" (%q)", r.Comment)
+			}
+			rules = append(rules, fmt.Sprintf("%s for backend %s", s, r.Service))
+		}
+		fmt.Fprintf(b, "- Filter rules after NAT that drop or reject packets to the backends' addresses: %s.\n", strings.Join(rules, "; "))
+	}
 	fmt.Fprintf(b, "- Bridged traffic meets netfilter (bridge-nf-call-iptables): %s; IP forwarding: %s.\n",
 		boolWords(node.Netfilter.BridgeNFCallIPTables), boolWords(node.Netfilter.IPForward))
 	if node.IPVS.Present {

@@ -101,7 +101,9 @@ func summaryNode() *discover.NodeInfo {
 			Chains: []string{"nat-prerouting", "services", "service-dns"}, Backend: netip.MustParseAddrPort("10.244.20.31:5353")}},
 			DeviceChains: []discover.DeviceChain{{Family: "netdev", Table: "lb", Chain: "in", Hook: "ingress", Devices: []string{"veth-a"}, Priority: -500,
 				Rewrites: []discover.NATRule{{Source: "nftables", Table: "netdev lb", Hook: "ingress", Service: netip.MustParseAddr("10.120.0.99"),
-					Chains: []string{"in"}, Note: "? (a map's or an expression's value: not decoded)"}}}}},
+					Chains: []string{"in"}, Note: "? (a map's or an expression's value: not decoded)"}}}},
+			BackendDrops: []discover.NATRule{{Source: "nftables", Table: "ip filter", Hook: "forward", Service: netip.MustParseAddr("10.244.20.31"),
+				Chains: []string{"FORWARD", "KUBE-ROUTER-FORWARD", "KUBE-POD-FW-WEB"}, Verdict: "reject", Comment: "rule to REJECT traffic destined for POD name:web"}}},
 		Notes: []string{"IPVS not checked: /proc/net/ip_vs absent"},
 	}
 }
