@@ -92,10 +92,12 @@ func TestNetdevIngressRewrite(t *testing.T) {
 }
 
 // TestNetdevChainMadeDuringRun: a netdev chain made at the Pod's host veth
-// while pathtrace runs, which sets the VIP's destination to a backend port
-// no NAT rule names (nothing listens there: the backend resets), is read
-// when the flows reach that backend, and names them: netfilter, by the
-// chain's rule, not unknown.
+// while pathtrace runs sets the VIP's destination. To a backend port no NAT
+// rule names (nothing listens there: the backend resets), it is read when
+// the flows reach that backend; to the backend kube-proxy's rules name
+// (which then never meet the VIP), no news asks for a look, and the run's
+// last look reads it for the flows pathtrace would place at tc unnamed.
+// Either way the flow names it: netfilter, by the chain's rule.
 func TestNetdevChainMadeDuringRun(t *testing.T) {
 	nft := needNFT(t)
 	l := testLab(t, "ptlab-ndevlate")
@@ -103,32 +105,42 @@ func TestNetdevChainMadeDuringRun(t *testing.T) {
 		t.Fatalf("lab up: %v", err)
 	}
 	vip := lab.TCPVIP
-	closed := netip.AddrPortFrom(lab.TCPBackend.Addr(), lab.TCPBackend.Port()+1) // no listener
-	ruleset := fmt.Sprintf(`table netdev ptlate {
+	for _, tc := range []struct {
+		name string
+		to   netip.AddrPort
+	}{
+		{"to a port no rule names", netip.AddrPortFrom(lab.TCPBackend.Addr(), lab.TCPBackend.Port()+1)}, // no listener
+		{"to the backend the NAT rules name", lab.TCPBackend},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ruleset := fmt.Sprintf(`table netdev ptlate {
   chain vip-in {
     type filter hook ingress device %[1]s priority -500; policy accept;
     ip daddr %[2]s tcp dport %[3]d ip daddr set %[4]s tcp dport set %[5]d
   }
 }
-`, lab.HostVeth, vip.Addr(), vip.Port(), closed.Addr(), closed.Port())
-	t.Cleanup(func() {
-		nsutil.Do(l.NodeNetNS(), func() error { return exec.Command(nft, "delete", "table", "netdev", "ptlate").Run() })
-	})
-	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", vip.String()+"/tcp", "--duration", "4s")
-	r.waitNode(t)
-	if err := nftApply(nft, l.NodeNetNS(), ruleset); err != nil {
-		t.Fatalf("nft -f: %v", err)
-	}
-	// The backend resets: the GET fails, the flow is made all the same.
-	nsutil.Do(l.PodNetNS(), func() error { return httpGet(vip.String()) })
-	flows, _ := r.rest(t)
-	if len(flows) != 1 {
-		t.Fatalf("%d flows, want 1: %v", len(flows), flows)
-	}
-	f := flows[0]
-	want := "nftables netdev ptlate/vip-in ingress on " + lab.HostVeth + " -> daddr set " + closed.String()
-	if f["rewritten_at"] != "netfilter" || f["backend"] != closed.String() || f["by"] != want {
-		t.Errorf("flow at %v to %v by %q (reason %q); want netfilter to %s by %q", f["rewritten_at"], f["backend"], f["by"], f["reason"], closed, want)
+`, lab.HostVeth, vip.Addr(), vip.Port(), tc.to.Addr(), tc.to.Port())
+			t.Cleanup(func() {
+				nsutil.Do(l.NodeNetNS(), func() error { return exec.Command(nft, "delete", "table", "netdev", "ptlate").Run() })
+			})
+			r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", vip.String()+"/tcp", "--duration", "4s")
+			r.waitNode(t)
+			if err := nftApply(nft, l.NodeNetNS(), ruleset); err != nil {
+				t.Fatalf("nft -f: %v", err)
+			}
+			// Nothing translates the replies back (no egress chain): the
+			// GET fails, the flow is made all the same.
+			nsutil.Do(l.PodNetNS(), func() error { return httpGet(vip.String()) })
+			flows, _ := r.rest(t)
+			if len(flows) != 1 {
+				t.Fatalf("%d flows, want 1: %v", len(flows), flows)
+			}
+			f := flows[0]
+			want := "nftables netdev ptlate/vip-in ingress on " + lab.HostVeth + " -> daddr set " + tc.to.String()
+			if f["rewritten_at"] != "netfilter" || f["backend"] != tc.to.String() || f["by"] != want {
+				t.Errorf("flow at %v to %v by %q (reason %q); want netfilter to %s by %q", f["rewritten_at"], f["backend"], f["by"], f["reason"], tc.to, want)
+			}
+		})
 	}
 }
 

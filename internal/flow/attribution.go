@@ -512,6 +512,22 @@ func (e *Engine) SetDeviceRules(rules []DeviceRule) {
 	clear(e.pairs)
 }
 
+// UnnamedTCRewrites counts the flows placed at tc (a host veth's, the
+// uplink's) that no program or device chain read names: a chain on a device
+// hook made during the run that sets a backend the NAT rules already name
+// (no UnlistedBackends news asks for a look) leaves its flows so.
+func (e *Engine) UnnamedTCRewrites() int {
+	n := 0
+	for _, list := range e.clients {
+		for _, f := range list {
+			if v := e.cachedVerdict(f); v.place == PlaceTC && v.by == "" {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // UnlistedBackends counts the Service and backend pairs the flows reached
 // that no NAT rule, IPVS service or device chain's rewrite in force (not
 // gone) when the pair was checked names: a Service created, or endpoints

@@ -63,8 +63,14 @@ func newNATWatch(node *discover.NodeInfo, start time.Time) *natWatch {
 // since the previous look, at most every natWatchEvery (unless final: the
 // run's last look), and tells the engine when they changed.
 func (w *natWatch) check(ctx context.Context, now time.Time, eng *flow.Engine, final bool) {
+	if w == nil || (!final && now.Before(w.next)) {
+		return
+	}
+	// The run's last look also reads a device chain made meanwhile that no
+	// news asked for: one that set a backend the NAT rules name, whose
+	// flows are placed at tc unnamed.
 	n := eng.UnlistedBackends()
-	if w == nil || n == w.seen || (!final && now.Before(w.next)) {
+	if n == w.seen && !(final && eng.UnnamedTCRewrites() > 0) {
 		return
 	}
 	prev := w.seen
