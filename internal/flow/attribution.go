@@ -512,20 +512,19 @@ func (e *Engine) SetDeviceRules(rules []DeviceRule) {
 	clear(e.pairs)
 }
 
-// UnnamedTCRewrites counts the flows placed at tc (a host veth's, the
-// uplink's) that no program or device chain read names: a chain on a device
-// hook made during the run that sets a backend the NAT rules already name
-// (no UnlistedBackends news asks for a look) leaves its flows so.
-func (e *Engine) UnnamedTCRewrites() int {
-	n := 0
+// UnnamedTCRewrite tells whether a flow is placed at tc (a host veth's, the
+// uplink's) with no program or device chain read naming it: a chain on a
+// device hook made during the run that sets a backend the NAT rules already
+// name (no UnlistedBackends news asks for a look) leaves its flows so.
+func (e *Engine) UnnamedTCRewrite() bool {
 	for _, list := range e.clients {
 		for _, f := range list {
 			if v := e.cachedVerdict(f); v.place == PlaceTC && v.by == "" {
-				n++
+				return true
 			}
 		}
 	}
-	return n
+	return false
 }
 
 // UnlistedBackends counts the Service and backend pairs the flows reached

@@ -70,7 +70,7 @@ func (w *natWatch) check(ctx context.Context, now time.Time, eng *flow.Engine, f
 	// news asked for: one that set a backend the NAT rules name, whose
 	// flows are placed at tc unnamed.
 	n := eng.UnlistedBackends()
-	if n == w.seen && !(final && eng.UnnamedTCRewrites() > 0) {
+	if n == w.seen && !(final && eng.UnnamedTCRewrite()) {
 		return
 	}
 	prev := w.seen
