@@ -585,7 +585,7 @@ static __always_inline bool pt_interesting(const struct pt_tuple *t)
 }
 
 /* Packet observers (tc, netfilter) report the first PT_EVENTS_PER_FLOW packets
- * of each flow direction at each point, then one every PT_REFILL_NS, and every
+ * of each flow direction at each point, then one every PT_REFILL_UNITS, and every
  * TCP SYN, FIN and RST: a verdict needs a flow's first packets, and a busy
  * flow must not flood the ring buffer (the packet taps still see every
  * packet). The budget refills with time because a 5-tuple outlives its flow:
@@ -598,7 +598,7 @@ static __always_inline bool pt_interesting(const struct pt_tuple *t)
  * events a second per point and direction. What is left out is counted per
  * point in events_summarized: summarized, not lost. */
 #define PT_EVENTS_PER_FLOW 8
-#define PT_REFILL_NS (10 * 1000 * 1000ULL)
+#define PT_REFILL_UNITS 10 /* pt_coarse_ms units: ~10.5 ms */
 
 struct pt_flow_point {
 	__u32 saddr;
@@ -609,36 +609,53 @@ struct pt_flow_point {
 	__u8 point;
 	__u8 where; /* tc direction or netfilter hook */
 	__u8 _pad;
-} __attribute__((aligned(8))); /* compared as two 64-bit words */
+} __attribute__((aligned(8))); /* hashed as two 64-bit words */
 
-_Static_assert(sizeof(struct pt_flow_point) == 16, "pt_same_flow_point compares two words");
+_Static_assert(sizeof(struct pt_flow_point) == 16, "pt_flow_point_hash reads two words");
 
 /* The events a flow direction may still report at a point, and when the
- * budget last grew, in an array of slots: a flow-point has two (two
- * hashes of it), and a new one takes the one whose budget grew earlier (or
- * was never used). An LRU hash map's insert (its locks and free lists) cost
- * the first packet of each flow-point that is no SYN, FIN or RST (the
- * handshake's ACK) ~0.4 us; a slot is written with plain stores. A flow
- * whose slot another took (two newer flow-points on its two slots) starts
- * a new budget when it comes back, as one the LRU evicted did: a few more
- * events, never fewer. Updated without atomics: two CPUs racing may report
- * one event more or less, or start a budget again, which is all a budget
- * needs. 2 MiB. */
+ * budget last grew, in tables of 4-way sets: a flow-point has one set (one
+ * cache line), where it finds its slot or takes the one whose budget grew
+ * earliest (or was never used). A slot holds a 64-bit hash of the
+ * flow-point, not the flow-point: twice the slots in the same memory, and
+ * two live flow-points of one set sharing a hash (odds ~2^-62) would only
+ * share a budget. The tables are small on purpose: the kernel allocates a
+ * map of at most 32 KiB with kmalloc, in the direct mapping its huge pages
+ * cover, and a larger one with vmalloc, in 4 KiB pages; here, in a VM, a
+ * flow's first packet looking up one slot in a 2 MiB vmalloc'ed array took
+ * ~1 us of TLB and cache misses per observer. Four 16 KiB tables hold 4096
+ * flow-points. An LRU hash map's insert (its locks and free lists) cost
+ * ~0.4 us more. A flow whose slot another took starts a new budget when it
+ * comes back, as one the LRU evicted did: a few more events, never fewer.
+ * Updated without atomics: two CPUs racing may report one event more or
+ * less, or start a budget again, which is all a budget needs. */
 struct pt_budget {
-	struct pt_flow_point k;
-	__u64 refilled; /* bpf_ktime_get_ns; 0: never used */
+	__u64 key;      /* pt_flow_point_hash; 0: never used */
+	__u32 refilled; /* pt_coarse_ms when the budget last grew (wraps) */
 	__u32 tokens;
-	__u32 _pad;
 };
 
-#define PT_BUDGET_SLOTS (1 << 16)
+#define PT_BUDGET_WAYS 4
+#define PT_BUDGET_SETS 256 /* per table */
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PT_BUDGET_SLOTS);
-	__type(key, __u32);
-	__type(value, struct pt_budget);
-} flow_events SEC(".maps");
+struct pt_budget_set {
+	struct pt_budget way[PT_BUDGET_WAYS];
+};
+
+_Static_assert(sizeof(struct pt_budget_set) == 64, "a budget set is one cache line");
+
+#define PT_BUDGET_TABLE                                 \
+	{                                               \
+		__uint(type, BPF_MAP_TYPE_ARRAY);       \
+		__uint(max_entries, PT_BUDGET_SETS);    \
+		__type(key, __u32);                     \
+		__type(value, struct pt_budget_set);    \
+	}
+
+struct PT_BUDGET_TABLE flow_events_0 SEC(".maps");
+struct PT_BUDGET_TABLE flow_events_1 SEC(".maps");
+struct PT_BUDGET_TABLE flow_events_2 SEC(".maps");
+struct PT_BUDGET_TABLE flow_events_3 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -647,10 +664,39 @@ struct {
 	__type(value, __u64);
 } events_summarized SEC(".maps");
 
-static __always_inline bool pt_same_flow_point(const struct pt_flow_point *a, const struct pt_flow_point *b)
+/* pt_coarse_ms is now in units of 2^20 ns (~1.05 ms), as 32 bits that wrap
+ * every ~52 days: ages are differences. */
+static __always_inline __u32 pt_coarse_ms(__u64 now)
 {
-	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
-	return x[0] == y[0] && x[1] == y[1];
+	return now >> 20;
+}
+
+
+/* pt_flow_point_hash is a 64-bit hash of k, never 0 (a free slot). */
+static __always_inline __u64 pt_flow_point_hash(const struct pt_flow_point *k)
+{
+	const __u64 *w = (const __u64 *)k;
+	__u32 lo = pt_mix(w[0] ^ pt_mix(w[0] >> 32) ^ pt_mix(w[1] ^ pt_mix(w[1] >> 32)));
+	__u32 hi = pt_mix((w[0] >> 32) ^ pt_mix(w[1] ^ 0x9e3779b9) ^ pt_mix(w[0] ^ pt_mix((w[1] >> 32) ^ 0x7f4a7c15)));
+	__u64 h = ((__u64)hi << 32) | lo;
+	return h ? h : 1;
+}
+
+/* pt_budget_set is the set of the flow-point whose hash is h: the table
+ * from its low bits, the set from the next. */
+static __always_inline struct pt_budget_set *pt_budget_set(__u64 h)
+{
+	__u32 i = (h >> 2) & (PT_BUDGET_SETS - 1);
+	switch (h & 3) {
+	case 0:
+		return bpf_map_lookup_elem(&flow_events_0, &i);
+	case 1:
+		return bpf_map_lookup_elem(&flow_events_1, &i);
+	case 2:
+		return bpf_map_lookup_elem(&flow_events_2, &i);
+	default:
+		return bpf_map_lookup_elem(&flow_events_3, &i);
+	}
 }
 
 /* pt_take_budget takes one event of the budget of t's flow direction at
@@ -661,31 +707,35 @@ static __always_inline bool pt_take_budget(const struct pt_tuple *t, __u8 point,
 		.saddr = t->saddr, .daddr = t->daddr, .sport = t->sport, .dport = t->dport,
 		.proto = t->proto, .point = point, .where = where,
 	};
-	const __u64 *kw = (const __u64 *)&k;
-	__u32 h = pt_mix(kw[0] ^ pt_mix(kw[0] >> 32) ^ pt_mix(kw[1] ^ pt_mix(kw[1] >> 32)));
-	__u32 i1 = h & (PT_BUDGET_SLOTS - 1), i2 = pt_mix(h ^ 0x9e3779b9) & (PT_BUDGET_SLOTS - 1);
-	struct pt_budget *b = bpf_map_lookup_elem(&flow_events, &i1);
-	struct pt_budget *b2 = bpf_map_lookup_elem(&flow_events, &i2);
-	if (!b || !b2)
+	__u64 h = pt_flow_point_hash(&k);
+	struct pt_budget_set *set = pt_budget_set(h);
+	if (!set)
 		return true;
-	if (!pt_same_flow_point(&b->k, &k)) {
-		if (pt_same_flow_point(&b2->k, &k)) {
-			b = b2;
-		} else {
-			/* A new budget, in the slot whose budget grew earlier. */
-			if (b2->refilled < b->refilled)
-				b = b2;
-			b->k = k;
-			b->refilled = now;
-			b->tokens = PT_EVENTS_PER_FLOW - 1;
-			return true;
+	__u32 now_u = pt_coarse_ms(now);
+	struct pt_budget *b = NULL, *oldest = &set->way[0];
+#pragma unroll
+	for (int i = 0; i < PT_BUDGET_WAYS; i++) {
+		struct pt_budget *w = &set->way[i];
+		if (w->key == h) {
+			b = w;
+			break;
 		}
+		/* A free slot first, else the one that grew earliest. */
+		if (oldest->key && (!w->key || (__u32)(now_u - w->refilled) > (__u32)(now_u - oldest->refilled)))
+			oldest = w;
 	}
-	if (now > b->refilled && now - b->refilled >= PT_REFILL_NS) {
-		__u64 more = (now - b->refilled) / PT_REFILL_NS;
-		__u64 tokens = b->tokens + (more < PT_EVENTS_PER_FLOW ? more : PT_EVENTS_PER_FLOW);
+	if (!b) { /* a new budget */
+		oldest->key = h;
+		oldest->refilled = now_u;
+		oldest->tokens = PT_EVENTS_PER_FLOW - 1;
+		return true;
+	}
+	__u32 elapsed = now_u - b->refilled;
+	if (elapsed >= PT_REFILL_UNITS) {
+		__u32 more = elapsed / PT_REFILL_UNITS;
+		__u32 tokens = b->tokens + (more < PT_EVENTS_PER_FLOW ? more : PT_EVENTS_PER_FLOW);
 		b->tokens = tokens < PT_EVENTS_PER_FLOW ? tokens : PT_EVENTS_PER_FLOW;
-		b->refilled = now;
+		b->refilled = now_u;
 	}
 	if (b->tokens) {
 		b->tokens--;

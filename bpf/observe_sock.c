@@ -21,74 +21,53 @@
 #define PF_KTHREAD 0x00200000
 
 /* Sockets that connected or sent to a watched address and whose first packet
- * has not been seen yet, in an array of slots: each holds a socket cookie
- * (0: free), the netns inode of the socket's creator and when it was
+ * has not been seen yet, in a table of 4-way sets: each slot holds a socket
+ * cookie (0: free), the netns inode of the socket's creator and when it was
  * watched. connect4 and sendmsg4 write a slot with plain stores and two
  * exchanges, where an LRU hash map's insert (its locks and free lists) cost
  * them ~0.8 us per connection; the egress observer claims it with one
- * compare-and-swap. A cookie has two slots (two hashes): a new watch takes
- * a free one or the one watched earlier. A slot is freed when claimed, so
- * what stays is a socket that never sent (a UDP socket connected only to
- * learn its source address) or closed without sending, which a new watch
- * then replaces first. A socket sends its first packet microseconds after
- * its watch (a TCP socket in the same connect call), so both its slots
- * taken by later watches meanwhile needs many sockets watched and waiting
- * to send at once (with 1000, fewer than one in 10000 of them): it is counted
- * in learn_errors (a slot replaced within PT_COOKIE_LIVE_MS of its watch).
- * 1 MiB, as the LRU map of 16384 sockets it replaces. Cookies are never
- * reused: a stale slot matches no other socket. */
-#define PT_COOKIE_SLOTS (1 << 16)
+ * compare-and-swap. A cookie has one set (one cache line): a new watch
+ * takes its own slot, a free one, or the one watched earliest. A slot is
+ * freed when claimed, so what stays is a socket that never sent (a UDP
+ * socket connected only to learn its source address) or closed without
+ * sending, which a new watch then replaces first. A socket sends its first
+ * packet microseconds after its watch (a TCP socket in the same connect
+ * call), so its slot taken by later watches meanwhile needs four more
+ * sockets of its set watched and waiting to send at once: it is counted in
+ * learn_errors (a slot replaced within PT_COOKIE_LIVE_MS of its watch).
+ * 16 KiB, small enough for the kernel to allocate it with kmalloc, in the
+ * direct mapping its huge pages cover: here, in a VM, the cold lookup of a
+ * cookie's slots in a 1 MiB (vmalloc'ed, 4 KiB pages) array cost connect4
+ * ~1 us of TLB and cache misses per connection. It is also the egress
+ * observer's first test, for every packet of every socket under the cgroup:
+ * one cache line, as a bit array was. Cookies are never reused: a stale
+ * slot matches no other socket. */
+#define PT_COOKIE_WAYS 4
+#define PT_COOKIE_SETS 256
 #define PT_COOKIE_LIVE_MS 1000
 
 struct pt_cookie_slot {
 	__u64 cookie;
 	__u32 netns;
-	__u32 at_ms; /* bpf_ktime_get_ns >> 20 (~ms), wraps */
+	__u32 at_ms; /* pt_coarse_ms (wraps) */
 };
+
+struct pt_cookie_set {
+	struct pt_cookie_slot way[PT_COOKIE_WAYS];
+};
+
+_Static_assert(sizeof(struct pt_cookie_set) == 64, "a cookie set is one cache line");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PT_COOKIE_SLOTS);
+	__uint(max_entries, PT_COOKIE_SETS);
 	__type(key, __u32);
-	__type(value, struct pt_cookie_slot);
+	__type(value, struct pt_cookie_set);
 } watch_cookies SEC(".maps");
 
-/* The egress observer runs for every packet of every socket under the
- * cgroup: a bit per hash of each watched cookie answers "not watched"
- * without reading its slots (as watch_bits_kernel does for addresses; set
- * before the slot, never cleared). */
-#define PT_COOKIE_BITS (1 << 16)
-
-struct pt_cookie_bits {
-	__u64 w[PT_COOKIE_BITS / 64];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct pt_cookie_bits);
-} watch_cookie_bits SEC(".maps");
-
-static __always_inline __u32 pt_cookie_hash(__u64 cookie)
+static __always_inline struct pt_cookie_set *pt_cookie_set(__u64 cookie)
 {
-	return pt_mix((__u32)cookie ^ pt_mix(cookie >> 32));
-}
-
-static __always_inline bool pt_cookie_maybe(__u32 hash)
-{
-	__u32 key = 0;
-	struct pt_cookie_bits *b = bpf_map_lookup_elem(&watch_cookie_bits, &key);
-	return !b || pt_bit(b->w, hash & (PT_COOKIE_BITS - 1));
-}
-
-/* pt_cookie_slot is a cookie's first (which 0) or second slot: from the
- * hash's high bits (the bit array uses its low ones), and from another
- * hash of it. */
-static __always_inline struct pt_cookie_slot *pt_cookie_slot(__u32 hash, int which)
-{
-	__u32 i = which ? pt_mix(hash ^ 0x9e3779b9) : hash >> 16;
-	i &= PT_COOKIE_SLOTS - 1;
+	__u32 i = pt_mix((__u32)cookie ^ pt_mix(cookie >> 32)) & (PT_COOKIE_SETS - 1);
 	return bpf_map_lookup_elem(&watch_cookies, &i);
 }
 
@@ -98,51 +77,59 @@ static __always_inline struct pt_cookie_slot *pt_cookie_slot(__u32 hash, int whi
  * with another socket's netns. */
 static __always_inline void pt_watch_cookie(__u64 cookie, __u32 netns, __u64 now)
 {
-	__u32 key = 0, hash = pt_cookie_hash(cookie), now_ms = now >> 20;
-	struct pt_cookie_bits *b = bpf_map_lookup_elem(&watch_cookie_bits, &key);
-	if (b)
-		pt_set_bit(b->w, hash & (PT_COOKIE_BITS - 1));
-	struct pt_cookie_slot *s = pt_cookie_slot(hash, 0), *s2 = pt_cookie_slot(hash, 1);
-	if (!s || !s2)
+	struct pt_cookie_set *set = pt_cookie_set(cookie);
+	if (!set)
 		return;
-	if (s->cookie != cookie &&
-	    (s2->cookie == cookie || (s->cookie && (!s2->cookie || (__s32)(s2->at_ms - s->at_ms) < 0))))
-		s = s2; /* this socket's already, free, or watched earlier */
-	__s32 age = now_ms - s->at_ms;
-	if (s->cookie && s->cookie != cookie && age >= 0 && age < PT_COOKIE_LIVE_MS)
-		pt_count_learn_error(); /* a socket watched just now may lose its first packet */
+	__u32 now_ms = pt_coarse_ms(now);
+	struct pt_cookie_slot *s = NULL, *oldest = &set->way[0];
+#pragma unroll
+	for (int i = 0; i < PT_COOKIE_WAYS; i++) {
+		struct pt_cookie_slot *w = &set->way[i];
+		if (w->cookie == cookie) {
+			s = w;
+			break;
+		}
+		/* A free slot first, else the one watched earliest. */
+		if (oldest->cookie && (!w->cookie || (__u32)(now_ms - w->at_ms) > (__u32)(now_ms - oldest->at_ms)))
+			oldest = w;
+	}
+	if (!s) {
+		s = oldest;
+		__u32 age = now_ms - s->at_ms;
+		if (s->cookie && age < PT_COOKIE_LIVE_MS)
+			pt_count_learn_error(); /* a socket watched just now may lose its first packet */
+	}
 	__sync_lock_test_and_set(&s->cookie, 0);
 	s->netns = netns;
 	s->at_ms = now_ms;
 	__sync_lock_test_and_set(&s->cookie, cookie);
 }
 
-/* pt_claim_slot takes slot s's watch of cookie, once (an observer of
- * another CPU that claims it too gets false), and reports its netns. */
-static __always_inline bool pt_claim_slot(struct pt_cookie_slot *s, __u64 cookie, __u32 *netns)
-{
-	if (!s || *(volatile __u64 *)&s->cookie != cookie)
-		return false;
-	/* Read before the claim: a watch that takes the slot empties it
-	 * before it writes its netns, so a claim that succeeds read this
-	 * socket's. */
-	__u32 n = *(volatile __u32 *)&s->netns;
-	if (__sync_val_compare_and_swap(&s->cookie, cookie, 0) != cookie)
-		return false;
-	*netns = n;
-	return true;
-}
-
-/* pt_claim_cookie takes the watch of the socket cookie: true once after each
- * pt_watch_cookie of it. */
+/* pt_claim_cookie takes the watch of the socket cookie, once (an observer of
+ * another CPU that claims it too gets false), with the netns it was watched
+ * in: true once after each pt_watch_cookie of it. */
 static __always_inline bool pt_claim_cookie(__u64 cookie, __u32 *netns)
 {
 	if (!cookie)
 		return false;
-	__u32 hash = pt_cookie_hash(cookie);
-	return pt_cookie_maybe(hash) &&
-	       (pt_claim_slot(pt_cookie_slot(hash, 0), cookie, netns) ||
-		pt_claim_slot(pt_cookie_slot(hash, 1), cookie, netns));
+	struct pt_cookie_set *set = pt_cookie_set(cookie);
+	if (!set)
+		return false;
+#pragma unroll
+	for (int i = 0; i < PT_COOKIE_WAYS; i++) {
+		struct pt_cookie_slot *s = &set->way[i];
+		if (*(volatile __u64 *)&s->cookie != cookie)
+			continue;
+		/* Read before the claim: a watch that takes the slot empties
+		 * it before it writes its netns, so a claim that succeeds read
+		 * this socket's. */
+		__u32 n = *(volatile __u32 *)&s->netns;
+		if (__sync_val_compare_and_swap(&s->cookie, cookie, 0) != cookie)
+			return false;
+		*netns = n;
+		return true;
+	}
+	return false;
 }
 
 /* read_requested (key 0) is 1 while another sock_addr program may rewrite

@@ -18,7 +18,10 @@ import (
 const (
 	observeDropMapEvents           = "events"
 	observeDropMapEventsSummarized = "events_summarized"
-	observeDropMapFlowEvents       = "flow_events"
+	observeDropMapFlowEvents0      = "flow_events_0"
+	observeDropMapFlowEvents1      = "flow_events_1"
+	observeDropMapFlowEvents2      = "flow_events_2"
+	observeDropMapFlowEvents3      = "flow_events_3"
 	observeDropMapLastToWatched    = "last_to_watched"
 	observeDropMapLearnErrors      = "learn_errors"
 	observeDropMapReaderAsleep     = "reader_asleep"
@@ -86,7 +89,10 @@ type observeDropProgramSpecs struct {
 type observeDropMapSpecs struct {
 	Events           *ebpf.MapSpec `ebpf:"events"`
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.MapSpec `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.MapSpec `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.MapSpec `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.MapSpec `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
@@ -128,7 +134,10 @@ func (o *observeDropObjects) Close() error {
 type observeDropMaps struct {
 	Events           *ebpf.Map `ebpf:"events"`
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.Map `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.Map `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.Map `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.Map `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
@@ -145,7 +154,10 @@ func (m *observeDropMaps) Close() error {
 	return _ObserveDropClose(
 		m.Events,
 		m.EventsSummarized,
-		m.FlowEvents,
+		m.FlowEvents0,
+		m.FlowEvents1,
+		m.FlowEvents2,
+		m.FlowEvents3,
 		m.LastToWatched,
 		m.LearnErrors,
 		m.ReaderAsleep,

@@ -18,7 +18,10 @@ import (
 const (
 	observeNFMapEvents           = "events"
 	observeNFMapEventsSummarized = "events_summarized"
-	observeNFMapFlowEvents       = "flow_events"
+	observeNFMapFlowEvents0      = "flow_events_0"
+	observeNFMapFlowEvents1      = "flow_events_1"
+	observeNFMapFlowEvents2      = "flow_events_2"
+	observeNFMapFlowEvents3      = "flow_events_3"
 	observeNFMapLastToWatched    = "last_to_watched"
 	observeNFMapLearnErrors      = "learn_errors"
 	observeNFMapReaderAsleep     = "reader_asleep"
@@ -86,7 +89,10 @@ type observeNFProgramSpecs struct {
 type observeNFMapSpecs struct {
 	Events           *ebpf.MapSpec `ebpf:"events"`
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.MapSpec `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.MapSpec `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.MapSpec `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.MapSpec `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
@@ -128,7 +134,10 @@ func (o *observeNFObjects) Close() error {
 type observeNFMaps struct {
 	Events           *ebpf.Map `ebpf:"events"`
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.Map `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.Map `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.Map `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.Map `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
@@ -145,7 +154,10 @@ func (m *observeNFMaps) Close() error {
 	return _ObserveNFClose(
 		m.Events,
 		m.EventsSummarized,
-		m.FlowEvents,
+		m.FlowEvents0,
+		m.FlowEvents1,
+		m.FlowEvents2,
+		m.FlowEvents3,
 		m.LastToWatched,
 		m.LearnErrors,
 		m.ReaderAsleep,

@@ -18,7 +18,10 @@ import (
 const (
 	observePktMapEvents           = "events"
 	observePktMapEventsSummarized = "events_summarized"
-	observePktMapFlowEvents       = "flow_events"
+	observePktMapFlowEvents0      = "flow_events_0"
+	observePktMapFlowEvents1      = "flow_events_1"
+	observePktMapFlowEvents2      = "flow_events_2"
+	observePktMapFlowEvents3      = "flow_events_3"
 	observePktMapLastToWatched    = "last_to_watched"
 	observePktMapLearnErrors      = "learn_errors"
 	observePktMapReaderAsleep     = "reader_asleep"
@@ -87,7 +90,10 @@ type observePktProgramSpecs struct {
 type observePktMapSpecs struct {
 	Events           *ebpf.MapSpec `ebpf:"events"`
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.MapSpec `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.MapSpec `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.MapSpec `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.MapSpec `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
@@ -130,7 +136,10 @@ func (o *observePktObjects) Close() error {
 type observePktMaps struct {
 	Events           *ebpf.Map `ebpf:"events"`
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.Map `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.Map `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.Map `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.Map `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
@@ -147,7 +156,10 @@ func (m *observePktMaps) Close() error {
 	return _ObservePktClose(
 		m.Events,
 		m.EventsSummarized,
-		m.FlowEvents,
+		m.FlowEvents0,
+		m.FlowEvents1,
+		m.FlowEvents2,
+		m.FlowEvents3,
 		m.LastToWatched,
 		m.LearnErrors,
 		m.ReaderAsleep,

@@ -18,7 +18,10 @@ import (
 const (
 	observeSockMapEvents           = "events"
 	observeSockMapEventsSummarized = "events_summarized"
-	observeSockMapFlowEvents       = "flow_events"
+	observeSockMapFlowEvents0      = "flow_events_0"
+	observeSockMapFlowEvents1      = "flow_events_1"
+	observeSockMapFlowEvents2      = "flow_events_2"
+	observeSockMapFlowEvents3      = "flow_events_3"
 	observeSockMapLastToWatched    = "last_to_watched"
 	observeSockMapLearnErrors      = "learn_errors"
 	observeSockMapReadRequested    = "read_requested"
@@ -30,7 +33,6 @@ const (
 	observeSockMapWatchBitsKernel  = "watch_bits_kernel"
 	observeSockMapWatchBitsUser    = "watch_bits_user"
 	observeSockMapWatchClients     = "watch_clients"
-	observeSockMapWatchCookieBits  = "watch_cookie_bits"
 	observeSockMapWatchCookies     = "watch_cookies"
 	observeSockMapWatchEndpoints   = "watch_endpoints"
 	observeSockProgPtConnect4      = "pt_connect4"
@@ -96,7 +98,10 @@ type observeSockProgramSpecs struct {
 type observeSockMapSpecs struct {
 	Events           *ebpf.MapSpec `ebpf:"events"`
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.MapSpec `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.MapSpec `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.MapSpec `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.MapSpec `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReadRequested    *ebpf.MapSpec `ebpf:"read_requested"`
@@ -108,7 +113,6 @@ type observeSockMapSpecs struct {
 	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
-	WatchCookieBits  *ebpf.MapSpec `ebpf:"watch_cookie_bits"`
 	WatchCookies     *ebpf.MapSpec `ebpf:"watch_cookies"`
 	WatchEndpoints   *ebpf.MapSpec `ebpf:"watch_endpoints"`
 }
@@ -142,7 +146,10 @@ func (o *observeSockObjects) Close() error {
 type observeSockMaps struct {
 	Events           *ebpf.Map `ebpf:"events"`
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.Map `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.Map `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.Map `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.Map `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReadRequested    *ebpf.Map `ebpf:"read_requested"`
@@ -154,7 +161,6 @@ type observeSockMaps struct {
 	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
-	WatchCookieBits  *ebpf.Map `ebpf:"watch_cookie_bits"`
 	WatchCookies     *ebpf.Map `ebpf:"watch_cookies"`
 	WatchEndpoints   *ebpf.Map `ebpf:"watch_endpoints"`
 }
@@ -163,7 +169,10 @@ func (m *observeSockMaps) Close() error {
 	return _ObserveSockClose(
 		m.Events,
 		m.EventsSummarized,
-		m.FlowEvents,
+		m.FlowEvents0,
+		m.FlowEvents1,
+		m.FlowEvents2,
+		m.FlowEvents3,
 		m.LastToWatched,
 		m.LearnErrors,
 		m.ReadRequested,
@@ -175,7 +184,6 @@ func (m *observeSockMaps) Close() error {
 		m.WatchBitsKernel,
 		m.WatchBitsUser,
 		m.WatchClients,
-		m.WatchCookieBits,
 		m.WatchCookies,
 		m.WatchEndpoints,
 	)

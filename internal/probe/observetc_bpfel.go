@@ -18,7 +18,10 @@ import (
 const (
 	observeTCMapEvents           = "events"
 	observeTCMapEventsSummarized = "events_summarized"
-	observeTCMapFlowEvents       = "flow_events"
+	observeTCMapFlowEvents0      = "flow_events_0"
+	observeTCMapFlowEvents1      = "flow_events_1"
+	observeTCMapFlowEvents2      = "flow_events_2"
+	observeTCMapFlowEvents3      = "flow_events_3"
 	observeTCMapLastToWatched    = "last_to_watched"
 	observeTCMapLearnErrors      = "learn_errors"
 	observeTCMapReaderAsleep     = "reader_asleep"
@@ -90,7 +93,10 @@ type observeTCProgramSpecs struct {
 type observeTCMapSpecs struct {
 	Events           *ebpf.MapSpec `ebpf:"events"`
 	EventsSummarized *ebpf.MapSpec `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.MapSpec `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.MapSpec `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.MapSpec `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.MapSpec `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.MapSpec `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
@@ -132,7 +138,10 @@ func (o *observeTCObjects) Close() error {
 type observeTCMaps struct {
 	Events           *ebpf.Map `ebpf:"events"`
 	EventsSummarized *ebpf.Map `ebpf:"events_summarized"`
-	FlowEvents       *ebpf.Map `ebpf:"flow_events"`
+	FlowEvents0      *ebpf.Map `ebpf:"flow_events_0"`
+	FlowEvents1      *ebpf.Map `ebpf:"flow_events_1"`
+	FlowEvents2      *ebpf.Map `ebpf:"flow_events_2"`
+	FlowEvents3      *ebpf.Map `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
@@ -149,7 +158,10 @@ func (m *observeTCMaps) Close() error {
 	return _ObserveTCClose(
 		m.Events,
 		m.EventsSummarized,
-		m.FlowEvents,
+		m.FlowEvents0,
+		m.FlowEvents1,
+		m.FlowEvents2,
+		m.FlowEvents3,
 		m.LastToWatched,
 		m.LearnErrors,
 		m.ReaderAsleep,

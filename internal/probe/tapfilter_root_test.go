@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -20,9 +21,11 @@ type frameOpts struct {
 	fragment  bool // a later fragment (no L4 header)
 	payload   int
 	etherType uint16 // 0: IPv4
+	sport     uint16 // 0: 40000
 }
 
-// testFrame is an Ethernet frame from 10.244.8.23:40000 to dst.
+// testFrame is an Ethernet frame from 10.244.8.23 (port 40000 unless
+// o.sport) to dst.
 func testFrame(dst netip.AddrPort, o frameOpts) []byte {
 	f := make([]byte, 12) // MAC addresses
 	for _, tpid := range o.tags {
@@ -46,7 +49,11 @@ func testFrame(dst netip.AddrPort, o frameOpts) []byte {
 	d := dst.Addr().As4()
 	ip = append(ip, d[:]...)
 	ip = append(ip, make([]byte, o.ipOptions*4)...)
-	hdr := binary.BigEndian.AppendUint16(nil, 40000)
+	sport := o.sport
+	if sport == 0 {
+		sport = 40000
+	}
+	hdr := binary.BigEndian.AppendUint16(nil, sport)
 	hdr = binary.BigEndian.AppendUint16(hdr, dst.Port())
 	hdr = append(hdr, make([]byte, l4-4)...)
 	if o.proto == 6 {
@@ -424,4 +431,85 @@ func TestTapFilterEndpoints(t *testing.T) {
 		t.Errorf("an endpoint after every port: watch_addrs[%v] = %d, want %d", served.Addr(), how, watchAnyPort)
 	}
 	run("an endpoint after every port: another port", testFrame(otherPort, frameOpts{proto: tcp}), true)
+}
+
+// budgetSetOf is the budget set (table and set, as one number) of a
+// flow-point in the kernel: observe.h's pt_flow_point_hash of its key
+// (struct pt_flow_point: addresses and ports in network byte order, then
+// protocol, point and direction or hook), its low 10 bits.
+func budgetSetOf(src, dst netip.AddrPort, proto, point, where uint8) uint32 {
+	var k [16]byte
+	s, d := src.Addr().As4(), dst.Addr().As4()
+	copy(k[0:4], s[:])
+	copy(k[4:8], d[:])
+	binary.BigEndian.PutUint16(k[8:10], src.Port())
+	binary.BigEndian.PutUint16(k[10:12], dst.Port())
+	k[12], k[13], k[14] = proto, point, where
+	w0, w1 := binary.LittleEndian.Uint64(k[0:8]), binary.LittleEndian.Uint64(k[8:16])
+	lo := mix32(uint32(w0) ^ mix32(uint32(w0>>32)) ^ mix32(uint32(w1)^mix32(uint32(w1>>32))))
+	return lo & (4*256 - 1) // PT_BUDGET_SETS sets in each of 4 tables
+}
+
+// The packet observers keep a flow direction's event budget in a 4-way set
+// of slots: a spent budget stays spent while the other flows of its set fill
+// the rest of it, and a fifth flow takes the slot whose budget grew earliest,
+// whose flow then starts a new budget (a few more events, never fewer).
+// Five UDP flows whose tc head budgets share a set, run through the
+// observer in the kernel; within one refill (~10 ms), retried on a slow run.
+func TestBudgetSetKeepsFourFlows(t *testing.T) {
+	needRoot(t)
+	vip := netip.MustParseAddrPort("10.120.0.10:53")
+	p, _ := startProbe(t, vip.Addr())
+	p.mu.Lock()
+	prog, err := p.program(p.tcSpec, "pt_tc_head_in")
+	p.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const udp, ptTCHead, ptDirIn = 17, 4, 1
+	client := netip.MustParseAddr("10.244.8.23")
+	// Client ports by set, each attempt in a set of its own.
+	bySet := map[uint32][]uint16{}
+	for port := uint16(1024); port < 65535; port++ {
+		set := budgetSetOf(netip.AddrPortFrom(client, port), vip, udp, ptTCHead, ptDirIn)
+		bySet[set] = append(bySet[set], port)
+	}
+	var sets [][]uint16
+	for _, ports := range bySet {
+		if len(ports) >= 5 {
+			sets = append(sets, ports[:5])
+		}
+	}
+	send := func(port uint16) {
+		t.Helper()
+		if _, err := prog.Run(&ebpf.RunOptions{Data: testFrame(vip, frameOpts{proto: udp, sport: port, payload: 8})}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	summarized := func() uint64 { return p.Stats().Summarized }
+	for attempt := range 3 {
+		a, b, c, d, e := sets[attempt][0], sets[attempt][1], sets[attempt][2], sets[attempt][3], sets[attempt][4]
+		start, before := time.Now(), summarized()
+		for range 9 { // a spends its budget: the 9th is summarized
+			send(a)
+		}
+		spent := summarized() - before
+		send(b)
+		send(c)
+		send(d)
+		send(a) // the set is full; a's budget is still there, spent
+		kept := summarized() - before
+		send(e) // takes a's slot, the one that grew earliest
+		send(a) // a new budget: reported
+		after := summarized() - before
+		if time.Since(start) > 5*time.Millisecond {
+			t.Logf("attempt %d took %v, near a refill: again", attempt, time.Since(start))
+			continue
+		}
+		if spent != 1 || kept != 2 || after != 2 {
+			t.Errorf("summarized %d after a's 9 packets (want 1), %d after b, c, d and a again (want 2), %d after e and a again (want 2)", spent, kept, after)
+		}
+		return
+	}
+	t.Skip("three attempts each took longer than 5 ms: the machine is too slow to run them within a refill")
 }
