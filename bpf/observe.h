@@ -672,6 +672,15 @@ static __always_inline __u32 pt_coarse_ms(__u64 now)
 }
 
 
+/* pt_age is how long before now (pt_coarse_ms) then was. A stamp a little
+ * after now is no age: another CPU's, taken while this run went on. Any
+ * other difference is one, wrapped or not (a slot left alone for weeks). */
+static __always_inline __u32 pt_age(__u32 now, __u32 then)
+{
+	__u32 d = now - then;
+	return d > (__u32)-64 ? 0 : d;
+}
+
 /* pt_flow_point_hash is a 64-bit hash of k, never 0 (a free slot). */
 static __always_inline __u64 pt_flow_point_hash(const struct pt_flow_point *k)
 {
@@ -721,7 +730,7 @@ static __always_inline bool pt_take_budget(const struct pt_tuple *t, __u8 point,
 			break;
 		}
 		/* A free slot first, else the one that grew earliest. */
-		if (oldest->key && (!w->key || (__u32)(now_u - w->refilled) > (__u32)(now_u - oldest->refilled)))
+		if (oldest->key && (!w->key || pt_age(now_u, w->refilled) > pt_age(now_u, oldest->refilled)))
 			oldest = w;
 	}
 	if (!b) { /* a new budget */
@@ -730,7 +739,7 @@ static __always_inline bool pt_take_budget(const struct pt_tuple *t, __u8 point,
 		oldest->tokens = PT_EVENTS_PER_FLOW - 1;
 		return true;
 	}
-	__u32 elapsed = now_u - b->refilled;
+	__u32 elapsed = pt_age(now_u, b->refilled);
 	if (elapsed >= PT_REFILL_UNITS) {
 		__u32 more = elapsed / PT_REFILL_UNITS;
 		__u32 tokens = b->tokens + (more < PT_EVENTS_PER_FLOW ? more : PT_EVENTS_PER_FLOW);

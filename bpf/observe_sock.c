@@ -90,13 +90,12 @@ static __always_inline void pt_watch_cookie(__u64 cookie, __u32 netns, __u64 now
 			break;
 		}
 		/* A free slot first, else the one watched earliest. */
-		if (oldest->cookie && (!w->cookie || (__u32)(now_ms - w->at_ms) > (__u32)(now_ms - oldest->at_ms)))
+		if (oldest->cookie && (!w->cookie || pt_age(now_ms, w->at_ms) > pt_age(now_ms, oldest->at_ms)))
 			oldest = w;
 	}
 	if (!s) {
 		s = oldest;
-		__u32 age = now_ms - s->at_ms;
-		if (s->cookie && age < PT_COOKIE_LIVE_MS)
+		if (s->cookie && pt_age(now_ms, s->at_ms) < PT_COOKIE_LIVE_MS)
 			pt_count_learn_error(); /* a socket watched just now may lose its first packet */
 	}
 	__sync_lock_test_and_set(&s->cookie, 0);

@@ -2,6 +2,7 @@ package probe
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"os"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -433,11 +435,11 @@ func TestTapFilterEndpoints(t *testing.T) {
 	run("an endpoint after every port: another port", testFrame(otherPort, frameOpts{proto: tcp}), true)
 }
 
-// budgetSetOf is the budget set (table and set, as one number) of a
-// flow-point in the kernel: observe.h's pt_flow_point_hash of its key
+// budgetHashOf is observe.h's pt_flow_point_hash of a flow-point's key
 // (struct pt_flow_point: addresses and ports in network byte order, then
-// protocol, point and direction or hook), its low 10 bits.
-func budgetSetOf(src, dst netip.AddrPort, proto, point, where uint8) uint32 {
+// protocol, point and direction or hook): its low 2 bits pick the budget
+// table, the next 8 the set (budgetSetOf).
+func budgetHashOf(src, dst netip.AddrPort, proto, point, where uint8) uint64 {
 	var k [16]byte
 	s, d := src.Addr().As4(), dst.Addr().As4()
 	copy(k[0:4], s[:])
@@ -447,7 +449,17 @@ func budgetSetOf(src, dst netip.AddrPort, proto, point, where uint8) uint32 {
 	k[12], k[13], k[14] = proto, point, where
 	w0, w1 := binary.LittleEndian.Uint64(k[0:8]), binary.LittleEndian.Uint64(k[8:16])
 	lo := mix32(uint32(w0) ^ mix32(uint32(w0>>32)) ^ mix32(uint32(w1)^mix32(uint32(w1>>32))))
-	return lo & (4*256 - 1) // PT_BUDGET_SETS sets in each of 4 tables
+	hi := mix32(uint32(w0>>32) ^ mix32(uint32(w1)^0x9e3779b9) ^ mix32(uint32(w0)^mix32(uint32(w1>>32)^0x7f4a7c15)))
+	if h := uint64(hi)<<32 | uint64(lo); h != 0 {
+		return h
+	}
+	return 1
+}
+
+// budgetSetOf is the table and set of a flow-point's budget, as one number
+// (4 tables of 256 sets).
+func budgetSetOf(src, dst netip.AddrPort, proto, point, where uint8) uint32 {
+	return uint32(budgetHashOf(src, dst, proto, point, where)) & (4*256 - 1)
 }
 
 // The packet observers keep a flow direction's event budget in a 4-way set
@@ -512,4 +524,55 @@ func TestBudgetSetKeepsFourFlows(t *testing.T) {
 		return
 	}
 	t.Skip("three attempts each took longer than 5 ms: the machine is too slow to run them within a refill")
+}
+
+// A budget's age is read across the wrap of its 32-bit clock: a slot last
+// refilled 2^31 units (~26 days) ago, spent, refills (its flow's next
+// packet is reported), and one stamped a moment after now (by another CPU
+// while this run went on), spent, does not (summarized). Each slot is
+// written from user space, then one packet of its flow is run through the
+// tc head observer.
+func TestBudgetAgeAcrossTheWrap(t *testing.T) {
+	needRoot(t)
+	vip := netip.MustParseAddrPort("10.120.0.10:53")
+	p, _ := startProbe(t, vip.Addr())
+	p.mu.Lock()
+	prog, err := p.program(p.tcSpec, "pt_tc_head_in")
+	p.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const udp, ptTCHead, ptDirIn = 17, 4, 1
+	client := netip.MustParseAddr("10.244.8.23")
+	for _, tc := range []struct {
+		name       string
+		port       uint16
+		stamp      func(now uint32) uint32 // when the budget last grew
+		summarized uint64                  // of the packet that follows
+	}{
+		{"refilled 2^31 units ago", 41000, func(now uint32) uint32 { return now - 1<<31 - 100 }, 0},
+		{"stamped 3 units after now", 41001, func(now uint32) uint32 { return now + 3 }, 1},
+	} {
+		src := netip.AddrPortFrom(client, tc.port)
+		h := budgetHashOf(src, vip, udp, ptTCHead, ptDirIn)
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			t.Fatal(err)
+		}
+		now := uint32(uint64(ts.Nano()) >> 20) // pt_coarse_ms
+		var set [64]byte                       // struct pt_budget_set: way 0 spent, the rest free
+		binary.LittleEndian.PutUint64(set[0:8], h)
+		binary.LittleEndian.PutUint32(set[8:12], tc.stamp(now))
+		table := fmt.Sprintf("flow_events_%d", h&3)
+		if err := p.maps[table].Put(uint32(h>>2)&255, set); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		before := p.Stats().Summarized
+		if _, err := prog.Run(&ebpf.RunOptions{Data: testFrame(vip, frameOpts{proto: udp, sport: tc.port, payload: 8})}); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Stats().Summarized - before; got != tc.summarized {
+			t.Errorf("%s: the next packet summarized %d times, want %d", tc.name, got, tc.summarized)
+		}
+	}
 }
