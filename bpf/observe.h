@@ -623,7 +623,7 @@ _Static_assert(sizeof(struct pt_flow_point) == 16, "pt_flow_point_hash reads two
  * map of at most 32 KiB with kmalloc, in the direct mapping its huge pages
  * cover, and a larger one with vmalloc, in 4 KiB pages; here, in a VM, a
  * flow's first packet looking up one slot in a 2 MiB vmalloc'ed array took
- * ~1 us of TLB and cache misses per observer. Four 16 KiB tables hold 4096
+ * ~1 us of TLB and cache misses per observer. Four tables hold 8000
  * flow-points. An LRU hash map's insert (its locks and free lists) cost
  * ~0.4 us more. A flow whose slot another took starts a new budget when it
  * comes back, as one the LRU evicted did: a few more events, never fewer.
@@ -636,7 +636,11 @@ struct pt_budget {
 };
 
 #define PT_BUDGET_WAYS 4
-#define PT_BUDGET_SETS 256 /* per table */
+/* Per table: 500 sets of 64 bytes and the array map's own header (312
+ * bytes on 6.18) stay under the 32 KiB the kernel allocates with kmalloc. A
+ * kernel whose header is larger by more than 456 bytes vmallocs them:
+ * slower, no less right. */
+#define PT_BUDGET_SETS 500
 
 struct pt_budget_set {
 	struct pt_budget way[PT_BUDGET_WAYS];
@@ -695,7 +699,7 @@ static __always_inline __u64 pt_flow_point_hash(const struct pt_flow_point *k)
  * from its low bits, the set from the next. */
 static __always_inline struct pt_budget_set *pt_budget_set(__u64 h)
 {
-	__u32 i = (h >> 2) & (PT_BUDGET_SETS - 1);
+	__u32 i = ((__u32)h >> 2) % PT_BUDGET_SETS;
 	switch (h & 3) {
 	case 0:
 		return bpf_map_lookup_elem(&flow_events_0, &i);

@@ -21,7 +21,7 @@
 #define PF_KTHREAD 0x00200000
 
 /* Sockets that connected or sent to a watched address and whose first packet
- * has not been seen yet, in a table of 4-way sets: each slot holds a socket
+ * has not been seen yet, in tables of 4-way sets: each slot holds a socket
  * cookie (0: free), the netns inode of the socket's creator and when it was
  * watched. connect4 and sendmsg4 write a slot with plain stores and two
  * exchanges, where an LRU hash map's insert (its locks and free lists) cost
@@ -30,20 +30,24 @@
  * takes its own slot, a free one, or the one watched earliest. A slot is
  * freed when claimed, so what stays is a socket that never sent (a UDP
  * socket connected only to learn its source address) or closed without
- * sending, which a new watch then replaces first. A socket sends its first
- * packet microseconds after its watch (a TCP socket in the same connect
- * call), so its slot taken by later watches meanwhile needs four more
- * sockets of its set watched and waiting to send at once: it is counted in
- * learn_errors (a slot replaced within PT_COOKIE_LIVE_MS of its watch).
- * 16 KiB, small enough for the kernel to allocate it with kmalloc, in the
- * direct mapping its huge pages cover: here, in a VM, the cold lookup of a
- * cookie's slots in a 1 MiB (vmalloc'ed, 4 KiB pages) array cost connect4
- * ~1 us of TLB and cache misses per connection. It is also the egress
- * observer's first test, for every packet of every socket under the cgroup:
- * one cache line, as a bit array was. Cookies are never reused: a stale
- * slot matches no other socket. */
+ * sending, which a new watch then replaces first. A TCP socket sends its
+ * first packet microseconds after its watch (in the same connect call), but
+ * a pool of connected UDP sockets may all wait to send at once: a slot
+ * taken by later watches before its socket sent is counted in learn_errors
+ * (replaced within PT_COOKIE_LIVE_MS of its watch), and that flow lacks its
+ * socket's tuple. 8000 slots in 4 tables: with 500 UDP sockets connected
+ * before any sent, none of them (odds of one ~1/100000), with 2000 5 to 20
+ * in runs here (8 tables lost one, but cost connect4 ~0.4 us more per connection: the
+ * more memory a lookup may land in, the more often it misses the caches).
+ * Each table is small enough for the kernel to allocate it with kmalloc, in the direct mapping its huge
+ * pages cover: here, in a VM, the cold lookup of a cookie's slots in a
+ * 1 MiB (vmalloc'ed, 4 KiB pages) array cost connect4 ~1 us of TLB and
+ * cache misses per connection. The set is also the egress observer's first
+ * test, for every packet of every socket under the cgroup: one cache line,
+ * as a bit array was. Cookies are never reused: a stale slot matches no
+ * other socket. */
 #define PT_COOKIE_WAYS 4
-#define PT_COOKIE_SETS 256
+#define PT_COOKIE_SETS 500 /* per table: see PT_BUDGET_SETS */
 #define PT_COOKIE_LIVE_MS 1000
 
 struct pt_cookie_slot {
@@ -58,17 +62,35 @@ struct pt_cookie_set {
 
 _Static_assert(sizeof(struct pt_cookie_set) == 64, "a cookie set is one cache line");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PT_COOKIE_SETS);
-	__type(key, __u32);
-	__type(value, struct pt_cookie_set);
-} watch_cookies SEC(".maps");
+#define PT_COOKIE_TABLE                                 \
+	{                                               \
+		__uint(type, BPF_MAP_TYPE_ARRAY);       \
+		__uint(max_entries, PT_COOKIE_SETS);    \
+		__type(key, __u32);                     \
+		__type(value, struct pt_cookie_set);    \
+	}
 
+struct PT_COOKIE_TABLE watch_cookies_0 SEC(".maps");
+struct PT_COOKIE_TABLE watch_cookies_1 SEC(".maps");
+struct PT_COOKIE_TABLE watch_cookies_2 SEC(".maps");
+struct PT_COOKIE_TABLE watch_cookies_3 SEC(".maps");
+
+/* pt_cookie_set is the cookie's set: the table from its hash's low bits,
+ * the set from the next. */
 static __always_inline struct pt_cookie_set *pt_cookie_set(__u64 cookie)
 {
-	__u32 i = pt_mix((__u32)cookie ^ pt_mix(cookie >> 32)) & (PT_COOKIE_SETS - 1);
-	return bpf_map_lookup_elem(&watch_cookies, &i);
+	__u32 h = pt_mix((__u32)cookie ^ pt_mix(cookie >> 32));
+	__u32 i = (h >> 2) % PT_COOKIE_SETS;
+	switch (h & 3) {
+	case 0:
+		return bpf_map_lookup_elem(&watch_cookies_0, &i);
+	case 1:
+		return bpf_map_lookup_elem(&watch_cookies_1, &i);
+	case 2:
+		return bpf_map_lookup_elem(&watch_cookies_2, &i);
+	default:
+		return bpf_map_lookup_elem(&watch_cookies_3, &i);
+	}
 }
 
 /* pt_watch_cookie watches the socket cookie (netns: its creator's), at now.

@@ -2,6 +2,7 @@ package flow_test
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
@@ -66,6 +67,34 @@ func TestNodeSynAckLostNeedsALosslessUplink(t *testing.T) {
 	for _, f := range e.Flows() {
 		if f.RepliesLostOnNode > 0 || !f.Reply {
 			t.Errorf("flow %d (%s): the uplink's tap lost frames, yet replies_lost_on_node %d, reply %v: %s", f.ID, f.Client, f.RepliesLostOnNode, f.Reply, f.Reason)
+		}
+	}
+}
+
+// TestConnectAloneAfterLostWatches: a socket seen at its connect() alone
+// (no SYN_SENT, no first packet at its egress) failed before any packet,
+// unless the kernel observers lost socket watches during the run
+// (kernel_learn_errors, WatchesLost): then its first packet may have gone
+// untied to it, and the reason says so rather than blame the kernel.
+func TestConnectAloneAfterLostWatches(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "node-client-no-route.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lost := range []bool{false, true} {
+		e := s.Run(nil)
+		if lost {
+			e.WatchesLost()
+		}
+		flows := e.Flows()
+		if len(flows) == 0 {
+			t.Fatal("no flows")
+		}
+		for _, f := range flows {
+			blamed := strings.Contains(f.Reason, "kernel_learn_errors")
+			if blamed != lost {
+				t.Errorf("watches lost %v: flow %d (%s %s): %s", lost, f.ID, f.Proto, f.Service, f.Reason)
+			}
 		}
 	}
 }

@@ -111,6 +111,9 @@ type Engine struct {
 	stopped time.Time
 	// captureLost: the points whose capture lost frames (CaptureLost).
 	captureLost map[obs.Point]bool
+	// watchesLost: the kernel observers lost some of what they learn
+	// (WatchesLost).
+	watchesLost bool
 	// lateCounts are the flows' packets captured once the run was
 	// stopping that lostOnTheWay leaves out.
 	lateCounts map[*flowState]*lateCount
@@ -192,6 +195,14 @@ func (e *Engine) CaptureLost(p obs.Point) {
 	}
 	e.captureLost[p] = true
 }
+
+// WatchesLost tells the engine that the kernel observers lost some of what
+// they learn in the kernel (kernel_learn_errors): a socket's watch taken
+// by others before its first packet (more sockets waiting to send at once
+// than the kernel's table holds), or an address they could not add. A
+// socket seen at its connect() alone may then have sent: its first packet
+// went untied to it (neverSent). Once said, for the rest of the run.
+func (e *Engine) WatchesLost() { e.watchesLost = true }
 
 // late tells whether a packet captured at (Unix ns) was captured once the
 // run was stopping: the taps go on capturing for a moment, each stopping

@@ -435,6 +435,9 @@ func (e *Engine) neverSent(f *flowState, last checkpoint) string {
 			return ""
 		}
 	}
+	if e.watchesLost {
+		return "no packet was tied to the socket: pathtrace's kernel observers lost some of what they learn during the run (kernel_learn_errors: a socket's watch taken by others before its first packet, when more sockets wait to send at once than they keep), so it may have sent, its packets then listed as another flow of the same client; or its connect() or send failed in the kernel before any packet"
+	}
 	switch {
 	case f.proto == obs.TCP && e.active(obs.PointSockState):
 		return "the socket never entered SYN_SENT nor sent a packet: connect() failed in the kernel before its SYN (no route to the VIP, network unreachable, is the usual cause)"

@@ -402,6 +402,30 @@ func clientAction(action string, to netip.AddrPort) error {
 			return fmt.Errorf("echo %q", buf[:n])
 		}
 		return nil
+	case "udppool": // udpPool connected sockets, all waiting before any sends
+		conns := make([]net.Conn, 0, udpPool)
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for range udpPool {
+			c, err := net.Dial("udp4", to.String())
+			if err != nil {
+				return err
+			}
+			conns = append(conns, c)
+		}
+		for _, c := range conns {
+			c.SetDeadline(deadline)
+			if _, err := io.WriteString(c, msg); err != nil {
+				return err
+			}
+			if _, err := c.Read(buf); err != nil {
+				return err
+			}
+		}
+		return nil
 	case "tcprefused": // a connection the client's own netns refuses
 		c, err := net.DialTimeout("tcp", to.String(), 3*time.Second)
 		if err == nil {

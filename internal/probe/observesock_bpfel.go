@@ -33,7 +33,10 @@ const (
 	observeSockMapWatchBitsKernel  = "watch_bits_kernel"
 	observeSockMapWatchBitsUser    = "watch_bits_user"
 	observeSockMapWatchClients     = "watch_clients"
-	observeSockMapWatchCookies     = "watch_cookies"
+	observeSockMapWatchCookies0    = "watch_cookies_0"
+	observeSockMapWatchCookies1    = "watch_cookies_1"
+	observeSockMapWatchCookies2    = "watch_cookies_2"
+	observeSockMapWatchCookies3    = "watch_cookies_3"
 	observeSockMapWatchEndpoints   = "watch_endpoints"
 	observeSockProgPtConnect4      = "pt_connect4"
 	observeSockProgPtConnect6      = "pt_connect6"
@@ -113,7 +116,10 @@ type observeSockMapSpecs struct {
 	WatchBitsKernel  *ebpf.MapSpec `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.MapSpec `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.MapSpec `ebpf:"watch_clients"`
-	WatchCookies     *ebpf.MapSpec `ebpf:"watch_cookies"`
+	WatchCookies0    *ebpf.MapSpec `ebpf:"watch_cookies_0"`
+	WatchCookies1    *ebpf.MapSpec `ebpf:"watch_cookies_1"`
+	WatchCookies2    *ebpf.MapSpec `ebpf:"watch_cookies_2"`
+	WatchCookies3    *ebpf.MapSpec `ebpf:"watch_cookies_3"`
 	WatchEndpoints   *ebpf.MapSpec `ebpf:"watch_endpoints"`
 }
 
@@ -161,7 +167,10 @@ type observeSockMaps struct {
 	WatchBitsKernel  *ebpf.Map `ebpf:"watch_bits_kernel"`
 	WatchBitsUser    *ebpf.Map `ebpf:"watch_bits_user"`
 	WatchClients     *ebpf.Map `ebpf:"watch_clients"`
-	WatchCookies     *ebpf.Map `ebpf:"watch_cookies"`
+	WatchCookies0    *ebpf.Map `ebpf:"watch_cookies_0"`
+	WatchCookies1    *ebpf.Map `ebpf:"watch_cookies_1"`
+	WatchCookies2    *ebpf.Map `ebpf:"watch_cookies_2"`
+	WatchCookies3    *ebpf.Map `ebpf:"watch_cookies_3"`
 	WatchEndpoints   *ebpf.Map `ebpf:"watch_endpoints"`
 }
 
@@ -184,7 +193,10 @@ func (m *observeSockMaps) Close() error {
 		m.WatchBitsKernel,
 		m.WatchBitsUser,
 		m.WatchClients,
-		m.WatchCookies,
+		m.WatchCookies0,
+		m.WatchCookies1,
+		m.WatchCookies2,
+		m.WatchCookies3,
 		m.WatchEndpoints,
 	)
 }

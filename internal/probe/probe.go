@@ -62,7 +62,7 @@ type Stats struct {
 // about a flow in the kernel reaches every later point, the taps' filter
 // included, before the flow's next packet does.
 var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_endpoints", "watch_clients", "learn_errors",
-	"watch_cookies", "flow_events_0", "flow_events_1", "flow_events_2", "flow_events_3", "events_summarized", "read_requested",
+	"watch_cookies_0", "watch_cookies_1", "watch_cookies_2", "watch_cookies_3", "flow_events_0", "flow_events_1", "flow_events_2", "flow_events_3", "events_summarized", "read_requested",
 	"watch_bits_user", "watch_bits_kernel",
 	"reader_asleep", "submit_fence", "last_to_watched"}
 

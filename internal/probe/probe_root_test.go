@@ -350,6 +350,30 @@ func TestSocketClosedBeforeFirstPacket(t *testing.T) {
 	}
 }
 
+// udpPool is how many connected UDP sockets the client's udppool action
+// opens before any of them sends.
+const udpPool = 500
+
+// A pool of connected UDP sockets that all wait before they send (a
+// resolver's, a load generator's) keeps every socket's watch until its
+// first datagram, which the egress observer then ties to the socket: with
+// 8000 slots in sets of 4, 500 sockets waiting at once lose none (odds of
+// one loss ~1/100000); a single table of 1024 slots lost ~15 of them.
+func TestConnectedUDPPoolWatched(t *testing.T) {
+	needRoot(t)
+	env, cg, _ := newLBEnv(t) // with the backend's echo servers
+	p, c := startProbe(t, env.vip)
+	mustAttach(t, p.AttachSocket(cg))
+
+	env.runClient(t, cg, "udppool="+netip.AddrPortFrom(env.vip, env.udpPort).String())
+	egress := func(o obs.Observation) bool { return o.Point == obs.PointSockEgress }
+	c.waitCount(t, "the first datagram of every socket of the pool", udpPool-1, egress)
+	time.Sleep(100 * time.Millisecond)
+	if n, s := len(c.matching(egress)), p.Stats(); n < udpPool-1 || s.LearnErrors > 1 {
+		t.Errorf("%d of %d sockets' first datagrams tied to their socket, %d watches lost; want all but one at most", n, udpPool, s.LearnErrors)
+	}
+}
+
 // The netfilter observers at OUTPUT name the socket a packet comes from (its
 // cookie): the one tie to its flow when a rule at OUTPUT drops its SYN, so
 // that neither the egress hook nor a close reports its port in time. At

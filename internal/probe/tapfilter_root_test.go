@@ -438,7 +438,7 @@ func TestTapFilterEndpoints(t *testing.T) {
 // budgetHashOf is observe.h's pt_flow_point_hash of a flow-point's key
 // (struct pt_flow_point: addresses and ports in network byte order, then
 // protocol, point and direction or hook): its low 2 bits pick the budget
-// table, the next 8 the set (budgetSetOf).
+// table, the rest the set (budgetSetOf).
 func budgetHashOf(src, dst netip.AddrPort, proto, point, where uint8) uint64 {
 	var k [16]byte
 	s, d := src.Addr().As4(), dst.Addr().As4()
@@ -456,10 +456,14 @@ func budgetHashOf(src, dst netip.AddrPort, proto, point, where uint8) uint64 {
 	return 1
 }
 
-// budgetSetOf is the table and set of a flow-point's budget, as one number
-// (4 tables of 256 sets).
-func budgetSetOf(src, dst netip.AddrPort, proto, point, where uint8) uint32 {
-	return uint32(budgetHashOf(src, dst, proto, point, where)) & (4*256 - 1)
+// budgetSets is PT_BUDGET_SETS, the sets of each of the 4 budget tables.
+const budgetSets = 500
+
+// budgetSetOf is the table and set of a flow-point's budget (4 tables of
+// budgetSets sets).
+func budgetSetOf(src, dst netip.AddrPort, proto, point, where uint8) (table, set uint32) {
+	h := uint32(budgetHashOf(src, dst, proto, point, where))
+	return h & 3, (h >> 2) % budgetSets
 }
 
 // The packet observers keep a flow direction's event budget in a 4-way set
@@ -481,10 +485,10 @@ func TestBudgetSetKeepsFourFlows(t *testing.T) {
 	const udp, ptTCHead, ptDirIn = 17, 4, 1
 	client := netip.MustParseAddr("10.244.8.23")
 	// Client ports by set, each attempt in a set of its own.
-	bySet := map[uint32][]uint16{}
+	bySet := map[[2]uint32][]uint16{}
 	for port := uint16(1024); port < 65535; port++ {
-		set := budgetSetOf(netip.AddrPortFrom(client, port), vip, udp, ptTCHead, ptDirIn)
-		bySet[set] = append(bySet[set], port)
+		table, set := budgetSetOf(netip.AddrPortFrom(client, port), vip, udp, ptTCHead, ptDirIn)
+		bySet[[2]uint32{table, set}] = append(bySet[[2]uint32{table, set}], port)
 	}
 	var sets [][]uint16
 	for _, ports := range bySet {
@@ -564,7 +568,7 @@ func TestBudgetAgeAcrossTheWrap(t *testing.T) {
 		binary.LittleEndian.PutUint64(set[0:8], h)
 		binary.LittleEndian.PutUint32(set[8:12], tc.stamp(now))
 		table := fmt.Sprintf("flow_events_%d", h&3)
-		if err := p.maps[table].Put(uint32(h>>2)&255, set); err != nil {
+		if err := p.maps[table].Put((uint32(h)>>2)%budgetSets, set); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		before := p.Stats().Summarized

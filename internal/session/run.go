@@ -51,6 +51,9 @@ type tracer struct {
 	// endpoint (discover.NodeInfo.NodeVIPPorts).
 	clientVIPPorts map[netip.Addr][]uint16
 	outOfScope     uint64
+	// learnLost: the kernel observers lost some of what they learn
+	// (kernel_learn_errors), which the engine was told (noteLearnLosses).
+	learnLost bool
 	// podCaptureLost: a Pod's tap lost frames, which the engine was told
 	// (noteCaptureLosses).
 	podCaptureLost bool
@@ -278,6 +281,7 @@ loop:
 			}
 			tr.noteConntrackLosses()
 			tr.noteCaptureLosses()
+			tr.noteLearnLosses()
 			tr.retire(time.Now())
 			tr.interval(time.Now(), &nextInterval)
 			tr.widen()
@@ -585,6 +589,16 @@ func (tr *tracer) noteCaptureLosses() {
 	if uplink && !tr.uplinkCaptureLost {
 		tr.uplinkCaptureLost = true
 		tr.eng.CaptureLost(obs.PointUplink)
+	}
+}
+
+// noteLearnLosses tells the engine once the kernel observers have lost some
+// of what they learn (a socket's watch before its first packet): a socket
+// seen at its connect() alone may then have sent after all.
+func (tr *tracer) noteLearnLosses() {
+	if !tr.learnLost && tr.pr.Stats().LearnErrors > 0 {
+		tr.learnLost = true
+		tr.eng.WatchesLost()
 	}
 }
 

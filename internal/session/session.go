@@ -280,6 +280,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	}
 	tr.noteConntrackLosses()
 	tr.noteCaptureLosses()
+	tr.noteLearnLosses()
 	res.Flows = eng.Flows()
 	tr.nameDrops(res.Flows)
 	res.Summary = eng.Summary()
