@@ -675,7 +675,6 @@ static __always_inline __u32 pt_coarse_ms(__u64 now)
 	return now >> 20;
 }
 
-
 /* pt_age is how long before now (pt_coarse_ms) then was. A stamp a little
  * after now is no age: another CPU's, taken while this run went on. Any
  * other difference is one, wrapped or not (a slot left alone for weeks). */

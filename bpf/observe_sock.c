@@ -36,13 +36,14 @@
  * taken by later watches before its socket sent is counted in learn_errors
  * (replaced within PT_COOKIE_LIVE_MS of its watch), and that flow lacks its
  * socket's tuple. 8000 slots in 4 tables: with 500 UDP sockets connected
- * before any sent, none of them (odds of one ~1/100000), with 2000 5 to 20
- * in runs here (8 tables lost one, but cost connect4 ~0.4 us more per connection: the
- * more memory a lookup may land in, the more often it misses the caches).
- * Each table is small enough for the kernel to allocate it with kmalloc, in the direct mapping its huge
- * pages cover: here, in a VM, the cold lookup of a cookie's slots in a
- * 1 MiB (vmalloc'ed, 4 KiB pages) array cost connect4 ~1 us of TLB and
- * cache misses per connection. The set is also the egress observer's first
+ * before any sent, none of them are lost (odds of one ~1/100000), with
+ * 2000, 5 to 20 in runs here (8 tables lost one, but cost connect4 ~0.4 us
+ * more per connection: the more memory a lookup may land in, the more
+ * often it misses the caches). Each table is small enough for the kernel
+ * to allocate it with kmalloc, in the direct mapping its huge pages cover:
+ * here, in a VM, the cold lookup of a cookie's slots in a 1 MiB
+ * (vmalloc'ed, 4 KiB pages) array cost connect4 ~1 us of TLB and cache
+ * misses per connection. The set is also the egress observer's first
  * test, for every packet of every socket under the cgroup: one cache line,
  * as a bit array was. Cookies are never reused: a stale slot matches no
  * other socket. */
