@@ -584,6 +584,106 @@ static __always_inline bool pt_interesting(const struct pt_tuple *t)
 	return pt_watched_at(t->daddr, t->dport, t->proto) || pt_interesting_but_dst(t);
 }
 
+/* pt_coarse_ms is now in units of 2^20 ns (~1.05 ms), as 32 bits that wrap
+ * every ~52 days: ages are differences. */
+static __always_inline __u32 pt_coarse_ms(__u64 now)
+{
+	return now >> 20;
+}
+
+/* pt_age is how long before now (pt_coarse_ms) then was. A stamp a little
+ * after now is no age: another CPU's, taken while this run went on. Any
+ * other difference is one, wrapped or not (a slot left alone for weeks). */
+static __always_inline __u32 pt_age(__u32 now, __u32 then)
+{
+	__u32 d = now - then;
+	return d > (__u32)-64 ? 0 : d;
+}
+
+/* Tables of 4-way sets: what the observers keep per flow-point (event
+ * budgets, below) or per socket (observe_sock.c's watched sockets), where
+ * a hash map's insert would cost most of a connection's observer time. A
+ * key has one set (one cache line), where it finds its slot or takes a
+ * free one, else the one stamped earliest. The tables are small on
+ * purpose: the kernel allocates a map of at most 32 KiB with kmalloc, in
+ * the direct mapping its huge pages cover, and a larger one with vmalloc,
+ * in 4 KiB pages; here, in a VM, a connection's cold lookup in a 1 or 2 MiB
+ * vmalloc'ed array took ~1 us of TLB and cache misses per observer. */
+struct pt_slot {
+	__u64 key;   /* 0: free */
+	__u32 stamp; /* pt_coarse_ms (wraps) */
+	__u32 val;
+};
+
+#define PT_WAYS 4
+
+struct pt_set {
+	struct pt_slot way[PT_WAYS];
+};
+
+_Static_assert(sizeof(struct pt_set) == 64, "a set is one cache line");
+
+/* Per table: 500 sets of 64 bytes and the array map's own header (312
+ * bytes on 6.18) stay under the 32 KiB the kernel allocates with kmalloc. A
+ * kernel whose header is larger by more than 456 bytes vmallocs them:
+ * slower, no less right. Four tables: 8000 slots. */
+#define PT_SETS 500
+
+/* PT_SET_TABLES declares the four array maps name_0 .. name_3 of PT_SETS
+ * sets. */
+#define PT_SET_TABLE                                    \
+	struct {                                        \
+		__uint(type, BPF_MAP_TYPE_ARRAY);       \
+		__uint(max_entries, PT_SETS);           \
+		__type(key, __u32);                     \
+		__type(value, struct pt_set);           \
+	}
+#define PT_SET_TABLES(name)                             \
+	PT_SET_TABLE name##_0 SEC(".maps");             \
+	PT_SET_TABLE name##_1 SEC(".maps");             \
+	PT_SET_TABLE name##_2 SEC(".maps");             \
+	PT_SET_TABLE name##_3 SEC(".maps")
+
+/* PT_SET_OF is the set of the tables name_0 .. name_3 of a key whose hash
+ * is h (32 bits): the table from its low bits, the set from the rest. Each
+ * map has its own lookup: the verifier wants to know the map. */
+#define PT_SET_OF(name, h)                                                              \
+	({                                                                              \
+		__u32 _i = ((h) >> 2) % PT_SETS;                                        \
+		struct pt_set *_s;                                                      \
+		switch ((h) & 3) {                                                      \
+		case 0:                                                                 \
+			_s = bpf_map_lookup_elem(&name##_0, &_i);                       \
+			break;                                                          \
+		case 1:                                                                 \
+			_s = bpf_map_lookup_elem(&name##_1, &_i);                       \
+			break;                                                          \
+		case 2:                                                                 \
+			_s = bpf_map_lookup_elem(&name##_2, &_i);                       \
+			break;                                                          \
+		default:                                                                \
+			_s = bpf_map_lookup_elem(&name##_3, &_i);                       \
+		}                                                                       \
+		_s;                                                                     \
+	})
+
+/* pt_set_find is key's slot in set, or NULL with *victim the slot a new
+ * key takes: a free one, else the one stamped earliest (now: pt_coarse_ms). */
+static __always_inline struct pt_slot *pt_set_find(struct pt_set *set, __u64 key, __u32 now, struct pt_slot **victim)
+{
+	struct pt_slot *oldest = &set->way[0];
+#pragma unroll
+	for (int i = 0; i < PT_WAYS; i++) {
+		struct pt_slot *w = &set->way[i];
+		if (w->key == key)
+			return w;
+		if (oldest->key && (!w->key || pt_age(now, w->stamp) > pt_age(now, oldest->stamp)))
+			oldest = w;
+	}
+	*victim = oldest;
+	return NULL;
+}
+
 /* Packet observers (tc, netfilter) report the first PT_EVENTS_PER_FLOW packets
  * of each flow direction at each point, then one every PT_REFILL_UNITS, and every
  * TCP SYN, FIN and RST: a verdict needs a flow's first packets, and a busy
@@ -614,52 +714,15 @@ struct pt_flow_point {
 _Static_assert(sizeof(struct pt_flow_point) == 16, "pt_flow_point_hash reads two words");
 
 /* The events a flow direction may still report at a point, and when the
- * budget last grew, in tables of 4-way sets: a flow-point has one set (one
- * cache line), where it finds its slot or takes the one whose budget grew
- * earliest (or was never used). A slot holds a 64-bit hash of the
- * flow-point, not the flow-point: twice the slots in the same memory, and
- * two live flow-points of one set sharing a hash (odds ~2^-62) would only
- * share a budget. The tables are small on purpose: the kernel allocates a
- * map of at most 32 KiB with kmalloc, in the direct mapping its huge pages
- * cover, and a larger one with vmalloc, in 4 KiB pages; here, in a VM, a
- * flow's first packet looking up one slot in a 2 MiB vmalloc'ed array took
- * ~1 us of TLB and cache misses per observer. Four tables hold 8000
- * flow-points. An LRU hash map's insert (its locks and free lists) cost
- * ~0.4 us more. A flow whose slot another took starts a new budget when it
- * comes back, as one the LRU evicted did: a few more events, never fewer.
- * Updated without atomics: two CPUs racing may report one event more or
- * less, or start a budget again, which is all a budget needs. */
-struct pt_budget {
-	__u64 key;      /* pt_flow_point_hash; 0: never used */
-	__u32 refilled; /* pt_coarse_ms when the budget last grew (wraps) */
-	__u32 tokens;
-};
-
-#define PT_BUDGET_WAYS 4
-/* Per table: 500 sets of 64 bytes and the array map's own header (312
- * bytes on 6.18) stay under the 32 KiB the kernel allocates with kmalloc. A
- * kernel whose header is larger by more than 456 bytes vmallocs them:
- * slower, no less right. */
-#define PT_BUDGET_SETS 500
-
-struct pt_budget_set {
-	struct pt_budget way[PT_BUDGET_WAYS];
-};
-
-_Static_assert(sizeof(struct pt_budget_set) == 64, "a budget set is one cache line");
-
-#define PT_BUDGET_TABLE                                 \
-	{                                               \
-		__uint(type, BPF_MAP_TYPE_ARRAY);       \
-		__uint(max_entries, PT_BUDGET_SETS);    \
-		__type(key, __u32);                     \
-		__type(value, struct pt_budget_set);    \
-	}
-
-struct PT_BUDGET_TABLE flow_events_0 SEC(".maps");
-struct PT_BUDGET_TABLE flow_events_1 SEC(".maps");
-struct PT_BUDGET_TABLE flow_events_2 SEC(".maps");
-struct PT_BUDGET_TABLE flow_events_3 SEC(".maps");
+ * budget last grew, in tables of 4-way sets (pt_set). A slot holds a 64-bit
+ * hash of the flow-point, not the flow-point: twice the slots in the same
+ * memory, and two live flow-points of one set sharing a hash (odds ~2^-62)
+ * would only share a budget. A flow whose slot another took starts a new
+ * budget when it comes back, as one an LRU map evicted did: a few more
+ * events, never fewer. Updated without atomics: two CPUs racing may report
+ * one event more or less, or start a budget again, which is all a budget
+ * needs. */
+PT_SET_TABLES(flow_events); /* key: pt_flow_point_hash; stamp: when the budget last grew; val: its tokens */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -667,22 +730,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } events_summarized SEC(".maps");
-
-/* pt_coarse_ms is now in units of 2^20 ns (~1.05 ms), as 32 bits that wrap
- * every ~52 days: ages are differences. */
-static __always_inline __u32 pt_coarse_ms(__u64 now)
-{
-	return now >> 20;
-}
-
-/* pt_age is how long before now (pt_coarse_ms) then was. A stamp a little
- * after now is no age: another CPU's, taken while this run went on. Any
- * other difference is one, wrapped or not (a slot left alone for weeks). */
-static __always_inline __u32 pt_age(__u32 now, __u32 then)
-{
-	__u32 d = now - then;
-	return d > (__u32)-64 ? 0 : d;
-}
 
 /* pt_flow_point_hash is a 64-bit hash of k, never 0 (a free slot). */
 static __always_inline __u64 pt_flow_point_hash(const struct pt_flow_point *k)
@@ -694,23 +741,6 @@ static __always_inline __u64 pt_flow_point_hash(const struct pt_flow_point *k)
 	return h ? h : 1;
 }
 
-/* pt_budget_set is the set of the flow-point whose hash is h: the table
- * from its low bits, the set from the next. */
-static __always_inline struct pt_budget_set *pt_budget_set(__u64 h)
-{
-	__u32 i = ((__u32)h >> 2) % PT_BUDGET_SETS;
-	switch (h & 3) {
-	case 0:
-		return bpf_map_lookup_elem(&flow_events_0, &i);
-	case 1:
-		return bpf_map_lookup_elem(&flow_events_1, &i);
-	case 2:
-		return bpf_map_lookup_elem(&flow_events_2, &i);
-	default:
-		return bpf_map_lookup_elem(&flow_events_3, &i);
-	}
-}
-
 /* pt_take_budget takes one event of the budget of t's flow direction at
  * point (and where), counting one summarized when none is left. */
 static __always_inline bool pt_take_budget(const struct pt_tuple *t, __u8 point, __u8 where, __u64 now)
@@ -720,37 +750,26 @@ static __always_inline bool pt_take_budget(const struct pt_tuple *t, __u8 point,
 		.proto = t->proto, .point = point, .where = where,
 	};
 	__u64 h = pt_flow_point_hash(&k);
-	struct pt_budget_set *set = pt_budget_set(h);
+	struct pt_set *set = PT_SET_OF(flow_events, (__u32)h);
 	if (!set)
 		return true;
 	__u32 now_u = pt_coarse_ms(now);
-	struct pt_budget *b = NULL, *oldest = &set->way[0];
-#pragma unroll
-	for (int i = 0; i < PT_BUDGET_WAYS; i++) {
-		struct pt_budget *w = &set->way[i];
-		if (w->key == h) {
-			b = w;
-			break;
-		}
-		/* A free slot first, else the one that grew earliest. */
-		if (oldest->key && (!w->key || pt_age(now_u, w->refilled) > pt_age(now_u, oldest->refilled)))
-			oldest = w;
-	}
+	struct pt_slot *victim, *b = pt_set_find(set, h, now_u, &victim);
 	if (!b) { /* a new budget */
-		oldest->key = h;
-		oldest->refilled = now_u;
-		oldest->tokens = PT_EVENTS_PER_FLOW - 1;
+		victim->key = h;
+		victim->stamp = now_u;
+		victim->val = PT_EVENTS_PER_FLOW - 1;
 		return true;
 	}
-	__u32 elapsed = pt_age(now_u, b->refilled);
+	__u32 elapsed = pt_age(now_u, b->stamp);
 	if (elapsed >= PT_REFILL_UNITS) {
 		__u32 more = elapsed / PT_REFILL_UNITS;
-		__u32 tokens = b->tokens + (more < PT_EVENTS_PER_FLOW ? more : PT_EVENTS_PER_FLOW);
-		b->tokens = tokens < PT_EVENTS_PER_FLOW ? tokens : PT_EVENTS_PER_FLOW;
-		b->refilled = now_u;
+		__u32 tokens = b->val + (more < PT_EVENTS_PER_FLOW ? more : PT_EVENTS_PER_FLOW);
+		b->val = tokens < PT_EVENTS_PER_FLOW ? tokens : PT_EVENTS_PER_FLOW;
+		b->stamp = now_u;
 	}
-	if (b->tokens) {
-		b->tokens--;
+	if (b->val) {
+		b->val--;
 		return true;
 	}
 	__u32 key = point;

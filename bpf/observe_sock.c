@@ -21,77 +21,33 @@
 #define PF_KTHREAD 0x00200000
 
 /* Sockets that connected or sent to a watched address and whose first packet
- * has not been seen yet, in tables of 4-way sets: each slot holds a socket
- * cookie (0: free), the netns inode of the socket's creator and when it was
- * watched. connect4 and sendmsg4 write a slot with plain stores and two
- * exchanges, where an LRU hash map's insert (its locks and free lists) cost
- * them ~0.8 us per connection; the egress observer claims it with one
- * compare-and-swap. A cookie has one set (one cache line): a new watch
- * takes its own slot, a free one, or the one watched earliest. A slot is
- * freed when claimed, so what stays is a socket that never sent (a UDP
- * socket connected only to learn its source address) or closed without
- * sending, which a new watch then replaces first. A TCP socket sends its
- * first packet microseconds after its watch (in the same connect call), but
- * a pool of connected UDP sockets may all wait to send at once: a slot
- * taken by later watches before its socket sent is counted in learn_errors
- * (replaced within PT_COOKIE_LIVE_MS of its watch), and that flow lacks its
- * socket's tuple. 8000 slots in 4 tables: with 500 UDP sockets connected
- * before any sent, none of them are lost (odds of one ~1/100000), with
+ * has not been seen yet, in tables of 4-way sets (observe.h's pt_set): a
+ * slot holds a socket cookie, the netns inode of the socket's creator and
+ * when it was watched. connect4 and sendmsg4 write a slot with plain stores
+ * and two exchanges, where an LRU hash map's insert (its locks and free
+ * lists) cost them ~0.8 us per connection; the egress observer claims it
+ * with one compare-and-swap. A slot is freed when claimed, so what stays is
+ * a socket that never sent (a UDP socket connected only to learn its source
+ * address) or closed without sending, which a new watch then replaces
+ * first. A TCP socket sends its first packet microseconds after its watch
+ * (in the same connect call), but a pool of connected UDP sockets may all
+ * wait to send at once: a slot taken by later watches before its socket
+ * sent is counted in learn_errors (replaced within PT_COOKIE_LIVE_MS of its
+ * watch), and that flow lacks its socket's tuple. With 500 UDP sockets
+ * connected before any sent, none are lost (odds of one ~1/100000), with
  * 2000, 5 to 20 in runs here (8 tables lost one, but cost connect4 ~0.4 us
  * more per connection: the more memory a lookup may land in, the more
- * often it misses the caches). Each table is small enough for the kernel
- * to allocate it with kmalloc, in the direct mapping its huge pages cover:
- * here, in a VM, the cold lookup of a cookie's slots in a 1 MiB
- * (vmalloc'ed, 4 KiB pages) array cost connect4 ~1 us of TLB and cache
- * misses per connection. The set is also the egress observer's first
+ * often it misses the caches). The set is also the egress observer's first
  * test, for every packet of every socket under the cgroup: one cache line,
  * as a bit array was. Cookies are never reused: a stale slot matches no
  * other socket. */
-#define PT_COOKIE_WAYS 4
-#define PT_COOKIE_SETS 500 /* per table: see PT_BUDGET_SETS */
 #define PT_COOKIE_LIVE_MS 1000
 
-struct pt_cookie_slot {
-	__u64 cookie;
-	__u32 netns;
-	__u32 at_ms; /* pt_coarse_ms (wraps) */
-};
+PT_SET_TABLES(watch_cookies); /* key: the cookie; stamp: when watched; val: the netns */
 
-struct pt_cookie_set {
-	struct pt_cookie_slot way[PT_COOKIE_WAYS];
-};
-
-_Static_assert(sizeof(struct pt_cookie_set) == 64, "a cookie set is one cache line");
-
-#define PT_COOKIE_TABLE                                 \
-	{                                               \
-		__uint(type, BPF_MAP_TYPE_ARRAY);       \
-		__uint(max_entries, PT_COOKIE_SETS);    \
-		__type(key, __u32);                     \
-		__type(value, struct pt_cookie_set);    \
-	}
-
-struct PT_COOKIE_TABLE watch_cookies_0 SEC(".maps");
-struct PT_COOKIE_TABLE watch_cookies_1 SEC(".maps");
-struct PT_COOKIE_TABLE watch_cookies_2 SEC(".maps");
-struct PT_COOKIE_TABLE watch_cookies_3 SEC(".maps");
-
-/* pt_cookie_set is the cookie's set: the table from its hash's low bits,
- * the set from the next. */
-static __always_inline struct pt_cookie_set *pt_cookie_set(__u64 cookie)
+static __always_inline struct pt_set *pt_cookie_set(__u64 cookie)
 {
-	__u32 h = pt_mix((__u32)cookie ^ pt_mix(cookie >> 32));
-	__u32 i = (h >> 2) % PT_COOKIE_SETS;
-	switch (h & 3) {
-	case 0:
-		return bpf_map_lookup_elem(&watch_cookies_0, &i);
-	case 1:
-		return bpf_map_lookup_elem(&watch_cookies_1, &i);
-	case 2:
-		return bpf_map_lookup_elem(&watch_cookies_2, &i);
-	default:
-		return bpf_map_lookup_elem(&watch_cookies_3, &i);
-	}
+	return PT_SET_OF(watch_cookies, pt_mix((__u32)cookie ^ pt_mix(cookie >> 32)));
 }
 
 /* pt_watch_cookie watches the socket cookie (netns: its creator's), at now.
@@ -100,31 +56,20 @@ static __always_inline struct pt_cookie_set *pt_cookie_set(__u64 cookie)
  * with another socket's netns. */
 static __always_inline void pt_watch_cookie(__u64 cookie, __u32 netns, __u64 now)
 {
-	struct pt_cookie_set *set = pt_cookie_set(cookie);
+	struct pt_set *set = pt_cookie_set(cookie);
 	if (!set)
 		return;
 	__u32 now_ms = pt_coarse_ms(now);
-	struct pt_cookie_slot *s = NULL, *oldest = &set->way[0];
-#pragma unroll
-	for (int i = 0; i < PT_COOKIE_WAYS; i++) {
-		struct pt_cookie_slot *w = &set->way[i];
-		if (w->cookie == cookie) {
-			s = w;
-			break;
-		}
-		/* A free slot first, else the one watched earliest. */
-		if (oldest->cookie && (!w->cookie || pt_age(now_ms, w->at_ms) > pt_age(now_ms, oldest->at_ms)))
-			oldest = w;
-	}
+	struct pt_slot *victim, *s = pt_set_find(set, cookie, now_ms, &victim);
 	if (!s) {
-		s = oldest;
-		if (s->cookie && pt_age(now_ms, s->at_ms) < PT_COOKIE_LIVE_MS)
+		s = victim;
+		if (s->key && pt_age(now_ms, s->stamp) < PT_COOKIE_LIVE_MS)
 			pt_count_learn_error(); /* a socket watched just now may lose its first packet */
 	}
-	__sync_lock_test_and_set(&s->cookie, 0);
-	s->netns = netns;
-	s->at_ms = now_ms;
-	__sync_lock_test_and_set(&s->cookie, cookie);
+	__sync_lock_test_and_set(&s->key, 0);
+	s->val = netns;
+	s->stamp = now_ms;
+	__sync_lock_test_and_set(&s->key, cookie);
 }
 
 /* pt_claim_cookie takes the watch of the socket cookie, once (an observer of
@@ -134,19 +79,19 @@ static __always_inline bool pt_claim_cookie(__u64 cookie, __u32 *netns)
 {
 	if (!cookie)
 		return false;
-	struct pt_cookie_set *set = pt_cookie_set(cookie);
+	struct pt_set *set = pt_cookie_set(cookie);
 	if (!set)
 		return false;
 #pragma unroll
-	for (int i = 0; i < PT_COOKIE_WAYS; i++) {
-		struct pt_cookie_slot *s = &set->way[i];
-		if (*(volatile __u64 *)&s->cookie != cookie)
+	for (int i = 0; i < PT_WAYS; i++) {
+		struct pt_slot *s = &set->way[i];
+		if (*(volatile __u64 *)&s->key != cookie)
 			continue;
 		/* Read before the claim: a watch that takes the slot empties
 		 * it before it writes its netns, so a claim that succeeds read
 		 * this socket's. */
-		__u32 n = *(volatile __u32 *)&s->netns;
-		if (__sync_val_compare_and_swap(&s->cookie, cookie, 0) != cookie)
+		__u32 n = *(volatile __u32 *)&s->val;
+		if (__sync_val_compare_and_swap(&s->key, cookie, 0) != cookie)
 			return false;
 		*netns = n;
 		return true;

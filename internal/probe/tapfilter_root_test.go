@@ -240,17 +240,10 @@ func TestTapFilterICMPErrors(t *testing.T) {
 // helper, and either way learns the client of a packet to a watched address.
 func TestTCObserverFrames(t *testing.T) {
 	needRoot(t)
-	vip := netip.MustParseAddrPort("10.120.0.10:53")
+	p, prog, vip := tcHeadProbe(t)
 	other := netip.MustParseAddrPort("10.0.0.9:53")
-	p, _ := startProbe(t, vip.Addr())
-	p.mu.Lock()
-	prog, err := p.program(p.tcSpec, "pt_tc_head_in")
-	p.mu.Unlock()
-	if err != nil {
-		t.Fatal(err)
-	}
 	client := netip.MustParseAddrPort("10.244.8.23:40000")
-	const udp, tcp = 17, 6
+	const tcp = 6
 	for _, tc := range []struct {
 		name  string
 		dst   netip.AddrPort
@@ -466,14 +459,13 @@ func budgetSetOf(src, dst netip.AddrPort, proto, point, where uint8) (table, set
 	return h & 3, (h >> 2) % budgetSets
 }
 
-// The packet observers keep a flow direction's event budget in a 4-way set
-// of slots: a spent budget stays spent while the other flows of its set fill
-// the rest of it, and a fifth flow takes the slot whose budget grew earliest,
-// whose flow then starts a new budget (a few more events, never fewer).
-// Five UDP flows whose tc head budgets share a set, run through the
-// observer in the kernel; within one refill (~10 ms), retried on a slow run.
-func TestBudgetSetKeepsFourFlows(t *testing.T) {
-	needRoot(t)
+// The budget of a UDP flow at the tc head observer, in the direction in.
+const udp, ptTCHead, ptDirIn = 17, 4, 1
+
+// tcHeadProbe starts a probe watching a VIP and returns it with its tc head
+// observer, to run frames through, and the VIP's DNS endpoint.
+func tcHeadProbe(t *testing.T) (*Probe, *ebpf.Program, netip.AddrPort) {
+	t.Helper()
 	vip := netip.MustParseAddrPort("10.120.0.10:53")
 	p, _ := startProbe(t, vip.Addr())
 	p.mu.Lock()
@@ -482,7 +474,18 @@ func TestBudgetSetKeepsFourFlows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const udp, ptTCHead, ptDirIn = 17, 4, 1
+	return p, prog, vip
+}
+
+// The packet observers keep a flow direction's event budget in a 4-way set
+// of slots: a spent budget stays spent while the other flows of its set fill
+// the rest of it, and a fifth flow takes the slot whose budget grew earliest,
+// whose flow then starts a new budget (a few more events, never fewer).
+// Five UDP flows whose tc head budgets share a set, run through the
+// observer in the kernel; within one refill (~10 ms), retried on a slow run.
+func TestBudgetSetKeepsFourFlows(t *testing.T) {
+	needRoot(t)
+	p, prog, vip := tcHeadProbe(t)
 	client := netip.MustParseAddr("10.244.8.23")
 	// Client ports by set, each attempt in a set of its own.
 	bySet := map[[2]uint32][]uint16{}
@@ -538,15 +541,7 @@ func TestBudgetSetKeepsFourFlows(t *testing.T) {
 // tc head observer.
 func TestBudgetAgeAcrossTheWrap(t *testing.T) {
 	needRoot(t)
-	vip := netip.MustParseAddrPort("10.120.0.10:53")
-	p, _ := startProbe(t, vip.Addr())
-	p.mu.Lock()
-	prog, err := p.program(p.tcSpec, "pt_tc_head_in")
-	p.mu.Unlock()
-	if err != nil {
-		t.Fatal(err)
-	}
-	const udp, ptTCHead, ptDirIn = 17, 4, 1
+	p, prog, vip := tcHeadProbe(t)
 	client := netip.MustParseAddr("10.244.8.23")
 	for _, tc := range []struct {
 		name       string
