@@ -427,12 +427,7 @@ func (p *Probe) Stats() Stats {
 	for key := range uint32(bpfPointCount) {
 		s.Summarized += sumPerCPU(summarized, key)
 	}
-	var learnPerCPU []uint64
-	if err := learnErrors.Lookup(uint32(0), &learnPerCPU); err == nil {
-		for _, n := range learnPerCPU {
-			s.LearnErrors += n
-		}
-	}
+	s.LearnErrors = sumPerCPU(learnErrors, 0)
 	for key := range uint32(bpfPointCount) {
 		var perCPU []uint64
 		if err := losses.Lookup(key, &perCPU); err != nil {
@@ -504,6 +499,18 @@ func (p *Probe) Close() error {
 // keep records a link so Close detaches it. Callers hold p.mu.
 func (p *Probe) keep(l link.Link) {
 	p.links = append(p.links, l)
+}
+
+// LearnErrors is Stats().LearnErrors alone, one map read: for a caller
+// that asks every second.
+func (p *Probe) LearnErrors() uint64 {
+	p.mu.Lock()
+	m := p.maps["learn_errors"]
+	p.mu.Unlock()
+	if m == nil {
+		return 0
+	}
+	return sumPerCPU(m, 0)
 }
 
 // sumPerCPU adds up every CPU's value of key of a per-CPU array.

@@ -596,7 +596,7 @@ func (tr *tracer) noteCaptureLosses() {
 // of what they learn (a socket's watch before its first packet): a socket
 // seen at its connect() alone may then have sent after all.
 func (tr *tracer) noteLearnLosses() {
-	if !tr.learnLost && tr.pr.Stats().LearnErrors > 0 {
+	if !tr.learnLost && tr.pr.LearnErrors() > 0 {
 		tr.learnLost = true
 		tr.eng.WatchesLost()
 	}
