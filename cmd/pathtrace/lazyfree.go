@@ -23,11 +23,17 @@ const lazyFree = "madvdontneed=0"
 // runWithLazyFree re-executes pathtrace with lazyFree added to GODEBUG (the
 // runtime reads the setting once, at start, and from nowhere else), unless
 // GODEBUG already sets madvdontneed: the user's choice wins. It returns only
-// when it did not re-execute (the exec failed, /proc not mounted): the run
+// when it did not re-execute (the exec failed, the binary was removed): the run
 // then goes on as it is.
 func runWithLazyFree() {
-	if env, ok := lazyFreeEnv(os.Environ()); ok {
-		_ = syscall.Exec("/proc/self/exe", os.Args, env)
+	env, ok := lazyFreeEnv(os.Environ())
+	if !ok {
+		return
+	}
+	// The binary's own path, not /proc/self/exe: the process is named
+	// after the file it runs (ps, top, pkill pathtrace).
+	if exe, err := os.Executable(); err == nil {
+		_ = syscall.Exec(exe, os.Args, env)
 	}
 }
 

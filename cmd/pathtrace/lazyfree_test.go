@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -32,17 +33,21 @@ func TestLazyFreeEnv(t *testing.T) {
 const showGodebugEnv = "PATHTRACE_TEST_SHOW_GODEBUG"
 
 // TestRunsWithLazyFree: a run re-executes itself with the setting, its
-// arguments kept.
+// arguments and its process name kept.
 func TestRunsWithLazyFree(t *testing.T) {
+	comm, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := pathtrace("--svc", "192.0.2.1", "--duration", "1s")
 	cmd.Env = append(without(cmd.Env, "GODEBUG"), showGodebugEnv+"=1", "GODEBUG=gctrace=0")
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("%v: %v", cmd, err)
 	}
-	want := "gctrace=0," + lazyFree + "\n--svc 192.0.2.1 --duration 1s"
+	want := "gctrace=0," + lazyFree + "\n--svc 192.0.2.1 --duration 1s\n" + strings.TrimSpace(string(comm))
 	if got := strings.TrimSpace(string(out)); got != want {
-		t.Errorf("GODEBUG and arguments after the re-exec:\n%s\nwant\n%s", got, want)
+		t.Errorf("GODEBUG, arguments and name after the re-exec:\n%s\nwant\n%s", got, want)
 	}
 }
 

@@ -18,8 +18,10 @@ func TestMain(m *testing.M) {
 	}
 	if os.Getenv(showGodebugEnv) == "1" && strings.Contains(os.Getenv("GODEBUG"), "madvdontneed") {
 		// Re-executed by main (TestRunsWithLazyFree).
+		comm, _ := os.ReadFile("/proc/self/comm")
 		fmt.Println(os.Getenv("GODEBUG"))
 		fmt.Println(strings.Join(os.Args[1:], " "))
+		fmt.Print(string(comm))
 		os.Exit(0)
 	}
 	if os.Getenv(runMainEnv) == "1" {
