@@ -36,12 +36,15 @@ type asyncFile struct {
 	reserved, limit int64
 	noReserve       bool // the filesystem cannot reserve: no more tries
 	direct          bool // a local filesystem: written with writeDirect
-	queue           chan chunk
-	free            chan []byte
-	done            chan struct{}
-	mu              sync.Mutex
-	err             error
-	closed          bool
+	// cache gives the file's pages back to the page cache once on disk
+	// (nil where the file is not on a block device).
+	cache  *cacheDropper
+	queue  chan chunk
+	free   chan []byte
+	done   chan struct{}
+	mu     sync.Mutex
+	err    error
+	closed bool
 }
 
 // newAsyncFile writes f from its current offset on; limit (0 = none) caps
@@ -55,6 +58,9 @@ func newAsyncFile(f *os.File, limit int64) *asyncFile {
 	}
 	var st unix.Statfs_t
 	a.direct = unix.Fstatfs(int(f.Fd()), &st) == nil && localFilesystem(int64(st.Type))
+	if a.direct && blockBacked(int64(st.Type)) {
+		a.cache = newCacheDropper(int(f.Fd()))
+	}
 	go a.run()
 	return a
 }
@@ -152,6 +158,9 @@ func (a *asyncFile) run() {
 				a.mu.Unlock()
 			} else {
 				a.size += int64(n)
+				if a.cache != nil {
+					a.cache.offer(a.size)
+				}
 			}
 		}
 		if cap(c.buf) <= 2*flushBytes {
@@ -177,6 +186,9 @@ func (a *asyncFile) Close() error {
 		a.closed = true
 		close(a.queue)
 		<-a.done
+		if a.cache != nil {
+			a.cache.close()
+		}
 		if a.reserved > a.size {
 			// Truncating to the size frees the blocks past it.
 			if err := a.f.Truncate(a.size); err != nil && a.failed() == nil {
@@ -259,6 +271,17 @@ func writeDirect(fd int, b []byte) (int, error) {
 		n += int(r)
 	}
 	return n, nil
+}
+
+// blockBacked tells whether a filesystem type keeps its files on a block
+// device, whose page cache pages can be given back once written: ext2/3/4,
+// XFS, Btrfs and F2FS (not tmpfs or ramfs, whose pages are the data).
+func blockBacked(fsType int64) bool {
+	switch fsType {
+	case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC, unix.F2FS_SUPER_MAGIC:
+		return true
+	}
+	return false
 }
 
 // localFilesystem tells whether a filesystem type (statfs f_type) is one of

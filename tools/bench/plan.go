@@ -42,9 +42,12 @@ const (
 )
 
 type bench struct {
-	cfg  config
-	lab  *lab.Lab
-	dir  string // capture files, removed after each run
+	cfg config
+	lab *lab.Lab
+	dir string // capture files, removed after each run
+	// kept, when not nil, collects the capture files of the runs instead,
+	// to remove at the end of a section: see captureRuns.
+	kept *[]string
 	udp  *udpSender
 	sink *bulkSink
 	seq  int
@@ -166,7 +169,11 @@ func (b *bench) window(ctx context.Context, tool string, argvs [][]string, rate 
 	var procs procSet
 	defer procs.kill()
 	for _, argv := range argvs {
-		defer os.Remove(captureFile(argv))
+		if b.kept != nil {
+			*b.kept = append(*b.kept, captureFile(argv))
+		} else {
+			defer os.Remove(captureFile(argv))
+		}
 		p, err := startTool(ctx, processKind(tool), argv)
 		if err != nil {
 			return run, err
@@ -372,7 +379,21 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 
 func progress(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
 
+// captureRuns keeps every capture file until all its runs are done, as a
+// user keeps theirs: each run writes into pages new to the page cache, as
+// a capture does on a node. Deleting each file at once let the next run
+// write into the pages just freed, still mapped and warm, which hid what
+// fresh pages cost (on this VM, which hands free memory back to its host:
+// more than half of pathtrace's CPU at 100k pps before its file dropped
+// its own pages from the cache as it went).
 func (b *bench) captureRuns(ctx context.Context, res *results) error {
+	b.kept = new([]string)
+	defer func() {
+		for _, f := range *b.kept {
+			os.Remove(f)
+		}
+		b.kept = nil
+	}()
 	tools := []string{toolNone, toolTcpdump, toolPathtrace}
 	if b.cfg.dumpcap != "" {
 		tools = append(tools, toolDumpcap)

@@ -45,7 +45,7 @@ func (b *bench) markdown(res *results, started time.Time) string {
 
 	p("## Commands\n\n")
 	p("```\nmake bench\n# runs: go test -run '^$' -bench . -benchmem ./...\n#       go build -o bin/pathtrace ./cmd/pathtrace\n#       go run ./tools/bench --pathtrace bin/pathtrace --out BENCH.md\n```\n\n")
-	p("Capture commands measured (each started fresh per run, stopped with SIGTERM / SIGINT, on which each prints its counters; capture files in a temporary directory, deleted after each run):\n\n```\n")
+	p("Capture commands measured (each started fresh per run, stopped with SIGTERM / SIGINT, on which each prints its counters; capture files in a temporary directory, kept until the last capture run of section 1 is done, as a user keeps theirs, and deleted after each run in the other sections):\n\n```\n")
 	for _, k := range slices.Sorted(maps.Keys(b.commands)) {
 		p("# %s\n%s\n", k, strings.Join(b.commands[k], "\n"))
 	}
