@@ -16,7 +16,7 @@ var (
 // does not push a busy node's cached files out (tcpdump's file takes the
 // whole run's data in page cache until the kernel writes it back and
 // reclaims it), and each new page of the file reuses one it just gave
-// back, still in the CPU's caches, instead of one from the free lists. On
+// back instead of one that sat in the free lists. On
 // a VM that hands free memory back to its host, a page the guest takes
 // again costs a fault in the host: in the lab, with the capture files
 // kept, pathtrace spent 0.74-0.85 us per captured packet at 100k/s without
