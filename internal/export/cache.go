@@ -19,8 +19,8 @@ var (
 // back instead of one that sat in the free lists. On
 // a VM that hands free memory back to its host, a page the guest takes
 // again costs a fault in the host: in the lab, with the capture files
-// kept, pathtrace spent 0.74-0.85 us per captured packet at 100k/s without
-// this (and lost frames) against 0.28-0.36 with it.
+// kept, pathtrace spent 0.66-0.85 us per captured packet at 100k/s without
+// this (and lost frames) against 0.26-0.36 with it.
 //
 // It runs beside the file's writer goroutine, never in its way: starting
 // writeback can wait for a busy device, and then the windows it has not
