@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -168,20 +169,104 @@ func TestFailedWriteLeavesWholeBlocks(t *testing.T) {
 	}
 }
 
-// The writer sizes a packet block before encoding it in place: epbLen must
-// be its exact length whatever the frame, tag, snaplen and comment.
-func TestEPBLenIsTheEncodedLength(t *testing.T) {
+// appendEPB encodes a packet block field by field at the offsets its
+// length (epbLen) leaves, whatever the frame, tag, snaplen and comment:
+// each block is decoded here on its own and every field checked.
+func TestEPBEncoding(t *testing.T) {
 	comments := []string{"", "x", "ab", "abc", "abcd", "flow 3 request to VIP (before translation)", string(bytes.Repeat([]byte("c"), 0x10003))}
 	for frameLen := 0; frameLen <= 70; frameLen++ {
+		frame := make([]byte, frameLen)
+		for i := range frame {
+			frame[i] = byte(i + 1)
+		}
 		for _, oob := range []bool{false, true} {
 			for _, snaplen := range []int{0, 1, 14, 60, 61, 62, 63, 64} {
 				for _, comment := range comments {
-					p := &capture.Packet{Time: time.Unix(1, 2), Len: frameLen, Data: make([]byte, frameLen), VLANOutOfBand: oob, TCI: 200, Dir: obs.DirIn}
-					if got, want := epbLen(p, snaplen, comment), len(appendEPB(nil, 0, p, snaplen, comment)); got != want {
-						t.Fatalf("frame %d, tag %v, snaplen %d, comment of %d: epbLen %d, encoded %d", frameLen, oob, snaplen, len(comment), got, want)
+					p := &capture.Packet{Time: time.Unix(1, 2), Len: frameLen + 1000, Data: frame, VLANOutOfBand: oob, TCI: 200, Dir: obs.DirIn}
+					// Appended after the blocks the buffer holds (whole
+					// blocks: a multiple of 4 bytes).
+					prefix := []byte{0xee, 0xee, 0xee, 0xee}
+					b := appendEPB(prefix[:4:4], 3, p, snaplen, comment)
+					if !bytes.Equal(b[:4], prefix) {
+						t.Fatalf("appendEPB changed the bytes before the block")
+					}
+					if err := checkEPB(b[4:], p, snaplen, comment); err != nil {
+						t.Fatalf("frame %d, tag %v, snaplen %d, comment of %d: %v", frameLen, oob, snaplen, len(comment), err)
 					}
 				}
 			}
 		}
 	}
+}
+
+// checkEPB decodes a packet block of interface 3 and compares it with
+// what it was made of.
+func checkEPB(blk []byte, p *capture.Packet, snaplen int, comment string) error {
+	if len(blk) < 32 || len(blk)%4 != 0 {
+		return fmt.Errorf("block of %d bytes", len(blk))
+	}
+	n := int(le.Uint32(blk[4:]))
+	if typ := le.Uint32(blk); typ != blockEnhancedPacket || n != len(blk) || int(le.Uint32(blk[n-4:])) != n {
+		return fmt.Errorf("type %d, lengths %d and %d, block of %d bytes", typ, n, le.Uint32(blk[n-4:]), len(blk))
+	}
+	if n != epbLen(p, snaplen, comment) {
+		return fmt.Errorf("%d bytes, epbLen says %d", n, epbLen(p, snaplen, comment))
+	}
+	ts := uint64(le.Uint32(blk[12:]))<<32 | uint64(le.Uint32(blk[16:]))
+	if iface := le.Uint32(blk[8:]); iface != 3 || ts != uint64(p.Time.UnixNano()) {
+		return fmt.Errorf("interface %d, time %d", iface, ts)
+	}
+	want := p.AppendFrame(nil)
+	if snaplen > 0 && len(want) > snaplen {
+		want = want[:snaplen]
+	}
+	capLen, origLen := int(le.Uint32(blk[20:])), int(le.Uint32(blk[24:]))
+	if capLen != len(want) || origLen != p.Len+p.TagLen() {
+		return fmt.Errorf("captured %d, original %d; want %d, %d", capLen, origLen, len(want), p.Len+p.TagLen())
+	}
+	if !bytes.Equal(blk[28:28+capLen], want) {
+		return fmt.Errorf("frame %x, want %x", blk[28:28+capLen], want)
+	}
+	off := 28 + capLen
+	for ; off%4 != 0; off++ {
+		if blk[off] != 0 {
+			return fmt.Errorf("padding byte %d is %#x", off, blk[off])
+		}
+	}
+	opts := map[uint16][]byte{}
+	for {
+		if off+4 > n-4 {
+			return fmt.Errorf("options run past the block (at %d of %d)", off, n)
+		}
+		code, l := le.Uint16(blk[off:]), int(le.Uint16(blk[off+2:]))
+		off += 4
+		if code == optEnd {
+			if l != 0 || off != n-4 {
+				return fmt.Errorf("end of options of length %d at %d, block of %d", l, off, n)
+			}
+			break
+		}
+		end := off + (l+3)&^3
+		if end > n-4 {
+			return fmt.Errorf("option %d of %d bytes runs past the block", code, l)
+		}
+		for _, c := range blk[off+l : end] {
+			if c != 0 {
+				return fmt.Errorf("option %d padding %x", code, blk[off+l:end])
+			}
+		}
+		opts[code] = blk[off : off+l]
+		off = end
+	}
+	if f := opts[epbFlags]; len(f) != 4 || le.Uint32(f) != epbInbound {
+		return fmt.Errorf("flags option %x", f)
+	}
+	wantComment := comment[:min(len(comment), 0xffff)]
+	if c, ok := opts[optComment]; string(c) != wantComment || ok != (comment != "") {
+		return fmt.Errorf("comment of %d bytes, want %d", len(c), len(wantComment))
+	}
+	if len(opts) != 1+min(1, len(comment)) {
+		return fmt.Errorf("%d options", len(opts))
+	}
+	return nil
 }

@@ -35,6 +35,11 @@ type observerCost struct {
 	Connect   []progCost
 	Unrelated uint64 // datagrams sent
 	Datagram  []progCost
+	// BulkPackets are the packets of one bulk TCP connection pathtrace
+	// watches (segments and ACKs, counted on the uplink), Bulk what its
+	// programs ran for them: the per-packet cost of a traced flow's data.
+	BulkPackets uint64
+	Bulk        []progCost
 }
 
 func total(costs []progCost) time.Duration {
@@ -85,6 +90,39 @@ func (b *bench) observerRuns(ctx context.Context, res *results) error {
 	}, false)
 	if err != nil {
 		return fmt.Errorf("observer cost: %w", err)
+	}
+	progress("observer cost: pathtrace watching the bulk flow, with the statistics on")
+	_, err = b.window(ctx, toolPathtrace, b.toolArgvs(toolPathtrace, bulkDst.String()+"/tcp"), 0, func(ctx context.Context) (uint64, time.Duration, error) {
+		start := time.Now()
+		stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+		if err != nil {
+			return 0, 0, fmt.Errorf("enable BPF run-time statistics: %w", err)
+		}
+		defer stats.Close()
+		s0, err := observerStats(b.running)
+		if err != nil {
+			return 0, 0, err
+		}
+		l0, err := linkPackets(b.lab.NodeNetNS(), lab.Uplink)
+		if err != nil {
+			return 0, 0, err
+		}
+		if _, err := bulkThroughput(ctx, b.lab.PodNetNS(), b.sink, bulkDst, time.Second); err != nil {
+			return 0, 0, err
+		}
+		l1, err := linkPackets(b.lab.NodeNetNS(), lab.Uplink)
+		if err != nil {
+			return 0, 0, err
+		}
+		s1, err := observerStats(b.running)
+		if err != nil {
+			return 0, 0, err
+		}
+		res.Observers.BulkPackets, res.Observers.Bulk = l1[lab.Uplink]-l0[lab.Uplink], costDelta(s0, s1)
+		return 0, time.Since(start), nil
+	}, false)
+	if err != nil {
+		return fmt.Errorf("observer cost, bulk flow: %w", err)
 	}
 	return nil
 }
@@ -177,19 +215,16 @@ func (b *bench) observerSection(p printer, res *results) {
 		return
 	}
 	p("## 5. What pathtrace's kernel programs cost\n\n")
-	p("The kernel's own account (`BPF_ENABLE_STATS`, run count and run time of each program) in a pathtrace run of its own: %d connects to %s paced one every %s (each a traced flow: SYN, SYN-ACK, ACK, RST), then unrelated datagrams to %s for 1 s (%d sent). The statistics add two clock reads to every run (some tens of ns), included here; the overhead runs above were made without them.\n\n",
-		o.Connects, lab.TCPVIP, pacedEvery, unrelatedDst, o.Unrelated)
-	p("| program | runs per connection | ns per run | ns per connection | runs per unrelated datagram | ns per run | ns per datagram |\n|---|---:|---:|---:|---:|---:|---:|\n")
-	byName := map[string][2]progCost{}
-	for _, c := range o.Connect {
-		v := byName[c.Name]
-		v[0] = c
-		byName[c.Name] = v
-	}
-	for _, c := range o.Datagram {
-		v := byName[c.Name]
-		v[1] = c
-		byName[c.Name] = v
+	p("The kernel's own account (`BPF_ENABLE_STATS`, run count and run time of each program) in pathtrace runs of their own: %d connects to %s paced one every %s (each a traced flow: SYN, SYN-ACK, ACK, RST), then unrelated datagrams to %s for 1 s (%d sent); then, in a run that also watches the bulk flow (`--svc %s/tcp`), one bulk TCP connection to it for 1.3 s (%d packets on `%s`, segments and ACKs: what a traced flow's data costs per packet). The statistics add two clock reads to every run (some tens of ns), included here; the overhead runs above were made without them.\n\n",
+		o.Connects, lab.TCPVIP, pacedEvery, unrelatedDst, o.Unrelated, bulkDst, o.BulkPackets, lab.Uplink)
+	p("| program | runs per connection | ns per run | ns per connection | runs per unrelated datagram | ns per run | ns per datagram | runs per bulk packet | ns per run | ns per bulk packet |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	byName := map[string][3]progCost{}
+	for i, costs := range [][]progCost{o.Connect, o.Datagram, o.Bulk} {
+		for _, c := range costs {
+			v := byName[c.Name]
+			v[i] = c
+			byName[c.Name] = v
+		}
 	}
 	names := slices.Sorted(maps.Keys(byName))
 	cell := func(c progCost, n uint64) string {
@@ -200,9 +235,9 @@ func (b *bench) observerSection(p printer, res *results) {
 	}
 	for _, n := range names {
 		v := byName[n]
-		p("| `%s` | %s | %s |\n", n, cell(v[0], uint64(o.Connects)), cell(v[1], o.Unrelated))
+		p("| `%s` | %s | %s | %s |\n", n, cell(v[0], uint64(o.Connects)), cell(v[1], o.Unrelated), cell(v[2], o.BulkPackets))
 	}
-	p("| all | | | **%s** | | | **%s** |\n\n", perConnect(o), perDatagram(o))
+	p("| all | | | **%s** | | | **%s** | | | **%s** |\n\n", perConnect(o), perDatagram(o), perBulkPacket(o))
 }
 
 func perConnect(o *observerCost) string {
@@ -214,4 +249,11 @@ func perDatagram(o *observerCost) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.0f ns", float64(total(o.Datagram).Nanoseconds())/float64(o.Unrelated))
+}
+
+func perBulkPacket(o *observerCost) string {
+	if o.BulkPackets == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f ns", float64(total(o.Bulk).Nanoseconds())/float64(o.BulkPackets))
 }

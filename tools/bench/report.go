@@ -681,7 +681,10 @@ func quickSummary(res *results) string {
 		for _, c := range o.Connect {
 			p("observer %-16s %.2f runs per connection, %.0f ns per run\n", c.Name, float64(c.Runs)/float64(o.Connects), float64(c.Time.Nanoseconds())/float64(c.Runs))
 		}
-		p("observers: %s per connection, %s per unrelated datagram\n", perConnect(o), perDatagram(o))
+		for _, c := range o.Bulk {
+			p("observer %-16s %.2f runs per bulk packet, %.0f ns per run\n", c.Name, float64(c.Runs)/float64(o.BulkPackets), float64(c.Time.Nanoseconds())/float64(c.Runs))
+		}
+		p("observers: %s per connection, %s per unrelated datagram, %s per bulk packet\n", perConnect(o), perDatagram(o), perBulkPacket(o))
 	}
 	if len(res.Bulk) > 0 {
 		base := bulkMean(res.Bulk, toolNone)
