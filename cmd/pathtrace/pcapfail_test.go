@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -174,6 +175,7 @@ func TestSIGHUPEndsLikeSIGTERM(t *testing.T) {
 	needRoot(t)
 	l := upLab(t, lab.ModeTC)
 	path := filepath.Join(t.TempDir(), "hup.pcapng")
+	hupNotIgnored(t)
 	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "60s", "--pcap", path)
 	r.waitNode(t)
 	_ = r.cmd.Process.Signal(syscall.SIGHUP)
@@ -183,6 +185,52 @@ func TestSIGHUPEndsLikeSIGTERM(t *testing.T) {
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Errorf("capture file after SIGHUP: %v", err)
+	}
+}
+
+// hupNotIgnored makes the pathtrace a test starts get SIGHUP with its
+// default action whatever this test process got: run under nohup (a CI
+// runner's background job), SIGHUP is ignored here and that passes on to
+// every child, which then rightly keeps running (TestNohupKeepsRunning).
+// A signal this process handles is reset to its default in a child.
+func hupNotIgnored(t *testing.T) {
+	if !signal.Ignored(syscall.SIGHUP) {
+		return
+	}
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGHUP)
+	t.Cleanup(func() { signal.Stop(c) }) // ignored again, as it came
+}
+
+// TestNohupKeepsRunning: started under nohup (SIGHUP ignored), pathtrace
+// does not end on SIGHUP, so a capture left running in the background
+// outlives the ssh session that started it; SIGTERM still ends it with its
+// report.
+func TestNohupKeepsRunning(t *testing.T) {
+	needRoot(t)
+	nohup, err := exec.LookPath("nohup")
+	if err != nil {
+		t.Skip("no nohup on this machine")
+	}
+	l := upLab(t, lab.ModeTC)
+	args := []string{os.Args[0], "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "60s", "--output", "json"}
+	cmd := exec.Command(nohup, args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	r := startCmdJSON(t, cmd)
+	r.waitNode(t)
+	_ = r.cmd.Process.Signal(syscall.SIGHUP)
+	// Idle (no traffic), it writes nothing more until it ends.
+	select {
+	case m, ok := <-r.lines:
+		t.Fatalf("pathtrace under nohup ended on SIGHUP (wrote %v, output open %v; stderr: %s)", m, ok, r.stderr.String())
+	case <-time.After(2 * time.Second):
+	}
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	stuck := time.AfterFunc(30*time.Second, func() { _ = r.cmd.Process.Kill() }) // then rest fails
+	defer stuck.Stop()
+	_, summary := r.rest(t) // fails unless it exits 0
+	if summary == nil || summary["stop_reason"] != "interrupted" {
+		t.Errorf("summary %v, want stop_reason interrupted", summary)
 	}
 }
 
