@@ -50,43 +50,27 @@ func total(costs []progCost) time.Duration {
 	return t
 }
 
-// observerRuns measures observerCost in a pathtrace run of its own: the
+// observerRuns measures observerCost in pathtrace runs of their own: the
 // statistics add their own cost to every program run, which the overhead
 // runs must not carry.
 func (b *bench) observerRuns(ctx context.Context, res *results) error {
+	o := &observerCost{Connects: b.cfg.connects}
 	progress("observer cost: pathtrace with the kernel's BPF run-time statistics on")
 	_, err := b.window(ctx, toolPathtrace, b.toolArgvs(toolPathtrace), 0, func(ctx context.Context) (uint64, time.Duration, error) {
 		start := time.Now()
-		stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
-		if err != nil {
-			return 0, 0, fmt.Errorf("enable BPF run-time statistics: %w", err)
-		}
-		defer stats.Close()
-		// Only this run's programs: another pathtrace on the machine (a
-		// test, another session) runs programs of the same names, which
-		// the connects below pass through too.
-		pids := b.running
-		s0, err := observerStats(pids)
+		var err error
+		o.Connect, err = b.programCost(func() error {
+			_, err := connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects, pacedEvery)
+			return err
+		})
 		if err != nil {
 			return 0, 0, err
 		}
-		if _, err := connectLatencies(ctx, b.lab.PodNetNS(), lab.TCPVIP, b.cfg.connects, pacedEvery); err != nil {
-			return 0, 0, err
-		}
-		s1, err := observerStats(pids)
-		if err != nil {
-			return 0, 0, err
-		}
-		sent, _, err := b.udp.send(ctx, unrelatedDst, 0, time.Second)
-		if err != nil {
-			return 0, 0, err
-		}
-		s2, err := observerStats(pids)
-		if err != nil {
-			return 0, 0, err
-		}
-		res.Observers = &observerCost{Connects: b.cfg.connects, Connect: costDelta(s0, s1), Unrelated: sent, Datagram: costDelta(s1, s2)}
-		return 0, time.Since(start), nil
+		o.Datagram, err = b.programCost(func() (err error) {
+			o.Unrelated, _, err = b.udp.send(ctx, unrelatedDst, 0, time.Second)
+			return err
+		})
+		return 0, time.Since(start), err
 	}, false)
 	if err != nil {
 		return fmt.Errorf("observer cost: %w", err)
@@ -94,37 +78,50 @@ func (b *bench) observerRuns(ctx context.Context, res *results) error {
 	progress("observer cost: pathtrace watching the bulk flow, with the statistics on")
 	_, err = b.window(ctx, toolPathtrace, b.toolArgvs(toolPathtrace, bulkDst.String()+"/tcp"), 0, func(ctx context.Context) (uint64, time.Duration, error) {
 		start := time.Now()
-		stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
-		if err != nil {
-			return 0, 0, fmt.Errorf("enable BPF run-time statistics: %w", err)
-		}
-		defer stats.Close()
-		s0, err := observerStats(b.running)
-		if err != nil {
-			return 0, 0, err
-		}
-		l0, err := linkPackets(b.lab.NodeNetNS(), lab.Uplink)
-		if err != nil {
-			return 0, 0, err
-		}
-		if _, err := bulkThroughput(ctx, b.lab.PodNetNS(), b.sink, bulkDst, time.Second); err != nil {
-			return 0, 0, err
-		}
-		l1, err := linkPackets(b.lab.NodeNetNS(), lab.Uplink)
-		if err != nil {
-			return 0, 0, err
-		}
-		s1, err := observerStats(b.running)
-		if err != nil {
-			return 0, 0, err
-		}
-		res.Observers.BulkPackets, res.Observers.Bulk = l1[lab.Uplink]-l0[lab.Uplink], costDelta(s0, s1)
-		return 0, time.Since(start), nil
+		var err error
+		o.Bulk, err = b.programCost(func() error {
+			l0, err := linkPackets(b.lab.NodeNetNS(), lab.Uplink)
+			if err != nil {
+				return err
+			}
+			if _, err := bulkThroughput(ctx, b.lab.PodNetNS(), b.sink, bulkDst, time.Second); err != nil {
+				return err
+			}
+			l1, err := linkPackets(b.lab.NodeNetNS(), lab.Uplink)
+			o.BulkPackets = l1[lab.Uplink] - l0[lab.Uplink]
+			return err
+		})
+		return 0, time.Since(start), err
 	}, false)
 	if err != nil {
 		return fmt.Errorf("observer cost, bulk flow: %w", err)
 	}
+	res.Observers = o
 	return nil
+}
+
+// programCost is what the programs of the window's pathtrace ran during
+// work, with the kernel's run-time statistics on. Only that process's
+// programs: another pathtrace on the machine (a test, another session)
+// runs programs of the same names, which the workload passes through too.
+func (b *bench) programCost(work func() error) ([]progCost, error) {
+	stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+	if err != nil {
+		return nil, fmt.Errorf("enable BPF run-time statistics: %w", err)
+	}
+	defer stats.Close()
+	before, err := observerStats(b.running)
+	if err != nil {
+		return nil, err
+	}
+	if err := work(); err != nil {
+		return nil, err
+	}
+	after, err := observerStats(b.running)
+	if err != nil {
+		return nil, err
+	}
+	return costDelta(before, after), nil
 }
 
 // observerStats sums the run count and run time of the pathtrace programs
