@@ -213,9 +213,8 @@ func TestNohupKeepsRunning(t *testing.T) {
 		t.Skip("no nohup on this machine")
 	}
 	l := upLab(t, lab.ModeTC)
-	args := []string{os.Args[0], "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "60s", "--output", "json"}
-	cmd := exec.Command(nohup, args...)
-	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "60s", "--output", "json")
+	cmd.Path, cmd.Args = nohup, append([]string{nohup}, cmd.Args...) // nohup runs it
 	r := startCmdJSON(t, cmd)
 	r.waitNode(t)
 	_ = r.cmd.Process.Signal(syscall.SIGHUP)
