@@ -139,6 +139,7 @@ func runIncident(args []string) int {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
 	opt.CaptureDone = tightenHeap
+	opt.CaptureBehind = moreProcsWhenBehind()
 	res, err := session.Run(ctx, opt)
 	if opt.Progress != nil {
 		fmt.Fprint(os.Stderr, "\r\033[K")

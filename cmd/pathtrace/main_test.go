@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -39,6 +40,41 @@ func TestCaptureProcs(t *testing.T) {
 		if got := captureProcs(cpus); got != want {
 			t.Errorf("captureProcs(%d) = %d, want %d", cpus, got, want)
 		}
+	}
+}
+
+func TestBehindProcs(t *testing.T) {
+	for cpus, want := range map[int]int{1: 1, 2: 2, 3: 2, 64: 2} {
+		if got := behindProcs(cpus); got != want {
+			t.Errorf("behindProcs(%d) = %d, want %d", cpus, got, want)
+		}
+	}
+}
+
+// TestMoreProcsWhenBehind: the first time a capture falls behind, it gets
+// behindProcs threads, once per run (a later call leaves GOMAXPROCS as it
+// is); a GOMAXPROCS the user set is never changed.
+func TestMoreProcsWhenBehind(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	defer func(n int) { availableProcs = n }(availableProcs)
+	t.Setenv("GOMAXPROCS", "")
+	for _, cpus := range []int{1, 2, 8} {
+		availableProcs = cpus
+		runtime.GOMAXPROCS(1)
+		behind := moreProcsWhenBehind()
+		behind()
+		if got, want := runtime.GOMAXPROCS(0), behindProcs(cpus); got != want {
+			t.Errorf("%d CPUs: GOMAXPROCS %d once behind, want %d", cpus, got, want)
+		}
+		runtime.GOMAXPROCS(1)
+		behind()
+		if got := runtime.GOMAXPROCS(0); got != 1 {
+			t.Errorf("%d CPUs: a second call set GOMAXPROCS %d, want it left at 1", cpus, got)
+		}
+	}
+	t.Setenv("GOMAXPROCS", "1")
+	if moreProcsWhenBehind() != nil {
+		t.Error("with GOMAXPROCS set by the user, a capture that falls behind still changes it")
 	}
 }
 

@@ -473,6 +473,7 @@ func runTrace(args []string) int {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
 	opt.CaptureDone = tightenHeap
+	opt.CaptureBehind = moreProcsWhenBehind()
 	if opt.Duration == 0 {
 		// Until stopped: each flow is reported as it ends, the file (if
 		// any) ends at its bound while tracing goes on.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -398,6 +399,58 @@ func TestTapCountsRingDrops(t *testing.T) {
 		t.Errorf("stats %+v, delivered %d: want every one of %d packets delivered or counted as dropped", s, delivered, sent)
 	}
 	t.Logf("ring of %d bytes: %+v", MinRingBytes, s)
+}
+
+// A reader that finds a quarter of the ring waiting hears of it once, until
+// it caught up (Config.Behind); one that keeps up never does.
+func TestTapSaysWhenItFallsBehind(t *testing.T) {
+	needRoot(t)
+	l := newLab(t)
+	a1, b1 := udpListen(t, l.a, "192.0.2.1:4001"), udpListen(t, l.b, "192.0.2.2:4002")
+	send(t, a1, b1, 1) // resolve the neighbour before capturing
+
+	var behind atomic.Int32
+	tap, err := Open(Config{NetNS: l.a, Ifname: "pta", RingBytes: MinRingBytes, Filter: mustFilter(t, DefaultSnaplen, "192.0.2.2"),
+		Behind: func() { behind.Add(1) }})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { tap.Close() })
+	drained := func() bool { s := tap.Stats(); return s.Packets+s.KernelDrops == s.KernelPackets }
+
+	// Every block full before Run reads the first: it is behind.
+	send(t, a1, b1, 400)
+	var stall atomic.Pointer[chan struct{}] // when set, the reader waits for it to close
+	stop := startRun(t, tap, func(*Packet) {
+		if gate := stall.Swap(nil); gate != nil {
+			<-*gate
+		}
+	})
+	waitFor(t, "the ring to drain", drained)
+	if n := behind.Load(); n != 1 {
+		t.Fatalf("Behind called %d times for a full ring read once, want 1", n)
+	}
+	// A datagram at a time, each block handed over alone at its retire
+	// timeout: never behind.
+	for range 3 {
+		send(t, a1, b1, 1)
+		time.Sleep(2 * retireTimeoutMs * time.Millisecond)
+	}
+	waitFor(t, "the ring to drain", drained)
+	if n := behind.Load(); n != 1 {
+		t.Errorf("Behind called %d times in all, want 1: once caught up, the reader kept up", n)
+	}
+	// The reader stalls on a frame while the ring fills: behind again.
+	gate := make(chan struct{})
+	stall.Store(&gate)
+	send(t, a1, b1, 1)
+	waitFor(t, "the reader to stall", func() bool { return stall.Load() == nil })
+	send(t, a1, b1, 400)
+	close(gate)
+	waitFor(t, "Behind a second time", func() bool { return behind.Load() == 2 })
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
 }
 
 // A run that ends right after traffic still delivers it: the kernel hands

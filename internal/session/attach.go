@@ -189,7 +189,8 @@ const (
 // bridge share the uplink: it is captured once. The rings are opened
 // concurrently: setting up a ring waits for an RCU grace period, about
 // 10 ms, which a node of many Pods would otherwise pay once per point.
-func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []obs.Watch, snaplen, ringBytes int, prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
+// behind (nil: none) is every tap's capture.Config.Behind.
+func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []obs.Watch, snaplen, ringBytes int, behind func(), prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
 	filter, ferr := capture.FilterFor(watch, snaplen)
 	var points []discover.CapturePoint
 	seen := map[string]bool{}
@@ -207,7 +208,7 @@ func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []obs.Watch, sna
 		cp := points[i]
 		att := probe.Attachment{Observer: "af_packet " + cp.Role, Where: fmt.Sprintf("%s (ifindex %d, netns %s)", cp.Ifname, cp.Ifindex, cp.NetNS), Point: rolePoint[cp.Role]}
 		defer func() { atts[i] = att }()
-		cfg := capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen, RingBytes: rings[i]}
+		cfg := capture.Config{NetNS: cp.NetNS, Ifname: cp.Ifname, Role: cp.Role, Snaplen: snaplen, RingBytes: rings[i], Behind: behind}
 		var t *capture.Tap
 		var err error
 		whyClassic := progErr

@@ -127,7 +127,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 			podPoints++
 		}
 	}
-	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, podPoints, tr.watch, tr.opt.Snaplen, tr.opt.RingBytes, pf.prog, pf.progErr)
+	taps, tapAtts := openTaps(&discover.NodeInfo{Pods: found.Pods, CapturePoints: found.CapturePoints}, podPoints, tr.watch, tr.opt.Snaplen, tr.opt.RingBytes, tr.opt.CaptureBehind, pf.prog, pf.progErr)
 	tr.late.keep(tapAtts...)
 
 	all := append(append([]tap(nil), tr.taps...), taps...)

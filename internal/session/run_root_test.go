@@ -5,16 +5,20 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 	"github.com/pathtrace/pathtrace/internal/obs"
+	"github.com/pathtrace/pathtrace/internal/probe"
 )
 
 // TestRunLeavesNothingBehind: a session that ended leaves the process as it
@@ -71,15 +75,7 @@ func openFDs(t *testing.T) []string {
 // any more, and be counted as losses, telling the user to trace fewer
 // Pods or ports; conntrack events lost so would undo verdicts.
 func TestNothingCountedAfterTheRun(t *testing.T) {
-	name := testNetNS(t, "pttest-after", "")[0]
-	netns := "/run/netns/" + name
-	// The VIP is routed to a veth whose peer has no address: the
-	// datagrams pass the observers and go nowhere.
-	run(t, "ip", "-n", name, "link", "add", "pt0", "type", "veth", "peer", "name", "pt1")
-	run(t, "ip", "-n", name, "link", "set", "pt1", "up")
-	run(t, "ip", "-n", name, "addr", "add", "192.0.2.1/24", "dev", "pt0")
-	run(t, "ip", "-n", name, "link", "set", "pt0", "up")
-	vip := netip.MustParseAddrPort("192.0.2.80:53")
+	netns, vip := vipToNowhere(t, "pttest-after")
 	var sendErr error
 	res, err := Run(context.Background(), Options{
 		Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}},
@@ -97,6 +93,58 @@ func TestNothingCountedAfterTheRun(t *testing.T) {
 	for _, d := range []string{"ringbuf_losses", "conntrack_drops", "conntrack_errors"} {
 		if n := res.Drops[d]; n != 0 {
 			t.Errorf("%s = %d: counted after the run", d, n)
+		}
+	}
+}
+
+// vipToNowhere makes a netns (its name made from prefix) whose route to a
+// UDP VIP, returned with the netns's path, leads to a veth whose peer has
+// no address: datagrams to it pass the observers and the uplink's tap, and
+// go nowhere.
+func vipToNowhere(t *testing.T, prefix string) (netns string, vip netip.AddrPort) {
+	t.Helper()
+	name := testNetNS(t, prefix, "")[0]
+	run(t, "ip", "-n", name, "link", "add", "pt0", "type", "veth", "peer", "name", "pt1")
+	run(t, "ip", "-n", name, "link", "set", "pt1", "up")
+	run(t, "ip", "-n", name, "addr", "add", "192.0.2.1/24", "dev", "pt0")
+	run(t, "ip", "-n", name, "link", "set", "pt0", "up")
+	return "/run/netns/" + name, netip.MustParseAddrPort("192.0.2.80:53")
+}
+
+// TestCaptureBehind: a run whose capture ring backs up says so through
+// CaptureBehind (here a burst sent before the capture reads anything fills
+// the smallest ring), so that the caller may give the capture more CPU; a
+// run that keeps up does not.
+func TestCaptureBehind(t *testing.T) {
+	netns, vip := vipToNowhere(t, "pttest-behind")
+	// A neighbour for the VIP: the datagrams leave pt0 (where the uplink's
+	// tap sees them) instead of waiting for an ARP reply.
+	run(t, "ip", "-n", filepath.Base(netns), "neigh", "add", vip.Addr().String(), "lladdr", "02:00:00:00:00:50", "dev", "pt0", "nud", "permanent")
+	for _, burst := range []int{0, 400} {
+		var behind atomic.Int32
+		var sendErr error
+		res, err := Run(context.Background(), Options{
+			Services:  []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}},
+			Duration:  300 * time.Millisecond,
+			Discover:  discover.Options{HostNetNS: netns},
+			RingBytes: capture.MinRingBytes, // 4 blocks of 4 KiB: 400 frames are many times that
+			// Ready comes before the taps are read.
+			Ready: func(*discover.NodeInfo, []probe.Attachment) {
+				if burst > 0 {
+					sendErr = sendFromSockets(netns, vip, burst)
+				}
+			},
+			CaptureBehind: func() { behind.Add(1) },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sendErr != nil {
+			t.Fatal(sendErr)
+		}
+		if called := behind.Load() > 0; called != (burst > 0) {
+			t.Errorf("burst of %d datagrams before the capture read: CaptureBehind called %d times (captured %v, drops %v)",
+				burst, behind.Load(), res.Packets, res.Drops)
 		}
 	}
 }

@@ -68,6 +68,12 @@ type Options struct {
 	// heap then. The session changes no process-wide setting itself:
 	// another session of the process may still be capturing.
 	CaptureDone func()
+	// CaptureBehind, when set, is called (from the taps' goroutines, again
+	// each time one falls behind) when a capture point's kernel ring holds
+	// a quarter of its blocks not read yet (capture.Config.Behind): the
+	// capture falls behind its traffic, and loses frames if that goes on.
+	// A caller that owns the process may give it more CPU then.
+	CaptureBehind func()
 }
 
 // Progress is a live view of a running session.
@@ -195,7 +201,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
 	atts := attachObservers(pr, node, cgroup)
 	atts = append(atts, probe.KernelFunctionProbes()...)
-	taps, tapAtts := openTaps(node, 0, watch, opt.Snaplen, opt.RingBytes, tapProg, tapProgErr)
+	taps, tapAtts := openTaps(node, 0, watch, opt.Snaplen, opt.RingBytes, opt.CaptureBehind, tapProg, tapProgErr)
 	atts = append(atts, tapAtts...)
 	ready := time.Now()
 	pr.ReleaseSpecs() // everything is loaded: their BTF would stay live for nothing
