@@ -115,7 +115,7 @@ func main() {
 		runWithLazyFree() // a capture's first connections fault in less
 	}
 	if os.Getenv("GOMAXPROCS") == "" { // the user's setting wins
-		runtime.GOMAXPROCS(captureProcs(runtime.GOMAXPROCS(0)))
+		runtime.GOMAXPROCS(captureProcs(availableProcs))
 	}
 	limitMemory(defaultMaxFlows) // a run's --max-flows may raise it
 
