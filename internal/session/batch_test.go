@@ -2,6 +2,7 @@ package session
 
 import (
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -134,4 +135,45 @@ func TestOneCatchUpCoversTheBatchesHandedBefore(t *testing.T) {
 	check("one handed after the catch-up began: another", b4, 4)
 	hand()
 	check("an unnumbered batch: one, for the batches handed so far too", &batch{tap: 0}, 5)
+}
+
+// TestHandOverSaysConsumerBehind: a tap that finds the consumer's queue
+// full says the capture is behind (Options.CaptureBehind) before it waits,
+// once per batch that has to wait; a batch with room says nothing.
+func TestHandOverSaysConsumerBehind(t *testing.T) {
+	var behind atomic.Int32
+	tr := &tracer{opt: Options{CaptureBehind: func() { behind.Add(1) }}}
+	items := make(chan *batch, 1)
+	tr.handOver(items, &batch{})
+	if n := behind.Load(); n != 0 {
+		t.Fatalf("a batch the queue had room for: CaptureBehind called %d times", n)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tr.handOver(items, &batch{})
+	}()
+	// The second batch waits for the first to be taken: by then it said so.
+	deadline := time.After(5 * time.Second)
+	for behind.Load() == 0 {
+		select {
+		case <-done:
+			t.Fatal("a batch was queued past a full queue")
+		case <-deadline:
+			<-items // let it go
+			t.Fatal("a batch waits for a full queue: CaptureBehind not called")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	<-items
+	<-done
+	<-items
+	if n := behind.Load(); n != 1 {
+		t.Fatalf("one batch waited for a full queue: CaptureBehind called %d times, want 1", n)
+	}
+	// Without a callback, the wait is all.
+	tr.opt.CaptureBehind = nil
+	items <- &batch{}
+	go func() { <-items; <-items }()
+	tr.handOver(items, &batch{})
 }

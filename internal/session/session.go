@@ -70,9 +70,10 @@ type Options struct {
 	CaptureDone func()
 	// CaptureBehind, when set, is called (from the taps' goroutines, again
 	// each time one falls behind) when a capture point's kernel ring holds
-	// a quarter of its blocks not read yet (capture.Config.Behind): the
-	// capture falls behind its traffic, and loses frames if that goes on.
-	// A caller that owns the process may give it more CPU then.
+	// a quarter of its blocks not read yet (capture.Config.Behind), or a
+	// tap finds the consumer's queue full: the capture falls behind its
+	// traffic, and loses frames if that goes on. A caller that owns the
+	// process may give it more CPU then.
 	CaptureBehind func()
 }
 
