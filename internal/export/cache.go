@@ -1,6 +1,11 @@
 package export
 
-import "golang.org/x/sys/unix"
+import (
+	"runtime"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
 
 // A capture file keeps up to cacheBudget bytes in the page cache; beyond
 // that, its pages are written back and dropped from the cache in steps of
@@ -35,19 +40,55 @@ type cacheDropper struct {
 	drop           func(off, n int64) error
 	started        int64 // writeback started for the file up to here
 	dropped        int64 // dropped from the cache up to here
+	// viaRuntime: the calls go through the Go runtime's syscall path, not
+	// directly (see call).
+	viaRuntime bool
 }
 
 func newCacheDropper(fd int) *cacheDropper {
 	d := &cacheDropper{
 		sizes: make(chan int64, 1),
 		done:  make(chan struct{}),
-		startWriteback: func(off, n int64) error {
+		// Both calls take these arguments in this order on 64-bit x86
+		// and ARM; elsewhere they go through the runtime (unix's wrappers
+		// know the other orders).
+		viaRuntime: runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64",
+	}
+	d.startWriteback = func(off, n int64) error {
+		if d.viaRuntime {
 			return unix.SyncFileRange(fd, off, n, unix.SYNC_FILE_RANGE_WRITE)
-		},
-		drop: func(off, n int64) error { return unix.Fadvise(fd, off, n, unix.FADV_DONTNEED) },
+		}
+		return d.call(unix.SYS_SYNC_FILE_RANGE, fd, off, n, unix.SYNC_FILE_RANGE_WRITE)
+	}
+	d.drop = func(off, n int64) error {
+		if d.viaRuntime {
+			return unix.Fadvise(fd, off, n, unix.FADV_DONTNEED)
+		}
+		return d.call(unix.SYS_FADVISE64, fd, off, n, unix.FADV_DONTNEED)
 	}
 	go d.run()
 	return d
+}
+
+// call makes the system call trap(fd, off, n, flag) directly, as
+// writeDirect writes. Through the runtime, a call of this length (each
+// covers a 4 MiB window) let its monitor thread take the processor away,
+// hand it to another thread, and then poll every 20 us for a while: in
+// lab captures that thread woke 125-133 times a second at 10k packets a
+// second and 314-385 at 100k, against 49-57 and 72-110 with direct calls
+// (3.2 and 5.5 ms of CPU a second against 1.3-1.5). A call that takes
+// longer than directStall (a congested device) sends the next ones
+// through the runtime, which gives the processor to the capture meanwhile.
+func (d *cacheDropper) call(trap uintptr, fd int, off, n int64, flag int) error {
+	start := time.Now()
+	_, _, errno := unix.RawSyscall6(trap, uintptr(fd), uintptr(off), uintptr(n), uintptr(flag), 0, 0)
+	if time.Since(start) > directStall {
+		d.viaRuntime = true
+	}
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // offer hands the file's size over, in place of one not taken yet. Only

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -185,4 +187,67 @@ func residentPages(f *os.File, size int64) ([]bool, error) {
 		in[i] = v&1 != 0
 	}
 	return in, nil
+}
+
+// TestCacheDropperCallsDirectly: the direct calls pass each argument where
+// the kernel reads it (an offset, a length or a flag it refuses is
+// refused), and a call that takes longer than directStall sends the next
+// ones through the runtime.
+func TestCacheDropperCallsDirectly(t *testing.T) {
+	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
+		t.Skipf("the calls go through the runtime on %s", runtime.GOARCH)
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), "capture"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(make([]byte, 2*os.Getpagesize())); err != nil {
+		t.Fatal(err)
+	}
+	fd := int(f.Fd())
+	d := newCacheDropper(fd)
+	defer d.close()
+	if d.viaRuntime {
+		t.Fatal("the calls go through the runtime from the start")
+	}
+	const syncFileRange, fadvise = unix.SYS_SYNC_FILE_RANGE, unix.SYS_FADVISE64
+	for _, c := range []struct {
+		what      string
+		trap      uintptr
+		off, n    int64
+		flag      int
+		wantErrno unix.Errno // 0: none
+		refused   string
+	}{
+		{"sync_file_range", syncFileRange, 0, 4096, unix.SYNC_FILE_RANGE_WRITE, 0, ""},
+		{"sync_file_range", syncFileRange, 0, 4096, 1 << 8, unix.EINVAL, "an unknown flag"},
+		{"sync_file_range", syncFileRange, -4096, 4096, unix.SYNC_FILE_RANGE_WRITE, unix.EINVAL, "a negative offset"},
+		{"sync_file_range", syncFileRange, 0, -4096, unix.SYNC_FILE_RANGE_WRITE, unix.EINVAL, "a negative length"},
+		{"fadvise", fadvise, 0, 4096, unix.FADV_DONTNEED, 0, ""},
+		{"fadvise", fadvise, 0, 4096, 99, unix.EINVAL, "an unknown advice"},
+		{"fadvise", fadvise, 0, -4096, unix.FADV_DONTNEED, unix.EINVAL, "a negative length"},
+	} {
+		err := d.call(c.trap, fd, c.off, c.n, c.flag)
+		switch {
+		case c.wantErrno == 0 && err != nil:
+			t.Errorf("%s(%d, %d, %d): %v", c.what, c.off, c.n, c.flag, err)
+		case c.wantErrno != 0 && !errors.Is(err, c.wantErrno):
+			t.Errorf("%s with %s: %v, want %v", c.what, c.refused, err, c.wantErrno)
+		}
+	}
+	if d.viaRuntime {
+		t.Fatal("calls of a few microseconds sent the next ones through the runtime")
+	}
+	defer func(s time.Duration) { directStall = s }(directStall)
+	directStall = -1 // every call stalls
+	if err := d.startWriteback(0, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if !d.viaRuntime {
+		t.Fatal("a call longer than directStall: the next ones still go directly")
+	}
+	if err := d.drop(0, 4096); err != nil {
+		t.Fatalf("through the runtime: %v", err)
+	}
 }
