@@ -240,10 +240,14 @@ func (a *asyncFile) fallocate(off, n int64) error {
 // checkStall ends direct calls once one that began at start took longer
 // than directStall.
 func (a *asyncFile) checkStall(start time.Time) {
-	if time.Since(start) > directStall {
+	if stalled(start) {
 		a.direct = false
 	}
 }
+
+// stalled tells whether a direct call that began at start took longer than
+// directStall: the next ones go through the runtime.
+func stalled(start time.Time) bool { return time.Since(start) > directStall }
 
 // writeDirect is write(2) without the Go runtime's syscall bookkeeping. A
 // write of a chunk into the page cache takes 50-100 us: through the

@@ -82,7 +82,7 @@ func newCacheDropper(fd int) *cacheDropper {
 func (d *cacheDropper) call(trap uintptr, fd int, off, n int64, flag int) error {
 	start := time.Now()
 	_, _, errno := unix.RawSyscall6(trap, uintptr(fd), uintptr(off), uintptr(n), uintptr(flag), 0, 0)
-	if time.Since(start) > directStall {
+	if stalled(start) {
 		d.viaRuntime = true
 	}
 	if errno != 0 {
