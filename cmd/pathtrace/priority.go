@@ -16,7 +16,9 @@ import (
 // 120 ms now and then, and all three rings overflowed together (frames lost
 // in 5 of 10 runs of the 100k pps and faster steps; in 1 of 18 at -5). The
 // capture's CPU is the same either way, bounded by the traffic: it only
-// gets it sooner.
+// gets it sooner. The kernel weighs nice values within a scheduling group
+// only (the CPU cgroup; in the root cgroup with autogroup, the session):
+// against Pods in other cgroups their cgroups' weights decide.
 const defaultNice = -5
 
 // setNice gives every thread of the process nice value n. Linux keeps the

@@ -222,3 +222,16 @@ func TestNonZero(t *testing.T) {
 		t.Errorf("nonZero(nil) = %q, want empty", got)
 	}
 }
+
+func TestCPUCgroup(t *testing.T) {
+	for _, c := range []struct{ file, want string }{
+		{"9:name=systemd:/\n4:memory:/process_api/7dd\n2:cpuacct:/\n1:cpu:/\n0::/\n", "/"},
+		{"3:cpu,cpuacct:/user.slice\n0::/\n", "/user.slice"},
+		{"0::/user.slice/user-0.slice/session-3.scope\n", "/user.slice/user-0.slice/session-3.scope"},
+		{"2:cpuacct:/a\n0::/b\n", "/b"},
+	} {
+		if got := cpuCgroup(c.file); got != c.want {
+			t.Errorf("cpuCgroup(%q) = %q, want %q", c.file, got, c.want)
+		}
+	}
+}

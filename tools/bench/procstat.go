@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -121,4 +122,38 @@ func cpuModel() string {
 		}
 	}
 	return "unknown"
+}
+
+// niceScope says within which group the scheduler weighs the tools' nice
+// values against other processes', and who shares it: their CPU cgroup, or
+// their session when they are in the root cgroup with autogroup on (the
+// lab's servers start sessions of their own).
+func niceScope() string {
+	b, _ := os.ReadFile("/proc/self/cgroup")
+	path := cpuCgroup(string(b))
+	auto, _ := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled")
+	if path == "/" && strings.TrimSpace(string(auto)) == "1" {
+		return "here the benchmark's session (its processes are in the root CPU cgroup, with autogroup on): every tool shares it with the traffic generator, which runs in the benchmark's own process, not with the lab's servers, which run in sessions of their own"
+	}
+	return fmt.Sprintf("here the benchmark's CPU cgroup (`%s`), which every tool shares with the traffic generator and the lab's servers", path)
+}
+
+// cpuCgroup is the CPU cgroup in a /proc/PID/cgroup file: the v1 hierarchy
+// with the cpu controller, else the v2 one.
+func cpuCgroup(file string) string {
+	v2 := "/"
+	for line := range strings.Lines(file) {
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[1] == "" {
+			v2 = parts[2]
+			continue
+		}
+		if slices.Contains(strings.Split(parts[1], ","), "cpu") {
+			return parts[2]
+		}
+	}
+	return v2
 }

@@ -50,7 +50,7 @@ func (b *bench) markdown(res *results, started time.Time) string {
 		p("# %s\n%s\n", k, strings.Join(b.commands[k], "\n"))
 	}
 	p("```\n\n")
-	p("pathtrace runs at its default `--nice -5` (its threads drain the rings ahead of ordinary work when the CPUs are saturated); tcpdump at nice 0, as it starts.\n\n")
+	p("pathtrace runs at its default `--nice -5` (its threads drain the rings ahead of the other processes of its scheduling group when the CPUs are saturated); tcpdump at nice 0, as it starts. The scheduler weighs a nice value only against the processes of the same group, %s.\n\n", niceScope())
 	p("Traffic, all inside the lab's namespaces: a Go generator thread inside the Pod's netns sends %d-byte UDP datagrams (%d-byte frames, cut by snaplen 96) from one unconnected socket with `sendmmsg` (batches of %d) to %s, paced or as fast as one thread goes; the backend echoes each one, so every point carries requests and replies. ", udpPayload, udpPayload+42, udpBatch, lab.UDPVIP)
 	p("Each run: the tool starts, 0.3 s pause, %s of traffic, %s settle (longer than tcpdump's 1 s buffer timeout), then CPU, link counters and the tool's own counters are read. ", b.cfg.window, settle)
 	p("*Process CPU* is the run time of the tool's threads (`/proc/PID/task/*/schedstat`, ns) over that window; *system CPU* is the busy time of all CPUs from `/proc/stat` (10 ms steps) over the same window, which also holds the softirq work (socket filters, AF_PACKET copies, tcx observers) that no process is charged for; *wire* packets are RX+TX counters of `%s`; *peak RSS* is the process's `ru_maxrss` (VmHWM) over its whole life. \"s/M\" = CPU seconds per million packets (= µs per packet).\n\n", lab.Uplink)
