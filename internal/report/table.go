@@ -388,7 +388,7 @@ func DropHints(drops map[string]uint64) []string {
 	var hints []string
 	if len(rings) > 0 {
 		hints = append(hints, fmt.Sprintf("Frames were lost at %s: the kernel found the capture ring full (pathtrace fell behind the traffic); "+
-			"a larger --buffer-size (e.g. 16M) or a lower --nice (e.g. -10) loses fewer.", strings.Join(rings, ", ")))
+			"a larger --buffer-size (e.g. 16M) loses fewer; a lower --nice (e.g. -10) helps against the processes that share pathtrace's CPU cgroup (or session) only.", strings.Join(rings, ", ")))
 	}
 	for _, h := range dropHints {
 		var n uint64
