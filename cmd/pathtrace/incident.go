@@ -179,7 +179,7 @@ func runIncident(args []string) int {
 		rw := report.NewWriter(os.Stdout, report.FormatTable)
 		rw.Node(nodeJSON(res.Node, res.Attachments), func(w io.Writer) { writeNodeTable(w, res.Node, res.Attachments) })
 		rw.Flows(res.Flows)
-		rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded})
+		rw.Summary(res.Summary, res.Drops, runOf(res, res.Pcap))
 		return exitRuntime
 	}
 	return exitOK
@@ -325,7 +325,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 		return err
 	}
 	after := 16<<10 + 2*manifest + 64<<10 + budget/1024
-	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: bundlePcap(res.Pcap), Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded}
+	run := runOf(res, bundlePcap(res.Pcap))
 	written, err := fitReports(dir, budget-used-after, res, run)
 	if err != nil {
 		return err

@@ -543,7 +543,7 @@ func runTrace(args []string) int {
 		res.StopReason = stopReaderGone
 	}
 	rw.Flows(res.Flows)
-	rw.Summary(res.Summary, res.Drops, report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: res.Pcap, Summarized: res.Summarized, CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded, NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded})
+	rw.Summary(res.Summary, res.Drops, runOf(res, res.Pcap))
 	code := exitOK
 	// A report lost to its output (stdout on a full disk, closed) is never
 	// a silent success.
@@ -676,4 +676,16 @@ func watchReaderGone(f *os.File, gone func()) {
 			}
 		}
 	}()
+}
+
+// runOf is what the report says of the session's run, with the capture
+// file summarized as pcap.
+func runOf(res *session.Result, pcap *export.Summary) report.Run {
+	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: pcap, Summarized: res.Summarized,
+		CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded,
+		NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded}
+	if w := res.CPUWait; w != nil {
+		run.CPUWait = report.NewCPUWait(w.Total, w.Worst)
+	}
+	return run
 }

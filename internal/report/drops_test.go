@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/flow"
 )
@@ -86,5 +87,31 @@ func TestSummaryTableNamesFlowsNotFollowed(t *testing.T) {
 		if got != (over > 0) {
 			t.Errorf("flows_over_max %d: table\n%s", over, b.String())
 		}
+	}
+}
+
+// TestCPUWaitSaidWithRingLosses: a run whose rings lost frames says how long
+// pathtrace's threads waited for a CPU meanwhile (whether the CPUs held the
+// capture back); one without losses does not in the table. JSON always has
+// it.
+func TestCPUWaitSaidWithRingLosses(t *testing.T) {
+	run := Run{CPUWait: NewCPUWait(1340*time.Millisecond, 420*time.Millisecond)}
+	for _, lost := range []uint64{0, 5} {
+		var b strings.Builder
+		drops := map[string]uint64{"uplink:bond0 kernel_drops": lost}
+		if err := NewWriter(&b, FormatTable).Summary(flow.Summary{}, drops, run); err != nil {
+			t.Fatal(err)
+		}
+		said := strings.Contains(b.String(), "waited for a CPU while runnable (the kernel's run_delay): one of them 420ms within one second at most, 1.3s in all")
+		if said != (lost > 0) {
+			t.Errorf("%d frames lost: CPU wait said %v:\n%s", lost, said, b.String())
+		}
+	}
+	var js strings.Builder
+	if err := NewWriter(&js, FormatJSON).Summary(flow.Summary{}, nil, run); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js.String(), `"cpu_wait":{"total_ms":1340,"worst_thread_second_ms":420}`) {
+		t.Errorf("JSON summary lacks the CPU wait: %s", js.String())
 	}
 }

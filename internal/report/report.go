@@ -227,7 +227,24 @@ type Run struct {
 	// veths that got a tc program (a Pod that started, a CNI agent that
 	// started), when, and what failed.
 	ObserversAdded []string `json:"observers_added,omitempty"`
+	// CPUWait: how long pathtrace's threads were runnable but waiting for
+	// a CPU during the capture (nil: the kernel does not say).
+	CPUWait *CPUWait `json:"cpu_wait,omitempty"`
 }
+
+// CPUWait is the kernel's run_delay of pathtrace's threads over the
+// capture: all of them, and the longest of one thread within one second.
+type CPUWait struct {
+	TotalMs       float64 `json:"total_ms"`
+	WorstSecondMs float64 `json:"worst_thread_second_ms"`
+}
+
+// NewCPUWait is a CPUWait in milliseconds.
+func NewCPUWait(total, worst time.Duration) *CPUWait {
+	return &CPUWait{TotalMs: ms(total), WorstSecondMs: ms(worst)}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Round(10*time.Microsecond)) / 1e6 }
 
 // Summary writes the per-verdict counts, every drop counter (the engine's and
 // the caller's drops, e.g. kernel drops per capture point and ring buffer

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 	"unicode/utf8"
 
 	"github.com/pathtrace/pathtrace/internal/flow"
@@ -175,6 +176,12 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	fmt.Fprintln(w, "(pathtrace's own losses: its capture rings and event readers. Packets the node dropped are not counted here;\n a rewritten flow whose request never reached the uplink says so under the flows.)")
 	for _, h := range DropHints(s.Drops) {
 		fmt.Fprintln(w, h)
+	}
+	if c := run.CPUWait; c != nil && len(lossyRings(s.Drops)) > 0 {
+		// Says whether the CPUs held the capture back: a thread kept off
+		// them longer than its ring holds loses frames.
+		fmt.Fprintf(w, "Meanwhile pathtrace's threads waited for a CPU while runnable (the kernel's run_delay): one of them %s within one second at most, %s in all.\n",
+			msString(c.WorstSecondMs), msString(c.TotalMs))
 	}
 	fmt.Fprintf(w, "\nObservations not matched to any flow: %d\n", s.Unmatched)
 	if s.WithoutPorts > 0 {
@@ -374,17 +381,32 @@ var dropHints = []struct {
 		"kept apart so that it cannot evict the traced flows' observations (only a socket LB's flow whose socket events came after its packets waits there)."},
 }
 
-// DropHints says how to avoid the losses a rerun with other flags can
-// avoid: a full capture ring, flows beyond --max-flows, a full event ring,
-// conntrack events or socket events read late, a full waiting room; and
-// what the other traffic's own waiting room dropped means.
-func DropHints(drops map[string]uint64) []string {
+// lossyRings names the capture points whose ring lost frames, sorted.
+func lossyRings(drops map[string]uint64) []string {
 	var rings []string
 	for _, name := range slices.Sorted(maps.Keys(drops)) {
 		if point, ok := strings.CutSuffix(name, " kernel_drops"); ok && drops[name] > 0 {
 			rings = append(rings, point)
 		}
 	}
+	return rings
+}
+
+// msString is a millisecond figure as a duration ("420ms", "1.3s").
+func msString(ms float64) string {
+	d := time.Duration(ms * 1e6)
+	if d >= time.Second {
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// DropHints says how to avoid the losses a rerun with other flags can
+// avoid: a full capture ring, flows beyond --max-flows, a full event ring,
+// conntrack events or socket events read late, a full waiting room; and
+// what the other traffic's own waiting room dropped means.
+func DropHints(drops map[string]uint64) []string {
+	rings := lossyRings(drops)
 	var hints []string
 	if len(rings) > 0 {
 		hints = append(hints, fmt.Sprintf("Frames were lost at %s: the kernel found the capture ring full (pathtrace fell behind the traffic); "+

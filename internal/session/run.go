@@ -96,6 +96,7 @@ type tracer struct {
 	node         *discover.NodeInfo
 	drops        dropPlaces // names the places of the flows' kernel drops
 	gatewaysRead time.Time
+	cpuWait      *cpuWaitSampler // set by run
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
@@ -256,6 +257,7 @@ func (tr *tracer) run(ctx context.Context) string {
 	go func() { producers.Wait(); close(items) }()
 
 	start := time.Now()
+	tr.cpuWait = newCPUWaitSampler("/proc/self/task", start)
 	nextInterval := start.Add(tr.opt.ReportEvery)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -279,6 +281,7 @@ loop:
 					tr.pcap.endFile(tr.taps)
 				}
 			}
+			tr.cpuWait.sample(time.Now())
 			tr.noteConntrackLosses()
 			tr.noteCaptureLosses()
 			tr.noteLearnLosses()
@@ -307,6 +310,7 @@ loop:
 	}
 	producers.Done() // no tap starts from here on
 	tr.stopped = time.Now()
+	tr.cpuWait.sample(tr.stopped)
 	tr.eng.Stopping(tr.stopped)
 	// Let in-flight events land, still consuming, then stop the producers:
 	// each tap then delivers the block the kernel was filling (within

@@ -131,6 +131,9 @@ type Result struct {
 	// NATRulesReread says when the NAT rules and IPVS services were read
 	// again during the session, and what changed ("" when they were not).
 	NATRulesReread string
+	// CPUWait is how long pathtrace's threads waited for a CPU during the
+	// capture; nil when the kernel does not say (no schedstat).
+	CPUWait *CPUWait
 }
 
 // tap is one capture point with its role label ("pod:eth0", "uplink:bond0").
@@ -257,6 +260,9 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	debug.FreeOSMemory()
 	res.StopReason = tr.run(ctx)
 	res.Stopped = tr.stopped
+	if w, ok := tr.cpuWait.result(); ok {
+		res.CPUWait = &w
+	}
 	// The capture is over: the observers and taps leave the node's paths
 	// now, not once the report is built. Read no more, their rings would
 	// fill with what comes after the run and count it as lost (thousands
