@@ -681,11 +681,17 @@ func watchReaderGone(f *os.File, gone func()) {
 // runOf is what the report says of the session's run, with the capture
 // file summarized as pcap.
 func runOf(res *session.Result, pcap *export.Summary) report.Run {
-	run := report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: pcap, Summarized: res.Summarized,
+	return report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: pcap, Summarized: res.Summarized,
 		CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded,
-		NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded}
-	if w := res.CPUWait; w != nil {
-		run.CPUWait = report.NewCPUWait(w.Total, w.Worst)
+		NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded,
+		CPUWait: cpuWaitOf(res)}
+}
+
+// cpuWaitOf is the session's CPU wait as the report says it; nil when the
+// kernel did not say.
+func cpuWaitOf(res *session.Result) *report.CPUWait {
+	if res.CPUWait == nil {
+		return nil
 	}
-	return run
+	return report.NewCPUWait(res.CPUWait.Total, res.CPUWait.Worst)
 }

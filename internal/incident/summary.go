@@ -33,6 +33,10 @@ type Ended struct {
 	// File: the capture file filled its share of the budget and ended
 	// while the run went on; nil when it holds the whole run.
 	File *FileEnded
+	// CPUWait: how long pathtrace's threads waited for a CPU during the
+	// run (session.Result.CPUWait), said with the rings' losses; nil when
+	// unknown.
+	CPUWait *report.CPUWait
 }
 
 // FileEnded says when the capture file ended and what it left out.
@@ -561,6 +565,9 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 		fmt.Fprintf(b, "- Lost: %s. Flows may be missing or incomplete.\n", strings.Join(drops, ", "))
 		for _, h := range report.DropHints(s.Drops) {
 			fmt.Fprintf(b, "  - %s\n", h)
+		}
+		if note := report.CPUWaitNote(s.Drops, ended.CPUWait); note != "" {
+			fmt.Fprintf(b, "  - %s\n", note)
 		}
 	case len(ended.Captures) == 0 && ended.Observers == "" && ended.File == nil:
 		b.WriteString("- The capture lost nothing: every drop counter is zero (they count pathtrace's own losses; packets the node dropped are said with their flows).\n")

@@ -177,11 +177,8 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 	for _, h := range DropHints(s.Drops) {
 		fmt.Fprintln(w, h)
 	}
-	if c := run.CPUWait; c != nil && len(lossyRings(s.Drops)) > 0 {
-		// Says whether the CPUs held the capture back: a thread kept off
-		// them longer than its ring holds loses frames.
-		fmt.Fprintf(w, "Meanwhile pathtrace's threads waited for a CPU while runnable (the kernel's run_delay): one of them %s within one second at most, %s in all.\n",
-			msString(c.WorstSecondMs), msString(c.TotalMs))
+	if note := CPUWaitNote(s.Drops, run.CPUWait); note != "" {
+		fmt.Fprintln(w, note)
 	}
 	fmt.Fprintf(w, "\nObservations not matched to any flow: %d\n", s.Unmatched)
 	if s.WithoutPorts > 0 {
@@ -390,6 +387,18 @@ func lossyRings(drops map[string]uint64) []string {
 		}
 	}
 	return rings
+}
+
+// CPUWaitNote says, when a capture ring lost frames, how long pathtrace's
+// threads waited for a CPU meanwhile: whether the CPUs held the capture
+// back (a thread kept off them longer than its ring holds loses frames).
+// "" without such losses or without the figures.
+func CPUWaitNote(drops map[string]uint64, c *CPUWait) string {
+	if c == nil || len(lossyRings(drops)) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("Meanwhile pathtrace's threads waited for a CPU while runnable (the kernel's run_delay): one of them %s within one second at most, %s in all.",
+		msString(c.WorstSecondMs), msString(c.TotalMs))
 }
 
 // msString is a millisecond figure as a duration ("420ms", "1.3s").
