@@ -82,7 +82,7 @@ func TestParsePathtraceSummary(t *testing.T) {
 	line := `{"type":"summary","flows":3,"drops":{"host:veth-a kernel_drops":2,"pod:eth0 kernel_drops":0,` +
 		`"uplink:bond0 kernel_drops":5,"ringbuf_losses":7,"flows_over_max":1,"pod:eth0 decode_errors":0},` +
 		`"observations":{"host":6,"pod":6,"uplink":6,"tc_head":6,"sockaddr":3},` +
-		`"packets":{"host:veth-a":6,"pod:eth0":6,"uplink:bond0":4}}`
+		`"packets":{"host:veth-a":6,"pod:eth0":6,"uplink:bond0":4},"cpu_wait":{"total_ms":701.03,"worst_thread_second_ms":110.18}}`
 	var res captureResult
 	if err := parsePathtraceSummary([]byte(line), &res); err != nil {
 		t.Fatal(err)
@@ -101,6 +101,9 @@ func TestParsePathtraceSummary(t *testing.T) {
 	}
 	if res.Events != 9 || res.Flows != 3 {
 		t.Errorf("events %d flows %d, want 9 (tc_head + sockaddr) and 3", res.Events, res.Flows)
+	}
+	if w := res.CPUWait; w == nil || w.TotalMs != 701.03 || w.WorstSecondMs != 110.18 {
+		t.Errorf("CPU wait %+v, want 701.03 / 110.18 ms", w)
 	}
 	if err := parsePathtraceSummary(nil, &res); err == nil {
 		t.Error("missing summary accepted")

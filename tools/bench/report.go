@@ -112,10 +112,13 @@ func (b *bench) captureSection(p printer, res *results) {
 	}
 	// Which rings overflowed tells a stall of the whole process (every
 	// point at once) from one point's reader falling behind.
-	var drops, losses []string
+	var drops, losses, waits []string
 	for _, r := range res.Capture {
 		if r.Cap == nil {
 			continue
+		}
+		if w := r.Cap.CPUWait; w != nil {
+			waits = append(waits, fmt.Sprintf("%s %.0f / %.0f ms", b.runName(r.Rate, r.Round), w.WorstSecondMs, w.TotalMs))
 		}
 		if r.Cap.totalDrops() > 0 {
 			drops = append(drops, fmt.Sprintf("%s at %s: %s", r.Tool, b.runName(r.Rate, r.Round), nonZero(r.Cap.KernelDrops)))
@@ -129,6 +132,10 @@ func (b *bench) captureSection(p printer, res *results) {
 	}
 	if len(losses) > 0 {
 		p("\nOther losses by counter: %s.\n", strings.Join(losses, "; "))
+	}
+	if len(waits) > 0 {
+		// Whether the CPUs held pathtrace back in the runs that lost frames.
+		p("\npathtrace's threads' wait for a CPU while runnable, from its report's `cpu_wait` (the most one thread waited within one second / all threads over the run): %s.\n", strings.Join(waits, "; "))
 	}
 	p("\nRatios, pathtrace ÷ tcpdump at the same offered rate in the same round (system CPU overhead = system CPU per wire packet minus that of the run with nothing attached):\n\n")
 	p("| offered | kernel drops tcpdump / pathtrace | captured ÷ wire packets on %s, tcpdump / pathtrace | process CPU per captured packet | process CPU per wire packet | system CPU overhead per wire packet (tcpdump / pathtrace, s/M) | peak RSS |\n", lab.Uplink)

@@ -101,6 +101,14 @@ type captureResult struct {
 	TotalCPU     time.Duration     // utime+stime over the whole life (rusage)
 	PeakRSS      uint64            // bytes, rusage maxrss (VmHWM) over the whole life
 	FileBytes    uint64            // size of the capture file it wrote
+	CPUWait      *cpuWait          // pathtrace: its threads' wait for a CPU (nil: not reported)
+}
+
+// cpuWait is pathtrace's summary's cpu_wait: how long its threads were
+// runnable but waiting for a CPU.
+type cpuWait struct {
+	TotalMs       float64 `json:"total_ms"`
+	WorstSecondMs float64 `json:"worst_thread_second_ms"`
 }
 
 func (c *captureResult) totalCaptured() uint64 { return sum(c.Captured) }
@@ -291,6 +299,7 @@ type pathtraceSummary struct {
 	Drops        map[string]uint64 `json:"drops"`
 	Packets      map[string]uint64 `json:"packets"`
 	Observations map[string]uint64 `json:"observations"`
+	CPUWait      *cpuWait          `json:"cpu_wait"`
 }
 
 // parsePathtraceSummary fills res from the summary line: packets per capture
@@ -309,6 +318,7 @@ func parsePathtraceSummary(line []byte, res *captureResult) error {
 	}
 	res.Captured = s.Packets
 	res.Flows = s.Flows
+	res.CPUWait = s.CPUWait
 	res.KernelDrops, res.LossCounters = map[string]uint64{}, map[string]uint64{}
 	taps := map[string]bool{}
 	for point := range s.Packets {
