@@ -213,6 +213,10 @@ type run struct {
 	cmd    *exec.Cmd
 	lines  chan map[string]any
 	stderr bytes.Buffer
+	// intervals are the "interval" lines rest read, which it refuses
+	// unless the run was started with --report-every (withIntervals).
+	withIntervals bool
+	intervals     []map[string]any
 }
 
 func startJSON(t *testing.T, args ...string) *run {
@@ -286,6 +290,11 @@ func (r *run) rest(t *testing.T) (flows []map[string]any, summary map[string]any
 			flows = append(flows, m)
 		case "summary":
 			summary = m
+		case "interval":
+			if !r.withIntervals {
+				t.Errorf("interval line without --report-every: %v", m)
+			}
+			r.intervals = append(r.intervals, m)
 		default:
 			t.Errorf("unexpected JSON line: %v", m)
 		}

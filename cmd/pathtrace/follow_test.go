@@ -24,7 +24,8 @@ import (
 // pathtrace runs) once their connections closed, before the SIGTERM, with
 // their verdict and backend; the second burst's come with the summary at
 // the end, which counts both; ids are unique; exit 0; nothing stays
-// attached.
+// attached. With --report-every 1s, interval lines come meanwhile, each
+// with the flows counted so far and the threads' CPU wait.
 func TestFollowUntilStopped(t *testing.T) {
 	needRoot(t)
 	mode := lab.ModeNetfilter
@@ -33,7 +34,8 @@ func TestFollowUntilStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "0")
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "0", "--report-every", "1s")
+	r.withIntervals = true
 	r.waitNode(t)
 	progs, links := heldBPF(t, r.cmd.Process.Pid)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -53,10 +55,14 @@ func TestFollowUntilStopped(t *testing.T) {
 			if !ok {
 				t.Fatalf("pathtrace ended before the first burst's flows came (stderr: %s)", r.stderr.String())
 			}
-			if m["type"] != "flow" {
-				t.Fatalf("line before the SIGTERM that is not a flow: %v", m)
+			switch m["type"] {
+			case "flow":
+				early = append(early, m)
+			case "interval":
+				r.intervals = append(r.intervals, m)
+			default:
+				t.Fatalf("line before the SIGTERM that is neither a flow nor an interval: %v", m)
 			}
-			early = append(early, m)
 		case <-deadline:
 			t.Fatalf("%d of the first burst's %d flows reported within 30 s of their end: %s (stderr: %s)", len(early), first, dump(early), r.stderr.String())
 		}
@@ -68,6 +74,19 @@ func TestFollowUntilStopped(t *testing.T) {
 			t.Errorf("flow id %v reported twice", id)
 		}
 		ids[id] = true
+	}
+	// The flows came 9 s after their end at the earliest: intervals came
+	// meanwhile, the last counting the first burst.
+	if len(r.intervals) < 5 {
+		t.Errorf("%d interval lines before the first burst's flows came, want one a second", len(r.intervals))
+	} else {
+		last := r.intervals[len(r.intervals)-1]
+		wait, _ := last["cpu_wait"].(map[string]any)
+		total, okTotal := wait["total_ms"].(float64)
+		worst, okWorst := wait["worst_thread_second_ms"].(float64)
+		if n, _ := last["flows"].(float64); n != first || !okTotal || !okWorst || worst < 0 || worst > 1500 || total < worst {
+			t.Errorf("last interval line %v, want %d flows and the CPU wait so far", last, first)
+		}
 	}
 	if res, err := l.Client(ctx, lab.ClientOptions{Requests: second}); err != nil || res.TCP.OK != second {
 		t.Fatalf("lab client (second burst): %+v, %v", res.TCP, err)

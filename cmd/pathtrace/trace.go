@@ -123,7 +123,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
 	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
 	fs.DurationVar(&f.flowTimeout, "flow-timeout", 0, fmt.Sprintf("with --duration 0: a flow idle this long is reported then and forgotten (a TCP connection is reported once closed and quiet for 9 s); a long idle connection that speaks again after it is a new flow, whose JSON \"continues\" names the earlier one; at least %s (default %s)", minFlowTimeout, flow.DefaultFlowTimeout))
-	fs.DurationVar(&f.reportEvery, "report-every", 0, "with --duration 0: write the counts so far (flows per verdict, drops) this often, a {\"type\":\"interval\"} JSON line or a table line (0 = never)")
+	fs.DurationVar(&f.reportEvery, "report-every", 0, "with --duration 0: write the counts so far (flows per verdict, drops, how long pathtrace's threads waited for a CPU) this often, a {\"type\":\"interval\"} JSON line or a table line (0 = never)")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	// Only --help prints this (ContinueOnError: errors are one line each),
 	// to stdout, so that it pages.
@@ -492,9 +492,9 @@ func runTrace(args []string) int {
 		}
 		opt.Finished = func(fs []flow.Flow) { clearProgress(); rw.Finished(fs); reportLost() }
 		opt.PcapBoundEndsFileOnly = true
-		opt.Interval = func(s flow.Summary, drops, packets map[string]uint64) {
+		opt.Interval = func(s flow.Summary, drops, packets map[string]uint64, wait *session.CPUWait) {
 			clearProgress()
-			rw.Interval(time.Now(), s, drops, packets)
+			rw.Interval(time.Now(), s, drops, packets, cpuWaitOf(wait))
 			reportLost()
 		}
 	}
@@ -684,14 +684,14 @@ func runOf(res *session.Result, pcap *export.Summary) report.Run {
 	return report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: pcap, Summarized: res.Summarized,
 		CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded,
 		NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded,
-		CPUWait: cpuWaitOf(res)}
+		CPUWait: cpuWaitOf(res.CPUWait)}
 }
 
-// cpuWaitOf is the session's CPU wait as the report says it; nil when the
+// cpuWaitOf is a session's CPU wait as the report says it; nil when the
 // kernel did not say.
-func cpuWaitOf(res *session.Result) *report.CPUWait {
-	if res.CPUWait == nil {
+func cpuWaitOf(w *session.CPUWait) *report.CPUWait {
+	if w == nil {
 		return nil
 	}
-	return report.NewCPUWait(res.CPUWait.Total, res.CPUWait.Worst)
+	return report.NewCPUWait(w.Total, w.Worst)
 }

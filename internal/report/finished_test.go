@@ -75,7 +75,9 @@ func TestInterval(t *testing.T) {
 	var b bytes.Buffer
 	w := NewWriter(&b, FormatJSON)
 	s := flow.Summary{Flows: 7, Retired: 5, RewrittenAt: map[flow.Place]int{flow.PlaceNetfilter: 7}, Drops: map[string]uint64{flow.DropFlowsOverMax: 1}}
-	w.Interval(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s, map[string]uint64{"ringbuf_losses": 2}, map[string]uint64{"pod:eth0": 9})
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	wait := NewCPUWait(1500*time.Millisecond, 254*time.Millisecond)
+	w.Interval(at, s, map[string]uint64{"ringbuf_losses": 2}, map[string]uint64{"pod:eth0": 9}, wait)
 	var m map[string]any
 	if err := json.Unmarshal(b.Bytes(), &m); err != nil || m["type"] != "interval" || m["flows"] != 7.0 || m["at"] == nil {
 		t.Fatalf("interval line %s (%v)", b.String(), err)
@@ -83,10 +85,31 @@ func TestInterval(t *testing.T) {
 	if d := m["drops"].(map[string]any); d["ringbuf_losses"] != 2.0 || d[flow.DropFlowsOverMax] != 1.0 {
 		t.Errorf("drops %v", d)
 	}
+	if c, _ := m["cpu_wait"].(map[string]any); c["total_ms"] != 1500.0 || c["worst_thread_second_ms"] != 254.0 {
+		t.Errorf("cpu_wait %v", m["cpu_wait"])
+	}
 	b.Reset()
-	NewWriter(&b, FormatTable).Interval(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), s, nil, nil)
-	if got := b.String(); !strings.Contains(got, "7 flows (netfilter 7), 2 open; drops 1") || strings.Count(got, "\n") != 1 {
-		t.Errorf("table interval %q", got)
+	w.Interval(at, s, nil, nil, nil)
+	if strings.Contains(b.String(), "cpu_wait") {
+		t.Errorf("cpu_wait unknown, said as %s", b.String())
+	}
+
+	// A table line says the CPU wait only once a capture ring lost frames.
+	ringLoss := map[string]uint64{"uplink:bond0 kernel_drops": 40}
+	for _, c := range []struct {
+		drops map[string]uint64
+		wait  *CPUWait
+		want  string
+	}{
+		{nil, wait, "7 flows (netfilter 7), 2 open; drops 1\n"},
+		{ringLoss, wait, "7 flows (netfilter 7), 2 open; drops 41 (capture rings among them; pathtrace's threads waited for a CPU 254ms within one second at most)\n"},
+		{ringLoss, nil, "7 flows (netfilter 7), 2 open; drops 41\n"},
+	} {
+		b.Reset()
+		NewWriter(&b, FormatTable).Interval(at, s, c.drops, nil, c.wait)
+		if got := b.String(); !strings.HasSuffix(got, c.want) || strings.Count(got, "\n") != 1 {
+			t.Errorf("table interval %q, want it to end %q", got, c.want)
+		}
 	}
 }
 

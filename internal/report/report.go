@@ -261,17 +261,20 @@ func (w *Writer) Summary(s flow.Summary, drops map[string]uint64, run Run) error
 }
 
 // Interval writes how a run until stopped goes, every so often: the
-// summary so far (every flow, reported or open, and every drop counter) as
-// {"type":"interval","at":...,...}, or one line for a table. Never a
-// "summary": that stays the run's last line.
-func (w *Writer) Interval(at time.Time, s flow.Summary, drops, packets map[string]uint64) error {
+// summary so far (every flow, reported or open, and every drop counter)
+// and the CPU wait so far (c; nil: unknown) as
+// {"type":"interval","at":...,...}, or one line for a table, which says the
+// CPU wait once a capture ring lost frames. Never a "summary": that stays
+// the run's last line.
+func (w *Writer) Interval(at time.Time, s flow.Summary, drops, packets map[string]uint64, c *CPUWait) error {
 	s = s.WithDrops(drops)
 	if w.format == FormatJSON {
 		return w.object("interval", struct {
 			At time.Time `json:"at"`
 			flow.Summary
 			Packets map[string]uint64 `json:"packets,omitempty"`
-		}{at, s, packets})
+			CPUWait *CPUWait          `json:"cpu_wait,omitempty"`
+		}{at, s, packets, c})
 	}
 	var lost uint64
 	for _, n := range s.Drops {
@@ -283,7 +286,11 @@ func (w *Writer) Interval(at time.Time, s flow.Summary, drops, packets map[strin
 			verdicts = append(verdicts, fmt.Sprintf("%s %d", p, n))
 		}
 	}
-	_, err := fmt.Fprintf(w.w, "%s so far: %d flows (%s), %d open; drops %d\n", at.Format("15:04:05"), s.Flows, strings.Join(verdicts, ", "), s.Flows-s.Retired, lost)
+	var wait string
+	if c != nil && len(lossyRings(s.Drops)) > 0 {
+		wait = fmt.Sprintf(" (capture rings among them; pathtrace's threads waited for a CPU %s within one second at most)", msString(c.WorstSecondMs))
+	}
+	_, err := fmt.Fprintf(w.w, "%s so far: %d flows (%s), %d open; drops %d%s\n", at.Format("15:04:05"), s.Flows, strings.Join(verdicts, ", "), s.Flows-s.Retired, lost, wait)
 	return err
 }
 

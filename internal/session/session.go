@@ -44,8 +44,10 @@ type Options struct {
 	// Interval, when set with ReportEvery, is given every ReportEvery the
 	// summary so far (every flow, reported or open, as flow.Engine.Summary
 	// counts them) with the session's own drops and packets per capture
-	// point: a run until stopped says how it goes without ending.
-	Interval    func(s flow.Summary, drops, packets map[string]uint64)
+	// point, and how long its threads waited for a CPU so far (nil: the
+	// kernel does not say): a run until stopped says how it goes without
+	// ending.
+	Interval    func(s flow.Summary, drops, packets map[string]uint64, wait *CPUWait)
 	ReportEvery time.Duration
 	// Ready, when set, is called once every observer and tap is in place: a
 	// caller that generates traffic waits for it.
