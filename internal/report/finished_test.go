@@ -102,7 +102,7 @@ func TestInterval(t *testing.T) {
 		want  string
 	}{
 		{nil, wait, "7 flows (netfilter 7), 2 open; drops 1\n"},
-		{ringLoss, wait, "7 flows (netfilter 7), 2 open; drops 41 (capture rings among them; pathtrace's threads waited for a CPU 254ms within one second at most)\n"},
+		{ringLoss, wait, "7 flows (netfilter 7), 2 open; drops 41 (capture rings among them; a thread of pathtrace's waited up to 254ms in one second for a CPU)\n"},
 		{ringLoss, nil, "7 flows (netfilter 7), 2 open; drops 41\n"},
 	} {
 		b.Reset()

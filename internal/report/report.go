@@ -288,7 +288,7 @@ func (w *Writer) Interval(at time.Time, s flow.Summary, drops, packets map[strin
 	}
 	var wait string
 	if c != nil && len(lossyRings(s.Drops)) > 0 {
-		wait = fmt.Sprintf(" (capture rings among them; pathtrace's threads waited for a CPU %s within one second at most)", msString(c.WorstSecondMs))
+		wait = fmt.Sprintf(" (capture rings among them; a thread of pathtrace's waited up to %s in one second for a CPU)", msString(c.WorstSecondMs))
 	}
 	_, err := fmt.Fprintf(w.w, "%s so far: %d flows (%s), %d open; drops %d%s\n", at.Format("15:04:05"), s.Flows, strings.Join(verdicts, ", "), s.Flows-s.Retired, lost, wait)
 	return err
