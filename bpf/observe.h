@@ -788,6 +788,93 @@ static __always_inline bool pt_within_budget(const struct pt_tuple *t, __u8 poin
 	return pt_take_budget(t, point, where, now);
 }
 
+/* pt_quiet, per CPU and per point and direction (tc) or hook (netfilter):
+ * the last flow direction a packet observer found over its budget there,
+ * and the jiffy it was. The packets of that flow that follow within the
+ * jiffy (1-10 ms; a watched bulk flow's next segments, mostly) are
+ * summarized at once, without the lookups an over-budget packet costs
+ * (its watch, its client learned again, its note for the next observers,
+ * its budget): their flow's watch and client were looked at a moment ago
+ * for its previous packet, and their budget cannot grow within a jiffy by
+ * more than the token the next jiffy's first packet takes. Any other
+ * watched packet that reaches the budget there on this CPU empties the
+ * slot, so a flow whose budget another one evicted meanwhile starts a new
+ * budget as before (unless the other ran on another CPU within that jiffy:
+ * one event less, as two CPUs racing on a slot may make); SYN, FIN and RST
+ * never take this way. */
+struct pt_quiet {
+	__u64 jiffies;
+	__u32 saddr;
+	__u32 daddr;
+	__u16 sport;
+	__u16 dport;
+	__u32 proto;
+	__u64 _pad; /* 32 bytes: a slot never straddles two cache lines */
+};
+
+#define PT_QUIET_WHERE 5 /* tc directions 1-2, netfilter hooks 0-4 */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, PT_POINTS * PT_QUIET_WHERE);
+	__type(key, __u32);
+	__type(value, struct pt_quiet);
+} quiet SEC(".maps");
+
+static __always_inline struct pt_quiet *pt_quiet_slot(__u8 point, __u8 where)
+{
+	__u32 key = (__u32)point * PT_QUIET_WHERE + where;
+	if (where >= PT_QUIET_WHERE)
+		return NULL;
+	return bpf_map_lookup_elem(&quiet, &key);
+}
+
+/* pt_quiet_packet tells whether t is a packet of the flow direction found
+ * over its budget at point and where in this jiffy (then counted
+ * summarized), and sets *slot to that place's slot for pt_budget_quiet.
+ * Any other packet pays a per-CPU load and a comparison, and the clock is
+ * read only for a packet of that flow. */
+static __always_inline bool pt_quiet_packet(const struct pt_tuple *t, __u8 point, __u8 where, struct pt_quiet **slot)
+{
+	/* A SYN, FIN or RST is always reported and takes no budget (it evicts
+	 * no flow's): it leaves the slot alone, which a connection's first
+	 * packets then never load. */
+	*slot = NULL;
+	if (t->proto == IPPROTO_TCP && (t->tcp_flags & 0x07))
+		return false;
+	struct pt_quiet *q = pt_quiet_slot(point, where);
+	*slot = q;
+	if (!q || q->saddr != t->saddr || q->daddr != t->daddr || q->sport != t->sport || q->dport != t->dport ||
+	    q->proto != t->proto || !q->jiffies || q->jiffies != bpf_jiffies64())
+		return false;
+	__u32 key = point;
+	__u64 *summarized = bpf_map_lookup_elem(&events_summarized, &key);
+	if (summarized)
+		(*summarized)++;
+	return true;
+}
+
+/* pt_budget_quiet is pt_within_budget keeping the slot q (NULL: none) of
+ * pt_quiet: the flow direction found over its budget now, or none. */
+static __always_inline bool pt_budget_quiet(struct pt_quiet *q, const struct pt_tuple *t, __u8 point, __u8 where,
+					    __u64 now)
+{
+	if (pt_within_budget(t, point, where, now)) {
+		if (q && q->jiffies) /* written only when it held a flow */
+			q->jiffies = 0;
+		return true;
+	}
+	if (!q)
+		return false;
+	q->jiffies = bpf_jiffies64();
+	q->saddr = t->saddr;
+	q->daddr = t->daddr;
+	q->sport = t->sport;
+	q->dport = t->dport;
+	q->proto = t->proto;
+	return false;
+}
+
 /* The last packet to a watched address an observer saw on this CPU, before
  * the places that may rewrite it: the packet's own sk_buff (its address,
  * compared only), when, its client endpoint and the address it went to. A

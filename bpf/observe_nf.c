@@ -42,6 +42,9 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 	struct pt_tuple t;
 	if (pt_nf_tuple(&ptr, &t) < 0)
 		return NF_ACCEPT;
+	struct pt_quiet *quiet;
+	if (pt_quiet_packet(&t, point, ctx->state->hook, &quiet))
+		return NF_ACCEPT;
 	bool dst_watched = pt_watched_at(t.daddr, t.dport, t.proto);
 	/* A packet of a connection's reply direction, per conntrack (which ran
 	 * before, at priority -200): its source is no client. */
@@ -67,7 +70,7 @@ static __always_inline int pt_nf_observe(struct bpf_nf_ctx *ctx, __u8 point, boo
 		pt_note_to_watched(skb, &t, now);
 	else
 		pt_forget_to_watched(skb);
-	if (!pt_within_budget(&t, point, ctx->state->hook, now))
+	if (!pt_budget_quiet(quiet, &t, point, ctx->state->hook, now))
 		return NF_ACCEPT;
 
 	struct pt_event *e = pt_reserve_at(point, now);

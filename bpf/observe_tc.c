@@ -33,6 +33,9 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 	__u16 vlan_tci, vlan_proto;
 	if (pt_tc_load_frame(skb, &t, &vlan_tci, &vlan_proto) < 0)
 		return TCX_NEXT;
+	struct pt_quiet *quiet;
+	if (pt_quiet_packet(&t, point, dir, &quiet))
+		return TCX_NEXT;
 	if (skb->vlan_present) { /* the outer tag, carried out of band */
 		vlan_tci = skb->vlan_tci;
 		vlan_proto = bpf_ntohs(skb->vlan_proto);
@@ -53,7 +56,7 @@ static __always_inline int pt_tc_observe(struct __sk_buff *skb, __u8 point, __u8
 		else if (!dst_watched)
 			pt_learn_rewrite((__u64)kskb, &t, now);
 	}
-	if (!pt_within_budget(&t, point, dir, now))
+	if (!pt_budget_quiet(quiet, &t, point, dir, now))
 		return TCX_NEXT;
 
 	struct pt_event *e = pt_reserve_at(point, now);

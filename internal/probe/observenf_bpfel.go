@@ -24,6 +24,7 @@ const (
 	observeNFMapFlowEvents3      = "flow_events_3"
 	observeNFMapLastToWatched    = "last_to_watched"
 	observeNFMapLearnErrors      = "learn_errors"
+	observeNFMapQuiet            = "quiet"
 	observeNFMapReaderAsleep     = "reader_asleep"
 	observeNFMapRingbufLosses    = "ringbuf_losses"
 	observeNFMapSubmitFence      = "submit_fence"
@@ -95,6 +96,7 @@ type observeNFMapSpecs struct {
 	FlowEvents3      *ebpf.MapSpec `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	Quiet            *ebpf.MapSpec `ebpf:"quiet"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	SubmitFence      *ebpf.MapSpec `ebpf:"submit_fence"`
@@ -140,6 +142,7 @@ type observeNFMaps struct {
 	FlowEvents3      *ebpf.Map `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	Quiet            *ebpf.Map `ebpf:"quiet"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	SubmitFence      *ebpf.Map `ebpf:"submit_fence"`
@@ -160,6 +163,7 @@ func (m *observeNFMaps) Close() error {
 		m.FlowEvents3,
 		m.LastToWatched,
 		m.LearnErrors,
+		m.Quiet,
 		m.ReaderAsleep,
 		m.RingbufLosses,
 		m.SubmitFence,

@@ -24,6 +24,7 @@ const (
 	observePktMapFlowEvents3      = "flow_events_3"
 	observePktMapLastToWatched    = "last_to_watched"
 	observePktMapLearnErrors      = "learn_errors"
+	observePktMapQuiet            = "quiet"
 	observePktMapReaderAsleep     = "reader_asleep"
 	observePktMapRingbufLosses    = "ringbuf_losses"
 	observePktMapSubmitFence      = "submit_fence"
@@ -96,6 +97,7 @@ type observePktMapSpecs struct {
 	FlowEvents3      *ebpf.MapSpec `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	Quiet            *ebpf.MapSpec `ebpf:"quiet"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	SubmitFence      *ebpf.MapSpec `ebpf:"submit_fence"`
@@ -142,6 +144,7 @@ type observePktMaps struct {
 	FlowEvents3      *ebpf.Map `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	Quiet            *ebpf.Map `ebpf:"quiet"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	SubmitFence      *ebpf.Map `ebpf:"submit_fence"`
@@ -162,6 +165,7 @@ func (m *observePktMaps) Close() error {
 		m.FlowEvents3,
 		m.LastToWatched,
 		m.LearnErrors,
+		m.Quiet,
 		m.ReaderAsleep,
 		m.RingbufLosses,
 		m.SubmitFence,

@@ -24,6 +24,7 @@ const (
 	observeSockMapFlowEvents3      = "flow_events_3"
 	observeSockMapLastToWatched    = "last_to_watched"
 	observeSockMapLearnErrors      = "learn_errors"
+	observeSockMapQuiet            = "quiet"
 	observeSockMapReadRequested    = "read_requested"
 	observeSockMapReaderAsleep     = "reader_asleep"
 	observeSockMapRingbufLosses    = "ringbuf_losses"
@@ -107,6 +108,7 @@ type observeSockMapSpecs struct {
 	FlowEvents3      *ebpf.MapSpec `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	Quiet            *ebpf.MapSpec `ebpf:"quiet"`
 	ReadRequested    *ebpf.MapSpec `ebpf:"read_requested"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
@@ -158,6 +160,7 @@ type observeSockMaps struct {
 	FlowEvents3      *ebpf.Map `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	Quiet            *ebpf.Map `ebpf:"quiet"`
 	ReadRequested    *ebpf.Map `ebpf:"read_requested"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
@@ -184,6 +187,7 @@ func (m *observeSockMaps) Close() error {
 		m.FlowEvents3,
 		m.LastToWatched,
 		m.LearnErrors,
+		m.Quiet,
 		m.ReadRequested,
 		m.ReaderAsleep,
 		m.RingbufLosses,

@@ -24,6 +24,7 @@ const (
 	observeTCMapFlowEvents3      = "flow_events_3"
 	observeTCMapLastToWatched    = "last_to_watched"
 	observeTCMapLearnErrors      = "learn_errors"
+	observeTCMapQuiet            = "quiet"
 	observeTCMapReaderAsleep     = "reader_asleep"
 	observeTCMapRingbufLosses    = "ringbuf_losses"
 	observeTCMapSubmitFence      = "submit_fence"
@@ -99,6 +100,7 @@ type observeTCMapSpecs struct {
 	FlowEvents3      *ebpf.MapSpec `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.MapSpec `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.MapSpec `ebpf:"learn_errors"`
+	Quiet            *ebpf.MapSpec `ebpf:"quiet"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
 	SubmitFence      *ebpf.MapSpec `ebpf:"submit_fence"`
@@ -144,6 +146,7 @@ type observeTCMaps struct {
 	FlowEvents3      *ebpf.Map `ebpf:"flow_events_3"`
 	LastToWatched    *ebpf.Map `ebpf:"last_to_watched"`
 	LearnErrors      *ebpf.Map `ebpf:"learn_errors"`
+	Quiet            *ebpf.Map `ebpf:"quiet"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
 	SubmitFence      *ebpf.Map `ebpf:"submit_fence"`
@@ -164,6 +167,7 @@ func (m *observeTCMaps) Close() error {
 		m.FlowEvents3,
 		m.LastToWatched,
 		m.LearnErrors,
+		m.Quiet,
 		m.ReaderAsleep,
 		m.RingbufLosses,
 		m.SubmitFence,

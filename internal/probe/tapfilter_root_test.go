@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ type frameOpts struct {
 	payload   int
 	etherType uint16 // 0: IPv4
 	sport     uint16 // 0: 40000
+	tcpFlags  uint8  // 0: SYN
 }
 
 // testFrame is an Ethernet frame from 10.244.8.23 (port 40000 unless
@@ -60,6 +62,9 @@ func testFrame(dst netip.AddrPort, o frameOpts) []byte {
 	hdr = append(hdr, make([]byte, l4-4)...)
 	if o.proto == 6 {
 		hdr[13] = 0x02 // SYN
+		if o.tcpFlags != 0 {
+			hdr[13] = o.tcpFlags
+		}
 	}
 	return append(append(append(f, ip...), hdr...), make([]byte, o.payload)...)
 }
@@ -486,6 +491,7 @@ func tcHeadProbe(t *testing.T) (*Probe, *ebpf.Program, netip.AddrPort) {
 func TestBudgetSetKeepsFourFlows(t *testing.T) {
 	needRoot(t)
 	p, prog, vip := tcHeadProbe(t)
+	onOneCPU(t) // a's quiet slot (TestQuietFlowStillReported) is this CPU's
 	client := netip.MustParseAddr("10.244.8.23")
 	// Client ports by set, each attempt in a set of its own.
 	bySet := map[[2]uint32][]uint16{}
@@ -531,6 +537,76 @@ func TestBudgetSetKeepsFourFlows(t *testing.T) {
 		return
 	}
 	t.Skip("three attempts each took longer than 5 ms: the machine is too slow to run them within a refill")
+}
+
+// A flow direction found over its budget is summarized at once while the
+// jiffy lasts (pt_quiet, which spares a bulk flow's next segments their
+// lookups), but that never holds back what the budget reports: a FIN of the
+// flow is reported at once, and so is its first packet after a refill. One
+// TCP flow's packets (ACK, then FIN+ACK) run through the tc head observer;
+// within one refill (~10 ms), retried on a slow run.
+func TestQuietFlowStillReported(t *testing.T) {
+	needRoot(t)
+	p, prog, _ := tcHeadProbe(t)
+	vip := netip.MustParseAddrPort("10.120.0.10:443")
+	onOneCPU(t) // the quiet flow is per CPU
+	const tcp, ack, finAck = 6, 0x10, 0x11
+	send := func(port uint16, flags uint8) uint64 {
+		t.Helper()
+		before := p.Stats().Summarized
+		if _, err := prog.Run(&ebpf.RunOptions{Data: testFrame(vip, frameOpts{proto: tcp, sport: port, tcpFlags: flags, payload: 8})}); err != nil {
+			t.Fatal(err)
+		}
+		return p.Stats().Summarized - before
+	}
+	for attempt := range 3 {
+		port := uint16(42000 + attempt)
+		start := time.Now()
+		var spent uint64
+		for range 10 { // 8 reported, the 9th finds the budget spent, the 10th the flow quiet
+			spent += send(port, ack)
+		}
+		fin := send(port, finAck)
+		afterFin := send(port, ack)
+		if time.Since(start) > 5*time.Millisecond {
+			t.Logf("attempt %d took %v, near a refill: again", attempt, time.Since(start))
+			continue
+		}
+		if spent != 2 || fin != 0 || afterFin != 1 {
+			t.Errorf("summarized %d of 10 ACKs (want 2), %d of the FIN (want 0), %d of the ACK after it (want 1)", spent, fin, afterFin)
+		}
+		time.Sleep(25 * time.Millisecond) // two refills, several jiffies
+		if n := send(port, ack); n != 0 {
+			t.Errorf("the flow's first ACK after a refill summarized, want it reported")
+		}
+		return
+	}
+	t.Skip("three attempts each took longer than 5 ms: the machine is too slow to run them within a refill")
+}
+
+// onOneCPU keeps the test's goroutine on its thread, and the thread on the
+// CPU it runs on, until the test ends: programs run with ebpf.RunOptions
+// run on the caller's CPU, and what they keep per CPU stays in view.
+func onOneCPU(t *testing.T) {
+	t.Helper()
+	runtime.LockOSThread()
+	var was unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		t.Fatal(err)
+	}
+	var one unix.CPUSet
+	for cpu := 0; one.Count() == 0 && cpu < 1024; cpu++ {
+		if was.IsSet(cpu) {
+			one.Set(cpu)
+		}
+	}
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.SchedSetaffinity(0, &was)
+		runtime.UnlockOSThread()
+	})
 }
 
 // A budget's age is read across the wrap of its 32-bit clock: a slot last
