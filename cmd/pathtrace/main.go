@@ -111,9 +111,6 @@ func moreProcsWhenBehind() func() {
 func main() {
 	// The lab re-executes this binary for its servers and client processes.
 	lab.RunWorkerIfRequested()
-	if len(os.Args) < 2 || (os.Args[1] != "lab" && os.Args[1] != "help") {
-		runWithLazyFree() // a capture's first connections fault in less
-	}
 	if os.Getenv("GOMAXPROCS") == "" { // the user's setting wins
 		runtime.GOMAXPROCS(captureProcs(availableProcs))
 	}

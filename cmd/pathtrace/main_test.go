@@ -1,10 +1,8 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"runtime"
-	"strings"
 	"testing"
 
 	"github.com/pathtrace/pathtrace/internal/lab"
@@ -16,14 +14,6 @@ func TestMain(m *testing.M) {
 	lab.RunWorkerIfRequested()
 	if nr := os.Getenv(denySyscallEnv); nr != "" {
 		denySyscall(nr) // before main, as a container's seccomp profile is
-	}
-	if os.Getenv(showGodebugEnv) == "1" && strings.Contains(os.Getenv("GODEBUG"), "madvdontneed") {
-		// Re-executed by main (TestRunsWithLazyFree).
-		comm, _ := os.ReadFile("/proc/self/comm")
-		fmt.Println(os.Getenv("GODEBUG"))
-		fmt.Println(strings.Join(os.Args[1:], " "))
-		fmt.Print(string(comm))
-		os.Exit(0)
 	}
 	if os.Getenv(runMainEnv) == "1" {
 		os.Args = append([]string{"pathtrace"}, os.Args[1:]...)
