@@ -731,6 +731,15 @@ struct {
 	__type(value, __u64);
 } events_summarized SEC(".maps");
 
+/* pt_count_summarized counts a packet at point that was not reported. */
+static __always_inline void pt_count_summarized(__u8 point)
+{
+	__u32 key = point;
+	__u64 *summarized = bpf_map_lookup_elem(&events_summarized, &key);
+	if (summarized)
+		(*summarized)++;
+}
+
 /* pt_flow_point_hash is a 64-bit hash of k, never 0 (a free slot). */
 static __always_inline __u64 pt_flow_point_hash(const struct pt_flow_point *k)
 {
@@ -772,10 +781,7 @@ static __always_inline bool pt_take_budget(const struct pt_tuple *t, __u8 point,
 		b->val--;
 		return true;
 	}
-	__u32 key = point;
-	__u64 *summarized = bpf_map_lookup_elem(&events_summarized, &key);
-	if (summarized)
-		(*summarized)++;
+	pt_count_summarized(point);
 	return false;
 }
 
@@ -847,10 +853,7 @@ static __always_inline bool pt_quiet_packet(const struct pt_tuple *t, __u8 point
 	if (!q || q->saddr != t->saddr || q->daddr != t->daddr || q->sport != t->sport || q->dport != t->dport ||
 	    q->proto != t->proto || !q->jiffies || q->jiffies != bpf_jiffies64())
 		return false;
-	__u32 key = point;
-	__u64 *summarized = bpf_map_lookup_elem(&events_summarized, &key);
-	if (summarized)
-		(*summarized)++;
+	pt_count_summarized(point);
 	return true;
 }
 
