@@ -64,9 +64,13 @@ func (s *cpuWaitSampler) sample(now time.Time) {
 	s.last, s.lastAt = cur, now
 }
 
-// result is the wait so far; false when the kernel does not say it.
-func (s *cpuWaitSampler) result() (CPUWait, bool) {
-	return s.wait, !s.broken
+// result is the wait so far; nil when the kernel does not say it.
+func (s *cpuWaitSampler) result() *CPUWait {
+	if s.broken {
+		return nil
+	}
+	w := s.wait
+	return &w
 }
 
 // readRunDelays reads the run_delay (second field of schedstat, ns) of

@@ -36,8 +36,8 @@ func TestCPUWaitSampler(t *testing.T) {
 	writeSchedstat(t, dir, "10", 35*time.Millisecond)
 	writeSchedstat(t, dir, "11", 80*time.Millisecond)
 	s.sample(t0.Add(time.Second))
-	if w, ok := s.result(); !ok || w.Total != 110*time.Millisecond || w.Worst != 80*time.Millisecond {
-		t.Fatalf("after 1 s: %+v %v, want total 110ms, worst 80ms", w, ok)
+	if w := s.result(); w == nil || w.Total != 110*time.Millisecond || w.Worst != 80*time.Millisecond {
+		t.Fatalf("after 1 s: %+v, want total 110ms, worst 80ms", w)
 	}
 
 	// Two seconds (the tick came late): 11 waited 300 ms, 150 ms a second;
@@ -48,7 +48,7 @@ func TestCPUWaitSampler(t *testing.T) {
 	writeSchedstat(t, dir, "11", 380*time.Millisecond)
 	writeSchedstat(t, dir, "12", 20*time.Millisecond)
 	s.sample(t0.Add(3 * time.Second))
-	if w, _ := s.result(); w.Total != 430*time.Millisecond || w.Worst != 150*time.Millisecond {
+	if w := s.result(); w == nil || w.Total != 430*time.Millisecond || w.Worst != 150*time.Millisecond {
 		t.Fatalf("after 3 s: %+v, want total 430ms, worst 150ms", w)
 	}
 
@@ -56,7 +56,7 @@ func TestCPUWaitSampler(t *testing.T) {
 	// adds nothing.
 	writeSchedstat(t, dir, "11", time.Millisecond)
 	s.sample(t0.Add(4 * time.Second))
-	if w, _ := s.result(); w.Total != 430*time.Millisecond {
+	if w := s.result(); w == nil || w.Total != 430*time.Millisecond {
 		t.Fatalf("after a reused id: total %v, want 430ms", w.Total)
 	}
 }
@@ -70,11 +70,11 @@ func TestCPUWaitSamplerWithoutSchedstat(t *testing.T) {
 	}
 	s := newCPUWaitSampler(dir, time.Now())
 	s.sample(time.Now())
-	if _, ok := s.result(); ok {
+	if s.result() != nil {
 		t.Error("a wait reported without any schedstat")
 	}
 	s = newCPUWaitSampler(filepath.Join(dir, "absent"), time.Now())
-	if _, ok := s.result(); ok {
+	if s.result() != nil {
 		t.Error("a wait reported without the task directory")
 	}
 }
@@ -86,7 +86,7 @@ func TestCPUWaitOfThisProcess(t *testing.T) {
 	}
 	s := newCPUWaitSampler("/proc/self/task", time.Now())
 	s.sample(time.Now())
-	if _, ok := s.result(); !ok {
+	if s.result() == nil {
 		t.Error("this process's threads' schedstat unread")
 	}
 }

@@ -402,11 +402,7 @@ func (tr *tracer) interval(now time.Time, next *time.Time) {
 		// says it as it goes.
 		drops["pods_not_followed"] = uint64(tr.pods.skipped)
 	}
-	var wait *CPUWait
-	if w, ok := tr.cpuWait.result(); ok {
-		wait = &w
-	}
-	tr.opt.Interval(s, drops, packets, wait)
+	tr.opt.Interval(s, drops, packets, tr.cpuWait.result())
 }
 
 // produce hands the frames of tap iface to the consumer in batches until

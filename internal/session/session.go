@@ -262,9 +262,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	debug.FreeOSMemory()
 	res.StopReason = tr.run(ctx)
 	res.Stopped = tr.stopped
-	if w, ok := tr.cpuWait.result(); ok {
-		res.CPUWait = &w
-	}
+	res.CPUWait = tr.cpuWait.result()
 	// The capture is over: the observers and taps leave the node's paths
 	// now, not once the report is built. Read no more, their rings would
 	// fill with what comes after the run and count it as lost (thousands
