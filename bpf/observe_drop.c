@@ -5,6 +5,7 @@
  * within their flow direction's budget. It only looks. */
 #include "observe.h"
 #include "headers/bpf_tracing.h"
+#include "headers/bpf_core_read.h"
 
 #define AF_PACKET 17
 #define PT_KSYM_LEN 128 /* KSYM_NAME_LEN (512) is the bound; function names are far shorter */
@@ -36,11 +37,15 @@ static __always_inline int pt_skb_tuple(struct sk_buff *skb, struct pt_tuple *t)
  * QUEUE_PURGE (a queue emptied as its socket or device goes away), and
  * every packet freed by a packet socket (rx_sk an AF_PACKET socket): the
  * copies the taps, pathtrace's or tcpdump's, were given, whose losses their
- * own counters report. The packet itself went on. */
+ * own counters report. The packet itself went on. The reasons' numbers are
+ * the running kernel's (CO-RE enum value relocations, resolved at load):
+ * enum skb_drop_reason grows in its middle between kernel releases
+ * (QUEUE_PURGE is 104 in the headers built against, 105 on 6.18.44). */
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(pt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason, struct sock *rx_sk)
 {
-	if (reason == SKB_CONSUMED || reason == SKB_DROP_REASON_QUEUE_PURGE)
+	if (reason == bpf_core_enum_value(enum skb_drop_reason, SKB_CONSUMED) ||
+	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE))
 		return 0;
 	if (rx_sk && rx_sk->__sk_common.skc_family == AF_PACKET)
 		return 0;

@@ -105,3 +105,30 @@ func TestTracepointRxSkFromBTF(t *testing.T) {
 		t.Errorf("without rx_sk (6.8-6.11): %v, want it said", err)
 	}
 }
+
+// TestDropReasonsRelocated: the drop observer compares the tracepoint's
+// reason with the running kernel's numbers of the reasons it leaves out,
+// relocated at load, not the numbers of the headers it was built against:
+// enum skb_drop_reason grows in its middle between releases (QUEUE_PURGE
+// moved from 104 to 105), and a stale number reported every socket's
+// queue purged at its close as a drop of the flow.
+func TestDropReasonsRelocated(t *testing.T) {
+	spec, err := loadObserveDrop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog := spec.Programs["pt_drop"]
+	if prog == nil {
+		t.Fatal("no pt_drop program")
+	}
+	var relocated int
+	for i := range prog.Instructions {
+		r := btf.CORERelocationMetadata(&prog.Instructions[i])
+		if r != nil && strings.Contains(r.String(), "enumval_value") && strings.Contains(r.String(), "skb_drop_reason") {
+			relocated++
+		}
+	}
+	if relocated < 2 {
+		t.Errorf("pt_drop has %d enum skb_drop_reason values relocated, want 2 (SKB_CONSUMED, QUEUE_PURGE)", relocated)
+	}
+}
