@@ -150,7 +150,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.IntVar(&f.snaplen, "snaplen", 96, "bytes kept per captured frame, 64 to 65535, as tcpdump -s")
 	fs.StringVar(&f.bufSize, "buffer-size", "4M", "kernel ring of each capture point, `size` 16K to 256M, in bytes or with K, M, G suffix (as tcpdump -B; part of pathtrace's RSS); raise it when the report shows kernel drops; with more than two Pods, the Pods' points share 4 such rings")
 	fs.IntVar(&f.nice, "nice", defaultNice, "nice `value` of pathtrace's threads, -20 to 19: below 0 the capture drains its rings ahead of the processes that share its CPU cgroup (in the root cgroup, with autogroup: its login session), so it loses fewer frames when they saturate the CPUs; against Pods in other cgroups their cgroups' CPU weights decide, whatever the nice value (its CPU use stays the same); 0 runs it like any process")
-	fs.IntVar(&f.maxFlows, "max-flows", defaultMaxFlows, "bound on tracked flows (about 3 KiB each, 4 KiB of memory beyond the default; with --duration 0, on the flows open at once); more are counted as dropped (flows_over_max) and reported, their packets still captured")
+	fs.IntVar(&f.maxFlows, "max-flows", defaultMaxFlows, "bound on tracked flows (about 2.5 KiB each, 4 KiB of memory beyond the default; with --duration 0, on the flows open at once); more are counted as dropped (flows_over_max) and reported, their packets still captured")
 }
 
 // validate turns the flags into session options; every error is a usage error.

@@ -145,31 +145,46 @@ func translated(f *flowState, o obs.Observation, reply bool) bool {
 // there: a reply from a backend's address coming in, or the client's
 // packet to it going out (Ref.Untranslated).
 func untranslatedAt(f *flowState, o obs.Observation, reply bool) bool {
-	return f.untranslatedKey(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst)})
+	towards, ok := f.clientSide(o.Point)
+	if !ok {
+		return false
+	}
+	if reply {
+		return o.Dir == towards && o.Src != f.service
+	}
+	return o.Dir != towards && o.Dir != obs.DirUnknown && o.Dst != f.service
 }
 
-// untranslatedSlot is untranslatedKey of the point at slot (a Handle's).
+// untranslatedSlot is untranslatedAt for the packets counted at slot (a
+// Handle's).
 func (f *flowState) untranslatedSlot(slot int) bool {
-	return slot >= 0 && slot < len(f.points) && f.untranslatedKey(f.points[slot].pointKey)
-}
-
-// untranslatedKey is untranslatedAt for the packets counted under k; the
-// client's host veth tells the same as its eth0 (a reply leaving the node
-// towards the client, the client's packet coming in: its TX tap runs after
-// tc egress, its RX tap before tc ingress).
-func (f *flowState) untranslatedKey(k pointKey) bool {
-	towards := obs.DirIn // the client's side, from the node
-	switch {
-	case k.point == obs.PointPod && f.cps[cpPod].vip:
-	case k.point == obs.PointHost && f.cps[cpHost].vip:
-		towards = obs.DirOut
-	default:
+	if slot < 0 || slot >= len(f.points) {
+		return false
+	}
+	k := f.points[slot].pointKey
+	towards, ok := f.clientSide(k.point)
+	if !ok {
 		return false
 	}
 	if k.reply {
-		return k.dir == towards && k.src.addrPort() != f.service
+		return k.dir == towards && f.end(k.src).addrPort() != f.service
 	}
-	return k.dir != towards && k.dir != obs.DirUnknown && k.dst.addrPort() != f.service
+	return k.dir != towards && k.dir != obs.DirUnknown && f.end(k.dst).addrPort() != f.service
+}
+
+// clientSide is the direction towards the client at point p, if p is the
+// client's Pod's eth0 or host veth and the client addressed the VIP there;
+// its host veth tells the same as its eth0 (a reply leaving the node
+// towards the client, the client's packet coming in: its TX tap runs after
+// tc egress, its RX tap before tc ingress).
+func (f *flowState) clientSide(p obs.Point) (towards obs.Dir, ok bool) {
+	switch {
+	case p == obs.PointPod && f.cps[cpPod].vip:
+		return obs.DirIn, true
+	case p == obs.PointHost && f.cps[cpHost].vip:
+		return obs.DirOut, true
+	}
+	return obs.DirUnknown, false
 }
 
 func (e *Engine) ref(f *flowState, reply, translated bool) Ref {

@@ -580,7 +580,7 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(e.packetMoment(f, &o, reply)) {
 		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
 	}
-	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, src: endpointOf(o.Src), dst: endpointOf(o.Dst), iface: e.labels.indexOf(o.Ifname)}, 1, uint64(o.Len))
+	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, iface: e.labels.indexOf(o.Ifname)}, endpointOf(o.Src), endpointOf(o.Dst), endpoint{}, 1, uint64(o.Len))
 	if !reply && e.late(o.Time.UnixNano()) {
 		e.countLate(f, o.Point, o.Dir, o.Time.UnixNano())
 	}
@@ -740,7 +740,7 @@ func (e *Engine) sockAddr(o obs.Observation) {
 		f.kind = o.Kind
 		f.evidenceChanged()
 	}
-	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), far: endpointOf(o.ReqDst)}, 1, 0)
+	f.count(pointKey{point: o.Point}, endpointOf(o.Src), endpointOf(o.Dst), endpointOf(o.ReqDst), 1, 0)
 	if o.ReqDst.IsValid() {
 		e.sight(f, cpApp, o.ReqDst, o.Point, o.Time)
 	}
@@ -947,7 +947,7 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 		f.ctSeen = true
 		f.evidenceChanged()
 	}
-	f.count(pointKey{point: o.Point, src: endpointOf(o.Src), dst: endpointOf(o.Dst), far: endpointOf(o.NATDst)}, 1, 0)
+	f.count(pointKey{point: o.Point}, endpointOf(o.Src), endpointOf(o.Dst), endpointOf(o.NATDst), 1, 0)
 	e.sight(f, cpNFBefore, o.Dst, o.Point, o.Time)
 	if o.NATDst.IsValid() {
 		if !f.ctNAT && o.Dst == f.service {

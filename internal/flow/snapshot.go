@@ -122,7 +122,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 			out.Reason += ": no reply reached the client"
 		}
 	}
-	out.Points = e.pointsSeen(f.points)
+	out.Points = e.pointsSeen(f)
 	return out
 }
 
@@ -191,18 +191,18 @@ func (e *Engine) isGateway(mac []byte) bool {
 	return false
 }
 
-// pointsSeen lists the per-point entries in path order, requests first.
-func (e *Engine) pointsSeen(ps []pointStats) []PointSeen {
-	sorted := slices.Clone(ps)
+// pointsSeen lists f's per-point entries in path order, requests first.
+func (e *Engine) pointsSeen(f *flowState) []PointSeen {
+	sorted := slices.Clone(f.points)
 	slices.SortFunc(sorted, func(a, b pointStats) int {
 		return cmp.Or(
 			cmp.Compare(a.point, b.point),
 			compareBool(a.reply, b.reply),
 			cmp.Compare(a.dir, b.dir),
 			cmp.Compare(e.labels.name(a.iface), e.labels.name(b.iface)),
-			a.dst.addrPort().Compare(b.dst.addrPort()),
-			a.src.addrPort().Compare(b.src.addrPort()),
-			a.far.addrPort().Compare(b.far.addrPort()),
+			f.end(a.dst).addrPort().Compare(f.end(b.dst).addrPort()),
+			f.end(a.src).addrPort().Compare(f.end(b.src).addrPort()),
+			f.end(a.far).addrPort().Compare(f.end(b.far).addrPort()),
 		)
 	})
 	out := make([]PointSeen, len(sorted))
@@ -211,16 +211,16 @@ func (e *Engine) pointsSeen(ps []pointStats) []PointSeen {
 			Point:   p.point.String(),
 			Iface:   e.labels.name(p.iface),
 			Reply:   p.reply,
-			Src:     p.src.addrPort(),
-			Dst:     p.dst.addrPort(),
+			Src:     f.end(p.src).addrPort(),
+			Dst:     f.end(p.dst).addrPort(),
 			Packets: p.packets,
 			Bytes:   p.bytes,
 		}
 		switch p.point {
 		case obs.PointSockAddr:
-			out[i].ReqDst = p.far.addrPort()
+			out[i].ReqDst = f.end(p.far).addrPort()
 		case obs.PointConntrack:
-			out[i].NATDst = p.far.addrPort()
+			out[i].NATDst = f.end(p.far).addrPort()
 		}
 		if p.dir != obs.DirUnknown {
 			out[i].Dir = p.dir.String()

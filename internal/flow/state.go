@@ -17,8 +17,12 @@ const (
 	// a TCP flow in kube-proxy's netfilter mode has 14 entries (socket
 	// layer 3, Pod and host taps 2 each, netfilter observers 4, conntrack,
 	// uplink 2), a UDP one 13; 16 entries fill a size class of the Go
-	// allocator (1408 bytes) exactly.
+	// allocator (384 bytes) exactly.
 	initialPoints = 16
+	// initialEnds is room for a flow's usual endpoints (its client with
+	// and without its port, the VIP, a backend, an SNAT address and the
+	// destination beyond it): 6 fill a size class (128 bytes).
+	initialEnds = 6
 )
 
 // sighting is what one checkpoint saw of a flow's request destination: the VIP,
@@ -58,22 +62,33 @@ func (s *sighting) merge(o sighting) {
 func (s sighting) any() bool { return s.vip || s.backend }
 
 // pointKey identifies one aggregated PointSeen entry. It holds no pointer
-// (nor do pointStats): the per-point counters of thousands of flows, most
-// of a flow's memory, are never scanned by the garbage collector.
+// (nor do pointStats): the per-point counters of thousands of flows are
+// never scanned by the garbage collector. Its addresses are the flow's
+// endpoints by number (flowState.ends): a flow has few distinct ones (its
+// client, the VIP, a backend, an SNAT address), so an entry takes 24
+// bytes, not the 88 of three endpoints inline. A new flow's memory is most
+// of its cost: the page faults of a growing heap, the collector's work.
 type pointKey struct {
 	point obs.Point
 	dir   obs.Dir
 	reply bool
-	// iface is the capture point's label (obs.Observation.Ifname; a
-	// node's Pods each have a "pod" and a "host" point), as its index in
-	// the engine's labels.
-	iface    uint16
-	src, dst endpoint
+	src   endRef
+	dst   endRef
 	// far is what the point saw beyond the packet's addresses: the socket
 	// layer's requested destination (PointSockAddr: ReqDst), conntrack's
 	// reply source (PointConntrack: NATDst).
-	far endpoint
+	far endRef
+	// iface is the capture point's label (obs.Observation.Ifname; a
+	// node's Pods each have a "pod" and a "host" point), as its index in
+	// the engine's labels.
+	iface uint16
 }
+
+// endRef is one of a flow's endpoints: 1 + its index in flowState.ends, 0
+// for none (the invalid endpoint). A flow holds at most maxPointsPerFlow
+// entries of three endpoints each, and only endpoints of its entries, so
+// a byte is enough.
+type endRef uint8
 
 type pointStats struct {
 	pointKey
@@ -153,8 +168,8 @@ type flowState struct {
 	snatDst     netip.AddrPort // ... and the destination it has beyond the SNAT (conntrack's reply source)
 	tcp         tcpLife        // what its packets' TCP flags told of its connection
 	points      []pointStats
+	ends        []endpoint // the endpoints its points name (endRef)
 	first, last time.Time
-	reply       bool
 	icmp        *ICMPError // the first ICMP error about its requests (and its QuotedDst: noteICMP)
 	// replyICMP is the first ICMP error about one of its replies (noteICMP).
 	replyICMP *ICMPError
@@ -192,6 +207,9 @@ type flowState struct {
 	wireVIP bool
 	// wireAnswered: the uplink's TX tap saw a reply leave from the VIP.
 	wireAnswered bool
+	// reply: some point saw a reply of it. (Among the other flags: the
+	// flow fills a size class of the allocator, 1408 bytes, exactly.)
+	reply bool
 
 	// cached is the verdict as of engine generation cachedGen, valid while
 	// cachedOK: every change to the evidence decide reads clears cachedOK.
@@ -288,24 +306,65 @@ func (f *flowState) sortedBackends() []netip.AddrPort {
 	return out
 }
 
-// count adds packets and bytes to a per-point entry and returns its index
-// in f.points, -1 when the flow has no room for another entry.
-func (f *flowState) count(k pointKey, packets, bytes uint64) int {
-	for i := range f.points {
-		if f.points[i].pointKey == k {
-			f.points[i].packets += packets
-			f.points[i].bytes += bytes
-			return i
+// count adds packets and bytes to the entry of point k (its endpoints
+// left out: src, dst and far) and returns its index in f.points, -1 when
+// the flow has no room for another entry.
+func (f *flowState) count(k pointKey, src, dst, far endpoint, packets, bytes uint64) int {
+	var known [3]bool
+	k.src, known[0] = f.endRefOf(src)
+	k.dst, known[1] = f.endRefOf(dst)
+	k.far, known[2] = f.endRefOf(far)
+	if known == [3]bool{true, true, true} { // else no entry names them yet
+		for i := range f.points {
+			if f.points[i].pointKey == k {
+				f.points[i].packets += packets
+				f.points[i].bytes += bytes
+				return i
+			}
 		}
 	}
-	if len(f.points) < maxPointsPerFlow {
-		if f.points == nil {
-			f.points = make([]pointStats, 0, initialPoints)
-		}
-		f.points = append(f.points, pointStats{k, packets, bytes})
-		return len(f.points) - 1
+	if len(f.points) >= maxPointsPerFlow {
+		return -1
 	}
-	return -1
+	if f.points == nil {
+		f.points = make([]pointStats, 0, initialPoints)
+	}
+	k.src, k.dst, k.far = f.addEnd(src), f.addEnd(dst), f.addEnd(far)
+	f.points = append(f.points, pointStats{k, packets, bytes})
+	return len(f.points) - 1
+}
+
+// endRefOf is ep's number among f's endpoints, and whether it has one.
+func (f *flowState) endRefOf(ep endpoint) (endRef, bool) {
+	if ep.bits == 0 {
+		return 0, true
+	}
+	for i := range f.ends {
+		if f.ends[i] == ep {
+			return endRef(i + 1), true
+		}
+	}
+	return 0, false
+}
+
+// addEnd numbers ep among f's endpoints.
+func (f *flowState) addEnd(ep endpoint) endRef {
+	if r, ok := f.endRefOf(ep); ok {
+		return r
+	}
+	if f.ends == nil {
+		f.ends = make([]endpoint, 0, initialEnds)
+	}
+	f.ends = append(f.ends, ep)
+	return endRef(len(f.ends))
+}
+
+// end is the endpoint r names.
+func (f *flowState) end(r endRef) endpoint {
+	if r == 0 {
+		return endpoint{}
+	}
+	return f.ends[r-1]
 }
 
 func (f *flowState) noteProc(pid uint32, comm string, cgroup uint64, at time.Time) {
@@ -383,7 +442,7 @@ func (f *flowState) absorb(o *flowState) {
 		f.snat, f.snatDst = o.snat, o.snatDst
 	}
 	for _, p := range o.points {
-		f.count(p.pointKey, p.packets, p.bytes)
+		f.count(p.pointKey, o.end(p.src), o.end(p.dst), o.end(p.far), p.packets, p.bytes)
 	}
 	f.touch(o.first)
 	f.touch(o.last)
@@ -552,7 +611,7 @@ func (f *flowState) untranslatedReplies() (u *StrayReplies, translated bool) {
 		if p.point != obs.PointPod || p.dir != obs.DirIn || !p.reply {
 			continue
 		}
-		if p.src.addrPort() == f.service {
+		if f.end(p.src).addrPort() == f.service {
 			translated = true
 		} else {
 			out.Packets += p.packets

@@ -1063,7 +1063,7 @@ func (e *Engine) repliesLostOnNode(f *flowState) (n uint64, from netip.AddrPort)
 		case p.point == obs.PointUplink && p.dir == obs.DirIn && p.reply:
 			n += p.packets
 			if !from.IsValid() {
-				from = p.src.addrPort()
+				from = f.end(p.src).addrPort()
 			}
 		}
 	}

@@ -362,7 +362,7 @@ var dropHints = []struct {
 	hint     string
 }{
 	{[]string{"flows_over_max"}, "More flows than --max-flows: their packets were captured, the flows not followed; " +
-		"raise --max-flows (about 3 KiB each) or trace fewer with --pod-ip or a --svc port."},
+		"raise --max-flows (about 2.5 KiB each) or trace fewer with --pod-ip or a --svc port."},
 	{[]string{"ringbuf_losses"}, "Observer events were lost (their ring buffer was full: new flows came faster than it is read); " +
 		"the verdicts of some flows may be unknown: trace fewer with --pod-ip or a --svc port."},
 	{[]string{"conntrack_drops", "conntrack_errors"}, "Conntrack events were lost (pathtrace read them slower than the node made them): " +
