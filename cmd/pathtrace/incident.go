@@ -138,7 +138,7 @@ func runIncident(args []string) int {
 	if isTerminal(os.Stderr) {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
-	opt.CaptureDone = tightenHeap
+	opt.CaptureStart, opt.CaptureDone = hugeHeap, tightenHeap
 	opt.CaptureBehind = moreProcsWhenBehind()
 	res, err := session.Run(ctx, opt)
 	if opt.Progress != nil {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/pathtrace/pathtrace/internal/hugeheap"
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
 
@@ -26,22 +27,27 @@ const (
 // event ring and three 4 MiB capture rings (about 24 MiB, bounded on their
 // own) it keeps the process under 64 MiB at the default --max-flows with one
 // Pod; two Pods or more have five rings (8 MiB more: 70 MiB with 51 Pods
-// in churn). At 4096 flows the live heap is 19-20 MiB, which leaves the
-// collector 8 MiB to allocate between cycles, half a minute or more in
-// churn (the steady state allocates little). A larger --max-flows raises
-// it (memoryLimitFor).
-const memoryLimit = 42 << 20
+// in churn). The heap's first mappings are in huge pages (hugeHeap), all
+// resident: 40 MiB, not the 42 it was before them, keeps the long churn
+// run's peak RSS where it was (60.4 and 61.3 MiB in two runs at 40, 62.2
+// and 63.1 at 42, 60.6 and 60.9 at 42 without huge pages). At 4096 flows
+// (2.4 KiB each on the heap, flow.TestFlowMemory) the collector still has
+// room to allocate between cycles, half a minute or more in churn (the
+// steady state allocates little). A larger --max-flows raises it
+// (memoryLimitFor).
+const memoryLimit = 40 << 20
 
 // defaultMaxFlows is --max-flows' default, the bound memoryLimit is made for.
 const defaultMaxFlows = 4096
 
 // flowBytes is the soft limit's share of each flow beyond defaultMaxFlows:
-// a followed flow keeps at most 3.25 KiB on the heap (flow.TestFlowMemory)
-// and the tables sized by --max-flows add a little; the process grew by
-// 3.3 KiB per flow in the lab at --max-flows 100000 under churn. The rest
-// is the collector's room: held to 42 MiB, that run's live heap passed the
-// limit within a minute and the collector then ran without pause, 0.7 of
-// a core against 0.17.
+// a followed flow keeps at most 2.5 KiB on the heap (flow.TestFlowMemory;
+// 3.25 when the run below was made) and the tables sized by --max-flows
+// add a little; the process grew by 3.3 KiB per flow in the lab at
+// --max-flows 100000 under churn. The rest is the collector's room: held
+// to 42 MiB (the limit then), that run's live heap passed the limit within
+// a minute and the collector then ran without pause, 0.7 of a core
+// against 0.17.
 const flowBytes = 4 << 10
 
 // memoryLimitFor is the soft limit of a run that follows up to maxFlows
@@ -63,6 +69,13 @@ func limitMemory(maxFlows int) {
 // memory still does. This process runs one session, so the setting is its
 // to make (session.Options.CaptureDone).
 func tightenHeap() { debug.SetGCPercent(10) }
+
+// hugeHeap is the session's CaptureStart: the heap in transparent huge
+// pages (hugeheap), so that a new flow's memory costs no page fault of its
+// own, once the observers' loading gave its garbage back (which then does
+// not raise the peak RSS). Where the kernel has none, the heap goes on in
+// 4 KiB pages: faster or not, the capture is the same.
+func hugeHeap() { _ = hugeheap.Advise() }
 
 // captureProcs is how many threads run pathtrace's Go code at once, given
 // the CPUs the runtime would use: at most half of them, and at most 2 (one

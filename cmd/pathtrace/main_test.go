@@ -69,12 +69,12 @@ func TestMoreProcsWhenBehind(t *testing.T) {
 }
 
 // TestMemoryLimitFor: up to the default --max-flows the soft limit is the
-// 42 MiB the 64 MiB target is made of; beyond, each flow gets its share, so
+// 40 MiB the 64 MiB target is made of; beyond, each flow gets its share, so
 // that a run of --max-flows 100000 (the live heap passed 42 MiB within a
 // minute of churn) does not keep the collector running without pause.
 func TestMemoryLimitFor(t *testing.T) {
-	for maxFlows, want := range map[int]int64{1: 42 << 20, 10: 42 << 20, defaultMaxFlows: 42 << 20,
-		defaultMaxFlows + 256: 43 << 20, 100000: 42<<20 + (100000-defaultMaxFlows)*4096} {
+	for maxFlows, want := range map[int]int64{1: 40 << 20, 10: 40 << 20, defaultMaxFlows: 40 << 20,
+		defaultMaxFlows + 256: 41 << 20, 100000: 40<<20 + (100000-defaultMaxFlows)*4096} {
 		if got := memoryLimitFor(maxFlows); got != want {
 			t.Errorf("memoryLimitFor(%d) = %d MiB, want %d MiB", maxFlows, got>>20, want>>20)
 		}

@@ -472,7 +472,7 @@ func runTrace(args []string) int {
 	if isTerminal(os.Stderr) {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
-	opt.CaptureDone = tightenHeap
+	opt.CaptureStart, opt.CaptureDone = hugeHeap, tightenHeap
 	opt.CaptureBehind = moreProcsWhenBehind()
 	if opt.Duration == 0 {
 		// Until stopped: each flow is reported as it ends, the file (if

@@ -53,7 +53,7 @@ const maxFlowBytes = 2560
 
 // TestFlowMemory bounds what a followed flow keeps on the heap: a node's
 // --max-flows of them are most of pathtrace's live heap, which the
-// collector marks at every cycle under a soft memory limit of 42 MiB (at
+// collector marks at every cycle under a soft memory limit of 40 MiB (at
 // 4.8 KiB a flow, 4096 flows were 20 MiB of the 25 MiB live with 51 Pods,
 // and the collector ran without pause once a little more was live).
 func TestFlowMemory(t *testing.T) {

@@ -97,6 +97,28 @@ func TestNothingCountedAfterTheRun(t *testing.T) {
 	}
 }
 
+// TestCaptureHooksInOrder: a caller that tunes its process for the capture
+// (CaptureStart) and after it (CaptureDone) is called once each, in that
+// order, once the capture is in place (Ready).
+func TestCaptureHooksInOrder(t *testing.T) {
+	netns, vip := vipToNowhere(t, "pttest-hooks")
+	var calls []string
+	_, err := Run(context.Background(), Options{
+		Services:     []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}},
+		Duration:     100 * time.Millisecond,
+		Discover:     discover.Options{HostNetNS: netns},
+		Ready:        func(*discover.NodeInfo, []probe.Attachment) { calls = append(calls, "ready") },
+		CaptureStart: func() { calls = append(calls, "start") },
+		CaptureDone:  func() { calls = append(calls, "done") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ready", "start", "done"}; !slices.Equal(calls, want) {
+		t.Errorf("hooks called %v, want %v", calls, want)
+	}
+}
+
 // vipToNowhere makes a netns (its name made from prefix) whose route to a
 // UDP VIP, returned with the netns's path, leads to a veth whose peer has
 // no address: datagrams to it pass the observers and the uplink's tap, and

@@ -65,6 +65,10 @@ type Options struct {
 	// An incident sets it: its verdicts must cover the whole run, whatever
 	// room its budget leaves the capture.
 	PcapBoundEndsFileOnly bool
+	// CaptureStart, when set, is called once as the capture starts, after
+	// the memory the observers' loading used was given back: a caller that
+	// owns the process may tune its heap for the capture then.
+	CaptureStart func()
 	// CaptureDone, when set, is called once the capture is over, before
 	// the report is built: a caller that owns the process may tighten its
 	// heap then. The session changes no process-wide setting itself:
@@ -260,6 +264,9 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// Loading the observers parsed the kernel's BTF (megabytes, garbage now):
 	// give that memory back before the capture, which must stay small.
 	debug.FreeOSMemory()
+	if opt.CaptureStart != nil {
+		opt.CaptureStart()
+	}
 	res.StopReason = tr.run(ctx)
 	res.Stopped = tr.stopped
 	res.CPUWait = tr.cpuWait.result()

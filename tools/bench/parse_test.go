@@ -18,6 +18,17 @@ func TestParseSchedstat(t *testing.T) {
 	}
 }
 
+func TestParseMinflt(t *testing.T) {
+	// The command may hold spaces and parentheses: fields count from the last ")".
+	stat := []byte("4242 (path) trace) S 1 4242 4242 0 -1 4194560 2466 0 3 0 12 5 0 0 15 -5 4 0 100 0 0")
+	if n, err := parseMinflt(stat); err != nil || n != 2466 {
+		t.Errorf("parseMinflt = %d, %v; want 2466", n, err)
+	}
+	if _, err := parseMinflt([]byte("4242 (pathtrace")); err == nil {
+		t.Error("a stat line without its fields: no error")
+	}
+}
+
 func TestParseSystemBusy(t *testing.T) {
 	// user nice system idle iowait irq softirq steal guest guest_nice
 	stat := "cpu  100 10 50 9000 30 5 20 15 7 0\ncpu0 1 2 3 4 5 6 7 8 9 0\n"

@@ -191,6 +191,10 @@ func (b *bench) window(ctx context.Context, tool string, argvs [][]string, rate 
 	if err != nil {
 		return run, err
 	}
+	f0, err := procs.faults()
+	if err != nil {
+		return run, err
+	}
 	s0, err := systemBusy()
 	if err != nil {
 		return run, err
@@ -221,6 +225,10 @@ func (b *bench) window(ctx context.Context, tool string, argvs [][]string, rate 
 	if err != nil {
 		return run, err
 	}
+	f1, err := procs.faults()
+	if err != nil {
+		return run, err
+	}
 	s1, err := systemBusy()
 	if err != nil {
 		return run, err
@@ -238,7 +246,7 @@ func (b *bench) window(ctx context.Context, tool string, argvs [][]string, rate 
 		if run.Cap, err = procs.finish(); err != nil {
 			return run, err
 		}
-		run.Cap.WindowCPU = c1 - c0
+		run.Cap.WindowCPU, run.Cap.WindowFaults = c1-c0, f1-f0
 		for _, argv := range argvs {
 			if st, err := os.Stat(captureFile(argv)); err == nil {
 				run.Cap.FileBytes += uint64(st.Size())
@@ -338,9 +346,11 @@ type results struct {
 	Long      windowRun                  // pathtrace, one new flow per datagram
 	Latency   map[string][]time.Duration // back to back, by tool
 	Paced     map[string][]time.Duration // one every pacedEvery, by tool
-	// LatencyCPU is pathtrace's process CPU over its latency runs, and how
-	// long their connections took.
+	// LatencyCPU and LatencyFaults are pathtrace's process CPU and minor
+	// page faults over its latency runs, LatencyElapsed how long their
+	// connections took.
 	LatencyCPU, LatencyElapsed time.Duration
+	LatencyFaults              uint64
 	Observers                  *observerCost
 	Bulk                       []bulkRun
 }
@@ -462,6 +472,7 @@ func (b *bench) latencyRuns(ctx context.Context, res *results) error {
 			res.Paced[tool] = append(res.Paced[tool], paced...)
 			if tool == toolPathtrace {
 				res.LatencyCPU += r.Cap.WindowCPU
+				res.LatencyFaults += r.Cap.WindowFaults
 				res.LatencyElapsed += r.Elapsed
 			}
 		}

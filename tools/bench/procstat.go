@@ -56,6 +56,34 @@ func parseSchedstat(b []byte) (time.Duration, error) {
 	return time.Duration(ns), nil
 }
 
+// processFaults is pid's minor page faults so far, its exited threads' too:
+// on a VM each costs microseconds, and a new flow's memory may take some.
+func processFaults(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseMinflt(b)
+}
+
+// parseMinflt reads minflt, the 10th field of a /proc/PID/stat line (the
+// command, field 2, is in parentheses and may hold spaces).
+func parseMinflt(stat []byte) (uint64, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("malformed stat %q", stat)
+	}
+	f := strings.Fields(string(stat[i+1:])) // from field 3 on
+	if len(f) < 8 {
+		return 0, fmt.Errorf("malformed stat %q", stat)
+	}
+	n, err := strconv.ParseUint(f[10-3], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("malformed stat %q", stat)
+	}
+	return n, nil
+}
+
 // systemBusy is the CPU time every CPU spent not idle since boot, from
 // /proc/stat: it includes softirq work (packet forwarding, socket filters,
 // AF_PACKET copies, tc programs) that no process is charged for.

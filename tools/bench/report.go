@@ -235,8 +235,9 @@ func (b *bench) overheadSection(p printer, res *results) {
 		p("| ratio %s / nothing | %s | %s | %s |\n", toolTcpdump3, latRatio(td3, base, 50), latRatio(td3, base, 90), latRatio(td3, base, 99))
 		p("| ratio pathtrace / nothing (target ≤ %.2f×) | %s | %s | %s |\n\n", maxLatencyRatio, latRatio(with, base, 50), latRatio(with, base, 90), latRatio(with, base, 99))
 	}
-	p("pathtrace's own process used %s of CPU per traced connection (both pacings), %.0f%% of a core while the connections ran.\n\n",
-		perFlow(res.LatencyCPU, uint64(len(res.Latency[toolPathtrace])+len(res.Paced[toolPathtrace]))), 100*res.LatencyCPU.Seconds()/res.LatencyElapsed.Seconds())
+	conns := uint64(len(res.Latency[toolPathtrace]) + len(res.Paced[toolPathtrace]))
+	p("pathtrace's own process used %s of CPU per traced connection (both pacings), %.0f%% of a core while the connections ran, and took %.2f minor page faults per connection (a new flow's memory; on a VM each fault costs microseconds).\n\n",
+		perFlow(res.LatencyCPU, conns), 100*res.LatencyCPU.Seconds()/res.LatencyElapsed.Seconds(), float64(res.LatencyFaults)/float64(max(conns, 1)))
 
 	p("UDP datagrams per second one sending thread reaches with the capture running (the runs at the maximum rate above; the median of the rounds): ")
 	perTool := map[string][]float64{}
@@ -682,7 +683,7 @@ func quickSummary(res *results) string {
 		}
 	}
 	if n := len(res.Latency[toolPathtrace]) + len(res.Paced[toolPathtrace]); n > 0 {
-		p("connect: pathtrace CPU %s per connection, %.0f%% of a core while they ran\n", perFlow(res.LatencyCPU, uint64(n)), 100*res.LatencyCPU.Seconds()/res.LatencyElapsed.Seconds())
+		p("connect: pathtrace CPU %s per connection, %.0f%% of a core while they ran, %.2f page faults per connection\n", perFlow(res.LatencyCPU, uint64(n)), 100*res.LatencyCPU.Seconds()/res.LatencyElapsed.Seconds(), float64(res.LatencyFaults)/float64(n))
 	}
 	if o := res.Observers; o != nil {
 		for _, c := range o.Connect {

@@ -59,6 +59,18 @@ func (s procSet) cpu() (time.Duration, error) {
 	return sum, nil
 }
 
+func (s procSet) faults() (uint64, error) {
+	var sum uint64
+	for _, p := range s {
+		n, err := processFaults(p.pid())
+		if err != nil {
+			return 0, err
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
 func (s procSet) kill() {
 	for _, p := range s {
 		p.kill()
@@ -98,6 +110,7 @@ type captureResult struct {
 	Flows        int               // pathtrace: flows in the report
 	Events       uint64            // pathtrace: observations from its BPF observers (not the taps)
 	WindowCPU    time.Duration     // utime+stime during the measured window
+	WindowFaults uint64            // minor page faults during the measured window
 	TotalCPU     time.Duration     // utime+stime over the whole life (rusage)
 	PeakRSS      uint64            // bytes, rusage maxrss (VmHWM) over the whole life
 	FileBytes    uint64            // size of the capture file it wrote
