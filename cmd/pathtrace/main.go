@@ -27,14 +27,13 @@ const (
 // event ring and three 4 MiB capture rings (about 24 MiB, bounded on their
 // own) it keeps the process under 64 MiB at the default --max-flows with one
 // Pod; two Pods or more have five rings (8 MiB more: 70 MiB with 51 Pods
-// in churn). The heap's first mappings are in huge pages (hugeHeap), all
-// resident: 40 MiB, not the 42 it was before them, keeps the long churn
-// run's peak RSS where it was (60.4 and 61.3 MiB in two runs at 40, 62.2
-// and 63.1 at 42, 60.6 and 60.9 at 42 without huge pages). At 4096 flows
-// (2.4 KiB each on the heap, flow.TestFlowMemory) the collector still has
-// room to allocate between cycles, half a minute or more in churn (the
-// steady state allocates little). A larger --max-flows raises it
-// (memoryLimitFor).
+// in churn). The heap's memory in use as the capture starts is moved to
+// huge pages, resident whole (hugeHeap): 40 MiB, not the 42 it was
+// before, leaves room for that (a 10-minute churn run peaked at 60.9 MiB,
+// 61.3 without huge pages). At 4096 flows (2.4 KiB each on the heap,
+// flow.TestFlowMemory) the collector still has room to allocate between
+// cycles, half a minute or more in churn (the steady state allocates
+// little). A larger --max-flows raises it (memoryLimitFor).
 const memoryLimit = 40 << 20
 
 // defaultMaxFlows is --max-flows' default, the bound memoryLimit is made for.
@@ -70,12 +69,13 @@ func limitMemory(maxFlows int) {
 // to make (session.Options.CaptureDone).
 func tightenHeap() { debug.SetGCPercent(10) }
 
-// hugeHeap is the session's CaptureStart: the heap in transparent huge
-// pages (hugeheap), so that a new flow's memory costs no page fault of its
-// own, once the observers' loading gave its garbage back (which then does
-// not raise the peak RSS). Where the kernel has none, the heap goes on in
-// 4 KiB pages: faster or not, the capture is the same.
-func hugeHeap() { _ = hugeheap.Advise() }
+// hugeHeap is the session's CaptureStart: the heap's memory in use moved to
+// transparent huge pages (hugeheap), so that the flows to come find their
+// memory resident instead of faulting it in, once the observers' loading
+// gave its garbage back (which then does not raise the peak RSS). Where
+// the kernel cannot, the heap stays in 4 KiB pages: faster or not, the
+// capture is the same.
+func hugeHeap() { _, _ = hugeheap.Collapse() }
 
 // captureProcs is how many threads run pathtrace's Go code at once, given
 // the CPUs the runtime would use: at most half of them, and at most 2 (one

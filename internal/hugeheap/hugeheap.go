@@ -1,16 +1,14 @@
-// Package hugeheap backs the Go heap with transparent huge pages where the
-// node leaves that to each process (THP "madvise", the default of Debian and
-// Ubuntu): a new flow's memory then lies in a 2 MiB page already resident,
-// not in a 4 KiB page faulted in every few flows. On a VM a page fault costs
-// microseconds (11 us on the lab's); in the lab, 1500 connections to a
-// watched VIP cost pathtrace about 2100 faults without this and 25 with it,
-// and a third to two thirds less CPU each.
+// Package hugeheap moves the Go heap's memory in use to transparent huge
+// pages as the capture starts: a new flow's memory then lies in a 2 MiB page
+// already resident, not in a 4 KiB page faulted in every few flows. On a VM
+// a page fault costs microseconds (11 us on the lab's); in the lab, 1500
+// connections to a watched VIP cost pathtrace about 2100 faults without this
+// and a few tens with it, and a third to two thirds less CPU each.
 //
-// The Go runtime stopped advising its heap itself (Go 1.21.1): khugepaged
-// may fill a huge page the runtime had given back in part, so the heap's
-// resident memory can grow to what the runtime mapped for it. Advise
-// therefore covers only what the heap has mapped when it is called; the
-// heap's later growth stays in 4 KiB pages.
+// The Go runtime no longer advises its heap for huge pages itself (Go
+// 1.21.1): khugepaged would fill huge pages the runtime had given back in
+// part, and the heap's resident memory would creep up to what the runtime
+// mapped. So the heap is collapsed once, not advised (Collapse).
 package hugeheap
 
 import (
@@ -98,55 +96,60 @@ func heapMappings(maps io.Reader, addr uintptr) ([]span, error) {
 const hugePage = 2 << 20
 
 // probe is a heap object whose address tells where the heap is (set by
-// Advise: a package variable's initial new() may be laid out in the
+// Collapse: a package variable's initial new() may be laid out in the
 // binary's data, not on the heap).
 var probe *[64]byte
 
-// Advise backs the heap's mapped memory with huge pages: marked
-// MADV_HUGEPAGE, its next page faults take a huge page where none of its
-// 2 MiB was mapped, and the parts already in use are moved to huge pages at
-// once (MADV_COLLAPSE, Linux >= 6.1, best effort; the heap's first
-// allocations, those of the observers' loading above all, left pages here
-// and there in most of them). The heap's later growth stays in 4 KiB
-// pages: what is resident stays bounded by what the heap had mapped here,
-// whatever khugepaged does later. Nothing is done under
-// GODEBUG=disablethp=1; an error says the kernel has no transparent huge
-// pages (EINVAL) or /proc is not readable, and the heap goes on as before.
-func Advise() error {
+// Collapse moves the heap's memory in use to huge pages (MADV_COLLAPSE,
+// Linux >= 6.1), every 2 MiB of its mappings of which a page is resident:
+// the heap's first allocations, those of the observers' loading above all,
+// left pages here and there in most of them, and each of those ranges is
+// then resident whole. It returns how many it collapsed. The heap is not
+// marked MADV_HUGEPAGE: where the node's THP setting is "madvise",
+// khugepaged leaves it alone, its later growth and what the runtime gives
+// back stay in 4 KiB pages, and its resident memory follows the runtime's
+// account again once those ranges are given back. Nothing is done under
+// GODEBUG=disablethp=1 or THP "never". A range that fails (one the heap
+// never touched, a kernel without MADV_COLLAPSE) stays as it was.
+func Collapse() (int, error) {
 	if disabled() {
-		return nil
+		return 0, nil
 	}
 	maps, err := os.ReadFile("/proc/self/maps")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	probe = new([64]byte)
 	heap, err := heapMappings(bytes.NewReader(maps), uintptr(unsafe.Pointer(probe)))
 	if err != nil {
-		return err
+		return 0, err
 	}
+	n := 0
 	for _, s := range heap {
-		// By address: the heap's memory is not a Go object to slice.
-		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, s.lo, s.hi-s.lo, unix.MADV_HUGEPAGE); errno != 0 {
-			return fmt.Errorf("madvise(MADV_HUGEPAGE): %w", errno)
-		}
-		// One huge page at a time: a range that fails (one the heap never
-		// touched: nothing to collapse) leaves the others collapsed, and a
-		// failure leaves that part in small pages, as before.
+		// One huge page at a time, by address (the heap's memory is not a
+		// Go object to slice): a range that fails leaves the others
+		// collapsed.
 		for a := (s.lo + hugePage - 1) &^ (hugePage - 1); a+hugePage <= s.hi; a += hugePage {
-			unix.Syscall(unix.SYS_MADVISE, a, hugePage, unix.MADV_COLLAPSE)
+			if _, _, errno := unix.Syscall(unix.SYS_MADVISE, a, hugePage, unix.MADV_COLLAPSE); errno == 0 {
+				n++
+			}
 		}
 	}
-	return nil
+	return n, nil
 }
 
+// thpSetting is where the kernel says when it uses transparent huge pages.
+var thpSetting = "/sys/kernel/mm/transparent_hugepage/enabled"
+
 // disabled reports whether the user turned the heap's huge pages off
-// (GODEBUG=disablethp=1, the runtime's own switch).
+// (GODEBUG=disablethp=1, the runtime's own switch), or the node's
+// administrator all of them (THP "never").
 func disabled() bool {
 	for _, kv := range strings.Split(os.Getenv("GODEBUG"), ",") {
 		if kv == "disablethp=1" {
 			return true
 		}
 	}
-	return false
+	setting, err := os.ReadFile(thpSetting)
+	return err == nil && bytes.Contains(setting, []byte("[never]"))
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // A process's maps around its heap: the binary, the heap's arena (mapped in
@@ -62,58 +64,111 @@ func TestHeapMappings(t *testing.T) {
 	}
 }
 
-// TestAdviseMarksTheHeap checks on this process that the mapping holding a
-// fresh heap object is marked for huge pages ("hg" in its smaps VmFlags).
-func TestAdviseMarksTheHeap(t *testing.T) {
-	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/enabled"); err != nil {
-		t.Skip("this kernel has no transparent huge pages")
-	}
+// TestCollapseTheHeap checks on this process that the heap's memory in use
+// is in huge pages after Collapse: the mapping that holds a heap object
+// written to has huge pages, and is not marked for khugepaged.
+func TestCollapseTheHeap(t *testing.T) {
 	t.Setenv("GODEBUG", "")
-	if err := Advise(); err != nil {
+	if disabled() {
+		t.Skip("transparent huge pages are off on this node")
+	}
+	if !kernelCollapses(t) {
+		t.Skip("this kernel has no MADV_COLLAPSE (Linux >= 6.1)")
+	}
+	obj := make([]byte, 3*hugePage) // lies over at least one whole 2 MiB range
+	for i := range obj {
+		obj[i] = 1
+	}
+	n, err := Collapse()
+	if err != nil {
 		t.Fatal(err)
 	}
-	obj := new([1 << 10]byte)
-	flags := vmFlags(t, uintptr(unsafe.Pointer(obj)))
+	entry := smapsEntry(t, uintptr(unsafe.Pointer(&obj[0])))
 	runtime.KeepAlive(obj)
-	if !strings.Contains(" "+flags+" ", " hg ") {
-		t.Errorf("the heap's mapping has VmFlags %q after Advise, want hg among them", flags)
+	if n == 0 || entry["AnonHugePages:"] == "0" {
+		t.Errorf("Collapse collapsed %d ranges; the heap's mapping holds AnonHugePages %s kB, want some", n, entry["AnonHugePages:"])
+	}
+	if strings.Contains(" "+entry["VmFlags:"]+" ", " hg ") {
+		t.Errorf("the heap's mapping is marked MADV_HUGEPAGE (VmFlags %s): khugepaged would fill what the runtime gives back", entry["VmFlags:"])
 	}
 }
 
-func TestAdviseHonorsDisableTHP(t *testing.T) {
+// kernelCollapses tells whether this kernel collapses a range of anonymous
+// memory this test maps and writes to.
+func kernelCollapses(t *testing.T) bool {
+	mem, err := unix.Mmap(-1, 0, 2*hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	start := (uintptr(unsafe.Pointer(&mem[0])) + hugePage - 1) &^ (hugePage - 1)
+	off := start - uintptr(unsafe.Pointer(&mem[0]))
+	mem[off] = 1
+	return unix.Madvise(mem[off:off+hugePage], unix.MADV_COLLAPSE) == nil
+}
+
+func TestDisabled(t *testing.T) {
 	t.Setenv("GODEBUG", "madvdontneed=1,disablethp=1")
 	if !disabled() {
 		t.Error("GODEBUG=...,disablethp=1: not disabled")
 	}
 	t.Setenv("GODEBUG", "disablethp=0")
+	dir := t.TempDir()
+	defer func(setting string) { thpSetting = setting }(thpSetting)
+	for setting, want := range map[string]bool{
+		"always [madvise] never\n": false,
+		"[always] madvise never\n": false,
+		"always madvise [never]\n": true,
+	} {
+		thpSetting = dir + "/enabled"
+		if err := os.WriteFile(thpSetting, []byte(setting), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got := disabled(); got != want {
+			t.Errorf("THP %q: disabled = %v, want %v", setting, got, want)
+		}
+	}
+	thpSetting = dir + "/absent" // a kernel without THP: Collapse tries, and fails
 	if disabled() {
-		t.Error("GODEBUG=disablethp=0: disabled")
+		t.Error("no THP setting: disabled")
 	}
 }
 
-// vmFlags is the VmFlags line of the smaps entry holding addr.
-func vmFlags(t *testing.T, addr uintptr) string {
+// smapsEntry is the fields ("Rss:", "VmFlags:", ...) of the smaps entry
+// holding addr, each with its first value (VmFlags: all of them).
+func smapsEntry(t *testing.T, addr uintptr) map[string]string {
 	t.Helper()
 	smaps, err := os.ReadFile("/proc/self/smaps")
 	if err != nil {
 		t.Skip(err)
 	}
-	in := false
+	var entry map[string]string
 	for _, line := range strings.Split(string(smaps), "\n") {
 		f := strings.Fields(line)
 		if len(f) == 0 {
 			continue
 		}
 		if lo, hi, ok := strings.Cut(f[0], "-"); ok && len(f) >= 5 {
+			if entry != nil {
+				return entry
+			}
 			l, err1 := strconv.ParseUint(lo, 16, 64)
 			h, err2 := strconv.ParseUint(hi, 16, 64)
-			in = err1 == nil && err2 == nil && uintptr(l) <= addr && addr < uintptr(h)
+			if err1 == nil && err2 == nil && uintptr(l) <= addr && addr < uintptr(h) {
+				entry = map[string]string{}
+			}
 			continue
 		}
-		if in && f[0] == "VmFlags:" {
-			return strings.Join(f[1:], " ")
+		if entry != nil && len(f) > 1 {
+			if f[0] == "VmFlags:" {
+				entry[f[0]] = strings.Join(f[1:], " ")
+			} else {
+				entry[f[0]] = f[1]
+			}
 		}
 	}
-	t.Fatalf("no smaps entry holds %#x", addr)
-	return ""
+	if entry == nil {
+		t.Fatalf("no smaps entry holds %#x", addr)
+	}
+	return entry
 }
