@@ -2,8 +2,8 @@
 // pages as the capture starts: a new flow's memory then lies in a 2 MiB page
 // already resident, not in a 4 KiB page faulted in every few flows. On a VM
 // a page fault costs microseconds (11 us on the lab's); in the lab, 1500
-// connections to a watched VIP cost pathtrace about 2100 faults without this
-// and a few tens with it, and a third to two thirds less CPU each.
+// connections to a watched VIP cost pathtrace about 1900 faults without this
+// and a few tens with it, and a third to a half less CPU each.
 //
 // The Go runtime no longer advises its heap for huge pages itself (Go
 // 1.21.1): khugepaged would fill huge pages the runtime had given back in
