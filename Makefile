@@ -10,7 +10,7 @@ export BPF2GO_CC    := $(CLANG)
 export BPF2GO_STRIP := $(STRIP)
 export CGO_ENABLED  := 0
 
-.PHONY: all build generate vmlinux check-generated test test-unit vet fmt-check demo lab-demo bench clean deps-generate deps-test deps-race
+.PHONY: all build generate vmlinux check-generated test test-unit vet lint fmt-check demo lab-demo bench clean deps-generate deps-test deps-race
 
 all: build
 
@@ -55,14 +55,21 @@ check-generated: generate
 vet:
 	$(GO) vet ./...
 
+# staticcheck, pinned (fetched from the Go module proxy on first use): the
+# checks go vet lacks (unused values, simplifications, deprecated calls).
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+lint:
+	$(GO) run $(STATICCHECK) ./...
+
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$out" ] || { echo "gofmt needed: $$out"; exit 1; }
 
-# The whole suite: generated objects fresh, vet, gofmt, every test (as root the
+# The whole suite: generated objects fresh, vet, staticcheck, gofmt, every test (as root the
 # integration tests build the lab and check real verdicts), then the internal
 # packages again under the race detector (their goroutines: taps, ring-buffer
 # reader, pcapng writer and its flush timer).
-test: check-generated vet fmt-check deps-test deps-race
+test: check-generated vet lint fmt-check deps-test deps-race
 	$(GO) test -count=1 -timeout 40m ./...
 	@echo "every benchmark once, so none rots between two make bench:"
 	@out=$$($(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./... 2>&1) || { echo "$$out"; exit 1; }

@@ -91,7 +91,7 @@ func intervalPrefixes(elems []nftables.SetElement, size int) ([]netip.Prefix, bo
 		if b.end {
 			continue
 		}
-		last := netip.IPv6Unspecified() // no end: the rest of the space
+		var last netip.Addr // no end: the rest of the space
 		if size == 4 {
 			last = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 		} else {

@@ -158,7 +158,7 @@ func TestFloodKeepsTracedFlows(t *testing.T) {
 			if total := s.Unmatched + over + unrelated; total != uint64(len(fl)) {
 				t.Errorf("unmatched %d + unmatched_overflow %d + unrelated_overflow %d = %d, want the flood's %d observations", s.Unmatched, over, unrelated, total, len(fl))
 			}
-			t.Log(fmt.Sprintf("unmatched %d, unmatched_overflow %d, unrelated_overflow %d", s.Unmatched, over, unrelated))
+			t.Logf("unmatched %d, unmatched_overflow %d, unrelated_overflow %d", s.Unmatched, over, unrelated)
 		})
 	}
 }
