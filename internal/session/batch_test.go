@@ -137,10 +137,12 @@ func TestOneCatchUpCoversTheBatchesHandedBefore(t *testing.T) {
 	check("an unnumbered batch: one, for the batches handed so far too", &batch{tap: 0}, 5)
 }
 
-// TestHandOverSaysConsumerBehind: a tap that finds the consumer's queue
-// full says the capture is behind (Options.CaptureBehind) before it waits,
-// once per batch that has to wait; a batch with room says nothing.
+// TestHandOverSaysConsumerBehind: a tap whose batch waits on the consumer's
+// full queue for behindWait says the capture is behind
+// (Options.CaptureBehind), once per batch that waited that long; a batch
+// with room, or taken within behindWait, says nothing.
 func TestHandOverSaysConsumerBehind(t *testing.T) {
+	defer func(d time.Duration) { behindWait = d }(behindWait)
 	var behind atomic.Int32
 	tr := &tracer{opt: Options{CaptureBehind: func() { behind.Add(1) }}}
 	items := make(chan *batch, 1)
@@ -148,12 +150,33 @@ func TestHandOverSaysConsumerBehind(t *testing.T) {
 	if n := behind.Load(); n != 0 {
 		t.Fatalf("a batch the queue had room for: CaptureBehind called %d times", n)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tr.handOver(items, &batch{})
-	}()
-	// The second batch waits for the first to be taken: by then it said so.
+	handOver := func() chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			tr.handOver(items, &batch{})
+		}()
+		return done
+	}
+
+	// Taken long before behindWait: a pause of the consumer.
+	behindWait = time.Hour
+	done := handOver()
+	time.Sleep(10 * time.Millisecond) // it waits on the full queue
+	select {
+	case <-done:
+		t.Fatal("a batch was queued past a full queue")
+	default:
+	}
+	<-items
+	<-done
+	if n := behind.Load(); n != 0 {
+		t.Fatalf("a batch taken within behindWait: CaptureBehind called %d times", n)
+	}
+
+	// Waiting longer: it says so, then still waits for room.
+	behindWait = time.Millisecond
+	done = handOver()
 	deadline := time.After(5 * time.Second)
 	for behind.Load() == 0 {
 		select {
@@ -164,6 +187,11 @@ func TestHandOverSaysConsumerBehind(t *testing.T) {
 			t.Fatal("a batch waits for a full queue: CaptureBehind not called")
 		case <-time.After(time.Millisecond):
 		}
+	}
+	select {
+	case <-done:
+		t.Fatal("a batch was queued past a full queue")
+	default:
 	}
 	<-items
 	<-done
