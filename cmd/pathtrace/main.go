@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/hugeheap"
 	"github.com/pathtrace/pathtrace/internal/lab"
@@ -103,21 +104,61 @@ func behindProcs(cpus int) int { return min(2, cpus) }
 // use, a container's CPU limit included), before main lowers it.
 var availableProcs = runtime.GOMAXPROCS(0)
 
-// moreProcsWhenBehind is the session's CaptureBehind: the first call gives
-// the capture behindProcs threads for the rest of the run, unless
+// moreProcsWhenBehind is the session's CaptureBehind: the capture gets
+// behindProcs threads while it is behind, and its captureProcs back once
+// it has kept up for calmAfter (a node's traffic burst must not cost a
+// run until stopped the dearer threads for the rest of its life), unless
 // GOMAXPROCS was set by the user (nil then). A node whose traffic never
 // backs a ring up keeps the cheaper one thread.
 func moreProcsWhenBehind() func() {
 	if os.Getenv("GOMAXPROCS") != "" {
 		return nil
 	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			if n := behindProcs(availableProcs); n > runtime.GOMAXPROCS(0) {
-				runtime.GOMAXPROCS(n)
-			}
-		})
+	g := &procsGovernor{low: captureProcs(availableProcs), high: behindProcs(availableProcs), calm: calmAfter}
+	return g.behind
+}
+
+// calmAfter is how long a capture that fell behind keeps its behindProcs
+// after the last sign of it: long enough that a burst's threads stay for
+// its next seconds, short next to a run until stopped.
+const calmAfter = 30 * time.Second
+
+// procsGovernor sets GOMAXPROCS to high from the first behind call, and to
+// low again once behind has not been called for calm.
+type procsGovernor struct {
+	low, high int
+	calm      time.Duration
+	mu        sync.Mutex
+	last      time.Time // the latest behind call
+	raised    bool
+}
+
+// behind is called again and again while the capture is behind (from the
+// taps' goroutines, after each block read: a lock and a clock read).
+func (g *procsGovernor) behind() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.last = time.Now()
+	if g.raised || g.high <= runtime.GOMAXPROCS(0) {
+		return
+	}
+	g.raised = true
+	runtime.GOMAXPROCS(g.high)
+	go g.lowerWhenCalm()
+}
+
+func (g *procsGovernor) lowerWhenCalm() {
+	for {
+		g.mu.Lock()
+		wait := g.calm - time.Since(g.last)
+		if wait <= 0 {
+			runtime.GOMAXPROCS(g.low)
+			g.raised = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		time.Sleep(wait)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
@@ -41,25 +42,47 @@ func TestBehindProcs(t *testing.T) {
 	}
 }
 
-// TestMoreProcsWhenBehind: the first time a capture falls behind, it gets
-// behindProcs threads, once per run (a later call leaves GOMAXPROCS as it
-// is); a GOMAXPROCS the user set is never changed.
+// TestMoreProcsWhenBehind: a capture that falls behind gets behindProcs
+// threads while it says so, and its captureProcs back once it has not for
+// the governor's calm period; a GOMAXPROCS the user set is never changed.
 func TestMoreProcsWhenBehind(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	defer func(n int) { availableProcs = n }(availableProcs)
 	t.Setenv("GOMAXPROCS", "")
 	for _, cpus := range []int{1, 2, 8} {
 		availableProcs = cpus
-		runtime.GOMAXPROCS(1)
-		behind := moreProcsWhenBehind()
-		behind()
-		if got, want := runtime.GOMAXPROCS(0), behindProcs(cpus); got != want {
-			t.Errorf("%d CPUs: GOMAXPROCS %d once behind, want %d", cpus, got, want)
+		if moreProcsWhenBehind() == nil {
+			t.Fatalf("%d CPUs: no CaptureBehind", cpus)
 		}
-		runtime.GOMAXPROCS(1)
-		behind()
-		if got := runtime.GOMAXPROCS(0); got != 1 {
-			t.Errorf("%d CPUs: a second call set GOMAXPROCS %d, want it left at 1", cpus, got)
+		low, high := captureProcs(cpus), behindProcs(cpus)
+		runtime.GOMAXPROCS(low)
+		g := &procsGovernor{low: low, high: high, calm: 100 * time.Millisecond}
+		g.behind()
+		if got := runtime.GOMAXPROCS(0); got != high {
+			t.Errorf("%d CPUs: GOMAXPROCS %d once behind, want %d", cpus, got, high)
+		}
+		// Said again and again while behind: it keeps them.
+		for range 4 {
+			time.Sleep(40 * time.Millisecond)
+			g.behind()
+			if got := runtime.GOMAXPROCS(0); got != high {
+				t.Errorf("%d CPUs: GOMAXPROCS %d while behind, want %d", cpus, got, high)
+			}
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.GOMAXPROCS(0) != low && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := runtime.GOMAXPROCS(0); got != low {
+			t.Errorf("%d CPUs: GOMAXPROCS %d once calm, want %d", cpus, got, low)
+		}
+		// Behind again: raised again.
+		g.behind()
+		if got := runtime.GOMAXPROCS(0); got != high {
+			t.Errorf("%d CPUs: GOMAXPROCS %d behind a second time, want %d", cpus, got, high)
+		}
+		for runtime.GOMAXPROCS(0) != low && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	t.Setenv("GOMAXPROCS", "1")

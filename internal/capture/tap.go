@@ -63,11 +63,11 @@ type Config struct {
 	// the caller may close Program after Open. Filter and Program exclude
 	// each other.
 	Program *ebpf.Program
-	// Behind, when set, is called from Run when the blocks the kernel
-	// handed over and Run has not read yet reach a quarter of the ring:
-	// the reader falls behind, and the ring overflows if that goes on. It is
-	// called again only after the backlog went below that. A caller may
-	// give the reader more CPU then.
+	// Behind, when set, is called from Run after each block it reads while
+	// the blocks the kernel handed over and Run has not read yet are a
+	// quarter of the ring or more: the reader is behind, and the ring
+	// overflows if that goes on. A caller may give the reader more CPU
+	// then, and take it back once the calls have stopped for a while.
 	Behind func()
 }
 
@@ -360,7 +360,6 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 	}()
 	var p Packet
 	var drainUntil time.Time // set when ctx ends
-	behind := false          // the backlog reached backlogBlocks (Config.Behind)
 	for next := 0; ; {
 		select {
 		case <-t.closing:
@@ -409,12 +408,8 @@ func (t *Tap) RunBlocks(ctx context.Context, fn func(*Packet), blockDone func())
 			blockDone()
 		}
 		next = (next + 1) % t.blockNr
-		if t.cfg.Behind != nil {
-			if now := t.backlogged(next); now != behind {
-				if behind = now; behind {
-					t.cfg.Behind()
-				}
-			}
+		if t.cfg.Behind != nil && t.backlogged(next) {
+			t.cfg.Behind()
 		}
 	}
 }

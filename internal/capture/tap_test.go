@@ -401,8 +401,9 @@ func TestTapCountsRingDrops(t *testing.T) {
 	t.Logf("ring of %d bytes: %+v", MinRingBytes, s)
 }
 
-// A reader that finds a quarter of the ring waiting hears of it once, until
-// it caught up (Config.Behind); one that keeps up never does.
+// A reader that finds a quarter of the ring waiting hears of it while the
+// backlog lasts (Config.Behind), not once it caught up; one that keeps up
+// never does.
 func TestTapSaysWhenItFallsBehind(t *testing.T) {
 	needRoot(t)
 	l := newLab(t)
@@ -427,8 +428,9 @@ func TestTapSaysWhenItFallsBehind(t *testing.T) {
 		}
 	})
 	waitFor(t, "the ring to drain", drained)
-	if n := behind.Load(); n != 1 {
-		t.Fatalf("Behind called %d times for a full ring read once, want 1", n)
+	first := behind.Load()
+	if first == 0 {
+		t.Fatal("Behind not called for a full ring read once")
 	}
 	// A datagram at a time, each block handed over alone at its retire
 	// timeout: never behind.
@@ -437,8 +439,8 @@ func TestTapSaysWhenItFallsBehind(t *testing.T) {
 		time.Sleep(2 * retireTimeoutMs * time.Millisecond)
 	}
 	waitFor(t, "the ring to drain", drained)
-	if n := behind.Load(); n != 1 {
-		t.Errorf("Behind called %d times in all, want 1: once caught up, the reader kept up", n)
+	if n := behind.Load(); n != first {
+		t.Errorf("Behind called %d times in all, want the %d of the full ring: once caught up, the reader kept up", n, first)
 	}
 	// The reader stalls on a frame while the ring fills: behind again.
 	gate := make(chan struct{})
@@ -447,7 +449,7 @@ func TestTapSaysWhenItFallsBehind(t *testing.T) {
 	waitFor(t, "the reader to stall", func() bool { return stall.Load() == nil })
 	send(t, a1, b1, 400)
 	close(gate)
-	waitFor(t, "Behind a second time", func() bool { return behind.Load() == 2 })
+	waitFor(t, "Behind again", func() bool { return behind.Load() > first })
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}

@@ -446,14 +446,15 @@ func (tr *tracer) produce(ctx context.Context, iface int, tp tap, items chan<- *
 
 // handOver queues a tap's batch for the consumer. A queue that stays full
 // for behindWait says the consumer is behind the taps
-// (Options.CaptureBehind): the ring's own backlog (capture.Config.Behind)
-// shows only when the tap reads its next block, which it does not while it
-// waits here. A queue full for less is the consumer's passing pause (a
-// collection, a write of the file, its thread preempted on busy CPUs): at
-// 20k datagrams a second in the lab the queue filled a few times a second,
-// and saying so at once gave the capture its second thread for the rest of
-// the run, and 10-25% more CPU per captured packet. At the lab's highest
-// rates the queue (16 batches) holds 5 ms of frames, the rings 80.
+// (Options.CaptureBehind), again every behindWait it stays so: the ring's
+// own backlog (capture.Config.Behind) shows only when the tap reads its
+// next block, which it does not while it waits here. A queue full for
+// less is the consumer's passing pause (a collection, a write of the file,
+// its thread preempted on busy CPUs): at 20k datagrams a second in the lab
+// the queue filled a few times a second, and saying so at once gave the
+// capture its second thread for the rest of the run, and 10-25% more CPU
+// per captured packet. At the lab's highest rates the queue (16 batches)
+// holds 5 ms of frames, the rings 80.
 func (tr *tracer) handOver(items chan<- *batch, b *batch) {
 	select {
 	case items <- b:
@@ -466,13 +467,15 @@ func (tr *tracer) handOver(items chan<- *batch, b *batch) {
 	}
 	wait := time.NewTimer(behindWait)
 	defer wait.Stop()
-	select {
-	case items <- b:
-		return
-	case <-wait.C:
+	for {
+		select {
+		case items <- b:
+			return
+		case <-wait.C:
+			tr.opt.CaptureBehind()
+			wait.Reset(behindWait)
+		}
 	}
-	tr.opt.CaptureBehind()
-	items <- b
 }
 
 // behindWait is how long a tap waits on the consumer's full queue before

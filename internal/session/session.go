@@ -74,12 +74,13 @@ type Options struct {
 	// heap then. The session changes no process-wide setting itself:
 	// another session of the process may still be capturing.
 	CaptureDone func()
-	// CaptureBehind, when set, is called (from the taps' goroutines, again
-	// each time one falls behind) when a capture point's kernel ring holds
-	// a quarter of its blocks not read yet (capture.Config.Behind), or a
-	// tap finds the consumer's queue full: the capture falls behind its
-	// traffic, and loses frames if that goes on. A caller that owns the
-	// process may give it more CPU then.
+	// CaptureBehind, when set, is called from the taps' goroutines, again
+	// and again while the capture is behind its traffic (and loses frames
+	// if that goes on): after each block a tap reads while its kernel ring
+	// holds a quarter of its blocks not read yet (capture.Config.Behind),
+	// and every 10 ms a tap's batch waits on the consumer's full queue. A
+	// caller that owns the process may give it more CPU then, and take it
+	// back once the calls have stopped for a while.
 	CaptureBehind func()
 }
 
