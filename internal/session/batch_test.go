@@ -158,16 +158,19 @@ func TestHandOverSaysConsumerBehind(t *testing.T) {
 		}()
 		return done
 	}
+	stillWaiting := func(done chan struct{}) {
+		select {
+		case <-done:
+			t.Fatal("a batch was queued past a full queue")
+		default:
+		}
+	}
 
 	// Taken long before behindWait: a pause of the consumer.
 	behindWait = time.Hour
 	done := handOver()
 	time.Sleep(10 * time.Millisecond) // it waits on the full queue
-	select {
-	case <-done:
-		t.Fatal("a batch was queued past a full queue")
-	default:
-	}
+	stillWaiting(done)
 	<-items
 	<-done
 	if n := behind.Load(); n != 0 {
@@ -188,11 +191,7 @@ func TestHandOverSaysConsumerBehind(t *testing.T) {
 		case <-time.After(time.Millisecond):
 		}
 	}
-	select {
-	case <-done:
-		t.Fatal("a batch was queued past a full queue")
-	default:
-	}
+	stillWaiting(done)
 	<-items
 	<-done
 	said := behind.Load()
