@@ -10,7 +10,7 @@ export BPF2GO_CC    := $(CLANG)
 export BPF2GO_STRIP := $(STRIP)
 export CGO_ENABLED  := 0
 
-.PHONY: all build generate vmlinux check-generated test test-unit vet lint fmt-check demo lab-demo bench clean deps-generate deps-test deps-race
+.PHONY: all build generate vmlinux check-generated test test-unit vet lint fmt-check demo lab-demo bench pgo clean deps-generate deps-test deps-race
 
 all: build
 
@@ -98,6 +98,18 @@ bench: build
 	@command -v tcpdump >/dev/null && command -v dumpcap >/dev/null || \
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y tcpdump wireshark-common; }
 	$(GO) run ./tools/bench --pathtrace $(BIN) --out BENCH.md
+
+# The profile go build optimizes pathtrace with (cmd/pathtrace/default.pgo,
+# profile-guided optimization): pathtrace's own CPU profiles over the
+# benchmark's capture and connect() runs (root, a few minutes), merged.
+# Rebuild it when the hot paths changed much; a stale one still applies.
+PGO_DIR := bin/pgo
+pgo: build
+	rm -rf $(PGO_DIR) && mkdir -p $(PGO_DIR)
+	@command -v tcpdump >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y tcpdump; }
+	$(GO) run ./tools/bench --pathtrace $(BIN) --only capture,latency --rounds 1 --connects 5000 --cpuprofile $(PGO_DIR)
+	$(GO) tool pprof -proto $(PGO_DIR)/*.prof > cmd/pathtrace/default.pgo.new
+	mv cmd/pathtrace/default.pgo.new cmd/pathtrace/default.pgo
 
 clean:
 	rm -rf bin

@@ -66,6 +66,7 @@ func parseFlags() (config, error) {
 	flag.DurationVar(&cfg.long, "long", 20*time.Second, "traffic time of the long run (RSS over time, one new flow per datagram)")
 	flag.IntVar(&cfg.churnRate, "churn-rate", 5000, "new flows per second in the long run")
 	flag.IntVar(&cfg.connects, "connects", 1500, "connect() calls per latency run")
+	flag.StringVar(&profileDir, "cpuprofile", "", "directory where each pathtrace run writes its CPU profile (PATHTRACE_CPUPROFILE), for make pgo")
 	only := flag.String("only", "", "comma-separated sections to run ("+strings.Join(sections, ",")+"), printing a short summary instead of writing --out: for quick comparisons while developing")
 	flag.Parse()
 	if *only != "" {
@@ -87,6 +88,16 @@ func parseFlags() (config, error) {
 	}
 	if cfg.window <= 0 || cfg.long <= 0 || cfg.churnRate <= 0 || cfg.connects <= 0 || cfg.rounds <= 0 {
 		return cfg, errors.New("--window, --long, --churn-rate, --connects and --rounds must be positive")
+	}
+	if profileDir != "" {
+		dir, err := filepath.Abs(profileDir)
+		if err != nil {
+			return cfg, err
+		}
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return cfg, fmt.Errorf("--cpuprofile %s: not a directory", profileDir)
+		}
+		profileDir = dir
 	}
 	abs, err := filepath.Abs(cfg.pathtrace)
 	if err != nil {

@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -152,10 +155,21 @@ type toolProc struct {
 	stderr  bytes.Buffer
 }
 
+// profileDir, when set (--cpuprofile), is where each pathtrace run writes
+// its CPU profile, numbered by profiles.
+var (
+	profileDir string
+	profiles   atomic.Int64
+)
+
 // startTool starts argv and waits until it is capturing.
 func startTool(ctx context.Context, kind string, argv []string) (*toolProc, error) {
 	p := &toolProc{kind: kind, argv: argv, ready: make(chan struct{}), done: make(chan struct{})}
 	p.cmd = exec.Command(argv[0], argv[1:]...)
+	if kind == toolPathtrace && profileDir != "" {
+		prof := filepath.Join(profileDir, fmt.Sprintf("pathtrace-%d.prof", profiles.Add(1)))
+		p.cmd.Env = append(os.Environ(), "PATHTRACE_CPUPROFILE="+prof)
+	}
 	// The capture dies with the benchmark, even if the benchmark is SIGKILLed.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := p.cmd.StdoutPipe()
