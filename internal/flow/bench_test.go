@@ -14,6 +14,25 @@ import (
 // steady state, one observation per packet per point.
 func BenchmarkAdd(b *testing.B) {
 	const nflows = 1000
+	e, seq := establishedFlows(nflows)
+	start := flowtest.At(0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		o := seq[i%len(seq)]
+		o.Time = start.Add(time.Duration(len(seq)+i) * time.Microsecond)
+		e.Add(o)
+	}
+	b.StopTimer()
+	if s := e.Summary(); s.Flows != nflows || s.RewrittenAt[flow.PlaceNetfilter] != nflows {
+		b.Fatalf("flows %d, netfilter %d; want %d each", s.Flows, s.RewrittenAt[flow.PlaceNetfilter], nflows)
+	}
+}
+
+// establishedFlows is an engine that followed nflows netfilter-mode flows,
+// each seen at every point, its reply too, and the observations that made
+// them (times from flowtest.At(0) on, a microsecond apart).
+func establishedFlows(nflows int) (*flow.Engine, []obs.Observation) {
 	cfg := httpConfig(obs.PointPod, obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink)
 	e := flow.NewEngine(cfg)
 	var seq []obs.Observation
@@ -26,6 +45,8 @@ func BenchmarkAdd(b *testing.B) {
 			{Point: obs.PointNFAfter, Dst: backend},
 			{Point: obs.PointUplink, Dir: obs.DirOut, Dst: backend, VLAN: 200},
 			{Point: obs.PointUplink, Dir: obs.DirIn, Src: backend, Dst: src},
+			{Point: obs.PointHost, Dir: obs.DirOut, Src: vip, Dst: src},
+			{Point: obs.PointPod, Dir: obs.DirIn, Src: vip, Dst: src},
 		} {
 			o.Proto, o.Len = obs.TCP, 100
 			if !o.Src.IsValid() {
@@ -39,17 +60,25 @@ func BenchmarkAdd(b *testing.B) {
 		o.Time = start.Add(time.Duration(i) * time.Microsecond)
 		e.Add(o)
 	}
+	return e, seq
+}
+
+// BenchmarkFlows is the report's cost per flow (Engine.Flows, all 1000 flows
+// an op): its
+// verdict, reason and per-point entries, as the final report and a run
+// until stopped's flow log make them.
+func BenchmarkFlows(b *testing.B) {
+	const nflows = 1000
+	e, _ := establishedFlows(nflows)
 	b.ReportAllocs()
 	b.ResetTimer()
-	for i := range b.N {
-		o := seq[i%len(seq)]
-		o.Time = start.Add(time.Duration(len(seq)+i) * time.Microsecond)
-		e.Add(o)
+	for range b.N {
+		if n := len(e.Flows()); n != nflows {
+			b.Fatalf("%d flows, want %d", n, nflows)
+		}
 	}
 	b.StopTimer()
-	if s := e.Summary(); s.Flows != nflows || s.RewrittenAt[flow.PlaceNetfilter] != nflows {
-		b.Fatalf("flows %d, netfilter %d; want %d each", s.Flows, s.RewrittenAt[flow.PlaceNetfilter], nflows)
-	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*nflows), "ns/flow")
 }
 
 // BenchmarkAddUnmatched feeds traffic no flow claims: the waiting room's cost.

@@ -194,16 +194,33 @@ func (e *Engine) isGateway(mac []byte) bool {
 // pointsSeen lists f's per-point entries in path order, requests first.
 func (e *Engine) pointsSeen(f *flowState) []PointSeen {
 	sorted := slices.Clone(f.points)
+	// Each key is compared only when the ones before tie (cmp.Or would
+	// compute them all: the names and endpoints were most of a flow's
+	// snapshot, which a run until stopped makes for every flow it logs).
 	slices.SortFunc(sorted, func(a, b pointStats) int {
-		return cmp.Or(
-			cmp.Compare(a.point, b.point),
-			compareBool(a.reply, b.reply),
-			cmp.Compare(a.dir, b.dir),
-			cmp.Compare(e.labels.name(a.iface), e.labels.name(b.iface)),
-			f.end(a.dst).addrPort().Compare(f.end(b.dst).addrPort()),
-			f.end(a.src).addrPort().Compare(f.end(b.src).addrPort()),
-			f.end(a.far).addrPort().Compare(f.end(b.far).addrPort()),
-		)
+		if c := cmp.Compare(a.point, b.point); c != 0 {
+			return c
+		}
+		if c := compareBool(a.reply, b.reply); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.dir, b.dir); c != 0 {
+			return c
+		}
+		if a.iface != b.iface {
+			if c := cmp.Compare(e.labels.name(a.iface), e.labels.name(b.iface)); c != 0 {
+				return c
+			}
+		}
+		for _, r := range [...][2]endRef{{a.dst, b.dst}, {a.src, b.src}, {a.far, b.far}} {
+			if r[0] == r[1] {
+				continue
+			}
+			if c := f.end(r[0]).addrPort().Compare(f.end(r[1]).addrPort()); c != 0 {
+				return c
+			}
+		}
+		return 0
 	})
 	out := make([]PointSeen, len(sorted))
 	for i, p := range sorted {
