@@ -26,6 +26,7 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
 
@@ -366,10 +367,61 @@ func TestVerdictPerLabMode(t *testing.T) {
 				checkFlow(t, mode, f, gwMAC.String())
 			}
 			checkPcap(t, pcap, summary)
+			checkCommentsBy(t, pcap, flows)
 			if mode == lab.ModeNowhere {
 				checkICMPErrors(t, pcap, flows)
 			}
 		})
+	}
+}
+
+// checkCommentsBy: every packet comment that gives its flow's final verdict
+// names the rewriter as the report does, shortened for comments only
+// (flow.CommentBy: in netfilter mode, kube-proxy's chains).
+func checkCommentsBy(t *testing.T, path string, flows []map[string]any) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	verdictOf := map[string]string{} // flow ID -> "rewritten_at=PLACE by=BY" as comments end
+	for _, fl := range flows {
+		v := fmt.Sprintf("rewritten_at=%v", fl["rewritten_at"])
+		if by, _ := fl["by"].(string); by != "" {
+			v += " by=" + flow.CommentBy(by)
+		}
+		verdictOf[fmt.Sprint(fl["id"])] = v
+	}
+	checked, wrong := 0, 0
+	for {
+		_, _, opts, err := r.ReadPacketDataWithOptions()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("pcapng read: %v", err)
+		}
+		for _, c := range opts.Comments {
+			id, _, _ := strings.Cut(strings.TrimPrefix(c, "flow "), " ")
+			want, ok := verdictOf[id]
+			place, _, _ := strings.Cut(want, " by=")
+			if !strings.HasPrefix(c, "flow ") || !ok || !strings.Contains(c, "; "+place) {
+				continue // not a flow's packet, or not with its final verdict yet
+			}
+			checked++
+			if !strings.HasSuffix(c, "; "+want) && wrong < 3 {
+				wrong++
+				t.Errorf("comment %q, want it to end with %q", c, want)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Error("no packet comment gives its flow's final verdict")
 	}
 }
 

@@ -193,7 +193,7 @@ func (e *Engine) ref(f *flowState, reply, translated bool) Ref {
 }
 
 // placeBy is what packet comments read of a verdict: its place and by
-// (flowState.cached).
+// (flowState.cached; by as CommentBy shortens it).
 type placeBy struct {
 	place Place
 	by    string
@@ -218,9 +218,10 @@ func (e *Engine) cachedVerdict(f *flowState) placeBy {
 // starts over (the strings made since are shared again).
 const maxByNames = 1024
 
-// byName is by, the one copy of it the engine keeps: the flows of one rule
-// or program name it with the same words, made afresh for each (2 MiB for
-// 4096 flows of one kube-proxy rule).
+// byName is by as packet comments carry it (CommentBy), the one copy of it
+// the engine keeps: the flows of one rule or program name it with the same
+// words, made afresh for each (2 MiB for 4096 flows of one kube-proxy
+// rule).
 func (e *Engine) byName(by string) string {
 	if s, ok := e.byNames[by]; ok {
 		return s
@@ -228,8 +229,9 @@ func (e *Engine) byName(by string) string {
 	if e.byNames == nil || len(e.byNames) >= maxByNames {
 		e.byNames = make(map[string]string)
 	}
-	e.byNames[by] = by
-	return by
+	s := CommentBy(by)
+	e.byNames[by] = s
+	return s
 }
 
 // commentLen is room for a comment's fixed words (the longest, the

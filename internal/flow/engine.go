@@ -77,7 +77,8 @@ type Engine struct {
 	// one given them first at nextCommented (keepComments).
 	commented     []*flowState
 	nextCommented int
-	// byNames are the verdicts' "by" strings, one copy each (cachedVerdict).
+	// byNames are the verdicts' "by" strings as packet comments carry them,
+	// one copy each (cachedVerdict).
 	byNames  map[string]string
 	newest   time.Time
 	observed [256]uint64 // per obs.Point

@@ -6,12 +6,13 @@ import (
 )
 
 // StaleVerdicts lists the flows whose cached verdict is still marked valid but
-// differs from a fresh decision: an evidence change that missed invalidating it.
+// differs from a fresh decision (its by as comments carry it): an evidence
+// change that missed invalidating it.
 func (e *Engine) StaleVerdicts() []int {
 	var stale []int
 	for _, list := range e.clients {
 		for _, f := range list {
-			if v := e.decide(f, true); f.cachedOK && f.cachedGen == e.gen && (f.cached.place != v.place || f.cached.by != v.by) {
+			if v := e.decide(f, true); f.cachedOK && f.cachedGen == e.gen && (f.cached.place != v.place || f.cached.by != CommentBy(v.by)) {
 				stale = append(stale, f.seq)
 			}
 		}

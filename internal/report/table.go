@@ -272,33 +272,13 @@ func shortBy(s string, n int) string {
 			return s
 		}
 	}
-	if hops := strings.Split(s, " -> "); len(hops) > 1 {
-		// The first hop is "SOURCE TABLE CHAIN", the last the rule.
-		i := strings.LastIndexByte(hops[0], ' ')
-		if i < 0 {
-			return shorten(s, n)
+	if table, chains, _, ok := flow.SplitNATBy(s); ok {
+		if svc := flow.ServiceChain(chains); svc > 0 {
+			return shorten(table+" … "+chains[svc], n)
 		}
-		table, chains := hops[0][:i], append([]string{hops[0][i+1:]}, hops[1:len(hops)-1]...)
-		svc := len(chains) - 1
-		for j := len(chains) - 1; j >= 0; j-- {
-			if isServiceChain(chains[j]) {
-				svc = j
-				break
-			}
-		}
-		if svc == 0 {
-			return shorten(table+" "+chains[0], n)
-		}
-		return shorten(table+" … "+chains[svc], n)
+		return shorten(table+" "+chains[0], n)
 	}
 	return shorten(s, n)
-}
-
-// isServiceChain tells a NAT chain of kube-proxy that names a Service:
-// nftables mode's service-HASH-NAMESPACE/NAME/PROTO/PORT, iptables mode's
-// KUBE-SVC-HASH (KUBE-SVL-HASH with a local traffic policy).
-func isServiceChain(chain string) bool {
-	return strings.HasPrefix(chain, "service-") || strings.HasPrefix(chain, "KUBE-SVC-") || strings.HasPrefix(chain, "KUBE-SVL-")
 }
 
 // shorten cuts s to n runes with an ellipsis.

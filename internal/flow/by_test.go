@@ -1,0 +1,85 @@
+package flow_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
+	"github.com/pathtrace/pathtrace/internal/obs"
+)
+
+func TestCommentBy(t *testing.T) {
+	tests := []struct{ by, want string }{
+		// Short ones stay whole.
+		{"connect4 lab_sock4_connect (id 5)", "connect4 lab_sock4_connect (id 5)"},
+		{"tcx ingress lab_from_container (id 120)", "tcx ingress lab_from_container (id 120)"},
+		{"nftables ip kube-proxy nat-prerouting -> services -> dnat to 10.0.0.1:80", "nftables ip kube-proxy nat-prerouting -> services -> dnat to 10.0.0.1:80"},
+		// kube-proxy nftables: the Service's chain, and "…" for the chains left out.
+		{"nftables ip kube-proxy nat-prerouting -> services -> service-Z3XHB2ZZ-default/dns/udp/dns -> endpoint-SI4LMZL3-default/dns/udp/dns__10.244.20.31/5353 -> dnat to 10.244.20.31:5353",
+			"nftables ip kube-proxy … service-Z3XHB2ZZ-default/dns/udp/dns -> … -> dnat to 10.244.20.31:5353"},
+		// kube-proxy iptables.
+		{"iptables-legacy nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-TCOU7JCQXEZGVUNU -> KUBE-SEP-6E7XQMQ4RAYOWTTM -> -j DNAT --to-destination 10.244.20.31:5353",
+			"iptables-legacy nat … KUBE-SVC-TCOU7JCQXEZGVUNU -> … -> -j DNAT --to-destination 10.244.20.31:5353"},
+		// No Service chain: the last chain; the first: no "…" before it.
+		{"nftables ip custom-lb-with-a-long-table-name prerouting-chain-of-that-table -> rewrite-the-vip-chain -> dnat to 10.0.0.1:80",
+			"nftables ip custom-lb-with-a-long-table-name … rewrite-the-vip-chain -> dnat to 10.0.0.1:80"},
+		{"iptables-legacy nat KUBE-SVC-TCOU7JCQXEZGVUNU -> KUBE-SEP-6E7XQMQ4RAYOWTTM -> -j DNAT --to-destination 10.244.20.31:5353",
+			"iptables-legacy nat KUBE-SVC-TCOU7JCQXEZGVUNU -> … -> -j DNAT --to-destination 10.244.20.31:5353"},
+		// A long rule in one chain stays whole: nothing repeats there.
+		{"nftables ip custom-lb-with-a-long-table-name prerouting -> ip daddr 10.120.0.80 tcp dport 80 dnat to 10.244.20.31:3000",
+			"nftables ip custom-lb-with-a-long-table-name prerouting -> ip daddr 10.120.0.80 tcp dport 80 dnat to 10.244.20.31:3000"},
+		// A program's cgroup: its last directory.
+		{"connect4 cil_sock4_connect (id 1234) on /sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b.slice",
+			"connect4 cil_sock4_connect (id 1234) on …/kubepods-burstable-pod0a1b.slice"},
+	}
+	for _, tc := range tests {
+		if got := flow.CommentBy(tc.by); got != tc.want {
+			t.Errorf("CommentBy(%q)\n = %q\n want %q", tc.by, got, tc.want)
+		}
+	}
+}
+
+// TestCommentsCarryShortBy: a flow's packet comments carry its verdict's
+// "by" as CommentBy shortens it, the report the whole of it.
+func TestCommentsCarryShortBy(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-tcp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := netip.MustParseAddrPort("10.244.20.31:3000")
+	rule := flow.NATRule{Source: "nftables", Table: "ip kube-proxy",
+		Chain: "nat-prerouting -> services -> service-ULMVA6XW-default/web/tcp/http -> endpoint-TUXOSQTE-default/web/tcp/http__10.244.20.31/3000",
+		VIP:   netip.MustParseAddrPort("10.120.0.80:80"), Backends: []netip.AddrPort{backend}, Rule: "dnat to " + backend.String()}
+	cfg := s.Config
+	cfg.Attribution.NATRules = []flow.NATRule{rule}
+	e := flow.NewEngine(cfg)
+	var pod *obs.Observation
+	for i, o := range s.Observations {
+		e.Add(o)
+		if o.Point == obs.PointPod && pod == nil {
+			pod = &s.Observations[i]
+		}
+	}
+	if pod == nil {
+		t.Fatal("the scenario has no packet at the Pod")
+	}
+	ref, ok := e.Classify(*pod)
+	if !ok {
+		t.Fatalf("the Pod's packet %+v is of no flow", *pod)
+	}
+	for _, f := range e.Flows() {
+		if f.ID != ref.ID {
+			continue
+		}
+		if f.RewrittenAt != flow.PlaceNetfilter || f.By != rule.String() {
+			t.Fatalf("flow %d rewritten at %s by %q, want netfilter by %q", f.ID, f.RewrittenAt, f.By, rule.String())
+		}
+		want := "nftables ip kube-proxy … service-ULMVA6XW-default/web/tcp/http -> … -> dnat to 10.244.20.31:3000"
+		if ref.By != want {
+			t.Errorf("the comment's by %q, want %q", ref.By, want)
+		}
+		return
+	}
+	t.Fatalf("no flow %d in the report", ref.ID)
+}
