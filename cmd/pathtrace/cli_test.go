@@ -375,20 +375,27 @@ func TestVerdictPerLabMode(t *testing.T) {
 	}
 }
 
-// checkCommentsBy: every packet comment that gives its flow's final verdict
-// names the rewriter as the report does, shortened for comments only
-// (flow.CommentBy: in netfilter mode, kube-proxy's chains).
-func checkCommentsBy(t *testing.T, path string, flows []map[string]any) {
+// openNg opens a pcapng file for reading until the test ends.
+func openNg(t *testing.T, path string) *pcapgo.NgReader {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
 	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+// checkCommentsBy: every packet comment that gives its flow's final verdict
+// names the rewriter as the report does, shortened for comments only
+// (flow.CommentBy: in netfilter mode, kube-proxy's chains).
+func checkCommentsBy(t *testing.T, path string, flows []map[string]any) {
+	t.Helper()
+	r := openNg(t, path)
 	verdictOf := map[string]string{} // flow ID -> "rewritten_at=PLACE by=BY" as comments end
 	for _, fl := range flows {
 		v := fmt.Sprintf("rewritten_at=%v", fl["rewritten_at"])
@@ -431,15 +438,7 @@ func checkCommentsBy(t *testing.T, path string, flows []map[string]any) {
 // and the flow of the request it quotes (a flow of the report).
 func checkICMPErrors(t *testing.T, path string, flows []map[string]any) {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openNg(t, path)
 	flowOf := map[string]float64{} // "client service" -> flow ID
 	for _, fl := range flows {
 		id, _ := fl["id"].(float64)

@@ -51,9 +51,9 @@ const maxCommentBy = 80
 // ("nftables ip kube-proxy … service-Z3XHB2ZZ-default/dns/udp/dns -> … ->
 // dnat to 10.244.20.31:5353": 99 bytes against 190 with kube-proxy's
 // chains); a program keeps its name and id and the last directory of its
-// cgroup. In netfilter mode the comment
-// was most of a packet block (410 bytes a packet for 74-byte frames in the
-// lab), and every byte of it is written, and read back, per packet.
+// cgroup. In netfilter mode the whole comment was most of a packet block
+// (409 bytes a packet for 74-byte frames in the lab, 315 shortened), and
+// every byte of it is written, and read back, per packet.
 func CommentBy(by string) string {
 	if len(by) <= maxCommentBy {
 		return by
