@@ -394,7 +394,7 @@ static __always_inline struct pt_event *pt_reserve(__u8 point)
 }
 
 /* Events are submitted without waking the reader, which polls the ring while
- * they come (every 50 ms, every 10 ms while many come): one wakeup per event
+ * they come (every 100 ms, every 10 ms while many come): one wakeup per event
  * would cost more than the event. A reader whose last poll found nothing
  * sleeps until the next submit wakes it (reader_asleep). A ring filling up
  * between two polls wakes it at once: every submit past PT_WAKEUP_BYTES

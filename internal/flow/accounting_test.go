@@ -16,7 +16,7 @@ import (
 // client's connection per request), in every order the session can deliver
 // their observations. A later socket's flow is a flow of its own when its
 // socket's events come before its packets; after them (the observers' ring
-// buffer is read every 50 ms, a quiet tap's block retired after up to 100
+// buffer is read every 100 ms, a quiet tap's block retired after up to 100
 // ms: either can come first), a UDP one's packets were already taken for
 // the earlier flow (nothing in a datagram tells the sockets apart), and it
 // joins it.

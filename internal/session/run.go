@@ -188,7 +188,7 @@ func clientVIPPortScope(opt discover.Options, node *discover.NodeInfo) map[netip
 
 // stopGrace is how long the producers go on after the run ends: events for
 // packets already seen wait in the observers' ring for the reader's next
-// poll (every 50 ms at most). The flow engine counts the uplink's copies
+// poll (every 100 ms at most). The flow engine counts the uplink's copies
 // of packets sent before the end for its lost_on_node within less than
 // this (flow's stopTransit, 100 ms): keep it longer.
 const stopGrace = 200 * time.Millisecond
