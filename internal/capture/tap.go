@@ -54,7 +54,7 @@ type Config struct {
 	Snaplen int
 	// RingBytes is the ring memory (default DefaultRingBytes, between
 	// MinRingBytes and MaxRingBytes). It is cut into blocks of at most
-	// 256 KiB (at least 4), each handed to Run when full or after 100 ms.
+	// 1 MiB (at least 4), each handed to Run when full or after 100 ms.
 	RingBytes int
 	// Filter is the classic BPF socket filter. nil (and no Program) means
 	// FilterFor(nil, Snaplen): accept nothing until SetFilter names the
