@@ -131,24 +131,30 @@ struct {
 	__type(value, __u8);
 } watch_endpoints SEC(".maps");
 
-/* A quick "maybe" in front of watch_addrs and watch_clients: one bit per
- * hash of each watched address and each learned client endpoint. A clear bit
- * means "not watched" without a hash-map lookup, which is the answer for
- * almost every packet of unrelated traffic; a set bit means "look it up".
- * Each bit array has one writer: user space sets the bits of the addresses
- * it watches (whole value, one writer at a time), the observers those they
- * learn (atomic OR). A bit is set before its map entry is added and never
- * cleared, so a clear bit is never wrong; an evicted client leaves a set
- * bit, which only costs a lookup. */
-#define PT_ADDR_BITS (1 << 14)
+/* A quick "maybe" in front of the watch maps: one bit per hash of each
+ * learned client endpoint, and two side by side (one load) per hash of each
+ * watched address: PT_MAYBE_ANY, the address is watched on every port (its
+ * watch_addrs entry says so), and PT_MAYBE_ENDS, endpoints of it are in
+ * watch_endpoints. A clear bit means "not so" without a hash-map lookup,
+ * which is the answer for almost every packet of unrelated traffic; a set
+ * bit means "look it up", and tells which map: a watched flow's packet finds
+ * its endpoint in one lookup, not two. Each bit array has one writer: user
+ * space sets the bits of the addresses it watches (whole value, one writer
+ * at a time), the observers those they learn (atomic OR). A bit is set
+ * before the map entries it stands for are added and never cleared, so a
+ * clear bit is never wrong; an evicted client leaves a set bit, which only
+ * costs a lookup. */
+#define PT_ADDR_SLOTS (1 << 14)
+#define PT_MAYBE_ANY 1
+#define PT_MAYBE_ENDS 2
 #define PT_CLIENT_BITS (1 << 16)
 
 struct pt_user_bits {
-	__u64 addrs[PT_ADDR_BITS / 64];
+	__u64 addrs[PT_ADDR_SLOTS * 2 / 64];
 };
 
 struct pt_kernel_bits {
-	__u64 addrs[PT_ADDR_BITS / 64];
+	__u64 addrs[PT_ADDR_SLOTS * 2 / 64];
 	__u64 clients[PT_CLIENT_BITS / 64];
 };
 
@@ -178,9 +184,9 @@ static __always_inline __u32 pt_mix(__u32 x)
 	return x;
 }
 
-static __always_inline __u32 pt_addr_bit(__u32 addr)
+static __always_inline __u32 pt_addr_slot(__u32 addr)
 {
-	return pt_mix(addr) & (PT_ADDR_BITS - 1);
+	return pt_mix(addr) & (PT_ADDR_SLOTS - 1);
 }
 
 static __always_inline __u32 pt_client_bit(__u32 addr, __u16 port, __u8 proto)
@@ -199,37 +205,42 @@ static __always_inline void pt_set_bit(__u64 *words, __u32 bit)
 	__sync_fetch_and_or(&words[bit / 64], 1ULL << (bit % 64));
 }
 
-static __always_inline bool pt_addr_maybe(__u32 addr)
+/* pt_addr_maybe is addr's two bits (PT_MAYBE_ANY, PT_MAYBE_ENDS), of
+ * both arrays; 0 for the null address. */
+static __always_inline __u32 pt_addr_maybe(__u32 addr)
 {
-	__u32 key = 0, bit = pt_addr_bit(addr);
+	if (!addr)
+		return 0;
+	__u32 key = 0, slot = pt_addr_slot(addr);
 	struct pt_user_bits *u = bpf_map_lookup_elem(&watch_bits_user, &key);
 	struct pt_kernel_bits *k = bpf_map_lookup_elem(&watch_bits_kernel, &key);
-	/* Without the arrays (never the case), fall back to the lookup. */
-	return !u || !k || pt_bit(u->addrs, bit) || pt_bit(k->addrs, bit);
+	/* Without the arrays (never the case), fall back to the lookups. */
+	if (!u || !k)
+		return PT_MAYBE_ANY | PT_MAYBE_ENDS;
+	__u32 w = slot / 32, shift = slot % 32 * 2;
+	return ((u->addrs[w] | k->addrs[w]) >> shift) & (PT_MAYBE_ANY | PT_MAYBE_ENDS);
 }
 
-static __always_inline void pt_set_kernel_addr_bit(__u32 addr)
+static __always_inline void pt_set_kernel_addr_bit(__u32 addr, __u32 maybe)
 {
-	__u32 key = 0;
+	__u32 key = 0, slot = pt_addr_slot(addr);
 	struct pt_kernel_bits *k = bpf_map_lookup_elem(&watch_bits_kernel, &key);
 	if (k)
-		pt_set_bit(k->addrs, pt_addr_bit(addr));
+		__sync_fetch_and_or(&k->addrs[slot / 32], (__u64)maybe << (slot % 32 * 2));
 }
 
-/* pt_watched_how is addr's watch_addrs value, 0 when it is not watched. */
-static __always_inline __u8 pt_watched_how(__u32 addr)
+static __always_inline __u8 pt_watched_how_maybe(__u32 addr, __u32 maybe)
 {
-	if (!addr || !pt_addr_maybe(addr))
+	if (!maybe)
 		return 0;
 	__u8 *how = bpf_map_lookup_elem(&watch_addrs, &addr);
 	return how ? *how : 0;
 }
 
-/* pt_watched tells whether anything of addr is watched: for what has no
- * ports (the address an ICMP message or a conntrack entry names). */
-static __always_inline bool pt_watched(__u32 addr)
+/* pt_watched_how is addr's watch_addrs value, 0 when it is not watched. */
+static __always_inline __u8 pt_watched_how(__u32 addr)
 {
-	return pt_watched_how(addr) != 0;
+	return pt_watched_how_maybe(addr, pt_addr_maybe(addr));
 }
 
 static __always_inline bool pt_has_ports(__u16 port, __u8 proto)
@@ -242,13 +253,17 @@ static __always_inline bool pt_has_ports(__u16 port, __u8 proto)
  * a later fragment, ICMP, another protocol) is matched by its address. */
 static __always_inline bool pt_watched_at(__u32 addr, __u16 port, __u8 proto)
 {
-	__u8 how = pt_watched_how(addr);
-	if (how != PT_WATCH_ENDPOINTS)
-		return how != 0;
+	__u32 maybe = pt_addr_maybe(addr);
 	if (!pt_has_ports(port, proto))
-		return true;
-	struct pt_endpoint k = {.addr = addr, .port = port, .proto = proto};
-	return bpf_map_lookup_elem(&watch_endpoints, &k) != NULL;
+		return pt_watched_how_maybe(addr, maybe) != 0;
+	/* The endpoint first: a watched flow's packet is done in one lookup.
+	 * Without it, only an address watched on every port is. */
+	if (maybe & PT_MAYBE_ENDS) {
+		struct pt_endpoint k = {.addr = addr, .port = port, .proto = proto};
+		if (bpf_map_lookup_elem(&watch_endpoints, &k))
+			return true;
+	}
+	return (maybe & PT_MAYBE_ANY) && pt_watched_how_maybe(addr, maybe) == PT_WATCH_ANY_PORT;
 }
 
 /* The client side of a flow to a watched address, learned in the kernel by
@@ -302,18 +317,18 @@ static __always_inline void pt_learn_endpoint(__u32 addr, __u16 port, __u8 proto
 		return;
 	if (!pt_has_ports(port, proto)) {
 		__u8 any = PT_WATCH_ANY_PORT;
-		pt_set_kernel_addr_bit(addr); /* before the entry: see watch_bits_user */
+		pt_set_kernel_addr_bit(addr, PT_MAYBE_ANY); /* before the entry: see watch_bits_user */
 		if (bpf_map_update_elem(&watch_addrs, &addr, &any, BPF_ANY))
 			pt_count_learn_error();
 		return;
 	}
 	struct pt_endpoint k = {.addr = addr, .port = port, .proto = proto};
 	__u8 one = 1, eps = PT_WATCH_ENDPOINTS;
+	pt_set_kernel_addr_bit(addr, PT_MAYBE_ENDS);
 	if (bpf_map_update_elem(&watch_endpoints, &k, &one, BPF_ANY)) {
 		pt_count_learn_error();
 		return;
 	}
-	pt_set_kernel_addr_bit(addr);
 	long err = bpf_map_update_elem(&watch_addrs, &addr, &eps, BPF_NOEXIST);
 	if (err && err != -PT_EEXIST)
 		pt_count_learn_error();

@@ -83,7 +83,7 @@ type Probe struct {
 	links    []link.Link
 	globals  map[string]bool // host-wide observers attached once per Probe
 	watched  map[netip.Addr]bool
-	userBits [addrBits / 64]uint64 // watch_bits_user's value
+	userBits [addrSlots * 2 / 64]uint64 // watch_bits_user's value
 	ifnames  map[ifaceKey]string
 	// tcLinks are the tcx observers' links by interface (ForgetTC).
 	tcLinks  map[ifaceKey][]link.Link
@@ -222,11 +222,16 @@ func (p *Probe) WatchEndpoints(ws ...obs.Watch) error {
 		if !a.Is4() {
 			return fmt.Errorf("watch %s: only IPv4 addresses are observed", w.Addr)
 		}
-		// The address's bit first: an observer that finds its bit clear
-		// does not look the address up (watch_bits_user in observe.h).
-		bit := addrBit(a.As4())
-		if p.userBits[bit/64]&(1<<(bit%64)) == 0 {
-			p.userBits[bit/64] |= 1 << (bit % 64)
+		// The address's bit first: an observer that finds it clear does
+		// not look up the entries it stands for (PT_MAYBE_ANY and
+		// PT_MAYBE_ENDS in observe.h).
+		maybe := uint64(maybeEnds)
+		if w.Port == 0 {
+			maybe = maybeAny
+		}
+		word, bits := addrBits(a.As4(), maybe)
+		if p.userBits[word]&bits != bits {
+			p.userBits[word] |= bits
 			if err := p.maps["watch_bits_user"].Put(uint32(0), &p.userBits); err != nil {
 				return fmt.Errorf("watch %s: %w", w, err)
 			}
@@ -236,7 +241,7 @@ func (p *Probe) WatchEndpoints(ws ...obs.Watch) error {
 				return fmt.Errorf("watch %s: %w", w, err)
 			}
 		} else {
-			// The endpoints before their address (pt_watched_at reads
+			// The endpoints before their address (pt_ct_filter reads
 			// the address first); an address watched on every port,
 			// by user space or the kernel, is left so.
 			for _, proto := range protosOf(w.Proto) {
@@ -285,13 +290,20 @@ func endpointKey(ap netip.AddrPort, proto obs.Proto) [8]byte {
 	return clientKey(ap, proto)
 }
 
-// addrBits is PT_ADDR_BITS of observe.h.
-const addrBits = 1 << 14
+// addrSlots, maybeAny and maybeEnds are PT_ADDR_SLOTS, PT_MAYBE_ANY and
+// PT_MAYBE_ENDS of observe.h.
+const (
+	addrSlots = 1 << 14
+	maybeAny  = 1
+	maybeEnds = 2
+)
 
-// addrBit is an address's bit in watch_bits_user: pt_addr_bit of
+// addrBits is the word of watch_bits_user that holds an address's bits and
+// the given ones of them (maybeAny, maybeEnds) in it: pt_addr_slot of
 // observe.h, on the address as the observers load it from a packet.
-func addrBit(a [4]byte) uint32 {
-	return mix32(binary.NativeEndian.Uint32(a[:])) & (addrBits - 1)
+func addrBits(a [4]byte, maybe uint64) (word int, bits uint64) {
+	slot := mix32(binary.NativeEndian.Uint32(a[:])) & (addrSlots - 1)
+	return int(slot / 32), maybe << (slot % 32 * 2)
 }
 
 // mix32 is pt_mix of observe.h (lowbias32).
