@@ -45,7 +45,7 @@ func churnFlow(i int, proto obs.Proto, svc, be netip.AddrPort, at time.Time) []o
 	return seq
 }
 
-// maxFlowBytes bounds the heap a followed flow keeps (README: "about 2.4
+// maxFlowBytes bounds the heap a followed flow keeps (PERFORMANCE.md: "2.4
 // KiB each"); the per-point entries of a flow seen at 14 points took 4.8
 // KiB when they were 120 bytes each and grew past 12, 3.2 KiB at 88 bytes
 // each with their endpoints inline.
