@@ -62,7 +62,7 @@ func parseFlags() (config, error) {
 	flag.StringVar(&cfg.out, "out", "BENCH.md", "Markdown file to write the results to (\"\" = print only)")
 	flag.StringVar(&rates, "rates", "10000,50000,100000,200000,0", "offered UDP rates in datagrams/s, 0 = as fast as the generator goes")
 	flag.DurationVar(&cfg.window, "window", 3*time.Second, "traffic time of each measured run")
-	flag.IntVar(&cfg.rounds, "rounds", 3, "capture runs per rate and tool, in alternating rounds: the targets take the median ratio (the machine's speed drifts between runs)")
+	flag.IntVar(&cfg.rounds, "rounds", 3, "capture runs per rate and tool, and unrelated-traffic runs per tool, in alternating rounds: the targets take the median ratio (the machine's speed drifts between runs)")
 	flag.DurationVar(&cfg.long, "long", 20*time.Second, "traffic time of the long run (RSS over time, one new flow per datagram)")
 	flag.IntVar(&cfg.churnRate, "churn-rate", 5000, "new flows per second in the long run")
 	flag.IntVar(&cfg.connects, "connects", 1500, "connect() calls per latency run")

@@ -3,6 +3,8 @@ package main
 import (
 	"testing"
 	"time"
+
+	"github.com/pathtrace/pathtrace/internal/lab"
 )
 
 func TestParseSchedstat(t *testing.T) {
@@ -212,6 +214,51 @@ func TestBulkRatios(t *testing.T) {
 	}
 	if s := ratioRange(nil); s != "–" {
 		t.Errorf("ratioRange(nil) = %q", s)
+	}
+}
+
+// TestUnrelatedPerRound: the unrelated-traffic runs are compared, rate and
+// system CPU per wire packet, with the nothing-attached run of their round;
+// a run with too few packets for a per-packet figure is left out of it.
+func TestUnrelatedPerRound(t *testing.T) {
+	run := func(tool string, round int, sent uint64, sys time.Duration, wire uint64) windowRun {
+		return windowRun{Tool: tool, Round: round, Sent: sent, Elapsed: time.Second, SysBusy: sys, Wire: map[string]uint64{lab.Uplink: wire}}
+	}
+	runs := []windowRun{
+		run(toolNone, 1, 100_000, 700*time.Millisecond, 100_000), run(toolPathtrace, 1, 90_000, 720*time.Millisecond, 90_000),
+		run(toolTcpdump3, 1, 110_000, 770*time.Millisecond, 110_000),
+		run(toolNone, 2, 80_000, 640*time.Millisecond, 80_000), run(toolPathtrace, 2, 80_000, 600*time.Millisecond, 75_000),
+		run(toolNone, 3, 50_000, 400*time.Millisecond, 50_000), run(toolPathtrace, 3, 60_000, 10*time.Millisecond, 500),
+	}
+	near := func(got, want []float64) bool {
+		if len(got) != len(want) {
+			return false
+		}
+		for i := range want {
+			if d := got[i] - want[i]; d > 1e-9 || d < -1e-9 {
+				return false
+			}
+		}
+		return true
+	}
+	if got, want := sentRatios(runs, toolPathtrace), []float64{0.9, 1, 1.2}; !near(got, want) {
+		t.Errorf("sentRatios = %v, want %v", got, want)
+	}
+	// 8 - 7 µs and 8 - 8 µs; round 3's 500 wire packets give no figure.
+	if got, want := sysOverheads(runs, toolPathtrace), []float64{1, 0}; !near(got, want) {
+		t.Errorf("sysOverheads = %v, want %v", got, want)
+	}
+	if got, want := sysOverheads(runs, toolTcpdump3), []float64{0}; !near(got, want) {
+		t.Errorf("sysOverheads(tcpdump3) = %v, want %v", got, want)
+	}
+	if s := diffRange([]float64{1, 0, -0.5}, "µs"); s != "+0.00 µs (-0.50 to +1.00)" {
+		t.Errorf("diffRange = %q", s)
+	}
+	if s := diffRange(nil, "µs"); s != "–" {
+		t.Errorf("diffRange(nil) = %q", s)
+	}
+	if got := median(sentRates(runs, toolNone)); got != 80_000 {
+		t.Errorf("median of the nothing-attached rates = %v, want 80000", got)
 	}
 }
 

@@ -65,7 +65,7 @@ type trafficFunc func(ctx context.Context) (sent uint64, elapsed time.Duration, 
 type windowRun struct {
 	Tool    string
 	Rate    int // offered datagrams per second, 0 = as fast as the generator goes
-	Round   int // capture runs: 1, 2, ... (--rounds)
+	Round   int // capture and unrelated-traffic runs: 1, 2, ... (--rounds)
 	Sent    uint64
 	Elapsed time.Duration     // the generator's sending time
 	Window  time.Duration     // sending time + settle: what CPU figures cover
@@ -342,7 +342,8 @@ func (b *bench) churnTraffic(dst netip.AddrPort, rate int, d time.Duration) traf
 // results is everything one benchmark run measured.
 type results struct {
 	Capture   []windowRun                // per rate: none, tcpdump, pathtrace[, dumpcap]
-	Unrelated []windowRun                // none, pathtrace idle, pathtrace with unrelated traffic
+	Unrelated []windowRun                // per round: unrelatedTools with unrelated traffic
+	Idle      windowRun                  // pathtrace with no traffic at all
 	Long      windowRun                  // pathtrace, one new flow per datagram
 	Latency   map[string][]time.Duration // back to back, by tool
 	Paced     map[string][]time.Duration // one every pacedEvery, by tool
@@ -424,23 +425,33 @@ func (b *bench) captureRuns(ctx context.Context, res *results) error {
 	return nil
 }
 
+// unrelatedTools are the runs of the unrelated-traffic measurement, in
+// round order.
+var unrelatedTools = []string{toolNone, toolPathtrace, toolTcpdump3}
+
+// unrelatedRuns alternate, in --rounds rounds, unrelated traffic with
+// nothing attached, with pathtrace and with tcpdump at three points: the
+// machine's speed drifts more between minutes than pathtrace's filters
+// cost, so each run is compared with the nothing-attached run of its round.
+// A pathtrace run without any traffic, once, is the process's baseline.
 func (b *bench) unrelatedRuns(ctx context.Context, res *results) error {
-	progress("unrelated traffic: none, pathtrace idle, pathtrace, tcpdump at three points")
-	for _, step := range []struct {
-		tool    string
-		traffic trafficFunc
-	}{
-		{toolNone, b.udpTraffic(unrelatedDst, 0, b.cfg.window)},
-		{toolPathtrace, idle(b.cfg.window)},
-		{toolPathtrace, b.udpTraffic(unrelatedDst, 0, b.cfg.window)},
-		{toolTcpdump3, b.udpTraffic(unrelatedDst, 0, b.cfg.window)},
-	} {
-		r, err := b.window(ctx, step.tool, b.argvsOrNil(step.tool), 0, step.traffic, false)
-		if err != nil {
-			return fmt.Errorf("unrelated traffic, %s: %w", step.tool, err)
+	for round := 1; round <= b.cfg.rounds; round++ {
+		for _, tool := range unrelatedTools {
+			progress("unrelated traffic, round %d: %s", round, tool)
+			r, err := b.window(ctx, tool, b.argvsOrNil(tool), 0, b.udpTraffic(unrelatedDst, 0, b.cfg.window), false)
+			if err != nil {
+				return fmt.Errorf("unrelated traffic, %s: %w", tool, err)
+			}
+			r.Round = round
+			res.Unrelated = append(res.Unrelated, r)
 		}
-		res.Unrelated = append(res.Unrelated, r)
 	}
+	progress("unrelated traffic: pathtrace with no traffic at all")
+	r, err := b.window(ctx, toolPathtrace, b.argvsOrNil(toolPathtrace), 0, idle(b.cfg.window), false)
+	if err != nil {
+		return fmt.Errorf("pathtrace with no traffic: %w", err)
+	}
+	res.Idle = r
 	return nil
 }
 

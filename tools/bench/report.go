@@ -171,33 +171,30 @@ func (b *bench) captureSection(p printer, res *results) {
 }
 
 func (b *bench) unrelatedSection(p printer, res *results) {
-	none, idleRun, busy := res.Unrelated[0], res.Unrelated[1], res.Unrelated[2]
 	p("## 2. Unrelated traffic\n\n")
-	p("UDP from the Pod to %s (the gateway's discard port: neither a Service nor a backend), as fast as the generator goes, with pathtrace watching both lab Services. The in-kernel filters must reject all of it. For reference, the same with %s (`tcpdump -w` on `%s`, `%s` and `%s`, each filtered in the kernel to the VIPs and the backend as pathtrace is: the cost of filtered AF_PACKET capture at those points, without pathtrace's observers).\n\n",
-		unrelatedDst, toolTcpdump3, lab.PodIface, lab.HostVeth, lab.Uplink)
-	p("| run | sent pps | wire pkts %s | captured | process CPU | CPU s/M wire | system CPU s/M wire |\n|---|---:|---:|---:|---:|---:|---:|\n", lab.Uplink)
-	rows := []struct {
-		name string
-		run  windowRun
-	}{{"nothing attached", none}, {"pathtrace, no traffic at all", idleRun}, {"pathtrace, unrelated traffic", busy}}
-	if len(res.Unrelated) > 3 {
-		rows = append(rows, struct {
-			name string
-			run  windowRun
-		}{toolTcpdump3 + ", unrelated traffic", res.Unrelated[3]})
-	}
-	for _, r := range rows {
-		wire := r.run.Wire[lab.Uplink]
+	p("UDP from the Pod to %s (the gateway's discard port: neither a Service nor a backend), as fast as the generator goes, with pathtrace watching both lab Services. The in-kernel filters must reject all of it. For reference, the same with %s (`tcpdump -w` on `%s`, `%s` and `%s`, each filtered in the kernel to the VIPs and the backend as pathtrace is: the cost of filtered AF_PACKET capture at those points, without pathtrace's observers). %d alternating rounds, each run compared with the nothing-attached run of its round (the machine's speed drifts from minute to minute by more than what is measured here).\n\n",
+		unrelatedDst, toolTcpdump3, lab.PodIface, lab.HostVeth, lab.Uplink, b.cfg.rounds)
+	p("| round | run | sent pps | wire pkts %s | captured | process CPU | CPU s/M wire | system CPU s/M wire |\n|---|---|---:|---:|---:|---:|---:|---:|\n", lab.Uplink)
+	row := func(round, name string, r windowRun) {
+		wire := r.Wire[lab.Uplink]
 		captured, cpu, cpuWire := "–", "–", "–"
-		if c := r.run.Cap; c != nil {
+		if c := r.Cap; c != nil {
 			captured = fmt.Sprint(c.totalCaptured())
-			cpu = fmt.Sprintf("%.2f s (%.1f%%)", c.WindowCPU.Seconds(), 100*c.WindowCPU.Seconds()/r.run.Window.Seconds())
+			cpu = fmt.Sprintf("%.2f s (%.1f%%)", c.WindowCPU.Seconds(), 100*c.WindowCPU.Seconds()/r.Window.Seconds())
 			cpuWire = perMillion(c.WindowCPU, wire)
 		}
-		p("| %s | %s | %s | %s | %s | %s | %s |\n", r.name, count(r.run.sentPPS()), count(float64(wire)), captured, cpu, cpuWire, perMillion(r.run.SysBusy, wire))
+		p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", round, name, count(r.sentPPS()), count(float64(wire)), captured, cpu, cpuWire, perMillion(r.SysBusy, wire))
 	}
-	p("\nThe idle pathtrace used %.2f s of CPU over its whole life, %.2f s of it in the window: the rest is start-up (discovery, loading and attaching its BPF programs) and the final report.\n\n",
-		idleRun.Cap.TotalCPU.Seconds(), idleRun.Cap.WindowCPU.Seconds())
+	names := map[string]string{toolNone: "nothing attached", toolPathtrace: "pathtrace", toolTcpdump3: toolTcpdump3}
+	for _, r := range res.Unrelated {
+		row(fmt.Sprint(r.Round), names[r.Tool], r)
+	}
+	row("–", "pathtrace, no traffic at all", res.Idle)
+	p("\nPer round against the nothing-attached run, median (range): the sender's rate %s with pathtrace, %s with %s; system CPU per unrelated packet %s with pathtrace, %s with %s.\n\n",
+		ratioRange(sentRatios(res.Unrelated, toolPathtrace)), ratioRange(sentRatios(res.Unrelated, toolTcpdump3)), toolTcpdump3,
+		diffRange(sysOverheads(res.Unrelated, toolPathtrace), "µs"), diffRange(sysOverheads(res.Unrelated, toolTcpdump3), "µs"), toolTcpdump3)
+	p("The idle pathtrace used %.2f s of CPU over its whole life, %.2f s of it in the window: the rest is start-up (discovery, loading and attaching its BPF programs) and the final report.\n\n",
+		res.Idle.Cap.TotalCPU.Seconds(), res.Idle.Cap.WindowCPU.Seconds())
 }
 
 func (b *bench) longSection(p printer, res *results) {
@@ -256,8 +253,8 @@ func (b *bench) overheadSection(p printer, res *results) {
 		m := median(perTool[tool])
 		maxRates = append(maxRates, fmt.Sprintf("%s %s (%s)", tool, count(m), ratio(m, noneMax)))
 	}
-	p("to the VIP %s; to unrelated destinations nothing attached %s, pathtrace %s (%s).\n\n", strings.Join(maxRates, ", "),
-		count(res.Unrelated[0].sentPPS()), count(res.Unrelated[2].sentPPS()), ratio(res.Unrelated[2].sentPPS(), res.Unrelated[0].sentPPS()))
+	p("to the VIP %s; to unrelated destinations nothing attached %s, pathtrace %s (per round: %s).\n\n", strings.Join(maxRates, ", "),
+		count(median(sentRates(res.Unrelated, toolNone))), count(median(sentRates(res.Unrelated, toolPathtrace))), ratioRange(sentRatios(res.Unrelated, toolPathtrace)))
 
 	p("TCP throughput of one bulk connection from the Pod to a sink in the gateway's netns on its backend-side address (%s, not a backend: through `%s`, the bridge, `%s` with its VLAN programs and the gateway's routing), %s per run, %d alternating rounds. \"Watching the bulk flow\" adds `--svc %s/tcp`, so every segment passes pathtrace's filters at all three points and is written to its file; %s (filtered to the VIPs and the backend) rejects every segment at the same points, as pathtrace does when not watching the bulk flow, and keeps every segment when it also watches the bulk flow (`or (host %s and tcp port %d)`): the cost of capturing it at three points without pathtrace's observers:\n\n",
 		bulkDst, lab.HostVeth, lab.Uplink, b.cfg.window, bulkRounds, bulkDst, toolTcpdump3, bulkDst.Addr(), bulkDst.Port())
@@ -340,17 +337,23 @@ func (b *bench) targetsSection(p printer, res *results) {
 	}
 	p("| pathtrace RSS ≤ 64 MiB whatever the duration | peak %s over every run (long run: %s) | %s |\n", mib(peak), mib(res.Long.Cap.PeakRSS), yesNo(peak <= rssLimit))
 
-	none, idleRun, busy := res.Unrelated[0], res.Unrelated[1], res.Unrelated[2]
-	processNearZero := busy.Cap.totalCaptured() == 0 && busy.Cap.WindowCPU <= idleRun.Cap.WindowCPU+50*time.Millisecond
-	p("| unrelated traffic costs pathtrace near zero | process: %.3f s CPU with %s unrelated packets on `%s`, %.3f s with no traffic, %d captured (%s); kernel: system CPU %s s/M per unrelated packet with pathtrace, %s with nothing attached; one sender reaches %s of its rate | process %s, kernel %s |\n",
-		busy.Cap.WindowCPU.Seconds(), count(float64(busy.Wire[lab.Uplink])), lab.Uplink, idleRun.Cap.WindowCPU.Seconds(), busy.Cap.totalCaptured(), yesNo(processNearZero),
-		perMillion(busy.SysBusy, busy.Wire[lab.Uplink]), perMillion(none.SysBusy, none.Wire[lab.Uplink]), ratio(busy.sentPPS(), none.sentPPS()),
-		yesNo(processNearZero), yesNo(busy.sentPPS() >= minThroughputRate*none.sentPPS()))
-	if len(res.Unrelated) > 3 {
-		td3 := res.Unrelated[3]
-		p("| (reference: %s) | system CPU %s s/M per unrelated packet; one sender reaches %s of its rate | – |\n",
-			toolTcpdump3, perMillion(td3.SysBusy, td3.Wire[lab.Uplink]), ratio(td3.sentPPS(), none.sentPPS()))
+	processNearZero := true
+	var busyCPU []string
+	var busyWire uint64
+	for _, r := range res.Unrelated {
+		if r.Tool == toolPathtrace {
+			processNearZero = processNearZero && r.Cap.totalCaptured() == 0 && r.Cap.WindowCPU <= res.Idle.Cap.WindowCPU+50*time.Millisecond
+			busyCPU = append(busyCPU, fmt.Sprintf("%.3f", r.Cap.WindowCPU.Seconds()))
+			busyWire += r.Wire[lab.Uplink]
+		}
 	}
+	rates := sentRatios(res.Unrelated, toolPathtrace)
+	p("| unrelated traffic costs pathtrace near zero | process: %s s CPU per round with %s unrelated packets on `%s` in all, %.3f s with no traffic, nothing captured (%s); kernel, per round against nothing attached, median (range): system CPU %s per unrelated packet, one sender reaches %s of its rate | process %s, kernel %s |\n",
+		strings.Join(busyCPU, ", "), count(float64(busyWire)), lab.Uplink, res.Idle.Cap.WindowCPU.Seconds(), yesNo(processNearZero),
+		diffRange(sysOverheads(res.Unrelated, toolPathtrace), "µs"), ratioRange(rates),
+		yesNo(processNearZero), yesNo(median(rates) >= minThroughputRate))
+	p("| (reference: %s) | system CPU %s per unrelated packet; one sender reaches %s of its rate | – |\n",
+		toolTcpdump3, diffRange(sysOverheads(res.Unrelated, toolTcpdump3), "µs"), ratioRange(sentRatios(res.Unrelated, toolTcpdump3)))
 
 	latMet := true
 	var latRes []string
@@ -388,7 +391,7 @@ func (b *bench) limitsSection(p printer, res *results) {
 	p("- **Physical limit of the lab** (nothing attached, the fastest of the runs above): one sending thread reaches **%s datagrams/s** to the VIP (offered %s), i.e. %s packets/s through `%s` and %s through `%s` (RX+TX, requests and echoes). ",
 		count(best.sentPPS()), rateName(best.Rate), count(float64(best.Wire[lab.HostVeth])/best.Elapsed.Seconds()), lab.HostVeth, count(float64(best.Wire[lab.Uplink])/best.Elapsed.Seconds()), lab.Uplink)
 	p("To unrelated traffic (no echo) it reaches %s datagrams/s. Every hop is a veth: the sender's `sendmmsg` carries each datagram through the Pod's stack, `%s`, the bridge, `%s` (VLAN push), the gateway's routing and the backend's socket in its own softirq, so one core's speed is the limit (the none rows above show how much the same run varies).\n",
-		count(res.Unrelated[0].sentPPS()), lab.HostVeth, lab.Uplink)
+		count(slices.Max(append(sentRates(res.Unrelated, toolNone), 0))), lab.HostVeth, lab.Uplink)
 	p("- The machine has **%d cores** for everything: the generator thread (and the softirqs it runs), the backend's Go echo server, and the capture process. At the top rates the capture competes with traffic for CPU, so drops and offered-vs-sent gaps there measure CPU starvation as much as capture efficiency; the offered rates are only reached while a core is left over.\n", runtime.NumCPU())
 	p("- System CPU is read in 10 ms steps over a %s window and includes everything else the machine did meanwhile (see the load average): at the low rates its per-packet figures are mostly background. Short runs also keep the pcapng writer's page cache warm; disk speed is not measured. Runs are sequential, so at the top rates each tool sees the traffic its own overhead leaves: compare per-packet figures there, not totals.\n", b.cfg.window+settle)
 	p("- The capture cost that runs in softirq (the eBPF/classic socket filter, the copy into the ring, pathtrace's tcx observers and their ring-buffer events) is charged to whichever task is on the CPU, usually the sender: it shows only in the *system CPU* columns, not in the process CPU.\n")
@@ -514,22 +517,63 @@ func percentile(samples []time.Duration, pct float64) time.Duration {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
+// perRound pairs each run of variant with the run with nothing attached of
+// the same round (key gives a run's tool and round) and gives what pair
+// makes of the two, where it makes something.
+func perRound[R any](runs []R, variant string, key func(R) (string, int), pair func(run, none R) (float64, bool)) []float64 {
+	base := map[int]R{}
+	for _, r := range runs {
+		if tool, round := key(r); tool == toolNone {
+			base[round] = r
+		}
+	}
+	var v []float64
+	for _, r := range runs {
+		tool, round := key(r)
+		none, ok := base[round]
+		if !ok || tool != variant {
+			continue
+		}
+		if x, ok := pair(r, none); ok {
+			v = append(v, x)
+		}
+	}
+	return v
+}
+
+func bulkKey(r bulkRun) (string, int)     { return r.Tool, r.Round }
+func windowKey(r windowRun) (string, int) { return r.Tool, r.Round }
+
 // bulkRatios is, per round, variant's throughput over that of the run with
 // nothing attached in the same round.
 func bulkRatios(runs []bulkRun, variant string) []float64 {
-	base := map[int]float64{}
+	return perRound(runs, variant, bulkKey, func(r, none bulkRun) (float64, bool) { return r.Bps / none.Bps, none.Bps > 0 })
+}
+
+// sentRatios is, per round, the rate tool's runs let the sender reach over
+// that of the run with nothing attached in the same round.
+func sentRatios(runs []windowRun, tool string) []float64 {
+	return perRound(runs, tool, windowKey, func(r, none windowRun) (float64, bool) { return r.sentPPS() / none.sentPPS(), none.Sent > 0 })
+}
+
+// sysOverheads is, per round, the system CPU per wire packet (µs) of tool's
+// runs minus that of the run with nothing attached in the same round.
+func sysOverheads(runs []windowRun, tool string) []float64 {
+	return perRound(runs, tool, windowKey, func(r, none windowRun) (float64, bool) {
+		w, w0 := r.Wire[lab.Uplink], none.Wire[lab.Uplink]
+		return (cpuPer(r.SysBusy, w) - cpuPer(none.SysBusy, w0)) * 1e6, w >= minPackets && w0 >= minPackets
+	})
+}
+
+// sentRates is the sender's rate in each of tool's runs.
+func sentRates(runs []windowRun, tool string) []float64 {
+	var v []float64
 	for _, r := range runs {
-		if r.Tool == toolNone && r.Bps > 0 {
-			base[r.Round] = r.Bps
+		if r.Tool == tool {
+			v = append(v, r.sentPPS())
 		}
 	}
-	var ratios []float64
-	for _, r := range runs {
-		if b, ok := base[r.Round]; ok && r.Tool == variant {
-			ratios = append(ratios, r.Bps/b)
-		}
-	}
-	return ratios
+	return v
 }
 
 // ratioRange is "median× (lowest–highest)" of ratios.
@@ -542,6 +586,19 @@ func ratioRange(ratios []float64) string {
 		return fmt.Sprintf("%.2f×", s[0])
 	}
 	return fmt.Sprintf("%.2f× (%.2f–%.2f)", median(s), s[0], s[len(s)-1])
+}
+
+// diffRange is "median unit (lowest to highest)" of differences, with
+// their signs.
+func diffRange(diffs []float64, unit string) string {
+	if len(diffs) == 0 {
+		return "–"
+	}
+	s := slices.Sorted(slices.Values(diffs))
+	if len(s) == 1 {
+		return fmt.Sprintf("%+.2f %s", s[0], unit)
+	}
+	return fmt.Sprintf("%+.2f %s (%+.2f to %+.2f)", median(s), unit, s[0], s[len(s)-1])
 }
 
 func bulkMean(runs []bulkRun, variant string) float64 {
@@ -658,7 +715,10 @@ func quickSummary(res *results) string {
 			count(r.sentPPS()), c.totalCaptured(), c.totalDrops(), c.OtherLosses, c.KernelDrops, perMillion(c.WindowCPU, c.totalCaptured()), mib(c.PeakRSS))
 	}
 	for _, r := range res.Unrelated {
-		p("unrelated %-23s sent %s pps, system CPU %s s/M wire\n", r.Tool, count(r.sentPPS()), perMillion(r.SysBusy, r.Wire[lab.Uplink]))
+		p("unrelated round %d %-23s sent %s pps, system CPU %s s/M wire\n", r.Round, r.Tool, count(r.sentPPS()), perMillion(r.SysBusy, r.Wire[lab.Uplink]))
+	}
+	for _, tool := range unrelatedTools[1:] {
+		p("unrelated %-23s per round: sent %s, system CPU %s per packet\n", tool, ratioRange(sentRatios(res.Unrelated, tool)), diffRange(sysOverheads(res.Unrelated, tool), "µs"))
 	}
 	if c := res.Long.Cap; c != nil {
 		var samples []string
