@@ -19,14 +19,15 @@ import (
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
-// dropInput makes the server netns drop every datagram to to at filter
-// INPUT, as a node's firewall rule does.
-func (e *testEnv) dropInput(t *testing.T, to netip.AddrPort) {
+// dropInput makes the server netns drop every packet of proto (a
+// unix.IPPROTO_ number) to to at filter INPUT, as a node's firewall rule
+// does.
+func (e *testEnv) dropInput(t *testing.T, proto byte, to netip.AddrPort) {
 	t.Helper()
 	c, tbl := nftTable(t, e.srvNS)
 	ch := c.AddChain(&nftables.Chain{Name: "input", Table: tbl, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
-	c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: append(matchDst(unix.IPPROTO_UDP, to),
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: append(matchDst(proto, to),
 		&expr.Verdict{Kind: expr.VerdictDrop})})
 	if err := c.Flush(); err != nil {
 		t.Fatalf("nft drop rule: %v", err)
@@ -40,7 +41,7 @@ func TestDropObserverNamesReasonAndFunction(t *testing.T) {
 	needRoot(t)
 	env := newTestEnv(t)
 	env.serve(t)
-	env.dropInput(t, env.backendUDP)
+	env.dropInput(t, unix.IPPROTO_UDP, env.backendUDP)
 	p, c := startProbe(t, env.srvIP)
 	mustAttach(t, p.AttachDrops())
 
@@ -81,6 +82,34 @@ func TestDropObserverNamesReasonAndFunction(t *testing.T) {
 	}
 	if o.Proto != obs.UDP {
 		t.Errorf("proto %v, want udp", o.Proto)
+	}
+}
+
+// A TCP packet's drop carries its ports and flags: a SYN a filter rule
+// drops is reported as a SYN (the flow engine tells connection attempts,
+// resets and data apart by them).
+func TestDropObserverReadsTCPFlags(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	env.dropInput(t, unix.IPPROTO_TCP, env.backendTCP)
+	p, c := startProbe(t, env.srvIP)
+	mustAttach(t, p.AttachDrops())
+
+	nsutil.Do(env.clientNS, func() error {
+		conn, err := net.DialTimeout("tcp4", env.backendTCP.String(), 300*time.Millisecond)
+		if err == nil {
+			conn.Close()
+			t.Error("connected through the drop rule")
+		}
+		return nil
+	})
+	o := c.waitFor(t, "the dropped SYN", func(o obs.Observation) bool {
+		return o.Point == obs.PointDrop && o.Dst == env.backendTCP
+	})
+	const syn = 0x02
+	if o.Proto != obs.TCP || o.TCPFlags != syn || o.Src.Addr() != env.clientIP || o.Src.Port() == 0 {
+		t.Errorf("dropped packet %v %v -> %v flags %#x, want a tcp SYN from %v and a port", o.Proto, o.Src, o.Dst, o.TCPFlags, env.clientIP)
 	}
 }
 
@@ -136,7 +165,7 @@ func TestDropObserverLeavesOutPacketSocketCopies(t *testing.T) {
 
 	// A real drop of the same flow afterwards: once it is read, every
 	// event of before it was too.
-	env.dropInput(t, env.backendUDP)
+	env.dropInput(t, unix.IPPROTO_UDP, env.backendUDP)
 	sendUDP(t, conn, env.backendUDP, []byte("dropped"))
 	c.waitFor(t, "the datagram the rule dropped", func(o obs.Observation) bool {
 		return o.Point == obs.PointDrop && o.Src == client && o.Drop != nil && o.Drop.Reason == "NETFILTER_DROP"

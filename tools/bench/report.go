@@ -717,8 +717,10 @@ func quickSummary(res *results) string {
 	for _, r := range res.Unrelated {
 		p("unrelated round %d %-23s sent %s pps, system CPU %s s/M wire\n", r.Round, r.Tool, count(r.sentPPS()), perMillion(r.SysBusy, r.Wire[lab.Uplink]))
 	}
-	for _, tool := range unrelatedTools[1:] {
-		p("unrelated %-23s per round: sent %s, system CPU %s per packet\n", tool, ratioRange(sentRatios(res.Unrelated, tool)), diffRange(sysOverheads(res.Unrelated, tool), "µs"))
+	if len(res.Unrelated) > 0 {
+		for _, tool := range unrelatedTools[1:] {
+			p("unrelated %-23s per round: sent %s, system CPU %s per packet\n", tool, ratioRange(sentRatios(res.Unrelated, tool)), diffRange(sysOverheads(res.Unrelated, tool), "µs"))
+		}
 	}
 	if c := res.Long.Cap; c != nil {
 		var samples []string
@@ -748,6 +750,9 @@ func quickSummary(res *results) string {
 	if o := res.Observers; o != nil {
 		for _, c := range o.Connect {
 			p("observer %-16s %.2f runs per connection, %.0f ns per run\n", c.Name, float64(c.Runs)/float64(o.Connects), float64(c.Time.Nanoseconds())/float64(c.Runs))
+		}
+		for _, c := range o.Datagram {
+			p("observer %-16s %.2f runs per unrelated datagram, %.0f ns per run\n", c.Name, float64(c.Runs)/float64(o.Unrelated), float64(c.Time.Nanoseconds())/float64(c.Runs))
 		}
 		for _, c := range o.Bulk {
 			p("observer %-16s %.2f runs per bulk packet, %.0f ns per run\n", c.Name, float64(c.Runs)/float64(o.BulkPackets), float64(c.Time.Nanoseconds())/float64(c.Runs))
