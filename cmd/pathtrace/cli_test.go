@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1134,4 +1135,51 @@ func TestPcapToStdout(t *testing.T) {
 		t.Fatal("no summary line on stderr")
 	}
 	checkPcap(t, path, summary)
+}
+
+// TestSocketObserversPerProtocol: the socket observers only one protocol's
+// flows need are left out, with the reason, when no traced Service has that
+// protocol (a node's unconnected UDP sends then pay nothing for a TCP
+// trace), and the socket LB is still placed at the socket for the flows
+// traced.
+func TestSocketObserversPerProtocol(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeSocket)
+	for _, c := range []struct {
+		svc           netip.AddrPort
+		proto, unused string // the traced protocol; the observer left out
+		left, kept    string
+	}{
+		{lab.TCPVIP, "tcp", "udp", "cgroup/sendmsg4", "tp_btf/inet_sock_set_state"},
+		{lab.UDPVIP, "udp", "tcp", "tp_btf/inet_sock_set_state", "cgroup/sendmsg4"},
+	} {
+		t.Run(c.proto, func(t *testing.T) {
+			r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", c.svc.String()+"/"+c.proto, "--duration", "60s")
+			seen := map[string]observer{}
+			for _, o := range nodeObservers(r.waitNode(t)) {
+				seen[o.name] = o
+			}
+			if o, ok := seen[c.left]; !ok || o.attached || !strings.Contains(o.err, "no traced Service is "+strings.ToUpper(c.unused)) {
+				t.Errorf("%s: %+v (listed %v), want not attached: no traced Service is %s", c.left, o, ok, strings.ToUpper(c.unused))
+			}
+			if o := seen[c.kept]; !o.attached {
+				t.Errorf("%s: %+v, want attached", c.kept, o)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if _, err := l.Client(ctx, lab.ClientOptions{Requests: 2}); err != nil {
+				t.Fatalf("lab client: %v", err)
+			}
+			_ = r.cmd.Process.Signal(syscall.SIGINT)
+			flows, _ := r.rest(t)
+			if len(flows) != 2 {
+				t.Fatalf("%d flows, want the 2 of %s: %s", len(flows), c.proto, dump(flows))
+			}
+			for _, f := range flows {
+				if f["proto"] != c.proto || f["rewritten_at"] != "socket" {
+					t.Errorf("flow %s, want %s rewritten at the socket", dump([]map[string]any{f}), c.proto)
+				}
+			}
+		})
+	}
 }

@@ -19,6 +19,22 @@ import (
 // and programs attached earlier to the same cgroup run before these, so on
 // the root an observer sees the address a socket-LB program chose.
 func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
+	return p.AttachSocketSkip(cgroupPath, SocketSkip{})
+}
+
+// SocketSkip says which of AttachSocket's observers to leave out, and why
+// (nil: attach them): those only one protocol's flows need, when no traced
+// Service has that protocol. Each runs for the whole node once attached:
+// the unconnected-send observer on every datagram an unconnected UDP
+// socket sends (the kernel takes the socket's lock for it), the TCP state
+// observer on every TCP state change.
+type SocketSkip struct {
+	TCP, UDP error
+}
+
+// AttachSocketSkip is AttachSocket leaving out what skip says, each listed
+// with its reason (and without the note of an attached one).
+func (p *Probe) AttachSocketSkip(cgroupPath string, skip SocketSkip) []Attachment {
 	if cgroupPath == "" {
 		root, err := CgroupRoot()
 		if err != nil {
@@ -31,15 +47,21 @@ func (p *Probe) AttachSocket(cgroupPath string) []Attachment {
 	var out []Attachment
 	if !p.globals["inet_sock_set_state"] {
 		a := Attachment{Observer: "tp_btf/inet_sock_set_state", Where: "host-wide (TCP_SYN_SENT, and its close before a first packet)",
-			Point: obs.PointSockState, Note: "source port is 0 unless the socket was bound"}
-		a.Err = p.attachGlobal("inet_sock_set_state", sockStateProgram, func(prog *ebpf.Program) (link.Link, error) {
-			return link.AttachTracing(link.TracingOptions{Program: prog})
-		})
+			Point: obs.PointSockState}
+		if a.Err = skip.TCP; a.Err == nil {
+			a.Note = "source port is 0 unless the socket was bound"
+			a.Err = p.attachGlobal("inet_sock_set_state", sockStateProgram, func(prog *ebpf.Program) (link.Link, error) {
+				return link.AttachTracing(link.TracingOptions{Program: prog})
+			})
+		}
 		out = append(out, a)
 	}
 	for _, c := range cgroupObservers {
-		a := Attachment{Observer: c.observer, Where: cgroupPath, Point: c.point, Note: c.note}
-		a.Err = p.attachCgroup(cgroupPath, c.prog, c.attach)
+		a := Attachment{Observer: c.observer, Where: cgroupPath, Point: c.point}
+		if a.Err = c.skip(skip); a.Err == nil {
+			a.Note = c.note
+			a.Err = p.attachCgroup(cgroupPath, c.prog, c.attach)
+		}
 		out = append(out, a)
 	}
 	return out
@@ -53,12 +75,17 @@ var cgroupObservers = []struct {
 	observer, prog, note string
 	attach               ebpf.AttachType
 	point                obs.Point
+	skip                 func(SocketSkip) error
 }{
-	{"cgroup/connect4", "pt_connect4", requested, ebpf.AttachCGroupInet4Connect, obs.PointSockAddr},
-	{"cgroup/connect6", "pt_connect6", requested, ebpf.AttachCGroupInet6Connect, obs.PointSockAddr},
-	{"cgroup/sendmsg4", "pt_sendmsg4", requested, ebpf.AttachCGroupUDP4Sendmsg, obs.PointSockAddr},
-	{"cgroup_skb/egress", "pt_sock_egress", "", ebpf.AttachCGroupInetEgress, obs.PointSockEgress},
+	{"cgroup/connect4", "pt_connect4", requested, ebpf.AttachCGroupInet4Connect, obs.PointSockAddr, attachAlways},
+	{"cgroup/connect6", "pt_connect6", requested, ebpf.AttachCGroupInet6Connect, obs.PointSockAddr, attachAlways},
+	{"cgroup/sendmsg4", "pt_sendmsg4", requested, ebpf.AttachCGroupUDP4Sendmsg, obs.PointSockAddr,
+		func(s SocketSkip) error { return s.UDP }},
+	{"cgroup_skb/egress", "pt_sock_egress", "", ebpf.AttachCGroupInetEgress, obs.PointSockEgress, attachAlways},
 }
+
+// attachAlways is the skip of an observer every traced flow needs.
+func attachAlways(SocketSkip) error { return nil }
 
 // sockStateProgram is AttachSocket's host-wide TCP state observer.
 const sockStateProgram = "pt_sock_state"

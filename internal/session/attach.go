@@ -24,15 +24,39 @@ import (
 // and conntrack in the node netns, and the host-wide drop observer. A failed
 // attachment is reported, never fatal on its own: the verdict engine treats
 // its point as inactive.
-func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string) []probe.Attachment {
+func attachObservers(pr *probe.Probe, node *discover.NodeInfo, cgroup string, svcs []flow.Service) []probe.Attachment {
 	var atts []probe.Attachment
-	atts = append(atts, pr.AttachSocket(cgroup)...)
+	atts = append(atts, pr.AttachSocketSkip(cgroup, socketSkip(svcs))...)
 	atts = append(atts, attachTCObservers(pr, node)...)
 	atts = append(atts, pr.AttachNetfilter(node.HostNetNS.Path)...)
 	atts = append(atts, pr.AttachConntrack(node.HostNetNS.Path)...)
 	atts = append(atts, pr.AttachDrops()...)
 	return atts
 }
+
+// socketSkip leaves out the socket observers only one protocol's flows
+// need when no traced Service can have that protocol: a node's other
+// traffic pays nothing for them.
+func socketSkip(svcs []flow.Service) probe.SocketSkip {
+	var tcp, udp bool
+	for _, s := range svcs {
+		tcp = tcp || s.Proto != obs.UDP
+		udp = udp || s.Proto != obs.TCP
+	}
+	var skip probe.SocketSkip
+	if !tcp {
+		skip.TCP = errNoTCPService
+	}
+	if !udp {
+		skip.UDP = errNoUDPService
+	}
+	return skip
+}
+
+var (
+	errNoTCPService = errors.New("no traced Service is TCP (every --svc is /udp): no TCP flow to follow")
+	errNoUDPService = errors.New("no traced Service is UDP (every --svc is /tcp): no UDP flow to follow, and the node's unconnected UDP sends pay nothing")
+)
 
 // attachTCObservers puts tcx observers on the host veths, in each direction
 // where discovery found a tc program (both where it could not read them):

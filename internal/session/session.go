@@ -210,7 +210,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// some points and not others stays short (and its flows are marked).
 	preloadObservers(pr, node)
 	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
-	atts := attachObservers(pr, node, cgroup)
+	atts := attachObservers(pr, node, cgroup, opt.Services)
 	atts = append(atts, probe.KernelFunctionProbes()...)
 	taps, tapAtts := openTaps(node, 0, watch, opt.Snaplen, opt.RingBytes, opt.CaptureBehind, tapProg, tapProgErr)
 	atts = append(atts, tapAtts...)

@@ -76,3 +76,25 @@ func TestInitialWatchNodePort(t *testing.T) {
 		t.Errorf("initialWatch:\n got %v\nwant %v", got, want)
 	}
 }
+
+// The socket observers one protocol's flows need are left out when no traced
+// Service can have that protocol; a Service without one can have either.
+func TestSocketSkip(t *testing.T) {
+	vip := netip.MustParseAddr("10.120.0.80")
+	svc := func(proto obs.Proto) flow.Service { return flow.Service{Addr: vip, Port: 80, Proto: proto} }
+	for _, c := range []struct {
+		name     string
+		svcs     []flow.Service
+		tcp, udp bool // attached
+	}{
+		{"tcp only", []flow.Service{svc(obs.TCP), svc(obs.TCP)}, true, false},
+		{"udp only", []flow.Service{svc(obs.UDP)}, false, true},
+		{"both", []flow.Service{svc(obs.TCP), svc(obs.UDP)}, true, true},
+		{"any protocol", []flow.Service{svc(obs.TCP), svc(0)}, true, true},
+	} {
+		skip := socketSkip(c.svcs)
+		if (skip.TCP == nil) != c.tcp || (skip.UDP == nil) != c.udp {
+			t.Errorf("%s: TCP observer skipped %v, UDP observer skipped %v; want attached %v, %v", c.name, skip.TCP, skip.UDP, c.tcp, c.udp)
+		}
+	}
+}
