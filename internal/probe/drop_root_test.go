@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -96,14 +97,16 @@ func TestDropObserverReadsTCPFlags(t *testing.T) {
 	p, c := startProbe(t, env.srvIP)
 	mustAttach(t, p.AttachDrops())
 
-	nsutil.Do(env.clientNS, func() error {
+	if err := nsutil.Do(env.clientNS, func() error {
 		conn, err := net.DialTimeout("tcp4", env.backendTCP.String(), 300*time.Millisecond)
 		if err == nil {
 			conn.Close()
-			t.Error("connected through the drop rule")
+			return errors.New("connected through the drop rule")
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	o := c.waitFor(t, "the dropped SYN", func(o obs.Observation) bool {
 		return o.Point == obs.PointDrop && o.Dst == env.backendTCP
 	})
