@@ -35,17 +35,25 @@ func (e *testEnv) dropInput(t *testing.T, proto byte, to netip.AddrPort) {
 	}
 }
 
+// startDropProbe is a test env whose server serves and drops proto's
+// packets to the backend endpoint to names at filter INPUT, and a probe
+// watching the server with the drop observer attached.
+func startDropProbe(t *testing.T, proto byte, to func(*testEnv) netip.AddrPort) (*testEnv, *Probe, *collector) {
+	t.Helper()
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	env.dropInput(t, proto, to(env))
+	p, c := startProbe(t, env.srvIP)
+	mustAttach(t, p.AttachDrops())
+	return env, p, c
+}
+
 // A datagram of a watched flow that a filter rule drops is reported at
 // PointDrop with the kernel's reason by name, the function that dropped
 // it, and the netns and device where it was.
 func TestDropObserverNamesReasonAndFunction(t *testing.T) {
-	needRoot(t)
-	env := newTestEnv(t)
-	env.serve(t)
-	env.dropInput(t, unix.IPPROTO_UDP, env.backendUDP)
-	p, c := startProbe(t, env.srvIP)
-	mustAttach(t, p.AttachDrops())
-
+	env, p, c := startDropProbe(t, unix.IPPROTO_UDP, func(e *testEnv) netip.AddrPort { return e.backendUDP })
 	conn := env.clientUDP(t)
 	sendUDP(t, conn, env.backendUDP, []byte("dropped"))
 	client := conn.LocalAddr().(*net.UDPAddr).AddrPort()
@@ -90,13 +98,7 @@ func TestDropObserverNamesReasonAndFunction(t *testing.T) {
 // drops is reported as a SYN (the flow engine tells connection attempts,
 // resets and data apart by them).
 func TestDropObserverReadsTCPFlags(t *testing.T) {
-	needRoot(t)
-	env := newTestEnv(t)
-	env.serve(t)
-	env.dropInput(t, unix.IPPROTO_TCP, env.backendTCP)
-	p, c := startProbe(t, env.srvIP)
-	mustAttach(t, p.AttachDrops())
-
+	env, _, c := startDropProbe(t, unix.IPPROTO_TCP, func(e *testEnv) netip.AddrPort { return e.backendTCP })
 	if err := nsutil.Do(env.clientNS, func() error {
 		conn, err := net.DialTimeout("tcp4", env.backendTCP.String(), 300*time.Millisecond)
 		if err == nil {
