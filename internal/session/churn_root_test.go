@@ -48,12 +48,19 @@ func testChurn(t *testing.T, pcap string) {
 		run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
 		run(t, "ip", "-n", ns, "route", "add", "default", "via", "10.98.0.1")
 	}
+	// logStep says when the test changed the node: a failure shows it
+	// next to when pathtrace saw each Pod start or left it out.
+	logStep := func(format string, args ...any) {
+		t.Helper()
+		t.Logf("%s "+format, append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+	}
 	newPod := func(i int) string {
 		t.Helper()
 		ns := fmt.Sprintf("%s-p%d", base, i)
 		run(t, "ip", "netns", "add", ns)
 		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 		addPod(ns, i)
+		logStep("Pod %d made (hv%d)", i, i)
 		return ns
 	}
 	addPod(first, 0)
@@ -124,6 +131,7 @@ func testChurn(t *testing.T, pcap string) {
 			t.Fatal(err)
 		}
 		until("the first Pod's datagram", func(p map[string]uint64) bool { return p["pod:eth0"] > 0 })
+		logStep("the first Pod's datagram captured")
 	}
 	// Pods come and go, one at a time: twice the bound and more.
 	const churn = 5
@@ -134,7 +142,9 @@ func testChurn(t *testing.T, pcap string) {
 			until(fmt.Sprintf("Pod %d started", i), has(fmt.Sprintf("host:hv%d", i)))
 		}
 		run(t, "ip", "netns", "del", ns)
+		logStep("Pod %d deleted", i)
 		until(fmt.Sprintf("Pod %d went", i), hasNot(fmt.Sprintf("host:hv%d", i)))
+		logStep("Pod %d gone from the capture points", i)
 	}
 	until("the points of the Pods that went", has(goneLabel))
 	// The bound holds on the Pods there at once: of two that start, one
@@ -185,7 +195,7 @@ func testChurn(t *testing.T, pcap string) {
 	if slices.ContainsFunc(res.Node.CapturePoints, func(cp discover.CapturePoint) bool { return cp.Ifname == left }) {
 		left = fmt.Sprintf("hv%d", churn+2)
 	}
-	for _, want := range []string{fmt.Sprintf("%d Pods followed went", churn), "1 not followed: pathtrace follows at most 2 Pods at once (host veth " + left + ")"} {
+	for _, want := range []string{fmt.Sprintf("%d Pods followed went", churn), "1 not followed: pathtrace follows at most 2 Pods at once (host veth " + left + " at "} {
 		if !slices.ContainsFunc(res.PodsStarted, func(s string) bool { return strings.Contains(s, want) }) {
 			t.Errorf("Pods started %q: want %q", res.PodsStarted, want)
 		}

@@ -120,14 +120,14 @@ func TestCgroupsBounded(t *testing.T) {
 }
 
 // TestSkippedPodsNamed: the Pods the bound left out are named by their
-// host veths, as many as were kept, and the rest counted.
+// host veths (and when), as many as were kept, and the rest counted.
 func TestSkippedPodsNamed(t *testing.T) {
 	for _, c := range []struct {
 		pf   podFollow
 		want string
 	}{
-		{podFollow{skipped: 1, maxPods: 2, untilStopped: true, skippedVeths: []string{"lxc1"}}, "1 not followed: pathtrace follows at most 2 Pods at once (host veth lxc1)"},
-		{podFollow{skipped: 20, maxPods: 4, skippedVeths: []string{"cali1", "cali2"}}, "20 not followed: pathtrace follows at most 4 Pods (host veths cali1, cali2, 18 more)"},
+		{podFollow{skipped: 1, maxPods: 2, untilStopped: true, skippedVeths: []string{"lxc1 at 10:00:02"}}, "1 not followed: pathtrace follows at most 2 Pods at once (host veth lxc1 at 10:00:02)"},
+		{podFollow{skipped: 20, maxPods: 4, skippedVeths: []string{"cali1 at 10:00:02", "cali2 at 10:00:04"}}, "20 not followed: pathtrace follows at most 4 Pods (host veths cali1 at 10:00:02, cali2 at 10:00:04, 18 more)"},
 		{podFollow{skipped: 3, maxPods: 4}, "3 not followed: pathtrace follows at most 4 Pods"},
 	} {
 		if s := c.pf.summary(); !slices.Equal(s, []string{c.want}) {

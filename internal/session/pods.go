@@ -32,7 +32,8 @@ type podFollow struct {
 	started []string // what the report says of each, bounded
 	more    int      // Pods started beyond maxStartedListed
 	skipped int      // Pods left out: the bound on Pods reached
-	// skippedVeths names their host veths (discover.MaxSkippedNamed).
+	// skippedVeths names their host veths, with when each was left out
+	// (discover.MaxSkippedNamed).
 	skippedVeths []string
 	maxPods      int      // that bound
 	failed       []string // taps of new Pods that failed
@@ -77,7 +78,9 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	}
 	pf.skipped += found.Skipped
 	for _, name := range found.SkippedVeths {
-		pf.skippedVeths = discover.NameSkipped(pf.skippedVeths, name)
+		// When: a run until stopped leaves a Pod out while another is
+		// followed, and follows the next one once that one went.
+		pf.skippedVeths = discover.NameSkipped(pf.skippedVeths, name+" at "+now.Format("15:04:05"))
 	}
 	if len(found.Pods) == 0 {
 		return ""
