@@ -55,7 +55,7 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 		if hostVeth != nil {
 			only = map[int]bool{hostVeth.Attrs().Index: true}
 		}
-		if err := scanPods(ctx, host, opt.MaxPods, only, opt.Services, info, &info.behind); err != nil {
+		if err := scanPods(ctx, host, opt.MaxPods, only, nil, opt.Services, info, &info.behind); err != nil {
 			return err
 		}
 	}
@@ -237,13 +237,17 @@ func overrideHostVeth(host *hostNS, l netlink.Link, info *NodeInfo) {
 // or MetalLB advertise them over BGP; taking one for a Pod would make the
 // node's uplink its host veth.
 //
+// followed, when not nil, tells the netns of a Pod followed already (the
+// Pod watch's): a look behind a veth of one (renamed, say) finds it again,
+// and it takes no room under maxPods from a new Pod found in the same scan.
+//
 // behind, when not nil, holds the netns the previous scan found behind the
 // veths it looked at, and is set to those of this one: when every veth of
 // only leads into one of them still, those are looked into again without
 // listing every process's netns (a look a second behind a veth that stays
 // no Pod's, the node's veth to a gateway, cost most of that look, and more
 // the more processes the node runs).
-func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool, vips []netip.Addr, info *NodeInfo, behind *[]netnsBehind) error {
+func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool, followed func(nsCandidate) bool, vips []netip.Addr, info *NodeInfo, behind *[]netnsBehind) error {
 	// The node's veths carry, from the node's view, the id of their peer's
 	// netns: a candidate whose id is not among them has no veth to the node,
 	// and is skipped without opening a netlink socket in it.
@@ -292,6 +296,7 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 	// bound. Seen once in a test on a busy machine, where a Pod followed
 	// was also said skipped.
 	taken := map[int]bool{}
+	counted := 0 // the Pods found that take room under maxPods
 	for _, c := range cands {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -303,7 +308,8 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 		taken[id] = true
 		found = append(found, netnsBehind{c: c, id: id})
 		delete(unfound, id)
-		if len(info.Pods) >= maxPods {
+		again := followed != nil && followed(c)
+		if !again && counted >= maxPods {
 			info.PodsSkipped++
 			for _, l := range host.links {
 				if a := l.Attrs(); isVeth(l) && a.NetNsID == id && (only == nil || only[a.Index]) {
@@ -341,6 +347,9 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 			continue // the node's upstream, see upstreamOnly
 		}
 		info.Pods = append(info.Pods, *pod)
+		if !again {
+			counted++
+		}
 	}
 	if info.PodsSkipped > 0 {
 		info.notef("%d netns with a veth into the node not examined: pathtrace follows at most %d Pods (select one with --pod-ip, --pod-netns or --pod-pid)", info.PodsSkipped, maxPods)
@@ -355,11 +364,6 @@ type netnsBehind struct {
 	id int
 }
 
-// stillBehind returns the netns of prev behind the veths whose peers' ids
-// are peerIDs, in their order, when each of those ids has one that still
-// opens the same netns (the same inode, the same id from the node: the
-// process whose /proc path it is may have gone, its PID taken by another's);
-// nil otherwise.
 // MaxSkippedNamed bounds the host veths of Pods left out named
 // (NodeInfo.PodsSkippedVeths, NewPods.SkippedVeths): the counts hold them all.
 const MaxSkippedNamed = 16
@@ -373,6 +377,11 @@ func NameSkipped(names []string, name string) []string {
 	return append(names, name)
 }
 
+// stillBehind returns the netns of prev behind the veths whose peers' ids
+// are peerIDs, in their order, when each of those ids has one that still
+// opens the same netns (the same inode, the same id from the node: the
+// process whose /proc path it is may have gone, its PID taken by another's);
+// nil otherwise.
 func stillBehind(host *hostNS, prev []netnsBehind, peerIDs map[int]bool) []nsCandidate {
 	var out []nsCandidate
 	for _, b := range prev {

@@ -867,3 +867,40 @@ func TestPodWatchRoomBack(t *testing.T) {
 		t.Errorf("room %d with the third Pod followed, want 0", w.room())
 	}
 }
+
+// TestPodWatchFollowedFoundAgain: a look that goes behind a followed Pod's
+// veth again (renamed: a veth known is told by its name, among others) and
+// behind a new Pod's finds the followed one again, which takes no room
+// under the bound: the new Pod is followed, not also counted as left out.
+func TestPodWatchFollowedFoundAgain(t *testing.T) {
+	for _, giveBack := range []bool{false, true} {
+		t.Run(fmt.Sprintf("give room back %v", giveBack), func(t *testing.T) {
+			tb := newTestbed(t)
+			opt := Options{HostNetNS: tb.node, MaxPods: 2}
+			info, err := Node(context.Background(), opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := NewPodWatch(info, opt)
+			if giveBack {
+				w.GiveRoomBack()
+			}
+			t0 := time.Now()
+			if found, err := w.Look(context.Background(), t0); err != nil || len(found.Pods) != 0 {
+				t.Fatalf("look on an unchanged node: %+v, %v", found, err)
+			}
+			node := filepath.Base(tb.node)
+			ipCmd(t, "-n", node, "link", "set", "hv0", "down")
+			ipCmd(t, "-n", node, "link", "set", "hv0", "name", "hv0r")
+			ipCmd(t, "-n", node, "link", "set", "hv0r", "up")
+			pod2 := secondPod(t, tb)
+			found, err := w.Look(context.Background(), t0.Add(2*time.Second))
+			if err != nil || len(found.Pods) != 1 || found.Pods[0].NetNS.Path != "/run/netns/"+pod2 || found.Skipped != 0 || len(found.SkippedVeths) != 0 {
+				t.Fatalf("look after the first Pod's veth was renamed and a second Pod started: %+v, %v; want the second Pod followed, none left out", found, err)
+			}
+			if w.room() != 0 {
+				t.Errorf("room %d with two Pods followed under a bound of 2, want 0", w.room())
+			}
+		})
+	}
+}

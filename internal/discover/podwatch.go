@@ -244,7 +244,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		return NewPods{Skipped: skipped, SkippedVeths: skippedVeths, Gone: gone}, nil
 	}
 	var info NodeInfo
-	if err := scanPods(ctx, host, max(w.room(), 0), only, w.vips, &info, &w.behind); err != nil {
+	if err := scanPods(ctx, host, max(w.room(), 0), only, w.follows, w.vips, &info, &w.behind); err != nil {
 		return NewPods{Gone: gone}, err
 	}
 	found := NewPods{Gone: gone}
@@ -290,6 +290,21 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		w.progs.forget()
 	}
 	return found, nil
+}
+
+// follows tells whether the netns c is a Pod followed already, as Look
+// tells one found again: the same inode, and the same cookie where both
+// were read (the kernel gives a deleted netns's inode to the next one).
+func (w *PodWatch) follows(c nsCandidate) bool {
+	ns, ok := w.netns[c.inode]
+	if !ok {
+		return false
+	}
+	if ns.cookie == 0 {
+		return true
+	}
+	cookie := netnsCookie(c.path)
+	return cookie == 0 || cookie == ns.cookie
 }
 
 // newUplinks sets the uplinks of pods, and returns those not tapped yet.
