@@ -293,8 +293,7 @@ func scanPods(ctx context.Context, host *hostNS, maxPods int, only map[int]bool,
 	// took already in this scan is that same netns, reached by another
 	// path (a process that entered it, as `ip -n` does, between the
 	// listing and this look), not a Pod to count as left out for the
-	// bound. Seen once in a test on a busy machine, where a Pod followed
-	// was also said skipped.
+	// bound.
 	taken := map[int]bool{}
 	counted := 0 // the Pods found that take room under maxPods
 	for _, c := range cands {
