@@ -872,7 +872,32 @@ func TestPodWatchRoomBack(t *testing.T) {
 // veth again (renamed: a veth known is told by its name, among others) and
 // behind a new Pod's finds the followed one again, which takes no room
 // under the bound: the new Pod is followed, not also counted as left out.
+// With the bound reached, the renamed veth is no Pod left out either.
 func TestPodWatchFollowedFoundAgain(t *testing.T) {
+	t.Run("bound reached", func(t *testing.T) {
+		tb := newTestbed(t)
+		opt := Options{HostNetNS: tb.node, MaxPods: 1}
+		info, err := Node(context.Background(), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := NewPodWatch(info, opt)
+		w.GiveRoomBack()
+		node := filepath.Base(tb.node)
+		ipCmd(t, "-n", node, "link", "set", "hv0", "down")
+		ipCmd(t, "-n", node, "link", "set", "hv0", "name", "hv0r")
+		ipCmd(t, "-n", node, "link", "set", "hv0r", "up")
+		t0 := time.Now()
+		for i := range 2 {
+			found, err := w.Look(context.Background(), t0.Add(time.Duration(i)*2*time.Second))
+			if err != nil || len(found.Pods) != 0 || found.Skipped != 0 || len(found.SkippedVeths) != 0 || len(found.Gone) != 0 {
+				t.Fatalf("look %d after the followed Pod's veth was renamed, the bound reached: %+v, %v; want nothing new, none left out", i, found, err)
+			}
+		}
+		if len(w.pending) != 0 {
+			t.Errorf("veths still looked behind: %v", w.pending)
+		}
+	})
 	for _, giveBack := range []bool{false, true} {
 		t.Run(fmt.Sprintf("give room back %v", giveBack), func(t *testing.T) {
 			tb := newTestbed(t)

@@ -203,6 +203,13 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 		}
 	}
 	slices.Sort(gone)
+	// A followed Pod's host veth no longer known (renamed, given another
+	// MAC) is looked behind once whatever the room: it may lead to that
+	// Pod still, which takes none (scanPods' followed).
+	followedVeths := map[int]bool{}
+	for _, ns := range w.netns {
+		followedVeths[ns.veth] = true
+	}
 	only := map[int]bool{}
 	skipped := 0
 	var skippedVeths []string
@@ -214,7 +221,7 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 			continue
 		}
 		first, ok := w.pending[idx]
-		if w.room() <= 0 {
+		if w.room() <= 0 && (ok || !followedVeths[idx]) {
 			// The bound is reached: a new veth is not looked behind, and
 			// counted once (a pending one was when scanPods skipped it).
 			if !ok {
