@@ -753,6 +753,9 @@ func TestRoutedUplinkECMP(t *testing.T) {
 	check("multipath route to the VIP", []string{"up1", "up2"}, "route to 10.120.0.10")
 	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.50.7")
 	check("multipath route to the backend", []string{"up1", "up2"}, "route to backend 10.99.50.7")
+	// More backends are named in address order, whatever the rules' order.
+	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.50.9", "10.99.50.3", "10.99.50.12")
+	check("multipath route to four backends", []string{"up1", "up2"}, "routes to 4 backends (10.99.50.3, 10.99.50.7, 10.99.50.9, ...)")
 }
 
 // TestSourceRoutedUplink: a node routing its Pods by source (AWS VPC CNI's

@@ -452,7 +452,8 @@ func (u *uplinkFinder) routed(k routeKey) ([]int, string) {
 	}
 	var route []int
 	var how string
-	var via, notEther []string
+	var via []netip.Addr
+	var notEther []string
 	var fwd fwdLookups
 	for _, b := range u.backends {
 		out := false
@@ -472,14 +473,21 @@ func (u *uplinkFinder) routed(k routeKey) ([]int, string) {
 			out = true
 		}
 		if out {
-			via = append(via, b.String())
+			via = append(via, b)
 		}
+	}
+	// Named in address order: the rules' order (an nftables map's) says
+	// nothing.
+	slices.SortFunc(via, netip.Addr.Compare)
+	names := make([]string, min(len(via), 3))
+	for i := range names {
+		names[i] = via[i].String()
 	}
 	switch {
 	case len(via) > 3:
-		how = fmt.Sprintf("routes to %d backends (%s, ...)", len(via), strings.Join(via[:3], ", "))
+		how = fmt.Sprintf("routes to %d backends (%s, ...)", len(via), strings.Join(names, ", "))
 	case len(via) > 0:
-		how = "route to backend " + strings.Join(via, ", ")
+		how = "route to backend " + strings.Join(names, ", ")
 	default:
 		route, how = u.vipOrDefaultRoute(k, &fwd)
 		for _, idx := range route {
