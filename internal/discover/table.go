@@ -164,13 +164,16 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		k := pathOf(r)
 		switch same := perPath[k]; {
 		case len(same) > maxSameRows:
+			// The first backends in address order: the rules' (an
+			// nftables map's) says nothing, and differs between runs.
+			same = slices.SortedStableFunc(slices.Values(same), func(a, b NATRule) int { return a.Backend.Compare(b.Backend) })
 			var shown []string
 			for _, o := range same[:maxSameRows] {
 				shown = append(shown, natBackendString(o))
 			}
 			last := "its last chain"
-			if n := len(r.Chains); n > 0 {
-				last = "one of " + strconv.Itoa(len(same)) + " chains such as " + r.Chains[n-1]
+			if n := len(same[0].Chains); n > 0 {
+				last = "one of " + strconv.Itoa(len(same)) + " chains such as " + same[0].Chains[n-1]
 			}
 			p("netfilter\t%s %s (%s)\t%s -> %d backends: %s, …\t%s > %s%s\n", r.Source, r.Table, r.Hook, k.svc, len(same),
 				strings.Join(shown, ", "), k.path, last, k.from)

@@ -155,7 +155,8 @@ func TestTableFoldsManyEndpoints(t *testing.T) {
 	n := &NodeInfo{}
 	for _, hook := range []string{"prerouting", "output"} {
 		base := map[string]string{"prerouting": "nat-prerouting", "output": "nat-output"}[hook]
-		for i := range 500 {
+		for j := range 500 {
+			i := 499 - j // the rules' order is not the addresses': the row shows the lowest
 			n.Netfilter.Rules = append(n.Netfilter.Rules, NATRule{Source: SourceNFTables, Table: "ip kube-proxy", Hook: hook,
 				Service: vip, Port: 80, Proto: "tcp", Backend: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 246, byte(i / 250), byte(i%250 + 1)}), 8080),
 				Chains: []string{base, "services", "service-BIG-big/web/tcp/http", fmt.Sprintf("endpoint-%d", i)}})
