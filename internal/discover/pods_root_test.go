@@ -874,19 +874,27 @@ func TestPodWatchRoomBack(t *testing.T) {
 // under the bound: the new Pod is followed, not also counted as left out.
 // With the bound reached, the renamed veth is no Pod left out either.
 func TestPodWatchFollowedFoundAgain(t *testing.T) {
-	t.Run("bound reached", func(t *testing.T) {
+	// renamed returns a watch of the testbed's node, its Pod followed, once
+	// that Pod's host veth was renamed.
+	renamed := func(t *testing.T, maxPods int, giveBack bool) (*testbed, *PodWatch) {
 		tb := newTestbed(t)
-		opt := Options{HostNetNS: tb.node, MaxPods: 1}
+		opt := Options{HostNetNS: tb.node, MaxPods: maxPods}
 		info, err := Node(context.Background(), opt)
 		if err != nil {
 			t.Fatal(err)
 		}
 		w := NewPodWatch(info, opt)
-		w.GiveRoomBack()
+		if giveBack {
+			w.GiveRoomBack()
+		}
 		node := filepath.Base(tb.node)
 		ipCmd(t, "-n", node, "link", "set", "hv0", "down")
 		ipCmd(t, "-n", node, "link", "set", "hv0", "name", "hv0r")
 		ipCmd(t, "-n", node, "link", "set", "hv0r", "up")
+		return tb, w
+	}
+	t.Run("bound reached", func(t *testing.T) {
+		_, w := renamed(t, 1, true)
 		t0 := time.Now()
 		for i := range 2 {
 			found, err := w.Look(context.Background(), t0.Add(time.Duration(i)*2*time.Second))
@@ -900,26 +908,9 @@ func TestPodWatchFollowedFoundAgain(t *testing.T) {
 	})
 	for _, giveBack := range []bool{false, true} {
 		t.Run(fmt.Sprintf("give room back %v", giveBack), func(t *testing.T) {
-			tb := newTestbed(t)
-			opt := Options{HostNetNS: tb.node, MaxPods: 2}
-			info, err := Node(context.Background(), opt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := NewPodWatch(info, opt)
-			if giveBack {
-				w.GiveRoomBack()
-			}
-			t0 := time.Now()
-			if found, err := w.Look(context.Background(), t0); err != nil || len(found.Pods) != 0 {
-				t.Fatalf("look on an unchanged node: %+v, %v", found, err)
-			}
-			node := filepath.Base(tb.node)
-			ipCmd(t, "-n", node, "link", "set", "hv0", "down")
-			ipCmd(t, "-n", node, "link", "set", "hv0", "name", "hv0r")
-			ipCmd(t, "-n", node, "link", "set", "hv0r", "up")
+			tb, w := renamed(t, 2, giveBack)
 			pod2 := secondPod(t, tb)
-			found, err := w.Look(context.Background(), t0.Add(2*time.Second))
+			found, err := w.Look(context.Background(), time.Now())
 			if err != nil || len(found.Pods) != 1 || found.Pods[0].NetNS.Path != "/run/netns/"+pod2 || found.Skipped != 0 || len(found.SkippedVeths) != 0 {
 				t.Fatalf("look after the first Pod's veth was renamed and a second Pod started: %+v, %v; want the second Pod followed, none left out", found, err)
 			}
