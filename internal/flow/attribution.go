@@ -627,13 +627,14 @@ func (e *Engine) ForgetCgroups() {
 // natHookOf is the NAT hook a flow went through: the one the netfilter
 // observers saw it at (a client outside the node, whose request came in on
 // the uplink, meets PREROUTING too); without them, PREROUTING when it came
-// in through a Pod's veth, OUTPUT when no Pod-side point saw it (the node's
+// in through a Pod's veth or with its VIP on the uplink's wire (an outside
+// client's, a NodePort's), OUTPUT when no such point saw it (the node's
 // own).
 func natHookOf(f *flowState) string {
 	if f.natHook != "" {
 		return f.natHook
 	}
-	if f.cps[cpPod].any() || f.cps[cpHost].any() || f.cps[cpTCHead].any() {
+	if f.cps[cpPod].any() || f.cps[cpHost].any() || f.cps[cpTCHead].any() || f.wireVIP {
 		return "prerouting"
 	}
 	return "output"

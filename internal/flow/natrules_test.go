@@ -362,3 +362,32 @@ func TestDeviceRulesOfTheirTime(t *testing.T) {
 		t.Error("after SetDeviceRules, the flow is not named by the chain's rule")
 	}
 }
+
+// TestNodePortExternalClientConntrackOnly: the NodePort scenario of an
+// outside client on a node whose netfilter observers could not attach (the
+// conntrack fallback): its request came in on the uplink, so kube-proxy's
+// DNAT happened at PREROUTING, and the rule named is that hook's, not the
+// node's own clients' OUTPUT path.
+func TestNodePortExternalClientConntrackOnly(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "netfilter-nodeport-external-client.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(s.Config.Points, obs.PointNFBefore)
+	delete(s.Config.Points, obs.PointNFAfter)
+	var kept []obs.Observation
+	for _, o := range s.Observations {
+		if o.Point != obs.PointNFBefore && o.Point != obs.PointNFAfter {
+			kept = append(kept, o)
+		}
+	}
+	s.Observations = kept
+	fs := s.Run(nil).Flows()
+	if len(fs) != 1 {
+		t.Fatalf("got %d flows, want 1: %+v", len(fs), fs)
+	}
+	f := fs[0]
+	if f.RewrittenAt != "netfilter" || !strings.Contains(f.By, "PREROUTING") || strings.Contains(f.By, "OUTPUT") {
+		t.Errorf("got %s by %q, want netfilter by the PREROUTING path; reason %q", f.RewrittenAt, f.By, f.Reason)
+	}
+}
