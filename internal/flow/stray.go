@@ -20,17 +20,20 @@ func (e *Engine) noteStray(o obs.Observation) {
 	default:
 		return
 	}
-	for _, f := range e.clients[clientKey{o.Proto, o.Dst}] {
-		if f.merged || !f.fromServerAddr(o.Src) {
-			continue
-		}
-		if f.stray == nil {
-			f.stray = &StrayReplies{From: o.Src, Point: o.Point.String(), At: o.Time}
-		}
-		if f.stray.Point == o.Point.String() {
-			f.stray.Packets++
-		}
+	// Of a reused client port's flows, the one that began last before
+	// the answer: an earlier flow of the port is another socket's, done.
+	m := momentOf(&o, true)
+	f := latestBefore(e.clients[clientKey{o.Proto, o.Dst}], m, m.at+int64(sameConnGap), func(f *flowState) bool {
+		return !f.merged && f.fromServerAddr(o.Src)
+	})
+	if f == nil {
 		return
+	}
+	if f.stray == nil {
+		f.stray = &StrayReplies{From: o.Src, Point: o.Point.String(), At: o.Time}
+	}
+	if f.stray.Point == o.Point.String() {
+		f.stray.Packets++
 	}
 }
 
