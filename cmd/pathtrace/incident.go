@@ -53,7 +53,8 @@ the snapshot parts not collected yet; a third stops pathtrace.
 
 Only one incident runs at a time on a node; a second one is refused.
 It takes the flags of the main command but --output, --pcap, --max-packets and
---version (the bundle always holds both reports and the capture).
+--version (the bundle always holds both reports and the capture), and
+--flow-timeout and --report-every (for --duration 0, which an incident is not).
 
 Exit codes: 0 bundle written, 1 runtime failure (not root, another incident running,
 kernel feature missing), 2 bad usage (e.g. an --out that exists).
@@ -94,6 +95,9 @@ func runIncident(args []string) int {
 		return exitUsage
 	}
 	f.output = "table"
+	if out != "" {
+		out = filepath.Clean(out) // "--out /var/tmp/inc-42/" names /var/tmp/inc-42
+	}
 	opt, budget, err := incidentOptions(&f, out, maxBytes)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
@@ -215,6 +219,7 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	if out == "" {
 		return session.Options{}, 0, usagef("--out is required: the bundle directory to create, e.g. --out /var/tmp/incident-1")
 	}
+	out = filepath.Clean(out)
 	for _, p := range []string{out, incident.PartialDir(out), tarballOf(out)} {
 		if _, err := os.Lstat(p); err == nil {
 			return session.Options{}, 0, usagef("--out %s: %s exists: give a new directory, pathtrace never mixes two incidents", out, p)
@@ -229,6 +234,9 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	budget, err := parseSize(maxBytes)
 	if err != nil || budget < 1<<20 {
 		return session.Options{}, 0, usagef("--max-bytes %q: give a size of at least 1M, e.g. 256M", maxBytes)
+	}
+	if f.duration < 0 {
+		return session.Options{}, 0, usagef("--duration %s: an incident is time-bounded; give a positive duration, e.g. --duration 60s", f.duration)
 	}
 	if f.duration == 0 {
 		return session.Options{}, 0, usagef("--duration 0: an incident is time-bounded; give its duration, e.g. --duration 60s (to trace until stopped, run pathtrace --duration 0 without incident)")
@@ -494,13 +502,13 @@ func features(atts []probe.Attachment) []string {
 func commandLine(args []string) string {
 	quoted := make([]string, len(args))
 	for i, a := range args {
+		if i == 0 {
+			a = filepath.Base(a) // before quoting: a path with a space keeps no stray quote
+		}
 		quoted[i] = a
 		if a == "" || strings.ContainsAny(a, " \t\n'\"\\$`|&;<>()*?[]{}~#") {
 			quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 		}
-	}
-	if len(quoted) > 0 {
-		quoted[0] = filepath.Base(quoted[0])
 	}
 	return strings.Join(quoted, " ")
 }
