@@ -79,7 +79,11 @@ func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.
 	if taken.Command != "" {
 		fmt.Fprintf(&b, "Taken by %s: `%s`.  \n", orDash(taken.Version), taken.Command)
 	}
-	if vips := serviceAddrs(flows); len(vips) > 0 {
+	vips := serviceAddrs(flows)
+	if node != nil && len(node.Services) > 0 {
+		vips = node.Services // as --svc gave them, with or without flows
+	}
+	if len(vips) > 0 {
 		fmt.Fprintf(&b, "Services traced: %s.  \n", strings.Join(vips, ", "))
 	}
 	if node != nil {

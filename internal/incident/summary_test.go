@@ -404,3 +404,27 @@ func TestSummaryConnectionsBeforeTheCapture(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryServicesTracedFromFlags: "Services traced" names every Service
+// the run traced (--svc, as the node block has them), also those no flow
+// reached: the one without traffic is often what the ticket is about.
+func TestSummaryServicesTracedFromFlags(t *testing.T) {
+	dir := t.TempDir()
+	node := summaryNode()
+	node.Services = []string{"10.120.0.80:80/tcp", "10.96.0.10:53/udp"}
+	flows := summaryFlows()[:1] // to 10.120.0.80:80 only
+	if err := WriteSummary(dir, flows, summarySummary(), node, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if want := "Services traced: 10.120.0.80:80/tcp, 10.96.0.10:53/udp."; !strings.Contains(string(got), want) {
+		t.Errorf("summary lacks %q:\n%s", want, got)
+	}
+	if err := WriteSummary(dir, nil, flow.Summary{}, node, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = os.ReadFile(filepath.Join(dir, SummaryFile))
+	if want := "Services traced: 10.120.0.80:80/tcp, 10.96.0.10:53/udp."; !strings.Contains(string(got), want) {
+		t.Errorf("summary of a run without flows lacks %q:\n%s", want, got)
+	}
+}
