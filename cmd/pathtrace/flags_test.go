@@ -127,3 +127,22 @@ func TestPcapStdoutTerminal(t *testing.T) {
 		}
 	}
 }
+
+// TestReportEveryAtLeastASecond: the counts are taken on the run's
+// one-second tick, so an interval under a second is refused rather than
+// silently made a second; a second is taken.
+func TestReportEveryAtLeastASecond(t *testing.T) {
+	for _, c := range []struct {
+		every string
+		ok    bool
+	}{{"1ns", false}, {"500ms", false}, {"1s", true}, {"1m", true}} {
+		var f traceFlags
+		if err := newTraceFlagSet(&f).Parse([]string{"--svc", "10.0.0.1", "--duration", "0", "--report-every", c.every}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.validate()
+		if (err == nil) != c.ok || err != nil && exitFor(err) != exitUsage {
+			t.Errorf("--report-every %s: %v; want taken %v (refused: exit 2)", c.every, err, c.ok)
+		}
+	}
+}

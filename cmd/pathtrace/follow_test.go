@@ -187,6 +187,7 @@ func TestFollowBadUsage(t *testing.T) {
 		{"--svc", "10.0.0.1", "--duration", "0", "--pcap", "/tmp/pf-follow.pcapng"},
 		{"--svc", "10.0.0.1", "--duration", "0", "--flow-timeout", "1s"},
 		{"--svc", "10.0.0.1", "--duration", "5s", "--report-every", "1s"},
+		{"--svc", "10.0.0.1", "--duration", "0", "--report-every", "500ms"},
 		{"--svc", "10.0.0.1", "--duration", "5s", "--flow-timeout", "30s"},
 		{"--svc", "10.0.0.1", "--flow-timeout", "-1s"},
 		{"incident", "--svc", "10.0.0.1", "--duration", "0", "--out", "/tmp/pf-follow-incident"},

@@ -123,7 +123,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	fs.Uint64Var(&f.maxPkts, "max-packets", 0, "stop after writing this many packets to --pcap (0 = no bound)")
 	fs.StringVar(&f.maxBytes, "max-bytes", "", "stop before --pcap grows beyond this `size` (bytes, or with K, M, G suffix; the file never exceeds it)")
 	fs.DurationVar(&f.flowTimeout, "flow-timeout", 0, fmt.Sprintf("with --duration 0: a flow idle this long is reported then and forgotten (a TCP connection is reported once closed and quiet for 9 s); a long idle connection that speaks again after it is a new flow, whose JSON \"continues\" names the earlier one; at least %s (default %s)", minFlowTimeout, flow.DefaultFlowTimeout))
-	fs.DurationVar(&f.reportEvery, "report-every", 0, "with --duration 0: write the counts so far (flows per verdict, drops, how long pathtrace's threads waited for a CPU) this often, a {\"type\":\"interval\"} JSON line or a table line (0 = never)")
+	fs.DurationVar(&f.reportEvery, "report-every", 0, "with --duration 0: write the counts so far (flows per verdict, drops, how long pathtrace's threads waited for a CPU) this often (at least 1s), a {\"type\":\"interval\"} JSON line or a table line (0 = never)")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	// Only --help prints this (ContinueOnError: errors are one line each),
 	// to stdout, so that it pages.
@@ -297,6 +297,11 @@ func (f *traceFlags) validate() (session.Options, error) {
 	}
 	if f.reportEvery < 0 || f.reportEvery > 0 && f.duration != 0 {
 		return opt, usagef("--report-every %s: use a positive interval, with --duration 0 only (a bounded run reports at its end)", f.reportEvery)
+	}
+	if f.reportEvery > 0 && f.reportEvery < time.Second {
+		// The counts are taken on the run's one-second tick: a shorter
+		// interval would silently be a second.
+		return opt, usagef("--report-every %s: give at least 1s, e.g. --report-every 10s", f.reportEvery)
 	}
 	opt.FlowTimeout = f.flowTimeout
 	opt.ReportEvery = f.reportEvery
