@@ -252,6 +252,31 @@ func TestFollowReaderGone(t *testing.T) {
 	wantReaderGoneExit(t, cmd, stderr, done, 30*time.Second, "")
 }
 
+// TestBoundedReaderGone: `pathtrace --duration 1m | head -1`: the report
+// finds its reader gone, which ends a run without --pcap (it has nothing
+// else to show) and is said on stderr with exit 1, as for a full disk: it
+// died of SIGPIPE, exit 141, nothing said.
+func TestBoundedReaderGone(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // the reader is gone before the first line
+	defer w.Close()
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "1m")
+	stderr := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = w, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	wantReaderGoneExit(t, cmd, stderr, done, 20*time.Second, "")
+}
+
 // TestFollowReaderGoneWhileIdle: `pathtrace --duration 0 | head -1` with no
 // flow to the VIP: the reader goes away after the node line, and nothing
 // is written after it for as long as no client reaches the VIP. The run

@@ -458,14 +458,12 @@ func runTrace(args []string) int {
 	if f.pcap == "-" {
 		out = os.Stderr
 	}
-	if f.pcap == "-" || opt.Duration == 0 {
-		// So too a run until stopped whose report's reader went away
-		// (`| head -1`, a log shipper that died): the write fails with
-		// EPIPE and the run ends as for any lost report (runCtx), with the
-		// open flows' end and a message, rather than die of SIGPIPE
-		// mid-run, exit 141, with nothing said.
-		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	}
+	// So too a report whose reader went away (`| head -1`, a log shipper
+	// that died): the write fails with EPIPE and is said on stderr, exit 1,
+	// as for any lost report (a run until stopped ends then: runCtx, with
+	// the open flows' end), rather than die of SIGPIPE, exit 141, with
+	// nothing said.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	if opt.Duration == 0 {
 		// A run until stopped may write nothing for hours (no flow to the
 		// VIP): a reader that went away after the node block (`| head
@@ -505,7 +503,9 @@ func runTrace(args []string) int {
 	}
 	opt.Ready = func(node *discover.NodeInfo, atts []probe.Attachment) {
 		rw.Node(nodeJSON(node, atts), func(w io.Writer) { writeNodeTable(w, node, atts) })
-		if opt.Duration == 0 && rw.Err() != nil {
+		// A report lost from its start ends a run that has nothing else
+		// to show: a bounded one goes on only for its --pcap file.
+		if rw.Err() != nil && (opt.Duration == 0 || opt.Pcap == "") {
 			endRun()
 		}
 	}
