@@ -162,10 +162,14 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	if n == 0 {
 		return false
 	}
+	// The client's Pod's eth0 tap tells only when it saw the flow's
+	// requests leave: an outside client's (a NodePort's) has none.
 	podTap := !f.fromNode && e.active(obs.PointPod) && !e.captureLost[obs.PointPod]
+	podOut := false
 	var seen uint64
 	for _, p := range f.points {
 		if !p.reply {
+			podOut = podOut || p.point == obs.PointPod && p.dir == obs.DirOut
 			continue
 		}
 		if podTap && p.point == obs.PointPod && p.dir == obs.DirIn {
@@ -173,7 +177,7 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 		}
 		seen = max(seen, p.packets)
 	}
-	return podTap || n >= seen
+	return podTap && podOut || n >= seen
 }
 
 // dropsReason says what the kernel dropped of f, "" when nothing.
