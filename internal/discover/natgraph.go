@@ -10,8 +10,11 @@ import (
 // source (nftables or iptables-save): chains of rules that may be limited to
 // destinations, ports, protocols and sources, jump to other chains, and DNAT.
 type natGraph struct {
-	source string    // nftables or iptables-legacy
-	table  string    // "ip kube-proxy", "nat"
+	source string // nftables or iptables-legacy
+	table  string // "ip kube-proxy", "nat"
+	// family is an nftables table's ("ip", "ip6", "inet", ...); "" for
+	// iptables-legacy, which pathtrace reads for IPv4 only.
+	family string
 	bases  []natBase // chains hooked at NAT prerouting/output, the walk's entries
 	chains map[string][]natRule
 	// load reads the rules of a chain of chains (every chain's name is a
@@ -119,8 +122,8 @@ func (g *natGraph) matchLocal(vips []netip.Addr, local map[netip.Addr]bool) []NA
 	var out []NATRule
 	seen := map[string]bool{} // a Service may have thousands of endpoints
 	for i, vip := range vips {
-		if slices.Contains(vips[:i], vip) {
-			continue // given twice (two ports of one Service): its rules once
+		if slices.Contains(vips[:i], vip) || !g.carries(vip) {
+			continue // given twice (two ports of one Service): its rules once; or never in this table
 		}
 		for _, base := range g.bases {
 			w := natWalk{g: g, vip: vip, local: local[vip], base: base, out: &out, seen: seen, onPath: map[string]bool{}}
@@ -128,6 +131,16 @@ func (g *natGraph) matchLocal(vips []netip.Addr, local map[netip.Addr]bool) []NA
 		}
 	}
 	return out
+}
+
+// carries tells whether packets to vip traverse g's table: the hooks of an
+// nftables ip6 table (a dual-stack node's `ip6 kube-proxy`, iptables-nft's
+// `ip6 nat`) see IPv6 packets only, an ip table's IPv4 ones. Their NodePort
+// rules name no address (`fib daddr type local`, `ip6 daddr != ::1`): read
+// for an IPv4 NODE-IP:PORT they gave it the IPv6 endpoints.
+func (g *natGraph) carries(vip netip.Addr) bool {
+	v4 := vip.Unmap().Is4()
+	return !(g.family == "ip6" && v4 || g.family == "ip" && !v4)
 }
 
 type natWalk struct {

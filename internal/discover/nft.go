@@ -43,7 +43,8 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 	}
 	var graphs []*natGraph
 	for _, k := range order {
-		g := &natGraph{source: SourceNFTables, table: NFTFamilyName(k.family) + " " + k.name, chains: map[string][]natRule{}}
+		family := NFTFamilyName(k.family)
+		g := &natGraph{source: SourceNFTables, table: family + " " + k.name, family: family, chains: map[string][]natRule{}}
 		for _, c := range byTable[k] {
 			if hook := natHook(c); hook != "" {
 				g.bases = append(g.bases, natBase{c.Name, hook, true, chainPriority(c)})
