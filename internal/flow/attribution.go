@@ -316,10 +316,7 @@ func (e *Engine) PodsGone(at time.Time, hostIfindexes []int) {
 	if len(a.PodTCPrograms) == 0 && len(a.HostRedirects) == 0 {
 		return
 	}
-	timeout := e.cfg.FlowTimeout
-	if timeout <= 0 {
-		timeout = DefaultFlowTimeout
-	}
+	timeout := e.flowTimeout()
 	// The earliest open flow of each host veth (0: not known), and of all.
 	earliest := map[int]time.Time{}
 	var first time.Time

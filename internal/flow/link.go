@@ -335,7 +335,7 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 	if _, resumes := e.retiredBefore(flowKey{k, service}, m); m.reply && !resumes {
 		// A reply of a flow refused beyond MaxFlows is refused with it
 		// (refuse notes its FIN or RST, counts nothing again).
-		if r, ok := e.refused.get(flowKey{k, service}); ok && !r.another(cookie, m) {
+		if r, ok := e.refused.get(flowKey{k, service}); ok && !e.refusalOver(flowKey{k, service}, r, cookie, m) {
 			e.refuse(flowKey{k, service}, cookie, m)
 			return nil, refused
 		}
@@ -431,7 +431,7 @@ func (e *Engine) newFlow(proto obs.Proto, client, service netip.AddrPort, cookie
 // refused, nor are its client's packets refused with it.
 func (e *Engine) unrefuse(k flowKey, sock uint64, m moment) {
 	r, ok := e.refused.get(k)
-	if !ok || k.client.Port() == 0 || r.another(sock, m) {
+	if !ok || k.client.Port() == 0 || e.refusalOver(k, r, sock, m) {
 		return
 	}
 	e.refused.forget(k)
@@ -446,6 +446,9 @@ func (e *Engine) unrefuse(k flowKey, sock uint64, m moment) {
 type refusedFlow struct {
 	sock     uint64 // its socket's cookie, 0 while no socket observer named it
 	syn, end int64  // TCP: its client's first SYN, its first FIN or RST (unix ns; 0 not seen)
+	// last is the latest observation of it (unix ns), as Repeat lets
+	// through at least every refusedRecheck (Engine.refusalOver).
+	last int64
 }
 
 // another tells whether an observation at m of socket sock (0: not a
@@ -467,6 +470,7 @@ func (r *refusedFlow) note(sock uint64, m moment) {
 	if r.sock == 0 {
 		r.sock = sock
 	}
+	r.last = max(r.last, m.at)
 	if m.opens() && !m.reply {
 		earliest(&r.syn, m.at)
 	}
@@ -487,7 +491,7 @@ func (e *Engine) refuse(k flowKey, sock uint64, m moment) {
 		return
 	}
 	r, ok := e.refused.get(k)
-	if ok && !r.another(sock, m) {
+	if ok && !e.refusalOver(k, r, sock, m) {
 		r.note(sock, m)
 		e.refused.put(k, r)
 		return

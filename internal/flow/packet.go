@@ -50,6 +50,11 @@ func (e *Engine) AddPacket(o obs.Observation) (Handle, bool) {
 	return h, ok
 }
 
+// refusedRecheck: once flows are retired, a refused flow's packets go to
+// Add at least this often, which keeps its last sighting (refusedFlow.last)
+// this close to the truth: a UDP flow silent for the flow timeout is over.
+const refusedRecheck = time.Second
+
 // Repeat counts one more packet (wire length n, seen at) like the one h was
 // returned for. It reports false when h is stale (its flow was merged into
 // another), the packet is older than h's, or h's TCP connection closed
@@ -63,6 +68,9 @@ func (e *Engine) Repeat(h *Handle, p obs.Point, at time.Time, n int) bool {
 		return false
 	}
 	if h.refused {
+		if e.retiredTotals.n > 0 && at.UnixNano()-h.at > int64(refusedRecheck) {
+			return false // Add notes it: the refusal's last sighting (refusalOver)
+		}
 		e.note(p, at)
 		return true
 	}

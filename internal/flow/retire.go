@@ -84,10 +84,7 @@ func (e *Engine) Retire(now time.Time) []Flow {
 	if now.After(clock) {
 		clock = now
 	}
-	timeout := e.cfg.FlowTimeout
-	if timeout <= 0 {
-		timeout = DefaultFlowTimeout
-	}
+	timeout := e.flowTimeout()
 	// What waited for its flow that long has had its chance, as it would
 	// have had at the next observation: a backend guess put off for a
 	// flow is made (lastChance) before that flow is reported, on a node
@@ -333,6 +330,27 @@ func (f *flowState) continuesNote() string {
 		f.continues, time.Unix(0, f.continuesLast).UTC().Format("15:04:05.000"))
 }
 
+// flowTimeout is how long a flow may be idle before Retire retires it.
+func (e *Engine) flowTimeout() time.Duration {
+	if e.cfg.FlowTimeout <= 0 {
+		return DefaultFlowTimeout
+	}
+	return e.cfg.FlowTimeout
+}
+
+// refusalOver tells whether an observation at m (of socket sock) of the
+// flow k refused as r is of a later flow (refusedFlow.another), or, once
+// flows are retired (a run until stopped), of a UDP flow that came after
+// r was silent for the flow timeout: an admitted flow would have been
+// retired then, and the endpoint's next datagram begun a flow of its own.
+// Without that, a UDP client endpoint refused in a burst stayed refused,
+// and uncounted, for the rest of the run when no socket observer named
+// its sockets (an outside client's, a NodePort's).
+func (e *Engine) refusalOver(k flowKey, r refusedFlow, sock uint64, m moment) bool {
+	return r.another(sock, m) ||
+		e.retiredTotals.n > 0 && k.proto == obs.UDP && r.last != 0 && m.at-r.last > int64(e.flowTimeout())
+}
+
 // stillRefused tells whether a flow refused beyond MaxFlows (k, seen again
 // at m, of socket sock) stays refused although there is room now: once
 // flows are retired (a run until stopped), a retired flow's room does not
@@ -347,5 +365,5 @@ func (e *Engine) stillRefused(k flowKey, sock uint64, m moment) bool {
 		return false
 	}
 	r, ok := e.refused.get(k)
-	return ok && !r.another(sock, m)
+	return ok && !e.refusalOver(k, r, sock, m)
 }

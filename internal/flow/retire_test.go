@@ -467,6 +467,71 @@ func TestRetireRefusedStaysRefused(t *testing.T) {
 	}
 }
 
+// TestRetireRefusedUDPEndsWhenSilent: in a run until stopped, a UDP flow
+// refused beyond MaxFlows in a burst is over once silent for the flow
+// timeout, as an admitted one would have been retired: the endpoint's
+// next datagram, with room again, is a flow of its own (it stayed refused,
+// and uncounted, for the rest of the run where no socket observer named
+// its sockets, as for an outside client). While it keeps sending, even
+// only through Repeat, it stays refused (TestRetireRefusedStaysRefused).
+func TestRetireRefusedUDPEndsWhenSilent(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}}, MaxFlows: 1, FlowTimeout: 20 * time.Second})
+	// Packets only: no socket observer names the sockets.
+	exchange := func(i int, at time.Time) (hs []flow.Handle) {
+		for _, o := range churnFlow(i, obs.UDP, svc, be, at) {
+			switch o.Point {
+			case obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress:
+				continue
+			}
+			if h, ok := e.AddPacket(o); ok {
+				hs = append(hs, h)
+			}
+		}
+		return hs
+	}
+	at := flowtest.At(0)
+	exchange(1, at)                                // flow A takes the only room
+	refused := exchange(2, at.Add(time.Second))[0] // flow B, refused
+	if !refused.Refused() {
+		t.Fatal("flow B was not refused")
+	}
+	if got := e.Retire(at.Add(30 * time.Second)); len(got) != 1 {
+		t.Fatalf("retired %d flows, want A", len(got))
+	}
+	// B goes on sending, its packets counted by Repeat: past the recheck
+	// one goes to Add, which sees B still active.
+	pod := refused
+	for sec := 2; sec <= 40; sec++ {
+		if !e.Repeat(&pod, obs.PointPod, at.Add(time.Duration(sec)*time.Second), 74) {
+			h, ok := e.AddPacket(obs.Observation{Time: at.Add(time.Duration(sec) * time.Second), Point: obs.PointPod, Dir: obs.DirOut, Proto: obs.UDP,
+				Src: netip.MustParseAddrPort("10.244.9.3:32768"), Dst: svc, Len: 74})
+			if !ok || !h.Refused() {
+				t.Fatalf("B's packet at %ds, in its stream, was not refused: followed from its middle", sec)
+			}
+			pod = h
+		}
+	}
+	// A packet of B's stream that Repeat never saw (another point's first,
+	// a kind forgotten by the capture path) finds it active too.
+	if h, ok := e.AddPacket(obs.Observation{Time: at.Add(41 * time.Second), Point: obs.PointHost, Dir: obs.DirIn, Proto: obs.UDP,
+		Src: netip.MustParseAddrPort("10.244.9.3:32768"), Dst: svc, Len: 74}); !ok || !h.Refused() {
+		t.Fatal("B's packet at 41s, in its stream, was not refused: followed from its middle")
+	}
+	if fs := e.Flows(); len(fs) != 0 {
+		t.Fatalf("flows %+v while B keeps sending, want none", fs)
+	}
+	// Silent for longer than the flow timeout, B's endpoint sends again.
+	exchange(2, at.Add(5*time.Minute))
+	fs := e.Flows()
+	if len(fs) != 1 || fs[0].Client != netip.MustParseAddrPort("10.244.9.3:32768") || fs[0].Backend != be {
+		t.Fatalf("flows %+v, want the endpoint's new exchange followed", fs)
+	}
+	if s := e.Summary(); s.Drops[flow.DropFlowsOverMax] != 1 || s.Flows != 2 {
+		t.Errorf("summary: %d flows, %d over max; want 2 and 1", s.Flows, s.Drops[flow.DropFlowsOverMax])
+	}
+}
+
 // TestRetireSYNRetryContinues: a connection whose SYNs get no answer (a
 // backend that drops them) retransmits with gaps that double (32 s, 64 s
 // with more retries than the default): retired in between, its next SYN
