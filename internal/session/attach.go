@@ -539,29 +539,39 @@ func deviceRulesOf(chains []discover.DeviceChain, cps []discover.CapturePoint) [
 	var out []flow.DeviceRule
 	for _, c := range chains {
 		for _, dev := range c.Devices {
-			i := slices.IndexFunc(cps, func(cp discover.CapturePoint) bool {
-				return cp.Ifname == dev && (cp.Role == discover.RoleHost || cp.Role == discover.RoleUplink)
-			})
-			if i < 0 {
-				continue
-			}
-			cp := cps[i]
-			for _, r := range c.Rewrites {
-				rule := flow.DeviceRule{Chain: c.String(), Hook: c.Hook, Device: dev, Ifindex: cp.Ifindex, Uplink: cp.Role == discover.RoleUplink,
-					VIP: netip.AddrPortFrom(r.Service, r.Port), Proto: protoOf(r.Proto), Rule: "daddr set " + r.Note}
-				if len(r.Chains) > 1 {
-					rule.Chain += " > " + strings.Join(r.Chains[1:], " > ")
+			// Every capture point of that name: a bounded run lists the
+			// host veth of a Pod that went beside that of the Pod made
+			// again with its name (and another ifindex).
+			var seen []int
+			for _, cp := range cps {
+				if cp.Ifname != dev || cp.Role != discover.RoleHost && cp.Role != discover.RoleUplink || slices.Contains(seen, cp.Ifindex) {
+					continue
 				}
-				if r.Backend.IsValid() {
-					rule.Backends = []netip.AddrPort{r.Backend}
-					rule.Rule = "daddr set " + r.Backend.String()
-					if r.Backend.Port() == 0 {
-						rule.Rule = "daddr set " + r.Backend.Addr().String() + " (port kept)"
-					}
-				}
-				out = append(out, rule)
+				seen = append(seen, cp.Ifindex)
+				out = appendDeviceRules(out, c, dev, cp)
 			}
 		}
+	}
+	return out
+}
+
+// appendDeviceRules appends the rules of chain c's rewrites on device dev,
+// the capture point cp.
+func appendDeviceRules(out []flow.DeviceRule, c discover.DeviceChain, dev string, cp discover.CapturePoint) []flow.DeviceRule {
+	for _, r := range c.Rewrites {
+		rule := flow.DeviceRule{Chain: c.String(), Hook: c.Hook, Device: dev, Ifindex: cp.Ifindex, Uplink: cp.Role == discover.RoleUplink,
+			VIP: netip.AddrPortFrom(r.Service, r.Port), Proto: protoOf(r.Proto), Rule: "daddr set " + r.Note}
+		if len(r.Chains) > 1 {
+			rule.Chain += " > " + strings.Join(r.Chains[1:], " > ")
+		}
+		if r.Backend.IsValid() {
+			rule.Backends = []netip.AddrPort{r.Backend}
+			rule.Rule = "daddr set " + r.Backend.String()
+			if r.Backend.Port() == 0 {
+				rule.Rule = "daddr set " + r.Backend.Addr().String() + " (port kept)"
+			}
+		}
+		out = append(out, rule)
 	}
 	return out
 }

@@ -41,3 +41,25 @@ func TestDeviceRulesOf(t *testing.T) {
 		t.Errorf("device rules:\n got %q\nwant %q", got, want)
 	}
 }
+
+// TestDeviceRulesOfVethNameAgain: a Pod deleted and made again during a
+// bounded run whose host veth has its predecessor's name (Calico names it
+// after the Pod) has a capture point of its own, with another ifindex, and
+// the node lists both: the chain on that name rewrites the new Pod's
+// packets, so its rule holds at the new veth too, not at the gone one only.
+func TestDeviceRulesOfVethNameAgain(t *testing.T) {
+	vip := netip.MustParseAddr("10.120.0.80")
+	cps := []discover.CapturePoint{
+		{Role: discover.RoleHost, Ifname: "cali1", Ifindex: 7},  // the Pod that went
+		{Role: discover.RoleHost, Ifname: "cali1", Ifindex: 12}, // the Pod made again
+	}
+	chains := []discover.DeviceChain{{Family: "netdev", Table: "t", Chain: "in", Hook: "ingress", Devices: []string{"cali1"},
+		Rewrites: []discover.NATRule{{Service: vip, Port: 80, Proto: "tcp", Chains: []string{"in"}, Backend: netip.MustParseAddrPort("10.244.20.31:3000")}}}}
+	var ifindexes []int
+	for _, r := range deviceRulesOf(chains, cps) {
+		ifindexes = append(ifindexes, r.Ifindex)
+	}
+	if !slices.Contains(ifindexes, 12) {
+		t.Errorf("device rules at ifindexes %v, want one at the new Pod's veth (12)", ifindexes)
+	}
+}

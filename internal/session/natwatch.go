@@ -32,8 +32,12 @@ type natWatch struct {
 	// last is the time of the previous look (discovery's, at first): a rule
 	// first seen now was not there then.
 	last time.Time
-	next time.Time // no look before
-	seen uint64    // the engine's UnlistedBackends at the previous look
+	// lastRead holds, for a source the looks since could not read in
+	// full, the time of the last look that did: a rule of it first seen
+	// now may have been there since then.
+	lastRead map[string]time.Time
+	next     time.Time // no look before
+	seen     uint64    // the engine's UnlistedBackends at the previous look
 
 	looks, appeared, went int
 	firstLook, lastLook   time.Time
@@ -87,6 +91,16 @@ func (w *natWatch) check(ctx context.Context, now time.Time, eng *flow.Engine, f
 	if !slices.Contains(unread, discover.SourceNFTables) && w.updateDevices(nf.DeviceChains, now) {
 		eng.SetDeviceRules(slices.Clone(w.dev))
 	}
+	for _, src := range []string{discover.SourceNFTables, discover.SourceIPTablesLegacy, "ipvs"} {
+		if !slices.Contains(unread, src) {
+			delete(w.lastRead, src)
+		} else if _, ok := w.lastRead[src]; !ok {
+			if w.lastRead == nil {
+				w.lastRead = map[string]time.Time{}
+			}
+			w.lastRead[src] = w.last
+		}
+	}
 	w.last = now
 	w.looks++
 	if w.firstLook.IsZero() {
@@ -113,7 +127,7 @@ func (w *natWatch) update(found []discover.NATRule, ipvs []flow.IPVSService, unr
 		if slices.ContainsFunc(w.rules, func(r flow.NATRule) bool { return r.Until.IsZero() && sameNATRule(c, r) }) {
 			continue
 		}
-		c.Since = w.last
+		c.Since = w.since(c.Source)
 		w.rules, changed = append(w.rules, c), true
 		w.appeared++
 		if w.listed < maxGoneNAT {
@@ -121,7 +135,7 @@ func (w *natWatch) update(found []discover.NATRule, ipvs []flow.IPVSService, unr
 			w.listed++
 		}
 	}
-	w.rules = forgetGone(w.rules, func(r flow.NATRule) bool { return !r.Until.IsZero() })
+	w.rules = forgetGone(w.rules, maxGoneNAT, func(r flow.NATRule) bool { return !r.Until.IsZero() })
 	for i := range w.ipvs {
 		s := &w.ipvs[i]
 		if s.Until.IsZero() && !slices.Contains(unread, "ipvs") &&
@@ -132,13 +146,22 @@ func (w *natWatch) update(found []discover.NATRule, ipvs []flow.IPVSService, unr
 	}
 	for _, c := range ipvs {
 		if !slices.ContainsFunc(w.ipvs, func(s flow.IPVSService) bool { return s.Until.IsZero() && sameIPVS(c, s) }) {
-			c.Since = w.last
+			c.Since = w.since("ipvs")
 			w.ipvs, changed = append(w.ipvs, c), true
 			w.appeared++
 		}
 	}
-	w.ipvs = forgetGone(w.ipvs, func(s flow.IPVSService) bool { return !s.Until.IsZero() })
+	w.ipvs = forgetGone(w.ipvs, maxGoneNAT, func(s flow.IPVSService) bool { return !s.Until.IsZero() })
 	return changed
+}
+
+// since is when a rule of source first seen now was not there yet: the
+// last look that read that source.
+func (w *natWatch) since(source string) time.Time {
+	if t, ok := w.lastRead[source]; ok {
+		return t
+	}
+	return w.last
 }
 
 // updateDevices ends the device chains' rules no longer there and adds the
@@ -155,10 +178,10 @@ func (w *natWatch) updateDevices(found []discover.DeviceChain, now time.Time) bo
 			w.went++
 		}
 	}
-	if w.addDeviceRules(cur, w.last) {
+	if w.addDeviceRules(cur, w.since(discover.SourceNFTables)) {
 		changed = true
 	}
-	w.dev = forgetGone(w.dev, func(r flow.DeviceRule) bool { return !r.Until.IsZero() })
+	w.dev = forgetGone(w.dev, maxGoneNAT, func(r flow.DeviceRule) bool { return !r.Until.IsZero() })
 	for _, c := range found {
 		if !slices.ContainsFunc(w.chains, func(o discover.DeviceChain) bool { return reflect.DeepEqual(c, o) }) &&
 			w.listed < maxGoneNAT {
@@ -197,15 +220,16 @@ func (w *natWatch) podsAdded(eng *flow.Engine) {
 	}
 }
 
-// forgetGone drops the oldest gone entries beyond maxGoneNAT.
-func forgetGone[T any](list []T, gone func(T) bool) []T {
+// forgetGone drops the oldest gone entries beyond bound, however many went
+// at once.
+func forgetGone[T any](list []T, bound int, gone func(T) bool) []T {
 	n := 0
 	for _, x := range list {
 		if gone(x) {
 			n++
 		}
 	}
-	for ; n > maxGoneNAT; n-- {
+	for ; n > bound; n-- {
 		i := slices.IndexFunc(list, gone)
 		list = slices.Delete(list, i, i+1)
 	}

@@ -176,3 +176,35 @@ func TestNATWatchDeviceChains(t *testing.T) {
 	var none *natWatch
 	none.podsAdded(eng) // a run without the watch
 }
+
+// TestNATWatchUnreadLookIsNoLook: a look that could not read the rules (the
+// run's end cut it short) says nothing of when a rule appeared: one found
+// by the next look may have been there since the last look that read them,
+// and the flows of that time reached their backends by it.
+func TestNATWatchUnreadLookIsNoLook(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-tcp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.Config
+	cfg.Attribution.NATRules = nil // no rule names the flow's backend: the watch looks
+	eng := flow.NewEngine(cfg)
+	for _, o := range s.Observations {
+		eng.Add(o)
+	}
+	t0 := time.Unix(1_700_000_000, 0)
+	w := newNATWatch(&discover.NodeInfo{HostNetNS: discover.NetNS{Path: "/nonexistent/netns"}}, t0)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w.check(ctx, t0.Add(5*time.Second), eng, false) // nothing read
+	if w.looks != 1 {
+		t.Fatalf("%d looks, want the interrupted one", w.looks)
+	}
+	// The run's last look reads a rule added at t0+3s (the flow's backend's).
+	r := discover.NATRule{Source: discover.SourceNFTables, Table: "ip kube-proxy", Hook: "prerouting", Service: netip.MustParseAddr("10.96.0.10"),
+		Port: 53, Proto: "udp", Chains: []string{"services"}, Backend: netip.MustParseAddrPort("10.244.1.5:53")}
+	w.update([]discover.NATRule{r}, nil, nil, t0.Add(10*time.Second))
+	if got := w.rules[len(w.rules)-1].Since; got.After(t0) {
+		t.Errorf("new rule since %v, want since the last look that read the rules (t0): the look at t0+5s read nothing", got.Sub(t0))
+	}
+}

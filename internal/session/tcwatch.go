@@ -86,10 +86,8 @@ func (w *tcWatch) update(cur []flow.TCProgram, now time.Time) bool {
 			w.progs, changed = append(w.progs, c), true
 		}
 	}
-	if gone := slices.IndexFunc(w.progs, func(p flow.TCProgram) bool { return !p.Until.IsZero() }); gone >= 0 &&
-		len(w.progs) > maxGoneTCPrograms+len(cur) {
-		w.progs = slices.Delete(w.progs, gone, gone+1)
-	}
+	// An agent's restart ends the programs of every veth at once.
+	w.progs = forgetGone(w.progs, maxGoneTCPrograms, func(p flow.TCProgram) bool { return !p.Until.IsZero() })
 	return changed
 }
 

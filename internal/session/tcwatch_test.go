@@ -57,3 +57,29 @@ func TestNewVethsForgetObservers(t *testing.T) {
 		t.Errorf("observed after a new Pod behind ifindex 3 (its eth0 #4): %v, want only 4", l.observed)
 	}
 }
+
+// TestTCWatchGoneBoundedManyVeths: an agent that keeps replacing the
+// programs of several veths at once (a Cilium restart replaces every
+// endpoint's): what is gone stays bounded too, not only when one program
+// goes per look.
+func TestTCWatchGoneBoundedManyVeths(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	const veths = 3
+	w := &tcWatch{}
+	for i := range 2 * maxGoneTCPrograms {
+		var cur []flow.TCProgram
+		for v := range veths {
+			cur = append(cur, flow.TCProgram{Direction: "ingress", Kind: "tcx", Name: "cil_from_container", ID: uint32(1000*v + i), Ifindex: 7 + v})
+		}
+		w.update(cur, t0.Add(time.Duration(i)*time.Second))
+	}
+	gone := 0
+	for _, p := range w.progs {
+		if !p.Until.IsZero() {
+			gone++
+		}
+	}
+	if gone > maxGoneTCPrograms {
+		t.Errorf("%d programs kept after they went, want at most %d", gone, maxGoneTCPrograms)
+	}
+}
