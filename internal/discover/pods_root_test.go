@@ -920,3 +920,62 @@ func TestPodWatchFollowedFoundAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestPodWatchVethIndexReusedRoomBack: in a run until stopped, a Pod
+// deleted and made again between two looks, whose new host veth got its
+// predecessor's ifindex, is a new Pod and the old one went: the look says
+// so, and the old one gives its room back, so a Pod that starts next is
+// followed while the bound is not reached.
+func TestPodWatchVethIndexReusedRoomBack(t *testing.T) {
+	tb := newTestbed(t)
+	opt := Options{HostNetNS: tb.node, MaxPods: 3}
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPodWatch(info, opt)
+	w.GiveRoomBack()
+	node := filepath.Base(tb.node)
+	pod2 := secondPod(t, tb)
+	index := strings.SplitN(ipCmd(t, "-n", node, "-o", "link", "show", "hv1"), ":", 2)[0]
+	t0 := time.Now()
+	found, err := w.Look(context.Background(), t0)
+	if err != nil || len(found.Pods) != 1 {
+		t.Fatalf("look after the second Pod started: %+v, %v", found.Pods, err)
+	}
+	old := found.Pods[0].NetNS.Inode
+	// The second Pod is deleted and made again before the next look, its
+	// host veth with the same ifindex.
+	ipCmd(t, "netns", "del", pod2)
+	for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", node, "link", "show", "hv1").Run() == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("hv1 still there 10 s after its netns was deleted")
+		}
+	}
+	ipCmd(t, "netns", "add", pod2)
+	ipCmd(t, "-n", node, "link", "add", "hv1", "index", index, "type", "veth", "peer", "name", "eth0", "netns", pod2)
+	ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
+	ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
+	ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+	found, err = w.Look(context.Background(), t0.Add(2*time.Second))
+	if err != nil || len(found.Pods) != 1 || strconv.Itoa(found.Pods[0].HostPeer.Ifindex) != index {
+		t.Fatalf("look after the Pod was made again: %+v, %v; want the new Pod", found.Pods, err)
+	}
+	if !slices.Contains(found.Gone, old) {
+		t.Errorf("look after the Pod was made again: gone %v, want the old Pod's netns %d", found.Gone, old)
+	}
+	// Two Pods on the node, a bound of 3: a third that starts is followed.
+	pod3 := filepath.Base(tb.pod) + "3"
+	ipCmd(t, "netns", "add", pod3)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod3).Run() })
+	ipCmd(t, "-n", node, "link", "add", "hv3", "type", "veth", "peer", "name", "eth0", "netns", pod3)
+	ipCmd(t, "-n", node, "link", "set", "hv3", "master", "br0", "up")
+	ipCmd(t, "-n", pod3, "addr", "add", "10.99.8.33/22", "dev", "eth0")
+	ipCmd(t, "-n", pod3, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", pod3, "route", "add", "default", "via", gwIP)
+	found, err = w.Look(context.Background(), t0.Add(4*time.Second))
+	if err != nil || len(found.Pods) != 1 || found.Skipped != 0 {
+		t.Errorf("look after a third Pod started, two on the node, bound 3: pods %+v skipped %d (%v), %v; want it followed", found.Pods, found.Skipped, found.SkippedVeths, err)
+	}
+}

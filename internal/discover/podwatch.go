@@ -274,12 +274,26 @@ func (w *PodWatch) Look(ctx context.Context, now time.Time) (NewPods, error) {
 				continue
 			}
 		}
+		// A Pod followed whose host veth had this ifindex went: its veth
+		// was replaced by this new Pod's (see vethID), whatever inode the
+		// new netns got.
+		for inode, ns := range w.netns {
+			if ns.veth == idx {
+				delete(w.netns, inode)
+				if w.giveBack {
+					w.followed--
+					gone = append(gone, inode)
+				}
+			}
+		}
 		if w.podIP.IsValid() && !slices.ContainsFunc(p.Eth0.Addrs, func(a netip.Prefix) bool { return a.Addr() == w.podIP }) {
 			continue // another Pod: not traced
 		}
 		w.netns[p.NetNS.Inode] = podNetNS{veth: p.HostPeer.Ifindex, cookie: cookie}
 		found.Pods = append(found.Pods, p)
 	}
+	slices.Sort(gone)
+	found.Gone = gone
 	w.followed += len(found.Pods)
 	w.skippedOut += found.Skipped
 	if len(found.Pods) == 0 {
