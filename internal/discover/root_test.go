@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -916,5 +917,39 @@ func TestNodeAddressWithoutPort(t *testing.T) {
 		if _, err := Node(context.Background(), opt); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestUplinkIsUnselectedNetkitPod: --uplink naming the netkit primary of a
+// Pod the selection left out (Cilium's datapathMode=netkit) is refused as a
+// veth's is: its peer's netns routes its default route through it. This
+// kernel may lack netkit devices: the Pod's pair is a veth, its node end
+// read back as the netkit primary it stands for (same attributes: peer
+// ifindex, peer netns id).
+func TestUplinkIsUnselectedNetkitPod(t *testing.T) {
+	n := newNodeNS(t, "node", "pod")
+	n.addRoutedPod(t, "pod", "lxc0123456789a", "10.99.21.7")
+	host, err := openHost(n.path("node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.close()
+	l, err := host.linkByName("lxc0123456789a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nk := &netlink.Netkit{LinkAttrs: *l.Attrs(), Mode: netlink.NETKIT_MODE_L3}
+	host.links[nk.Index] = nk
+	if !isVeth(nk) || nk.NetNsID < 0 {
+		t.Fatalf("the stand-in netkit is no pair into another netns: %+v", nk.Attrs())
+	}
+	err = notPodVeth(context.Background(), host, Options{Uplink: nk.Name}, nk)
+	var ue *UsageError
+	if !errors.As(err, &ue) || !strings.Contains(ue.Msg, "host veth of a Pod") {
+		t.Errorf("--uplink %s, a Pod's netkit primary: got %v, want a usage error naming a Pod's host veth", nk.Name, err)
+	}
+	// Its veth is refused (the check works on this node).
+	if err := notPodVeth(context.Background(), host, Options{Uplink: l.Attrs().Name}, l); !errors.As(err, &ue) {
+		t.Errorf("--uplink %s, a Pod's veth: got %v, want a usage error", l.Attrs().Name, err)
 	}
 }

@@ -123,7 +123,7 @@ func discoverUplinks(ctx context.Context, host *hostNS, opt Options, info *NodeI
 // too in kind and the lab). Captured as the uplink, it would see none of
 // the traced flows, and the uplink side of every flow would be missing.
 func notPodVeth(ctx context.Context, host *hostNS, opt Options, l netlink.Link) error {
-	if _, ok := l.(*netlink.Veth); !ok || l.Attrs().NetNsID < 0 {
+	if !isVeth(l) || l.Attrs().NetNsID < 0 {
 		return nil
 	}
 	veths, err := podHostVeths(ctx, host, opt.Services)
