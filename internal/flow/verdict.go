@@ -130,6 +130,12 @@ func (e *Engine) gapAt(f *flowState, cp checkpoint) gap {
 		return gapNetkit
 	}
 	g := gapBefore(cp)
+	if f.fromNode && (g == gapPodNAT || g == gapPodNetns || g == gapTC) {
+		// A node socket's request meets no Pod netns and no host veth:
+		// from its socket to its egress hook only the node's OUTPUT
+		// (netfilter, IPVS) and POSTROUTING run.
+		return gapNothing
+	}
 	if _, ok := e.cfg.Attribution.StackedPods[f.client.Addr()]; ok && g == gapTC {
 		return gapUplinkTC
 	}
@@ -593,16 +599,25 @@ func sameICMPAnswer(rules []NATRule) bool {
 // out of the chain (a redirect, Cilium's fast path), past every later
 // point; what else rewrote it is a tc program too, on the uplink's egress
 // (with the SNAT that hides its uplink frame: a BPF SNAT leaves no conntrack
-// entry to link that frame by).
+// entry to link that frame by). On a node without tails (only legacy
+// cls_bpf filters, which run after the whole tcx chain), the head sees what
+// a tail would: a filter after it took the request out.
 func (e *Engine) redirectedAtTC(f *flowState, last checkpoint, why bool) (verdict, bool) {
-	if last != cpTCHead || !f.reply || len(f.backends) == 0 || !e.active(obs.PointTCTail) || f.cps[cpTCTail].any() ||
+	if last != cpTCHead || !f.reply || len(f.backends) == 0 || f.cps[cpTCTail].any() ||
 		!e.active(obs.PointNFBefore) || f.cps[cpNFBefore].any() {
 		return verdict{}, false
 	}
 	v := verdict{place: PlaceTC, by: oneOf(append(e.tcCands(f), e.uplinkTCCands(f, "egress")...))}
 	if why {
-		v.reason = fmt.Sprintf("VIP %s at tc head ingress, then neither the tc tail nor netfilter (both watching) saw the request, yet backend %s answered: a tc program rewrote it and took it out of the tcx chain (a redirect); the uplink frame, if any, was not recognized (a BPF SNAT leaves no conntrack entry to link it)",
-			f.service, f.sortedBackends()[0])
+		// Without tails (a node of legacy cls_bpf filters only, which run
+		// after the whole tcx chain), the head sees what a tail would: a
+		// filter after it took the request out of the stack.
+		seen, out := "neither the tc tail nor netfilter (both watching) saw the request", "took it out of the tcx chain (a redirect)"
+		if !e.active(obs.PointTCTail) {
+			seen, out = "netfilter (watching) never saw the request (no tc tail watched: the head sees what it would)", "took it out of the stack (a redirect)"
+		}
+		v.reason = fmt.Sprintf("VIP %s at tc head ingress, then %s, yet backend %s answered: a tc program rewrote it and %s; the uplink frame, if any, was not recognized (a BPF SNAT leaves no conntrack entry to link it)",
+			f.service, seen, f.sortedBackends()[0], out)
 	}
 	return v, true
 }
@@ -683,6 +698,9 @@ func (e *Engine) fromWire(f *flowState, iB checkpoint, why bool) (verdict, bool)
 	if slices.Contains(cands, gapNetfilter) {
 		if excluded, _ = e.netfilterExcluded(f, why); excluded != "" {
 			cands = removeGap(cands, gapNetfilter)
+			if e.nfNeverSaw(f) {
+				cands = removeGap(cands, gapIPVS) // it runs in netfilter's hooks, after the observer
+			}
 		}
 	}
 	if len(cands) != 1 {
@@ -771,6 +789,10 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		if excluded, doubt = e.netfilterExcluded(f, why); excluded != "" {
 			cands = removeGap(cands, gapNetfilter)
 			notes = append(notes, "netfilter excluded: "+excluded)
+			if e.nfNeverSaw(f) && slices.Contains(cands, gapIPVS) {
+				cands = removeGap(cands, gapIPVS)
+				notes = append(notes, "ipvs excluded: it runs in netfilter's hooks, after the netfilter observer that never saw this flow")
+			}
 		}
 	}
 	if len(cands) > 1 && slices.Contains(cands, gapNetkit) && e.bypassedHostSide(f) {
@@ -1092,6 +1114,14 @@ func (e *Engine) nodeSynAckLost(f *flowState) bool {
 func bracketBase(f *flowState, iV, iB checkpoint) string {
 	return fmt.Sprintf("VIP %s at %s, backend %s at %s", f.service, iV.describe(f.cps[iV].vipFrom),
 		f.cps[iB].backendAddr.addrPort(), iB.describe(f.cps[iB].backendFrom))
+}
+
+// nfNeverSaw tells whether the netfilter observers, watching, never saw f's
+// request: it met none of netfilter's IP hooks, so neither netfilter's NAT
+// nor IPVS, which runs at LOCAL_IN and LOCAL_OUT after the observers, can
+// have rewritten it.
+func (e *Engine) nfNeverSaw(f *flowState) bool {
+	return e.active(obs.PointNFBefore) && !f.cps[cpNFBefore].any()
 }
 
 // netfilterExcluded tells why netfilter cannot have rewritten a flow that no
