@@ -104,7 +104,9 @@ func (b backendCounts) write(w io.Writer) error {
 		r, n := replies(c)
 		switch {
 		case c["yes"] > 0 || c["unseen"] > 0:
-		case c[replyLost] > 0:
+		case c[replyLost] > 0 && c[replyLost] == n:
+			// Only such flows (README): one that also refused or went
+			// unanswered is not cleared of those by this mark.
 			r += "  <- it answered; the node lost the replies on their way to the client"
 		default:
 			r += "  <- no flow got a reply"

@@ -107,3 +107,29 @@ func TestBackendsSummaryRepliesLostOnNode(t *testing.T) {
 		}
 	}
 }
+
+// TestBackendsSummaryLostAmongRefusals: README marks "it answered; the node
+// lost the replies" a backend with only flows whose replies the node lost;
+// one that refused three flows and answered one whose replies were lost is
+// not cleared of its refusals by that mark.
+func TestBackendsSummaryLostAmongRefusals(t *testing.T) {
+	vlan := uint16(200)
+	var flows []flow.Flow
+	for i := range 4 {
+		f := flow.Flow{ID: i + 1, Proto: "tcp", Client: netip.MustParseAddrPort(fmt.Sprintf("10.244.8.23:%d", 40000+i)),
+			Service: netip.MustParseAddrPort("10.120.0.90:80"), Backend: netip.MustParseAddrPort("10.244.20.31:3000"),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip t pre -> b", VLAN: &vlan, Refused: true}
+		if i == 0 {
+			f.Refused, f.RepliesLostOnNode = false, 2
+		}
+		flows = append(flows, f)
+	}
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	w.Flows(flows)
+	w.Summary(flow.Summary{Flows: 4}, nil, Run{})
+	_, summary, _ := strings.Cut(b.String(), "REWRITTEN AT  FLOWS")
+	if want := "10.244.20.31:3000  4      rst 3, lost 1  <- no flow got a reply\n"; !strings.Contains(summary, want) {
+		t.Errorf("summary lacks %q:\n%s", want, summary)
+	}
+}

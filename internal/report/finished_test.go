@@ -180,3 +180,29 @@ func TestFinishedCountsGrammar(t *testing.T) {
 		t.Errorf("summary:\n%s", b.String())
 	}
 }
+
+// TestFinishedTableHeaderEveryScreenful: flows that end together (a busy
+// node retires hundreds a second, handed over at once) still get the
+// header again every finishedScreen rows, as README's "Until stopped"
+// promises: not one header over a batch of 100 rows.
+func TestFinishedTableHeaderEveryScreenful(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	var batch []flow.Flow
+	for i := 1; i <= 100; i++ {
+		batch = append(batch, finishedFlow(i))
+	}
+	w.Finished(batch)
+	w.Finished([]flow.Flow{finishedFlow(101)})
+	rows := 0
+	for _, l := range strings.Split(b.String(), "\n") {
+		switch {
+		case strings.HasPrefix(l, "ID "):
+			rows = 0
+		case strings.HasSuffix(l, "yes"):
+			if rows++; rows > finishedScreen {
+				t.Fatalf("more than %d rows under one header:\n%s", finishedScreen, b.String())
+			}
+		}
+	}
+}

@@ -96,7 +96,7 @@ func (w *Writer) Flows(flows []flow.Flow) error {
 				return err
 			}
 			w.fitWidths(flows)
-			return writeFlowRows(w.w, flows, true, w.widths)
+			return writeFlowRows(w.w, flows, true, w.widths, 0)
 		}
 		return writeFlowTable(w.w, flows)
 	}
@@ -131,13 +131,15 @@ func (w *Writer) Finished(flows []flow.Flow) error {
 	}
 	w.noteRewriters(flows)
 	// A column that had to widen starts a new header: the rows below it
-	// line up again.
+	// line up again. Flows that end together (a busy node's second) get
+	// the header again every screenful among them too.
 	header := w.fitWidths(flows) || w.rows == 0 || w.rows+len(flows) > finishedScreen
 	if header {
-		w.rows = 0
+		w.rows = (len(flows)-1)%finishedScreen + 1
+	} else {
+		w.rows += len(flows)
 	}
-	w.rows += len(flows)
-	return writeFlowRows(w.w, flows, header, w.widths)
+	return writeFlowRows(w.w, flows, header, w.widths, finishedScreen)
 }
 
 // fitWidths widens the columns of Finished's rows for flows and tells

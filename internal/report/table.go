@@ -34,7 +34,7 @@ func writeFlowTable(w io.Writer, flows []flow.Flow) error {
 			"points saw packets of the Service at all.\n\n")
 		return err
 	}
-	return writeFlowRows(w, flows, true, nil)
+	return writeFlowRows(w, flows, true, nil, 0)
 }
 
 // flowHeader names the flow table's columns.
@@ -69,16 +69,16 @@ func (fw fixedWidths) fit(rows [][]string) bool {
 	return grew
 }
 
-// writeFlowRows writes flows as table rows, under the header when asked,
-// and their notes. fixed: in columns of the widths it gives (rows written
-// a few at a time as flows end line up under one header), else as wide as
-// the rows need.
-func writeFlowRows(w io.Writer, flows []flow.Flow, header bool, fixed fixedWidths) error {
+// writeFlowRows writes flows as table rows, under the header when asked
+// (and again every `every` rows when every > 0), and their notes. fixed:
+// in columns of the widths it gives (rows written a few at a time as flows
+// end line up under one header), else as wide as the rows need.
+func writeFlowRows(w io.Writer, flows []flow.Flow, header bool, fixed fixedWidths, every int) error {
 	rows := make([][]string, 0, len(flows)+1)
-	if header {
-		rows = append(rows, flowHeader)
-	}
-	for _, f := range flows {
+	for i, f := range flows {
+		if header && (i == 0 || every > 0 && i%every == 0) {
+			rows = append(rows, flowHeader)
+		}
 		rows = append(rows, flowCells(f))
 	}
 	if fixed != nil {
