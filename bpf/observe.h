@@ -39,6 +39,10 @@ enum pt_kind {
 	 * passed the egress observer (a filter rule at OUTPUT rejected or
 	 * dropped its SYN): the event carries its port, known only now. */
 	PT_KIND_CLOSED = 3,
+	/* PT_SOCKADDR: a dual-stack socket's connect to a v4-mapped address,
+	 * for which the kernel ran the connect6 hooks (a socket LB's connect6
+	 * program, not its connect4 one, rewrote it). */
+	PT_KIND_CONNECT6 = 4,
 };
 
 /* One observation. Addresses and ports are in network byte order, VLAN fields

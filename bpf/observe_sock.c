@@ -334,7 +334,7 @@ int pt_connect6(struct bpf_sock_addr *ctx)
 	__u32 addr[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
 	if (ctx->user_family != AF_INET6 || !pt_v4mapped(addr))
 		return 1;
-	return pt_sock_addr(ctx, PT_KIND_CONNECT, addr[3]);
+	return pt_sock_addr(ctx, PT_KIND_CONNECT6, addr[3]);
 }
 
 SEC("cgroup/sendmsg4")

@@ -13,11 +13,13 @@ import (
 )
 
 // bySocket names the sock_addr programs that can have rewritten the flow: the
-// connect4 ones for a connect, the sendmsg4 ones for an unconnected send.
+// connect4 ones for a connect (connect6 for a dual-stack socket's to a
+// v4-mapped address), the sendmsg4 ones for an unconnected send (which the
+// kernel runs for a dual-stack socket's too).
 func (e *Engine) bySocket(f *flowState) string {
 	var hooks []string
 	switch {
-	case f.kind == obs.SockConnect, f.kind == 0 && f.proto == obs.TCP:
+	case f.kind == obs.SockConnect, f.kind == obs.SockConnect6, f.kind == 0 && f.proto == obs.TCP:
 		hooks = []string{"connect"}
 	case f.kind == obs.SockSendmsg:
 		hooks = []string{"sendmsg"}
@@ -25,7 +27,7 @@ func (e *Engine) bySocket(f *flowState) string {
 		hooks = []string{"connect", "sendmsg"}
 	}
 	family := "4"
-	if f.service.Addr().Is6() {
+	if f.service.Addr().Is6() || f.kind == obs.SockConnect6 {
 		family = "6"
 	}
 	progs := e.cfg.Attribution.SockPrograms

@@ -83,3 +83,35 @@ func TestCommentsCarryShortBy(t *testing.T) {
 	}
 	t.Fatalf("no flow %d in the report", ref.ID)
 }
+
+// TestBySocketDualStack: a dual-stack socket's connect to a v4-mapped
+// VIP runs the connect6 hooks only, so a socket LB's connect6 program, not
+// its connect4 one, rewrote it; an IPv4 socket's connect names connect4.
+func TestBySocketDualStack(t *testing.T) {
+	for _, c := range []struct {
+		kind obs.SockKind
+		want string
+	}{
+		{obs.SockConnect, "connect4 lb_sock4_connect (id 41)"},
+		{obs.SockConnect6, "connect6 lb_sock6_connect (id 45)"},
+	} {
+		s, err := flowtest.Load(scenarioDir + "/socket-tcp.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Config.Attribution.SockPrograms = []flow.SockProgram{
+			{AttachType: "connect4", Name: "lb_sock4_connect", ID: 41},
+			{AttachType: "sendmsg4", Name: "lb_sock4_sendmsg", ID: 42},
+			{AttachType: "connect6", Name: "lb_sock6_connect", ID: 45},
+		}
+		for i, o := range s.Observations {
+			if o.Point == obs.PointSockAddr {
+				s.Observations[i].Kind = c.kind
+			}
+		}
+		fs := s.Run(nil).Flows()
+		if len(fs) != 1 || fs[0].RewrittenAt != flow.PlaceSocket || fs[0].By != c.want {
+			t.Errorf("kind %d: flows %+v, want one rewritten at socket by %q", c.kind, fs, c.want)
+		}
+	}
+}

@@ -150,6 +150,10 @@ const (
 	// passed the egress observer (the node's filter rejected or dropped its
 	// SYN at OUTPUT); the observation names its port, known only then.
 	SockClosed SockKind = 3
+	// SockConnect6: a dual-stack (IPv6) socket's connect to a v4-mapped
+	// address, which runs the connect6 hooks only: a socket LB's connect6
+	// program is what can have rewritten it.
+	SockConnect6 SockKind = 4
 )
 
 // MAC is an Ethernet address, kept by value (no allocation per packet); the

@@ -229,9 +229,11 @@ func TestObserversBracketTraffic(t *testing.T) {
 			t.Errorf("unconnected UDP: effective dst %v, want %v", o.Dst, vipUDP)
 		}
 	}
-	// Two TCP connections to the VIP: one from an AF_INET socket (connect4),
-	// one from a dual-stack socket to ::ffff:VIP (connect6).
-	c.waitCount(t, "connect of the dual-stack socket to ::ffff:VIP", 2, sockAddr(obs.SockConnect, obs.TCP, vipTCP))
+	// Two TCP connections to the VIP: one from an AF_INET socket (connect4,
+	// above), one from a dual-stack socket to ::ffff:VIP, which runs the
+	// connect6 hooks and says so (a socket LB's connect6 program is what
+	// can rewrite it).
+	c.waitFor(t, "connect6 of the dual-stack socket to ::ffff:VIP", sockAddr(obs.SockConnect6, obs.TCP, vipTCP))
 	lb := c.waitFor(t, "connect4 to the socket-LB VIP", sockAddr(obs.SockConnect, obs.TCP, lbTCP))
 	if lb.Dst != env.backendTCP {
 		t.Errorf("socket LB: effective dst %v, want the backend %v", lb.Dst, env.backendTCP)

@@ -590,12 +590,14 @@ func (o observation) convert() (obs.Observation, error) {
 	case "":
 	case "connect":
 		v.Kind = obs.SockConnect
+	case "connect6":
+		v.Kind = obs.SockConnect6
 	case "sendmsg":
 		v.Kind = obs.SockSendmsg
 	case "closed":
 		v.Kind = obs.SockClosed
 	default:
-		return v, fmt.Errorf("kind %q: want connect, sendmsg or closed", o.Kind)
+		return v, fmt.Errorf("kind %q: want connect, connect6, sendmsg or closed", o.Kind)
 	}
 	if o.Hook != "" {
 		if v.Hook, err = parseHook(o.Hook); err != nil {
