@@ -185,7 +185,12 @@ func (e *Engine) forget(f *flowState) {
 		}
 	}
 	// A closed TCP connection continues in no later flow: only the others
-	// are remembered.
+	// are remembered, and its close ended the connection of a flow of its
+	// client endpoint and Service retired before (the one it continues, or
+	// one whose close went unseen), which no later flow continues either.
+	if f.client.Port() != 0 && f.proto == obs.TCP && f.tcp.closed() != 0 {
+		e.retiredKeys.forget(flowKey{k, f.service})
+	}
 	if f.client.Port() != 0 && (f.proto != obs.TCP || f.tcp.closed() == 0) {
 		// A reset that went to the client untranslated refused nothing it
 		// heard of: it goes on retransmitting its SYN.
@@ -276,9 +281,26 @@ func (e *Engine) mayContinueForgotten(f *flowState) bool {
 // retries for up to synRetryWindow, with gaps that double), nor, for UDP, one idle for longer than conntrack keeps an entry
 // (udpEntryLife): a datagram then makes a new entry, as a new flow's.
 func (e *Engine) continued(f *flowState, m moment) {
-	if r, ok := e.retiredBefore(flowKey{f.key(), f.service}, m); ok {
+	if r, ok := e.retiredBefore(flowKey{f.key(), f.service}, m); ok && !e.tcpClosedSince(f) {
 		f.continues, f.continuesLast = r.id, r.last
 	}
+}
+
+// tcpClosedSince tells whether f, a TCP flow being made, has an open
+// sibling (its client endpoint and Service) whose connection closed: the
+// retired flow's connection ended with it at the latest, so f, made after,
+// is a later connection's (a conntrack event of its port's next
+// connection, delivered ahead of its SYN, has no flags to tell).
+func (e *Engine) tcpClosedSince(f *flowState) bool {
+	if f.proto != obs.TCP {
+		return false
+	}
+	for _, g := range e.clients[f.key()] {
+		if g != f && g.service == f.service && g.tcp.closed() != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // retiredBefore is the retired flow k whose connection an observation at

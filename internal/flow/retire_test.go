@@ -763,3 +763,85 @@ func TestRetireUntranslatedResetStillOpening(t *testing.T) {
 		t.Errorf("after the retransmitted SYN: %+v, want one flow continuing %d", fs, first[0].ID)
 	}
 }
+
+// TestRetireTCPReusedAfterContinuedClose: an idle keep-alive connection is
+// retired by the flow timeout; its close (FINs both ways, the server's
+// idle timeout) makes a flow that continues it; then its client port opens
+// a new connection to the VIP, whose conntrack event is delivered ahead of
+// the taps' blocks with its SYN. That new connection continues nothing:
+// the close ended the retired flow's connection. Whether the closed flow
+// was retired before (more than 9 s after its close) or not.
+func TestRetireTCPReusedAfterContinuedClose(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	c := netip.MustParseAddrPort("10.244.9.1:40000")
+	pkt := func(at time.Time, p obs.Point, reply bool, flags uint8) obs.Observation {
+		o := obs.Observation{Time: at, Point: p, Ifname: "pod:eth0", Dir: obs.DirOut, Proto: obs.TCP, Src: c, Dst: svc, Len: 60, TCPFlags: flags}
+		if p == obs.PointUplink {
+			o.Ifname, o.Dst, o.VLAN = "uplink:bond0", be, 200
+		}
+		if reply {
+			o.Dir, o.Src, o.Dst = obs.DirIn, o.Dst, o.Src
+		}
+		return o
+	}
+	ms := func(at time.Time, n float64) time.Time { return at.Add(time.Duration(n * float64(time.Millisecond))) }
+	exchange := func(at time.Time, flags ...uint8) []obs.Observation {
+		var seq []obs.Observation
+		for i, f := range flags {
+			t0 := ms(at, float64(i))
+			seq = append(seq, pkt(t0, obs.PointPod, false, f), pkt(ms(t0, 0.05), obs.PointUplink, false, f))
+			if f != 0x10 {
+				ack := f
+				if f == 0x02 {
+					ack = 0x12
+				}
+				seq = append(seq, pkt(ms(t0, 0.3), obs.PointUplink, true, ack), pkt(ms(t0, 0.35), obs.PointPod, true, ack))
+			}
+		}
+		return seq
+	}
+	connect := func(at time.Time) []obs.Observation {
+		// conntrack's NEW event delivered ahead of the taps' blocks
+		ct := obs.Observation{Time: ms(at, 0.1), Point: obs.PointConntrack, Proto: obs.TCP, Src: c, Dst: svc, NATDst: be}
+		return append([]obs.Observation{ct}, exchange(at, 0x02, 0x10, 0x18)...)
+	}
+	for _, retireClosed := range []bool{true, false} {
+		ready := flowtest.At(0)
+		e := flow.NewEngine(flow.Config{
+			Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}},
+			Points:   map[obs.Point]bool{obs.PointConntrack: true, obs.PointPod: true, obs.PointUplink: true},
+			Ready:    ready,
+		})
+		at := ready.Add(10 * time.Second)
+		for _, o := range connect(at) {
+			e.Add(o)
+		}
+		first := e.Retire(at.Add(61 * time.Second)) // idle: the flow timeout
+		if len(first) != 1 {
+			t.Fatalf("retired %+v, want the idle connection", first)
+		}
+		end := at.Add(70 * time.Second)
+		for _, o := range exchange(end, 0x11, 0x10) {
+			e.Add(o)
+		}
+		again := end.Add(2 * time.Second)
+		if retireClosed {
+			if closed := e.Retire(end.Add(10 * time.Second)); len(closed) != 1 || closed[0].Continues != first[0].ID {
+				t.Fatalf("closing: retired %+v, want one flow continuing %d", closed, first[0].ID)
+			}
+			again = end.Add(12 * time.Second)
+		}
+		for _, o := range connect(again) {
+			e.Add(o)
+		}
+		var fresh []flow.Flow
+		for _, f := range e.Flows() {
+			if !f.First.Before(again) {
+				fresh = append(fresh, f)
+			}
+		}
+		if len(fresh) != 1 || fresh[0].Continues != 0 || fresh[0].RewrittenAt != flow.PlaceNetfilter || fresh[0].Backend != be {
+			t.Errorf("closed flow retired %v: the port's new connection: %+v, want one netfilter flow to %s continuing none", retireClosed, fresh, be)
+		}
+	}
+}
