@@ -168,8 +168,8 @@ func (s *snapshot) collect(ctx context.Context, dir string, topics []topic) (Man
 
 // run runs one collector under its timeout. A collector that overruns is
 // abandoned (its blocking call returns on its own; its buffer is dropped).
-func (s *snapshot) run(ctx context.Context, t topic, limit int) (body []byte, notes []string, truncated bool) {
-	ctx, cancel := context.WithTimeout(ctx, s.opt.CollectorTimeout)
+func (s *snapshot) run(parent context.Context, t topic, limit int) (body []byte, notes []string, truncated bool) {
+	ctx, cancel := context.WithTimeout(parent, s.opt.CollectorTimeout)
 	defer cancel()
 	w := newTopicWriter(limit)
 	done := make(chan error, 1)
@@ -187,6 +187,11 @@ func (s *snapshot) run(ctx context.Context, t topic, limit int) (body []byte, no
 		return body, w.notes, truncated
 	case <-ctx.Done():
 		msg := fmt.Sprintf("not collected: %v after %s", ctx.Err(), s.opt.CollectorTimeout)
+		if err := parent.Err(); err != nil {
+			// Interrupted (a second Ctrl-C), not out of its time: said as
+			// for the topics after it (collect).
+			msg = fmt.Sprintf("not collected: %v", err)
+		}
 		return []byte("# " + msg + "\n"), []string{msg}, false
 	}
 }

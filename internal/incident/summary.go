@@ -11,6 +11,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
 	"github.com/pathtrace/pathtrace/internal/report"
 )
 
@@ -150,7 +151,7 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), kernelDropsKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(requestLeftUplink(f)), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), kernelDropsKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
 }
 
 // kernelDropsKey is what of a flow's kernel drops the summary says: their
@@ -294,7 +295,7 @@ func sentence(g *verdictGroup) string {
 	case flow.PlaceSocket:
 		fmt.Fprintf(&b, "%s at the socket layer (a cgroup sock_addr hook, before any packet existed)", rewritten)
 	case flow.PlaceTC:
-		fmt.Fprintf(&b, "%s in tc on the host side of the pod's veth", rewritten)
+		fmt.Fprintf(&b, "%s in tc%s", rewritten, tcWhere(f.By))
 	case flow.PlaceNetfilter:
 		if f.By == flow.ByClientNetfilter {
 			fmt.Fprintf(&b, "%s in netfilter inside the client's own netns (its OUTPUT NAT, as a sidecar proxy's redirect does)", rewritten)
@@ -307,7 +308,7 @@ func sentence(g *verdictGroup) string {
 		fmt.Fprintf(&b, "%s anywhere on this node", pick(one, "was not rewritten", "were not rewritten"))
 		// Not rewritten also when the node kept it: its own address (a node
 		// cache), or its filter rejected it; the evidence says which.
-		if f.VLAN != nil {
+		if requestLeftUplink(f) {
 			fmt.Fprintf(&b, ": %s the uplink with the VIP still as destination", pick(one, "it left", "they left"))
 		}
 	default:
@@ -362,6 +363,57 @@ func sentence(g *verdictGroup) string {
 	}
 	b.WriteString(".")
 	return b.String()
+}
+
+// tcWhere says where the tc programs that by names run: a flow placed at tc
+// was rewritten by a program of the host side of its Pod's veth, or of the
+// uplink (an outside client's NodePort, a BPF load balancer's egress), or of
+// the Pod's own eth0 (flow.Engine names those "... on the uplink", "... on
+// the Pod's eth0"), or of its netkit pair.
+func tcWhere(by string) string {
+	const hostSide = " on the host side of the pod's veth"
+	if by == "" {
+		return hostSide
+	}
+	cands := strings.Split(by, "; ")
+	if rest, ok := strings.CutPrefix(cands[0], "one of "); ok {
+		if _, first, ok := strings.Cut(rest, ": "); ok {
+			cands[0] = first
+		}
+	}
+	where := ""
+	for i, c := range cands {
+		w := hostSide
+		switch {
+		case strings.HasSuffix(c, " on the uplink"):
+			w = " on the uplink"
+		case strings.HasSuffix(c, " on the Pod's eth0"):
+			w = " on the egress of the Pod's own eth0"
+		case strings.HasPrefix(c, "netkit peer "):
+			w = " in the Pod's netkit pair"
+		}
+		if i > 0 && w != where {
+			return "" // by names each and where it runs
+		}
+		where = w
+	}
+	return where
+}
+
+// requestLeftUplink tells whether f's requests were seen leaving the
+// uplink (its TX tap). A VLAN alone does not say so: an outside client's
+// request that came in on the uplink, and that the node rejected or answered
+// itself, has the VLAN it came in on.
+func requestLeftUplink(f flow.Flow) bool {
+	if f.UplinkDstMAC != "" {
+		return true // set from the request's frames leaving the uplink
+	}
+	for _, p := range f.Points {
+		if p.Point == obs.PointUplink.String() && !p.Reply && p.Dir != obs.DirIn.String() {
+			return true
+		}
+	}
+	return false
 }
 
 func placed(p flow.Place) bool {

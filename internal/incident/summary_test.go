@@ -12,6 +12,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
 	"github.com/pathtrace/pathtrace/internal/report"
 )
 
@@ -426,5 +427,89 @@ func TestSummaryServicesTracedFromFlags(t *testing.T) {
 	got, _ = os.ReadFile(filepath.Join(dir, SummaryFile))
 	if want := "Services traced: 10.120.0.80:80/tcp, 10.96.0.10:53/udp."; !strings.Contains(string(got), want) {
 		t.Errorf("summary of a run without flows lacks %q:\n%s", want, got)
+	}
+}
+
+// TestSummaryTCPlaceIsWhereItsProgramIs: a flow placed at tc by a program on
+// the uplink (an outside client's NodePort, Cilium's bpf_host) or on the
+// Pod's own eth0 was not rewritten "on the host side of the pod's veth":
+// SUMMARY.md must not say so when the flow's own `by` names another device.
+func TestSummaryTCPlaceIsWhereItsProgramIs(t *testing.T) {
+	for _, c := range []struct{ scenario, on string }{
+		{"tc-uplink-ingress-nodeport.json", "on the uplink"},
+		{"tc-uplink-egress-dnat.json", "on the uplink"},
+		{"tc-pod-eth0-egress.json", "on the Pod's eth0"},
+	} {
+		s, err := flowtest.Load(filepath.Join("../../testdata/flows", c.scenario))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := s.Run(nil)
+		flows := e.Flows()
+		dir := t.TempDir()
+		if err := WriteSummary(dir, flows, e.Summary(), nil, "duration", Ended{}, Taken{}); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, SummaryFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked := 0
+		for _, f := range flows {
+			if f.RewrittenAt != flow.PlaceTC || !strings.HasSuffix(f.By, c.on) || strings.HasPrefix(f.By, "one of") {
+				continue
+			}
+			checked++
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(line, "- ") && strings.Contains(line, " by "+f.By+";") && strings.Contains(line, "host side of the pod's veth") {
+					t.Errorf("%s: flow %d was rewritten by %q, but SUMMARY.md says:\n%s", c.scenario, f.ID, f.By, line)
+				}
+			}
+		}
+		if checked == 0 {
+			t.Errorf("%s: no flow placed at tc by a program %s", c.scenario, c.on)
+		}
+	}
+}
+
+// TestSummaryRejectedOutsideRequestNeverLeftTheUplink: an outside client's
+// NodePort requests that came in on the uplink and that the node rejected
+// (no endpoints) or reset itself never left the uplink again: their VLAN is
+// the one they came in on. SUMMARY.md must not say they left the uplink with
+// the VIP still as destination, which their flows contradict.
+func TestSummaryRejectedOutsideRequestNeverLeftTheUplink(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-nodeport-no-endpoints-external.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Run(nil)
+	flows := e.Flows()
+	dir := t.TempDir()
+	if err := WriteSummary(dir, flows, e.Summary(), nil, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, f := range flows {
+		if f.VLAN == nil {
+			continue
+		}
+		for _, p := range f.Points {
+			if p.Point == "uplink" && !p.Reply && p.Dir != "in" {
+				t.Fatalf("flow %d: its request left the uplink; the scenario no longer tests this", f.ID)
+			}
+		}
+		checked++
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "("+idList([]int{f.ID})+")") && strings.Contains(line, "left the uplink") {
+				t.Errorf("flow %d came in on the uplink and never left it, but SUMMARY.md says:\n%s", f.ID, line)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no flow of the scenario came in on the uplink")
 	}
 }
