@@ -206,3 +206,32 @@ func TestFinishedTableHeaderEveryScreenful(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryRewritersNameTheirFlows: a row's BY is shortened, and rules
+// that differ in their endpoint chain or their hook shorten alike: the
+// summary lists each rewriter with its flows (at most maxRewriterIDs ids,
+// then how many in all), so that a row's rule can be told.
+func TestSummaryRewritersNameTheirFlows(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	var flows []flow.Flow
+	for id := 1; id <= 14; id++ {
+		f := finishedFlow(id)
+		f.By = "PREROUTING -> KUBE-SEP-B1"
+		if id == 2 {
+			f.By = "OUTPUT -> KUBE-SEP-B1"
+		}
+		flows = append(flows, f)
+	}
+	w.Flows(flows)
+	w.Summary(flow.Summary{Flows: 14, RewrittenAt: map[flow.Place]int{flow.PlaceNetfilter: 14}}, nil, Run{})
+	out := b.String()
+	for _, want := range []string{
+		"PREROUTING -> KUBE-SEP-B1  (flows 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, ... 13 in all)",
+		"OUTPUT -> KUBE-SEP-B1  (flow 2)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -26,9 +26,9 @@ const (
 type Writer struct {
 	w      *errWriter
 	format string
-	// byPlace remembers the distinct rewriters per verdict from Flows, for the
-	// table's summary.
-	byPlace map[flow.Place][]string
+	// byPlace remembers the distinct rewriters per verdict from Flows, and
+	// their flows, for the table's summary.
+	byPlace map[flow.Place][]*rewriter
 	// backends counts the flows per backend and how each was answered,
 	// for the table's summary.
 	backends backendCounts
@@ -45,7 +45,7 @@ type Writer struct {
 // NewWriter returns a writer to w: JSON lines for FormatJSON, tables for
 // anything else (the command line validates the flag).
 func NewWriter(w io.Writer, format string) *Writer {
-	return &Writer{w: &errWriter{w: w}, format: format, byPlace: make(map[flow.Place][]string)}
+	return &Writer{w: &errWriter{w: w}, format: format, byPlace: make(map[flow.Place][]*rewriter)}
 }
 
 // Err is the first error writing the report met (stdout on a full disk,
@@ -159,21 +159,65 @@ func (w *Writer) fitWidths(flows []flow.Flow) bool {
 // finishedScreen is how many rows Finished writes under one header.
 const finishedScreen = 40
 
+// rewriter is a program or rule the summary table lists under its verdict,
+// with the flows it rewrote: a row's BY is shortened, and several rules
+// (kube-proxy's endpoint chains, its PREROUTING and OUTPUT paths) shorten
+// alike; the flow ids tell which row went by which.
+type rewriter struct {
+	by  string
+	ids []int // the first maxRewriterIDs
+	n   int
+}
+
+// maxRewriterIDs bounds the flow ids listed with a rewriter.
+const maxRewriterIDs = 10
+
+func (r *rewriter) add(id int) {
+	if len(r.ids) < maxRewriterIDs {
+		r.ids = append(r.ids, id)
+	}
+	r.n++
+}
+
+// flows names r's flows: "(flow 3)", "(flows 1, 3, 5)", "(flows 1, 3, ... 10
+// listed, 25 in all)".
+func (r *rewriter) flows() string {
+	ids := make([]string, len(r.ids))
+	for i, id := range r.ids {
+		ids[i] = fmt.Sprint(id)
+	}
+	switch {
+	case r.n == 1:
+		return "(flow " + ids[0] + ")"
+	case r.n > len(ids):
+		return fmt.Sprintf("(flows %s, ... %d in all)", strings.Join(ids, ", "), r.n)
+	}
+	return "(flows " + strings.Join(ids, ", ") + ")"
+}
+
 func (w *Writer) noteRewriters(flows []flow.Flow) {
 	for _, f := range flows {
 		w.backends.add(f)
-		if f.By == "" || slices.Contains(w.byPlace[f.RewrittenAt], f.By) {
+		if f.By == "" {
 			continue
 		}
-		if w.finished && len(w.byPlace[f.RewrittenAt]) >= maxRewritersListed {
+		list := w.byPlace[f.RewrittenAt]
+		if i := slices.IndexFunc(list, func(r *rewriter) bool { return r.by == f.By }); i >= 0 {
+			list[i].add(f.ID)
+			continue
+		}
+		if w.finished && len(list) >= maxRewritersListed {
 			// A run until stopped meets ever new rules (kube-proxy names
 			// its chains after the endpoints): the list stays bounded.
-			if w.byPlace[f.RewrittenAt][maxRewritersListed-1] != moreRewriters {
-				w.byPlace[f.RewrittenAt][maxRewritersListed-1] = moreRewriters
+			if last := list[maxRewritersListed-1]; last.by != moreRewriters {
+				list[maxRewritersListed-1] = &rewriter{by: moreRewriters}
 			}
+			list[maxRewritersListed-1].add(f.ID)
 			continue
 		}
-		w.byPlace[f.RewrittenAt] = append(w.byPlace[f.RewrittenAt], f.By)
+		r := &rewriter{by: f.By}
+		r.add(f.ID)
+		w.byPlace[f.RewrittenAt] = append(list, r)
 	}
 }
 

@@ -119,7 +119,7 @@ func writeFlowRows(w io.Writer, flows []flow.Flow, header bool, fixed fixedWidth
 
 // writeSummaryTable writes the flows per verdict with their rewriters, then
 // every drop counter and why the run stopped.
-func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]string, backends backendCounts, run Run) error {
+func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]*rewriter, backends backendCounts, run Run) error {
 	tw := newTable(w)
 	fmt.Fprintln(tw, "REWRITTEN AT\tFLOWS\tBY")
 	for _, p := range flow.Places() {
@@ -130,9 +130,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]str
 			fmt.Fprintf(tw, "%s\t%d\t\n", p, s.RewrittenAt[p])
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\n", p, s.RewrittenAt[p], by[0])
-		for _, b := range by[1:] {
-			fmt.Fprintf(tw, "\t\t%s\n", b)
+		fmt.Fprintf(tw, "%s\t%d\t%s  %s\n", p, s.RewrittenAt[p], by[0].by, by[0].flows())
+		for _, r := range by[1:] {
+			fmt.Fprintf(tw, "\t\t%s  %s\n", r.by, r.flows())
 		}
 	}
 	fmt.Fprintf(tw, "total\t%d\t\n", s.Flows)
