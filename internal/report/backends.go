@@ -62,19 +62,32 @@ func (b *backendCounts) add(f flow.Flow) {
 // in the flow's row, but not the backend's failure.
 const replyLost = "lost"
 
+// replyUntranslated is a backend's count of flows it answered whose
+// replies the node did not translate back to the VIP
+// (Flow.UntranslatedReplies: a bridge with bridge-nf-call-iptables 0
+// switched them straight to the client, which does not take them): REPLY
+// no in the flow's row, but not the backend's failure either.
+const replyUntranslated = "untranslated"
+
 // backendReply is the word f is counted under for its backend: the REPLY
 // column's, but "lost" for a flow whose backend answered and whose replies
-// never reached the client's Pod, which "no" would blame on the backend.
+// never reached the client's Pod, and "untranslated" for one whose
+// backend's replies reached it from the backend's address, which "no"
+// would both blame on the backend.
 func backendReply(f flow.Flow) string {
 	if f.RepliesLostOnNode > 0 {
 		return replyLost
 	}
-	return reply(f)
+	r := reply(f)
+	if r == "no" && f.UntranslatedReplies != nil {
+		return replyUntranslated
+	}
+	return r
 }
 
 // replyOrder is the order of a backend's reply counts: answered first,
 // then the failures an SRE acts on.
-var replyOrder = []string{"yes", "rst", "icmp", replyLost, "no", "unseen"}
+var replyOrder = []string{"yes", "rst", "icmp", replyLost, replyUntranslated, "no", "unseen"}
 
 // replies formats counts as "yes 4, rst 3", and the total.
 func replies(c map[string]int) (string, int) {
@@ -91,7 +104,8 @@ func replies(c map[string]int) (string, int) {
 
 // write writes the flows per backend with their replies, when some flow
 // reached one; the backends no flow got an answer from are marked, and
-// those that answered only flows whose replies the node lost say so.
+// those that answered only flows whose replies the node lost, or did not
+// translate back, say so.
 func (b backendCounts) write(w io.Writer) error {
 	if len(b.by) == 0 && len(b.unseen) == 0 {
 		return nil
@@ -108,6 +122,13 @@ func (b backendCounts) write(w io.Writer) error {
 			// Only such flows (README): one that also refused or went
 			// unanswered is not cleared of those by this mark.
 			r += "  <- it answered; the node lost the replies on their way to the client"
+		case c[replyUntranslated] > 0 && c[replyUntranslated] == n:
+			// Only such flows, as for "lost".
+			r += "  <- it answered; the node did not translate its replies back"
+		case c[replyLost] > 0 && c[replyUntranslated] > 0 && c[replyLost]+c[replyUntranslated] == n:
+			// It answered every flow all the same: the node lost the
+			// replies of some and did not translate the others back.
+			r += "  <- it answered; the node lost its replies or did not translate them back"
 		default:
 			r += "  <- no flow got a reply"
 		}

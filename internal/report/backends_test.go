@@ -133,3 +133,58 @@ func TestBackendsSummaryLostAmongRefusals(t *testing.T) {
 		t.Errorf("summary lacks %q:\n%s", want, summary)
 	}
 }
+
+// TestBackendsSummaryUntranslatedReplies: a backend that answered every
+// flow while nothing translated its replies back to the VIP (a bridge with
+// bridge-nf-call-iptables 0 switched them straight to the client, whose
+// socket dropped them: REPLY no, untranslated_replies) is not marked as one
+// that got no reply: its count says "untranslated" and its mark says what
+// the node did not do. The marks keep their rules: a backend that also
+// refused is not cleared by it, one with no other flow is marked "no flow
+// got a reply", and one whose flows' replies were some lost and some
+// untranslated answered them all.
+func TestBackendsSummaryUntranslatedReplies(t *testing.T) {
+	vlan := uint16(200)
+	var flows []flow.Flow
+	add := func(backend string, set func(*flow.Flow)) {
+		f := flow.Flow{ID: len(flows) + 1, Proto: "tcp", Client: netip.MustParseAddrPort(fmt.Sprintf("10.88.1.11:%d", 40000+len(flows))),
+			Service: netip.MustParseAddrPort("10.96.0.80:80"), Backend: netip.MustParseAddrPort(backend),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip t pre -> b", VLAN: &vlan}
+		set(&f)
+		flows = append(flows, f)
+	}
+	untranslated := func(backend string) func(*flow.Flow) {
+		return func(f *flow.Flow) {
+			f.UntranslatedReplies = &flow.StrayReplies{From: netip.MustParseAddrPort(backend), Packets: 3, Point: "pod"}
+		}
+	}
+	// 10.88.1.21: two flows, both answered untranslated.
+	add("10.88.1.21:8080", untranslated("10.88.1.21:8080"))
+	add("10.88.1.21:8080", untranslated("10.88.1.21:8080"))
+	// 10.88.1.22: one answered untranslated, one refused.
+	add("10.88.1.22:8080", untranslated("10.88.1.22:8080"))
+	add("10.88.1.22:8080", func(f *flow.Flow) { f.Refused = true })
+	// 10.88.1.23: one answered untranslated, one whose replies the node lost.
+	add("10.88.1.23:8080", untranslated("10.88.1.23:8080"))
+	add("10.88.1.23:8080", func(f *flow.Flow) { f.RepliesLostOnNode = 2 })
+	// 10.88.1.24: untranslated replies, and a reply from the VIP too: yes.
+	add("10.88.1.24:8080", func(f *flow.Flow) { untranslated("10.88.1.24:8080")(f); f.Reply = true })
+	// 10.88.1.25: nothing came back.
+	add("10.88.1.25:8080", func(*flow.Flow) {})
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	w.Flows(flows)
+	w.Summary(flow.Summary{Flows: len(flows)}, nil, Run{})
+	_, summary, _ := strings.Cut(b.String(), "REWRITTEN AT  FLOWS")
+	for _, want := range []string{
+		"10.88.1.21:8080  2      untranslated 2  <- it answered; the node did not translate its replies back\n",
+		"10.88.1.22:8080  2      rst 1, untranslated 1  <- no flow got a reply\n",
+		"10.88.1.23:8080  2      lost 1, untranslated 1  <- it answered; the node lost its replies or did not translate them back\n",
+		"10.88.1.24:8080  1      yes 1\n",
+		"10.88.1.25:8080  1      no 1  <- no flow got a reply\n",
+	} {
+		if !strings.Contains(summary, want) {
+			t.Errorf("summary lacks %q:\n%s", want, summary)
+		}
+	}
+}
