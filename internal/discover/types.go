@@ -53,6 +53,9 @@ type NodeInfo struct {
 	behind            []netnsBehind
 	hostAddrs         []netip.Addr
 	hostAddrsComplete bool
+	// hostLinks names the node netns's links at discovery, by ifindex
+	// (LinkName).
+	hostLinks map[int]string
 }
 
 // NodeAddrs are the node netns's own addresses, nil when they could not
@@ -185,6 +188,9 @@ type Pod struct {
 	// its name.
 	lower     int
 	lowerName string
+	// links names the Pod netns's links when it was inspected, by
+	// ifindex (NodeInfo.LinkName).
+	links map[int]string
 }
 
 // StackedOn says, for a Pod whose eth0 is a macvlan or ipvlan of a node

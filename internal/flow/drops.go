@@ -34,8 +34,9 @@ type KernelDrop struct {
 	// Ifindex is the device the packet was at (or came in by), 0 when none.
 	Ifindex int `json:"ifindex"`
 	// Where names that place, as the session found it: the capture point
-	// there ("uplink:bond0"), else the netns ("netns /run/netns/gw,
-	// ifindex 2"); "" when it found none.
+	// there ("uplink:bond0"), else the netns and the interface ("the
+	// node's netns, cni0 (ifindex 4)"; "netns /run/netns/gw, ifindex 2"
+	// when the interface's name was not found); "" when it found none.
 	Where string    `json:"where,omitempty"`
 	First time.Time `json:"first"`
 }
