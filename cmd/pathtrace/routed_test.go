@@ -322,11 +322,16 @@ func mustRun(t *testing.T, stdin *strings.Reader, name string, args ...string) {
 // of a bridge that holds the Pod's gateway address itself (the node routes,
 // nothing else is plugged into the bridge), and the backend lives on
 // another node, reached through a VXLAN device while the VIP follows the
-// default route. The uplink is the tunnel device, where the translated
-// frames leave untagged to the remote node's VTEP MAC.
+// default route. The uplinks are the tunnel device, where the translated
+// frames leave untagged to the remote node's VTEP MAC, and the VIP's route's
+// device (where a Service without NAT rule would leave unrewritten), which
+// sees the translated frames only encapsulated. A traced Service without
+// NAT rule (kube-proxy never programmed it) is named in the node object,
+// and its flow, seen leaving that device unrewritten, is nowhere.
 func TestOverlayNode(t *testing.T) {
 	needRoot(t)
 	const vip, backend, vtepMAC = "10.66.0.50:80", "10.65.2.7:8080", "02:00:00:00:02:02"
+	const noRule = "10.66.0.51:80"
 	ns := testNetns(t, fmt.Sprintf("ptov%d", os.Getpid()%100000), "node", "other", "pod")
 	node, other, pod := ns[0], ns[1], ns[2]
 	ipAll(t, [][]string{
@@ -365,8 +370,11 @@ func TestOverlayNode(t *testing.T) {
 	dnatAt(t, node, "ov-kube-proxy", vip, backend)
 	serveIn(t, "/run/netns/"+other, backend)
 
-	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--duration", "30s")
+	r := startJSON(t, "--host-netns", "/run/netns/"+node, "--svc", vip+"/tcp", "--svc", noRule+"/tcp", "--duration", "30s")
 	nodeInfo := r.waitNode(t)
+	if got := fmt.Sprint(nodeInfo["services_without_nat"]); got != "["+noRule+"/tcp]" {
+		t.Errorf("services_without_nat %s, want [%s/tcp]", got, noRule)
+	}
 	var uplinks []string
 	cps, _ := nodeInfo["capture_points"].([]any)
 	for _, c := range cps {
@@ -374,15 +382,27 @@ func TestOverlayNode(t *testing.T) {
 			uplinks = append(uplinks, fmt.Sprint(cp["ifname"]))
 		}
 	}
-	if !slices.Equal(uplinks, []string{"tun.1"}) {
-		t.Errorf("uplinks %v, want [tun.1] (the route to the backend)", uplinks)
+	if !slices.Equal(uplinks, []string{"tun.1", "ovnic"}) {
+		t.Errorf("uplinks %v, want [tun.1 ovnic] (the routes to the backend and the VIP)", uplinks)
 	}
 	const requests = 2
-	flows, _ := r.connectAndStop(t, "/run/netns/"+pod, vip, requests)
-	if len(flows) != requests {
-		t.Fatalf("%d flows, want %d: %s", len(flows), requests, dump(flows))
+	if err := connectFrom("/run/netns/"+pod, vip, requests); err != nil {
+		t.Fatalf("connect from %s to %s: %v", pod, vip, err)
+	}
+	_ = connectFrom("/run/netns/"+pod, noRule, 1) // nothing translates it: it fails
+	time.Sleep(300 * time.Millisecond)
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	flows, _ := r.rest(t)
+	if len(flows) != requests+1 {
+		t.Fatalf("%d flows, want %d: %s", len(flows), requests+1, dump(flows))
 	}
 	for _, f := range flows {
+		if f["service"] == noRule {
+			if f["rewritten_at"] != "nowhere" || f["vlan"] != float64(0) {
+				t.Errorf("want the Service without NAT rule nowhere, seen leaving ovnic untagged: %s", dump([]map[string]any{f}))
+			}
+			continue
+		}
 		if f["rewritten_at"] != "netfilter" || f["backend"] != backend || f["uplink_dst_mac"] != vtepMAC || f["vlan"] != float64(0) || f["reply"] != true {
 			t.Errorf("want rewritten at netfilter to %s, leaving tun.1 untagged to %s, and a reply: %s", backend, vtepMAC, dump([]map[string]any{f}))
 		}

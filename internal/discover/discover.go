@@ -127,6 +127,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	info.svcs = svcs
 	info.Netfilter = readNetfilter(ctx, host.path, svcs, info)
 	info.IPVS = readIPVS(host.path, svcs)
+	info.ServicesWithoutNAT = untranslated(opt.Services, opt.ServicePorts, info.Netfilter, info.IPVS)
 	if note := podLikeNodeNote(host, info); note != "" {
 		info.notef("%s", note)
 	}

@@ -2,6 +2,7 @@ package discover
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -563,7 +564,7 @@ func TestNodeRoutedUplink(t *testing.T) {
 	}
 	p := info.Pods[0]
 	if p.HostPeer == nil || p.HostPeer.Name != "hvr" || p.HostPeer.MasterKind != "none" ||
-		!slices.Equal(p.Uplinks, []string{"upr"}) || p.UplinkHow != "route to 10.120.0.80" {
+		!slices.Equal(p.Uplinks, []string{"upr"}) || p.UplinkHow != "route to VIP 10.120.0.80" {
 		t.Errorf("routed pod: got host %+v uplinks %v (%s)", p.HostPeer, p.Uplinks, p.UplinkHow)
 	}
 }
@@ -751,12 +752,71 @@ func TestRoutedUplinkECMP(t *testing.T) {
 			t.Errorf("%s: uplinks %v (%s), want %v (%s)", what, p.Uplinks, p.UplinkHow, want, wantHow)
 		}
 	}
-	check("multipath route to the VIP", []string{"up1", "up2"}, "route to 10.120.0.10")
+	check("multipath route to the VIP", []string{"up1", "up2"}, "route to VIP 10.120.0.10")
 	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.50.7")
 	check("multipath route to the backend", []string{"up1", "up2"}, "route to backend 10.99.50.7")
 	// More backends are named in address order, whatever the rules' order.
 	addDNAT(t, n.path("node"), "10.120.0.10", 53, "10.99.50.9", "10.99.50.3", "10.99.50.12")
 	check("multipath route to four backends", []string{"up1", "up2"}, "routes to 4 backends (10.99.50.3, 10.99.50.7, 10.99.50.9, ...)")
+}
+
+// TestFlannelUplinkVIPWithoutRule: on a flannel-style node (the Pod on
+// cni0, which holds its gateway; the backends behind the VXLAN device
+// flannel.1 over ens3, the default route's device), a traced Service without
+// NAT rule (kube-proxy never programmed it, or its rules went away during
+// the trace) leaves unrewritten by the VIP's route: the uplinks are
+// flannel.1, for the backends, and ens3, for the VIPs, each said; the node
+// block names the Service without a rule, and so does the node JSON.
+func TestFlannelUplinkVIPWithoutRule(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw")
+	n.run(t, "node", "link add ens3 type veth peer name eth0 netns "+n.name("gw"),
+		"addr add 10.99.70.1/24 dev ens3", "link set ens3 up", "route add default via 10.99.70.254",
+		"link add flannel.1 type vxlan id 1 dev ens3 local 10.99.70.1 dstport 8472 nolearning",
+		"addr add 10.244.0.0/32 dev flannel.1", "link set flannel.1 up",
+		"route add 10.244.1.0/24 via 10.244.1.0 dev flannel.1 onlink",
+		"link add cni0 type bridge", "addr add 10.244.0.1/24 dev cni0", "link set cni0 up",
+		"link add vethpod type veth peer name eth0 netns "+n.name("pod"), "link set vethpod master cni0 up")
+	n.run(t, "gw", "addr add 10.99.70.254/24 dev eth0", "link set eth0 up")
+	n.run(t, "pod", "addr add 10.244.0.5/24 dev eth0", "link set eth0 up", "route add default via 10.244.0.1")
+	addDNAT(t, n.path("node"), "10.96.50.10", 80, "10.244.1.5")
+	ports := []ServicePort{{Addr: netip.MustParseAddr("10.96.50.10"), Port: 80, Proto: "udp"},
+		{Addr: netip.MustParseAddr("10.96.50.11"), Port: 80, Proto: "udp"}}
+
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), ServicePorts: ports})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 {
+		t.Fatalf("pods: got %+v, want one", info.Pods)
+	}
+	p := info.Pods[0]
+	if !slices.Equal(p.Uplinks, []string{"flannel.1", "ens3"}) ||
+		!strings.Contains(p.UplinkHow, "route to backend 10.244.1.5 (flannel.1), route to VIP 10.96.50.10, 10.96.50.11 (ens3)") {
+		t.Errorf("uplinks %v (%s), want flannel.1 for the backend and ens3 for the VIPs", p.Uplinks, p.UplinkHow)
+	}
+	var ups []string
+	for _, cp := range info.CapturePoints {
+		if cp.Role == RoleUplink {
+			ups = append(ups, cp.Ifname)
+		}
+	}
+	if !slices.Equal(ups, []string{"flannel.1", "ens3"}) {
+		t.Errorf("uplink capture points %v, want flannel.1 and ens3", ups)
+	}
+	var b strings.Builder
+	if err := info.Table(&b); err != nil {
+		t.Fatal(err)
+	}
+	if table := strings.Join(strings.Fields(b.String()), " "); !strings.Contains(table, "netfilter no DNAT rule for 10.96.50.11:80/udp") {
+		t.Errorf("the node block does not name the Service without a rule:\n%s", b.String())
+	}
+	js, err := json.Marshal(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(js), `"services_without_nat":["10.96.50.11:80/udp"]`) {
+		t.Errorf("node JSON lacks services_without_nat [10.96.50.11:80/udp]: %s", js)
+	}
 }
 
 // TestSourceRoutedUplink: a node routing its Pods by source (AWS VPC CNI's

@@ -45,6 +45,38 @@ func traced(addrs []netip.Addr, ports []ServicePort) []string {
 	return out
 }
 
+// untranslated lists the traced Services (as traced names them) that no
+// NAT rule, nftables device rewrite nor IPVS virtual service translates:
+// kube-proxy never programmed them, while it may have the others.
+func untranslated(addrs []netip.Addr, ports []ServicePort, nf Netfilter, ipvs IPVS) []string {
+	specs := slices.Clone(ports)
+	for _, a := range addrs {
+		if !slices.ContainsFunc(ports, func(p ServicePort) bool { return p.Addr == a }) {
+			specs = append(specs, ServicePort{Addr: a})
+		}
+	}
+	var out []string
+	for _, sp := range specs {
+		rule := func(r NATRule) bool { return sp.covers(r.Service, r.Port, r.Proto) }
+		translated := slices.ContainsFunc(nf.Rules, rule) ||
+			slices.ContainsFunc(ipvs.Services, func(v IPVSService) bool {
+				return sp.covers(v.Service.Addr(), v.Service.Port(), v.Proto)
+			}) ||
+			slices.ContainsFunc(nf.DeviceChains, func(c DeviceChain) bool { return slices.ContainsFunc(c.Rewrites, rule) })
+		if s := sp.String(); !translated && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// covers tells whether a translation of vip limited to port and proto (0
+// and "" when it requires none) applies to some packets of the Service.
+func (p ServicePort) covers(vip netip.Addr, port uint16, proto string) bool {
+	return p.Addr == vip && (p.Port == 0 || port == 0 || p.Port == port) &&
+		(p.Proto == "" || proto == "" || strings.EqualFold(p.Proto, proto))
+}
+
 // serviceSet is what discovery looks for: each VIP once, and the ports and
 // protocols that narrow it.
 type serviceSet struct {

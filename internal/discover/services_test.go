@@ -160,3 +160,32 @@ func TestNodeVIPPorts(t *testing.T) {
 		t.Errorf("node VIP ports %v, want %s on 30081 and 30082 only", got, node)
 	}
 }
+
+// TestUntranslated: a traced Service that no NAT rule, device rewrite nor
+// IPVS virtual service translates (kube-proxy never programmed it) is
+// named as --svc gave it; a rule for any port or protocol of its VIP, or
+// one of its ports, translates it; another port's does not.
+func TestUntranslated(t *testing.T) {
+	a := netip.MustParseAddr
+	rule := func(vip string, port uint16, proto string) NATRule {
+		return NATRule{Service: a(vip), Port: port, Proto: proto, Backend: netip.MustParseAddrPort("10.244.1.5:8080")}
+	}
+	nf := Netfilter{
+		Rules:        []NATRule{rule("10.96.50.10", 80, "tcp"), rule("10.96.50.12", 0, "")},
+		DeviceChains: []DeviceChain{{Rewrites: []NATRule{rule("10.96.50.13", 53, "udp")}}},
+	}
+	ipvs := IPVS{Present: true, Services: []IPVSService{{Proto: "tcp", Service: netip.MustParseAddrPort("10.96.50.14:443")}}}
+	ports := []ServicePort{
+		{Addr: a("10.96.50.10"), Port: 80, Proto: "TCP"},   // its rule
+		{Addr: a("10.96.50.10"), Port: 81, Proto: "tcp"},   // another port: none
+		{Addr: a("10.96.50.11"), Port: 80, Proto: "tcp"},   // none
+		{Addr: a("10.96.50.12"), Port: 8080, Proto: "tcp"}, // a rule for every port
+		{Addr: a("10.96.50.13"), Port: 53, Proto: "udp"},   // a device rewrite
+		{Addr: a("10.96.50.14"), Port: 443, Proto: "tcp"},  // IPVS
+	}
+	addrs := []netip.Addr{a("10.96.50.10"), a("10.96.50.15"), a("10.96.50.14")}
+	got := untranslated(addrs, ports, nf, ipvs)
+	if want := []string{"10.96.50.10:81/tcp", "10.96.50.11:80/tcp", "10.96.50.15"}; !slices.Equal(got, want) {
+		t.Errorf("untranslated = %q, want %q", got, want)
+	}
+}

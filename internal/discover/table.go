@@ -145,8 +145,13 @@ func (n *NodeInfo) Table(w io.Writer) error {
 	p("netfilter\tnftables: %s\n", nf.NFTables)
 	p("netfilter\tiptables-legacy: %s\n", nf.IPTablesLegacy)
 	p("netfilter\tbridge-nf-call-iptables %s, ip_forward %s\n", boolWord(nf.BridgeNFCallIPTables), boolWord(nf.IPForward))
+	// A Service of none while others have some: kube-proxy never
+	// programmed it (the whole list when none has a rule is the line above).
+	without := strings.Join(n.ServicesWithoutNAT, ", ")
 	if len(nf.Rules) == 0 {
 		p("netfilter\tno DNAT rule for the services\n")
+	} else if without != "" {
+		p("netfilter\tno DNAT rule for %s\n", without)
 	}
 	// A Service of many endpoints (a big Deployment's: hundreds) has a DNAT
 	// per endpoint at each hook, all on one path but for its last chain:
@@ -220,6 +225,8 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		p("ipvs\t%s\n", n.IPVS.Note)
 	} else if len(n.IPVS.Services) == 0 {
 		p("ipvs\tpresent, no virtual service on the services\n")
+	} else if len(nf.Rules) == 0 && without != "" {
+		p("ipvs\tno virtual service for %s\n", without)
 	}
 	for _, s := range n.IPVS.Services {
 		var bs []string

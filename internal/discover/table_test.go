@@ -233,3 +233,33 @@ func TestTableListsDeviceChains(t *testing.T) {
 		}
 	}
 }
+
+// TestTableServiceWithoutNAT: a traced Service without any NAT rule or
+// IPVS service, while others have theirs, is named in the node block; when
+// none has a rule, the one line for all of them stays.
+func TestTableServiceWithoutNAT(t *testing.T) {
+	vip := netip.MustParseAddr("10.96.50.10")
+	rule := NATRule{Source: SourceNFTables, Table: "ip kube-proxy", Hook: "prerouting", Service: vip, Port: 80, Proto: "tcp",
+		Chains: []string{"nat-prerouting", "services"}, Backend: netip.MustParseAddrPort("10.244.1.5:8080")}
+	flat := func(n *NodeInfo) string {
+		var b bytes.Buffer
+		if err := n.Table(&b); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(strings.Fields(b.String()), " ")
+	}
+	svcs := []string{"10.96.50.10:80/tcp", "10.96.50.11:80/tcp"}
+	got := flat(&NodeInfo{Services: svcs, ServicesWithoutNAT: svcs[1:], Netfilter: Netfilter{Rules: []NATRule{rule}}})
+	if !strings.Contains(got, "netfilter no DNAT rule for 10.96.50.11:80/tcp") || strings.Contains(got, "for the services") {
+		t.Errorf("one Service without a rule: %s", got)
+	}
+	got = flat(&NodeInfo{Services: svcs, ServicesWithoutNAT: svcs[1:], IPVS: IPVS{Present: true, Services: []IPVSService{
+		{Proto: "tcp", Service: netip.MustParseAddrPort("10.96.50.10:80"), Scheduler: "rr"}}}})
+	if !strings.Contains(got, "netfilter no DNAT rule for the services") || !strings.Contains(got, "ipvs no virtual service for 10.96.50.11:80/tcp") {
+		t.Errorf("one Service without an IPVS service: %s", got)
+	}
+	got = flat(&NodeInfo{Services: svcs, ServicesWithoutNAT: svcs})
+	if !strings.Contains(got, "netfilter no DNAT rule for the services") || strings.Contains(got, "no DNAT rule for 10.96") {
+		t.Errorf("no Service with a rule: %s", got)
+	}
+}

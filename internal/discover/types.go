@@ -17,7 +17,11 @@ type NodeInfo struct {
 	// Services are the traced Services as --svc gave them (VIP[:PORT][/PROTO]),
 	// each once: a report read later says what it traced.
 	Services []string `json:"services"`
-	Pods     []Pod    `json:"pods"`
+	// ServicesWithoutNAT are those of Services that no NAT rule, nftables
+	// device rewrite nor IPVS virtual service translated at discovery
+	// (kube-proxy never programmed them): their packets leave unrewritten.
+	ServicesWithoutNAT []string `json:"services_without_nat,omitempty"`
+	Pods               []Pod    `json:"pods"`
 	// PodsSkipped counts netns with a veth into the node left unexamined
 	// because of Options.MaxPods.
 	PodsSkipped int `json:"pods_skipped"`

@@ -436,10 +436,12 @@ func (u *uplinkFinder) bridgeFDB(master int) []fdbEntry {
 
 // routed returns the devices of the node's routes towards the backends the
 // NAT rules and IPVS name (where the translated packets go: an overlay's
-// tunnel device, say, while the VIP itself follows the default route),
-// else towards the first VIP that is routed out of the node, else of the
-// default route(s). Routes that stay on the node (a local backend pod) do
-// not count.
+// tunnel device, say) and towards each traced VIP that is routed out of the
+// node (where its packets go unrewritten: a Service kube-proxy never
+// programmed, or whose rules go away while the trace runs, leaves by the
+// VIP's route, on a flannel node the default route's eth0, not flannel.1);
+// without either, of the default route(s). Routes that stay on the node (a
+// local backend pod, a node-local VIP) do not count.
 //
 // A Pod's key (see podKey) looks routes up as the node forwards the Pod's
 // packets, the zero key as the node sends its own; each is looked up once.
@@ -450,56 +452,16 @@ func (u *uplinkFinder) routed(k routeKey) ([]int, string) {
 	if u.routes == nil {
 		u.routes = map[routeKey]routeResult{}
 	}
-	var route []int
-	var how string
-	var via []netip.Addr
-	var notEther []string
 	var fwd fwdLookups
+	backends := make([]addrRoute, 0, len(u.backends))
 	for _, b := range u.backends {
-		out := false
-		for _, idx := range u.routeOut(b, k, &fwd) {
-			// A tunnel without a link layer (IPIP, WireGuard) hands the capture
-			// bare IP packets, where the file and the decoder expect Ethernet:
-			// the route to the VIP (the underlay's device) is captured instead.
-			if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
-				if name := l.Attrs().Name + " (" + l.Attrs().EncapType + ")"; !slices.Contains(notEther, name) {
-					notEther = append(notEther, name)
-				}
-				continue
-			}
-			if !slices.Contains(route, idx) {
-				route = append(route, idx)
-			}
-			out = true
-		}
-		if out {
-			via = append(via, b)
-		}
+		backends = append(backends, addrRoute{b, u.routeOut(b, k, &fwd)})
 	}
-	// Named in address order: the rules' order (an nftables map's) says
-	// nothing.
-	slices.SortFunc(via, netip.Addr.Compare)
-	names := make([]string, min(len(via), 3))
-	for i := range names {
-		names[i] = via[i].String()
+	vips := make([]addrRoute, 0, len(u.services))
+	for _, vip := range u.services {
+		vips = append(vips, addrRoute{vip, u.routeOut(vip, k, &fwd)})
 	}
-	switch {
-	case len(via) > 3:
-		how = fmt.Sprintf("routes to %d backends (%s, ...)", len(via), strings.Join(names, ", "))
-	case len(via) > 0:
-		how = "route to backend " + strings.Join(names, ", ")
-	default:
-		route, how = u.vipOrDefaultRoute(k, &fwd)
-		for _, idx := range route {
-			if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
-				route, how = nil, fmt.Sprintf("%s: %s has link type %s, not Ethernet: give --uplink", how, l.Attrs().Name, l.Attrs().EncapType)
-				break
-			}
-		}
-		if len(notEther) > 0 {
-			how += "; the backends' routes go through " + strings.Join(notEther, ", ") + ", without an Ethernet header to capture"
-		}
-	}
+	route, how := u.combineRoutes(backends, vips, u.defaultRoute)
 	if k.src.IsValid() {
 		if fwd.ok > 0 {
 			u.bySource = true
@@ -513,21 +475,128 @@ func (u *uplinkFinder) routed(k routeKey) ([]int, string) {
 	return route, how
 }
 
-// vipOrDefaultRoute returns the devices of the route (from k) towards the
-// first VIP that is routed out of the node, else of the default route(s) of
-// the main table.
-func (u *uplinkFinder) vipOrDefaultRoute(k routeKey, fwd *fwdLookups) ([]int, string) {
-	for _, vip := range u.services {
-		r, ok := u.lookup(vip, k, fwd)
-		if !ok || r.Type == unix.RTN_LOCAL {
-			continue // a VIP bound locally (IPVS dummy, ...) tells nothing of the uplink
+// addrRoute is an address and the devices of the node's route to it that
+// leave the node (routeOut), none when it stays on the node or has no route.
+type addrRoute struct {
+	addr netip.Addr
+	devs []int
+}
+
+// combineRoutes gives routed's uplinks from the routes towards the backends
+// and towards the VIPs: the devices of the backends' routes, then those the
+// VIPs' routes add, each once, in that order; without any, defaultRoute's.
+// A device without Ethernet (IPIP's tunl0, WireGuard) hands the capture
+// bare IP packets, where the file and the decoder expect Ethernet: it is
+// left out, and said. The reason names the backends and the VIPs whose
+// routes chose the devices (with the devices when both did).
+func (u *uplinkFinder) combineRoutes(backends, vips []addrRoute, defaultRoute func() ([]int, string)) ([]int, string) {
+	var route []int
+	var notEther []string
+	ether := func(idx int) bool {
+		l, err := u.host.link(idx)
+		if err != nil || l.Attrs().EncapType == "ether" {
+			return true
 		}
-		idx := slices.DeleteFunc(nextHopDevices(r), u.isLoopback)
-		if len(idx) == 0 {
-			continue
+		if name := l.Attrs().Name + " (" + l.Attrs().EncapType + ")"; !slices.Contains(notEther, name) {
+			notEther = append(notEther, name)
 		}
-		return idx, "route to " + vip.String()
+		return false
 	}
+	// collect adds the Ethernet devices of each route, and returns the
+	// addresses whose routes added one (any of theirs, with all) and the
+	// devices added.
+	collect := func(rs []addrRoute, all bool) (via []netip.Addr, added []int) {
+		for _, r := range rs {
+			out := false
+			for _, idx := range r.devs {
+				if !ether(idx) {
+					continue
+				}
+				if !slices.Contains(route, idx) {
+					route = append(route, idx)
+					added = append(added, idx)
+					out = true
+				} else if all || slices.Contains(added, idx) {
+					out = true
+				}
+			}
+			if out && !slices.Contains(via, r.addr) {
+				via = append(via, r.addr)
+			}
+		}
+		return via, added
+	}
+	viaBackends, byBackends := collect(backends, true)
+	backendNotEther := notEther
+	notEther = nil
+	viaVIPs, byVIPs := collect(vips, false)
+	vipNotEther := notEther
+
+	var parts []string
+	if len(viaBackends) > 0 {
+		// Named in address order: the rules' order (an nftables map's)
+		// says nothing.
+		slices.SortFunc(viaBackends, netip.Addr.Compare)
+		parts = append(parts, namedAddrs("route to backend ", "routes to %d backends (%s, ...)", viaBackends))
+	}
+	if len(viaVIPs) > 0 {
+		// Named in --svc order.
+		parts = append(parts, namedAddrs("route to VIP ", "routes to %d VIPs (%s, ...)", viaVIPs))
+	}
+	if len(parts) == 2 {
+		parts[0] += " (" + u.names(byBackends) + ")"
+		parts[1] += " (" + u.names(byVIPs) + ")"
+	}
+	how := strings.Join(parts, ", ")
+	switch {
+	case len(route) > 0:
+		if len(vipNotEther) > 0 {
+			how += "; the VIPs' routes also go through " + strings.Join(vipNotEther, ", ") + ", without an Ethernet header to capture"
+		}
+	case len(vipNotEther) > 0:
+		// The VIPs leave through no device to capture: the default
+		// route's would not see them either.
+		how = "routes to the VIPs through " + strings.Join(vipNotEther, ", ") + ", not Ethernet: give --uplink"
+	default:
+		route, how = defaultRoute()
+		for _, idx := range route {
+			if l, err := u.host.link(idx); err == nil && l.Attrs().EncapType != "ether" {
+				route, how = nil, fmt.Sprintf("%s: %s has link type %s, not Ethernet: give --uplink", how, l.Attrs().Name, l.Attrs().EncapType)
+				break
+			}
+		}
+	}
+	if len(viaBackends) == 0 && len(backendNotEther) > 0 {
+		how += "; the backends' routes go through " + strings.Join(backendNotEther, ", ") + ", without an Ethernet header to capture"
+	}
+	return route, how
+}
+
+// namedAddrs names addrs after one (one + the address), or a count and the
+// first three (many).
+func namedAddrs(one, many string, addrs []netip.Addr) string {
+	names := make([]string, min(len(addrs), 3))
+	for i := range names {
+		names[i] = addrs[i].String()
+	}
+	if len(addrs) > 3 {
+		return fmt.Sprintf(many, len(addrs), strings.Join(names, ", "))
+	}
+	return one + strings.Join(names, ", ")
+}
+
+// names are the names of the node links idx, comma-separated.
+func (u *uplinkFinder) names(idx []int) string {
+	s := make([]string, len(idx))
+	for i, x := range idx {
+		s[i] = u.host.name(x)
+	}
+	return strings.Join(s, ",")
+}
+
+// defaultRoute returns the devices of the default route(s) of the main
+// table.
+func (u *uplinkFinder) defaultRoute() ([]int, string) {
 	var idx []int
 	routes, _ := u.host.nl.RouteList(nil, netlink.FAMILY_V4)
 	for _, r := range routes {

@@ -2,6 +2,7 @@ package discover
 
 import (
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -234,5 +235,80 @@ func TestFlowBasedTunnelsEthernetOnly(t *testing.T) {
 	}
 	if want := []string{"cilium_vxlan", "cilium_geneve"}; !slices.Equal(got, want) {
 		t.Errorf("flowBasedTunnels = %v, want %v", got, want)
+	}
+}
+
+// TestCombineRoutes: a routed Pod's uplinks are the devices of the routes
+// towards the backends and towards each traced VIP that leaves the node,
+// each once, backends' first: on a flannel node the backends are behind
+// flannel.1 while a VIP without NAT rule (kube-proxy never programmed it)
+// leaves unrewritten by the default route's eth0, which must be tapped too.
+// The default route counts only without either; devices without Ethernet
+// never do; the reason names what chose each device.
+func TestCombineRoutes(t *testing.T) {
+	attrs := func(index int, name, encap string) netlink.LinkAttrs {
+		a := netlink.NewLinkAttrs()
+		a.Index, a.Name, a.EncapType = index, name, encap
+		return a
+	}
+	host := &hostNS{links: map[int]netlink.Link{}}
+	for _, l := range []netlink.Link{
+		&netlink.Device{LinkAttrs: attrs(2, "eth0", "ether")},
+		&netlink.Device{LinkAttrs: attrs(3, "eth1", "ether")},
+		&netlink.Vxlan{LinkAttrs: attrs(4, "flannel.1", "ether"), VxlanId: 1, VtepDevIndex: 2},
+		&netlink.Iptun{LinkAttrs: attrs(5, "tunl0", "ipip")},
+	} {
+		host.links[l.Attrs().Index] = l
+	}
+	a := netip.MustParseAddr
+	route := func(addr string, devs ...int) addrRoute { return addrRoute{a(addr), devs} }
+	defaultVia := func(idx ...int) func() ([]int, string) {
+		return func() ([]int, string) { return idx, "default route" }
+	}
+	for _, tc := range []struct {
+		name     string
+		backends []addrRoute
+		vips     []addrRoute
+		dflt     func() ([]int, string)
+		want     []int
+		how      string
+	}{
+		{"flannel: backends behind flannel.1, VIPs by eth0",
+			[]addrRoute{route("10.244.1.5", 4), route("10.244.2.7", 4)},
+			[]addrRoute{route("10.96.50.10", 2), route("10.96.50.11", 2)}, defaultVia(2),
+			[]int{4, 2}, "route to backend 10.244.1.5, 10.244.2.7 (flannel.1), route to VIP 10.96.50.10, 10.96.50.11 (eth0)"},
+		{"no NAT rule at all: the VIPs' routes",
+			nil, []addrRoute{route("10.96.50.11", 2)}, defaultVia(3),
+			[]int{2}, "route to VIP 10.96.50.11"},
+		{"VIPs leave where the backends do: named by the backends alone",
+			[]addrRoute{route("10.99.30.7", 2)}, []addrRoute{route("10.96.0.10", 2)}, defaultVia(2),
+			[]int{2}, "route to backend 10.99.30.7"},
+		{"one VIP on another device, a node-local VIP (no route out) not named",
+			[]addrRoute{route("10.99.30.7", 2)}, []addrRoute{route("10.96.0.10", 2), route("192.168.1.5"), route("10.97.0.1", 3)}, defaultVia(2),
+			[]int{2, 3}, "route to backend 10.99.30.7 (eth0), route to VIP 10.97.0.1 (eth1)"},
+		{"many VIPs, in --svc order",
+			nil, []addrRoute{route("10.96.0.9", 2), route("10.96.0.3", 2), route("10.96.0.5", 3), route("10.96.0.1", 3)}, defaultVia(2),
+			[]int{2, 3}, "routes to 4 VIPs (10.96.0.9, 10.96.0.3, 10.96.0.5, ...)"},
+		{"backends through IPIP: the VIP's route, tunl0 said",
+			[]addrRoute{route("10.244.1.5", 5)}, []addrRoute{route("10.96.0.10", 2)}, defaultVia(2),
+			[]int{2}, "route to VIP 10.96.0.10; the backends' routes go through tunl0 (ipip), without an Ethernet header to capture"},
+		{"VIP through IPIP next to Ethernet backends",
+			[]addrRoute{route("10.244.1.5", 4)}, []addrRoute{route("10.96.0.10", 5)}, defaultVia(2),
+			[]int{4}, "route to backend 10.244.1.5; the VIPs' routes also go through tunl0 (ipip)"},
+		{"the VIPs only through IPIP: give --uplink",
+			nil, []addrRoute{route("10.96.0.10", 5)}, defaultVia(2),
+			nil, "routes to the VIPs through tunl0 (ipip), not Ethernet: give --uplink"},
+		{"no route out for anything: the default route",
+			[]addrRoute{route("10.244.0.5")}, []addrRoute{route("192.168.1.5")}, defaultVia(3),
+			[]int{3}, "default route"},
+		{"a default route without Ethernet: give --uplink",
+			nil, []addrRoute{route("192.168.1.5")}, defaultVia(5),
+			nil, "default route: tunl0 has link type ipip, not Ethernet: give --uplink"},
+	} {
+		u := &uplinkFinder{host: host}
+		got, how := u.combineRoutes(tc.backends, tc.vips, tc.dflt)
+		if !slices.Equal(got, tc.want) || !strings.HasPrefix(how, tc.how) {
+			t.Errorf("%s: got %v %q, want %v %q", tc.name, got, how, tc.want, tc.how)
+		}
 	}
 }
