@@ -39,6 +39,9 @@ type KernelDrop struct {
 	// when the interface's name was not found); "" when it found none.
 	Where string    `json:"where,omitempty"`
 	First time.Time `json:"first"`
+	// vip: a request packet dropped with the flow's VIP still its
+	// destination (droppedUnrewritten).
+	vip bool
 }
 
 // reasonNotSpecified is the reason of a plain kfree_skb(): a drop in most
@@ -66,6 +69,8 @@ func (e *Engine) noteDrop(o obs.Observation) bool {
 	d := KernelDrop{Direction: "request", Count: 1, NetNS: o.NetNS, Ifindex: o.Ifindex, First: o.Time}
 	if reply {
 		d.Direction = "reply"
+	} else {
+		d.vip = o.Dst == f.service
 	}
 	if o.Drop != nil {
 		d.Reason, d.Function, d.Location = o.Drop.Reason, o.Drop.Func, o.Drop.Location
@@ -90,7 +95,7 @@ func (f *flowState) addDrop(d KernelDrop) {
 		if k.Location != 0 || d.Location != 0 {
 			samePlace = k.Location == d.Location
 		}
-		if k.Direction == d.Direction && k.Reason == d.Reason && samePlace && k.NetNS == d.NetNS && k.Ifindex == d.Ifindex ||
+		if k.Direction == d.Direction && k.Reason == d.Reason && samePlace && k.NetNS == d.NetNS && k.Ifindex == d.Ifindex && k.vip == d.vip ||
 			i == maxKernelDrops-1 {
 			k.Count += d.Count
 			k.Function = cmp.Or(k.Function, d.Function)
@@ -116,6 +121,94 @@ func (f *flowState) kernelDrops() []KernelDrop {
 func (f *flowState) requestDropped() bool {
 	for _, d := range f.kernelDrops() {
 		if d.Direction == "request" && d.Reason != reasonNotSpecified {
+			return true
+		}
+	}
+	return false
+}
+
+// afterNATReasons are the drop reasons the kernel gives only past the NAT
+// hooks (PREROUTING, OUTPUT) of the netns it drops in: the route lookup of
+// a forwarded or delivered packet (no route, an unreachable or invalid
+// destination, rp_filter), which runs after PREROUTING, and the output
+// path's (no route out, no neighbour), after OUTPUT and POSTROUTING. A
+// request dropped so with the VIP as destination met every place of that
+// netns that can rewrite it before routing, and none did. A reason given
+// at several places (NETFILTER_DROP: a filter chain before NAT or after
+// it; TC_INGRESS, at the host veth before netfilter) is not among them.
+var afterNATReasons = map[string]bool{
+	"IP_INNOROUTES":     true, // ip_error: network unreachable
+	"IP_INADDRERRORS":   true, // ip_error: host unreachable
+	"IP_INVALID_SOURCE": true,
+	"IP_LOCALNET":       true,
+	"IP_INVALID_DEST":   true,
+	"IP_RPFILTER":       true,
+	"IP_OUTNOROUTES":    true,
+	"NEIGH_FAILED":      true,
+	"NEIGH_CREATEFAIL":  true,
+	"NEIGH_DEAD":        true,
+	"NEIGH_QUEUEFULL":   true,
+}
+
+// droppedUnrewritten is the earliest drop that shows f's request was
+// dropped by the node, in its own netns, with the VIP still its
+// destination after netfilter's NAT (afterNATReasons), nil when none: f
+// was last seen with the VIP by the netfilter observer after NAT, and no
+// point saw it afterwards, nor any answer but a refusal. Nothing on the
+// node rewrote it: every place of the node that rewrites a Pod's request
+// before its route lookup had run (a rewrite at the uplink's egress
+// comes after it, and the request never got there).
+func (e *Engine) droppedUnrewritten(f *flowState, last checkpoint) *KernelDrop {
+	if last != cpNFAfter || e.cfg.HostNetNS == 0 || f.reply || len(f.backends) > 0 ||
+		f.cps[cpUplink].any() || f.cps[cpLocal].any() || f.cps[cpNodeEgress].any() || e.sharesBackends(f) != nil {
+		return nil
+	}
+	var first *KernelDrop
+	drops := f.kernelDrops()
+	for i := range drops {
+		d := &drops[i]
+		if d.Direction == "request" && d.vip && d.NetNS == e.cfg.HostNetNS && afterNATReasons[d.Reason] &&
+			(first == nil || d.First.Before(first.First)) {
+			first = d
+		}
+	}
+	return first
+}
+
+// dropsAfterUplinkTap counts f's request packets the kernel dropped at the
+// uplink device after its TX tap saw them: in the node's netns, on the
+// device whose tap saw the request leave (f.uplink), for a reason other
+// than those given before the tap (a tc egress program, an nftables egress
+// chain, the qdisc; the route, neighbour and fragmentation steps before
+// the device: beforeUplinkTap). An overlay device's xmit drops a frame the
+// tap saw (vxlan_xmit without an fdb entry for the remote VTEP:
+// NO_TX_TARGET); so does a driver. Such a frame never left the node.
+func (e *Engine) dropsAfterUplinkTap(f *flowState) uint64 {
+	if !f.uplink.seen || f.uplink.ifindex == 0 || e.cfg.HostNetNS == 0 {
+		return 0
+	}
+	var n uint64
+	for _, d := range f.kernelDrops() {
+		if d.Direction == "request" && d.NetNS == e.cfg.HostNetNS && d.Ifindex == int(f.uplink.ifindex) && !beforeUplinkTap(d.Reason) {
+			n += d.Count
+		}
+	}
+	return n
+}
+
+// beforeUplinkTap tells whether the kernel drops a packet for reason
+// before a device's TX taps (dev_queue_xmit_nit) see it: from the route
+// and neighbour steps of the output path through the device's tc egress,
+// nftables egress chains and qdisc. NOT_SPECIFIED, a plain kfree_skb()
+// anywhere, proves nothing either.
+func beforeUplinkTap(reason string) bool {
+	switch reason {
+	case reasonNotSpecified, "NETFILTER_DROP", "TC_EGRESS", "TC_INGRESS", "TC_COOKIE_ERROR", "TC_CHAIN_NOTFOUND", "TC_RECLASSIFY_LOOP",
+		"IP_OUTNOROUTES", "PKT_TOO_BIG", "DEV_READY", "RECURSION_LIMIT", "CAKE_FLOOD", "XFRM_POLICY", "IPV6DISABLED":
+		return true
+	}
+	for _, p := range []string{"QDISC_", "NEIGH_", "FRAG_", "FQ_", "IP_"} {
+		if strings.HasPrefix(reason, p) {
 			return true
 		}
 	}

@@ -67,8 +67,17 @@ type Flow struct {
 	// LostOnNode: request packets its host veth's tap received that the
 	// uplink's TX tap (after the qdisc) never saw, when some did leave: the
 	// node dropped them on the way out (a TBF, a full queue, a filter rule)
-	// or the capture lost them (kernel_drops).
+	// or the capture lost them (kernel_drops); and those the uplink's TX
+	// tap saw that the kernel then dropped at the uplink device, after the
+	// tap (Engine.dropsAfterUplinkTap): they never left either.
 	LostOnNode uint64 `json:"lost_on_node,omitempty"`
+	// NotSent: none of its requests left the node: the uplink's TX tap saw
+	// them after their rewrite, and the kernel dropped every one of those
+	// at the uplink device, after the tap (its xmit: an overlay device
+	// without an fdb entry for the remote VTEP, NO_TX_TARGET in
+	// vxlan_xmit). They count in LostOnNode; no request reached the
+	// backend, so its silence is not its own.
+	NotSent bool `json:"not_sent,omitempty"`
 	// RepliesLostOnNode: reply packets the uplink's RX tap received of
 	// which none reached the client's Pod, whose eth0 tap saw its
 	// requests: the node dropped or altered them on the way in (a tc

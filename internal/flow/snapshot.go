@@ -96,7 +96,9 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		vlan := f.uplinkIn.vlan
 		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplinkIn.tpid)
 	}
-	_, out.LostOnNode = e.lostOnTheWay(f)
+	way := e.lostOnTheWay(f)
+	out.LostOnNode = way.lost
+	out.NotSent = way.afterTap > 0 && way.sent == 0 && !f.reply
 	if n, from := e.repliesLostOnNode(f); n > 0 {
 		out.RepliesLostOnNode = n
 		out.Reply, out.Refused = false, false

@@ -107,14 +107,24 @@ type uplinkFrame struct {
 	vlan   uint16
 	tpid   uint16 // the tag's TPID, 0 untagged
 	dstMAC obs.MAC
+	// ifindex is the device the tap saw it on (in the node's netns, where
+	// the uplinks are), 0 when unknown: a drop there came after the tap
+	// (dropsAfterUplinkTap). It fits the struct's padding.
+	ifindex int32
 }
 
 func (u *uplinkFrame) note(o obs.Observation) {
 	if u.seen && !o.Time.Before(u.at) {
+		if u.ifindex == 0 {
+			u.ifindex = int32(o.Ifindex)
+		}
 		return
 	}
 	u.seen, u.at, u.vlan, u.tpid = true, o.Time, o.VLAN, o.TPID
 	u.dstMAC = o.DstMAC
+	if o.Ifindex != 0 {
+		u.ifindex = int32(o.Ifindex)
+	}
 }
 
 // uplinkTag is the tag of a direction's frames on the uplink, without the
@@ -478,7 +488,7 @@ func (f *flowState) absorb(o *flowState) {
 		f.noteProc(o.pid, o.comm, o.cgroup, o.procAt)
 	}
 	if o.uplink.seen {
-		f.uplink.note(obs.Observation{Time: o.uplink.at, VLAN: o.uplink.vlan, TPID: o.uplink.tpid, DstMAC: o.uplink.dstMAC})
+		f.uplink.note(obs.Observation{Time: o.uplink.at, VLAN: o.uplink.vlan, TPID: o.uplink.tpid, DstMAC: o.uplink.dstMAC, Ifindex: int(o.uplink.ifindex)})
 	}
 	if o.uplinkReply.seen {
 		f.uplinkReply.note(obs.Observation{Time: o.uplinkReply.at, VLAN: o.uplinkReply.vlan, TPID: o.uplinkReply.tpid})

@@ -351,8 +351,12 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 	}
 	local, dev := e.deliveredLocally(f)
 	rejects := e.rejectsFor(f, last)
+	var dropped *KernelDrop
+	if len(rejects) == 0 && !local {
+		dropped = e.droppedUnrewritten(f, last)
+	}
 	switch {
-	case !why && (f.cps[cpUplink].vip || local || len(rejects) > 0):
+	case !why && (f.cps[cpUplink].vip || local || len(rejects) > 0 || dropped != nil):
 		return verdict{place: PlaceNowhere}
 	case !why:
 		return verdict{place: PlaceUnknown}
@@ -389,6 +393,18 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 			v.reason += fmt.Sprintf("; the %s from %s is its only answer", f.icmp.Message, f.icmp.From)
 		default:
 			v.reason += "; no answer came back (nothing listening there?)"
+		}
+		return v
+	case dropped != nil:
+		// The request went no further than the node's route lookup (or
+		// its output path), still to the VIP: nothing on the node
+		// rewrote it, whether or not an uplink is captured.
+		v := verdict{place: PlaceNowhere, reason: fmt.Sprintf("not rewritten: %s was still the destination after netfilter's NAT (no DNAT applied), and the node dropped the request with it as destination after that NAT: %s", f.service, dropped.String())}
+		if notes := e.nowhereNotes(f); notes != "" {
+			v.reason += "; " + notes
+		}
+		if f.icmp != nil {
+			v.reason += fmt.Sprintf("; the %s from %s is its answer", f.icmp.Message, f.icmp.From)
 		}
 		return v
 	case !e.active(obs.PointUplink):
@@ -1019,23 +1035,52 @@ func (e *Engine) backendDropCands(f *flowState) []string {
 // the uplink's count), so a shortfall is the node's drop on the way out
 // or the capture's own loss. Without it, a connection whose SYN got through
 // and whose data a qdisc dropped reads "reply yes" with nothing amiss.
+// It says too how many of those the uplink's TX tap saw the kernel dropped
+// at the uplink device after the tap (dropsAfterUplinkTap), which never
+// left either.
 func (e *Engine) lostOnTheWayNote(f *flowState) string {
-	host, lost := e.lostOnTheWay(f)
-	if lost == 0 {
+	w := e.lostOnTheWay(f)
+	if w.lost == 0 {
 		return ""
 	}
-	return fmt.Sprintf("of the %d request packets its host veth received, %d never left the uplink (its TX tap runs after the qdisc): the node dropped them on the way out (a qdisc or a filter rule), or pathtrace's capture lost them (kernel_drops)", host, lost)
+	var notes []string
+	if before := w.lost - w.afterTap; before > 0 {
+		notes = append(notes, fmt.Sprintf("of the %d request packets its host veth received, %d never left the uplink (its TX tap runs after the qdisc): the node dropped them on the way out (a qdisc or a filter rule), or pathtrace's capture lost them (kernel_drops)", w.host, before))
+	}
+	switch {
+	case w.afterTap == 0:
+	case w.sent == 0 && !f.reply:
+		notes = append(notes, fmt.Sprintf("no answer, and every request the uplink's TX tap saw (%d) was dropped by the kernel at the uplink device, after the tap (in its transmit: an overlay device without a forwarding entry for the remote VTEP, a driver): none left the node, so none reached the backend", w.afterTap))
+	case w.sent == 0:
+		notes = append(notes, fmt.Sprintf("every request the uplink's TX tap saw (%d) was dropped by the kernel at the uplink device, after the tap (in its transmit): none of those left the node", w.afterTap))
+	default:
+		notes = append(notes, fmt.Sprintf("of the %d request packets the uplink's TX tap saw, the kernel dropped %d at the uplink device, after the tap (in its transmit): those never left the node", w.sent+w.afterTap, w.afterTap))
+	}
+	return strings.Join(notes, "; ")
+}
+
+// wayOut is what lostOnTheWay counts of a flow's requests on their way out.
+type wayOut struct {
+	// host: request packets its host veth's tap received; lost: those
+	// of them, or of the uplink's, that never left the node; afterTap:
+	// those among lost the uplink's TX tap saw and the kernel dropped at
+	// the uplink device after it; sent: those the uplink's TX tap saw,
+	// less afterTap.
+	host, lost, afterTap, sent uint64
 }
 
 // lostOnTheWay counts the request packets of f its host veth's tap
 // received before the run was stopping and of those, how many the
 // uplink's TX tap never saw (0 unless some did leave it: one that left
-// none says so otherwise, notLeftNote).
-func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
-	if f.fromNode || f.cps[cpLocal].any() || e.window(f) != withinWindow {
-		return 0, 0
+// none says so otherwise, notLeftNote), and adds those the uplink's TX tap
+// saw that the kernel dropped at the uplink device after it
+// (dropsAfterUplinkTap): they did not leave the node either. A node
+// process's flow has no host veth: only the latter count.
+func (e *Engine) lostOnTheWay(f *flowState) wayOut {
+	if f.cps[cpLocal].any() || e.window(f) != withinWindow {
+		return wayOut{}
 	}
-	var up uint64
+	var host, up uint64
 	for _, p := range f.points {
 		switch {
 		case p.reply:
@@ -1054,10 +1099,16 @@ func (e *Engine) lostOnTheWay(f *flowState) (host, lost uint64) {
 		host -= min(l.host, host)
 		up -= min(l.up, up)
 	}
-	if up == 0 || host <= up {
-		return host, 0
+	after := min(e.dropsAfterUplinkTap(f), up)
+	w := wayOut{host: host, afterTap: after, sent: up - after, lost: after}
+	if f.fromNode {
+		w.host = 0
+		return w
 	}
-	return host, host - up
+	if up > 0 && host > up {
+		w.lost += host - up
+	}
+	return w
 }
 
 // repliesLostOnNode counts the reply packets of f the uplink's RX tap

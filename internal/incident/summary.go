@@ -151,7 +151,7 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(requestLeftUplink(f)), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), kernelDropsKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(requestLeftUplink(f)), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.NotSent), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), kernelDropsKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
 }
 
 // kernelDropsKey is what of a flow's kernel drops the summary says: their
@@ -354,7 +354,11 @@ func sentence(g *verdictGroup) string {
 		b.WriteString("; no reply came back")
 	}
 	b.WriteString(uplinkWords(f, one))
-	if f.LostOnNode > 0 {
+	switch {
+	case f.NotSent:
+		b.WriteString(pick(one, "; none of its requests left the node: the kernel dropped every one the uplink's capture saw at the uplink device, after the capture (in its transmit: an overlay without a forwarding entry for the remote VTEP, a driver), so none reached the backend",
+			"; none of their requests left the node: the kernel dropped every one the uplink's capture saw at the uplink device, after the capture (in its transmit: an overlay without a forwarding entry for the remote VTEP, a driver), so none reached the backends (not_sent in report.json)"))
+	case f.LostOnNode > 0:
 		lost := fmt.Sprintf("%d of its request packets that reached the host veth", f.LostOnNode)
 		if !one {
 			lost = "some of their request packets that reached the host veth (lost_on_node in report.json)"
@@ -405,6 +409,9 @@ func tcWhere(by string) string {
 // request that came in on the uplink, and that the node rejected or answered
 // itself, has the VLAN it came in on.
 func requestLeftUplink(f flow.Flow) bool {
+	if f.NotSent {
+		return false // its TX tap saw them, the device dropped them after it
+	}
 	if f.UplinkDstMAC != "" {
 		return true // set from the request's frames leaving the uplink
 	}

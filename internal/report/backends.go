@@ -69,14 +69,23 @@ const replyLost = "lost"
 // no in the flow's row, but not the backend's failure either.
 const replyUntranslated = "untranslated"
 
+// notSent is a backend's count of flows none of whose requests left the
+// node (Flow.NotSent: the kernel dropped at the uplink device, after its
+// TX tap, every one the tap saw): REPLY no in the flow's row, but no
+// request reached the backend, so its silence is not its own.
+const notSent = "unsent"
+
 // backendReply is the word f is counted under for its backend: the REPLY
 // column's, but "lost" for a flow whose backend answered and whose replies
-// never reached the client's Pod, and "untranslated" for one whose
-// backend's replies reached it from the backend's address, which "no"
-// would both blame on the backend.
+// never reached the client's Pod, "untranslated" for one whose backend's
+// replies reached it from the backend's address, and "unsent" for one whose
+// requests never left the node, which "no" would each blame on the backend.
 func backendReply(f flow.Flow) string {
-	if f.RepliesLostOnNode > 0 {
+	switch {
+	case f.RepliesLostOnNode > 0:
 		return replyLost
+	case f.NotSent && reply(f) == "no":
+		return notSent
 	}
 	r := reply(f)
 	if r == "no" && f.UntranslatedReplies != nil {
@@ -87,7 +96,7 @@ func backendReply(f flow.Flow) string {
 
 // replyOrder is the order of a backend's reply counts: answered first,
 // then the failures an SRE acts on.
-var replyOrder = []string{"yes", "rst", "icmp", replyLost, replyUntranslated, "no", "unseen"}
+var replyOrder = []string{"yes", "rst", "icmp", replyLost, replyUntranslated, notSent, "no", "unseen"}
 
 // replies formats counts as "yes 4, rst 3", and the total.
 func replies(c map[string]int) (string, int) {
@@ -117,18 +126,20 @@ func (b backendCounts) write(w io.Writer) error {
 		c := b.by[be]
 		r, n := replies(c)
 		switch {
-		case c["yes"] > 0 || c["unseen"] > 0:
-		case c[replyLost] > 0 && c[replyLost] == n:
+		case c["yes"] > 0 || c["unseen"] > 0 || n == 0:
+		case c[replyLost] == n:
 			// Only such flows (README): one that also refused or went
 			// unanswered is not cleared of those by this mark.
 			r += "  <- it answered; the node lost the replies on their way to the client"
-		case c[replyUntranslated] > 0 && c[replyUntranslated] == n:
+		case c[replyUntranslated] == n:
 			// Only such flows, as for "lost".
 			r += "  <- it answered; the node did not translate its replies back"
-		case c[replyLost] > 0 && c[replyUntranslated] > 0 && c[replyLost]+c[replyUntranslated] == n:
-			// It answered every flow all the same: the node lost the
-			// replies of some and did not translate the others back.
-			r += "  <- it answered; the node lost its replies or did not translate them back"
+		case c[notSent] == n:
+			// No request reached it: nothing to blame it for.
+			r += "  <- no request reached it: the node dropped them on their way out"
+		case c[replyLost]+c[replyUntranslated]+c[notSent] == n:
+			// Each flow failed on the node, not at the backend.
+			r += "  <- not its failure: the node lost or did not translate its replies, or dropped the requests on their way out"
 		default:
 			r += "  <- no flow got a reply"
 		}

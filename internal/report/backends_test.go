@@ -179,12 +179,54 @@ func TestBackendsSummaryUntranslatedReplies(t *testing.T) {
 	for _, want := range []string{
 		"10.88.1.21:8080  2      untranslated 2  <- it answered; the node did not translate its replies back\n",
 		"10.88.1.22:8080  2      rst 1, untranslated 1  <- no flow got a reply\n",
-		"10.88.1.23:8080  2      lost 1, untranslated 1  <- it answered; the node lost its replies or did not translate them back\n",
+		"10.88.1.23:8080  2      lost 1, untranslated 1  <- not its failure: the node lost or did not translate its replies, or dropped the requests on their way out\n",
 		"10.88.1.24:8080  1      yes 1\n",
 		"10.88.1.25:8080  1      no 1  <- no flow got a reply\n",
 	} {
 		if !strings.Contains(summary, want) {
 			t.Errorf("summary lacks %q:\n%s", want, summary)
 		}
+	}
+}
+
+// TestBackendsSummaryNotSent: a backend whose flows' requests never left
+// the node (not_sent: the kernel dropped them at the uplink device after
+// its TX tap, an overlay without an fdb entry for the remote VTEP) is not
+// marked as one that got no reply: no request reached it. One that also
+// left a flow unanswered after a request did reach it keeps that mark.
+func TestBackendsSummaryNotSent(t *testing.T) {
+	vlan := uint16(0)
+	var flows []flow.Flow
+	for i := range 2 {
+		flows = append(flows, flow.Flow{ID: i + 1, Proto: "tcp", Client: netip.MustParseAddrPort(fmt.Sprintf("10.244.1.5:%d", 40400+i)),
+			Service: netip.MustParseAddrPort("10.96.0.80:80"), Backend: netip.MustParseAddrPort("10.244.2.7:8080"),
+			RewrittenAt: flow.PlaceNetfilter, By: "iptables-legacy nat KUBE-SVC-X -> dnat", VLAN: &vlan, UplinkDstMAC: "de:ad:be:ef:00:02",
+			LostOnNode: 2, NotSent: true, Reason: "none left the node"})
+	}
+	for i, be := range []string{"10.244.3.9:8080", "10.244.3.9:8080"} {
+		f := flow.Flow{ID: i + 3, Proto: "tcp", Client: netip.MustParseAddrPort(fmt.Sprintf("10.244.1.5:%d", 40410+i)),
+			Service: netip.MustParseAddrPort("10.96.0.80:80"), Backend: netip.MustParseAddrPort(be),
+			RewrittenAt: flow.PlaceNetfilter, By: "iptables-legacy nat KUBE-SVC-X -> dnat", VLAN: &vlan}
+		if i == 0 {
+			f.LostOnNode, f.NotSent = 1, true
+		}
+		flows = append(flows, f)
+	}
+	var b bytes.Buffer
+	w := NewWriter(&b, FormatTable)
+	w.Flows(flows)
+	w.Summary(flow.Summary{Flows: 4}, nil, Run{})
+	out := b.String()
+	_, summary, _ := strings.Cut(out, "REWRITTEN AT  FLOWS")
+	for _, want := range []string{
+		"10.244.2.7:8080  2      unsent 2  <- no request reached it: the node dropped them on their way out\n",
+		"10.244.3.9:8080  2      unsent 1, no 1  <- no flow got a reply\n",
+	} {
+		if !strings.Contains(summary, want) {
+			t.Errorf("summary lacks %q:\n%s", want, summary)
+		}
+	}
+	if !strings.Contains(out, "Rewritten, not all sent out or no reply") {
+		t.Errorf("the flows whose requests never left are not listed as such:\n%s", out)
 	}
 }

@@ -66,6 +66,7 @@ type WantFlow struct {
 	By                 string  `json:"by"` // the whole of it
 	ByContains         string  `json:"by_contains"`
 	ReasonContains     string  `json:"reason_contains"`
+	ReasonLacks        string  `json:"reason_lacks"` // compared when set: the reason must not contain it
 	VLAN               *uint16 `json:"vlan"`
 	UplinkDstMAC       string  `json:"uplink_dst_mac"`
 	UplinkDstIsGateway bool    `json:"uplink_dst_is_gateway"`
@@ -81,6 +82,10 @@ type WantFlow struct {
 	// RepliesLostOnNode: reply packets the uplink received of which none
 	// reached the client's Pod (replies_lost_on_node); compared always.
 	RepliesLostOnNode uint64 `json:"replies_lost_on_node"`
+	// LostOnNode: request packets lost on the node (lost_on_node) and
+	// NotSent (not_sent); compared when set.
+	LostOnNode *uint64 `json:"lost_on_node"`
+	NotSent    *bool   `json:"not_sent"`
 	// KernelDrops: the flow's packets the kernel dropped (kernel_drops, as
 	// "DIRECTION COUNT REASON FUNCTION" each); compared always (absent:
 	// none).
@@ -228,6 +233,15 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	}
 	if !strings.Contains(g.Reason, wf.ReasonContains) {
 		bad("reason", g.Reason, "containing "+wf.ReasonContains)
+	}
+	if wf.ReasonLacks != "" && strings.Contains(g.Reason, wf.ReasonLacks) {
+		bad("reason", g.Reason, "not containing "+wf.ReasonLacks)
+	}
+	if wf.LostOnNode != nil && g.LostOnNode != *wf.LostOnNode {
+		bad("lost_on_node", g.LostOnNode, *wf.LostOnNode)
+	}
+	if wf.NotSent != nil && g.NotSent != *wf.NotSent {
+		bad("not_sent", g.NotSent, *wf.NotSent)
 	}
 	if wf.NodeClient != nil && g.NodeClient != *wf.NodeClient {
 		bad("node_client", fmt.Sprint(g.NodeClient), fmt.Sprint(*wf.NodeClient))
