@@ -206,7 +206,13 @@ func TestFollowBadUsage(t *testing.T) {
 // end.
 func startFollowInto(t *testing.T, l *lab.Lab, w *os.File, extra ...string) (cmd *exec.Cmd, stderr *strings.Builder, done chan error) {
 	t.Helper()
-	args := append([]string{"--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json"}, extra...)
+	return startInto(t, w, append([]string{"--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "0", "--output", "json"}, extra...)...)
+}
+
+// startInto starts pathtrace with args, its stdout written to w, which it
+// closes on its side; done gets the run's end.
+func startInto(t *testing.T, w *os.File, args ...string) (cmd *exec.Cmd, stderr *strings.Builder, done chan error) {
+	t.Helper()
 	cmd = pathtrace(args...)
 	stderr = &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = w, stderr
@@ -235,46 +241,33 @@ func wantReaderGoneExit(t *testing.T, cmd *exec.Cmd, stderr *strings.Builder, do
 	}
 }
 
-// TestFollowReaderGone: a run until stopped whose report's reader went
-// away (`pathtrace --duration 0 -o json | head -1`, a log shipper that
-// died) ends with exit 1 and says so, as for a full disk: it was killed
-// by SIGPIPE at its first write, exit 141 with nothing said.
+// TestFollowReaderGone: a run whose report's reader went away (`pathtrace
+// --duration 0 -o json | head -1`, a log shipper that died) ends with exit
+// 1 and says so, as for a full disk: it was killed by SIGPIPE at its first
+// write, exit 141 with nothing said. So does a bounded run without --pcap
+// (`pathtrace --duration 1m | head -1`), which has nothing else to show:
+// it ends then, not a minute later.
 func TestFollowReaderGone(t *testing.T) {
 	needRoot(t)
 	l := upLab(t, lab.ModeTC)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"until stopped", []string{"--duration", "0", "--output", "json"}},
+		{"bounded", []string{"--duration", "1m"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Close() // the reader is gone before the first line
+			defer w.Close()
+			cmd, stderr, done := startInto(t, w, append([]string{"--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()}, c.args...)...)
+			wantReaderGoneExit(t, cmd, stderr, done, 20*time.Second, "")
+		})
 	}
-	r.Close() // the reader is gone before the first line
-	defer w.Close()
-	cmd, stderr, done := startFollowInto(t, l, w)
-	wantReaderGoneExit(t, cmd, stderr, done, 30*time.Second, "")
-}
-
-// TestBoundedReaderGone: `pathtrace --duration 1m | head -1`: the report
-// finds its reader gone, which ends a run without --pcap (it has nothing
-// else to show) and is said on stderr with exit 1, as for a full disk: it
-// died of SIGPIPE, exit 141, nothing said.
-func TestBoundedReaderGone(t *testing.T) {
-	needRoot(t)
-	l := upLab(t, lab.ModeTC)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Close() // the reader is gone before the first line
-	defer w.Close()
-	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "1m")
-	stderr := &strings.Builder{}
-	cmd.Stdout, cmd.Stderr = w, stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	wantReaderGoneExit(t, cmd, stderr, done, 20*time.Second, "")
 }
 
 // TestFollowReaderGoneWhileIdle: `pathtrace --duration 0 | head -1` with no

@@ -430,6 +430,27 @@ func TestSummaryServicesTracedFromFlags(t *testing.T) {
 	}
 }
 
+// scenarioSummary runs a flow scenario of testdata/flows and writes its
+// SUMMARY.md: the flows, and the summary's text.
+func scenarioSummary(t *testing.T, scenario string) ([]flow.Flow, string) {
+	t.Helper()
+	s, err := flowtest.Load(filepath.Join("../../testdata/flows", scenario))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Run(nil)
+	flows := e.Flows()
+	dir := t.TempDir()
+	if err := WriteSummary(dir, flows, e.Summary(), nil, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return flows, string(b)
+}
+
 // TestSummaryTCPlaceIsWhereItsProgramIs: a flow placed at tc by a program on
 // the uplink (an outside client's NodePort, Cilium's bpf_host) or on the
 // Pod's own eth0 was not rewritten "on the host side of the pod's veth":
@@ -440,27 +461,14 @@ func TestSummaryTCPlaceIsWhereItsProgramIs(t *testing.T) {
 		{"tc-uplink-egress-dnat.json", "on the uplink"},
 		{"tc-pod-eth0-egress.json", "on the Pod's eth0"},
 	} {
-		s, err := flowtest.Load(filepath.Join("../../testdata/flows", c.scenario))
-		if err != nil {
-			t.Fatal(err)
-		}
-		e := s.Run(nil)
-		flows := e.Flows()
-		dir := t.TempDir()
-		if err := WriteSummary(dir, flows, e.Summary(), nil, "duration", Ended{}, Taken{}); err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(filepath.Join(dir, SummaryFile))
-		if err != nil {
-			t.Fatal(err)
-		}
+		flows, b := scenarioSummary(t, c.scenario)
 		checked := 0
 		for _, f := range flows {
 			if f.RewrittenAt != flow.PlaceTC || !strings.HasSuffix(f.By, c.on) || strings.HasPrefix(f.By, "one of") {
 				continue
 			}
 			checked++
-			for _, line := range strings.Split(string(b), "\n") {
+			for _, line := range strings.Split(b, "\n") {
 				if strings.HasPrefix(line, "- ") && strings.Contains(line, " by "+f.By+";") && strings.Contains(line, "host side of the pod's veth") {
 					t.Errorf("%s: flow %d was rewritten by %q, but SUMMARY.md says:\n%s", c.scenario, f.ID, f.By, line)
 				}
@@ -478,20 +486,7 @@ func TestSummaryTCPlaceIsWhereItsProgramIs(t *testing.T) {
 // the one they came in on. SUMMARY.md must not say they left the uplink with
 // the VIP still as destination, which their flows contradict.
 func TestSummaryRejectedOutsideRequestNeverLeftTheUplink(t *testing.T) {
-	s, err := flowtest.Load("../../testdata/flows/netfilter-nodeport-no-endpoints-external.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := s.Run(nil)
-	flows := e.Flows()
-	dir := t.TempDir()
-	if err := WriteSummary(dir, flows, e.Summary(), nil, "duration", Ended{}, Taken{}); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(dir, SummaryFile))
-	if err != nil {
-		t.Fatal(err)
-	}
+	flows, b := scenarioSummary(t, "netfilter-nodeport-no-endpoints-external.json")
 	checked := 0
 	for _, f := range flows {
 		if f.VLAN == nil {
@@ -503,7 +498,7 @@ func TestSummaryRejectedOutsideRequestNeverLeftTheUplink(t *testing.T) {
 			}
 		}
 		checked++
-		for _, line := range strings.Split(string(b), "\n") {
+		for _, line := range strings.Split(b, "\n") {
 			if strings.Contains(line, "("+idList([]int{f.ID})+")") && strings.Contains(line, "left the uplink") {
 				t.Errorf("flow %d came in on the uplink and never left it, but SUMMARY.md says:\n%s", f.ID, line)
 			}
