@@ -136,6 +136,9 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 		return nil, err
 	}
 	info.CapturePoints = capturePoints(host, info, uplinks)
+	if info.UplinkNeighbors, err = readUplinkNeighbors(host.nl, info.CapturePoints); err != nil {
+		info.notef("uplink neighbour table not fully read: %v", err)
+	}
 
 	own := observerFilter(opt.IsObserver)
 	nfProgs, err := netfilterPrograms(own)

@@ -48,6 +48,12 @@ type NodeInfo struct {
 	// Notes say what could not be read or was decided by a fallback.
 	Notes []string `json:"notes,omitempty"`
 
+	// UplinkNeighbors are what the uplinks' neighbour tables (and a vxlan
+	// uplink's fdb) map MACs to, at most MaxUplinkNeighbors: the flows
+	// name their uplink frame's destination with it. Not printed: the
+	// session reads it again as the run goes (RefreshUplinkNeighbors).
+	UplinkNeighbors []UplinkNeighbor `json:"-"`
+
 	// svcs are the traced VIPs and ports, for NATWatch; veths the node's
 	// veths at discovery, and behind the netns found behind them, for
 	// PodWatch; hostAddrs the node netns's addresses, all of them when

@@ -667,3 +667,10 @@ func preferHook(rules []NATRule, hook string) []NATRule {
 func (e *Engine) SetGatewayMACs(macs []net.HardwareAddr) {
 	e.cfg.Attribution.GatewayMACs = macs
 }
+
+// SetUplinkNeighbors replaces what the uplinks' neighbour tables map MACs to
+// (the session reads them again as the run goes: a routed node resolves its
+// next hop with the first packet).
+func (e *Engine) SetUplinkNeighbors(ns map[UplinkNeighborKey]UplinkNeighbor) {
+	e.cfg.Attribution.UplinkNeighbors = ns
+}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -129,6 +130,12 @@ type Attribution struct {
 	RoutedHostVeths map[int]bool
 	// GatewayMACs are the Pods' default-gateway MAC addresses.
 	GatewayMACs []net.HardwareAddr
+	// UplinkNeighbors are what the node's neighbour tables (and a vxlan
+	// uplink's fdb) map MACs to on the uplinks, by device and MAC:
+	// discovery reads them, the session again as the run goes. A flow
+	// whose uplink frame went to another MAC than its Pod's gateway names
+	// it (Flow.UplinkDstNeighbor).
+	UplinkNeighbors map[UplinkNeighborKey]UplinkNeighbor
 	// NodeAddrs are the node netns's own addresses (nil: unknown), which
 	// a NAT rule's source condition "local" is about.
 	NodeAddrs []netip.Addr
@@ -137,6 +144,42 @@ type Attribution struct {
 	// sent to them to its own processes, unrewritten (NodeLocal DNSCache
 	// listens on kube-dns's ClusterIP so).
 	LocalVIPs map[netip.Addr]string
+}
+
+// UplinkNeighborKey is a MAC on an uplink device (its ifindex in the node's
+// netns).
+type UplinkNeighborKey struct {
+	Ifindex int
+	MAC     obs.MAC
+}
+
+// UplinkNeighbor is what the node's tables map a MAC to on an uplink: the
+// IPv4 addresses of its neighbour entries there, and on a vxlan uplink the
+// remote underlay address (VTEP) the device's fdb sends it to.
+type UplinkNeighbor struct {
+	Addrs []netip.Addr
+	VTEP  netip.Addr // invalid when none
+}
+
+// maxNeighborAddrs bounds the addresses a flow names for one MAC.
+const maxNeighborAddrs = 2
+
+// String names n as Flow.UplinkDstNeighbor does: "172.30.0.1",
+// "10.88.2.0, VTEP 192.168.90.2", at most maxNeighborAddrs addresses and
+// how many more; "" when n names nothing.
+func (n UplinkNeighbor) String() string {
+	var parts []string
+	for i, a := range n.Addrs {
+		if i == maxNeighborAddrs {
+			parts = append(parts, fmt.Sprintf("+%d more", len(n.Addrs)-i))
+			break
+		}
+		parts = append(parts, a.String())
+	}
+	if n.VTEP.IsValid() {
+		parts = append(parts, "VTEP "+n.VTEP.String())
+	}
+	return strings.Join(parts, ", ")
 }
 
 // SockProgram is a cgroup sock_addr program.

@@ -46,7 +46,18 @@ type Flow struct {
 	VLANProto          string `json:"vlan_proto,omitempty"`
 	UplinkDstMAC       string `json:"uplink_dst_mac"`
 	UplinkDstIsGateway bool   `json:"uplink_dst_is_gateway"`
-	Reply              bool   `json:"reply"`
+	// UplinkDstNeighbor is what the node's neighbour table maps
+	// UplinkDstMAC to on the uplink the frame left by, when it is not
+	// the Pod's gateway: "172.30.0.1" (a routed node's next hop), "10.88.2.0,
+	// VTEP 192.168.90.2" (a vxlan uplink's remote VTEP, with its fdb's
+	// underlay address); "" when unknown.
+	UplinkDstNeighbor string `json:"uplink_dst_neighbor,omitempty"`
+	// UplinkIfindex is the device (in the node's netns) the uplink frame
+	// was seen on, 0 when unknown; not in the JSON: the session names a
+	// neighbour learnt after the flow was made with it
+	// (Engine.NameUplinkNeighbors).
+	UplinkIfindex int  `json:"-"`
+	Reply         bool `json:"reply"`
 	// Refused: the reply was a TCP RST instead of a SYN-ACK (nothing
 	// listened on the backend's port, or a firewall rejected it).
 	Refused bool `json:"refused,omitempty"`

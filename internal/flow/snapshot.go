@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"net"
 	"slices"
 	"time"
 
@@ -85,6 +86,10 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		if !f.uplink.dstMAC.IsZero() {
 			out.UplinkDstMAC = f.uplink.dstMAC.String()
 			out.UplinkDstIsGateway = e.isGateway(f.uplink.dstMAC[:])
+			out.UplinkIfindex = int(f.uplink.ifindex)
+			if !out.UplinkDstIsGateway {
+				out.UplinkDstNeighbor = e.uplinkNeighbor(out.UplinkIfindex, f.uplink.dstMAC)
+			}
 		}
 	case f.uplinkReply.seen:
 		vlan := f.uplinkReply.vlan
@@ -191,6 +196,49 @@ func (e *Engine) isGateway(mac []byte) bool {
 		}
 	}
 	return false
+}
+
+// uplinkNeighbor names what the node's tables map mac to on the uplink
+// with that ifindex ("" when they do not); with the ifindex unknown (0), on
+// the uplink of the lowest ifindex that has it.
+func (e *Engine) uplinkNeighbor(ifindex int, mac obs.MAC) string {
+	ns := e.cfg.Attribution.UplinkNeighbors
+	if ifindex != 0 {
+		return ns[UplinkNeighborKey{ifindex, mac}].String()
+	}
+	best := 0
+	for k := range ns {
+		if k.MAC == mac && (best == 0 || k.Ifindex < best) {
+			best = k.Ifindex
+		}
+	}
+	if best == 0 {
+		return ""
+	}
+	return ns[UplinkNeighborKey{best, mac}].String()
+}
+
+// UplinkNeighborMissing tells whether f's uplink frame went to a MAC other
+// than its Pod's gateway that the engine's UplinkNeighbors did not name.
+func (f *Flow) UplinkNeighborMissing() bool {
+	return f.UplinkDstMAC != "" && !f.UplinkDstIsGateway && f.UplinkDstNeighbor == ""
+}
+
+// NameUplinkNeighbors names the uplink neighbour of the flows that have
+// none (UplinkNeighborMissing) from the current UplinkNeighbors: flows
+// made before the session read the neighbour table again.
+func (e *Engine) NameUplinkNeighbors(fs []Flow) {
+	for i := range fs {
+		f := &fs[i]
+		if !f.UplinkNeighborMissing() {
+			continue
+		}
+		hw, err := net.ParseMAC(f.UplinkDstMAC)
+		if err != nil || len(hw) != len(obs.MAC{}) {
+			continue
+		}
+		f.UplinkDstNeighbor = e.uplinkNeighbor(f.UplinkIfindex, obs.MAC(hw))
+	}
 }
 
 // pointsSeen lists f's per-point entries in path order, requests first.

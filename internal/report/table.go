@@ -462,6 +462,8 @@ func uplinkMAC(f flow.Flow) string {
 		return "-"
 	case f.UplinkDstIsGateway:
 		return f.UplinkDstMAC + " gw"
+	case f.UplinkDstNeighbor != "":
+		return f.UplinkDstMAC + " (" + f.UplinkDstNeighbor + ")"
 	}
 	return f.UplinkDstMAC
 }

@@ -484,6 +484,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 		}
 	}
 	a.GatewayMACs = gatewayMACs(node)
+	a.UplinkNeighbors = uplinkNeighbors(node)
 	a.NodeAddrs = node.NodeAddrs()
 	for _, lv := range node.LocalVIPs {
 		if a.LocalVIPs == nil {
@@ -593,6 +594,22 @@ func gatewayMACs(node *discover.NodeInfo) []net.HardwareAddr {
 		}
 	}
 	return macs
+}
+
+// uplinkNeighbors are discovery's uplink neighbours in the engine's terms
+// (nil when none).
+func uplinkNeighbors(node *discover.NodeInfo) map[flow.UplinkNeighborKey]flow.UplinkNeighbor {
+	var out map[flow.UplinkNeighborKey]flow.UplinkNeighbor
+	for _, n := range node.UplinkNeighbors {
+		if len(n.MAC) != len(obs.MAC{}) {
+			continue
+		}
+		if out == nil {
+			out = make(map[flow.UplinkNeighborKey]flow.UplinkNeighbor, len(node.UplinkNeighbors))
+		}
+		out[flow.UplinkNeighborKey{Ifindex: n.Ifindex, MAC: obs.MAC(n.MAC)}] = flow.UplinkNeighbor{Addrs: n.Addrs, VTEP: n.VTEP}
+	}
+	return out
 }
 
 func protoOf(s string) obs.Proto {

@@ -92,11 +92,13 @@ type tracer struct {
 	// fragments carry no ports, only the datagram's IP ID.
 	frags map[classKey]flow.Handle
 	// node is the node as discovered (with the Pods that started since);
-	// gatewaysRead, when retire last read their gateways' MACs.
-	node         *discover.NodeInfo
-	drops        dropPlaces // names the places of the flows' kernel drops
-	gatewaysRead time.Time
-	cpuWait      *cpuWaitSampler // set by run
+	// gatewaysRead, when retire last read their gateways' MACs;
+	// neighborsRead, when it last read the uplinks' neighbour tables.
+	node          *discover.NodeInfo
+	drops         dropPlaces // names the places of the flows' kernel drops
+	gatewaysRead  time.Time
+	neighborsRead time.Time
+	cpuWait       *cpuWaitSampler // set by run
 }
 
 // netnsScope is the set of network namespaces whose sockets are traced.
@@ -383,9 +385,29 @@ func (tr *tracer) retire(now time.Time) {
 		tr.eng.SetGatewayMACs(gatewayMACs(tr.node))
 	}
 	if fs := tr.eng.Retire(now.Add(-retireLag)); len(fs) > 0 {
+		tr.nameUplinkNeighbors(now, fs)
 		tr.nameDrops(fs)
 		tr.opt.Finished(fs)
 	}
+}
+
+// neighborsEvery bounds how often the uplinks' neighbour tables are read
+// again for flows whose uplink frame went to a MAC they did not name.
+const neighborsEvery = 5 * time.Second
+
+// nameUplinkNeighbors reads the uplinks' neighbour tables again, at most
+// once per neighborsEvery, when one of the flows reported went to a MAC
+// they did not name (a routed node resolves its next hop with the first
+// packet, after discovery), and names it in those flows.
+func (tr *tracer) nameUplinkNeighbors(now time.Time, fs []flow.Flow) {
+	if tr.node == nil || now.Sub(tr.neighborsRead) < neighborsEvery ||
+		!slices.ContainsFunc(fs, func(f flow.Flow) bool { return f.UplinkNeighborMissing() }) {
+		return
+	}
+	tr.neighborsRead = now
+	_ = discover.RefreshUplinkNeighbors(tr.node)
+	tr.eng.SetUplinkNeighbors(uplinkNeighbors(tr.node))
+	tr.eng.NameUplinkNeighbors(fs)
 }
 
 // interval gives Options.Interval the counts so far when next is due.

@@ -291,6 +291,9 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	res.Attachments = append(res.Attachments, tr.late.atts...)
 	discover.RefreshGatewayMACs(node)
 	eng.SetGatewayMACs(gatewayMACs(node))
+	// The next hops resolved during the run name the last flows' uplink MACs.
+	_ = discover.RefreshUplinkNeighbors(node)
+	eng.SetUplinkNeighbors(uplinkNeighbors(node))
 
 	// The capture's working memory (frame batches, packet classes) is
 	// garbage now: return it before the report adds its own.
