@@ -1,9 +1,7 @@
 package discover
 
 import (
-	"context"
 	"fmt"
-	"net/netip"
 	"os/exec"
 	"slices"
 	"testing"
@@ -15,41 +13,16 @@ import (
 // each MAC; RefreshUplinkNeighbors reads entries added since (a next hop
 // resolved with the first packet). No traffic: the entries are permanent.
 func TestUplinkNeighbors(t *testing.T) {
-	n := newNodeNS(t, "node", "pod", "gw")
-	n.run(t, "node", "link add ens3 type veth peer name eth0 netns "+n.name("gw"),
-		"addr add 10.99.70.1/24 dev ens3", "link set ens3 up", "route add default via 10.99.70.254",
-		"link add flannel.1 type vxlan id 1 dev ens3 local 10.99.70.1 dstport 8472 nolearning",
-		"addr add 10.244.0.0/32 dev flannel.1", "link set flannel.1 up",
-		"route add 10.244.1.0/24 via 10.244.1.0 dev flannel.1 onlink",
-		"link add cni0 type bridge", "addr add 10.244.0.1/24 dev cni0", "link set cni0 up",
-		"link add vethpod type veth peer name eth0 netns "+n.name("pod"), "link set vethpod master cni0 up",
+	n, info := flannelNode(t,
 		// The router, the node's next hop.
 		"neigh replace 10.99.70.254 lladdr 5a:cf:13:61:b3:16 nud permanent dev ens3",
 		// A failed entry names nothing.
 		"neigh replace 10.99.70.9 lladdr 5a:cf:13:61:b3:99 nud failed dev ens3",
 		// The remote node's VTEP: its overlay address (its underlay one is
-		// in the fdb, below).
+		// in the fdb, added below).
 		"neigh replace 10.244.1.0 lladdr 0a:88:00:00:00:02 nud permanent dev flannel.1",
 		// A Pod-side neighbour, not on an uplink.
 		"neigh replace 10.244.0.5 lladdr 0a:58:0a:f4:00:05 nud permanent dev cni0")
-	// The fdb: the VTEP's underlay address, and a flood entry (all-zero
-	// MAC) that names no MAC.
-	for _, fdb := range [][]string{{"0a:88:00:00:00:02", "10.99.70.2"}, {"00:00:00:00:00:00", "10.99.70.3"}} {
-		if out, err := exec.Command("bridge", "-n", n.name("node"), "fdb", "append", fdb[0],
-			"dst", fdb[1], "dev", "flannel.1", "self", "permanent").CombinedOutput(); err != nil {
-			t.Fatalf("bridge fdb append %s: %v: %s", fdb[0], err, out)
-		}
-	}
-	n.run(t, "gw", "addr add 10.99.70.254/24 dev eth0", "link set eth0 up")
-	n.run(t, "pod", "addr add 10.244.0.5/24 dev eth0", "link set eth0 up", "route add default via 10.244.0.1")
-	addDNAT(t, n.path("node"), "10.96.50.10", 80, "10.244.1.5")
-	ports := []ServicePort{{Addr: netip.MustParseAddr("10.96.50.10"), Port: 80, Proto: "udp"},
-		{Addr: netip.MustParseAddr("10.96.50.11"), Port: 80, Proto: "udp"}}
-
-	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), ServicePorts: ports})
-	if err != nil {
-		t.Fatal(err)
-	}
 	names := map[int]string{}
 	for _, cp := range info.CapturePoints {
 		if cp.Role == RoleUplink {
@@ -70,10 +43,25 @@ func TestUplinkNeighbors(t *testing.T) {
 	}
 	want := []string{
 		"ens3 5a:cf:13:61:b3:16 [10.99.70.254]",
-		"flannel.1 0a:88:00:00:00:02 [10.244.1.0] vtep 10.99.70.2",
+		"flannel.1 0a:88:00:00:00:02 [10.244.1.0]",
 	}
 	if got := show(info.UplinkNeighbors); !slices.Equal(got, want) {
 		t.Errorf("uplink neighbours (uplinks %v):\n got %q\nwant %q\nnotes %q", names, got, want, info.Notes)
+	}
+	// The fdb: the VTEP's underlay address, and a flood entry (all-zero
+	// MAC) that names no MAC.
+	for _, fdb := range [][]string{{"0a:88:00:00:00:02", "10.99.70.2"}, {"00:00:00:00:00:00", "10.99.70.3"}} {
+		if out, err := exec.Command("bridge", "-n", n.name("node"), "fdb", "append", fdb[0],
+			"dst", fdb[1], "dev", "flannel.1", "self", "permanent").CombinedOutput(); err != nil {
+			t.Fatalf("bridge fdb append %s: %v: %s", fdb[0], err, out)
+		}
+	}
+	if err := RefreshUplinkNeighbors(info); err != nil {
+		t.Fatal(err)
+	}
+	want[1] = "flannel.1 0a:88:00:00:00:02 [10.244.1.0] vtep 10.99.70.2"
+	if got := show(info.UplinkNeighbors); !slices.Equal(got, want) {
+		t.Errorf("uplink neighbours with the fdb's:\n got %q\nwant %q", got, want)
 	}
 	// A neighbour resolved after discovery, another address of the
 	// router's MAC: read again.

@@ -377,11 +377,7 @@ func TestPodWatchSetUpAtDiscovery(t *testing.T) {
 func TestPodWatchBound(t *testing.T) {
 	tb := newTestbed(t)
 	opt := Options{HostNetNS: tb.node, MaxPods: 1}
-	info, err := Node(context.Background(), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := NewPodWatch(info, opt)
+	w := podWatchOn(t, opt)
 	secondPod(t, tb)
 	t0 := time.Now()
 	skipped := 0
@@ -403,11 +399,7 @@ func TestPodWatchBound(t *testing.T) {
 func TestPodWatchNetNSReused(t *testing.T) {
 	tb := newTestbed(t)
 	opt := Options{HostNetNS: tb.node}
-	info, err := Node(context.Background(), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := NewPodWatch(info, opt)
+	w := podWatchOn(t, opt)
 	pod2 := secondPod(t, tb)
 	t0 := time.Now()
 	found, err := w.Look(context.Background(), t0)
@@ -516,11 +508,7 @@ func TestPodWatchRoutedUplink(t *testing.T) {
 func TestPodWatchVethIndexReused(t *testing.T) {
 	tb := newTestbed(t)
 	opt := Options{HostNetNS: tb.node}
-	info, err := Node(context.Background(), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := NewPodWatch(info, opt)
+	w := podWatchOn(t, opt)
 	node := filepath.Base(tb.node)
 	pod2 := secondPod(t, tb)
 	index := strings.SplitN(ipCmd(t, "-n", node, "-o", "link", "show", "hv1"), ":", 2)[0]
@@ -540,12 +528,7 @@ func TestPodWatchVethIndexReused(t *testing.T) {
 	}
 	remake := func() {
 		t.Helper()
-		ipCmd(t, "netns", "add", pod2)
-		ipCmd(t, "-n", node, "link", "add", "hv1", "index", index, "type", "veth", "peer", "name", "eth0", "netns", pod2)
-		ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
-		ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
-		ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
-		ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+		bridgedPod(t, tb, pod2, "hv1", "10.99.8.24/22", "index", index)
 	}
 	at := 2 * time.Second
 	for _, lookBetween := range []bool{true, false} {
@@ -655,11 +638,7 @@ func TestPodNetNSHidden(t *testing.T) {
 func TestPodWatchPodIP(t *testing.T) {
 	tb := newTestbed(t)
 	opt := Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)}
-	info, err := Node(context.Background(), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := NewPodWatch(info, opt)
+	w := podWatchOn(t, opt)
 	if w == nil {
 		t.Fatal("no watch with --pod-ip")
 	}
@@ -721,11 +700,7 @@ func TestPodWatchMirredRedirect(t *testing.T) {
 	tb := newTestbed(t)
 	node := filepath.Base(tb.node)
 	opt := Options{HostNetNS: tb.node}
-	info, err := Node(context.Background(), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := NewPodWatch(info, opt)
+	w := podWatchOn(t, opt)
 	late := node + "-late"
 	ipCmd(t, "netns", "add", late)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", late).Run() })
@@ -845,13 +820,7 @@ func TestPodWatchRoomBack(t *testing.T) {
 	look(bounded, 2*time.Second)
 	// A third Pod starts: followed by the run until stopped only.
 	pod3 := filepath.Base(tb.pod) + "3"
-	ipCmd(t, "netns", "add", pod3)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod3).Run() })
-	ipCmd(t, "-n", node, "link", "add", "hv3", "type", "veth", "peer", "name", "eth0", "netns", pod3)
-	ipCmd(t, "-n", node, "link", "set", "hv3", "master", "br0", "up")
-	ipCmd(t, "-n", pod3, "addr", "add", "10.99.8.33/22", "dev", "eth0")
-	ipCmd(t, "-n", pod3, "link", "set", "eth0", "up")
-	ipCmd(t, "-n", pod3, "route", "add", "default", "via", gwIP)
+	bridgedPod(t, tb, pod3, "hv3", "10.99.8.33/22")
 	if found := look(w, 4*time.Second); len(found.Pods) != 1 || found.Pods[0].NetNS.Path != "/run/netns/"+pod3 || found.Skipped != 0 {
 		t.Fatalf("look after a third Pod started: %+v; want it followed", found)
 	}
@@ -879,11 +848,7 @@ func TestPodWatchFollowedFoundAgain(t *testing.T) {
 	renamed := func(t *testing.T, maxPods int, giveBack bool) (*testbed, *PodWatch) {
 		tb := newTestbed(t)
 		opt := Options{HostNetNS: tb.node, MaxPods: maxPods}
-		info, err := Node(context.Background(), opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w := NewPodWatch(info, opt)
+		w := podWatchOn(t, opt)
 		if giveBack {
 			w.GiveRoomBack()
 		}
@@ -929,11 +894,7 @@ func TestPodWatchFollowedFoundAgain(t *testing.T) {
 func TestPodWatchVethIndexReusedRoomBack(t *testing.T) {
 	tb := newTestbed(t)
 	opt := Options{HostNetNS: tb.node, MaxPods: 3}
-	info, err := Node(context.Background(), opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := NewPodWatch(info, opt)
+	w := podWatchOn(t, opt)
 	w.GiveRoomBack()
 	node := filepath.Base(tb.node)
 	pod2 := secondPod(t, tb)
@@ -952,12 +913,7 @@ func TestPodWatchVethIndexReusedRoomBack(t *testing.T) {
 			t.Fatal("hv1 still there 10 s after its netns was deleted")
 		}
 	}
-	ipCmd(t, "netns", "add", pod2)
-	ipCmd(t, "-n", node, "link", "add", "hv1", "index", index, "type", "veth", "peer", "name", "eth0", "netns", pod2)
-	ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
-	ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
-	ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
-	ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+	bridgedPod(t, tb, pod2, "hv1", "10.99.8.24/22", "index", index)
 	found, err = w.Look(context.Background(), t0.Add(2*time.Second))
 	if err != nil || len(found.Pods) != 1 || strconv.Itoa(found.Pods[0].HostPeer.Ifindex) != index {
 		t.Fatalf("look after the Pod was made again: %+v, %v; want the new Pod", found.Pods, err)
@@ -967,15 +923,19 @@ func TestPodWatchVethIndexReusedRoomBack(t *testing.T) {
 	}
 	// Two Pods on the node, a bound of 3: a third that starts is followed.
 	pod3 := filepath.Base(tb.pod) + "3"
-	ipCmd(t, "netns", "add", pod3)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod3).Run() })
-	ipCmd(t, "-n", node, "link", "add", "hv3", "type", "veth", "peer", "name", "eth0", "netns", pod3)
-	ipCmd(t, "-n", node, "link", "set", "hv3", "master", "br0", "up")
-	ipCmd(t, "-n", pod3, "addr", "add", "10.99.8.33/22", "dev", "eth0")
-	ipCmd(t, "-n", pod3, "link", "set", "eth0", "up")
-	ipCmd(t, "-n", pod3, "route", "add", "default", "via", gwIP)
+	bridgedPod(t, tb, pod3, "hv3", "10.99.8.33/22")
 	found, err = w.Look(context.Background(), t0.Add(4*time.Second))
 	if err != nil || len(found.Pods) != 1 || found.Skipped != 0 {
 		t.Errorf("look after a third Pod started, two on the node, bound 3: pods %+v skipped %d (%v), %v; want it followed", found.Pods, found.Skipped, found.SkippedVeths, err)
 	}
+}
+
+// podWatchOn discovers the node of opt and returns a PodWatch of it.
+func podWatchOn(t *testing.T, opt Options) *PodWatch {
+	t.Helper()
+	info, err := Node(context.Background(), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewPodWatch(info, opt)
 }

@@ -760,6 +760,33 @@ func TestRoutedUplinkECMP(t *testing.T) {
 	check("multipath route to four backends", []string{"up1", "up2"}, "routes to 4 backends (10.99.50.3, 10.99.50.7, 10.99.50.9, ...)")
 }
 
+// flannelNode builds a flannel-style node (the Pod on cni0, which holds its
+// gateway; the backend 10.244.1.5 behind the VXLAN device flannel.1 over
+// ens3, the default route's device; a DNAT for 10.96.50.10:80, none for
+// 10.96.50.11:80), with what more runs in its node netns, and discovers it
+// tracing both VIPs.
+func flannelNode(t *testing.T, more ...string) (*nodeNS, *NodeInfo) {
+	t.Helper()
+	n := newNodeNS(t, "node", "pod", "gw")
+	n.run(t, "node", append([]string{"link add ens3 type veth peer name eth0 netns " + n.name("gw"),
+		"addr add 10.99.70.1/24 dev ens3", "link set ens3 up", "route add default via 10.99.70.254",
+		"link add flannel.1 type vxlan id 1 dev ens3 local 10.99.70.1 dstport 8472 nolearning",
+		"addr add 10.244.0.0/32 dev flannel.1", "link set flannel.1 up",
+		"route add 10.244.1.0/24 via 10.244.1.0 dev flannel.1 onlink",
+		"link add cni0 type bridge", "addr add 10.244.0.1/24 dev cni0", "link set cni0 up",
+		"link add vethpod type veth peer name eth0 netns " + n.name("pod"), "link set vethpod master cni0 up"}, more...)...)
+	n.run(t, "gw", "addr add 10.99.70.254/24 dev eth0", "link set eth0 up")
+	n.run(t, "pod", "addr add 10.244.0.5/24 dev eth0", "link set eth0 up", "route add default via 10.244.0.1")
+	addDNAT(t, n.path("node"), "10.96.50.10", 80, "10.244.1.5")
+	ports := []ServicePort{{Addr: netip.MustParseAddr("10.96.50.10"), Port: 80, Proto: "udp"},
+		{Addr: netip.MustParseAddr("10.96.50.11"), Port: 80, Proto: "udp"}}
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), ServicePorts: ports})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, info
+}
+
 // TestFlannelUplinkVIPWithoutRule: on a flannel-style node (the Pod on
 // cni0, which holds its gateway; the backends behind the VXLAN device
 // flannel.1 over ens3, the default route's device), a traced Service without
@@ -768,24 +795,7 @@ func TestRoutedUplinkECMP(t *testing.T) {
 // flannel.1, for the backends, and ens3, for the VIPs, each said; the node
 // block names the Service without a rule, and so does the node JSON.
 func TestFlannelUplinkVIPWithoutRule(t *testing.T) {
-	n := newNodeNS(t, "node", "pod", "gw")
-	n.run(t, "node", "link add ens3 type veth peer name eth0 netns "+n.name("gw"),
-		"addr add 10.99.70.1/24 dev ens3", "link set ens3 up", "route add default via 10.99.70.254",
-		"link add flannel.1 type vxlan id 1 dev ens3 local 10.99.70.1 dstport 8472 nolearning",
-		"addr add 10.244.0.0/32 dev flannel.1", "link set flannel.1 up",
-		"route add 10.244.1.0/24 via 10.244.1.0 dev flannel.1 onlink",
-		"link add cni0 type bridge", "addr add 10.244.0.1/24 dev cni0", "link set cni0 up",
-		"link add vethpod type veth peer name eth0 netns "+n.name("pod"), "link set vethpod master cni0 up")
-	n.run(t, "gw", "addr add 10.99.70.254/24 dev eth0", "link set eth0 up")
-	n.run(t, "pod", "addr add 10.244.0.5/24 dev eth0", "link set eth0 up", "route add default via 10.244.0.1")
-	addDNAT(t, n.path("node"), "10.96.50.10", 80, "10.244.1.5")
-	ports := []ServicePort{{Addr: netip.MustParseAddr("10.96.50.10"), Port: 80, Proto: "udp"},
-		{Addr: netip.MustParseAddr("10.96.50.11"), Port: 80, Proto: "udp"}}
-
-	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), ServicePorts: ports})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, info := flannelNode(t)
 	if len(info.Pods) != 1 {
 		t.Fatalf("pods: got %+v, want one", info.Pods)
 	}
@@ -943,15 +953,23 @@ func TestNodePortRulesOnNode(t *testing.T) {
 func secondPod(t *testing.T, tb *testbed) string {
 	t.Helper()
 	pod2 := filepath.Base(tb.pod) + "2"
-	ipCmd(t, "netns", "add", pod2)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", pod2).Run() })
-	node := filepath.Base(tb.node)
-	ipCmd(t, "-n", node, "link", "add", "hv1", "type", "veth", "peer", "name", "eth0", "netns", pod2)
-	ipCmd(t, "-n", node, "link", "set", "hv1", "master", "br0", "up")
-	ipCmd(t, "-n", pod2, "addr", "add", "10.99.8.24/22", "dev", "eth0")
-	ipCmd(t, "-n", pod2, "link", "set", "eth0", "up")
-	ipCmd(t, "-n", pod2, "route", "add", "default", "via", gwIP)
+	bridgedPod(t, tb, pod2, "hv1", "10.99.8.24/22")
 	return pod2
+}
+
+// bridgedPod makes a Pod of the testbed: the netns name, removed at the
+// test's end, with its eth0 at addr behind the node's veth on br0, made with
+// linkArgs too ("index", "N" to give it that ifindex).
+func bridgedPod(t *testing.T, tb *testbed, name, veth, addr string, linkArgs ...string) {
+	t.Helper()
+	ipCmd(t, "netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	node := filepath.Base(tb.node)
+	ipCmd(t, append(append([]string{"-n", node, "link", "add", veth}, linkArgs...), "type", "veth", "peer", "name", "eth0", "netns", name)...)
+	ipCmd(t, "-n", node, "link", "set", veth, "master", "br0", "up")
+	ipCmd(t, "-n", name, "addr", "add", addr, "dev", "eth0")
+	ipCmd(t, "-n", name, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", name, "route", "add", "default", "via", gwIP)
 }
 
 // TestNodeAddressWithoutPort: an address the node's own connections leave
