@@ -59,11 +59,13 @@ guessed.
 Output (table; --output json has the same as JSON lines): the node (Pods, capture
 points, the Service mechanisms found, every observer's status), then one row per flow:
   REWRITTEN AT    socket, tc, netfilter, ipvs, nowhere (not rewritten: it left the node with the VIP,
-                  the VIP is the node's own address, or the node's filter rejected or dropped it:
-                  the rule is named below the rows) or unknown
-  BY              the program or rule that rewrote it (shortened; JSON "by" has it whole)
+                  the VIP is the node's own address, the node's filter rejected or dropped it, or
+                  the node dropped it unrewritten after NAT: named below the rows) or unknown
+  BY              the program or rule that rewrote it (shortened; the summary, with each rule's
+                  flows, and JSON "by" have it whole)
   VLAN            uplink 802.1Q tag ("untagged"; "-": the flow never reached the uplink)
-  UPLINK DST MAC  destination MAC on the uplink, "gw" when it is the Pod's gateway
+  UPLINK DST MAC  destination MAC on the uplink, "gw" when it is the Pod's gateway, else the
+                  neighbour the node knows it as, "(172.30.0.1)", a VXLAN uplink's remote VTEP
   REPLY           yes, no, rst (refused), icmp (an ICMP error instead, listed below the rows)
                   or unseen (the flow never left the client's netns)
 then the flows per verdict, the flows per backend with their replies (a backend that
