@@ -9,6 +9,7 @@ package discover
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -102,12 +103,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	for _, lv := range info.LocalVIPs {
 		svcs.local[lv.Addr] = true
 	}
-	info.hostLinks = make(map[int]string, min(len(host.links), maxLinkNames))
-	for idx, l := range host.links {
-		if len(info.hostLinks) < maxLinkNames {
-			info.hostLinks[idx] = l.Attrs().Name
-		}
-	}
+	info.hostLinks = linkNames(maps.Values(host.links))
 	info.veths = map[int]vethID{}
 	for idx, l := range host.links {
 		if isVeth(l) {

@@ -2,6 +2,7 @@ package discover
 
 import (
 	"fmt"
+	"iter"
 
 	"github.com/vishvananda/netlink"
 
@@ -13,9 +14,9 @@ import (
 const maxLinkNames = 4096
 
 // linkNames maps the links' ifindexes to their names, at most maxLinkNames.
-func linkNames(links []netlink.Link) map[int]string {
-	names := make(map[int]string, min(len(links), maxLinkNames))
-	for _, l := range links {
+func linkNames(links iter.Seq[netlink.Link]) map[int]string {
+	names := map[int]string{}
+	for l := range links {
 		if len(names) >= maxLinkNames {
 			break
 		}

@@ -636,7 +636,7 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr)
 		Comm:   c.comm,
 		NSName: c.name,
 		Eth0:   iface(nl, eth0),
-		links:  linkNames(links),
+		links:  linkNames(slices.Values(links)),
 	}
 	if gwIndex != 0 && gwIndex != eth0.Attrs().Index {
 		pod.defaultDev = linkName(nl, gwIndex)
