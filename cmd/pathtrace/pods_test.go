@@ -499,3 +499,32 @@ func flowsFrom(flows []map[string]any, ip string) []map[string]any {
 	}
 	return out
 }
+
+// TestPodDeletedByCNIMidTrace: a Pod goes as a CNI deletes it, its veth
+// first, then the runtime its netns. Its taps end with their interfaces;
+// the netns going a moment later must not have them reported released, as
+// if the capture alone had kept the netns alive.
+func TestPodDeletedByCNIMidTrace(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeNetfilter)
+	ip := otherPodIPs[0]
+	pod := addPod(t, l, ip)
+	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "60s")
+	r.waitNode(t)
+	if err := connectFrom(pod, lab.TCPVIP.String(), 1); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, nil, "ip", "-n", filepath.Base(l.NodeNetNS()), "link", "del", addedPodVeth(ip))
+	time.Sleep(time.Second)
+	mustRun(t, nil, "ip", "netns", "del", filepath.Base(pod))
+	time.Sleep(5 * time.Second) // the Pod watch looks every 2 s
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	_, summary := r.rest(t)
+	ended, _ := summary["capture_ended"].(map[string]any)
+	for _, point := range []string{"pod:eth0@" + ip, "host:" + addedPodVeth(ip)} {
+		why, _ := ended[point].(string)
+		if !strings.HasPrefix(why, "ended at ") || strings.Contains(why, "released") {
+			t.Errorf("capture_ended[%s] = %q: want it ended with its interface, not released", point, why)
+		}
+	}
+}

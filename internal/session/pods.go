@@ -288,7 +288,10 @@ func (tr *tracer) releaseGone(now time.Time) {
 	tr.forgetEnded()
 	var gone []int
 	for i, tp := range tr.taps {
-		if tp.role != discover.RolePod || tp.inode == 0 || *tp.released != "" {
+		if tp.role != discover.RolePod || tp.inode == 0 || *tp.released != "" || !tp.t.StillBound() {
+			// An unbound tap ends by itself (capture.Tap.RunBlocks): its
+			// interface went, as a CNI deletes a Pod's veth before the
+			// runtime its netns; it did not keep the netns alive.
 			continue
 		}
 		if ino, err := nsutil.Inode(tp.netns); err != nil || ino != tp.inode {
@@ -310,11 +313,7 @@ func (tr *tracer) releaseGone(now time.Time) {
 			tr.taps[i].netns = path
 			continue
 		}
-		kept := "it (and its veth pair)"
-		if !tp.t.StillBound() {
-			kept = "it (its veth was deleted already)"
-		}
-		*tp.released = fmt.Sprintf("released at %s: its Pod's netns was deleted; the capture alone kept %s alive", now.Format("15:04:05"), kept)
+		*tp.released = fmt.Sprintf("released at %s: its Pod's netns was deleted; the capture alone kept it (and its veth pair) alive", now.Format("15:04:05"))
 		// Its socket events are out of scope from now on: once the tap,
 		// the last holder, closes, the kernel frees the netns and gives
 		// its inode number to the next netns made on the machine, which
