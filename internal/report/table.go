@@ -476,32 +476,52 @@ func uplinkMAC(f flow.Flow) string {
 // backend that does not answer.
 func writeReasons(w io.Writer, flows []flow.Flow) {
 	for _, place := range []flow.Place{flow.PlaceNowhere, flow.PlaceUnknown, ""} {
-		var order []string
-		ids := map[string][]string{}
+		var g flowGroups
 		for _, f := range flows {
 			if place == "" && !unansweredOnNode(f) || place != "" && f.RewrittenAt != place {
 				continue
 			}
-			if _, ok := ids[f.Reason]; !ok {
-				order = append(order, f.Reason)
-			}
-			ids[f.Reason] = append(ids[f.Reason], fmt.Sprint(f.ID))
-		}
-		if len(order) == 0 {
-			continue
+			g.add(f.ID, f.Reason)
 		}
 		if place == "" {
-			fmt.Fprintf(w, "\nRewritten, not all sent out or no reply:\n")
+			g.write(w, "Rewritten, not all sent out or no reply:")
 		} else {
-			fmt.Fprintf(w, "\nWhy %s:\n", place)
+			g.write(w, fmt.Sprintf("Why %s:", place))
 		}
-		for _, r := range order {
-			label := "flows"
-			if len(ids[r]) == 1 {
-				label = "flow"
-			}
-			fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(ids[r], ", "), r)
+	}
+}
+
+// flowGroups gathers lines about flows, the flows of one same text
+// together (in the order each text came first): an incident's many flows
+// that met one fate read in one line, "flows 1, 3, 5: ...".
+type flowGroups struct {
+	order []string
+	ids   map[string][]string
+}
+
+func (g *flowGroups) add(id int, text string) {
+	if g.ids == nil {
+		g.ids = map[string][]string{}
+	}
+	if _, ok := g.ids[text]; !ok {
+		g.order = append(g.order, text)
+	}
+	g.ids[text] = append(g.ids[text], fmt.Sprint(id))
+}
+
+// write writes the heading and the groups, after an empty line; nothing
+// when there is none.
+func (g *flowGroups) write(w io.Writer, heading string) {
+	if len(g.order) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n%s\n", heading)
+	for _, text := range g.order {
+		label := "flows"
+		if len(g.ids[text]) == 1 {
+			label = "flow"
 		}
+		fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(g.ids[text], ", "), text)
 	}
 }
 
@@ -570,8 +590,7 @@ func unansweredOnNode(f flow.Flow) bool {
 // writeICMPErrors lists the ICMP errors that came back instead of replies
 // (REPLY "icmp"), the flows of each message and sender together.
 func writeICMPErrors(w io.Writer, flows []flow.Flow) {
-	var order []string
-	ids := map[string][]string{}
+	var g flowGroups
 	for _, f := range flows {
 		if f.Reply || f.ICMPError == nil {
 			continue
@@ -584,84 +603,60 @@ func writeICMPErrors(w io.Writer, flows []flow.Flow) {
 			// Its reason says why it matters.
 			what += fmt.Sprintf(", reaching the client quoting %s, not the Service %s: no reverse NAT of the quoted header", q, f.Service)
 		}
-		if _, ok := ids[what]; !ok {
-			order = append(order, what)
-		}
-		ids[what] = append(ids[what], fmt.Sprint(f.ID))
+		g.add(f.ID, what)
 	}
-	if len(order) == 0 {
-		return
-	}
-	fmt.Fprintf(w, "\nICMP errors instead of replies:\n")
-	for _, what := range order {
-		label := "flows"
-		if len(ids[what]) == 1 {
-			label = "flow"
-		}
-		fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(ids[what], ", "), what)
-	}
+	g.write(w, "ICMP errors instead of replies:")
 }
 
 // writeStrayReplies lists the flows without a reply to whose client the
 // server's address answered from another port (flow.StrayReplies).
 func writeStrayReplies(w io.Writer, flows []flow.Flow) {
-	var lines []string
+	var g flowGroups
 	for _, f := range flows {
 		if f.Reply || f.StrayReplies == nil {
 			continue
 		}
 		s := f.StrayReplies
-		unit := "packets"
-		if s.Packets == 1 {
-			unit = "packet"
-		}
-		lines = append(lines, fmt.Sprintf("  flow %d: %d %s from %s, not from %s", f.ID, s.Packets, unit, s.From, expectedFrom(f)))
+		g.add(f.ID, fmt.Sprintf("%s from %s, not from %s", packets(s.Packets), s.From, expectedFrom(f)))
 	}
-	if len(lines) == 0 {
-		return
-	}
-	fmt.Fprintf(w, "\nAnswers from another port (no flow took them; the client's socket drops them):\n%s\n", strings.Join(lines, "\n"))
+	g.write(w, "Answers from another port (no flow took them; the client's socket drops them):")
 }
 
 // writeKernelDrops lists the flows' packets the kernel dropped
 // (flow.KernelDrops), with its reason and the function that dropped them.
 func writeKernelDrops(w io.Writer, flows []flow.Flow) {
-	var lines []string
+	var g flowGroups
 	for _, f := range flows {
 		for _, d := range f.KernelDrops {
 			unit := "packets"
 			if d.Count == 1 {
 				unit = "packet"
 			}
-			lines = append(lines, fmt.Sprintf("  flow %d: %d %s %s, %s", f.ID, d.Count, d.Direction, unit, d))
+			g.add(f.ID, fmt.Sprintf("%d %s %s, %s", d.Count, d.Direction, unit, d))
 		}
 	}
-	if len(lines) == 0 {
-		return
-	}
-	fmt.Fprintf(w, "\nDropped by the kernel (its reason, in the function that dropped them):\n%s\n", strings.Join(lines, "\n"))
+	g.write(w, "Dropped by the kernel (its reason, in the function that dropped them):")
 }
 
 // writeUntranslatedReplies lists the flows whose replies entered the
 // client's Pod from a backend's address although the client sent to the
 // VIP (flow.UntranslatedReplies): nothing translated them back.
 func writeUntranslatedReplies(w io.Writer, flows []flow.Flow) {
-	var lines []string
+	var g flowGroups
 	for _, f := range flows {
-		u := f.UntranslatedReplies
-		if u == nil {
-			continue
+		if u := f.UntranslatedReplies; u != nil {
+			g.add(f.ID, fmt.Sprintf("%s from %s, not from %s", packets(u.Packets), u.From, f.Service))
 		}
-		unit := "packets"
-		if u.Packets == 1 {
-			unit = "packet"
-		}
-		lines = append(lines, fmt.Sprintf("  flow %d: %d %s from %s, not from %s", f.ID, u.Packets, unit, u.From, f.Service))
 	}
-	if len(lines) == 0 {
-		return
+	g.write(w, "Replies not translated back to the VIP (they entered the client's Pod from a backend's address; the client does not take them):")
+}
+
+// packets is "1 packet", "n packets".
+func packets(n uint64) string {
+	if n == 1 {
+		return "1 packet"
 	}
-	fmt.Fprintf(w, "\nReplies not translated back to the VIP (they entered the client's Pod from a backend's address; the client does not take them):\n%s\n", strings.Join(lines, "\n"))
+	return fmt.Sprintf("%d packets", n)
 }
 
 // expectedFrom is where a flow's replies were due from: its Service, and
