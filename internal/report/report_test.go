@@ -768,13 +768,14 @@ func TestKernelDropsListed(t *testing.T) {
 }
 
 // TestSameFateOneLine: the lists under the rows give the flows that met one
-// same fate in one line, as the reasons do: an incident's many dropped
-// requests, stray or untranslated replies read at a glance.
+// same fate in one line, as the reasons do, three ids or more in a row as a
+// range: an incident's many dropped requests, stray or untranslated replies
+// read at a glance.
 func TestSameFateOneLine(t *testing.T) {
 	drop := flow.KernelDrop{Direction: "request", Count: 1, Reason: "NETFILTER_DROP", Function: "nft_do_chain", NetNS: 4026531840, Ifindex: 2}
 	from := netip.MustParseAddrPort("10.244.20.31:3000")
 	var flows []flow.Flow
-	for id := 1; id <= 3; id++ {
+	for _, id := range []int{5, 1, 2, 3, 6} {
 		flows = append(flows, flow.Flow{ID: id, Proto: "tcp",
 			Client:              netip.MustParseAddrPort(fmt.Sprintf("10.244.8.23:%d", 40000+id)),
 			Service:             netip.MustParseAddrPort("10.120.0.80:80"),
@@ -788,8 +789,8 @@ func TestSameFateOneLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"  flows 1, 2, 3: 1 request packet, NETFILTER_DROP in nft_do_chain (netns 4026531840, ifindex 2)\n",
-		"  flows 1, 2, 3: 2 packets from 10.244.20.31:3000, not from 10.120.0.80:80\n",
+		"  flows 1-3, 5, 6: 1 request packet, NETFILTER_DROP in nft_do_chain (netns 4026531840, ifindex 2)\n",
+		"  flows 1-3, 5, 6: 2 packets from 10.244.20.31:3000, not from 10.120.0.80:80\n",
 	} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("the table lacks %q:\n%s", want, table.String())

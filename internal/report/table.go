@@ -493,20 +493,20 @@ func writeReasons(w io.Writer, flows []flow.Flow) {
 
 // flowGroups gathers lines about flows, the flows of one same text
 // together (in the order each text came first): an incident's many flows
-// that met one fate read in one line, "flows 1, 3, 5: ...".
+// that met one fate read in one line, "flows 1-40, 43: ...".
 type flowGroups struct {
 	order []string
-	ids   map[string][]string
+	ids   map[string][]int
 }
 
 func (g *flowGroups) add(id int, text string) {
 	if g.ids == nil {
-		g.ids = map[string][]string{}
+		g.ids = map[string][]int{}
 	}
 	if _, ok := g.ids[text]; !ok {
 		g.order = append(g.order, text)
 	}
-	g.ids[text] = append(g.ids[text], fmt.Sprint(id))
+	g.ids[text] = append(g.ids[text], id)
 }
 
 // write writes the heading and the groups, after an empty line; nothing
@@ -521,8 +521,35 @@ func (g *flowGroups) write(w io.Writer, heading string) {
 		if len(g.ids[text]) == 1 {
 			label = "flow"
 		}
-		fmt.Fprintf(w, "  %s %s: %s\n", label, strings.Join(g.ids[text], ", "), text)
+		fmt.Fprintf(w, "  %s %s: %s\n", label, idRanges(g.ids[text]), text)
 	}
+}
+
+// idRanges names flow ids in order, three or more in a row as a range:
+// "1-6, 9, 11, 12".
+func idRanges(ids []int) string {
+	slices.Sort(ids)
+	ids = slices.Compact(ids) // a flow's two drops of one text
+	var b strings.Builder
+	for i := 0; i < len(ids); {
+		j := i
+		for j+1 < len(ids) && ids[j+1] == ids[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		switch {
+		case j-i >= 2:
+			fmt.Fprintf(&b, "%d-%d", ids[i], ids[j])
+		case j > i:
+			fmt.Fprintf(&b, "%d, %d", ids[i], ids[j])
+		default:
+			fmt.Fprint(&b, ids[i])
+		}
+		i = j + 1
+	}
+	return b.String()
 }
 
 // writeNodeClients names the flows whose client is a process of the node's
