@@ -557,12 +557,13 @@ func idRanges(ids []int) string {
 // gives), which the row alone does not tell from a Pod's, and they are
 // traced whichever Pod is selected.
 func writeNodeClients(w io.Writer, flows []flow.Flow) {
-	var ids, comms []string
+	var ids []int
+	var comms []string
 	for _, f := range flows {
 		if !f.NodeClient {
 			continue
 		}
-		ids = append(ids, fmt.Sprint(f.ID))
+		ids = append(ids, f.ID)
 		if f.Comm != "" && !slices.Contains(comms, f.Comm) {
 			comms = append(comms, f.Comm)
 		}
@@ -578,17 +579,17 @@ func writeNodeClients(w io.Writer, flows []flow.Flow) {
 	if len(comms) > 0 {
 		by = " (" + strings.Join(comms, ", ") + ")"
 	}
-	fmt.Fprintf(w, "\nClients in the node's own netns, not Pods (hostNetwork Pods, the kubelet, node processes): %s %s%s\n", label, strings.Join(ids, ", "), by)
+	fmt.Fprintf(w, "\nClients in the node's own netns, not Pods (hostNetwork Pods, the kubelet, node processes): %s %s%s\n", label, idRanges(ids), by)
 }
 
 // writeBeganBeforeRun lists the TCP flows seen from the middle of their
 // connection (began_before_run): their verdict rests on the packets seen,
 // not on their connect() or handshake.
 func writeBeganBeforeRun(w io.Writer, flows []flow.Flow) {
-	var ids []string
+	var ids []int
 	for _, f := range flows {
 		if f.BeganBeforeRun {
-			ids = append(ids, fmt.Sprint(f.ID))
+			ids = append(ids, f.ID)
 		}
 	}
 	if len(ids) == 0 {
@@ -598,7 +599,7 @@ func writeBeganBeforeRun(w io.Writer, flows []flow.Flow) {
 	if len(ids) == 1 {
 		label = "flow"
 	}
-	fmt.Fprintf(w, "\nConnections that began before the run (no SYN, SYN-ACK or connect() seen; verdict from their packets only): %s %s\n", label, strings.Join(ids, ", "))
+	fmt.Fprintf(w, "\nConnections that began before the run (no SYN, SYN-ACK or connect() seen; verdict from their packets only): %s %s\n", label, idRanges(ids))
 }
 
 // unansweredOnNode tells whether f was rewritten (socket, tc, netfilter,
