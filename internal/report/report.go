@@ -179,20 +179,16 @@ func (r *rewriter) add(id int) {
 	r.n++
 }
 
-// flows names r's flows: "(flow 3)", "(flows 1, 3, 5)", "(flows 1, 3, ... 10
-// listed, 25 in all)".
+// flows names r's flows: "(flow 3)", "(flows 1, 3, 5)", "(flows 1-10, 12)",
+// "(flows 1, 3-11, ... 25 in all)".
 func (r *rewriter) flows() string {
-	ids := make([]string, len(r.ids))
-	for i, id := range r.ids {
-		ids[i] = fmt.Sprint(id)
-	}
 	switch {
 	case r.n == 1:
-		return "(flow " + ids[0] + ")"
-	case r.n > len(ids):
-		return fmt.Sprintf("(flows %s, ... %d in all)", strings.Join(ids, ", "), r.n)
+		return fmt.Sprintf("(flow %d)", r.ids[0])
+	case r.n > len(r.ids):
+		return fmt.Sprintf("(flows %s, ... %d in all)", idRanges(r.ids), r.n)
 	}
-	return "(flows " + strings.Join(ids, ", ") + ")"
+	return "(flows " + idRanges(r.ids) + ")"
 }
 
 func (w *Writer) noteRewriters(flows []flow.Flow) {
