@@ -415,7 +415,13 @@ func (tr *tracer) interval(now time.Time, next *time.Time) {
 	if tr.opt.Interval == nil || tr.opt.ReportEvery <= 0 || now.Before(*next) {
 		return
 	}
-	*next = now.Add(tr.opt.ReportEvery)
+	// Keep to the schedule, not to when the tick came: a tick a little
+	// earlier in its second than the last would otherwise wait a whole
+	// tick more (every other line of --report-every 2s 3 s apart). After a
+	// stall, one line, then the schedule again.
+	for !next.After(now) {
+		*next = next.Add(tr.opt.ReportEvery)
+	}
 	s := tr.eng.Summary()
 	s.OutOfScope = tr.outOfScope
 	packets, drops := tr.counters()
