@@ -525,7 +525,13 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 	}
 	var points []string
 	for _, cp := range node.CapturePoints {
-		points = append(points, fmt.Sprintf("%s %s (%s)", cp.Role, cp.Ifname, orDash(cp.Kind)))
+		name := cp.Ifname
+		i := slices.IndexFunc(node.Pods, func(p discover.Pod) bool { return p.NetNS.Path == cp.NetNS })
+		if cp.Role == discover.RolePod && i >= 0 && len(node.Pods) > 1 {
+			// Every Pod's is an eth0: say whose.
+			name += " of " + podLabel(node.Pods[i])
+		}
+		points = append(points, fmt.Sprintf("%s %s (%s)", cp.Role, name, orDash(cp.Kind)))
 	}
 	fmt.Fprintf(b, "- Capture points: %s.\n", orNone(points))
 

@@ -508,3 +508,24 @@ func TestSummaryRejectedOutsideRequestNeverLeftTheUplink(t *testing.T) {
 		t.Fatal("no flow of the scenario came in on the uplink")
 	}
 }
+
+// TestSummaryCapturePointsNameTheirPod: with several Pods (a node whose
+// Pods came and went during the incident), each Pod's eth0 among the
+// capture points says whose it is: five "pod eth0 (veth)" tell nothing.
+func TestSummaryCapturePointsNameTheirPod(t *testing.T) {
+	node := summaryNode()
+	second := node.Pods[0]
+	second.NetNS, second.NSName = discover.NetNS{Path: "/run/netns/lab-pod2"}, "lab-pod2"
+	node.Pods = append(node.Pods, second)
+	node.CapturePoints = []discover.CapturePoint{
+		{Role: "pod", NetNS: "/run/netns/lab-pod", Ifname: "eth0", Kind: "veth"},
+		{Role: "pod", NetNS: "/run/netns/lab-pod2", Ifname: "eth0", Kind: "veth"},
+		{Role: "uplink", NetNS: "/proc/self/ns/net", Ifname: "bond0", Kind: "veth"},
+	}
+	var b strings.Builder
+	writeWhereLooked(&b, node)
+	want := "- Capture points: pod eth0 of lab-pod (veth); pod eth0 of lab-pod2 (veth); uplink bond0 (veth).\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("capture points do not name their Pods, want %q in:\n%s", want, b.String())
+	}
+}
