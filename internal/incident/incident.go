@@ -217,7 +217,7 @@ func (s *snapshot) topics() []topic {
 		}
 		ts = append(ts, topic{fmt.Sprintf("net-pod-%d.txt", i+1),
 			fmt.Sprintf("links, addresses, routes, rules and neighbours of pod netns %s", podLabel(p)),
-			s.netState(p.NetNS.Path)})
+			s.podNetState(p)})
 	}
 	return append(ts, topic{"bpf-links.txt", "every BPF link on the machine (all netns) and its program", s.bpfLinks})
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
@@ -24,6 +26,23 @@ func dumpErr(w *topicWriter, what string, err error) error {
 		return fmt.Errorf("list %s: %w", what, err)
 	}
 	return nil
+}
+
+// podNetState is netState of a Pod's netns, unless the Pod went during the
+// incident (a rollout, a crash loop): its netns path then opens nothing, or
+// another netns (a /proc/PID path whose PID was given to another process),
+// whose state is no Pod's: said so, not read, and not taken for a failure
+// to collect.
+func (s *snapshot) podNetState(p discover.Pod) func(context.Context, *topicWriter) error {
+	collect := s.netState(p.NetNS.Path)
+	return func(ctx context.Context, w *topicWriter) error {
+		if ino, err := nsutil.Inode(p.NetNS.Path); errors.Is(err, fs.ErrNotExist) || err == nil && p.NetNS.Inode != 0 && ino != p.NetNS.Inode {
+			fmt.Fprintf(w, "# netns %s: gone, the Pod went during the incident (the report's capture_ended says when)\n", p.NetNS.Path)
+			w.notef("the Pod went during the incident: its netns %s is gone", p.NetNS.Path)
+			return nil
+		}
+		return collect(ctx, w)
+	}
 }
 
 // netState dumps what `ip -d link; ip addr; ip route show table all; ip

@@ -362,3 +362,22 @@ func TestSnapshotBulkyFileLeavesRoom(t *testing.T) {
 		t.Errorf("nftables.txt cut without a marker")
 	}
 }
+
+// TestGonePodNetStateIsANote: a Pod that went during the incident has no
+// netns left to read: its file says so, and its note names the Pod going,
+// not a collection that failed.
+func TestGonePodNetStateIsANote(t *testing.T) {
+	s := &snapshot{opt: Options{CollectorTimeout: 10 * time.Second}}
+	gone := discover.Pod{NetNS: discover.NetNS{Path: filepath.Join(t.TempDir(), "gone-pod"), Inode: 4026532999}}
+	body, notes, _ := s.run(context.Background(), topic{file: "net-pod-1.txt", collect: s.podNetState(gone)}, 1000)
+	if strings.Contains(string(body), "not complete") || !strings.Contains(string(body), "the Pod went during the incident") ||
+		len(notes) != 1 || !strings.Contains(notes[0], "the Pod went during the incident") {
+		t.Errorf("body %q notes %q; want the Pod said gone, not a failure", body, notes)
+	}
+	// A path that now opens another netns (a PID given to another process).
+	other := discover.Pod{NetNS: discover.NetNS{Path: "/proc/self/ns/net", Inode: 1}}
+	body, notes, _ = s.run(context.Background(), topic{file: "net-pod-2.txt", collect: s.podNetState(other)}, 1000)
+	if !strings.Contains(string(body), "the Pod went during the incident") || len(notes) != 1 {
+		t.Errorf("body %q notes %q; want another netns at the Pod's path not read as the Pod's", body, notes)
+	}
+}
