@@ -61,9 +61,11 @@ func chooseBridgeUplink(master string, ports []bridgePort, fdb []fdbEntry, gwMAC
 			others = append(others, p.index)
 		}
 	}
-	why := "gateway MAC unknown"
+	// Said as of when the Pod was found: the row's gateway MAC may come
+	// later (RefreshGatewayMACs), and reads as a contradiction otherwise.
+	why := "gateway MAC not known yet when the Pod was found"
 	if gwMAC != "" {
-		why = "gateway MAC " + gwMAC + " not in the FDB yet"
+		why = "gateway MAC " + gwMAC + " not in the FDB yet when the Pod was found"
 	}
 	switch {
 	case len(nonVeth) > 0:
