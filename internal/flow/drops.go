@@ -54,17 +54,23 @@ const reasonNotSpecified = "NOT_SPECIFIED"
 const maxKernelDrops = 8
 
 // noteDrop records a drop observation on its flow; false when no flow
-// claims the packet yet (it waits as other observations do). A drop of a
+// claims the packet yet (it waits as other observations do; deferred: its
+// flow's guess was put off, as link's). A drop of a
 // flow refused beyond MaxFlows, or of a connection seen by its replies
 // alone, is taken with them: no flow will claim it.
-func (e *Engine) noteDrop(o obs.Observation) bool {
+func (e *Engine) noteDrop(o obs.Observation, last bool) (done, deferred bool) {
 	if !hasPorts(o) {
 		e.withoutPorts++
-		return true
+		return true, false
 	}
 	f, reply := e.find(o)
 	if f == nil {
-		return e.refusedClients.has(clientKey{o.Proto, o.Src}) || e.refusedClients.has(clientKey{o.Proto, o.Dst}) || e.ReplyWithoutRequest(o)
+		if f, deferred = e.droppedAfterRewrite(o, last); deferred {
+			return false, true
+		}
+	}
+	if f == nil {
+		return e.refusedClients.has(clientKey{o.Proto, o.Src}) || e.refusedClients.has(clientKey{o.Proto, o.Dst}) || e.ReplyWithoutRequest(o), false
 	}
 	d := KernelDrop{Direction: "request", Count: 1, NetNS: o.NetNS, Ifindex: o.Ifindex, First: o.Time}
 	if reply {
@@ -80,7 +86,26 @@ func (e *Engine) noteDrop(o obs.Observation) bool {
 	}
 	f.addDrop(d)
 	f.evidenceChanged()
-	return true
+	return true, false
+}
+
+// droppedAfterRewrite is the flow of a request the kernel dropped after its
+// rewrite to a peer no point saw it go to (a tc program that redirected it
+// past the tc tail and netfilter, then dropped it itself or at the uplink's
+// tc egress, before its TX tap): the flow of its client endpoint without a
+// backend yet, as link guesses for a packet (deferred: put off, as link's
+// guess). The peer does not become the flow's backend: no point saw a
+// request reach it.
+func (e *Engine) droppedAfterRewrite(o obs.Observation, last bool) (f *flowState, deferred bool) {
+	m := momentOf(&o, false)
+	f, guessed := toPeer(e.clients[clientKey{o.Proto, o.Src}], o.Dst, m, true)
+	if !guessed || f.cps[cpUplink].vip {
+		return nil, false
+	}
+	if !e.plausibleGuess(f, m, last) {
+		return nil, true
+	}
+	return f, false
 }
 
 // addDrop counts d among f's drops.

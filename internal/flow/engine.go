@@ -385,7 +385,8 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 		done, deferred = e.conntrack(o, last)
 		return done, deferred, h, false
 	case obs.PointDrop:
-		return e.noteDrop(o), false, h, false
+		done, deferred = e.noteDrop(o, last)
+		return done, deferred, h, false
 	}
 	if !o.Src.IsValid() || !o.Dst.IsValid() {
 		e.unmatched++
