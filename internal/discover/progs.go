@@ -507,14 +507,15 @@ func NewSockAddrProgram(after ebpf.ProgramID, own func(ebpf.ProgramID) bool) (fo
 }
 
 // TCWatch reads again and again the tcx and cls_bpf programs on the host-side
-// veths among the capture points, leaving out pathtrace's own (isObserver):
-// a session looks every few seconds, since a CNI agent that restarts or
-// upgrades replaces them. It remembers each program's name and whether it is
+// veths and the uplinks among the capture points, leaving out pathtrace's
+// own (isObserver): a session looks every few seconds, since a CNI agent
+// that restarts or upgrades replaces them (Cilium's bpf_host on the uplink
+// too, which translates NodePorts). It remembers each program's name and whether it is
 // an observer, so a look that finds the programs of the last one costs a few
 // queries per veth (one netns switch, one qdisc dump) and nothing per program.
 type TCWatch struct {
 	hostNetNS string
-	cps       []CapturePoint // the host veths
+	cps       []CapturePoint // the host veths and uplinks
 	progs     *progCache
 }
 
@@ -527,12 +528,13 @@ func NewTCWatch(hostNetNS string, cps []CapturePoint, isObserver func(ebpf.Progr
 // HostNetNS is the node netns the watched veths are in.
 func (w *TCWatch) HostNetNS() string { return w.hostNetNS }
 
-// Add watches the host veths among cps too (a Pod that started). One that
-// got the ifindex of a veth watched (a Pod deleted and made again, see
-// PodWatch) takes its place: both would read the new veth's programs.
+// Add watches the host veths and uplinks among cps too (a Pod that
+// started). One that got the ifindex of a veth watched (a Pod deleted and
+// made again, see PodWatch) takes its place: both would read the new
+// veth's programs.
 func (w *TCWatch) Add(cps []CapturePoint) {
 	for _, cp := range cps {
-		if cp.Role == RoleHost {
+		if cp.Role == RoleHost || cp.Role == RoleUplink {
 			w.cps = slices.DeleteFunc(w.cps, func(c CapturePoint) bool { return c.Ifindex == cp.Ifindex })
 			w.cps = append(w.cps, cp)
 		}

@@ -180,3 +180,25 @@ func TestNetNSPathEmptyFile(t *testing.T) {
 		t.Errorf("a file with content: %v, want only 'not a network namespace'", err)
 	}
 }
+
+// TestTCWatchWatchesUplinks: the uplinks are watched with the host veths,
+// at the start and for a Pod that started (a tc program on the uplink,
+// Cilium's bpf_host, comes and goes with its agent too); a Pod's eth0 is
+// not.
+func TestTCWatchWatchesUplinks(t *testing.T) {
+	w := NewTCWatch("/run/netns/x", []CapturePoint{
+		{Role: RoleHost, Ifindex: 3, Ifname: "lxc12ab"},
+		{Role: RoleUplink, Ifindex: 2, Ifname: "eth0"},
+	}, nil)
+	w.Add([]CapturePoint{
+		{Role: RolePod, Ifindex: 2, Ifname: "eth0"},
+		{Role: RoleUplink, Ifindex: 5, Ifname: "eth1"},
+	})
+	var got []string
+	for _, cp := range w.cps {
+		got = append(got, fmt.Sprintf("%s %s#%d", cp.Role, cp.Ifname, cp.Ifindex))
+	}
+	if want := []string{"host lxc12ab#3", "uplink eth0#2", "uplink eth1#5"}; !slices.Equal(got, want) {
+		t.Errorf("watched %q, want %q", got, want)
+	}
+}

@@ -381,6 +381,12 @@ func (e *Engine) SetTCPrograms(progs []TCProgram) {
 	e.gen++
 }
 
+// SetUplinkTCPrograms is SetTCPrograms for the uplinks' programs.
+func (e *Engine) SetUplinkTCPrograms(progs []TCProgram) {
+	e.cfg.Attribution.UplinkTCPrograms = progs
+	e.gen++
+}
+
 // byNAT names the NAT rules for the VIP that lead to the flow's backend; the
 // rules for the VIP alone, saying so, when none lists it.
 func (e *Engine) byNAT(f *flowState) string {

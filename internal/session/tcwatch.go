@@ -14,15 +14,18 @@ import (
 )
 
 // tcWatch looks again, every tcWatchEvery, at the tc programs on the host
-// veths: a CNI agent that restarts or upgrades (Cilium) detaches its
-// programs and attaches new ones while a trace runs, and a flow's "by" must
-// name the program of its time, not the one discovery found at the start.
-// The engine gets every program with when it was there (flow.TCProgram
-// Since, Until).
+// veths and the uplinks: a CNI agent that restarts or upgrades (Cilium)
+// detaches its programs and attaches new ones while a trace runs, and a
+// flow's "by" must name the program of its time, not the one discovery
+// found at the start (nor none, for an uplink's NodePort program that came
+// after it). The engine gets every program with when it was there
+// (flow.TCProgram Since, Until).
 type tcWatch struct {
 	look  *discover.TCWatch
 	progs []flow.TCProgram // what the engine has, the ones gone included
-	next  time.Time
+	// uplinkProgs: the same for the uplinks' programs.
+	uplinkProgs []flow.TCProgram
+	next        time.Time
 }
 
 const (
@@ -34,7 +37,7 @@ const (
 
 func newTCWatch(node *discover.NodeInfo, isObserver func(ebpf.ProgramID) bool, now time.Time) *tcWatch {
 	return &tcWatch{look: discover.NewTCWatch(node.HostNetNS.Path, node.CapturePoints, isObserver),
-		progs: hostTCPrograms(node.TCPrograms), next: now.Add(tcWatchEvery)}
+		progs: hostTCPrograms(node.TCPrograms), uplinkProgs: uplinkTCPrograms(node.TCPrograms), next: now.Add(tcWatchEvery)}
 }
 
 // check reads the programs again when it is time, tells the engine when
@@ -49,46 +52,71 @@ func (w *tcWatch) check(now time.Time, eng *flow.Engine) (found []discover.TCPro
 	if err != nil {
 		return nil
 	}
-	if w.update(hostTCPrograms(found), now) {
-		eng.SetTCPrograms(slices.Clone(w.progs))
-	}
+	w.apply(found, now, eng)
 	return found
 }
 
-// add watches the host veths of Pods that started, whose programs found
-// begin now.
-func (w *tcWatch) add(cps []discover.CapturePoint, found []discover.TCProgram, now time.Time, eng *flow.Engine) {
-	w.look.Add(cps)
-	progs := hostTCPrograms(found)
-	if len(progs) == 0 {
-		return
+// apply tells the engine what a look found, when it changed.
+func (w *tcWatch) apply(found []discover.TCProgram, now time.Time, eng *flow.Engine) {
+	if w.update(hostTCPrograms(found), now) {
+		eng.SetTCPrograms(slices.Clone(w.progs))
 	}
-	for i := range progs {
-		progs[i].Since = now
+	var changed bool
+	if w.uplinkProgs, changed = updatePrograms(w.uplinkProgs, uplinkTCPrograms(found), now); changed {
+		eng.SetUplinkTCPrograms(slices.Clone(w.uplinkProgs))
 	}
-	w.progs = append(w.progs, progs...)
-	eng.SetTCPrograms(slices.Clone(w.progs))
 }
 
-// update ends the programs no longer there and adds the new ones; it
-// reports whether anything changed.
+// add watches the host veths (and uplinks) of Pods that started, whose
+// programs found begin now; an uplink already watched keeps its own.
+func (w *tcWatch) add(cps []discover.CapturePoint, found []discover.TCProgram, now time.Time, eng *flow.Engine) {
+	w.look.Add(cps)
+	if progs := hostTCPrograms(found); len(progs) > 0 {
+		for i := range progs {
+			progs[i].Since = now
+		}
+		w.progs = append(w.progs, progs...)
+		eng.SetTCPrograms(slices.Clone(w.progs))
+	}
+	var changed bool
+	for _, p := range uplinkTCPrograms(found) {
+		if !slices.ContainsFunc(w.uplinkProgs, func(q flow.TCProgram) bool { return q.Until.IsZero() && sameTCProgram(p, q) }) {
+			p.Since = now
+			w.uplinkProgs, changed = append(w.uplinkProgs, p), true
+		}
+	}
+	if changed {
+		eng.SetUplinkTCPrograms(slices.Clone(w.uplinkProgs))
+	}
+}
+
+// update ends the host veths' programs no longer there and adds the new
+// ones; it reports whether anything changed.
 func (w *tcWatch) update(cur []flow.TCProgram, now time.Time) bool {
+	var changed bool
+	w.progs, changed = updatePrograms(w.progs, cur, now)
+	return changed
+}
+
+// updatePrograms ends the programs of progs no longer in cur and adds the
+// new ones; it reports whether anything changed.
+func updatePrograms(progs, cur []flow.TCProgram, now time.Time) ([]flow.TCProgram, bool) {
 	changed := false
-	for i := range w.progs {
-		p := &w.progs[i]
+	for i := range progs {
+		p := &progs[i]
 		if p.Until.IsZero() && !slices.ContainsFunc(cur, func(c flow.TCProgram) bool { return sameTCProgram(c, *p) }) {
 			p.Until, changed = now, true
 		}
 	}
 	for _, c := range cur {
-		if !slices.ContainsFunc(w.progs, func(p flow.TCProgram) bool { return p.Until.IsZero() && sameTCProgram(c, p) }) {
+		if !slices.ContainsFunc(progs, func(p flow.TCProgram) bool { return p.Until.IsZero() && sameTCProgram(c, p) }) {
 			c.Since = now
-			w.progs, changed = append(w.progs, c), true
+			progs, changed = append(progs, c), true
 		}
 	}
 	// An agent's restart ends the programs of every veth at once.
-	w.progs = forgetGone(w.progs, maxGoneTCPrograms, func(p flow.TCProgram) bool { return !p.Until.IsZero() })
-	return changed
+	progs = forgetGone(progs, maxGoneTCPrograms, func(p flow.TCProgram) bool { return !p.Until.IsZero() })
+	return progs, changed
 }
 
 func sameTCProgram(a, b flow.TCProgram) bool {

@@ -1,11 +1,15 @@
 package session
 
 import (
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
 )
 
 // TestTCWatchUpdate: a program seen gone is ended at that look, a new one
@@ -81,5 +85,39 @@ func TestTCWatchGoneBoundedManyVeths(t *testing.T) {
 	}
 	if gone > maxGoneTCPrograms {
 		t.Errorf("%d programs kept after they went, want at most %d", gone, maxGoneTCPrograms)
+	}
+}
+
+// TestTCWatchUplinkProgramAppears: a tc program attached to the uplink's
+// ingress during the run (a CNI agent that starts or restarts: Cilium's
+// bpf_host, which translates NodePorts) is given to the engine at the look
+// that finds it, so an outside client's NodePort flow after it names it
+// (it was unknown: "no active observation point saw the VIP before it");
+// one that goes is ended at the look that misses it.
+func TestTCWatchUplinkProgramAppears(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/tc-uplink-ingress-nodeport.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var uplink []flow.TCProgram
+	s.Config.Attribution.UplinkTCPrograms, uplink = nil, s.Config.Attribution.UplinkTCPrograms
+	if len(uplink) != 1 {
+		t.Fatalf("scenario uplink programs %+v, want one", uplink)
+	}
+	p := uplink[0]
+	found := []discover.TCProgram{{Ifname: "eth0", Ifindex: 2, Role: discover.RoleUplink, Dir: p.Direction, Via: p.Kind, Name: p.Name, ID: ebpf.ProgramID(p.ID)}}
+	start := s.Observations[0].Time
+	e := flow.NewEngine(s.Config)
+	w := &tcWatch{}
+	w.apply(nil, start.Add(-20*time.Second), e) // the start: none
+	w.apply(found, start.Add(-time.Second), e)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	if errs := s.Want.Check(e.Flows(), e.Summary()); len(errs) > 0 {
+		t.Errorf("program found at a look during the run:\n  %s", strings.Join(errs, "\n  "))
+	}
+	if w.apply(nil, start.Add(time.Second), e); len(w.uplinkProgs) != 1 || !w.uplinkProgs[0].Until.Equal(start.Add(time.Second)) {
+		t.Errorf("uplink programs %+v after a look without it, want it ended then", w.uplinkProgs)
 	}
 }
