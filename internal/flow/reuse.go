@@ -201,14 +201,18 @@ func (l *tcpLife) merge(o tcpLife) {
 
 // reset is the connection's first RST (0: none); a client's bare RST to a
 // backend's address only when it cannot be the refusal of an untranslated
-// reply (rstAside); the server's only when they reached the client
+// reply (rstAside): the client had acknowledged a SYN-ACK before it (the
+// ACK of a handshake that completed after it, its SYN retransmitted once
+// the replies came back translated, ends nothing before it), or talks to
+// the backend itself; the server's only when they reached the client
 // translated (rstUntranslated).
 func (l *tcpLife) reset() int64 {
 	rst := l.rst
 	if l.rstUntranslated && !l.direct {
 		rst = 0
 	}
-	if l.rstAside != 0 && (l.ack != 0 || l.direct) && (rst == 0 || l.rstAside < rst) {
+	acked := l.ack != 0 && l.ack < l.rstAside+int64(clockSlack)
+	if l.rstAside != 0 && (acked || l.direct) && (rst == 0 || l.rstAside < rst) {
 		return l.rstAside
 	}
 	return rst
