@@ -291,6 +291,11 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 			return unknown("the request came in on the uplink with VIP %s (uplink RX) and no point saw it after", f.service)
 		case iB < 0:
 			return unknown("only replies were seen, no request")
+		case iV < 0 && f.wireVIP:
+			// The uplink's RX tap saw the VIP, before any checkpoint:
+			// fromWire found no one place read between it and iB.
+			return unknown("VIP %s on the uplink's wire (uplink RX, before its tc ingress), backend %s at %s, and nothing read at the uplink's ingress (a tc program, an nftables chain) or after it is the one place that can have rewritten it",
+				f.service, f.cps[iB].backendAddr.addrPort(), checkpoint(iB).describe(f.cps[iB].backendFrom))
 		case iV < 0:
 			return unknown("backend %s seen at %s, but no active observation point saw the VIP before it",
 				f.cps[iB].backendAddr.addrPort(), checkpoint(iB).describe(f.cps[iB].backendFrom))
