@@ -346,6 +346,12 @@ func (r NATRule) rejectedString(dnats []NATRule) string {
 	return svc + " except " + strings.Join(served, ", ") + " (DNATed before)"
 }
 
+// RejectedString is rejectedString with the sources the rule is limited
+// to, for a summary that has no chain column to put them after.
+func (r NATRule) RejectedString(dnats []NATRule) string {
+	return r.rejectedString(dnats) + r.fromString()
+}
+
 func (r NATRule) serviceString() string {
 	svc := r.Service.String()
 	if r.Port != 0 {

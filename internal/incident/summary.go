@@ -555,6 +555,23 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 		nat = append(nat, s)
 	}
 	fmt.Fprintf(b, "- NAT rules for the VIPs: %s.\n", orNone(nat))
+	if without := node.ServicesWithoutNAT; len(without) > 0 && len(node.Netfilter.Rules) > 0 {
+		// A Service of none while others have some: kube-proxy never
+		// programmed it, or it has no endpoints.
+		fmt.Fprintf(b, "- No DNAT rule for %s.\n", strings.Join(without, ", "))
+	}
+	if rejects := node.Netfilter.Rejects; len(rejects) > 0 {
+		// kube-proxy's for a Service without endpoints: what its flows met.
+		var rules []string
+		for _, r := range rejects {
+			s := fmt.Sprintf("%s %s %s: %s -> %s", r.Source, r.Table, r.Hook, strings.Join(r.Chains, " -> "), r.Verdict)
+			if r.Comment != "" {
+				s += fmt.Sprintf(" (%q)", r.Comment)
+			}
+			rules = append(rules, fmt.Sprintf("%s for %s", s, r.RejectedString(node.Netfilter.Rules)))
+		}
+		fmt.Fprintf(b, "- Filter rules that reject or drop the VIPs' packets: %s.\n", strings.Join(rules, "; "))
+	}
 	if chains := node.Netfilter.DeviceChains; len(chains) > 0 {
 		// Stateless rewrites on a device, before netfilter's IP hooks.
 		var dev []string

@@ -105,8 +105,12 @@ func summaryNode() *discover.NodeInfo {
 				Rewrites: []discover.NATRule{{Source: "nftables", Table: "netdev lb", Hook: "ingress", Service: netip.MustParseAddr("10.120.0.99"),
 					Chains: []string{"in"}, Note: "? (a map's or an expression's value: not decoded)"}}}},
 			BackendDrops: []discover.NATRule{{Source: "nftables", Table: "ip filter", Hook: "forward", Service: netip.MustParseAddr("10.244.20.31"),
-				Chains: []string{"FORWARD", "KUBE-ROUTER-FORWARD", "KUBE-POD-FW-WEB"}, Verdict: "reject", Comment: "rule to REJECT traffic destined for POD name:web"}}},
-		Notes: []string{"IPVS not checked: /proc/net/ip_vs absent"},
+				Chains: []string{"FORWARD", "KUBE-ROUTER-FORWARD", "KUBE-POD-FW-WEB"}, Verdict: "reject", Comment: "rule to REJECT traffic destined for POD name:web"}},
+			// Flow 11's Service, without endpoints.
+			Rejects: []discover.NATRule{{Source: "nftables", Table: "ip kube-proxy", Hook: "forward", Service: netip.MustParseAddr("10.120.0.60"), Port: 80, Proto: "tcp",
+				Chains: []string{"filter-forward", "service-endpoints-check"}, Verdict: "reject", RejectWith: "icmp-port-unreachable", Comment: "default/empty:http has no endpoints", AfterNAT: true}}},
+		ServicesWithoutNAT: []string{"10.120.0.80", "10.120.0.60"},
+		Notes:              []string{"IPVS not checked: /proc/net/ip_vs absent"},
 	}
 }
 
