@@ -211,7 +211,7 @@ func (tr *tracer) laterFragment(tapIdx int, p *capture.Packet) (h flow.Handle, o
 func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey, control bool) (flow.Handle, bool) {
 	tp := &tr.taps[tapIdx]
 	o, _ := p.Observation(tp.point)
-	if !tr.inScope(o.Src, o.Dst) {
+	if !tr.inScope(o.Src, o.Dst) || tr.leftOutAsOthersSNAT(o) {
 		return flow.Handle{}, false
 	}
 	o.Ifname = tp.label
@@ -255,7 +255,7 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 		if tr.clients != nil && !tr.isClient(o.Src) && !tr.isClient(o.Dst) {
 			return "another client's packet, not traced: a Pod is selected"
 		}
-		if tr.othersSNAT[o.Src] || tr.othersSNAT[o.Dst] {
+		if tr.isOthersSNAT(o) {
 			return "another client's packet, with the source the node's SNAT gave it (conntrack), not traced: a Pod is selected"
 		}
 	} else if e, ok := f.pkt.ICMPError(); ok {
@@ -274,7 +274,7 @@ func (tr *tracer) noteICMPError(tapIdx int, p *capture.Packet) {
 		return
 	}
 	o := e.Observation()
-	if !tr.inScope(o.Src, o.Dst) {
+	if !tr.inScope(o.Src, o.Dst) || tr.leftOutAsOthersSNAT(o) {
 		return
 	}
 	o.Point, o.Dir, o.Time = tr.taps[tapIdx].point, p.Dir, p.Time
@@ -309,7 +309,7 @@ func (tr *tracer) icmpComment(tapIdx int, e capture.ICMPError) string {
 	about := e.QuotedString() + " (no Service flow known for it)"
 	if ref, ok := tr.eng.Classify(o); ok {
 		about = ref.Comment()
-	} else if tr.othersSNAT[o.Src] || tr.othersSNAT[o.Dst] {
+	} else if tr.isOthersSNAT(o) {
 		about = e.QuotedString() + " (another client's flow, with the source the node's SNAT gave it: not traced, a Pod is selected)"
 	}
 	return tr.icmpKind(e) + " from " + e.From.String() + " about " + about

@@ -63,9 +63,10 @@ type tracer struct {
 	// othersSNAT, with a Pod selected, are the sources the node's SNAT gave
 	// other clients' flows (their conntrack entries, out of scope): on a
 	// masquerading node their frames on the uplink carry the node's
-	// address, which is in scope, and no traced flow claims them. Only
-	// their pcapng comment uses it; bounded (maxOthersSNAT).
-	othersSNAT map[netip.AddrPort]bool
+	// address, a client's, and no traced flow claims them: they are left
+	// out of scope (those that came before their entry go unmatched, and
+	// their pcapng comment says whose they are); bounded (maxOthersSNAT).
+	othersSNAT map[otherSNAT]bool
 	pcap       *pcapOut  // nil without --pcap
 	stopped    time.Time // when the run was asked to stop
 	// events brings the observers' events to the consumer; nil once their
@@ -121,8 +122,11 @@ func (tr *tracer) add(o obs.Observation) {
 	default:
 		if !tr.inScope(o.Src, o.Dst) {
 			if o.Point == obs.PointConntrack && o.NATSrc.IsValid() {
-				tr.noteOtherSNAT(o.NATSrc)
+				tr.noteOtherSNAT(o)
 			}
+			return
+		}
+		if tr.leftOutAsOthersSNAT(o) {
 			return
 		}
 	}
@@ -161,13 +165,42 @@ func (tr *tracer) isClient(ep netip.AddrPort) bool {
 // frame of a forgotten entry is then commented as one of no known flow).
 const maxOthersSNAT = 4096
 
+// otherSNAT is another client's connection as its packets after the node's
+// SNAT carry it: the source the SNAT gave it and its peer (the backend).
+// The whole tuple, not the node's port alone: a node process's connection
+// to another backend, or of the other protocol, may be given that port too.
+type otherSNAT struct {
+	proto      obs.Proto
+	node, peer netip.AddrPort
+}
+
 // noteOtherSNAT remembers the source the node's SNAT gave another
-// client's flow (tracer.othersSNAT).
-func (tr *tracer) noteOtherSNAT(ap netip.AddrPort) {
+// client's flow, from its conntrack entry (tracer.othersSNAT).
+func (tr *tracer) noteOtherSNAT(ct obs.Observation) {
 	if tr.othersSNAT == nil || len(tr.othersSNAT) >= maxOthersSNAT {
-		tr.othersSNAT = map[netip.AddrPort]bool{}
+		tr.othersSNAT = map[otherSNAT]bool{}
 	}
-	tr.othersSNAT[ap] = true
+	peer := ct.Dst
+	if ct.NATDst.IsValid() {
+		peer = ct.NATDst
+	}
+	tr.othersSNAT[otherSNAT{ct.Proto, ct.NATSrc, peer}] = true
+}
+
+// isOthersSNAT tells whether o, a packet either way, is of another
+// client's connection after the node's SNAT (othersSNAT).
+func (tr *tracer) isOthersSNAT(o obs.Observation) bool {
+	return tr.othersSNAT[otherSNAT{o.Proto, o.Src, o.Dst}] || tr.othersSNAT[otherSNAT{o.Proto, o.Dst, o.Src}]
+}
+
+// leftOutAsOthersSNAT counts o out of scope when it is another client's
+// after the node's SNAT: the node's address on it is no node process's.
+func (tr *tracer) leftOutAsOthersSNAT(o obs.Observation) bool {
+	if !tr.isOthersSNAT(o) {
+		return false
+	}
+	tr.outOfScope++
+	return true
 }
 
 // clientScope is tracer.clients for a run that selected a Pod, nil for one

@@ -3,6 +3,10 @@ package session
 import (
 	"net/netip"
 	"testing"
+	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // TestInScopeNodeToLocalVIP: with a Pod selected, a node process's query
@@ -36,5 +40,46 @@ func TestInScopeNodeClientWithNodePortTraced(t *testing.T) {
 	}
 	if tr.inScope(outside, nodePort) || tr.inScope(nodePort, outside) || tr.outOfScope != 2 {
 		t.Errorf("an outside client's request or reply to the NodePort: in scope, or not counted (out_of_scope %d)", tr.outOfScope)
+	}
+}
+
+// TestInScopeOtherClientsSNAT: with a Pod selected, an outside client's
+// connection to a NodePort that the node masquerades leaves the uplink
+// from the node's address, a client address: its conntrack entry names
+// the source its SNAT gave it, and its packets after the SNAT are left
+// out of scope, not fed to the engine to end unmatched. A node process's
+// connection given the same port, of the other protocol or to another
+// peer, is still the node's.
+func TestInScopeOtherClientsSNAT(t *testing.T) {
+	pod, node := netip.MustParseAddr("10.60.1.12"), netip.MustParseAddr("192.168.60.2")
+	outside, backend := netip.MustParseAddrPort("192.168.60.1:57634"), netip.MustParseAddrPort("10.60.2.12:8080")
+	nodePort, snat := netip.AddrPortFrom(node, 30080), netip.AddrPortFrom(node, 10381)
+	dnsVIP, dnsBackend := netip.MustParseAddrPort("10.96.60.53:53"), netip.MustParseAddrPort("10.60.2.13:5353")
+	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: node, Port: 30080, Proto: obs.TCP}, {Addr: dnsVIP.Addr(), Port: 53, Proto: obs.UDP}}})
+	tr := &tracer{eng: eng, clients: map[netip.Addr]bool{pod: true}, clientVIPPorts: map[netip.Addr][]uint16{node: {30080}}}
+	at := time.Unix(1000, 0)
+	tr.add(obs.Observation{Time: at, Point: obs.PointConntrack, Proto: obs.TCP, Src: outside, Dst: nodePort, NATDst: backend, NATSrc: snat})
+	if tr.outOfScope != 1 {
+		t.Fatalf("the outside client's conntrack entry: out_of_scope %d, want 1", tr.outOfScope)
+	}
+	for _, o := range []obs.Observation{
+		{Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.TCP, Src: snat, Dst: backend, Len: 74},
+		{Point: obs.PointUplink, Dir: obs.DirIn, Proto: obs.TCP, Src: backend, Dst: snat, Len: 74},
+		{Point: obs.PointNFBefore, Proto: obs.TCP, Src: backend, Dst: snat, Len: 60},
+	} {
+		o.Time = at
+		tr.add(o)
+	}
+	if tr.outOfScope != 4 {
+		t.Errorf("the outside client's packets after the node's SNAT: out_of_scope %d, want 4", tr.outOfScope)
+	}
+	// A node process's DNS query, masqueraded to the same port.
+	tr.add(obs.Observation{Time: at, Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.UDP, Src: snat, Dst: dnsBackend, Len: 60})
+	tr.add(obs.Observation{Time: at, Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.TCP, Src: snat, Dst: netip.MustParseAddrPort("10.60.2.11:8080"), Len: 74})
+	if tr.outOfScope != 4 {
+		t.Errorf("a node process's packets from the same port, to another backend or of UDP, left out: out_of_scope %d, want 4", tr.outOfScope)
+	}
+	if got := eng.Summary().Observations["uplink"]; got != 2 {
+		t.Errorf("the engine got %d uplink observations, want the node process's 2", got)
 	}
 }
