@@ -442,6 +442,10 @@ func uplinkWords(f flow.Flow, one bool) string {
 	case f.UplinkDstMAC == "":
 	case f.UplinkDstIsGateway:
 		s += fmt.Sprintf(" and went to the gateway's MAC %s", f.UplinkDstMAC)
+	case f.UplinkDstNeighbor != "":
+		// A routed node's next hop (its Pods' gateway is the node itself),
+		// or a VXLAN uplink's remote VTEP: whose MAC it is, as the table says.
+		s += fmt.Sprintf(" and went to MAC %s, which the node's neighbour table gives to %s", f.UplinkDstMAC, f.UplinkDstNeighbor)
 	default:
 		s += fmt.Sprintf(" and went to MAC %s, which is not the pod's gateway", f.UplinkDstMAC)
 	}

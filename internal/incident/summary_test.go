@@ -533,3 +533,25 @@ func TestSummaryCapturePointsNameTheirPod(t *testing.T) {
 		t.Errorf("capture points do not name their Pods, want %q in:\n%s", want, b.String())
 	}
 }
+
+// TestSummaryNamesTheUplinkMACsNeighbour: on a routed node (Calico's, whose
+// Pods' gateway is the node itself) a flow's uplink frame goes to the next
+// hop's MAC, never the Pod's gateway's: SUMMARY.md names the neighbour the
+// node maps it to, as the table does, rather than only that it is "not the
+// pod's gateway", which reads as a fault.
+func TestSummaryNamesTheUplinkMACsNeighbour(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	vlan := uint16(0)
+	flows := []flow.Flow{{ID: 2, Proto: "tcp", Client: ap("10.60.1.12:54126"), Service: ap("10.96.60.10:80"), Backend: ap("10.60.2.12:8080"),
+		RewrittenAt: flow.PlaceNetfilter, By: "nftables ip nat PREROUTING -> KUBE-SERVICES -> KUBE-SVC-WQ7TB3LCFZG2XHNA -> KUBE-SEP-P5DBIQ7OKSUX3MHE -> dnat to 10.60.2.12:8080",
+		Reason: "VIP at netfilter before NAT, backend after NAT", VLAN: &vlan, UplinkDstMAC: "1e:10:dd:1f:56:17", UplinkDstNeighbor: "192.168.60.1", Reply: true}}
+	dir := t.TempDir()
+	if err := WriteSummary(dir, flows, flow.Summary{Flows: 1}, nil, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	want := "on the uplink the frames were untagged and went to MAC 1e:10:dd:1f:56:17, which the node's neighbour table gives to 192.168.60.1."
+	if !strings.Contains(string(got), want) {
+		t.Errorf("summary lacks %q:\n%s", want, got)
+	}
+}
