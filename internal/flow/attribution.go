@@ -499,7 +499,7 @@ func within(since, until, t time.Time) bool {
 // when flows reach backends that none names (UnlistedBackends).
 func (e *Engine) SetNATAttribution(rules []NATRule, ipvs []IPVSService) {
 	e.cfg.Attribution.NATRules, e.cfg.Attribution.IPVS = rules, ipvs
-	e.ruleBackends = nil
+	e.ruleBackends, e.ruleEnds = nil, nil
 	e.gen++
 	// Each pair is checked again against what was read: a backend whose
 	// rule went may come back (a rollout rolled back, an endpoint ready

@@ -68,6 +68,8 @@ type Engine struct {
 	// protocol (BackendWatches).
 	backendWatches map[obs.Watch]bool
 	ruleBackends   map[netip.Addr][]uint16
+	// ruleEnds are the endpoints of ruleEndpoints (nil: to be made).
+	ruleEnds map[netip.AddrPort]bool
 	// pairs are the Service and backend pairs checked against the NAT rules
 	// and IPVS services; unlisted counts those none named (checkListed).
 	pairs    map[[2]netip.AddrPort]struct{}

@@ -85,6 +85,39 @@ func (e *Engine) ruleBackendPorts() map[netip.Addr][]uint16 {
 	return m
 }
 
+// ServesOtherClient tells whether a packet between server and peer is of
+// a connection no flow may be of, in which server is a backend: server is
+// a backend endpoint known with its port (learned, or a NAT rule's or IPVS
+// service's target port; not one served on every port, which a client
+// port of that address would match), and peer is no watched Service, no
+// backend endpoint, and no flow's client endpoint nor SNAT source. With a
+// Pod selected that is a Service's backend, that is another client's
+// connection to it (the caller knows peer is no traced client's address).
+func (e *Engine) ServesOtherClient(proto obs.Proto, server, peer netip.AddrPort) bool {
+	if !e.backendPorts[server] && !e.ruleEndpoints()[server] {
+		return false
+	}
+	k := clientKey{proto, peer}
+	return !e.isService(proto, peer) && !e.servedPort(proto, peer) && len(e.clients[k]) == 0 && len(e.snat[k]) == 0
+}
+
+// ruleEndpoints are the backend endpoints the NAT rules and IPVS services
+// of the watched VIPs name with their port (a DNAT that keeps the port, the
+// VIP's); made when first asked for after the attribution changed.
+func (e *Engine) ruleEndpoints() map[netip.AddrPort]bool {
+	if e.ruleEnds != nil {
+		return e.ruleEnds
+	}
+	m := map[netip.AddrPort]bool{}
+	for _, w := range e.BackendWatches() {
+		if w.Port != 0 {
+			m[netip.AddrPortFrom(w.Addr, w.Port)] = true
+		}
+	}
+	e.ruleEnds = m
+	return m
+}
+
 // related tells whether an observation whose flow is not known yet may be
 // a watched flow's by what is known now: an end of it (or of conntrack's
 // reply tuple, or the destination its socket's application asked for) is

@@ -211,7 +211,7 @@ func (tr *tracer) laterFragment(tapIdx int, p *capture.Packet) (h flow.Handle, o
 func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey, control bool) (flow.Handle, bool) {
 	tp := &tr.taps[tapIdx]
 	o, _ := p.Observation(tp.point)
-	if !tr.inScope(o.Src, o.Dst) || tr.leftOutAsOthersSNAT(o) {
+	if !tr.inScope(o.Src, o.Dst) || tr.leftOutAsOthersSNAT(o) || tr.leftOutAsServed(o) {
 		return flow.Handle{}, false
 	}
 	o.Ifname = tp.label
@@ -258,6 +258,9 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 		if tr.isOthersSNAT(o) {
 			return "another client's packet, with the source the node's SNAT gave it (conntrack), not traced: a Pod is selected"
 		}
+		if tr.isServedToOther(o) {
+			return "another client's packet to the selected Pod as a Service's backend, not traced: a Pod is selected"
+		}
 	} else if e, ok := f.pkt.ICMPError(); ok {
 		return tr.icmpComment(tapIdx, e)
 	} else if _, first, ok := f.pkt.Fragment(); ok && !first {
@@ -274,7 +277,7 @@ func (tr *tracer) noteICMPError(tapIdx int, p *capture.Packet) {
 		return
 	}
 	o := e.Observation()
-	if !tr.inScope(o.Src, o.Dst) || tr.leftOutAsOthersSNAT(o) {
+	if !tr.inScope(o.Src, o.Dst) || tr.leftOutAsOthersSNAT(o) || tr.leftOutAsServed(o) {
 		return
 	}
 	o.Point, o.Dir, o.Time = tr.taps[tapIdx].point, p.Dir, p.Time
@@ -311,6 +314,8 @@ func (tr *tracer) icmpComment(tapIdx int, e capture.ICMPError) string {
 		about = ref.Comment()
 	} else if tr.isOthersSNAT(o) {
 		about = e.QuotedString() + " (another client's flow, with the source the node's SNAT gave it: not traced, a Pod is selected)"
+	} else if tr.isServedToOther(o) {
+		about = e.QuotedString() + " (another client's flow to the selected Pod as a Service's backend: not traced, a Pod is selected)"
 	}
 	return tr.icmpKind(e) + " from " + e.From.String() + " about " + about
 }

@@ -126,7 +126,7 @@ func (tr *tracer) add(o obs.Observation) {
 			}
 			return
 		}
-		if tr.leftOutAsOthersSNAT(o) {
+		if tr.leftOutAsOthersSNAT(o) || tr.leftOutAsServed(o) {
 			return
 		}
 	}
@@ -197,6 +197,34 @@ func (tr *tracer) isOthersSNAT(o obs.Observation) bool {
 // after the node's SNAT: the node's address on it is no node process's.
 func (tr *tracer) leftOutAsOthersSNAT(o obs.Observation) bool {
 	if !tr.isOthersSNAT(o) {
+		return false
+	}
+	tr.outOfScope++
+	return true
+}
+
+// isServedToOther tells whether o, a packet either way, is of another
+// client's connection to a traced client's address as a backend: with a
+// Pod selected that is itself a Service's backend, its eth0 and host veth
+// (and the node-wide points after DNAT) see the other Pods' connections
+// to it, whose ends are its address, in scope, and a port it serves, and
+// an address that is no traced client's. Its own flows stay: a hairpin
+// (itself through the VIP) has its own address or the node's as the peer,
+// or the source conntrack gave its flow (flow.Engine.ServesOtherClient).
+func (tr *tracer) isServedToOther(o obs.Observation) bool {
+	if tr.clients == nil {
+		return false
+	}
+	served := func(server, peer netip.AddrPort) bool {
+		return tr.isClient(server) && !tr.isClient(peer) && tr.eng.ServesOtherClient(o.Proto, server, peer)
+	}
+	return served(o.Dst, o.Src) || served(o.Src, o.Dst)
+}
+
+// leftOutAsServed counts o out of scope when it is another client's
+// connection to the selected Pod as a backend (isServedToOther).
+func (tr *tracer) leftOutAsServed(o obs.Observation) bool {
+	if !tr.isServedToOther(o) {
 		return false
 	}
 	tr.outOfScope++

@@ -83,3 +83,57 @@ func TestInScopeOtherClientsSNAT(t *testing.T) {
 		t.Errorf("the engine got %d uplink observations, want the node process's 2", got)
 	}
 }
+
+// TestInScopeOtherClientsOfSelectedBackend: with a Pod selected that is
+// itself a traced Service's backend, its eth0 and host veth, and netfilter
+// after DNAT, see the other Pods' connections to it (their address to its
+// served port): those are left out of scope, not fed to the engine to end
+// unmatched. Its own flows stay: one from a client port of it to another
+// backend, and its hairpin (itself through the VIP), whose packets reach
+// its served port from its own address, the node's, or the source its
+// conntrack entry gave it.
+func TestInScopeOtherClientsOfSelectedBackend(t *testing.T) {
+	pod, node, other := netip.MustParseAddr("10.244.8.50"), netip.MustParseAddr("10.244.8.254"), netip.MustParseAddr("10.244.8.51")
+	vip := netip.MustParseAddrPort("10.120.0.90:80")
+	served := netip.AddrPortFrom(pod, 3000)
+	eng := flow.NewEngine(flow.Config{
+		Services:    []flow.Service{{Addr: vip.Addr(), Port: 80, Proto: obs.TCP}},
+		Attribution: flow.Attribution{NATRules: []flow.NATRule{{Source: "nftables", VIP: vip, Proto: obs.TCP, Backends: []netip.AddrPort{served}}}},
+	})
+	tr := &tracer{eng: eng, clients: map[netip.Addr]bool{pod: true, node: true}}
+	at := time.Unix(1000, 0)
+	otherClient := netip.AddrPortFrom(other, 43362)
+	for _, o := range []obs.Observation{
+		{Point: obs.PointPod, Dir: obs.DirIn, Src: otherClient, Dst: served, Len: 74},
+		{Point: obs.PointPod, Dir: obs.DirOut, Src: served, Dst: otherClient, Len: 74},
+		{Point: obs.PointHost, Dir: obs.DirOut, Src: otherClient, Dst: served, Len: 74},
+		{Point: obs.PointNFAfter, Src: otherClient, Dst: served, Len: 60},
+	} {
+		o.Time, o.Proto = at, obs.TCP
+		tr.add(o)
+	}
+	if tr.outOfScope != 4 {
+		t.Errorf("another Pod's connection to the selected Pod as a backend: out_of_scope %d, want 4", tr.outOfScope)
+	}
+	own := netip.AddrPortFrom(pod, 51000)
+	for _, o := range []obs.Observation{
+		{Point: obs.PointPod, Dir: obs.DirOut, Src: own, Dst: vip, Len: 74},
+		{Point: obs.PointNFAfter, Src: own, Dst: served, Len: 60},                                         // its hairpin after DNAT
+		{Point: obs.PointPod, Dir: obs.DirIn, Src: netip.AddrPortFrom(node, 51000), Dst: served, Len: 74}, // after the hairpin's masquerade
+		{Point: obs.PointPod, Dir: obs.DirOut, Src: netip.AddrPortFrom(pod, 52000), Dst: netip.MustParseAddrPort("10.244.20.31:3000"), Len: 74},
+		// A hairpin SNAT to an address that is no client's: its
+		// conntrack entry names it.
+		{Point: obs.PointConntrack, Src: netip.AddrPortFrom(pod, 53000), Dst: vip, NATDst: served, NATSrc: netip.MustParseAddrPort("10.244.8.253:53000")},
+		{Point: obs.PointPod, Dir: obs.DirOut, Src: netip.AddrPortFrom(pod, 53000), Dst: vip, Len: 74},
+		{Point: obs.PointPod, Dir: obs.DirIn, Src: netip.MustParseAddrPort("10.244.8.253:53000"), Dst: served, Len: 74},
+	} {
+		o.Time, o.Proto = at, obs.TCP
+		tr.add(o)
+	}
+	if tr.outOfScope != 4 {
+		t.Errorf("the selected Pod's own packets left out: out_of_scope %d, want 4", tr.outOfScope)
+	}
+	if got := eng.Summary().Observations["pod"]; got != 5 {
+		t.Errorf("the engine got %d pod observations, want the selected Pod's own 5", got)
+	}
+}
