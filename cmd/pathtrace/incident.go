@@ -314,7 +314,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 	}
 	summary := func() error {
 		return incident.WriteSummary(dir, res.Flows, res.Summary.WithDrops(res.Drops), res.Node, res.StopReason,
-			incident.Ended{Captures: res.CaptureEnded, Gaps: res.CaptureGaps, Observers: res.ObserversEnded, NATRules: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded,
+			incident.Ended{Captures: res.CaptureEnded, Gaps: res.CaptureGaps, Observers: res.ObserversEnded, NATRules: res.NATRulesReread, TCPrograms: res.TCProgramsChanged, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded,
 				File: fileEnded(res, opt.PcapLimits.MaxBytes, budget, lowered), CPUWait: cpuWaitOf(res.CPUWait)},
 			incident.Taken{Version: version(), Command: commandLine(os.Args)})
 	}

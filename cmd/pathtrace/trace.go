@@ -690,7 +690,7 @@ func watchReaderGone(f *os.File, gone func()) {
 func runOf(res *session.Result, pcap *export.Summary) report.Run {
 	return report.Run{Stop: res.StopReason, Packets: res.Packets, Pcap: pcap, Summarized: res.Summarized,
 		CaptureEnded: res.CaptureEnded, CaptureGaps: res.CaptureGaps, ObserversEnded: res.ObserversEnded,
-		NATRulesReread: res.NATRulesReread, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded,
+		NATRulesReread: res.NATRulesReread, TCProgramsChanged: res.TCProgramsChanged, PodsStarted: res.PodsStarted, ObserversAdded: res.ObserversAdded,
 		CPUWait: cpuWaitOf(res.CPUWait)}
 }
 

@@ -541,6 +541,12 @@ func (w *TCWatch) Add(cps []CapturePoint) {
 	}
 }
 
+// Watches tells whether the interface ifindex is watched: a deleted Pod's
+// veth is not, once a look found it gone.
+func (w *TCWatch) Watches(ifindex int) bool {
+	return slices.ContainsFunc(w.cps, func(cp CapturePoint) bool { return cp.Ifindex == ifindex })
+}
+
 // Look reads the programs. An error says a veth's programs could not be
 // read (a deleted Pod's veth is skipped).
 func (w *TCWatch) Look() ([]TCProgram, error) {

@@ -25,6 +25,9 @@ type Ended struct {
 	// NATRules: the NAT rules changed during the run and were read again
 	// (session.Result.NATRulesReread); "" when they were not.
 	NATRules string
+	// TCPrograms: the tc programs that appeared and went during the run
+	// (session.Result.TCProgramsChanged).
+	TCPrograms []string
 	// PodsStarted: the Pods that started during the run and were followed
 	// from then on (session.Result.PodsStarted).
 	PodsStarted []string
@@ -684,6 +687,9 @@ func writeCaptured(b *strings.Builder, s flow.Summary, ended Ended) {
 	}
 	if ended.NATRules != "" {
 		fmt.Fprintf(b, "- The NAT rules changed during the capture: %s.\n", ended.NATRules)
+	}
+	for _, c := range ended.TCPrograms {
+		fmt.Fprintf(b, "- The tc programs changed during the capture: %s.\n", c)
 	}
 	if s.Unmatched > 0 {
 		fmt.Fprintf(b, "- %d observations matched no flow (e.g. traffic to a backend that did not go through a VIP).\n", s.Unmatched)

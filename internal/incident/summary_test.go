@@ -183,9 +183,10 @@ func TestSummaryNamesLossesAndEndedCaptures(t *testing.T) {
 	dir := t.TempDir()
 	s := flow.Summary{Drops: map[string]uint64{"flows_over_max": 0}}.WithDrops(map[string]uint64{"uplink:bond0 kernel_drops": 12})
 	ended := Ended{Captures: map[string]string{"pod:eth0@10.0.0.5": "ended at 03:12:09: capture pod eth0: socket error: network is down"},
-		Gaps:     map[string]string{"uplink:bond0": "went down once (first at 03:12:05.000), 1.2 s in all"},
-		NATRules: "read again at 03:12:07 (flows reached backends that no rule read before named): 2 rule(s) or IPVS service(s) appeared, 0 went",
-		CPUWait:  report.NewCPUWait(2500*time.Millisecond, 310*time.Millisecond)}
+		Gaps:       map[string]string{"uplink:bond0": "went down once (first at 03:12:05.000), 1.2 s in all"},
+		NATRules:   "read again at 03:12:07 (flows reached backends that no rule read before named): 2 rule(s) or IPVS service(s) appeared, 0 went",
+		TCPrograms: []string{"at 03:12:07 on veth-a (host veth #2): tcx ingress lab_from_container (id 52) went"},
+		CPUWait:    report.NewCPUWait(2500*time.Millisecond, 310*time.Millisecond)}
 	if err := WriteSummary(dir, nil, s, nil, "duration", ended, Taken{}); err != nil {
 		t.Fatal(err)
 	}
@@ -194,6 +195,7 @@ func TestSummaryNamesLossesAndEndedCaptures(t *testing.T) {
 		"The capture at pod:eth0@10.0.0.5 ended at 03:12:09: capture pod eth0: socket error: network is down: later frames there are missing.",
 		"The interface of uplink:bond0 went down once (first at 03:12:05.000), 1.2 s in all: nothing crossed it meanwhile, and its capture went on.",
 		"The NAT rules changed during the capture: read again at 03:12:07",
+		"- The tc programs changed during the capture: at 03:12:07 on veth-a (host veth #2): tcx ingress lab_from_container (id 52) went.\n",
 		"  - Meanwhile pathtrace's threads waited for a CPU while runnable (the kernel's run_delay): one of them 310ms within one second at most, 2.5s in all."} {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("summary lacks %q:\n%s", want, got)

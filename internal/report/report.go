@@ -261,6 +261,10 @@ type Run struct {
 	// while the run went on (flows reached backends no rule read before
 	// named), when, and what changed.
 	NATRulesReread string `json:"nat_rules_reread,omitempty"`
+	// TCProgramsChanged: the tc programs of the host veths and uplinks
+	// that appeared and went while the run went on (an agent that
+	// restarted or upgraded), where and when.
+	TCProgramsChanged []string `json:"tc_programs_changed,omitempty"`
 	// PodsStarted: the Pods that started during the run (every Pod of the
 	// node traced), followed from when they were found: who, when, their
 	// taps, and what could not be attached.

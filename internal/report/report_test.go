@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -260,13 +261,15 @@ func TestNodeClientsNamed(t *testing.T) {
 }
 
 // TestRunEndedEarly: a capture point or the observers' reader that ended
-// before the run did is said in both formats, with when and why.
+// before the run did is said in both formats, with when and why, and so
+// are the NAT rules and tc programs that changed.
 func TestRunEndedEarly(t *testing.T) {
 	run := report.Run{Stop: "duration",
-		CaptureEnded:   map[string]string{"pod:eth0": "ended at 03:12:09: network is down"},
-		CaptureGaps:    map[string]string{"uplink:bond0": "went down once (first at 03:12:05.000), 1.2 s in all"},
-		ObserversEnded: "ended at 03:12:10: read ring buffer: bad address",
-		NATRulesReread: "read again at 03:12:07 (flows reached backends that no rule read before named): 2 rule(s) or IPVS service(s) appeared, 0 went"}
+		CaptureEnded:      map[string]string{"pod:eth0": "ended at 03:12:09: network is down"},
+		CaptureGaps:       map[string]string{"uplink:bond0": "went down once (first at 03:12:05.000), 1.2 s in all"},
+		ObserversEnded:    "ended at 03:12:10: read ring buffer: bad address",
+		NATRulesReread:    "read again at 03:12:07 (flows reached backends that no rule read before named): 2 rule(s) or IPVS service(s) appeared, 0 went",
+		TCProgramsChanged: []string{"at 03:12:07 on veth-a (host veth #2): tcx ingress lab_from_container (id 52) went, cls_bpf ingress lab_from_container (id 60) appeared"}}
 	var table bytes.Buffer
 	if err := report.NewWriter(&table, "table").Summary(flow.Summary{}, nil, run); err != nil {
 		t.Fatal(err)
@@ -276,6 +279,7 @@ func TestRunEndedEarly(t *testing.T) {
 		"Observer events ended at 03:12:10: read ring buffer: bad address: later flows lack",
 		"Interface of uplink:bond0 went down once (first at 03:12:05.000), 1.2 s in all: nothing crossed it meanwhile (its capture went on)",
 		"NAT rules read again at 03:12:07",
+		"tc programs that changed during the run (each flow's \"by\" names those of its time): at 03:12:07 on veth-a (host veth #2): tcx ingress lab_from_container (id 52) went, cls_bpf ingress lab_from_container (id 60) appeared\n",
 	} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table has no %q:\n%s", want, table.String())
@@ -290,13 +294,15 @@ func TestRunEndedEarly(t *testing.T) {
 		CaptureGaps    map[string]string `json:"capture_gaps"`
 		ObserversEnded string            `json:"observers_ended"`
 		NATRulesReread string            `json:"nat_rules_reread"`
+		TCChanged      []string          `json:"tc_programs_changed"`
 	}
 	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
 		t.Fatalf("%v: %s", err, js.String())
 	}
 	if got.ObserversEnded != run.ObserversEnded || got.CaptureEnded["pod:eth0"] != run.CaptureEnded["pod:eth0"] ||
-		got.CaptureGaps["uplink:bond0"] != run.CaptureGaps["uplink:bond0"] || got.NATRulesReread != run.NATRulesReread {
-		t.Errorf("JSON summary %s, want both endings and the gap", js.String())
+		got.CaptureGaps["uplink:bond0"] != run.CaptureGaps["uplink:bond0"] || got.NATRulesReread != run.NATRulesReread ||
+		!slices.Equal(got.TCChanged, run.TCProgramsChanged) {
+		t.Errorf("JSON summary %s, want both endings, the gap and what changed", js.String())
 	}
 }
 

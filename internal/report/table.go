@@ -215,6 +215,9 @@ func writeSummaryTable(w io.Writer, s flow.Summary, byPlace map[flow.Place][]*re
 	if run.NATRulesReread != "" {
 		fmt.Fprintf(w, "NAT rules %s\n", run.NATRulesReread)
 	}
+	if len(run.TCProgramsChanged) > 0 {
+		fmt.Fprintf(w, "tc programs that changed during the run (each flow's \"by\" names those of its time): %s\n", strings.Join(run.TCProgramsChanged, "; "))
+	}
 	if run.ObserversEnded != "" {
 		fmt.Fprintf(w, "Observer events %s: later flows lack their socket, tc and netfilter evidence (verdicts unknown)\n", run.ObserversEnded)
 	}

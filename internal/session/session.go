@@ -138,6 +138,9 @@ type Result struct {
 	// NATRulesReread says when the NAT rules and IPVS services were read
 	// again during the session, and what changed ("" when they were not).
 	NATRulesReread string
+	// TCProgramsChanged says which tc programs of the host veths and
+	// uplinks appeared and went during the session, where and when.
+	TCProgramsChanged []string
 	// CPUWait is how long pathtrace's threads waited for a CPU during the
 	// capture; nil when the kernel does not say (no schedstat).
 	CPUWait *CPUWait
@@ -346,6 +349,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	}
 	res.ObserversEnded = tr.obsEnded
 	res.NATRulesReread = tr.nat.summary()
+	res.TCProgramsChanged = tr.tc.summary()
 	res.PodsStarted = tr.pods.summary()
 	res.ObserversAdded = tr.late.summary()
 	res.Summarized = pr.Stats().Summarized

@@ -1,9 +1,12 @@
 package session
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -26,7 +29,24 @@ type tcWatch struct {
 	// uplinkProgs: the same for the uplinks' programs.
 	uplinkProgs []flow.TCProgram
 	next        time.Time
+	// names are the interfaces' names by ifindex, as the programs on them
+	// were found, to say where a program went.
+	names   map[int]string
+	changes tcChanges
 }
+
+// tcChanges is what the looks found changed, for the report: a line per
+// interface and look, the last maxTCChanges of them, the earlier counted;
+// the programs that went with their interface (a Pod deleted) are only
+// counted.
+type tcChanges struct {
+	lines          []string
+	earlier        int
+	withInterfaces int
+}
+
+// maxTCChanges bounds the lines tcChanges keeps.
+const maxTCChanges = 64
 
 const (
 	tcWatchEvery = 2 * time.Second // flow.tcTimeSlack covers it
@@ -36,8 +56,23 @@ const (
 )
 
 func newTCWatch(node *discover.NodeInfo, isObserver func(ebpf.ProgramID) bool, now time.Time) *tcWatch {
-	return &tcWatch{look: discover.NewTCWatch(node.HostNetNS.Path, node.CapturePoints, isObserver),
+	w := &tcWatch{look: discover.NewTCWatch(node.HostNetNS.Path, node.CapturePoints, isObserver),
 		progs: hostTCPrograms(node.TCPrograms), uplinkProgs: uplinkTCPrograms(node.TCPrograms), next: now.Add(tcWatchEvery)}
+	w.learnNames(node.TCPrograms)
+	return w
+}
+
+// learnNames remembers the names of the interfaces of progs.
+func (w *tcWatch) learnNames(progs []discover.TCProgram) {
+	for _, p := range progs {
+		if p.Role != discover.RoleHost && p.Role != discover.RoleUplink {
+			continue
+		}
+		if w.names == nil {
+			w.names = map[int]string{}
+		}
+		w.names[p.Ifindex] = p.Ifname
+	}
 }
 
 // check reads the programs again when it is time, tells the engine when
@@ -58,12 +93,14 @@ func (w *tcWatch) check(now time.Time, eng *flow.Engine) (found []discover.TCPro
 
 // apply tells the engine what a look found, when it changed.
 func (w *tcWatch) apply(found []discover.TCProgram, now time.Time, eng *flow.Engine) {
+	w.learnNames(found)
 	if w.update(hostTCPrograms(found), now) {
 		eng.SetTCPrograms(slices.Clone(w.progs))
 	}
-	var changed bool
-	if w.uplinkProgs, changed = updatePrograms(w.uplinkProgs, uplinkTCPrograms(found), now); changed {
+	var went, appeared []flow.TCProgram
+	if w.uplinkProgs, went, appeared = updatePrograms(w.uplinkProgs, uplinkTCPrograms(found), now); len(went)+len(appeared) > 0 {
 		eng.SetUplinkTCPrograms(slices.Clone(w.uplinkProgs))
+		w.note(now, discover.RoleUplink, went, appeared)
 	}
 }
 
@@ -71,6 +108,7 @@ func (w *tcWatch) apply(found []discover.TCProgram, now time.Time, eng *flow.Eng
 // programs found begin now; an uplink already watched keeps its own.
 func (w *tcWatch) add(cps []discover.CapturePoint, found []discover.TCProgram, now time.Time, eng *flow.Engine) {
 	w.look.Add(cps)
+	w.learnNames(found)
 	if progs := hostTCPrograms(found); len(progs) > 0 {
 		for i := range progs {
 			progs[i].Since = now
@@ -93,30 +131,102 @@ func (w *tcWatch) add(cps []discover.CapturePoint, found []discover.TCProgram, n
 // update ends the host veths' programs no longer there and adds the new
 // ones; it reports whether anything changed.
 func (w *tcWatch) update(cur []flow.TCProgram, now time.Time) bool {
-	var changed bool
-	w.progs, changed = updatePrograms(w.progs, cur, now)
-	return changed
+	var went, appeared []flow.TCProgram
+	w.progs, went, appeared = updatePrograms(w.progs, cur, now)
+	w.note(now, discover.RoleHost, went, appeared)
+	return len(went)+len(appeared) > 0
 }
 
 // updatePrograms ends the programs of progs no longer in cur and adds the
-// new ones; it reports whether anything changed.
-func updatePrograms(progs, cur []flow.TCProgram, now time.Time) ([]flow.TCProgram, bool) {
-	changed := false
+// new ones; it returns those that went and those that appeared.
+func updatePrograms(progs, cur []flow.TCProgram, now time.Time) (out, went, appeared []flow.TCProgram) {
 	for i := range progs {
 		p := &progs[i]
 		if p.Until.IsZero() && !slices.ContainsFunc(cur, func(c flow.TCProgram) bool { return sameTCProgram(c, *p) }) {
-			p.Until, changed = now, true
+			p.Until = now
+			went = append(went, *p)
 		}
 	}
 	for _, c := range cur {
 		if !slices.ContainsFunc(progs, func(p flow.TCProgram) bool { return p.Until.IsZero() && sameTCProgram(c, p) }) {
 			c.Since = now
-			progs, changed = append(progs, c), true
+			progs = append(progs, c)
+			appeared = append(appeared, c)
 		}
 	}
 	// An agent's restart ends the programs of every veth at once.
 	progs = forgetGone(progs, maxGoneTCPrograms, func(p flow.TCProgram) bool { return !p.Until.IsZero() })
-	return progs, changed
+	return progs, went, appeared
+}
+
+// note keeps, for the report, what a look found changed on the interfaces
+// of a role: a line per interface, in ifindex order ("at 03:12:07 on
+// veth-a (host veth #2): tcx ingress cil_from_container (id 52) went, tcx
+// ingress cil_from_container (id 60) appeared"). A program that went with
+// its interface (a Pod deleted: its veth is no longer watched) is counted,
+// not listed: the Pod's going is said with its capture.
+func (w *tcWatch) note(now time.Time, role string, went, appeared []flow.TCProgram) {
+	byIface := map[int][]string{}
+	for _, p := range went {
+		if w.look != nil && !w.look.Watches(p.Ifindex) {
+			w.changes.withInterfaces++
+			continue
+		}
+		byIface[p.Ifindex] = append(byIface[p.Ifindex], tcProgramText(p)+" went")
+	}
+	for _, p := range appeared {
+		byIface[p.Ifindex] = append(byIface[p.Ifindex], tcProgramText(p)+" appeared")
+	}
+	for _, ifindex := range slices.Sorted(maps.Keys(byIface)) {
+		name := cmp.Or(w.names[ifindex], "?")
+		w.changes.add(fmt.Sprintf("at %s on %s (%s #%d): %s", now.Format("15:04:05"), name, roleName(role), ifindex, strings.Join(byIface[ifindex], ", ")))
+	}
+	if w.look != nil {
+		for _, p := range went {
+			if !w.look.Watches(p.Ifindex) {
+				delete(w.names, p.Ifindex) // its interface went: bounded by those watched
+			}
+		}
+	}
+}
+
+// roleName names an interface's role in tcChanges' lines.
+func roleName(role string) string {
+	if role == discover.RoleHost {
+		return "host veth"
+	}
+	return role
+}
+
+// tcProgramText names a program as the node block lists it.
+func tcProgramText(p flow.TCProgram) string {
+	return fmt.Sprintf("%s %s %s (id %d)", p.Kind, p.Direction, p.Name, p.ID)
+}
+
+// add keeps line, and forgets the oldest beyond maxTCChanges.
+func (c *tcChanges) add(line string) {
+	c.lines = append(c.lines, line)
+	if n := len(c.lines) - maxTCChanges; n > 0 {
+		c.lines = slices.Delete(c.lines, 0, n)
+		c.earlier += n
+	}
+}
+
+// summary lists the tc programs that changed during the run, for the
+// report; nil when none did.
+func (w *tcWatch) summary() []string {
+	if w == nil {
+		return nil
+	}
+	c := w.changes
+	out := slices.Clone(c.lines)
+	if c.earlier > 0 {
+		out = append([]string{fmt.Sprintf("%d earlier (the last %d listed)", c.earlier, len(c.lines))}, out...)
+	}
+	if c.withInterfaces > 0 {
+		out = append(out, fmt.Sprintf("%d went with their interface (a Pod deleted)", c.withInterfaces))
+	}
+	return out
 }
 
 func sameTCProgram(a, b flow.TCProgram) bool {

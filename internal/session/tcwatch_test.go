@@ -1,6 +1,8 @@
 package session
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,5 +121,48 @@ func TestTCWatchUplinkProgramAppears(t *testing.T) {
 	}
 	if w.apply(nil, start.Add(time.Second), e); len(w.uplinkProgs) != 1 || !w.uplinkProgs[0].Until.Equal(start.Add(time.Second)) {
 		t.Errorf("uplink programs %+v after a look without it, want it ended then", w.uplinkProgs)
+	}
+}
+
+// TestTCWatchChangesSaid: a program replaced on a host veth and one that
+// appeared on an uplink during the run are said, where and when, for the
+// report, one that went with its veth (a Pod deleted) is counted; a look
+// that changes nothing adds nothing, and the lines are bounded, the
+// earlier counted.
+func TestTCWatchChangesSaid(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 12, 5, 0, time.Local)
+	eng := flow.NewEngine(flow.Config{})
+	old := discover.TCProgram{Ifname: "lxc12ab", Ifindex: 7, Role: discover.RoleHost, Dir: "ingress", Via: "tcx", Name: "cil_from_container", ID: 52}
+	// A deleted Pod's veth, no longer watched: its program went with it.
+	deleted := discover.TCProgram{Ifname: "lxc99ff", Ifindex: 9, Role: discover.RoleHost, Dir: "ingress", Via: "tcx", Name: "cil_from_container", ID: 53}
+	look := discover.NewTCWatch("", []discover.CapturePoint{{Role: discover.RoleHost, Ifindex: 7, Ifname: "lxc12ab"}, {Role: discover.RoleUplink, Ifindex: 2, Ifname: "eth0"}}, nil)
+	w := &tcWatch{look: look, progs: hostTCPrograms([]discover.TCProgram{old, deleted})}
+	w.learnNames([]discover.TCProgram{old, deleted})
+	if got := w.summary(); got != nil {
+		t.Fatalf("nothing changed yet, summary %q", got)
+	}
+	repl := old
+	repl.ID = 60
+	nodePort := discover.TCProgram{Ifname: "eth0", Ifindex: 2, Role: discover.RoleUplink, Dir: "ingress", Via: "tcx", Name: "cil_from_netdev", ID: 61}
+	w.apply([]discover.TCProgram{repl, nodePort}, t0.Add(2*time.Second), eng)
+	w.apply([]discover.TCProgram{repl, nodePort}, t0.Add(4*time.Second), eng)
+	want := []string{
+		"at 03:12:07 on lxc12ab (host veth #7): tcx ingress cil_from_container (id 52) went, tcx ingress cil_from_container (id 60) appeared",
+		"at 03:12:07 on eth0 (uplink #2): tcx ingress cil_from_netdev (id 61) appeared",
+		"1 went with their interface (a Pod deleted)",
+	}
+	if got := w.summary(); !slices.Equal(got, want) {
+		t.Fatalf("summary\n%q\nwant\n%q", got, want)
+	}
+	// An agent that keeps replacing its program.
+	for i := range maxTCChanges + 3 {
+		p := repl
+		p.ID = ebpf.ProgramID(100 + i)
+		w.apply([]discover.TCProgram{p, nodePort}, t0.Add(time.Duration(6+2*i)*time.Second), eng)
+	}
+	got := w.summary()
+	if len(got) != maxTCChanges+2 || got[0] != fmt.Sprintf("%d earlier (the last %d listed)", 5, maxTCChanges) ||
+		!strings.Contains(got[len(got)-2], fmt.Sprintf("(id %d) appeared", 100+maxTCChanges+2)) {
+		t.Errorf("bounded summary: %d lines, first %q, last %q", len(got), got[0], got[len(got)-2])
 	}
 }
