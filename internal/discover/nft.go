@@ -326,7 +326,7 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 			ev.rule.backend, ev.rule.note = xtDNATBackend(e.Info)
 			ev.rule.portRange = xtDNATPortRange(e.Info)
 		case "REJECT": // iptables-nft's -j REJECT
-			ev.rule.verdict, ev.rule.rejectWith = "reject", xtRejectWith(e.Info)
+			ev.rule.verdict, ev.rule.rejectWith = "reject", XTRejectWith(e.Info)
 		}
 	case *expr.Match:
 		ev.xtMatch(e)
@@ -781,9 +781,9 @@ func nftRejectWith(e *expr.Reject) string {
 // _HOST_UNREACH and _ADMIN_PROHIBITED.
 var icmpxCodes = []uint8{0, 3, 1, 13}
 
-// xtRejectWith is what an xtables REJECT target answers with (struct
+// XTRejectWith is what an xtables REJECT target answers with (struct
 // ipt_reject_info: the enum ipt_reject_with, in host order).
-func xtRejectWith(info xt.InfoAny) string {
+func XTRejectWith(info xt.InfoAny) string {
 	b, ok := info.(*xt.Unknown)
 	if !ok || len(*b) < 4 {
 		return ""

@@ -314,7 +314,8 @@ func ruleString(exprs []expr.Any) string {
 }
 
 // exprString renders one expression; the ones NAT attribution turns on are
-// spelled out, the rest printed field by field.
+// spelled out, iptables-nft's xtables matches and targets as iptables-save
+// writes them (xtString), the rest printed field by field.
 func exprString(e expr.Any) string {
 	switch e := e.(type) {
 	case *expr.Meta:
@@ -357,6 +358,8 @@ func exprString(e expr.Any) string {
 		return s
 	case *expr.Counter:
 		return fmt.Sprintf("counter packets %d bytes %d", e.Packets, e.Bytes)
+	case *expr.Match, *expr.Target:
+		return xtString(e)
 	}
 	v := reflect.ValueOf(e)
 	if v.Kind() == reflect.Pointer && !v.IsNil() {

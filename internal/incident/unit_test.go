@@ -2,7 +2,9 @@ package incident
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
@@ -206,6 +209,69 @@ func TestRenderRuleset(t *testing.T) {
 `
 	if b.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// iptables-nft's rules (kube-proxy's iptables mode on most nodes) are
+// xtables extensions inside nftables: the rendering spells them as
+// iptables-save does, so that the Service in a comment, the endpoint of a
+// DNAT and an endpoint's weight can be read, and never prints a pointer.
+func TestRenderXTExtensions(t *testing.T) {
+	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "nat"}
+	svc := &nftables.Chain{Name: "KUBE-SVC-WEB", Table: table}
+	sep := &nftables.Chain{Name: "KUBE-SEP-1", Table: table}
+	comment := xt.Comment("default/web:http")
+	stat := make(xt.Unknown, 24) // struct xt_statistic_info: random, probability 0.5 of 2^31
+	binary.NativeEndian.PutUint32(stat[4:], 0x40000000)
+	mark := make(xt.Unknown, 8)
+	binary.NativeEndian.PutUint32(mark[0:], 0x4000)
+	binary.NativeEndian.PutUint32(mark[4:], 0x4000)
+	reject := make(xt.Unknown, 8)
+	binary.NativeEndian.PutUint32(reject, 3) // IPT_ICMP_PORT_UNREACHABLE
+	f := fakeNFT{table: table, chain: []*nftables.Chain{svc, sep}, rules: map[string][]*nftables.Rule{
+		"KUBE-SVC-WEB": {{Handle: 7, Exprs: []expr.Any{
+			&expr.Match{Name: "comment", Info: &comment},
+			&expr.Match{Name: "statistic", Info: &stat},
+			&expr.Verdict{Kind: expr.VerdictJump, Chain: "KUBE-SEP-1"},
+		}}},
+		"KUBE-SEP-1": {
+			{Handle: 8, Exprs: []expr.Any{
+				&expr.Match{Name: "comment", Info: &comment},
+				&expr.Match{Name: "tcp", Info: &xt.Tcp{SrcPorts: [2]uint16{0, 0xffff}, DstPorts: [2]uint16{0, 0xffff}}},
+				&expr.Target{Name: "DNAT", Rev: 2, Info: &xt.NatRange2{NatRange: xt.NatRange{
+					Flags: uint(xt.NatRangeMapIPs | xt.NatRangeProtoSpecified), MinIP: net.ParseIP("10.244.20.31"), MaxIP: net.ParseIP("10.244.20.31"),
+					MinPort: 3000, MaxPort: 3000}}},
+			}},
+			{Handle: 9, Exprs: []expr.Any{
+				&expr.Match{Name: "addrtype", Rev: 1, Info: &xt.AddrTypeV1{Dest: uint16(xt.AddrTypeLocal)}},
+				&expr.Match{Name: "udp", Info: &xt.Udp{SrcPorts: [2]uint16{0, 0xffff}, DstPorts: [2]uint16{30000, 30100}}},
+				&expr.Target{Name: "MARK", Rev: 2, Info: &mark},
+			}},
+			{Handle: 10, Exprs: []expr.Any{
+				&expr.Target{Name: "REJECT", Info: &reject},
+			}},
+			{Handle: 11, Exprs: []expr.Any{
+				&expr.Match{Name: "physdev", Info: &xt.Unknown{1, 2}},
+			}},
+		},
+	}}
+	var b strings.Builder
+	if err := renderRuleset(&b, f, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`xt -m comment --comment "default/web:http"; xt -m statistic --mode random --probability 0.50000000000; jump KUBE-SEP-1 # handle 7`,
+		`xt -m comment --comment "default/web:http"; xt -m tcp; xt -j DNAT --to-destination 10.244.20.31:3000 # handle 8`,
+		`xt -m addrtype --dst-type LOCAL; xt -m udp --dport 30000:30100; xt -j MARK --set-xmark 0x4000/0x4000 # handle 9`,
+		`xt -j REJECT --reject-with icmp-port-unreachable # handle 10`,
+		`xt -m physdev (revision 0, not decoded: 0102) # handle 11`,
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("missing %q in:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "0xc0") {
+		t.Errorf("a pointer in:\n%s", b.String())
 	}
 }
 
