@@ -205,6 +205,7 @@ func (s *snapshot) topics() []topic {
 		{"cgroup-sock.txt", "cgroup sock_addr programs (connect4, sendmsg4, ...) on the cgroup2 tree", s.cgroupPrograms},
 		{"tc.txt", "qdiscs, tc filters, tcx and XDP programs on every capture interface", s.tcPrograms},
 		{"nftables.txt", "the nftables ruleset of the node netns", s.nftables},
+		{"iptables-nft.txt", "iptables-nft's nat and filter tables of the node netns as iptables-nft-save prints them (comments, DNAT targets), those that exist", s.iptablesNFT},
 		{"iptables-legacy-nat.txt", "the iptables-legacy nat and filter tables of the node netns, those that exist", s.iptablesLegacy},
 		{"conntrack.txt", "conntrack entries of the node netns whose original destination is a VIP", s.conntrack},
 		{"bridges.txt", "bridges of the node netns: ports, VLANs, forwarding database", s.bridges},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -62,6 +63,107 @@ func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
 		return fmt.Errorf("nftables netlink: %w", err)
 	}
 	return renderRuleset(w, conn, focus, chainDevices(s.node))
+}
+
+// iptablesNFTFamilies are iptables-nft's address families: its tables are
+// the nftables tables of the family named as xtables' (nat, filter).
+var iptablesNFTFamilies = [...]struct {
+	family nftables.TableFamily
+	save   string
+}{
+	{nftables.TableFamilyIPv4, "iptables-nft-save"},
+	{nftables.TableFamilyIPv6, "ip6tables-nft-save"},
+}
+
+// iptablesNFT writes the nat and filter tables iptables-nft keeps in
+// nftables (kube-proxy's iptables mode on most nodes) as iptables-nft-save
+// prints them: nft lists their xtables matches and targets without what
+// they say (a -m comment blank, a REJECT without its --reject-with).
+// Only tables that exist are read, and only with nft_compat there (what
+// their xt expressions need): iptables-nft-save asks the kernel through it
+// about the extensions it prints, which would load the module otherwise.
+// Listing creates nothing.
+func (s *snapshot) iptablesNFT(ctx context.Context, w *topicWriter) error {
+	if m := kmod.FirstToLoad(slices.Concat(kmod.NFTables, []string{"nft_compat"})...); m != "" {
+		fmt.Fprintf(w, "%s: no iptables-nft tables with xtables extensions (not listed: listing would load the module)\n", kmod.NotLoaded(m))
+		return nil
+	}
+	ns, err := netns.GetFromPath(s.hostPath)
+	if err != nil {
+		return fmt.Errorf("open node netns: %w", err)
+	}
+	defer ns.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		return fmt.Errorf("nftables netlink: %w", err)
+	}
+	tables, err := conn.ListTables()
+	if err != nil {
+		return fmt.Errorf("list nftables tables: %w", err)
+	}
+	// The tables to list, first found: each listing gets a share of the
+	// collector's time, so that one that overruns it (a nat table of
+	// thousands of Services) is cut, what it wrote kept, not the whole
+	// file abandoned with the topic (run).
+	type listing struct{ bin, table, why string } // why: not listed
+	var todo [][]listing
+	for _, fam := range iptablesNFTFamilies {
+		name := discover.NFTFamilyName(fam.family)
+		var found []string
+		for _, table := range []string{"nat", "filter"} {
+			if slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Family == fam.family && t.Name == table }) {
+				found = append(found, table)
+			}
+		}
+		var ls []listing
+		switch bin, err := exec.LookPath(fam.save); {
+		case len(found) == 0:
+			ls = []listing{{why: fmt.Sprintf("no nftables table %s nat or %s filter: no iptables-nft tables", name, name)}}
+		case err != nil:
+			ls = []listing{{why: fmt.Sprintf("nftables tables %s %s exist but %s is not installed: not read (nftables.txt lists them as nft does)", name, strings.Join(found, ", "), fam.save)}}
+			w.notef("iptables-nft tables %s %s exist but %s is not installed", name, strings.Join(found, ", "), fam.save)
+		default:
+			for _, table := range found {
+				ls = append(ls, listing{bin: bin, table: table})
+			}
+		}
+		todo = append(todo, ls)
+	}
+	left := 0
+	for _, ls := range todo {
+		for _, l := range ls {
+			if l.why == "" {
+				left++
+			}
+		}
+	}
+	for i, ls := range todo {
+		fmt.Fprintf(w, "## %s -t nat, -t filter\n", iptablesNFTFamilies[i].save)
+		for _, l := range ls {
+			if l.why != "" {
+				fmt.Fprintln(w, l.why)
+				continue
+			}
+			lctx, cancel := context.WithCancel(ctx)
+			if deadline, ok := ctx.Deadline(); ok {
+				lctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(deadline)*9/10/time.Duration(left)))
+			}
+			left--
+			err := s.listRuleset(lctx, w, newVIPLines(styleIPTablesSave, discover.SourceNFTables, s.node, s.vips, 0), l.bin, "-t", l.table)
+			overran := lctx.Err() != nil && ctx.Err() == nil
+			cancel()
+			switch {
+			case overran:
+				fmt.Fprintf(w, "\n# %s -t %s did not finish in its share of the collector's time: the listing above is cut there\n", l.bin, l.table)
+				w.notef("%s -t %s overran its time: cut", l.bin, l.table)
+			case err != nil:
+				fmt.Fprintf(w, "not read: %v\n", err)
+				w.notef("%v", err)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	return nil
 }
 
 // legacyFamily is one iptables-legacy address family.

@@ -366,6 +366,7 @@ func (tn *testNode) wantParts() map[string][]string {
 		"cgroup-sock.txt":         {tn.cgroup, "connect4 1. prog id", "name pttest_conn4 type CGroupSockAddr"},
 		"tc.txt":                  {"## host hv0", "tcx ingress (run order):", "name pttest_tcx", "## uplink up0", "clsact", "name pttest_cls", "direct-action", "## pod eth0"},
 		"nftables.txt":            {"table ip pttest-incident", "dnat", testBackend},
+		"iptables-nft.txt":        {"no nftables table ip nat or ip filter: no iptables-nft tables"},
 		"iptables-legacy-nat.txt": {"no legacy nat table (not read: reading would create it)"},
 		"conntrack.txt":           {"dst=" + testVIP, "src=" + testBackend, "sport=5353", "1 of "},
 		"bridges.txt":             {"## bridge br0", "vlan_filtering false", "port hv0", "port up0", "vlans: ", "forwarding database", "dev up0 master br0"},
@@ -473,6 +474,61 @@ func TestSnapshotReadsExistingLegacyNAT(t *testing.T) {
 	}
 }
 
+// TestSnapshotReadsIPTablesNFT creates the nat and filter tables the way a
+// kube-proxy in iptables mode writes them through iptables-nft (xtables
+// comments, DNAT and REJECT targets inside nftables), and expects them as
+// iptables-nft-save prints them, without the snapshot changing the ruleset.
+func TestSnapshotReadsIPTablesNFT(t *testing.T) {
+	tn := newTestNode(t)
+	ipt, err := exec.LookPath("iptables-nft")
+	if err != nil {
+		t.Skip("iptables-nft is not installed")
+	}
+	if _, err := exec.LookPath("iptables-nft-save"); err != nil {
+		t.Skip("iptables-nft-save is not installed")
+	}
+	err = nsutil.Do(tn.node, func() error {
+		for _, rule := range [][]string{
+			{"-t", "nat", "-N", "KUBE-SEP-WEB"},
+			{"-t", "nat", "-A", "PREROUTING", "-d", "10.120.0.81/32", "-p", "tcp", "-m", "comment", "--comment", "default/web:http cluster IP", "-m", "tcp", "--dport", "80", "-j", "KUBE-SEP-WEB"},
+			{"-t", "nat", "-A", "KUBE-SEP-WEB", "-p", "tcp", "-m", "comment", "--comment", "default/web:http", "-m", "tcp", "-j", "DNAT", "--to-destination", "10.244.20.32:3000"},
+			{"-t", "filter", "-A", "OUTPUT", "-d", "10.120.0.82/32", "-p", "tcp", "-m", "comment", "--comment", "default/empty:http has no endpoints", "-j", "REJECT", "--reject-with", "icmp-port-unreachable"},
+		} {
+			if out, err := exec.Command(ipt, rule...).CombinedOutput(); err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Skipf("cannot create iptables-nft tables here: %v", err)
+	}
+	before := tn.state(t)
+	dir := t.TempDir()
+	m, err := Snapshot(context.Background(), tn.nodeInfo(), []netip.Addr{netip.MustParseAddr("10.120.0.81")}, dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := tn.state(t); after != before {
+		t.Errorf("the snapshot changed the node:\n--- before\n%s\n--- after\n%s", before, after)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "iptables-nft.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"## iptables-nft-save -t nat, -t filter", "*nat",
+		`-A KUBE-SEP-WEB -p tcp -m comment --comment "default/web:http" -m tcp -j DNAT --to-destination 10.244.20.32:3000`,
+		"*filter", `--comment "default/empty:http has no endpoints" -j REJECT --reject-with icmp-port-unreachable`,
+		"no nftables table ip6 nat or ip6 filter"} {
+		if !strings.Contains(string(b), p) {
+			t.Errorf("iptables-nft.txt lacks %q:\n%s", p, b)
+		}
+	}
+	if !slices.ContainsFunc(m.Files, func(f File) bool { return f.Name == "iptables-nft.txt" && f.Bytes == int64(len(b)) }) {
+		t.Errorf("the manifest does not list iptables-nft.txt: %+v", m.Files)
+	}
+}
+
 // TestSnapshotBounds cuts files at their cap with a marker and stops
 // collecting when the snapshot's budget is used up, saying so. The caps are
 // taken from what an unbounded snapshot of the test node holds (the node's
@@ -576,6 +632,50 @@ func TestNFTablesOverrunNarrowed(t *testing.T) {
 		"table ip pttest-incident {\n\tchain prerouting { # type nat hook prerouting priority -100",
 		"cmp reg 1 == 0x0a780050 (" + testVIP + ")",
 	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("missing %q in:\n%s", want, body)
+		}
+	}
+	if len(notes) != 1 || !strings.Contains(notes[0], "overran its time") {
+		t.Errorf("notes %q, want the overrun", notes)
+	}
+}
+
+// An iptables-nft-save that does not finish in its share of the
+// collector's time (a nat table of thousands of Services) is cut where it
+// got to, said so, within the collector's time: not the whole file lost.
+func TestIPTablesNFTOverrunCut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace and nftables tables")
+	}
+	name := fmt.Sprintf("pttest-iptnftslow-%06x", rand.IntN(1<<24))
+	ipCmd(t, "netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	ns, err := netns.GetFromPath("/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "nat"})
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	slow := "#!/bin/sh\necho '*nat'\necho '-A KUBE-SERVICES -d 10.120.0.80/32 -j KUBE-SVC-WEB'\nexec sleep 30\n"
+	if err := os.WriteFile(filepath.Join(bin, "iptables-nft-save"), []byte(slow), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	s := &snapshot{node: &discover.NodeInfo{}, hostPath: "/run/netns/" + name, opt: Options{CollectorTimeout: 2 * time.Second}}
+	body, notes, _ := s.run(context.Background(), topic{"iptables-nft.txt", "", s.iptablesNFT}, 1<<20)
+	for _, want := range []string{"-A KUBE-SERVICES -d 10.120.0.80/32 -j KUBE-SVC-WEB", "-t nat did not finish in its share of the collector's time"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("missing %q in:\n%s", want, body)
 		}
