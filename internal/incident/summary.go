@@ -99,7 +99,7 @@ func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.
 		fmt.Fprintf(&b, "Capture stopped: %s.\n", orDash(stop))
 	}
 
-	writeVerdicts(&b, flows, s)
+	writeVerdicts(&b, flows, s, podAddrs(node))
 	if node != nil {
 		writeWhereLooked(&b, node)
 	}
@@ -227,7 +227,25 @@ func groupFlows(flows []flow.Flow) []*verdictGroup {
 	return groups
 }
 
-func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary) {
+// podAddrs are the Pods' addresses, nil when the node is unknown.
+func podAddrs(node *discover.NodeInfo) map[netip.Addr]bool {
+	if node == nil {
+		return nil
+	}
+	addrs := map[netip.Addr]bool{}
+	for _, p := range node.Pods {
+		for _, ifc := range append([]discover.Iface{p.Eth0}, p.OtherIfaces...) {
+			for _, pfx := range ifc.Addrs {
+				addrs[pfx.Addr()] = true
+			}
+		}
+	}
+	return addrs
+}
+
+// writeVerdicts states the flows' verdicts; pods are the Pods' addresses
+// (podAddrs).
+func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary, pods map[netip.Addr]bool) {
 	b.WriteString("\n## What happened\n\n")
 	if len(flows) == 0 {
 		b.WriteString("No flow to a Service VIP was seen during the capture.\n")
@@ -239,7 +257,7 @@ func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary) {
 			fmt.Fprintf(b, "- ... and %d more groups of flows: see the JSON report.\n", len(groups)-i)
 			break
 		}
-		fmt.Fprintf(b, "- %s\n", sentence(g))
+		fmt.Fprintf(b, "- %s\n", sentence(g, pods))
 		if len(g.first.KernelDrops) > 0 {
 			var drops []string
 			for _, d := range g.first.KernelDrops {
@@ -286,8 +304,9 @@ func clientAddr(f flow.Flow) string {
 	return f.Client.Addr().String()
 }
 
-// sentence states one group's verdict for a ticket.
-func sentence(g *verdictGroup) string {
+// sentence states one group's verdict for a ticket; pods are the Pods'
+// addresses (podAddrs).
+func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 	f, n := g.first, len(g.ids)
 	one := n == 1
 	var b strings.Builder
@@ -356,7 +375,7 @@ func sentence(g *verdictGroup) string {
 	default:
 		b.WriteString("; no reply came back")
 	}
-	b.WriteString(uplinkWords(f, one))
+	b.WriteString(uplinkWords(f, one, podClient(f, pods)))
 	switch {
 	case f.NotSent:
 		b.WriteString(pick(one, "; none of its requests left the node: the kernel dropped every one the uplink's capture saw at the uplink device, after the capture (in its transmit: an overlay without a forwarding entry for the remote VTEP, a driver), so none reached the backend",
@@ -430,8 +449,17 @@ func placed(p flow.Place) bool {
 	return p == flow.PlaceSocket || p == flow.PlaceTC || p == flow.PlaceNetfilter || p == flow.PlaceIPVS
 }
 
-// uplinkWords says what the frames looked like leaving the node.
-func uplinkWords(f flow.Flow, one bool) string {
+// podClient tells whether f's client is a Pod (as far as pods, the Pods'
+// addresses, tell: all but a node process's flow when unknown). A node
+// process's or an outside client's (a NodePort's, in on the uplink)
+// request has no Pod's gateway to go to.
+func podClient(f flow.Flow, pods map[netip.Addr]bool) bool {
+	return !f.NodeClient && (pods == nil || pods[f.Client.Addr()])
+}
+
+// uplinkWords says what the frames looked like leaving the node; pod: the
+// client is a Pod (podClient).
+func uplinkWords(f flow.Flow, one, pod bool) string {
 	if f.VLAN == nil {
 		return pick(one, "; it was never seen on the uplink", "; they were never seen on the uplink")
 	}
@@ -449,8 +477,10 @@ func uplinkWords(f flow.Flow, one bool) string {
 		// A routed node's next hop (its Pods' gateway is the node itself),
 		// or a VXLAN uplink's remote VTEP: whose MAC it is, as the table says.
 		s += fmt.Sprintf(" and went to MAC %s, which the node's neighbour table gives to %s", f.UplinkDstMAC, f.UplinkDstNeighbor)
-	default:
+	case pod:
 		s += fmt.Sprintf(" and went to MAC %s, which is not the pod's gateway", f.UplinkDstMAC)
+	default:
+		s += fmt.Sprintf(" and went to MAC %s, which no neighbour entry of the node names", f.UplinkDstMAC)
 	}
 	return s
 }

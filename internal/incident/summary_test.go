@@ -557,3 +557,31 @@ func TestSummaryNamesTheUplinkMACsNeighbour(t *testing.T) {
 		t.Errorf("summary lacks %q:\n%s", want, got)
 	}
 }
+
+// TestSummaryUplinkMACOfClientsNotPods: a node process's flow and an
+// outside client's NodePort flow (in on the uplink) have no Pod, so no
+// Pod's gateway their uplink frame should have gone to: SUMMARY.md does
+// not compare its MAC with one.
+func TestSummaryUplinkMACOfClientsNotPods(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	untagged := uint16(0)
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Client: ap("10.0.0.5:41000"), NodeClient: true, Service: ap("10.120.0.80:80"), Backend: ap("10.244.20.31:3000"),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip nat OUTPUT -> KUBE-SERVICES -> dnat to 10.244.20.31:3000",
+			VLAN: &untagged, UplinkDstMAC: "02:00:0a:00:00:99", Reply: true},
+		{ID: 2, Proto: "tcp", Client: ap("192.168.1.50:52000"), Service: ap("10.0.0.5:30080"), Backend: ap("10.244.20.31:3000"),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip nat PREROUTING -> KUBE-NODEPORTS -> dnat to 10.244.20.31:3000",
+			VLAN: &untagged, UplinkDstMAC: "02:00:0a:00:00:99", Reply: true},
+	}
+	dir := t.TempDir()
+	if err := WriteSummary(dir, flows, flow.Summary{Flows: 2}, summaryNode(), "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if strings.Contains(string(got), "pod's gateway") {
+		t.Errorf("a flow whose client is no Pod is compared with the pod's gateway:\n%s", got)
+	}
+	if n := strings.Count(string(got), "went to MAC 02:00:0a:00:00:99, which no neighbour entry of the node names"); n != 2 {
+		t.Errorf("%d flows say their MAC is unnamed, want 2:\n%s", n, got)
+	}
+}
