@@ -184,7 +184,7 @@ func icmpKey(f flow.Flow) string {
 	if f.ICMPError == nil {
 		return ""
 	}
-	return f.ICMPError.Message + " " + f.ICMPError.From.String()
+	return f.ICMPError.Message + " " + f.ICMPError.From.String() + " " + fmt.Sprint(f.ICMPError.FromRule)
 }
 
 // strayKey is the source of a flow's stray replies, "" without them.
@@ -368,6 +368,11 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 	case f.By == flow.ByClientNetfilter && f.VLAN == nil:
 		b.WriteString(pick(one, "; it never left the client's netns, where pathtrace does not capture: its reply could not be seen.", "; they never left the client's netns, where pathtrace does not capture: their replies could not be seen."))
 		return b.String()
+	case f.ICMPError != nil && f.ICMPError.FromRule:
+		// Known from the rule, not seen: loopback is not captured, and
+		// the kernel may not have sent it at all (it rate-limits ICMP
+		// errors).
+		fmt.Fprintf(&b, "; no reply came back, and no answer was seen: the node's reject rule answers with %s through loopback, which pathtrace does not capture (not known to have been sent: the kernel rate-limits ICMP errors)", f.ICMPError.Message)
 	case f.ICMPError != nil:
 		fmt.Fprintf(&b, "; no reply came back, but %s from %s", f.ICMPError.Message, f.ICMPError.From)
 	case f.StrayReplies != nil:

@@ -585,3 +585,21 @@ func TestSummaryUplinkMACOfClientsNotPods(t *testing.T) {
 		t.Errorf("%d flows say their MAC is unnamed, want 2:\n%s", n, got)
 	}
 }
+
+// TestSummaryRuleAnswerNotSeen: a node process's flow that a reject rule
+// ends gets the rule's ICMP error through loopback, which no capture
+// point sees (icmp_error from_rule): the kernel may not have sent it (it
+// rate-limits ICMP errors). SUMMARY.md must not say that it came back.
+func TestSummaryRuleAnswerNotSeen(t *testing.T) {
+	flows, b := scenarioSummary(t, "netfilter-reject-node-icmp.json")
+	if len(flows) != 1 || flows[0].ICMPError == nil || !flows[0].ICMPError.FromRule {
+		t.Fatalf("the scenario no longer has a rule's ICMP answer known from the rule: %+v", flows)
+	}
+	if strings.Contains(b, "but ICMP") {
+		t.Errorf("SUMMARY.md says an ICMP error nobody saw came back:\n%s", b)
+	}
+	want := "no reply came back, and no answer was seen: the node's reject rule answers with ICMP destination unreachable (code 3: port unreachable) through loopback, which pathtrace does not capture"
+	if !strings.Contains(b, want) {
+		t.Errorf("SUMMARY.md lacks %q:\n%s", want, b)
+	}
+}
