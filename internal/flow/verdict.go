@@ -388,16 +388,19 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		if dev != "" {
 			on = " (on " + dev + ")"
 		}
-		v := verdict{place: PlaceNowhere, reason: fmt.Sprintf("not rewritten: %s is an address of the node itself%s, still the destination after netfilter's NAT, so the node delivered the flow to its own listener (as NodeLocal DNSCache listens on kube-dns's ClusterIP)", f.service.Addr(), on)}
+		v := verdict{place: PlaceNowhere, reason: fmt.Sprintf("not rewritten: %s is an address of the node itself%s, still the destination after netfilter's NAT, so the node delivered the flow to ", f.service.Addr(), on)}
+		// A listener of the node's own (NodeLocal DNSCache's on kube-dns's
+		// ClusterIP) only when one answered: a NodePort no rule rewrote
+		// meets the node's own stack, where nothing listens on its port.
 		switch {
 		case f.reply && f.tcp.refused():
-			v.reason += "; the node's TCP reset refused it: nothing listens on that port"
+			v.reason += "itself; the node's TCP reset refused it: nothing listens on that port, and no NAT rule rewrote it to a backend"
 		case f.reply:
-			v.reason += ", which answered"
+			v.reason += "its own listener (as NodeLocal DNSCache listens on kube-dns's ClusterIP), which answered"
 		case f.icmp != nil:
-			v.reason += fmt.Sprintf("; the %s from %s is its only answer", f.icmp.Message, f.icmp.From)
+			v.reason += fmt.Sprintf("itself; the %s from %s is its only answer", f.icmp.Message, f.icmp.From)
 		default:
-			v.reason += "; no answer came back (nothing listening there?)"
+			v.reason += "itself; no answer came back (nothing listening there?)"
 		}
 		return v
 	case dropped != nil:
