@@ -351,6 +351,11 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 		}
 	}
 	switch {
+	case f.Refused && backends(f) == "":
+		// No backend: what refused it is where the VIP led (the node's
+		// own stack, for a local VIP no rule rewrote).
+		b.WriteString(pick(one, "; the connection was refused (a TCP RST came back instead of a SYN-ACK: nothing listened on the VIP's port, or a firewall rejected it)",
+			"; the connections were refused (a TCP RST came back instead of a SYN-ACK: nothing listened on the VIP's port, or a firewall rejected it)"))
 	case f.Refused:
 		b.WriteString(pick(one, "; the backend refused the connection (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)",
 			"; the backend refused the connections (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)"))

@@ -603,3 +603,28 @@ func TestSummaryRuleAnswerNotSeen(t *testing.T) {
 		t.Errorf("SUMMARY.md lacks %q:\n%s", want, b)
 	}
 }
+
+// TestSummaryRefusedWithoutBackend: a NodePort no rule rewrote meets the
+// node's own stack, whose reset refuses it: no backend was there to
+// refuse it, and SUMMARY.md must not say one did.
+func TestSummaryRefusedWithoutBackend(t *testing.T) {
+	flows, b := scenarioSummary(t, "netfilter-nodeport-no-endpoints-external.json")
+	checked := 0
+	for _, f := range flows {
+		if !f.Refused || f.Backend.IsValid() {
+			continue
+		}
+		checked++
+		for _, line := range strings.Split(b, "\n") {
+			if !strings.HasPrefix(line, "- ") || !strings.Contains(line, "("+idList([]int{f.ID})+")") {
+				continue
+			}
+			if strings.Contains(line, "backend refused") || !strings.Contains(line, "the connection was refused") {
+				t.Errorf("flow %d, refused without a backend:\n%s", f.ID, line)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no flow of the scenario was refused without a backend")
+	}
+}
