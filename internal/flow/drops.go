@@ -175,6 +175,18 @@ var afterNATReasons = map[string]bool{
 	"NEIGH_QUEUEFULL":   true,
 }
 
+// routeLookupReasons are those of afterNATReasons that the route lookup of
+// a forwarded or delivered packet gives, before the forward and input
+// filter hooks: a filter rule there never saw a packet so dropped.
+var routeLookupReasons = map[string]bool{
+	"IP_INNOROUTES":     true,
+	"IP_INADDRERRORS":   true,
+	"IP_INVALID_SOURCE": true,
+	"IP_LOCALNET":       true,
+	"IP_INVALID_DEST":   true,
+	"IP_RPFILTER":       true,
+}
+
 // droppedUnrewritten is the earliest drop that shows f's request was
 // dropped by the node, in its own netns, with the VIP still its
 // destination after netfilter's NAT (afterNATReasons), nil when none: f

@@ -357,8 +357,17 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 	local, dev := e.deliveredLocally(f)
 	rejects := e.rejectsFor(f, last)
 	var dropped *KernelDrop
-	if len(rejects) == 0 && !local {
+	if !local {
 		dropped = e.droppedUnrewritten(f, last)
+	}
+	if dropped != nil && len(rejects) > 0 {
+		if routeLookupReasons[dropped.Reason] && e.filterHookOf(f) != "output" {
+			// The route lookup, after PREROUTING and before the forward
+			// or input filter, dropped it: the rule never saw it.
+			rejects = nil
+		} else {
+			dropped = nil
+		}
 	}
 	switch {
 	case !why && (f.cps[cpUplink].vip || local || len(rejects) > 0 || dropped != nil):
@@ -592,6 +601,12 @@ func (e *Engine) rejected(f *flowState, rules []NATRule) verdict {
 	}
 	v := verdict{place: PlaceNowhere}
 	switch {
+	case f.icmp != nil && sameICMPAnswer(rules) && f.icmp.Message != rules[0].ICMPAnswer:
+		// The rule answers otherwise: something before it refused the
+		// request (a route lookup whose drop the kernel drop observer,
+		// not attached, did not report).
+		reason += fmt.Sprintf("; yet the %s from %s that came back is not the rule's answer (%s): something before the rule refused the request, such as the node's route lookup",
+			f.icmp.Message, f.icmp.From, rules[0].ICMPAnswer)
 	case f.icmp != nil:
 		reason += fmt.Sprintf("; the %s from %s is its answer", f.icmp.Message, f.icmp.From)
 	case f.reply:

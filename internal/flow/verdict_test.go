@@ -530,3 +530,34 @@ func TestNetfilterProgramsNotBlamedForUnsent(t *testing.T) {
 		}
 	}
 }
+
+// TestRejectedICMPNotTheRules: a flow a reject rule would end, answered by
+// an ICMP error other than the rule's (a net unreachable where it answers
+// port unreachable): the reason does not call that error the rule's
+// answer, since something before the rule refused the request.
+func TestRejectedICMPNotTheRules(t *testing.T) {
+	s, err := flowtest.Load(scenarioDir + "/netfilter-reject-unrouted.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := flow.NewEngine(s.Config)
+	var req obs.Observation
+	for _, o := range s.Observations {
+		if o.Src.Port() == 40020 && o.Point != obs.PointDrop { // flow 1, its drop unseen
+			e.Add(o)
+			req = o
+		}
+	}
+	req.Point = obs.PointHost
+	if !e.NoteICMPError(req, "ICMP destination unreachable (code 0: net unreachable)", netip.MustParseAddr("10.244.8.1")) {
+		t.Fatal("the ICMP error found no flow")
+	}
+	flows := e.Flows()
+	if len(flows) != 1 || flows[0].RewrittenAt != flow.PlaceNowhere {
+		t.Fatalf("flows %+v, want one nowhere", flows)
+	}
+	r := flows[0].Reason
+	if strings.Contains(r, "is its answer") || !strings.Contains(r, "is not the rule's answer (ICMP destination unreachable (code 3: port unreachable))") {
+		t.Errorf("reason %q: want the net unreachable said not the rule's answer", r)
+	}
+}
