@@ -223,9 +223,16 @@ func renderSet(w io.Writer, conn nftLister, set *nftables.Set, focus *nftFocus) 
 	if set.IsMap {
 		kind = "map"
 	}
-	fmt.Fprintf(w, "\t%s %s { type %s", kind, set.Name, set.KeyType.Name)
+	keyType, dataType := set.KeyType.Name, set.DataType.Name
+	if set.IsMap && dataType == "" && keyType == nftables.TypeVerdict.Name {
+		// google/nftables v0.3.0 reads a verdict map's data type over its
+		// key type (kube-proxy's service-ips came out "verdict :"): the
+		// key's type is lost.
+		keyType, dataType = "?", nftables.TypeVerdict.Name
+	}
+	fmt.Fprintf(w, "\t%s %s { type %s", kind, set.Name, keyType)
 	if set.IsMap {
-		fmt.Fprintf(w, " : %s", set.DataType.Name)
+		fmt.Fprintf(w, " : %s", dataType)
 	}
 	if set.Interval {
 		fmt.Fprint(w, "; flags interval")

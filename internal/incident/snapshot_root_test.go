@@ -684,3 +684,46 @@ func TestIPTablesNFTOverrunCut(t *testing.T) {
 		t.Errorf("notes %q, want the overrun", notes)
 	}
 }
+
+// The rendering from netlink says a verdict map's data type is verdict
+// and not its key's: kube-proxy's service-ips map, as google/nftables
+// reads it, lost its key type to its data type.
+func TestRenderVerdictMapType(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace and nftables rules")
+	}
+	name := fmt.Sprintf("pttest-vmap-%06x", rand.IntN(1<<24))
+	ipCmd(t, "netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	cmd := exec.Command("ip", "netns", "exec", name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(`table ip pttest-vmap {
+	map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; elements = { 10.96.0.80 . tcp . 80 : goto svc } }
+	map addrs { type ipv4_addr : ipv4_addr; elements = { 10.96.0.80 : 10.244.20.31 } }
+	chain svc { }
+}
+`)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	ns, err := netns.GetFromPath("/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := renderRuleset(&b, conn, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"map service-ips { type ? : verdict;", "map addrs { type ipv4_addr : ipv4_addr;"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("missing %q in:\n%s", want, b.String())
+		}
+	}
+}
