@@ -444,15 +444,7 @@ func TestPodStartedMidTraceTC(t *testing.T) {
 // pair go (the capture alone kept them), and the new one is a capture point
 // of its own, with a label of its own; each keeps its counters.
 func TestPodReplacedMidTrace(t *testing.T) {
-	needRoot(t)
-	l := upLab(t, lab.ModeNetfilter)
-	ip := otherPodIPs[0]
-	pod := addPod(t, l, ip)
-	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "60s")
-	r.waitNode(t)
-	if err := connectFrom(pod, lab.TCPVIP.String(), 1); err != nil {
-		t.Fatal(err)
-	}
+	l, ip, pod, r := tracedAddedPod(t)
 	mustRun(t, nil, "ip", "netns", "del", filepath.Base(pod))
 	// The kernel takes the veth pair with the netns, a moment later.
 	for deadline := time.Now().Add(10 * time.Second); exec.Command("ip", "-n", filepath.Base(l.NodeNetNS()), "link", "show", addedPodVeth(ip)).Run() == nil; {
@@ -489,6 +481,22 @@ func TestPodReplacedMidTrace(t *testing.T) {
 	}
 }
 
+// tracedAddedPod adds a Pod to a netfilter lab, traces the node for a
+// minute and connects once from the Pod: the start of the tests of a Pod
+// that goes mid-trace.
+func tracedAddedPod(t *testing.T) (l *lab.Lab, ip, pod string, r *run) {
+	needRoot(t)
+	l = upLab(t, lab.ModeNetfilter)
+	ip = otherPodIPs[0]
+	pod = addPod(t, l, ip)
+	r = startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "60s")
+	r.waitNode(t)
+	if err := connectFrom(pod, lab.TCPVIP.String(), 1); err != nil {
+		t.Fatal(err)
+	}
+	return l, ip, pod, r
+}
+
 // flowsFrom returns the flows whose client address is ip.
 func flowsFrom(flows []map[string]any, ip string) []map[string]any {
 	var out []map[string]any
@@ -505,15 +513,7 @@ func flowsFrom(flows []map[string]any, ip string) []map[string]any {
 // the netns going a moment later must not have them reported released, as
 // if the capture alone had kept the netns alive.
 func TestPodDeletedByCNIMidTrace(t *testing.T) {
-	needRoot(t)
-	l := upLab(t, lab.ModeNetfilter)
-	ip := otherPodIPs[0]
-	pod := addPod(t, l, ip)
-	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "60s")
-	r.waitNode(t)
-	if err := connectFrom(pod, lab.TCPVIP.String(), 1); err != nil {
-		t.Fatal(err)
-	}
+	l, ip, pod, r := tracedAddedPod(t)
 	mustRun(t, nil, "ip", "-n", filepath.Base(l.NodeNetNS()), "link", "del", addedPodVeth(ip))
 	time.Sleep(time.Second)
 	mustRun(t, nil, "ip", "netns", "del", filepath.Base(pod))

@@ -53,16 +53,26 @@ func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
 	} else {
 		fmt.Fprintln(w, "# nft is not installed: rendered by pathtrace from netlink (github.com/google/nftables)")
 	}
-	ns, err := netns.GetFromPath(s.hostPath)
+	conn, done, err := openNFTables(s.hostPath)
 	if err != nil {
-		return fmt.Errorf("open node netns: %w", err)
+		return err
 	}
-	defer ns.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		return fmt.Errorf("nftables netlink: %w", err)
-	}
+	defer done()
 	return renderRuleset(w, conn, focus, chainDevices(s.node))
+}
+
+// openNFTables talks nftables netlink in the netns at path; done closes
+// the netns, which the connection needs for each of its requests.
+func openNFTables(path string) (conn *nftables.Conn, done func() error, err error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open node netns: %w", err)
+	}
+	if conn, err = nftables.New(nftables.WithNetNSFd(int(ns))); err != nil {
+		ns.Close()
+		return nil, nil, fmt.Errorf("nftables netlink: %w", err)
+	}
+	return conn, ns.Close, nil
 }
 
 // iptablesNFTFamilies are iptables-nft's address families: its tables are
@@ -88,15 +98,11 @@ func (s *snapshot) iptablesNFT(ctx context.Context, w *topicWriter) error {
 		fmt.Fprintf(w, "%s: no iptables-nft tables with xtables extensions (not listed: listing would load the module)\n", kmod.NotLoaded(m))
 		return nil
 	}
-	ns, err := netns.GetFromPath(s.hostPath)
+	conn, done, err := openNFTables(s.hostPath)
 	if err != nil {
-		return fmt.Errorf("open node netns: %w", err)
+		return err
 	}
-	defer ns.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		return fmt.Errorf("nftables netlink: %w", err)
-	}
+	defer done()
 	tables, err := conn.ListTables()
 	if err != nil {
 		return fmt.Errorf("list nftables tables: %w", err)

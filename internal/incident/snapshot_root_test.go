@@ -123,15 +123,7 @@ func (tn *testNode) talk(t *testing.T) {
 // backend:3000 at prerouting, NAT priority.
 func (tn *testNode) addDNAT(t *testing.T) {
 	t.Helper()
-	ns, err := netns.GetFromPath(tn.node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := nftIn(t, tn.node)
 	table := conn.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "pttest-incident"})
 	chain := conn.AddChain(&nftables.Chain{Name: "prerouting", Table: table, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
@@ -282,15 +274,7 @@ func (tn *testNode) nodeInfo() *discover.NodeInfo {
 func (tn *testNode) state(t *testing.T) string {
 	t.Helper()
 	var b strings.Builder
-	ns, err := netns.GetFromPath(tn.node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := nftIn(t, tn.node)
 	if err := renderRuleset(&b, conn, nil, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -654,15 +638,7 @@ func TestIPTablesNFTOverrunCut(t *testing.T) {
 	name := fmt.Sprintf("pttest-iptnftslow-%06x", rand.IntN(1<<24))
 	ipCmd(t, "netns", "add", name)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	ns, err := netns.GetFromPath("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := nftIn(t, "/run/netns/"+name)
 	conn.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "nat"})
 	if err := conn.Flush(); err != nil {
 		t.Fatal(err)
@@ -708,15 +684,7 @@ func TestRenderVerdictMapType(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nft: %v: %s", err, out)
 	}
-	ns, err := netns.GetFromPath("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := nftIn(t, "/run/netns/"+name)
 	var b strings.Builder
 	if err := renderRuleset(&b, conn, nil, nil); err != nil {
 		t.Fatal(err)
@@ -726,4 +694,15 @@ func TestRenderVerdictMapType(t *testing.T) {
 			t.Errorf("missing %q in:\n%s", want, b.String())
 		}
 	}
+}
+
+// nftIn talks nftables netlink in the netns at path for the rest of the test.
+func nftIn(t *testing.T, path string) *nftables.Conn {
+	t.Helper()
+	conn, done, err := openNFTables(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { done() })
+	return conn
 }

@@ -611,11 +611,7 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 		// kube-proxy's for a Service without endpoints: what its flows met.
 		var rules []string
 		for _, r := range rejects {
-			s := fmt.Sprintf("%s %s %s: %s -> %s", r.Source, r.Table, r.Hook, strings.Join(r.Chains, " -> "), r.Verdict)
-			if r.Comment != "" {
-				s += fmt.Sprintf(" (%q)", r.Comment)
-			}
-			rules = append(rules, fmt.Sprintf("%s for %s", s, r.RejectedString(node.Netfilter.Rules)))
+			rules = append(rules, fmt.Sprintf("%s for %s", filterRuleString(r), r.RejectedString(node.Netfilter.Rules)))
 		}
 		fmt.Fprintf(b, "- Filter rules that reject or drop the VIPs' packets: %s.\n", strings.Join(rules, "; "))
 	}
@@ -639,11 +635,7 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 		// A NetworkPolicy's rules on a Pod's address, after NAT.
 		var rules []string
 		for _, r := range drops {
-			s := fmt.Sprintf("%s %s %s: %s -> %s", r.Source, r.Table, r.Hook, strings.Join(r.Chains, " -> "), r.Verdict)
-			if r.Comment != "" {
-				s += fmt.Sprintf(" (%q)", r.Comment)
-			}
-			rules = append(rules, fmt.Sprintf("%s for backend %s", s, r.Service))
+			rules = append(rules, fmt.Sprintf("%s for backend %s", filterRuleString(r), r.Service))
 		}
 		fmt.Fprintf(b, "- Filter rules after NAT that drop or reject packets to the backends' addresses: %s.\n", strings.Join(rules, "; "))
 	}
@@ -775,4 +767,14 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// filterRuleString names a filter rule whole: where it is, its chains, its
+// verdict and kube-proxy's comment.
+func filterRuleString(r discover.NATRule) string {
+	s := fmt.Sprintf("%s %s %s: %s -> %s", r.Source, r.Table, r.Hook, strings.Join(r.Chains, " -> "), r.Verdict)
+	if r.Comment != "" {
+		s += fmt.Sprintf(" (%q)", r.Comment)
+	}
+	return s
 }
