@@ -68,6 +68,11 @@ func (e *Engine) noteDrop(o obs.Observation, last bool) (done, deferred bool) {
 		if f, deferred = e.droppedAfterRewrite(o, last); deferred {
 			return false, true
 		}
+		if f != nil {
+			// Where the rewrite sent it: the backend, which no point
+			// saw (droppedRewritten places the rewrite by the drop).
+			e.learnBackend(f, o.Dst, o.Time)
+		}
 	}
 	if f == nil {
 		return e.refusedClients.has(clientKey{o.Proto, o.Src}) || e.refusedClients.has(clientKey{o.Proto, o.Dst}) || e.ReplyWithoutRequest(o), false
@@ -94,8 +99,8 @@ func (e *Engine) noteDrop(o obs.Observation, last bool) (done, deferred bool) {
 // past the tc tail and netfilter, then dropped it itself or at the uplink's
 // tc egress, before its TX tap): the flow of its client endpoint without a
 // backend yet, as link guesses for a packet (deferred: put off, as link's
-// guess). The peer does not become the flow's backend: no point saw a
-// request reach it.
+// guess). The peer is the backend the rewrite chose, though the request
+// never reached it.
 func (e *Engine) droppedAfterRewrite(o obs.Observation, last bool) (f *flowState, deferred bool) {
 	m := momentOf(&o, false)
 	f, guessed := toPeer(e.clients[clientKey{o.Proto, o.Src}], o.Dst, m, true)
@@ -210,6 +215,66 @@ func (e *Engine) droppedUnrewritten(f *flowState, last checkpoint) *KernelDrop {
 		}
 	}
 	return first
+}
+
+// rewrittenDrop is the earliest of f's requests the kernel dropped in the
+// node's netns with a backend as destination, for a reason it named, nil
+// when none: the request was rewritten before that drop.
+func (e *Engine) rewrittenDrop(f *flowState) *KernelDrop {
+	if e.cfg.HostNetNS == 0 {
+		return nil
+	}
+	var first *KernelDrop
+	drops := f.kernelDrops()
+	for i := range drops {
+		d := &drops[i]
+		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && d.Reason != reasonNotSpecified &&
+			(first == nil || d.First.Before(first.First)) {
+			first = d
+		}
+	}
+	return first
+}
+
+// afterConfirm tells whether the kernel drops a packet the node forwards
+// or sends for reason only once conntrack confirmed its connection (at
+// the end of POSTROUTING), which conntrack then reports: at the device's
+// tc egress or qdisc, or for want of a neighbour. A filter rule
+// (NETFILTER_DROP), the route lookup and tc ingress drop it before: a
+// connection whose first packet they drop is never reported.
+func afterConfirm(reason string) bool {
+	return reason == "TC_EGRESS" || strings.HasPrefix(reason, "QDISC_") || strings.HasPrefix(reason, "NEIGH_")
+}
+
+// droppedOnNode tells whether every request of f, rewritten (it has a
+// backend) and unanswered, was dropped by the kernel in the node's netns
+// after its rewrite, before the uplink's TX tap or the backend's Pod saw
+// one: as many dropped as the point that saw most of them saw (the drop
+// observer reports fewer drops than there were, never more: its budget).
+// None left the node, so none reached the backend.
+func (e *Engine) droppedOnNode(f *flowState) bool {
+	if f.reply || len(f.backends) == 0 || e.cfg.HostNetNS == 0 || f.cps[cpUplink].any() || f.cps[cpLocal].any() {
+		return false
+	}
+	var dropped, seen uint64
+	for _, d := range f.kernelDrops() {
+		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && d.Reason != reasonNotSpecified {
+			dropped += d.Count
+		}
+	}
+	type place struct {
+		point obs.Point
+		dir   obs.Dir
+	}
+	at := map[place]uint64{}
+	for _, p := range f.points {
+		if !p.reply {
+			k := place{p.point, p.dir}
+			at[k] += p.packets
+			seen = max(seen, at[k])
+		}
+	}
+	return dropped > 0 && dropped >= seen
 }
 
 // dropsAfterUplinkTap counts f's request packets the kernel dropped at the

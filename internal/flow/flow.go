@@ -86,8 +86,10 @@ type Flow struct {
 	// them after their rewrite, and the kernel dropped every one of those
 	// at the uplink device, after the tap (its xmit: an overlay device
 	// without an fdb entry for the remote VTEP, NO_TX_TARGET in
-	// vxlan_xmit). They count in LostOnNode; no request reached the
-	// backend, so its silence is not its own.
+	// vxlan_xmit). They count in LostOnNode. Also true when the kernel
+	// dropped every request on the node after its rewrite, before the
+	// uplink's TX tap saw one (Engine.droppedOnNode). No request reached
+	// the backend, so its silence is not its own.
 	NotSent bool `json:"not_sent,omitempty"`
 	// RepliesLostOnNode: reply packets the uplink's RX tap received of
 	// which none reached the client's Pod, whose eth0 tap saw its

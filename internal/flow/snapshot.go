@@ -103,7 +103,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	}
 	way := e.lostOnTheWay(f)
 	out.LostOnNode = way.lost
-	out.NotSent = way.afterTap > 0 && way.sent == 0 && !f.reply
+	out.NotSent = way.afterTap > 0 && way.sent == 0 && !f.reply || e.droppedOnNode(f)
 	if n, from := e.repliesLostOnNode(f); n > 0 {
 		out.RepliesLostOnNode = n
 		out.Reply, out.Refused = false, false

@@ -354,6 +354,9 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 	if v, ok := e.redirectedAtTC(f, last, why); ok {
 		return v
 	}
+	if v, ok := e.droppedRewritten(f, last, why); ok {
+		return v
+	}
 	local, dev := e.deliveredLocally(f)
 	rejects := e.rejectsFor(f, last)
 	var dropped *KernelDrop
@@ -661,6 +664,94 @@ func (e *Engine) redirectedAtTC(f *flowState, last checkpoint, why bool) (verdic
 	return v, true
 }
 
+// droppedRewritten decides a flow no checkpoint saw with a backend whose
+// request the kernel dropped in the node's netns with a backend as
+// destination (rewrittenDrop), before the uplink's TX tap or a Pod of the
+// node saw it: a tc program that redirected it past the later points (or
+// whose chain no tail watched) and dropped it itself, or had it dropped at
+// the uplink's egress. That drop is the one sighting of the backend: the
+// rewrite happened between the last point that saw the VIP and it, at the
+// host veth's tc ingress when the drop was there (TC_INGRESS), else before
+// the uplink's TX tap. Conntrack's silence excludes netfilter only for a
+// drop after conntrack confirmed the connection (afterConfirm): it never
+// reports one whose first packet was dropped before.
+func (e *Engine) droppedRewritten(f *flowState, last checkpoint, why bool) (verdict, bool) {
+	d := e.rewrittenDrop(f)
+	if d == nil || len(f.backends) == 0 || f.cps[cpUplink].any() || f.cps[cpLocal].any() {
+		return verdict{}, false
+	}
+	upto, atVeth := cpUplink, d.Reason == "TC_INGRESS" && f.hostIfindex != 0 && d.Ifindex == int(f.hostIfindex)
+	if atVeth {
+		upto = cpNFBefore // past the host veth's tc ingress only
+	}
+	var cands []gap
+	for cp := last + 1; cp <= upto; cp++ {
+		g := e.gapAt(f, cp)
+		if g == gapNothing || (g == gapIPVS && len(e.ipvsFor(f)) == 0) || slices.Contains(cands, g) {
+			continue
+		}
+		cands = append(cands, g)
+	}
+	var notes []string
+	if atVeth {
+		notes = append(notes, "dropped at its host veth's tc ingress: the rewrite was there or before")
+	}
+	if slices.Contains(cands, gapNetfilter) && (e.nfNeverSaw(f) || afterConfirm(d.Reason)) {
+		if excluded, _ := e.netfilterExcluded(f, why); excluded != "" {
+			cands = removeGap(cands, gapNetfilter)
+			notes = append(notes, "netfilter excluded: "+excluded)
+			if e.nfNeverSaw(f) {
+				cands = removeGap(cands, gapIPVS)
+			}
+		}
+	}
+	if !atVeth && len(e.uplinkEgressCands(f)) > 0 && (len(cands) == 0 || slices.Equal(cands, []gap{gapTC}) && len(e.hostIngressCands(f)) == 0) {
+		// As bracket's: past every other place, the uplink's egress.
+		cands = []gap{gapUplinkTC}
+	}
+	base := ""
+	if why {
+		base = fmt.Sprintf("VIP %s at %s, backend %s only as the destination of the requests the kernel dropped on the node (the drops follow): no point saw them after the rewrite",
+			f.service, last.describe(f.cps[last].vipFrom), f.sortedBackends()[0])
+	}
+	if len(cands) != 1 || cands[0] == gapPodNetns && len(e.podTCCands(f)) == 0 {
+		if !why {
+			return verdict{place: PlaceUnknown}, true
+		}
+		if len(cands) == 0 {
+			return unknown("%s: nothing read between them rewrites destinations (a tc action such as pedit or nat, a rule pathtrace does not decode)", base), true
+		}
+		names := make([]string, len(cands))
+		for i, g := range cands {
+			names[i] = g.String()
+		}
+		v := unknown("%s: could be %s", base, strings.Join(names, " or "))
+		if slices.Contains(cands, gapNetfilter) && !e.nfNeverSaw(f) && !afterConfirm(d.Reason) && e.active(obs.PointConntrack) {
+			v.reason += "; conntrack's silence does not exclude netfilter: it never reports a connection whose first packet was dropped before it confirmed it"
+		}
+		return v, true
+	}
+	g := cands[0]
+	v := e.byGap(f, g)
+	if g == gapPodNetns {
+		v = verdict{place: PlaceTC, by: oneOf(e.podTCCands(f))}
+	}
+	if !why {
+		return v, true
+	}
+	if v.place == PlaceUnknown {
+		return unknown("%s: %s", base, bothOnDevice(g, v.by)), true
+	}
+	notes = append(notes, e.notLeftNote(f, g))
+	v.reason = base
+	for _, n := range notes {
+		if n != "" {
+			v.reason += "; " + n
+		}
+	}
+	return v, true
+}
+
 // deliveredLocally tells whether an unrewritten flow went to a VIP that is
 // an address of the node (and the device holding it): its request still
 // had the VIP after netfilter's NAT, and no IPVS service (which rewrites at
@@ -893,34 +984,12 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		return unknown("%s: rewritten inside the Pod's netns, at its eth0's egress, where no tc program was found when the Pod was read (one attached since, a tc action such as pedit or nat, or an nftables netdev egress rule)", base)
 	}
 	g := cands[0]
-	v := verdict{place: g.place()}
-	switch g {
-	case gapSocket:
-		v.by = e.bySocket(f)
-	case gapTC:
-		v.place, v.by = onDevice(e.tcCands(f), e.hostDeviceCands(f))
-	case gapNetkit:
-		v.by = oneOf(e.netkitCands(f))
-	case gapUplinkTC:
-		v.place, v.by = onDevice(e.uplinkTCCands(f, "egress"), e.uplinkDeviceCands(f))
-	case gapNetfilter:
-		v.by = e.byNAT(f)
-	case gapIPVS:
-		v.by = e.byIPVS(f)
-	case gapPodNAT:
-		v.by = ByClientNetfilter
-	}
+	v := e.byGap(f, g)
 	if v.place == PlaceUnknown {
-		// A tc program and an nftables chain on the same device: no
-		// point watches between them.
 		if !why {
 			return verdict{place: PlaceUnknown}
 		}
-		at := "the host veth's ingress"
-		if g == gapUplinkTC {
-			at = "the uplink's egress"
-		}
-		return unknown("%s: a tc program and an nftables chain at %s can both have done it, and no point watches between them: %s", bracketBase(f, iV, iB), at, v.by)
+		return unknown("%s: %s", bracketBase(f, iV, iB), bothOnDevice(g, v.by))
 	}
 	if !why {
 		return v
@@ -964,6 +1033,41 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		}
 	}
 	return v
+}
+
+// byGap places a rewrite at g, the one place that can have done it, and
+// names what there can have: unknown when a tc program and an nftables
+// chain on one device both can (bothOnDevice).
+func (e *Engine) byGap(f *flowState, g gap) verdict {
+	v := verdict{place: g.place()}
+	switch g {
+	case gapSocket:
+		v.by = e.bySocket(f)
+	case gapTC:
+		v.place, v.by = onDevice(e.tcCands(f), e.hostDeviceCands(f))
+	case gapNetkit:
+		v.by = oneOf(e.netkitCands(f))
+	case gapUplinkTC:
+		v.place, v.by = onDevice(e.uplinkTCCands(f, "egress"), e.uplinkDeviceCands(f))
+	case gapNetfilter:
+		v.by = e.byNAT(f)
+	case gapIPVS:
+		v.by = e.byIPVS(f)
+	case gapPodNAT:
+		v.by = ByClientNetfilter
+	}
+	return v
+}
+
+// bothOnDevice says why a rewrite at g is unknown: a tc program and an
+// nftables chain on the same device (by names them), between which no
+// point watches.
+func bothOnDevice(g gap, by string) string {
+	at := "the host veth's ingress"
+	if g == gapUplinkTC {
+		at = "the uplink's egress"
+	}
+	return fmt.Sprintf("a tc program and an nftables chain at %s can both have done it, and no point watches between them: %s", at, by)
 }
 
 // snatNote names the source conntrack says the node's SNAT gave f. It
@@ -1022,7 +1126,10 @@ func (e *Engine) notLeftNote(f *flowState, g gap) string {
 		return ""
 	}
 	note := "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
-	if f.requestDropped() {
+	switch {
+	case e.droppedOnNode(f):
+		note = "no answer, and the uplink TX (captured) never saw the request after its rewrite: the kernel dropped every one on the node, so none reached the backend"
+	case f.requestDropped():
 		// The drop observer saw where: its drops, which follow, say it.
 		note = "no answer, and the uplink TX (captured) never saw the request after its rewrite: the kernel dropped it on the node"
 	}

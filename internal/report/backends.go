@@ -71,7 +71,8 @@ const replyUntranslated = "untranslated"
 
 // notSent is a backend's count of flows none of whose requests left the
 // node (Flow.NotSent: the kernel dropped at the uplink device, after its
-// TX tap, every one the tap saw): REPLY no in the flow's row, but no
+// TX tap, every one the tap saw, or every one on the node after its
+// rewrite): REPLY no in the flow's row, but no
 // request reached the backend, so its silence is not its own.
 const notSent = "unsent"
 

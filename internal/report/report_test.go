@@ -803,3 +803,34 @@ func TestSameFateOneLine(t *testing.T) {
 		}
 	}
 }
+
+// TestBackendsSummaryDroppedAfterTCRewrite: flows whose requests a tc
+// program rewrote and the kernel then dropped on the node (at the host
+// veth's tc ingress, at the uplink's tc egress) are counted at tc, by the
+// program, for the backend the dropped requests went to, as unsent: no
+// request reached that backend, which the summary must not blame.
+func TestBackendsSummaryDroppedAfterTCRewrite(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/kernel-drops-request-after-tc-rewrite.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Run(nil)
+	var b bytes.Buffer
+	w := report.NewWriter(&b, report.FormatTable)
+	if err := w.Flows(e.Flows()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Summary(e.Summary(), nil, report.Run{}); err != nil {
+		t.Fatal(err)
+	}
+	_, summary, _ := strings.Cut(b.String(), "REWRITTEN AT  FLOWS")
+	for _, want := range []string{
+		"tc            2      tcx ingress lb_from_pod (id 80)  (flows 1, 2)\n",
+		"10.78.0.8:5353  1      unsent 1  <- no request reached it: the node dropped them on their way out\n",
+		"10.78.0.8:8080  1      unsent 1  <- no request reached it: the node dropped them on their way out\n",
+	} {
+		if !strings.Contains(summary, want) {
+			t.Errorf("summary lacks %q:\n%s", want, summary)
+		}
+	}
+}
