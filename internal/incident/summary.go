@@ -387,6 +387,11 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 	}
 	b.WriteString(uplinkWords(f, one, podClient(f, pods)))
 	switch {
+	case f.NotSent && f.LostOnNode == 0:
+		// Dropped before the uplink's capture saw any (a tc program's
+		// drop after its rewrite, a filter rule).
+		b.WriteString(pick(one, "; none of its requests left the node: the kernel dropped every one on the node after its rewrite (see the kernel drops), so none reached the backend",
+			"; none of their requests left the node: the kernel dropped every one on the node after its rewrite (see the kernel drops), so none reached the backends (not_sent in report.json)"))
 	case f.NotSent:
 		b.WriteString(pick(one, "; none of its requests left the node: the kernel dropped every one the uplink's capture saw at the uplink device, after the capture (in its transmit: an overlay without a forwarding entry for the remote VTEP, a driver), so none reached the backend",
 			"; none of their requests left the node: the kernel dropped every one the uplink's capture saw at the uplink device, after the capture (in its transmit: an overlay without a forwarding entry for the remote VTEP, a driver), so none reached the backends (not_sent in report.json)"))

@@ -340,6 +340,28 @@ func TestSummaryNamesPacketsLostOnTheNode(t *testing.T) {
 	}
 }
 
+// TestSummaryNamesRequestsDroppedAfterRewrite: a flow whose requests a tc
+// program rewrote and the kernel dropped on the node before the uplink's
+// capture saw any (not_sent, nothing lost after that capture) says the
+// requests never left, not that the uplink's device dropped what its
+// capture saw.
+func TestSummaryNamesRequestsDroppedAfterRewrite(t *testing.T) {
+	dir := t.TempDir()
+	flows := []flow.Flow{{ID: 1, Proto: "tcp", Client: netip.MustParseAddrPort("10.244.8.23:40099"), Service: netip.MustParseAddrPort("10.120.0.80:80"),
+		Backend: netip.MustParseAddrPort("10.244.20.31:3000"), RewrittenAt: flow.PlaceTC, By: "tcx ingress lb (id 7)", NotSent: true,
+		KernelDrops: []flow.KernelDrop{{Direction: "request", Count: 2, Reason: "TC_INGRESS", NetNS: 4026531840, Ifindex: 3}}}}
+	if err := WriteSummary(dir, flows, flow.Summary{Flows: 1}, nil, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if want := "it was never seen on the uplink; none of its requests left the node: the kernel dropped every one on the node after its rewrite"; !strings.Contains(string(got), want) {
+		t.Errorf("summary lacks %q:\n%s", want, got)
+	}
+	if strings.Contains(string(got), "the uplink's capture saw") {
+		t.Errorf("summary says the uplink's capture saw requests it never saw:\n%s", got)
+	}
+}
+
 // TestSummaryNamesRepliesLostOnTheNode: a flow whose backend answered on
 // the uplink while nothing reached the client's Pod says so, rather than
 // "no reply came back" (the backend did answer).
