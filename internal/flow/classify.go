@@ -21,8 +21,12 @@ type Ref struct {
 	// to that backend there (its kernel's reset of such a reply): nothing
 	// translated them (untranslatedReplies).
 	Untranslated bool
-	Verdict      Place // PlaceUnknown while the observations do not tell yet
-	By           string
+	// Direct: the client's own datagram to a backend there, or the
+	// backend's answer to it, where the client also sends to the VIP
+	// from its port (flowState.sendsDirect): not an untranslated packet.
+	Direct  bool
+	Verdict Place // PlaceUnknown while the observations do not tell yet
+	By      string
 }
 
 // Classify finds the flow of a packet observation (Proto, Src, Dst) and its
@@ -37,6 +41,7 @@ func (e *Engine) Classify(o obs.Observation) (Ref, bool) {
 	}
 	r := e.ref(f, reply, translated(f, o, reply))
 	r.Untranslated = untranslatedAt(f, o, reply)
+	r.Untranslated, r.Direct = r.Untranslated && !f.sendsDirect(), r.Untranslated && f.sendsDirect()
 	return r, true
 }
 
@@ -253,6 +258,10 @@ func (r Ref) Comment() string {
 	b.WriteString("flow ")
 	b.Write(strconv.AppendInt(id[:0], int64(r.ID), 10))
 	switch {
+	case r.Direct && r.Reply:
+		b.WriteString(" reply from backend to the client's own request to it, not to the VIP")
+	case r.Direct:
+		b.WriteString(" request to backend from the client itself, not to the VIP")
 	case r.Untranslated && r.Reply:
 		b.WriteString(" reply from backend, not translated back to the VIP (the client does not take it)")
 	case r.Untranslated:

@@ -349,6 +349,44 @@ func TestUntranslatedComments(t *testing.T) {
 	}
 }
 
+// TestDirectComments: in the capture file, the datagrams a resolver's
+// unconnected socket sent to the backend itself, besides its queries to the
+// VIP, and the backend's answers to them, say so at the client's Pod and
+// host veth, not that they answer, or are, replies that came untranslated.
+func TestDirectComments(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "udp-unconnected-vip-and-backend-netfilter.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := flow.NewEngine(s.Config)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	c := netip.MustParseAddrPort("10.244.8.23:57451")
+	b := netip.MustParseAddrPort("10.244.20.31:5353")
+	vip := netip.MustParseAddrPort("10.120.0.10:53")
+	for _, tc := range []struct {
+		p        obs.Point
+		dir      obs.Dir
+		src, dst netip.AddrPort
+		want     string
+	}{
+		{obs.PointPod, obs.DirOut, c, b, "flow 1 request to backend from the client itself, not to the VIP; rewritten_at=netfilter"},
+		{obs.PointPod, obs.DirIn, b, c, "flow 1 reply from backend to the client's own request to it, not to the VIP; rewritten_at=netfilter"},
+		{obs.PointHost, obs.DirIn, c, b, "flow 1 request to backend from the client itself, not to the VIP; rewritten_at=netfilter"},
+		{obs.PointHost, obs.DirOut, b, c, "flow 1 reply from backend to the client's own request to it, not to the VIP; rewritten_at=netfilter"},
+		// The queries to the VIP: as usual.
+		{obs.PointPod, obs.DirOut, c, vip, "flow 1 request to VIP (before translation); rewritten_at=netfilter"},
+		{obs.PointPod, obs.DirIn, vip, c, "flow 1 reply from VIP (after reverse translation); rewritten_at=netfilter"},
+	} {
+		o := obs.Observation{Time: flowtest.At(0.6), Point: tc.p, Dir: tc.dir, Proto: obs.UDP, Src: tc.src, Dst: tc.dst}
+		r, ok := e.Classify(o)
+		if !ok || !strings.HasPrefix(r.Comment(), tc.want) {
+			t.Errorf("%s %s %s -> %s: comment %q (%v), want it to begin %q", tc.p, tc.dir, tc.src, tc.dst, r.Comment(), ok, tc.want)
+		}
+	}
+}
+
 // TestSharedCommentsAreEqual: two packets whose handles SharesComment says
 // share a comment (the capture file's writer then makes it once for a run
 // of them) have the same comment, over every scenario's packets: a reply

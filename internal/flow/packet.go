@@ -136,7 +136,7 @@ func (e *Engine) CommentOf(h *Handle) (string, bool) {
 	}
 	if f.comments[i] == "" {
 		r := e.ref(f, h.reply, h.translated)
-		r.Untranslated = untranslated
+		r.Untranslated, r.Direct = untranslated && !f.sendsDirect(), untranslated && f.sendsDirect()
 		f.comments[i] = r.Comment()
 		if !f.commented {
 			e.keepComments(f)

@@ -30,7 +30,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		RewrittenAt:    v.place,
 		By:             v.by,
 		Reason:         v.reason,
-		Reply:          f.reply,
+		Reply:          f.answered(),
 		Refused:        f.reply && f.tcp.refused(),
 		ICMPError:      f.icmp,
 		StrayReplies:   f.stray,
@@ -73,7 +73,11 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	if f.proto != 0 {
 		out.Proto = f.proto.String()
 	}
-	if bs := f.sortedBackends(); len(bs) > 0 {
+	if f.sendsDirect() {
+		out.Reason += fmt.Sprintf("; the client also sent to backend %s itself from this port, not to the VIP: those datagrams, counted with the flow, are not taken for its rewrite, nor the answers they got from the backend's address for its replies", f.directBackend())
+	}
+	// A backend the client sent to itself alone is not where the VIP went.
+	if bs := f.sortedBackends(); len(bs) > 0 && (!f.sendsDirect() || f.rewriteSeen()) {
 		out.Backend = bs[0]
 		if len(bs) > 1 {
 			out.Backends = bs
@@ -103,7 +107,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	}
 	way := e.lostOnTheWay(f)
 	out.LostOnNode = way.lost
-	out.NotSent = way.afterTap > 0 && way.sent == 0 && !f.reply || e.droppedOnNode(f)
+	out.NotSent = way.afterTap > 0 && way.sent == 0 && !f.answered() || e.droppedOnNode(f)
 	if n, from := e.repliesLostOnNode(f); n > 0 {
 		out.RepliesLostOnNode = n
 		out.Reply, out.Refused = false, false

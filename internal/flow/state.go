@@ -596,10 +596,72 @@ func (l *labels) name(i uint16) string { return l.names[i] }
 // a reset the client sent to a backend where its requests went to the VIP
 // is its kernel refusing a reply that came back untranslated (a SYN-ACK
 // from the backend's address, to which no socket of the client is
-// connected), not a request it addressed to the backend.
+// connected), not a request it addressed to the backend. Nor is, where the
+// VIP's requests are seen too, a datagram the client sent to the backend
+// itself (sendsDirect).
 func (f *flowState) sawBackend(cp checkpoint) bool {
 	s := f.cps[cp]
-	return s.backend && !(f.resetOnly&(1<<cp) != 0 && s.vip)
+	return s.backend && !(s.vip && (f.resetOnly&(1<<cp) != 0 || f.sendsDirect()))
+}
+
+// sendsDirect tells whether the client sent UDP datagrams from its port to
+// a backend itself besides those to the VIP: a resolver's unconnected
+// socket that asks the Service and then a server behind it. A point on the
+// client's side of every rewrite of the node (its socket's packets, its
+// Pod's eth0, its host veth's tap) saw both. Every later point that sees
+// the VIP's requests sees those datagrams too, with the backend: they tell
+// nothing of where the VIP was rewritten (sawBackend), and the backend's
+// answers to them, which the socket takes, are neither untranslated
+// replies nor the Service's (answered).
+func (f *flowState) sendsDirect() bool {
+	if f.proto != obs.UDP {
+		return false
+	}
+	for _, cp := range [...]checkpoint{cpSockEgress, cpPod, cpHost} {
+		if s := f.cps[cp]; s.vip && s.backend {
+			return true
+		}
+	}
+	return false
+}
+
+// directBackend is the backend a client that sendsDirect sent to itself.
+func (f *flowState) directBackend() netip.AddrPort {
+	for _, cp := range [...]checkpoint{cpSockEgress, cpPod, cpHost} {
+		if s := f.cps[cp]; s.vip && s.backend {
+			return s.backendAddr.addrPort()
+		}
+	}
+	return netip.AddrPort{}
+}
+
+// answered tells whether a reply to the client's requests to the VIP came
+// back (f.reply): of a client that sendsDirect, only one from the VIP at
+// its Pod counts, as the backend's to its own datagrams come from the
+// backend there (a socket LB's or a tc program's reverse NAT, which gives
+// those the VIP too, cannot be told apart: counted).
+func (f *flowState) answered() bool {
+	if !f.reply || !f.sendsDirect() {
+		return f.reply
+	}
+	for _, p := range f.points {
+		if p.reply && f.end(p.src).addrPort() == f.service &&
+			(p.point == obs.PointPod && p.dir == obs.DirIn || p.point == obs.PointHost && p.dir == obs.DirOut) {
+			return true
+		}
+	}
+	return false
+}
+
+// rewriteSeen tells whether a checkpoint saw a request of f go to a
+// backend (sawBackend).
+func (f *flowState) rewriteSeen() bool {
+	for cp := range f.cps {
+		if f.sawBackend(checkpoint(cp)) {
+			return true
+		}
+	}
+	return false
 }
 
 // untranslatedReplies reports the replies that entered the client's Pod from
@@ -610,9 +672,10 @@ func (f *flowState) sawBackend(cp checkpoint) bool {
 // rewrote the request). Packets counts them at the Pod's eth0; translated
 // says whether a reply from the Service entered it too. Nil when there were
 // none, or when the Pod's eth0 did not see the requests go to the VIP (a
-// socket LB's client talks to the backend itself).
+// socket LB's client talks to the backend itself), or when the client sent
+// to a backend itself (sendsDirect): those are its answers.
 func (f *flowState) untranslatedReplies() (u *StrayReplies, translated bool) {
-	if f.untranslated == nil || !f.cps[cpPod].vip {
+	if f.untranslated == nil || !f.cps[cpPod].vip || f.sendsDirect() {
 		return nil, false
 	}
 	out := *f.untranslated
