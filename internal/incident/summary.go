@@ -147,7 +147,7 @@ type verdictGroup struct {
 func groupKey(f flow.Flow) string {
 	vlan := "none"
 	if f.VLAN != nil {
-		vlan = fmt.Sprint(*f.VLAN)
+		vlan = fmt.Sprintf("%d %s", *f.VLAN, f.VLANProto)
 	}
 	reason := ""
 	if f.RewrittenAt == flow.PlaceUnknown {
@@ -483,6 +483,9 @@ func uplinkWords(f flow.Flow, one, pod bool) string {
 		s = "; on the uplink the frames were untagged"
 	} else {
 		s = fmt.Sprintf("; on the uplink the frames carried VLAN %d", *f.VLAN)
+		if f.VLANProto != "" { // a service tag's VLAN is not the 802.1Q one of that number
+			s += " (" + f.VLANProto + ")"
+		}
 	}
 	switch {
 	case f.UplinkDstMAC == "":

@@ -650,3 +650,28 @@ func TestSummaryRefusedWithoutBackend(t *testing.T) {
 		t.Fatal("no flow of the scenario was refused without a backend")
 	}
 }
+
+// TestSummarySays8021adTags: an uplink that carries a Pod's frames with an
+// 802.1ad service tag (TPID 0x88a8, alone or as QinQ's outer tag) is not on
+// the 802.1Q VLAN of that number: SUMMARY.md says which, as the table does
+// ("300 (802.1ad)"), and does not put such flows with 802.1Q ones.
+func TestSummarySays8021adTags(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	vid := uint16(300)
+	f := flow.Flow{ID: 1, Proto: "udp", Client: ap("10.77.1.11:40000"), Service: ap("10.177.0.10:53"), Backend: ap("10.77.2.31:5353"),
+		RewrittenAt: flow.PlaceNetfilter, By: "nftables ip kube-proxy nat-prerouting -> dnat to 10.77.2.31:5353",
+		VLAN: &vid, VLANProto: "802.1ad", UplinkDstMAC: "02:00:0a:4d:01:01", UplinkDstIsGateway: true, Reply: true}
+	g := f
+	g.ID, g.Client, g.VLANProto = 2, ap("10.77.1.11:40001"), ""
+	dir := t.TempDir()
+	if err := WriteSummary(dir, []flow.Flow{f, g}, flow.Summary{Flows: 2}, nil, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	for _, want := range []string{"(flow 1) was rewritten", "on the uplink the frames carried VLAN 300 (802.1ad) and went",
+		"(flow 2) was rewritten", "on the uplink the frames carried VLAN 300 and went"} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+}
