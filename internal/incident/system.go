@@ -86,6 +86,9 @@ func sysctlNames(node bool, ifaces []string) []string {
 		names = append(names,
 			"net.bridge.bridge-nf-call-iptables",
 			"net.bridge.bridge-nf-call-ip6tables",
+			// With 0, frames a bridge carries VLAN-tagged (a tag pushed
+			// on a Pod's port) pass by netfilter, whatever the above.
+			"net.bridge.bridge-nf-filter-vlan-tagged",
 			"net.ipv4.ip_forward",
 			"net.ipv6.conf.all.forwarding",
 			"net.netfilter.nf_conntrack_count",

@@ -122,7 +122,7 @@ func TestSysctlPath(t *testing.T) {
 
 func TestSysctlNames(t *testing.T) {
 	node := sysctlNames(true, []string{"veth-a", "bond0", "veth-a"})
-	for _, want := range []string{"net.bridge.bridge-nf-call-iptables", "net.ipv4.ip_forward",
+	for _, want := range []string{"net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-filter-vlan-tagged", "net.ipv4.ip_forward",
 		"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.veth-a.rp_filter", "net.ipv4.conf.bond0.rp_filter"} {
 		if !containsString(node, want) {
 			t.Errorf("node sysctls lack %s: %v", want, node)
