@@ -27,6 +27,7 @@ const (
 	legacyTablesFile = "/proc/thread-self/net/ip_tables_names"
 	ipvsFile         = "/proc/thread-self/net/ip_vs"
 	bridgeNFSysctl   = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+	bridgeNFVLAN     = "/proc/sys/net/bridge/bridge-nf-filter-vlan-tagged"
 	ipForwardSysctl  = "/proc/sys/net/ipv4/ip_forward"
 )
 
@@ -39,6 +40,7 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 	if nf.BridgeNFCallIPTables == nil {
 		info.notef("net.bridge.bridge-nf-call-iptables absent in the node netns (br_netfilter not loaded): bridged traffic skips iptables/nftables IP hooks")
 	}
+	nf.BridgeNFFilterVLANTagged = readBoolSysctl(hostPath, bridgeNFVLAN)
 	nf.IPForward = readBoolSysctl(hostPath, ipForwardSysctl)
 
 	var graphs []*natGraph

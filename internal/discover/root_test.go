@@ -348,7 +348,8 @@ func TestNodeNetfilter(t *testing.T) {
 	// Per-netns sysctls: set in the node netns to the opposite of the defaults.
 	node := filepath.Base(tb.node)
 	if out, err := exec.Command("ip", "netns", "exec", node, "sh", "-c",
-		"echo 1 > /proc/sys/net/ipv4/ip_forward; [ ! -e "+bridgeNFSysctl+" ] || echo 0 > "+bridgeNFSysctl).CombinedOutput(); err != nil {
+		"echo 1 > /proc/sys/net/ipv4/ip_forward; [ ! -e "+bridgeNFSysctl+" ] || echo 0 > "+bridgeNFSysctl+
+			"; [ ! -e "+bridgeNFVLAN+" ] || echo 1 > "+bridgeNFVLAN).CombinedOutput(); err != nil {
 		t.Fatalf("set sysctls: %v %s", err, out)
 	}
 
@@ -397,6 +398,9 @@ func TestNodeNetfilter(t *testing.T) {
 	}
 	if _, err := os.Stat(bridgeNFSysctl); err == nil && (nf.BridgeNFCallIPTables == nil || *nf.BridgeNFCallIPTables) {
 		t.Errorf("bridge-nf-call-iptables of the node netns: got %v, want 0", nf.BridgeNFCallIPTables)
+	}
+	if _, err := os.Stat(bridgeNFVLAN); err == nil && (nf.BridgeNFFilterVLANTagged == nil || !*nf.BridgeNFFilterVLANTagged) {
+		t.Errorf("bridge-nf-filter-vlan-tagged of the node netns: got %v, want 1", nf.BridgeNFFilterVLANTagged)
 	}
 	if info.IPVS.Present != fileExistsIn(t, tb.node, ipvsFile) {
 		t.Errorf("ipvs: got %+v", info.IPVS)

@@ -144,7 +144,8 @@ func (n *NodeInfo) Table(w io.Writer) error {
 	nf := n.Netfilter
 	p("netfilter\tnftables: %s\n", nf.NFTables)
 	p("netfilter\tiptables-legacy: %s\n", nf.IPTablesLegacy)
-	p("netfilter\tbridge-nf-call-iptables %s, ip_forward %s\n", boolWord(nf.BridgeNFCallIPTables), boolWord(nf.IPForward))
+	p("netfilter\tbridge-nf-call-iptables %s, bridge-nf-filter-vlan-tagged %s, ip_forward %s\n", boolWord(nf.BridgeNFCallIPTables),
+		boolWord(nf.BridgeNFFilterVLANTagged), boolWord(nf.IPForward))
 	// A Service of none while others have some: kube-proxy never
 	// programmed it (the whole list when none has a rule is the line above).
 	without := strings.Join(n.ServicesWithoutNAT, ", ")

@@ -296,9 +296,12 @@ type Netfilter struct {
 	NFTables       string `json:"nftables"`        // what was read, or why not
 	IPTablesLegacy string `json:"iptables_legacy"` // what was read, or why not
 	// Per-netns sysctls of the node netns; nil when absent.
-	BridgeNFCallIPTables *bool     `json:"bridge_nf_call_iptables"`
-	IPForward            *bool     `json:"ip_forward"`
-	Rules                []NATRule `json:"rules"`
+	BridgeNFCallIPTables *bool `json:"bridge_nf_call_iptables"`
+	// BridgeNFFilterVLANTagged: whether the frames a bridge carries
+	// VLAN-tagged meet netfilter too.
+	BridgeNFFilterVLANTagged *bool     `json:"bridge_nf_filter_vlan_tagged"`
+	IPForward                *bool     `json:"ip_forward"`
+	Rules                    []NATRule `json:"rules"`
 	// Rejects are the rules that reject or drop packets to a VIP (in a
 	// filter chain, a NAT one's for a DROP): kube-proxy's for a Service
 	// without endpoints, or to a port a ClusterIP does not serve.

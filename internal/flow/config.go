@@ -108,6 +108,10 @@ type Attribution struct {
 	// BridgeNFCallIPTables is the node's net.bridge.bridge-nf-call-iptables (nil
 	// when unknown); it explains why NAT rules never saw a bridged flow.
 	BridgeNFCallIPTables *bool
+	// BridgeNFFilterVLANTagged is net.bridge.bridge-nf-filter-vlan-tagged
+	// (nil when unknown): with 0, netfilter never sees the frames a bridge
+	// carries VLAN-tagged (a tag pushed on a Pod's host veth).
+	BridgeNFFilterVLANTagged *bool
 	// PodOtherIfaces names, by address, the Pods' interfaces other than
 	// the one captured (Multus's net1, a macvlan): a flow with one of
 	// those addresses as source left its Pod through it, uncaptured.

@@ -799,9 +799,24 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 		if len(redirs) > 0 {
 			note += " (a tc filter at its host veth's ingress sends packets to another interface, past the bridge and netfilter: " + strings.Join(redirs, "; ") + ")"
 		}
+		note += e.vlanTaggedBypass(f)
 		notes = append(notes, note)
 	}
 	return strings.Join(notes, "; ")
+}
+
+// vlanTaggedBypass says, for a Pod's request that netfilter never saw and
+// that left the uplink tagged, that bridge-nf-filter-vlan-tagged 0 keeps
+// netfilter from the frames a bridge carries tagged (a tag pushed on the
+// Pod's host veth, as OVS ports and Contiv do); "" otherwise. Whether the
+// bridge carried this one tagged or the uplink tagged it, no point tells.
+func (e *Engine) vlanTaggedBypass(f *flowState) string {
+	a := e.cfg.Attribution
+	call, vlanTagged := a.BridgeNFCallIPTables, a.BridgeNFFilterVLANTagged
+	if f.fromNode || call == nil || !*call || vlanTagged == nil || *vlanTagged || !f.uplink.seen || f.uplink.vlan == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (bridge-nf-filter-vlan-tagged=0: netfilter does not see the frames a bridge carries VLAN-tagged, and it left the uplink on VLAN %d)", f.uplink.vlan)
 }
 
 // fromWire decides a request that came in on the uplink with the VIP (an

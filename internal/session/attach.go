@@ -458,6 +458,7 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	}
 	a.IPVS = ipvsOf(node.IPVS.Services)
 	a.BridgeNFCallIPTables = node.Netfilter.BridgeNFCallIPTables
+	a.BridgeNFFilterVLANTagged = node.Netfilter.BridgeNFFilterVLANTagged
 	a.PodHostSides = podHostSides(node.Pods)
 	for _, p := range node.Pods {
 		if on := p.StackedOn(); on != "" {

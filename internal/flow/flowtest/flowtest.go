@@ -384,7 +384,8 @@ type attribution struct {
 		Scheduler string           `json:"scheduler"`
 		Backends  []netip.AddrPort `json:"backends"`
 	} `json:"ipvs"`
-	BridgeNFCallIPTables *bool `json:"bridge_nf_call_iptables"`
+	BridgeNFCallIPTables     *bool `json:"bridge_nf_call_iptables"`
+	BridgeNFFilterVLANTagged *bool `json:"bridge_nf_filter_vlan_tagged"`
 	// PodOtherIfaces: the Pods' other interfaces by address.
 	PodOtherIfaces map[netip.Addr]string `json:"pod_other_ifaces"`
 	// RoutedHostVeths: the ifindexes of host veths without a master.
@@ -495,7 +496,8 @@ func (f file) scenario() (Scenario, error) {
 }
 
 func (a attribution) convert() (flow.Attribution, error) {
-	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables, PodOtherIfaces: a.PodOtherIfaces, NodeAddrs: a.NodeAddrs}
+	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables, BridgeNFFilterVLANTagged: a.BridgeNFFilterVLANTagged,
+		PodOtherIfaces: a.PodOtherIfaces, NodeAddrs: a.NodeAddrs}
 	for _, i := range a.RoutedHostVeths {
 		if out.RoutedHostVeths == nil {
 			out.RoutedHostVeths = map[int]bool{}
