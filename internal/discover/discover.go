@@ -154,6 +154,7 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	cache := newProgCache(own)
 	info.TCPrograms = tcPrograms(host, info.CapturePoints, cache, info)
 	info.TCPrograms = append(info.TCPrograms, podTCPrograms(info.Pods, cache, info)...)
+	info.XDPPrograms = xdpPrograms(host, info.CapturePoints, cache)
 	info.emptyNotNull()
 	return info, ctx.Err()
 }

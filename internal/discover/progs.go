@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -578,4 +579,48 @@ func (w *TCWatch) Look() ([]TCProgram, error) {
 		return progs, errors.New(scratch.Notes[0])
 	}
 	return progs, nil
+}
+
+// xdpPrograms lists the XDP programs of the host and uplink capture points
+// (their links as discovery read them), leaving out pathtrace's own.
+func xdpPrograms(host *hostNS, cps []CapturePoint, progs *progCache) []XDPProgram {
+	var out []XDPProgram
+	for _, cp := range cps {
+		if cp.Role == RolePod {
+			continue
+		}
+		l, err := host.link(cp.Ifindex)
+		if err != nil {
+			continue // gone: its Pod deleted since
+		}
+		x := l.Attrs().Xdp
+		if x == nil || !x.Attached {
+			continue
+		}
+		p := XDPProgram{Ifname: cp.Ifname, Ifindex: cp.Ifindex, Role: cp.Role, Mode: xdpMode(x.AttachMode), ID: ebpf.ProgramID(x.ProgId)}
+		if p.ID != 0 {
+			facts := progs.facts(p.ID)
+			if facts.own {
+				continue
+			}
+			p.Name = facts.name
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// xdpMode names an XDP attach mode (IFLA_XDP_ATTACHED) by ip-link(8)'s keyword.
+func xdpMode(m uint32) string {
+	switch m {
+	case nl.XDP_ATTACHED_DRV:
+		return "xdpdrv"
+	case nl.XDP_ATTACHED_SKB:
+		return "xdpgeneric"
+	case nl.XDP_ATTACHED_HW:
+		return "xdpoffload"
+	case nl.XDP_ATTACHED_HW + 1: // XDP_ATTACHED_MULTI, which nl lacks
+		return "xdpmulti"
+	}
+	return fmt.Sprintf("xdp mode %d", m)
 }

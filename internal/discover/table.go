@@ -124,6 +124,9 @@ func (n *NodeInfo) Table(w io.Writer) error {
 			p("tc\t%s %s %s\t%s%s (id %d)\t%s\n", t.Ifname, t.Dir, t.Via, orDash(t.Name), da, t.ID, t.Role)
 		}
 	}
+	for _, x := range n.XDPPrograms {
+		p("xdp\t%s %s\t%s (id %d)\t%s\n", x.Ifname, x.Mode, orDash(x.Name), x.ID, x.Role)
+	}
 	// One per Pod (a CNI that redirects every veth): one row per kind.
 	type redirKind struct{ role, dir, action string }
 	redirs := map[redirKind][]string{}

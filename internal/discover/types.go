@@ -39,6 +39,8 @@ type NodeInfo struct {
 	// TCRedirects: the tc filters of the host veths and uplinks whose mirred
 	// action sends packets to another interface (no BPF).
 	TCRedirects []TCRedirect `json:"tc_redirects,omitempty"`
+	// XDPPrograms: the XDP programs of the host veths and uplinks.
+	XDPPrograms []XDPProgram `json:"xdp_programs,omitempty"`
 	Netfilter   Netfilter    `json:"netfilter"`
 	IPVS        IPVS         `json:"ipvs"`
 
@@ -271,6 +273,18 @@ type TCProgram struct {
 	Name         string         `json:"name"`
 	ID           ebpf.ProgramID `json:"id"`
 	DirectAction bool           `json:"direct_action,omitempty"` // cls_bpf only
+}
+
+// XDPProgram is an XDP program on a host veth or an uplink. It runs before
+// the device's RX tap and tc ingress: what it rewrites every point sees
+// rewritten already, and what it redirects no point of the device sees.
+type XDPProgram struct {
+	Ifname  string         `json:"ifname"`
+	Ifindex int            `json:"ifindex"`
+	Role    string         `json:"role"` // host or uplink
+	Mode    string         `json:"mode"` // ip-link(8)'s keyword: xdpdrv, xdpgeneric, xdpoffload; xdpmulti for several
+	Name    string         `json:"name"`
+	ID      ebpf.ProgramID `json:"id"` // 0 for xdpmulti: netlink names none
 }
 
 // TCRedirect is a tc filter whose mirred action redirects (or mirrors)
