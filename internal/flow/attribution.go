@@ -199,6 +199,29 @@ func (e *Engine) uplinkTCCands(f *flowState, dir string) []string {
 	return cands
 }
 
+// uplinkXDPCands are the uplinks' XDP programs of time t.
+func (e *Engine) uplinkXDPCands(t time.Time) []string {
+	var cands []string
+	for _, p := range e.cfg.Attribution.UplinkXDPPrograms {
+		if presentAt(p, t) {
+			cands = append(cands, fmt.Sprintf("%s %s (id %d) on the uplink", p.Kind, p.Name, p.ID))
+		}
+	}
+	return cands
+}
+
+// hostXDPCands are the XDP programs of the flow's host veth (all host
+// veths' when it is not known).
+func (e *Engine) hostXDPCands(f *flowState) []string {
+	var cands []string
+	for _, p := range e.cfg.Attribution.HostXDPPrograms {
+		if (p.Ifindex == 0 || f.hostIfindex == 0 || p.Ifindex == f.hostIfindex) && presentAt(p, f.first) {
+			cands = append(cands, fmt.Sprintf("%s %s (id %d) on the host veth", p.Kind, p.Name, p.ID))
+		}
+	}
+	return cands
+}
+
 // podTCCands are the egress programs on the eth0 of the flow's Pod (all
 // Pods' when its host veth is not known).
 func (e *Engine) podTCCands(f *flowState) []string {

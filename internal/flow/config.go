@@ -73,6 +73,15 @@ type Attribution struct {
 	// uplink's TX tap, after every other place that rewrites: a DNAT there
 	// (Cilium's bpf_host) is where nothing else can have rewritten.
 	UplinkTCPrograms []TCProgram
+	// UplinkXDPPrograms: the uplinks' XDP programs (Kind their mode, as
+	// ip-link(8)'s keyword: xdpdrv, xdpgeneric, ...; no Direction). They run
+	// before the uplink's RX tap: an outside client's request one rewrote
+	// (Cilium's bpf_xdp, a Katran-like LB) every point sees to its backend
+	// already, and one it redirected no point of the uplink sees at all.
+	UplinkXDPPrograms []TCProgram
+	// HostXDPPrograms: the host veths' XDP programs (Ifindex the veth),
+	// which run on what the Pod sends before the veth's RX tap.
+	HostXDPPrograms []TCProgram
 	// PodTCPrograms: those on the Pods' eth0, in the Pods' netns, each with
 	// Ifindex its Pod's host veth (in the node netns, as a flow's). An
 	// egress one runs after the socket's egress hook and before the Pod's

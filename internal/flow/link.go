@@ -180,8 +180,11 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 		// A request to a backend's address from a client endpoint seen
 		// by its replies alone makes its flow (its copy to the VIP, if a
 		// point saw one, may come later); a reply from one is counted with
-		// them (before the node translated it back).
-		if c := e.replyOnly.get(clientKey{proto, src}); c != nil && e.watchedAddr(dst.Addr()) {
+		// them (before the node translated it back). With an XDP program
+		// on an uplink, so does a connection's opening request to any
+		// address just before its first reply: XDP rewrites an outside
+		// client's request before every point, to a backend no rule names.
+		if c := e.replyOnly.get(clientKey{proto, src}); c != nil && (e.watchedAddr(dst.Addr()) || e.openedBeforeXDP(proto, c, req)) {
 			f, r := e.flowFor(proto, src, c.service, cookie, req, last)
 			if r == linked {
 				e.learnBackend(f, dst, time.Unix(0, m.at))
@@ -623,8 +626,9 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 	if o.Point == obs.PointUplink && o.Dir != obs.DirIn {
 		f.uplink.note(o)
 	}
-	if o.Point == obs.PointUplink && o.Dir == obs.DirIn {
+	if o.Point == obs.PointUplink && o.Dir == obs.DirIn && !f.uplinkIn.seen {
 		f.uplinkIn.note(o)
+		f.evidenceChanged() // uplinkXDPNote
 	}
 	if o.Point == obs.PointUplink && o.Dir == obs.DirIn && o.Dst == f.service && !f.wireVIP {
 		f.wireVIP = true

@@ -2,6 +2,7 @@ package flow
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -174,6 +175,18 @@ func (e *Engine) replyWithoutRequest(proto obs.Proto, client, service netip.Addr
 func (e *Engine) replyToReplyOnly(proto obs.Proto, src, dst netip.AddrPort, at int64) bool {
 	c := e.replyOnly.get(clientKey{proto, dst})
 	return c != nil && (c.counts(at, false) || c.waited >= replyWaitCap) && e.watchedAddr(src.Addr())
+}
+
+// openedBeforeXDP tells whether a request at m of c's client endpoint to
+// an address not watched can be c's own, rewritten by an uplink's XDP
+// program (Attribution.UplinkXDPPrograms): it opens a connection (a TCP
+// SYN; any UDP datagram) within the reordering window before c's first
+// reply, and an uplink had an XDP program then.
+func (e *Engine) openedBeforeXDP(proto obs.Proto, c *replyConn, m moment) bool {
+	if proto == obs.TCP && !m.opens() || m.at > c.first || c.first-m.at > int64(reorderWindow) {
+		return false
+	}
+	return len(e.uplinkXDPCands(time.Unix(0, m.at))) > 0
 }
 
 // ReplyWithoutRequest tells whether o, a packet no flow claims (Classify

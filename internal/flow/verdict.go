@@ -297,14 +297,36 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 			return unknown("VIP %s on the uplink's wire (uplink RX, before its tc ingress), backend %s at %s, and nothing read at the uplink's ingress (a tc program, an nftables chain) or after it is the one place that can have rewritten it",
 				f.service, f.cps[iB].backendAddr.addrPort(), checkpoint(iB).describe(f.cps[iB].backendFrom))
 		case iV < 0:
-			return unknown("backend %s seen at %s, but no active observation point saw the VIP before it",
-				f.cps[iB].backendAddr.addrPort(), checkpoint(iB).describe(f.cps[iB].backendFrom))
+			return unknown("backend %s seen at %s, but no active observation point saw the VIP before it%s",
+				f.cps[iB].backendAddr.addrPort(), checkpoint(iB).describe(f.cps[iB].backendFrom), e.uplinkXDPNote(f))
 		}
 		return unknown("inconsistent: the VIP was seen at %s after backend %s at %s",
 			checkpoint(iV).describe(f.cps[iV].vipFrom), f.cps[iB].backendAddr.addrPort(),
 			checkpoint(iB).describe(f.cps[iB].backendFrom))
 	}
 	return e.bracket(f, checkpoint(iV), checkpoint(iB), why)
+}
+
+// uplinkXDPNote says, of a flow no point saw with its VIP, that an XDP
+// program of the uplink can have rewritten it: XDP runs before the uplink's
+// RX tap, so what it rewrote came in with the backend already, and what it
+// redirected (into a Pod's veth) the uplink's taps never saw. Only for an
+// outside client's request ("" otherwise): the uplink saw it come in, or no
+// point of a client on the node (its socket, Pod, host veth) saw it.
+func (e *Engine) uplinkXDPNote(f *flowState) string {
+	cands := e.uplinkXDPCands(f.first)
+	if len(cands) == 0 || f.fromNode {
+		return ""
+	}
+	if f.uplinkIn.seen {
+		return fmt.Sprintf(": it came in on the uplink already to the backend (its RX tap runs after XDP): rewritten by %s or before the node", oneOf(cands))
+	}
+	for cp := cpApp; cp <= cpTCTail; cp++ {
+		if f.cps[cp].any() {
+			return ""
+		}
+	}
+	return fmt.Sprintf(", nor did the uplink's RX tap see it come in: %s can have rewritten it and redirected it past the uplink's taps (XDP_REDIRECT), or it came in elsewhere", oneOf(cands))
 }
 
 // cameBack decides a flow whose last checkpoint that saw the VIP saw the
@@ -983,6 +1005,10 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		}
 		base := bracketBase(f, iV, iB)
 		switch {
+		case len(cands) == 0 && iB == cpHost && len(e.hostXDPCands(f)) > 0:
+			// XDP runs before the veth's RX tap: pathtrace has no place
+			// for it, nor an observer to tell what it did.
+			return unknown("%s: only the host veth's XDP program runs in between, before its RX tap: %s", base, oneOf(e.hostXDPCands(f)))
 		case len(cands) == 0:
 			return unknown("%s: nothing between these points rewrites destinations (inconsistent observations)", base)
 		case len(cands) > 1:

@@ -445,6 +445,15 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 	a.TCPrograms = hostTCPrograms(node.TCPrograms)
 	a.UplinkTCPrograms = uplinkTCPrograms(node.TCPrograms)
 	a.PodTCPrograms = podTCPrograms(node.TCPrograms)
+	for _, x := range node.XDPPrograms {
+		p := flow.TCProgram{Kind: x.Mode, Name: x.Name, ID: uint32(x.ID), Ifindex: x.Ifindex}
+		switch x.Role {
+		case discover.RoleUplink:
+			a.UplinkXDPPrograms = append(a.UplinkXDPPrograms, p)
+		case discover.RoleHost:
+			a.HostXDPPrograms = append(a.HostXDPPrograms, p)
+		}
+	}
 	a.HostRedirects = hostRedirects(node.TCRedirects)
 	a.NATRules = natRulesOf(node.Netfilter.Rules)
 	a.Rejects = natRulesOf(node.Netfilter.Rejects)

@@ -39,3 +39,18 @@ func TestAttributionNetfilterPrograms(t *testing.T) {
 		t.Errorf("netfilter programs %+v, want %+v", got, want)
 	}
 }
+
+// TestAttributionXDPPrograms: the engine gets the uplinks' XDP programs and
+// the host veths' (by veth), each with its mode as its kind.
+func TestAttributionXDPPrograms(t *testing.T) {
+	node := &discover.NodeInfo{XDPPrograms: []discover.XDPProgram{
+		{Ifname: "eth0", Ifindex: 2, Role: discover.RoleUplink, Mode: "xdpdrv", Name: "cil_xdp_entry", ID: 7},
+		{Ifname: "lxc1", Ifindex: 9, Role: discover.RoleHost, Mode: "xdpgeneric", Name: "veth_lb", ID: 8},
+	}}
+	a := attribution(node)
+	up := []flow.TCProgram{{Kind: "xdpdrv", Name: "cil_xdp_entry", ID: 7, Ifindex: 2}}
+	host := []flow.TCProgram{{Kind: "xdpgeneric", Name: "veth_lb", ID: 8, Ifindex: 9}}
+	if !slices.Equal(a.UplinkXDPPrograms, up) || !slices.Equal(a.HostXDPPrograms, host) {
+		t.Errorf("uplink XDP %+v, host XDP %+v, want %+v and %+v", a.UplinkXDPPrograms, a.HostXDPPrograms, up, host)
+	}
+}

@@ -351,6 +351,15 @@ type attribution struct {
 		Uplink    bool   `json:"uplink"` // on the uplink, not a host veth
 		Pod       bool   `json:"pod"`    // on a Pod's eth0 (ifindex: its host veth)
 	} `json:"tc_programs"`
+	// XDPPrograms: the uplinks' XDP programs, and with host those of the
+	// host veth ifindex (flow.Attribution.UplinkXDPPrograms, HostXDPPrograms).
+	XDPPrograms []struct {
+		Mode    string `json:"mode"`
+		Name    string `json:"name"`
+		ID      uint32 `json:"id"`
+		Host    bool   `json:"host"`
+		Ifindex int    `json:"ifindex"`
+	} `json:"xdp_programs"`
 	NATRules []natRule `json:"nat_rules"`
 	// DeviceRules: rules of nftables chains on device hooks that set a
 	// VIP's destination (flow.DeviceRule).
@@ -516,6 +525,14 @@ func (a attribution) convert() (flow.Attribution, error) {
 			out.PodTCPrograms = append(out.PodTCPrograms, tp)
 		default:
 			out.TCPrograms = append(out.TCPrograms, tp)
+		}
+	}
+	for _, p := range a.XDPPrograms {
+		xp := flow.TCProgram{Kind: p.Mode, Name: p.Name, ID: p.ID, Ifindex: p.Ifindex}
+		if p.Host {
+			out.HostXDPPrograms = append(out.HostXDPPrograms, xp)
+		} else {
+			out.UplinkXDPPrograms = append(out.UplinkXDPPrograms, xp)
 		}
 	}
 	for _, r := range a.NATRules {
