@@ -597,7 +597,7 @@ func xdpPrograms(host *hostNS, cps []CapturePoint, progs *progCache) []XDPProgra
 		if x == nil || !x.Attached {
 			continue
 		}
-		p := XDPProgram{Ifname: cp.Ifname, Ifindex: cp.Ifindex, Role: cp.Role, Mode: xdpMode(x.AttachMode), ID: ebpf.ProgramID(x.ProgId)}
+		p := XDPProgram{Ifname: cp.Ifname, Ifindex: cp.Ifindex, Role: cp.Role, Mode: XDPMode(x.AttachMode), ID: ebpf.ProgramID(x.ProgId)}
 		if p.ID != 0 {
 			facts := progs.facts(p.ID)
 			if facts.own {
@@ -610,8 +610,8 @@ func xdpPrograms(host *hostNS, cps []CapturePoint, progs *progCache) []XDPProgra
 	return out
 }
 
-// xdpMode names an XDP attach mode (IFLA_XDP_ATTACHED) by ip-link(8)'s keyword.
-func xdpMode(m uint32) string {
+// XDPMode names an XDP attach mode (IFLA_XDP_ATTACHED) by ip-link(8)'s keyword.
+func XDPMode(m uint32) string {
 	switch m {
 	case nl.XDP_ATTACHED_DRV:
 		return "xdpdrv"

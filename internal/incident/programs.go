@@ -148,7 +148,7 @@ func (s *snapshot) tcIface(w *topicWriter, h *netlink.Handle, nsPath string, ifc
 		}
 	}
 	if x := l.Attrs().Xdp; x != nil && x.Attached {
-		fmt.Fprintf(w, "xdp: %s mode flags %#x\n", s.progDesc(ebpf.ProgramID(x.ProgId)), x.AttachMode)
+		fmt.Fprintf(w, "xdp: %s mode %s\n", s.progDesc(ebpf.ProgramID(x.ProgId)), discover.XDPMode(x.AttachMode))
 	} else {
 		fmt.Fprintln(w, "xdp: none")
 	}

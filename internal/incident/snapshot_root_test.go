@@ -208,6 +208,8 @@ func (tn *testNode) addPrograms(t *testing.T, prefix string) {
 	const tcxNext, tcActUnspec = -1, -1
 	tcx := loadReturn(t, "pttest_tcx", ebpf.SchedCLS, ebpf.AttachTCXIngress, tcxNext)
 	cls := loadReturn(t, "pttest_cls", ebpf.SchedCLS, ebpf.AttachNone, tcActUnspec)
+	const xdpPass = 2
+	xdp := loadReturn(t, "pttest_xdp", ebpf.XDP, ebpf.AttachXDP, xdpPass)
 	err = nsutil.Netlink(tn.node, func(h *vnl.Handle) error {
 		hv0, err := h.LinkByName("hv0")
 		if err != nil {
@@ -223,10 +225,15 @@ func (tn *testNode) addPrograms(t *testing.T, prefix string) {
 				return err
 			}
 			t.Cleanup(func() { tl.Close() })
+			xl, err := link.AttachXDP(link.XDPOptions{Interface: up0.Attrs().Index, Program: xdp, Flags: link.XDPGenericMode})
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { xl.Close() })
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("attach tcx: %w", err)
+			return fmt.Errorf("attach tcx and xdp: %w", err)
 		}
 		qdisc := &vnl.GenericQdisc{QdiscType: "clsact", QdiscAttrs: vnl.QdiscAttrs{
 			LinkIndex: up0.Attrs().Index, Handle: vnl.MakeHandle(0xffff, 0), Parent: vnl.HANDLE_CLSACT}}
@@ -348,7 +355,7 @@ func (tn *testNode) wantParts() map[string][]string {
 		"kernel.txt":              {"kernel release:", "tcx", "netfilter links", "a note from discovery"},
 		"sysctl.txt":              {"net.bridge.bridge-nf-call-iptables = ", "net.ipv4.ip_forward = 0", "net.ipv4.conf.hv0.rp_filter = ", "net.ipv4.conf.eth0.rp_filter = "},
 		"cgroup-sock.txt":         {tn.cgroup, "connect4 1. prog id", "name pttest_conn4 type CGroupSockAddr"},
-		"tc.txt":                  {"## host hv0", "tcx ingress (run order):", "name pttest_tcx", "## uplink up0", "clsact", "name pttest_cls", "direct-action", "## pod eth0"},
+		"tc.txt":                  {"## host hv0", "tcx ingress (run order):", "name pttest_tcx", "## uplink up0", "clsact", "name pttest_cls", "direct-action", "name pttest_xdp type XDP", "mode xdpgeneric", "## pod eth0"},
 		"nftables.txt":            {"table ip pttest-incident", "dnat", testBackend},
 		"iptables-nft.txt":        {"no nftables table ip nat or ip filter: no iptables-nft tables"},
 		"iptables-legacy-nat.txt": {"no legacy nat table (not read: reading would create it)"},

@@ -601,6 +601,14 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 		tc = append(tc, fmt.Sprintf("%s %s %s %s (id %d)", p.Ifname, p.Via, p.Dir, orDash(p.Name), p.ID))
 	}
 	fmt.Fprintf(b, "- tc programs on the host veths, the uplinks and the Pods' eth0: %s.\n", orNone(tc))
+	var xdp []string
+	for _, p := range node.XDPPrograms {
+		xdp = append(xdp, fmt.Sprintf("%s %s %s (id %d)", p.Ifname, p.Mode, orDash(p.Name), p.ID))
+	}
+	if len(xdp) > 0 {
+		// They run before the taps: what they rewrote no capture shows.
+		fmt.Fprintf(b, "- XDP programs on the host veths and the uplinks (they run before the device's capture): %s.\n", strings.Join(xdp, ", "))
+	}
 	var nat []string
 	for _, r := range node.Netfilter.Rules {
 		s := fmt.Sprintf("%s %s %s: %s", r.Source, r.Table, r.Hook, strings.Join(r.Chains, " -> "))

@@ -675,3 +675,17 @@ func TestSummarySays8021adTags(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryNamesXDPPrograms: an uplink's XDP program (Cilium's bpf_xdp, a
+// Katran-like LB) rewrites requests before any capture: SUMMARY.md lists it
+// where it lists the tc programs, as the node block does.
+func TestSummaryNamesXDPPrograms(t *testing.T) {
+	node := summaryNode()
+	node.XDPPrograms = []discover.XDPProgram{{Ifname: "bond0", Ifindex: 3, Role: "uplink", Mode: "xdpgeneric", Name: "cil_xdp_entry", ID: 77}}
+	var b strings.Builder
+	writeWhereLooked(&b, node)
+	want := "- XDP programs on the host veths and the uplinks (they run before the device's capture): bond0 xdpgeneric cil_xdp_entry (id 77).\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("want %q in:\n%s", want, b.String())
+	}
+}
