@@ -161,8 +161,10 @@ func TestRequestDroppedByBackendRule(t *testing.T) {
 	if len(flows) != 1 {
 		t.Fatalf("%d flows, want 1: %s", len(flows), dump(flows))
 	}
-	want := fmt.Sprintf(`the kernel dropped it on the node; the node's filter drops or rejects packets to backend %s: nftables ip pt-netpol forward -> pod-web -> drop ("deny web")`, backend)
-	if f := flows[0]; f["rewritten_at"] != "netfilter" || f["reply"] != false || !strings.Contains(fmt.Sprint(f["reason"]), want) {
-		t.Errorf("flow %s\nwant netfilter, no reply, a reason containing %q", dump(flows), want)
+	// Every request was dropped after its rewrite: none reached the
+	// backend, whose silence is not its own (not_sent).
+	want := fmt.Sprintf(`the kernel dropped every one on the node, so none reached the backend; the node's filter drops or rejects packets to backend %s: nftables ip pt-netpol forward -> pod-web -> drop ("deny web")`, backend)
+	if f := flows[0]; f["rewritten_at"] != "netfilter" || f["reply"] != false || f["not_sent"] != true || !strings.Contains(fmt.Sprint(f["reason"]), want) {
+		t.Errorf("flow %s\nwant netfilter, no reply, not_sent, a reason containing %q", dump(flows), want)
 	}
 }
