@@ -317,22 +317,9 @@ func TestICMPErrorAboutUntranslatedReply(t *testing.T) {
 // to backend (after translation)" at a point before any rewrite; so does
 // the client's host veth, and the backend Pod's keeps the usual comments.
 func TestUntranslatedComments(t *testing.T) {
-	s, err := flowtest.Load(filepath.Join(scenarioDir, "netfilter-bridge-untranslated-reply.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := flow.NewEngine(s.Config)
-	for _, o := range s.Observations {
-		e.Add(o)
-	}
 	c := netip.MustParseAddrPort("10.244.1.10:56800")
 	b := netip.MustParseAddrPort("10.244.1.11:8080")
-	for _, tc := range []struct {
-		p        obs.Point
-		dir      obs.Dir
-		src, dst netip.AddrPort
-		want     string
-	}{
+	checkComments(t, "netfilter-bridge-untranslated-reply.json", obs.TCP, 0.2, []commentCase{
 		{obs.PointPod, obs.DirIn, b, c, "flow 1 reply from backend, not translated back to the VIP (the client does not take it); rewritten_at=netfilter"},
 		{obs.PointPod, obs.DirOut, c, b, "flow 1 to backend from the client, answering a reply that came untranslated; rewritten_at=netfilter"},
 		{obs.PointHost, obs.DirOut, b, c, "flow 1 reply from backend, not translated back to the VIP (the client does not take it); rewritten_at=netfilter"},
@@ -340,8 +327,32 @@ func TestUntranslatedComments(t *testing.T) {
 		// The backend Pod's side: as usual.
 		{obs.PointHost, obs.DirIn, b, c, "flow 1 reply from backend (before reverse translation); rewritten_at=netfilter"},
 		{obs.PointHost, obs.DirOut, c, b, "flow 1 request to backend (after translation); rewritten_at=netfilter"},
-	} {
-		o := obs.Observation{Time: flowtest.At(0.2), Point: tc.p, Dir: tc.dir, Proto: obs.TCP, Src: tc.src, Dst: tc.dst}
+	})
+}
+
+// commentCase is a packet at a point and the start of the comment its
+// flow gives it in the capture file.
+type commentCase struct {
+	p        obs.Point
+	dir      obs.Dir
+	src, dst netip.AddrPort
+	want     string
+}
+
+// checkComments runs a scenario and checks the comments of packets at its
+// time at (seconds), once every observation is in.
+func checkComments(t *testing.T, scenario string, proto obs.Proto, at float64, cases []commentCase) {
+	t.Helper()
+	s, err := flowtest.Load(filepath.Join(scenarioDir, scenario))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := flow.NewEngine(s.Config)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	for _, tc := range cases {
+		o := obs.Observation{Time: flowtest.At(at), Point: tc.p, Dir: tc.dir, Proto: proto, Src: tc.src, Dst: tc.dst}
 		r, ok := e.Classify(o)
 		if !ok || !strings.HasPrefix(r.Comment(), tc.want) {
 			t.Errorf("%s %s %s -> %s: comment %q (%v), want it to begin %q", tc.p, tc.dir, tc.src, tc.dst, r.Comment(), ok, tc.want)
@@ -354,23 +365,10 @@ func TestUntranslatedComments(t *testing.T) {
 // VIP, and the backend's answers to them, say so at the client's Pod and
 // host veth, not that they answer, or are, replies that came untranslated.
 func TestDirectComments(t *testing.T) {
-	s, err := flowtest.Load(filepath.Join(scenarioDir, "udp-unconnected-vip-and-backend-netfilter.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := flow.NewEngine(s.Config)
-	for _, o := range s.Observations {
-		e.Add(o)
-	}
 	c := netip.MustParseAddrPort("10.244.8.23:57451")
 	b := netip.MustParseAddrPort("10.244.20.31:5353")
 	vip := netip.MustParseAddrPort("10.120.0.10:53")
-	for _, tc := range []struct {
-		p        obs.Point
-		dir      obs.Dir
-		src, dst netip.AddrPort
-		want     string
-	}{
+	checkComments(t, "udp-unconnected-vip-and-backend-netfilter.json", obs.UDP, 0.6, []commentCase{
 		{obs.PointPod, obs.DirOut, c, b, "flow 1 request to backend from the client itself, not to the VIP; rewritten_at=netfilter"},
 		{obs.PointPod, obs.DirIn, b, c, "flow 1 reply from backend to the client's own request to it, not to the VIP; rewritten_at=netfilter"},
 		{obs.PointHost, obs.DirIn, c, b, "flow 1 request to backend from the client itself, not to the VIP; rewritten_at=netfilter"},
@@ -378,13 +376,7 @@ func TestDirectComments(t *testing.T) {
 		// The queries to the VIP: as usual.
 		{obs.PointPod, obs.DirOut, c, vip, "flow 1 request to VIP (before translation); rewritten_at=netfilter"},
 		{obs.PointPod, obs.DirIn, vip, c, "flow 1 reply from VIP (after reverse translation); rewritten_at=netfilter"},
-	} {
-		o := obs.Observation{Time: flowtest.At(0.6), Point: tc.p, Dir: tc.dir, Proto: obs.UDP, Src: tc.src, Dst: tc.dst}
-		r, ok := e.Classify(o)
-		if !ok || !strings.HasPrefix(r.Comment(), tc.want) {
-			t.Errorf("%s %s %s -> %s: comment %q (%v), want it to begin %q", tc.p, tc.dir, tc.src, tc.dst, r.Comment(), ok, tc.want)
-		}
-	}
+	})
 }
 
 // TestSharedCommentsAreEqual: two packets whose handles SharesComment says
