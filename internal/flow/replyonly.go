@@ -21,6 +21,9 @@ const CommentReplyWithoutRequest = "reply of a connection none of whose requests
 type replyConn struct {
 	service netip.AddrPort
 	first   int64 // its first reply seen (unix ns)
+	// opened: that first reply opens the connection (a SYN-ACK): it
+	// began in the run, its SYN just before.
+	opened bool
 	// waited counts its replies kept waiting for its request within the
 	// reordering window, at most replyWaitCap.
 	waited int
@@ -81,21 +84,22 @@ func (c *replyConn) counts(now int64, stopped bool) bool {
 	return stopped || now-c.first > int64(reorderWindow)
 }
 
-// reply notes a reply of client k from service at at, whose connection
+// reply notes a reply of client k from service at m, whose connection
 // has no flow; it tells whether the reply waits for its request (the
 // connection does not count yet, and it is among its first replyWaitCap);
 // else it is counted with the connection at once; and whether the
 // connection is new.
-func (r *replyOnly) reply(k clientKey, service netip.AddrPort, at int64) (wait, isNew bool) {
+func (r *replyOnly) reply(k clientKey, service netip.AddrPort, m moment) (wait, isNew bool) {
+	at := m.at
 	c := r.get(k)
 	if c == nil || c.service != service {
 		if c != nil && c.counts(at, false) {
 			r.replaced++ // another Service's reply on its endpoint: it was one
 		}
-		c, isNew = &replyConn{service: service, first: at}, true
+		c, isNew = &replyConn{service: service, first: at, opened: m.opens()}, true
 	}
 	if at < c.first {
-		c.first = at
+		c.first, c.opened = at, m.opens()
 	}
 	r.put(k, c)
 	if c.counts(at, false) || c.waited >= replyWaitCap {
@@ -155,7 +159,7 @@ func (r *replyOnly) open(now int64, stopped bool) int {
 // connection (replyOnlyLinked), waiting no longer.
 func (e *Engine) replyWithoutRequest(proto obs.Proto, client, service netip.AddrPort, m moment) linkResult {
 	k := clientKey{proto, client}
-	wait, isNew := e.replyOnly.reply(k, service, m.at)
+	wait, isNew := e.replyOnly.reply(k, service, m)
 	if isNew {
 		// Its requests to a backend that came first wait: they are its
 		// flow's now (lookup).
@@ -181,9 +185,12 @@ func (e *Engine) replyToReplyOnly(proto obs.Proto, src, dst netip.AddrPort, at i
 // an address not watched can be c's own, rewritten by an uplink's XDP
 // program (Attribution.UplinkXDPPrograms): it opens a connection (a TCP
 // SYN; any UDP datagram) within the reordering window before c's first
-// reply, and an uplink had an XDP program then.
+// reply, and an uplink had an XDP program then. Of TCP, only where that
+// first reply is the SYN-ACK: a connection of before the run (its first
+// reply seen mid-stream) had its SYN then, and a SYN of its client port
+// now is another connection's.
 func (e *Engine) openedBeforeXDP(proto obs.Proto, c *replyConn, m moment) bool {
-	if proto == obs.TCP && !m.opens() || m.at > c.first || c.first-m.at > int64(reorderWindow) {
+	if proto == obs.TCP && (!m.opens() || !c.opened) || m.at > c.first || c.first-m.at > int64(reorderWindow) {
 		return false
 	}
 	return len(e.uplinkXDPCands(time.Unix(0, m.at))) > 0
