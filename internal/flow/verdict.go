@@ -830,12 +830,14 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 // vlanTaggedBypass says, for a Pod's request that netfilter never saw and
 // that left the uplink tagged, that bridge-nf-filter-vlan-tagged 0 keeps
 // netfilter from the frames a bridge carries tagged (a tag pushed on the
-// Pod's host veth, as OVS ports and Contiv do); "" otherwise. Whether the
-// bridge carried this one tagged or the uplink tagged it, no point tells.
+// Pod's host veth, as OVS ports and Contiv do); "" otherwise, and for a
+// Pod whose host veth has no master (routed: no bridge carried it).
+// Whether the bridge carried this one tagged or the uplink tagged it, no
+// point tells.
 func (e *Engine) vlanTaggedBypass(f *flowState) string {
 	a := e.cfg.Attribution
 	call, vlanTagged := a.BridgeNFCallIPTables, a.BridgeNFFilterVLANTagged
-	if f.fromNode || call == nil || !*call || vlanTagged == nil || *vlanTagged || !f.uplink.seen || f.uplink.vlan == 0 {
+	if f.fromNode || a.RoutedHostVeths[f.hostIfindex] || call == nil || !*call || vlanTagged == nil || *vlanTagged || !f.uplink.seen || f.uplink.vlan == 0 {
 		return ""
 	}
 	return fmt.Sprintf(" (bridge-nf-filter-vlan-tagged=0: netfilter does not see the frames a bridge carries VLAN-tagged, and it left the uplink on VLAN %d)", f.uplink.vlan)
