@@ -312,7 +312,8 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 // RX tap, so what it rewrote came in with the backend already, and what it
 // redirected (into a Pod's veth) the uplink's taps never saw. Only for an
 // outside client's request ("" otherwise): the uplink saw it come in, or no
-// point of a client on the node (its socket, Pod, host veth) saw it.
+// point of a client on the node (its socket, Pod, host veth) saw it, nor
+// did the uplink's TX tap see it leave (XDP takes only what comes in).
 func (e *Engine) uplinkXDPNote(f *flowState) string {
 	cands := e.uplinkXDPCands(f.first)
 	if len(cands) == 0 || f.fromNode {
@@ -320,6 +321,9 @@ func (e *Engine) uplinkXDPNote(f *flowState) string {
 	}
 	if f.uplinkIn.seen {
 		return fmt.Sprintf(": it came in on the uplink already to the backend (its RX tap runs after XDP): rewritten by %s or before the node", oneOf(cands))
+	}
+	if f.cps[cpUplink].any() {
+		return ""
 	}
 	for cp := cpApp; cp <= cpTCTail; cp++ {
 		if f.cps[cp].any() {
