@@ -399,7 +399,13 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 		return true, false, h, false
 	}
 	e.socketPort(o)
-	f, reply, r := e.link(o.Proto, o.Src, o.Dst, 0, momentOf(&o, false), true, last)
+	m := momentOf(&o, false)
+	// A datagram to another peer than a Service where nothing on the node
+	// rewrote it yet, as packetMoment has it: the client's own (guessable).
+	if cp, ok := e.requestCheckpoint(o); ok && o.Proto == obs.UDP && (cp == cpPod || cp == cpHost || cp == cpTCHead) && !e.isService(o.Proto, o.Dst) {
+		m.direct = true
+	}
+	f, reply, r := e.link(o.Proto, o.Src, o.Dst, 0, m, true, last)
 	switch r {
 	case linked:
 		if slot := e.applyPacket(f, o, reply); slot >= 0 {

@@ -359,7 +359,7 @@ func toPeer(flows []*flowState, peer netip.AddrPort, m moment, guess bool) (f *f
 			return nil, false
 		case f.hasBackend(peer):
 			return f, false
-		case guess && len(f.backends) == 0:
+		case guess && f.guessable(m):
 			return f, true
 		}
 		return nil, false

@@ -653,6 +653,26 @@ func (f *flowState) answered() bool {
 	return false
 }
 
+// guessable tells whether a packet of f's client endpoint at m to a peer
+// f does not know can be f's, that peer its backend (toPeer): f knows
+// none yet, or only the one its client sends to itself (sendsDirect),
+// which is no rewrite's; or it is a UDP datagram seen where nothing on the
+// node rewrote it yet (moment.direct), where f's requests went to the
+// VIP: the client sent it to that peer itself, beside its queries to the
+// VIP.
+func (f *flowState) guessable(m moment) bool {
+	if len(f.backends) == 0 {
+		return true
+	}
+	if f.proto != obs.UDP {
+		return false
+	}
+	if m.direct && !m.reply && (f.cps[cpPod].vip || f.cps[cpHost].vip || f.cps[cpTCHead].vip) {
+		return true
+	}
+	return f.sendsDirect() && len(f.backends) == 1 && f.backends[0].addr == f.directBackend()
+}
+
 // rewriteSeen tells whether a checkpoint saw a request of f go to a
 // backend (sawBackend).
 func (f *flowState) rewriteSeen() bool {
