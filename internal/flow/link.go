@@ -564,6 +564,11 @@ func (e *Engine) sightPacket(f *flowState, cp checkpoint, dst netip.AddrPort, fr
 		e.learnBackend(f, dst, at)
 	}
 	s, bit := &f.cps[cp], uint16(1)<<cp
+	if isVIP && !s.vip && (cp == cpPod || cp == cpHost || cp == cpTCHead) && f.proto == obs.UDP && len(f.backends) > 0 {
+		// The client's own datagrams to another peer, put off there, are
+		// the flow's now (guessable).
+		e.replays = append(e.replays, f.key())
+	}
 	if !isVIP && s.backend {
 		switch byReset := f.resetOnly&bit != 0; {
 		case reset && !byReset:
