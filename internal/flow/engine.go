@@ -402,8 +402,9 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 	m := momentOf(&o, false)
 	// A datagram to another peer than a Service where nothing on the node
 	// rewrote it yet, as packetMoment has it: the client's own (guessable).
-	if cp, ok := e.requestCheckpoint(o); ok && o.Proto == obs.UDP && (cp == cpPod || cp == cpHost || cp == cpTCHead) && !e.isService(o.Proto, o.Dst) {
-		m.direct = true
+	if o.Proto == obs.UDP && !e.isService(o.Proto, o.Dst) {
+		cp, ok := e.requestCheckpoint(o)
+		m.direct = ok && (cp == cpPod || cp == cpHost || cp == cpTCHead)
 	}
 	f, reply, r := e.link(o.Proto, o.Src, o.Dst, 0, m, true, last)
 	switch r {
