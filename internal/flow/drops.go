@@ -249,14 +249,17 @@ func afterConfirm(reason string) bool {
 // droppedOnNode tells whether every request of f, rewritten (it has a
 // backend) and unanswered, was dropped by the kernel in the node's netns
 // after its rewrite, before the uplink's TX tap or the backend's Pod saw
-// one: as many dropped as the point that saw most of them saw (the drop
-// observer reports fewer drops than there were, never more: its budget).
-// None left the node, so none reached the backend.
+// one: as many dropped as the point that saw most of them saw. The drop
+// observer reports a flow direction's first drops, then one per 10 ms, as
+// the tc and netfilter observers report its packets: of a burst, fewer
+// than the taps count. Its count is measured against theirs where one saw
+// the requests, against the taps' otherwise. None left the node, so none
+// reached the backend.
 func (e *Engine) droppedOnNode(f *flowState) bool {
 	if f.reply || len(f.backends) == 0 || e.cfg.HostNetNS == 0 || f.cps[cpUplink].any() || f.cps[cpLocal].any() {
 		return false
 	}
-	var dropped, seen uint64
+	var dropped, observed, tapped uint64
 	for _, d := range f.kernelDrops() {
 		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && d.Reason != reasonNotSpecified {
 			dropped += d.Count
@@ -268,13 +271,19 @@ func (e *Engine) droppedOnNode(f *flowState) bool {
 	}
 	at := map[place]uint64{}
 	for _, p := range f.points {
-		if !p.reply {
-			k := place{p.point, p.dir}
-			at[k] += p.packets
-			seen = max(seen, at[k])
+		if p.reply {
+			continue
+		}
+		k := place{p.point, p.dir}
+		at[k] += p.packets
+		switch p.point {
+		case obs.PointTCHead, obs.PointTCTail, obs.PointNFBefore, obs.PointNFAfter:
+			observed = max(observed, at[k])
+		default:
+			tapped = max(tapped, at[k])
 		}
 	}
-	return dropped > 0 && dropped >= seen
+	return dropped > 0 && dropped >= cmp.Or(observed, tapped)
 }
 
 // dropsAfterUplinkTap counts f's request packets the kernel dropped at the
