@@ -30,6 +30,26 @@ func TestPodSelectorsConflictFirst(t *testing.T) {
 	}
 }
 
+// TestPodIPSaysWhatToGive: a --pod-ip that is not an address says which
+// one to give; copied from `ip addr` with its prefix length, that address.
+func TestPodIPSaysWhatToGive(t *testing.T) {
+	for _, c := range []struct{ podIP, want string }{
+		{"10.244.8.23/22", "--pod-ip 10.244.8.23"},
+		{"10.244.8.300", "e.g. --pod-ip "},
+		{"fd00::1", "e.g. --pod-ip "},
+	} {
+		var f traceFlags
+		if err := newTraceFlagSet(&f).Parse([]string{"--svc", "10.0.0.1", "--pod-ip", c.podIP}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.validate()
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--pod-ip %s: %v; want a usage error saying %q", c.podIP, err, c.want)
+		}
+	}
+}
+
 // TestDurationHelpNamesStopSignals: --help names every signal that ends a
 // run early.
 func TestDurationHelpNamesStopSignals(t *testing.T) {

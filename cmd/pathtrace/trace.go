@@ -207,9 +207,13 @@ func (f *traceFlags) validate() (session.Options, error) {
 	}
 	d := &opt.Discover
 	if f.podIP != "" {
+		// `ip addr` in the Pod prints its address with the prefix length.
+		if p, err := netip.ParsePrefix(f.podIP); err == nil && p.Addr().Is4() {
+			return opt, usagef("--pod-ip %s: give the Pod's address without its prefix length: --pod-ip %s", f.podIP, p.Addr())
+		}
 		a, err := netip.ParseAddr(f.podIP)
 		if err != nil || !a.Is4() {
-			return opt, usagef("--pod-ip %q is not an IPv4 address", f.podIP)
+			return opt, usagef("--pod-ip %q is not an IPv4 address: give the Pod's IP (kubectl get pod -o wide), e.g. --pod-ip 10.244.8.23", f.podIP)
 		}
 		d.PodIP = a
 	}
