@@ -33,12 +33,13 @@ ticket needs into one directory (and a .tar.gz of it):
   capture.pcapng    every captured frame, one interface per capture point
   *.txt             a read-only snapshot of the node: links, addresses, routes and
                     neighbours of the node and the Pods, bridge ports, VLANs and FDB,
-                    Open vSwitch (when ovs-vsctl is installed), tc/tcx programs,
-                    cgroup socket programs, BPF links, the nftables ruleset,
-                    iptables-nft's nat and filter tables as iptables-nft-save
-                    prints them (comments, DNAT targets), iptables-legacy NAT
-                    (only if that table exists), conntrack entries of the
-                    VIPs, sysctls, kernel and BPF features
+                    Open vSwitch (when ovs-vsctl is installed), tc/tcx and XDP
+                    programs, cgroup socket programs, BPF links, the nftables
+                    ruleset, iptables-nft's nat and filter tables as
+                    iptables-nft-save prints them (comments, DNAT targets),
+                    iptables-legacy nat and filter tables (those that exist),
+                    conntrack entries of the VIPs, sysctls, kernel and BPF
+                    features
   MANIFEST.txt      every file, its size, and what could not be collected
                     (manifest.json: the same as JSON)
 

@@ -62,3 +62,15 @@ func TestIncidentHelpNamesFlagsNotTaken(t *testing.T) {
 		}
 	})
 }
+
+// TestIncidentHelpNamesSnapshot: the incident's help names what the
+// snapshot holds that an escalation looks for: the XDP programs in tc.txt,
+// iptables-legacy's filter table (a Service without endpoints is rejected
+// there) beside its nat table.
+func TestIncidentHelpNamesSnapshot(t *testing.T) {
+	for _, want := range []string{"XDP", "iptables-legacy nat and filter tables"} {
+		if !strings.Contains(strings.Join(strings.Fields(incidentUsage), " "), want) {
+			t.Errorf("pathtrace incident --help does not name %q among the snapshot's parts", want)
+		}
+	}
+}
