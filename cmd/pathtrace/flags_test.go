@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -46,6 +47,26 @@ func TestPodIPSaysWhatToGive(t *testing.T) {
 		var ue usageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("--pod-ip %s: %v; want a usage error saying %q", c.podIP, err, c.want)
+		}
+	}
+}
+
+// TestSubcommandAfterFlags: a subcommand given after the main command's
+// flags is said to go first, not taken for a stray argument, nor its
+// flags for unknown ones (--out).
+func TestSubcommandAfterFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--svc", "10.0.0.1", "incident", "--out", "/nonexistent/inc"},
+		{"--svc", "10.0.0.1", "--duration", "5s", "incident"},
+		{"--svc", "10.0.0.1", "lab", "status"},
+	} {
+		var stderr bytes.Buffer
+		cmd := pathtrace(args...)
+		cmd.Stderr = &stderr
+		code := exitCode(cmd.Run())
+		msg := strings.TrimSpace(stderr.String())
+		if code != exitUsage || strings.Contains(msg, "\n") || !strings.Contains(msg, "give it first") {
+			t.Errorf("pathtrace %s: exit %d, stderr %q; want exit 2 and one line saying the subcommand goes first", strings.Join(args, " "), code, msg)
 		}
 	}
 }

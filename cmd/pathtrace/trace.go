@@ -409,7 +409,14 @@ func startInterrupted(ctx context.Context, err error) bool {
 func runTrace(args []string) int {
 	var f traceFlags
 	fs := newTraceFlagSet(&f)
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	// The arguments parsed before an error: a subcommand after the main
+	// command's flags makes its own flags unknown ones (--out).
+	if sub := subcommandIn(fs.Args()); sub != "" {
+		fmt.Fprintf(os.Stderr, "pathtrace: %s is a subcommand: give it first, before its flags (see pathtrace %s --help)\n", sub, sub)
+		return exitUsage
+	}
+	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitOK
 		}
@@ -573,6 +580,17 @@ func runTrace(args []string) int {
 		code = exitRuntime
 	}
 	return code
+}
+
+// subcommandIn returns the first of args that names a subcommand, "" when none.
+func subcommandIn(args []string) string {
+	for _, a := range args {
+		switch a {
+		case "incident", "lab":
+			return a
+		}
+	}
+	return ""
 }
 
 // profileCPU writes a CPU profile of the run to path (for developers: set
