@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pathtrace/pathtrace/internal/flow"
 	"github.com/pathtrace/pathtrace/internal/flow/flowtest"
 	"github.com/pathtrace/pathtrace/internal/obs"
 )
@@ -96,5 +97,31 @@ func TestConnectAloneAfterLostWatches(t *testing.T) {
 				t.Errorf("watches lost %v: flow %d (%s %s): %s", lost, f.ID, f.Proto, f.Service, f.Reason)
 			}
 		}
+	}
+}
+
+// TestRedirectBeforeReadySaysSo: a request the tc head saw with the VIP
+// and no later point saw, answered by its backend, is a redirect at tc:
+// the uplink's tap never saw it. When the flow began before every tap was
+// open (a run's first flows), the reason says that the uplink's silence
+// may be its tap's, not assert the redirect alone.
+func TestRedirectBeforeReadySaysSo(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "tc-redirect-bpf-snat.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Config.Ready = flowtest.At(1000) // after every observation
+	redirected := 0
+	for _, f := range s.Run(nil).Flows() {
+		if f.RewrittenAt != flow.PlaceTC {
+			continue
+		}
+		redirected++
+		if !strings.Contains(f.Reason, "began before pathtrace was in place") {
+			t.Errorf("flow %d (%s) began before the taps were in place, yet its reason does not say so: %s", f.ID, f.Client, f.Reason)
+		}
+	}
+	if redirected != 1 {
+		t.Errorf("%d flows redirected at tc, want the scenario's one", redirected)
 	}
 }

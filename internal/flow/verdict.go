@@ -684,7 +684,9 @@ func (e *Engine) redirectedAtTC(f *flowState, last checkpoint, why bool) (verdic
 		if !e.active(obs.PointTCTail) {
 			seen, out = "netfilter (watching) never saw the request (no tc tail watched: the head sees what it would)", "took it out of the stack (a redirect)"
 		}
-		v.reason = fmt.Sprintf("VIP %s at tc head ingress, then %s, yet backend %s answered: a tc program rewrote it and %s; the uplink frame, if any, was not recognized (a BPF SNAT leaves no conntrack entry to link it)",
+		// Begun while the taps were still opening, the uplink's silence
+		// is theirs: the reason says so.
+		v.reason = e.outsideWindow(f) + fmt.Sprintf("VIP %s at tc head ingress, then %s, yet backend %s answered: a tc program rewrote it and %s; the uplink frame, if any, was not recognized (a BPF SNAT leaves no conntrack entry to link it)",
 			f.service, seen, f.sortedBackends()[0], out)
 	}
 	return v, true
