@@ -140,8 +140,8 @@ func runIncident(args []string) int {
 		return exitRuntime
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
-	defer stop()
+	ctx, bctx, captureOver, release := incidentStops()
+	defer release()
 	if isTerminal(os.Stderr) {
 		opt.Progress = func(p session.Progress) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(p)) }
 	}
@@ -152,7 +152,6 @@ func runIncident(args []string) int {
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}
 	if err != nil {
-		stop()
 		if os.Remove(building) != nil { // not empty: the capture had started
 			fmt.Fprintf(os.Stderr, "pathtrace incident: what was captured is left in %s\n", building)
 		}
@@ -172,9 +171,7 @@ func runIncident(args []string) int {
 	// gone, and conntrack still holds the traced flows. An interrupt now cuts
 	// the snapshot short (what is not collected is noted) and the bundle is
 	// finished; a second one stops pathtrace, leaving DIR.partial.
-	bctx, interrupted := bundleContext()
-	stop()
-	defer interrupted()
+	captureOver()
 	if err := writeBundle(bctx, out, opt, res, budget, lowered); err != nil {
 		where := building
 		if _, serr := os.Stat(building); serr != nil {
@@ -192,27 +189,40 @@ func runIncident(args []string) int {
 	return exitOK
 }
 
-// bundleContext is cancelled by the first of the stopSignals, after which
-// the signals are theirs again (the next one ends the process); the returned
-// func stops watching.
-func bundleContext() (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
+// incidentStops watches an incident's stop signals: the first ends the
+// capture (capture is cancelled), the next, or the first once the capture
+// is over (captureOver), cuts the snapshot short (bundle is cancelled) and
+// gives the signals back their default action, so that one more stops
+// pathtrace. One channel counts them: a second signal while the capture
+// stops (its observers detaching, seconds on a node of many Pods) is not
+// lost. release stops watching.
+func incidentStops() (capture, bundle context.Context, captureOver, release func()) {
+	capture, endCapture := context.WithCancel(context.Background())
+	bundle, cutBundle := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, stopSignals()...)
 	done := make(chan struct{})
 	go func() {
 		select {
 		case <-sigs:
+			endCapture()
+		case <-capture.Done():
+		case <-done:
+			return
+		}
+		select {
+		case <-sigs:
 			signal.Reset(stopSignals()...)
 			fmt.Fprintln(os.Stderr, "pathtrace incident: interrupted: finishing the bundle without the snapshot parts not collected yet (interrupt again to abandon it)")
-			cancel()
+			cutBundle()
 		case <-done:
 		}
 	}()
-	return ctx, func() {
+	return capture, bundle, endCapture, func() {
 		signal.Stop(sigs)
 		close(done)
-		cancel()
+		endCapture()
+		cutBundle()
 	}
 }
 
