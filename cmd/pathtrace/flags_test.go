@@ -71,6 +71,21 @@ func TestSubcommandAfterFlags(t *testing.T) {
 	}
 }
 
+// TestFollowPcapMaxPacketsNeedsMaxBytes: --duration 0 with --pcap and
+// --max-packets but no --max-bytes is refused for want of a bound on the
+// bytes, not said to grow without end: the packets are bounded.
+func TestFollowPcapMaxPacketsNeedsMaxBytes(t *testing.T) {
+	var f traceFlags
+	if err := newTraceFlagSet(&f).Parse([]string{"--svc", "10.0.0.1", "--duration", "0", "--pcap", "/tmp/pf-follow.pcapng", "--max-packets", "1000"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.validate()
+	var ue usageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "give --max-bytes") || strings.Contains(err.Error(), "without end") {
+		t.Errorf("--duration 0 --pcap --max-packets: %v; want a usage error asking for --max-bytes, not saying the file grows without end", err)
+	}
+}
+
 // TestDurationHelpNamesStopSignals: --help names every signal that ends a
 // run early.
 func TestDurationHelpNamesStopSignals(t *testing.T) {

@@ -290,6 +290,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 			return opt, usagef("--pcap %s: cannot write in %s: %v; give a file in a writable directory", f.pcap, filepath.Dir(f.pcap), err)
 		}
 	}
+	if f.duration == 0 && f.pcap != "" && f.maxBytes == "" && f.maxPkts > 0 {
+		return opt, usagef("--pcap with --duration 0 (until stopped) needs --max-bytes: --max-packets bounds the packets, not the bytes on disk; give --max-bytes SIZE too (e.g. --max-bytes 1G)")
+	}
 	if f.duration == 0 && f.pcap != "" && f.maxBytes == "" {
 		return opt, usagef("--pcap with --duration 0 (until stopped) would grow without end: give --max-bytes SIZE too (e.g. --max-bytes 1G); the file ends at that size and tracing goes on")
 	}
