@@ -93,6 +93,54 @@ func TestCollapseTheHeap(t *testing.T) {
 	}
 }
 
+// TestCollapseWithinBudget: a heap that a big discovery spread over many
+// 2 MiB ranges, a few pages resident in each, is collapsed only as far as
+// the budget allows, from its lowest address (the runtime's page allocator
+// reuses the lowest free pages first).
+func TestCollapseWithinBudget(t *testing.T) {
+	t.Setenv("GODEBUG", "")
+	if disabled() {
+		t.Skip("transparent huge pages are off on this node")
+	}
+	if !kernelCollapses(t) {
+		t.Skip("this kernel has no MADV_COLLAPSE (Linux >= 6.1)")
+	}
+	const ranges, budget = 16, 4 * hugePage
+	mem, err := unix.Mmap(-1, 0, (ranges+1)*hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	base := uintptr(unsafe.Pointer(&mem[0]))
+	off := ((base + hugePage - 1) &^ (hugePage - 1)) - base
+	for i := range ranges {
+		mem[off+uintptr(i)*hugePage] = 1 // a page here and there
+	}
+	lo := base + off
+	n := collapseSpans([]span{{lo: lo, hi: lo + ranges*hugePage, writable: true}}, budget)
+	resident := residentBytes(t, mem[off:off+ranges*hugePage])
+	if n == 0 || resident > budget+ranges*os.Getpagesize() {
+		t.Errorf("collapsed %d ranges: %d KiB resident, want at most the budget %d KiB and the %d pages written", n, resident>>10, budget>>10, ranges)
+	}
+	if first := residentBytes(t, mem[off:off+hugePage]); first != hugePage {
+		t.Errorf("the lowest range has %d KiB resident, want it collapsed whole", first>>10)
+	}
+}
+
+// residentBytes is how much of mem is resident (mincore).
+func residentBytes(t *testing.T, mem []byte) int {
+	page := os.Getpagesize()
+	vec := make([]byte, len(mem)/page)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatal(errno)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n * page
+}
+
 // kernelCollapses tells whether this kernel collapses a range of anonymous
 // memory this test maps and writes to.
 func kernelCollapses(t *testing.T) bool {
