@@ -119,13 +119,18 @@ func (g *natGraph) match(vips []netip.Addr) []NATRule { return g.matchLocal(vips
 // names them, so kube-proxy's nodeports chain counts as theirs, and only
 // as theirs.
 func (g *natGraph) matchLocal(vips []netip.Addr, local map[netip.Addr]bool) []NATRule {
+	return g.matchFrom(g.bases, vips, local)
+}
+
+// matchFrom is matchLocal walking from bases only.
+func (g *natGraph) matchFrom(bases []natBase, vips []netip.Addr, local map[netip.Addr]bool) []NATRule {
 	var out []NATRule
 	seen := map[string]bool{} // a Service may have thousands of endpoints
 	for i, vip := range vips {
 		if slices.Contains(vips[:i], vip) || !g.carries(vip) {
 			continue // given twice (two ports of one Service): its rules once; or never in this table
 		}
-		for _, base := range g.bases {
+		for _, base := range bases {
 			w := natWalk{g: g, vip: vip, local: local[vip], base: base, out: &out, seen: seen, onPath: map[string]bool{}}
 			w.chain(base.chain, []string{base.chain}, false, "", 0, "", nil)
 		}

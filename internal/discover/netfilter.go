@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -108,8 +109,12 @@ func backendDrops(graphs []*natGraph, rules []NATRule) []NATRule {
 	backends := newServiceSet(nil, ports)
 	var out []NATRule
 	for _, g := range graphs {
-		for _, r := range g.matchServices(backends) {
-			if r.Verdict != "" && r.AfterNAT {
+		// Only the filter chains after NAT: a walk of the NAT chains (a
+		// verdict map of every Service) for each of a Service's thousands
+		// of backends made discovery grow with Services times endpoints.
+		after := slices.DeleteFunc(slices.Clone(g.bases), func(b natBase) bool { return !b.afterNAT() })
+		for _, r := range g.matchFrom(after, backends.vips, backends.local) {
+			if r.Verdict != "" && backends.allows(r.Service, r.Port, r.Proto) {
 				out = append(out, r)
 			}
 		}
