@@ -110,7 +110,7 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 			if err != nil {
 				return "", r, err
 			}
-			r.dst, r.dstNeg = []netip.Prefix{p}, neg
+			r.limitDst([]netip.Prefix{p}, neg)
 		case "-s", "--source":
 			// One not read (a non-contiguous mask) is no condition: the
 			// rule may apply to any source, as before sources were read.

@@ -102,6 +102,9 @@ type natRule struct {
 	setDst  bool
 	setAddr netip.Addr
 	setPort uint16
+	// dstAddrs holds dst when it is many addresses (kube-proxy's set of
+	// every ClusterIP): a walk looks each address up once (limitDst).
+	dstAddrs map[netip.Addr]bool
 }
 
 // maxChainDepth bounds a walk (rulesets are DAGs; this only stops bad loops).
@@ -174,7 +177,8 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 	w.onPath[name] = true
 	defer delete(w.onPath, name)
 	rules, _ := w.g.rules(name)
-	for _, r := range rules {
+	for i := range rules {
+		r := &rules[i] // not copied: a chain can have thousands of rules, each walked once per address
 		if w.ended {
 			return
 		}
@@ -309,6 +313,22 @@ func (w *natWalk) add(r NATRule) {
 	}
 }
 
+// limitDst limits r to the destinations in dst (neg: to the others).
+func (r *natRule) limitDst(dst []netip.Prefix, neg bool) {
+	r.dst, r.dstNeg, r.dstAddrs = dst, neg, nil
+	if len(dst) < 16 {
+		return
+	}
+	addrs := make(map[netip.Addr]bool, len(dst))
+	for _, p := range dst {
+		if !p.IsSingleIP() {
+			return // a walk then looks at every prefix
+		}
+		addrs[p.Addr()] = true
+	}
+	r.dstAddrs = addrs
+}
+
 // appliesTo tells whether a packet to vip (local: an address of the node)
 // can match the rule, and whether the rule names vip as its destination.
 func (r *natRule) appliesTo(vip netip.Addr, local bool) (applies, names bool) {
@@ -319,7 +339,10 @@ func (r *natRule) appliesTo(vip netip.Addr, local bool) (applies, names bool) {
 	if len(r.dst) == 0 {
 		return true, byLocal
 	}
-	in := slices.ContainsFunc(r.dst, func(p netip.Prefix) bool { return p.Contains(vip) })
+	in := r.dstAddrs[vip]
+	if r.dstAddrs == nil {
+		in = slices.ContainsFunc(r.dst, func(p netip.Prefix) bool { return p.Contains(vip) })
+	}
 	if r.dstNeg {
 		return !in, byLocal && !in
 	}

@@ -379,7 +379,7 @@ func (ev *nftRuleEval) mappedRewrites(m nftField, size int) {
 			if len(r.dst) > 0 && !r.dstNeg && !slices.ContainsFunc(r.dst, func(p netip.Prefix) bool { return p.Contains(key) }) {
 				continue // a key the rule's own condition on the destination never lets through
 			}
-			r.dst, r.dstNeg = []netip.Prefix{netip.PrefixFrom(key, key.BitLen())}, false
+			r.limitDst([]netip.Prefix{netip.PrefixFrom(key, key.BitLen())}, false)
 		}
 		out = append(out, r)
 	}
@@ -423,7 +423,7 @@ func (ev *nftRuleEval) cmp(e *expr.Cmp) {
 		}
 	case fieldDaddr:
 		if p, ok := loadedPrefix(f, e.Data); ok {
-			ev.rule.dst, ev.rule.dstNeg = []netip.Prefix{p}, neg
+			ev.rule.limitDst([]netip.Prefix{p}, neg)
 		}
 	case fieldSaddr:
 		if p, ok := loadedPrefix(f, e.Data); ok {
@@ -497,7 +497,7 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		// unallocated ClusterIPs of its Service CIDRs.
 		if f := ev.regs[start]; f.kind == fieldDaddr && !isVmap {
 			if dst, ok := intervalPrefixes(set.elems, f.size); ok {
-				ev.rule.dst, ev.rule.dstNeg = dst, e.Invert
+				ev.rule.limitDst(dst, e.Invert)
 			}
 		}
 		return
@@ -510,7 +510,7 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 					dst = append(dst, netip.PrefixFrom(k.daddr, k.daddr.BitLen()))
 				}
 			}
-			ev.rule.dst, ev.rule.dstNeg = dst, e.Invert
+			ev.rule.limitDst(dst, e.Invert)
 		}
 		return
 	}
@@ -532,7 +532,7 @@ func (ev *nftRuleEval) lookup(e *expr.Lookup, sets setLookup) {
 		r.comment = el.Comment
 		k := ev.decodeKey(start, el.Key)
 		if k.daddr.IsValid() {
-			r.dst, r.dstNeg = []netip.Prefix{netip.PrefixFrom(k.daddr, k.daddr.BitLen())}, false
+			r.limitDst([]netip.Prefix{netip.PrefixFrom(k.daddr, k.daddr.BitLen())}, false)
 		}
 		if k.port != 0 {
 			r.port = k.port
@@ -679,7 +679,7 @@ func (ev *nftRuleEval) mappedDNATs(m nftField, port uint16) bool {
 			if len(r.dst) > 0 && !r.dstNeg && !slices.ContainsFunc(r.dst, func(p netip.Prefix) bool { return p.Contains(key) }) {
 				continue // a key the rule's own condition on the destination never lets through
 			}
-			r.dst, r.dstNeg = []netip.Prefix{netip.PrefixFrom(key, key.BitLen())}, false
+			r.limitDst([]netip.Prefix{netip.PrefixFrom(key, key.BitLen())}, false)
 		}
 		out = append(out, r)
 	}

@@ -4,10 +4,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"maps"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -399,5 +401,43 @@ COMMIT
 	}
 	if len(nat.loaded) != 0 {
 		t.Errorf("the backends' walk read %d chains of the nat table (%v), want none", len(nat.loaded), slices.Collect(maps.Keys(nat.loaded)))
+	}
+}
+
+// TestClusterIPsSetLookedUpOnce: a rule on a set of every ClusterIP
+// (kube-proxy's cluster-ips-check) tells an address in it or not without
+// looking through the set: the walk of each of a Service's thousands of
+// backends looked through all of a big cluster's ClusterIPs.
+func TestClusterIPsSetLookedUpOnce(t *testing.T) {
+	graph := func(n int) *natGraph {
+		var elems []nftables.SetElement
+		for i := range n {
+			elems = append(elems, nftables.SetElement{Key: ip4(scaleVIP(i))})
+		}
+		lookup := func(string) (nftSet, bool) { return nftSet{elems: elems}, true }
+		rule := []expr.Any{loadDaddr(1), &expr.Lookup{SourceRegister: 1, SetName: "cluster-ips"}, &expr.Reject{}}
+		return &natGraph{source: SourceNFTables, table: "ip kube-proxy", bases: []natBase{{"filter-forward", "forward", false, 0}},
+			chains: map[string][]natRule{"filter-forward": nftNATRules(rule, lookup)}}
+	}
+	backend := netip.MustParseAddr("10.245.0.1")
+	walks := func(g *natGraph) time.Duration {
+		best := time.Duration(math.MaxInt64)
+		for range 3 {
+			start := time.Now()
+			for range 200 {
+				if got := g.match([]netip.Addr{backend}); got != nil {
+					t.Fatalf("a backend not in the set: %v", got)
+				}
+			}
+			best = min(best, time.Since(start))
+		}
+		return best
+	}
+	small, big := graph(20), graph(20000)
+	if got := big.match([]netip.Addr{netip.MustParseAddr(scaleVIP(19999))}); len(got) != 1 || got[0].Verdict != "reject" {
+		t.Fatalf("an address in the set: %v, want its reject", got)
+	}
+	if s, b := walks(small), walks(big); b > 20*s {
+		t.Errorf("walking a set of 20,000 addresses took %v, of 20 %v: it grows with the set", b, s)
 	}
 }
