@@ -249,29 +249,35 @@ func afterConfirm(reason string) bool {
 // droppedOnNode tells whether every request of f, rewritten (it has a
 // backend) and unanswered, was dropped by the kernel in the node's netns
 // after its rewrite, before the uplink's TX tap or the backend's Pod saw
-// one: as many dropped as the point that saw most of them saw. The drop
-// observer reports a flow direction's first drops, then one per 10 ms, as
-// the tc and netfilter observers report its packets: of a burst, fewer
-// than the taps count. Its count is measured against theirs where one saw
-// the requests, against the taps' otherwise. None left the node, so none
-// reached the backend.
+// one: as many dropped as the point that saw most of them saw (mostSeen).
+// None left the node, so none reached the backend.
 func (e *Engine) droppedOnNode(f *flowState) bool {
 	if f.reply || len(f.backends) == 0 || e.cfg.HostNetNS == 0 || f.cps[cpUplink].any() || f.cps[cpLocal].any() {
 		return false
 	}
-	var dropped, observed, tapped uint64
+	var dropped uint64
 	for _, d := range f.kernelDrops() {
 		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && d.Reason != reasonNotSpecified {
 			dropped += d.Count
 		}
 	}
+	return dropped > 0 && dropped >= f.mostSeen(false)
+}
+
+// mostSeen is the most of f's requests (or replies) one place saw, in the
+// drop observer's measure. It reports a flow direction's first drops, then
+// one per 10 ms, as the tc and netfilter observers report its packets: of
+// a burst, fewer than the taps count. So the observers' count where one
+// saw them, the taps' otherwise.
+func (f *flowState) mostSeen(reply bool) uint64 {
 	type place struct {
 		point obs.Point
 		dir   obs.Dir
 	}
 	at := map[place]uint64{}
+	var observed, tapped uint64
 	for _, p := range f.points {
-		if p.reply {
+		if p.reply != reply {
 			continue
 		}
 		k := place{p.point, p.dir}
@@ -283,7 +289,7 @@ func (e *Engine) droppedOnNode(f *flowState) bool {
 			tapped = max(tapped, at[k])
 		}
 	}
-	return dropped > 0 && dropped >= cmp.Or(observed, tapped)
+	return cmp.Or(observed, tapped)
 }
 
 // dropsAfterUplinkTap counts f's request packets the kernel dropped at the
@@ -360,8 +366,7 @@ func (d KernelDrop) String() string {
 // Pod's eth0 tap, which lost no frames, saw no reply come in; or, without
 // that tap (a node process's flow has none past the uplink), the kernel
 // dropped at least as many replies as the point that saw most of them saw
-// (the drop observer reports fewer drops than there were, never more: its
-// budget).
+// (mostSeen).
 func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	n := f.replyDrops()
 	if n == 0 {
@@ -371,7 +376,6 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	// requests leave: an outside client's (a NodePort's) has none.
 	podTap := !f.fromNode && e.active(obs.PointPod) && !e.captureLost[obs.PointPod]
 	podOut := false
-	var seen uint64
 	for _, p := range f.points {
 		if !p.reply {
 			podOut = podOut || p.point == obs.PointPod && p.dir == obs.DirOut
@@ -380,9 +384,8 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 		if podTap && p.point == obs.PointPod && p.dir == obs.DirIn {
 			return false
 		}
-		seen = max(seen, p.packets)
 	}
-	return podTap && podOut || n >= seen
+	return podTap && podOut || n >= f.mostSeen(true)
 }
 
 // dropsReason says what the kernel dropped of f, "" when nothing.
