@@ -1253,7 +1253,8 @@ type wayOut struct {
 // uplink's TX tap never saw (0 unless some did leave it: one that left
 // none says so otherwise, notLeftNote), and adds those the uplink's TX tap
 // saw that the kernel dropped at the uplink device after it
-// (dropsAfterUplinkTap): they did not leave the node either. A node
+// (dropsAfterUplinkTap, all of them when as many as the point that saw
+// most of them saw: mostSeen): they did not leave the node either. A node
 // process's flow has no host veth: only the latter count.
 func (e *Engine) lostOnTheWay(f *flowState) wayOut {
 	if f.cps[cpLocal].any() || e.window(f) != withinWindow {
@@ -1279,6 +1280,11 @@ func (e *Engine) lostOnTheWay(f *flowState) wayOut {
 		up -= min(l.up, up)
 	}
 	after := min(e.dropsAfterUplinkTap(f), up)
+	if after > 0 && after >= f.mostSeen(false) {
+		// As many as the observers sharing the drop observer's budget
+		// saw: every one the tap saw, of a burst whose drops it summarized.
+		after = up
+	}
 	w := wayOut{host: host, afterTap: after, sent: up - after, lost: after}
 	if f.fromNode {
 		w.host = 0
