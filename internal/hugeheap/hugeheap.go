@@ -156,6 +156,9 @@ func collapseSpans(spans []span, budget int) int {
 			for _, v := range vec {
 				added -= int(v&1) * page
 			}
+			if added == hugePage {
+				continue // nothing of it in use: left to the runtime
+			}
 			if added > budget {
 				return n
 			}

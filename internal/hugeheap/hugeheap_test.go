@@ -220,3 +220,42 @@ func smapsEntry(t *testing.T, addr uintptr) map[string]string {
 	}
 	return entry
 }
+
+// TestCollapseLeavesUnusedRanges: a 2 MiB range of the heap with no page
+// resident (its page table kept from an earlier use) is not collapsed,
+// which would make 2 MiB resident that nothing uses.
+func TestCollapseLeavesUnusedRanges(t *testing.T) {
+	t.Setenv("GODEBUG", "")
+	if disabled() {
+		t.Skip("transparent huge pages are off on this node")
+	}
+	if !kernelCollapses(t) {
+		t.Skip("this kernel has no MADV_COLLAPSE (Linux >= 6.1)")
+	}
+	const ranges = 4
+	mem, err := unix.Mmap(-1, 0, (ranges+1)*hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	base := uintptr(unsafe.Pointer(&mem[0]))
+	off := ((base + hugePage - 1) &^ (hugePage - 1)) - base
+	page := uintptr(os.Getpagesize())
+	for i := range uintptr(ranges) {
+		r := mem[off+i*hugePage : off+(i+1)*hugePage]
+		r[0] = 1
+		if i%2 == 1 { // used, then given back: its page table stays
+			if err := unix.Madvise(r[:page], unix.MADV_DONTNEED); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	lo := base + off
+	collapseSpans([]span{{lo: lo, hi: lo + ranges*hugePage, writable: true}}, ranges*hugePage)
+	for i := range uintptr(ranges) {
+		got := residentBytes(t, mem[off+i*hugePage:off+(i+1)*hugePage])
+		if want := [2]int{hugePage, 0}[i%2]; got != want {
+			t.Errorf("range %d: %d KiB resident, want %d KiB", i, got>>10, want>>10)
+		}
+	}
+}
