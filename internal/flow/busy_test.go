@@ -756,6 +756,30 @@ func TestBusyNode(t *testing.T) {
 		}
 		cases = append(cases, busyCase{name: "pods to two nameservers of one backend, tc", cfg: cfg, obs: generate(cfg, conns...), want: want})
 	}
+	{
+		// A migration: each Pod's resolver asks, from one unconnected UDP
+		// socket, a nameserver VIP that a tc program rewrites and one that
+		// kube-proxy's DNAT rewrites, both to one backend. Conntrack finds
+		// the tc flow's entry holding the tuple and gives the netfilter
+		// flow another source port. Before NAT only the tc flow goes to
+		// the backend, beyond the SNAT only the netfilter flow leaves
+		// from the new port: neither is ambiguous. (After NAT both send
+		// one tuple: which flow counts those depends on arrival, so that
+		// point is left out.)
+		dnsVIP2 := netip.MustParseAddrPort("10.120.0.11:53")
+		cfg := busyConfig(obs.PointPod, obs.PointHost, obs.PointTCHead, obs.PointNFBefore, obs.PointConntrack, obs.PointUplink)
+		cfg.Services = append(cfg.Services, flow.Service{Addr: dnsVIP2.Addr(), Port: 53, Proto: obs.UDP})
+		var conns []conn
+		var want []wantFlow
+		for i, pod := range []netip.Addr{podA, podB, podC} {
+			ms := float64(i) * 0.3
+			tc := conn{proto: udp, cl: ap(pod, 51000), svc: dnsVIP2, be: dns1, at: ms, rw: byTC}
+			nf := conn{proto: udp, cl: ap(pod, 51000), svc: dnsVIP, be: dns1, at: ms + 1, masq: ap(pod, 1805)}
+			conns = append(conns, tc, nf)
+			want = append(want, flowOf(tc, flow.PlaceTC), flowOf(nf, flow.PlaceNetfilter))
+		}
+		cases = append(cases, busyCase{name: "pods to a tc and a netfilter nameserver of one backend from one socket", cfg: cfg, obs: generate(cfg, conns...), want: want})
+	}
 	for _, c := range cases {
 		t.Run(c.name, c.run)
 	}

@@ -924,6 +924,10 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 		e.withoutPorts++ // an ICMP conntrack entry
 		return true, false
 	}
+	if !last && !o.NATDst.IsValid() && !o.NATSrc.IsValid() && e.ownEntries(clientKey{o.Proto, o.Src}) {
+		// Another flow's entry, no NAT at all: it waits for that flow.
+		return false, true
+	}
 	m := momentOf(&o, false)
 	m.entry = o.Proto == obs.TCP
 	f, _, r := e.link(o.Proto, o.Src, o.Dst, 0, m, false, last)
@@ -976,6 +980,21 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 		e.mergeBeyondSNAT(f)
 	}
 	return true, false
+}
+
+// ownEntries tells whether every flow of client endpoint k has its own
+// conntrack entry, a DNAT of its VIP: an entry of k without any NAT (to a
+// backend a tc program chose) is another flow's, which may not be seen yet.
+// (One with a SNAT may be a flow's own: a client's datagrams to the backend
+// itself clash with its DNAT's entry and get a new source port.)
+func (e *Engine) ownEntries(k clientKey) bool {
+	flows := e.clients[k]
+	for _, f := range flows {
+		if !f.ctNAT {
+			return false
+		}
+	}
+	return len(flows) > 0
 }
 
 // ctAgrees tells whether a TCP flow can be the connection conntrack reports

@@ -66,10 +66,12 @@ type moment struct {
 	// nothing translated it back, and no socket of the client connected
 	// to the VIP takes it.
 	untranslated bool
+	// point: where the packet was seen (elsewhere).
+	point obs.Point
 }
 
 func momentOf(o *obs.Observation, reply bool) moment {
-	m := moment{at: o.Time.UnixNano(), reply: reply}
+	m := moment{at: o.Time.UnixNano(), reply: reply, point: o.Point}
 	if o.Proto == obs.TCP {
 		m.flags = o.TCPFlags
 	}
@@ -371,7 +373,7 @@ func toPeer(flows []*flowState, peer netip.AddrPort, m moment, guess bool) (f *f
 func amongSeveral(flows []*flowState, peer netip.AddrPort, m moment, guess bool) (f *flowState, guessed bool) {
 	limit := m.at + int64(clockSlack)
 	known := latestBefore(flows, m, limit, func(f *flowState) bool {
-		return f.hasBackend(peer) && !f.tcp.over(m)
+		return f.hasBackend(peer) && !f.tcp.over(m) && !f.elsewhere(m)
 	})
 	// A connection's last packets do not make a backend of a newer flow.
 	if !guess || m.flags&(tcpFIN|tcpRST) != 0 {
@@ -380,7 +382,7 @@ func amongSeveral(flows []*flowState, peer netip.AddrPort, m moment, guess bool)
 	var fresh *flowState
 	for _, f := range flows {
 		b := f.began(m)
-		if len(f.backends) == 0 && b <= m.at+int64(guessWindow) && m.at-b <= int64(reorderWindow) && !f.tcp.over(m) &&
+		if len(f.backends) == 0 && b <= m.at+int64(guessWindow) && m.at-b <= int64(reorderWindow) && !f.tcp.over(m) && !f.elsewhere(m) &&
 			(fresh == nil || b > fresh.began(m)) {
 			fresh = f
 		}
@@ -389,4 +391,22 @@ func amongSeveral(flows []*flowState, peer netip.AddrPort, m moment, guess bool)
 		return fresh, true
 	}
 	return known, false
+}
+
+// elsewhere tells whether a packet at m from or to f's client endpoint,
+// one of several flows of it, is another flow's (an unconnected UDP
+// socket's query to a VIP a tc program rewrote, besides f, whose DNAT the
+// node's netfilter made, to one backend): f's own requests carry its VIP
+// into netfilter, and its conntrack entry is the VIP's; and once the SNAT
+// gave f another source (conntrack moved it off the tuple the other flow's
+// entry holds), its packets carry that one on the uplink and its replies
+// until netfilter.
+func (f *flowState) elsewhere(m moment) bool {
+	switch {
+	case m.point == obs.PointConntrack || m.point == obs.PointNFBefore && !m.reply:
+		return f.cps[cpNFBefore].vip && !f.sendsDirect()
+	case m.point == obs.PointUplink || m.point == obs.PointNFBefore:
+		return f.snat.IsValid() && f.snat != f.client
+	}
+	return false
 }
