@@ -779,6 +779,23 @@ func TestBusyNode(t *testing.T) {
 			want = append(want, flowOf(tc, flow.PlaceTC), flowOf(nf, flow.PlaceNetfilter))
 		}
 		cases = append(cases, busyCase{name: "pods to a tc and a netfilter nameserver of one backend from one socket", cfg: cfg, obs: generate(cfg, conns...), want: want})
+		// The same resolvers ask the tc nameserver, then one nothing
+		// rewrites (it leaves with its VIP, and no answer comes): the
+		// second began just after the first's datagram, and is no
+		// candidate for its backend once a point past the host veth saw
+		// it go on to its VIP.
+		dnsVIP3 := netip.MustParseAddrPort("10.120.0.12:53")
+		cfg = busyConfig(obs.PointPod, obs.PointHost, obs.PointTCHead, obs.PointNFBefore, obs.PointNFAfter, obs.PointConntrack, obs.PointUplink)
+		cfg.Services = append(cfg.Services, flow.Service{Addr: dnsVIP2.Addr(), Port: 53, Proto: obs.UDP}, flow.Service{Addr: dnsVIP3.Addr(), Port: 53, Proto: obs.UDP})
+		conns, want = nil, nil
+		for i, pod := range []netip.Addr{podA, podB, podC} {
+			ms := float64(i) * 0.3
+			tc := conn{proto: udp, cl: ap(pod, 51000), svc: dnsVIP2, be: dns1, at: ms, rw: byTC}
+			none := conn{proto: udp, cl: ap(pod, 51000), svc: dnsVIP3, at: ms + 0.5, rw: byNobody, noReply: true}
+			conns = append(conns, tc, none)
+			want = append(want, flowOf(tc, flow.PlaceTC), flowOf(none, flow.PlaceNowhere))
+		}
+		cases = append(cases, busyCase{name: "pods to a tc nameserver and an unrewritten one from one socket", cfg: cfg, obs: generate(cfg, conns...), want: want})
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.run)

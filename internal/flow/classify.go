@@ -133,7 +133,7 @@ func (e *Engine) find(o obs.Observation) (f *flowState, reply bool) {
 	if !o.Src.IsValid() || !o.Dst.IsValid() {
 		return nil, false
 	}
-	f, reply, _ = e.lookup(o.Proto, o.Src, o.Dst, 0, momentOf(&o, false), true, false, nil)
+	f, reply, _ = e.lookup(o.Proto, o.Src, o.Dst, 0, e.momentAt(&o), true, false, nil)
 	return f, reply
 }
 

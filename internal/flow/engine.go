@@ -399,12 +399,11 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 		return true, false, h, false
 	}
 	e.socketPort(o)
-	m := momentOf(&o, false)
+	m := e.momentAt(&o)
 	// A datagram to another peer than a Service where nothing on the node
 	// rewrote it yet, as packetMoment has it: the client's own (guessable).
 	if o.Proto == obs.UDP && !e.isService(o.Proto, o.Dst) {
-		cp, ok := e.requestCheckpoint(o)
-		m.direct = ok && (cp == cpPod || cp == cpHost || cp == cpTCHead)
+		m.direct = m.atCP && (m.cp == cpPod || m.cp == cpHost || m.cp == cpTCHead)
 	}
 	f, reply, r := e.link(o.Proto, o.Src, o.Dst, 0, m, true, last)
 	switch r {
@@ -419,6 +418,14 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 		return true, false, Handle{ro: true, slot: e.replyOnly.gen, reply: true}, true
 	}
 	return false, r == deferredLink, h, false
+}
+
+// momentAt is momentOf for a packet whose direction is not known yet, with
+// the checkpoint it is at as a request (elsewhere).
+func (e *Engine) momentAt(o *obs.Observation) moment {
+	m := momentOf(o, false)
+	m.cp, m.atCP = e.requestCheckpoint(*o)
+	return m
 }
 
 // hasPorts tells whether a packet or conntrack observation has what a flow is

@@ -51,11 +51,13 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m
 		g.in = nil
 	}
 	at := time.Unix(0, m.at)
-	if g.out != nil && e.plausibleGuess(g.out, m, last) {
+	rep := m
+	rep.reply = true
+	if g.out != nil && e.plausibleGuess(g.out, m, last) && !e.doubtfulGuess(g.out, src, m, last) {
 		e.learnBackend(g.out, dst, at)
 		return g.out, false, linked
 	}
-	if g.in != nil && e.plausibleGuess(g.in, m, last) {
+	if g.in != nil && e.plausibleGuess(g.in, m, last) && !e.doubtfulGuess(g.in, dst, rep, last) {
 		e.learnBackend(g.in, src, at)
 		return g.in, true, linked
 	}
@@ -210,6 +212,30 @@ func (e *Engine) plausibleGuess(f *flowState, m moment, last bool) bool {
 	}
 	f.deferred = true
 	return false
+}
+
+// doubtfulGuess tells whether the backend guess of f for a packet at m from
+// or to end must wait (unless this is its last chance), as another flow of
+// f's client endpoint, end, may be the packet's (an unconnected UDP socket
+// asks several VIPs at once): f's requests went on to its VIP past m's
+// checkpoint, or another flow, to another VIP and without a backend, may
+// as well be it. What the points see of them next tells them apart
+// (elsewhere).
+func (e *Engine) doubtfulGuess(f *flowState, end netip.AddrPort, m moment, last bool) bool {
+	if last || end != f.client {
+		return false
+	}
+	doubt := f.elsewhere(m)
+	for _, h := range e.clients[f.key()] {
+		if h != f && h.service != f.service && len(h.backends) == 0 && !h.tcp.over(m) && !h.elsewhere(m) && !h.cps[cpUplink].vip &&
+			h.began(m)-int64(guessWindow) <= m.at && m.at-h.began(m) <= int64(reorderWindow) {
+			h.deferred, doubt = true, true
+		}
+	}
+	if doubt {
+		f.deferred = true
+	}
+	return doubt
 }
 
 // touch notes that f was active at t: a backend guess put off for it may
@@ -930,6 +956,7 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 	}
 	m := momentOf(&o, false)
 	m.entry = o.Proto == obs.TCP
+	m.cp, m.atCP = cpNFBefore, true // its original tuple
 	f, _, r := e.link(o.Proto, o.Src, o.Dst, 0, m, false, last)
 	if r != linked {
 		return r == refused, r == deferredLink

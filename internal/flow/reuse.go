@@ -66,8 +66,11 @@ type moment struct {
 	// nothing translated it back, and no socket of the client connected
 	// to the VIP takes it.
 	untranslated bool
-	// point: where the packet was seen (elsewhere).
+	// point: where the packet was seen; cp, atCP: the checkpoint it is at
+	// as a request (elsewhere).
 	point obs.Point
+	cp    checkpoint
+	atCP  bool
 }
 
 func momentOf(o *obs.Observation, reply bool) moment {
@@ -393,20 +396,29 @@ func amongSeveral(flows []*flowState, peer netip.AddrPort, m moment, guess bool)
 	return known, false
 }
 
-// elsewhere tells whether a packet at m from or to f's client endpoint,
-// one of several flows of it, is another flow's (an unconnected UDP
-// socket's query to a VIP a tc program rewrote, besides f, whose DNAT the
-// node's netfilter made, to one backend): f's own requests carry its VIP
-// into netfilter, and its conntrack entry is the VIP's; and once the SNAT
-// gave f another source (conntrack moved it off the tuple the other flow's
-// entry holds), its packets carry that one on the uplink and its replies
-// until netfilter.
+// elsewhere tells whether a packet at m from or to f's client endpoint is
+// another flow's (an unconnected UDP socket asks several VIPs, rewritten at
+// different places, or not at all): past the client's host veth (before
+// it, the client's own datagrams to a backend are its: sendsDirect), f's
+// requests still went to its VIP at m's checkpoint or after it (a
+// conntrack entry is at netfilter before NAT); and once conntrack moved f
+// to another source (the SNAT, off a tuple another flow's entry holds),
+// its packets carry that one on the uplink, and its replies until
+// netfilter.
 func (f *flowState) elsewhere(m moment) bool {
-	switch {
-	case m.point == obs.PointConntrack || m.point == obs.PointNFBefore && !m.reply:
-		return f.cps[cpNFBefore].vip && !f.sendsDirect()
-	case m.point == obs.PointUplink || m.point == obs.PointNFBefore:
-		return f.snat.IsValid() && f.snat != f.client
+	if f.snat.IsValid() && f.snat != f.client && (m.point == obs.PointUplink || m.point == obs.PointNFBefore && m.reply) {
+		return true
+	}
+	return !m.reply && m.atCP && m.cp > cpTCHead && f.vipFrom(m.cp) && !f.sendsDirect()
+}
+
+// vipFrom tells whether a checkpoint at cp or after it saw f's request go
+// to its VIP.
+func (f *flowState) vipFrom(cp checkpoint) bool {
+	for c := cp; c < numCheckpoints; c++ {
+		if f.cps[c].vip {
+			return true
+		}
 	}
 	return false
 }
