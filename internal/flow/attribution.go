@@ -140,10 +140,11 @@ func (e *Engine) deviceCands(f *flowState, uplink bool, hook string) []string {
 func (e *Engine) tcCands(f *flowState) []string {
 	tcxOnly := f.cps[cpTCTail].backend || e.tcxChainEnded(f)
 	pastTail := f.cps[cpTCTail].vip && !tcxOnly
+	host := e.hostSide(f)
 	var cands []string
 	for _, p := range e.cfg.Attribution.TCPrograms {
 		if p.Direction != "ingress" || p.Kind == "netkit" || (tcxOnly && p.Kind != "tcx") || (pastTail && p.Kind == "tcx" && p.Since.IsZero()) ||
-			(p.Ifindex != 0 && f.hostIfindex != 0 && p.Ifindex != f.hostIfindex) || !presentAt(p, f.first) {
+			(p.Ifindex != 0 && host != 0 && p.Ifindex != host) || !presentAt(p, f.first) {
 			continue
 		}
 		cands = append(cands, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
@@ -151,14 +152,21 @@ func (e *Engine) tcCands(f *flowState) []string {
 	return cands
 }
 
+// hostSide is the ifindex of f's host veth (or netkit primary): where a
+// point saw it, else its Pod's, when it is a traced Pod (one found after
+// its first packets has no sighting there); 0 when not known.
+func (e *Engine) hostSide(f *flowState) int {
+	if f.hostIfindex != 0 {
+		return f.hostIfindex
+	}
+	return e.cfg.Attribution.PodHostSides[f.client.Addr()]
+}
+
 // netkitCands are the programs of the flow's netkit pair (all pairs' when
 // its host side is not known) that run on what the Pod sends: the peer's,
 // attached on the primary, its host side.
 func (e *Engine) netkitCands(f *flowState) []string {
-	host := f.hostIfindex
-	if host == 0 {
-		host = e.cfg.Attribution.PodHostSides[f.client.Addr()]
-	}
+	host := e.hostSide(f)
 	var cands []string
 	for _, p := range e.cfg.Attribution.TCPrograms {
 		if p.Kind == "netkit" && p.Direction == "ingress" && (p.Ifindex == 0 || host == 0 || p.Ifindex == host) && presentAt(p, f.first) {
@@ -227,7 +235,7 @@ func (e *Engine) hostXDPCands(f *flowState) []string {
 func (e *Engine) podTCCands(f *flowState) []string {
 	var cands []string
 	for _, p := range e.cfg.Attribution.PodTCPrograms {
-		if p.Direction == "egress" && (p.Ifindex == 0 || f.hostIfindex == 0 || p.Ifindex == f.hostIfindex) && presentAt(p, f.first) {
+		if host := e.hostSide(f); p.Direction == "egress" && (p.Ifindex == 0 || host == 0 || p.Ifindex == host) && presentAt(p, f.first) {
 			cands = append(cands, fmt.Sprintf("%s egress %s (id %d) on the Pod's eth0", p.Kind, p.Name, p.ID))
 		}
 	}

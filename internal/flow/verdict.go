@@ -970,6 +970,14 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			}
 		}
 	}
+	if len(cands) > 1 && slices.Contains(cands, gapPodNetns) && slices.Contains(cands, gapTC) && e.hostSide(f) != 0 &&
+		len(e.podTCCands(f)) == 0 && len(e.hostIngressCands(f)) > 0 {
+		// No point between its socket and the node saw the request (a Pod
+		// found after its first packets): of the places in between, its
+		// host veth's ingress has a program, its eth0 had none when read.
+		cands = removeGap(cands, gapPodNetns)
+		notes = append(notes, "tc egress in the Pod's netns excluded: its eth0 had no tc program when the Pod was read, its host veth's ingress has one")
+	}
 	if len(cands) > 1 && slices.Contains(cands, gapNetkit) && e.bypassedHostSide(f) {
 		// Every place after the netkit pair is on the node side, whose
 		// points (watching) never saw the request: a program of the pair

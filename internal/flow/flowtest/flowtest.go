@@ -397,6 +397,8 @@ type attribution struct {
 	BridgeNFFilterVLANTagged *bool `json:"bridge_nf_filter_vlan_tagged"`
 	// PodOtherIfaces: the Pods' other interfaces by address.
 	PodOtherIfaces map[netip.Addr]string `json:"pod_other_ifaces"`
+	// PodHostSides: the traced Pods' host veths (ifindex) by address.
+	PodHostSides map[netip.Addr]int `json:"pod_host_sides"`
 	// RoutedHostVeths: the ifindexes of host veths without a master.
 	RoutedHostVeths []int    `json:"routed_host_veths"`
 	GatewayMACs     []string `json:"gateway_macs"`
@@ -506,7 +508,7 @@ func (f file) scenario() (Scenario, error) {
 
 func (a attribution) convert() (flow.Attribution, error) {
 	out := flow.Attribution{BridgeNFCallIPTables: a.BridgeNFCallIPTables, BridgeNFFilterVLANTagged: a.BridgeNFFilterVLANTagged,
-		PodOtherIfaces: a.PodOtherIfaces, NodeAddrs: a.NodeAddrs}
+		PodOtherIfaces: a.PodOtherIfaces, PodHostSides: a.PodHostSides, NodeAddrs: a.NodeAddrs}
 	for _, i := range a.RoutedHostVeths {
 		if out.RoutedHostVeths == nil {
 			out.RoutedHostVeths = map[int]bool{}
