@@ -121,6 +121,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 	tr.eng.AddHostRedirects(now, hostRedirects(found.TCRedirects))
 	// The nftables chains on the new veths, listed with the node's.
 	tr.nat.podsAdded(tr.eng)
+	tr.replayUnscoped(now)
 	// The Pods' points share a bounded budget of rings, as at the start:
 	// each new one gets the share of a node with that many points (the
 	// rings open cannot shrink, so the total grows slowly with every Pod).

@@ -40,6 +40,9 @@ type tracer struct {
 	// scope is the netns inodes of the traced Pods and the node: the socket
 	// observers are host-wide and would also report other netns' clients.
 	scope map[uint64]bool
+	// unscoped are the socket events of netns out of scope that a run
+	// following the Pods that start keeps for a while (holdUnscoped).
+	unscoped []obs.Observation
 	// clients, with a Pod selected, are the addresses a flow's client may
 	// have (that Pod's and the node's): the node-wide points (netfilter,
 	// conntrack, the uplink) also see the other Pods' flows. Nil: every
@@ -117,6 +120,7 @@ func (tr *tracer) add(o obs.Observation) {
 	case obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress:
 		if o.NetNS != 0 && !tr.scope[o.NetNS] {
 			tr.outOfScope++
+			tr.holdUnscoped(o)
 			return
 		}
 	default:
@@ -133,6 +137,44 @@ func (tr *tracer) add(o obs.Observation) {
 	tr.eng.Add(o)
 	if o.Cgroup != 0 && !tr.cgroupDone[o.Cgroup] {
 		tr.attributeCgroup(o.Cgroup)
+	}
+}
+
+// unscopedMax and unscopedAge bound tracer.unscoped: a Pod is found within
+// podWatchEvery of its start, and a look takes some time.
+const (
+	unscopedMax = 1024
+	unscopedAge = 2 * podWatchEvery
+)
+
+// holdUnscoped keeps a socket event of a netns out of scope when the run
+// follows the Pods that start: a Pod's first connections, before the next
+// look found it, are its flows (replayUnscoped), and with a socket or tc
+// LB their socket events are the only ones that saw the VIP.
+func (tr *tracer) holdUnscoped(o obs.Observation) {
+	if tr.pods == nil {
+		return
+	}
+	if len(tr.unscoped) == unscopedMax {
+		tr.unscoped = slices.Delete(tr.unscoped, 0, 1)
+	}
+	tr.unscoped = append(tr.unscoped, o)
+}
+
+// replayUnscoped adds the held socket events of the netns in scope now
+// (Pods found), no longer out of scope, and forgets those older than
+// unscopedAge at now.
+func (tr *tracer) replayUnscoped(now time.Time) {
+	held := tr.unscoped
+	tr.unscoped = nil
+	for _, o := range held {
+		switch {
+		case tr.scope[o.NetNS]:
+			tr.outOfScope--
+			tr.add(o)
+		case now.Sub(o.Time) < unscopedAge:
+			tr.unscoped = append(tr.unscoped, o)
+		}
 	}
 }
 

@@ -137,3 +137,39 @@ func TestInScopeOtherClientsOfSelectedBackend(t *testing.T) {
 		t.Errorf("the engine got %d pod observations, want the selected Pod's own 5", got)
 	}
 }
+
+// TestUnscopedSocketEventsOfPodFoundLater: a Pod that starts during the
+// run connects to a VIP before the next look finds it; a tc program on its
+// host veth rewrites the request, so only its socket events saw the VIP.
+// They are kept, and replayed once the Pod is found: its flow is made,
+// with the backend its packets went to, and nothing stays out of scope.
+// Another netns's events, never found, stay out.
+func TestUnscopedSocketEventsOfPodFoundLater(t *testing.T) {
+	const hostNS, podNS, otherNS = 1, 42, 43
+	vip, backend := netip.MustParseAddrPort("192.168.200.20:80"), netip.MustParseAddrPort("172.20.2.11:8080")
+	client := netip.MustParseAddrPort("172.20.1.11:38368")
+	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: 80, Proto: obs.TCP}},
+		Points: map[obs.Point]bool{obs.PointSockAddr: true, obs.PointSockEgress: true, obs.PointNFBefore: true, obs.PointUplink: true}})
+	tr := &tracer{eng: eng, pods: &podFollow{}, scope: map[uint64]bool{hostNS: true}}
+	at := time.Now()
+	ms := func(n float64) time.Time { return at.Add(time.Duration(n * float64(time.Millisecond))) }
+	for _, o := range []obs.Observation{
+		{Time: ms(0), Point: obs.PointSockAddr, Kind: obs.SockConnect, Proto: obs.TCP, Src: netip.AddrPortFrom(client.Addr(), 0), Dst: vip, ReqDst: vip, Cookie: 7, NetNS: podNS},
+		{Time: ms(0.02), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: vip, Cookie: 7, NetNS: podNS, TCPFlags: 2, Len: 60},
+		{Time: ms(0.03), Point: obs.PointSockAddr, Kind: obs.SockConnect, Proto: obs.TCP, Src: netip.MustParseAddrPort("10.99.0.5:0"), Dst: vip, ReqDst: vip, Cookie: 8, NetNS: otherNS},
+		{Time: ms(0.05), Point: obs.PointNFBefore, Hook: obs.HookPrerouting, Proto: obs.TCP, Src: client, Dst: backend, TCPFlags: 2, Len: 60},
+		{Time: ms(0.06), Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.TCP, Src: client, Dst: backend, TCPFlags: 2, Len: 74},
+		{Time: ms(0.2), Point: obs.PointUplink, Dir: obs.DirIn, Proto: obs.TCP, Src: backend, Dst: client, TCPFlags: 18, Len: 74},
+	} {
+		tr.add(o)
+	}
+	tr.scope[podNS] = true // the next look found the Pod
+	tr.replayUnscoped(ms(500))
+	flows := eng.Flows()
+	if len(flows) != 1 || flows[0].Client != client || flows[0].Service != vip || flows[0].Backend != backend || !flows[0].Reply {
+		t.Fatalf("flows %+v, want one of %s to %s, backend %s, answered", flows, client, vip, backend)
+	}
+	if tr.outOfScope != 1 || len(tr.unscoped) != 1 {
+		t.Errorf("out_of_scope %d, %d events held: want 1 and 1 (the other netns's)", tr.outOfScope, len(tr.unscoped))
+	}
+}
