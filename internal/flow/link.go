@@ -950,7 +950,7 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 		e.withoutPorts++ // an ICMP conntrack entry
 		return true, false
 	}
-	if !last && !o.NATDst.IsValid() && !o.NATSrc.IsValid() && e.ownEntries(clientKey{o.Proto, o.Src}) {
+	if !last && !o.NATDst.IsValid() && !o.NATSrc.IsValid() && e.ownEntries(clientKey{o.Proto, o.Src}, o.Dst) {
 		// Another flow's entry, no NAT at all: it waits for that flow.
 		return false, true
 	}
@@ -1010,18 +1010,32 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 }
 
 // ownEntries tells whether every flow of client endpoint k has its own
-// conntrack entry, a DNAT of its VIP: an entry of k without any NAT (to a
-// backend a tc program chose) is another flow's, which may not be seen yet.
-// (One with a SNAT may be a flow's own: a client's datagrams to the backend
-// itself clash with its DNAT's entry and get a new source port.)
-func (e *Engine) ownEntries(k clientKey) bool {
+// conntrack entry, a DNAT of its VIP, and none sent to dst itself before
+// any rewrite (sendsDirect: a client's own datagrams to a server get an
+// entry without NAT): an entry of k to dst without any NAT (to a backend
+// a tc program chose) is then another flow's, which may not be seen yet.
+// (One with a SNAT may be a flow's own: a client's datagrams to the
+// backend itself clash with its DNAT's entry and get a new source port.)
+func (e *Engine) ownEntries(k clientKey, dst netip.AddrPort) bool {
 	flows := e.clients[k]
 	for _, f := range flows {
-		if !f.ctNAT {
+		if !f.ctNAT || f.sentItself(dst) {
 			return false
 		}
 	}
 	return len(flows) > 0
+}
+
+// sentItself tells whether a point before any rewrite of the node (the
+// socket's egress, the Pod's eth0, its host veth) saw f's client send a
+// request to dst.
+func (f *flowState) sentItself(dst netip.AddrPort) bool {
+	for _, p := range f.points {
+		if !p.reply && (p.point == obs.PointSockEgress || p.point == obs.PointPod || p.point == obs.PointHost) && f.end(p.dst).addrPort() == dst {
+			return true
+		}
+	}
+	return false
 }
 
 // ctAgrees tells whether a TCP flow can be the connection conntrack reports
