@@ -156,7 +156,14 @@ func (tr *tracer) holdUnscoped(o obs.Observation) {
 		return
 	}
 	if len(tr.unscoped) == unscopedMax {
-		tr.unscoped = slices.Delete(tr.unscoped, 0, 1)
+		// Full: the oldest quarter goes, and any older than unscopedAge,
+		// in one copy (one per unscopedMax/4 events, not one each: with
+		// a Pod selected, every other Pod's events come here).
+		old := unscopedMax / 4
+		for old < len(tr.unscoped) && o.Time.Sub(tr.unscoped[old].Time) >= unscopedAge {
+			old++
+		}
+		tr.unscoped = tr.unscoped[:copy(tr.unscoped, tr.unscoped[old:])]
 	}
 	tr.unscoped = append(tr.unscoped, o)
 }

@@ -173,3 +173,32 @@ func TestUnscopedSocketEventsOfPodFoundLater(t *testing.T) {
 		t.Errorf("out_of_scope %d, %d events held: want 1 and 1 (the other netns's)", tr.outOfScope, len(tr.unscoped))
 	}
 }
+
+// TestUnscopedEventsBounded: the socket events of netns out of scope that a
+// run keeps for Pods not found yet stay within unscopedMax, the newest
+// kept, whatever comes (with a Pod selected, every other Pod's events).
+func TestUnscopedEventsBounded(t *testing.T) {
+	tr := &tracer{pods: &podFollow{}, scope: map[uint64]bool{1: true}}
+	at := time.Now()
+	const n = 5000
+	for i := range n {
+		tr.holdUnscoped(obs.Observation{Time: at.Add(time.Duration(i) * time.Microsecond), Point: obs.PointSockEgress, NetNS: 42})
+	}
+	if len(tr.unscoped) > unscopedMax || len(tr.unscoped) < unscopedMax*3/4 {
+		t.Fatalf("%d events held, want between %d and %d", len(tr.unscoped), unscopedMax*3/4, unscopedMax)
+	}
+	if last := tr.unscoped[len(tr.unscoped)-1].Time; !last.Equal(at.Add((n - 1) * time.Microsecond)) {
+		t.Errorf("the newest event held is of %v, want the last one", last.Sub(at))
+	}
+}
+
+// BenchmarkHoldUnscoped: what an out-of-scope socket event costs once the
+// held events are full (with a Pod selected, every other Pod's).
+func BenchmarkHoldUnscoped(b *testing.B) {
+	tr := &tracer{pods: &podFollow{}, scope: map[uint64]bool{1: true}}
+	o := obs.Observation{Time: time.Now(), Point: obs.PointSockEgress, NetNS: 42}
+	for b.Loop() {
+		o.Time = o.Time.Add(time.Microsecond)
+		tr.holdUnscoped(o)
+	}
+}
