@@ -341,15 +341,7 @@ func TestIncidentSecondInterruptWhileCaptureStops(t *testing.T) {
 	needRoot(t)
 	l := upLab(t, lab.ModeTC)
 	out := filepath.Join(t.TempDir(), "incident")
-	cmd := pathtrace("incident", "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(),
-		"--duration", "30s", "--out", out)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	waitFor(t, filepath.Join(out+".partial", "capture.pcapng.partial"), cmd)
+	cmd, stderr := startIncident(t, out, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "30s")
 	_ = cmd.Process.Signal(os.Interrupt)
 	time.Sleep(2 * time.Millisecond) // the tcx observers take longer to detach
 	_ = cmd.Process.Signal(os.Interrupt)

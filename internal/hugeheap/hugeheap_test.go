@@ -68,13 +68,7 @@ func TestHeapMappings(t *testing.T) {
 // is in huge pages after Collapse: the mapping that holds a heap object
 // written to has huge pages, and is not marked for khugepaged.
 func TestCollapseTheHeap(t *testing.T) {
-	t.Setenv("GODEBUG", "")
-	if disabled() {
-		t.Skip("transparent huge pages are off on this node")
-	}
-	if !kernelCollapses(t) {
-		t.Skip("this kernel has no MADV_COLLAPSE (Linux >= 6.1)")
-	}
+	needCollapse(t)
 	obj := make([]byte, 3*hugePage) // lies over at least one whole 2 MiB range
 	for i := range obj {
 		obj[i] = 1
@@ -98,31 +92,18 @@ func TestCollapseTheHeap(t *testing.T) {
 // the budget allows, from its lowest address (the runtime's page allocator
 // reuses the lowest free pages first).
 func TestCollapseWithinBudget(t *testing.T) {
-	t.Setenv("GODEBUG", "")
-	if disabled() {
-		t.Skip("transparent huge pages are off on this node")
-	}
-	if !kernelCollapses(t) {
-		t.Skip("this kernel has no MADV_COLLAPSE (Linux >= 6.1)")
-	}
+	needCollapse(t)
 	const ranges, budget = 16, 4 * hugePage
-	mem, err := unix.Mmap(-1, 0, (ranges+1)*hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
-	base := uintptr(unsafe.Pointer(&mem[0]))
-	off := ((base + hugePage - 1) &^ (hugePage - 1)) - base
+	mem := hugeRanges(t, ranges)
 	for i := range ranges {
-		mem[off+uintptr(i)*hugePage] = 1 // a page here and there
+		mem[i*hugePage] = 1 // a page here and there
 	}
-	lo := base + off
-	n := collapseSpans([]span{{lo: lo, hi: lo + ranges*hugePage, writable: true}}, budget)
-	resident := residentBytes(t, mem[off:off+ranges*hugePage])
+	n := collapseSpans([]span{spanOf(mem)}, budget)
+	resident := residentBytes(t, mem)
 	if n == 0 || resident > budget+ranges*os.Getpagesize() {
 		t.Errorf("collapsed %d ranges: %d KiB resident, want at most the budget %d KiB and the %d pages written", n, resident>>10, budget>>10, ranges)
 	}
-	if first := residentBytes(t, mem[off:off+hugePage]); first != hugePage {
+	if first := residentBytes(t, mem[:hugePage]); first != hugePage {
 		t.Errorf("the lowest range has %d KiB resident, want it collapsed whole", first>>10)
 	}
 }
@@ -225,6 +206,31 @@ func smapsEntry(t *testing.T, addr uintptr) map[string]string {
 // resident (its page table kept from an earlier use) is not collapsed,
 // which would make 2 MiB resident that nothing uses.
 func TestCollapseLeavesUnusedRanges(t *testing.T) {
+	needCollapse(t)
+	const ranges = 4
+	mem := hugeRanges(t, ranges)
+	for i := range ranges {
+		r := mem[i*hugePage : (i+1)*hugePage]
+		r[0] = 1
+		if i%2 == 1 { // used, then given back: its page table stays
+			if err := unix.Madvise(r[:os.Getpagesize()], unix.MADV_DONTNEED); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	collapseSpans([]span{spanOf(mem)}, ranges*hugePage)
+	for i := range ranges {
+		got := residentBytes(t, mem[i*hugePage:(i+1)*hugePage])
+		if want := [2]int{hugePage, 0}[i%2]; got != want {
+			t.Errorf("range %d: %d KiB resident, want %d KiB", i, got>>10, want>>10)
+		}
+	}
+}
+
+// needCollapse skips a test where Collapse does nothing: THP off, or a
+// kernel without MADV_COLLAPSE.
+func needCollapse(t *testing.T) {
+	t.Helper()
 	t.Setenv("GODEBUG", "")
 	if disabled() {
 		t.Skip("transparent huge pages are off on this node")
@@ -232,30 +238,24 @@ func TestCollapseLeavesUnusedRanges(t *testing.T) {
 	if !kernelCollapses(t) {
 		t.Skip("this kernel has no MADV_COLLAPSE (Linux >= 6.1)")
 	}
-	const ranges = 4
-	mem, err := unix.Mmap(-1, 0, (ranges+1)*hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+}
+
+// hugeRanges maps n 2 MiB ranges of anonymous memory, aligned on a huge
+// page, nothing touched; unmapped when the test ends.
+func hugeRanges(t *testing.T, n int) []byte {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, (n+1)*hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Munmap(mem)
+	t.Cleanup(func() { unix.Munmap(mem) })
 	base := uintptr(unsafe.Pointer(&mem[0]))
 	off := ((base + hugePage - 1) &^ (hugePage - 1)) - base
-	page := uintptr(os.Getpagesize())
-	for i := range uintptr(ranges) {
-		r := mem[off+i*hugePage : off+(i+1)*hugePage]
-		r[0] = 1
-		if i%2 == 1 { // used, then given back: its page table stays
-			if err := unix.Madvise(r[:page], unix.MADV_DONTNEED); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	lo := base + off
-	collapseSpans([]span{{lo: lo, hi: lo + ranges*hugePage, writable: true}}, ranges*hugePage)
-	for i := range uintptr(ranges) {
-		got := residentBytes(t, mem[off+i*hugePage:off+(i+1)*hugePage])
-		if want := [2]int{hugePage, 0}[i%2]; got != want {
-			t.Errorf("range %d: %d KiB resident, want %d KiB", i, got>>10, want>>10)
-		}
-	}
+	return mem[off : off+uintptr(n)*hugePage]
+}
+
+// spanOf is the heap span that mem is.
+func spanOf(mem []byte) span {
+	lo := uintptr(unsafe.Pointer(&mem[0]))
+	return span{lo: lo, hi: lo + uintptr(len(mem)), writable: true}
 }
