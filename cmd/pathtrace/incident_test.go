@@ -343,7 +343,9 @@ func TestIncidentSecondInterruptWhileCaptureStops(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "incident")
 	cmd, stderr := startIncident(t, out, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "30s")
 	_ = cmd.Process.Signal(os.Interrupt)
-	time.Sleep(2 * time.Millisecond) // the tcx observers take longer to detach
+	// Within the capture's stop (150-300 ms in the lab: the tcx observers
+	// detach), and apart enough that the kernel does not merge the two.
+	time.Sleep(30 * time.Millisecond)
 	_ = cmd.Process.Signal(os.Interrupt)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("incident interrupted twice: %v (%s)", err, stderr.String())
