@@ -314,8 +314,11 @@ func TestIncidentKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The frames leave the reorder hold within a second (with no newer
-	// frame to push them out), then the file within flushInterval.
-	time.Sleep(1500 * time.Millisecond)
+	// frame to push them out), then the file within flushInterval: on a
+	// loaded machine later, so the kill waits for the first one written.
+	for deadline := time.Now().Add(15 * time.Second); packetsWritten(partial) == 0 && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 	for _, p := range []string{out, out + ".tar.gz"} {
@@ -433,6 +436,25 @@ func nodeState(t *testing.T, l *lab.Lab) string {
 		}
 	}
 	return b.String()
+}
+
+// packetsWritten counts the packets of a pcapng file being written, up to
+// its first block not whole yet.
+func packetsWritten(path string) int {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		return 0
+	}
+	for n := 0; ; n++ {
+		if _, _, err := r.ReadPacketData(); err != nil {
+			return n
+		}
+	}
 }
 
 // countPcapng counts the packets of a pcapng file, which must read without
