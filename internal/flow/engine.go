@@ -424,7 +424,7 @@ func (e *Engine) process(o obs.Observation, last bool) (done, deferred bool, h H
 // the checkpoint it is at as a request (elsewhere).
 func (e *Engine) momentAt(o *obs.Observation) moment {
 	m := momentOf(o, false)
-	m.cp, m.atCP = e.requestCheckpoint(*o)
+	m.cp, m.atCP = e.requestCheckpoint(o)
 	return m
 }
 

@@ -640,7 +640,7 @@ func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot 
 		}
 		return slot
 	}
-	if cp, ok := e.requestCheckpoint(o); ok {
+	if cp, ok := e.requestCheckpoint(&o); ok {
 		if e.afterIPVS(f, cp, o) {
 			cp = cpConfirm
 		}
@@ -706,7 +706,7 @@ func (e *Engine) packetMoment(f *flowState, o *obs.Observation, reply bool) mome
 	case o.TCPFlags&(tcpRST|tcpACK|tcpSYN) == tcpRST:
 		m.aside = true
 	default:
-		if cp, ok := e.requestCheckpoint(*o); ok && (cp == cpPod || cp == cpHost || cp == cpTCHead) {
+		if cp, ok := e.requestCheckpoint(o); ok && (cp == cpPod || cp == cpHost || cp == cpTCHead) {
 			m.direct = true
 		}
 	}

@@ -34,7 +34,7 @@ const (
 )
 
 // requestCheckpoint maps a request-direction packet observation to its checkpoint.
-func (e *Engine) requestCheckpoint(o obs.Observation) (checkpoint, bool) {
+func (e *Engine) requestCheckpoint(o *obs.Observation) (checkpoint, bool) {
 	switch o.Point {
 	case obs.PointSockEgress:
 		if e.cfg.HostNetNS != 0 && o.NetNS == e.cfg.HostNetNS {
