@@ -712,14 +712,7 @@ func (e *Engine) droppedRewritten(f *flowState, last checkpoint, why bool) (verd
 	if atVeth {
 		upto = cpNFBefore // past the host veth's tc ingress only
 	}
-	var cands []gap
-	for cp := last + 1; cp <= upto; cp++ {
-		g := e.gapAt(f, cp)
-		if g == gapNothing || (g == gapIPVS && len(e.ipvsFor(f)) == 0) || slices.Contains(cands, g) {
-			continue
-		}
-		cands = append(cands, g)
-	}
+	cands := e.gapsBetween(f, last, upto)
 	var notes []string
 	if atVeth {
 		notes = append(notes, "dropped at its host veth's tc ingress: the rewrite was there or before")
@@ -931,17 +924,25 @@ func (e *Engine) takenAtUplinkIn(f *flowState, why bool) (verdict, bool) {
 	return v, true
 }
 
-// bracket decides between the last VIP checkpoint iV and the first backend
-// checkpoint iB (iV < iB).
-func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
+// gapsBetween are the places that can rewrite f's destination after
+// checkpoint from up to checkpoint to, each once, in path order (IPVS only
+// for a Service it holds).
+func (e *Engine) gapsBetween(f *flowState, from, to checkpoint) []gap {
 	var cands []gap
-	for cp := iV + 1; cp <= iB; cp++ {
+	for cp := from + 1; cp <= to; cp++ {
 		g := e.gapAt(f, cp)
 		if g == gapNothing || (g == gapIPVS && len(e.ipvsFor(f)) == 0) || slices.Contains(cands, g) {
 			continue
 		}
 		cands = append(cands, g)
 	}
+	return cands
+}
+
+// bracket decides between the last VIP checkpoint iV and the first backend
+// checkpoint iB (iV < iB).
+func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
+	cands := e.gapsBetween(f, iV, iB)
 	if len(cands) == 0 && iB == cpUplink && len(e.uplinkEgressCands(f)) > 0 {
 		// Past every other place that rewrites, the VIP; on the uplink's
 		// wire, the backend: only the uplink's egress (its nftables egress
