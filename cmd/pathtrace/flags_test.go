@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestPodSelectorsConflictFirst: two Pod selectors are refused as such,
@@ -200,5 +202,56 @@ func TestReportEveryAtLeastASecond(t *testing.T) {
 		if (err == nil) != c.ok || err != nil && exitFor(err) != exitUsage {
 			t.Errorf("--report-every %s: %v; want taken %v (refused: exit 2)", c.every, err, c.ok)
 		}
+	}
+}
+
+// TestUnwritablePlacesRefused: a --pcap or an incident's --out where no file
+// can be made is refused with the flags, exit 2 and one line, before
+// anything is attached: root passes the access check on /proc and /sys, so
+// the run started and failed to create its file (exit 1); a dangling
+// symbolic link passed the check and took the name when the file was made.
+// A named pipe is told how to stream into it. A writable directory is
+// taken, and the check leaves nothing in it.
+func TestUnwritablePlacesRefused(t *testing.T) {
+	dir := t.TempDir()
+	fifo, dangling := filepath.Join(dir, "fifo"), filepath.Join(dir, "dangling")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, "nowhere", "x"), dangling); err != nil {
+		t.Fatal(err)
+	}
+	oneLine := func(what string, err error) {
+		t.Helper()
+		if err == nil || exitFor(err) != exitUsage || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v; want a usage error in one line", what, err)
+		}
+	}
+	for _, p := range []string{"/proc/x.pcapng", "/sys/x", "/sys/kernel/x.pcapng", fifo, dangling, "/dev/full"} {
+		var f traceFlags
+		if err := newTraceFlagSet(&f).Parse([]string{"--svc", "10.0.0.1", "--pcap", p}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.validate()
+		oneLine("--pcap "+p, err)
+		if p == fifo && err != nil && !strings.Contains(err.Error(), "--pcap - > "+fifo) {
+			t.Errorf("--pcap %s: %v; want the way to stream into the pipe", p, err)
+		}
+	}
+	for _, out := range []string{"/proc/inc", "/sys/inc"} {
+		f := traceFlags{svcs: []string{"10.0.0.1"}, duration: time.Second, output: "table", snaplen: 96, bufSize: "4M", maxFlows: 4096}
+		_, _, err := incidentOptions(&f, out, "256M")
+		oneLine("incident --out "+out, err)
+	}
+	ok := filepath.Join(t.TempDir(), "svc.pcapng")
+	var f traceFlags
+	if err := newTraceFlagSet(&f).Parse([]string{"--svc", "10.0.0.1", "--pcap", ok}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.validate(); err != nil {
+		t.Errorf("--pcap %s: %v", ok, err)
+	}
+	if left, _ := os.ReadDir(filepath.Dir(ok)); len(left) > 0 {
+		t.Errorf("checking --pcap %s left %s behind", ok, left[0].Name())
 	}
 }

@@ -275,6 +275,10 @@ func (f *traceFlags) validate() (session.Options, error) {
 	if f.pcap != "" && f.pcap != "-" {
 		if st, err := os.Stat(f.pcap); err == nil && st.IsDir() {
 			return opt, usagef("--pcap %s: a directory; give a file to write in it, e.g. --pcap %s", f.pcap, filepath.Join(f.pcap, "svc.pcapng"))
+		}
+		// Lstat: a symbolic link, even one to nothing, is a name taken too.
+		if st, err := os.Lstat(f.pcap); err == nil && st.Mode()&fs.ModeNamedPipe != 0 {
+			return opt, usagef("--pcap %s: a named pipe; pathtrace writes a new file, or streams to stdout: --pcap - > %s", f.pcap, f.pcap)
 		} else if err == nil {
 			return opt, usagef("--pcap %s: the file exists; pathtrace never overwrites a capture, give a new name", f.pcap)
 		}
@@ -361,8 +365,9 @@ func ptraceDeniedWith(flag, what string, err error, eff uint64, known bool) erro
 }
 
 // canWriteIn tells why files cannot be made in dir (a read-only filesystem, a
-// container's read-only root or volume, no permission), nil when they can:
-// found before anything is attached, not when the capture opens its file.
+// container's read-only root or volume, no permission, a kernel filesystem
+// such as /proc or /sys), nil when they can: found before anything is
+// attached, not when the capture opens its file.
 func canWriteIn(dir string) error {
 	err := unix.Faccessat(unix.AT_FDCWD, dir, unix.W_OK|unix.X_OK, unix.AT_EACCESS)
 	if errors.Is(err, unix.EROFS) {
@@ -371,7 +376,31 @@ func canWriteIn(dir string) error {
 	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
 		return errors.New("permission denied")
 	}
-	return nil // other errors: the create itself will say
+	// Root passes that check on /proc and /sys too: only making a file
+	// tells. An unnamed one leaves nothing behind; a named one where the
+	// filesystem cannot make those.
+	if fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600); err == nil {
+		return unix.Close(fd)
+	}
+	f, err := os.CreateTemp(dir, ".pathtrace-check-")
+	if err != nil {
+		if name := kernelFS(dir); name != "" {
+			return fmt.Errorf("the kernel's %s filesystem, which holds no files", name)
+		}
+		return errors.Unwrap(err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+// kernelFS names the kernel's own filesystem dir is on, "" for any other.
+func kernelFS(dir string) string {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil {
+		return ""
+	}
+	return map[int64]string{unix.PROC_SUPER_MAGIC: "proc", unix.SYSFS_MAGIC: "sysfs", unix.CGROUP2_SUPER_MAGIC: "cgroup2",
+		unix.CGROUP_SUPER_MAGIC: "cgroup", unix.BPF_FS_MAGIC: "bpf", unix.TRACEFS_MAGIC: "tracefs", unix.DEBUGFS_MAGIC: "debugfs"}[st.Type]
 }
 
 // stampedVersion is set by `make build` (-X): the commit it was built from.
