@@ -388,7 +388,12 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s\nbundle: %s/ and %s\n", text, out, tarball)
+	// The bundle is whole: a reader that went away (`| head`) loses only
+	// this copy of SUMMARY.md, so the run still succeeds, and says where
+	// the bundle is.
+	if _, err := fmt.Printf("%s\nbundle: %s/ and %s\n", text, out, tarball); err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace incident: SUMMARY.md could not be printed: %v; bundle: %s/ and %s\n", outputLost(err), out, tarball)
+	}
 	return nil
 }
 

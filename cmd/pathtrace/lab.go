@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -65,7 +66,18 @@ Needs root, Linux >= 6.6 (tcx), cgroup v2.
 
 // runLab runs `pathtrace lab ...`.
 func runLab(args []string) int {
-	err := labCommand(args, os.Stdout)
+	// Buffered: a write error (stdout's reader gone, a full disk) stays
+	// and is told by Flush, whatever the command printed after it.
+	out := bufio.NewWriter(os.Stdout)
+	err := labCommand(args, out)
+	if ferr := out.Flush(); ferr != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace lab: its output could not be written: %v\n", outputLost(ferr))
+		// What status and client print is what they are run for; up and
+		// down did their work, only its one line is lost.
+		if err == nil && (args[0] == "status" || args[0] == "client") {
+			return exitRuntime
+		}
+	}
 	var uerr usageError
 	switch {
 	case err == nil:

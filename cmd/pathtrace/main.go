@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -169,6 +170,11 @@ func main() {
 		runtime.GOMAXPROCS(captureProcs(availableProcs))
 	}
 	limitMemory(defaultMaxFlows) // a run's --max-flows may raise it
+	// A write to stdout whose reader went away (`| head -1`) fails with
+	// EPIPE instead of killing pathtrace (exit 141, nothing said): each
+	// command says what it lost. Caught, not ignored: the programs the lab
+	// and the snapshot run get SIGPIPE's default back.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
@@ -208,6 +214,16 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+// outputLost says why stdout took no more: a help or a version whose reader
+// stopped early got what it wanted (their errors are not checked), a report
+// or a status is lost, which the command says on stderr.
+func outputLost(err error) error {
+	if errors.Is(err, syscall.EPIPE) {
+		return fmt.Errorf("its reader went away (%w)", err)
+	}
+	return err
+}
 
 // stopSignals end a trace early, its report and capture file complete:
 // Ctrl-C, SIGTERM, and SIGHUP (the terminal went away: an ssh session that

@@ -14,7 +14,6 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -85,7 +84,8 @@ again is a new flow whose "continues" names the earlier one.
 A second Ctrl-C (or stop signal) ends pathtrace at once, without the report.
 
 Exit codes: 0 done, 1 runtime failure (not root, kernel feature missing,
---pcap cut by a write error: the report is still printed), 2 bad usage.
+--pcap cut by a write error: the report is still printed; the report's reader
+went away, | head), 2 bad usage.
 
 Flags:
 `
@@ -504,11 +504,9 @@ func runTrace(args []string) int {
 		out = os.Stderr
 	}
 	// So too a report whose reader went away (`| head -1`, a log shipper
-	// that died): the write fails with EPIPE and is said on stderr, exit 1,
-	// as for any lost report (a run until stopped ends then: runCtx, with
-	// the open flows' end), rather than die of SIGPIPE, exit 141, with
-	// nothing said.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	// that died; SIGPIPE is caught in main): the write fails with EPIPE and
+	// is said on stderr, exit 1, as for any lost report (a run until
+	// stopped ends then: runCtx, with the open flows' end).
 	if opt.Duration == 0 {
 		// A run until stopped may write nothing for hours (no flow to the
 		// VIP): a reader that went away after the node block (`| head
@@ -598,10 +596,7 @@ func runTrace(args []string) int {
 	// A report lost to its output (stdout on a full disk, closed) is never
 	// a silent success.
 	if err := rw.Err(); err != nil {
-		if errors.Is(err, syscall.EPIPE) {
-			err = fmt.Errorf("its reader went away (%w)", err)
-		}
-		fmt.Fprintf(os.Stderr, "pathtrace: the report could not be written: %v\n", err)
+		fmt.Fprintf(os.Stderr, "pathtrace: the report could not be written: %v\n", outputLost(err))
 		code = exitRuntime
 	}
 	// The capture file is cut (a full disk, a reader that went away): a
