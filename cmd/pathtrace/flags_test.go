@@ -255,3 +255,35 @@ func TestUnwritablePlacesRefused(t *testing.T) {
 		t.Errorf("checking --pcap %s left %s behind", ok, left[0].Name())
 	}
 }
+
+// TestFlagGivenTwice: a flag that takes one value, given twice, is refused
+// naming it, in every command: the last one silently won (--pod-ip A
+// --pod-ip B traced B alone). --svc is repeatable. Each command line also
+// has a bad input that the checks after parsing refuse, so that none can
+// start a trace whatever the parsing does.
+func TestFlagGivenTwice(t *testing.T) {
+	for _, c := range []struct {
+		args  []string
+		twice string
+	}{
+		{[]string{"--svc", "10.0.0.1", "--pod-ip", "10.0.0.2", "--pod-ip", "10.0.0.3", "--output", "xml"}, "--pod-ip"},
+		{[]string{"--svc", "10.0.0.1", "--duration=10s", "--duration", "1h", "--output", "xml"}, "--duration"},
+		{[]string{"--svc", "10.0.0.1", "-w", "/tmp/a.pcapng", "--pcap", "/tmp/b.pcapng", "--output", "xml"}, "--pcap"},
+		{[]string{"--svc", "10.0.0.1", "--svc", "10.0.0.2", "--output", "xml"}, ""},
+		{[]string{"incident", "--svc", "10.0.0.1", "--duration", "1s", "--duration", "1m", "--out", "/nonexistent-dir/x"}, "--duration"},
+		{[]string{"lab", "client", "--name", "ptbadinput", "--requests", "1", "--requests", "2", "--timeout", "0"}, "--requests"},
+	} {
+		var stderr bytes.Buffer
+		cmd := pathtrace(c.args...)
+		cmd.Stderr = &stderr
+		code := exitCode(cmd.Run())
+		msg := strings.TrimSpace(stderr.String())
+		want := "not saying a flag is given twice"
+		if c.twice != "" {
+			want = "saying " + c.twice + " is given twice"
+		}
+		if named := strings.Contains(msg, c.twice+" given twice"); code != exitUsage || strings.Contains(msg, "\n") || named != (c.twice != "") {
+			t.Errorf("pathtrace %s: exit %d, stderr %q; want exit 2 and one line %s", strings.Join(c.args, " "), code, msg, want)
+		}
+	}
+}

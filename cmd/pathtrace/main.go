@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/pathtrace/pathtrace/internal/hugeheap"
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
@@ -214,6 +216,20 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+// parseOnce parses args into fs, refusing a flag given twice unless it is
+// repeatable (--svc): the last one silently won, so --pod-ip A --pod-ip B
+// traced B alone, and --duration 10s ... --duration 1h ran for an hour.
+func parseOnce(fs *pflag.FlagSet, args []string) error {
+	seen := map[string]bool{}
+	return fs.ParseAll(args, func(f *pflag.Flag, v string) error {
+		if _, repeatable := f.Value.(pflag.SliceValue); !repeatable && seen[f.Name] {
+			return fmt.Errorf("--%s given twice (%s, then %s): give it once", f.Name, f.Value, v)
+		}
+		seen[f.Name] = true
+		return fs.Set(f.Name, v)
+	})
+}
 
 // outputLost says why stdout took no more: a help or a version whose reader
 // stopped early got what it wanted (their errors are not checked), a report

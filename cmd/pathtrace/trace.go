@@ -441,7 +441,7 @@ func startInterrupted(ctx context.Context, err error) bool {
 func runTrace(args []string) int {
 	var f traceFlags
 	fs := newTraceFlagSet(&f)
-	err := fs.Parse(args)
+	err := parseOnce(fs, args)
 	// The arguments parsed before an error: a subcommand after the main
 	// command's flags makes its own flags unknown ones (--out).
 	if sub := subcommandIn(fs.Args()); sub != "" {
