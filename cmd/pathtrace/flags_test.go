@@ -287,3 +287,49 @@ func TestFlagGivenTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestSizeTypos: a size written as other tools take it (10MB, 4MiB) is
+// refused saying how to write it, and one too large as such: --buffer-size
+// 4MB was told "use 16K to 256M", which 4MB looks to be, and an incident's
+// --max-bytes 10MB or 999999999999G "give a size of at least 1M".
+func TestSizeTypos(t *testing.T) {
+	trace := func(args ...string) error {
+		var f traceFlags
+		if err := newTraceFlagSet(&f).Parse(append([]string{"--svc", "10.0.0.1"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.validate()
+		return err
+	}
+	incident := func(maxBytes string) error {
+		f := traceFlags{svcs: []string{"10.0.0.1"}, duration: time.Second, output: "table", snaplen: 96, bufSize: "4M", maxFlows: 4096}
+		_, _, err := incidentOptions(&f, filepath.Join(t.TempDir(), "inc"), maxBytes)
+		return err
+	}
+	pcap := filepath.Join(t.TempDir(), "x.pcapng")
+	for _, c := range []struct {
+		what string
+		err  error
+		want string
+	}{
+		{"--buffer-size 4MB", trace("--buffer-size", "4MB"), "write 4M:"},
+		{"--buffer-size 4MiB", trace("--buffer-size", "4MiB"), "write 4M:"},
+		{"--buffer-size 99999999999G", trace("--buffer-size", "99999999999G"), "too large"},
+		{"--max-bytes 10MB", trace("--pcap", pcap, "--max-bytes", "10MB"), "write 10M:"},
+		{"incident --max-bytes 10MB", incident("10MB"), "write 10M:"},
+		{"incident --max-bytes 999999999999G", incident("999999999999G"), "too large"},
+		{"incident --max-bytes 1023K", incident("1023K"), "at least 1M"},
+	} {
+		if c.err == nil || exitFor(c.err) != exitUsage || !strings.Contains(c.err.Error(), c.want) {
+			t.Errorf("%s: %v; want a usage error saying %q", c.what, c.err, c.want)
+		}
+	}
+	for _, args := range [][]string{{"--buffer-size", "4m"}, {"--buffer-size", "65536"}, {"--pcap", pcap, "--max-bytes", "10M"}} {
+		if err := trace(args...); err != nil {
+			t.Errorf("%s: %v", strings.Join(args, " "), err)
+		}
+	}
+	if err := incident("1G"); err != nil {
+		t.Errorf("incident --max-bytes 1G: %v", err)
+	}
+}

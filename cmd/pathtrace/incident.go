@@ -245,7 +245,10 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 		return session.Options{}, 0, usagef("--out %s: cannot create it in %s: %v; give --out in a writable directory", out, filepath.Dir(out), err)
 	}
 	budget, err := parseSize(maxBytes)
-	if err != nil || budget < 1<<20 {
+	if err != nil {
+		return session.Options{}, 0, usagef("--max-bytes %q: %v", maxBytes, err)
+	}
+	if budget < 1<<20 {
 		return session.Options{}, 0, usagef("--max-bytes %q: give a size of at least 1M, e.g. 256M", maxBytes)
 	}
 	if f.duration < 0 {

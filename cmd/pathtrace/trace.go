@@ -178,7 +178,10 @@ func (f *traceFlags) validate() (session.Options, error) {
 		return opt, usagef("--snaplen %d: use 64-65535 (headers up to L4 need 64)", f.snaplen)
 	}
 	ring, err := parseSize(f.bufSize)
-	if err != nil || ring < capture.MinRingBytes || ring > capture.MaxRingBytes {
+	if err != nil {
+		return opt, usagef("--buffer-size %s: %v", f.bufSize, err)
+	}
+	if ring < capture.MinRingBytes || ring > capture.MaxRingBytes {
 		return opt, usagef("--buffer-size %s: use %dK to %dM, e.g. --buffer-size 8M", f.bufSize, capture.MinRingBytes>>10, capture.MaxRingBytes>>20)
 	}
 	// A ring whose blocks cannot hold one frame of --snaplen opens no tap
@@ -265,7 +268,7 @@ func (f *traceFlags) validate() (session.Options, error) {
 	if f.maxBytes != "" {
 		n, err := parseSize(f.maxBytes)
 		if err != nil {
-			return opt, usagef("--max-bytes %q: %v (examples: 1000000, 64M, 1G)", f.maxBytes, err)
+			return opt, usagef("--max-bytes %q: %v", f.maxBytes, err)
 		}
 		opt.PcapLimits.MaxBytes = n
 	}
@@ -650,11 +653,12 @@ func profileHeap(path string) {
 
 // parseSize reads a byte count with an optional K, M or G suffix (powers of 1024).
 func parseSize(s string) (int64, error) {
-	if s == "" {
-		return 0, errors.New("not a positive size")
+	// 10MB, 10MiB: the units other tools take, whose B is not ours.
+	if t := strings.TrimRight(s, "iIbB"); len(t) < len(s) && len(t) > 1 && strings.ContainsAny(t[len(t)-1:], "kKmMgG") {
+		return 0, fmt.Errorf("write %s: K, M and G are powers of 1024, written without B", t)
 	}
 	mult := int64(1)
-	switch strings.ToUpper(s[len(s)-1:]) {
+	switch strings.ToUpper(s[max(len(s)-1, 0):]) {
 	case "K":
 		mult = 1 << 10
 	case "M":
@@ -666,8 +670,13 @@ func parseSize(s string) (int64, error) {
 		s = s[:len(s)-1]
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 || n > (1<<62)/mult {
-		return 0, errors.New("not a positive size")
+	switch {
+	case errors.Is(err, strconv.ErrRange) || n > (1<<62)/mult:
+		return 0, errors.New("too large")
+	case err != nil:
+		return 0, errors.New("not a size: give bytes, or a whole number with a K, M or G suffix, e.g. 64M")
+	case n <= 0:
+		return 0, errors.New("not a positive size, e.g. 64M")
 	}
 	return n * mult, nil
 }
