@@ -333,3 +333,29 @@ func TestSizeTypos(t *testing.T) {
 		t.Errorf("incident --max-bytes 1G: %v", err)
 	}
 }
+
+// TestEmptyValueRefused: a flag given an empty value (a script's --pod-ip
+// "$IP" whose variable was not set) is refused naming it: it read as the
+// flag left out, tracing every Pod, pathtrace's own netns, or writing no
+// capture. Each command line also has a bad input that the checks after
+// parsing refuse, so that none can start a trace whatever the parsing does.
+func TestEmptyValueRefused(t *testing.T) {
+	for _, c := range []struct {
+		args  []string
+		empty string
+	}{
+		{[]string{"--svc", "10.0.0.1", "--pod-ip", "", "--output", "xml"}, "--pod-ip"},
+		{[]string{"--svc", "10.0.0.1", "--host-netns=", "--output", "xml"}, "--host-netns"},
+		{[]string{"--svc", "10.0.0.1", "--pcap", "", "--output", "xml"}, "--pcap"},
+		{[]string{"incident", "--svc", "10.0.0.1", "--cgroup", "", "--out", "/nonexistent-dir/x"}, "--cgroup"},
+	} {
+		var stderr bytes.Buffer
+		cmd := pathtrace(c.args...)
+		cmd.Stderr = &stderr
+		code := exitCode(cmd.Run())
+		msg := strings.TrimSpace(stderr.String())
+		if code != exitUsage || strings.Contains(msg, "\n") || !strings.Contains(msg, c.empty+" is empty") {
+			t.Errorf("pathtrace %q: exit %d, stderr %q; want exit 2 and one line saying %s is empty", c.args, code, msg, c.empty)
+		}
+	}
+}

@@ -86,7 +86,7 @@ func runIncident(args []string) int {
 		fmt.Print(incidentUsage)
 		fs.PrintDefaults()
 	}
-	if err := parseOnce(fs, args); err != nil {
+	if err := parseStrict(fs, args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitOK
 		}

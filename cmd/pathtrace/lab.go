@@ -126,7 +126,7 @@ func labCommand(args []string, out io.Writer) error {
 	default:
 		return usagef("unknown command %q: want up, client, status or down", cmd)
 	}
-	if err := parseOnce(fs, args[1:]); err != nil {
+	if err := parseStrict(fs, args[1:]); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err
 		}

@@ -217,14 +217,20 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
-// parseOnce parses args into fs, refusing a flag given twice unless it is
+// parseStrict parses args into fs, refusing a flag given twice unless it is
 // repeatable (--svc): the last one silently won, so --pod-ip A --pod-ip B
-// traced B alone, and --duration 10s ... --duration 1h ran for an hour.
-func parseOnce(fs *pflag.FlagSet, args []string) error {
+// traced B alone, and --duration 10s ... --duration 1h ran for an hour. It
+// refuses an empty value too, which read as the flag left out: a script's
+// --pod-ip "$IP" or --host-netns "$NS" whose variable was empty traced every
+// Pod, or pathtrace's own netns, and --pcap "$FILE" wrote no capture.
+func parseStrict(fs *pflag.FlagSet, args []string) error {
 	seen := map[string]bool{}
 	return fs.ParseAll(args, func(f *pflag.Flag, v string) error {
 		if _, repeatable := f.Value.(pflag.SliceValue); !repeatable && seen[f.Name] {
 			return fmt.Errorf("--%s given twice (%s, then %s): give it once", f.Name, f.Value, v)
+		}
+		if v == "" {
+			return fmt.Errorf("--%s is empty (a variable not set?): give it a value", f.Name)
 		}
 		seen[f.Name] = true
 		return fs.Set(f.Name, v)

@@ -444,7 +444,7 @@ func startInterrupted(ctx context.Context, err error) bool {
 func runTrace(args []string) int {
 	var f traceFlags
 	fs := newTraceFlagSet(&f)
-	err := parseOnce(fs, args)
+	err := parseStrict(fs, args)
 	// The arguments parsed before an error: a subcommand after the main
 	// command's flags makes its own flags unknown ones (--out).
 	if sub := subcommandIn(fs.Args()); sub != "" {
