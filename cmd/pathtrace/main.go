@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
@@ -57,7 +58,11 @@ const flowBytes = 4 << 10
 // flows: what the user asked for with --max-flows is memory, not a
 // collector that never stops.
 func memoryLimitFor(maxFlows int) int64 {
-	return memoryLimit + int64(max(0, maxFlows-defaultMaxFlows))*flowBytes
+	extra := int64(max(0, maxFlows-defaultMaxFlows))
+	if extra > (math.MaxInt64-memoryLimit)/flowBytes {
+		return math.MaxInt64 // no limit: the product would wrap to a small one
+	}
+	return memoryLimit + extra*flowBytes
 }
 
 // limitMemory sets the soft limit for maxFlows, unless GOMEMLIMIT did.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"os"
 	"runtime"
 	"testing"
@@ -96,8 +97,9 @@ func TestMoreProcsWhenBehind(t *testing.T) {
 // that a run of --max-flows 100000 (the live heap passed 42 MiB within a
 // minute of churn) does not keep the collector running without pause.
 func TestMemoryLimitFor(t *testing.T) {
+	// --max-flows 9223372036854775807, meaning no bound, wrapped to 24 MiB.
 	for maxFlows, want := range map[int]int64{1: 40 << 20, 10: 40 << 20, defaultMaxFlows: 40 << 20,
-		defaultMaxFlows + 256: 41 << 20, 100000: 40<<20 + (100000-defaultMaxFlows)*4096} {
+		defaultMaxFlows + 256: 41 << 20, 100000: 40<<20 + (100000-defaultMaxFlows)*4096, math.MaxInt: math.MaxInt64} {
 		if got := memoryLimitFor(maxFlows); got != want {
 			t.Errorf("memoryLimitFor(%d) = %d MiB, want %d MiB", maxFlows, got>>20, want>>20)
 		}
