@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -357,5 +358,16 @@ func TestEmptyValueRefused(t *testing.T) {
 		if code != exitUsage || strings.Contains(msg, "\n") || !strings.Contains(msg, c.empty+" is empty") {
 			t.Errorf("pathtrace %q: exit %d, stderr %q; want exit 2 and one line saying %s is empty", c.args, code, msg, c.empty)
 		}
+	}
+}
+
+// TestLabCommandFirst: `pathtrace lab --name x status`, flags before the
+// command as the main command takes them, is told to give the command
+// first, not that "--name" is an unknown command.
+func TestLabCommandFirst(t *testing.T) {
+	err := labCommand([]string{"--name", "x", "status"}, io.Discard)
+	var ue usageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "give the command first") {
+		t.Errorf("lab --name x status: %v; want a usage error saying to give the command first", err)
 	}
 }

@@ -124,6 +124,9 @@ func labCommand(args []string, out io.Writer) error {
 		asJSON = fs.Bool("json", false, "print JSON")
 	case "down":
 	default:
+		if strings.HasPrefix(cmd, "-") { // lab --name x status, as the main command's flags go
+			return usagef("%s: give the command first, then its flags, e.g. pathtrace lab status --name NAME", cmd)
+		}
 		return usagef("unknown command %q: want up, client, status or down", cmd)
 	}
 	if err := parseStrict(fs, args[1:]); err != nil {
