@@ -371,3 +371,31 @@ func TestLabCommandFirst(t *testing.T) {
 		t.Errorf("lab --name x status: %v; want a usage error saying to give the command first", err)
 	}
 }
+
+// TestNameTooLongRefused: a --pcap or --out whose NAME.partial, under which
+// it is built, is longer than its filesystem's names (255 bytes here) is
+// refused with the flags: the capture failed to name its file, exit 1, once
+// the observers were attached. A name that fits with .partial is taken.
+func TestNameTooLongRefused(t *testing.T) {
+	dir := t.TempDir()
+	long := filepath.Join(dir, strings.Repeat("a", 250)+".pcapng") // 265 bytes with .partial
+	var f traceFlags
+	if err := newTraceFlagSet(&f).Parse([]string{"--svc", "10.0.0.1", "--pcap", long}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.validate(); err == nil || exitFor(err) != exitUsage || !strings.Contains(err.Error(), "shorter name") {
+		t.Errorf("--pcap of a 257-byte name: %v; want a usage error asking for a shorter name", err)
+	}
+	inc := traceFlags{svcs: []string{"10.0.0.1"}, duration: time.Second, output: "table", snaplen: 96, bufSize: "4M", maxFlows: 4096}
+	if _, _, err := incidentOptions(&inc, filepath.Join(dir, strings.Repeat("b", 250)), "256M"); err == nil || exitFor(err) != exitUsage || !strings.Contains(err.Error(), "shorter name") {
+		t.Errorf("incident --out of a 250-byte name: %v; want a usage error asking for a shorter name", err)
+	}
+	fits := filepath.Join(dir, strings.Repeat("c", 240)+".pcapng") // 255 bytes with .partial
+	f = traceFlags{}
+	if err := newTraceFlagSet(&f).Parse([]string{"--svc", "10.0.0.1", "--pcap", fits}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.validate(); err != nil {
+		t.Errorf("--pcap of a 247-byte name: %v", err)
+	}
+}

@@ -244,6 +244,9 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	if err := canWriteIn(filepath.Dir(out)); err != nil {
 		return session.Options{}, 0, usagef("--out %s: cannot create it in %s: %v; give --out in a writable directory", out, filepath.Dir(out), err)
 	}
+	if err := partialFits(out); err != nil {
+		return session.Options{}, 0, usagef("--out %s: %v", out, err)
+	}
 	budget, err := parseSize(maxBytes)
 	if err != nil {
 		return session.Options{}, 0, usagef("--max-bytes %q: %v", maxBytes, err)

@@ -296,6 +296,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		if err := canWriteIn(filepath.Dir(f.pcap)); err != nil {
 			return opt, usagef("--pcap %s: cannot write in %s: %v; give a file in a writable directory", f.pcap, filepath.Dir(f.pcap), err)
 		}
+		if err := partialFits(f.pcap); err != nil {
+			return opt, usagef("--pcap %s: %v", f.pcap, err)
+		}
 	}
 	if f.duration == 0 && f.pcap != "" && f.maxBytes == "" && f.maxPkts > 0 {
 		return opt, usagef("--pcap with --duration 0 (until stopped) needs --max-bytes: --max-packets bounds the packets, not the bytes on disk; give --max-bytes SIZE too (e.g. --max-bytes 1G)")
@@ -394,6 +397,19 @@ func canWriteIn(dir string) error {
 	}
 	f.Close()
 	return os.Remove(f.Name())
+}
+
+// partialFits tells why path cannot be built as PATH.partial: a name longer
+// than its filesystem takes, which failed only once the capture had begun.
+func partialFits(path string) error {
+	var st unix.Statfs_t
+	if unix.Statfs(filepath.Dir(path), &st) != nil || st.Namelen == 0 {
+		return nil // the create will say
+	}
+	if n := len(filepath.Base(path) + ".partial"); int64(n) > st.Namelen {
+		return fmt.Errorf("built as NAME.partial, a name of %d bytes, more than the %d its filesystem takes: give a shorter name", n, st.Namelen)
+	}
+	return nil
 }
 
 // kernelFS names the kernel's own filesystem dir is on, "" for any other.
