@@ -399,3 +399,18 @@ func TestNameTooLongRefused(t *testing.T) {
 		t.Errorf("--pcap of a 247-byte name: %v", err)
 	}
 }
+
+// TestLabStatusJSONUnhealthy: lab status exits 1 when its health check
+// fails, with --json too (a script reads the exit, not only "healthy"): it
+// exited 0 on a lab that does not exist.
+func TestLabStatusJSONUnhealthy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: lab status reads the lab's namespaces")
+	}
+	name := fmt.Sprintf("ptnone%d", os.Getpid()) // never made
+	var out bytes.Buffer
+	err := labCommand([]string{"status", "--name", name, "--json"}, &out)
+	if err == nil || !strings.Contains(out.String(), `"healthy": false`) {
+		t.Errorf("lab status --json of a lab that does not exist: %v, printed %q; want the failed health check as an error (exit 1) after the JSON", err, out.String())
+	}
+}

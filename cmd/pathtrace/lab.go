@@ -177,9 +177,10 @@ func labCommand(args []string, out io.Writer) error {
 	case "status":
 		st, err := l.Status()
 		if *asJSON {
-			return errors.Join(err, writeJSON(out, st))
+			err = errors.Join(err, writeJSON(out, st))
+		} else {
+			printLabStatus(out, st)
 		}
-		printLabStatus(out, st)
 		if err == nil && !st.Healthy {
 			err = errors.New("the health check failed (see above)")
 		}
