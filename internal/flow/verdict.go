@@ -281,6 +281,12 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 		if v, ok := e.takenAtUplinkIn(f, why); ok {
 			return v
 		}
+		if rules := e.rejectsOnWire(f); len(rules) > 0 {
+			if !why {
+				return verdict{place: PlaceNowhere}
+			}
+			return e.rejected(f, rules)
+		}
 	}
 	if iV < 0 || iV >= iB {
 		if !why {
@@ -570,6 +576,28 @@ func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
 	default:
 		hooks = append(hooks, "prerouting")
 	}
+	return e.rejectsAt(f, hooks, beforeNAT)
+}
+
+// rejectsOnWire are the node's rules that reject or drop f, an outside
+// client's request that the uplink's RX tap saw come in with the VIP and no
+// point after it, and that got no answer but a refusal: the netfilter
+// observers watched and never saw it, so a filter chain before them at
+// prerouting ended it (kube-proxy's firewall-check of
+// loadBalancerSourceRanges, priority -110), as rejectsFor finds for a Pod's
+// request. None when the uplink's tc ingress has a program: it may have
+// taken the request.
+func (e *Engine) rejectsOnWire(f *flowState) []NATRule {
+	if !e.active(obs.PointNFBefore) || f.cps[cpNFBefore].any() || f.reply && !f.tcp.refused() || len(f.backends) > 0 ||
+		f.cps[cpUplink].any() || e.byUplinkInTC(f) != "" {
+		return nil
+	}
+	return e.rejectsAt(f, []string{"prerouting"}, true)
+}
+
+// rejectsAt are the rules at hooks, before NAT or after it, that reject or
+// drop f's packets.
+func (e *Engine) rejectsAt(f *flowState, hooks []string, beforeNAT bool) []NATRule {
 	var out []NATRule
 	for _, r := range e.cfg.Attribution.Rejects {
 		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && slices.Contains(hooks, r.Hook) && r.BeforeNAT == beforeNAT &&
