@@ -228,6 +228,25 @@ func (e *Engine) uplinkNeighbor(ifindex int, mac obs.MAC) string {
 	return ns[UplinkNeighborKey{best, mac}].String()
 }
 
+// RequestLeftUplink tells whether f's requests were seen leaving the
+// uplink (its TX tap). A VLAN alone does not say so: an outside client's
+// request that came in on the uplink, and that the node rejected, answered
+// itself or lost after its rewrite, has the VLAN it came in on.
+func (f *Flow) RequestLeftUplink() bool {
+	if f.NotSent {
+		return false // its TX tap saw them, the device dropped them after it
+	}
+	if f.UplinkDstMAC != "" {
+		return true // set from the request's frames leaving the uplink
+	}
+	for _, p := range f.Points {
+		if p.Point == obs.PointUplink.String() && !p.Reply && p.Dir != obs.DirIn.String() {
+			return true
+		}
+	}
+	return false
+}
+
 // UplinkNeighborMissing tells whether f's uplink frame went to a MAC other
 // than its Pod's gateway that the engine's UplinkNeighbors did not name.
 func (f *Flow) UplinkNeighborMissing() bool {

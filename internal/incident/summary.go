@@ -11,7 +11,6 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
-	"github.com/pathtrace/pathtrace/internal/obs"
 	"github.com/pathtrace/pathtrace/internal/report"
 )
 
@@ -154,7 +153,7 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(requestLeftUplink(f)), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.NotSent), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), kernelDropsKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(f.RequestLeftUplink()), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.NotSent), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), kernelDropsKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
 }
 
 // kernelDropsKey is what of a flow's kernel drops the summary says: their
@@ -330,7 +329,7 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 		fmt.Fprintf(&b, "%s anywhere on this node", pick(one, "was not rewritten", "were not rewritten"))
 		// Not rewritten also when the node kept it: its own address (a node
 		// cache), or its filter rejected it; the evidence says which.
-		if requestLeftUplink(f) {
+		if f.RequestLeftUplink() {
 			fmt.Fprintf(&b, ": %s the uplink with the VIP still as destination", pick(one, "it left", "they left"))
 		}
 	default:
@@ -439,25 +438,6 @@ func tcWhere(by string) string {
 		where = w
 	}
 	return where
-}
-
-// requestLeftUplink tells whether f's requests were seen leaving the
-// uplink (its TX tap). A VLAN alone does not say so: an outside client's
-// request that came in on the uplink, and that the node rejected or answered
-// itself, has the VLAN it came in on.
-func requestLeftUplink(f flow.Flow) bool {
-	if f.NotSent {
-		return false // its TX tap saw them, the device dropped them after it
-	}
-	if f.UplinkDstMAC != "" {
-		return true // set from the request's frames leaving the uplink
-	}
-	for _, p := range f.Points {
-		if p.Point == obs.PointUplink.String() && !p.Reply && p.Dir != obs.DirIn.String() {
-			return true
-		}
-	}
-	return false
 }
 
 func placed(p flow.Place) bool {

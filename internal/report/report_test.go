@@ -708,14 +708,18 @@ func (failingWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
 func TestUnansweredOnNodeExplained(t *testing.T) {
 	svc := netip.MustParseAddrPort("10.120.0.80:80")
 	be := netip.MustParseAddrPort("10.244.20.31:3000")
-	vlan := uint16(200)
+	vlan, untagged := uint16(200), uint16(0)
 	lost := "VIP 10.120.0.80:80 at netfilter before NAT, backend 10.244.20.31:3000 at netfilter after NAT; no answer, and the uplink TX (captured) never saw the request after its rewrite"
 	flows := []flow.Flow{
 		{ID: 1, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: lost},
-		{ID: 2, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "left", VLAN: &vlan},
+		{ID: 2, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "left", VLAN: &vlan, UplinkDstMAC: "02:00:0a:f4:08:01"},
 		{ID: 3, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "answered", Reply: true},
 		{ID: 4, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "data lost", Reply: true, VLAN: &vlan, LostOnNode: 6},
 		{ID: 5, Proto: "tcp", Service: svc, Backend: be, RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "replies lost", VLAN: &vlan, RepliesLostOnNode: 2},
+		// An outside client's request to a NodePort: its VLAN is the one it
+		// came in on, and it never left after its rewrite.
+		{ID: 6, Proto: "tcp", Client: netip.MustParseAddrPort("172.16.0.5:40000"), Service: netip.MustParseAddrPort("192.168.88.1:31080"), Backend: be,
+			RewrittenAt: flow.PlaceNetfilter, By: "nft", Reason: "outside client's lost", VLAN: &untagged},
 	}
 	var table bytes.Buffer
 	if err := report.WriteTable(&table, flows, flow.Summary{}); err != nil {
@@ -733,6 +737,9 @@ func TestUnansweredOnNodeExplained(t *testing.T) {
 	// the client's Pod.
 	if want := "  flow 5: replies lost\n"; !strings.Contains(out, want) {
 		t.Errorf("the table does not explain flow 5, whose replies the node lost (want %q):\n%s", want, out)
+	}
+	if want := "  flow 6: outside client's lost\n"; !strings.Contains(out, want) {
+		t.Errorf("the table does not explain flow 6, an outside client's request that never left the node after its rewrite (want %q):\n%s", want, out)
 	}
 	if strings.Contains(out, "flow 2:") || strings.Contains(out, "flow 3:") {
 		t.Errorf("the table explains a flow that left the uplink or was answered:\n%s", out)

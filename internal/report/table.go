@@ -474,7 +474,7 @@ func uplinkMAC(f flow.Flow) string {
 // writeReasons explains the nowhere and unknown verdicts, one line per
 // distinct reason with the flows it applies to: these are the rows an SRE
 // has to act on. So are the rewritten flows that got no answer and never
-// reached the uplink (REPLY no, VLAN -): their reason says whether the
+// left the uplink (REPLY no): their reason says whether the
 // node lost them on the way out, which the row alone cannot tell from a
 // backend that does not answer.
 func writeReasons(w io.Writer, flows []flow.Flow) {
@@ -606,8 +606,8 @@ func writeBeganBeforeRun(w io.Writer, flows []flow.Flow) {
 }
 
 // unansweredOnNode tells whether f was rewritten (socket, tc, netfilter,
-// ipvs) and got nothing back (REPLY no) and was never seen on the uplink,
-// or lost request packets on the node (LostOnNode), or its replies on the
+// ipvs) and got nothing back (REPLY no) and its requests were never seen
+// leaving the uplink (an outside client's came in on it), or lost request packets on the node (LostOnNode), or its replies on the
 // node (RepliesLostOnNode).
 func unansweredOnNode(f flow.Flow) bool {
 	switch f.RewrittenAt {
@@ -615,7 +615,7 @@ func unansweredOnNode(f flow.Flow) bool {
 	default:
 		return false
 	}
-	return reply(f) == "no" && f.StrayReplies == nil && f.VLAN == nil || f.LostOnNode > 0 || f.RepliesLostOnNode > 0
+	return reply(f) == "no" && f.StrayReplies == nil && !f.RequestLeftUplink() || f.LostOnNode > 0 || f.RepliesLostOnNode > 0
 }
 
 // writeICMPErrors lists the ICMP errors that came back instead of replies
