@@ -101,9 +101,9 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 	learn := g != nil
 	client, service, toService := src, dst, true
 	switch {
-	case e.isService(proto, dst):
+	case e.isService(proto, dst) && !(replies && e.clientOnVIP(proto, dst)):
 		m.reply = false
-	case replies && e.isService(proto, src):
+	case replies && e.isService(proto, src) && !e.clientOnVIP(proto, src):
 		client, service, reply, m.reply = dst, src, true, true
 		// A socket sending from the Service is the server's (a node-local
 		// listener): its cookie tells the client's sockets nothing.
@@ -198,6 +198,15 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 		}
 	}
 	return nil, false, unlinked
+}
+
+// clientOnVIP tells whether ap, an endpoint on a traced VIP's address, is
+// a flow's client endpoint: a node socket that connects to a VIP which is
+// an address of the node (traced without port) has that address as its
+// source. What it sends to its backend, and the backend's answers, are its
+// flow's, not requests to the VIP on the socket's port (or answers to them).
+func (e *Engine) clientOnVIP(proto obs.Proto, ap netip.AddrPort) bool {
+	return len(e.clients[clientKey{proto, ap}]) > 0
 }
 
 // plausibleGuess tells whether a packet at m to (or from) a peer f does not
