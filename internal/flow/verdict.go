@@ -563,7 +563,8 @@ func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
 	if last != cpNFAfter && !(viaInput && last == cpNodeEgress) && !beforeNAT || f.reply && !f.tcp.refused() || len(f.backends) > 0 || f.cps[cpUplink].any() || e.sharesBackends(f) != nil {
 		return nil
 	}
-	hooks := []string{e.filterHookOf(f)}
+	// The hooks the request met, in the order it met them.
+	var hooks []string
 	switch {
 	case viaInput && last == cpNodeEgress:
 		hooks = []string{"input"} // past output's filter
@@ -574,7 +575,7 @@ func (e *Engine) rejectsFor(f *flowState, last checkpoint) []NATRule {
 	case beforeNAT:
 		hooks = []string{"prerouting"}
 	default:
-		hooks = append(hooks, "prerouting")
+		hooks = []string{"prerouting", e.filterHookOf(f)}
 	}
 	return e.rejectsAt(f, hooks, beforeNAT)
 }
@@ -595,20 +596,24 @@ func (e *Engine) rejectsOnWire(f *flowState) []NATRule {
 	return e.rejectsAt(f, []string{"prerouting"}, true)
 }
 
-// rejectsAt are the rules at hooks, before NAT or after it, that reject or
-// drop f's packets.
+// rejectsAt are the rules at hooks (in the order the packets meet them),
+// before NAT or after it, that reject or drop f's packets.
 func (e *Engine) rejectsAt(f *flowState, hooks []string, beforeNAT bool) []NATRule {
 	var out []NATRule
-	for _, r := range e.cfg.Attribution.Rejects {
-		if vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && slices.Contains(hooks, r.Hook) && r.BeforeNAT == beforeNAT &&
-			e.clientMayMeet(r.Sources, f.client.Addr()) {
-			out = append(out, r)
-			if len(r.Sources) == 0 {
-				// Rejects come in the order the hook runs them: the first
-				// that every packet of the flow meets ends it, the later
-				// ones (kube-proxy's reject of a ClusterIP's other ports,
-				// after its no-endpoints reject) never see it.
-				break
+	for _, hook := range hooks {
+		for _, r := range e.cfg.Attribution.Rejects {
+			if r.Hook == hook && vipMatches(r.VIP, r.Proto, f) && within(r.Since, r.Until, f.first) && r.BeforeNAT == beforeNAT &&
+				e.clientMayMeet(r.Sources, f.client.Addr()) {
+				out = append(out, r)
+				if len(r.Sources) == 0 {
+					// Rejects come in the order the hook runs them: the
+					// first that every packet of the flow meets ends it,
+					// the later ones (kube-proxy's reject of a ClusterIP's
+					// other ports, after its no-endpoints reject; iptables'
+					// KUBE-PROXY-FIREWALL at input after output's) never
+					// see it.
+					return out
+				}
 			}
 		}
 	}
