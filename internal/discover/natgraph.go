@@ -186,6 +186,13 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 		if !applies {
 			continue
 		}
+		if r.dstNeg && w.local && w.base.hook == "input" {
+			// At input every destination is an address of the node: a
+			// rule on all of them but some (kube-proxy's
+			// nodeport-endpoints-check, `ip daddr != 127.0.0.0/8`) names
+			// a NodePort's, as `fib daddr type local` does before NAT.
+			names = true
+		}
 		m, pr, po, cm, sm := matched, proto, port, comment, src
 		if len(r.src) > 0 {
 			sm = append(slices.Clone(src), r.src...)

@@ -445,3 +445,43 @@ func BenchmarkWalkClusterIPsSet(b *testing.B) {
 		g.match(backend)
 	}
 }
+
+// TestNFTNodePortEndpointsCheckAnyLocal: kube-proxy's nftables mode with
+// nodePortAddresses unset matches NodePorts on every address of the node
+// but loopback: its nodeport-endpoints-check, from filter-input, is
+// `ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap
+// @no-endpoint-nodeports`. At input every destination is an address of the
+// node, so that rule names a NodePort traced as NODE-IP:PORT, as `fib daddr
+// type local` does at prerouting: its drop (externalTrafficPolicy: Local, no
+// local endpoint) is the NodePort's. A rule without a condition on the
+// destination (`ct state invalid drop`) names none, nor does that one a
+// ClusterIP, which is no address of the node.
+func TestNFTNodePortEndpointsCheckAnyLocal(t *testing.T) {
+	sets := map[string]nftSet{"no-endpoint-nodeports": {elems: []nftables.SetElement{
+		{Key: concatKey([]byte{unix.IPPROTO_TCP}, port(30082)), VerdictData: &expr.Verdict{Kind: expr.VerdictDrop}, Comment: "default/localnone:http"},
+	}}}
+	lookup := func(name string) (nftSet, bool) { s, ok := sets[name]; return s, ok }
+	notLoopback := []expr.Any{
+		&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{127}},
+	}
+	ctInvalid := []expr.Any{&expr.Ct{Register: 1, Key: expr.CtKeySTATE}, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{1, 0, 0, 0}, Xor: []byte{0, 0, 0, 0}}, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}}}
+	g := &natGraph{source: SourceNFTables, table: "ip kube-proxy", bases: []natBase{{"filter-input", "input", false, 0}}, chains: map[string][]natRule{}}
+	for chain, rs := range map[string][][]expr.Any{
+		"filter-input":             {append(slices.Clone(ctInvalid), &expr.Verdict{Kind: expr.VerdictDrop}), {jump("nodeport-endpoints-check")}},
+		"nodeport-endpoints-check": {append(slices.Clone(notLoopback), loadProto(1), loadDport(unix.NFT_REG32_01), &expr.Lookup{SourceRegister: 1, SetName: "no-endpoint-nodeports", IsDestRegSet: true, DestRegister: unix.NFT_REG_VERDICT})},
+	} {
+		for _, r := range rs {
+			g.chains[chain] = append(g.chains[chain], nftNATRules(r, lookup)...)
+		}
+	}
+	node, clusterIP := netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("10.96.0.82")
+	var got []string
+	for _, r := range g.matchLocal([]netip.Addr{node, clusterIP}, map[netip.Addr]bool{node: true}) {
+		got = append(got, rejectKey(r))
+	}
+	want := []string{"input 192.168.77.1 tcp/30082 filter-input>nodeport-endpoints-check => invalid AddrPort drop default/localnone:http"}
+	if !slices.Equal(got, want) {
+		t.Errorf("rejects:\n got %q\nwant %q", got, want)
+	}
+}
