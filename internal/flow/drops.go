@@ -366,7 +366,8 @@ func (d KernelDrop) String() string {
 // Pod's eth0 tap, which lost no frames, saw no reply come in; or, without
 // that tap (a node process's flow has none past the uplink), the kernel
 // dropped at least as many replies as the point that saw most of them saw
-// (mostSeen).
+// (mostSeen), unless it dropped fewer on the node than the uplink's RX tap
+// saw come in (nodeReplyDrops).
 func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	n := f.replyDrops()
 	if n == 0 {
@@ -376,16 +377,53 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	// requests leave: an outside client's (a NodePort's) has none.
 	podTap := !f.fromNode && e.active(obs.PointPod) && !e.captureLost[obs.PointPod]
 	podOut := false
+	var in uint64
 	for _, p := range f.points {
 		if !p.reply {
 			podOut = podOut || p.point == obs.PointPod && p.dir == obs.DirOut
 			continue
 		}
-		if podTap && p.point == obs.PointPod && p.dir == obs.DirIn {
+		switch {
+		case podTap && p.point == obs.PointPod && p.dir == obs.DirIn:
 			return false
+		case p.point == obs.PointUplink && p.dir == obs.DirIn:
+			in += p.packets
 		}
 	}
-	return podTap && podOut || n >= f.mostSeen(true)
+	if podTap && podOut {
+		return true
+	}
+	// The uplink's RX tap sees every reply that comes in before the node
+	// can drop it, the observers only those that got past the drops
+	// before them (a tc program or a netdev chain at the uplink's
+	// ingress): measured against theirs, such drops read as every reply.
+	if dropped, all := e.nodeReplyDrops(f); all && in > dropped {
+		return false
+	}
+	return n >= f.mostSeen(true)
+}
+
+// dropBudget is how many drops of a flow direction the drop observer
+// reports before it reports one per 10 ms (PT_EVENTS_PER_FLOW in
+// bpf/observe.h): with fewer reported, it left none out.
+const dropBudget = 8
+
+// nodeReplyDrops counts f's reply packets the kernel dropped in the
+// node's netns, NOT_SPECIFIED aside; all: the drop observer reported
+// every reply drop of f, fewer than its budget (in any netns: they share
+// it).
+func (e *Engine) nodeReplyDrops(f *flowState) (n uint64, all bool) {
+	var reported uint64
+	for _, d := range f.kernelDrops() {
+		if d.Direction != "reply" {
+			continue
+		}
+		reported += d.Count
+		if d.NetNS == e.cfg.HostNetNS && d.Reason != reasonNotSpecified {
+			n += d.Count
+		}
+	}
+	return n, e.cfg.HostNetNS != 0 && reported < dropBudget
 }
 
 // dropsReason says what the kernel dropped of f, "" when nothing.
