@@ -45,6 +45,31 @@ func TestRepliesMissingAtALossyPodTapAreNoVerdict(t *testing.T) {
 	}
 }
 
+// TestReplyAtALossyPodTapIsAReply: a reply the client's Pod's eth0 tap saw
+// come in reached the client, whatever else that tap lost. In the
+// scenario a netdev chain at the uplink's ingress drops every other answer
+// of flow 1 before the netfilter observer, which sees only the others:
+// once the Pod's tap lost frames its replies must not be weighed against
+// that observer (as many dropped as it saw: REPLY no). Flow 2, whose
+// answers were all dropped, stays REPLY no.
+func TestReplyAtALossyPodTapIsAReply(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "kernel-drops-replies-before-observers-pod.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Run(nil)
+	e.CaptureLost(obs.PointPod)
+	flows := e.Flows()
+	if len(flows) != 2 {
+		t.Fatalf("want 2 flows, got %d", len(flows))
+	}
+	for _, f := range flows {
+		if want := f.Client.Port() == 40000; f.Reply != want {
+			t.Errorf("flow %d (%s): the Pod's tap lost frames, reply %v, want %v: %s", f.ID, f.Client, f.Reply, want, f.Reason)
+		}
+	}
+}
+
 // TestNodeSynAckLostNeedsALosslessUplink: a node process's SYN-ACK is
 // judged lost on the node by the ACK that no point saw; once the uplink's
 // tap lost frames, its silence proves nothing (its ring may have dropped

@@ -367,7 +367,8 @@ func (d KernelDrop) String() string {
 // that tap (a node process's flow has none past the uplink), the kernel
 // dropped at least as many replies as the point that saw most of them saw
 // (mostSeen), unless it dropped fewer on the node than the uplink's RX tap
-// saw come in (nodeReplyDrops).
+// saw come in (nodeReplyDrops). A reply its Pod's eth0 tap saw come in
+// reached it, whatever else that tap lost.
 func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	n := f.replyDrops()
 	if n == 0 {
@@ -384,7 +385,7 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 			continue
 		}
 		switch {
-		case podTap && p.point == obs.PointPod && p.dir == obs.DirIn:
+		case p.point == obs.PointPod && p.dir == obs.DirIn:
 			return false
 		case p.point == obs.PointUplink && p.dir == obs.DirIn:
 			in += p.packets
