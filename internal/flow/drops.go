@@ -3,6 +3,7 @@ package flow
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,6 +43,9 @@ type KernelDrop struct {
 	// vip: a request packet dropped with the flow's VIP still its
 	// destination (droppedUnrewritten).
 	vip bool
+	// at: when each reply drop counted here was (unix ns), the first
+	// maxDropTimes (allReplyDropsReported).
+	at []int64
 }
 
 // reasonNotSpecified is the reason of a plain kfree_skb(): a drop in most
@@ -80,6 +84,7 @@ func (e *Engine) noteDrop(o obs.Observation, last bool) (done, deferred bool) {
 	d := KernelDrop{Direction: "request", Count: 1, NetNS: o.NetNS, Ifindex: o.Ifindex, First: o.Time}
 	if reply {
 		d.Direction = "reply"
+		d.at = []int64{o.Time.UnixNano()}
 	} else {
 		d.vip = o.Dst == f.service
 	}
@@ -128,6 +133,7 @@ func (f *flowState) addDrop(d KernelDrop) {
 		if k.Direction == d.Direction && k.Reason == d.Reason && samePlace && k.NetNS == d.NetNS && k.Ifindex == d.Ifindex && k.vip == d.vip ||
 			i == maxKernelDrops-1 {
 			k.Count += d.Count
+			k.at = append(k.at, d.at[:min(len(d.at), maxDropTimes-len(k.at))]...)
 			k.Function = cmp.Or(k.Function, d.Function)
 			if d.First.Before(k.First) {
 				k.First = d.First
@@ -404,27 +410,58 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	return n >= f.mostSeen(true)
 }
 
-// dropBudget is how many drops of a flow direction the drop observer
-// reports before it reports one per 10 ms (PT_EVENTS_PER_FLOW in
-// bpf/observe.h): with fewer reported, it left none out.
-const dropBudget = 8
+// dropBudget and dropRefill are the drop observer's budget: it reports a
+// flow direction's first 8 drops, then one per 10 units of 2^20 ns
+// (PT_EVENTS_PER_FLOW, PT_REFILL_UNITS in bpf/observe.h).
+const (
+	dropBudget = 8
+	dropRefill = 10
+)
+
+// maxDropTimes bounds the reply drop times a flow keeps: past them, its
+// drops are not replayed (allReplyDropsReported).
+const maxDropTimes = 64
 
 // nodeReplyDrops counts f's reply packets the kernel dropped in the
 // node's netns, NOT_SPECIFIED aside; all: the drop observer reported
-// every reply drop of f, fewer than its budget (in any netns: they share
-// it).
+// every reply drop of f (allReplyDropsReported).
 func (e *Engine) nodeReplyDrops(f *flowState) (n uint64, all bool) {
-	var reported uint64
+	for _, d := range f.kernelDrops() {
+		if d.Direction == "reply" && d.NetNS == e.cfg.HostNetNS && d.Reason != reasonNotSpecified {
+			n += d.Count
+		}
+	}
+	return n, e.cfg.HostNetNS != 0 && f.allReplyDropsReported()
+}
+
+// allReplyDropsReported tells whether the drop observer reported every
+// reply drop of f: its budget, replayed over the drops it reported (in
+// any netns: they share it), never ran out, so it left none out. The
+// replay refills from the drop before, a unit short, where the observer
+// refills from an older stamp on a clock of its own: it never has more
+// left than the observer had.
+func (f *flowState) allReplyDropsReported() bool {
+	var at []int64
 	for _, d := range f.kernelDrops() {
 		if d.Direction != "reply" {
 			continue
 		}
-		reported += d.Count
-		if d.NetNS == e.cfg.HostNetNS && d.Reason != reasonNotSpecified {
-			n += d.Count
+		if uint64(len(d.at)) != d.Count {
+			return false // some not timed
+		}
+		at = append(at, d.at...)
+	}
+	slices.Sort(at)
+	left := dropBudget
+	for i, t := range at {
+		if i > 0 {
+			left = min(dropBudget, left+max(int((t-at[i-1])>>20)-1, 0)/dropRefill)
+		}
+		if left--; left == 0 {
+			return false
 		}
 	}
-	return n, e.cfg.HostNetNS != 0 && reported < dropBudget
+	return true
 }
 
 // dropsReason says what the kernel dropped of f, "" when nothing.
