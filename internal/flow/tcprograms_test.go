@@ -154,6 +154,53 @@ func TestNowhereNamesMirredRedirect(t *testing.T) {
 	}
 }
 
+// TestNowhereRedirectOfARoutedPod: with bridge-nf-call-iptables 0, the
+// NAT rules that did not apply to a bridged Pod's request are put on the
+// bridge, and its redirect passes the bridge; a routed Pod's host veth (no
+// master, as Calico's) is on no bridge: its request met netfilter whatever
+// that sysctl says, and only the redirect kept it away.
+func TestNowhereRedirectOfARoutedPod(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		routed bool
+		want   []string
+		lacks  string
+	}{
+		{"bridged", false, []string{"bridge-nf-call-iptables=0: bridged frames bypass netfilter", "past the bridge and netfilter"}, ""},
+		{"routed", true, []string{"1 NAT rule(s) for the VIP exist but did not apply; netfilter never saw it (a tc filter at its host veth's ingress sends packets to another interface, past netfilter: "}, "bridge"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := httpConfig(obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink)
+			cfg.Attribution.TCPrograms = nil
+			off := false
+			cfg.Attribution.BridgeNFCallIPTables = &off
+			cfg.Attribution.NATRules = []flow.NATRule{{Source: "nftables", Table: "ip kube-proxy", Chain: "services", Hook: "prerouting",
+				VIP: vip, Proto: obs.TCP, Backends: []netip.AddrPort{backend}, Rule: "dnat to " + backend.String()}}
+			cfg.Attribution.HostRedirects = []flow.TCRedirect{{Ifindex: 5, Text: "cali1a2b3c4d5e6 ingress u32 pref 49152: mirred egress redirect to enp7s0"}}
+			if c.routed {
+				cfg.Attribution.RoutedHostVeths = map[int]bool{5: true}
+			}
+			e := flow.NewEngine(cfg)
+			h := req(10, obs.PointHost, obs.DirIn, vip)
+			h.Ifindex = 5
+			e.Add(h)
+			e.Add(req(10.02, obs.PointUplink, obs.DirOut, vip))
+			f := only(t, e)
+			if f.RewrittenAt != flow.PlaceNowhere {
+				t.Fatalf("got %s by %q, want nowhere", f.RewrittenAt, f.By)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(f.Reason, w) {
+					t.Errorf("reason %q lacks %q", f.Reason, w)
+				}
+			}
+			if c.lacks != "" && strings.Contains(f.Reason, c.lacks) {
+				t.Errorf("reason %q speaks of a %s", f.Reason, c.lacks)
+			}
+		})
+	}
+}
+
 // TestUDPSidecarRedirect: an unconnected UDP socket's datagram to the VIP
 // that its Pod's own OUTPUT NAT redirects to a local proxy (a sidecar's DNS
 // capture) has no socket tuple between the socket observer and its first

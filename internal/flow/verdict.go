@@ -833,10 +833,12 @@ func (e *Engine) sharesBackends(f *flowState) *flowState {
 // nowhereNotes explains an unrewritten flow from what the node has.
 func (e *Engine) nowhereNotes(f *flowState) string {
 	var notes []string
+	// A routed Pod's packets pass no bridge: that sysctl is not why.
+	routed := e.cfg.Attribution.RoutedHostVeths[f.hostIfindex]
 	rules := e.natRulesFor(f, netip.AddrPort{})
 	if len(rules) > 0 {
 		note := fmt.Sprintf("%d NAT rule(s) for the VIP exist but did not apply", len(rules))
-		if b := e.cfg.Attribution.BridgeNFCallIPTables; b != nil && !*b {
+		if b := e.cfg.Attribution.BridgeNFCallIPTables; b != nil && !*b && !routed {
 			note += " (bridge-nf-call-iptables=0: bridged frames bypass netfilter)"
 		}
 		notes = append(notes, note)
@@ -851,7 +853,11 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 			}
 		}
 		if len(redirs) > 0 {
-			note += " (a tc filter at its host veth's ingress sends packets to another interface, past the bridge and netfilter: " + strings.Join(redirs, "; ") + ")"
+			past := "the bridge and netfilter"
+			if routed {
+				past = "netfilter"
+			}
+			note += " (a tc filter at its host veth's ingress sends packets to another interface, past " + past + ": " + strings.Join(redirs, "; ") + ")"
 		}
 		note += e.vlanTaggedBypass(f)
 		notes = append(notes, note)
