@@ -635,11 +635,46 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 		}
 		fmt.Fprintf(b, "- Filter rules after NAT that drop or reject packets to the backends' addresses: %s.\n", strings.Join(rules, "; "))
 	}
-	fmt.Fprintf(b, "- Bridged traffic meets netfilter (bridge-nf-call-iptables): %s; IP forwarding: %s.\n",
-		boolWords(node.Netfilter.BridgeNFCallIPTables), boolWords(node.Netfilter.IPForward))
+	writeBridgeNF(b, node)
 	if node.IPVS.Present {
 		fmt.Fprintf(b, "- IPVS is present with %d virtual service(s) for the VIPs.\n", len(node.IPVS.Services))
 	}
+}
+
+// writeBridgeNF says whether the Pods' traffic meets netfilter: a bridge
+// hands its frames there only with bridge-nf-call-iptables, while the
+// node routes a Pod whose host veth has no master (Calico's, Cilium's),
+// whose packets meet netfilter whatever that sysctl says.
+func writeBridgeNF(b *strings.Builder, node *discover.NodeInfo) {
+	var routed, bridged []string
+	for _, p := range node.Pods {
+		switch {
+		case p.HostPeer == nil: // a macvlan's: on neither
+		case p.HostPeer.Master == "":
+			routed = append(routed, podLabel(p))
+		default:
+			bridged = append(bridged, podLabel(p))
+		}
+	}
+	call, fwd := boolWords(node.Netfilter.BridgeNFCallIPTables), boolWords(node.Netfilter.IPForward)
+	switch {
+	case len(routed) == 0:
+		fmt.Fprintf(b, "- Bridged traffic meets netfilter (bridge-nf-call-iptables): %s; IP forwarding: %s.\n", call, fwd)
+	case len(bridged) == 0:
+		fmt.Fprintf(b, "- The node routes its Pods' traffic (their host veths are on no bridge): it meets netfilter whatever bridge-nf-call-iptables says; IP forwarding, which routing needs: %s.\n", fwd)
+	default:
+		fmt.Fprintf(b, "- Bridged traffic meets netfilter (bridge-nf-call-iptables): %s, that of the Pods on a bridge (%s); the node routes that of the Pods whose host veth is on no bridge (%s), which meets netfilter whatever that says; IP forwarding, which routing needs: %s.\n",
+			call, someNames(bridged), someNames(routed), fwd)
+	}
+}
+
+// someNames lists the first few of names, counting the others.
+func someNames(names []string) string {
+	const few = 3
+	if len(names) <= few {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:few], ", "), len(names)-few)
 }
 
 func prefixes(ps []netip.Prefix) string {

@@ -689,3 +689,43 @@ func TestSummaryNamesXDPPrograms(t *testing.T) {
 		t.Errorf("want %q in:\n%s", want, b.String())
 	}
 }
+
+// TestSummaryBridgeNFOfRoutedPods: a routed Pod's traffic (its host veth on
+// no bridge, as Calico and Cilium's native routing have it) meets netfilter
+// whatever bridge-nf-call-iptables says, so SUMMARY.md does not give it that
+// sysctl's word for it; a node of bridged Pods keeps it, and a node of both
+// says which Pods it concerns.
+func TestSummaryBridgeNFOfRoutedPods(t *testing.T) {
+	routedPod := func(name string) discover.Pod {
+		return discover.Pod{NetNS: discover.NetNS{Path: "/run/netns/" + name}, NSName: name,
+			HostPeer: &discover.HostPeer{Iface: discover.Iface{Name: "cali" + name}, MasterKind: "none"}}
+	}
+	for _, c := range []struct {
+		name  string
+		pods  func(bridged discover.Pod) []discover.Pod
+		want  string
+		lacks string
+	}{
+		{"bridged", func(br discover.Pod) []discover.Pod { return []discover.Pod{br} },
+			"- Bridged traffic meets netfilter (bridge-nf-call-iptables): yes; IP forwarding: no.\n", "routes"},
+		{"routed", func(discover.Pod) []discover.Pod { return []discover.Pod{routedPod("web-1"), routedPod("web-2")} },
+			"- The node routes its Pods' traffic (their host veths are on no bridge): it meets netfilter whatever bridge-nf-call-iptables says; IP forwarding, which routing needs: no.\n", "Bridged"},
+		{"mixed", func(br discover.Pod) []discover.Pod {
+			return []discover.Pod{routedPod("web-1"), br, routedPod("web-2"), routedPod("web-3"), routedPod("web-4")}
+		},
+			"- Bridged traffic meets netfilter (bridge-nf-call-iptables): yes, that of the Pods on a bridge (lab-pod); the node routes that of the Pods whose host veth is on no bridge (web-1, web-2, web-3 and 1 more), which meets netfilter whatever that says; IP forwarding, which routing needs: no.\n", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			node := summaryNode()
+			node.Pods = c.pods(node.Pods[0])
+			var b strings.Builder
+			writeWhereLooked(&b, node)
+			if !strings.Contains(b.String(), c.want) {
+				t.Errorf("want %q in:\n%s", c.want, b.String())
+			}
+			if c.lacks != "" && strings.Contains(b.String(), c.lacks) {
+				t.Errorf("%q in:\n%s", c.lacks, b.String())
+			}
+		})
+	}
+}
