@@ -1097,7 +1097,11 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	case gapTC:
 		switch {
 		case v.place == PlaceNetfilter:
-			notes = append(notes, "set by a rule of an nftables chain on the host veth's ingress hook, which runs after its tc ingress and before the bridge and netfilter's IP hooks: a stateless rewrite, no NAT (conntrack's original destination is the backend)")
+			next := "the bridge and netfilter's IP hooks"
+			if e.cfg.Attribution.RoutedHostVeths[f.hostIfindex] {
+				next = "netfilter's IP hooks" // no bridge: the node routes the Pod
+			}
+			notes = append(notes, "set by a rule of an nftables chain on the host veth's ingress hook, which runs after its tc ingress and before "+next+": a stateless rewrite, no NAT (conntrack's original destination is the backend)")
 		case iB > cpTCTail && e.tcxChainEnded(f):
 			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (so no cls_bpf filter ran)")
 		}
