@@ -395,9 +395,10 @@ func (e *Engine) PodsGone(at time.Time, hostIfindexes []int) {
 }
 
 // presentAt tells whether p could have been on its veth at t: from when it
-// was first seen (or a look before, tcTimeSlack) to when it was seen gone.
+// was first seen (or a look before, tcTimeSlack, but not before a look
+// that missed it) to when it was seen gone.
 func presentAt(p TCProgram, t time.Time) bool {
-	return (p.Since.IsZero() || !t.Before(p.Since.Add(-tcTimeSlack))) && (p.Until.IsZero() || t.Before(p.Until))
+	return (p.Since.IsZero() || !t.Before(p.Since.Add(-tcTimeSlack))) && !t.Before(p.NotBefore) && (p.Until.IsZero() || t.Before(p.Until))
 }
 
 // tcTimeSlack is how much earlier than it was first seen a tc program may

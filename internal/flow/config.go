@@ -229,6 +229,9 @@ type TCProgram struct {
 	// (zero: from before the start, to the end): a CNI agent that restarts
 	// replaces its programs, and a flow is attributed to those of its time.
 	Since, Until time.Time
+	// NotBefore: a look at its interface at this time did not find it
+	// (zero: none did): it came after, however early Since's slack reaches.
+	NotBefore time.Time
 }
 
 // TCRedirect is a tc filter's mirred redirect, as text ("veth-a ingress u32

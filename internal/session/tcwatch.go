@@ -29,6 +29,9 @@ type tcWatch struct {
 	// uplinkProgs: the same for the uplinks' programs.
 	uplinkProgs []flow.TCProgram
 	next        time.Time
+	// looked is when the previous look was (zero before the first): a
+	// program a look finds was attached after it.
+	looked time.Time
 	// names are the interfaces' names by ifindex, as the programs on them
 	// were found, to say where a program went.
 	names   map[int]string
@@ -98,10 +101,11 @@ func (w *tcWatch) apply(found []discover.TCProgram, now time.Time, eng *flow.Eng
 		eng.SetTCPrograms(slices.Clone(w.progs))
 	}
 	var went, appeared []flow.TCProgram
-	if w.uplinkProgs, went, appeared = updatePrograms(w.uplinkProgs, uplinkTCPrograms(found), now); len(went)+len(appeared) > 0 {
+	if w.uplinkProgs, went, appeared = updatePrograms(w.uplinkProgs, uplinkTCPrograms(found), w.looked, now); len(went)+len(appeared) > 0 {
 		eng.SetUplinkTCPrograms(slices.Clone(w.uplinkProgs))
 		w.note(now, discover.RoleUplink, went, appeared)
 	}
+	w.looked = now
 }
 
 // add watches the host veths (and uplinks) of Pods that started, whose
@@ -132,14 +136,15 @@ func (w *tcWatch) add(cps []discover.CapturePoint, found []discover.TCProgram, n
 // ones; it reports whether anything changed.
 func (w *tcWatch) update(cur []flow.TCProgram, now time.Time) bool {
 	var went, appeared []flow.TCProgram
-	w.progs, went, appeared = updatePrograms(w.progs, cur, now)
+	w.progs, went, appeared = updatePrograms(w.progs, cur, w.looked, now)
 	w.note(now, discover.RoleHost, went, appeared)
 	return len(went)+len(appeared) > 0
 }
 
 // updatePrograms ends the programs of progs no longer in cur and adds the
-// new ones; it returns those that went and those that appeared.
-func updatePrograms(progs, cur []flow.TCProgram, now time.Time) (out, went, appeared []flow.TCProgram) {
+// new ones, which the look at looked missed; it returns those that went and
+// those that appeared.
+func updatePrograms(progs, cur []flow.TCProgram, looked, now time.Time) (out, went, appeared []flow.TCProgram) {
 	for i := range progs {
 		p := &progs[i]
 		if p.Until.IsZero() && !slices.ContainsFunc(cur, func(c flow.TCProgram) bool { return sameTCProgram(c, *p) }) {
@@ -149,7 +154,7 @@ func updatePrograms(progs, cur []flow.TCProgram, now time.Time) (out, went, appe
 	}
 	for _, c := range cur {
 		if !slices.ContainsFunc(progs, func(p flow.TCProgram) bool { return p.Until.IsZero() && sameTCProgram(c, p) }) {
-			c.Since = now
+			c.Since, c.NotBefore = now, looked
 			progs = append(progs, c)
 			appeared = append(appeared, c)
 		}

@@ -124,6 +124,35 @@ func TestTCWatchUplinkProgramAppears(t *testing.T) {
 	}
 }
 
+// TestTCWatchReplacementNotBeforeItsLook: a program that replaced another
+// (a CNI agent restarted) is not offered for a flow the old one rewrote
+// before a look that found neither: it was attached after that look,
+// however far back the slack of its first sighting reaches.
+func TestTCWatchReplacementNotBeforeItsLook(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/tc-tcp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := s.Observations[0].Time
+	prog := func(id ebpf.ProgramID) discover.TCProgram {
+		return discover.TCProgram{Ifname: "cali2f0e9d8c7b6", Ifindex: 5, Role: discover.RoleHost, Dir: "ingress", Via: "tcx", Name: "lab_lb_ingress", ID: id}
+	}
+	s.Config.Attribution.TCPrograms = nil
+	e := flow.NewEngine(s.Config)
+	w := &tcWatch{}
+	w.apply([]discover.TCProgram{prog(52)}, start.Add(-2*time.Second), e)
+	for _, o := range s.Observations {
+		e.Add(o)
+	}
+	w.apply(nil, start.Add(time.Second), e)                              // the agent detached it
+	w.apply([]discover.TCProgram{prog(60)}, start.Add(3*time.Second), e) // and attached its new one
+	for _, f := range e.Flows() {
+		if f.Service.Port() == 80 && f.By != "tcx ingress lab_lb_ingress (id 52)" {
+			t.Errorf("flow %d by %q, want the program there before the agent restarted", f.ID, f.By)
+		}
+	}
+}
+
 // TestTCWatchChangesSaid: a program replaced on a host veth and one that
 // appeared on an uplink during the run are said, where and when, for the
 // report, one that went with its veth (a Pod deleted) is counted; a look
