@@ -201,6 +201,56 @@ func TestNowhereRedirectOfARoutedPod(t *testing.T) {
 	}
 }
 
+// TestNowhereBridgeNFOnlyWhereNetfilterMissedIt: bridge-nf-call-iptables 0
+// explains NAT rules that did not apply only to a request netfilter never
+// saw: not to a node process's, which passes no bridge and which netfilter
+// saw at output, nor to a bridged Pod's that netfilter saw at prerouting
+// (a conntrack entry made before the rules, say).
+func TestNowhereBridgeNFOnlyWhereNetfilterMissedIt(t *testing.T) {
+	nodeClient := netip.MustParseAddrPort("192.168.77.2:41077")
+	for _, c := range []struct {
+		name string
+		seq  []obs.Observation
+	}{
+		{"node process", []obs.Observation{
+			{Time: flowtest.At(0), Point: obs.PointSockAddr, Kind: obs.SockConnect, NetNS: 1, Proto: obs.TCP,
+				Src: netip.AddrPortFrom(nodeClient.Addr(), 0), Dst: vip, ReqDst: vip, Cookie: 9},
+			{Time: flowtest.At(0.01), Point: obs.PointSockState, NetNS: 1, Proto: obs.TCP, Src: nodeClient, Dst: vip, Cookie: 9},
+			{Time: flowtest.At(0.02), Point: obs.PointSockEgress, NetNS: 1, Proto: obs.TCP, Src: nodeClient, Dst: vip, Cookie: 9, TCPFlags: 0x02},
+			{Time: flowtest.At(0.021), Point: obs.PointNFBefore, Hook: obs.HookLocalOut, Proto: obs.TCP, Src: nodeClient, Dst: vip, TCPFlags: 0x02},
+			{Time: flowtest.At(0.022), Point: obs.PointNFAfter, Hook: obs.HookLocalOut, Proto: obs.TCP, Src: nodeClient, Dst: vip, TCPFlags: 0x02},
+			{Time: flowtest.At(0.03), Point: obs.PointUplink, Dir: obs.DirOut, Proto: obs.TCP, Src: nodeClient, Dst: vip, TCPFlags: 0x02},
+		}},
+		{"bridged Pod seen by netfilter", []obs.Observation{
+			req(10, obs.PointHost, obs.DirIn, vip),
+			req(10.01, obs.PointNFBefore, 0, vip),
+			req(10.011, obs.PointNFAfter, 0, vip),
+			req(10.02, obs.PointUplink, obs.DirOut, vip),
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := httpConfig(obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress, obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointUplink)
+			cfg.HostNetNS = 1
+			cfg.Attribution.TCPrograms = nil
+			off := false
+			cfg.Attribution.BridgeNFCallIPTables = &off
+			cfg.Attribution.NATRules = []flow.NATRule{{Source: "nftables", Table: "ip kube-proxy", Chain: "services", Hook: "prerouting",
+				VIP: vip, Proto: obs.TCP, Backends: []netip.AddrPort{backend}, Rule: "dnat to " + backend.String()}}
+			e := flow.NewEngine(cfg)
+			for _, o := range c.seq {
+				e.Add(o)
+			}
+			f := only(t, e)
+			if f.RewrittenAt != flow.PlaceNowhere || !strings.Contains(f.Reason, "NAT rule(s) for the VIP exist but did not apply") {
+				t.Fatalf("got %s by %q (%s), want nowhere with its rules", f.RewrittenAt, f.By, f.Reason)
+			}
+			if strings.Contains(f.Reason, "bridge") {
+				t.Errorf("reason %q puts it on the bridge", f.Reason)
+			}
+		})
+	}
+}
+
 // TestUDPSidecarRedirect: an unconnected UDP socket's datagram to the VIP
 // that its Pod's own OUTPUT NAT redirects to a local proxy (a sidecar's DNS
 // capture) has no socket tuple between the socket observer and its first

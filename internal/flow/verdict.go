@@ -833,12 +833,13 @@ func (e *Engine) sharesBackends(f *flowState) *flowState {
 // nowhereNotes explains an unrewritten flow from what the node has.
 func (e *Engine) nowhereNotes(f *flowState) string {
 	var notes []string
-	// A routed Pod's packets pass no bridge: that sysctl is not why.
+	// A routed Pod's packets pass no bridge, nor do the node's own.
 	routed := e.cfg.Attribution.RoutedHostVeths[f.hostIfindex]
 	rules := e.natRulesFor(f, netip.AddrPort{})
 	if len(rules) > 0 {
 		note := fmt.Sprintf("%d NAT rule(s) for the VIP exist but did not apply", len(rules))
-		if b := e.cfg.Attribution.BridgeNFCallIPTables; b != nil && !*b && !routed {
+		// That sysctl is why only for a bridged request netfilter missed.
+		if b := e.cfg.Attribution.BridgeNFCallIPTables; b != nil && !*b && !routed && !f.fromNode && !f.cps[cpNFBefore].any() {
 			note += " (bridge-nf-call-iptables=0: bridged frames bypass netfilter)"
 		}
 		notes = append(notes, note)
