@@ -36,13 +36,19 @@ func dumpErr(w *topicWriter, what string, err error) error {
 func (s *snapshot) podNetState(p discover.Pod) func(context.Context, *topicWriter) error {
 	collect := s.netState(p.NetNS.Path)
 	return func(ctx context.Context, w *topicWriter) error {
-		if ino, err := nsutil.Inode(p.NetNS.Path); errors.Is(err, fs.ErrNotExist) || err == nil && p.NetNS.Inode != 0 && ino != p.NetNS.Inode {
+		if podGone(p) {
 			fmt.Fprintf(w, "# netns %s: gone, the Pod went during the incident (the report's capture_ended says when)\n", p.NetNS.Path)
 			w.notef("the Pod went during the incident: its netns %s is gone", p.NetNS.Path)
 			return nil
 		}
 		return collect(ctx, w)
 	}
+}
+
+// podGone tells whether p's netns path opens nothing now, or another netns.
+func podGone(p discover.Pod) bool {
+	ino, err := nsutil.Inode(p.NetNS.Path)
+	return errors.Is(err, fs.ErrNotExist) || err == nil && p.NetNS.Inode != 0 && ino != p.NetNS.Inode
 }
 
 // netState dumps what `ip -d link; ip addr; ip route show table all; ip

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -54,29 +55,45 @@ func orDash(s string) string {
 // tcIface is an interface whose tc/tcx/XDP programs are listed.
 type tcIface struct {
 	role, name string
+	// ifindex is its capture point's (0: whatever has the name now); gone:
+	// its Pod went during the incident, with its netns.
+	ifindex int
+	gone    bool
 }
 
 // tcPrograms lists, for every capture interface (and the members of a bond
 // uplink and the parent of a VLAN uplink), the tcx chains in run order, the
 // qdiscs and the filters of a clsact/ingress qdisc (cls_bpf runs after the
-// whole tcx chain), and an XDP program.
+// whole tcx chain), and an XDP program. A Pod's eth0 is taken from its Pod,
+// whose netns path may open another Pod's now.
 func (s *snapshot) tcPrograms(_ context.Context, w *topicWriter) error {
 	byNS := map[string][]tcIface{}
 	var order []string
+	add := func(path string, ifc tcIface) {
+		if _, ok := byNS[path]; !ok {
+			order = append(order, path)
+		}
+		byNS[path] = append(byNS[path], ifc)
+	}
+	for _, p := range s.node.Pods {
+		if p.NetNS.Path != "" {
+			add(p.NetNS.Path, tcIface{role: discover.RolePod, name: p.Eth0.Name, gone: podGone(p)})
+		}
+	}
 	for _, cp := range s.node.CapturePoints {
+		if cp.Role == discover.RolePod {
+			continue // its Pod's, above
+		}
 		path := cp.NetNS
 		if path == "" {
 			path = s.hostPath
 		}
-		if _, ok := byNS[path]; !ok {
-			order = append(order, path)
-		}
-		byNS[path] = append(byNS[path], tcIface{cp.Role, cp.Ifname})
+		add(path, tcIface{role: cp.Role, name: cp.Ifname, ifindex: cp.Ifindex})
 		for _, m := range cp.BondMembers {
-			byNS[path] = append(byNS[path], tcIface{cp.Role + " bond member", m})
+			add(path, tcIface{role: cp.Role + " bond member", name: m})
 		}
 		if cp.VLANParent != "" {
-			byNS[path] = append(byNS[path], tcIface{cp.Role + " vlan parent", cp.VLANParent})
+			add(path, tcIface{role: cp.Role + " vlan parent", name: cp.VLANParent})
 		}
 	}
 	if len(order) == 0 {
@@ -84,9 +101,20 @@ func (s *snapshot) tcPrograms(_ context.Context, w *topicWriter) error {
 		return nil
 	}
 	for _, path := range order {
+		ifcs := byNS[path]
+		if !slices.ContainsFunc(ifcs, func(ifc tcIface) bool { return !ifc.gone }) {
+			for _, ifc := range ifcs {
+				podWent(w, path, ifc)
+			}
+			continue
+		}
 		err := nsutil.Netlink(path, func(h *netlink.Handle) error {
-			for _, ifc := range byNS[path] {
-				s.tcIface(w, h, path, ifc)
+			for _, ifc := range ifcs {
+				if ifc.gone {
+					podWent(w, path, ifc)
+				} else {
+					s.tcIface(w, h, path, ifc)
+				}
 			}
 			return nil
 		})
@@ -98,8 +126,20 @@ func (s *snapshot) tcPrograms(_ context.Context, w *topicWriter) error {
 	return nil
 }
 
+// podWent says that ifc's Pod went: the net-pod file's note says so.
+func podWent(w *topicWriter, nsPath string, ifc tcIface) {
+	fmt.Fprintf(w, "## %s %s (netns %s): gone, the Pod went during the incident (the report's capture_ended says when)\n\n", ifc.role, ifc.name, nsPath)
+}
+
 func (s *snapshot) tcIface(w *topicWriter, h *netlink.Handle, nsPath string, ifc tcIface) {
 	l, err := h.LinkByName(ifc.name)
+	var notFound netlink.LinkNotFoundError
+	if ifc.ifindex != 0 && (errors.As(err, &notFound) || err == nil && l.Attrs().Index != ifc.ifindex) {
+		// A Pod's host veth that went with it; a Pod made again may have
+		// given its name to its own.
+		fmt.Fprintf(w, "## %s %s (ifindex %d, netns %s): gone during the incident (the report's capture_ended says when)\n\n", ifc.role, ifc.name, ifc.ifindex, nsPath)
+		return
+	}
 	if err != nil {
 		fmt.Fprintf(w, "## %s %s (netns %s): not found: %v\n\n", ifc.role, ifc.name, nsPath, err)
 		w.notef("%s %s not found in netns %s: %v", ifc.role, ifc.name, nsPath, err)

@@ -60,9 +60,23 @@ func (s *snapshot) sysctls(_ context.Context, w *topicWriter) error {
 		}
 		ifaces[path] = append(ifaces[path], cp.Ifname)
 	}
+	// The paths whose Pods all went during the incident open nothing of
+	// theirs: not a failure to read.
+	went, live := map[string]bool{}, map[string]bool{}
+	for _, p := range s.node.Pods {
+		if podGone(p) {
+			went[p.NetNS.Path] = true
+		} else {
+			live[p.NetNS.Path] = true
+		}
+	}
 	for _, path := range order {
 		names := sysctlNames(path == s.hostPath, ifaces[path])
 		fmt.Fprintf(w, "# netns %s\n", path)
+		if went[path] && !live[path] {
+			fmt.Fprint(w, "gone, the Pod went during the incident\n\n")
+			continue
+		}
 		err := nsutil.Do(path, func() error {
 			for _, name := range names {
 				fmt.Fprintf(w, "%s = %s\n", name, readSysctl(name))

@@ -12,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
 	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 func TestTopicWriterKeepsWhatFits(t *testing.T) {
@@ -445,5 +447,52 @@ func TestGonePodNetStateIsANote(t *testing.T) {
 	body, notes, _ = s.run(context.Background(), topic{file: "net-pod-2.txt", collect: s.podNetState(other)}, 1000)
 	if !strings.Contains(string(body), "the Pod went during the incident") || len(notes) != 1 {
 		t.Errorf("body %q notes %q; want another netns at the Pod's path not read as the Pod's", body, notes)
+	}
+}
+
+// TestTCOfPodsThatWent: tc.txt does not list, as a Pod's that went during
+// the incident, what is now at its netns path (a Pod made again with its
+// name, as a StatefulSet's) or under its host veth's name (that Pod's new
+// veth): the programs there came after it, as the Pod's netns file says;
+// nor does a Pod whose netns is gone make a failure to read, there or in
+// sysctl.txt.
+func TestTCOfPodsThatWent(t *testing.T) {
+	self, err := nsutil.Inode(nsutil.Self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := func(path string, inode uint64) discover.Pod {
+		return discover.Pod{NetNS: discover.NetNS{Path: path, Inode: inode}, Eth0: discover.Iface{Name: "lo", Ifindex: 1}}
+	}
+	deleted := filepath.Join(t.TempDir(), "gone-pod")
+	node := &discover.NodeInfo{
+		// The first Pod went and another came at its path; the third went.
+		Pods: []discover.Pod{pod(nsutil.Self, self+1), pod(nsutil.Self, self), pod(deleted, 4026532999)},
+		CapturePoints: []discover.CapturePoint{
+			{Role: discover.RolePod, NetNS: nsutil.Self, Ifname: "lo", Ifindex: 1},
+			{Role: discover.RolePod, NetNS: nsutil.Self, Ifname: "lo", Ifindex: 1},
+			{Role: discover.RolePod, NetNS: deleted, Ifname: "lo", Ifindex: 1},
+			// The first Pod's host veth, whose name the new one's has.
+			{Role: discover.RoleHost, NetNS: nsutil.Self, Ifname: "lo", Ifindex: 999},
+		},
+	}
+	s := &snapshot{node: node, hostPath: nsutil.Self, opt: Options{CollectorTimeout: 10 * time.Second}, own: map[ebpf.ProgramID]bool{}}
+	body, notes, _ := s.run(context.Background(), topic{file: "tc.txt", collect: s.tcPrograms}, 100000)
+	got := string(body)
+	if n := strings.Count(got, "## pod lo (ifindex 1, netns "+nsutil.Self+")"); n != 1 {
+		t.Errorf("the live Pod's eth0 listed %d times, want once:\n%s", n, got)
+	}
+	if n := strings.Count(got, "the Pod went during the incident"); n != 2 {
+		t.Errorf("%d Pods said gone, want 2:\n%s", n, got)
+	}
+	if !strings.Contains(got, "## host lo (ifindex 999, netns "+nsutil.Self+"): gone during the incident") || strings.Contains(got, "## host lo (ifindex 1,") {
+		t.Errorf("the gone host veth not said gone, or its name's new interface listed as it:\n%s", got)
+	}
+	if len(notes) != 0 {
+		t.Errorf("notes %q, want none: nothing failed", notes)
+	}
+	body, notes, _ = s.run(context.Background(), topic{file: "sysctl.txt", collect: s.sysctls}, 100000)
+	if !strings.Contains(string(body), "# netns "+deleted+"\ngone, the Pod went during the incident") || len(notes) != 0 {
+		t.Errorf("sysctl.txt %q notes %q: want the gone Pod's netns said gone, not a failure", body, notes)
 	}
 }
