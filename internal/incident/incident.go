@@ -201,7 +201,7 @@ func (s *snapshot) run(parent context.Context, t topic, limit int) (body []byte,
 func (s *snapshot) topics() []topic {
 	ts := []topic{
 		{"kernel.txt", "kernel release, BPF features pathtrace found, what the node discovery noted", s.kernel},
-		{"sysctl.txt", "bridge-nf-call-iptables, ip_forward, rp_filter of the node and capture interfaces", s.sysctls},
+		{"sysctl.txt", "bridge-nf-call-iptables, ip_forward, rp_filter of the node and capture interfaces, proxy_arp of the node's", s.sysctls},
 		{"cgroup-sock.txt", "cgroup sock_addr programs (connect4, sendmsg4, ...) on the cgroup2 tree", s.cgroupPrograms},
 		{"tc.txt", "qdiscs, tc filters, tcx and XDP programs on every capture interface", s.tcPrograms},
 		{"nftables.txt", "the nftables ruleset of the node netns", s.nftables},

@@ -93,7 +93,9 @@ func (s *snapshot) sysctls(_ context.Context, w *topicWriter) error {
 }
 
 // sysctlNames lists the sysctls read in one netns: rp_filter everywhere, the
-// bridge-netfilter, forwarding and conntrack ones in the node's.
+// bridge-netfilter, forwarding and conntrack ones in the node's, and there
+// each interface's proxy_arp, with which a routed Pod's host veth answers
+// for its gateway (Calico's 169.254.1.1).
 func sysctlNames(node bool, ifaces []string) []string {
 	var names []string
 	if node {
@@ -115,6 +117,9 @@ func sysctlNames(node bool, ifaces []string) []string {
 		if ifname != "" && !seen[ifname] {
 			seen[ifname] = true
 			names = append(names, "net.ipv4.conf."+ifname+".rp_filter")
+			if node {
+				names = append(names, "net.ipv4.conf."+ifname+".proxy_arp")
+			}
 		}
 	}
 	return names

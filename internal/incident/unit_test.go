@@ -125,16 +125,16 @@ func TestSysctlPath(t *testing.T) {
 func TestSysctlNames(t *testing.T) {
 	node := sysctlNames(true, []string{"veth-a", "bond0", "veth-a"})
 	for _, want := range []string{"net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-filter-vlan-tagged", "net.ipv4.ip_forward",
-		"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.veth-a.rp_filter", "net.ipv4.conf.bond0.rp_filter"} {
+		"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.veth-a.rp_filter", "net.ipv4.conf.bond0.rp_filter", "net.ipv4.conf.veth-a.proxy_arp"} {
 		if !containsString(node, want) {
 			t.Errorf("node sysctls lack %s: %v", want, node)
 		}
 	}
-	if n := strings.Count(strings.Join(node, " "), "veth-a"); n != 1 {
+	if n := strings.Count(strings.Join(node, " "), "veth-a.rp_filter"); n != 1 {
 		t.Errorf("veth-a listed %d times: %v", n, node)
 	}
 	pod := sysctlNames(false, []string{"eth0"})
-	if containsString(pod, "net.ipv4.ip_forward") || !containsString(pod, "net.ipv4.conf.eth0.rp_filter") {
+	if containsString(pod, "net.ipv4.ip_forward") || containsString(pod, "net.ipv4.conf.eth0.proxy_arp") || !containsString(pod, "net.ipv4.conf.eth0.rp_filter") {
 		t.Errorf("pod sysctls: %v", pod)
 	}
 }
