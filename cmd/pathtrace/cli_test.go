@@ -63,6 +63,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"--svc", "10.0.0.1", "--output", "xml"},
 		{"--svc", "10.0.0.1", "--pod-ip", "10.0.0.300"},
 		{"--svc", "10.0.0.1", "--pod-ip", "10.0.0.3", "--pod-pid", "1"},
+		{"--svc", "10.0.0.1", "--pod-pid", "0", "--duration", "1s"}, // not "every Pod"
+		{"incident", "--svc", "10.0.0.1", "--pod-pid", "0", "--duration", "1s", "--out", filepath.Join(t.TempDir(), "inc")},
 		{"--duration", "5s"},
 		{"--svc", "10.0.0.1", "--no-such-flag"},
 		{"--svc", "10.0.0.1", "--pcap", "/nonexistent-dir/x.pcapng"},
@@ -95,10 +97,11 @@ func TestBadInputExitsTwo(t *testing.T) {
 }
 
 // TestHelpTopics: "pathtrace help [incident|lab]" prints the same help as
-// --help, to stdout, and exits 0.
+// --help, to stdout, and exits 0; so does "pathtrace help --help".
 func TestHelpTopics(t *testing.T) {
 	for _, c := range []struct{ help, flag []string }{
 		{[]string{"help"}, []string{"--help"}},
+		{[]string{"help", "--help"}, []string{"--help"}},
 		{[]string{"help", "incident"}, []string{"incident", "--help"}},
 		{[]string{"help", "lab"}, []string{"lab", "--help"}},
 	} {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -81,14 +82,15 @@ func runIncident(args []string) int {
 	fs.StringVar(&maxBytes, "max-bytes", "256M", "bound on the whole bundle, `size` in bytes or with K, M, G suffix")
 	// Only --help prints this (ContinueOnError: errors are one line each),
 	// to stdout, so that it pages.
-	fs.SetOutput(os.Stdout)
+	help := bufio.NewWriter(os.Stdout) // its write error is told by helpWritten
+	fs.SetOutput(help)
 	fs.Usage = func() {
-		fmt.Print(incidentUsage)
+		fmt.Fprint(help, incidentUsage)
 		fs.PrintDefaults()
 	}
 	if err := parseStrict(fs, args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			return exitOK
+			return helpWritten("pathtrace incident", help)
 		}
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v (see pathtrace incident --help)\n", err)
 		return exitUsage

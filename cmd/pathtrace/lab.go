@@ -83,8 +83,9 @@ func runLab(args []string) int {
 	case err == nil:
 		return exitOK
 	case errors.Is(err, pflag.ErrHelp):
-		fmt.Print(labHelp)
-		return exitOK
+		help := bufio.NewWriter(os.Stdout)
+		fmt.Fprint(help, labHelp)
+		return helpWritten("pathtrace lab", help)
 	case errors.As(err, &uerr):
 		fmt.Fprintf(os.Stderr, "pathtrace lab: %v (see 'pathtrace lab --help')\n", err)
 		return exitUsage

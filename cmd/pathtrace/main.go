@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"math"
@@ -198,6 +199,14 @@ func main() {
 
 // runHelp prints the help of the main command, or of the subcommand named.
 func runHelp(args []string) int {
+	// "help --help" asks for help too: the main command's.
+	var topics []string
+	for _, a := range args {
+		if a != "-h" && a != "--help" {
+			topics = append(topics, a)
+		}
+	}
+	args = topics
 	if len(args) > 1 {
 		fmt.Fprintln(os.Stderr, "pathtrace: help takes at most one topic (incident or lab)")
 		return 2
@@ -242,14 +251,25 @@ func parseStrict(fs *pflag.FlagSet, args []string) error {
 	})
 }
 
-// outputLost says why stdout took no more: a help or a version whose reader
-// stopped early got what it wanted (their errors are not checked), a report
-// or a status is lost, which the command says on stderr.
+// outputLost says why stdout took no more: a report or a status is lost,
+// which the command says on stderr (a help or a version: helpWritten).
 func outputLost(err error) error {
 	if errors.Is(err, syscall.EPIPE) {
 		return fmt.Errorf("its reader went away (%w)", err)
 	}
 	return err
+}
+
+// helpWritten ends a help or a version written to stdout through w: a
+// reader that stopped early (`| head -1`) got what it wanted, exit 0 and
+// nothing said; any other write error (a full disk) is said, exit 1: the
+// help was not printed.
+func helpWritten(cmd string, w *bufio.Writer) int {
+	if err := w.Flush(); err != nil && !errors.Is(err, syscall.EPIPE) {
+		fmt.Fprintf(os.Stderr, "%s: its output could not be written: %v\n", cmd, err)
+		return exitRuntime
+	}
+	return exitOK
 }
 
 // stopSignals end a trace early, its report and capture file complete:

@@ -39,6 +39,26 @@ func TestHelpReaderGone(t *testing.T) {
 	}
 }
 
+// TestHelpDiskFull: a help or the version written to a full disk (`>
+// /dev/full`) was not printed: said on stderr, exit 1. It exited 0, nothing
+// said, as if written.
+func TestHelpDiskFull(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"--help"}, {"help", "lab"}, {"lab", "--help"}, {"incident", "--help"}, {"--version"}} {
+		full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+		if err != nil {
+			t.Skipf("no /dev/full: %v", err)
+		}
+		var stderr bytes.Buffer
+		cmd := pathtrace(args...)
+		cmd.Stdout, cmd.Stderr = full, &stderr
+		code := exitCode(cmd.Run())
+		full.Close()
+		if code != exitRuntime || !strings.Contains(stderr.String(), "no space left") {
+			t.Errorf("pathtrace %s > /dev/full: exit %d, stderr %q; want exit 1 saying the disk is full", strings.Join(args, " "), code, stderr.String())
+		}
+	}
+}
+
 // TestSubcommandsReaderGone: `pathtrace lab status | head -1` and the other
 // subcommands whose stdout's reader went away each died of SIGPIPE, exit
 // 141, nothing said. What lab status and lab client print is what they are

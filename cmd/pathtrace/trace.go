@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -95,7 +96,7 @@ type traceFlags struct {
 	duration  time.Duration
 	podIP     string
 	podNetNS  string
-	podPID    int
+	podPID    pidFlag
 	hostNetNS string
 	hostVeth  string
 	uplink    string
@@ -131,7 +132,7 @@ func newTraceFlagSet(f *traceFlags) *pflag.FlagSet {
 	// to stdout, so that it pages.
 	fs.SetOutput(os.Stdout)
 	fs.Usage = func() {
-		fmt.Print(traceUsage)
+		fmt.Fprint(fs.Output(), traceUsage)
 		fs.PrintDefaults()
 	}
 	return fs
@@ -144,7 +145,7 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to trace; Ctrl-C, SIGTERM or SIGHUP (the terminal went away; not when ignored, as under nohup) ends early and still prints the full report (incident: and writes the bundle); 0: until stopped (not for incident), each flow reported as it ends (see --flow-timeout), memory bounded (--max-flows bounds the flows open at once; --pcap needs --max-bytes)")
 	fs.StringVar(&f.podIP, "pod-ip", "", "trace only the Pod that owns this IPv4 address, and the one made again with it during the run (default: every Pod of the node, and those that start during the run; give at most one of --pod-ip, --pod-netns, --pod-pid)")
 	fs.StringVar(&f.podNetNS, "pod-netns", "", "trace only the Pod whose network namespace is this `path` (/proc/PID/ns/net, /run/netns/NAME)")
-	fs.IntVar(&f.podPID, "pod-pid", 0, "trace only the Pod in which this process runs")
+	fs.Var(&f.podPID, "pod-pid", "trace only the Pod in which this process runs")
 	fs.StringVar(&f.hostNetNS, "host-netns", "", "the node's network namespace `path` (default: pathtrace's own; set it for kind/k3d nodes or the lab)")
 	fs.StringVar(&f.hostVeth, "host-veth", "", "host-side veth `name` of the Pod (default: found from the Pod's eth0 peer)")
 	fs.StringVar(&f.uplink, "uplink", "", "uplink interface `name` (default: the bridge port towards the Pod's gateway; for routed Pods the device of the route to the backends, else to the VIP; below a VLAN device, where frames carry the tag; a name given here is captured as is)")
@@ -154,6 +155,26 @@ func addSelectionFlags(fs *pflag.FlagSet, f *traceFlags) {
 	fs.IntVar(&f.nice, "nice", defaultNice, "nice `value` of pathtrace's threads, -20 to 19: below 0 the capture drains its rings ahead of the processes that share its CPU cgroup (in the root cgroup, with autogroup: its login session), so it loses fewer frames when they saturate the CPUs; against Pods in other cgroups their cgroups' CPU weights decide, whatever the nice value (its CPU use stays the same); 0 runs it like any process")
 	fs.IntVar(&f.maxFlows, "max-flows", defaultMaxFlows, "bound on tracked flows (about 2.5 KiB each, 4 KiB of memory beyond the default; with --duration 0, on the flows open at once); more are counted as dropped (flows_over_max) and reported, their packets still captured")
 }
+
+// pidFlag is --pod-pid, which knows whether it was given: --pod-pid 0, as
+// by a script's PID lookup that found nothing, is refused, not taken for the
+// flag left out (every Pod).
+type pidFlag struct {
+	pid   int
+	given bool
+}
+
+func (p *pidFlag) Set(s string) error {
+	pid, err := strconv.Atoi(s)
+	if err != nil {
+		return err
+	}
+	p.pid, p.given = pid, true
+	return nil
+}
+
+func (p *pidFlag) String() string { return strconv.Itoa(p.pid) }
+func (p *pidFlag) Type() string   { return "int" }
 
 // validate turns the flags into session options; every error is a usage error.
 func (f *traceFlags) validate() (session.Options, error) {
@@ -200,7 +221,7 @@ func (f *traceFlags) validate() (session.Options, error) {
 	// The conflict first: checking a selector (a /proc entry to stat) would
 	// report its own error instead.
 	selectors := 0
-	for _, given := range []bool{f.podIP != "", f.podNetNS != "", f.podPID != 0} {
+	for _, given := range []bool{f.podIP != "", f.podNetNS != "", f.podPID.given} {
 		if given {
 			selectors++
 		}
@@ -228,18 +249,19 @@ func (f *traceFlags) validate() (session.Options, error) {
 		}
 		d.PodNetNS = f.podNetNS
 	}
-	if f.podPID != 0 {
-		if f.podPID < 0 {
-			return opt, usagef("--pod-pid %d: not a process id", f.podPID)
+	if f.podPID.given {
+		pid := f.podPID.pid
+		if pid <= 0 {
+			return opt, usagef("--pod-pid %d: not a process id: give the PID of a process in the Pod (its pause, or its container's main process)", pid)
 		}
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", f.podPID)); errors.Is(err, fs.ErrNotExist) {
-			return opt, discover.PodPIDMissing(f.podPID)
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", pid)); errors.Is(err, fs.ErrNotExist) {
+			return opt, discover.PodPIDMissing(pid)
 		} else if errors.Is(err, fs.ErrPermission) {
-			return opt, ptraceDenied("--pod-pid", strconv.Itoa(f.podPID), err)
+			return opt, ptraceDenied("--pod-pid", strconv.Itoa(pid), err)
 		} else if err != nil {
-			return opt, usagef("--pod-pid %d: %v", f.podPID, err)
+			return opt, usagef("--pod-pid %d: %v", pid, err)
 		}
-		d.PodPID = f.podPID
+		d.PodPID = pid
 	}
 	if f.hostNetNS != "" {
 		if _, err := os.Stat(f.hostNetNS); errors.Is(err, fs.ErrPermission) && strings.HasSuffix(f.hostNetNS, "/ns/net") {
@@ -460,6 +482,8 @@ func startInterrupted(ctx context.Context, err error) bool {
 func runTrace(args []string) int {
 	var f traceFlags
 	fs := newTraceFlagSet(&f)
+	help := bufio.NewWriter(os.Stdout) // its write error is told by helpWritten
+	fs.SetOutput(help)
 	err := parseStrict(fs, args)
 	// The arguments parsed before an error: a subcommand after the main
 	// command's flags makes its own flags unknown ones (--out).
@@ -469,14 +493,14 @@ func runTrace(args []string) int {
 	}
 	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			return exitOK
+			return helpWritten("pathtrace", help)
 		}
 		fmt.Fprintf(os.Stderr, "pathtrace: %v (see pathtrace --help)\n", err)
 		return exitUsage
 	}
 	if f.version {
-		fmt.Println(version())
-		return exitOK
+		fmt.Fprintln(help, version())
+		return helpWritten("pathtrace", help)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "pathtrace: unexpected argument %q: Services are given with --svc (see pathtrace --help)\n", fs.Arg(0))
