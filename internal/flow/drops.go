@@ -153,14 +153,28 @@ func (f *flowState) kernelDrops() []KernelDrop {
 }
 
 // requestDropped tells whether the kernel dropped requests of f for a
-// reason it named (not a plain kfree_skb(): NOT_SPECIFIED).
+// reason it named (named).
 func (f *flowState) requestDropped() bool {
 	for _, d := range f.kernelDrops() {
-		if d.Direction == "request" && d.Reason != reasonNotSpecified {
+		if d.Direction == "request" && d.named() {
 			return true
 		}
 	}
 	return false
+}
+
+// named tells whether the kernel said why it dropped d: a reason other
+// than a plain kfree_skb()'s, or the route lookup's (routeError).
+func (d KernelDrop) named() bool {
+	return d.Reason != reasonNotSpecified || d.routeError()
+}
+
+// routeError tells whether d is ip_error's: the route lookup of a
+// forwarded packet found no route, or a blackhole, unreachable or prohibit
+// one. With forwarding on, ip_error names only the first (IP_INNOROUTES)
+// and drops the others as NOT_SPECIFIED, as a plain kfree_skb() would.
+func (d KernelDrop) routeError() bool {
+	return d.Function == "ip_error"
 }
 
 // afterNATReasons are the drop reasons the kernel gives only past the NAT
@@ -200,12 +214,12 @@ var routeLookupReasons = map[string]bool{
 
 // droppedUnrewritten is the earliest drop that shows f's request was
 // dropped by the node, in its own netns, with the VIP still its
-// destination after netfilter's NAT (afterNATReasons), nil when none: f
-// was last seen with the VIP by the netfilter observer after NAT, and no
-// point saw it afterwards, nor any answer but a refusal. Nothing on the
-// node rewrote it: every place of the node that rewrites a Pod's request
-// before its route lookup had run (a rewrite at the uplink's egress
-// comes after it, and the request never got there).
+// destination after netfilter's NAT (afterNATReasons, routeError), nil
+// when none: f was last seen with the VIP by the netfilter observer after
+// NAT, and no point saw it afterwards, nor any answer but a refusal.
+// Nothing on the node rewrote it: every place of the node that rewrites a
+// Pod's request before its route lookup had run (a rewrite at the uplink's
+// egress comes after it, and the request never got there).
 func (e *Engine) droppedUnrewritten(f *flowState, last checkpoint) *KernelDrop {
 	if last != cpNFAfter || e.cfg.HostNetNS == 0 || f.reply || len(f.backends) > 0 ||
 		f.cps[cpUplink].any() || f.cps[cpLocal].any() || f.cps[cpNodeEgress].any() || e.sharesBackends(f) != nil {
@@ -215,7 +229,7 @@ func (e *Engine) droppedUnrewritten(f *flowState, last checkpoint) *KernelDrop {
 	drops := f.kernelDrops()
 	for i := range drops {
 		d := &drops[i]
-		if d.Direction == "request" && d.vip && d.NetNS == e.cfg.HostNetNS && afterNATReasons[d.Reason] &&
+		if d.Direction == "request" && d.vip && d.NetNS == e.cfg.HostNetNS && (afterNATReasons[d.Reason] || d.routeError()) &&
 			(first == nil || d.First.Before(first.First)) {
 			first = d
 		}
@@ -234,7 +248,7 @@ func (e *Engine) rewrittenDrop(f *flowState) *KernelDrop {
 	drops := f.kernelDrops()
 	for i := range drops {
 		d := &drops[i]
-		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && d.Reason != reasonNotSpecified &&
+		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && d.named() &&
 			(first == nil || d.First.Before(first.First)) {
 			first = d
 		}
@@ -263,7 +277,7 @@ func (e *Engine) droppedOnNode(f *flowState) bool {
 	}
 	var dropped uint64
 	for _, d := range f.kernelDrops() {
-		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && d.Reason != reasonNotSpecified {
+		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && d.named() {
 			dropped += d.Count
 		}
 	}

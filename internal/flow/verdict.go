@@ -396,7 +396,7 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		dropped = e.droppedUnrewritten(f, last)
 	}
 	if dropped != nil && len(rejects) > 0 {
-		if routeLookupReasons[dropped.Reason] && e.filterHookOf(f) != "output" {
+		if (routeLookupReasons[dropped.Reason] || dropped.routeError()) && e.filterHookOf(f) != "output" {
 			// The route lookup, after PREROUTING and before the forward
 			// or input filter, dropped it: the rule never saw it.
 			rejects = nil
