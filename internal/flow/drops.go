@@ -216,12 +216,14 @@ var routeLookupReasons = map[string]bool{
 // dropped by the node, in its own netns, with the VIP still its
 // destination after netfilter's NAT (afterNATReasons, routeError), nil
 // when none: f was last seen with the VIP by the netfilter observer after
-// NAT, and no point saw it afterwards, nor any answer but a refusal.
-// Nothing on the node rewrote it: every place of the node that rewrites a
-// Pod's request before its route lookup had run (a rewrite at the uplink's
-// egress comes after it, and the request never got there).
+// NAT, or anywhere before it when those observers were not attached
+// (conntrack alone watches netfilter, and reports no connection dropped
+// before its confirmation), and no point saw it afterwards, nor any answer
+// but a refusal. Nothing on the node rewrote it: every place of the node
+// that rewrites a Pod's request before its route lookup had run (a rewrite
+// at the uplink's egress comes after it, and the request never got there).
 func (e *Engine) droppedUnrewritten(f *flowState, last checkpoint) *KernelDrop {
-	if last != cpNFAfter || e.cfg.HostNetNS == 0 || f.reply || len(f.backends) > 0 ||
+	if last != cpNFAfter && (last > cpNFAfter || e.active(obs.PointNFAfter)) || e.cfg.HostNetNS == 0 || f.reply || len(f.backends) > 0 ||
 		f.cps[cpUplink].any() || f.cps[cpLocal].any() || f.cps[cpNodeEgress].any() || e.sharesBackends(f) != nil {
 		return nil
 	}

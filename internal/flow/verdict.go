@@ -452,6 +452,10 @@ func (e *Engine) unrewritten(f *flowState, last checkpoint, why bool) verdict {
 		// its output path), still to the VIP: nothing on the node
 		// rewrote it, whether or not an uplink is captured.
 		v := verdict{place: PlaceNowhere, reason: fmt.Sprintf("not rewritten: %s was still the destination after netfilter's NAT (no DNAT applied), and the node dropped the request with it as destination after that NAT: %s", f.service, dropped.String())}
+		if last != cpNFAfter {
+			// No netfilter observer: the drop's place alone tells.
+			v.reason = fmt.Sprintf("not rewritten: the node dropped the request with %s still its destination past netfilter's NAT (no DNAT applied; no netfilter observer attached, the drop's place tells): %s", f.service, dropped.String())
+		}
 		if notes := e.nowhereNotes(f); notes != "" {
 			v.reason += "; " + notes
 		}
