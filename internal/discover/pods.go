@@ -36,10 +36,18 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 		if err != nil {
 			return usagef("--pod-netns %s: %v", opt.PodNetNS, err)
 		}
+		sel := "--pod-netns " + opt.PodNetNS
+		if opt.PodPID > 0 {
+			sel = fmt.Sprintf("--pod-pid %d", opt.PodPID)
+		}
 		if inode == host.inode {
-			return usagef("pod netns %s is the node netns itself; select a pod's netns", opt.PodNetNS)
+			return usagef("%s is the node netns itself, not a Pod's: the node's processes (hostNetwork Pods) are traced without a selector; for a Pod give its --pod-ip, or the PID of one of its processes (--pod-pid)", sel)
 		}
 		pod, err := inspectPod(host, holderOf(opt.PodNetNS, inode), netip.Addr{}, opt.Services)
+		if errors.Is(err, errNotPod) {
+			// Nothing in it leads out: no Pod's traffic to capture.
+			return usagef("%s is not a Pod's netns: %v %s; for a Pod give its --pod-ip, or the PID of one of its processes (--pod-pid)", sel, err, host.path)
+		}
 		if err != nil {
 			return err
 		}
@@ -596,9 +604,14 @@ func hasAddr(nl *netlink.Handle, ip netip.Addr) bool {
 	return false
 }
 
+// errNotPod is inspectPod's for a netns with neither a veth into the node
+// netns nor a default route.
+var errNotPod = errors.New("it has no default route and no veth into the node netns")
+
 // inspectPod reads a pod netns: its interface towards the node (see
 // pickPodIface), addresses, the route through it (see routeThrough) with
 // its gateway and gateway MAC, and the host peer.
+
 func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr) (*Pod, error) {
 	ns, err := netns.GetFromPath(c.path)
 	if err != nil {
@@ -628,7 +641,7 @@ func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr)
 
 	eth0 := pickPodIface(nl, links, hostID, gwIndex, vipRouteDevs(nl, vips), want)
 	if eth0 == nil {
-		return nil, fmt.Errorf("no veth into the node netns %s and no default route", host.path)
+		return nil, errNotPod
 	}
 	pod := &Pod{
 		NetNS:  NetNS{Path: c.path, Inode: c.inode},

@@ -111,6 +111,49 @@ func TestPodOfAnotherNode(t *testing.T) {
 	}
 }
 
+// TestPodNetNSNotAPod: a --pod-netns (or --pod-pid) of the node netns
+// itself, or of a netns with neither a veth into the node nor a default
+// route, selects no Pod: refused in one line that names the flag, says
+// why, and how to select a Pod. The second was a runtime error (exit 1).
+func TestPodNetNSNotAPod(t *testing.T) {
+	n := newNodeNS(t, "node", "lone")
+	// A process of the lone netns (ip netns exec execs sleep: same PID).
+	sleeper := exec.Command("ip", "netns", "exec", n.name("lone"), "sleep", "30")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	pid := sleeper.Process.Pid
+	lone, err := nsutil.Inode(n.path("lone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if in, _ := nsutil.Inode(fmt.Sprintf("/proc/%d/ns/net", pid)); in == lone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sleeper never joined the lone netns")
+		}
+	}
+	for _, c := range []struct {
+		opt  Options
+		flag string
+		why  string
+	}{
+		{Options{HostNetNS: n.path("node"), PodNetNS: n.path("node")}, "--pod-netns " + n.path("node"), "is the node netns itself"},
+		{Options{HostNetNS: n.path("node"), PodNetNS: n.path("lone")}, "--pod-netns " + n.path("lone"), "no default route and no veth into the node netns"},
+		{Options{HostNetNS: n.path("node"), PodPID: pid}, "--pod-pid " + strconv.Itoa(pid), "no default route and no veth into the node netns"},
+	} {
+		_, err := Node(context.Background(), c.opt)
+		var ue *UsageError
+		if !errors.As(err, &ue) || strings.Contains(ue.Msg, "\n") ||
+			!strings.HasPrefix(ue.Msg, c.flag) || !strings.Contains(ue.Msg, c.why) || !strings.Contains(ue.Msg, "give its --pod-ip") {
+			t.Errorf("%s: got %v (%T), want a one-line *UsageError saying %q and how to select a Pod", c.flag, err, err, c.why)
+		}
+	}
+}
+
 // TestPodDefaultRouteElsewhere: a Pod whose default route leaves through
 // another interface (Multus's net1) but which routes the VIPs through its
 // veth into the node is a Pod of the node; one that routes neither is not,
