@@ -17,6 +17,11 @@ import (
 // apart.
 const reorderWindow = 3 * time.Second
 
+// WaitWindow is how long behind the newest observation a packet that
+// AddPacket kept waiting (Waits) may still be claimed and counted by its
+// flow.
+const WaitWindow = reorderWindow
+
 // Drop counter names reported in Summary.Drops.
 const (
 	DropFlowsOverMax      = "flows_over_max"
@@ -276,6 +281,10 @@ func (e *Engine) Settle() {
 		}
 	}
 }
+
+// Waits tells whether the packet o, which AddPacket kept waiting for its
+// flow, still does: a flow found within WaitWindow counts it.
+func (e *Engine) Waits(o obs.Observation) bool { return e.waiting.has(o) }
 
 // Add feeds one observation. Observations may arrive out of time order by up
 // to a few seconds.

@@ -153,6 +153,17 @@ func (w *waiting) push(p *waitingObs) bool {
 	return true
 }
 
+// has tells whether the observation o (a point's, at its time, between its
+// endpoints) waits, in either room.
+func (w *waiting) has(o obs.Observation) bool {
+	for _, p := range w.byEnd[clientKey{o.Proto, o.Src}] {
+		if !p.done && p.icmp == nil && p.o.Point == o.Point && p.o.Time.Equal(o.Time) && p.o.Src == o.Src && p.o.Dst == o.Dst {
+			return true
+		}
+	}
+	return false
+}
+
 // waits tells whether any observation waits, in either room.
 func (w *waiting) waits() bool { return w.live > 0 || w.otherLive > 0 }
 

@@ -228,6 +228,10 @@ func (tr *tracer) correlate(tapIdx int, p *capture.Packet, k classKey, control b
 	return h, true
 }
 
+// commentFlowNotYetKnown is the comment of a frame written while the engine
+// still kept it waiting for its flow.
+const commentFlowNotYetKnown = "no Service flow known for this packet yet: it still waited for its flow's evidence when written (if a flow claims it later, the report counts it there)"
+
 // comment is a frame's pcapng comment: its flow, before or after
 // translation, and the flow's verdict as known now; for an ICMP error, what
 // it is and the flow of the packet it quotes (icmpComment).
@@ -248,6 +252,11 @@ func (tr *tracer) comment(tapIdx int, f *frame) string {
 	if o, ok := f.pkt.Observation(tr.taps[tapIdx].point); ok {
 		if ref, ok := tr.eng.Classify(o); ok {
 			return ref.Comment()
+		}
+		if tr.eng.Waits(o) {
+			// Written before its flow's evidence came (the held frames
+			// reached maxHeld, or the engine's clock lags the wall clock's).
+			return commentFlowNotYetKnown
 		}
 		if tr.eng.ReplyWithoutRequest(o) {
 			return flow.CommentReplyWithoutRequest

@@ -273,7 +273,9 @@ const (
 
 // hold queues a batch of frames and writes every frame older than the
 // reorder window (or the oldest ones beyond maxHeld). A frame's comment is
-// made when it is written, so it carries the most the engine knows by then.
+// made when it is written, so it carries the most the engine knows by then;
+// one the engine keeps waiting for its flow is held up to flow.WaitWindow
+// (flowComing), as long as the engine may count it in a flow.
 // Once a bound ended the file, frames are only counted: an incident's run
 // goes on for many more.
 func (p *pcapOut) hold(b *batch, tr *tracer) string {
@@ -321,6 +323,12 @@ func (p *pcapOut) release(t time.Time, tr *tracer) string {
 		if top.at >= before && p.held <= maxHeld {
 			return ""
 		}
+		if p.held <= maxHeld && p.flowComing(tr, top.queue, t) {
+			// Its flow may still come (a Pod found after its first
+			// packets): its comment waits for it, and the frames after it
+			// for the file's time order, within the engine's window.
+			return ""
+		}
 		if !held {
 			w, held = p.w.Hold(), true
 		}
@@ -341,6 +349,18 @@ func (p *pcapOut) release(t time.Time, tr *tracer) string {
 		}
 	}
 	return ""
+}
+
+// flowComing tells whether the oldest frame of queue i waits in the engine
+// for a flow that may still claim it at t (flow.WaitWindow).
+func (p *pcapOut) flowComing(tr *tracer, i int, t time.Time) bool {
+	b := p.queues[i][0]
+	f := &b.frames[b.next]
+	if f.known || t.Sub(f.pkt.Time) >= flow.WaitWindow {
+		return false
+	}
+	o, ok := f.pkt.Observation(tr.taps[i].point)
+	return ok && tr.eng.Waits(o)
 }
 
 func (p *pcapOut) pushHead(queue int, at int64) {

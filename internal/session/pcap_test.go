@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -487,5 +488,96 @@ func TestPcapReplyWithoutRequestComment(t *testing.T) {
 	}
 	if s := tr.eng.Summary(); s.RepliesWithoutRequest != 1 || s.Unmatched != 0 {
 		t.Errorf("replies_without_request %d, unmatched %d; want 1, 0", s.RepliesWithoutRequest, s.Unmatched)
+	}
+}
+
+// TestCommentOfFrameWhoseFlowCameLater: a Pod that started during the run
+// sends before the next look finds it; the uplink's frame of its request,
+// to the backend, waits in the engine for its flow until the Pod's socket
+// events, kept meanwhile, are added once it is found, over a second later,
+// and the engine then counts it in that flow. Its comment names that flow:
+// it was written 200 ms after its capture, saying no Service flow was known,
+// while the report counted it in the flow.
+func TestCommentOfFrameWhoseFlowCameLater(t *testing.T) {
+	var out bytes.Buffer
+	tr := testTracer(t, &out)
+	tr.eng = flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}},
+		Points:   map[obs.Point]bool{obs.PointPod: true, obs.PointSockAddr: true, obs.PointSockEgress: true, obs.PointUplink: true},
+	})
+	newPod := netip.MustParseAddrPort("10.244.8.77:41000")
+	backend := netip.MustParseAddrPort("10.244.20.31:5353")
+	b := tr.newBatch(1, false)
+	raw := udpFrame(t, newPod, backend)
+	b.add(&capture.Packet{Time: base, Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw})
+	if reason := tr.consume(b); reason != "" {
+		t.Fatalf("stop reason %q", reason)
+	}
+	if b.frames[0].known {
+		t.Fatal("the new Pod's frame had a flow before its socket events: the test needs one that waits")
+	}
+	ms := time.Millisecond
+	// Another Pod's requests go on meanwhile: the file moves past the frame.
+	for _, at := range []time.Duration{100 * ms, 400 * ms, 700 * ms, 1000 * ms} {
+		frames(t, tr, 0, at)
+	}
+	// The Pod is found: its socket events of before are added.
+	for _, o := range []obs.Observation{
+		{Time: base.Add(-50 * time.Microsecond), Point: obs.PointSockAddr, Kind: obs.SockSendmsg, Proto: obs.UDP, Src: newPod, Dst: vip, ReqDst: vip, Cookie: 9},
+		{Time: base.Add(-20 * time.Microsecond), Point: obs.PointSockEgress, Proto: obs.UDP, Src: newPod, Dst: backend, Cookie: 9, Len: 40},
+	} {
+		tr.add(o)
+	}
+	for _, at := range []time.Duration{1300 * ms, 1600 * ms} {
+		frames(t, tr, 0, at)
+	}
+	tr.eng.Settle()
+	tr.pcap.release(base.Add(time.Hour), tr)
+	if err := tr.pcap.w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	var counted uint64
+	var id int
+	for _, f := range tr.eng.Flows() {
+		if f.Client == newPod {
+			id = f.ID
+			for _, p := range f.Points {
+				if p.Point == "uplink" {
+					counted += p.Packets
+				}
+			}
+		}
+	}
+	if counted != 1 {
+		t.Fatalf("the new Pod's flow counted %d uplink frames, want its 1: the test needs the engine to count it", counted)
+	}
+	for _, p := range readBack(t, out.Bytes()) {
+		if want := fmt.Sprintf("flow %d request to backend", id); p.iface == 1 && !strings.HasPrefix(p.comment, want) {
+			t.Errorf("the new Pod's uplink frame: comment %q, want its flow's, in which the report counts it", p.comment)
+		}
+	}
+}
+
+// TestCommentOfFrameStillWaiting: a frame the engine keeps waiting for its
+// flow is held no longer than the engine's window: written then (a quiet
+// node, whose engine's clock stands still), its comment says that its flow
+// may still come, not that there is none.
+func TestCommentOfFrameStillWaiting(t *testing.T) {
+	var out bytes.Buffer
+	tr := testTracer(t, &out)
+	b := tr.newBatch(1, false)
+	raw := udpFrame(t, netip.MustParseAddrPort("10.244.8.77:41000"), netip.MustParseAddrPort("10.244.20.31:5353"))
+	b.add(&capture.Packet{Time: base, Dir: obs.DirOut, Len: len(raw), CapLen: len(raw), Data: raw})
+	tr.consume(b)
+	tr.pcap.release(base.Add(time.Second), tr) // a tick
+	if tr.pcap.held != 1 {
+		t.Fatalf("%d frames held a second later, want the waiting one", tr.pcap.held)
+	}
+	tr.pcap.release(base.Add(flow.WaitWindow), tr)
+	if err := tr.pcap.w.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := readBack(t, out.Bytes()); len(got) != 1 || got[0].comment != commentFlowNotYetKnown {
+		t.Errorf("read %+v, want the frame with the comment %q", got, commentFlowNotYetKnown)
 	}
 }
