@@ -41,7 +41,7 @@ func discoverPods(ctx context.Context, host *hostNS, opt Options, info *NodeInfo
 			sel = fmt.Sprintf("--pod-pid %d", opt.PodPID)
 		}
 		if inode == host.inode {
-			return usagef("%s is the node netns itself, not a Pod's: the node's processes (hostNetwork Pods) are traced without a selector; for a Pod give its --pod-ip, or the PID of one of its processes (--pod-pid)", sel)
+			return usagef("%s is the node netns itself, not a Pod's: the node's own processes (hostNetwork Pods) are always traced; for a Pod give its --pod-ip, or the PID of one of its processes (--pod-pid)", sel)
 		}
 		pod, err := inspectPod(host, holderOf(opt.PodNetNS, inode), netip.Addr{}, opt.Services)
 		if errors.Is(err, errNotPod) {
