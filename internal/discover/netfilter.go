@@ -187,20 +187,21 @@ func readNFT(hostPath string, svcs serviceSet) (graphs []*natGraph, devChains []
 	if err != nil {
 		return nil, nil, func() {}, fmt.Errorf("nftables netlink: %w", err)
 	}
-	closeConn = func() { conn.CloseLasting() }
-	if graphs, err = nftGraphs(conn); err != nil {
-		return graphs, nil, closeConn, err
-	}
-	// google/nftables lists a chain without its devices: a dump of our own.
+	// The chains and rules are listed over a socket of our own, as they
+	// come (nftDump); google/nftables lists a chain without its devices.
 	raw, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
 	if err != nil {
-		return graphs, nil, closeConn, fmt.Errorf("nftables netlink: %w", err)
+		conn.CloseLasting()
+		return nil, nil, func() {}, fmt.Errorf("nftables netlink: %w", err)
 	}
-	defer raw.Close()
+	closeConn = func() { conn.CloseLasting(); raw.Close() }
+	if graphs, err = nftGraphs(conn, raw); err != nil {
+		return graphs, nil, closeConn, err
+	}
 	if devChains, err = listDeviceChains(raw); err != nil {
 		return graphs, devChains, closeConn, err
 	}
-	return graphs, devChains, closeConn, deviceRewrites(conn, devChains, svcs)
+	return graphs, devChains, closeConn, deviceRewrites(conn, raw, devChains, svcs)
 }
 
 // readLegacyNAT reads the iptables-legacy nat table and the filter table

@@ -21,51 +21,66 @@ import (
 // chains' (kube-proxy's for a Service without endpoints). Read-only: list
 // requests only.
 //
-// The graphs read their chains' rules through conn as walks reach them
-// (natGraph.load): conn must stay open until they are matched.
-func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
-	chains, err := conn.ListChains()
-	if err != nil {
-		return nil, fmt.Errorf("list nftables chains: %w", err)
-	}
+// The graphs read their chains' rules through raw (and their sets through
+// conn) as walks reach them (natGraph.load): both must stay open until
+// they are matched.
+func nftGraphs(conn *nftables.Conn, raw *netlink.Conn) ([]*natGraph, error) {
 	type tableKey struct {
 		family nftables.TableFamily
 		name   string
 	}
-	byTable := map[tableKey][]*nftables.Chain{}
-	var order []tableKey
-	for _, c := range chains {
-		k := tableKey{c.Table.Family, c.Table.Name}
-		if _, ok := byTable[k]; !ok {
-			order = append(order, k)
+	// Every chain's name (a jump's target), and the base chains.
+	type tableChains struct {
+		table *nftables.Table
+		names []string
+		bases []natBase
+	}
+	byTable := map[tableKey]*tableChains{}
+	var order []*tableChains
+	err := nftDump(raw, unix.NFT_MSG_GETCHAIN, unix.NFPROTO_UNSPEC, nil, func(b []byte) error {
+		m, err := parseChainMsg(b)
+		if err != nil {
+			return err
 		}
-		byTable[k] = append(byTable[k], c)
+		k := tableKey{m.family, m.table}
+		t := byTable[k]
+		if t == nil {
+			t = &tableChains{table: &nftables.Table{Name: m.table, Family: m.family}}
+			byTable[k], order = t, append(order, t)
+		}
+		t.names = append(t.names, m.name)
+		if !m.hooked {
+			return nil
+		}
+		c := m.chain(t.table)
+		if hook := natHook(c); hook != "" {
+			t.bases = append(t.bases, natBase{c.Name, hook, true, chainPriority(c)})
+		} else if hook := filterHook(c); hook != "" {
+			t.bases = append(t.bases, natBase{c.Name, hook, false, chainPriority(c)})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list nftables chains: %w", err)
 	}
 	var graphs []*natGraph
-	for _, k := range order {
-		family := NFTFamilyName(k.family)
-		g := &natGraph{source: SourceNFTables, table: family + " " + k.name, family: family, chains: map[string][]natRule{}}
-		for _, c := range byTable[k] {
-			if hook := natHook(c); hook != "" {
-				g.bases = append(g.bases, natBase{c.Name, hook, true, chainPriority(c)})
-			} else if hook := filterHook(c); hook != "" {
-				g.bases = append(g.bases, natBase{c.Name, hook, false, chainPriority(c)})
-			}
+	for _, t := range order {
+		if len(t.bases) == 0 {
+			continue // nothing for a VIP happens in a table without those hooks
 		}
+		family := NFTFamilyName(t.table.Family)
+		g := &natGraph{source: SourceNFTables, table: family + " " + t.table.Name, family: family, chains: map[string][]natRule{}, bases: t.bases}
 		// The kernel lists chains in their order of creation; a hook runs
 		// them by priority, and the first rule that ends a packet decides.
 		slices.SortStableFunc(g.bases, func(a, b natBase) int { return a.priority - b.priority })
-		if len(g.bases) == 0 {
-			continue // nothing for a VIP happens in a table without those hooks
-		}
-		lazyLoad(conn, g, byTable[k], false)
+		lazyLoad(conn, raw, g, t.table, t.names, false)
 		graphs = append(graphs, g)
 	}
 	return graphs, nil
 }
 
-// lazyLoad makes g read the rules of the chains of its table (all of
-// chains) as its walks reach them. With rewrites, a rule that sets the
+// lazyLoad makes g read the rules of the chains of table (all of names)
+// as its walks reach them. With rewrites, a rule that sets the
 // destination address (a payload statement) counts as a DNAT to what it
 // sets: a device hook's graph (deviceRewrites).
 //
@@ -73,25 +88,27 @@ func nftGraphs(conn *nftables.Conn) ([]*natGraph, error) {
 // table has a chain per Service and one per endpoint, tens of thousands on
 // a big cluster's node, of which the walk for the traced VIPs reaches a
 // handful. Reading every chain (a netlink request each, and its verdict
-// maps) took seconds and hundreds of MB there.
-func lazyLoad(conn *nftables.Conn, g *natGraph, chains []*nftables.Chain, rewrites bool) {
-	sets := &nftSets{conn: conn, table: chains[0].Table, cache: map[string]nftSet{}}
-	byName := map[string]*nftables.Chain{}
-	for _, c := range chains {
-		byName[c.Name] = c
-		g.chains[c.Name] = nil
+// maps) took seconds and hundreds of MB there. Each rule is reduced to
+// natRules as its message is read (nftDump): KUBE-SERVICES has a rule
+// per Service.
+func lazyLoad(conn *nftables.Conn, raw *netlink.Conn, g *natGraph, table *nftables.Table, names []string, rewrites bool) {
+	sets := &nftSets{conn: conn, table: table, cache: map[string]nftSet{}}
+	for _, name := range names {
+		g.chains[name] = nil
 	}
 	g.loaded = map[string]bool{}
 	g.load = func(name string) ([]natRule, error) {
-		c := byName[name]
-		rules, err := conn.GetRules(c.Table, c)
-		if err != nil {
-			return nil, fmt.Errorf("list rules of %s chain %s: %w", g.table, c.Name, err)
-		}
 		var out []natRule
-		for _, r := range rules {
-			nrs := nftNATRules(r.Exprs, sets.lookup)
-			if comment, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok {
+		err := nftDump(raw, unix.NFT_MSG_GETRULE, uint8(table.Family), []netlink.Attribute{
+			{Type: unix.NFTA_RULE_TABLE, Data: []byte(table.Name + "\x00")},
+			{Type: unix.NFTA_RULE_CHAIN, Data: []byte(name + "\x00")},
+		}, func(b []byte) error {
+			exprs, userData, err := ruleExprs(table.Family, b)
+			if err != nil {
+				return err
+			}
+			nrs := nftNATRules(exprs, sets.lookup)
+			if comment, ok := userdata.GetString(userData, userdata.TypeComment); ok {
 				for i := range nrs {
 					if nrs[i].comment == "" {
 						nrs[i].comment = comment
@@ -104,6 +121,10 @@ func lazyLoad(conn *nftables.Conn, g *natGraph, chains []*nftables.Chain, rewrit
 				}
 			}
 			out = append(out, nrs...)
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list rules of %s chain %s: %w", g.table, name, err)
 		}
 		return out, nil
 	}

@@ -1,7 +1,6 @@
 package discover
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -112,62 +111,22 @@ func listDeviceChains(conn *netlink.Conn) ([]DeviceChain, error) {
 // parseDeviceChain decodes one NFT_MSG_NEWCHAIN message (nfgenmsg, then
 // its attributes); ok false for a chain not on a device hook.
 func parseDeviceChain(b []byte) (c DeviceChain, ok bool, err error) {
-	if len(b) < 4 {
-		return c, false, fmt.Errorf("nftables chain message of %d bytes", len(b))
-	}
-	family := nftables.TableFamily(b[0])
-	ad, err := netlink.NewAttributeDecoder(b[4:])
+	m, err := parseChainMsg(b)
 	if err != nil {
 		return c, false, err
 	}
-	ad.ByteOrder = binary.BigEndian
-	hooknum, hooked := uint32(0), false
-	for ad.Next() {
-		switch ad.Type() {
-		case unix.NFTA_CHAIN_TABLE:
-			c.Table = ad.String()
-		case unix.NFTA_CHAIN_NAME:
-			c.Chain = ad.String()
-		case unix.NFTA_CHAIN_HOOK:
-			hooked = true
-			ad.Nested(func(hd *netlink.AttributeDecoder) error {
-				for hd.Next() {
-					switch hd.Type() {
-					case unix.NFTA_HOOK_HOOKNUM:
-						hooknum = hd.Uint32()
-					case unix.NFTA_HOOK_PRIORITY:
-						c.Priority = int(int32(hd.Uint32()))
-					case unix.NFTA_HOOK_DEV:
-						c.Devices = append(c.Devices, hd.String())
-					case nftaHookDevs:
-						hd.Nested(func(dd *netlink.AttributeDecoder) error {
-							for dd.Next() {
-								if dd.Type() == nftaDeviceName {
-									c.Devices = append(c.Devices, dd.String())
-								}
-							}
-							return nil
-						})
-					}
-				}
-				return nil
-			})
-		}
-	}
-	if err := ad.Err(); err != nil {
-		return c, false, fmt.Errorf("decode nftables chain: %w", err)
-	}
-	c.Family, c.Hook = NFTFamilyName(family), deviceHook(family, hooknum)
+	c = DeviceChain{Family: NFTFamilyName(m.family), Table: m.table, Chain: m.name,
+		Hook: deviceHook(m.family, m.hooknum), Devices: m.devices, Priority: m.priority}
 	slices.Sort(c.Devices)
 	c.Devices = slices.Compact(c.Devices)
-	return c, hooked && c.Hook != "", nil
+	return c, m.hooked && c.Hook != "", nil
 }
 
 // deviceRewrites fills in the Rewrites of chains, each a base chain on a
 // device hook: the rules reachable from it (jumps and gotos followed, as
 // for NAT chains) that set a traced VIP's destination. Read-only: list
 // requests only.
-func deviceRewrites(conn *nftables.Conn, chains []DeviceChain, svcs serviceSet) error {
+func deviceRewrites(conn *nftables.Conn, raw *netlink.Conn, chains []DeviceChain, svcs serviceSet) error {
 	families := map[string]nftables.TableFamily{"netdev": nftables.TableFamilyNetdev, "inet": nftables.TableFamilyINet}
 	listed := map[nftables.TableFamily][]*nftables.Chain{}
 	var firstErr error
@@ -182,13 +141,18 @@ func deviceRewrites(conn *nftables.Conn, chains []DeviceChain, svcs serviceSet) 
 			}
 			listed[family] = all
 		}
-		table := slices.DeleteFunc(slices.Clone(all), func(c *nftables.Chain) bool { return c.Table.Name != dc.Table })
-		if len(table) == 0 {
+		var names []string
+		for _, c := range all {
+			if c.Table.Name == dc.Table {
+				names = append(names, c.Name)
+			}
+		}
+		if len(names) == 0 {
 			continue // gone since the dump
 		}
 		g := &natGraph{source: SourceNFTables, table: dc.Family + " " + dc.Table, chains: map[string][]natRule{},
 			bases: []natBase{{chain: dc.Chain, hook: dc.Hook, nat: true, priority: dc.Priority}}}
-		lazyLoad(conn, g, table, true)
+		lazyLoad(conn, raw, g, &nftables.Table{Name: dc.Table, Family: family}, names, true)
 		for _, r := range g.matchServices(svcs) {
 			if r.Verdict == "" {
 				dc.Rewrites = append(dc.Rewrites, r)
