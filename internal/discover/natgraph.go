@@ -17,9 +17,13 @@ type natGraph struct {
 	family string
 	bases  []natBase // chains hooked at NAT prerouting/output, the walk's entries
 	chains map[string][]natRule
+	// anyChain: every chain a rule jumps to exists (nftables refuses a
+	// jump to none), so chains holds only the chains read so far, not
+	// every chain's name (kube-proxy's tens of thousands).
+	anyChain bool
 	// load reads the rules of a chain of chains (every chain's name is a
-	// key, its rules nil until loaded) the first time a walk reaches it;
-	// nil when chains holds every chain's rules already (iptables-save).
+	// key, its rules nil until loaded, unless anyChain) the first time a
+	// walk reaches it; nil when chains holds every chain's rules already.
 	load   func(name string) ([]natRule, error)
 	loaded map[string]bool
 	err    error // the first load that failed: the graph is not read in full
@@ -31,7 +35,7 @@ type natGraph struct {
 // when the graph has no such chain.
 func (g *natGraph) rules(name string) (rules []natRule, ok bool) {
 	rules, ok = g.chains[name]
-	if !ok || g.load == nil || g.loaded[name] {
+	if g.load == nil || g.loaded[name] || !ok && !g.anyChain {
 		return rules, ok
 	}
 	g.loaded[name] = true
@@ -41,6 +45,12 @@ func (g *natGraph) rules(name string) (rules []natRule, ok bool) {
 	}
 	g.chains[name] = rules
 	return rules, true
+}
+
+// has tells whether the graph has chain name.
+func (g *natGraph) has(name string) bool {
+	_, ok := g.chains[name]
+	return ok || g.anyChain
 }
 
 // natBase is a base chain and its netfilter hook: prerouting or output for
@@ -231,7 +241,7 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 			w.ended = po == 0 && pr == "" && len(sm) == 0
 		}
 		for _, t := range r.targets {
-			if _, ok := w.g.chains[t]; ok {
+			if w.g.has(t) {
 				w.chain(t, append(slices.Clone(path), t), m, pr, po, cm, sm)
 			}
 		}

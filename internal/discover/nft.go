@@ -29,10 +29,8 @@ func nftGraphs(conn *nftables.Conn, raw *netlink.Conn) ([]*natGraph, error) {
 		family nftables.TableFamily
 		name   string
 	}
-	// Every chain's name (a jump's target), and the base chains.
 	type tableChains struct {
 		table *nftables.Table
-		names []string
 		bases []natBase
 	}
 	byTable := map[tableKey]*tableChains{}
@@ -48,7 +46,6 @@ func nftGraphs(conn *nftables.Conn, raw *netlink.Conn) ([]*natGraph, error) {
 			t = &tableChains{table: &nftables.Table{Name: m.table, Family: m.family}}
 			byTable[k], order = t, append(order, t)
 		}
-		t.names = append(t.names, m.name)
 		if !m.hooked {
 			return nil
 		}
@@ -73,14 +70,14 @@ func nftGraphs(conn *nftables.Conn, raw *netlink.Conn) ([]*natGraph, error) {
 		// The kernel lists chains in their order of creation; a hook runs
 		// them by priority, and the first rule that ends a packet decides.
 		slices.SortStableFunc(g.bases, func(a, b natBase) int { return a.priority - b.priority })
-		lazyLoad(conn, raw, g, t.table, t.names, false)
+		lazyLoad(conn, raw, g, t.table, false)
 		graphs = append(graphs, g)
 	}
 	return graphs, nil
 }
 
-// lazyLoad makes g read the rules of the chains of table (all of names)
-// as its walks reach them. With rewrites, a rule that sets the
+// lazyLoad makes g read the rules of the chains of table as its walks
+// reach them. With rewrites, a rule that sets the
 // destination address (a payload statement) counts as a DNAT to what it
 // sets: a device hook's graph (deviceRewrites).
 //
@@ -91,12 +88,9 @@ func nftGraphs(conn *nftables.Conn, raw *netlink.Conn) ([]*natGraph, error) {
 // maps) took seconds and hundreds of MB there. Each rule is reduced to
 // natRules as its message is read (nftDump): KUBE-SERVICES has a rule
 // per Service.
-func lazyLoad(conn *nftables.Conn, raw *netlink.Conn, g *natGraph, table *nftables.Table, names []string, rewrites bool) {
+func lazyLoad(conn *nftables.Conn, raw *netlink.Conn, g *natGraph, table *nftables.Table, rewrites bool) {
 	sets := &nftSets{conn: conn, table: table, cache: map[string]nftSet{}}
-	for _, name := range names {
-		g.chains[name] = nil
-	}
-	g.loaded = map[string]bool{}
+	g.anyChain, g.loaded = true, map[string]bool{}
 	g.load = func(name string) ([]natRule, error) {
 		var out []natRule
 		err := nftDump(raw, unix.NFT_MSG_GETRULE, uint8(table.Family), []netlink.Attribute{

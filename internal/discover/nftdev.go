@@ -141,18 +141,12 @@ func deviceRewrites(conn *nftables.Conn, raw *netlink.Conn, chains []DeviceChain
 			}
 			listed[family] = all
 		}
-		var names []string
-		for _, c := range all {
-			if c.Table.Name == dc.Table {
-				names = append(names, c.Name)
-			}
-		}
-		if len(names) == 0 {
+		if !slices.ContainsFunc(all, func(c *nftables.Chain) bool { return c.Table.Name == dc.Table && c.Name == dc.Chain }) {
 			continue // gone since the dump
 		}
 		g := &natGraph{source: SourceNFTables, table: dc.Family + " " + dc.Table, chains: map[string][]natRule{},
 			bases: []natBase{{chain: dc.Chain, hook: dc.Hook, nat: true, priority: dc.Priority}}}
-		lazyLoad(conn, raw, g, &nftables.Table{Name: dc.Table, Family: family}, names, true)
+		lazyLoad(conn, raw, g, &nftables.Table{Name: dc.Table, Family: family}, true)
 		for _, r := range g.matchServices(svcs) {
 			if r.Verdict == "" {
 				dc.Rewrites = append(dc.Rewrites, r)

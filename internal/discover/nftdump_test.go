@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"reflect"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -173,3 +175,31 @@ func TestRuleExprsAsListed(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestNFTGraphHoldsOnlyChainsRead: an nftables graph lists no chain names
+// beforehand (kube-proxy's table has a chain per Service and one per
+// endpoint, 20,000 names on a node of 5,000 Services, held at every read
+// of the rules): every chain a rule jumps to exists, and a walk reads
+// those it reaches.
+func TestNFTGraphHoldsOnlyChainsRead(t *testing.T) {
+	table := map[string][]expr.Any{
+		"nat-prerouting": {jump("services")},
+		"services":       {loadDaddr(1), cmpEq(1, ip4("10.96.0.80")...), gotoChain("service-web")},
+		"service-web":    dnatTo("10.244.20.31", 3000),
+		"service-other":  dnatTo("10.244.20.99", 3000),
+	}
+	var read []string
+	g := &natGraph{source: SourceNFTables, table: "ip kube-proxy", family: "ip", chains: map[string][]natRule{}, anyChain: true, loaded: map[string]bool{},
+		bases: []natBase{{"nat-prerouting", "prerouting", true, natDstPriority}},
+		load: func(name string) ([]natRule, error) {
+			read = append(read, name)
+			return nftNATRules(table[name], noSets), nil
+		}}
+	got := g.match([]netip.Addr{netip.MustParseAddr("10.96.0.80")})
+	if len(got) != 1 || got[0].Backend != netip.MustParseAddrPort("10.244.20.31:3000") {
+		t.Errorf("DNATs %+v, want the one to 10.244.20.31:3000", got)
+	}
+	if want := []string{"nat-prerouting", "services", "service-web"}; !slices.Equal(read, want) || len(g.chains) != len(want) {
+		t.Errorf("read %q and holds %d chains, want %q", read, len(g.chains), want)
+	}
+}
