@@ -31,8 +31,8 @@ var iptablesBases = map[string][]natBase{
 // all of them parsed took 90 MB. A line that does not parse is the graph's
 // error once a walk reaches its chain.
 func parseIPTablesSaveTable(r io.Reader, source, table string) (*natGraph, error) {
-	g := &natGraph{source: source, table: table, chains: map[string][]natRule{}, loaded: map[string]bool{}}
-	lines := map[string][]string{}
+	g := &natGraph{source: source, table: table, chains: map[string][]natRule{}}
+	lines := map[string][]string{} // every chain's, nil for one without rules
 	inNAT := false
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
@@ -45,34 +45,35 @@ func parseIPTablesSaveTable(r io.Reader, source, table string) (*natGraph, error
 		case !inNAT || text == "COMMIT":
 		case strings.HasPrefix(text, ":"):
 			name, _, _ := strings.Cut(text[1:], " ")
-			if _, ok := g.chains[name]; !ok {
-				g.chains[name] = nil
+			if _, ok := lines[name]; !ok {
+				lines[name] = nil
 			}
 		case strings.HasPrefix(text, "-A "):
 			chain, _, _ := strings.Cut(strings.TrimLeft(text[3:], " "), " ")
-			if _, ok := g.chains[chain]; !ok {
-				g.chains[chain] = nil
-			}
 			lines[chain] = append(lines[chain], text)
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read iptables-save output: %w", err)
 	}
-	g.load = func(name string) ([]natRule, error) {
+	g.load = func(name string) ([]natRule, bool, error) {
+		texts, ok := lines[name]
+		if !ok {
+			return nil, false, nil // a target (ACCEPT, MARK, ...), no chain
+		}
+		delete(lines, name)
 		var out []natRule
-		for _, text := range lines[name] {
+		for _, text := range texts {
 			_, rule, err := parseIPTablesRule(text)
 			if err != nil {
-				return out, fmt.Errorf("%s %s chain %s: %w", source, table, name, err)
+				return out, true, fmt.Errorf("%s %s chain %s: %w", source, table, name, err)
 			}
 			out = append(out, rule)
 		}
-		delete(lines, name)
-		return out, nil
+		return out, true, nil
 	}
 	for _, base := range iptablesBases[table] {
-		if _, ok := g.chains[base.chain]; ok {
+		if _, ok := lines[base.chain]; ok {
 			g.bases = append(g.bases, base)
 		}
 	}

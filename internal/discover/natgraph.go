@@ -17,16 +17,13 @@ type natGraph struct {
 	family string
 	bases  []natBase // chains hooked at NAT prerouting/output, the walk's entries
 	chains map[string][]natRule
-	// anyChain: every chain a rule jumps to exists (nftables refuses a
-	// jump to none), so chains holds only the chains read so far, not
-	// every chain's name (kube-proxy's tens of thousands).
-	anyChain bool
-	// load reads the rules of a chain of chains (every chain's name is a
-	// key, its rules nil until loaded, unless anyChain) the first time a
-	// walk reaches it; nil when chains holds every chain's rules already.
-	load   func(name string) ([]natRule, error)
-	loaded map[string]bool
-	err    error // the first load that failed: the graph is not read in full
+	// load reads the rules of chain name (ok false: no such chain) the
+	// first time a walk reaches it; nil when chains holds every chain's
+	// rules already. chains then holds the chains read so far: a big
+	// node's tens of thousands (kube-proxy's chain per Service and per
+	// endpoint) are never all held, their names included.
+	load func(name string) (rules []natRule, ok bool, err error)
+	err  error // the first load that failed: the graph is not read in full
 	// ending caches ends: by chain and protocol.
 	ending map[[2]string]bool
 }
@@ -34,23 +31,23 @@ type natGraph struct {
 // rules returns the rules of chain name, read now if not yet; ok false
 // when the graph has no such chain.
 func (g *natGraph) rules(name string) (rules []natRule, ok bool) {
-	rules, ok = g.chains[name]
-	if g.load == nil || g.loaded[name] || !ok && !g.anyChain {
+	if rules, ok = g.chains[name]; ok || g.load == nil {
 		return rules, ok
 	}
-	g.loaded[name] = true
-	rules, err := g.load(name)
+	rules, ok, err := g.load(name)
 	if err != nil && g.err == nil {
 		g.err = err
 	}
-	g.chains[name] = rules
-	return rules, true
+	if ok {
+		g.chains[name] = rules
+	}
+	return rules, ok
 }
 
 // has tells whether the graph has chain name.
 func (g *natGraph) has(name string) bool {
-	_, ok := g.chains[name]
-	return ok || g.anyChain
+	_, ok := g.rules(name)
+	return ok
 }
 
 // natBase is a base chain and its netfilter hook: prerouting or output for

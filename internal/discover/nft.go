@@ -90,8 +90,8 @@ func nftGraphs(conn *nftables.Conn, raw *netlink.Conn) ([]*natGraph, error) {
 // per Service.
 func lazyLoad(conn *nftables.Conn, raw *netlink.Conn, g *natGraph, table *nftables.Table, rewrites bool) {
 	sets := &nftSets{conn: conn, table: table, cache: map[string]nftSet{}}
-	g.anyChain, g.loaded = true, map[string]bool{}
-	g.load = func(name string) ([]natRule, error) {
+	// Every chain a rule jumps to is one: nftables refuses a jump to none.
+	g.load = func(name string) ([]natRule, bool, error) {
 		var out []natRule
 		err := nftDump(raw, unix.NFT_MSG_GETRULE, uint8(table.Family), []netlink.Attribute{
 			{Type: unix.NFTA_RULE_TABLE, Data: []byte(table.Name + "\x00")},
@@ -118,9 +118,9 @@ func lazyLoad(conn *nftables.Conn, raw *netlink.Conn, g *natGraph, table *nftabl
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("list rules of %s chain %s: %w", g.table, name, err)
+			return nil, true, fmt.Errorf("list rules of %s chain %s: %w", g.table, name, err)
 		}
-		return out, nil
+		return out, true, nil
 	}
 }
 

@@ -189,11 +189,11 @@ func TestNFTGraphHoldsOnlyChainsRead(t *testing.T) {
 		"service-other":  dnatTo("10.244.20.99", 3000),
 	}
 	var read []string
-	g := &natGraph{source: SourceNFTables, table: "ip kube-proxy", family: "ip", chains: map[string][]natRule{}, anyChain: true, loaded: map[string]bool{},
+	g := &natGraph{source: SourceNFTables, table: "ip kube-proxy", family: "ip", chains: map[string][]natRule{},
 		bases: []natBase{{"nat-prerouting", "prerouting", true, natDstPriority}},
-		load: func(name string) ([]natRule, error) {
+		load: func(name string) ([]natRule, bool, error) {
 			read = append(read, name)
-			return nftNATRules(table[name], noSets), nil
+			return nftNATRules(table[name], noSets), true, nil
 		}}
 	got := g.match([]netip.Addr{netip.MustParseAddr("10.96.0.80")})
 	if len(got) != 1 || got[0].Backend != netip.MustParseAddrPort("10.244.20.31:3000") {

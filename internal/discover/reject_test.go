@@ -397,8 +397,8 @@ COMMIT
 	if want := []string{"forward 10.245.0.2 /0 FORWARD => invalid AddrPort drop to POD web"}; !slices.Equal(got, want) {
 		t.Errorf("backend drops:\n got %q\nwant %q", got, want)
 	}
-	if len(nat.loaded) != 0 {
-		t.Errorf("the backends' walk read %d chains of the nat table (%v), want none", len(nat.loaded), slices.Collect(maps.Keys(nat.loaded)))
+	if len(nat.chains) != 0 {
+		t.Errorf("the backends' walk read %d chains of the nat table (%v), want none", len(nat.chains), slices.Collect(maps.Keys(nat.chains)))
 	}
 }
 
