@@ -133,6 +133,7 @@ func BenchmarkReadNetfilterLegacyManyServices(b *testing.B) {
 	}
 	vip := netip.MustParseAddr(scaleVIP(4321))
 	svcs := newServiceSet([]netip.Addr{vip}, nil)
+	b.ReportAllocs()
 	for b.Loop() {
 		var info NodeInfo
 		nf := readNetfilter(context.Background(), path, svcs, &info)
