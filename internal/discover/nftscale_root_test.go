@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -166,6 +167,41 @@ func BenchmarkReadNetfilterIPTablesNFTManyServices(b *testing.B) {
 		nf := readNetfilter(context.Background(), path, svcs, &info)
 		if len(nf.Rules) != 6 || !strings.HasPrefix(nf.NFTables, "read ") {
 			b.Fatalf("%d rules (%s), want 6: %+v", len(nf.Rules), nf.NFTables, nf.Rules)
+		}
+	}
+}
+
+// TestReadIPTablesNFTManyServices: a chain the kernel lists in many parts
+// (iptables-nft's KUBE-SERVICES of 2,000 Services, a rule per Service) is
+// read whole, part after part: the first Service's endpoints and the last
+// one's.
+func TestReadIPTablesNFTManyServices(t *testing.T) {
+	if _, err := exec.LookPath("iptables-nft-restore"); err != nil {
+		t.Skip("iptables-nft-restore is not installed")
+	}
+	path := scaleNode(t, 0)
+	cmd := exec.Command("ip", "netns", "exec", path[len("/run/netns/"):], "iptables-nft-restore")
+	cmd.Stdin = strings.NewReader(kubeProxyIPTablesSave(2000))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("iptables-nft-restore: %v: %s", err, out)
+	}
+	for _, i := range []int{0, 1999} {
+		var info NodeInfo
+		nf := readNetfilter(context.Background(), path, newServiceSet([]netip.Addr{netip.MustParseAddr(scaleVIP(i))}, nil), &info)
+		var got, want []string
+		for _, r := range nf.Rules {
+			got = append(got, r.Hook+" "+r.Backend.String())
+		}
+		for _, hook := range []string{"prerouting", "output"} {
+			for j := range 3 {
+				k := i*3 + j
+				want = append(want, fmt.Sprintf("%s 10.245.%d.%d:8080", hook, k/250, k%250+1))
+			}
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) || !strings.HasPrefix(nf.NFTables, "read ") {
+			t.Errorf("Service %d (%s): %q, want %q", i, nf.NFTables, got, want)
 		}
 	}
 }
