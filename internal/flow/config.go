@@ -141,6 +141,11 @@ type Attribution struct {
 	// Cilium), and a hairpin to the client's own Pod goes back out its
 	// veth by routing, where no bridge's hairpin mode can stop it.
 	RoutedHostVeths map[int]bool
+	// HairpinOffUplinks are the uplinks (ifindex in the node netns) that
+	// are ports of a Linux bridge with hairpin mode off: the bridge never
+	// sends a frame back out the port it came in on, so it drops an
+	// outside client's request rewritten to a backend behind that port.
+	HairpinOffUplinks map[int]BridgePort
 	// GatewayMACs are the Pods' default-gateway MAC addresses.
 	GatewayMACs []net.HardwareAddr
 	// UplinkNeighbors are what the node's neighbour tables (and a vxlan
@@ -157,6 +162,11 @@ type Attribution struct {
 	// sent to them to its own processes, unrewritten (NodeLocal DNSCache
 	// listens on kube-dns's ClusterIP so).
 	LocalVIPs map[netip.Addr]string
+}
+
+// BridgePort is a port of a Linux bridge, by name.
+type BridgePort struct {
+	Port, Bridge string
 }
 
 // UplinkNeighborKey is a MAC on an uplink device (its ifindex in the node's

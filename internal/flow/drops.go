@@ -272,18 +272,49 @@ func afterConfirm(reason string) bool {
 // backend) and unanswered, was dropped by the kernel in the node's netns
 // after its rewrite, before the uplink's TX tap or the backend's Pod saw
 // one: as many dropped as the point that saw most of them saw (mostSeen).
-// None left the node, so none reached the backend.
+// None left the node, so none reached the backend. A drop the kernel gave
+// no reason counts when it is a bridge's refusal of a hairpin
+// (hairpinDrop).
 func (e *Engine) droppedOnNode(f *flowState) bool {
 	if f.reply || len(f.backends) == 0 || e.cfg.HostNetNS == 0 || f.cps[cpUplink].any() || f.cps[cpLocal].any() {
 		return false
 	}
 	var dropped uint64
 	for _, d := range f.kernelDrops() {
-		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && d.named() {
+		if d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS && (d.named() || e.hairpinDrop(f, &d)) {
 			dropped += d.Count
 		}
 	}
 	return dropped > 0 && dropped >= f.mostSeen(false)
+}
+
+// hairpinDrop tells whether d is the bridge of an uplink without hairpin
+// mode refusing f's request there: an outside client's, which came in on
+// that port (the bridge's input path drops with the port it came in on as
+// the device), rewritten to a backend the bridge would send back out the
+// same port. The bridge frees it with a plain kfree_skb() (NOT_SPECIFIED)
+// in br_forward, or br_handle_frame_finish where that is inlined: only
+// there, at such a port, does that reason tell this drop (the bridge's
+// output path, br_dev_queue_push_xmit, drops too big a frame so, at the
+// port it was to leave by).
+func (e *Engine) hairpinDrop(f *flowState, d *KernelDrop) bool {
+	fn, _, _ := strings.Cut(d.Function, " ")
+	_, off := e.cfg.Attribution.HairpinOffUplinks[d.Ifindex]
+	return off && f.uplinkIn.seen && d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS &&
+		d.Reason == reasonNotSpecified && (fn == "br_forward" || fn == "br_handle_frame_finish")
+}
+
+// hairpinRefused is the earliest of f's requests a bridge refused to send
+// back out the uplink port it came in on (hairpinDrop), nil when none.
+func (e *Engine) hairpinRefused(f *flowState) *KernelDrop {
+	var first *KernelDrop
+	drops := f.kernelDrops()
+	for i := range drops {
+		if d := &drops[i]; e.hairpinDrop(f, d) && (first == nil || d.First.Before(first.First)) {
+			first = d
+		}
+	}
+	return first
 }
 
 // mostSeen is the most of f's requests (or replies) one place saw, in the

@@ -1232,7 +1232,14 @@ func (e *Engine) notLeftNote(f *flowState, g gap) string {
 		return ""
 	}
 	note := "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
-	switch {
+	switch hp := e.hairpinRefused(f); {
+	case hp != nil:
+		p := e.cfg.Attribution.HairpinOffUplinks[hp.Ifindex]
+		note = fmt.Sprintf("no answer, and the uplink TX (captured) never saw the request after its rewrite: it came in on %[1]s, a port of bridge %[2]s, and its backend is back out that port: a bridge sends a frame back out the port it came in on only when that port has hairpin mode on, and %[1]s's is off", p.Port, p.Bridge)
+		if e.droppedOnNode(f) {
+			note += ", so none reached the backend"
+		}
+		note += fmt.Sprintf(" (turn it on: bridge link set dev %s hairpin on; or have the node route its uplink's traffic rather than bridge it)", p.Port)
 	case e.droppedOnNode(f):
 		note = "no answer, and the uplink TX (captured) never saw the request after its rewrite: the kernel dropped every one on the node, so none reached the backend"
 	case f.requestDropped():

@@ -400,8 +400,15 @@ type attribution struct {
 	// PodHostSides: the traced Pods' host veths (ifindex) by address.
 	PodHostSides map[netip.Addr]int `json:"pod_host_sides"`
 	// RoutedHostVeths: the ifindexes of host veths without a master.
-	RoutedHostVeths []int    `json:"routed_host_veths"`
-	GatewayMACs     []string `json:"gateway_macs"`
+	RoutedHostVeths []int `json:"routed_host_veths"`
+	// HairpinOffUplinks: the uplinks that are bridge ports with hairpin
+	// mode off.
+	HairpinOffUplinks []struct {
+		Ifindex int    `json:"ifindex"`
+		Port    string `json:"port"`
+		Bridge  string `json:"bridge"`
+	} `json:"hairpin_off_uplinks"`
+	GatewayMACs []string `json:"gateway_macs"`
 	// NodeAddrs: the node netns's own addresses (flow.Attribution.NodeAddrs).
 	NodeAddrs []netip.Addr `json:"node_addrs"`
 	LocalVIPs []struct {
@@ -514,6 +521,12 @@ func (a attribution) convert() (flow.Attribution, error) {
 			out.RoutedHostVeths = map[int]bool{}
 		}
 		out.RoutedHostVeths[i] = true
+	}
+	for _, u := range a.HairpinOffUplinks {
+		if out.HairpinOffUplinks == nil {
+			out.HairpinOffUplinks = map[int]flow.BridgePort{}
+		}
+		out.HairpinOffUplinks[u.Ifindex] = flow.BridgePort{Port: u.Port, Bridge: u.Bridge}
 	}
 	for _, p := range a.SockPrograms {
 		out.SockPrograms = append(out.SockPrograms, flow.SockProgram(p))
