@@ -174,6 +174,40 @@ func TestNodeFindsPodByIP(t *testing.T) {
 	t.Logf("\n%s", table.String())
 }
 
+// TestUplinkHairpinMode: an uplink that is a bridge port has its hairpin
+// mode read (an outside client's request the bridge would send back out
+// it is dropped while it is off); another capture point has none.
+func TestUplinkHairpinMode(t *testing.T) {
+	tb := newTestbed(t)
+	for _, on := range []bool{false, true} {
+		if on {
+			out, err := exec.Command("bridge", "-n", filepath.Base(tb.node), "link", "set", "dev", "up0", "hairpin", "on").CombinedOutput()
+			if err != nil {
+				t.Fatalf("bridge link set dev up0 hairpin on: %v: %s", err, out)
+			}
+		}
+		info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cp := range info.CapturePoints {
+			switch {
+			case cp.Role == RoleUplink && (cp.Hairpin == nil || *cp.Hairpin != on):
+				t.Errorf("hairpin %v: uplink %s: got hairpin %v, want %v", on, cp.Ifname, fmtBoolPtr(cp.Hairpin), on)
+			case cp.Role != RoleUplink && cp.Hairpin != nil:
+				t.Errorf("hairpin %v: %s point %s: got hairpin %v, want none", on, cp.Role, cp.Ifname, *cp.Hairpin)
+			}
+		}
+	}
+}
+
+func fmtBoolPtr(b *bool) string {
+	if b == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*b)
+}
+
 func TestNodeEnumeratesPods(t *testing.T) {
 	tb := newTestbed(t)
 	// A second pod on the same bridge: its veth must never be taken for an uplink.

@@ -74,6 +74,13 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		if cp.Tunnel != "" {
 			detail = append(detail, cp.Tunnel+": its frames are the inner ones (their VLAN and MAC are not the wire's)")
 		}
+		switch {
+		case cp.Hairpin == nil:
+		case *cp.Hairpin:
+			detail = append(detail, "hairpin on")
+		default:
+			detail = append(detail, "hairpin off: "+cp.Master+" never sends a frame back out it")
+		}
 		p("%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cp.Role, cp.NetNS, cp.Ifname, cp.Ifindex, cp.Kind,
 			orDash(cp.MAC), master, orDash(strings.Join(detail, "; ")))
 	}

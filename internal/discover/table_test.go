@@ -120,6 +120,25 @@ func TestTableDropFromSources(t *testing.T) {
 	}
 }
 
+// TestTableUplinkHairpin: an uplink that is a bridge port says its hairpin
+// mode, off meaning that its bridge never sends a frame back out it.
+func TestTableUplinkHairpin(t *testing.T) {
+	off, on := false, true
+	n := &NodeInfo{CapturePoints: []CapturePoint{
+		{Role: RoleUplink, Ifname: "up0", Master: "br0", MasterKind: "bridge", Hairpin: &off},
+		{Role: RoleUplink, Ifname: "up1", Master: "br1", MasterKind: "bridge", Hairpin: &on},
+	}}
+	var b bytes.Buffer
+	if err := n.Table(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"hairpin off: br0 never sends a frame back out it", "hairpin on"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
 // TestTableListsMirredRedirects: a tc filter's mirred redirect is a row of
 // its own; one per Pod (a CNI that redirects every veth) folds into one.
 func TestTableListsMirredRedirects(t *testing.T) {

@@ -249,6 +249,11 @@ type CapturePoint struct {
 	Tunnel string `json:"tunnel,omitempty"`
 	// TCUnread: its tc programs could not be listed (see the notes).
 	TCUnread bool `json:"tc_unread,omitempty"`
+	// Hairpin is an uplink's hairpin mode as a port of a Linux bridge
+	// (nil for another uplink, or when unread): off, the bridge never
+	// sends a frame back out it, as a request that came in on it and was
+	// rewritten to a backend behind it.
+	Hairpin *bool `json:"hairpin,omitempty"`
 }
 
 // SockProgram is a cgroup sock_addr program effective for the client's cgroup.

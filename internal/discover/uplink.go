@@ -806,7 +806,21 @@ func capturePoints(host *hostNS, info *NodeInfo, uplinks []netlink.Link) []Captu
 	for _, l := range uplinks {
 		cp := CapturePoint{Role: RoleUplink, NetNS: host.path}
 		describeLink(host, l, &cp)
+		if cp.MasterKind == "bridge" {
+			cp.Hairpin = hairpin(host, l, info)
+		}
 		cps = append(cps, cp)
 	}
 	return cps
+}
+
+// hairpin is the hairpin mode of l, a bridge port (its AF_BRIDGE
+// protinfo), nil and noted when unread.
+func hairpin(host *hostNS, l netlink.Link, info *NodeInfo) *bool {
+	pi, err := host.nl.LinkGetProtinfo(l)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		info.notef("hairpin mode of uplink %s, a port of %s, not read: %v", l.Attrs().Name, host.name(l.Attrs().MasterIndex), err)
+		return nil
+	}
+	return &pi.Hairpin
 }

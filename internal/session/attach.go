@@ -493,6 +493,14 @@ func attribution(node *discover.NodeInfo) flow.Attribution {
 			}
 		}
 	}
+	for _, cp := range node.CapturePoints {
+		if cp.Role == discover.RoleUplink && cp.Hairpin != nil && !*cp.Hairpin {
+			if a.HairpinOffUplinks == nil {
+				a.HairpinOffUplinks = map[int]flow.BridgePort{}
+			}
+			a.HairpinOffUplinks[cp.Ifindex] = flow.BridgePort{Port: cp.Ifname, Bridge: cp.Master}
+		}
+	}
 	a.GatewayMACs = gatewayMACs(node)
 	a.UplinkNeighbors = uplinkNeighbors(node)
 	a.NodeAddrs = node.NodeAddrs()

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"maps"
 	"slices"
 	"testing"
 
@@ -52,5 +53,22 @@ func TestAttributionXDPPrograms(t *testing.T) {
 	host := []flow.TCProgram{{Kind: "xdpgeneric", Name: "veth_lb", ID: 8, Ifindex: 9}}
 	if !slices.Equal(a.UplinkXDPPrograms, up) || !slices.Equal(a.HostXDPPrograms, host) {
 		t.Errorf("uplink XDP %+v, host XDP %+v, want %+v and %+v", a.UplinkXDPPrograms, a.HostXDPPrograms, up, host)
+	}
+}
+
+// TestAttributionHairpinOffUplinks: the engine gets the uplinks that are
+// bridge ports with hairpin mode off, with their bridge; one with it on,
+// one whose mode was not read and a host veth are left out.
+func TestAttributionHairpinOffUplinks(t *testing.T) {
+	off, on := false, true
+	node := &discover.NodeInfo{CapturePoints: []discover.CapturePoint{
+		{Role: discover.RoleUplink, Ifname: "up0", Ifindex: 2, Master: "br0", MasterKind: "bridge", Hairpin: &off},
+		{Role: discover.RoleUplink, Ifname: "up1", Ifindex: 3, Master: "br0", MasterKind: "bridge", Hairpin: &on},
+		{Role: discover.RoleUplink, Ifname: "eth1", Ifindex: 4},
+		{Role: discover.RoleHost, Ifname: "veth-a", Ifindex: 5, Master: "br0", MasterKind: "bridge"},
+	}}
+	got := attribution(node).HairpinOffUplinks
+	if want := map[int]flow.BridgePort{2: {Port: "up0", Bridge: "br0"}}; !maps.Equal(got, want) {
+		t.Errorf("hairpin-off uplinks %+v, want %+v", got, want)
 	}
 }
