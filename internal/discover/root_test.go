@@ -690,6 +690,59 @@ func addDNAT(t *testing.T, nodePath, vip string, svcPort uint16, backends ...str
 	}
 }
 
+// TestRoutedUplinkBridgePort: the node's address on a bridge whose port up0
+// leads to the gateway (the seed's node, its NIC a bridge port), a routed
+// Pod: the route to the backend leaves by br0, whose taps never see what
+// it switches between its ports (an outside client's request DNATed at
+// PREROUTING to that backend), so the uplink is up0, the port on which
+// br0 learned the gateway's MAC, with its hairpin mode.
+func TestRoutedUplinkBridgePort(t *testing.T) {
+	n := newNodeNS(t, "node", "pod", "gw")
+	n.run(t, "node", "link add br0 type bridge", "link add up0 type veth peer name eth0 netns "+n.name("gw"),
+		"link set up0 master br0 up", "addr add 10.99.50.1/24 dev br0", "link set br0 up", "route add default via 10.99.50.254")
+	n.run(t, "gw", "addr add 10.99.50.254/24 dev eth0", "link set eth0 up")
+	n.addRoutedPod(t, "pod", "hvp", "10.99.51.2")
+	addDNAT(t, n.path("node"), "10.120.0.80", 80, "10.99.60.7")
+	// The node's datagram to the gateway resolves its MAC, which br0
+	// learns on up0 from the answer.
+	err := nsutil.Do(n.path("node"), func() error {
+		c, err := net.Dial("udp4", "10.99.50.254:9")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("hello"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwMAC := strings.Fields(strings.SplitN(ipCmd(t, "-n", n.name("gw"), "-br", "link", "show", "eth0"), "\n", 2)[0])[2]
+	for i := 0; ; i++ {
+		fdb, _ := exec.Command("bridge", "-n", n.name("node"), "fdb", "show", "br", "br0").Output()
+		if strings.Contains(string(fdb), gwMAC+" dev up0") && strings.Contains(ipCmd(t, "-n", n.name("node"), "neigh", "show", "10.99.50.254"), gwMAC) {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("the gateway MAC %s was never learned (node neighbour table and br0 FDB on up0)", gwMAC)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	info, err := Node(context.Background(), Options{HostNetNS: n.path("node"), Services: []netip.Addr{netip.MustParseAddr("10.120.0.80")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Pods) != 1 || !slices.Equal(info.Pods[0].Uplinks, []string{"up0"}) ||
+		!strings.Contains(info.Pods[0].UplinkHow, "up0: the port of br0 on which it learned next hop 10.99.50.254's MAC "+gwMAC) {
+		t.Fatalf("pods: got %+v, want one whose uplink is up0, br0's port towards the gateway", info.Pods)
+	}
+	for _, cp := range info.CapturePoints {
+		if cp.Role == RoleUplink && (cp.Ifname != "up0" || cp.Master != "br0" || cp.Hairpin == nil || *cp.Hairpin) {
+			t.Errorf("uplink capture point %+v, want up0 on br0, hairpin off", cp)
+		}
+	}
+}
+
 // TestOtherPodNotRoutedUplink: on a routed node (Calico-style /32 routes to
 // host veths without master), a Service backend that is another Pod of the
 // node is reached through that Pod's host veth, which stays on the node:

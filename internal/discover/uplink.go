@@ -341,6 +341,9 @@ type uplinkFinder struct {
 	fdb     []fdbEntry
 	fdbRead bool
 	fdbErr  error
+	// viaBridge says, of a bridge's port taken for the bridge a route
+	// leaves by (bridgePorts), why.
+	viaBridge map[int]string
 	// routes are the routed uplinks per lookup start.
 	routes map[routeKey]routeResult
 	// sourceRules: the node has routing rules on source addresses or input
@@ -464,6 +467,11 @@ func (u *uplinkFinder) routed(k routeKey) ([]int, string) {
 		vips = append(vips, addrRoute{vip, u.routeOut(vip, k, &fwd)})
 	}
 	route, how := u.combineRoutes(backends, vips, u.defaultRoute)
+	for _, idx := range route {
+		if why, ok := u.viaBridge[idx]; ok {
+			how += "; " + why
+		}
+	}
 	if k.src.IsValid() {
 		if fwd.ok > 0 {
 			u.bySource = true
@@ -605,7 +613,7 @@ func (u *uplinkFinder) defaultRoute() ([]int, string) {
 		if !isDefaultRoute(r) {
 			continue
 		}
-		for _, x := range nextHopDevices(r) {
+		for _, x := range u.bridgePorts(r, netip.Addr{}) {
 			if !slices.Contains(idx, x) {
 				idx = append(idx, x)
 			}
@@ -626,7 +634,62 @@ func (u *uplinkFinder) routeOut(a netip.Addr, k routeKey, fwd *fwdLookups) []int
 	if !ok || r.Type == unix.RTN_LOCAL {
 		return nil
 	}
-	return slices.DeleteFunc(nextHopDevices(r), func(idx int) bool { return u.isLoopback(idx) || u.isPodSide(idx) })
+	return slices.DeleteFunc(u.bridgePorts(r, a), func(idx int) bool { return u.isLoopback(idx) || u.isPodSide(idx) })
+}
+
+// bridgePorts are the devices of r's next hops (towards dst, invalid for
+// a default route), each Linux bridge among them (the node's address on
+// br0, its NIC a port of it) replaced by its port towards that next hop:
+// the one on which the bridge learned the MAC of the next hop's neighbour
+// entry. A bridge's own taps never see what it switches between its
+// ports, as an outside client's request DNATed at PREROUTING
+// (bridge-nf-call-iptables=1) to a backend behind it. A bridge whose port
+// is not known so stays.
+func (u *uplinkFinder) bridgePorts(r netlink.Route, dst netip.Addr) []int {
+	idx := nextHopDevices(r)
+	for i, dev := range idx {
+		l, err := u.host.link(dev)
+		if err != nil || l.Type() != "bridge" {
+			continue
+		}
+		hop := dst
+		for _, nh := range append([]*netlink.NexthopInfo{{LinkIndex: r.LinkIndex, Gw: r.Gw}}, r.MultiPath...) {
+			if a, ok := netip.AddrFromSlice(nh.Gw); ok && nh.LinkIndex == dev {
+				hop = a.Unmap()
+			}
+		}
+		if port, ok := u.portTowards(dev, hop); ok {
+			idx[i] = port
+		}
+	}
+	return idx
+}
+
+// portTowards is the port of bridge br on which it learned hop's MAC (the
+// node's neighbour entry of hop on br, the bridge's FDB), noted in
+// u.viaBridge.
+func (u *uplinkFinder) portTowards(br int, hop netip.Addr) (int, bool) {
+	if !hop.IsValid() {
+		return 0, false
+	}
+	neighs, _ := u.host.nl.NeighList(br, netlink.FAMILY_V4)
+	for _, n := range neighs {
+		a, ok := netip.AddrFromSlice(n.IP)
+		if !ok || a.Unmap() != hop || len(n.HardwareAddr) == 0 {
+			continue
+		}
+		mac := n.HardwareAddr.String()
+		for _, e := range u.bridgeFDB(br) {
+			if p, err := u.host.link(e.port); e.mac == mac && err == nil && p.Attrs().MasterIndex == br {
+				if u.viaBridge == nil {
+					u.viaBridge = map[int]string{}
+				}
+				u.viaBridge[e.port] = fmt.Sprintf("%s: the port of %s on which it learned next hop %s's MAC %s", p.Attrs().Name, u.host.name(br), hop, mac)
+				return e.port, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // fwdLookups counts the forwarded lookups of a routeKey that succeeded,
