@@ -79,7 +79,7 @@ func (n *NodeInfo) Table(w io.Writer) error {
 		case *cp.Hairpin:
 			detail = append(detail, "hairpin on")
 		default:
-			detail = append(detail, "hairpin off: "+cp.Master+" never sends a frame back out it")
+			detail = append(detail, "hairpin off: "+cp.Master+" never sends a frame that came in here back out here")
 		}
 		p("%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cp.Role, cp.NetNS, cp.Ifname, cp.Ifindex, cp.Kind,
 			orDash(cp.MAC), master, orDash(strings.Join(detail, "; ")))

@@ -132,7 +132,7 @@ func TestTableUplinkHairpin(t *testing.T) {
 	if err := n.Table(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"hairpin off: br0 never sends a frame back out it", "hairpin on"} {
+	for _, want := range []string{"hairpin off: br0 never sends a frame that came in here back out here", "hairpin on"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("lacks %q:\n%s", want, b.String())
 		}
