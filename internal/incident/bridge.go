@@ -3,6 +3,7 @@ package incident
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -44,8 +45,8 @@ func (s *snapshot) bridges(_ context.Context, w *topicWriter) error {
 				if p.Attrs().MasterIndex != br.Attrs().Index {
 					continue
 				}
-				fmt.Fprintf(w, "  port %s (ifindex %d, %s) state %s vlans: %s\n", p.Attrs().Name, p.Attrs().Index,
-					p.Type(), p.Attrs().OperState, vlanList(vlans[int32(p.Attrs().Index)]))
+				fmt.Fprintf(w, "  port %s (ifindex %d, %s) state %s vlans: %s; %s\n", p.Attrs().Name, p.Attrs().Index,
+					p.Type(), p.Attrs().OperState, vlanList(vlans[int32(p.Attrs().Index)]), hairpinMode(h, p))
 			}
 			fmt.Fprintln(w)
 		}
@@ -63,6 +64,20 @@ func (s *snapshot) bridges(_ context.Context, w *topicWriter) error {
 		}
 		return nil
 	})
+}
+
+// hairpinMode says whether the bridge port p has hairpin mode on: off, the
+// bridge never sends a frame back out the port it came in by (an outside
+// client's request rewritten to a backend behind that port).
+func hairpinMode(h *netlink.Handle, p netlink.Link) string {
+	pi, err := h.LinkGetProtinfo(p)
+	switch {
+	case err != nil && !errors.Is(err, netlink.ErrDumpInterrupted):
+		return fmt.Sprintf("hairpin not read: %v", err)
+	case pi.Hairpin:
+		return "hairpin on"
+	}
+	return "hairpin off"
 }
 
 // vlanList renders a port's VLANs like `bridge vlan`: "1 PVID untagged, 200".

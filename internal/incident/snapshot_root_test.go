@@ -360,7 +360,7 @@ func (tn *testNode) wantParts() map[string][]string {
 		"iptables-nft.txt":        {"no nftables table ip nat or ip filter: no iptables-nft tables"},
 		"iptables-legacy-nat.txt": {"no legacy nat table (not read: reading would create it)"},
 		"conntrack.txt":           {"dst=" + testVIP, "src=" + testBackend, "sport=5353", "1 of "},
-		"bridges.txt":             {"## bridge br0", "vlan_filtering false", "port hv0", "port up0", "vlans: ", "forwarding database", "dev up0 master br0"},
+		"bridges.txt":             {"## bridge br0", "vlan_filtering false", "port hv0", "port up0", "vlans: ", "hairpin off", "forwarding database", "dev up0 master br0"},
 		"ovs.txt":                 {""},
 		"net-node.txt":            {"hv0 kind veth", "br0 kind bridge", "## routes", "## neighbours"},
 		"net-pod-1.txt":           {testPodIP + "/22", "default via " + testGwIP + " dev eth0", testGwIP + " dev eth0 lladdr"},
