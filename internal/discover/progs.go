@@ -53,23 +53,29 @@ func sockPrograms(cgroup string, own func(ebpf.ProgramID) bool, info *NodeInfo) 
 			info.notef("socket programs (%s) not checked on %s: %v", at.Name, cgroup, err)
 			continue
 		}
-		attachedAt := map[ebpf.ProgramID]string{}
+		// One program can be attached at several levels (a policy
+		// program on every Pod's cgroup and on their parent): the
+		// effective list has it once per level, the cgroup's own
+		// first, so each occurrence takes the next directory.
+		attachedAt := map[ebpf.ProgramID][]string{}
 		for _, dir := range chain {
 			ids, err := queryCgroup(dir, at.Type, 0)
 			if err != nil {
 				continue
 			}
 			for _, id := range ids {
-				if _, ok := attachedAt[id]; !ok {
-					attachedAt[id] = dir
-				}
+				attachedAt[id] = append(attachedAt[id], dir)
 			}
 		}
 		for _, id := range effective {
+			var dir string
+			if dirs := attachedAt[id]; len(dirs) > 0 {
+				dir, attachedAt[id] = dirs[0], dirs[1:]
+			}
 			if own(id) {
 				continue
 			}
-			out = append(out, SockProgram{Attach: at.Name, Name: programName(id), ID: id, Cgroup: attachedAt[id]})
+			out = append(out, SockProgram{Attach: at.Name, Name: programName(id), ID: id, Cgroup: dir})
 		}
 	}
 	return out

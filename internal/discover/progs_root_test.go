@@ -148,6 +148,50 @@ func addClsBPF(t *testing.T, nsPath string, ifindex int, prog *ebpf.Program) {
 	}
 }
 
+// TestSockProgramsSameProgramTwoLevels attaches one connect4 program on a
+// Pod's cgroup and on its parent, the LB between them on the Pod's: each
+// effective occurrence is named with the cgroup it is attached to.
+func TestSockProgramsSameProgramTwoLevels(t *testing.T) {
+	needRoot(t)
+	root, err := cgroup2.Root()
+	if err != nil {
+		t.Skipf("no cgroup2: %v", err)
+	}
+	parent, err := os.MkdirTemp(root, "pttest-cg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(parent) })
+	pod := filepath.Join(parent, "pod")
+	if err := os.Mkdir(pod, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(pod) })
+
+	other := loadReturn(t, "pttest_other4", ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect, 1)
+	lb := loadReturn(t, "pttest_lb4", ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect, 1)
+	for _, a := range []struct {
+		dir  string
+		prog *ebpf.Program
+	}{{pod, other}, {pod, lb}, {parent, other}} {
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: a.dir, Attach: ebpf.AttachCGroupInet4Connect, Program: a.prog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+	}
+
+	var info NodeInfo
+	var got []string
+	for _, p := range sockPrograms(pod, func(id ebpf.ProgramID) bool { return id != progID(t, other) && id != progID(t, lb) }, &info) {
+		got = append(got, p.Name+" "+p.Cgroup)
+	}
+	want := []string{"pttest_other4 " + pod, "pttest_lb4 " + pod, "pttest_other4 " + parent}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %q, want %q (notes %q)", got, want, info.Notes)
+	}
+}
+
 // TestNewSockAddrProgram: a cgroup sock_addr program loaded after the last
 // look is found, unless it is pathtrace's own; other program types are not;
 // a look from the returned ID on sees only what loaded since. (Other tests
