@@ -81,7 +81,34 @@ func orders(s flowtest.Scenario) map[string][]int {
 	for _, name := range []string{"shuffled-1", "shuffled-2", "shuffled-3", "shuffled-4", "shuffled-5"} {
 		out[name] = rng.Perm(n)
 	}
+	if s.SocketOrdered {
+		for _, order := range out {
+			keepSocketOrder(s.Observations, order)
+		}
+	}
 	return out
+}
+
+// keepSocketOrder puts the socket observers' events of order back in their
+// recorded order, in the places order gives them.
+func keepSocketOrder(observations []obs.Observation, order []int) {
+	isSocket := func(i int) bool {
+		switch observations[i].Point {
+		case obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress:
+			return true
+		}
+		return false
+	}
+	var places, socket []int
+	for place, i := range order {
+		if isSocket(i) {
+			places, socket = append(places, place), append(socket, i)
+		}
+	}
+	slices.Sort(socket)
+	for k, place := range places {
+		order[place] = socket[k]
+	}
 }
 
 func identity(n int) []int {

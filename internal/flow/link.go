@@ -763,6 +763,13 @@ func (e *Engine) sockAddr(o obs.Observation) {
 	if proto == 0 && o.Kind == obs.SockSendmsg {
 		proto = obs.UDP // the sendmsg4 hook runs for UDP only
 	}
+	if s != nil && s.src.Port() != 0 && o.Time.After(s.srcAt) && proto == obs.TCP && (o.Kind == obs.SockConnect || o.Kind == obs.SockConnect6) {
+		// connect4 runs on an unconnected socket only: a TCP socket
+		// that connects again after its port was seen (its last
+		// attempt refused) opens another connection, from another
+		// port, maybe to another backend.
+		s.src, s.flows, client = netip.AddrPort{}, nil, o.Src
+	}
 	if !e.isService(proto, svc) {
 		return
 	}
@@ -810,7 +817,7 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 	if s != nil {
 		s.noteProc(o)
 		if o.Src.Port() != 0 && (s.src != o.Src || s.proto != o.Proto) {
-			s.src, s.proto = o.Src, o.Proto
+			s.src, s.proto, s.srcAt = o.Src, o.Proto, o.Time
 			e.rekey(s, o.Cookie)
 		} else if o.Src.Port() == 0 && s.src.Port() != 0 && s.src.Addr() == o.Src.Addr() {
 			// Its port is known already (netfilter at OUTPUT named the
@@ -867,7 +874,7 @@ func (e *Engine) socketPort(o obs.Observation) {
 		return
 	}
 	if s := e.socks.get(o.Cookie); s != nil && s.src.Port() == 0 {
-		s.src, s.proto = o.Src, o.Proto
+		s.src, s.proto, s.srcAt = o.Src, o.Proto, o.Time
 		e.rekey(s, o.Cookie)
 	}
 }

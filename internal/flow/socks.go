@@ -12,6 +12,7 @@ import (
 type sockState struct {
 	proto obs.Proto
 	src   netip.AddrPort // the client endpoint, once its port is known
+	srcAt time.Time      // when src was seen
 	flows []*flowState   // usually one; unconnected UDP may send to several VIPs
 
 	pid    uint32

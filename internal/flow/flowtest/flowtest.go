@@ -35,10 +35,14 @@ type Scenario struct {
 	Description string
 	// Ordered: the expected result depends on arrival order (MaxFlows decides
 	// which flows are kept), so tests must not permute the observations.
-	Ordered      bool
-	Config       flow.Config
-	Observations []obs.Observation
-	Want         Want
+	Ordered bool
+	// SocketOrdered: the result depends on the order of the socket
+	// observers' events, which come from one ring buffer in the order
+	// the kernel made them; tests permute the rest around them.
+	SocketOrdered bool
+	Config        flow.Config
+	Observations  []obs.Observation
+	Want          Want
 }
 
 // Want is the expected outcome: exactly these flows (matched by proto, client,
@@ -324,15 +328,16 @@ func vlanString(v *uint16) string {
 
 // file is the JSON shape of a scenario.
 type file struct {
-	Description  string        `json:"description"`
-	Ordered      bool          `json:"ordered"`
-	Services     []string      `json:"services"`
-	Points       []string      `json:"points"`
-	MaxFlows     int           `json:"max_flows"`
-	HostNetNS    uint64        `json:"host_netns"`
-	Attribution  attribution   `json:"attribution"`
-	Observations []observation `json:"observations"`
-	Want         Want          `json:"want"`
+	Description   string        `json:"description"`
+	Ordered       bool          `json:"ordered"`
+	SocketOrdered bool          `json:"socket_ordered"`
+	Services      []string      `json:"services"`
+	Points        []string      `json:"points"`
+	MaxFlows      int           `json:"max_flows"`
+	HostNetNS     uint64        `json:"host_netns"`
+	Attribution   attribution   `json:"attribution"`
+	Observations  []observation `json:"observations"`
+	Want          Want          `json:"want"`
 }
 
 type attribution struct {
@@ -481,7 +486,7 @@ type observation struct {
 }
 
 func (f file) scenario() (Scenario, error) {
-	s := Scenario{Description: f.Description, Ordered: f.Ordered, Want: f.Want}
+	s := Scenario{Description: f.Description, Ordered: f.Ordered, SocketOrdered: f.SocketOrdered, Want: f.Want}
 	cfg := flow.Config{Points: make(map[obs.Point]bool), MaxFlows: f.MaxFlows, HostNetNS: f.HostNetNS}
 	for _, svc := range f.Services {
 		v, err := ParseService(svc)
