@@ -74,6 +74,15 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	if f.proto != 0 {
 		out.Proto = f.proto.String()
 	}
+	if f.socketLBChanged() {
+		sock := f.cps[cpSockAddr]
+		change := "loaded after its first datagrams (first rewrite at %s)"
+		if sock.backendAt < sock.vipAt {
+			change = "unloaded, or stopped rewriting, before its later ones (first left unrewritten at %s)"
+		}
+		out.Reason += fmt.Sprintf("; the socket also sent datagrams the app addressed to the VIP with the VIP still their destination: a socket LB was "+change+"; those left the socket unrewritten",
+			time.Unix(0, max(sock.vipAt, sock.backendAt)).UTC().Format("15:04:05.000"))
+	}
 	if f.sendsDirect() {
 		out.Reason += fmt.Sprintf("; the client also sent to backend %s itself from this port, not to the VIP: those datagrams, counted with the flow, are not taken for its rewrite, nor the answers they got from the backend's address for its replies", f.directBackend())
 	}

@@ -617,12 +617,25 @@ func (f *flowState) sendsDirect() bool {
 	if f.proto != obs.UDP {
 		return false
 	}
+	if f.socketLBChanged() {
+		return false // its datagrams to a backend are the socket LB's rewrites
+	}
 	for _, cp := range [...]checkpoint{cpSockEgress, cpPod, cpHost} {
 		if s := f.cps[cp]; s.vip && s.backend {
 			return true
 		}
 	}
 	return false
+}
+
+// socketLBChanged tells whether a socket LB came or went during the flow of
+// an unconnected UDP socket: the app asked the VIP for every datagram, and
+// the socket's hook saw some go to the VIP unrewritten and some to a
+// backend. The later points saw both too, each datagram with the
+// destination its socket gave it.
+func (f *flowState) socketLBChanged() bool {
+	app, sock := f.cps[cpApp], f.cps[cpSockAddr]
+	return f.proto == obs.UDP && app.vip && !app.backend && sock.vip && sock.backend
 }
 
 // directBackend is the backend a client that sendsDirect sent to itself.
@@ -695,7 +708,7 @@ func (f *flowState) rewriteSeen() bool {
 // socket LB's client talks to the backend itself), or when the client sent
 // to a backend itself (sendsDirect): those are its answers.
 func (f *flowState) untranslatedReplies() (u *StrayReplies, translated bool) {
-	if f.untranslated == nil || !f.cps[cpPod].vip || f.sendsDirect() {
+	if f.untranslated == nil || !f.cps[cpPod].vip || f.sendsDirect() || f.socketLBChanged() {
 		return nil, false
 	}
 	out := *f.untranslated

@@ -255,6 +255,11 @@ func unknown(format string, a ...any) verdict {
 // Without why, the verdict has no reason: packet comments and counts read
 // place and by only, and writing the reason was most of what deciding cost.
 func (e *Engine) decide(f *flowState, why bool) verdict {
+	if f.socketLBChanged() {
+		// The socket's own hook saw the rewrite: what the later points
+		// saw of the datagrams it left alone is not where it happened.
+		return e.bracket(f, cpApp, cpSockAddr, why)
+	}
 	iV, iB := -1, -1
 	for i, s := range f.cps {
 		if s.vip {
