@@ -34,8 +34,17 @@ func (e *Engine) bySocket(f *flowState) string {
 	if byCg, ok := e.cfg.Attribution.SockProgramsByCgroup[f.cgroup]; ok && f.cgroup != 0 {
 		progs = byCg
 	}
+	// When the socket rewrote: an unconnected socket's flow may have
+	// begun before the LB was loaded (socketLBChanged).
+	rewroteAt := f.first
+	if s := f.cps[cpSockAddr]; s.backend {
+		rewroteAt = time.Unix(0, s.backendAt)
+	}
 	var cands []string
 	for _, p := range progs {
+		if rewroteAt.Before(p.Since) {
+			continue
+		}
 		at := strings.ToLower(p.AttachType)
 		for _, h := range hooks {
 			if strings.Contains(at, h) && strings.Contains(at, family) {
@@ -634,10 +643,19 @@ func oneOf(cands []string) string {
 }
 
 // SetCgroupSockPrograms records the sock_addr programs effective for a client
-// cgroup; an empty list records that there are none.
+// cgroup; an empty list records that there are none. Read again (a socket LB
+// was loaded since), the cgroup keeps the programs it had: one detached
+// since still names the flows it rewrote.
 func (e *Engine) SetCgroupSockPrograms(cgroup uint64, progs []SockProgram) {
 	if e.cfg.Attribution.SockProgramsByCgroup == nil {
 		e.cfg.Attribution.SockProgramsByCgroup = map[uint64][]SockProgram{}
+	}
+	for _, p := range e.cfg.Attribution.SockProgramsByCgroup[cgroup] {
+		if !slices.ContainsFunc(progs, func(q SockProgram) bool {
+			return q.ID == p.ID && q.AttachType == p.AttachType && q.Cgroup == p.Cgroup
+		}) {
+			progs = append(progs, p)
+		}
 	}
 	e.cfg.Attribution.SockProgramsByCgroup[cgroup] = progs
 	e.gen++

@@ -115,3 +115,39 @@ func TestBySocketDualStack(t *testing.T) {
 		}
 	}
 }
+
+// TestBySocketProgramsOfTheirTime: a client's cgroup read again after a
+// socket LB was loaded on it keeps the programs it had, one detached since
+// among them, and names each flow only the programs loaded before its
+// socket rewrote.
+func TestBySocketProgramsOfTheirTime(t *testing.T) {
+	const cg = 77
+	e := flow.NewEngine(httpConfig(obs.PointSockAddr, obs.PointSockState))
+	connect := func(ms float64, port uint16, cookie uint64) {
+		src := netip.AddrPortFrom(client.Addr(), port)
+		e.Add(obs.Observation{Time: flowtest.At(ms), Point: obs.PointSockAddr, Kind: obs.SockConnect,
+			Proto: obs.TCP, Src: netip.AddrPortFrom(client.Addr(), 0), ReqDst: vip, Dst: backend, Cookie: cookie, Cgroup: cg})
+		e.Add(obs.Observation{Time: flowtest.At(ms + 0.01), Point: obs.PointSockState, Proto: obs.TCP,
+			Src: src, Dst: backend, Cookie: cookie, Cgroup: cg})
+	}
+	old := flow.SockProgram{AttachType: "connect4", Name: "old_lb", ID: 5}
+	e.SetCgroupSockPrograms(cg, []flow.SockProgram{old})
+	connect(0, 40001, 1)
+	loaded := flow.SockProgram{AttachType: "connect4", Name: "new_lb", ID: 9, Since: flowtest.At(500)}
+	e.SetCgroupSockPrograms(cg, []flow.SockProgram{old, loaded})
+	connect(1000, 40002, 2)
+	e.SetCgroupSockPrograms(cg, nil) // both detached
+	want := map[uint16]string{
+		40001: "connect4 old_lb (id 5)",
+		40002: "one of 2: connect4 old_lb (id 5); connect4 new_lb (id 9)",
+	}
+	fs := e.Flows()
+	if len(fs) != len(want) {
+		t.Fatalf("%d flows, want %d: %+v", len(fs), len(want), fs)
+	}
+	for _, f := range fs {
+		if f.RewrittenAt != flow.PlaceSocket || f.By != want[f.Client.Port()] {
+			t.Errorf("flow from %s: %s by %q, want socket by %q", f.Client, f.RewrittenAt, f.By, want[f.Client.Port()])
+		}
+	}
+}

@@ -213,6 +213,9 @@ type SockProgram struct {
 	Name       string
 	ID         uint32
 	Cgroup     string // the cgroup directory it is attached to
+	// Since: when it was loaded after, as far as the session saw (zero:
+	// before the start); a socket rewritten before is not its.
+	Since time.Time
 }
 
 // NetfilterProgram is a BPF program on a netfilter hook (a

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -679,28 +680,69 @@ func (tr *tracer) counters() (packets, drops map[string]uint64) {
 // then nothing can have rewritten the destination they see. It looks again
 // every second, at programs loaded since, and turns reading back on for good
 // once one appears (a socket LB loaded mid-trace goes unseen for at most
-// that second) or when it cannot tell.
+// that second) or when it cannot tell. The looks that found one also tell
+// when each program was loaded after (since), and that the clients'
+// cgroups need reading again.
 type lbWatch struct {
 	pr      *probe.Probe
 	last    ebpf.ProgramID
+	lastAt  time.Time
 	reading bool
+	loads   []sockLoad // bounded by maxSockLoads, the oldest dropped
 }
+
+// sockLoad is a look that found sock_addr programs loaded since the one
+// before, which was at at and had seen the IDs up to after.
+type sockLoad struct {
+	at    time.Time
+	after ebpf.ProgramID
+}
+
+// maxSockLoads bounds lbWatch.loads: a program older than those kept is
+// taken to be there from the start, naming more flows, never fewer.
+const maxSockLoads = 256
 
 func newLBWatch(pr *probe.Probe) *lbWatch {
 	w := &lbWatch{pr: pr, reading: true} // the probe's default
-	w.check()
+	w.check(time.Now())
 	return w
 }
 
-func (w *lbWatch) check() {
-	if w == nil || w.reading && w.last != 0 {
-		return // on for good
+// check looks at the programs loaded since the last look and tells whether
+// a sock_addr program was among them (never at the first look).
+func (w *lbWatch) check(now time.Time) (loaded bool) {
+	if w == nil {
+		return false
 	}
+	first := w.lastAt.IsZero()
 	found, last, err := discover.NewSockAddrProgram(w.last, w.pr.IsObserver)
-	w.last = max(last, 1)
-	if want := found || err != nil; want != w.reading {
+	if loaded = found && !first; loaded {
+		if len(w.loads) == maxSockLoads {
+			w.loads = slices.Delete(w.loads, 0, 1)
+		}
+		w.loads = append(w.loads, sockLoad{at: w.lastAt, after: w.last})
+	}
+	w.last, w.lastAt = max(last, 1), now
+	// On for good once on after the first look.
+	if want := found || err != nil || w.reading && !first; want != w.reading {
 		if w.pr.ReadRequested(want) == nil {
 			w.reading = want
 		}
 	}
+	return loaded
+}
+
+// since is when the program id was loaded after, as far as the looks tell
+// (IDs grow): zero when it was there at the first look.
+func (w *lbWatch) since(id ebpf.ProgramID) time.Time {
+	var at time.Time
+	if w == nil {
+		return at
+	}
+	for _, l := range w.loads {
+		if id > l.after {
+			at = l.at
+		}
+	}
+	return at
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,11 @@ type tracer struct {
 	watch      []obs.Watch
 	cgroupRoot string
 	cgroupDone map[uint64]bool
+	// cgroupNoLB: the client cgroups whose last read found no program at
+	// connect or sendmsg, and when: a socket rewrite seen there after
+	// (a socket LB attached since) has them read again, once a second
+	// at most.
+	cgroupNoLB map[uint64]time.Time
 	// filterErrors counts failed widenings (watch list or tap filter
 	// updates): each one may lose the packets of a learned backend.
 	filterErrors uint64
@@ -135,9 +141,16 @@ func (tr *tracer) add(o obs.Observation) {
 		}
 	}
 	tr.eng.Add(o)
-	if o.Cgroup != 0 && !tr.cgroupDone[o.Cgroup] {
+	if o.Cgroup != 0 && (!tr.cgroupDone[o.Cgroup] || tr.rewroteUnread(o)) {
 		tr.attributeCgroup(o.Cgroup)
 	}
+}
+
+// rewroteUnread tells whether o is a socket rewrite on a client cgroup whose
+// last read, a second ago or more, found no program that rewrites.
+func (tr *tracer) rewroteUnread(o obs.Observation) bool {
+	at, ok := tr.cgroupNoLB[o.Cgroup]
+	return ok && o.Point == obs.PointSockAddr && o.ReqDst.IsValid() && o.ReqDst != o.Dst && time.Since(at) >= time.Second
 }
 
 // unscopedMax and unscopedAge bound tracer.unscoped: a Pod is found within
@@ -400,7 +413,12 @@ loop:
 			tr.retire(time.Now())
 			tr.interval(time.Now(), &nextInterval)
 			tr.widen()
-			tr.lb.check()
+			if tr.lb.check(time.Now()) {
+				// A socket LB may have come on a client's cgroup:
+				// each is read again when next seen.
+				clear(tr.cgroupDone)
+				clear(tr.cgroupNoLB)
+			}
 			tr.observeTC(time.Now(), tr.tc.check(time.Now(), tr.eng))
 			tr.nat.check(ctx, time.Now(), tr.eng, false)
 			tr.releaseGone(time.Now())
@@ -797,6 +815,7 @@ func (tr *tracer) attributeCgroup(id uint64) {
 		// came: those of no open flow are forgotten, and resolved again
 		// when seen again.
 		clear(tr.cgroupDone)
+		clear(tr.cgroupNoLB)
 		tr.eng.ForgetCgroups()
 	}
 	tr.cgroupDone[id] = true
@@ -805,8 +824,18 @@ func (tr *tracer) attributeCgroup(id uint64) {
 		return // the node-wide list from discovery stays the attribution
 	}
 	fps := make([]flow.SockProgram, len(progs))
+	lb := false
 	for i, p := range progs {
-		fps[i] = flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup}
+		fps[i] = flow.SockProgram{AttachType: p.Attach, Name: p.Name, ID: uint32(p.ID), Cgroup: p.Cgroup, Since: tr.lb.since(p.ID)}
+		lb = lb || strings.HasPrefix(p.Attach, "connect") || strings.HasPrefix(p.Attach, "sendmsg")
+	}
+	if tr.cgroupNoLB == nil {
+		tr.cgroupNoLB = map[uint64]time.Time{}
+	}
+	if lb {
+		delete(tr.cgroupNoLB, id)
+	} else {
+		tr.cgroupNoLB[id] = time.Now()
 	}
 	tr.eng.SetCgroupSockPrograms(id, fps)
 }

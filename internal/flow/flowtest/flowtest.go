@@ -534,7 +534,7 @@ func (a attribution) convert() (flow.Attribution, error) {
 		out.HairpinOffUplinks[u.Ifindex] = flow.BridgePort{Port: u.Port, Bridge: u.Bridge}
 	}
 	for _, p := range a.SockPrograms {
-		out.SockPrograms = append(out.SockPrograms, flow.SockProgram(p))
+		out.SockPrograms = append(out.SockPrograms, flow.SockProgram{AttachType: p.AttachType, Name: p.Name, ID: p.ID, Cgroup: p.Cgroup})
 	}
 	for _, p := range a.TCPrograms {
 		tp := flow.TCProgram{Direction: p.Direction, Kind: p.Kind, Name: p.Name, ID: p.ID, Ifindex: p.Ifindex}
