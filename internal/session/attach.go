@@ -732,6 +732,10 @@ func (w *lbWatch) check(now time.Time) (loaded bool) {
 	return loaded
 }
 
+// others tells whether a sock_addr program other than pathtrace's may be on
+// the node (the observers read requested destinations).
+func (w *lbWatch) others() bool { return w != nil && w.reading }
+
 // since is when the program id was loaded after, as far as the looks tell
 // (IDs grow): zero when it was there at the first look.
 func (w *lbWatch) since(id ebpf.ProgramID) time.Time {

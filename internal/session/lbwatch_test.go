@@ -26,27 +26,33 @@ func TestLBWatchSince(t *testing.T) {
 	}
 }
 
-// TestRewroteUnread: a socket rewrite on a client cgroup whose last read,
-// a second ago or more, found no socket LB has it read again; not sooner,
-// nor for a cgroup that had one, nor for a socket event without a rewrite.
-func TestRewroteUnread(t *testing.T) {
+// TestLBUnread: a socket's connect or send on a client cgroup whose last
+// read, a second ago or more, found no socket LB has it read again while
+// another sock_addr program is on the node; not sooner, nor for a cgroup
+// that had one, nor for other points, nor on a node without such programs.
+func TestLBUnread(t *testing.T) {
 	vip, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
-	tr := &tracer{cgroupNoLB: map[uint64]time.Time{1: time.Now().Add(-2 * time.Second), 2: time.Now()}}
+	tr := &tracer{lb: &lbWatch{reading: true}, cgroupNoLB: map[uint64]time.Time{1: time.Now().Add(-2 * time.Second), 2: time.Now()}}
 	rewrite := obs.Observation{Point: obs.PointSockAddr, ReqDst: vip, Dst: be}
+	left := obs.Observation{Point: obs.PointSockAddr, ReqDst: vip, Dst: vip} // an LB after the observers
 	for _, c := range []struct {
 		cgroup uint64
 		o      obs.Observation
 		want   bool
 	}{
 		{1, rewrite, true},
+		{1, left, true},
 		{2, rewrite, false}, // read just now
 		{3, rewrite, false}, // a socket LB found there
-		{1, obs.Observation{Point: obs.PointSockAddr, ReqDst: vip, Dst: vip}, false}, // not rewritten
-		{1, obs.Observation{Point: obs.PointPod, Dst: be}, false},
+		{1, obs.Observation{Point: obs.PointSockState, Dst: be}, false},
 	} {
 		c.o.Cgroup = c.cgroup
-		if got := tr.rewroteUnread(c.o); got != c.want {
+		if got := tr.lbUnread(c.o); got != c.want {
 			t.Errorf("cgroup %d, %+v: %v, want %v", c.cgroup, c.o, got, c.want)
 		}
+	}
+	tr.lb.reading = false
+	if o := (obs.Observation{Point: obs.PointSockAddr, ReqDst: vip, Dst: vip, Cgroup: 1}); tr.lbUnread(o) {
+		t.Errorf("no other sock_addr program on the node: %+v read again", o)
 	}
 }

@@ -36,9 +36,10 @@ type tracer struct {
 	cgroupRoot string
 	cgroupDone map[uint64]bool
 	// cgroupNoLB: the client cgroups whose last read found no program at
-	// connect or sendmsg, and when: a socket rewrite seen there after
-	// (a socket LB attached since) has them read again, once a second
-	// at most.
+	// connect or sendmsg, and when: while another sock_addr program is on
+	// the node, their sockets' next connect or send to a Service has them
+	// read again, once a second at most (a socket LB attached since; one
+	// after the observers on their cgroup leaves the VIP they see).
 	cgroupNoLB map[uint64]time.Time
 	// filterErrors counts failed widenings (watch list or tap filter
 	// updates): each one may lose the packets of a learned backend.
@@ -141,16 +142,17 @@ func (tr *tracer) add(o obs.Observation) {
 		}
 	}
 	tr.eng.Add(o)
-	if o.Cgroup != 0 && (!tr.cgroupDone[o.Cgroup] || tr.rewroteUnread(o)) {
+	if o.Cgroup != 0 && (!tr.cgroupDone[o.Cgroup] || tr.lbUnread(o)) {
 		tr.attributeCgroup(o.Cgroup)
 	}
 }
 
-// rewroteUnread tells whether o is a socket rewrite on a client cgroup whose
-// last read, a second ago or more, found no program that rewrites.
-func (tr *tracer) rewroteUnread(o obs.Observation) bool {
+// lbUnread tells whether o is a socket's connect or send on a client cgroup
+// whose last read, a second ago or more, found no program that rewrites,
+// while another sock_addr program is on the node.
+func (tr *tracer) lbUnread(o obs.Observation) bool {
 	at, ok := tr.cgroupNoLB[o.Cgroup]
-	return ok && o.Point == obs.PointSockAddr && o.ReqDst.IsValid() && o.ReqDst != o.Dst && time.Since(at) >= time.Second
+	return ok && o.Point == obs.PointSockAddr && tr.lb.others() && time.Since(at) >= time.Second
 }
 
 // unscopedMax and unscopedAge bound tracer.unscoped: a Pod is found within
