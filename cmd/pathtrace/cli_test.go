@@ -471,7 +471,7 @@ func checkICMPErrors(t *testing.T, path string, flows []map[string]any) {
 			comment = opts.Comments[0]
 		}
 		id, known := flowOf[e.Src.String()+" "+e.Dst.String()]
-		want := fmt.Sprintf("ICMP destination unreachable (code 0: net unreachable) from %v about flow %v request to VIP (before translation); rewritten_at=nowhere", lab.GatewayIP, id)
+		want := fmt.Sprintf("ICMP destination unreachable (code 0: net unreachable) from %v about flow %v request to VIP (not translated); rewritten_at=nowhere", lab.GatewayIP, id)
 		if e.Type != capture.ICMPDestUnreachable || e.From != lab.GatewayIP || e.To != lab.PodIP || !known || comment != want {
 			t.Errorf("%s: %s from %v to %v about %s (flow known: %v), comment %q; want the gateway's net unreachable about a flow's request to the VIP, comment %q",
 				ifc.Name, e.Kind(), e.From, e.To, e.QuotedString(), known, comment, want)

@@ -266,6 +266,13 @@ func (r Ref) Comment() string {
 		b.WriteString(" reply from backend, not translated back to the VIP (the client does not take it)")
 	case r.Untranslated:
 		b.WriteString(" to backend from the client, answering a reply that came untranslated")
+	case !r.Translated && r.Verdict == PlaceNowhere:
+		// No one rewrote the flow: there is no translation to be before.
+		if r.Reply {
+			b.WriteString(" reply from VIP (not translated)")
+		} else {
+			b.WriteString(" request to VIP (not translated)")
+		}
 	case !r.Reply && !r.Translated:
 		b.WriteString(" request to VIP (before translation)")
 	case !r.Reply:

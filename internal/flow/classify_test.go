@@ -178,6 +178,10 @@ func TestRefComment(t *testing.T) {
 			"flow 1 request to VIP (before translation)"},
 		{flow.Ref{ID: 2, Reply: true, Translated: true, Verdict: flow.PlaceNowhere},
 			"flow 2 reply from backend (before reverse translation); rewritten_at=nowhere"},
+		{flow.Ref{ID: 5, Verdict: flow.PlaceNowhere},
+			"flow 5 request to VIP (not translated); rewritten_at=nowhere"},
+		{flow.Ref{ID: 6, Reply: true, Verdict: flow.PlaceNowhere},
+			"flow 6 reply from VIP (not translated); rewritten_at=nowhere"},
 		{flow.Ref{ID: 4, Reply: true, Verdict: flow.PlaceNetfilter, By: "nat"},
 			"flow 4 reply from VIP (after reverse translation); rewritten_at=netfilter by=nat"},
 	}

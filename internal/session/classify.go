@@ -311,8 +311,8 @@ func (tr *tracer) icmpKind(e capture.ICMPError) string {
 // icmpComment says what an ICMP error is, who sent it and which flow the
 // packet it quotes belongs to, found as that packet would be (Classify on
 // the quoted tuple), e.g. "ICMP destination unreachable (code 0: net
-// unreachable) from 10.244.8.1 about flow 3 request to VIP (before
-// translation); rewritten_at=nowhere". The error is not a packet of that
+// unreachable) from 10.244.8.1 about flow 3 request to VIP (not
+// translated); rewritten_at=nowhere". The error is not a packet of that
 // flow and is not counted in it (classify never gets a handle for it). A
 // quote no known flow claims is named by its tuple.
 func (tr *tracer) icmpComment(tapIdx int, e capture.ICMPError) string {

@@ -144,7 +144,7 @@ func TestPcapMergesPointsInTimeOrder(t *testing.T) {
 		if i > 0 && p.at.Before(got[i-1].at) {
 			t.Errorf("packet %d at %s is before packet %d at %s", i, p.at.Sub(base), i-1, got[i-1].at.Sub(base))
 		}
-		if !strings.HasPrefix(p.comment, "flow 1 request to VIP (before translation)") {
+		if !strings.HasPrefix(p.comment, "flow 1 request to VIP (not translated); rewritten_at=nowhere") {
 			t.Errorf("packet %d comment %q", i, p.comment)
 		}
 	}
