@@ -122,6 +122,9 @@ func Node(ctx context.Context, opt Options) (*NodeInfo, error) {
 	// a routed node's uplink.
 	info.svcs = svcs
 	info.Netfilter = readNetfilter(ctx, host.path, svcs, info)
+	if note := bridgeNFAbsentNote(info); note != "" {
+		info.notef("%s", note)
+	}
 	info.IPVS = readIPVS(host.path, svcs)
 	info.ServicesWithoutNAT = untranslated(opt.Services, opt.ServicePorts, info.Netfilter, info.IPVS)
 	if note := podLikeNodeNote(host, info); note != "" {

@@ -38,9 +38,6 @@ const (
 func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *NodeInfo) Netfilter {
 	var nf Netfilter
 	nf.BridgeNFCallIPTables = readBoolSysctl(hostPath, bridgeNFSysctl)
-	if nf.BridgeNFCallIPTables == nil {
-		info.notef("net.bridge.bridge-nf-call-iptables absent in the node netns (br_netfilter not loaded): bridged traffic skips iptables/nftables IP hooks")
-	}
 	nf.BridgeNFFilterVLANTagged = readBoolSysctl(hostPath, bridgeNFVLAN)
 	nf.IPForward = readBoolSysctl(hostPath, ipForwardSysctl)
 
@@ -127,6 +124,26 @@ const (
 	SourceNFTables       = "nftables"
 	SourceIPTablesLegacy = "iptables-legacy"
 )
+
+// bridgeNFAbsentNote says that br_netfilter is not loaded when a Pod's host
+// veth is on a Linux bridge, which hands frames to netfilter only by it; ""
+// otherwise: a routed Pod's packets (host veth on no bridge: Calico's,
+// Cilium's) meet netfilter without it, and OVS never hands them there.
+func bridgeNFAbsentNote(info *NodeInfo) string {
+	if info.Netfilter.BridgeNFCallIPTables != nil {
+		return ""
+	}
+	var bridges []string
+	for _, p := range info.Pods {
+		if p.HostPeer != nil && p.HostPeer.MasterKind == "bridge" && !slices.Contains(bridges, p.HostPeer.Master) {
+			bridges = append(bridges, p.HostPeer.Master)
+		}
+	}
+	if bridges == nil {
+		return ""
+	}
+	return fmt.Sprintf("net.bridge.bridge-nf-call-iptables absent in the node netns (br_netfilter not loaded): bridged traffic skips iptables/nftables IP hooks (the Pods on %s)", strings.Join(bridges, ", "))
+}
 
 // NATWatch reads again, on demand, the node's NAT rules and IPVS services
 // for the traced VIPs, as discovery read them: kube-proxy rewrites them

@@ -99,3 +99,32 @@ func TestHeadBuffer(t *testing.T) {
 		t.Errorf("got %q, want abcde", b.String())
 	}
 }
+
+// TestBridgeNFAbsentNote: br_netfilter missing is said only where a Pod's
+// host veth is on a Linux bridge; a routed node's Pods (Calico's cali
+// veths, on no bridge) meet netfilter without it, and OVS never hands
+// frames to it.
+func TestBridgeNFAbsentNote(t *testing.T) {
+	pod := func(master, kind string) Pod {
+		return Pod{HostPeer: &HostPeer{Master: master, MasterKind: kind}}
+	}
+	no := false
+	for _, tc := range []struct {
+		name string
+		call *bool
+		pods []Pod
+		want string // in the note; "" for none
+	}{
+		{"routed", nil, []Pod{pod("", "none"), pod("", "none")}, ""},
+		{"ovs", nil, []Pod{pod("ovs-system", "openvswitch")}, ""},
+		{"no pod", nil, nil, ""},
+		{"bridged", nil, []Pod{pod("br-pod", "bridge"), pod("", "none"), pod("br-pod", "bridge")}, "skips iptables/nftables IP hooks (the Pods on br-pod)"},
+		{"loaded", &no, []Pod{pod("br-pod", "bridge")}, ""},
+	} {
+		info := &NodeInfo{Pods: tc.pods, Netfilter: Netfilter{BridgeNFCallIPTables: tc.call}}
+		got := bridgeNFAbsentNote(info)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: note %q, want one with %q", tc.name, got, tc.want)
+		}
+	}
+}
