@@ -37,8 +37,9 @@ func (s *snapshot) podNetState(p discover.Pod) func(context.Context, *topicWrite
 	collect := s.netState(p.NetNS.Path)
 	return func(ctx context.Context, w *topicWriter) error {
 		if podGone(p) {
-			fmt.Fprintf(w, "# netns %s: gone, the Pod went during the incident (the report's capture_ended says when)\n", p.NetNS.Path)
-			w.notef("the Pod went during the incident: its netns %s is gone", p.NetNS.Path)
+			now := netnsAfterPod(p.NetNS.Path)
+			fmt.Fprintf(w, "# netns %s: the Pod went during the incident (the report's capture_ended says when): %s\n", p.NetNS.Path, now)
+			w.notef("the Pod went during the incident: %s", now)
 			return nil
 		}
 		return collect(ctx, w)
@@ -49,6 +50,16 @@ func (s *snapshot) podNetState(p discover.Pod) func(context.Context, *topicWrite
 func podGone(p discover.Pod) bool {
 	ino, err := nsutil.Inode(p.NetNS.Path)
 	return errors.Is(err, fs.ErrNotExist) || err == nil && p.NetNS.Inode != 0 && ino != p.NetNS.Inode
+}
+
+// netnsAfterPod says what the netns path of a Pod that went opens now:
+// nothing, or another netns (a StatefulSet's Pod made again, a /proc/PID
+// path whose PID another process has), which is no longer the Pod's.
+func netnsAfterPod(path string) string {
+	if _, err := nsutil.Inode(path); err == nil {
+		return fmt.Sprintf("another netns holds its path %s now, not read", path)
+	}
+	return fmt.Sprintf("its netns %s is gone", path)
 }
 
 // netState dumps what `ip -d link; ip addr; ip route show table all; ip

@@ -74,7 +74,7 @@ func (s *snapshot) sysctls(_ context.Context, w *topicWriter) error {
 		names := sysctlNames(path == s.hostPath, ifaces[path])
 		fmt.Fprintf(w, "# netns %s\n", path)
 		if went[path] && !live[path] {
-			fmt.Fprint(w, "gone, the Pod went during the incident\n\n")
+			fmt.Fprintf(w, "the Pod went during the incident: %s\n\n", netnsAfterPod(path))
 			continue
 		}
 		err := nsutil.Do(path, func() error {

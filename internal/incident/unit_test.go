@@ -433,20 +433,22 @@ func TestSnapshotBulkyFileLeavesRoom(t *testing.T) {
 
 // TestGonePodNetStateIsANote: a Pod that went during the incident has no
 // netns left to read: its file says so, and its note names the Pod going,
-// not a collection that failed.
+// not a collection that failed; where another netns holds its path now (a
+// StatefulSet's Pod made again), that netns is not said gone.
 func TestGonePodNetStateIsANote(t *testing.T) {
 	s := &snapshot{opt: Options{CollectorTimeout: 10 * time.Second}}
 	gone := discover.Pod{NetNS: discover.NetNS{Path: filepath.Join(t.TempDir(), "gone-pod"), Inode: 4026532999}}
 	body, notes, _ := s.run(context.Background(), topic{file: "net-pod-1.txt", collect: s.podNetState(gone)}, 1000)
 	if strings.Contains(string(body), "not complete") || !strings.Contains(string(body), "the Pod went during the incident") ||
-		len(notes) != 1 || !strings.Contains(notes[0], "the Pod went during the incident") {
+		len(notes) != 1 || !strings.Contains(notes[0], "the Pod went during the incident: its netns "+gone.NetNS.Path+" is gone") {
 		t.Errorf("body %q notes %q; want the Pod said gone, not a failure", body, notes)
 	}
 	// A path that now opens another netns (a PID given to another process).
 	other := discover.Pod{NetNS: discover.NetNS{Path: "/proc/self/ns/net", Inode: 1}}
 	body, notes, _ = s.run(context.Background(), topic{file: "net-pod-2.txt", collect: s.podNetState(other)}, 1000)
-	if !strings.Contains(string(body), "the Pod went during the incident") || len(notes) != 1 {
-		t.Errorf("body %q notes %q; want another netns at the Pod's path not read as the Pod's", body, notes)
+	if !strings.Contains(string(body), "the Pod went during the incident") || strings.Contains(string(body), "gone") ||
+		len(notes) != 1 || !strings.Contains(notes[0], "another netns holds its path /proc/self/ns/net now") || strings.Contains(notes[0], "gone") {
+		t.Errorf("body %q notes %q; want another netns at the Pod's path said there, not read as the Pod's nor said gone", body, notes)
 	}
 }
 
@@ -492,7 +494,16 @@ func TestTCOfPodsThatWent(t *testing.T) {
 		t.Errorf("notes %q, want none: nothing failed", notes)
 	}
 	body, notes, _ = s.run(context.Background(), topic{file: "sysctl.txt", collect: s.sysctls}, 100000)
-	if !strings.Contains(string(body), "# netns "+deleted+"\ngone, the Pod went during the incident") || len(notes) != 0 {
+	if !strings.Contains(string(body), "# netns "+deleted+"\nthe Pod went during the incident: its netns "+deleted+" is gone") || len(notes) != 0 {
 		t.Errorf("sysctl.txt %q notes %q: want the gone Pod's netns said gone, not a failure", body, notes)
+	}
+	// A Pod that went and whose path another netns holds now: that netns
+	// is there, not gone, and not the Pod's.
+	const taken = "/proc/thread-self/ns/net"
+	node.Pods = []discover.Pod{pod(taken, 1)}
+	node.CapturePoints = []discover.CapturePoint{{Role: discover.RolePod, NetNS: taken, Ifname: "lo", Ifindex: 1}}
+	body, notes, _ = s.run(context.Background(), topic{file: "sysctl.txt", collect: s.sysctls}, 100000)
+	if !strings.Contains(string(body), "# netns "+taken+"\nthe Pod went during the incident: another netns holds its path "+taken+" now, not read") || len(notes) != 0 {
+		t.Errorf("sysctl.txt %q notes %q: want the Pod said gone and another netns at its path, not read", body, notes)
 	}
 }
