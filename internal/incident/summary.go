@@ -333,7 +333,14 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 			fmt.Fprintf(&b, ": %s the uplink with the VIP still as destination", pick(one, "it left", "they left"))
 		}
 	default:
-		fmt.Fprintf(&b, "could not be placed: pathtrace cannot tell where %s rewritten", pick(one, "it was", "they were"))
+		if bs := backends(f); bs != "" {
+			fmt.Fprintf(&b, "could not be placed: pathtrace cannot tell where %s rewritten to %s", pick(one, "it was", "they were"), bs)
+			break
+		}
+		// Seen only with the VIP: not known to be rewritten at all (a
+		// request the node dropped first).
+		fmt.Fprintf(&b, "could not be placed: no point saw %s go to a backend, and pathtrace cannot tell whether or where %s rewritten",
+			pick(one, "it", "them"), pick(one, "it was", "they were"))
 	}
 	if placed(f.RewrittenAt) {
 		if bs := backends(f); bs != "" {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -727,5 +728,26 @@ func TestSummaryBridgeNFOfRoutedPods(t *testing.T) {
 				t.Errorf("%q in:\n%s", c.lacks, b.String())
 			}
 		})
+	}
+}
+
+// TestSummaryUnknownNotSaidRewritten: an unknown flow that no point saw go
+// to a backend (dropped on the node with the VIP, before a place that could
+// rewrite it) is not known to have been rewritten at all: SUMMARY.md does
+// not say it was; one seen going to a backend was, and names it.
+func TestSummaryUnknownNotSaidRewritten(t *testing.T) {
+	for _, tc := range []struct {
+		scenario, want, lacks string
+	}{
+		{"kernel-drops-request-no-route.json", "could not be placed: no point saw it go to a backend, and pathtrace cannot tell whether or where it was rewritten", "cannot tell where"},
+		{"unknown-tc-or-netfilter.json", "could not be placed: pathtrace cannot tell where it was rewritten to 10.244.20.31:3000", "whether"},
+	} {
+		flows, b := scenarioSummary(t, tc.scenario)
+		if !slices.ContainsFunc(flows, func(f flow.Flow) bool { return f.RewrittenAt == flow.PlaceUnknown }) {
+			t.Fatalf("%s: no unknown flow", tc.scenario)
+		}
+		if !strings.Contains(b, tc.want) || strings.Contains(b, tc.lacks) {
+			t.Errorf("%s: SUMMARY.md lacks %q, or has %q:\n%s", tc.scenario, tc.want, tc.lacks, b)
+		}
 	}
 }
