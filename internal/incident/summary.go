@@ -226,16 +226,19 @@ func groupFlows(flows []flow.Flow) []*verdictGroup {
 	return groups
 }
 
-// podAddrs are the Pods' addresses, nil when the node is unknown.
+// podAddrs are the Pods' addresses, nil when the node is unknown, each
+// true when the node routes that Pod's packets: its host veth is on no
+// bridge (Calico's, Cilium's), its gateway is the node itself.
 func podAddrs(node *discover.NodeInfo) map[netip.Addr]bool {
 	if node == nil {
 		return nil
 	}
 	addrs := map[netip.Addr]bool{}
 	for _, p := range node.Pods {
+		routed := p.HostPeer != nil && p.HostPeer.MasterKind == "none"
 		for _, ifc := range append([]discover.Iface{p.Eth0}, p.OtherIfaces...) {
 			for _, pfx := range ifc.Addrs {
-				addrs[pfx.Addr()] = true
+				addrs[pfx.Addr()] = routed
 			}
 		}
 	}
@@ -391,7 +394,7 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 	default:
 		b.WriteString("; no reply came back")
 	}
-	b.WriteString(uplinkWords(f, one, podClient(f, pods)))
+	b.WriteString(uplinkWords(f, one, podClient(f, pods) && !pods[f.Client.Addr()]))
 	switch {
 	case f.NotSent && f.LostOnNode == 0:
 		// Dropped before the uplink's capture saw any (a tc program's
@@ -456,12 +459,14 @@ func placed(p flow.Place) bool {
 // process's or an outside client's (a NodePort's, in on the uplink)
 // request has no Pod's gateway to go to.
 func podClient(f flow.Flow, pods map[netip.Addr]bool) bool {
-	return !f.NodeClient && (pods == nil || pods[f.Client.Addr()])
+	_, ok := pods[f.Client.Addr()]
+	return !f.NodeClient && (pods == nil || ok)
 }
 
-// uplinkWords says what the frames looked like leaving the node; pod: the
-// client is a Pod (podClient).
-func uplinkWords(f flow.Flow, one, pod bool) string {
+// uplinkWords says what the frames looked like leaving the node; toGateway:
+// they were to go to the client's Pod's gateway, past the uplink (a Pod
+// podClient tells, which the node does not route: its gateway is the node).
+func uplinkWords(f flow.Flow, one, toGateway bool) string {
 	if f.VLAN == nil {
 		return pick(one, "; it was never seen on the uplink", "; they were never seen on the uplink")
 	}
@@ -482,7 +487,7 @@ func uplinkWords(f flow.Flow, one, pod bool) string {
 		// A routed node's next hop (its Pods' gateway is the node itself),
 		// or a VXLAN uplink's remote VTEP: whose MAC it is, as the table says.
 		s += fmt.Sprintf(" and went to MAC %s, which the node's neighbour table gives to %s", f.UplinkDstMAC, f.UplinkDstNeighbor)
-	case pod:
+	case toGateway:
 		s += fmt.Sprintf(" and went to MAC %s, which is not the pod's gateway", f.UplinkDstMAC)
 	default:
 		s += fmt.Sprintf(" and went to MAC %s, which no neighbour entry of the node names", f.UplinkDstMAC)

@@ -751,3 +751,37 @@ func TestSummaryUnknownNotSaidRewritten(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryRoutedPodsUplinkMAC: a routed Pod's gateway is the node itself
+// (Calico's 169.254.1.1, answered by its host veth's proxy ARP), so its
+// frames leave the uplink to the node's next hop, never to that gateway:
+// a MAC no neighbour entry names is said so, not "not the pod's gateway",
+// which reads as a fault; a bridged Pod's keeps the comparison.
+func TestSummaryRoutedPodsUplinkMAC(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	untagged := uint16(0)
+	node := summaryNode()
+	routed := node.Pods[0]
+	routed.Eth0.Addrs = []netip.Prefix{netip.MustParsePrefix("10.244.9.5/32")}
+	routed.HostPeer = &discover.HostPeer{Iface: discover.Iface{Name: "cali1"}, MasterKind: "none"}
+	node.Pods = append(node.Pods, routed)
+	flowFrom := func(id int, client string) flow.Flow {
+		return flow.Flow{ID: id, Proto: "tcp", Client: ap(client), Service: ap("10.120.0.80:80"), Backend: ap("10.244.20.31:3000"),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip nat PREROUTING -> dnat to 10.244.20.31:3000",
+			VLAN: &untagged, UplinkDstMAC: "02:00:0a:00:00:99", Reply: true}
+	}
+	flows := []flow.Flow{flowFrom(1, "10.244.8.23:40000"), flowFrom(2, "10.244.9.5:40000")}
+	dir := t.TempDir()
+	if err := WriteSummary(dir, flows, flow.Summary{Flows: 2}, node, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	for _, want := range []string{
+		"(flow 1) was rewritten in netfilter (DNAT) on the node to 10.244.20.31:3000 by nftables ip nat PREROUTING -> dnat to 10.244.20.31:3000; replies came back; on the uplink the frames were untagged and went to MAC 02:00:0a:00:00:99, which is not the pod's gateway.",
+		"(flow 2) was rewritten in netfilter (DNAT) on the node to 10.244.20.31:3000 by nftables ip nat PREROUTING -> dnat to 10.244.20.31:3000; replies came back; on the uplink the frames were untagged and went to MAC 02:00:0a:00:00:99, which no neighbour entry of the node names.",
+	} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+}
