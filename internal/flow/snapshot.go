@@ -69,7 +69,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 			out.Reply = translated
 			out.Refused = translated && f.tcp.refused()
 		}
-		out.Reason += fmt.Sprintf("; replies entered the client's Pod from %s, not from %s: nothing translated them back (%s), and %s", u.From, f.service, whyUntranslated(v.place), refuses)
+		out.Reason += fmt.Sprintf("; replies entered the client's Pod from %s, not from %s: nothing translated them back (%s), and %s", u.From, f.service, whyUntranslated(v.place, e.cfg.Attribution.RoutedHostVeths[f.hostIfindex]), refuses)
 	}
 	if f.proto != 0 {
 		out.Proto = f.proto.String()
@@ -188,12 +188,15 @@ func whyQuoteUntranslated(p Place) string {
 }
 
 // whyUntranslated says what can have let a flow's replies reach its client
-// untranslated, by where its request was rewritten.
-func whyUntranslated(p Place) string {
-	switch p {
-	case PlaceTC:
+// untranslated, by where its request was rewritten; routed: the client's
+// host veth has no master, so no bridge can have switched them.
+func whyUntranslated(p Place, routed bool) string {
+	switch {
+	case p == PlaceTC:
 		return "the tc program that rewrote the request did not reverse it for them: no reverse NAT on their way to the Pod, at the host veth's egress"
-	case PlaceNetfilter, PlaceIPVS:
+	case (p == PlaceNetfilter || p == PlaceIPVS) && routed:
+		return "they never met the node's conntrack entry, though the node routes the client's Pod (its host veth is on no bridge): they came back by another path, or a rule kept them from conntrack (a raw table's notrack)"
+	case p == PlaceNetfilter || p == PlaceIPVS:
 		return "they never met the node's conntrack entry: a bridge switched them from the backend Pod straight to the client with bridge-nf-call-iptables 0, or they came back by another path"
 	}
 	return "nothing on their way back knew the flow's translation"
