@@ -724,18 +724,19 @@ func (e *Engine) packetMoment(f *flowState, o *obs.Observation, reply bool) mome
 
 // clientReset tells whether o is a bare TCP reset (RST without SYN) seen
 // where the client's requests are before anything on the node can rewrite
-// them (its Pod's eth0, the host veth's tap and tc head). Sent to a backend
-// by a client whose requests went to the VIP, it is the client's kernel
-// answering a reply that came back untranslated (a SYN-ACK from the
-// backend's address, which no socket of the client is connected to): on a
-// bridge that holds the client and the backend Pod with
-// bridge-nf-call-iptables 0, the backend's replies are switched straight
-// to the client and never meet the conntrack entry that would have
-// translated them back. Such a reset says nothing of where the request was
-// rewritten (sighting.sawBackend).
+// them (its Pod's eth0, the host veth's tap and tc head), or before
+// netfilter's NAT. Sent to a backend by a client whose requests went to
+// the VIP there, it is the client's kernel answering a reply that came
+// back untranslated (a SYN-ACK from the backend's address, which no socket
+// of the client is connected to): on a bridge that holds the client and
+// the backend Pod with bridge-nf-call-iptables 0, the backend's replies
+// are switched straight to the client and never meet the conntrack entry
+// that would have translated them back; on a routed node (a notrack rule
+// kept them from it) the resets pass PREROUTING too. Such a reset says
+// nothing of where the request was rewritten (sighting.sawBackend).
 func clientReset(cp checkpoint, o obs.Observation) bool {
 	switch cp {
-	case cpPod, cpHost, cpTCHead:
+	case cpPod, cpHost, cpTCHead, cpNFBefore:
 		return o.Proto == obs.TCP && o.TCPFlags&(tcpRST|tcpSYN) == tcpRST
 	}
 	return false
