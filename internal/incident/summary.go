@@ -368,12 +368,14 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 	case f.Refused:
 		b.WriteString(pick(one, "; the backend refused the connection (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)",
 			"; the backend refused the connections (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)"))
+	case f.UntranslatedReplies != nil && !f.Reply:
+		// Before the drops: the client's kernel drops them (NO_SOCKET)
+		// once they reached it.
+		fmt.Fprintf(&b, "; no reply came back translated: %s answered, but its replies entered the client's Pod from %s, not from the VIP (nothing translated them back: see the evidence), which the client does not take", f.UntranslatedReplies.From.Addr(), f.UntranslatedReplies.From)
 	case !f.Reply && repliesDropped(f) != nil:
 		d := repliesDropped(f)
 		fmt.Fprintf(&b, "; %s, but the kernel dropped %s before any reached the client: %s in %s", pick(one, "its backend answered", "their backends answered"),
 			pick(one, "the replies", "their replies"), d.Reason, orDash(d.Function))
-	case f.UntranslatedReplies != nil && !f.Reply:
-		fmt.Fprintf(&b, "; no reply came back translated: %s answered, but its replies entered the client's Pod from %s, not from the VIP (nothing translated them back: see the evidence), which the client does not take", f.UntranslatedReplies.From.Addr(), f.UntranslatedReplies.From)
 	case f.RepliesLostOnNode > 0:
 		b.WriteString(pick(one, "; its backend answered, but none of the replies that came in on the uplink reached the client's Pod: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, conntrack)",
 			"; their backends answered, but none of the replies that came in on the uplink reached the clients' Pods: the node dropped or altered them on the way in (a tc program or a filter rule at the uplink's ingress, rp_filter, conntrack) (replies_lost_on_node in report.json)"))

@@ -785,3 +785,19 @@ func TestSummaryRoutedPodsUplinkMAC(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryUntranslatedRepliesDroppedByTheClient: replies that entered
+// the client's Pod untranslated are dropped there by its kernel (NO_SOCKET:
+// no socket is connected to the backend's address) after it resets them:
+// they reached the client, and what failed is their translation, which
+// SUMMARY.md says, not that the kernel dropped them before any reached it.
+func TestSummaryUntranslatedRepliesDroppedByTheClient(t *testing.T) {
+	flows, b := scenarioSummary(t, "netfilter-routed-untranslated-reply.json")
+	if len(flows) != 1 || flows[0].UntranslatedReplies == nil || len(flows[0].KernelDrops) == 0 {
+		t.Fatalf("the scenario no longer has untranslated replies the kernel dropped: %+v", flows)
+	}
+	want := "no reply came back translated: 10.244.20.31 answered, but its replies entered the client's Pod from 10.244.20.31:3000, not from the VIP"
+	if !strings.Contains(b, want) || strings.Contains(b, "before any reached the client") {
+		t.Errorf("SUMMARY.md lacks %q, or says the replies were dropped before reaching the client:\n%s", want, b)
+	}
+}
