@@ -98,7 +98,7 @@ func WriteSummary(dir string, flows []flow.Flow, s flow.Summary, node *discover.
 		fmt.Fprintf(&b, "Capture stopped: %s.\n", orDash(stop))
 	}
 
-	writeVerdicts(&b, flows, s, podAddrs(node))
+	writeVerdicts(&b, flows, s, podAddrs(node), uplinkNames(node))
 	if node != nil {
 		writeWhereLooked(&b, node)
 	}
@@ -153,7 +153,7 @@ func groupKey(f flow.Flow) string {
 		reason = f.Reason // an unknown verdict is explained per cause
 	}
 	return strings.Join([]string{string(f.RewrittenAt), f.By, f.Proto, clientAddr(f), f.Service.String(),
-		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(f.RequestLeftUplink()), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.NotSent), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), kernelDropsKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), reason}, "|")
+		backends(f), fmt.Sprint(f.Reply), fmt.Sprint(f.Refused), fmt.Sprint(f.RequestLeftUplink()), fmt.Sprint(f.LostOnNode > 0), fmt.Sprint(f.NotSent), fmt.Sprint(f.RepliesLostOnNode > 0), icmpKey(f), strayKey(f), untranslatedKey(f), kernelDropsKey(f), vlan, f.UplinkDstMAC, fmt.Sprint(f.UplinkDstIsGateway), fmt.Sprint(f.UplinkIfindex), reason}, "|")
 }
 
 // kernelDropsKey is what of a flow's kernel drops the summary says: their
@@ -245,9 +245,27 @@ func podAddrs(node *discover.NodeInfo) map[netip.Addr]bool {
 	return addrs
 }
 
+// uplinkNames are the node's uplinks by ifindex when it has several (nil
+// otherwise): which one a flow's frames left by is then worth its name.
+func uplinkNames(node *discover.NodeInfo) map[int]string {
+	if node == nil {
+		return nil
+	}
+	names := map[int]string{}
+	for _, cp := range node.CapturePoints {
+		if cp.Role == discover.RoleUplink {
+			names[cp.Ifindex] = cp.Ifname
+		}
+	}
+	if len(names) < 2 {
+		return nil
+	}
+	return names
+}
+
 // writeVerdicts states the flows' verdicts; pods are the Pods' addresses
-// (podAddrs).
-func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary, pods map[netip.Addr]bool) {
+// (podAddrs), uplinks the uplinks' names (uplinkNames).
+func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary, pods map[netip.Addr]bool, uplinks map[int]string) {
 	b.WriteString("\n## What happened\n\n")
 	if len(flows) == 0 {
 		b.WriteString("No flow to a Service VIP was seen during the capture.\n")
@@ -259,7 +277,7 @@ func writeVerdicts(b *strings.Builder, flows []flow.Flow, s flow.Summary, pods m
 			fmt.Fprintf(b, "- ... and %d more groups of flows: see the JSON report.\n", len(groups)-i)
 			break
 		}
-		fmt.Fprintf(b, "- %s\n", sentence(g, pods))
+		fmt.Fprintf(b, "- %s\n", sentence(g, pods, uplinks[g.first.UplinkIfindex]))
 		if len(g.first.KernelDrops) > 0 {
 			var drops []string
 			for _, d := range g.first.KernelDrops {
@@ -307,8 +325,9 @@ func clientAddr(f flow.Flow) string {
 }
 
 // sentence states one group's verdict for a ticket; pods are the Pods'
-// addresses (podAddrs).
-func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
+// addresses (podAddrs), uplink the name of the uplink its frames left by
+// on a node of several ("" otherwise).
+func sentence(g *verdictGroup, pods map[netip.Addr]bool, uplink string) string {
 	f, n := g.first, len(g.ids)
 	one := n == 1
 	var b strings.Builder
@@ -333,7 +352,7 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 		// Not rewritten also when the node kept it: its own address (a node
 		// cache), or its filter rejected it; the evidence says which.
 		if f.RequestLeftUplink() {
-			fmt.Fprintf(&b, ": %s the uplink with the VIP still as destination", pick(one, "it left", "they left"))
+			fmt.Fprintf(&b, ": %s %s with the VIP still as destination", pick(one, "it left", "they left"), theUplink(uplink))
 		}
 	default:
 		if bs := backends(f); bs != "" {
@@ -396,7 +415,7 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool) string {
 	default:
 		b.WriteString("; no reply came back")
 	}
-	b.WriteString(uplinkWords(f, one, podClient(f, pods) && !pods[f.Client.Addr()]))
+	b.WriteString(uplinkWords(f, one, podClient(f, pods) && !pods[f.Client.Addr()], uplink))
 	switch {
 	case f.NotSent && f.LostOnNode == 0:
 		// Dropped before the uplink's capture saw any (a tc program's
@@ -452,6 +471,15 @@ func tcWhere(by string) string {
 	return where
 }
 
+// theUplink names the uplink a flow's frames left by, "uplink NAME" on a
+// node of several (uplinkNames), "the uplink" otherwise.
+func theUplink(name string) string {
+	if name == "" {
+		return "the uplink"
+	}
+	return "uplink " + name
+}
+
 func placed(p flow.Place) bool {
 	return p == flow.PlaceSocket || p == flow.PlaceTC || p == flow.PlaceNetfilter || p == flow.PlaceIPVS
 }
@@ -468,15 +496,15 @@ func podClient(f flow.Flow, pods map[netip.Addr]bool) bool {
 // uplinkWords says what the frames looked like leaving the node; toGateway:
 // they were to go to the client's Pod's gateway, past the uplink (a Pod
 // podClient tells, which the node does not route: its gateway is the node).
-func uplinkWords(f flow.Flow, one, toGateway bool) string {
+func uplinkWords(f flow.Flow, one, toGateway bool, uplink string) string {
 	if f.VLAN == nil {
 		return pick(one, "; it was never seen on the uplink", "; they were never seen on the uplink")
 	}
 	var s string
 	if *f.VLAN == 0 {
-		s = "; on the uplink the frames were untagged"
+		s = fmt.Sprintf("; on %s the frames were untagged", theUplink(uplink))
 	} else {
-		s = fmt.Sprintf("; on the uplink the frames carried VLAN %d", *f.VLAN)
+		s = fmt.Sprintf("; on %s the frames carried VLAN %d", theUplink(uplink), *f.VLAN)
 		if f.VLANProto != "" { // a service tag's VLAN is not the 802.1Q one of that number
 			s += " (" + f.VLANProto + ")"
 		}

@@ -801,3 +801,44 @@ func TestSummaryUntranslatedRepliesDroppedByTheClient(t *testing.T) {
 		t.Errorf("SUMMARY.md lacks %q, or says the replies were dropped before reaching the client:\n%s", want, b)
 	}
 }
+
+// TestSummaryNamesTheUplinkOfSeveral: on a node of several uplinks (a
+// routed node's route to the VIPs and its route to the backends leave by
+// different devices), "the uplink" does not tell which the frames left by:
+// SUMMARY.md names it, and keeps "the uplink" on a node of one.
+func TestSummaryNamesTheUplinkOfSeveral(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	untagged := uint16(0)
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Client: ap("10.244.8.23:40000"), Service: ap("10.120.0.80:80"), Backend: ap("10.244.20.31:3000"),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip nat PREROUTING -> dnat to 10.244.20.31:3000",
+			VLAN: &untagged, UplinkDstMAC: "02:00:0a:00:00:01", UplinkDstNeighbor: "192.168.78.1", UplinkIfindex: 5, Reply: true},
+		{ID: 2, Proto: "tcp", Client: ap("10.244.8.23:40001"), Service: ap("10.120.0.81:80"),
+			RewrittenAt: flow.PlaceNowhere, Reason: "the uplink TX showed the VIP as destination: it left the node unrewritten",
+			VLAN: &untagged, UplinkDstMAC: "02:00:0a:00:00:02", UplinkDstNeighbor: "192.168.77.1", UplinkIfindex: 4,
+			Points: []flow.PointSeen{{Point: "uplink", Dir: "out", Packets: 1}}},
+	}
+	node := summaryNode()
+	for _, c := range []struct {
+		name    string
+		uplinks []discover.CapturePoint
+		want    []string
+	}{
+		{"several", []discover.CapturePoint{{Role: discover.RoleUplink, Ifname: "up0", Ifindex: 4}, {Role: discover.RoleUplink, Ifname: "up1", Ifindex: 5}},
+			[]string{"replies came back; on uplink up1 the frames were untagged", "it left uplink up0 with the VIP still as destination; no reply came back; on uplink up0 the frames were untagged"}},
+		{"one", []discover.CapturePoint{{Role: discover.RoleUplink, Ifname: "bond0", Ifindex: 4}},
+			[]string{"replies came back; on the uplink the frames were untagged", "it left the uplink with the VIP still as destination; no reply came back; on the uplink the frames were untagged"}},
+	} {
+		node.CapturePoints = c.uplinks
+		dir := t.TempDir()
+		if err := WriteSummary(dir, flows, flow.Summary{Flows: 2}, node, "duration", Ended{}, Taken{}); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+		for _, want := range c.want {
+			if !strings.Contains(string(got), want) {
+				t.Errorf("%s: summary lacks %q:\n%s", c.name, want, got)
+			}
+		}
+	}
+}
