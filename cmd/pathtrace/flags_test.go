@@ -400,6 +400,24 @@ func TestNameTooLongRefused(t *testing.T) {
 	}
 }
 
+// TestIncidentArchiveNameTooLongRefused: an incident's longest name is its
+// archive's, DIR.tar.gz.partial: an --out whose DIR.partial fits but whose
+// archive does not is refused with the flags, not after the whole incident
+// (the archive failed, 'file name too long', exit 1, the bundle unarchived).
+func TestIncidentArchiveNameTooLongRefused(t *testing.T) {
+	dir := t.TempDir()
+	inc := traceFlags{svcs: []string{"10.0.0.1"}, duration: time.Second, output: "table", snaplen: 96, bufSize: "4M", maxFlows: 4096}
+	// 253 bytes with .partial, 260 with .tar.gz.partial.
+	if _, _, err := incidentOptions(&inc, filepath.Join(dir, strings.Repeat("b", 245)), "256M"); err == nil || exitFor(err) != exitUsage || !strings.Contains(err.Error(), "shorter name") {
+		t.Errorf("incident --out of a 245-byte name: %v; want a usage error asking for a shorter name", err)
+	}
+	// 255 bytes with .tar.gz.partial.
+	inc = traceFlags{svcs: []string{"10.0.0.1"}, duration: time.Second, output: "table", snaplen: 96, bufSize: "4M", maxFlows: 4096}
+	if _, _, err := incidentOptions(&inc, filepath.Join(dir, strings.Repeat("c", 240)), "256M"); err != nil {
+		t.Errorf("incident --out of a 240-byte name: %v", err)
+	}
+}
+
 // TestLabStatusJSONUnhealthy: lab status exits 1 when its health check
 // fails, with --json too (a script reads the exit, not only "healthy"): it
 // exited 0 on a lab that does not exist.

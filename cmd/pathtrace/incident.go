@@ -246,7 +246,8 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	if err := canWriteIn(filepath.Dir(out)); err != nil {
 		return session.Options{}, 0, usagef("--out %s: cannot create it in %s: %v; give --out in a writable directory", out, filepath.Dir(out), err)
 	}
-	if err := partialFits(out); err != nil {
+	// Its longest name: the archive's, written beside DIR.partial.
+	if err := partialFits(out, ".tar.gz.partial"); err != nil {
 		return session.Options{}, 0, usagef("--out %s: %v", out, err)
 	}
 	budget, err := parseSize(maxBytes)

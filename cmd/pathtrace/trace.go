@@ -318,7 +318,7 @@ func (f *traceFlags) validate() (session.Options, error) {
 		if err := canWriteIn(filepath.Dir(f.pcap)); err != nil {
 			return opt, usagef("--pcap %s: cannot write in %s: %v; give a file in a writable directory", f.pcap, filepath.Dir(f.pcap), err)
 		}
-		if err := partialFits(f.pcap); err != nil {
+		if err := partialFits(f.pcap, ".partial"); err != nil {
 			return opt, usagef("--pcap %s: %v", f.pcap, err)
 		}
 	}
@@ -421,15 +421,16 @@ func canWriteIn(dir string) error {
 	return os.Remove(f.Name())
 }
 
-// partialFits tells why path cannot be built as PATH.partial: a name longer
-// than its filesystem takes, which failed only once the capture had begun.
-func partialFits(path string) error {
+// partialFits tells why path cannot be built as PATH+suffix (FILE.partial;
+// an incident's archive, DIR.tar.gz.partial): a name longer than its
+// filesystem takes, which failed only once the capture had begun.
+func partialFits(path, suffix string) error {
 	var st unix.Statfs_t
 	if unix.Statfs(filepath.Dir(path), &st) != nil || st.Namelen == 0 {
 		return nil // the create will say
 	}
-	if n := len(filepath.Base(path) + ".partial"); int64(n) > st.Namelen {
-		return fmt.Errorf("built as NAME.partial, a name of %d bytes, more than the %d its filesystem takes: give a shorter name", n, st.Namelen)
+	if n := len(filepath.Base(path) + suffix); int64(n) > st.Namelen {
+		return fmt.Errorf("built as NAME%s, a name of %d bytes, more than the %d its filesystem takes: give a shorter name", suffix, n, st.Namelen)
 	}
 	return nil
 }
