@@ -631,9 +631,8 @@ func (e *Engine) rejectsAt(f *flowState, hooks []string, beforeNAT bool) []NATRu
 
 // beforeNetfilter tells whether f was last seen before the netfilter
 // observers, which watched and never saw it: at its socket for a node
-// process's flow, at the Pod's veth or tc for a Pod's (not when the node's
-// bridge hands bridged frames to netfilter no more: then netfilter never
-// sees them at all).
+// process's flow, at the Pod's veth or tc for a Pod's (not when its frames
+// are bridged past netfilter: then netfilter never sees them at all).
 func (e *Engine) beforeNetfilter(f *flowState, last checkpoint) bool {
 	if !e.active(obs.PointNFBefore) || f.cps[cpNFBefore].any() {
 		return false
@@ -641,10 +640,20 @@ func (e *Engine) beforeNetfilter(f *flowState, last checkpoint) bool {
 	if f.fromNode {
 		return last == cpSockAddr || last == cpSockState
 	}
-	if b := e.cfg.Attribution.BridgeNFCallIPTables; b != nil && !*b {
+	if e.bridgedPastNetfilter(f) {
 		return false
 	}
 	return last == cpPod || last == cpHost || last == cpTCHead || last == cpTCTail
+}
+
+// bridgedPastNetfilter tells whether f's requests are bridged frames that
+// netfilter's IPv4 hooks never see: a Pod's, on a node whose bridge hands
+// them there no more (bridge-nf-call-iptables=0), unless its host veth is
+// on no bridge: the node routes that Pod's packets into those hooks,
+// whatever the sysctl says.
+func (e *Engine) bridgedPastNetfilter(f *flowState) bool {
+	b := e.cfg.Attribution.BridgeNFCallIPTables
+	return !f.fromNode && b != nil && !*b && !e.cfg.Attribution.RoutedHostVeths[f.hostIfindex]
 }
 
 // filterHookOf is the filter hook after NAT where f's request went: output
@@ -842,13 +851,13 @@ func (e *Engine) sharesBackends(f *flowState) *flowState {
 // nowhereNotes explains an unrewritten flow from what the node has.
 func (e *Engine) nowhereNotes(f *flowState) string {
 	var notes []string
-	// A routed Pod's packets pass no bridge, nor do the node's own.
+	// A routed Pod's packets pass no bridge.
 	routed := e.cfg.Attribution.RoutedHostVeths[f.hostIfindex]
 	rules := e.natRulesFor(f, netip.AddrPort{})
 	if len(rules) > 0 {
 		note := fmt.Sprintf("%d NAT rule(s) for the VIP exist but did not apply", len(rules))
 		// That sysctl is why only for a bridged request netfilter missed.
-		if b := e.cfg.Attribution.BridgeNFCallIPTables; b != nil && !*b && !routed && !f.fromNode && !f.cps[cpNFBefore].any() {
+		if e.bridgedPastNetfilter(f) && !f.cps[cpNFBefore].any() {
 			note += " (bridge-nf-call-iptables=0: bridged frames bypass netfilter)"
 		}
 		notes = append(notes, note)
@@ -1583,7 +1592,7 @@ func (e *Engine) netfilterProgramsNote(f *flowState) string {
 	case !f.fromNode && last < cpPod:
 		return "" // never left the Pod
 	default:
-		if b := e.cfg.Attribution.BridgeNFCallIPTables; !f.fromNode && b != nil && !*b {
+		if e.bridgedPastNetfilter(f) {
 			return "" // bridged frames meet no IPv4 hook
 		}
 		before = true
