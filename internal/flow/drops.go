@@ -420,8 +420,9 @@ func (d KernelDrop) String() string {
 // that tap (a node process's flow has none past the uplink), the kernel
 // dropped at least as many replies as the point that saw most of them saw
 // (mostSeen), unless it dropped fewer on the node than the uplink's RX tap
-// saw come in (nodeReplyDrops). A reply its Pod's eth0 tap saw come in
-// reached it, whatever else that tap lost.
+// saw come in (nodeReplyDrops), or, for a node process, when the netfilter
+// observers saw none of the replies that tap saw come in. A reply its
+// Pod's eth0 tap saw come in reached it, whatever else that tap lost.
 func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	n := f.replyDrops()
 	if n == 0 {
@@ -430,7 +431,7 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	// The client's Pod's eth0 tap tells only when it saw the flow's
 	// requests leave: an outside client's (a NodePort's) has none.
 	podTap := !f.fromNode && e.active(obs.PointPod) && !e.captureLost[obs.PointPod]
-	podOut := false
+	podOut, pastNF := false, false
 	var in uint64
 	for _, p := range f.points {
 		if !p.reply {
@@ -442,6 +443,8 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 			return false
 		case p.point == obs.PointUplink && p.dir == obs.DirIn:
 			in += p.packets
+		case p.point == obs.PointNFBefore || p.point == obs.PointNFAfter:
+			pastNF = true
 		}
 	}
 	if podTap && podOut {
@@ -453,6 +456,13 @@ func (e *Engine) repliesDroppedInKernel(f *flowState) bool {
 	// ingress): measured against theirs, such drops read as every reply.
 	if dropped, all := e.nodeReplyDrops(f); all && in > dropped {
 		return false
+	}
+	// Past its budget the drop observer reports fewer drops than the tap
+	// saw replies, however many got through. Every reply of a node
+	// process passes the netfilter observers at prerouting, which report
+	// a flow's first ones: when they saw none, none got past the drops.
+	if f.fromNode && in > 0 && !pastNF && e.active(obs.PointNFBefore) && !e.watchesLost {
+		return true
 	}
 	return n >= f.mostSeen(true)
 }
