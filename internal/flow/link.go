@@ -205,8 +205,10 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 // an address of the node (traced without port) has that address as its
 // source. What it sends to its backend, and the backend's answers, are its
 // flow's, not requests to the VIP on the socket's port (or answers to them).
+// Only a node with a traced VIP among its addresses has such sockets: on
+// the others, packets to a VIP skip the lookup.
 func (e *Engine) clientOnVIP(proto obs.Proto, ap netip.AddrPort) bool {
-	return len(e.clients[clientKey{proto, ap}]) > 0
+	return len(e.cfg.Attribution.LocalVIPs) > 0 && len(e.clients[clientKey{proto, ap}]) > 0
 }
 
 // plausibleGuess tells whether a packet at m to (or from) a peer f does not
