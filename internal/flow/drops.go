@@ -152,6 +152,22 @@ func (f *flowState) kernelDrops() []KernelDrop {
 	return *f.drops
 }
 
+// refusedInPod is the drop of f's request that its Pod's own redirect sent
+// to a loopback address (a sidecar proxy's port) where no socket took it:
+// the Pod's kernel then refuses it (a TCP reset, for UDP an ICMP port
+// unreachable), so no proxy ever saw the connection. nil otherwise.
+func (f *flowState) refusedInPod() *KernelDrop {
+	if bs := f.sortedBackends(); len(bs) == 0 || !bs[0].Addr().IsLoopback() {
+		return nil
+	}
+	for i, d := range f.kernelDrops() {
+		if d.Direction == "request" && d.Reason == "NO_SOCKET" {
+			return &(*f.drops)[i]
+		}
+	}
+	return nil
+}
+
 // requestDropped tells whether the kernel dropped requests of f for a
 // reason it named (named).
 func (f *flowState) requestDropped() bool {

@@ -289,6 +289,35 @@ func TestUDPSidecarRedirect(t *testing.T) {
 	}
 }
 
+// TestUDPSidecarProxyNotListening: a DNS query its Pod's own OUTPUT NAT
+// redirected to a proxy port where nothing listened (the proxy not started
+// yet) is dropped by the Pod's kernel, which answers an ICMP port
+// unreachable (the app reads ECONNREFUSED): the reason says no proxy took
+// it, not that the proxy's upstream is another flow.
+func TestUDPSidecarProxyNotListening(t *testing.T) {
+	dnsVIP := netip.MustParseAddrPort("10.120.0.10:53")
+	proxy := netip.MustParseAddrPort("127.0.0.1:15053")
+	app := netip.MustParseAddrPort("10.244.8.23:35027")
+	const cg = 9001
+	cfg := flow.Config{Services: []flow.Service{{Addr: dnsVIP.Addr(), Port: dnsVIP.Port(), Proto: obs.UDP}},
+		Points: map[obs.Point]bool{obs.PointSockAddr: true, obs.PointSockEgress: true, obs.PointPod: true, obs.PointDrop: true}}
+	e := flow.NewEngine(cfg)
+	e.SetCgroupSockPrograms(cg, []flow.SockProgram{})
+	e.Add(obs.Observation{Time: flowtest.At(0), Point: obs.PointSockAddr, Kind: obs.SockSendmsg, Proto: obs.UDP,
+		Src: netip.MustParseAddrPort("10.244.8.23:0"), ReqDst: dnsVIP, Dst: dnsVIP, Cookie: 12, Cgroup: cg})
+	e.Add(obs.Observation{Time: flowtest.At(0.01), Point: obs.PointSockEgress, Proto: obs.UDP, Src: app, Dst: proxy, Cookie: 12, Cgroup: cg, Len: 36})
+	e.Add(obs.Observation{Time: flowtest.At(0.02), Point: obs.PointDrop, Proto: obs.UDP, Src: app, Dst: proxy, NetNS: 4026533211, Ifindex: 1,
+		Drop: &obs.KernelDrop{Reason: "NO_SOCKET", Func: "__udp4_lib_rcv"}})
+	f := only(t, e)
+	if f.RewrittenAt != flow.PlaceNetfilter || f.By != flow.ByClientNetfilter {
+		t.Fatalf("got %s by %q (%s), want netfilter by %q", f.RewrittenAt, f.By, f.Reason, flow.ByClientNetfilter)
+	}
+	if !strings.Contains(f.Reason, "but nothing listened there: the Pod's kernel dropped the request (NO_SOCKET in __udp4_lib_rcv) and refused it with an ICMP port unreachable") ||
+		strings.Contains(f.Reason, "upstream connection") || f.Refused {
+		t.Errorf("refused %v, reason %q", f.Refused, f.Reason)
+	}
+}
+
 // TestPodTCProgramsOfARecreatedPod: a Pod deleted and made again whose host
 // veth got its predecessor's ifindex (discover.PodWatch) has its own eth0
 // programs, found when it started: a flow of the new Pod is not put on the

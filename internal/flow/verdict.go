@@ -1131,7 +1131,15 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 	case gapNetfilter:
 		notes = append(notes, e.conntrackNote(f, iV, iB))
 	case gapPodNAT:
-		if b := f.cps[iB].backendAddr.addrPort(); b.Addr().IsLoopback() {
+		b := f.cps[iB].backendAddr.addrPort()
+		switch d := f.refusedInPod(); {
+		case d != nil:
+			answer := "a TCP reset"
+			if f.proto == obs.UDP {
+				answer = "an ICMP port unreachable"
+			}
+			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does, but nothing listened there: the Pod's kernel dropped the request (%s in %s) and refused it with %s (not captured: known from the drop), so no proxy took it: the proxy was not running or not ready (an app that starts before its sidecar)", b, d.Reason, d.Function, answer))
+		case b.Addr().IsLoopback():
 			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)", b))
 		}
 		if !f.reply && !f.cps[cpPod].any() {
