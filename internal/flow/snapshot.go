@@ -14,6 +14,9 @@ import (
 
 // snapshot renders a flow and its current verdict.
 func (e *Engine) snapshot(f *flowState) Flow {
+	// Its id first: its reason may name later flows (proxyUpstreamNote),
+	// which then get theirs after it.
+	id := e.idOf(f)
 	v := e.decide(f, true)
 	before := e.beganBeforeRun(f)
 	if before {
@@ -23,7 +26,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		v.reason = e.outsideWindow(f) + f.continuesNote() + v.reason
 	}
 	out := Flow{
-		ID:             e.idOf(f),
+		ID:             id,
 		Continues:      f.continues,
 		Client:         f.client,
 		NodeClient:     f.fromNode,

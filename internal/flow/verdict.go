@@ -1140,7 +1140,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			}
 			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does, but nothing listened there: the Pod's kernel dropped the request (%s in %s) and refused it with %s (not captured: known from the drop), so no proxy took it: the proxy was not running or not ready (an app that starts before its sidecar)", b, d.Reason, d.Function, answer))
 		case b.Addr().IsLoopback():
-			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)", b))
+			notes = append(notes, fmt.Sprintf("redirected to the Pod itself (%s), as a sidecar proxy's capture does: the proxy's own upstream connection is another flow, listed when it goes to a watched VIP (one to the Service's endpoints directly, as Envoy's, is not followed)", b)+e.proxyUpstreamNote(f))
 		}
 		if !f.reply && !f.cps[cpPod].any() {
 			notes = append(notes, "it never left the Pod: no capture point could see it or its reply")
@@ -1161,6 +1161,54 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		}
 	}
 	return v
+}
+
+// proxyWindow bounds how long after a redirected connection the
+// connections its Pod then opens to the same VIP are named as its proxy's.
+const proxyWindow = time.Second
+
+// proxyUpstreamNote names the flows that can be the upstream connection of
+// f, an app's connection its Pod redirected to a local proxy: those to the
+// same VIP from the same Pod by another process (the proxy, which the
+// redirect skips), begun after f, within proxyWindow and before the Pod's
+// next redirected connection to it. Nothing links one to the other in the
+// kernel: connections redirected at once share their candidates, and an
+// HTTP proxy may reuse one it opened before. "" when there is none.
+func (e *Engine) proxyUpstreamNote(f *flowState) string {
+	end := f.first.Add(proxyWindow)
+	var ups []*flowState
+	for _, list := range e.clients {
+		for _, g := range list {
+			if g == f || g.client.Addr() != f.client.Addr() || g.service != f.service || g.proto != f.proto || g.first.Before(f.first) {
+				continue
+			}
+			if bs := g.sortedBackends(); len(bs) > 0 && bs[0].Addr().IsLoopback() {
+				// The next app connection the Pod redirected: its
+				// proxy's connections follow it.
+				if g.first.After(f.first) && g.first.Before(end) {
+					end = g.first
+				}
+				continue
+			}
+			if g.pid != f.pid {
+				ups = append(ups, g)
+			}
+		}
+	}
+	ups = slices.DeleteFunc(ups, func(g *flowState) bool { return !g.first.Before(end) })
+	if len(ups) == 0 {
+		return ""
+	}
+	slices.SortFunc(ups, byFirstSeen)
+	parts := make([]string, len(ups))
+	for i, g := range ups {
+		who := ""
+		if g.pid != 0 {
+			who = fmt.Sprintf("%s pid %d, ", g.comm, g.pid)
+		}
+		parts[i] = fmt.Sprintf("flow %d (%s%s after: %s)", e.idOf(g), who, g.first.Sub(f.first).Round(10*time.Microsecond), e.cachedVerdict(g).place)
+	}
+	return fmt.Sprintf("; its Pod's connections to %s by another process begun after it (within %s, before its next one redirected), the proxy's upstream when it opens one per connection: %s", f.service, proxyWindow, strings.Join(parts, ", "))
 }
 
 // byGap places a rewrite at g, the one place that can have done it, and
