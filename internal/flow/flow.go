@@ -108,6 +108,10 @@ type Flow struct {
 	// free sent packets with) of which none reached the client make
 	// Reply false.
 	KernelDrops []KernelDrop `json:"kernel_drops,omitempty"`
+	// ProxyUpstreams: of a connection its Pod's own NAT redirected to a
+	// local proxy (a sidecar's), the flows that can be the proxy's upstream
+	// connection (its reason says which and why only "can").
+	ProxyUpstreams []int `json:"proxy_upstreams,omitempty"`
 	// NodeClient: a socket of the node's own network namespace made the
 	// flow (a hostNetwork Pod, the kubelet, a node process), not a Pod's:
 	// such clients are traced also when a Pod is selected (--pod-ip).

@@ -151,6 +151,11 @@ func (e *Engine) snapshot(f *flowState) Flow {
 			out.Reason += ": no reply reached the client"
 		}
 	}
+	if v.by == ByClientNetfilter && f.refusedInPod() == nil {
+		for _, g := range e.proxyUpstreams(f) {
+			out.ProxyUpstreams = append(out.ProxyUpstreams, e.idOf(g))
+		}
+	}
 	out.Points = e.pointsSeen(f)
 	return out
 }

@@ -1167,14 +1167,14 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 // connections its Pod then opens to the same VIP are named as its proxy's.
 const proxyWindow = time.Second
 
-// proxyUpstreamNote names the flows that can be the upstream connection of
-// f, an app's connection its Pod redirected to a local proxy: those to the
+// proxyUpstreams are the flows that can be the upstream connection of f,
+// an app's connection its Pod redirected to a local proxy: those to the
 // same VIP from the same Pod by another process (the proxy, which the
 // redirect skips), begun after f, within proxyWindow and before the Pod's
-// next redirected connection to it. Nothing links one to the other in the
-// kernel: connections redirected at once share their candidates, and an
-// HTTP proxy may reuse one it opened before. "" when there is none.
-func (e *Engine) proxyUpstreamNote(f *flowState) string {
+// next redirected connection to it, by first sighting. Nothing links one
+// to the other in the kernel: connections redirected at once share their
+// candidates, and an HTTP proxy may reuse one it opened before.
+func (e *Engine) proxyUpstreams(f *flowState) []*flowState {
 	end := f.first.Add(proxyWindow)
 	var ups []*flowState
 	for _, list := range e.clients {
@@ -1196,10 +1196,16 @@ func (e *Engine) proxyUpstreamNote(f *flowState) string {
 		}
 	}
 	ups = slices.DeleteFunc(ups, func(g *flowState) bool { return !g.first.Before(end) })
+	slices.SortFunc(ups, byFirstSeen)
+	return ups
+}
+
+// proxyUpstreamNote names f's proxyUpstreams, "" when there is none.
+func (e *Engine) proxyUpstreamNote(f *flowState) string {
+	ups := e.proxyUpstreams(f)
 	if len(ups) == 0 {
 		return ""
 	}
-	slices.SortFunc(ups, byFirstSeen)
 	parts := make([]string, len(ups))
 	for i, g := range ups {
 		who := ""

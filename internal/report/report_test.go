@@ -232,6 +232,40 @@ func TestReplyUnseen(t *testing.T) {
 	}
 }
 
+// TestProxyRedirects: the rows of connections a sidecar's redirect kept in
+// their Pod end at the proxy's port; under the rows, each names the flows
+// that can be its proxy's upstream, whose rows say where the VIP was
+// rewritten, or says why there is none.
+func TestProxyRedirects(t *testing.T) {
+	var buf bytes.Buffer
+	svc, proxy := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("127.0.0.1:15001")
+	app := func(id int, port uint16) flow.Flow {
+		return flow.Flow{ID: id, Proto: "tcp", Client: netip.AddrPortFrom(netip.MustParseAddr("10.244.8.23"), port), Service: svc,
+			Backend: proxy, RewrittenAt: flow.PlaceNetfilter, By: flow.ByClientNetfilter}
+	}
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Client: netip.MustParseAddrPort("10.244.8.23:49616"), Service: svc, Backend: netip.MustParseAddrPort("10.244.20.31:3000"),
+			RewrittenAt: flow.PlaceNetfilter, By: "nftables ip kube-proxy nat-prerouting -> dnat to 10.244.20.31:3000", Reply: true},
+		app(2, 49604), app(3, 49626), app(4, 49630),
+	}
+	flows[1].ProxyUpstreams = []int{1}
+	flows[3].Refused = true
+	flows[3].KernelDrops = []flow.KernelDrop{{Direction: "request", Count: 1, Reason: "NO_SOCKET", Function: "tcp_v4_rcv"}}
+	if err := report.WriteTable(&buf, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Redirected to a proxy in the client's Pod (its own NAT; the row of the proxy's upstream says where the VIP was rewritten):\n",
+		"  flow 2: to 127.0.0.1:15001; the proxy's upstream can be flow 1\n",
+		"  flow 3: to 127.0.0.1:15001; no connection of its Pod to 10.120.0.80:80 by another process followed",
+		"  flow 4: to 127.0.0.1:15001, where nothing listened: the Pod's kernel refused it (the proxy not running, or not ready)\n",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("table:\n%s\nwant %q", buf.String(), want)
+		}
+	}
+}
+
 // TestNodeClientsNamed: a flow of a process in the node's own netns (a
 // hostNetwork Pod, the kubelet) is said to be the node's under the rows,
 // with its command: its client address alone does not tell it from a

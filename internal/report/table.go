@@ -109,6 +109,7 @@ func writeFlowRows(w io.Writer, flows []flow.Flow, header bool, fixed fixedWidth
 	writeNodeClients(w, flows)
 	writeBeganBeforeRun(w, flows)
 	writeReasons(w, flows)
+	writeProxyRedirects(w, flows)
 	writeICMPErrors(w, flows)
 	writeStrayReplies(w, flows)
 	writeUntranslatedReplies(w, flows)
@@ -616,6 +617,30 @@ func unansweredOnNode(f flow.Flow) bool {
 		return false
 	}
 	return reply(f) == "no" && f.StrayReplies == nil && !f.RequestLeftUplink() || f.LostOnNode > 0 || f.RepliesLostOnNode > 0
+}
+
+// writeProxyRedirects lists the connections their Pod's own NAT redirected
+// to a local proxy (a sidecar's), whose rows end at the proxy's port: the
+// flows that can be the proxy's upstream connection, whose rows say where
+// the VIP was rewritten, or why there is none.
+func writeProxyRedirects(w io.Writer, flows []flow.Flow) {
+	var g flowGroups
+	for _, f := range flows {
+		if f.By != flow.ByClientNetfilter || !f.Backend.Addr().IsLoopback() {
+			continue
+		}
+		switch {
+		case len(f.ProxyUpstreams) == 1:
+			g.add(f.ID, fmt.Sprintf("to %s; the proxy's upstream can be flow %d", f.Backend, f.ProxyUpstreams[0]))
+		case len(f.ProxyUpstreams) > 1:
+			g.add(f.ID, fmt.Sprintf("to %s; the proxy's upstream can be one of flows %s", f.Backend, idRanges(f.ProxyUpstreams)))
+		case slices.ContainsFunc(f.KernelDrops, func(d flow.KernelDrop) bool { return d.Direction == "request" && d.Reason == "NO_SOCKET" }):
+			g.add(f.ID, fmt.Sprintf("to %s, where nothing listened: the Pod's kernel refused it (the proxy not running, or not ready)", f.Backend))
+		default:
+			g.add(f.ID, fmt.Sprintf("to %s; no connection of its Pod to %s by another process followed (a proxy that picks the endpoint itself connects to a backend's address, which no flow follows)", f.Backend, f.Service))
+		}
+	}
+	g.write(w, "Redirected to a proxy in the client's Pod (its own NAT; the row of the proxy's upstream says where the VIP was rewritten):")
 }
 
 // writeICMPErrors lists the ICMP errors that came back instead of replies

@@ -94,6 +94,10 @@ type WantFlow struct {
 	// "DIRECTION COUNT REASON FUNCTION" each); compared always (absent:
 	// none).
 	KernelDrops []string `json:"kernel_drops"`
+	// ProxyUpstreams: the ids of the flows that can be a redirected
+	// connection's proxy upstream (proxy_upstreams); compared always
+	// (absent: none).
+	ProxyUpstreams []int `json:"proxy_upstreams"`
 	// ICMPError: the flow's ICMP error as "MESSAGE from SENDER", with
 	// " (from the rule)" when no point captured it (ICMPError.FromRule);
 	// compared when set.
@@ -309,6 +313,9 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	}
 	if fmt.Sprint(drops) != fmt.Sprint(wf.KernelDrops) {
 		bad("kernel_drops", drops, wf.KernelDrops)
+	}
+	if fmt.Sprint(g.ProxyUpstreams) != fmt.Sprint(wf.ProxyUpstreams) {
+		bad("proxy_upstreams", g.ProxyUpstreams, wf.ProxyUpstreams)
 	}
 	if wf.PID != 0 && g.PID != wf.PID {
 		bad("pid", g.PID, wf.PID)
