@@ -384,6 +384,12 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool, uplink string) string {
 		// own stack, for a local VIP no rule rewrote).
 		b.WriteString(pick(one, "; the connection was refused (a TCP RST came back instead of a SYN-ACK: nothing listened on the VIP's port, or a firewall rejected it)",
 			"; the connections were refused (a TCP RST came back instead of a SYN-ACK: nothing listened on the VIP's port, or a firewall rejected it)"))
+	case f.Refused && f.By == flow.ByClientNetfilter:
+		// Its Pod's kernel refused it (a NO_SOCKET drop, in its reason): it
+		// never left the Pod.
+		b.WriteString(pick(one, "; nothing listened on the proxy's port in the client's Pod: its kernel refused the connection (known from its drop, not captured), so the sidecar proxy was not running or not ready.",
+			"; nothing listened on the proxy's port in the client's Pod: its kernel refused the connections (known from their drops, not captured), so the sidecar proxy was not running or not ready."))
+		return b.String()
 	case f.Refused:
 		b.WriteString(pick(one, "; the backend refused the connection (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)",
 			"; the backend refused the connections (a TCP RST came back instead of a SYN-ACK: nothing listened on its port, or a firewall rejected it)"))

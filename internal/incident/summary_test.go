@@ -842,3 +842,29 @@ func TestSummaryNamesTheUplinkOfSeveral(t *testing.T) {
 		}
 	}
 }
+
+// TestSummarySidecarProxyNotListening: a connection its Pod's sidecar
+// redirect sent to a proxy port where nothing listened was refused by the
+// Pod's own kernel (known from its NO_SOCKET drop): no backend refused it,
+// and SUMMARY.md says the proxy was not there to take it.
+func TestSummarySidecarProxyNotListening(t *testing.T) {
+	flows, b := scenarioSummary(t, "sidecar-redirect.json")
+	checked := 0
+	for _, f := range flows {
+		if !f.Refused || f.By != flow.ByClientNetfilter {
+			continue
+		}
+		for _, line := range strings.Split(b, "\n") {
+			if !strings.HasPrefix(line, "- ") || !strings.Contains(line, "("+idList([]int{f.ID})+")") {
+				continue
+			}
+			checked++
+			if strings.Contains(line, "backend refused") || !strings.Contains(line, "nothing listened on the proxy's port in the client's Pod") {
+				t.Errorf("flow %d, refused by its Pod's kernel:\n%s", f.ID, line)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatalf("no line for a flow refused in its Pod:\n%s", b)
+	}
+}
