@@ -81,6 +81,44 @@ func BenchmarkFlows(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*nflows), "ns/flow")
 }
 
+// BenchmarkFlowsSidecar is BenchmarkFlows for a Pod whose sidecar's
+// redirect takes every connection: 1000 app connections to the proxy's
+// port, each followed by the proxy's own to the VIP, whose reasons name
+// the proxy's upstream flows (proxyUpstreams, on an index: not a scan of
+// every flow per redirected one).
+func BenchmarkFlowsSidecar(b *testing.B) {
+	const nflows = 1000
+	cfg := httpConfig(obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress)
+	e := flow.NewEngine(cfg)
+	proxy := netip.MustParseAddrPort("127.0.0.1:15001")
+	unbound := netip.AddrPortFrom(client.Addr(), 0)
+	for i := range nflows {
+		at := flowtest.At(float64(i))
+		for j, dst := range []netip.AddrPort{proxy, vip} { // the app's, then the proxy's
+			cookie, pid := uint64(2*i+j+1), uint32(100+j)
+			src := netip.AddrPortFrom(client.Addr(), uint16(20000+2*i+j))
+			at = at.Add(100 * time.Microsecond)
+			for _, o := range []obs.Observation{
+				{Point: obs.PointSockAddr, Kind: obs.SockConnect, Src: unbound, ReqDst: vip, Dst: vip},
+				{Point: obs.PointSockState, Src: unbound, Dst: vip},
+				{Point: obs.PointSockEgress, Src: src, Dst: dst, Len: 60},
+			} {
+				o.Time, o.Proto, o.Cookie, o.PID = at, obs.TCP, cookie, pid
+				e.Add(o)
+			}
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if fs := e.Flows(); len(fs) != 2*nflows || len(fs[0].ProxyUpstreams) != 1 {
+			b.Fatalf("%d flows, want %d; the first names %v as its proxy's upstream, want one", len(fs), 2*nflows, fs[0].ProxyUpstreams)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*2*nflows), "ns/flow")
+}
+
 // BenchmarkAddUnmatched feeds traffic no flow claims: the waiting room's cost.
 func BenchmarkAddUnmatched(b *testing.B) {
 	e := flow.NewEngine(httpConfig(obs.PointUplink))

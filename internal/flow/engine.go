@@ -52,12 +52,15 @@ type Engine struct {
 	services map[netip.Addr][]Service
 
 	clients map[clientKey][]*flowState
-	nflows  int
-	made    int // flows made so far (flowState.seq)
-	nextID  int // the last id given (idOf)
-	socks   sockTable
-	waiting waiting
-	replays []clientKey // endpoints whose waiting observations may now resolve
+	// podFlows indexes the flows while snapshots are taken (podFlowsOf),
+	// nil otherwise.
+	podFlows map[podFlowKey][]*flowState
+	nflows   int
+	made     int // flows made so far (flowState.seq)
+	nextID   int // the last id given (idOf)
+	socks    sockTable
+	waiting  waiting
+	replays  []clientKey // endpoints whose waiting observations may now resolve
 	// snat maps the source a SNAT gave flows (conntrack's reply
 	// destination) to those flows: their packets beyond the SNAT (the
 	// uplink's) carry that source instead of the client's. A flow is listed
@@ -553,6 +556,7 @@ func (e *Engine) Flows() []Flow {
 	for i, f := range fs {
 		out[i] = e.snapshot(f)
 	}
+	e.podFlows = nil
 	return out
 }
 

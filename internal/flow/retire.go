@@ -138,6 +138,7 @@ func (e *Engine) retire(over func(*flowState) bool) []Flow {
 		f.cached, f.cachedOK = placeBy{place: out[i].RewrittenAt, by: e.byName(out[i].By)}, true
 		f.retired = true
 	}
+	e.podFlows = nil
 	for _, f := range fs {
 		e.forget(f)
 	}

@@ -1175,29 +1175,55 @@ const proxyWindow = time.Second
 // to the other in the kernel: connections redirected at once share their
 // candidates, and an HTTP proxy may reuse one it opened before.
 func (e *Engine) proxyUpstreams(f *flowState) []*flowState {
+	list := e.podFlowsOf(f)
+	i, _ := slices.BinarySearchFunc(list, f.first, func(g *flowState, t time.Time) int { return g.first.Compare(t) })
 	end := f.first.Add(proxyWindow)
 	var ups []*flowState
-	for _, list := range e.clients {
-		for _, g := range list {
-			if g == f || g.client.Addr() != f.client.Addr() || g.service != f.service || g.proto != f.proto || g.first.Before(f.first) {
-				continue
+	for _, g := range list[i:] {
+		if !g.first.Before(end) {
+			break
+		}
+		if g == f {
+			continue
+		}
+		if bs := g.sortedBackends(); len(bs) > 0 && bs[0].Addr().IsLoopback() {
+			if g.first.After(f.first) {
+				break // the Pod's next redirected connection: its proxy's follow it
 			}
-			if bs := g.sortedBackends(); len(bs) > 0 && bs[0].Addr().IsLoopback() {
-				// The next app connection the Pod redirected: its
-				// proxy's connections follow it.
-				if g.first.After(f.first) && g.first.Before(end) {
-					end = g.first
-				}
-				continue
-			}
-			if g.pid != f.pid {
-				ups = append(ups, g)
-			}
+			continue
+		}
+		if g.pid != f.pid {
+			ups = append(ups, g)
 		}
 	}
-	ups = slices.DeleteFunc(ups, func(g *flowState) bool { return !g.first.Before(end) })
-	slices.SortFunc(ups, byFirstSeen)
 	return ups
+}
+
+// podFlowKey groups the flows of one client address to one Service.
+type podFlowKey struct {
+	proto   obs.Proto
+	client  netip.Addr
+	service netip.AddrPort
+}
+
+// podFlowsOf are the flows of f's client address to f's Service, by first
+// sighting. The index is made at the first call of a round of snapshots
+// (proxyUpstreams scans every flow otherwise, for each redirected one) and
+// dropped after it (Flows, retire).
+func (e *Engine) podFlowsOf(f *flowState) []*flowState {
+	if e.podFlows == nil {
+		e.podFlows = make(map[podFlowKey][]*flowState)
+		for _, list := range e.clients {
+			for _, g := range list {
+				k := podFlowKey{g.proto, g.client.Addr(), g.service}
+				e.podFlows[k] = append(e.podFlows[k], g)
+			}
+		}
+		for _, list := range e.podFlows {
+			slices.SortFunc(list, byFirstSeen)
+		}
+	}
+	return e.podFlows[podFlowKey{f.proto, f.client.Addr(), f.service}]
 }
 
 // proxyUpstreamNote names f's proxyUpstreams, "" when there is none.
