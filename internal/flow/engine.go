@@ -55,12 +55,19 @@ type Engine struct {
 	// podFlows indexes the flows while snapshots are taken (podFlowsOf),
 	// nil otherwise.
 	podFlows map[podFlowKey][]*flowState
-	nflows   int
-	made     int // flows made so far (flowState.seq)
-	nextID   int // the last id given (idOf)
-	socks    sockTable
-	waiting  waiting
-	replays  []clientKey // endpoints whose waiting observations may now resolve
+	// retiredUpstreams are, of the open connections their Pod redirected
+	// to a local proxy, the retired flows that can be their proxy's
+	// upstream (noteProxyUpstreams).
+	retiredUpstreams map[*flowState][]proxyUpstream
+	// redirectsSeen: some flow went to a loopback address (its Pod's own
+	// NAT redirected it): only then does retiring a flow look for them.
+	redirectsSeen bool
+	nflows        int
+	made          int // flows made so far (flowState.seq)
+	nextID        int // the last id given (idOf)
+	socks         sockTable
+	waiting       waiting
+	replays       []clientKey // endpoints whose waiting observations may now resolve
 	// snat maps the source a SNAT gave flows (conntrack's reply
 	// destination) to those flows: their packets beyond the SNAT (the
 	// uplink's) carry that source instead of the client's. A flow is listed

@@ -118,6 +118,7 @@ func (e *Engine) Sizes() map[string]int {
 	}
 	return map[string]int{
 		"clients":        len(e.clients),
+		"upstreams":      len(e.retiredUpstreams),
 		"clients.flows":  n,
 		"nflows":         e.nflows,
 		"snat":           len(e.snat),

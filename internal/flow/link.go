@@ -576,6 +576,7 @@ func (e *Engine) learnBackend(f *flowState, b netip.AddrPort, at time.Time) {
 	}
 	e.backends[b.Addr()] = true
 	e.backendPorts[b] = true
+	e.redirectsSeen = e.redirectsSeen || b.Addr().IsLoopback()
 	w := obs.Watch{Addr: b.Addr(), Port: b.Port(), Proto: f.proto}
 	if f.proto != obs.TCP && f.proto != obs.UDP {
 		w.Port, w.Proto = 0, 0 // no ports: every port of it

@@ -138,6 +138,11 @@ func (e *Engine) retire(over func(*flowState) bool) []Flow {
 		f.cached, f.cachedOK = placeBy{place: out[i].RewrittenAt, by: e.byName(out[i].By)}, true
 		f.retired = true
 	}
+	if e.redirectsSeen {
+		for _, f := range fs {
+			e.noteProxyUpstreams(f)
+		}
+	}
 	e.podFlows = nil
 	for _, f := range fs {
 		e.forget(f)
@@ -170,6 +175,7 @@ func (e *Engine) forget(f *flowState) {
 	k := f.key()
 	e.unindex(f)
 	e.dropSNAT(f)
+	delete(e.retiredUpstreams, f)
 	delete(e.lateCounts, f)
 	if len(e.lateCounts) == 0 {
 		e.lateCounts = nil // a map keeps its buckets once grown

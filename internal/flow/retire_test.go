@@ -1,6 +1,7 @@
 package flow_test
 
 import (
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"reflect"
@@ -51,12 +52,46 @@ func TestRetireMatchesReport(t *testing.T) {
 					sum.UnknownBeforeReady != wantSum.UnknownBeforeReady || !reflect.DeepEqual(sum.Drops, wantSum.Drops) {
 					t.Errorf("%s, %s order (%s): summary %+v, want %+v", s.Name, name, mode, sum, wantSum)
 				}
-				if z := e.Sizes(); z["clients"] != 0 || z["nflows"] != 0 || z["snat"] != 0 || z["socks.flows"] != 0 || z["lateCounts"] != 0 {
+				if z := e.Sizes(); z["clients"] != 0 || z["nflows"] != 0 || z["snat"] != 0 || z["socks.flows"] != 0 || z["lateCounts"] != 0 || z["upstreams"] != 0 {
 					t.Errorf("%s, %s order (%s): tables still hold retired flows: %v", s.Name, name, mode, z)
 				}
 			}
 		}
 	}
+}
+
+// TestRetireProxyUpstreamFirst: in a run until stopped, a sidecar proxy's
+// upstream connection that closed is retired seconds before the app's
+// connection its Pod redirected to the proxy, whose close no point sees
+// (it never leaves the Pod): that one still names it as its proxy's
+// upstream, as the report at the end of a run does.
+func TestRetireProxyUpstreamFirst(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "sidecar-redirect.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Run(nil)
+	up := netip.MustParseAddrPort("10.244.8.23:49616")
+	for i, dir := range []obs.Dir{obs.DirOut, obs.DirIn} { // its FINs
+		o := obs.Observation{Time: flowtest.At(101 + float64(i)), Point: obs.PointPod, Proto: obs.TCP, Dir: dir, Src: up, Dst: netip.MustParseAddrPort("10.120.0.80:80"), Len: 66, TCPFlags: 0x11}
+		if dir == obs.DirIn {
+			o.Src, o.Dst = o.Dst, o.Src
+		}
+		e.Add(o)
+	}
+	retired := e.Retire(flowtest.At(15000))
+	if len(retired) != 1 || retired[0].Client != up {
+		t.Fatalf("retired %+v, want the closed upstream %s alone", retired, up)
+	}
+	for _, f := range e.RetireAll() {
+		if f.Client == netip.MustParseAddrPort("10.244.8.23:49604") {
+			if !reflect.DeepEqual(f.ProxyUpstreams, []int{retired[0].ID}) || !strings.Contains(f.Reason, fmt.Sprintf("flow %d (envoy pid 32051, 300µs after: netfilter)", retired[0].ID)) {
+				t.Errorf("proxy_upstreams %v, reason %q: want its retired upstream, flow %d", f.ProxyUpstreams, f.Reason, retired[0].ID)
+			}
+			return
+		}
+	}
+	t.Fatal("no flow of the redirected connection 10.244.8.23:49604")
 }
 
 // closingFlow is churnFlow with the TCP connection's handshake and close
@@ -146,6 +181,7 @@ func TestRetireBounded(t *testing.T) {
 		"waiting.others": 4 * 1024, "waiting.pairs": 4096 + 1024,
 		"commented": 1024, "lateCounts": 0, "refused": 0, "refusedClients": 0,
 		"retiredKeys": 2 * 4096, "replyOnly": 0, "backends": 2, "backendPorts": 2, "pairs": 2, "labels": 128, "byNames": 16, "cgroups": 0, "podTCPrograms": 0, "hostRedirects": 0,
+		"upstreams": 4096, // open redirected connections at most (none here)
 	}
 	for k, v := range peak {
 		b, ok := bounds[k]

@@ -152,8 +152,8 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		}
 	}
 	if v.by == ByClientNetfilter && f.refusedInPod() == nil {
-		for _, g := range e.proxyUpstreams(f) {
-			out.ProxyUpstreams = append(out.ProxyUpstreams, e.idOf(g))
+		for _, u := range e.proxyUpstreams(f) {
+			out.ProxyUpstreams = append(out.ProxyUpstreams, u.id)
 		}
 	}
 	out.Points = e.pointsSeen(f)

@@ -1167,18 +1167,30 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 // connections its Pod then opens to the same VIP are named as its proxy's.
 const proxyWindow = time.Second
 
+// proxyUpstream is a flow that can be a redirected connection's proxy
+// upstream, as its reason names it.
+type proxyUpstream struct {
+	id    int
+	after time.Duration // its first sighting after the redirected one's
+	pid   uint32
+	comm  string
+	place Place
+}
+
 // proxyUpstreams are the flows that can be the upstream connection of f,
 // an app's connection its Pod redirected to a local proxy: those to the
 // same VIP from the same Pod by another process (the proxy, which the
 // redirect skips), begun after f, within proxyWindow and before the Pod's
-// next redirected connection to it, by first sighting. Nothing links one
+// next redirected connection to it, by first sighting: the retired ones
+// (a closed upstream retires before the app's connection, whose close no
+// point sees: noteProxyUpstreams), then the open ones. Nothing links one
 // to the other in the kernel: connections redirected at once share their
 // candidates, and an HTTP proxy may reuse one it opened before.
-func (e *Engine) proxyUpstreams(f *flowState) []*flowState {
+func (e *Engine) proxyUpstreams(f *flowState) []proxyUpstream {
+	ups := slices.Clone(e.retiredUpstreams[f])
 	list := e.podFlowsOf(f)
 	i, _ := slices.BinarySearchFunc(list, f.first, func(g *flowState, t time.Time) int { return g.first.Compare(t) })
 	end := f.first.Add(proxyWindow)
-	var ups []*flowState
 	for _, g := range list[i:] {
 		if !g.first.Before(end) {
 			break
@@ -1186,17 +1198,48 @@ func (e *Engine) proxyUpstreams(f *flowState) []*flowState {
 		if g == f {
 			continue
 		}
-		if bs := g.sortedBackends(); len(bs) > 0 && bs[0].Addr().IsLoopback() {
+		if redirectedInPod(g) {
 			if g.first.After(f.first) {
 				break // the Pod's next redirected connection: its proxy's follow it
 			}
 			continue
 		}
 		if g.pid != f.pid {
-			ups = append(ups, g)
+			ups = append(ups, proxyUpstream{e.idOf(g), g.first.Sub(f.first), g.pid, g.comm, e.cachedVerdict(g).place})
 		}
 	}
 	return ups
+}
+
+// redirectedInPod tells whether f's backend is a loopback address: its
+// Pod's own NAT redirected it to a local proxy.
+func redirectedInPod(f *flowState) bool {
+	bs := f.sortedBackends()
+	return len(bs) > 0 && bs[0].Addr().IsLoopback()
+}
+
+// noteProxyUpstreams keeps, of g, a flow about to be retired, what the
+// reason of the redirected connection it can be the proxy upstream of
+// names, while that one is open: the Pod's last redirected connection to
+// the same VIP begun before it (proxyUpstreams).
+func (e *Engine) noteProxyUpstreams(g *flowState) {
+	if redirectedInPod(g) {
+		return
+	}
+	list := e.podFlowsOf(g)
+	i, _ := slices.BinarySearchFunc(list, g.first, func(f *flowState, t time.Time) int { return f.first.Compare(t) })
+	for _, f := range slices.Backward(list[:i]) {
+		if !redirectedInPod(f) || f.retired {
+			continue
+		}
+		if f.pid != g.pid && g.first.Sub(f.first) < proxyWindow {
+			if e.retiredUpstreams == nil {
+				e.retiredUpstreams = make(map[*flowState][]proxyUpstream)
+			}
+			e.retiredUpstreams[f] = append(e.retiredUpstreams[f], proxyUpstream{e.idOf(g), g.first.Sub(f.first), g.pid, g.comm, g.cached.place})
+		}
+		return
+	}
 }
 
 // podFlowKey groups the flows of one client address to one Service.
@@ -1233,12 +1276,12 @@ func (e *Engine) proxyUpstreamNote(f *flowState) string {
 		return ""
 	}
 	parts := make([]string, len(ups))
-	for i, g := range ups {
+	for i, u := range ups {
 		who := ""
-		if g.pid != 0 {
-			who = fmt.Sprintf("%s pid %d, ", g.comm, g.pid)
+		if u.pid != 0 {
+			who = fmt.Sprintf("%s pid %d, ", u.comm, u.pid)
 		}
-		parts[i] = fmt.Sprintf("flow %d (%s%s after: %s)", e.idOf(g), who, g.first.Sub(f.first).Round(10*time.Microsecond), e.cachedVerdict(g).place)
+		parts[i] = fmt.Sprintf("flow %d (%s%s after: %s)", u.id, who, u.after.Round(10*time.Microsecond), u.place)
 	}
 	return fmt.Sprintf("; its Pod's connections to %s by another process begun after it (within %s, before its next one redirected), the proxy's upstream when it opens one per connection: %s", f.service, proxyWindow, strings.Join(parts, ", "))
 }
