@@ -257,7 +257,7 @@ func TestProxyRedirects(t *testing.T) {
 	for _, want := range []string{
 		"Redirected to a proxy in the client's Pod (its own NAT; the row of the proxy's upstream says where the VIP was rewritten):\n",
 		"  flow 2: to 127.0.0.1:15001; the proxy's upstream can be flow 1\n",
-		"  flow 3: to 127.0.0.1:15001; no connection of its Pod to 10.120.0.80:80 by another process followed (a proxy that picks the endpoint itself connects to a backend's address, which no flow follows; one may answer itself, as Istio's DNS proxy does for the cluster's names)\n",
+		"  flow 3: to 127.0.0.1:15001; no connection of its Pod to 10.120.0.80:80 by another process followed (a proxy that picks the endpoint itself connects to a backend's address, which no flow follows; one may reuse a connection it opened before, or answer itself, as Istio's DNS proxy does for the cluster's names)\n",
 		"  flow 4: to 127.0.0.1:15001, where nothing listened: the Pod's kernel refused it (the proxy not running, or not ready)\n",
 	} {
 		if !strings.Contains(buf.String(), want) {

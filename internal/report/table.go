@@ -637,7 +637,7 @@ func writeProxyRedirects(w io.Writer, flows []flow.Flow) {
 		case slices.ContainsFunc(f.KernelDrops, func(d flow.KernelDrop) bool { return d.Direction == "request" && d.Reason == "NO_SOCKET" }):
 			g.add(f.ID, fmt.Sprintf("to %s, where nothing listened: the Pod's kernel refused it (the proxy not running, or not ready)", f.Backend))
 		default:
-			g.add(f.ID, fmt.Sprintf("to %s; no connection of its Pod to %s by another process followed (a proxy that picks the endpoint itself connects to a backend's address, which no flow follows; one may answer itself, as Istio's DNS proxy does for the cluster's names)", f.Backend, f.Service))
+			g.add(f.ID, fmt.Sprintf("to %s; no connection of its Pod to %s by another process followed (a proxy that picks the endpoint itself connects to a backend's address, which no flow follows; one may reuse a connection it opened before, or answer itself, as Istio's DNS proxy does for the cluster's names)", f.Backend, f.Service))
 		}
 	}
 	g.write(w, "Redirected to a proxy in the client's Pod (its own NAT; the row of the proxy's upstream says where the VIP was rewritten):")
