@@ -205,7 +205,7 @@ func readNFT(hostPath string, svcs serviceSet) (graphs []*natGraph, devChains []
 		return nil, nil, func() {}, fmt.Errorf("nftables netlink: %w", err)
 	}
 	// The chains and rules are listed over a socket of our own, as they
-	// come (nftDump); google/nftables lists a chain without its devices.
+	// come (NFTDump); google/nftables lists a chain without its devices.
 	raw, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
 	if err != nil {
 		conn.CloseLasting()

@@ -35,7 +35,7 @@ func nftGraphs(conn *nftables.Conn, raw *netlink.Conn) ([]*natGraph, error) {
 	}
 	byTable := map[tableKey]*tableChains{}
 	var order []*tableChains
-	err := nftDump(raw, unix.NFT_MSG_GETCHAIN, unix.NFPROTO_UNSPEC, nil, func(b []byte) error {
+	err := NFTDump(raw, unix.NFT_MSG_GETCHAIN, unix.NFPROTO_UNSPEC, nil, func(b []byte) error {
 		m, err := parseChainMsg(b)
 		if err != nil {
 			return err
@@ -86,14 +86,14 @@ func nftGraphs(conn *nftables.Conn, raw *netlink.Conn) ([]*natGraph, error) {
 // a big cluster's node, of which the walk for the traced VIPs reaches a
 // handful. Reading every chain (a netlink request each, and its verdict
 // maps) took seconds and hundreds of MB there. Each rule is reduced to
-// natRules as its message is read (nftDump): KUBE-SERVICES has a rule
+// natRules as its message is read (NFTDump): KUBE-SERVICES has a rule
 // per Service.
 func lazyLoad(conn *nftables.Conn, raw *netlink.Conn, g *natGraph, table *nftables.Table, rewrites bool) {
 	sets := &nftSets{conn: conn, table: table, cache: map[string]nftSet{}}
 	// Every chain a rule jumps to is one: nftables refuses a jump to none.
 	g.load = func(name string) ([]natRule, bool, error) {
 		var out []natRule
-		err := nftDump(raw, unix.NFT_MSG_GETRULE, uint8(table.Family), []netlink.Attribute{
+		err := NFTDump(raw, unix.NFT_MSG_GETRULE, uint8(table.Family), []netlink.Attribute{
 			{Type: unix.NFTA_RULE_TABLE, Data: []byte(table.Name + "\x00")},
 			{Type: unix.NFTA_RULE_CHAIN, Data: []byte(name + "\x00")},
 		}, func(b []byte) error {

@@ -25,10 +25,10 @@ import (
 // per part (netlink_dump).
 const dumpBufSize = 64 << 10
 
-// nftDump sends an nf_tables dump request (msgType, of family, with attrs)
+// NFTDump sends an nf_tables dump request (msgType, of family, with attrs)
 // over conn and gives fn the payload of each message of the reply as it
 // is read.
-func nftDump(conn *netlink.Conn, msgType uint16, family uint8, attrs []netlink.Attribute, fn func(data []byte) error) error {
+func NFTDump(conn *netlink.Conn, msgType uint16, family uint8, attrs []netlink.Attribute, fn func(data []byte) error) error {
 	data, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
 		return err
@@ -270,4 +270,64 @@ func (c chainMsg) chain(t *nftables.Table) *nftables.Chain {
 		ch.Hooknum, ch.Priority = &hook, &prio
 	}
 	return ch
+}
+
+// SetElems gives fn each element of a set element listing's message
+// (NFT_MSG_NEWSETELEM: nfgenmsg, then its attributes) as google/nftables'
+// GetSetElements decodes it, but only its key, data and interval end.
+func SetElems(b []byte, fn func(nftables.SetElement) error) error {
+	if len(b) < 4 {
+		return fmt.Errorf("nftables set element message of %d bytes", len(b))
+	}
+	ad, err := netlink.NewAttributeDecoder(b[4:])
+	if err != nil {
+		return err
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+			continue
+		}
+		ad.Nested(func(list *netlink.AttributeDecoder) error {
+			for list.Next() {
+				var e nftables.SetElement
+				if list.Type() == unix.NFTA_LIST_ELEM {
+					list.Nested(func(ed *netlink.AttributeDecoder) error {
+						for ed.Next() {
+							switch ed.Type() {
+							case unix.NFTA_SET_ELEM_KEY:
+								ed.Nested(func(d *netlink.AttributeDecoder) error { e.Key = elemData(d); return nil })
+							case unix.NFTA_SET_ELEM_DATA:
+								ed.Nested(func(d *netlink.AttributeDecoder) error { e.Val = elemData(d); return nil })
+							case unix.NFTA_SET_ELEM_FLAGS:
+								e.IntervalEnd = ed.Uint32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
+							}
+						}
+						return nil
+					})
+				}
+				if err := fn(e); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := ad.Err(); err != nil {
+		return fmt.Errorf("decode nftables set elements: %w", err)
+	}
+	return nil
+}
+
+// elemData is an element's key or data: a value, or a verdict's
+// attributes (which ElementVerdict decodes).
+func elemData(ad *netlink.AttributeDecoder) []byte {
+	var b []byte
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_DATA_VALUE, unix.NFTA_DATA_VERDICT:
+			b = ad.Bytes()
+		}
+	}
+	return b
 }

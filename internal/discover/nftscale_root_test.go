@@ -147,7 +147,7 @@ func BenchmarkReadNetfilterLegacyManyServices(b *testing.B) {
 // BenchmarkReadNetfilterIPTablesNFTManyServices: the same read of 5,000
 // kube-proxy Services in iptables-nft (an nftables table of 20,000
 // chains, KUBE-SERVICES a rule per Service, each with xtables matches).
-// The rules are reduced as each part of a dump comes (nftDump): held
+// The rules are reduced as each part of a dump comes (NFTDump): held
 // whole, a read allocated 80 MB, most of it live at once.
 func BenchmarkReadNetfilterIPTablesNFTManyServices(b *testing.B) {
 	if _, err := exec.LookPath("iptables-nft-restore"); err != nil {

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/kmod"
@@ -61,18 +63,38 @@ func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
 	return renderRuleset(w, conn, focus, chainDevices(s.node))
 }
 
+// nftConn reads nftables in a netns: set elements over a netlink socket
+// of its own, each rendered as it comes (discover.NFTDump), the rest
+// through google/nftables, whose GetSetElements holds a whole set at once
+// (a blocklist of 200,000 addresses took over 100 MiB).
+type nftConn struct {
+	*nftables.Conn
+	raw *netlink.Conn
+}
+
+func (c nftConn) SetElements(set *nftables.Set, fn func(nftables.SetElement) error) error {
+	return discover.NFTDump(c.raw, unix.NFT_MSG_GETSETELEM, uint8(set.Table.Family), []netlink.Attribute{
+		{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: []byte(set.Table.Name + "\x00")},
+		{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: []byte(set.Name + "\x00")},
+	}, func(b []byte) error { return discover.SetElems(b, fn) })
+}
+
 // openNFTables talks nftables netlink in the netns at path; done closes
 // the netns, which the connection needs for each of its requests.
-func openNFTables(path string) (conn *nftables.Conn, done func() error, err error) {
+func openNFTables(path string) (conn nftConn, done func() error, err error) {
 	ns, err := netns.GetFromPath(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("open node netns: %w", err)
+		return conn, nil, fmt.Errorf("open node netns: %w", err)
 	}
-	if conn, err = nftables.New(nftables.WithNetNSFd(int(ns))); err != nil {
+	if conn.Conn, err = nftables.New(nftables.WithNetNSFd(int(ns))); err != nil {
 		ns.Close()
-		return nil, nil, fmt.Errorf("nftables netlink: %w", err)
+		return conn, nil, fmt.Errorf("nftables netlink: %w", err)
 	}
-	return conn, ns.Close, nil
+	if conn.raw, err = netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)}); err != nil {
+		ns.Close()
+		return conn, nil, fmt.Errorf("nftables netlink: %w", err)
+	}
+	return conn, func() error { conn.raw.Close(); return ns.Close() }, nil
 }
 
 // iptablesNFTFamilies are iptables-nft's address families: its tables are

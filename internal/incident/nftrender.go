@@ -23,7 +23,8 @@ type nftLister interface {
 	ListChains() ([]*nftables.Chain, error)
 	GetRules(*nftables.Table, *nftables.Chain) ([]*nftables.Rule, error)
 	GetSets(*nftables.Table) ([]*nftables.Set, error)
-	GetSetElements(*nftables.Set) ([]nftables.SetElement, error)
+	// SetElements gives fn the elements of a set as they are read.
+	SetElements(set *nftables.Set, fn func(nftables.SetElement) error) error
 }
 
 // renderRuleset writes tables, sets, chains (type, hook, priority, policy) and
@@ -237,20 +238,20 @@ func renderSet(w io.Writer, conn nftLister, set *nftables.Set, focus *nftFocus) 
 	if set.Interval {
 		fmt.Fprint(w, "; flags interval")
 	}
-	elems, err := conn.GetSetElements(set)
-	if err != nil {
-		fmt.Fprintf(w, " } # elements not read: %v\n", err)
-		return
-	}
 	table := discover.NFTFamilyName(set.Table.Family) + " " + set.Table.Name
-	fmt.Fprint(w, "; elements = {")
+	// A focused rendering narrows a set once it is known to be long: its
+	// first elements are held until then.
+	var held []nftables.SetElement
+	narrow := false
 	written, left := 0, 0
-	for _, e := range elems {
-		if focus != nil && len(elems) > focusLongerThan && !focus.keepElement(table, e) {
+	write := func(e nftables.SetElement) {
+		if narrow && !focus.keepElement(table, e) {
 			left++
-			continue
+			return
 		}
-		if written > 0 {
+		if written == 0 {
+			fmt.Fprint(w, "; elements = {")
+		} else {
 			fmt.Fprint(w, ",")
 		}
 		written++
@@ -269,9 +270,36 @@ func renderSet(w io.Writer, conn nftLister, set *nftables.Set, focus *nftFocus) 
 			fmt.Fprint(w, " (interval end)")
 		}
 	}
+	err := conn.SetElements(set, func(e nftables.SetElement) error {
+		if focus == nil || narrow {
+			write(e)
+			return nil
+		}
+		if held = append(held, e); len(held) > focusLongerThan {
+			narrow = true
+			for _, e := range held {
+				write(e)
+			}
+			held = nil
+		}
+		return nil
+	})
+	for _, e := range held {
+		write(e)
+	}
+	switch {
+	case err != nil && written+left == 0:
+		fmt.Fprintf(w, " } # elements not read: %v\n", err)
+		return
+	case written == 0:
+		fmt.Fprint(w, "; elements = {")
+	}
 	fmt.Fprint(w, " } }")
 	if left > 0 {
 		fmt.Fprintf(w, " # %d more elements, naming no traced VIP nor leading to their chains, not written", left)
+	}
+	if err != nil {
+		fmt.Fprintf(w, " # the elements after these not read: %v", err)
 	}
 	fmt.Fprintln(w)
 }

@@ -704,7 +704,7 @@ func TestRenderVerdictMapType(t *testing.T) {
 }
 
 // nftIn talks nftables netlink in the netns at path for the rest of the test.
-func nftIn(t *testing.T, path string) *nftables.Conn {
+func nftIn(t *testing.T, path string) nftConn {
 	t.Helper()
 	conn, done, err := openNFTables(path)
 	if err != nil {
@@ -712,4 +712,137 @@ func nftIn(t *testing.T, path string) *nftables.Conn {
 	}
 	t.Cleanup(func() { done() })
 	return conn
+}
+
+// googleSets lists set elements as the rendering did before it streamed
+// them: with google/nftables' GetSetElements, a whole set at once.
+type googleSets struct{ nftConn }
+
+func (g googleSets) SetElements(s *nftables.Set, fn func(nftables.SetElement) error) error {
+	elems, err := g.GetSetElements(s)
+	for _, e := range elems {
+		if err := fn(e); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// nftNetns makes a netns for the rest of the test and loads ruleset
+// there with nft.
+func nftNetns(t *testing.T, prefix, ruleset string) string {
+	t.Helper()
+	name := fmt.Sprintf("pttest-%s-%06x", prefix, rand.IntN(1<<24))
+	ipCmd(t, "netns", "add", name)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	cmd := exec.Command("ip", "netns", "exec", name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(ruleset)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	return "/run/netns/" + name
+}
+
+// Set elements rendered as they are read write what google/nftables'
+// GetSetElements gave, byte for byte: sets, interval sets, maps, verdict
+// maps with concatenated keys, a rule's anonymous sets, whole and narrowed.
+func TestRenderSetElementsAsGoogleNFTables(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace and nftables rules")
+	}
+	var long []string
+	for i := range 300 {
+		long = append(long, fmt.Sprintf("10.96.%d.%d . tcp . 80 : goto svc", i/250, i%250+1))
+	}
+	path := nftNetns(t, "setelems", `table ip pttest-sets {
+	set addrs { type ipv4_addr; elements = { 10.96.0.1, 10.120.0.80 } }
+	set nets { type ipv4_addr; flags interval; elements = { 10.244.0.0/16, 192.168.1.1-192.168.1.9 } }
+	set empty { type ipv4_addr; }
+	set seen { type ipv4_addr; flags dynamic,timeout; timeout 1h; elements = { 10.0.0.1 timeout 1h } }
+	map backends { type ipv4_addr : ipv4_addr; elements = { 10.120.0.80 : 10.244.20.31 } }
+	map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; elements = { 10.120.0.80 . tcp . 80 : goto svc, `+strings.Join(long, ", ")+` } }
+	chain svc {
+		numgen random mod 2 vmap { 0 : goto ep1, 1 : goto ep2 }
+	}
+	chain ep1 {
+		ip daddr { 10.120.0.80, 10.120.0.81 } meta l4proto tcp dnat to 10.244.20.31:3000
+	}
+	chain ep2 {
+		meta l4proto tcp dnat to 10.244.20.32:3000
+	}
+}
+`)
+	conn := nftIn(t, path)
+	focus := newNFTFocus(nil, []netip.Addr{netip.MustParseAddr(testVIP)})
+	focus.always = true
+	for _, f := range []*nftFocus{nil, focus} {
+		var got, want strings.Builder
+		if err := renderRuleset(&got, conn, f, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := renderRuleset(&want, googleSets{conn}, f, nil); err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != want.String() {
+			t.Errorf("focus %v: rendered\n%s\nwant, as from GetSetElements:\n%s", f != nil, got.String(), want.String())
+		}
+		if !strings.Contains(got.String(), "0x0a780050 (10.120.0.80) : 0x0af4141f (10.244.20.31)") {
+			t.Errorf("focus %v: the map's element is missing:\n%s", f != nil, got.String())
+		}
+	}
+}
+
+// A set of 200,000 elements (a node's blocklist) is rendered within
+// memory: its elements are written as the kernel sends them, not held all
+// at once first (that took the rendering's peak RSS over 100 MiB).
+func TestRenderBigSetWithinMemory(t *testing.T) {
+	if path := os.Getenv("PTTEST_RENDER_NETNS"); path != "" {
+		// The child: renders the ruleset of path, says its peak RSS.
+		conn := nftIn(t, path)
+		if err := renderRuleset(newTopicWriter(DefaultFileBytes), conn, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		status, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(line, "VmHWM:") {
+				fmt.Println(line)
+			}
+		}
+		return
+	}
+	if testing.Short() {
+		t.Skip("-short: the tests that need root are left out")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace and nftables rules")
+	}
+	var elems strings.Builder
+	for i := range 200_000 {
+		fmt.Fprintf(&elems, "10.%d.%d.%d, ", i>>16, i>>8&255, i&255)
+	}
+	path := nftNetns(t, "bigset", "table inet pttest-blocklist {\n\tset blocked { type ipv4_addr; elements = { "+
+		strings.TrimSuffix(elems.String(), ", ")+" } }\n}\n")
+	// A process of its own: its peak RSS is the rendering's alone.
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRenderBigSetWithinMemory$")
+	cmd.Env = append(os.Environ(), "PTTEST_RENDER_NETNS="+path)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	var kb int
+	if i := strings.Index(string(out), "VmHWM:"); i < 0 {
+		t.Fatalf("no VmHWM in: %s", out)
+	} else if _, err := fmt.Sscanf(string(out[i+len("VmHWM:"):]), "%d", &kb); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rendering peak RSS: %d KiB", kb)
+	if kb > 48<<10 {
+		t.Errorf("rendering a set of 200,000 elements took a peak RSS of %d KiB, want at most 48 MiB", kb)
+	}
 }

@@ -160,14 +160,20 @@ func (f fakeNFT) GetSets(t *nftables.Table) ([]*nftables.Set, error) {
 	}
 	return sets, nil
 }
-func (f fakeNFT) GetSetElements(s *nftables.Set) ([]nftables.SetElement, error) {
-	if s.Anonymous {
-		return []nftables.SetElement{{Key: []byte{0, 0, 0, 0}}}, nil
+func (f fakeNFT) SetElements(s *nftables.Set, fn func(nftables.SetElement) error) error {
+	elems := f.elems
+	switch {
+	case s.Anonymous:
+		elems = []nftables.SetElement{{Key: []byte{0, 0, 0, 0}}}
+	case elems == nil:
+		elems = []nftables.SetElement{{Key: []byte{10, 120, 0, 80}, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: "svc-web"}}}
 	}
-	if f.elems != nil {
-		return f.elems, nil
+	for _, e := range elems {
+		if err := fn(e); err != nil {
+			return err
+		}
 	}
-	return []nftables.SetElement{{Key: []byte{10, 120, 0, 80}, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: "svc-web"}}}, nil
+	return nil
 }
 
 func TestRenderRuleset(t *testing.T) {
