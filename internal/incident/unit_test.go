@@ -3,6 +3,7 @@ package incident
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -362,6 +363,40 @@ func TestRenderRulesetFocused(t *testing.T) {
 	}
 	if strings.Contains(b.String(), "narrowed") || !strings.Contains(b.String(), "chain svc-0 {") || !strings.Contains(b.String(), "set __map2 {") {
 		t.Errorf("small ruleset not written whole:\n%s", b.String())
+	}
+}
+
+// failingSets gives n elements of each set, then fails its listing.
+type failingSets struct {
+	fakeNFT
+	n int
+}
+
+func (f failingSets) SetElements(_ *nftables.Set, fn func(nftables.SetElement) error) error {
+	for _, e := range f.elems[:f.n] {
+		if err := fn(e); err != nil {
+			return err
+		}
+	}
+	return errors.New("no buffer space available")
+}
+
+// A set whose listing fails says so: not read at all, or after the
+// elements already written.
+func TestRenderSetElementsNotAllRead(t *testing.T) {
+	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "kube-proxy"}
+	f := fakeNFT{table: table, elems: []nftables.SetElement{{Key: []byte{10, 96, 0, 1}}, {Key: []byte{10, 96, 0, 2}}, {Key: []byte{10, 96, 0, 3}}}}
+	for n, want := range []string{
+		"\tset service-ips { type ipv4_addr } # elements not read: no buffer space available\n",
+		"\tset service-ips { type ipv4_addr; elements = { 0x0a600001 (10.96.0.1) } } # the elements after these not read: no buffer space available\n",
+	} {
+		var b strings.Builder
+		if err := renderRuleset(&b, failingSets{f, n}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("%d elements read: got:\n%s\nwant a line %q", n, b.String(), want)
+		}
 	}
 }
 
