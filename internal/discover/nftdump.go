@@ -99,21 +99,37 @@ func readDump(recv func([]byte) (int, error), seq uint32, fn func(data []byte) e
 // those nftRuleEval reads (exprOf), and the rule's userdata. The others
 // (counters, logs, ...) are not decoded: nftRuleEval.step ignores them.
 func ruleExprs(family nftables.TableFamily, b []byte) (exprs []expr.Any, userData []byte, err error) {
+	_, exprs, userData, err = decodeRule(family, b, exprOf)
+	return exprs, userData, err
+}
+
+// RuleMsg decodes a rule listing's message of a table of family as
+// google/nftables' GetRules does: its handle and its expressions.
+func RuleMsg(family nftables.TableFamily, b []byte) (handle uint64, exprs []expr.Any, err error) {
+	handle, exprs, _, err = decodeRule(family, b, anyExpr)
+	return handle, exprs, err
+}
+
+// decodeRule decodes a rule listing's message: its handle, the
+// expressions of the kinds kind names, and its userdata.
+func decodeRule(family nftables.TableFamily, b []byte, kind func(name string) expr.Any) (handle uint64, exprs []expr.Any, userData []byte, err error) {
 	if len(b) < 4 {
-		return nil, nil, fmt.Errorf("nftables rule message of %d bytes", len(b))
+		return 0, nil, nil, fmt.Errorf("nftables rule message of %d bytes", len(b))
 	}
 	ad, err := netlink.NewAttributeDecoder(b[4:])
 	if err != nil {
-		return nil, nil, err
+		return 0, nil, nil, err
 	}
 	ad.ByteOrder = binary.BigEndian
 	for ad.Next() {
 		switch ad.Type() {
+		case unix.NFTA_RULE_HANDLE:
+			handle = ad.Uint64()
 		case unix.NFTA_RULE_EXPRESSIONS:
 			ad.Nested(func(list *netlink.AttributeDecoder) error {
 				for list.Next() {
 					list.Nested(func(ed *netlink.AttributeDecoder) error {
-						e, err := decodeExpr(byte(family), ed)
+						e, err := decodeExpr(byte(family), ed, kind)
 						if e != nil {
 							exprs = append(exprs, e)
 						}
@@ -127,20 +143,20 @@ func ruleExprs(family nftables.TableFamily, b []byte) (exprs []expr.Any, userDat
 		}
 	}
 	if err := ad.Err(); err != nil {
-		return nil, nil, fmt.Errorf("decode nftables rule: %w", err)
+		return 0, nil, nil, fmt.Errorf("decode nftables rule: %w", err)
 	}
-	return exprs, userData, nil
+	return handle, exprs, userData, nil
 }
 
 // decodeExpr decodes one expression (NFTA_EXPR_NAME, NFTA_EXPR_DATA) as
 // google/nftables does, an immediate to the verdict register as the
-// verdict it is; nil for a kind exprOf does not name.
-func decodeExpr(family byte, ad *netlink.AttributeDecoder) (expr.Any, error) {
+// verdict it is; nil for a kind that kind does not name.
+func decodeExpr(family byte, ad *netlink.AttributeDecoder, kind func(name string) expr.Any) (expr.Any, error) {
 	var e expr.Any
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_EXPR_NAME:
-			e = exprOf(ad.String())
+			e = kind(ad.String())
 		case unix.NFTA_EXPR_DATA:
 			if e == nil {
 				return nil, nil
@@ -157,6 +173,10 @@ func decodeExpr(family byte, ad *netlink.AttributeDecoder) (expr.Any, error) {
 			}
 			return e, nil
 		}
+	}
+	// notrack has no data.
+	if _, ok := e.(*expr.Notrack); ok {
+		return e, nil
 	}
 	return nil, nil
 }
@@ -193,6 +213,55 @@ func exprOf(name string) expr.Any {
 		return &expr.Target{}
 	case "match":
 		return &expr.Match{}
+	}
+	return nil
+}
+
+// anyExpr is an empty expression of any kind google/nftables decodes (its
+// expr.exprFromName, and notrack), by its name in the kernel.
+func anyExpr(name string) expr.Any {
+	if e := exprOf(name); e != nil {
+		return e
+	}
+	switch name {
+	case "range":
+		return &expr.Range{}
+	case "counter":
+		return &expr.Counter{}
+	case "objref":
+		return &expr.Objref{}
+	case "redir":
+		return &expr.Redir{}
+	case "limit":
+		return &expr.Limit{}
+	case "quota":
+		return &expr.Quota{}
+	case "dynset":
+		return &expr.Dynset{}
+	case "log":
+		return &expr.Log{}
+	case "exthdr":
+		return &expr.Exthdr{}
+	case "connlimit":
+		return &expr.Connlimit{}
+	case "queue":
+		return &expr.Queue{}
+	case "flow_offload":
+		return &expr.FlowOffload{}
+	case "masq":
+		return &expr.Masq{}
+	case "cthelper":
+		return &expr.CtHelper{}
+	case "synproxy":
+		return &expr.SynProxy{}
+	case "ctexpect":
+		return &expr.CtExpect{}
+	case "secmark":
+		return &expr.SecMark{}
+	case "cttimeout":
+		return &expr.CtTimeout{}
+	case "notrack":
+		return &expr.Notrack{}
 	}
 	return nil
 }

@@ -21,7 +21,9 @@ import (
 type nftLister interface {
 	ListTables() ([]*nftables.Table, error)
 	ListChains() ([]*nftables.Chain, error)
-	GetRules(*nftables.Table, *nftables.Chain) ([]*nftables.Rule, error)
+	// Rules gives fn the handle and expressions of each rule of a chain as
+	// they are read.
+	Rules(t *nftables.Table, c *nftables.Chain, fn func(handle uint64, exprs []expr.Any) error) error
 	GetSets(*nftables.Table) ([]*nftables.Set, error)
 	// SetElements gives fn the elements of a set as they are read.
 	SetElements(set *nftables.Set, fn func(nftables.SetElement) error) error
@@ -55,11 +57,36 @@ func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus, devices map[str
 	for _, t := range tables {
 		table := discover.NFTFamilyName(t.Family) + " " + t.Name
 		fmt.Fprintf(w, "table %s {\n", table)
-		// Chains first, into a buffer: a focused rendering writes only the
-		// anonymous sets (a rule's inline map, one per kube-proxy Service:
-		// a netlink request each) that the rules it keeps look up.
+		used := map[string]bool{} // the sets that written rules look up
+		writeSets := func() {
+			sets, err := conn.GetSets(t)
+			if err != nil {
+				fmt.Fprintf(w, "\t# sets not read: %v\n", err)
+			}
+			unused := 0
+			for _, set := range sets {
+				if focus != nil && set.Anonymous && !used[set.Name] {
+					unused++
+					continue
+				}
+				renderSet(w, conn, set, focus)
+			}
+			if unused > 0 {
+				fmt.Fprintf(w, "\t# %d more anonymous sets, of rules not written, not written\n", unused)
+			}
+		}
+		// A focused rendering writes only the anonymous sets (a rule's
+		// inline map, one per kube-proxy Service: a netlink request each)
+		// that the rules it keeps look up: its chains first, into a
+		// buffer. A whole one writes its chains as their rules come.
 		var body strings.Builder
-		skipped, used := 0, map[string]bool{}
+		out := io.Writer(w)
+		if focus != nil {
+			out = &body
+		} else {
+			writeSets()
+		}
+		skipped := 0
 		for _, c := range chains {
 			if c.Table.Name != t.Name || c.Table.Family != t.Family {
 				continue
@@ -68,52 +95,74 @@ func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus, devices map[str
 				skipped++
 				continue
 			}
-			fmt.Fprintf(&body, "\tchain %s {%s\n", c.Name, chainHeader(c, devices[table+" "+c.Name]))
-			rules, err := conn.GetRules(t, c)
-			if err != nil {
-				fmt.Fprintf(&body, "\t\t# rules not read: %v\n", err)
-			}
-			left := 0
-			for _, r := range rules {
-				line := ruleString(r.Exprs)
-				if focus != nil && len(rules) > focusLongerThan && !focus.keepRule(table, line) {
-					left++
-					continue
-				}
-				for _, e := range r.Exprs {
-					if l, ok := e.(*expr.Lookup); ok {
-						used[l.SetName] = true
-					}
-				}
-				fmt.Fprintf(&body, "\t\t%s # handle %d\n", line, r.Handle)
-			}
-			if left > 0 {
-				fmt.Fprintf(&body, "\t\t# %d more rules, naming no traced VIP nor leading to their chains, not written\n", left)
-			}
-			fmt.Fprintln(&body, "\t}")
+			fmt.Fprintf(out, "\tchain %s {%s\n", c.Name, chainHeader(c, devices[table+" "+c.Name]))
+			renderRules(out, conn, t, c, table, focus, used)
+			fmt.Fprintln(out, "\t}")
 		}
-		sets, err := conn.GetSets(t)
-		if err != nil {
-			fmt.Fprintf(w, "\t# sets not read: %v\n", err)
+		if focus != nil {
+			writeSets()
+			io.WriteString(w, body.String())
 		}
-		unused := 0
-		for _, set := range sets {
-			if focus != nil && set.Anonymous && !used[set.Name] {
-				unused++
-				continue
-			}
-			renderSet(w, conn, set, focus)
-		}
-		if unused > 0 {
-			fmt.Fprintf(w, "\t# %d more anonymous sets, of rules not written, not written\n", unused)
-		}
-		io.WriteString(w, body.String())
 		if skipped > 0 {
 			fmt.Fprintf(w, "\t# %d more chains, on no traced Service's path, not written\n", skipped)
 		}
 		fmt.Fprintln(w, "}")
 	}
 	return nil
+}
+
+// renderRules writes the rules of chain c of table t as they are read; a
+// focused rendering narrows a chain once it is known to be long, holding
+// its first rules until then. used gets the sets that written rules look
+// up.
+func renderRules(w io.Writer, conn nftLister, t *nftables.Table, c *nftables.Chain, table string, focus *nftFocus, used map[string]bool) {
+	type rule struct {
+		handle uint64
+		exprs  []expr.Any
+	}
+	var held []rule
+	narrow := false
+	written, left := 0, 0
+	write := func(r rule) {
+		line := ruleString(r.exprs)
+		if narrow && !focus.keepRule(table, line) {
+			left++
+			return
+		}
+		for _, e := range r.exprs {
+			if l, ok := e.(*expr.Lookup); ok {
+				used[l.SetName] = true
+			}
+		}
+		written++
+		fmt.Fprintf(w, "\t\t%s # handle %d\n", line, r.handle)
+	}
+	err := conn.Rules(t, c, func(handle uint64, exprs []expr.Any) error {
+		if focus == nil || narrow {
+			write(rule{handle, exprs})
+			return nil
+		}
+		if held = append(held, rule{handle, exprs}); len(held) > focusLongerThan {
+			narrow = true
+			for _, r := range held {
+				write(r)
+			}
+			held = nil
+		}
+		return nil
+	})
+	for _, r := range held {
+		write(r)
+	}
+	switch {
+	case err != nil && written+left == 0:
+		fmt.Fprintf(w, "\t\t# rules not read: %v\n", err)
+	case err != nil:
+		fmt.Fprintf(w, "\t\t# the rules after these not read: %v\n", err)
+	}
+	if left > 0 {
+		fmt.Fprintf(w, "\t\t# %d more rules, naming no traced VIP nor leading to their chains, not written\n", left)
+	}
 }
 
 // Above these sizes a focused rendering writes only what names the traced

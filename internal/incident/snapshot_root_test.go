@@ -714,11 +714,22 @@ func nftIn(t *testing.T, path string) nftConn {
 	return conn
 }
 
-// googleSets lists set elements as the rendering did before it streamed
-// them: with google/nftables' GetSetElements, a whole set at once.
-type googleSets struct{ nftConn }
+// googleNFT lists rules and set elements as the rendering did before it
+// streamed them: with google/nftables' GetRules and GetSetElements, a
+// whole chain or set at once.
+type googleNFT struct{ nftConn }
 
-func (g googleSets) SetElements(s *nftables.Set, fn func(nftables.SetElement) error) error {
+func (g googleNFT) Rules(t *nftables.Table, c *nftables.Chain, fn func(uint64, []expr.Any) error) error {
+	rules, err := g.GetRules(t, c)
+	for _, r := range rules {
+		if err := fn(r.Handle, r.Exprs); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
+func (g googleNFT) SetElements(s *nftables.Set, fn func(nftables.SetElement) error) error {
 	elems, err := g.GetSetElements(s)
 	for _, e := range elems {
 		if err := fn(e); err != nil {
@@ -743,21 +754,24 @@ func nftNetns(t *testing.T, prefix, ruleset string) string {
 	return "/run/netns/" + name
 }
 
-// Set elements rendered as they are read write what google/nftables'
-// GetSetElements gave, byte for byte: sets, interval sets, maps, verdict
-// maps with concatenated keys, a rule's anonymous sets, whole and narrowed.
-func TestRenderSetElementsAsGoogleNFTables(t *testing.T) {
+// Rules and set elements rendered as they are read write what
+// google/nftables' GetRules and GetSetElements gave, byte for byte: rules
+// of every kind of expression, iptables-nft's xtables ones, long chains;
+// sets, interval sets, maps, verdict maps with concatenated keys, a rule's
+// anonymous sets; whole and narrowed.
+func TestRenderAsGoogleNFTables(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the tests that need root are left out")
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates a network namespace and nftables rules")
 	}
-	var long []string
+	var long, rules []string
 	for i := range 300 {
 		long = append(long, fmt.Sprintf("10.96.%d.%d . tcp . 80 : goto svc", i/250, i%250+1))
+		rules = append(rules, fmt.Sprintf("\t\tip daddr 10.96.%d.%d tcp dport 80 counter goto ep2", i/250, i%250+1))
 	}
-	path := nftNetns(t, "setelems", `table ip pttest-sets {
+	path := nftNetns(t, "render", `table ip pttest-sets {
 	set addrs { type ipv4_addr; elements = { 10.96.0.1, 10.120.0.80 } }
 	set nets { type ipv4_addr; flags interval; elements = { 10.244.0.0/16, 192.168.1.1-192.168.1.9 } }
 	set empty { type ipv4_addr; }
@@ -773,32 +787,86 @@ func TestRenderSetElementsAsGoogleNFTables(t *testing.T) {
 	chain ep2 {
 		meta l4proto tcp dnat to 10.244.20.32:3000
 	}
+	chain services {
+		ip daddr 10.120.0.80 tcp dport 80 counter goto svc
+`+strings.Join(rules, "\n")+`
+	}
+	set talkers { type ipv4_addr; flags dynamic; }
+	counter hits { }
+	chain kinds {
+		type filter hook input priority 0; policy accept;
+		ct state established,related accept
+		iifname "lo" accept
+		tcp dport 22 limit rate 10/second log prefix "ssh " level info accept
+		tcp dport 23 quota over 10 mbytes reject with tcp reset
+		udp dport 53 update @talkers { ip saddr } counter name "hits" accept
+		ip saddr 10.0.0.1-10.0.0.9 fib daddr type local drop
+		tcp flags syn tcp option maxseg size 1-500 drop
+		meta mark set jhash ip saddr mod 4 notrack
+		ct count over 10 drop
+		meta l4proto icmp reject with icmp port-unreachable
+	}
+	chain post {
+		type nat hook postrouting priority 100; policy accept;
+		oifname "eth0" masquerade random
+	}
+	chain pre {
+		type nat hook prerouting priority -100; policy accept;
+		tcp dport 8080 redirect to :80
+	}
 }
 `)
+	wants := []string{"0x0a780050 (10.120.0.80) : 0x0af4141f (10.244.20.31)", "cmp reg 1 == 0x0a780050 (10.120.0.80)", "chain kinds {"}
+	if _, err := exec.LookPath("iptables-nft-restore"); err == nil {
+		wants = append(wants, "xt -j DNAT --to-destination 10.244.20.31:3000")
+		cmd := exec.Command("ip", "netns", "exec", strings.TrimPrefix(path, "/run/netns/"), "iptables-nft-restore")
+		cmd.Stdin = strings.NewReader(`*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-WEB - [0:0]
+:KUBE-SEP-A - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A KUBE-SERVICES -d 10.120.0.80/32 -p tcp -m comment --comment "default/web:http cluster IP" -m tcp --dport 80 -j KUBE-SVC-WEB
+-A KUBE-SVC-WEB -m comment --comment "default/web:http" -m statistic --mode random --probability 0.5 -j KUBE-SEP-A
+-A KUBE-SEP-A -p tcp -m comment --comment "default/web:http" -m tcp -j DNAT --to-destination 10.244.20.31:3000
+-A KUBE-SEP-A -m conntrack --ctstate NEW -m addrtype --dst-type LOCAL -j MARK --set-xmark 0x4000/0x4000
+COMMIT
+`)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("iptables-nft-restore: %v: %s", err, out)
+		}
+	}
 	conn := nftIn(t, path)
-	focus := newNFTFocus(nil, []netip.Addr{netip.MustParseAddr(testVIP)})
+	node := &discover.NodeInfo{}
+	node.Netfilter.Rules = []discover.NATRule{
+		{Source: discover.SourceNFTables, Table: "ip pttest-sets", Chains: []string{"services", "svc"}},
+		{Source: discover.SourceNFTables, Table: "ip nat", Chains: []string{"KUBE-SERVICES", "KUBE-SVC-WEB", "KUBE-SEP-A"}},
+	}
+	focus := newNFTFocus(node, []netip.Addr{netip.MustParseAddr(testVIP)})
 	focus.always = true
 	for _, f := range []*nftFocus{nil, focus} {
 		var got, want strings.Builder
 		if err := renderRuleset(&got, conn, f, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := renderRuleset(&want, googleSets{conn}, f, nil); err != nil {
+		if err := renderRuleset(&want, googleNFT{conn}, f, nil); err != nil {
 			t.Fatal(err)
 		}
 		if got.String() != want.String() {
 			t.Errorf("focus %v: rendered\n%s\nwant, as from GetSetElements:\n%s", f != nil, got.String(), want.String())
 		}
-		if !strings.Contains(got.String(), "0x0a780050 (10.120.0.80) : 0x0af4141f (10.244.20.31)") {
-			t.Errorf("focus %v: the map's element is missing:\n%s", f != nil, got.String())
+		for _, want := range wants {
+			if !strings.Contains(got.String(), want) {
+				t.Errorf("focus %v: %q is missing:\n%s", f != nil, want, got.String())
+			}
 		}
 	}
 }
 
-// A set of 200,000 elements (a node's blocklist) is rendered within
-// memory: its elements are written as the kernel sends them, not held all
-// at once first (that took the rendering's peak RSS over 100 MiB).
-func TestRenderBigSetWithinMemory(t *testing.T) {
+// A set of 200,000 elements (a node's blocklist) and a chain of 50,000
+// rules are rendered within memory: they are written as the kernel sends
+// them, not held all at once first (that took the rendering's peak RSS
+// over 100 MiB for the set, to 170 MB for the chain).
+func TestRenderBigWithinMemory(t *testing.T) {
 	if path := os.Getenv("PTTEST_RENDER_NETNS"); path != "" {
 		// The child: renders the ruleset of path, says its peak RSS.
 		conn := nftIn(t, path)
@@ -822,14 +890,19 @@ func TestRenderBigSetWithinMemory(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates a network namespace and nftables rules")
 	}
-	var elems strings.Builder
-	for i := range 200_000 {
-		fmt.Fprintf(&elems, "10.%d.%d.%d, ", i>>16, i>>8&255, i&255)
+	var ruleset strings.Builder
+	ruleset.WriteString("table inet pttest-blocklist {\n\tset blocked { type ipv4_addr; elements = { 0.0.0.1")
+	for i := 1; i < 200_000; i++ {
+		fmt.Fprintf(&ruleset, ", 10.%d.%d.%d", i>>16, i>>8&255, i&255)
 	}
-	path := nftNetns(t, "bigset", "table inet pttest-blocklist {\n\tset blocked { type ipv4_addr; elements = { "+
-		strings.TrimSuffix(elems.String(), ", ")+" } }\n}\n")
+	ruleset.WriteString(" } }\n\tchain input {\n\t\ttype filter hook input priority 0; policy accept;\n")
+	for i := range 50_000 {
+		fmt.Fprintf(&ruleset, "\t\tip saddr 10.%d.%d.%d tcp dport 22 counter drop comment \"host %d\"\n", i>>16, i>>8&255, i&255, i)
+	}
+	ruleset.WriteString("\t}\n}\n")
+	path := nftNetns(t, "big", ruleset.String())
 	// A process of its own: its peak RSS is the rendering's alone.
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRenderBigSetWithinMemory$")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRenderBigWithinMemory$")
 	cmd.Env = append(os.Environ(), "PTTEST_RENDER_NETNS="+path)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -843,6 +916,6 @@ func TestRenderBigSetWithinMemory(t *testing.T) {
 	}
 	t.Logf("rendering peak RSS: %d KiB", kb)
 	if kb > 48<<10 {
-		t.Errorf("rendering a set of 200,000 elements took a peak RSS of %d KiB, want at most 48 MiB", kb)
+		t.Errorf("rendering a set of 200,000 elements and a chain of 50,000 rules took a peak RSS of %d KiB, want at most 48 MiB", kb)
 	}
 }

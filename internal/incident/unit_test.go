@@ -151,8 +151,13 @@ type fakeNFT struct {
 
 func (f fakeNFT) ListTables() ([]*nftables.Table, error) { return []*nftables.Table{f.table}, nil }
 func (f fakeNFT) ListChains() ([]*nftables.Chain, error) { return f.chain, nil }
-func (f fakeNFT) GetRules(_ *nftables.Table, c *nftables.Chain) ([]*nftables.Rule, error) {
-	return f.rules[c.Name], nil
+func (f fakeNFT) Rules(_ *nftables.Table, c *nftables.Chain, fn func(uint64, []expr.Any) error) error {
+	for _, r := range f.rules[c.Name] {
+		if err := fn(r.Handle, r.Exprs); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 func (f fakeNFT) GetSets(t *nftables.Table) ([]*nftables.Set, error) {
 	sets := []*nftables.Set{{Table: t, Name: "service-ips", KeyType: nftables.TypeIPAddr}}
