@@ -371,13 +371,23 @@ func TestRenderRulesetFocused(t *testing.T) {
 	}
 }
 
-// failingSets gives n elements of each set, then fails its listing.
-type failingSets struct {
+// failingLists gives n rules of each chain and n elements of each set,
+// then fails the listing.
+type failingLists struct {
 	fakeNFT
 	n int
 }
 
-func (f failingSets) SetElements(_ *nftables.Set, fn func(nftables.SetElement) error) error {
+func (f failingLists) Rules(_ *nftables.Table, c *nftables.Chain, fn func(uint64, []expr.Any) error) error {
+	for _, r := range f.rules[c.Name][:f.n] {
+		if err := fn(r.Handle, r.Exprs); err != nil {
+			return err
+		}
+	}
+	return errors.New("no buffer space available")
+}
+
+func (f failingLists) SetElements(_ *nftables.Set, fn func(nftables.SetElement) error) error {
 	for _, e := range f.elems[:f.n] {
 		if err := fn(e); err != nil {
 			return err
@@ -386,21 +396,29 @@ func (f failingSets) SetElements(_ *nftables.Set, fn func(nftables.SetElement) e
 	return errors.New("no buffer space available")
 }
 
-// A set whose listing fails says so: not read at all, or after the
-// elements already written.
-func TestRenderSetElementsNotAllRead(t *testing.T) {
+// A chain or set whose listing fails says so: not read at all, or after
+// the rules or elements already written.
+func TestRenderListingsNotAllRead(t *testing.T) {
 	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "kube-proxy"}
-	f := fakeNFT{table: table, elems: []nftables.SetElement{{Key: []byte{10, 96, 0, 1}}, {Key: []byte{10, 96, 0, 2}}, {Key: []byte{10, 96, 0, 3}}}}
-	for n, want := range []string{
+	f := fakeNFT{table: table, chain: []*nftables.Chain{{Name: "services", Table: table}}, rules: map[string][]*nftables.Rule{"services": {
+		{Handle: 1, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: "svc-a"}}},
+		{Handle: 2, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: "svc-b"}}},
+	}}, elems: []nftables.SetElement{{Key: []byte{10, 96, 0, 1}}, {Key: []byte{10, 96, 0, 2}}}}
+	for n, wants := range [][]string{{
 		"\tset service-ips { type ipv4_addr } # elements not read: no buffer space available\n",
+		"\tchain services {\n\t\t# rules not read: no buffer space available\n\t}\n",
+	}, {
 		"\tset service-ips { type ipv4_addr; elements = { 0x0a600001 (10.96.0.1) } } # the elements after these not read: no buffer space available\n",
-	} {
+		"\tchain services {\n\t\tgoto svc-a # handle 1\n\t\t# the rules after these not read: no buffer space available\n\t}\n",
+	}} {
 		var b strings.Builder
-		if err := renderRuleset(&b, failingSets{f, n}, nil, nil); err != nil {
+		if err := renderRuleset(&b, failingLists{f, n}, nil, nil); err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("%d elements read: got:\n%s\nwant a line %q", n, b.String(), want)
+		for _, want := range wants {
+			if !strings.Contains(b.String(), want) {
+				t.Errorf("%d read: got:\n%s\nwant %q", n, b.String(), want)
+			}
 		}
 	}
 }
