@@ -43,6 +43,11 @@
  * other socket. */
 #define PT_COOKIE_LIVE_MS 1000
 
+/* The netns of a watch that sendmsg4 made for a datagram to a destination
+ * the socket sent to before (no netns is 0): its egress is reported only
+ * when it leaves for a destination new for the socket. */
+#define PT_NETNS_SENT_AGAIN 0
+
 PT_SET_TABLES(watch_cookies); /* key: the cookie; stamp: when watched; val: the netns */
 
 static __always_inline struct pt_set *pt_cookie_set(__u64 cookie)
@@ -246,7 +251,8 @@ static __always_inline void pt_set_task(struct pt_event *e, __u64 pid_tgid)
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 }
 
-/* The destinations each unconnected UDP socket already sent to. */
+/* The destinations each unconnected UDP socket already sent to: as its
+ * sendmsg4 observer saw them, and as its datagrams left. */
 struct pt_sock_dst {
 	__u64 cookie;
 	__u32 daddr;
@@ -295,9 +301,15 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	/* An unconnected UDP socket sending again to the same destination is the
-	 * same flow: reported once, not once per datagram. */
-	if (kind == PT_KIND_SENDMSG && pt_sent_before(cookie, daddr, dport))
+	 * same flow: reported once, not once per datagram. But a socket LB that
+	 * runs after this observer (attached after it on the same cgroup, maybe
+	 * a moment ago: read_requested may not say so yet) may send each
+	 * datagram to another backend: the egress observer reports the datagram
+	 * when its destination is new for the socket. */
+	if (kind == PT_KIND_SENDMSG && pt_sent_before(cookie, daddr, dport)) {
+		pt_watch_cookie(cookie, PT_NETNS_SENT_AGAIN, bpf_ktime_get_ns());
 		return 1;
+	}
 	__u32 netns = pt_sock_netns(ctx);
 	__u64 now = bpf_ktime_get_ns();
 	pt_watch_cookie(cookie, netns, now);
@@ -359,8 +371,18 @@ static __always_inline void pt_socket_source(struct __sk_buff *skb, struct pt_tu
 		t->saddr = addr;
 }
 
+/* The netns of the socket that sends skb (0: none). */
+static __always_inline __u32 pt_skb_netns(struct __sk_buff *skb)
+{
+	struct sk_buff *k = bpf_cast_to_kern_ctx(skb);
+	struct sock *sk = k->sk;
+	return sk ? sk->__sk_common.skc_net.net->ns.inum : 0;
+}
+
 /* The first packet a watched socket sends: its 4-tuple as it leaves the
- * socket layer. cgroup_skb data starts at the IP header. */
+ * socket layer; and an unconnected UDP socket's datagram that a socket LB
+ * after sendmsg4 sent to a destination new for the socket (kind
+ * PT_KIND_SENDMSG). cgroup_skb data starts at the IP header. */
 SEC("cgroup_skb/egress")
 int pt_sock_egress(struct __sk_buff *skb)
 {
@@ -374,6 +396,18 @@ int pt_sock_egress(struct __sk_buff *skb)
 	struct pt_tuple t;
 	if (pt_load_ipv4(skb, 0, &t) < 0)
 		return 1;
+	__u8 kind = 0;
+	if (netns == PT_NETNS_SENT_AGAIN) {
+		/* Reported once per destination the socket's datagrams left
+		 * for (its first packet's once more, as sendmsg4 saw another):
+		 * a socket LB's new choice, which the later points then
+		 * follow. */
+		if (t.proto != IPPROTO_UDP || pt_sent_before(cookie, t.daddr, t.dport))
+			return 1;
+		netns = pt_skb_netns(skb);
+		kind = PT_KIND_SENDMSG;
+		pt_learn_endpoint(t.daddr, t.dport, t.proto);
+	}
 	/* The packet's source is what it leaves with, which a node socket's
 	 * packet gets after POSTROUTING: its masquerade (kube-proxy's
 	 * MASQUERADE --random-fully of a hostNetwork client to a ClusterIP)
@@ -394,6 +428,7 @@ int pt_sock_egress(struct __sk_buff *skb)
 	if (!e)
 		return 1;
 	pt_set_tuple(e, &t);
+	e->kind = kind;
 	e->cookie = cookie;
 	e->netns = netns;
 	e->len = skb->len;

@@ -829,8 +829,15 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 			o.Src = s.src
 		}
 		if f = s.flowTo(o.Dst); f == nil && !e.isService(o.Proto, o.Dst) {
-			// The same socket asked for a VIP and now sends to dst: its backend.
-			if f = soleWithoutBackend(s.flows); f != nil {
+			// The same socket asked for a VIP and now sends to dst: its
+			// backend. A datagram its sendmsg4 observer saw go where it
+			// had gone before, which left for dst, was rewritten after
+			// the observer: a socket LB after it chose another backend
+			// of the socket's flow.
+			if f = soleWithoutBackend(s.flows); f == nil && o.Kind == obs.SockSendmsg && len(s.flows) == 1 {
+				f = s.flows[0]
+			}
+			if f != nil {
 				e.learnBackend(f, o.Dst, o.Time)
 			}
 		}

@@ -25,7 +25,10 @@ const (
 	// reached the egress observer (Kind SockClosed).
 	PointSockState
 	// PointSockEgress: cgroup_skb/egress observer: the first packet a watched socket
-	// sent (its 4-tuple and cookie).
+	// sent (its 4-tuple and cookie); Kind SockSendmsg: an unconnected UDP
+	// socket's datagram that left for a destination new for the socket while
+	// its sendmsg4 observer saw one it had reported (a socket LB after the
+	// observer chose another backend).
 	PointSockEgress
 	// PointPod: AF_PACKET tap on the Pod's eth0 (inside the Pod netns).
 	PointPod
@@ -140,7 +143,8 @@ func (w Watch) String() string {
 }
 
 // SockKind tells which socket operation a PointSockAddr observation comes
-// from, or for a PointSockState one, SockClosed.
+// from, or for a PointSockState one, SockClosed, or for a PointSockEgress
+// one, SockSendmsg (see there).
 type SockKind uint8
 
 const (

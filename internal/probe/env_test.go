@@ -326,7 +326,7 @@ func newCgroup(t *testing.T, name string) string {
 // Client actions of the child process: "tcp", "tcp6" (a dual-stack socket to
 // ::ffff:addr), "udpconn", "sendto" (AF_INET socket), "sendmsg" (dual-stack
 // socket), "sendmmsg" (AF_INET socket, one sendmmsg(2) call, as glibc's
-// resolver sends).
+// resolver sends), "resend" (resends datagrams of one AF_INET socket).
 const (
 	clientEnvNS      = "PTTEST_PROBE_CLIENT_NETNS"
 	clientEnvActions = "PTTEST_PROBE_CLIENT_ACTIONS" // "action=addr:port,..."
@@ -436,6 +436,22 @@ func clientAction(action string, to netip.AddrPort) error {
 			return err
 		}
 		return nil
+	case "resend": // one unconnected socket sends resends datagrams, each echoed
+		c, err := net.ListenUDP("udp4", nil)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		for range resends {
+			if _, err := c.WriteToUDPAddrPort([]byte(msg), to); err != nil {
+				return err
+			}
+			if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+				return err
+			}
+		}
+		return nil
 	case "sendto", "sendmsg", "sendmmsg":
 		network := map[string]string{"sendto": "udp4", "sendmsg": "udp", "sendmmsg": "udp4"}[action]
 		c, err := net.ListenUDP(network, nil)
@@ -502,6 +518,62 @@ func attachSocketLB(t *testing.T, cgroup string, from, to netip.AddrPort) {
 	}
 	t.Cleanup(func() { prog.Close() })
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: ebpf.AttachCGroupInet4Connect, Program: prog})
+	if err != nil {
+		t.Fatalf("attach socket LB: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
+// resends is how many datagrams the client's "resend" action sends.
+const resends = 4
+
+// attachAlternatingLB attaches, to cgroup, a sendmsg4 program shaped like a
+// socket LB that picks a backend per datagram: it rewrites from to the
+// backends in turn, one datagram each. Attached after the observers on the
+// same cgroup, it runs after them.
+func attachAlternatingLB(t *testing.T, cgroup string, from netip.AddrPort, backends [2]netip.AddrPort) {
+	t.Helper()
+	ip := func(a netip.Addr) int32 { b := a.As4(); return int32(binary.LittleEndian.Uint32(b[:])) }
+	port := func(p uint16) int32 { return int32(p>>8 | p<<8) }
+	const userIP4, userPort = 4, 24
+	turn, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { turn.Close() })
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "pttest_lb_rr", Type: ebpf.CGroupSockAddr, AttachType: ebpf.AttachCGroupUDP4Sendmsg, License: "GPL",
+		Instructions: asm.Instructions{
+			asm.Mov.Reg(asm.R6, asm.R1),
+			asm.LoadMem(asm.R2, asm.R6, userIP4, asm.Word),
+			asm.JNE.Imm32(asm.R2, ip(from.Addr()), "out"),
+			asm.LoadMem(asm.R2, asm.R6, userPort, asm.Word),
+			asm.JNE.Imm32(asm.R2, port(from.Port()), "out"),
+			asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+			asm.LoadMapPtr(asm.R1, turn.FD()),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, -4),
+			asm.FnMapLookupElem.Call(),
+			asm.JEq.Imm(asm.R0, 0, "out"),
+			asm.LoadMem(asm.R2, asm.R0, 0, asm.DWord),
+			asm.Add.Imm(asm.R2, 1),
+			asm.StoreMem(asm.R0, 0, asm.R2, asm.DWord),
+			asm.And.Imm(asm.R2, 1),
+			asm.Mov.Imm(asm.R3, port(backends[0].Port())),
+			asm.JNE.Imm(asm.R2, 0, "pick"), // the first datagram: backends[0]
+			asm.Mov.Imm(asm.R3, port(backends[1].Port())),
+			asm.StoreMem(asm.R6, userPort, asm.R3, asm.Word).WithSymbol("pick"),
+			asm.Mov.Imm(asm.R2, ip(backends[0].Addr())),
+			asm.StoreMem(asm.R6, userIP4, asm.R2, asm.Word),
+			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatalf("socket LB program: %v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: ebpf.AttachCGroupUDP4Sendmsg, Program: prog})
 	if err != nil {
 		t.Fatalf("attach socket LB: %v", err)
 	}

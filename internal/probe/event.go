@@ -97,7 +97,7 @@ func decodeEvent(raw []byte, monoEpoch time.Time) (o obs.Observation, err error)
 		o.Dir = obs.DirOut
 	}
 	switch point {
-	case obs.PointSockAddr, obs.PointSockState:
+	case obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress:
 		o.Kind = obs.SockKind(raw[evKind])
 	case obs.PointNFBefore, obs.PointNFAfter:
 		o.Hook = obs.Hook(raw[evHook])

@@ -106,6 +106,30 @@ func TestDecodeSockAddr(t *testing.T) {
 	}
 }
 
+// TestDecodeSockEgressSentAgain checks that the egress observer's report of
+// a datagram a socket LB after sendmsg4 sent to a new destination keeps its
+// kind: the engine makes that destination another backend of the socket's
+// flow only then.
+func TestDecodeSockEgressSentAgain(t *testing.T) {
+	var r rawEvent
+	r.u64(evCookie, 77)
+	r.addr(evSaddr, "10.244.8.23")
+	r.port(evSport, 51000)
+	r.addr(evDaddr, "10.244.20.32")
+	r.port(evDport, 5353)
+	r[evPoint] = 3
+	r[evProto] = 17
+	r[evKind] = 2
+	o, err := decodeEvent(r[:], time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Point != obs.PointSockEgress || o.Kind != obs.SockSendmsg || o.Cookie != 77 ||
+		o.Dst != netip.MustParseAddrPort("10.244.20.32:5353") {
+		t.Errorf("decoded %+v", o)
+	}
+}
+
 func TestDecodeTCWithVLAN(t *testing.T) {
 	var r rawEvent
 	r.addr(evSaddr, "10.244.8.23")

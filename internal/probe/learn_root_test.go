@@ -89,6 +89,76 @@ func TestSocketObserversLearnBackendAndClient(t *testing.T) {
 	}
 }
 
+// TestSocketLBEachBackend: a socket LB sends an unconnected UDP socket's
+// datagrams to the VIP to a backend per datagram. Attached after the
+// observers on their cgroup, it runs after them: sendmsg4 sees the VIP each
+// time and reports it once, and the egress observer reports the first
+// packet, then each datagram that leaves for a destination new for the
+// socket, once, and the kernel learns that backend. Attached before them,
+// sendmsg4 reports each backend once, and the egress observer only the
+// first packet to each: sendmsg4's destinations are the egress observer's.
+// An LB attached a moment ago, which user space has not seen yet
+// (read_requested off), is followed all the same.
+func TestSocketLBEachBackend(t *testing.T) {
+	needRoot(t)
+	for _, c := range []struct {
+		name            string
+		after, unseen   bool // unseen: read_requested off, the LB not seen yet
+		sendmsg, b1, b2 int  // reports of sendmsg4, of egress to each backend
+	}{
+		// b1: the first packet, and once more as the first datagram
+		// that sendmsg4 saw go to the VIP again.
+		{"after the observers", true, false, 1, 2, 1},
+		{"after the observers, a moment ago", true, true, 1, 2, 1},
+		{"before the observers", false, false, 2, 1, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := newTestEnv(t)
+			b1, b2 := netip.AddrPortFrom(env.srvIP, 5353), netip.AddrPortFrom(env.srvIP, 5354)
+			udpEcho(t, env.srvNS, b1)
+			udpEcho(t, env.srvNS, b2)
+			cg := newCgroup(t, env.name)
+			lbUDP := netip.AddrPortFrom(env.lbVIP, env.udpPort)
+
+			if !c.after {
+				attachAlternatingLB(t, cg, lbUDP, [2]netip.AddrPort{b1, b2})
+			}
+			p, col := startProbe(t, env.lbVIP)
+			if err := p.ReadRequested(!c.unseen); err != nil {
+				t.Fatal(err)
+			}
+			mustAttach(t, p.AttachSocket(cg))
+			if c.after {
+				attachAlternatingLB(t, cg, lbUDP, [2]netip.AddrPort{b1, b2})
+			}
+			env.runClient(t, cg, "resend="+lbUDP.String())
+
+			sent := col.waitFor(t, "sendmsg4 of the socket", func(o obs.Observation) bool {
+				return o.Point == obs.PointSockAddr && o.ReqDst == lbUDP
+			})
+			second := col.waitFor(t, "the socket's datagram to the second backend", func(o obs.Observation) bool {
+				return o.Point == obs.PointSockEgress && o.Dst == b2
+			})
+			if second.Cookie != sent.Cookie || second.NetNS != sent.NetNS {
+				t.Errorf("second backend reported with cookie %d netns %d, want the socket's %d and %d", second.Cookie, second.NetNS, sent.Cookie, sent.NetNS)
+			}
+			if want := map[bool]obs.SockKind{true: obs.SockSendmsg}[c.after]; second.Kind != want {
+				t.Errorf("second backend reported as kind %d, want %d", second.Kind, want)
+			}
+			time.Sleep(200 * time.Millisecond) // the ring buffer is polled
+			count := func(p obs.Point, dst netip.AddrPort) int {
+				return len(col.matching(func(o obs.Observation) bool { return o.Point == p && (!dst.IsValid() || o.Dst == dst) }))
+			}
+			if s, n1, n2 := count(obs.PointSockAddr, netip.AddrPort{}), count(obs.PointSockEgress, b1), count(obs.PointSockEgress, b2); s != c.sendmsg || n1 != c.b1 || n2 != c.b2 {
+				t.Errorf("%d sendmsg4 reports, egress to %v: %d, to %v: %d; want %d, %d and %d (of %d datagrams)", s, b1, n1, b2, n2, c.sendmsg, c.b1, c.b2, resends)
+			}
+			if !p.hasEndpoint(b2, obs.UDP) {
+				t.Errorf("watch_endpoints lacks %v/udp, the LB's second backend", b2)
+			}
+		})
+	}
+}
+
 // clientUDP opens a UDP socket on an ephemeral port of the client netns.
 func (e *testEnv) clientUDP(t *testing.T) *net.UDPConn {
 	t.Helper()

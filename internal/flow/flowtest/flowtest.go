@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,22 +63,26 @@ type Want struct {
 // WantFlow is one expected flow. VLAN, Reply, Backend and RewrittenAt are always
 // compared (VLAN null or absent: never at the uplink); the rest when set.
 type WantFlow struct {
-	Proto              string  `json:"proto"`
-	Client             string  `json:"client"`
-	Service            string  `json:"service"`
-	Backend            string  `json:"backend"`
-	RewrittenAt        string  `json:"rewritten_at"`
-	By                 string  `json:"by"` // the whole of it
-	ByContains         string  `json:"by_contains"`
-	ReasonContains     string  `json:"reason_contains"`
-	ReasonLacks        string  `json:"reason_lacks"` // compared when set: the reason must not contain it
-	VLAN               *uint16 `json:"vlan"`
-	UplinkDstMAC       string  `json:"uplink_dst_mac"`
-	UplinkDstIsGateway bool    `json:"uplink_dst_is_gateway"`
-	Reply              bool    `json:"reply"`
-	Refused            bool    `json:"refused"`
-	StrayFrom          string  `json:"stray_from"`    // compared when set
-	StrayPackets       uint64  `json:"stray_packets"` // compared with stray_from
+	Proto    string   `json:"proto"`
+	Client   string   `json:"client"`
+	Service  string   `json:"service"`
+	Backend  string   `json:"backend"`
+	Backends []string `json:"backends"` // compared when set: every backend seen, in order
+	// Packets: the packets each point counted, requests by the point's
+	// name, replies by "NAME reply"; compared for the names given.
+	Packets            map[string]uint64 `json:"packets"`
+	RewrittenAt        string            `json:"rewritten_at"`
+	By                 string            `json:"by"` // the whole of it
+	ByContains         string            `json:"by_contains"`
+	ReasonContains     string            `json:"reason_contains"`
+	ReasonLacks        string            `json:"reason_lacks"` // compared when set: the reason must not contain it
+	VLAN               *uint16           `json:"vlan"`
+	UplinkDstMAC       string            `json:"uplink_dst_mac"`
+	UplinkDstIsGateway bool              `json:"uplink_dst_is_gateway"`
+	Reply              bool              `json:"reply"`
+	Refused            bool              `json:"refused"`
+	StrayFrom          string            `json:"stray_from"`    // compared when set
+	StrayPackets       uint64            `json:"stray_packets"` // compared with stray_from
 	// UntranslatedFrom, UntranslatedPackets: the replies that entered the
 	// client's Pod from a backend's address (untranslated_replies);
 	// compared always (absent: none).
@@ -226,6 +231,30 @@ func (wf WantFlow) check(g flow.Flow) []string {
 	}
 	if backend != wf.Backend {
 		bad("backend", backend, wf.Backend)
+	}
+	if wf.Backends != nil {
+		var got []string
+		for _, b := range g.Backends {
+			got = append(got, b.String())
+		}
+		if !slices.Equal(got, wf.Backends) {
+			bad("backends", got, wf.Backends)
+		}
+	}
+	if wf.Packets != nil {
+		got := map[string]uint64{}
+		for _, p := range g.Points {
+			name := p.Point
+			if p.Reply {
+				name += " reply"
+			}
+			got[name] += p.Packets
+		}
+		for name, n := range wf.Packets {
+			if got[name] != n {
+				bad("packets at "+name, got[name], n)
+			}
+		}
 	}
 	if string(g.RewrittenAt) != wf.RewrittenAt {
 		bad("rewritten_at", g.RewrittenAt, wf.RewrittenAt)
