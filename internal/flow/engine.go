@@ -600,7 +600,7 @@ func (e *Engine) Summary() Summary {
 			DropUnrelatedOverflow: e.otherOverflow,
 			DropRepliesForgotten:  e.replyOnly.forgotten,
 		},
-		Unmatched:             e.unmatched,
+		Unmatched:             e.unmatched + e.unclaimedAtEnd(),
 		WithoutPorts:          e.withoutPorts,
 		RepliesWithoutRequest: e.repliesWithoutRequest(),
 		RequestedAfterReplies: int(e.replyOnly.requestedLater),
@@ -634,6 +634,22 @@ func (e *Engine) Summary() Summary {
 		}
 	}
 	return s
+}
+
+// unclaimedAtEnd counts the observations that still wait for a flow once
+// the run is stopping (after Settle): nothing claims them any more, and
+// they are unmatched as they would be had they expired.
+func (e *Engine) unclaimedAtEnd() uint64 {
+	if e.stopped.IsZero() {
+		return 0
+	}
+	var n uint64
+	for _, p := range e.waiting.liveWhere(func(p *waitingObs) bool { return p.icmp == nil }) {
+		if e.counted(p.o) {
+			n++
+		}
+	}
+	return n
 }
 
 // Pending counts the flows Summary counts as unknown that began less than

@@ -83,3 +83,33 @@ func TestStrayRepliesOfAReusedPortGoToTheLaterFlow(t *testing.T) {
 		t.Errorf("reply: first %v, second %v; want true, false", first.Reply, second.Reply)
 	}
 }
+
+// TestUnclaimedAtTheEndCounted: what still waits for a flow when the run
+// stops is counted as unmatched, as it would be had it expired: a run whose
+// last seconds are quiet left it in no flow and in no count. Here the
+// datagrams a socket LB after the observers sent to a second backend, as a
+// kernel whose egress observer did not report them left them.
+func TestUnclaimedAtTheEndCounted(t *testing.T) {
+	s, err := flowtest.Load(filepath.Join(scenarioDir, "socket-udp-lb-after-observers-per-datagram.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := flow.NewEngine(s.Config)
+	for _, o := range s.Observations {
+		if o.Point != obs.PointSockEgress || o.Kind != obs.SockSendmsg {
+			e.Add(o)
+		}
+	}
+	if n := e.Summary().Unmatched; n != 0 {
+		t.Errorf("unmatched %d while the run goes on, want 0: they may still find their flow", n)
+	}
+	e.Stopping(flowtest.At(400))
+	// Two datagrams to 10.244.20.32:5353 and their answers, each seen at
+	// pod, host, nf_before (both ways), nf_after and the uplink (both
+	// ways), and conntrack's entry.
+	for range 3 {
+		if n := e.Summary().Unmatched; n != 19 {
+			t.Fatalf("unmatched %d after the run stopped, want 19", n)
+		}
+	}
+}
