@@ -836,6 +836,7 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 			// of the socket's flow.
 			if f = soleWithoutBackend(s.flows); f == nil && o.Kind == obs.SockSendmsg && len(s.flows) == 1 {
 				f = s.flows[0]
+				f.sentElsewhere = true
 			}
 			if f != nil {
 				e.learnBackend(f, o.Dst, o.Time)

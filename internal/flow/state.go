@@ -196,6 +196,10 @@ type flowState struct {
 	// client addressed so (sawBackend).
 	resetOnly uint16
 	kind      obs.SockKind
+	// sentElsewhere: its socket's datagrams to a destination its sendmsg4
+	// observer had seen left for another backend than the first (a
+	// PointSockEgress observation of kind SockSendmsg).
+	sentElsewhere bool
 
 	pid    uint32
 	comm   string

@@ -1017,6 +1017,14 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		cands = removeGap(cands, gapSocket)
 		notes = append(notes, "socket excluded: no sock_addr program is effective on the client's cgroup")
 	}
+	if len(cands) > 1 && slices.Contains(cands, gapPodNAT) && slices.Contains(cands, gapSocket) && f.sentElsewhere {
+		// A NAT keeps one destination per connection (conntrack's
+		// entry): what sends one socket port's datagrams to one
+		// destination to several backends runs at the socket, after
+		// its observer.
+		cands = removeGap(cands, gapPodNAT)
+		notes = append(notes, "netfilter in the Pod's netns excluded: the datagrams its socket's observer saw go to one destination left one port for several backends, where a NAT keeps one per connection")
+	}
 	doubt := ""
 	if len(cands) > 1 && slices.Contains(cands, gapNetfilter) {
 		var excluded string
