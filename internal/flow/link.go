@@ -828,7 +828,14 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 			// socket before this event came): the SYN_SENT event's is 0.
 			o.Src = s.src
 		}
-		if f = s.flowTo(o.Dst); f == nil && !e.isService(o.Proto, o.Dst) {
+		f = s.flowTo(o.Dst)
+		if f != nil && o.Kind == obs.SockSendmsg {
+			// Its first packet's destination once more (the first
+			// datagram its sendmsg4 observer saw go there again left for
+			// it): the socket's tuple is known, nothing to count.
+			return true, false
+		}
+		if f == nil && !e.isService(o.Proto, o.Dst) {
 			// The same socket asked for a VIP and now sends to dst: its
 			// backend. A datagram its sendmsg4 observer saw go where it
 			// had gone before, which left for dst, was rewritten after
