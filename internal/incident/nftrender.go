@@ -120,10 +120,8 @@ func renderRules(w io.Writer, conn nftLister, t *nftables.Table, c *nftables.Cha
 		handle uint64
 		exprs  []expr.Any
 	}
-	var held []rule
-	narrow := false
 	written, left := 0, 0
-	write := func(r rule) {
+	add, end := heldUntilLong(focus != nil, func(r rule, narrow bool) {
 		line := ruleString(r.exprs)
 		if narrow && !focus.keepRule(table, line) {
 			left++
@@ -136,24 +134,12 @@ func renderRules(w io.Writer, conn nftLister, t *nftables.Table, c *nftables.Cha
 		}
 		written++
 		fmt.Fprintf(w, "\t\t%s # handle %d\n", line, r.handle)
-	}
+	})
 	err := conn.Rules(t, c, func(handle uint64, exprs []expr.Any) error {
-		if focus == nil || narrow {
-			write(rule{handle, exprs})
-			return nil
-		}
-		if held = append(held, rule{handle, exprs}); len(held) > focusLongerThan {
-			narrow = true
-			for _, r := range held {
-				write(r)
-			}
-			held = nil
-		}
+		add(rule{handle, exprs})
 		return nil
 	})
-	for _, r := range held {
-		write(r)
-	}
+	end()
 	switch {
 	case err != nil && written+left == 0:
 		fmt.Fprintf(w, "\t\t# rules not read: %v\n", err)
@@ -163,6 +149,35 @@ func renderRules(w io.Writer, conn nftLister, t *nftables.Table, c *nftables.Cha
 	if left > 0 {
 		fmt.Fprintf(w, "\t\t# %d more rules, naming no traced VIP nor leading to their chains, not written\n", left)
 	}
+}
+
+// heldUntilLong feeds write the items of a listing as they are read, with
+// whether it is narrowed: a focused rendering narrows a listing once it is
+// known to be long (focusLongerThan), holding its first items until then,
+// and a short one not at all. end writes what is still held when the
+// listing ends.
+func heldUntilLong[T any](focused bool, write func(item T, narrow bool)) (add func(T), end func()) {
+	var held []T
+	narrow := false
+	add = func(x T) {
+		if !focused || narrow {
+			write(x, narrow)
+			return
+		}
+		if held = append(held, x); len(held) > focusLongerThan {
+			narrow = true
+			for _, h := range held {
+				write(h, true)
+			}
+			held = nil
+		}
+	}
+	end = func() {
+		for _, h := range held {
+			write(h, false)
+		}
+	}
+	return add, end
 }
 
 // Above these sizes a focused rendering writes only what names the traced
@@ -288,12 +303,9 @@ func renderSet(w io.Writer, conn nftLister, set *nftables.Set, focus *nftFocus) 
 		fmt.Fprint(w, "; flags interval")
 	}
 	table := discover.NFTFamilyName(set.Table.Family) + " " + set.Table.Name
-	// A focused rendering narrows a set once it is known to be long: its
-	// first elements are held until then.
-	var held []nftables.SetElement
-	narrow := false
+	// A focused rendering narrows a set once it is known to be long.
 	written, left := 0, 0
-	write := func(e nftables.SetElement) {
+	add, end := heldUntilLong(focus != nil, func(e nftables.SetElement, narrow bool) {
 		if narrow && !focus.keepElement(table, e) {
 			left++
 			return
@@ -318,24 +330,12 @@ func renderSet(w io.Writer, conn nftLister, set *nftables.Set, focus *nftFocus) 
 		if e.IntervalEnd {
 			fmt.Fprint(w, " (interval end)")
 		}
-	}
+	})
 	err := conn.SetElements(set, func(e nftables.SetElement) error {
-		if focus == nil || narrow {
-			write(e)
-			return nil
-		}
-		if held = append(held, e); len(held) > focusLongerThan {
-			narrow = true
-			for _, e := range held {
-				write(e)
-			}
-			held = nil
-		}
+		add(e)
 		return nil
 	})
-	for _, e := range held {
-		write(e)
-	}
+	end()
 	switch {
 	case err != nil && written+left == 0:
 		fmt.Fprintf(w, " } # elements not read: %v\n", err)
