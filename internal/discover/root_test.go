@@ -88,13 +88,12 @@ func newTestbed(t *testing.T) *testbed {
 	return tb
 }
 
-// teachGateway sends a datagram from the pod to its gateway: the ARP exchange
-// puts the gateway MAC in the pod's neighbour table and the bridge learns it
-// on up0.
-func (tb *testbed) teachGateway(t *testing.T) {
+// sendDatagram sends a datagram from the netns at nsPath to port 9 (discard)
+// of addr: resolving addr's MAC teaches the bridges on the way where it is.
+func sendDatagram(t *testing.T, nsPath, addr string) {
 	t.Helper()
-	err := nsutil.Do(tb.pod, func() error {
-		c, err := net.Dial("udp4", gwIP+":9")
+	err := nsutil.Do(nsPath, func() error {
+		c, err := net.Dial("udp4", addr+":9")
 		if err != nil {
 			return err
 		}
@@ -103,8 +102,16 @@ func (tb *testbed) teachGateway(t *testing.T) {
 		return err
 	})
 	if err != nil {
-		t.Fatalf("send from pod: %v", err)
+		t.Fatalf("send from %s: %v", nsPath, err)
 	}
+}
+
+// teachGateway sends a datagram from the pod to its gateway: the ARP exchange
+// puts the gateway MAC in the pod's neighbour table and the bridge learns it
+// on up0.
+func (tb *testbed) teachGateway(t *testing.T) {
+	t.Helper()
+	sendDatagram(t, tb.pod, gwIP)
 	node, pod := filepath.Base(tb.node), filepath.Base(tb.pod)
 	for range 100 {
 		fdb, _ := exec.Command("bridge", "-n", node, "fdb", "show", "br", "br0").Output()
@@ -705,18 +712,7 @@ func TestRoutedUplinkBridgePort(t *testing.T) {
 	addDNAT(t, n.path("node"), "10.120.0.80", 80, "10.99.60.7")
 	// The node's datagram to the gateway resolves its MAC, which br0
 	// learns on up0 from the answer.
-	err := nsutil.Do(n.path("node"), func() error {
-		c, err := net.Dial("udp4", "10.99.50.254:9")
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.Write([]byte("hello"))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sendDatagram(t, n.path("node"), "10.99.50.254")
 	gwMAC := strings.Fields(strings.SplitN(ipCmd(t, "-n", n.name("gw"), "-br", "link", "show", "eth0"), "\n", 2)[0])[2]
 	for i := 0; ; i++ {
 		fdb, _ := exec.Command("bridge", "-n", n.name("node"), "fdb", "show", "br", "br0").Output()
