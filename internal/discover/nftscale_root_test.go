@@ -119,19 +119,28 @@ func kubeProxyIPTablesSave(services int) string {
 	return chains.String() + rules.String() + "COMMIT\n"
 }
 
+// kubeProxyIPTablesNode is a scale node whose nat table holds n kube-proxy
+// Services, loaded with restore (iptables-legacy-restore or
+// iptables-nft-restore), which the test skips without.
+func kubeProxyIPTablesNode(tb testing.TB, restore string, n int) string {
+	tb.Helper()
+	if _, err := exec.LookPath(restore); err != nil {
+		tb.Skip(restore + " is not installed")
+	}
+	path := scaleNode(tb, 0)
+	cmd := exec.Command("ip", "netns", "exec", path[len("/run/netns/"):], restore)
+	cmd.Stdin = strings.NewReader(kubeProxyIPTablesSave(n))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("%s: %v: %s", restore, err, out)
+	}
+	return path
+}
+
 // BenchmarkReadNetfilterLegacyManyServices: discovery's read of an
 // iptables-legacy nat table of 5,000 kube-proxy Services (55,000 rules)
 // for one traced VIP.
 func BenchmarkReadNetfilterLegacyManyServices(b *testing.B) {
-	if _, err := exec.LookPath("iptables-legacy-restore"); err != nil {
-		b.Skip("iptables-legacy-restore is not installed")
-	}
-	path := scaleNode(b, 0)
-	cmd := exec.Command("ip", "netns", "exec", path[len("/run/netns/"):], "iptables-legacy-restore")
-	cmd.Stdin = strings.NewReader(kubeProxyIPTablesSave(5000))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("iptables-legacy-restore: %v: %s", err, out)
-	}
+	path := kubeProxyIPTablesNode(b, "iptables-legacy-restore", 5000)
 	vip := netip.MustParseAddr(scaleVIP(4321))
 	svcs := newServiceSet([]netip.Addr{vip}, nil)
 	b.ReportAllocs()
@@ -150,15 +159,7 @@ func BenchmarkReadNetfilterLegacyManyServices(b *testing.B) {
 // The rules are reduced as each part of a dump comes (NFTDump): held
 // whole, a read allocated 80 MB, most of it live at once.
 func BenchmarkReadNetfilterIPTablesNFTManyServices(b *testing.B) {
-	if _, err := exec.LookPath("iptables-nft-restore"); err != nil {
-		b.Skip("iptables-nft-restore is not installed")
-	}
-	path := scaleNode(b, 0)
-	cmd := exec.Command("ip", "netns", "exec", path[len("/run/netns/"):], "iptables-nft-restore")
-	cmd.Stdin = strings.NewReader(kubeProxyIPTablesSave(5000))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("iptables-nft-restore: %v: %s", err, out)
-	}
+	path := kubeProxyIPTablesNode(b, "iptables-nft-restore", 5000)
 	vip := netip.MustParseAddr(scaleVIP(4321))
 	svcs := newServiceSet([]netip.Addr{vip}, nil)
 	b.ReportAllocs()
@@ -176,15 +177,7 @@ func BenchmarkReadNetfilterIPTablesNFTManyServices(b *testing.B) {
 // read whole, part after part: the first Service's endpoints and the last
 // one's.
 func TestReadIPTablesNFTManyServices(t *testing.T) {
-	if _, err := exec.LookPath("iptables-nft-restore"); err != nil {
-		t.Skip("iptables-nft-restore is not installed")
-	}
-	path := scaleNode(t, 0)
-	cmd := exec.Command("ip", "netns", "exec", path[len("/run/netns/"):], "iptables-nft-restore")
-	cmd.Stdin = strings.NewReader(kubeProxyIPTablesSave(2000))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("iptables-nft-restore: %v: %s", err, out)
-	}
+	path := kubeProxyIPTablesNode(t, "iptables-nft-restore", 2000)
 	for _, i := range []int{0, 1999} {
 		var info NodeInfo
 		nf := readNetfilter(context.Background(), path, newServiceSet([]netip.Addr{netip.MustParseAddr(scaleVIP(i))}, nil), &info)
