@@ -464,7 +464,7 @@ func (e *Engine) byNAT(f *flowState) string {
 func (e *Engine) natRulesFor(f *flowState, backend netip.AddrPort) []NATRule {
 	var out []NATRule
 	for _, r := range e.cfg.Attribution.NATRules {
-		if vipMatches(r.VIP, r.Proto, f) && (!backend.IsValid() || listed(r.Backends, backend)) && within(r.Since, r.Until, f.first) &&
+		if vipMatches(r.VIP, r.Proto, f) && (!backend.IsValid() || listed(r.Backends, backend)) && within(r.Since, r.Until, f.natAt()) &&
 			e.clientMayMeet(r.Sources, f.client.Addr()) {
 			out = append(out, r)
 		}
@@ -511,7 +511,7 @@ func (e *Engine) meets(c SourceMatch, client netip.Addr) (met, known bool) {
 func (e *Engine) ipvsFor(f *flowState) []IPVSService {
 	var out []IPVSService
 	for _, s := range e.cfg.Attribution.IPVS {
-		if vipMatches(s.VIP, s.Proto, f) && within(s.Since, s.Until, f.first) {
+		if vipMatches(s.VIP, s.Proto, f) && within(s.Since, s.Until, f.natAt()) {
 			out = append(out, s)
 		}
 	}

@@ -39,6 +39,9 @@ const DefaultFlowTimeout = time.Minute
 type retiredNote struct {
 	id   int
 	last int64 // its last observation (unix ns)
+	// began is when its connection began (unix ns): its first sighting, or
+	// that of the flow it continued.
+	began int64
 	// opening: a TCP connection whose client sent its SYN and got no
 	// answer yet (nor acknowledged one): its SYN retransmissions after it
 	// was retired continue it.
@@ -203,7 +206,7 @@ func (e *Engine) forget(f *flowState) {
 		// heard of: it goes on retransmitting its SYN.
 		opening := f.proto == obs.TCP && f.tcp.syn != 0 && f.tcp.synAck == 0 && f.tcp.ack == 0 &&
 			(f.tcp.rstReply == 0 || f.tcp.rstUntranslated && !f.tcp.direct)
-		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), opening: opening, sock: retiredSocketOf(f)})
+		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), began: f.natAt().UnixNano(), opening: opening, sock: retiredSocketOf(f)})
 		// Its backends too: behind a socket LB no packet of its
 		// endpoint names the VIP, only the backend (resumed).
 		for _, b := range f.backends {
@@ -289,8 +292,18 @@ func (e *Engine) mayContinueForgotten(f *flowState) bool {
 // (udpEntryLife): a datagram then makes a new entry, as a new flow's.
 func (e *Engine) continued(f *flowState, m moment) {
 	if r, ok := e.retiredBefore(flowKey{f.key(), f.service}, m); ok && !e.tcpClosedSince(f) {
-		f.continues, f.continuesLast = r.id, r.last
+		f.continues, f.continuesLast, f.connBegan = r.id, r.last, r.began
 	}
+}
+
+// natAt is when f's connection met the NAT rules: a flow that continues a
+// retired one rides the conntrack entry its connection made then, and the
+// rules of its own time may no longer name its backend (a rollout since).
+func (f *flowState) natAt() time.Time {
+	if f.connBegan != 0 {
+		return time.Unix(0, f.connBegan)
+	}
+	return f.first
 }
 
 // tcpClosedSince tells whether f, a TCP flow being made, has an open

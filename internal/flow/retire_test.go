@@ -256,6 +256,52 @@ func TestRetireContinued(t *testing.T) {
 	}
 }
 
+// TestRetireContinuedKeepsItsNATRule: a UDP flow that continues a retired
+// one rides the conntrack entry its connection made, so it reached the
+// backend of the rule of that time even when a rollout since replaced the
+// rule (seen in a 25-minute run with endpoints replaced every 30 s: a
+// resolver's port reused within conntrack's 30 s read 'no NAT rule read
+// names backend'). Its by names that rule, as the retired flow's does.
+func TestRetireContinuedKeepsItsNATRule(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	other := netip.MustParseAddrPort("10.244.20.77:5353")
+	ready := flowtest.At(0)
+	at := ready.Add(200 * time.Second)
+	again := at.Add(20 * time.Second) // within conntrack's 30 s for a UDP entry
+	rule := func(endpoint string, b netip.AddrPort) flow.NATRule {
+		return flow.NATRule{Source: "nftables", Table: "ip kube-proxy", Chain: "service-ZXCVB-default/dns/udp/dns",
+			VIP: svc, Proto: obs.UDP, Backends: []netip.AddrPort{b}, Rule: endpoint + " dnat to " + b.String()}
+	}
+	old, cur := rule("endpoint-OLD", be), rule("endpoint-NEW", other)
+	old.Until, cur.Since = at.Add(15*time.Second), at.Add(15*time.Second) // the rollout, between the two
+	e := flow.NewEngine(flow.Config{
+		Services:    []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}},
+		Points:      map[obs.Point]bool{obs.PointNFBefore: true, obs.PointNFAfter: true, obs.PointConntrack: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+		Ready:       ready,
+		FlowTimeout: 10 * time.Second,
+		Attribution: flow.Attribution{NATRules: []flow.NATRule{old, cur}},
+	})
+	for _, o := range churnFlow(7, obs.UDP, svc, be, at) {
+		e.Add(o)
+	}
+	first := e.Retire(at.Add(14 * time.Second))
+	if len(first) != 1 || !strings.Contains(first[0].By, "endpoint-OLD") {
+		t.Fatalf("retired %+v, want one flow by endpoint-OLD", first)
+	}
+	for _, o := range churnFlow(7, obs.UDP, svc, be, again) {
+		if o.Point != obs.PointConntrack { // its entry stands: no event
+			e.Add(o)
+		}
+	}
+	fs := e.Flows()
+	if len(fs) != 1 || fs[0].Continues != first[0].ID {
+		t.Fatalf("flows %+v, want one continuing flow %d", fs, first[0].ID)
+	}
+	if f := fs[0]; f.RewrittenAt != flow.PlaceNetfilter || f.Backend != be || !strings.Contains(f.By, "endpoint-OLD") || strings.Contains(f.By, "no NAT rule") {
+		t.Errorf("continued flow: %s to %s by %q; want netfilter to %s by endpoint-OLD, the rule its conntrack entry was made by", f.RewrittenAt, f.Backend, f.By, be)
+	}
+}
+
 // TestRetireTCPReopened: a TCP connection's port reused for a new
 // connection (a SYN) after the first closed and was retired is a new
 // flow that continues nothing.

@@ -233,17 +233,18 @@ type flowState struct {
 	// evidence counts evidenceChanged calls: a packet comment made for this
 	// flow stays valid while it and the engine's gen are unchanged.
 	evidence uint64
-	// merged: absorbed into another flow; handles to it are stale.
-	merged bool
-	// deferred: a backend guess for it waits for its next activity
-	// (plausibleGuess).
-	deferred bool
 	// comments are the pcapng comments of its packets by kind (CommentOf),
 	// valid while evidence and the engine's gen are as recorded; commented:
 	// it is among the flows that keep them (keepComments).
 	comments                      [6]string
 	commentsEvidence, commentsGen uint64
 	commented                     bool
+	// merged: absorbed into another flow; handles to it are stale. (The
+	// flags sit together: the flow fills its size class.)
+	merged bool
+	// deferred: a backend guess for it waits for its next activity
+	// (plausibleGuess).
+	deferred bool
 	// retired: reported as over and forgotten by the engine (Retire);
 	// cached holds its final verdict. Nothing changes it any more.
 	retired bool
@@ -252,6 +253,9 @@ type flowState struct {
 	// spoke again), 0 for none; continuesLast, that flow's last sighting.
 	continues     int
 	continuesLast int64
+	// connBegan is when the connection of the retired flow it continues
+	// began (unix ns; 0: it continues none).
+	connBegan int64
 }
 
 // evidenceChanged drops the cached verdict.
