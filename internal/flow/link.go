@@ -335,6 +335,16 @@ func soleWithoutBackend(flows []*flowState) *flowState {
 	return nil
 }
 
+// owesEntry tells whether the conntrack event at m is f's own, late: f's
+// connection closed within the reordering window before it, and conntrack,
+// which reports a connection from its SYN, reported none of f's yet. Its
+// events are stamped when read, and a reader kept off the CPUs reads them
+// after the close; a later connection of the port finds f's reported, or
+// was seen opening (superseded).
+func (f *flowState) owesEntry(m moment) bool {
+	return m.entry && !f.ctSeen && f.tcp.syn != 0 && !f.tcp.superseded(m) && m.at-f.tcp.closed() <= int64(reorderWindow)
+}
+
 // flowFor returns the flow client -> service of a packet (or socket event
 // of socket cookie, 0 for others) at m, creating it within MaxFlows. A
 // client without a port (socket layer before bind) is told apart by
@@ -352,7 +362,7 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 		// (had it a flow, withService would have found it).
 		return nil, refused
 	}
-	if f != nil && !(m.starts() && f.tcp.over(m)) {
+	if f != nil && !(m.starts() && f.tcp.over(m) && !f.owesEntry(m)) {
 		return f, linked
 	}
 	if f != nil && m.opens() && !m.reply {

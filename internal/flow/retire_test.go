@@ -302,6 +302,41 @@ func TestRetireContinuedKeepsItsNATRule(t *testing.T) {
 	}
 }
 
+// TestLateConntrackOfAClosedConnection: conntrack events stamped when read,
+// 1.5 s after the connection closed (the reader kept off the CPUs: seen in
+// a 25-minute run, 48 connections at once), are that connection's when its
+// flow, whose SYN was seen, still owes them: not a new connection of the
+// port, which was reported as a second flow of conntrack alone, unanswered.
+func TestLateConntrackOfAClosedConnection(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.80:80"), netip.MustParseAddrPort("10.244.20.31:3000")
+	e := flow.NewEngine(flow.Config{
+		Services: []flow.Service{{Addr: svc.Addr(), Port: 80, Proto: obs.TCP}},
+		Points:   map[obs.Point]bool{obs.PointConntrack: true, obs.PointPod: true, obs.PointHost: true, obs.PointUplink: true},
+	})
+	at := flowtest.At(0)
+	var late []obs.Observation
+	var closed time.Time
+	for _, o := range closingFlow(3, svc, be, at) {
+		if o.Point == obs.PointConntrack {
+			late = append(late, o)
+			continue
+		}
+		closed = o.Time
+		e.Add(o)
+	}
+	for _, o := range late {
+		o.Time = closed.Add(1500 * time.Millisecond)
+		e.Add(o)
+	}
+	fs := e.RetireAll()
+	if len(fs) != 1 || fs[0].RewrittenAt != flow.PlaceNetfilter || !fs[0].Reply {
+		for _, f := range fs {
+			t.Logf("flow %d: %s, reply %v: %s", f.ID, f.RewrittenAt, f.Reply, f.Reason)
+		}
+		t.Fatalf("%d flows, want one answered netfilter flow", len(fs))
+	}
+}
+
 // TestRetireTCPReopened: a TCP connection's port reused for a new
 // connection (a SYN) after the first closed and was retired is a new
 // flow that continues nothing.
