@@ -436,6 +436,11 @@ func (e *Engine) byNAT(f *flowState) string {
 		backend = bs[0]
 	}
 	rules := e.natRulesFor(f, backend)
+	if len(rules) == 0 && backend.IsValid() && f.connBegan != 0 {
+		// It may ride the conntrack entry of the flow it continues, made
+		// by a rule a rollout since took away.
+		rules = e.natRulesAt(f, backend, time.Unix(0, f.connBegan))
+	}
 	unlisted := len(rules) == 0 && backend.IsValid()
 	if unlisted {
 		rules = e.natRulesFor(f, netip.AddrPort{})
@@ -462,9 +467,14 @@ func (e *Engine) byNAT(f *flowState) string {
 // natRulesFor returns the NAT rules matching the flow's VIP and its client
 // and, when backend is valid, listing it among their targets.
 func (e *Engine) natRulesFor(f *flowState, backend netip.AddrPort) []NATRule {
+	return e.natRulesAt(f, backend, f.first)
+}
+
+// natRulesAt is natRulesFor with the rules in force at t.
+func (e *Engine) natRulesAt(f *flowState, backend netip.AddrPort, t time.Time) []NATRule {
 	var out []NATRule
 	for _, r := range e.cfg.Attribution.NATRules {
-		if vipMatches(r.VIP, r.Proto, f) && (!backend.IsValid() || listed(r.Backends, backend)) && within(r.Since, r.Until, f.natAt()) &&
+		if vipMatches(r.VIP, r.Proto, f) && (!backend.IsValid() || listed(r.Backends, backend)) && within(r.Since, r.Until, t) &&
 			e.clientMayMeet(r.Sources, f.client.Addr()) {
 			out = append(out, r)
 		}
@@ -511,7 +521,7 @@ func (e *Engine) meets(c SourceMatch, client netip.Addr) (met, known bool) {
 func (e *Engine) ipvsFor(f *flowState) []IPVSService {
 	var out []IPVSService
 	for _, s := range e.cfg.Attribution.IPVS {
-		if vipMatches(s.VIP, s.Proto, f) && within(s.Since, s.Until, f.natAt()) {
+		if vipMatches(s.VIP, s.Proto, f) && within(s.Since, s.Until, f.first) {
 			out = append(out, s)
 		}
 	}

@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -206,7 +207,7 @@ func (e *Engine) forget(f *flowState) {
 		// heard of: it goes on retransmitting its SYN.
 		opening := f.proto == obs.TCP && f.tcp.syn != 0 && f.tcp.synAck == 0 && f.tcp.ack == 0 &&
 			(f.tcp.rstReply == 0 || f.tcp.rstUntranslated && !f.tcp.direct)
-		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), began: f.natAt().UnixNano(), opening: opening, sock: retiredSocketOf(f)})
+		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), began: f.connStart(), opening: opening, sock: retiredSocketOf(f)})
 		// Its backends too: behind a socket LB no packet of its
 		// endpoint names the VIP, only the backend (resumed).
 		for _, b := range f.backends {
@@ -296,14 +297,10 @@ func (e *Engine) continued(f *flowState, m moment) {
 	}
 }
 
-// natAt is when f's connection met the NAT rules: a flow that continues a
-// retired one rides the conntrack entry its connection made then, and the
-// rules of its own time may no longer name its backend (a rollout since).
-func (f *flowState) natAt() time.Time {
-	if f.connBegan != 0 {
-		return time.Unix(0, f.connBegan)
-	}
-	return f.first
+// connStart is when f's connection began: its first sighting, or for a
+// flow that continues a retired one, that one's connection's beginning.
+func (f *flowState) connStart() int64 {
+	return cmp.Or(f.connBegan, f.first.UnixNano())
 }
 
 // tcpClosedSince tells whether f, a TCP flow being made, has an open

@@ -300,6 +300,15 @@ func TestRetireContinuedKeepsItsNATRule(t *testing.T) {
 	if f := fs[0]; f.RewrittenAt != flow.PlaceNetfilter || f.Backend != be || !strings.Contains(f.By, "endpoint-OLD") || strings.Contains(f.By, "no NAT rule") {
 		t.Errorf("continued flow: %s to %s by %q; want netfilter to %s by endpoint-OLD, the rule its conntrack entry was made by", f.RewrittenAt, f.Backend, f.By, be)
 	}
+	// Its entry gone (a resolver's entry lives 30 s), the port's next
+	// datagram makes a new one, to a backend of the rules then in force.
+	e.Retire(again.Add(14 * time.Second))
+	for _, o := range churnFlow(7, obs.UDP, svc, other, again.Add(40*time.Second)) {
+		e.Add(o)
+	}
+	if fs := e.Flows(); len(fs) != 1 || fs[0].Backend != other || !strings.Contains(fs[0].By, "endpoint-NEW") || strings.Contains(fs[0].By, "no NAT rule") {
+		t.Errorf("flows %+v, want one to %s by endpoint-NEW, the rule of its time", fs, other)
+	}
 }
 
 // TestLateConntrackOfAClosedConnection: conntrack events stamped when read,
