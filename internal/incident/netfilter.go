@@ -61,6 +61,7 @@ func (s *snapshot) nftables(ctx context.Context, w *topicWriter) error {
 		return err
 	}
 	defer done()
+	focus.room = max(w.limit-w.buf.Len(), 0)
 	return renderRuleset(w, conn, focus, chainDevices(s.node))
 }
 

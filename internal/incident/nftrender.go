@@ -34,7 +34,8 @@ type nftLister interface {
 // syntax: the low-level expressions nft would decompile, one rule a line.
 // With focus, a ruleset of more than focusAboveChains chains (or any, when
 // focus.always) is written narrowed to what the traced Services need (see
-// nftFocus).
+// nftFocus), and a smaller one whole until it outgrows half of focus.room,
+// narrowed from there on.
 func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus, devices map[string][]string) error {
 	tables, err := conn.ListTables()
 	if err != nil {
@@ -44,10 +45,12 @@ func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus, devices map[str
 	if err != nil {
 		return fmt.Errorf("list nftables chains: %w", err)
 	}
-	if focus != nil && !focus.always && len(chains) <= focusAboveChains {
-		focus = nil
+	o := &nftOut{w: w, focus: focus, focused: focus != nil && (focus.always || len(chains) > focusAboveChains)}
+	if focus != nil && !o.focused {
+		o.half = focus.room / 2
 	}
-	if focus != nil {
+	w = o
+	if o.focused {
 		fmt.Fprintf(w, "# %d chains: written narrowed to the traced Services (%s): every base chain, the chains on their NAT paths\n", len(chains), strings.Join(focus.vipNames(), ", "))
 		fmt.Fprintf(w, "# as discovery found them, and in long chains and sets only the rules and elements naming a VIP or leading to those chains\n")
 	}
@@ -65,11 +68,11 @@ func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus, devices map[str
 			}
 			unused := 0
 			for _, set := range sets {
-				if focus != nil && set.Anonymous && !used[set.Name] {
+				if o.focused && set.Anonymous && !used[set.Name] {
 					unused++
 					continue
 				}
-				renderSet(w, conn, set, focus)
+				renderSet(w, conn, set, o)
 			}
 			if unused > 0 {
 				fmt.Fprintf(w, "\t# %d more anonymous sets, of rules not written, not written\n", unused)
@@ -81,7 +84,7 @@ func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus, devices map[str
 		// buffer. A whole one writes its chains as their rules come.
 		var body strings.Builder
 		out := io.Writer(w)
-		if focus != nil {
+		if o.focused {
 			out = &body
 		} else {
 			writeSets()
@@ -91,15 +94,15 @@ func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus, devices map[str
 			if c.Table.Name != t.Name || c.Table.Family != t.Family {
 				continue
 			}
-			if focus != nil && c.Hooknum == nil && !focus.chains[table+" "+c.Name] {
+			if o.narrowed() && c.Hooknum == nil && !focus.chains[table+" "+c.Name] {
 				skipped++
 				continue
 			}
 			fmt.Fprintf(out, "\tchain %s {%s\n", c.Name, chainHeader(c, devices[table+" "+c.Name]))
-			renderRules(out, conn, t, c, table, focus, used)
+			renderRules(out, conn, t, c, table, o, used)
 			fmt.Fprintln(out, "\t}")
 		}
-		if focus != nil {
+		if o.focused {
 			writeSets()
 			io.WriteString(w, body.String())
 		}
@@ -108,22 +111,46 @@ func renderRuleset(w io.Writer, conn nftLister, focus *nftFocus, devices map[str
 		}
 		fmt.Fprintln(w, "}")
 	}
+	if !o.focused && o.narrowed() {
+		fmt.Fprintf(w, "# written whole up to %d bytes, half of what this file keeps: narrowed from there on to the traced Services (%s), as on a ruleset of more than %d chains\n",
+			o.half, strings.Join(focus.vipNames(), ", "), focusAboveChains)
+	}
 	return nil
 }
 
+// nftOut is a rendering's output, which counts what it writes: a whole
+// rendering is narrowed once it outgrows half of its file, so that a long
+// set or chain (a blocklist of 200,000 addresses, one line of megabytes)
+// cannot push what comes after it (the traced Services' chains) out of the
+// file, nor be cut whole at the file's last newline.
+type nftOut struct {
+	w       io.Writer
+	focus   *nftFocus
+	focused bool // narrowed from the start
+	n, half int  // bytes written; a whole rendering's bound (0: none)
+}
+
+func (o *nftOut) Write(p []byte) (int, error) {
+	o.n += len(p)
+	return o.w.Write(p)
+}
+
+// narrowed tells whether what is written now is narrowed to o.focus.
+func (o *nftOut) narrowed() bool { return o.focused || o.half > 0 && o.n > o.half }
+
 // renderRules writes the rules of chain c of table t as they are read; a
 // focused rendering narrows a chain once it is known to be long, holding
-// its first rules until then. used gets the sets that written rules look
-// up.
-func renderRules(w io.Writer, conn nftLister, t *nftables.Table, c *nftables.Chain, table string, focus *nftFocus, used map[string]bool) {
+// its first rules until then, a whole one from where it outgrows its bound.
+// used gets the sets that written rules look up.
+func renderRules(w io.Writer, conn nftLister, t *nftables.Table, c *nftables.Chain, table string, o *nftOut, used map[string]bool) {
 	type rule struct {
 		handle uint64
 		exprs  []expr.Any
 	}
 	written, left := 0, 0
-	add, end := heldUntilLong(focus != nil, func(r rule, narrow bool) {
+	add, end := heldUntilLong(o, func(r rule, narrow bool) {
 		line := ruleString(r.exprs)
-		if narrow && !focus.keepRule(table, line) {
+		if narrow && !o.focus.keepRule(table, line) {
 			left++
 			return
 		}
@@ -152,16 +179,18 @@ func renderRules(w io.Writer, conn nftLister, t *nftables.Table, c *nftables.Cha
 }
 
 // heldUntilLong feeds write the items of a listing as they are read, with
-// whether it is narrowed: a focused rendering narrows a listing once it is
-// known to be long (focusLongerThan), holding its first items until then,
-// and a short one not at all. end writes what is still held when the
+// whether it is narrowed: a listing begun narrowed (o) is narrowed once it
+// is known to be long (focusLongerThan), holding its first items until
+// then, and a short one not at all; one begun whole from the item at which
+// the rendering outgrows its bound. end writes what is still held when the
 // listing ends.
-func heldUntilLong[T any](focused bool, write func(item T, narrow bool)) (add func(T), end func()) {
+func heldUntilLong[T any](o *nftOut, write func(item T, narrow bool)) (add func(T), end func()) {
+	focused := o.narrowed()
 	var held []T
 	narrow := false
 	add = func(x T) {
 		if !focused || narrow {
-			write(x, narrow)
+			write(x, narrow || o.narrowed())
 			return
 		}
 		if held = append(held, x); len(held) > focusLongerThan {
@@ -195,6 +224,7 @@ const (
 // lead to one of those chains. What is left out is counted.
 type nftFocus struct {
 	always bool            // narrow whatever the ruleset's size
+	room   int             // the bytes the rendering's file keeps (0: no bound)
 	chains map[string]bool // "FAMILY TABLE CHAIN": "ip kube-proxy services"
 	vips   []netip.Addr
 }
@@ -283,7 +313,7 @@ func (f *nftFocus) keepElement(table string, e nftables.SetElement) bool {
 	return false
 }
 
-func renderSet(w io.Writer, conn nftLister, set *nftables.Set, focus *nftFocus) {
+func renderSet(w io.Writer, conn nftLister, set *nftables.Set, o *nftOut) {
 	kind := "set"
 	if set.IsMap {
 		kind = "map"
@@ -303,10 +333,9 @@ func renderSet(w io.Writer, conn nftLister, set *nftables.Set, focus *nftFocus) 
 		fmt.Fprint(w, "; flags interval")
 	}
 	table := discover.NFTFamilyName(set.Table.Family) + " " + set.Table.Name
-	// A focused rendering narrows a set once it is known to be long.
 	written, left := 0, 0
-	add, end := heldUntilLong(focus != nil, func(e nftables.SetElement, narrow bool) {
-		if narrow && !focus.keepElement(table, e) {
+	add, end := heldUntilLong(o, func(e nftables.SetElement, narrow bool) {
+		if narrow && !o.focus.keepElement(table, e) {
 			left++
 			return
 		}

@@ -371,6 +371,71 @@ func TestRenderRulesetFocused(t *testing.T) {
 	}
 }
 
+// A whole rendering (a ruleset of few chains) whose set is longer than
+// the file keeps (a blocklist, one line) is narrowed from where it outgrows
+// half the file: the traced Service's element and chains after it are
+// kept, what is left out counted, not cut whole at the file's last newline.
+func TestRenderLongSetLeavesRoom(t *testing.T) {
+	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "kube-proxy"}
+	prio := nftables.ChainPriority(-100)
+	nat := &nftables.Chain{Name: "nat-prerouting", Table: table, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: &prio}
+	svc := &nftables.Chain{Name: "svc-web", Table: table}
+	other := &nftables.Chain{Name: "other", Table: table}
+	f := fakeNFT{table: table, chain: []*nftables.Chain{nat, svc, other}, rules: map[string][]*nftables.Rule{
+		"nat-prerouting": {{Handle: 3, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: "svc-web"}}}},
+		"svc-web":        {{Handle: 7, Exprs: []expr.Any{&expr.Immediate{Register: 1, Data: []byte{10, 244, 20, 31}}}}},
+	}}
+	for i := range 20_000 {
+		f.elems = append(f.elems, nftables.SetElement{Key: []byte{10, byte(i >> 16), byte(i >> 8), byte(i)}})
+		if i == 15_000 {
+			f.elems = append(f.elems, nftables.SetElement{Key: []byte{10, 120, 0, 80}})
+		}
+	}
+	node := &discover.NodeInfo{}
+	node.Netfilter.Rules = []discover.NATRule{{Source: discover.SourceNFTables, Table: "ip kube-proxy",
+		Chains: []string{"nat-prerouting", "svc-web"}}}
+	focus := newNFTFocus(node, []netip.Addr{netip.MustParseAddr("10.120.0.80")})
+	const limit = 64 << 10
+	w := newTopicWriter(limit)
+	focus.room = limit
+	if err := renderRuleset(w, f, focus, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, cut := w.finish()
+	out := string(got)
+	for _, want := range []string{
+		"\tset service-ips { type ipv4_addr; elements = { 0x0a000000 (10.0.0.0), 0x0a000001 (10.0.0.1),",
+		", 0x0a780050 (10.120.0.80) } } # ",
+		" more elements, naming no traced VIP nor leading to their chains, not written\n",
+		"\tchain nat-prerouting { # type nat hook prerouting priority -100\n\t\tjump svc-web # handle 3\n\t}\n",
+		"\tchain svc-web {\n\t\timmediate 0x0af4141f (10.244.20.31) => reg 1 # handle 7\n\t}\n",
+		"\t# 1 more chains, on no traced Service's path, not written\n",
+		"# written whole up to 32768 bytes, half of what this file keeps: narrowed from there on to the traced Services (10.120.0.80)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%.600s\n...\n%s", want, out, out[max(len(out)-600, 0):])
+		}
+	}
+	if cut || len(got) > limit {
+		t.Errorf("cut %v, %d bytes (limit %d)", cut, len(got), limit)
+	}
+
+	// A ruleset within half its file is written as without a bound.
+	small := fakeNFT{table: table, chain: f.chain, rules: f.rules}
+	var whole strings.Builder
+	if err := renderRuleset(&whole, small, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	w = newTopicWriter(limit)
+	if err := renderRuleset(w, small, focus, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := w.finish(); string(got) != whole.String() {
+		t.Errorf("got:\n%s\nwant:\n%s", got, whole.String())
+	}
+}
+
 // failingLists gives n rules of each chain and n elements of each set,
 // then fails the listing.
 type failingLists struct {
