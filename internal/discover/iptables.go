@@ -63,12 +63,15 @@ func parseIPTablesSaveTable(r io.Reader, source, table string) (*natGraph, error
 		}
 		delete(lines, name)
 		var out []natRule
+		base := g.isBase(name)
 		for _, text := range texts {
 			_, rule, err := parseIPTablesRule(text)
 			if err != nil {
 				return out, true, fmt.Errorf("%s %s chain %s: %w", source, table, name, err)
 			}
-			out = append(out, rule)
+			if !base || !rule.idleInBase() {
+				out = append(out, rule)
+			}
 		}
 		return out, true, nil
 	}

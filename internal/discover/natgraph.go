@@ -50,6 +50,21 @@ func (g *natGraph) has(name string) bool {
 	return ok
 }
 
+// isBase tells whether chain name is one of g's base chains.
+func (g *natGraph) isBase(name string) bool {
+	return slices.ContainsFunc(g.bases, func(b natBase) bool { return b.chain == name })
+}
+
+// idleInBase tells whether r, a rule of a base chain, matters to no walk:
+// a walk enters a base chain having matched nothing, so a rule that neither
+// jumps, DNATs nor rewrites matters only if it rejects or drops by its
+// destination (a VIP, a backend, the node's own addresses). A host
+// firewall's input chain of tens of thousands of rules on sources and
+// ports (`ip saddr X tcp dport 22 drop`) was held whole at each read.
+func (r *natRule) idleInBase() bool {
+	return len(r.targets) == 0 && !r.dnat && !r.setDst && (r.verdict == "" || len(r.dst) == 0 && !r.localDst)
+}
+
 // natBase is a base chain and its netfilter hook: prerouting or output for
 // a NAT chain, forward, input or output for a filter chain.
 type natBase struct {

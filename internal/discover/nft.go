@@ -93,6 +93,7 @@ func lazyLoad(conn *nftables.Conn, raw *netlink.Conn, g *natGraph, table *nftabl
 	// Every chain a rule jumps to is one: nftables refuses a jump to none.
 	g.load = func(name string) ([]natRule, bool, error) {
 		var out []natRule
+		base := g.isBase(name)
 		err := NFTDump(raw, unix.NFT_MSG_GETRULE, uint8(table.Family), []netlink.Attribute{
 			{Type: unix.NFTA_RULE_TABLE, Data: []byte(table.Name + "\x00")},
 			{Type: unix.NFTA_RULE_CHAIN, Data: []byte(name + "\x00")},
@@ -113,6 +114,9 @@ func lazyLoad(conn *nftables.Conn, raw *netlink.Conn, g *natGraph, table *nftabl
 				for i := range nrs {
 					nrs[i].asRewrite()
 				}
+			}
+			if base {
+				nrs = slices.DeleteFunc(nrs, func(r natRule) bool { return r.idleInBase() })
 			}
 			out = append(out, nrs...)
 			return nil

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -196,5 +197,90 @@ func TestReadIPTablesNFTManyServices(t *testing.T) {
 		if !slices.Equal(got, want) || !strings.HasPrefix(nf.NFTables, "read ") {
 			t.Errorf("Service %d (%s): %q, want %q", i, nf.NFTables, got, want)
 		}
+	}
+}
+
+// firewallNode is scaleNode(services) with a host firewall's filter input
+// chain of n rules, each dropping one source's ssh, in a table of its own.
+func firewallNode(tb testing.TB, services, n int) string {
+	tb.Helper()
+	path := scaleNode(tb, services)
+	var b strings.Builder
+	b.WriteString("table inet host-firewall {\n\tchain input {\n\t\ttype filter hook input priority 0; policy accept;\n")
+	for i := range n {
+		fmt.Fprintf(&b, "\t\tip saddr 10.%d.%d.%d tcp dport 22 counter drop comment \"host %d\"\n", 100+i>>16, i>>8&255, i&255, i)
+	}
+	b.WriteString("\t\tip daddr 10.121.0.1 tcp dport 80 reject\n\t}\n}\n")
+	cmd := exec.Command("ip", "netns", "exec", path[len("/run/netns/"):], "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("nft -f: %v: %s", err, out)
+	}
+	return path
+}
+
+// BenchmarkReadNetfilterHostFirewall: the read of one traced VIP's rules
+// on a node of 5,000 kube-proxy Services and a host firewall's input chain
+// of 50,000 rules, as NATWatch reads it again at each change of a rollout.
+// held-MB is what the graphs hold once matched.
+func BenchmarkReadNetfilterHostFirewall(b *testing.B) {
+	path := firewallNode(b, 5000, 50_000)
+	vip := netip.MustParseAddr(scaleVIP(4321))
+	svcs := newServiceSet([]netip.Addr{vip}, nil)
+	b.ReportAllocs()
+	var held uint64
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		graphs, _, closeNFT, err := readNFT(path, svcs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var rules []NATRule
+		for _, g := range graphs {
+			rules = append(rules, g.matchServices(svcs)...)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		held = max(held, after.HeapAlloc-min(after.HeapAlloc, before.HeapAlloc))
+		closeNFT()
+		if len(rules) != 6 {
+			b.Fatalf("%d rules, want 6: %+v", len(rules), rules)
+		}
+		runtime.KeepAlive(graphs)
+	}
+	b.ReportMetric(float64(held)/1e6, "held-MB")
+}
+
+// TestHostFirewallNFTRulesNotHeld: of a host firewall's nftables input
+// chain, a read holds the reject of a VIP, not the rules on sources and
+// ports.
+func TestHostFirewallNFTRulesNotHeld(t *testing.T) {
+	path := firewallNode(t, 10, 2000)
+	vip := netip.MustParseAddr(scaleVIP(0))
+	svcs := newServiceSet([]netip.Addr{vip}, nil)
+	graphs, _, closeNFT, err := readNFT(path, svcs)
+	defer closeNFT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rejects []NATRule
+	var input []natRule
+	for _, g := range graphs {
+		for _, r := range g.matchServices(svcs) {
+			if r.Verdict != "" {
+				rejects = append(rejects, r)
+			}
+		}
+		if g.table == "inet host-firewall" {
+			input = g.chains["input"]
+		}
+	}
+	if len(rejects) != 1 || rejects[0].Hook != "input" || rejects[0].Verdict != "reject" {
+		t.Errorf("rejects %+v, want the input chain's of %s", rejects, vip)
+	}
+	if len(input) != 1 {
+		t.Errorf("input: %d rules held, want 1 (the reject of the VIP)", len(input))
 	}
 }

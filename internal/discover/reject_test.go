@@ -402,6 +402,48 @@ COMMIT
 	}
 }
 
+// TestHostFirewallRulesNotHeld: of a filter base chain, a read holds only
+// the rules a walk can use: those that jump, and those that reject or drop
+// by destination (a VIP's, a backend's); a host firewall's rules on
+// sources and ports, thousands, are not held, and what they never
+// reported is still not reported.
+func TestHostFirewallRulesNotHeld(t *testing.T) {
+	var save strings.Builder
+	save.WriteString("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n")
+	save.WriteString("-A INPUT -j KUBE-SERVICES\n")
+	for i := range 1000 {
+		fmt.Fprintf(&save, "-A INPUT -s 10.100.%d.%d/32 -p tcp -m tcp --dport 22 -j DROP\n", i/250, i%250+1)
+	}
+	save.WriteString("-A INPUT -j DROP\n")
+	save.WriteString("-A FORWARD -d 10.245.0.2/32 -j DROP\n")
+	save.WriteString("-A KUBE-SERVICES -d 10.96.0.60/32 -p tcp -m tcp --dport 80 -j REJECT\n-A KUBE-SERVICES -s 10.100.0.1/32 -j DROP\nCOMMIT\n")
+	g, err := parseIPTablesSaveTable(strings.NewReader(save.String()), SourceIPTablesLegacy, "filter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range g.match([]netip.Addr{netip.MustParseAddr("10.96.0.60"), netip.MustParseAddr("10.245.0.2")}) {
+		got = append(got, rejectKey(r))
+	}
+	slices.Sort(got)
+	want := []string{
+		"forward 10.245.0.2 /0 FORWARD => invalid AddrPort drop ",
+		"input 10.96.0.60 tcp/80 INPUT>KUBE-SERVICES => invalid AddrPort reject ",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("rejects:\n got %q\nwant %q", got, want)
+	}
+	if n := len(g.chains["INPUT"]); n != 1 {
+		t.Errorf("INPUT: %d rules held, want 1 (the jump)", n)
+	}
+	if n := len(g.chains["FORWARD"]); n != 1 {
+		t.Errorf("FORWARD: %d rules held, want 1 (the drop to a destination)", n)
+	}
+	if n := len(g.chains["KUBE-SERVICES"]); n != 2 {
+		t.Errorf("KUBE-SERVICES, no base chain: %d rules held, want both", n)
+	}
+}
+
 // TestClusterIPsSetLookedUpOnce: a rule on a set of every ClusterIP
 // (kube-proxy's cluster-ips-check) tells an address in it or not by a
 // lookup, not by going through the set: the walk of each of a Service's
