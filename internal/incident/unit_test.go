@@ -372,8 +372,8 @@ func TestRenderRulesetFocused(t *testing.T) {
 }
 
 // A whole rendering (a ruleset of few chains) whose set is longer than
-// the file keeps (a blocklist, one line) is narrowed from where it outgrows
-// half the file: the traced Service's element and chains after it are
+// the file keeps (a blocklist, one line), or a chain, is narrowed from
+// where it outgrows half the file: the traced Service's element and chains after it are
 // kept, what is left out counted, not cut whole at the file's last newline.
 func TestRenderLongSetLeavesRoom(t *testing.T) {
 	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "kube-proxy"}
@@ -412,6 +412,39 @@ func TestRenderLongSetLeavesRoom(t *testing.T) {
 		"\tchain svc-web {\n\t\timmediate 0x0af4141f (10.244.20.31) => reg 1 # handle 7\n\t}\n",
 		"\t# 1 more chains, on no traced Service's path, not written\n",
 		"# written whole up to 32768 bytes, half of what this file keeps: narrowed from there on to the traced Services (10.120.0.80)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%.600s\n...\n%s", want, out, out[max(len(out)-600, 0):])
+		}
+	}
+	if cut || len(got) > limit {
+		t.Errorf("cut %v, %d bytes (limit %d)", cut, len(got), limit)
+	}
+
+	// So is a long chain, from the rule at which the rendering outgrows
+	// half its file.
+	filterPrio := nftables.ChainPriority(0)
+	input := &nftables.Chain{Name: "input", Table: table, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: &filterPrio}
+	long := fakeNFT{table: table, chain: []*nftables.Chain{input, nat, svc}, rules: map[string][]*nftables.Rule{
+		"nat-prerouting": f.rules["nat-prerouting"], "svc-web": f.rules["svc-web"]}}
+	for i := range 5000 {
+		long.rules["input"] = append(long.rules["input"], &nftables.Rule{Handle: uint64(100 + i), Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{10, 100, byte(i >> 8), byte(i)}},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}})
+	}
+	w = newTopicWriter(limit)
+	if err := renderRuleset(w, long, focus, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, cut = w.finish()
+	out = string(got)
+	for _, want := range []string{
+		"\tchain input { # type filter hook input priority 0\n\t\tpayload network header +12 len 4 => reg 1; cmp reg 1 == 0x0a640000 (10.100.0.0); drop # handle 100\n",
+		" more rules, naming no traced VIP nor leading to their chains, not written\n\t}\n\tchain nat-prerouting {",
+		"\tchain svc-web {\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%.600s\n...\n%s", want, out, out[max(len(out)-600, 0):])
