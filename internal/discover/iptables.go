@@ -92,7 +92,7 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 		return "", natRule{}, err
 	}
 	var r natRule
-	chain := ""
+	chain, module, target := "", "", ""
 	neg, limited := false, false
 	for i := 0; i < len(args); i++ {
 		arg := args[i]
@@ -109,6 +109,11 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 			continue
 		case "-A", "--append":
 			chain = next()
+		case "-m", "--match":
+			module = next()
+			// A match not read (statistic, recent, conntrack, ...) may
+			// leave packets to the rules after this one.
+			r.partial = r.partial || !slices.Contains([]string{"comment", "tcp", "udp", "sctp", "addrtype", "mark"}, module)
 		case "-d", "--destination":
 			p, err := parseIPTablesPrefix(next())
 			if err != nil {
@@ -130,7 +135,8 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 				r.port = uint16(v)
 			}
 		case "-j", "--jump", "-g", "--goto":
-			switch t := next(); t {
+			target = next()
+			switch t := target; t {
 			case "DNAT":
 				r.dnat = true
 				r.note = "DNAT without --to-destination"
@@ -149,6 +155,19 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 			}
 		case "--reject-with":
 			r.rejectWith = next()
+		case "--mark": // -m mark
+			v, m, ok := parseMark(next())
+			switch {
+			case module != "mark":
+			case ok && !neg:
+				r.mark, r.markMask = v&m, m
+			default:
+				r.partial = true
+			}
+		case "--set-xmark", "--set-mark", "--or-mark":
+			if v, m, ok := parseMark(next()); ok && target == "MARK" {
+				r.setMark = v & m
+			}
 		case "--limit-iface-in", "--limit-iface-out":
 			limited = true
 		case "--to-destination":
@@ -175,6 +194,22 @@ func parseIPTablesRule(text string) (string, natRule, error) {
 		r.src = slices.DeleteFunc(r.src, func(m SourceMatch) bool { return m.Local })
 	}
 	return chain, r, nil
+}
+
+// parseMark reads a mark "VALUE[/MASK]" (a mask of all ones without one).
+func parseMark(s string) (value, mask uint32, ok bool) {
+	v, m, hasMask := strings.Cut(s, "/")
+	value64, err := strconv.ParseUint(v, 0, 32)
+	if err != nil {
+		return 0, 0, false
+	}
+	mask64 := uint64(0xffffffff)
+	if hasMask {
+		if mask64, err = strconv.ParseUint(m, 0, 32); err != nil {
+			return 0, 0, false
+		}
+	}
+	return uint32(value64), uint32(mask64), true
 }
 
 // splitIPTablesArgs splits a rule on blanks, keeping "double quoted" words

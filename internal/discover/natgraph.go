@@ -26,6 +26,28 @@ type natGraph struct {
 	err  error // the first load that failed: the graph is not read in full
 	// ending caches ends: by chain and protocol.
 	ending map[[2]string]bool
+	// markers are the nat tables whose rules mark the packets this
+	// table's filter rules match by mark (linkMarkers); marks caches a nat
+	// table's marksOf.
+	markers []*natGraph
+	marks   map[markKey][]natMark
+}
+
+type markKey struct {
+	vip   netip.Addr
+	local bool
+}
+
+// natMark is a path of a nat table on which a VIP's packets get bits of
+// their mark set (kube-proxy's KUBE-MARK-DROP), with its conditions.
+type natMark struct {
+	hook    string // the NAT hook: prerouting or output
+	bits    uint32
+	port    uint16
+	proto   string
+	chains  []string
+	comment string
+	src     []SourceMatch
 }
 
 // rules returns the rules of chain name, read now if not yet; ok false
@@ -124,6 +146,14 @@ type natRule struct {
 	setDst  bool
 	setAddr netip.Addr
 	setPort uint16
+	// setMark: the bits of the packet's mark the rule sets (kube-proxy's
+	// KUBE-MARK-DROP sets 0x8000); mark, markMask: its condition on the
+	// mark (KUBE-FIREWALL's drop of the packets with 0x8000), markMask 0
+	// for none.
+	setMark, mark, markMask uint32
+	// partial: the rule has a condition this reader does not read (a
+	// random pick, a recent match): packets may pass it.
+	partial bool
 	// dstAddrs holds dst when it is many addresses (kube-proxy's set of
 	// every ClusterIP): a walk looks each address up once (limitDst).
 	dstAddrs map[netip.Addr]bool
@@ -185,6 +215,8 @@ type natWalk struct {
 	// after it (kube-proxy's "Drop traffic to unallocated ClusterIPs"
 	// after the reject of an active ClusterIP's other ports) never see one.
 	ended bool
+	// marks, when not nil, collects the paths that mark the VIP's packets.
+	marks *[]natMark
 }
 
 // chain walks the rules of chain name; comment is the one of the rule that
@@ -246,6 +278,12 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip,
 				Port: po, Proto: pr, Chains: slices.Clone(path), Backend: r.backend, PortRange: r.portRange, Note: r.note, Sources: sm})
 		}
+		if m && r.setMark != 0 && w.marks != nil {
+			*w.marks = append(*w.marks, natMark{w.base.hook, r.setMark, po, pr, slices.Clone(path), cm, sm})
+		}
+		if !m && r.mark != 0 && r.verdict != "" {
+			w.markedVerdict(r, path, sm)
+		}
 		if m && r.verdict != "" {
 			w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip,
 				Port: po, Proto: pr, Chains: slices.Clone(path), Verdict: r.verdict, RejectWith: r.rejectWith, Comment: cm, Sources: sm,
@@ -260,7 +298,79 @@ func (w *natWalk) chain(name string, path []string, matched bool, proto string, 
 		if not, ok := r.goneFrom(); ok && (r.gotos || len(r.targets) == 1 && w.g.ends(r.targets[0], pr, 0)) {
 			src = append(slices.Clone(src), not)
 		}
+		if w.marks != nil && r.takesAll(w.g, pr) {
+			// kube-proxy 1.20's KUBE-FW-* chain of a LoadBalancer
+			// without source ranges jumps to its service chain, then
+			// to KUBE-MARK-DROP, which no packet reaches.
+			return
+		}
 	}
+}
+
+// takesAll tells whether every packet of protocol proto that meets r leaves
+// its chain for good: r has no condition and goes or jumps to one chain that
+// ends every packet (natGraph.ends).
+func (r *natRule) takesAll(g *natGraph, proto string) bool {
+	return len(r.dst) == 0 && r.port == 0 && !r.localDst && len(r.src) == 0 && (r.proto == "" || r.proto == proto) &&
+		r.markMask == 0 && !r.partial && len(r.targets) == 1 && g.ends(r.targets[0], proto, 0)
+}
+
+// markedVerdict adds what a filter rule r that rejects or drops packets by
+// their mark does to the VIP's, for each path of the nat table (marker)
+// that sets that mark on them (markers): kube-proxy up to 1.23 marks at NAT with
+// KUBE-MARK-DROP the packets of a LoadBalancer's client outside its source
+// ranges and those to a NodePort of an externalTrafficPolicy: Local Service
+// without a local endpoint, and kubelet's KUBE-FIREWALL, at input and
+// output, drops them. The path is the nat one followed by the filter one,
+// with the nat path's comment (the Service's) and conditions.
+func (w *natWalk) markedVerdict(r *natRule, path []string, src []SourceMatch) {
+	var marks []natMark
+	for _, g := range w.g.markers {
+		marks = append(marks, g.marksOf(w.vip, w.local)...)
+	}
+	for _, mk := range marks {
+		if r.mark&r.markMask&^mk.bits != 0 || (r.port != 0 && mk.port != 0 && r.port != mk.port) || !markSeen(mk.hook, w.base) {
+			continue
+		}
+		w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip, Port: mk.port, Proto: mk.proto,
+			Chains: append(slices.Clone(mk.chains), path...), Verdict: r.verdict, RejectWith: r.rejectWith, Comment: mk.comment,
+			Sources: append(slices.Clone(mk.src), src...), AfterNAT: w.base.afterNAT()})
+	}
+}
+
+// markSeen tells whether a filter chain at base sees the packets a nat
+// chain at natHook marked: those of prerouting go on to forward or input,
+// those of output to output's filter.
+func markSeen(natHook string, base natBase) bool {
+	if !base.afterNAT() {
+		return false
+	}
+	if natHook == "output" {
+		return base.hook == "output" || base.hook == "postrouting"
+	}
+	return base.hook != "output"
+}
+
+// marksOf are the paths of g, a nat table, on which packets to vip (local:
+// an address of the node) get a mark set.
+func (g *natGraph) marksOf(vip netip.Addr, local bool) []natMark {
+	k := markKey{vip, local}
+	if marks, ok := g.marks[k]; ok {
+		return marks
+	}
+	var out []NATRule
+	var marks []natMark
+	if g.carries(vip) {
+		for _, base := range g.bases {
+			w := natWalk{g: g, vip: vip, local: local, base: base, out: &out, seen: map[string]bool{}, onPath: map[string]bool{}, marks: &marks}
+			w.chain(base.chain, []string{base.chain}, false, "", 0, "", nil)
+		}
+	}
+	if g.marks == nil {
+		g.marks = map[markKey][]natMark{}
+	}
+	g.marks[k] = marks
+	return marks
 }
 
 // ends tells whether every packet of protocol proto ("" any) that enters

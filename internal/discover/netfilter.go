@@ -55,6 +55,7 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 	legacy, status := readLegacyNAT(ctx, hostPath)
 	nf.IPTablesLegacy = status
 	graphs = append(graphs, legacy...)
+	linkMarkers(graphs)
 	for _, g := range graphs {
 		for _, r := range g.matchServices(svcs) {
 			if r.Verdict != "" {
@@ -86,6 +87,22 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 		}
 	}
 	return nf
+}
+
+// linkMarkers gives each graph with filter chains the graphs of its source
+// and family with NAT chains, whose marks its rules may match: kubelet's
+// KUBE-FIREWALL drops what kube-proxy's KUBE-MARK-DROP marked at NAT.
+func linkMarkers(graphs []*natGraph) {
+	for _, f := range graphs {
+		if !slices.ContainsFunc(f.bases, func(b natBase) bool { return !b.nat }) {
+			continue
+		}
+		for _, g := range graphs {
+			if g.source == f.source && g.family == f.family && g.hasNAT() {
+				f.markers = append(f.markers, g)
+			}
+		}
+	}
 }
 
 // backendDrops are the rules of graphs' filter chains after NAT that drop

@@ -228,6 +228,7 @@ const (
 	fieldSaddr                 // IP source address, or its first bytes
 	fieldSrcAddrType           // fib saddr type: the route type of the source
 	fieldMapped                // the value a map lookup found (nftField.mapped)
+	fieldMark                  // meta mark, or its bits after a bitwise and (mask)
 )
 
 // regSlot maps an nftables register to its 4-byte slot: NFT_REG_1..4 are 16
@@ -286,14 +287,17 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 	case *expr.Meta:
 		if !e.SourceRegister {
 			f := nftField{kind: fieldOther, size: 4}
-			if e.Key == expr.MetaKeyL4PROTO {
+			switch e.Key {
+			case expr.MetaKeyL4PROTO:
 				f = nftField{kind: fieldProto, size: 1}
+			case expr.MetaKeyMARK:
+				f = nftField{kind: fieldMark, size: 4}
 			}
 			ev.set(e.Register, f)
 		}
 	case *expr.Bitwise:
 		f := ev.get(e.SourceRegister)
-		if (f.kind == fieldDaddr || f.kind == fieldSaddr) && int(e.Len) == f.size && len(e.Mask) == f.size {
+		if (f.kind == fieldDaddr || f.kind == fieldSaddr || f.kind == fieldMark && isZero(e.Xor)) && int(e.Len) == f.size && len(e.Mask) == f.size {
 			f.mask = e.Mask
 		} else {
 			f = nftField{kind: fieldOther, size: int(e.Len)}
@@ -346,6 +350,10 @@ func (ev *nftRuleEval) step(e expr.Any, sets setLookup) {
 			ev.rule.portRange = xtDNATPortRange(e.Info)
 		case "REJECT": // iptables-nft's -j REJECT
 			ev.rule.verdict, ev.rule.rejectWith = "reject", XTRejectWith(e.Info)
+		case "MARK": // iptables-nft's -j MARK: struct xt_mark_tginfo2, in host order
+			if b, ok := e.Info.(*xt.Unknown); ok && e.Rev == 2 && len(*b) >= 8 {
+				ev.rule.setMark = binary.NativeEndian.Uint32((*b)[:4]) & binary.NativeEndian.Uint32((*b)[4:8])
+			}
 		}
 	case *expr.Match:
 		ev.xtMatch(e)
@@ -429,6 +437,7 @@ func (ev *nftRuleEval) cmp(e *expr.Cmp) {
 	f := ev.get(e.Register)
 	neg := e.Op == expr.CmpOpNeq
 	if e.Op != expr.CmpOpEq && !(neg && negatable(f.kind)) {
+		ev.rule.partial = true
 		return
 	}
 	switch f.kind {
@@ -456,7 +465,23 @@ func (ev *nftRuleEval) cmp(e *expr.Cmp) {
 		if len(e.Data) == 1 {
 			ev.rule.proto = protoName(e.Data[0])
 		}
+	case fieldMark: // iptables-nft's -m mark --mark VALUE/MASK
+		if len(e.Data) == 4 {
+			mask := uint32(0xffffffff)
+			if len(f.mask) == 4 {
+				mask = binary.NativeEndian.Uint32(f.mask)
+			}
+			ev.rule.mark, ev.rule.markMask = binary.NativeEndian.Uint32(e.Data)&mask, mask
+		}
+	default:
+		ev.rule.partial = true
 	}
+}
+
+// isZero tells whether b is all zero bytes (a bitwise's xor that changes
+// nothing: iptables-nft's mark match).
+func isZero(b []byte) bool {
+	return !slices.ContainsFunc(b, func(c byte) bool { return c != 0 })
 }
 
 // negatable are the fields whose != compare the reader understands.
@@ -731,6 +756,7 @@ func (ev *nftRuleEval) xtMatch(e *expr.Match) {
 		ev.rule.comment = string(*m)
 		return
 	default:
+		ev.rule.partial = true // -m statistic, -m recent, ...
 		return
 	}
 	if ports[0] == ports[1] {

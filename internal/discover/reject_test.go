@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -525,5 +526,62 @@ func TestNFTNodePortEndpointsCheckAnyLocal(t *testing.T) {
 	want := []string{"input 192.168.77.1 tcp/30082 filter-input>nodeport-endpoints-check => invalid AddrPort drop default/localnone:http"}
 	if !slices.Equal(got, want) {
 		t.Errorf("rejects:\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestIPTablesMarkDropKubeProxy120: kube-proxy up to 1.23 drops a
+// LoadBalancer's client outside its source ranges (KUBE-FW-*) and an outside
+// client of a NodePort of an externalTrafficPolicy: Local Service without a
+// local endpoint (KUBE-XLB-*) by marking them at NAT (KUBE-MARK-DROP, 0x8000),
+// and kubelet's KUBE-FIREWALL drops what has that mark at input and output.
+// Those drops are the Services' own, with their conditions; a LoadBalancer
+// IP the node forwards is not dropped (KUBE-FIREWALL is not on forward), nor
+// one without source ranges, whose KUBE-FW-* chain jumps to its service
+// chain before KUBE-MARK-DROP.
+func TestIPTablesMarkDropKubeProxy120(t *testing.T) {
+	const path = "testdata/iptables-save-kube-proxy-1.20.txt"
+	var graphs []*natGraph
+	for _, table := range []string{"nat", "filter"} {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := parseIPTablesSaveTable(f, SourceIPTablesLegacy, table)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		graphs = append(graphs, g)
+	}
+	linkMarkers(graphs)
+	node, lb, open := netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")
+	s := newServiceSet(nil, []ServicePort{{Addr: node, Port: 30081, Proto: "tcp"}, {Addr: node, Port: 30080, Proto: "tcp"},
+		{Addr: lb, Port: 80, Proto: "tcp"}, {Addr: open, Port: 80, Proto: "tcp"}, {Addr: netip.MustParseAddr("10.120.0.80")}})
+	s.local = map[netip.Addr]bool{node: true, lb: true, open: true}
+	var got []string
+	for _, g := range graphs {
+		for _, r := range g.matchServices(s) {
+			if r.Verdict != "" {
+				got = append(got, rejectKey(r)+r.fromString())
+			}
+		}
+	}
+	slices.Sort(got)
+	want := []string{
+		"input 192.168.1.10 tcp/30081 PREROUTING>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-XLB-LOCALXXXXXXXXXXX>KUBE-MARK-DROP>INPUT>KUBE-FIREWALL => invalid AddrPort drop default/local:http has no local endpoints from not 10.244.0.0/16 and not local",
+		"input 203.0.113.10 tcp/80 PREROUTING>KUBE-SERVICES>KUBE-FW-LBXXXXXXXXXXXXXX>KUBE-MARK-DROP>INPUT>KUBE-FIREWALL => invalid AddrPort drop default/lb:http loadbalancer IP from not 198.51.100.0/24",
+		"output 192.168.1.10 tcp/30081 OUTPUT>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-XLB-LOCALXXXXXXXXXXX>KUBE-MARK-DROP>OUTPUT>KUBE-FIREWALL => invalid AddrPort drop default/local:http has no local endpoints from not 10.244.0.0/16 and not local",
+		"output 203.0.113.10 tcp/80 OUTPUT>KUBE-SERVICES>KUBE-FW-LBXXXXXXXXXXXXXX>KUBE-MARK-DROP>OUTPUT>KUBE-FIREWALL => invalid AddrPort drop default/lb:http loadbalancer IP from not 198.51.100.0/24",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("drops:\n got %q\nwant %q", got, want)
+	}
+
+	s = newServiceSet(nil, []ServicePort{{Addr: lb, Port: 80, Proto: "tcp"}})
+	s.local = map[netip.Addr]bool{}
+	for _, r := range graphs[1].matchServices(s) {
+		if r.Hook == "forward" {
+			t.Errorf("a LoadBalancer IP the node forwards: %s, want no drop at forward", rejectKey(r))
+		}
 	}
 }

@@ -1118,3 +1118,49 @@ func TestUplinkIsUnselectedNetkitPod(t *testing.T) {
 		t.Errorf("--uplink %s, a Pod's veth: got %v, want a usage error", l.Attrs().Name, err)
 	}
 }
+
+// TestKubeProxy120MarkDropOnNode: kube-proxy 1.20's rules, restored with
+// iptables-legacy-restore and iptables-nft-restore, drop an outside client
+// of a NodePort of an externalTrafficPolicy: Local Service without a local
+// endpoint through KUBE-MARK-DROP at NAT and KUBE-FIREWALL at input: that
+// drop is read from either backend, with the Service's comment.
+func TestKubeProxy120MarkDropOnNode(t *testing.T) {
+	for _, tool := range []string{"iptables-legacy", "iptables-nft"} {
+		t.Run(tool, func(t *testing.T) {
+			if _, err := exec.LookPath(tool + "-restore"); err != nil {
+				t.Skipf("%s-restore is not installed", tool)
+			}
+			n := newNodeNS(t, "node", "pod", "gw")
+			n.run(t, "node", "link add mgmt type veth peer name eth0 netns "+n.name("gw"),
+				"addr add 192.168.1.10/24 dev mgmt", "link set mgmt up", "route add default via 192.168.1.254")
+			n.addRoutedPod(t, "pod", "cali1", "10.244.0.5")
+			rules, err := os.Open("testdata/iptables-save-kube-proxy-1.20.txt")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rules.Close()
+			cmd := exec.Command("ip", "netns", "exec", n.name("node"), tool+"-restore")
+			cmd.Stdin = rules
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%s-restore: %v: %s", tool, err, out)
+			}
+			info, err := Node(context.Background(), Options{HostNetNS: n.path("node"),
+				ServicePorts: []ServicePort{{Addr: netip.MustParseAddr("192.168.1.10"), Port: 30081, Proto: "tcp"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range info.Netfilter.Rejects {
+				got = append(got, fmt.Sprintf("%s %s:%d %s %s %q%s", r.Hook, r.Service, r.Port, strings.Join(r.Chains, ">"), r.Verdict, r.Comment, r.fromString()))
+			}
+			slices.Sort(got)
+			want := []string{
+				`input 192.168.1.10:30081 PREROUTING>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-XLB-LOCALXXXXXXXXXXX>KUBE-MARK-DROP>INPUT>KUBE-FIREWALL drop "default/local:http has no local endpoints" from not 10.244.0.0/16 and not local`,
+				`output 192.168.1.10:30081 OUTPUT>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-XLB-LOCALXXXXXXXXXXX>KUBE-MARK-DROP>OUTPUT>KUBE-FIREWALL drop "default/local:http has no local endpoints" from not 10.244.0.0/16 and not local`,
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("rejects:\n got %q\nwant %q", got, want)
+			}
+		})
+	}
+}
