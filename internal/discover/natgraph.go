@@ -332,9 +332,17 @@ func (w *natWalk) markedVerdict(r *natRule, path []string, src []SourceMatch) {
 		if r.mark&r.markMask&^mk.bits != 0 || (r.port != 0 && mk.port != 0 && r.port != mk.port) || !markSeen(mk.hook, w.base) {
 			continue
 		}
+		sm := append(slices.Clone(mk.src), src...)
+		notLocal := func(m SourceMatch) bool { return m.Local && m.Not }
+		if mk.hook == "prerouting" && !slices.ContainsFunc(sm, notLocal) {
+			// The node's own connections meet NAT at output: their
+			// packets that loop back to input were never marked at
+			// prerouting.
+			sm = append(sm, SourceMatch{Local: true, Not: true})
+		}
 		w.add(NATRule{Source: w.g.source, Table: w.g.table, Hook: w.base.hook, Service: w.vip, Port: mk.port, Proto: mk.proto,
 			Chains: append(slices.Clone(mk.chains), path...), Verdict: r.verdict, RejectWith: r.rejectWith, Comment: mk.comment,
-			Sources: append(slices.Clone(mk.src), src...), AfterNAT: w.base.afterNAT()})
+			Sources: sm, AfterNAT: w.base.afterNAT()})
 	}
 }
 

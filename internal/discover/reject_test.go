@@ -534,7 +534,9 @@ func TestNFTNodePortEndpointsCheckAnyLocal(t *testing.T) {
 // client of a NodePort of an externalTrafficPolicy: Local Service without a
 // local endpoint (KUBE-XLB-*) by marking them at NAT (KUBE-MARK-DROP, 0x8000),
 // and kubelet's KUBE-FIREWALL drops what has that mark at input and output.
-// Those drops are the Services' own, with their conditions; a LoadBalancer
+// Those drops are the Services' own, with their conditions (the node's own
+// connections are marked at output, not at prerouting: the drop at input
+// is not theirs, as the source ranges alone would say); a LoadBalancer
 // IP the node forwards is not dropped (KUBE-FIREWALL is not on forward), nor
 // one without source ranges, whose KUBE-FW-* chain jumps to its service
 // chain before KUBE-MARK-DROP.
@@ -569,7 +571,7 @@ func TestIPTablesMarkDropKubeProxy120(t *testing.T) {
 	slices.Sort(got)
 	want := []string{
 		"input 192.168.1.10 tcp/30081 PREROUTING>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-XLB-LOCALXXXXXXXXXXX>KUBE-MARK-DROP>INPUT>KUBE-FIREWALL => invalid AddrPort drop default/local:http has no local endpoints from not 10.244.0.0/16 and not local",
-		"input 203.0.113.10 tcp/80 PREROUTING>KUBE-SERVICES>KUBE-FW-LBXXXXXXXXXXXXXX>KUBE-MARK-DROP>INPUT>KUBE-FIREWALL => invalid AddrPort drop default/lb:http loadbalancer IP from not 198.51.100.0/24",
+		"input 203.0.113.10 tcp/80 PREROUTING>KUBE-SERVICES>KUBE-FW-LBXXXXXXXXXXXXXX>KUBE-MARK-DROP>INPUT>KUBE-FIREWALL => invalid AddrPort drop default/lb:http loadbalancer IP from not 198.51.100.0/24 and not local",
 		"output 192.168.1.10 tcp/30081 OUTPUT>KUBE-SERVICES>KUBE-NODEPORTS>KUBE-XLB-LOCALXXXXXXXXXXX>KUBE-MARK-DROP>OUTPUT>KUBE-FIREWALL => invalid AddrPort drop default/local:http has no local endpoints from not 10.244.0.0/16 and not local",
 		"output 203.0.113.10 tcp/80 OUTPUT>KUBE-SERVICES>KUBE-FW-LBXXXXXXXXXXXXXX>KUBE-MARK-DROP>OUTPUT>KUBE-FIREWALL => invalid AddrPort drop default/lb:http loadbalancer IP from not 198.51.100.0/24",
 	}
