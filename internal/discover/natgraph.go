@@ -316,12 +316,12 @@ func (r *natRule) takesAll(g *natGraph, proto string) bool {
 }
 
 // markedVerdict adds what a filter rule r that rejects or drops packets by
-// their mark does to the VIP's, for each path of the nat table (marker)
-// that sets that mark on them (markers): kube-proxy up to 1.23 marks at NAT with
+// their mark does to the VIP's, for each path of the nat tables (markers)
+// that sets that mark on them: kube-proxy before 1.25 marks at NAT with
 // KUBE-MARK-DROP the packets of a LoadBalancer's client outside its source
-// ranges and those to a NodePort of an externalTrafficPolicy: Local Service
-// without a local endpoint, and kubelet's KUBE-FIREWALL, at input and
-// output, drops them. The path is the nat one followed by the filter one,
+// ranges (and, before 1.24, those to a NodePort of an
+// externalTrafficPolicy: Local Service without a local endpoint), and
+// kubelet's KUBE-FIREWALL, at input and output, drops them. The path is the nat one followed by the filter one,
 // with the nat path's comment (the Service's) and conditions.
 func (w *natWalk) markedVerdict(r *natRule, path []string, src []SourceMatch) {
 	var marks []natMark

@@ -529,7 +529,7 @@ func TestNFTNodePortEndpointsCheckAnyLocal(t *testing.T) {
 	}
 }
 
-// TestIPTablesMarkDropKubeProxy120: kube-proxy up to 1.23 drops a
+// TestIPTablesMarkDropKubeProxy120: kube-proxy before 1.25 drops a
 // LoadBalancer's client outside its source ranges (KUBE-FW-*) and an outside
 // client of a NodePort of an externalTrafficPolicy: Local Service without a
 // local endpoint (KUBE-XLB-*) by marking them at NAT (KUBE-MARK-DROP, 0x8000),
