@@ -312,12 +312,19 @@ func (e *Engine) droppedOnNode(f *flowState) bool {
 // in br_forward, or br_handle_frame_finish where that is inlined: only
 // there, at such a port, does that reason tell this drop (the bridge's
 // output path, br_dev_queue_push_xmit, drops too big a frame so, at the
-// port it was to leave by).
+// port it was to leave by). A backend that is a Pod of the node is behind
+// its host veth, not that port: the bridge refused it there for another
+// reason (the two ports isolated, a VLAN the Pod's port does not carry),
+// with the same kfree_skb() at the port it came in on.
 func (e *Engine) hairpinDrop(f *flowState, d *KernelDrop) bool {
 	fn, _, _ := strings.Cut(d.Function, " ")
 	_, off := e.cfg.Attribution.HairpinOffUplinks[d.Ifindex]
 	return off && f.uplinkIn.seen && d.Direction == "request" && !d.vip && d.NetNS == e.cfg.HostNetNS &&
-		d.Reason == reasonNotSpecified && (fn == "br_forward" || fn == "br_handle_frame_finish")
+		d.Reason == reasonNotSpecified && (fn == "br_forward" || fn == "br_handle_frame_finish") &&
+		slices.ContainsFunc(f.backends, func(b backendSeen) bool {
+			_, pod := e.cfg.Attribution.PodHostSides[b.addr.Addr()]
+			return !pod
+		})
 }
 
 // hairpinRefused is the earliest of f's requests a bridge refused to send
