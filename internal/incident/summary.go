@@ -384,9 +384,10 @@ func sentence(g *verdictGroup, pods map[netip.Addr]bool, uplink string) string {
 		// own stack, for a local VIP no rule rewrote).
 		b.WriteString(pick(one, "; the connection was refused (a TCP RST came back instead of a SYN-ACK: nothing listened on the VIP's port, or a firewall rejected it)",
 			"; the connections were refused (a TCP RST came back instead of a SYN-ACK: nothing listened on the VIP's port, or a firewall rejected it)"))
-	case f.Refused && f.By == flow.ByClientNetfilter:
+	case f.Refused && f.By == flow.ByClientNetfilter && f.Backend.Addr().IsLoopback():
 		// Its Pod's kernel refused it (a NO_SOCKET drop, in its reason): it
-		// never left the Pod.
+		// never left the Pod. The Pod's NAT to a backend out of it is
+		// refused there, by a reset that came back, as any other.
 		b.WriteString(pick(one, "; nothing listened on the proxy's port in the client's Pod: its kernel refused the connection (known from its drop, not captured), so the sidecar proxy was not running or not ready.",
 			"; nothing listened on the proxy's port in the client's Pod: its kernel refused the connections (known from their drops, not captured), so the sidecar proxy was not running or not ready."))
 		return b.String()

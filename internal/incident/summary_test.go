@@ -868,3 +868,23 @@ func TestSummarySidecarProxyNotListening(t *testing.T) {
 		t.Fatalf("no line for a flow refused in its Pod:\n%s", b)
 	}
 }
+
+// TestSummaryPodNATBackendRefused: a connection its Pod's own NAT sent to a
+// backend out of the Pod, which refused it with a reset that came back, was
+// refused by that backend: SUMMARY.md says so, not that nothing listened on
+// a proxy's port in the Pod (no proxy, no drop).
+func TestSummaryPodNATBackendRefused(t *testing.T) {
+	flows, b := scenarioSummary(t, "pod-nat-backend-refused.json")
+	if len(flows) != 1 || !flows[0].Refused || flows[0].By != flow.ByClientNetfilter {
+		t.Fatalf("want one flow refused, by %q: %+v", flow.ByClientNetfilter, flows)
+	}
+	for _, line := range strings.Split(b, "\n") {
+		if strings.HasPrefix(line, "- ") && strings.Contains(line, "(flow 1)") {
+			if strings.Contains(line, "the proxy's port") || !strings.Contains(line, "the backend refused the connection") {
+				t.Errorf("refused by its backend:\n%s", line)
+			}
+			return
+		}
+	}
+	t.Fatalf("no line for flow 1:\n%s", b)
+}
