@@ -277,6 +277,23 @@ static __always_inline bool pt_sent_before(__u64 cookie, __u32 daddr, __u16 dpor
 	return false;
 }
 
+/* The destination each unconnected UDP socket's sendmsg4 observer last saw
+ * it send to again: the one whose datagram a socket LB after the observer
+ * may send to another backend, which the egress observer reports with it
+ * (a socket may send to several VIPs, each with backends of its own). */
+struct pt_dst {
+	__u32 daddr;
+	__u16 dport;
+	__u16 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct pt_dst);
+} sent_again SEC(".maps");
+
 /* pt_sock_addr observes a connect or sendmsg whose effective IPv4
  * destination is daddr (the address every earlier sock_addr program left). */
 static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __u32 daddr)
@@ -307,6 +324,12 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 	 * datagram to another backend: the egress observer reports the datagram
 	 * when its destination is new for the socket. */
 	if (kind == PT_KIND_SENDMSG && pt_sent_before(cookie, daddr, dport)) {
+		/* Written when it changes: a socket sends to one VIP mostly,
+		 * and a lookup costs less than an LRU update. */
+		struct pt_dst d = {.daddr = daddr, .dport = dport};
+		struct pt_dst *last = bpf_map_lookup_elem(&sent_again, &cookie);
+		if (!last || last->daddr != daddr || last->dport != dport)
+			bpf_map_update_elem(&sent_again, &cookie, &d, BPF_ANY);
 		pt_watch_cookie(cookie, PT_NETNS_SENT_AGAIN, bpf_ktime_get_ns());
 		return 1;
 	}
@@ -397,6 +420,7 @@ int pt_sock_egress(struct __sk_buff *skb)
 	if (pt_load_ipv4(skb, 0, &t) < 0)
 		return 1;
 	__u8 kind = 0;
+	struct pt_dst *sent = NULL;
 	if (netns == PT_NETNS_SENT_AGAIN) {
 		/* Reported once per destination the socket's datagrams left
 		 * for (its first packet's once more, as sendmsg4 saw another):
@@ -406,6 +430,7 @@ int pt_sock_egress(struct __sk_buff *skb)
 			return 1;
 		netns = pt_skb_netns(skb);
 		kind = PT_KIND_SENDMSG;
+		sent = bpf_map_lookup_elem(&sent_again, &cookie);
 		pt_learn_endpoint(t.daddr, t.dport, t.proto);
 	}
 	/* The packet's source is what it leaves with, which a node socket's
@@ -429,6 +454,10 @@ int pt_sock_egress(struct __sk_buff *skb)
 		return 1;
 	pt_set_tuple(e, &t);
 	e->kind = kind;
+	if (sent) { /* what sendmsg4 saw it go to */
+		e->req_daddr = sent->daddr;
+		e->req_dport = sent->dport;
+	}
 	e->cookie = cookie;
 	e->netns = netns;
 	e->len = skb->len;

@@ -848,12 +848,18 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 		if f == nil && !e.isService(o.Proto, o.Dst) {
 			// The same socket asked for a VIP and now sends to dst: its
 			// backend. A datagram its sendmsg4 observer saw go where it
-			// had gone before, which left for dst, was rewritten after
-			// the observer: a socket LB after it chose another backend
-			// of the socket's flow.
-			if f = soleWithoutBackend(s.flows); f == nil && o.Kind == obs.SockSendmsg && len(s.flows) == 1 {
-				f = s.flows[0]
-				f.sentElsewhere = true
+			// had gone before (ReqDst, unless the kernel forgot it),
+			// which left for dst, was rewritten after the observer: a
+			// socket LB after it chose another backend of that flow.
+			if f = soleWithoutBackend(s.flows); o.Kind == obs.SockSendmsg {
+				if g := s.flowTo(o.ReqDst); g != nil {
+					f = g
+				} else if f == nil && len(s.flows) == 1 {
+					f = s.flows[0]
+				}
+				if f != nil && len(f.backends) > 0 {
+					f.sentElsewhere = true
+				}
 			}
 			if f != nil {
 				e.learnBackend(f, o.Dst, o.Time)

@@ -94,9 +94,10 @@ func TestSocketObserversLearnBackendAndClient(t *testing.T) {
 // observers on their cgroup, it runs after them: sendmsg4 sees the VIP each
 // time and reports it once, and the egress observer reports the first
 // packet, then each datagram that leaves for a destination new for the
-// socket, once, and the kernel learns that backend. Attached before them,
-// sendmsg4 reports each backend once, and the egress observer only the
-// first packet to each: sendmsg4's destinations are the egress observer's.
+// socket, once, with the VIP sendmsg4 saw, and the kernel learns that
+// backend. Attached before them, sendmsg4 reports each backend once, and
+// the egress observer only the first packet to each: sendmsg4's
+// destinations are the egress observer's.
 // An LB attached a moment ago, which user space has not seen yet
 // (read_requested off), is followed all the same.
 func TestSocketLBEachBackend(t *testing.T) {
@@ -144,6 +145,11 @@ func TestSocketLBEachBackend(t *testing.T) {
 			}
 			if want := map[bool]obs.SockKind{true: obs.SockSendmsg}[c.after]; second.Kind != want {
 				t.Errorf("second backend reported as kind %d, want %d", second.Kind, want)
+			}
+			// The VIP its sendmsg4 observer saw: a socket may send to
+			// several, each with backends of its own.
+			if want := map[bool]netip.AddrPort{true: lbUDP}[c.after]; second.ReqDst != want {
+				t.Errorf("second backend reported with req_dst %v, want %v", second.ReqDst, want)
 			}
 			time.Sleep(200 * time.Millisecond) // the ring buffer is polled
 			count := func(p obs.Point, dst netip.AddrPort) int {

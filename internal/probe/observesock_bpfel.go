@@ -28,6 +28,7 @@ const (
 	observeSockMapReadRequested    = "read_requested"
 	observeSockMapReaderAsleep     = "reader_asleep"
 	observeSockMapRingbufLosses    = "ringbuf_losses"
+	observeSockMapSentAgain        = "sent_again"
 	observeSockMapSentTo           = "sent_to"
 	observeSockMapSubmitFence      = "submit_fence"
 	observeSockMapWatchAddrs       = "watch_addrs"
@@ -112,6 +113,7 @@ type observeSockMapSpecs struct {
 	ReadRequested    *ebpf.MapSpec `ebpf:"read_requested"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
+	SentAgain        *ebpf.MapSpec `ebpf:"sent_again"`
 	SentTo           *ebpf.MapSpec `ebpf:"sent_to"`
 	SubmitFence      *ebpf.MapSpec `ebpf:"submit_fence"`
 	WatchAddrs       *ebpf.MapSpec `ebpf:"watch_addrs"`
@@ -164,6 +166,7 @@ type observeSockMaps struct {
 	ReadRequested    *ebpf.Map `ebpf:"read_requested"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
+	SentAgain        *ebpf.Map `ebpf:"sent_again"`
 	SentTo           *ebpf.Map `ebpf:"sent_to"`
 	SubmitFence      *ebpf.Map `ebpf:"submit_fence"`
 	WatchAddrs       *ebpf.Map `ebpf:"watch_addrs"`
@@ -191,6 +194,7 @@ func (m *observeSockMaps) Close() error {
 		m.ReadRequested,
 		m.ReaderAsleep,
 		m.RingbufLosses,
+		m.SentAgain,
 		m.SentTo,
 		m.SubmitFence,
 		m.WatchAddrs,

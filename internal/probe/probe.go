@@ -64,7 +64,7 @@ type Stats struct {
 var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_endpoints", "watch_clients", "learn_errors",
 	"watch_cookies_0", "watch_cookies_1", "watch_cookies_2", "watch_cookies_3", "flow_events_0", "flow_events_1", "flow_events_2", "flow_events_3", "events_summarized", "read_requested",
 	"watch_bits_user", "watch_bits_kernel",
-	"reader_asleep", "submit_fence", "last_to_watched", "sent_to"}
+	"reader_asleep", "submit_fence", "last_to_watched", "sent_to", "sent_again"}
 
 // Probe owns every map, program, link and socket of one session.
 type Probe struct {
