@@ -611,7 +611,6 @@ var errNotPod = errors.New("it has no default route and no veth into the node ne
 // inspectPod reads a pod netns: its interface towards the node (see
 // pickPodIface), addresses, the route through it (see routeThrough) with
 // its gateway and gateway MAC, and the host peer.
-
 func inspectPod(host *hostNS, c nsCandidate, want netip.Addr, vips []netip.Addr) (*Pod, error) {
 	ns, err := netns.GetFromPath(c.path)
 	if err != nil {
