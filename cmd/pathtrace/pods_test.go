@@ -430,7 +430,10 @@ func TestPodStartedMidTraceTC(t *testing.T) {
 		}
 	}
 	if len(mine) != 2 {
-		t.Errorf("%d flows from the new Pod %s, want 2: %s", len(mine), ip, dump(flows))
+		// What the run found of the Pod, to tell a Pod never found from
+		// its flows lost.
+		t.Errorf("%d flows from the new Pod %s, want 2: %s; pods_started %v, out_of_scope %v; stderr: %s",
+			len(mine), ip, dump(flows), summary["pods_started"], summary["out_of_scope"], r.stderr.String())
 	}
 	added, _ := summary["observers_added"].([]any)
 	if len(added) != 1 || !strings.Contains(fmt.Sprint(added[0]), "tcx observers on "+addedPodVeth(ip)) || strings.Contains(fmt.Sprint(added[0]), "not attached") {
