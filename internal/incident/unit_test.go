@@ -402,9 +402,21 @@ func TestRenderLongSetLeavesRoom(t *testing.T) {
 	if err := renderRuleset(w, f, focus, nil); err != nil {
 		t.Fatal(err)
 	}
-	got, cut := w.finish()
-	out := string(got)
-	for _, want := range []string{
+	// fits says whether w's file holds every want, whole.
+	fits := func(w *topicWriter, wants ...string) {
+		t.Helper()
+		got, cut := w.finish()
+		out := string(got)
+		for _, want := range wants {
+			if !strings.Contains(out, want) {
+				t.Errorf("missing %q in:\n%.600s\n...\n%s", want, out, out[max(len(out)-600, 0):])
+			}
+		}
+		if cut || len(got) > limit {
+			t.Errorf("cut %v, %d bytes (limit %d)", cut, len(got), limit)
+		}
+	}
+	fits(w,
 		"\tset service-ips { type ipv4_addr; elements = { 0x0a000000 (10.0.0.0), 0x0a000001 (10.0.0.1),",
 		", 0x0a780050 (10.120.0.80) } } # ",
 		" more elements, naming no traced VIP nor leading to their chains, not written\n",
@@ -412,14 +424,7 @@ func TestRenderLongSetLeavesRoom(t *testing.T) {
 		"\tchain svc-web {\n\t\timmediate 0x0af4141f (10.244.20.31) => reg 1 # handle 7\n\t}\n",
 		"\t# 1 more chains, on no traced Service's path, not written\n",
 		"# written whole up to 32768 bytes, half of what this file keeps: narrowed from there on to the traced Services (10.120.0.80)",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("missing %q in:\n%.600s\n...\n%s", want, out, out[max(len(out)-600, 0):])
-		}
-	}
-	if cut || len(got) > limit {
-		t.Errorf("cut %v, %d bytes (limit %d)", cut, len(got), limit)
-	}
+	)
 
 	// So is a long chain, from the rule at which the rendering outgrows
 	// half its file.
@@ -439,20 +444,11 @@ func TestRenderLongSetLeavesRoom(t *testing.T) {
 	if err := renderRuleset(w, long, focus, nil); err != nil {
 		t.Fatal(err)
 	}
-	got, cut = w.finish()
-	out = string(got)
-	for _, want := range []string{
+	fits(w,
 		"\tchain input { # type filter hook input priority 0\n\t\tpayload network header +12 len 4 => reg 1; cmp reg 1 == 0x0a640000 (10.100.0.0); drop # handle 100\n",
 		" more rules, naming no traced VIP nor leading to their chains, not written\n\t}\n\tchain nat-prerouting {",
 		"\tchain svc-web {\n",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("missing %q in:\n%.600s\n...\n%s", want, out, out[max(len(out)-600, 0):])
-		}
-	}
-	if cut || len(got) > limit {
-		t.Errorf("cut %v, %d bytes (limit %d)", cut, len(got), limit)
-	}
+	)
 
 	// A ruleset within half its file is written as without a bound.
 	small := fakeNFT{table: table, chain: f.chain, rules: f.rules}
