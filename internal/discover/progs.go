@@ -134,7 +134,8 @@ func programName(id ebpf.ProgramID) string {
 }
 
 // tcPrograms lists the tcx and cls_bpf programs on every host and uplink
-// capture point, in both directions, leaving out pathtrace's own.
+// capture point, in both directions, leaving out pathtrace's own, and the
+// filters whose actions rewrite (act_nat).
 // A point whose programs could not be read is marked TCUnread; a point whose
 // interface is gone (its Pod deleted since discovery) is left out.
 func tcPrograms(host *hostNS, cps []CapturePoint, progs *progCache, info *NodeInfo) []TCProgram {
@@ -169,12 +170,14 @@ func tcProgramsOf(host *hostNS, cps []CapturePoint, progs *progCache, info *Node
 			info.TCRedirects = append(info.TCRedirects, r)
 		}
 		for _, p := range append(tcx[i].progs, cls[i].progs...) {
-			facts := progs.facts(p.ID)
-			if facts.own {
-				continue
-			}
-			if facts.name != "" || p.Name == "" {
-				p.Name = facts.name // a cls_bpf filter without one keeps the loader's
+			if p.Action == "" { // a filter's action has no program
+				facts := progs.facts(p.ID)
+				if facts.own {
+					continue
+				}
+				if facts.name != "" || p.Name == "" {
+					p.Name = facts.name // a cls_bpf filter without one keeps the loader's
+				}
 			}
 			p.Ifname, p.Ifindex, p.Role = cp.Ifname, cp.Ifindex, cp.Role
 			out = append(out, p)
@@ -200,12 +203,14 @@ func podTCPrograms(pods []Pod, progs *progCache, info *NodeInfo) []TCProgram {
 			info.notef("tc programs on %s in %s not checked: %v", p.Eth0.Name, p.NetNS.Path, err)
 		}
 		for _, tp := range found {
-			facts := progs.facts(tp.ID)
-			if facts.own {
-				continue
-			}
-			if facts.name != "" || tp.Name == "" {
-				tp.Name = facts.name
+			if tp.Action == "" {
+				facts := progs.facts(tp.ID)
+				if facts.own {
+					continue
+				}
+				if facts.name != "" || tp.Name == "" {
+					tp.Name = facts.name
+				}
 			}
 			tp.Ifname, tp.Ifindex, tp.HostIfindex, tp.Role = p.Eth0.Name, p.Eth0.Ifindex, p.HostPeer.Ifindex, RolePod
 			out = append(out, tp)
@@ -215,7 +220,8 @@ func podTCPrograms(pods []Pod, progs *progCache, info *NodeInfo) []TCProgram {
 }
 
 // ifacePrograms lists the tcx programs and the clsact (or ingress) qdisc's
-// bpf filters of the interface ifindex of the netns at path, unnamed.
+// bpf filters of the interface ifindex of the netns at path, unnamed, and
+// the rewriting actions of its other filters (filterRewrites).
 func ifacePrograms(path string, ifindex int) ([]TCProgram, error) {
 	var out []TCProgram
 	err := nsutil.Do(path, func() error {
@@ -251,10 +257,20 @@ func ifacePrograms(path string, ifindex int) ([]TCProgram, error) {
 				if err != nil {
 					return fmt.Errorf("list %s filters: %w", p.Dir, err)
 				}
+				others := false
 				for _, f := range filters {
 					if bf, ok := f.(*netlink.BpfFilter); ok {
 						out = append(out, TCProgram{Dir: p.Dir, Via: "cls_bpf", Name: bf.Name,
 							ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
+					} else {
+						others = true
+					}
+				}
+				if others {
+					rw, err := FilterRewrites(path, ifindex, p)
+					out = append(out, rw...)
+					if err != nil {
+						return err
 					}
 				}
 			}
@@ -401,7 +417,8 @@ func TCParents(q netlink.Qdisc) []TCParent {
 }
 
 // clsBPFPrograms lists the bpf filters on the clsact (or ingress) qdiscs of
-// the host and uplink points; a point without such a qdisc has none. One dump
+// the host and uplink points, and the rewriting actions of their other
+// filters (filterRewrites); a point without such a qdisc has none. One dump
 // of the node's qdiscs finds them (its error is returned on its own), and
 // filters are listed only where one is.
 func clsBPFPrograms(host *hostNS, cps []CapturePoint) ([]pointProgs, error) {
@@ -426,13 +443,23 @@ func clsBPFPrograms(host *hostNS, cps []CapturePoint) ([]pointProgs, error) {
 					out[i].err = fmt.Errorf("list %s filters: %w", p.Dir, err)
 					break
 				}
+				others := false
 				for _, f := range filters {
 					if bf, ok := f.(*netlink.BpfFilter); ok {
 						out[i].progs = append(out[i].progs, TCProgram{Dir: p.Dir, Via: "cls_bpf", Name: bf.Name,
 							ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
 						continue
 					}
+					others = true
 					out[i].redirects = append(out[i].redirects, mirredRedirects(host, f, p.Dir)...)
+				}
+				if others {
+					rw, err := filterRewrites(int(host.ns), cp.Ifindex, p)
+					out[i].progs = append(out[i].progs, rw...)
+					if err != nil {
+						out[i].err = err
+						break
+					}
 				}
 			}
 		}

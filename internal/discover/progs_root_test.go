@@ -5,8 +5,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -334,5 +336,51 @@ func TestNodeFindsMirredRedirect(t *testing.T) {
 	}
 	if len(info.TCPrograms) != 0 {
 		t.Errorf("a u32 filter taken for a tc program: %+v", info.TCPrograms)
+	}
+}
+
+// TestNodeFindsActNat: u32 filters (no BPF) whose act_nat rewrites the
+// destination of the Pod's packets at its host veth's ingress, and their
+// source back at its egress (tc-nat(8)), are listed as tc programs of a
+// filter, with what they rewrite (netlink decodes no act_nat; discover
+// does).
+func TestNodeFindsActNat(t *testing.T) {
+	tb := newTestbed(t)
+	node := filepath.Base(tb.node)
+	tc := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("tc", append([]string{"-n", node}, args...)...).CombinedOutput()
+		if err != nil && strings.Contains(string(out), "Failed to load TC action module") {
+			t.Skipf("this kernel has no act_nat (CONFIG_NET_ACT_NAT): tc %s: %s", strings.Join(args, " "), out)
+		}
+		if err != nil {
+			t.Fatalf("tc %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	tc("qdisc", "add", "dev", "hv0", "clsact")
+	tc("filter", "add", "dev", "hv0", "ingress", "pref", "10", "protocol", "ip", "u32", "match", "ip", "dst", "10.120.0.80/32",
+		"action", "nat", "ingress", "10.120.0.80/32", "10.244.20.31")
+	tc("filter", "add", "dev", "hv0", "egress", "pref", "10", "protocol", "ip", "u32", "match", "ip", "src", "10.244.20.31/32",
+		"action", "nat", "egress", "10.244.20.31/32", "10.120.0.80")
+	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hv0 := slices.IndexFunc(info.CapturePoints, func(cp CapturePoint) bool { return cp.Ifname == "hv0" })
+	if hv0 < 0 {
+		t.Fatalf("hv0 not a capture point: %+v", info.CapturePoints)
+	}
+	idx := info.CapturePoints[hv0].Ifindex
+	want := []TCProgram{
+		{Ifname: "hv0", Ifindex: idx, Role: RoleHost, Dir: "ingress", Via: "u32", Name: "pref 10",
+			Action: "nat ingress 10.120.0.80/32 -> 10.244.20.31", Rewrites: netip.MustParsePrefix("10.120.0.80/32")},
+		{Ifname: "hv0", Ifindex: idx, Role: RoleHost, Dir: "egress", Via: "u32", Name: "pref 10",
+			Action: "nat egress 10.244.20.31/32 -> 10.120.0.80"},
+	}
+	if !slices.Equal(info.TCPrograms, want) {
+		t.Errorf("tc programs:\n got %+v\nwant %+v", info.TCPrograms, want)
+	}
+	if got := info.TCPrograms[0].FilterText(); got != "u32 pref 10 on hv0 ingress: nat ingress 10.120.0.80/32 -> 10.244.20.31" {
+		t.Errorf("filter text %q", got)
 	}
 }

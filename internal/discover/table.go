@@ -95,11 +95,11 @@ func (n *NodeInfo) Table(w io.Writer) error {
 	if len(n.TCPrograms) == 0 {
 		p("tc\tno tcx, cls_bpf or netkit program on host veths and uplinks\n")
 	}
-	type progKind struct{ role, dir, via, name string }
+	type progKind struct{ role, dir, via, name, action string }
 	ids := map[progKind][]string{} // distinct, in order
 	places := map[progKind]int{}   // how many interfaces have one
 	for _, t := range n.TCPrograms {
-		k := progKind{t.Role, t.Dir, t.Via, t.Name}
+		k := progKind{t.Role, t.Dir, t.Via, t.Name, t.Action}
 		places[k]++
 		if id := fmt.Sprint(t.ID); !slices.Contains(ids[k], id) {
 			ids[k] = append(ids[k], id)
@@ -107,8 +107,16 @@ func (n *NodeInfo) Table(w io.Writer) error {
 	}
 	printed := map[progKind]bool{}
 	for _, t := range n.TCPrograms {
-		k := progKind{t.Role, t.Dir, t.Via, t.Name}
+		k := progKind{t.Role, t.Dir, t.Via, t.Name, t.Action}
 		switch same := ids[k]; {
+		case t.Action != "" && places[k] > maxSameRows:
+			// One per Pod, as a CNI's: one row.
+			if !printed[k] {
+				printed[k] = true
+				p("tc\t%d %s interfaces %s %s %s\t%s (not BPF)\t%s\n", places[k], t.Role, t.Dir, t.Via, t.Name, t.Action, t.Role)
+			}
+		case t.Action != "":
+			p("tc\t%s %s %s %s\t%s (not BPF)\t%s\n", t.Ifname, t.Dir, t.Via, t.Name, t.Action, t.Role)
 		case places[k] > maxSameRows:
 			// One program per Pod (Cilium loads one per endpoint), or one
 			// program on every veth (an observer's): one row.

@@ -166,6 +166,34 @@ func TestTableListsMirredRedirects(t *testing.T) {
 	}
 }
 
+// TestTableListsFilterRewrites: a tc filter (not BPF) whose act_nat
+// rewrites a VIP is a row of its own, with what it rewrites, not a program
+// of id 0; one per Pod folds into one.
+func TestTableListsFilterRewrites(t *testing.T) {
+	node := func(pods int) *NodeInfo {
+		n := &NodeInfo{}
+		for i := range pods {
+			n.TCPrograms = append(n.TCPrograms, TCProgram{Ifname: fmt.Sprintf("veth%d", i), Ifindex: 10 + i, Role: RoleHost, Dir: "ingress",
+				Via: "u32", Name: "pref 10", Action: "nat ingress 10.120.0.80/32 -> 10.244.20.31", Rewrites: netip.MustParsePrefix("10.120.0.80/32")})
+		}
+		return n
+	}
+	var one bytes.Buffer
+	if err := node(1).Table(&one); err != nil {
+		t.Fatal(err)
+	}
+	if want := "veth0 ingress u32 pref 10  nat ingress 10.120.0.80/32 -> 10.244.20.31 (not BPF)"; !strings.Contains(one.String(), want) || strings.Contains(one.String(), "id 0") {
+		t.Errorf("lacks %q, or says id 0:\n%s", want, one.String())
+	}
+	var many bytes.Buffer
+	if err := node(5).Table(&many); err != nil {
+		t.Fatal(err)
+	}
+	if rows := strings.Count(many.String(), "nat ingress"); rows != 1 || !strings.Contains(many.String(), "5 host interfaces ingress u32 pref 10") {
+		t.Errorf("5 filters: want one folded row:\n%s", many.String())
+	}
+}
+
 // TestTableFoldsManyEndpoints: a Service of 500 endpoints (a DNAT per
 // endpoint at prerouting and at output) takes one row per hook, which says
 // how many backends and shows a few; one of 2 endpoints keeps a row each.

@@ -278,6 +278,18 @@ type TCProgram struct {
 	Name         string         `json:"name"`
 	ID           ebpf.ProgramID `json:"id"`
 	DirectAction bool           `json:"direct_action,omitempty"` // cls_bpf only
+	// Action: a tc filter that is not BPF (Via its kind, "u32"; Name its
+	// preference, "pref 10"; ID 0), by its rewriting action, as tc(8)
+	// says it briefly ("nat ingress 10.120.0.80/32 -> 10.244.20.31").
+	Action   string       `json:"action,omitempty"`
+	Rewrites netip.Prefix `json:"rewrites,omitzero"` // the destinations Action rewrites
+}
+
+// FilterText names a filter's action (Action) with the filter, as a flow's
+// "by" says it: "u32 pref 10 on hv0 ingress: nat ingress 10.120.0.80/32 ->
+// 10.244.20.31".
+func (p TCProgram) FilterText() string {
+	return fmt.Sprintf("%s %s on %s %s: %s", p.Via, p.Name, p.Ifname, p.Dir, p.Action)
 }
 
 // XDPProgram is an XDP program on a host veth or an uplink. It runs before

@@ -156,9 +156,21 @@ func (e *Engine) tcCands(f *flowState) []string {
 			(p.Ifindex != 0 && host != 0 && p.Ifindex != host) || !presentAt(p, f.first) {
 			continue
 		}
-		cands = append(cands, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
+		if c, ok := tcCand(p, f, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID)); ok {
+			cands = append(cands, c)
+		}
 	}
 	return cands
+}
+
+// tcCand names p as a candidate for f's rewrite: as program when it is a
+// program, else by its filter's action, which is one only when it rewrites
+// f's VIP.
+func tcCand(p TCProgram, f *flowState, program string) (string, bool) {
+	if p.Action == "" {
+		return program, true
+	}
+	return p.Action, p.Dst.Contains(f.service.Addr())
 }
 
 // hostSide is the ifindex of f's host veth (or netkit primary): where a
@@ -209,8 +221,11 @@ func (e *Engine) byUplinkInTC(f *flowState) string { return oneOf(e.uplinkTCCand
 func (e *Engine) uplinkTCCands(f *flowState, dir string) []string {
 	var cands []string
 	for _, p := range e.cfg.Attribution.UplinkTCPrograms {
-		if p.Direction == dir && presentAt(p, f.first) {
-			cands = append(cands, fmt.Sprintf("%s %s %s (id %d) on the uplink", p.Kind, dir, p.Name, p.ID))
+		if p.Direction != dir || !presentAt(p, f.first) {
+			continue
+		}
+		if c, ok := tcCand(p, f, fmt.Sprintf("%s %s %s (id %d) on the uplink", p.Kind, dir, p.Name, p.ID)); ok {
+			cands = append(cands, c)
 		}
 	}
 	return cands
@@ -244,8 +259,11 @@ func (e *Engine) hostXDPCands(f *flowState) []string {
 func (e *Engine) podTCCands(f *flowState) []string {
 	var cands []string
 	for _, p := range e.cfg.Attribution.PodTCPrograms {
-		if host := e.hostSide(f); p.Direction == "egress" && (p.Ifindex == 0 || host == 0 || p.Ifindex == host) && presentAt(p, f.first) {
-			cands = append(cands, fmt.Sprintf("%s egress %s (id %d) on the Pod's eth0", p.Kind, p.Name, p.ID))
+		if host := e.hostSide(f); p.Direction != "egress" || (p.Ifindex != 0 && host != 0 && p.Ifindex != host) || !presentAt(p, f.first) {
+			continue
+		}
+		if c, ok := tcCand(p, f, fmt.Sprintf("%s egress %s (id %d) on the Pod's eth0", p.Kind, p.Name, p.ID)); ok {
+			cands = append(cands, c)
 		}
 	}
 	return cands

@@ -228,12 +228,21 @@ type NetfilterProgram struct {
 	ID       uint32
 }
 
-// TCProgram is a tc program on the host-side veth.
+// TCProgram is a tc program on the host-side veth, or a tc filter that is
+// not BPF whose action rewrites addresses (act_nat): it runs where a
+// cls_bpf filter would.
 type TCProgram struct {
 	Direction string // "ingress" (from the Pod) or "egress" (towards the Pod)
-	Kind      string // "tcx", "cls_bpf" or "netkit" (a Pod's netkit pair's: see gapAt)
+	Kind      string // "tcx", "cls_bpf" or "netkit" (a Pod's netkit pair's: see gapAt); a filter's ("u32")
 	Name      string
 	ID        uint32
+	// Action names a filter's rewriting action, the filter with it
+	// ("u32 pref 10 on hv0 ingress: nat ingress 10.120.0.80/32 ->
+	// 10.244.20.31"); "" for a program.
+	Action string
+	// Dst are the destinations Action rewrites (invalid: none, as an
+	// act_nat that rewrites sources): a candidate only for their flows.
+	Dst netip.Prefix
 	// Ifindex is the host veth it is attached to (in the node netns): a
 	// flow's tc rewrite is attributed to its own veth's programs. 0 =
 	// unknown, a candidate for every flow.

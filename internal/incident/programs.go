@@ -184,7 +184,7 @@ func (s *snapshot) tcIface(w *topicWriter, h *netlink.Handle, nsPath string, ifc
 		a := q.Attrs()
 		fmt.Fprintf(w, "  %s handle %s parent %s\n", q.Type(), netlink.HandleStr(a.Handle), netlink.HandleStr(a.Parent))
 		for _, p := range discover.TCParents(q) {
-			s.tcFilters(w, h, l, p)
+			s.tcFilters(w, h, nsPath, l, p)
 		}
 	}
 	if x := l.Attrs().Xdp; x != nil && x.Attached {
@@ -227,8 +227,9 @@ func (s *snapshot) chain(w *topicWriter, progs []link.AttachedProgram) {
 	}
 }
 
-// tcFilters writes the filters hanging off one qdisc parent of l.
-func (s *snapshot) tcFilters(w *topicWriter, h *netlink.Handle, l netlink.Link, p discover.TCParent) {
+// tcFilters writes the filters hanging off one qdisc parent of l, in the
+// netns at nsPath, and what the actions of those that are not BPF rewrite.
+func (s *snapshot) tcFilters(w *topicWriter, h *netlink.Handle, nsPath string, l netlink.Link, p discover.TCParent) {
 	filters, err := h.FilterList(l, p.Handle)
 	if err != nil {
 		fmt.Fprintf(w, "    %s filters: not read: %v\n", p.Dir, err)
@@ -240,6 +241,7 @@ func (s *snapshot) tcFilters(w *topicWriter, h *netlink.Handle, l netlink.Link, 
 		fmt.Fprint(w, " none")
 	}
 	fmt.Fprintln(w)
+	others := false
 	for _, f := range filters {
 		a := f.Attrs()
 		fmt.Fprintf(w, "      %s pref %d handle %s protocol %#04x", f.Type(), a.Priority, netlink.HandleStr(a.Handle), a.Protocol)
@@ -248,8 +250,22 @@ func (s *snapshot) tcFilters(w *topicWriter, h *netlink.Handle, l netlink.Link, 
 			if bf.DirectAction {
 				fmt.Fprint(w, " direct-action")
 			}
+		} else {
+			others = true
 		}
 		fmt.Fprintln(w)
+	}
+	if !others {
+		return
+	}
+	// netlink decodes no act_nat: discover does.
+	rws, err := discover.FilterRewrites(nsPath, l.Attrs().Index, p)
+	if err != nil {
+		fmt.Fprintf(w, "    %s filters' actions: not read: %v\n", p.Dir, err)
+		w.notef("%s filters' actions of %s not read: %v", p.Dir, l.Attrs().Name, err)
+	}
+	for _, rw := range rws {
+		fmt.Fprintf(w, "      %s %s rewrites: %s\n", rw.Via, rw.Name, rw.Action)
 	}
 }
 

@@ -627,6 +627,10 @@ func writeWhereLooked(b *strings.Builder, node *discover.NodeInfo) {
 		orDash(node.SockCgroup), orNone(sock))
 	var tc []string
 	for _, p := range node.TCPrograms {
+		if p.Action != "" {
+			tc = append(tc, p.FilterText())
+			continue
+		}
 		tc = append(tc, fmt.Sprintf("%s %s %s %s (id %d)", p.Ifname, p.Via, p.Dir, orDash(p.Name), p.ID))
 	}
 	fmt.Fprintf(b, "- tc programs on the host veths, the uplinks and the Pods' eth0: %s.\n", orNone(tc))

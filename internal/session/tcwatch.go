@@ -203,8 +203,12 @@ func roleName(role string) string {
 	return role
 }
 
-// tcProgramText names a program as the node block lists it.
+// tcProgramText names a program as the node block lists it, a filter's
+// action as a flow's "by" does.
 func tcProgramText(p flow.TCProgram) string {
+	if p.Action != "" {
+		return p.Action
+	}
 	return fmt.Sprintf("%s %s %s (id %d)", p.Kind, p.Direction, p.Name, p.ID)
 }
 
@@ -235,7 +239,7 @@ func (w *tcWatch) summary() []string {
 }
 
 func sameTCProgram(a, b flow.TCProgram) bool {
-	return a.Ifindex == b.Ifindex && a.Direction == b.Direction && a.Kind == b.Kind && a.ID == b.ID
+	return a.Ifindex == b.Ifindex && a.Direction == b.Direction && a.Kind == b.Kind && a.ID == b.ID && a.Action == b.Action
 }
 
 // hostTCPrograms are the programs on the host veths, in the engine's terms.
@@ -255,7 +259,7 @@ func podTCPrograms(progs []discover.TCProgram) []flow.TCProgram {
 	var out []flow.TCProgram
 	for _, p := range progs {
 		if p.Role == discover.RolePod {
-			out = append(out, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: p.HostIfindex})
+			out = append(out, engineTCProgram(p, p.HostIfindex))
 		}
 	}
 	return out
@@ -265,10 +269,20 @@ func tcProgramsOf(progs []discover.TCProgram, role string) []flow.TCProgram {
 	var out []flow.TCProgram
 	for _, p := range progs {
 		if p.Role == role {
-			out = append(out, flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: p.Ifindex})
+			out = append(out, engineTCProgram(p, p.Ifindex))
 		}
 	}
 	return out
+}
+
+// engineTCProgram is p in the engine's terms, tied to the host veth (or
+// uplink) ifindex.
+func engineTCProgram(p discover.TCProgram, ifindex int) flow.TCProgram {
+	tp := flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: ifindex, Dst: p.Rewrites}
+	if p.Action != "" {
+		tp.Action = p.FilterText()
+	}
+	return tp
 }
 
 // tcLate is what the session attached while it ran: tcx observers on host

@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -193,5 +194,36 @@ func TestTCWatchChangesSaid(t *testing.T) {
 	if len(got) != maxTCChanges+2 || got[0] != fmt.Sprintf("%d earlier (the last %d listed)", 5, maxTCChanges) ||
 		!strings.Contains(got[len(got)-2], fmt.Sprintf("(id %d) appeared", 100+maxTCChanges+2)) {
 		t.Errorf("bounded summary: %d lines, first %q, last %q", len(got), got[0], got[len(got)-2])
+	}
+}
+
+// TestTCFilterActionsInEngineTerms: a tc filter's rewriting action (act_nat
+// on a u32 filter) reaches the engine named as a flow's "by" says it, with
+// the destinations it rewrites; two filters on one veth are two, and a
+// filter whose action changed (another backend) is a change: none has a
+// program ID to tell them apart.
+func TestTCFilterActionsInEngineTerms(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	vip, other := netip.MustParsePrefix("10.120.0.80/32"), netip.MustParsePrefix("10.120.0.81/32")
+	a := discover.TCProgram{Ifname: "hv0", Ifindex: 4, Role: discover.RoleHost, Dir: "ingress", Via: "u32", Name: "pref 10",
+		Action: "nat ingress 10.120.0.80/32 -> 10.244.20.31", Rewrites: vip}
+	b := a
+	b.Name, b.Action, b.Rewrites = "pref 11", "nat ingress 10.120.0.81/32 -> 10.244.20.32", other
+	got := hostTCPrograms([]discover.TCProgram{a, b})
+	want := []flow.TCProgram{
+		{Direction: "ingress", Kind: "u32", Name: "pref 10", Ifindex: 4, Action: "u32 pref 10 on hv0 ingress: nat ingress 10.120.0.80/32 -> 10.244.20.31", Dst: vip},
+		{Direction: "ingress", Kind: "u32", Name: "pref 11", Ifindex: 4, Action: "u32 pref 11 on hv0 ingress: nat ingress 10.120.0.81/32 -> 10.244.20.32", Dst: other},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("engine's programs\n got %+v\nwant %+v", got, want)
+	}
+	w := &tcWatch{progs: got}
+	if w.update(hostTCPrograms([]discover.TCProgram{a, b}), t0) {
+		t.Error("the same filters counted as a change")
+	}
+	moved := a
+	moved.Action = "nat ingress 10.120.0.80/32 -> 10.244.20.40"
+	if !w.update(hostTCPrograms([]discover.TCProgram{moved, b}), t0.Add(2*time.Second)) {
+		t.Error("a filter whose action changed not counted as a change")
 	}
 }
