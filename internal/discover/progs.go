@@ -135,7 +135,7 @@ func programName(id ebpf.ProgramID) string {
 
 // tcPrograms lists the tcx and cls_bpf programs on every host and uplink
 // capture point, in both directions, leaving out pathtrace's own, and the
-// filters whose actions rewrite (act_nat).
+// filters whose actions rewrite (act_nat, pedit, ct nat).
 // A point whose programs could not be read is marked TCUnread; a point whose
 // interface is gone (its Pod deleted since discovery) is left out.
 func tcPrograms(host *hostNS, cps []CapturePoint, progs *progCache, info *NodeInfo) []TCProgram {

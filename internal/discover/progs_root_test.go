@@ -339,48 +339,70 @@ func TestNodeFindsMirredRedirect(t *testing.T) {
 	}
 }
 
-// TestNodeFindsActNat: u32 filters (no BPF) whose act_nat rewrites the
-// destination of the Pod's packets at its host veth's ingress, and their
-// source back at its egress (tc-nat(8)), are listed as tc programs of a
-// filter, with what they rewrite (netlink decodes no act_nat; discover
-// does).
-func TestNodeFindsActNat(t *testing.T) {
-	tb := newTestbed(t)
-	node := filepath.Base(tb.node)
-	tc := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command("tc", append([]string{"-n", node}, args...)...).CombinedOutput()
-		if err != nil && strings.Contains(string(out), "Failed to load TC action module") {
-			t.Skipf("this kernel has no act_nat (CONFIG_NET_ACT_NAT): tc %s: %s", strings.Join(args, " "), out)
-		}
-		if err != nil {
-			t.Fatalf("tc %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	tc("qdisc", "add", "dev", "hv0", "clsact")
-	tc("filter", "add", "dev", "hv0", "ingress", "pref", "10", "protocol", "ip", "u32", "match", "ip", "dst", "10.120.0.80/32",
-		"action", "nat", "ingress", "10.120.0.80/32", "10.244.20.31")
-	tc("filter", "add", "dev", "hv0", "egress", "pref", "10", "protocol", "ip", "u32", "match", "ip", "src", "10.244.20.31/32",
-		"action", "nat", "egress", "10.244.20.31/32", "10.120.0.80")
-	info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hv0 := slices.IndexFunc(info.CapturePoints, func(cp CapturePoint) bool { return cp.Ifname == "hv0" })
-	if hv0 < 0 {
-		t.Fatalf("hv0 not a capture point: %+v", info.CapturePoints)
-	}
-	idx := info.CapturePoints[hv0].Ifindex
-	want := []TCProgram{
-		{Ifname: "hv0", Ifindex: idx, Role: RoleHost, Dir: "ingress", Via: "u32", Name: "pref 10",
-			Action: "nat ingress 10.120.0.80/32 -> 10.244.20.31", Rewrites: netip.MustParsePrefix("10.120.0.80/32")},
-		{Ifname: "hv0", Ifindex: idx, Role: RoleHost, Dir: "egress", Via: "u32", Name: "pref 10",
-			Action: "nat egress 10.244.20.31/32 -> 10.120.0.80"},
-	}
-	if !slices.Equal(info.TCPrograms, want) {
-		t.Errorf("tc programs:\n got %+v\nwant %+v", info.TCPrograms, want)
-	}
-	if got := info.TCPrograms[0].FilterText(); got != "u32 pref 10 on hv0 ingress: nat ingress 10.120.0.80/32 -> 10.244.20.31" {
-		t.Errorf("filter text %q", got)
+// TestNodeFindsFilterRewrites: tc filters (no BPF) whose actions rewrite
+// the destination of the Pod's packets at its host veth's ingress (act_nat,
+// a pedit of ip dst, a ct commit with a NAT of its own), and an act_nat
+// that rewrites their source back at its egress (tc-nat(8)), are listed as
+// tc programs of a filter, with what they rewrite (netlink decodes none of
+// these actions; discover does). Each case is skipped on a kernel without
+// its classifier or action.
+func TestNodeFindsFilterRewrites(t *testing.T) {
+	vip := netip.MustParsePrefix("10.120.0.80/32")
+	for _, tc := range []struct {
+		name    string
+		filters [][]string // tc filter add dev hv0 ...
+		want    []TCProgram
+	}{
+		{"act_nat", [][]string{
+			{"ingress", "pref", "10", "protocol", "ip", "u32", "match", "ip", "dst", "10.120.0.80/32", "action", "nat", "ingress", "10.120.0.80/32", "10.244.20.31"},
+			{"egress", "pref", "10", "protocol", "ip", "u32", "match", "ip", "src", "10.244.20.31/32", "action", "nat", "egress", "10.244.20.31/32", "10.120.0.80"},
+		}, []TCProgram{
+			{Dir: "ingress", Via: "u32", Name: "pref 10", Action: "nat ingress 10.120.0.80/32 -> 10.244.20.31", Rewrites: vip},
+			{Dir: "egress", Via: "u32", Name: "pref 10", Action: "nat egress 10.244.20.31/32 -> 10.120.0.80"},
+		}},
+		{"pedit", [][]string{
+			{"ingress", "pref", "11", "protocol", "ip", "u32", "match", "ip", "dst", "10.120.0.80/32", "action", "pedit", "ex", "munge", "ip", "dst", "set", "10.244.20.31", "pipe", "csum", "ip", "and", "tcp"},
+		}, []TCProgram{
+			{Dir: "ingress", Via: "u32", Name: "pref 11", Action: "pedit munge ip dst set 10.244.20.31", Rewrites: vip},
+		}},
+		{"ct_nat", [][]string{
+			{"ingress", "pref", "12", "protocol", "ip", "flower", "dst_ip", "10.120.0.80", "action", "ct", "commit", "nat", "dst", "addr", "10.244.20.31", "port", "3000"},
+		}, []TCProgram{
+			{Dir: "ingress", Via: "flower", Name: "pref 12", Action: "ct commit nat dst addr 10.244.20.31 port 3000", Rewrites: vip},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := newTestbed(t)
+			node := filepath.Base(tb.node)
+			tcCmd := func(args ...string) {
+				t.Helper()
+				out, err := exec.Command("tc", append([]string{"-n", node}, args...)...).CombinedOutput()
+				if err != nil && (strings.Contains(string(out), "Failed to load TC action module") || strings.Contains(string(out), "TC classifier not found")) {
+					t.Skipf("this kernel lacks the classifier or action: tc %s: %s", strings.Join(args, " "), out)
+				}
+				if err != nil {
+					t.Fatalf("tc %s: %v: %s", strings.Join(args, " "), err, out)
+				}
+			}
+			tcCmd("qdisc", "add", "dev", "hv0", "clsact")
+			for _, f := range tc.filters {
+				tcCmd(append([]string{"filter", "add", "dev", "hv0"}, f...)...)
+			}
+			info, err := Node(context.Background(), Options{HostNetNS: tb.node, PodIP: netip.MustParseAddr(podIP)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hv0 := slices.IndexFunc(info.CapturePoints, func(cp CapturePoint) bool { return cp.Ifname == "hv0" })
+			if hv0 < 0 {
+				t.Fatalf("hv0 not a capture point: %+v", info.CapturePoints)
+			}
+			want := slices.Clone(tc.want)
+			for i := range want {
+				want[i].Ifname, want[i].Ifindex, want[i].Role = "hv0", info.CapturePoints[hv0].Ifindex, RoleHost
+			}
+			if !slices.Equal(info.TCPrograms, want) {
+				t.Errorf("tc programs:\n got %+v\nwant %+v", info.TCPrograms, want)
+			}
+		})
 	}
 }

@@ -13,29 +13,50 @@ import (
 )
 
 // A tc filter that is not BPF (u32, flower, matchall) rewrites addresses by
-// its actions: act_nat (tc-nat(8)), stateless, on older and hand-built
-// nodes. vishvananda/netlink drops the actions it does not know, act_nat
-// among them, so the filters are dumped again and their actions decoded
-// here.
+// its actions, on older and hand-built nodes: act_nat (tc-nat(8),
+// stateless), act_pedit (tc-pedit(8), `munge ip dst set`) and act_ct's NAT
+// (tc-ct(8), `ct commit nat dst addr`, as OVS's TC offload writes it).
+// vishvananda/netlink drops the actions it does not know and decodes no
+// pedit key, so the filters are dumped again and their actions decoded here.
 
-// Attributes of the kernel's uapi (pkt_cls.h, tc_act/tc_nat.h) that
-// x/sys/unix lacks.
+// Attributes and values of the kernel's uapi (pkt_cls.h, tc_act/tc_nat.h,
+// tc_pedit.h, tc_ct.h) that x/sys/unix lacks.
 const (
-	tcaU32Act      = 7 // TCA_U32_ACT
-	tcaFlowerAct   = 3 // TCA_FLOWER_ACT
-	tcaMatchallAct = 2 // TCA_MATCHALL_ACT
-	tcaActKind     = 1 // TCA_ACT_KIND
-	tcaActOptions  = 2 // TCA_ACT_OPTIONS
-	tcaNatParms    = 1 // TCA_NAT_PARMS: struct tc_nat
-	tcNatEgress    = 1 // TCA_NAT_FLAG_EGRESS: rewrite the source
-	tcGenLen       = 20
-	tcMsgLen       = 20 // struct tcmsg
+	tcaU32Sel         = 5  // TCA_U32_SEL: struct tc_u32_sel
+	tcaU32Act         = 7  // TCA_U32_ACT
+	tcaFlowerAct      = 3  // TCA_FLOWER_ACT
+	tcaFlowerIPv4Dst  = 12 // TCA_FLOWER_KEY_IPV4_DST
+	tcaFlowerIPv4DstM = 13 // TCA_FLOWER_KEY_IPV4_DST_MASK
+	tcaMatchallAct    = 2  // TCA_MATCHALL_ACT
+	tcaActKind        = 1  // TCA_ACT_KIND
+	tcaActOptions     = 2  // TCA_ACT_OPTIONS
+	tcaNatParms       = 1  // TCA_NAT_PARMS: struct tc_nat
+	tcNatEgress       = 1  // TCA_NAT_FLAG_EGRESS: rewrite the source
+	tcaPeditParms     = 2  // TCA_PEDIT_PARMS: struct tc_pedit_sel
+	tcaPeditParmsEx   = 4  // TCA_PEDIT_PARMS_EX: the same, with TCA_PEDIT_KEYS_EX
+	tcaPeditKeysEx    = 5  // TCA_PEDIT_KEYS_EX
+	tcaPeditKeyEx     = 6  // TCA_PEDIT_KEY_EX
+	tcaPeditKeyHtype  = 1  // TCA_PEDIT_KEY_EX_HTYPE
+	tcaPeditKeyCmd    = 2  // TCA_PEDIT_KEY_EX_CMD
+	peditHtypeNetwork = 0  // TCA_PEDIT_KEY_EX_HDR_TYPE_NETWORK: a legacy key's
+	peditHtypeIP4     = 2  // TCA_PEDIT_KEY_EX_HDR_TYPE_IP4
+	peditCmdSet       = 0  // TCA_PEDIT_KEY_EX_CMD_SET
+	tcaCtAction       = 3  // TCA_CT_ACTION: flags
+	tcaCtNatIPv4Min   = 9  // TCA_CT_NAT_IPV4_MIN
+	tcaCtNatIPv4Max   = 10 // TCA_CT_NAT_IPV4_MAX
+	tcaCtNatPortMin   = 13 // TCA_CT_NAT_PORT_MIN
+	tcaCtNatPortMax   = 14 // TCA_CT_NAT_PORT_MAX
+	tcaCtActCommit    = 1 << 0
+	tcaCtActNatDst    = 1 << 5 // with TCA_CT_ACT_NAT: a DNAT of its own
+	tcGenLen          = 20     // struct tc_gen
+	tcMsgLen          = 20     // struct tcmsg
+	ipDstOff          = 16     // the destination's offset in an IPv4 header
 )
 
 // filterAction is one action of a tc filter that is not BPF.
 type filterAction struct {
 	kind, pref string // the filter's: "u32", "pref 10"
-	action     string // the action's kind: "nat", "mirred", ...
+	action     string // the action's kind: "nat", "pedit", "ct", "mirred", ...
 	// rewrite says what a rewriting action does, as tc(8) says it
 	// briefly ("nat ingress 10.120.0.80/32 -> 10.244.20.31"); "" for
 	// the others.
@@ -74,28 +95,74 @@ func filterActions(data []byte) ([]filterAction, error) {
 	if ad, err = netlink.NewAttributeDecoder(options); err != nil {
 		return nil, err
 	}
-	var out []filterAction
+	// What a pedit or a ct action rewrites is what its filter matches:
+	// every destination unless it matches one.
+	matched := netip.MustParsePrefix("0.0.0.0/0")
+	var table []byte
+	var dst, mask [4]byte
 	for ad.Next() {
-		if ad.Type() != actType {
-			continue
-		}
-		ad.Nested(func(tab *netlink.AttributeDecoder) error {
-			for tab.Next() { // one per action, by its order
-				a := filterAction{kind: kind, pref: fmt.Sprintf("pref %d", prio)}
-				tab.Nested(func(act *netlink.AttributeDecoder) error {
-					decodeAction(act, &a)
-					return nil
-				})
-				out = append(out, a)
+		switch t := ad.Type(); {
+		case t == actType:
+			table = ad.Bytes()
+		case kind == "u32" && t == tcaU32Sel:
+			if p, ok := u32Dst(ad.Bytes()); ok {
+				matched = p
 			}
+		case kind == "flower" && t == tcaFlowerIPv4Dst && len(ad.Bytes()) == 4:
+			dst = [4]byte(ad.Bytes())
+			mask = [4]byte{0xff, 0xff, 0xff, 0xff}
+		case kind == "flower" && t == tcaFlowerIPv4DstM && len(ad.Bytes()) == 4:
+			mask = [4]byte(ad.Bytes())
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return nil, err
+	}
+	if kind == "flower" && mask != [4]byte{} {
+		matched = maskedPrefix(dst, mask)
+	}
+	if table == nil {
+		return nil, nil
+	}
+	if ad, err = netlink.NewAttributeDecoder(table); err != nil {
+		return nil, err
+	}
+	var out []filterAction
+	for ad.Next() { // one per action, by its order
+		a := filterAction{kind: kind, pref: fmt.Sprintf("pref %d", prio)}
+		ad.Nested(func(act *netlink.AttributeDecoder) error {
+			decodeAction(act, &a, matched)
 			return nil
 		})
+		out = append(out, a)
 	}
 	return out, ad.Err()
 }
 
-// decodeAction fills a from the attributes of one action.
-func decodeAction(ad *netlink.AttributeDecoder, a *filterAction) {
+// u32Dst is the destination a u32 selector (struct tc_u32_sel, then its
+// struct tc_u32_key) matches: its key at the IPv4 header's destination.
+func u32Dst(sel []byte) (netip.Prefix, bool) {
+	const selLen, keyLen = 16, 16
+	if len(sel) < selLen {
+		return netip.Prefix{}, false
+	}
+	for k := sel[selLen:]; len(k) >= keyLen; k = k[keyLen:] {
+		// mask, val (network order), off, offmask
+		if int32(binary.NativeEndian.Uint32(k[8:12])) == ipDstOff && binary.NativeEndian.Uint32(k[12:16]) == 0 {
+			return maskedPrefix([4]byte(k[4:8]), [4]byte(k[0:4])), true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// maskedPrefix is addr under mask, as a prefix of mask's bits.
+func maskedPrefix(addr, mask [4]byte) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4(addr), bits.OnesCount32(binary.BigEndian.Uint32(mask[:]))).Masked()
+}
+
+// decodeAction fills a from the attributes of one action of a filter that
+// matches the destinations matched.
+func decodeAction(ad *netlink.AttributeDecoder, a *filterAction, matched netip.Prefix) {
 	var options []byte
 	for ad.Next() {
 		switch ad.Type() {
@@ -105,20 +172,32 @@ func decodeAction(ad *netlink.AttributeDecoder, a *filterAction) {
 			options = ad.Bytes()
 		}
 	}
-	if a.action != "nat" || options == nil {
+	if options == nil {
 		return
 	}
 	od, err := netlink.NewAttributeDecoder(options)
 	if err != nil {
 		return
 	}
+	switch a.action {
+	case "nat":
+		natAction(od, a)
+	case "pedit":
+		peditAction(od, a, matched)
+	case "ct":
+		ctAction(od, a, matched)
+	}
+}
+
+// natAction reads an act_nat: it rewrites the destinations of its old
+// prefix (ingress), or the sources (egress).
+func natAction(od *netlink.AttributeDecoder, a *filterAction) {
 	for od.Next() {
 		if p := od.Bytes(); od.Type() == tcaNatParms && len(p) >= tcGenLen+16 {
 			// struct tc_nat: tc_gen, then old_addr, new_addr, mask (network
 			// order) and flags.
-			old := netip.AddrFrom4([4]byte(p[tcGenLen : tcGenLen+4]))
+			from := maskedPrefix([4]byte(p[tcGenLen:tcGenLen+4]), [4]byte(p[tcGenLen+8:tcGenLen+12]))
 			to := netip.AddrFrom4([4]byte(p[tcGenLen+4 : tcGenLen+8]))
-			from := netip.PrefixFrom(old, bits.OnesCount32(binary.BigEndian.Uint32(p[tcGenLen+8:tcGenLen+12]))).Masked()
 			dir := "ingress"
 			if binary.NativeEndian.Uint32(p[tcGenLen+12:tcGenLen+16])&tcNatEgress != 0 {
 				dir = "egress" // the source: no destination rewritten
@@ -128,6 +207,111 @@ func decodeAction(ad *netlink.AttributeDecoder, a *filterAction) {
 			a.rewrite = fmt.Sprintf("nat %s %s -> %s", dir, from, to)
 		}
 	}
+}
+
+// peditAction reads an act_pedit: a key that sets the whole IPv4
+// destination (`munge ip dst set`) rewrites what its filter matched.
+func peditAction(od *netlink.AttributeDecoder, a *filterAction, matched netip.Prefix) {
+	var sel []byte
+	var htypes, cmds []uint16 // per key, from TCA_PEDIT_KEYS_EX
+	for od.Next() {
+		switch od.Type() {
+		case tcaPeditParms, tcaPeditParmsEx:
+			sel = od.Bytes()
+		case tcaPeditKeysEx:
+			od.Nested(func(keys *netlink.AttributeDecoder) error {
+				for keys.Next() {
+					if keys.Type() != tcaPeditKeyEx {
+						continue
+					}
+					var htype, cmd uint16
+					keys.Nested(func(k *netlink.AttributeDecoder) error {
+						for k.Next() {
+							switch k.Type() {
+							case tcaPeditKeyHtype:
+								htype = k.Uint16()
+							case tcaPeditKeyCmd:
+								cmd = k.Uint16()
+							}
+						}
+						return nil
+					})
+					htypes, cmds = append(htypes, htype), append(cmds, cmd)
+				}
+				return nil
+			})
+		}
+	}
+	// struct tc_pedit_sel: tc_gen, nkeys, flags, then struct
+	// tc_pedit_key {mask, val, off, at, offmask, shift} from offset 24.
+	const keysAt, keyLen = tcGenLen + 4, 24
+	if len(sel) < keysAt {
+		return
+	}
+	for i := range int(sel[tcGenLen]) {
+		k := sel[keysAt+i*keyLen:]
+		if len(k) < keyLen {
+			return
+		}
+		htype, cmd := uint16(peditHtypeNetwork), uint16(peditCmdSet)
+		if i < len(htypes) {
+			htype, cmd = htypes[i], cmds[i]
+		}
+		if (htype == peditHtypeNetwork || htype == peditHtypeIP4) && cmd == peditCmdSet &&
+			binary.NativeEndian.Uint32(k[8:12]) == ipDstOff && binary.NativeEndian.Uint32(k[0:4]) == 0 {
+			a.rewrite = fmt.Sprintf("pedit munge ip dst set %s", netip.AddrFrom4([4]byte(k[4:8])))
+			a.dst = matched
+		}
+	}
+}
+
+// ctAction reads an act_ct: one that commits with a NAT of the destination
+// of its own (`ct commit nat dst addr`) rewrites what its filter matched.
+// A bare `ct nat` applies what conntrack holds, set elsewhere: no rewrite
+// of its own.
+func ctAction(od *netlink.AttributeDecoder, a *filterAction, matched netip.Prefix) {
+	var flags uint16
+	var lo, hi netip.Addr
+	var plo, phi uint16
+	for od.Next() {
+		switch b := od.Bytes(); od.Type() {
+		case tcaCtAction:
+			flags = od.Uint16()
+		case tcaCtNatIPv4Min, tcaCtNatIPv4Max:
+			if len(b) == 4 {
+				if od.Type() == tcaCtNatIPv4Min {
+					lo = netip.AddrFrom4([4]byte(b))
+				} else {
+					hi = netip.AddrFrom4([4]byte(b))
+				}
+			}
+		case tcaCtNatPortMin, tcaCtNatPortMax:
+			if len(b) == 2 {
+				if od.Type() == tcaCtNatPortMin {
+					plo = binary.BigEndian.Uint16(b)
+				} else {
+					phi = binary.BigEndian.Uint16(b)
+				}
+			}
+		}
+	}
+	if flags&tcaCtActNatDst == 0 || !lo.IsValid() {
+		return
+	}
+	s := "ct nat dst addr " + lo.String()
+	if flags&tcaCtActCommit != 0 {
+		s = "ct commit nat dst addr " + lo.String()
+	}
+	if hi.IsValid() && hi != lo {
+		s += "-" + hi.String()
+	}
+	if plo != 0 {
+		s += fmt.Sprintf(" port %d", plo)
+		if phi != 0 && phi != plo {
+			s += fmt.Sprintf("-%d", phi)
+		}
+	}
+	a.rewrite, a.dst = s, matched
 }
 
 // filterRewrites lists the rewriting actions of the filters that are not

@@ -12,7 +12,9 @@ import (
 // TestFilterActions decodes the actions of tc filters that are not BPF from
 // their netlink messages: what tc(8) (iproute2 6.1) sent to add them
 // (testdata/tc/*.request, captured with strace: this kernel has no act_nat,
-// and a filter message is laid out the same both ways), and a kernel's dump
+// act_pedit, act_ct nor flower, and a filter message is laid out the same
+// both ways); a pedit's or a ct's rewrite is of what its filter matches; and
+// a kernel's dump
 // of a u32 filter with a mirred action (u32-mirred.dump: the root, the hash
 // table and the filter, as the kernel sends them).
 func TestFilterActions(t *testing.T) {
@@ -27,6 +29,12 @@ func TestFilterActions(t *testing.T) {
 			[]filterAction{{"u32", "pref 14", "nat", "nat egress 10.244.20.31/32 -> 10.120.0.80", none}}},
 		{"flower-nat-ingress.request", // ingress pref 13 protocol ip flower dst_ip 10.120.0.83 action nat ingress 10.120.0.83/32 10.244.20.34
 			[]filterAction{{"flower", "pref 13", "nat", "nat ingress 10.120.0.83/32 -> 10.244.20.34", netip.MustParsePrefix("10.120.0.83/32")}}},
+		{"u32-pedit-dst.request", // ingress pref 11 protocol ip u32 match ip dst 10.120.0.81/32 action pedit ex munge ip dst set 10.244.20.32 pipe csum ip and tcp
+			[]filterAction{{"u32", "pref 11", "pedit", "pedit munge ip dst set 10.244.20.32", netip.MustParsePrefix("10.120.0.81/32")}, {"u32", "pref 11", "csum", "", none}}},
+		{"u32-pedit-legacy-any-dst.request", // ingress pref 15 protocol ip u32 match ip dport 80 0xffff action pedit munge ip dst set 10.244.20.35
+			[]filterAction{{"u32", "pref 15", "pedit", "pedit munge ip dst set 10.244.20.35", netip.MustParsePrefix("0.0.0.0/0")}}},
+		{"flower-ct-nat-dst.request", // ingress pref 12 protocol ip flower dst_ip 10.120.0.82 action ct commit nat dst addr 10.244.20.33 port 80
+			[]filterAction{{"flower", "pref 12", "ct", "ct commit nat dst addr 10.244.20.33 port 80", netip.MustParsePrefix("10.120.0.82/32")}}},
 		{"u32-mirred.dump", // ingress pref 10 protocol ip u32 match ip dst 10.120.0.80/32 action mirred egress redirect dev hv1
 			[]filterAction{{"u32", "pref 10", "mirred", "", none}}},
 	} {

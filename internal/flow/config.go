@@ -229,8 +229,8 @@ type NetfilterProgram struct {
 }
 
 // TCProgram is a tc program on the host-side veth, or a tc filter that is
-// not BPF whose action rewrites addresses (act_nat): it runs where a
-// cls_bpf filter would.
+// not BPF whose action rewrites addresses (act_nat, pedit, ct nat): it
+// runs where a cls_bpf filter would.
 type TCProgram struct {
 	Direction string // "ingress" (from the Pod) or "egress" (towards the Pod)
 	Kind      string // "tcx", "cls_bpf" or "netkit" (a Pod's netkit pair's: see gapAt); a filter's ("u32")

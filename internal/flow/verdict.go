@@ -791,7 +791,7 @@ func (e *Engine) droppedRewritten(f *flowState, last checkpoint, why bool) (verd
 			return verdict{place: PlaceUnknown}, true
 		}
 		if len(cands) == 0 {
-			return unknown("%s: nothing read between them rewrites destinations (a tc action pathtrace does not read, such as pedit or ct nat, a rule pathtrace does not decode)", base), true
+			return unknown("%s: nothing read between them rewrites destinations (a tc action pathtrace does not read, such as act_bpf or a bare ct nat, a rule pathtrace does not decode)", base), true
 		}
 		names := make([]string, len(cands))
 		for i, g := range cands {
@@ -1056,7 +1056,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		if !why {
 			return verdict{place: PlaceUnknown}
 		}
-		v := unknown("%s: the Pod's eth0 has no host side (%s): only the uplink's egress runs in between, where no tc program and no nftables egress chain's rule for the VIP was found (a tc action pathtrace does not read, such as pedit or ct nat, or a rule whose conditions or rewrite pathtrace does not decode)", bracketBase(f, iV, iB), stacked)
+		v := unknown("%s: the Pod's eth0 has no host side (%s): only the uplink's egress runs in between, where no tc program and no nftables egress chain's rule for the VIP was found (a tc action pathtrace does not read, such as act_bpf or a bare ct nat, or a rule whose conditions or rewrite pathtrace does not decode)", bracketBase(f, iV, iB), stacked)
 		for _, n := range notes {
 			v.reason += "; " + n
 		}
@@ -1105,7 +1105,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			}
 			return v
 		}
-		return unknown("%s: rewritten inside the Pod's netns, at its eth0's egress, where no tc program was found when the Pod was read (one attached since, a tc action pathtrace does not read, such as pedit or ct nat, or an nftables netdev egress rule)", base)
+		return unknown("%s: rewritten inside the Pod's netns, at its eth0's egress, where no tc program was found when the Pod was read (one attached since, a tc action pathtrace does not read, such as act_bpf or a bare ct nat, or an nftables netdev egress rule)", base)
 	}
 	g := cands[0]
 	v := e.byGap(f, g)

@@ -258,7 +258,7 @@ func (s *snapshot) tcFilters(w *topicWriter, h *netlink.Handle, nsPath string, l
 	if !others {
 		return
 	}
-	// netlink decodes no act_nat: discover does.
+	// netlink decodes no act_nat, pedit key or act_ct: discover does.
 	rws, err := discover.FilterRewrites(nsPath, l.Attrs().Index, p)
 	if err != nil {
 		fmt.Fprintf(w, "    %s filters' actions: not read: %v\n", p.Dir, err)
