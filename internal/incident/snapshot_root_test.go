@@ -420,6 +420,35 @@ func TestSnapshotCollectsEverythingAndChangesNothing(t *testing.T) {
 	}
 }
 
+// TestSnapshotTCFilterRewrites: tc.txt says what the actions of a tc
+// filter that is not BPF rewrite (an act_nat here), which netlink does not
+// decode. Skipped on a kernel without act_nat.
+func TestSnapshotTCFilterRewrites(t *testing.T) {
+	tn := newTestNode(t)
+	node := filepath.Base(tn.node)
+	for _, args := range [][]string{
+		{"qdisc", "add", "dev", "hv0", "clsact"},
+		{"filter", "add", "dev", "hv0", "ingress", "pref", "10", "protocol", "ip", "u32", "match", "ip", "dst", testVIP + "/32",
+			"action", "nat", "ingress", testVIP + "/32", testBackend},
+	} {
+		out, err := exec.Command("tc", append([]string{"-n", node}, args...)...).CombinedOutput()
+		if err != nil && strings.Contains(string(out), "Failed to load TC action module") {
+			t.Skipf("this kernel has no act_nat (CONFIG_NET_ACT_NAT): %s", out)
+		}
+		if err != nil {
+			t.Fatalf("tc %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	dir := t.TempDir()
+	if _, err := Snapshot(context.Background(), tn.nodeInfo(), []netip.Addr{netip.MustParseAddr(testVIP)}, dir, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	tc, err := os.ReadFile(filepath.Join(dir, "tc.txt"))
+	if want := "u32 pref 10 rewrites: nat ingress " + testVIP + "/32 -> " + testBackend; err != nil || !strings.Contains(string(tc), want) {
+		t.Errorf("tc.txt lacks %q (%v):\n%s", want, err, tc)
+	}
+}
+
 // TestSnapshotReadsExistingLegacyNAT creates the legacy nat and filter
 // tables the way a kube-proxy in iptables-legacy mode would, and expects
 // their rules, without the snapshot creating any other legacy table.
