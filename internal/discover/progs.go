@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	mdnetlink "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
@@ -431,6 +432,7 @@ func clsBPFPrograms(host *hostNS, cps []CapturePoint) ([]pointProgs, error) {
 	for _, q := range qdiscs {
 		byLink[q.Attrs().LinkIndex] = append(byLink[q.Attrs().LinkIndex], q)
 	}
+	var conn *mdnetlink.Conn // for the filters' actions, opened once needed
 	for i, cp := range cps {
 		if cp.Role == RolePod {
 			continue
@@ -454,7 +456,14 @@ func clsBPFPrograms(host *hostNS, cps []CapturePoint) ([]pointProgs, error) {
 					out[i].redirects = append(out[i].redirects, mirredRedirects(host, f, p.Dir)...)
 				}
 				if others {
-					rw, err := filterRewrites(int(host.ns), cp.Ifindex, p)
+					if conn == nil {
+						if conn, err = dialRoute(int(host.ns)); err != nil {
+							out[i].err = err
+							break
+						}
+						defer conn.Close()
+					}
+					rw, err := filterRewrites(conn, cp.Ifindex, p)
 					out[i].progs = append(out[i].progs, rw...)
 					if err != nil {
 						out[i].err = err

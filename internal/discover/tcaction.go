@@ -314,15 +314,19 @@ func ctAction(od *netlink.AttributeDecoder, a *filterAction, matched netip.Prefi
 	a.rewrite, a.dst = s, matched
 }
 
-// filterRewrites lists the rewriting actions of the filters that are not
-// BPF on parent p of the interface ifindex of the netns nsFD, each as the
-// program of a filter (it runs where a cls_bpf filter does), unnamed.
-func filterRewrites(nsFD, ifindex int, p TCParent) ([]TCProgram, error) {
+// dialRoute opens a route netlink socket in the netns nsFD.
+func dialRoute(nsFD int) (*netlink.Conn, error) {
 	c, err := netlink.Dial(unix.NETLINK_ROUTE, &netlink.Config{NetNS: nsFD})
 	if err != nil {
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
-	defer c.Close()
+	return c, nil
+}
+
+// filterRewrites lists the rewriting actions of the filters that are not
+// BPF on parent p of the interface ifindex of c's netns, each as the
+// program of a filter (it runs where a cls_bpf filter does), unnamed.
+func filterRewrites(c *netlink.Conn, ifindex int, p TCParent) ([]TCProgram, error) {
 	req := make([]byte, tcMsgLen) // struct tcmsg
 	binary.NativeEndian.PutUint32(req[4:], uint32(ifindex))
 	binary.NativeEndian.PutUint32(req[12:], p.Handle)
@@ -352,5 +356,10 @@ func FilterRewrites(path string, ifindex int, p TCParent) ([]TCProgram, error) {
 		return nil, err
 	}
 	defer ns.Close()
-	return filterRewrites(int(ns), ifindex, p)
+	c, err := dialRoute(int(ns))
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return filterRewrites(c, ifindex, p)
 }
