@@ -98,7 +98,8 @@ func summaryNode() *discover.NodeInfo {
 		},
 		SockPrograms: []discover.SockProgram{{Attach: "connect4", Name: "lab_sock4_connect", ID: 41, Cgroup: "/sys/fs/cgroup/unified/lab-client"}},
 		SockCgroup:   "/sys/fs/cgroup/unified/lab-client",
-		TCPrograms:   []discover.TCProgram{{Ifname: "veth-a", Dir: "ingress", Via: "tcx", Name: "lab_lb_ingress", ID: 52}},
+		TCPrograms: []discover.TCProgram{{Ifname: "veth-a", Dir: "ingress", Via: "tcx", Name: "lab_lb_ingress", ID: 52},
+			{Ifname: "bond0", Dir: "egress", Via: "u32", Name: "pref 10", Action: "nat ingress 10.120.0.99/32 -> 10.244.20.40", Rewrites: netip.MustParsePrefix("10.120.0.99/32")}},
 		Netfilter: discover.Netfilter{BridgeNFCallIPTables: &yes, IPForward: &no, Rules: []discover.NATRule{{
 			Source: "nftables", Table: "ip kube-proxy", Hook: "prerouting", Service: netip.MustParseAddr("10.120.0.10"),
 			Chains: []string{"nat-prerouting", "services", "service-dns"}, Backend: netip.MustParseAddrPort("10.244.20.31:5353")}},
