@@ -612,6 +612,17 @@ func (f *flowState) sawBackend(cp checkpoint) bool {
 	return s.backend && !(s.vip && (f.resetOnly&(1<<cp) != 0 || f.sendsDirect()))
 }
 
+// natBeforeNF tells whether f's connection was NATed through conntrack
+// before netfilter's NAT hook: conntrack's original destination is its
+// only sighting of the VIP at netfilter, whose observer before NAT (after
+// conntrack's hook, which makes the entry) already saw the backend. An
+// act_ct's NAT at tc (OVS's TC offload) made the entry there: its VIP is no
+// sighting at netfilter.
+func (f *flowState) natBeforeNF() bool {
+	s := f.cps[cpNFBefore]
+	return s.vip && s.vipFrom == obs.PointConntrack && s.backend && s.backendFrom == obs.PointNFBefore
+}
+
 // sendsDirect tells whether the client sent UDP datagrams from its port to
 // a backend itself besides those to the VIP: a resolver's unconnected
 // socket that asks the Service and then a server behind it. A point on the

@@ -262,7 +262,7 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 	}
 	iV, iB := -1, -1
 	for i, s := range f.cps {
-		if s.vip {
+		if s.vip && (checkpoint(i) != cpNFBefore || !f.natBeforeNF()) {
 			iV = i
 		}
 		if iB < 0 && f.sawBackend(checkpoint(i)) {
@@ -1131,6 +1131,9 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 			notes = append(notes, "set by a rule of an nftables chain on the host veth's ingress hook, which runs after its tc ingress and before "+next+": a stateless rewrite, no NAT (conntrack's original destination is the backend)")
 		case iB > cpTCTail && e.tcxChainEnded(f):
 			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (so no cls_bpf filter ran)")
+		}
+		if f.natBeforeNF() {
+			notes = append(notes, "conntrack's entry has the VIP as its original destination, made before netfilter's NAT hook: a NAT through conntrack at tc (act_ct)")
 		}
 	case gapUplinkTC:
 		if v.place == PlaceNetfilter {
