@@ -616,11 +616,14 @@ func (f *flowState) sawBackend(cp checkpoint) bool {
 // before netfilter's NAT hook: conntrack's original destination is its
 // only sighting of the VIP at netfilter, whose observer before NAT (after
 // conntrack's hook, which makes the entry) already saw the backend. An
-// act_ct's NAT at tc (OVS's TC offload) made the entry there: its VIP is no
-// sighting at netfilter.
-func (f *flowState) natBeforeNF() bool {
+// act_ct's NAT at tc (OVS's TC offload), or a tc program's through
+// conntrack's kfuncs, made the entry there: its VIP is no sighting at
+// netfilter. Without such a filter or program on f's veth, a rule between
+// conntrack's hook and that observer rewrote it (a stateless `ip daddr set`
+// at mangle priority), which the flow's inconsistency then says.
+func (e *Engine) natBeforeNF(f *flowState) bool {
 	s := f.cps[cpNFBefore]
-	return s.vip && s.vipFrom == obs.PointConntrack && s.backend && s.backendFrom == obs.PointNFBefore
+	return s.vip && s.vipFrom == obs.PointConntrack && s.backend && s.backendFrom == obs.PointNFBefore && len(e.tcCands(f)) > 0
 }
 
 // sendsDirect tells whether the client sent UDP datagrams from its port to

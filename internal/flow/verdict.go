@@ -262,7 +262,7 @@ func (e *Engine) decide(f *flowState, why bool) verdict {
 	}
 	iV, iB := -1, -1
 	for i, s := range f.cps {
-		if s.vip && (checkpoint(i) != cpNFBefore || !f.natBeforeNF()) {
+		if s.vip && (checkpoint(i) != cpNFBefore || !e.natBeforeNF(f)) {
 			iV = i
 		}
 		if iB < 0 && f.sawBackend(checkpoint(i)) {
@@ -1132,7 +1132,7 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		case iB > cpTCTail && e.tcxChainEnded(f):
 			notes = append(notes, "tc tail ingress never saw it: the rewriting program ended the tcx chain (so no cls_bpf filter ran)")
 		}
-		if f.natBeforeNF() {
+		if e.natBeforeNF(f) {
 			notes = append(notes, "conntrack's entry has the VIP as its original destination, made before netfilter's NAT hook: a NAT through conntrack at tc (act_ct)")
 		}
 	case gapUplinkTC:
