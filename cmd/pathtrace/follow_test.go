@@ -292,6 +292,28 @@ func TestFollowReaderGoneWhileIdle(t *testing.T) {
 	wantReaderGoneExit(t, cmd, stderr, done, 15*time.Second, ", nothing to write")
 }
 
+// TestBoundedReaderGoneAfterNode: `pathtrace --duration 1m -o json | head
+// -1`: the reader goes away once it has the node line, and a bounded run
+// writes nothing more until its end. Without a --pcap file to go on writing, the
+// run ends when the reader goes (exit 1, said on stderr), not a minute
+// later.
+func TestBoundedReaderGoneAfterNode(t *testing.T) {
+	needRoot(t)
+	l := upLab(t, lab.ModeTC)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd, stderr, done := startInto(t, w, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "1m", "--output", "json")
+	line, err := bufio.NewReader(r).ReadString('\n') // as head -1 reads it
+	if err != nil || !strings.Contains(line, `"type":"node"`) {
+		t.Fatalf("first line %.80q (%v), want the node", line, err)
+	}
+	r.Close()
+	wantReaderGoneExit(t, cmd, stderr, done, 15*time.Second, ", with nothing else to write")
+}
+
 // TestFollowPcapReaderGone: `pathtrace --duration 0 --pcap - | head -c
 // 1000`: the stream's reader goes away, which ends the run (exit 1, the
 // stream is cut), and the report on stderr says so in its stop reason:

@@ -551,11 +551,12 @@ func runTrace(args []string) int {
 	// that died; SIGPIPE is caught in main): the write fails with EPIPE and
 	// is said on stderr, exit 1, as for any lost report (a run until
 	// stopped ends then: runCtx, with the open flows' end).
-	if opt.Duration == 0 {
+	if opt.Duration == 0 || opt.Pcap == "" || opt.Pcap == "-" {
 		// A run until stopped may write nothing for hours (no flow to the
-		// VIP): a reader that went away after the node block (`| head
-		// -1`) is seen when it goes, not at a next write that may never
-		// come.
+		// VIP), a bounded one nothing until its end: a reader that went
+		// away after the node block (`| head -1`) is seen when it goes,
+		// not at a next write that may never come. A bounded run goes on
+		// for its --pcap file.
 		watchReaderGone(os.Stdout, func() { endRunCause(errReaderGone) })
 	}
 	rw := report.NewWriter(out, f.output)
