@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -208,18 +209,29 @@ func procComm(pid int) string {
 	return strings.TrimSpace(string(b))
 }
 
-// holderOf describes the candidate holding a given netns path picked by the user.
+// holderOf describes the candidate holding a given netns path picked by the
+// user: the process or name the path gives, and what else holds it, as a
+// scan of the node's Pods finds it (a Pod selected by its name has its
+// pause process too; one that has none is between its containers' restarts).
 func holderOf(path string, inode uint64) nsCandidate {
 	c := nsCandidate{path: path, inode: inode}
 	if rest, ok := strings.CutPrefix(path, "/proc/"); ok {
 		if pid, err := strconv.Atoi(strings.SplitN(rest, "/", 2)[0]); err == nil {
 			c.pid, c.comm = pid, procComm(pid)
 		}
-	} else if c.pid, c.comm = otherProcHolder(path); c.pid != 0 {
-		return c
+	} else if c.pid, c.comm = otherProcHolder(path); c.pid == 0 {
+		if dir, name := filepath.Split(path); filepath.Clean(dir) == runNetNSDir {
+			c.name = name
+		}
 	}
-	if dir, name := filepath.Split(path); filepath.Clean(dir) == runNetNSDir {
-		c.name = name
+	held, _ := listNetNS(0)
+	if i := slices.IndexFunc(held, func(h nsCandidate) bool { return h.inode == inode }); i >= 0 {
+		if c.pid == 0 {
+			c.pid, c.comm = held[i].pid, held[i].comm
+		}
+		if c.name == "" {
+			c.name = held[i].name
+		}
 	}
 	return c
 }

@@ -643,6 +643,42 @@ func TestPodNetNSMountedElsewhere(t *testing.T) {
 	}
 }
 
+// TestSelectedPodHeldBy: a Pod whose netns a name and a process both hold
+// says both in HELD BY however it is selected, as when the node's Pods are
+// scanned: selected by its name it read as held by no process (as a Pod
+// between its containers' restarts is), and by its process, by no name.
+func TestSelectedPodHeldBy(t *testing.T) {
+	tb := newTestbed(t)
+	sleep := exec.Command("ip", "netns", "exec", filepath.Base(tb.pod), "sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
+	pid := sleep.Process.Pid
+	inode, err := nsutil.Inode(tb.pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if in, _ := nsLinkInode(fmt.Sprintf("/proc/%d/ns/net", pid)); in == inode && procComm(pid) == "sleep" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d never ran sleep in %s", pid, tb.pod)
+		}
+	}
+	for _, opt := range []Options{{HostNetNS: tb.node}, {HostNetNS: tb.node, PodNetNS: tb.pod}, {HostNetNS: tb.node, PodPID: pid}} {
+		info, err := Node(context.Background(), opt)
+		if err != nil || len(info.Pods) != 1 {
+			t.Fatalf("%+v: pods %+v, %v; want the testbed's Pod", opt, info, err)
+		}
+		if p := info.Pods[0]; p.PID != pid || p.Comm != "sleep" || p.NSName != filepath.Base(tb.pod) {
+			t.Errorf("pod netns %q, pod pid %d: held by pid %d %q and name %q; want pid %d sleep and name %s",
+				opt.PodNetNS, opt.PodPID, p.PID, p.Comm, p.NSName, pid, filepath.Base(tb.pod))
+		}
+	}
+}
+
 // TestPodNetNSHidden: a Pod whose netns nothing pathtrace sees holds (a
 // process of another PID namespace, a mount of another mount namespace;
 // here an open file) is not traced, and discovery says so: the node's
