@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,6 +70,33 @@ func TestMissingCapExitsOne(t *testing.T) {
 		want := "CAP_" + strings.ToUpper(drop)
 		if ee == nil || ee.ExitCode() != exitRuntime || strings.Count(string(out), "\n") != 1 || !strings.Contains(string(out), "needs "+want) {
 			t.Errorf("without %s: exit %v, output %q; want exit 1 and one line naming %s", want, err, out, want)
+		}
+	}
+}
+
+// TestNiceDeniedSaysWhatAsksForNone: started at nice 5 (under nice(1), a
+// unit's Nice=) without CAP_SYS_NICE, pathtrace may not go below 5, to 3 as
+// to -5: the warning names the nice value it has as the one that asks for
+// no capability. It said a value below 0 needs CAP_SYS_NICE and that
+// --nice 0 asks for none, which was refused the same.
+func TestNiceDeniedSaysWhatAsksForNone(t *testing.T) {
+	needRoot(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("no setpriv")
+	}
+	ns := fmt.Sprintf("ptcli-nice%d", os.Getpid()%100000)
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v %s", ns, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	for _, n := range []string{"3", "0"} {
+		// Discovery ends the run (no Pod has that address): nothing is attached.
+		cmd := exec.Command("nice", "-n", "5", "setpriv", "--inh-caps=-all", "--bounding-set=-sys_nice", "--", os.Args[0],
+			"--host-netns", "/run/netns/"+ns, "--svc", "10.120.0.80", "--pod-ip", "203.0.113.77", "--nice", n)
+		cmd.Env = append(os.Environ(), runMainEnv+"=1")
+		out, _ := cmd.CombinedOutput()
+		if !strings.Contains(string(out), "set nice "+n+": permission denied") || !strings.Contains(string(out), "--nice 5 asks for none") {
+			t.Errorf("--nice %s at nice 5 without CAP_SYS_NICE: %q; want it refused, saying --nice 5 asks for none", n, out)
 		}
 	}
 }

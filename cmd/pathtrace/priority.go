@@ -40,8 +40,11 @@ func setNice(n int) error {
 			err := unix.Setpriority(unix.PRIO_PROCESS, tid, n)
 			if err != nil && !errors.Is(err, unix.ESRCH) { // ESRCH: the thread ended
 				if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
-					// A container's root often lacks it: say which.
-					return fmt.Errorf("set nice %d: %w (a nice value below 0 needs CAP_SYS_NICE; --nice 0 asks for none)", n, err)
+					// A container's root often lacks it: say which. The
+					// kernel refuses a nice value below the thread's own,
+					// which is not 0 under nice(1) or a unit's Nice=.
+					now := niceOf(tid)
+					return fmt.Errorf("set nice %d: %w (a nice value below the one pathtrace has, %d, needs CAP_SYS_NICE; --nice %d asks for none)", n, err, now, now)
 				}
 				return fmt.Errorf("set nice %d: %w", n, err)
 			}
@@ -49,6 +52,15 @@ func setNice(n int) error {
 		done = tids
 	}
 	return fmt.Errorf("set nice %d: the process kept starting threads", n)
+}
+
+// niceOf is the nice value of thread tid (0 when it cannot be read).
+func niceOf(tid int) int {
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+	if err != nil {
+		return 0
+	}
+	return 20 - prio // the system call's value, 40 for nice -20 to 1 for 19
 }
 
 // threads lists the process's thread ids, sorted.
