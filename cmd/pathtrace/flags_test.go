@@ -335,6 +335,25 @@ func TestSizeTypos(t *testing.T) {
 	}
 }
 
+// TestPodPIDNotANumber: a --pod-pid that is no number is refused as the
+// other number flags are, saying what it takes, in both commands: it said
+// `strconv.Atoi: parsing "abc": invalid syntax`.
+func TestPodPIDNotANumber(t *testing.T) {
+	for _, args := range [][]string{
+		{"--svc", "10.0.0.1", "--pod-pid", "abc"},
+		{"incident", "--svc", "10.0.0.1", "--pod-pid", "99999999999999999999", "--out", "/nonexistent-dir/x"},
+	} {
+		var stderr bytes.Buffer
+		cmd := pathtrace(args...)
+		cmd.Stderr = &stderr
+		code := exitCode(cmd.Run())
+		msg := strings.TrimSpace(stderr.String())
+		if code != exitUsage || strings.Contains(msg, "\n") || strings.Contains(msg, "strconv") || !strings.Contains(msg, "must be a process id") {
+			t.Errorf("pathtrace %q: exit %d, stderr %q; want exit 2 and one line saying --pod-pid must be a process id", args, code, msg)
+		}
+	}
+}
+
 // TestEmptyValueRefused: a flag given an empty value (a script's --pod-ip
 // "$IP" whose variable was not set) is refused naming it: it read as the
 // flag left out, tracing every Pod, pathtrace's own netns, or writing no

@@ -167,7 +167,8 @@ type pidFlag struct {
 func (p *pidFlag) Set(s string) error {
 	pid, err := strconv.Atoi(s)
 	if err != nil {
-		return err
+		// In pflag's words for its own number flags, not strconv's.
+		return errors.New("must be a process id (the PID of a process in the Pod)")
 	}
 	p.pid, p.given = pid, true
 	return nil
