@@ -299,6 +299,16 @@ func (p *pcapOut) hold(b *batch, tr *tracer) string {
 	return p.release(p.newest.Add(-reorderWindow), tr)
 }
 
+// nextDue is when the oldest frame held is due to be written; false when
+// none is held. A burst's last frames have no later frame to release them
+// (hold): the run releases them at that time.
+func (p *pcapOut) nextDue() (time.Time, bool) {
+	if len(p.heads) == 0 || p.full() {
+		return time.Time{}, false
+	}
+	return time.Unix(0, p.heads[0].at).Add(reorderWindow), true
+}
+
 // release writes the held frames captured before t, oldest first across the
 // capture points (a tap delivers its own frames in time order, so merging
 // the queues' heads orders the file); it returns a stop reason when the file

@@ -320,6 +320,10 @@ func clientVIPPortScope(opt discover.Options, node *discover.NodeInfo) map[netip
 // this (flow's stopTransit, 100 ms): keep it longer.
 const stopGrace = 200 * time.Millisecond
 
+// dueWait is the least wait before the run releases held frames by their
+// due time again: a frame whose flow may still come stays held past it.
+const dueWait = 50 * time.Millisecond
+
 // run feeds every producer into the engine until the bound or ctx ends and
 // says why it stopped.
 func (tr *tracer) run(ctx context.Context) string {
@@ -388,9 +392,31 @@ func (tr *tracer) run(ctx context.Context) string {
 	nextInterval := start.Add(tr.opt.ReportEvery)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	// Held frames are written once due, also when no later frame comes to
+	// release them: a burst's last ones waited for the tick, up to a second
+	// more, lost to a SIGKILL and late for a live reader.
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	dueSet := false
 loop:
 	for {
+		if tr.pcap != nil && !dueSet {
+			if at, ok := tr.pcap.nextDue(); ok {
+				due.Reset(max(time.Until(at), dueWait))
+				dueSet = true
+			}
+		}
 		select {
+		case <-due.C:
+			dueSet = false
+			if len(items) > 0 {
+				break // their frames may be older: hold releases with them
+			}
+			if reason := tr.pcap.release(time.Now().Add(-reorderWindow), tr); reason != "" {
+				stop = stopFor(reason)
+				break loop
+			}
 		case b, ok := <-tr.events:
 			tr.takeEvents(b, ok)
 		case b := <-items: // open until the loop ends

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gopacket/gopacket/pcapgo"
+
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
@@ -188,4 +190,71 @@ func sendFromSockets(path string, dst netip.AddrPort, n int) error {
 		}
 		return nil
 	})
+}
+
+// TestLastFramesReachTheFile: the frames of a burst that no later frame
+// follows (a Pod's last requests before pathtrace is killed, what a live
+// reader of --pcap - waits for) reach the file once their merge window
+// passed (200 ms, plus a ring block's 100 ms and the writer's 100 ms), not
+// at the consumer's next tick, up to a second later.
+func TestLastFramesReachTheFile(t *testing.T) {
+	netns, vip := vipToNowhere(t, "ptr2-due")
+	run(t, "ip", "-n", filepath.Base(netns), "neigh", "add", vip.Addr().String(), "lladdr", "02:00:00:00:00:50", "dev", "pt0", "nud", "permanent")
+	pcap := filepath.Join(t.TempDir(), "due.pcapng")
+	sent := make(chan time.Time, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(context.Background(), Options{
+			Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}},
+			Duration: 3 * time.Second,
+			Discover: discover.Options{HostNetNS: netns},
+			Pcap:     pcap,
+			// Sent as the run begins: its first tick is a second away.
+			Ready: func(*discover.NodeInfo, []probe.Attachment) {
+				if err := sendFromSockets(netns, vip, 3); err != nil {
+					t.Error(err)
+				}
+				sent <- time.Now()
+			},
+		})
+		done <- err
+	}()
+	var at time.Time
+	select {
+	case at = <-sent:
+	case err := <-done:
+		t.Fatalf("the run ended before it was ready: %v", err)
+	}
+	const within = 700 * time.Millisecond
+	for packetsIn(t, pcap+".partial") == 0 {
+		if waited := time.Since(at); waited > within {
+			t.Errorf("no frame in the file %v after the burst", waited.Round(time.Millisecond))
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// packetsIn counts the packets of a capture file being written.
+func packetsIn(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewNgReader(f, pcapgo.DefaultNgReaderOptions)
+	if err != nil {
+		return 0 // the header is not written yet
+	}
+	n := 0
+	for {
+		if _, _, err := r.ReadPacketData(); err != nil {
+			return n
+		}
+		n++
+	}
 }
