@@ -49,7 +49,7 @@ const maxCommentBy = 80
 // report has in full. A NAT rule keeps its source and table, the chain
 // that names the Service and the rule, "…" where chains were left out
 // ("nftables ip kube-proxy … service-Z3XHB2ZZ-default/dns/udp/dns -> … ->
-// dnat to 10.244.20.31:5353": 99 bytes against 190 with kube-proxy's
+// dnat to 10.244.20.31:5353": 99 bytes against 178 with kube-proxy's
 // chains); a program keeps its name and id and the last directory of its
 // cgroup. In netfilter mode the whole comment was most of a packet block
 // (409 bytes a packet for 74-byte frames in the lab, 315 shortened), and
