@@ -193,15 +193,15 @@ func runIncident(args []string) int {
 
 // incidentStops watches an incident's stop signals: the first ends the
 // capture (capture is cancelled), the next, or the first once the capture
-// is over (captureOver), cuts the snapshot short (bundle is cancelled) and
-// gives the signals back their default action, so that one more stops
-// pathtrace. One channel counts them: a second signal while the capture
-// stops (its observers detaching, seconds on a node of many Pods) is not
-// lost. release stops watching.
+// is over (captureOver), cuts the snapshot short (bundle is cancelled), and
+// one more stops pathtrace (endAtOnce). One channel counts them: a second
+// signal while the capture stops (its observers detaching, seconds on a
+// node of many Pods) is not lost, nor a third close behind it. release
+// stops watching.
 func incidentStops() (capture, bundle context.Context, captureOver, release func()) {
 	capture, endCapture := context.WithCancel(context.Background())
 	bundle, cutBundle := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 1)
+	sigs := make(chan os.Signal, 3) // all three may come before this reads one
 	signal.Notify(sigs, stopSignals()...)
 	done := make(chan struct{})
 	go func() {
@@ -214,9 +214,14 @@ func incidentStops() (capture, bundle context.Context, captureOver, release func
 		}
 		select {
 		case <-sigs:
-			signal.Reset(stopSignals()...)
 			fmt.Fprintln(os.Stderr, "pathtrace incident: interrupted: finishing the bundle without the snapshot parts not collected yet (interrupt again to abandon it)")
 			cutBundle()
+		case <-done:
+			return
+		}
+		select {
+		case s := <-sigs:
+			endAtOnce(s)
 		case <-done:
 		}
 	}()

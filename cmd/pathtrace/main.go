@@ -283,3 +283,13 @@ func stopSignals() []os.Signal {
 	}
 	return sigs
 }
+
+// endAtOnce ends pathtrace on a stop signal s that came while it stopped:
+// at once, without the report, with the status a shell gives a process s
+// killed (the kernel detaches what it attached). The stop signals stay
+// notified until then: giving them their default action back as the stop
+// began dropped one that came close behind the first, still queued for the
+// channel that reset took away.
+func endAtOnce(s os.Signal) {
+	os.Exit(128 + int(s.(syscall.Signal)))
+}

@@ -522,15 +522,21 @@ func runTrace(args []string) int {
 		fmt.Fprintf(os.Stderr, "pathtrace: %v; capturing at the priority it has\n", err)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), stopSignals()...)
-	defer stop()
 	// The first stop signal ends the run and lets the report be written;
-	// the next one has its default action, ending pathtrace at once (the
-	// kernel detaches what it attached): a report stuck on an output that
-	// is not read (a pipe whose reader stalled, a terminal stopped with
-	// Ctrl-S) or a stop that takes too long is not a process Ctrl-C or
-	// SIGTERM can no longer end.
-	go func() { <-ctx.Done(); stop() }()
+	// the next one ends pathtrace at once (endAtOnce): a report stuck on an
+	// output that is not read (a pipe whose reader stalled, a terminal
+	// stopped with Ctrl-S) or a stop that takes too long is not a process
+	// Ctrl-C or SIGTERM can no longer end.
+	sigs := make(chan os.Signal, 2) // both may come before this reads one
+	signal.Notify(sigs, stopSignals()...)
+	defer signal.Stop(sigs)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		<-sigs
+		stop()
+		endAtOnce(<-sigs)
+	}()
 	// runCtx also ends when a run until stopped can no longer write its
 	// report (stdout closed, its disk full): it would trace on for days
 	// with nothing to show; its cause says when stdout's reader went away
