@@ -17,11 +17,11 @@ import (
 // One write per packet cost five times the CPU of the file at 100k
 // packets a second.
 //
-// To the capture file it owns (file true), no write(2) crosses a page
+// To the capture file it owns (file true), no block crosses a page
 // boundary of the file, because the kernel copies a regular-file write page
 // (folio) by page and gives up between two pages when a fatal signal is
-// pending (mm/filemap.c generic_perform_write): SIGKILL during a write that
-// crosses a boundary leaves the first part of a block at the end of the
+// pending (mm/filemap.c generic_perform_write): SIGKILL during the write of
+// a block that crosses a boundary leaves its first part at the end of the
 // file; one within a page is all or nothing. So blocks are batched in memory
 // up to the end of the current page, and a block that would cross it starts
 // the next page, the rest of the current one taken by a filler block (a
