@@ -196,7 +196,8 @@ func sendFromSockets(path string, dst netip.AddrPort, n int) error {
 // follows (a Pod's last requests before pathtrace is killed, what a live
 // reader of --pcap - waits for) reach the file once their merge window
 // passed (200 ms, plus a ring block's 100 ms and the writer's 100 ms), not
-// at the consumer's next tick, up to a second later.
+// at the consumer's next tick, up to a second later (about 0.3 s against
+// 1.1 s in the lab: the bound leaves a loaded machine room).
 func TestLastFramesReachTheFile(t *testing.T) {
 	netns, vip := vipToNowhere(t, "ptr2-due")
 	run(t, "ip", "-n", filepath.Base(netns), "neigh", "add", vip.Addr().String(), "lladdr", "02:00:00:00:00:50", "dev", "pt0", "nud", "permanent")
@@ -225,7 +226,7 @@ func TestLastFramesReachTheFile(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("the run ended before it was ready: %v", err)
 	}
-	const within = 700 * time.Millisecond
+	const within = 900 * time.Millisecond
 	for packetsIn(t, pcap+".partial") == 0 {
 		if waited := time.Since(at); waited > within {
 			t.Errorf("no frame in the file %v after the burst", waited.Round(time.Millisecond))
