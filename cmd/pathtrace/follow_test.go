@@ -317,43 +317,55 @@ func TestBoundedReaderGoneAfterNode(t *testing.T) {
 // TestFollowPcapReaderGone: `pathtrace --duration 0 --pcap - | head -c
 // 1000`: the stream's reader goes away, which ends the run (exit 1, the
 // stream is cut), and the report on stderr says so in its stop reason:
-// it said "interrupted", as for a Ctrl-C or a SIGTERM.
+// it said "interrupted", as for a Ctrl-C or a SIGTERM. So does a bounded
+// run's (`--duration 1m --pcap - | head -c 1000`), which ends then, not a
+// minute later.
 func TestFollowPcapReaderGone(t *testing.T) {
 	needRoot(t)
 	l := upLab(t, lab.ModeTC)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	cmd, stderr, done := startFollowInto(t, l, w, "--pcap", "-", "--max-bytes", "1M")
-	if _, err := io.ReadFull(r, make([]byte, 4)); err != nil { // the pcapng header's start, as head -c reads it
-		t.Fatalf("reading the stream: %v (stderr %q)", err, stderr.String())
-	}
-	if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 3}); err != nil {
-		t.Fatalf("lab client: %v", err)
-	}
-	r.Close()
-	var code int
-	select {
-	case err := <-done:
-		code = exitCode(err)
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-		t.Fatalf("still tracing 30 s after the stream's reader went away (stderr %q)", stderr.String())
-	}
-	var summary map[string]any
-	for _, line := range strings.Split(stderr.String(), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil && m["type"] == "summary" {
-			summary = m
-		}
-	}
-	if summary == nil || summary["stop_reason"] != "reader-gone" {
-		t.Errorf("summary %v, want stop_reason reader-gone (stderr %q)", summary, stderr.String())
-	}
-	if code != exitRuntime {
-		t.Errorf("exit %d, want %d: the stream was cut", code, exitRuntime)
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"until stopped", []string{"--duration", "0", "--max-bytes", "1M"}},
+		{"bounded", []string{"--duration", "1m"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			cmd, stderr, done := startInto(t, w, append([]string{"--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--output", "json", "--pcap", "-"}, c.args...)...)
+			if _, err := io.ReadFull(r, make([]byte, 4)); err != nil { // the pcapng header's start, as head -c reads it
+				t.Fatalf("reading the stream: %v (stderr %q)", err, stderr.String())
+			}
+			if _, err := l.Client(context.Background(), lab.ClientOptions{Requests: 3}); err != nil {
+				t.Fatalf("lab client: %v", err)
+			}
+			r.Close()
+			var code int
+			select {
+			case err := <-done:
+				code = exitCode(err)
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+				t.Fatalf("still tracing 30 s after the stream's reader went away (stderr %q)", stderr.String())
+			}
+			var summary map[string]any
+			for _, line := range strings.Split(stderr.String(), "\n") {
+				var m map[string]any
+				if json.Unmarshal([]byte(line), &m) == nil && m["type"] == "summary" {
+					summary = m
+				}
+			}
+			if summary == nil || summary["stop_reason"] != "reader-gone" {
+				t.Errorf("summary %v, want stop_reason reader-gone (stderr %q)", summary, stderr.String())
+			}
+			if code != exitRuntime {
+				t.Errorf("exit %d, want %d: the stream was cut", code, exitRuntime)
+			}
+		})
 	}
 }
