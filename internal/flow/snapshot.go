@@ -18,12 +18,12 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	// which then get theirs after it.
 	id := e.idOf(f)
 	v := e.decide(f, true)
+	if v.place == PlaceUnknown {
+		v.reason = e.outsideWindow(f) + f.continuesNote() + v.reason
+	}
 	before := e.beganBeforeRun(f)
 	if before {
 		v.reason = e.beganBeforeRunNote(f) + v.reason
-	}
-	if v.place == PlaceUnknown {
-		v.reason = e.outsideWindow(f) + f.continuesNote() + v.reason
 	}
 	out := Flow{
 		ID:             id,
@@ -161,9 +161,9 @@ func (e *Engine) snapshot(f *flowState) Flow {
 }
 
 // beganBeforeRunNote begins the reason of a flow that began before the run
-// (beganBeforeRun); an undecided one's says first when it began relative
-// to the points' window (outsideWindow). Once a capture lost frames, its
-// handshake may have been among them.
+// (beganBeforeRun), also an undecided one's, whose first packet seen is then
+// placed in the points' window (outsideWindow). Once a capture lost frames,
+// its handshake may have been among them.
 func (e *Engine) beganBeforeRunNote(f *flowState) string {
 	lost := ""
 	if len(e.captureLost) > 0 {
@@ -357,16 +357,21 @@ func compareBool(a, b bool) int {
 
 // outsideWindow explains, for an undecided flow, that it began while the
 // capture was starting or ending, when some points were not (or no longer)
-// there to see it: "" for a flow within the window.
+// there to see it: "" for a flow within the window. A connection that began
+// before the run did not begin then: its first packet seen came then.
 func (e *Engine) outsideWindow(f *flowState) string {
 	const stamp = "15:04:05.000"
+	it := "it began"
+	if e.beganBeforeRun(f) {
+		it = "its first packet seen came"
+	}
 	switch e.window(f) {
 	case beforeReady:
-		return fmt.Sprintf("it began before pathtrace was in place at every point (at %s): its first packets may have passed points not yet there; ",
-			e.cfg.Ready.Format(stamp))
+		return fmt.Sprintf("%s before pathtrace was in place at every point (at %s): its first packets may have passed points not yet there; ",
+			it, e.cfg.Ready.Format(stamp))
 	case afterStop:
-		return fmt.Sprintf("it began after the capture was asked to stop (at %s): points were closing; ",
-			e.stopped.Format(stamp))
+		return fmt.Sprintf("%s after the capture was asked to stop (at %s): points were closing; ",
+			it, e.stopped.Format(stamp))
 	}
 	return ""
 }

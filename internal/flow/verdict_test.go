@@ -459,6 +459,44 @@ func TestUnknownOutsideTheCaptureWindow(t *testing.T) {
 	}
 }
 
+// An undecided connection that began before the run, first seen while
+// pathtrace was attaching or after the run was asked to stop, has a reason
+// that begins by saying it began before the run (README's began_before_run),
+// then places its first packet seen, not its beginning, in the window: it
+// began with "it began before pathtrace was in place", and after the stop
+// said "it began after the capture was asked to stop" of a connection it
+// then said began before the run.
+func TestBeganBeforeRunOutsideTheCaptureWindow(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		seen   float64 // ms after the base time; ready at 10, stop at 20
+		window string
+	}{
+		{"before ready", 5, "its first packet seen came before pathtrace was in place"},
+		{"after the stop", 25, "its first packet seen came after the capture was asked to stop"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := httpConfig(obs.PointTCHead, obs.PointUplink)
+			cfg.Ready = flowtest.At(10)
+			e := flow.NewEngine(cfg)
+			// An ACK with the VIP at tc head and nothing at the uplink:
+			// mid-connection, undecided.
+			e.Add(flags(req(c.seen, obs.PointTCHead, obs.DirIn, vip), 0x10))
+			e.Stopping(flowtest.At(20))
+			f := only(t, e)
+			if f.RewrittenAt != flow.PlaceUnknown || !f.BeganBeforeRun {
+				t.Fatalf("rewritten_at %s, began_before_run %v; want unknown, true: %+v", f.RewrittenAt, f.BeganBeforeRun, f)
+			}
+			if !strings.HasPrefix(f.Reason, "the connection began before the run") {
+				t.Errorf("reason %q, want it to begin with the connection began before the run", f.Reason)
+			}
+			if !strings.Contains(f.Reason, c.window) || strings.Contains(f.Reason, "it began") {
+				t.Errorf("reason %q, want %q and no \"it began\"", f.Reason, c.window)
+			}
+		})
+	}
+}
+
 // Conntrack's silence about a flow excludes netfilter only when conntrack
 // would have reported it: the flow seen from its start (after every point
 // was in place) and no conntrack event lost.
