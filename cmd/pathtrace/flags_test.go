@@ -12,6 +12,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/report"
 )
 
 // TestPodSelectorsConflictFirst: two Pod selectors are refused as such,
@@ -449,5 +452,24 @@ func TestLabStatusJSONUnhealthy(t *testing.T) {
 	err := labCommand([]string{"status", "--name", name, "--json"}, &out)
 	if err == nil || !strings.Contains(out.String(), `"healthy": false`) {
 		t.Errorf("lab status --json of a lab that does not exist: %v, printed %q; want the failed health check as an error (exit 1) after the JSON", err, out.String())
+	}
+}
+
+// TestHelpDropHintsPromise: --help says of the drop counters what the
+// report does: which flag to change where one could have avoided the loss
+// (README: "with what to change when a flag could have avoided the loss").
+// It said "a non-zero one says which flag to change", which decode errors
+// and the kernel's learning errors, which no flag avoids, do not.
+func TestHelpDropHintsPromise(t *testing.T) {
+	var without []string
+	for _, c := range []string{"uplink:bond0 kernel_drops", "uplink:bond0 decode_errors", flow.DropFlowsOverMax, flow.DropFlowsJoined,
+		flow.DropUnmatchedOverflow, flow.DropUnrelatedOverflow, flow.DropRepliesForgotten, "ringbuf_losses", "kernel_learn_errors",
+		"filter_update_errors", "event_decode_errors", "conntrack_errors", "conntrack_drops"} {
+		if len(report.DropHints(map[string]uint64{c: 1})) == 0 {
+			without = append(without, c)
+		}
+	}
+	if len(without) > 0 && strings.Contains(traceUsage, "a non-zero one says which flag to change") {
+		t.Errorf("--help says every non-zero drop counter names a flag to change; the report names none for %v", without)
 	}
 }

@@ -69,10 +69,10 @@ points, the Service mechanisms found, every observer's status), then one row per
   REPLY           yes, no, rst (refused), icmp (an ICMP error instead, listed below the rows)
                   or unseen (the flow never left the client's netns)
 then the flows per verdict, the flows per backend with their replies (a backend that
-answered none is marked), every drop counter (a non-zero one says which flag to change),
-what changed on the node meanwhile (Pods that started and were followed, capture points
-whose Pod went, tc programs and NAT rules that appeared: flows name those of their time)
-and why the run stopped.
+answered none is marked), every drop counter (and which flag to change where one could
+have avoided the loss), what changed on the node meanwhile (Pods that started and were
+followed, capture points whose Pod went, tc programs and NAT rules that appeared: flows
+name those of their time) and why the run stopped.
 
 Until stopped (--duration 0, e.g. a DaemonSet's flow log): each flow is written as it
 ends, a TCP connection once closed and quiet for 9 s, any flow once idle for
