@@ -659,12 +659,10 @@ func (tr *tracer) counters() (packets, drops map[string]uint64) {
 		drops[goneLabel+" kernel_drops"] += g.kernelDrops
 		drops[goneLabel+" decode_errors"] += g.decodeErrors
 	}
-	if n := tr.eng.UnnamedPoints(); n > 0 {
-		// More capture points at once than the engine numbers: counted
-		// without their names (a run until stopped forgets those of
-		// Pods that went).
-		drops["points_unnamed"] = n
-	}
+	// More capture points at once than the engine numbers: counted
+	// without their names (a run until stopped forgets those of Pods that
+	// went). Zero too, as every loss counter is.
+	drops["points_unnamed"] = tr.eng.UnnamedPoints()
 	ps := tr.pr.Stats()
 	drops["ringbuf_losses"] = ps.RingbufLosses
 	drops["kernel_learn_errors"] = ps.LearnErrors

@@ -99,6 +99,32 @@ func TestNothingCountedAfterTheRun(t *testing.T) {
 	}
 }
 
+// TestEveryLossCounterReported: the summary's drops hold every loss
+// counter, zeros included (README), so that a script or a dashboard reads
+// a zero as nothing lost rather than as a counter it cannot find.
+// points_unnamed was there only once non-zero.
+func TestEveryLossCounterReported(t *testing.T) {
+	netns, vip := vipToNowhere(t, "pttest-drops")
+	res, err := Run(context.Background(), Options{
+		Services: []flow.Service{{Addr: vip.Addr(), Port: vip.Port(), Proto: obs.UDP}},
+		Duration: 100 * time.Millisecond,
+		Discover: discover.Options{HostNetNS: netns},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"ringbuf_losses", "kernel_learn_errors", "filter_update_errors", "event_decode_errors", "conntrack_errors", "conntrack_drops", "points_unnamed"} {
+		if _, ok := res.Drops[d]; !ok {
+			t.Errorf("drops lack %s: %v", d, res.Drops)
+		}
+	}
+	for _, d := range []string{flow.DropFlowsOverMax, flow.DropFlowsJoined, flow.DropUnmatchedOverflow, flow.DropUnrelatedOverflow} {
+		if _, ok := res.Summary.Drops[d]; !ok {
+			t.Errorf("the engine's drops lack %s: %v", d, res.Summary.Drops)
+		}
+	}
+}
+
 // TestCaptureHooksInOrder: a caller that tunes its process for the capture
 // (CaptureStart) and after it (CaptureDone) is called once each, in that
 // order, once the capture is in place (Ready).
