@@ -292,6 +292,10 @@ func (p TCProgram) FilterText() string {
 	return fmt.Sprintf("%s %s on %s %s: %s", p.Via, p.Name, p.Ifname, p.Dir, p.Action)
 }
 
+// Conntrack tells whether Action is act_ct's NAT (ctAction's), which makes
+// the connection's conntrack entry at tc.
+func (p TCProgram) Conntrack() bool { return strings.HasPrefix(p.Action, "ct ") }
+
 // XDPProgram is an XDP program on a host veth or an uplink. It runs before
 // the device's RX tap and tc ingress: what it rewrites every point sees
 // rewritten already, and what it redirects no point of the device sees.

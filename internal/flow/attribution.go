@@ -147,20 +147,30 @@ func (e *Engine) deviceCands(f *flowState, uplink bool, hook string) []string {
 // chain (a verdict other than TCX_NEXT: the kernel then runs no cls_bpf
 // filter at all).
 func (e *Engine) tcCands(f *flowState) []string {
+	var cands []string
+	for _, p := range e.tcCandPrograms(f) {
+		c, _ := tcCand(p, f, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID))
+		cands = append(cands, c)
+	}
+	return cands
+}
+
+// tcCandPrograms are the programs and filters tcCands names.
+func (e *Engine) tcCandPrograms(f *flowState) []TCProgram {
 	tcxOnly := f.cps[cpTCTail].backend || e.tcxChainEnded(f)
 	pastTail := f.cps[cpTCTail].vip && !tcxOnly
 	host := e.hostSide(f)
-	var cands []string
+	var out []TCProgram
 	for _, p := range e.cfg.Attribution.TCPrograms {
 		if p.Direction != "ingress" || p.Kind == "netkit" || (tcxOnly && p.Kind != "tcx") || (pastTail && p.Kind == "tcx" && p.Since.IsZero()) ||
 			(p.Ifindex != 0 && host != 0 && p.Ifindex != host) || !presentAt(p, f.first) {
 			continue
 		}
-		if c, ok := tcCand(p, f, fmt.Sprintf("%s ingress %s (id %d)", p.Kind, p.Name, p.ID)); ok {
-			cands = append(cands, c)
+		if _, ok := tcCand(p, f, ""); ok {
+			out = append(out, p)
 		}
 	}
-	return cands
+	return out
 }
 
 // tcCand names p as a candidate for f's rewrite: as program when it is a

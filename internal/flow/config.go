@@ -243,6 +243,9 @@ type TCProgram struct {
 	// Dst are the destinations Action rewrites (invalid: none, as an
 	// act_nat that rewrites sources): a candidate only for their flows.
 	Dst netip.Prefix
+	// Conntrack: Action is act_ct's NAT, which makes the connection's
+	// conntrack entry at tc (a stateless act_nat or pedit makes none).
+	Conntrack bool
 	// Ifindex is the host veth it is attached to (in the node netns): a
 	// flow's tc rewrite is attributed to its own veth's programs. 0 =
 	// unknown, a candidate for every flow.

@@ -2,6 +2,7 @@ package flow
 
 import (
 	"net/netip"
+	"slices"
 	"sort"
 	"time"
 
@@ -620,10 +621,13 @@ func (f *flowState) sawBackend(cp checkpoint) bool {
 // conntrack's kfuncs, made the entry there: its VIP is no sighting at
 // netfilter. Without such a filter or program on f's veth, a rule between
 // conntrack's hook and that observer rewrote it (a stateless `ip daddr set`
-// at mangle priority), which the flow's inconsistency then says.
+// at mangle priority), which the flow's inconsistency then says: a
+// stateless filter there (act_nat, pedit) would have rewritten before
+// conntrack's hook, which would then hold the backend.
 func (e *Engine) natBeforeNF(f *flowState) bool {
 	s := f.cps[cpNFBefore]
-	return s.vip && s.vipFrom == obs.PointConntrack && s.backend && s.backendFrom == obs.PointNFBefore && len(e.tcCands(f)) > 0
+	return s.vip && s.vipFrom == obs.PointConntrack && s.backend && s.backendFrom == obs.PointNFBefore &&
+		slices.ContainsFunc(e.tcCandPrograms(f), func(p TCProgram) bool { return p.Action == "" || p.Conntrack })
 }
 
 // sendsDirect tells whether the client sent UDP datagrams from its port to

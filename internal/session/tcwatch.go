@@ -280,7 +280,7 @@ func tcProgramsOf(progs []discover.TCProgram, role string) []flow.TCProgram {
 func engineTCProgram(p discover.TCProgram, ifindex int) flow.TCProgram {
 	tp := flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: ifindex, Dst: p.Rewrites}
 	if p.Action != "" {
-		tp.Action = p.FilterText()
+		tp.Action, tp.Conntrack = p.FilterText(), p.Conntrack()
 	}
 	return tp
 }

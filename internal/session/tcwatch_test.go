@@ -199,7 +199,8 @@ func TestTCWatchChangesSaid(t *testing.T) {
 
 // TestTCFilterActionsInEngineTerms: a tc filter's rewriting action (act_nat
 // on a u32 filter) reaches the engine named as a flow's "by" says it, with
-// the destinations it rewrites; two filters on one veth are two, and a
+// the destinations it rewrites, an act_ct's as one that makes conntrack
+// entries; two filters on one veth are two, and a
 // filter whose action changed (another backend) is a change: none has a
 // program ID to tell them apart.
 func TestTCFilterActionsInEngineTerms(t *testing.T) {
@@ -209,21 +210,24 @@ func TestTCFilterActionsInEngineTerms(t *testing.T) {
 		Action: "nat ingress 10.120.0.80/32 -> 10.244.20.31", Rewrites: vip}
 	b := a
 	b.Name, b.Action, b.Rewrites = "pref 11", "nat ingress 10.120.0.81/32 -> 10.244.20.32", other
-	got := hostTCPrograms([]discover.TCProgram{a, b})
+	ct := discover.TCProgram{Ifname: "hv0", Ifindex: 4, Role: discover.RoleHost, Dir: "ingress", Via: "flower", Name: "pref 12",
+		Action: "ct commit nat dst addr 10.244.20.33 port 80", Rewrites: vip}
+	got := hostTCPrograms([]discover.TCProgram{a, b, ct})
 	want := []flow.TCProgram{
 		{Direction: "ingress", Kind: "u32", Name: "pref 10", Ifindex: 4, Action: "u32 pref 10 on hv0 ingress: nat ingress 10.120.0.80/32 -> 10.244.20.31", Dst: vip},
 		{Direction: "ingress", Kind: "u32", Name: "pref 11", Ifindex: 4, Action: "u32 pref 11 on hv0 ingress: nat ingress 10.120.0.81/32 -> 10.244.20.32", Dst: other},
+		{Direction: "ingress", Kind: "flower", Name: "pref 12", Ifindex: 4, Action: "flower pref 12 on hv0 ingress: ct commit nat dst addr 10.244.20.33 port 80", Dst: vip, Conntrack: true},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("engine's programs\n got %+v\nwant %+v", got, want)
 	}
 	w := &tcWatch{progs: got}
-	if w.update(hostTCPrograms([]discover.TCProgram{a, b}), t0) {
+	if w.update(hostTCPrograms([]discover.TCProgram{a, b, ct}), t0) {
 		t.Error("the same filters counted as a change")
 	}
 	moved := a
 	moved.Action = "nat ingress 10.120.0.80/32 -> 10.244.20.40"
-	if !w.update(hostTCPrograms([]discover.TCProgram{moved, b}), t0.Add(2*time.Second)) {
+	if !w.update(hostTCPrograms([]discover.TCProgram{moved, b, ct}), t0.Add(2*time.Second)) {
 		t.Error("a filter whose action changed not counted as a change")
 	}
 }
