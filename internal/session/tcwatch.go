@@ -238,8 +238,11 @@ func (w *tcWatch) summary() []string {
 	return out
 }
 
+// sameTCProgram tells a program by its ID, a filter (ID 0) by its action
+// and what it rewrites: a pedit's or ct's destinations are its filter's
+// match, not in the action's text.
 func sameTCProgram(a, b flow.TCProgram) bool {
-	return a.Ifindex == b.Ifindex && a.Direction == b.Direction && a.Kind == b.Kind && a.ID == b.ID && a.Action == b.Action
+	return a.Ifindex == b.Ifindex && a.Direction == b.Direction && a.Kind == b.Kind && a.ID == b.ID && a.Action == b.Action && a.Dst == b.Dst
 }
 
 // hostTCPrograms are the programs on the host veths, in the engine's terms.

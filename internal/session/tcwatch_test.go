@@ -201,8 +201,8 @@ func TestTCWatchChangesSaid(t *testing.T) {
 // on a u32 filter) reaches the engine named as a flow's "by" says it, with
 // the destinations it rewrites, an act_ct's as one that makes conntrack
 // entries; two filters on one veth are two, and a
-// filter whose action changed (another backend) is a change: none has a
-// program ID to tell them apart.
+// filter whose action changed (another backend) or whose match did is a
+// change: none has a program ID to tell them apart.
 func TestTCFilterActionsInEngineTerms(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	vip, other := netip.MustParsePrefix("10.120.0.80/32"), netip.MustParsePrefix("10.120.0.81/32")
@@ -229,5 +229,14 @@ func TestTCFilterActionsInEngineTerms(t *testing.T) {
 	moved.Action = "nat ingress 10.120.0.80/32 -> 10.244.20.40"
 	if !w.update(hostTCPrograms([]discover.TCProgram{moved, b, ct}), t0.Add(2*time.Second)) {
 		t.Error("a filter whose action changed not counted as a change")
+	}
+	// A pedit rewrites what its filter matches: the same pedit on a
+	// filter replaced for another VIP rewrites that one only.
+	pedit := a
+	pedit.Action = "pedit munge ip dst set 10.244.20.31"
+	w = &tcWatch{progs: hostTCPrograms([]discover.TCProgram{pedit})}
+	pedit.Rewrites = other
+	if !w.update(hostTCPrograms([]discover.TCProgram{pedit}), t0) {
+		t.Error("a filter whose match changed (its pedit the same) not counted as a change")
 	}
 }
