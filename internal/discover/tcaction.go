@@ -96,7 +96,7 @@ func filterActions(data []byte) ([]filterAction, error) {
 		return nil, err
 	}
 	// What a pedit or a ct action rewrites is what its filter matches:
-	// every destination unless it matches one.
+	// every destination unless it matches one; an act_nat, within that.
 	matched := netip.MustParsePrefix("0.0.0.0/0")
 	var table []byte
 	var dst, mask [4]byte
@@ -160,6 +160,18 @@ func maskedPrefix(addr, mask [4]byte) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4(addr), bits.OnesCount32(binary.BigEndian.Uint32(mask[:]))).Masked()
 }
 
+// overlap is the narrower of two prefixes when one holds the other (two
+// prefixes are nested or disjoint); invalid when they are disjoint.
+func overlap(a, b netip.Prefix) netip.Prefix {
+	switch {
+	case a.Bits() >= b.Bits() && b.Contains(a.Addr()):
+		return a
+	case b.Bits() > a.Bits() && a.Contains(b.Addr()):
+		return b
+	}
+	return netip.Prefix{}
+}
+
 // decodeAction fills a from the attributes of one action of a filter that
 // matches the destinations matched.
 func decodeAction(ad *netlink.AttributeDecoder, a *filterAction, matched netip.Prefix) {
@@ -181,7 +193,7 @@ func decodeAction(ad *netlink.AttributeDecoder, a *filterAction, matched netip.P
 	}
 	switch a.action {
 	case "nat":
-		natAction(od, a)
+		natAction(od, a, matched)
 	case "pedit":
 		peditAction(od, a, matched)
 	case "ct":
@@ -190,8 +202,8 @@ func decodeAction(ad *netlink.AttributeDecoder, a *filterAction, matched netip.P
 }
 
 // natAction reads an act_nat: it rewrites the destinations of its old
-// prefix (ingress), or the sources (egress).
-func natAction(od *netlink.AttributeDecoder, a *filterAction) {
+// prefix that its filter matched (ingress), or the sources (egress).
+func natAction(od *netlink.AttributeDecoder, a *filterAction, matched netip.Prefix) {
 	for od.Next() {
 		if p := od.Bytes(); od.Type() == tcaNatParms && len(p) >= tcGenLen+16 {
 			// struct tc_nat: tc_gen, then old_addr, new_addr, mask (network
@@ -202,7 +214,7 @@ func natAction(od *netlink.AttributeDecoder, a *filterAction) {
 			if binary.NativeEndian.Uint32(p[tcGenLen+12:tcGenLen+16])&tcNatEgress != 0 {
 				dir = "egress" // the source: no destination rewritten
 			} else {
-				a.dst = from
+				a.dst = overlap(from, matched)
 			}
 			a.rewrite = fmt.Sprintf("nat %s %s -> %s", dir, from, to)
 		}
