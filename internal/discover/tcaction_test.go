@@ -64,6 +64,31 @@ func TestFilterActions(t *testing.T) {
 	}
 }
 
+// FuzzFilterActions: no filter message, however cut or malformed, makes
+// the decoder panic. Seeded with the messages of testdata/tc.
+func FuzzFilterActions(f *testing.F) {
+	files, err := filepath.Glob(filepath.Join("testdata", "tc", "*"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(b)
+		if err != nil {
+			f.Fatalf("%s: %v", file, err)
+		}
+		for _, m := range msgs {
+			f.Add(m.Data)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _ = filterActions(data)
+	})
+}
+
 // TestFilterActionsOfDumps decodes filters laid out as the kernel dumps
 // them, which tc(8)'s requests are not: per action its kind, stats and
 // hardware count around the options (tcf_action_dump_1), a pedit's
