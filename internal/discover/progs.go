@@ -10,7 +10,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	mdnetlink "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
@@ -304,28 +303,6 @@ func mirredWords(a netlink.MirredAct) string {
 	return fmt.Sprintf("action %d", a)
 }
 
-// mirredRedirects are the mirred actions of a tc filter that is not BPF
-// (u32, flower, matchall), with the filter and where they send packets.
-func mirredRedirects(host *hostNS, f netlink.Filter, dir string) []TCRedirect {
-	var actions []netlink.Action
-	switch f := f.(type) {
-	case *netlink.U32:
-		actions = f.Actions
-	case *netlink.Flower:
-		actions = f.Actions
-	case *netlink.MatchAll:
-		actions = f.Actions
-	}
-	var out []TCRedirect
-	for _, a := range actions {
-		if m, ok := a.(*netlink.MirredAction); ok {
-			out = append(out, TCRedirect{Dir: dir, Filter: fmt.Sprintf("%s pref %d", f.Type(), f.Attrs().Priority),
-				Action: mirredWords(m.MirredAction), To: host.name(m.Ifindex)})
-		}
-	}
-	return out
-}
-
 // tcxPrograms queries the tcx chains of every host and uplink point, from
 // one thread inside the node netns (an ifindex means something only there):
 // a switch per point cost more than the queries. A point whose interface is
@@ -418,10 +395,10 @@ func TCParents(q netlink.Qdisc) []TCParent {
 }
 
 // clsBPFPrograms lists the bpf filters on the clsact (or ingress) qdiscs of
-// the host and uplink points, and the rewriting actions of their other
-// filters (filterRewrites); a point without such a qdisc has none. One dump
-// of the node's qdiscs finds them (its error is returned on its own), and
-// filters are listed only where one is.
+// the host and uplink points, and the rewriting actions and redirects of
+// their other filters (parentFilters); a point without such a qdisc has
+// none. One dump of the node's qdiscs finds them (its error is returned on
+// its own), and filters are listed only where one is.
 func clsBPFPrograms(host *hostNS, cps []CapturePoint) ([]pointProgs, error) {
 	out := make([]pointProgs, len(cps))
 	qdiscs, err := host.nl.QdiscList(nil)
@@ -432,48 +409,61 @@ func clsBPFPrograms(host *hostNS, cps []CapturePoint) ([]pointProgs, error) {
 	for _, q := range qdiscs {
 		byLink[q.Attrs().LinkIndex] = append(byLink[q.Attrs().LinkIndex], q)
 	}
-	var conn *mdnetlink.Conn // for the filters' actions, opened once needed
+	var conn *nl.SocketHandle // opened once needed
 	for i, cp := range cps {
-		if cp.Role == RolePod {
+		if cp.Role == RolePod || len(byLink[cp.Ifindex]) == 0 {
 			continue
 		}
-		l := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: cp.Ifindex}} // FilterList needs the index only
+		if conn == nil {
+			if conn, err = dialRoute(host.ns); err != nil {
+				out[i].err = err
+				continue
+			}
+			defer conn.Close()
+		}
 		for _, q := range byLink[cp.Ifindex] {
 			for _, p := range TCParents(q) {
-				filters, err := host.nl.FilterList(l, p.Handle)
-				if err != nil {
-					out[i].err = fmt.Errorf("list %s filters: %w", p.Dir, err)
+				if err := parentFilters(host, conn, cp.Ifindex, p, &out[i]); err != nil {
+					out[i].err = err
 					break
-				}
-				others := false
-				for _, f := range filters {
-					if bf, ok := f.(*netlink.BpfFilter); ok {
-						out[i].progs = append(out[i].progs, TCProgram{Dir: p.Dir, Via: "cls_bpf", Name: bf.Name,
-							ID: ebpf.ProgramID(bf.Id), DirectAction: bf.DirectAction})
-						continue
-					}
-					others = true
-					out[i].redirects = append(out[i].redirects, mirredRedirects(host, f, p.Dir)...)
-				}
-				if others {
-					if conn == nil {
-						if conn, err = dialRoute(int(host.ns)); err != nil {
-							out[i].err = err
-							break
-						}
-						defer conn.Close()
-					}
-					rw, err := filterRewrites(conn, cp.Ifindex, p)
-					out[i].progs = append(out[i].progs, rw...)
-					if err != nil {
-						out[i].err = err
-						break
-					}
 				}
 			}
 		}
 	}
 	return out, nil
+}
+
+// parentFilters adds the filters on parent p of the interface ifindex to
+// its programs: its bpf filters, and the rewriting actions of the others
+// (act_nat, pedit, ct nat), with their mirred redirects. One dump reads
+// both, as the tc watch does every 2 s: netlink's would hide the actions it
+// does not decode.
+func parentFilters(host *hostNS, c *nl.SocketHandle, ifindex int, p TCParent, out *pointProgs) error {
+	msgs, err := dumpFilters(c, ifindex, p)
+	if err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if bp, ok := bpfFilter(m); ok {
+			bp.Dir = p.Dir
+			out.progs = append(out.progs, bp)
+			continue
+		}
+		actions, err := filterActions(m)
+		if err != nil {
+			return fmt.Errorf("decode %s filters: %w", p.Dir, err)
+		}
+		for _, a := range actions {
+			if a.rewrite != "" {
+				out.progs = append(out.progs, a.program(p))
+			}
+			if a.mirredTo != 0 {
+				out.redirects = append(out.redirects, TCRedirect{Dir: p.Dir, Filter: a.kind + " " + a.pref,
+					Action: mirredWords(netlink.MirredAct(a.mirredAct)), To: host.name(a.mirredTo)})
+			}
+		}
+	}
+	return nil
 }
 
 // progCache tells, by program ID, a program's name and whether it is

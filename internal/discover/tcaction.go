@@ -7,7 +7,9 @@ import (
 	"math/bits"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
 	"github.com/mdlayher/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -28,6 +30,11 @@ const (
 	tcaFlowerIPv4Dst  = 12 // TCA_FLOWER_KEY_IPV4_DST
 	tcaFlowerIPv4DstM = 13 // TCA_FLOWER_KEY_IPV4_DST_MASK
 	tcaMatchallAct    = 2  // TCA_MATCHALL_ACT
+	tcaBpfName        = 7  // TCA_BPF_NAME
+	tcaBpfFlags       = 8  // TCA_BPF_FLAGS
+	tcaBpfID          = 11 // TCA_BPF_ID
+	tcaBpfActDirect   = 1  // TCA_BPF_FLAG_ACT_DIRECT
+	tcaMirredParms    = 2  // TCA_MIRRED_PARMS: struct tc_mirred
 	tcaActKind        = 1  // TCA_ACT_KIND
 	tcaActOptions     = 2  // TCA_ACT_OPTIONS
 	tcaNatParms       = 1  // TCA_NAT_PARMS: struct tc_nat
@@ -62,37 +69,25 @@ type filterAction struct {
 	// the others.
 	rewrite string
 	dst     netip.Prefix // the destinations it rewrites; invalid: none
+	// mirredAct, mirredTo: a mirred's (TCA_EGRESS_REDIR, ...) and the
+	// ifindex it sends to; mirredTo 0 for the others.
+	mirredAct uint32
+	mirredTo  int
 }
 
 // filterActions decodes the actions of the filter of one RTM_NEWTFILTER
 // message's data (struct tcmsg, then its attributes).
 func filterActions(data []byte) ([]filterAction, error) {
-	if len(data) < tcMsgLen {
-		return nil, errors.New("short tcmsg")
-	}
-	prio := binary.NativeEndian.Uint32(data[16:20]) >> 16 // tcm_info: priority, protocol
-	ad, err := netlink.NewAttributeDecoder(data[tcMsgLen:])
+	kind, prio, options, err := filterHead(data)
 	if err != nil {
-		return nil, err
-	}
-	var kind string
-	var options []byte
-	for ad.Next() {
-		switch ad.Type() {
-		case unix.TCA_KIND:
-			kind = ad.String()
-		case unix.TCA_OPTIONS:
-			options = ad.Bytes()
-		}
-	}
-	if err := ad.Err(); err != nil {
 		return nil, err
 	}
 	actType := map[string]uint16{"u32": tcaU32Act, "flower": tcaFlowerAct, "matchall": tcaMatchallAct}[kind]
 	if actType == 0 || options == nil {
 		return nil, nil
 	}
-	if ad, err = netlink.NewAttributeDecoder(options); err != nil {
+	ad, err := netlink.NewAttributeDecoder(options)
+	if err != nil {
 		return nil, err
 	}
 	// What a pedit or a ct action rewrites is what its filter matches:
@@ -137,6 +132,54 @@ func filterActions(data []byte) ([]filterAction, error) {
 		out = append(out, a)
 	}
 	return out, ad.Err()
+}
+
+// filterHead is the kind, priority and options of the filter of one
+// RTM_NEWTFILTER message's data.
+func filterHead(data []byte) (kind string, prio uint32, options []byte, err error) {
+	if len(data) < tcMsgLen {
+		return "", 0, nil, errors.New("short tcmsg")
+	}
+	prio = binary.NativeEndian.Uint32(data[16:20]) >> 16 // tcm_info: priority, protocol
+	ad, err := netlink.NewAttributeDecoder(data[tcMsgLen:])
+	if err != nil {
+		return "", 0, nil, err
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.TCA_KIND:
+			kind = ad.String()
+		case unix.TCA_OPTIONS:
+			options = ad.Bytes()
+		}
+	}
+	return kind, prio, options, ad.Err()
+}
+
+// bpfFilter is the cls_bpf filter of one RTM_NEWTFILTER message's data,
+// with the loader's name; false for another filter, and for the message
+// without options that heads a priority's filters.
+func bpfFilter(data []byte) (TCProgram, bool) {
+	kind, _, options, err := filterHead(data)
+	if err != nil || kind != "bpf" || options == nil {
+		return TCProgram{}, false
+	}
+	od, err := netlink.NewAttributeDecoder(options)
+	if err != nil {
+		return TCProgram{}, false
+	}
+	p := TCProgram{Via: "cls_bpf"}
+	for od.Next() {
+		switch od.Type() {
+		case tcaBpfName:
+			p.Name = od.String()
+		case tcaBpfID:
+			p.ID = ebpf.ProgramID(od.Uint32())
+		case tcaBpfFlags:
+			p.DirectAction = od.Uint32()&tcaBpfActDirect != 0
+		}
+	}
+	return p, true
 }
 
 // u32Dst is the destination a u32 selector (struct tc_u32_sel, then its
@@ -198,6 +241,14 @@ func decodeAction(ad *netlink.AttributeDecoder, a *filterAction, matched netip.P
 		peditAction(od, a, matched)
 	case "ct":
 		ctAction(od, a, matched)
+	case "mirred":
+		for od.Next() {
+			// struct tc_mirred: tc_gen, then eaction and ifindex.
+			if p := od.Bytes(); od.Type() == tcaMirredParms && len(p) >= tcGenLen+8 {
+				a.mirredAct = binary.NativeEndian.Uint32(p[tcGenLen:])
+				a.mirredTo = int(binary.NativeEndian.Uint32(p[tcGenLen+4:]))
+			}
+		}
 	}
 }
 
@@ -326,35 +377,50 @@ func ctAction(od *netlink.AttributeDecoder, a *filterAction, matched netip.Prefi
 	a.rewrite, a.dst = s, matched
 }
 
-// dialRoute opens a route netlink socket in the netns nsFD.
-func dialRoute(nsFD int) (*netlink.Conn, error) {
-	c, err := netlink.Dial(unix.NETLINK_ROUTE, &netlink.Config{NetNS: nsFD})
+// dialRoute opens a route netlink socket in the netns ns.
+func dialRoute(ns netns.NsHandle) (*nl.SocketHandle, error) {
+	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
-	return c, nil
+	return &nl.SocketHandle{Socket: s}, nil
 }
 
-// filterRewrites lists the rewriting actions of the filters that are not
-// BPF on parent p of the interface ifindex of c's netns, each as the
-// program of a filter (it runs where a cls_bpf filter does), unnamed.
-func filterRewrites(c *netlink.Conn, ifindex int, p TCParent) ([]TCProgram, error) {
-	req := make([]byte, tcMsgLen) // struct tcmsg
-	binary.NativeEndian.PutUint32(req[4:], uint32(ifindex))
-	binary.NativeEndian.PutUint32(req[12:], p.Handle)
-	msgs, err := c.Execute(netlink.Message{Header: netlink.Header{Type: unix.RTM_GETTFILTER, Flags: netlink.Request | netlink.Dump}, Data: req})
+// dumpFilters dumps the filters on parent p of the interface ifindex of
+// c's netns: each message's data.
+func dumpFilters(c *nl.SocketHandle, ifindex int, p TCParent) ([][]byte, error) {
+	req := nl.NewNetlinkRequest(unix.RTM_GETTFILTER, unix.NLM_F_DUMP)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: c}
+	req.AddData(&nl.TcMsg{Family: nl.FAMILY_ALL, Ifindex: int32(ifindex), Parent: p.Handle})
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWTFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("dump %s filters: %w", p.Dir, err)
 	}
+	return msgs, nil
+}
+
+// program is a rewriting action as the program of its filter (it runs
+// where a cls_bpf filter does) on parent p, unnamed.
+func (a filterAction) program(p TCParent) TCProgram {
+	return TCProgram{Dir: p.Dir, Via: a.kind, Name: a.pref, Action: a.rewrite, Rewrites: a.dst}
+}
+
+// filterRewrites lists the rewriting actions of the filters that are not
+// BPF on parent p of the interface ifindex of c's netns.
+func filterRewrites(c *nl.SocketHandle, ifindex int, p TCParent) ([]TCProgram, error) {
+	msgs, err := dumpFilters(c, ifindex, p)
+	if err != nil {
+		return nil, err
+	}
 	var out []TCProgram
 	for _, m := range msgs {
-		actions, err := filterActions(m.Data)
+		actions, err := filterActions(m)
 		if err != nil {
 			return out, fmt.Errorf("decode %s filters: %w", p.Dir, err)
 		}
 		for _, a := range actions {
 			if a.rewrite != "" {
-				out = append(out, TCProgram{Dir: p.Dir, Via: a.kind, Name: a.pref, Action: a.rewrite, Rewrites: a.dst})
+				out = append(out, a.program(p))
 			}
 		}
 	}
@@ -368,7 +434,7 @@ func FilterRewrites(path string, ifindex int, p TCParent) ([]TCProgram, error) {
 		return nil, err
 	}
 	defer ns.Close()
-	c, err := dialRoute(int(ns))
+	c, err := dialRoute(ns)
 	if err != nil {
 		return nil, err
 	}
