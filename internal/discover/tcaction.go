@@ -29,6 +29,10 @@ const (
 	tcaFlowerAct      = 3  // TCA_FLOWER_ACT
 	tcaFlowerIPv4Dst  = 12 // TCA_FLOWER_KEY_IPV4_DST
 	tcaFlowerIPv4DstM = 13 // TCA_FLOWER_KEY_IPV4_DST_MASK
+	tcaFlowerTCPDst   = 19 // TCA_FLOWER_KEY_TCP_DST
+	tcaFlowerUDPDst   = 21 // TCA_FLOWER_KEY_UDP_DST
+	tcaFlowerTCPDstM  = 36 // TCA_FLOWER_KEY_TCP_DST_MASK
+	tcaFlowerUDPDstM  = 38 // TCA_FLOWER_KEY_UDP_DST_MASK
 	tcaMatchallAct    = 2  // TCA_MATCHALL_ACT
 	tcaBpfName        = 7  // TCA_BPF_NAME
 	tcaBpfFlags       = 8  // TCA_BPF_FLAGS
@@ -58,6 +62,7 @@ const (
 	tcGenLen          = 20     // struct tc_gen
 	tcMsgLen          = 20     // struct tcmsg
 	ipDstOff          = 16     // the destination's offset in an IPv4 header
+	ipPortsOff        = 20     // the ports' (tc's `match ip dport`: no IP options)
 )
 
 // filterAction is one action of a tc filter that is not BPF.
@@ -69,6 +74,7 @@ type filterAction struct {
 	// the others.
 	rewrite string
 	dst     netip.Prefix // the destinations it rewrites; invalid: none
+	port    uint16       // and their port, its filter's match; 0: any
 	// mirredAct, mirredTo: a mirred's (TCA_EGRESS_REDIR, ...) and the
 	// ifindex it sends to; mirredTo 0 for the others.
 	mirredAct uint32
@@ -92,23 +98,35 @@ func filterActions(data []byte) ([]filterAction, error) {
 	}
 	// What a pedit or a ct action rewrites is what its filter matches:
 	// every destination unless it matches one; an act_nat, within that.
+	// So is its destination port.
 	matched := netip.MustParsePrefix("0.0.0.0/0")
 	var table []byte
 	var dst, mask [4]byte
+	var port uint16
+	portMasked := false // a flower port match under a mask: not one port
 	for ad.Next() {
+		b := ad.Bytes()
 		switch t := ad.Type(); {
 		case t == actType:
-			table = ad.Bytes()
+			table = b
 		case kind == "u32" && t == tcaU32Sel:
-			if p, ok := u32Dst(ad.Bytes()); ok {
+			if p, ok := u32Dst(b); ok {
 				matched = p
 			}
-		case kind == "flower" && t == tcaFlowerIPv4Dst && len(ad.Bytes()) == 4:
-			dst = [4]byte(ad.Bytes())
+			port = u32DstPort(b)
+		case kind == "flower" && t == tcaFlowerIPv4Dst && len(b) == 4:
+			dst = [4]byte(b)
 			mask = [4]byte{0xff, 0xff, 0xff, 0xff}
-		case kind == "flower" && t == tcaFlowerIPv4DstM && len(ad.Bytes()) == 4:
-			mask = [4]byte(ad.Bytes())
+		case kind == "flower" && t == tcaFlowerIPv4DstM && len(b) == 4:
+			mask = [4]byte(b)
+		case kind == "flower" && (t == tcaFlowerTCPDst || t == tcaFlowerUDPDst) && len(b) == 2:
+			port = binary.BigEndian.Uint16(b)
+		case kind == "flower" && (t == tcaFlowerTCPDstM || t == tcaFlowerUDPDstM) && len(b) == 2:
+			portMasked = binary.BigEndian.Uint16(b) != 0xffff
 		}
+	}
+	if portMasked {
+		port = 0
 	}
 	if err := ad.Err(); err != nil {
 		return nil, err
@@ -129,6 +147,9 @@ func filterActions(data []byte) ([]filterAction, error) {
 			decodeAction(act, &a, matched)
 			return nil
 		})
+		if a.dst.IsValid() {
+			a.port = port
+		}
 		out = append(out, a)
 	}
 	return out, ad.Err()
@@ -196,6 +217,23 @@ func u32Dst(sel []byte) (netip.Prefix, bool) {
 		}
 	}
 	return netip.Prefix{}, false
+}
+
+// u32DstPort is the destination port a u32 selector matches (tc's `match
+// ip dport P 0xffff`: its key at the ports of an IPv4 header without
+// options); 0 for none.
+func u32DstPort(sel []byte) uint16 {
+	const selLen, keyLen = 16, 16
+	if len(sel) < selLen {
+		return 0
+	}
+	for k := sel[selLen:]; len(k) >= keyLen; k = k[keyLen:] {
+		if int32(binary.NativeEndian.Uint32(k[8:12])) == ipPortsOff && binary.NativeEndian.Uint32(k[12:16]) == 0 &&
+			binary.BigEndian.Uint16(k[2:4]) == 0xffff {
+			return binary.BigEndian.Uint16(k[6:8])
+		}
+	}
+	return 0
 }
 
 // maskedPrefix is addr under mask, as a prefix of mask's bits.
@@ -402,7 +440,7 @@ func dumpFilters(c *nl.SocketHandle, ifindex int, p TCParent) ([][]byte, error) 
 // program is a rewriting action as the program of its filter (it runs
 // where a cls_bpf filter does) on parent p, unnamed.
 func (a filterAction) program(p TCParent) TCProgram {
-	return TCProgram{Dir: p.Dir, Via: a.kind, Name: a.pref, Action: a.rewrite, Rewrites: a.dst}
+	return TCProgram{Dir: p.Dir, Via: a.kind, Name: a.pref, Action: a.rewrite, Rewrites: a.dst, RewritesPort: a.port}
 }
 
 // filterRewrites lists the rewriting actions of the filters that are not

@@ -19,7 +19,8 @@ const tcaEgressRedir = 1 // TCA_EGRESS_REDIR: a mirred's action
 // their netlink messages: what tc(8) (iproute2 6.1) sent to add them
 // (testdata/tc/*.request, captured with strace: this kernel has no act_nat,
 // act_pedit, act_ct nor flower, and a filter message is laid out the same
-// both ways); a pedit's or a ct's rewrite is of what its filter matches; and
+// both ways); a pedit's or a ct's rewrite is of what its filter matches,
+// its destination and port; and
 // a kernel's dump
 // of a u32 filter with a mirred action (u32-mirred.dump: the root, the hash
 // table and the filter, as the kernel sends them).
@@ -30,19 +31,19 @@ func TestFilterActions(t *testing.T) {
 		want []filterAction
 	}{
 		{"u32-nat-ingress.request", // ingress pref 10 protocol ip u32 match ip dst 10.120.0.80/32 action nat ingress 10.120.0.80/32 10.244.20.31
-			[]filterAction{{"u32", "pref 10", "nat", "nat ingress 10.120.0.80/32 -> 10.244.20.31", vip, 0, 0}}},
+			[]filterAction{{"u32", "pref 10", "nat", "nat ingress 10.120.0.80/32 -> 10.244.20.31", vip, 0, 0, 0}}},
 		{"u32-nat-egress.request", // egress pref 14 protocol ip u32 match ip src 10.244.20.31/32 action nat egress 10.244.20.31/32 10.120.0.80
-			[]filterAction{{"u32", "pref 14", "nat", "nat egress 10.244.20.31/32 -> 10.120.0.80", none, 0, 0}}},
+			[]filterAction{{"u32", "pref 14", "nat", "nat egress 10.244.20.31/32 -> 10.120.0.80", none, 0, 0, 0}}},
 		{"flower-nat-ingress.request", // ingress pref 13 protocol ip flower dst_ip 10.120.0.83 action nat ingress 10.120.0.83/32 10.244.20.34
-			[]filterAction{{"flower", "pref 13", "nat", "nat ingress 10.120.0.83/32 -> 10.244.20.34", netip.MustParsePrefix("10.120.0.83/32"), 0, 0}}},
+			[]filterAction{{"flower", "pref 13", "nat", "nat ingress 10.120.0.83/32 -> 10.244.20.34", netip.MustParsePrefix("10.120.0.83/32"), 0, 0, 0}}},
 		{"u32-pedit-dst.request", // ingress pref 11 protocol ip u32 match ip dst 10.120.0.81/32 action pedit ex munge ip dst set 10.244.20.32 pipe csum ip and tcp
-			[]filterAction{{"u32", "pref 11", "pedit", "pedit munge ip dst set 10.244.20.32", netip.MustParsePrefix("10.120.0.81/32"), 0, 0}, {"u32", "pref 11", "csum", "", none, 0, 0}}},
+			[]filterAction{{"u32", "pref 11", "pedit", "pedit munge ip dst set 10.244.20.32", netip.MustParsePrefix("10.120.0.81/32"), 0, 0, 0}, {"u32", "pref 11", "csum", "", none, 0, 0, 0}}},
 		{"u32-pedit-legacy-any-dst.request", // ingress pref 15 protocol ip u32 match ip dport 80 0xffff action pedit munge ip dst set 10.244.20.35
-			[]filterAction{{"u32", "pref 15", "pedit", "pedit munge ip dst set 10.244.20.35", netip.MustParsePrefix("0.0.0.0/0"), 0, 0}}},
+			[]filterAction{{"u32", "pref 15", "pedit", "pedit munge ip dst set 10.244.20.35", netip.MustParsePrefix("0.0.0.0/0"), 80, 0, 0}}},
 		{"flower-ct-nat-dst.request", // ingress pref 12 protocol ip flower dst_ip 10.120.0.82 action ct commit nat dst addr 10.244.20.33 port 80
-			[]filterAction{{"flower", "pref 12", "ct", "ct commit nat dst addr 10.244.20.33 port 80", netip.MustParsePrefix("10.120.0.82/32"), 0, 0}}},
+			[]filterAction{{"flower", "pref 12", "ct", "ct commit nat dst addr 10.244.20.33 port 80", netip.MustParsePrefix("10.120.0.82/32"), 0, 0, 0}}},
 		{"u32-mirred.dump", // ingress pref 10 protocol ip u32 match ip dst 10.120.0.80/32 action mirred egress redirect dev hv1
-			[]filterAction{{"u32", "pref 10", "mirred", "", none, tcaEgressRedir, 2}}},
+			[]filterAction{{"u32", "pref 10", "mirred", "", none, 0, tcaEgressRedir, 2}}},
 	} {
 		b, err := os.ReadFile(filepath.Join("testdata", "tc", tc.file))
 		if err != nil {
@@ -98,8 +99,8 @@ func FuzzFilterActions(f *testing.F) {
 // act_ct's zone, TCA_CT_PARMS and times with the NAT (tcf_ct_dump), 64-bit
 // attributes after a pad, nests with NLA_F_NESTED or without. A u32
 // selector whose port key comes before its /24 destination key, a pedit
-// then csum then mirred; a flower with a port but no dst_ip (its ct
-// rewrites any destination); an act_nat of a /16 on a filter of one VIP
+// then csum then mirred (port 80 of the /24); a flower with a port but no
+// dst_ip (its ct rewrites any destination of that port); an act_nat of a /16 on a filter of one VIP
 // (it rewrites that VIP only); an egress act_nat (sources: no destination).
 func TestFilterActionsOfDumps(t *testing.T) {
 	ne := binary.NativeEndian
@@ -240,15 +241,15 @@ func TestFilterActionsOfDumps(t *testing.T) {
 		want []filterAction
 	}{
 		{"u32 dport 80, dst /24: pedit, csum, mirred", u32, []filterAction{
-			{"u32", "pref 10", "pedit", "pedit munge ip dst set 10.244.20.31", netip.MustParsePrefix("10.120.0.0/24"), 0, 0},
-			{"u32", "pref 10", "csum", "", netip.Prefix{}, 0, 0},
-			{"u32", "pref 10", "mirred", "", netip.Prefix{}, tcaEgressRedir, 7}}},
+			{"u32", "pref 10", "pedit", "pedit munge ip dst set 10.244.20.31", netip.MustParsePrefix("10.120.0.0/24"), 80, 0, 0},
+			{"u32", "pref 10", "csum", "", netip.Prefix{}, 0, 0, 0},
+			{"u32", "pref 10", "mirred", "", netip.Prefix{}, 0, tcaEgressRedir, 7}}},
 		{"u32 dst /32: nat ingress of a /16", u32Subnet, []filterAction{
-			{"u32", "pref 11", "nat", "nat ingress 10.120.0.0/16 -> 10.244.0.0", netip.MustParsePrefix("10.120.0.80/32"), 0, 0}}},
+			{"u32", "pref 11", "nat", "nat ingress 10.120.0.0/16 -> 10.244.0.0", netip.MustParsePrefix("10.120.0.80/32"), 0, 0, 0}}},
 		{"flower tcp dst_port 80: ct commit nat dst", flower, []filterAction{
-			{"flower", "pref 12", "ct", "ct commit nat dst addr 10.244.20.31 port 3000", netip.MustParsePrefix("0.0.0.0/0"), 0, 0}}},
+			{"flower", "pref 12", "ct", "ct commit nat dst addr 10.244.20.31 port 3000", netip.MustParsePrefix("0.0.0.0/0"), 80, 0, 0}}},
 		{"matchall: nat egress", matchall, []filterAction{
-			{"matchall", "pref 14", "nat", "nat egress 10.244.20.31/32 -> 10.120.0.80", netip.Prefix{}, 0, 0}}},
+			{"matchall", "pref 14", "nat", "nat egress 10.244.20.31/32 -> 10.120.0.80", netip.Prefix{}, 0, 0, 0}}},
 	} {
 		got, err := filterActions(tc.msg)
 		if err != nil {

@@ -281,8 +281,9 @@ type TCProgram struct {
 	// Action: a tc filter that is not BPF (Via its kind, "u32"; Name its
 	// preference, "pref 10"; ID 0), by its rewriting action, as tc(8)
 	// says it briefly ("nat ingress 10.120.0.80/32 -> 10.244.20.31").
-	Action   string       `json:"action,omitempty"`
-	Rewrites netip.Prefix `json:"rewrites,omitzero"` // the destinations Action rewrites
+	Action       string       `json:"action,omitempty"`
+	Rewrites     netip.Prefix `json:"rewrites,omitzero"`       // the destinations Action rewrites
+	RewritesPort uint16       `json:"rewrites_port,omitempty"` // and their port, its filter's match; 0: any
 }
 
 // FilterText names a filter's action (Action) with the filter, as a flow's

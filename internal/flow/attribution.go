@@ -180,7 +180,7 @@ func tcCand(p TCProgram, f *flowState, program string) (string, bool) {
 	if p.Action == "" {
 		return program, true
 	}
-	return p.Action, p.Dst.Contains(f.service.Addr())
+	return p.Action, p.Dst.Contains(f.service.Addr()) && (p.DstPort == 0 || p.DstPort == f.service.Port())
 }
 
 // hostSide is the ifindex of f's host veth (or netkit primary): where a

@@ -243,6 +243,8 @@ type TCProgram struct {
 	// Dst are the destinations Action rewrites (invalid: none, as an
 	// act_nat that rewrites sources): a candidate only for their flows.
 	Dst netip.Prefix
+	// DstPort is their port, when its filter matches one (0: any).
+	DstPort uint16
 	// Conntrack: Action is act_ct's NAT, which makes the connection's
 	// conntrack entry at tc (a stateless act_nat or pedit makes none).
 	Conntrack bool

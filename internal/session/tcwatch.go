@@ -242,7 +242,7 @@ func (w *tcWatch) summary() []string {
 // and what it rewrites: a pedit's or ct's destinations are its filter's
 // match, not in the action's text.
 func sameTCProgram(a, b flow.TCProgram) bool {
-	return a.Ifindex == b.Ifindex && a.Direction == b.Direction && a.Kind == b.Kind && a.ID == b.ID && a.Action == b.Action && a.Dst == b.Dst
+	return a.Ifindex == b.Ifindex && a.Direction == b.Direction && a.Kind == b.Kind && a.ID == b.ID && a.Action == b.Action && a.Dst == b.Dst && a.DstPort == b.DstPort
 }
 
 // hostTCPrograms are the programs on the host veths, in the engine's terms.
@@ -281,7 +281,7 @@ func tcProgramsOf(progs []discover.TCProgram, role string) []flow.TCProgram {
 // engineTCProgram is p in the engine's terms, tied to the host veth (or
 // uplink) ifindex.
 func engineTCProgram(p discover.TCProgram, ifindex int) flow.TCProgram {
-	tp := flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: ifindex, Dst: p.Rewrites}
+	tp := flow.TCProgram{Direction: p.Dir, Kind: p.Via, Name: p.Name, ID: uint32(p.ID), Ifindex: ifindex, Dst: p.Rewrites, DstPort: p.RewritesPort}
 	if p.Action != "" {
 		tp.Action, tp.Conntrack = p.FilterText(), p.Conntrack()
 	}

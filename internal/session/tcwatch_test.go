@@ -199,10 +199,10 @@ func TestTCWatchChangesSaid(t *testing.T) {
 
 // TestTCFilterActionsInEngineTerms: a tc filter's rewriting action (act_nat
 // on a u32 filter) reaches the engine named as a flow's "by" says it, with
-// the destinations it rewrites, an act_ct's as one that makes conntrack
-// entries; two filters on one veth are two, and a
-// filter whose action changed (another backend) or whose match did is a
-// change: none has a program ID to tell them apart.
+// the destinations (and port) it rewrites, an act_ct's as one that makes
+// conntrack entries; two filters on one veth are two, and a filter whose
+// action changed (another backend) or whose match did is a change: none
+// has a program ID to tell them apart.
 func TestTCFilterActionsInEngineTerms(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	vip, other := netip.MustParsePrefix("10.120.0.80/32"), netip.MustParsePrefix("10.120.0.81/32")
@@ -211,12 +211,12 @@ func TestTCFilterActionsInEngineTerms(t *testing.T) {
 	b := a
 	b.Name, b.Action, b.Rewrites = "pref 11", "nat ingress 10.120.0.81/32 -> 10.244.20.32", other
 	ct := discover.TCProgram{Ifname: "hv0", Ifindex: 4, Role: discover.RoleHost, Dir: "ingress", Via: "flower", Name: "pref 12",
-		Action: "ct commit nat dst addr 10.244.20.33 port 80", Rewrites: vip}
+		Action: "ct commit nat dst addr 10.244.20.33 port 80", Rewrites: vip, RewritesPort: 80}
 	got := hostTCPrograms([]discover.TCProgram{a, b, ct})
 	want := []flow.TCProgram{
 		{Direction: "ingress", Kind: "u32", Name: "pref 10", Ifindex: 4, Action: "u32 pref 10 on hv0 ingress: nat ingress 10.120.0.80/32 -> 10.244.20.31", Dst: vip},
 		{Direction: "ingress", Kind: "u32", Name: "pref 11", Ifindex: 4, Action: "u32 pref 11 on hv0 ingress: nat ingress 10.120.0.81/32 -> 10.244.20.32", Dst: other},
-		{Direction: "ingress", Kind: "flower", Name: "pref 12", Ifindex: 4, Action: "flower pref 12 on hv0 ingress: ct commit nat dst addr 10.244.20.33 port 80", Dst: vip, Conntrack: true},
+		{Direction: "ingress", Kind: "flower", Name: "pref 12", Ifindex: 4, Action: "flower pref 12 on hv0 ingress: ct commit nat dst addr 10.244.20.33 port 80", Dst: vip, DstPort: 80, Conntrack: true},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("engine's programs\n got %+v\nwant %+v", got, want)

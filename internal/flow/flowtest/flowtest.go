@@ -391,11 +391,13 @@ type attribution struct {
 		Ifindex   int    `json:"ifindex"`
 		Uplink    bool   `json:"uplink"` // on the uplink, not a host veth
 		Pod       bool   `json:"pod"`    // on a Pod's eth0 (ifindex: its host veth)
-		// Action, Rewrites, Conntrack: a filter's rewriting action
-		// (flow.TCProgram's Action, Dst, Conntrack).
-		Action    string       `json:"action"`
-		Rewrites  netip.Prefix `json:"rewrites"`
-		Conntrack bool         `json:"conntrack"`
+		// Action, Rewrites, RewritesPort, Conntrack: a filter's
+		// rewriting action (flow.TCProgram's Action, Dst, DstPort,
+		// Conntrack).
+		Action       string       `json:"action"`
+		Rewrites     netip.Prefix `json:"rewrites"`
+		RewritesPort uint16       `json:"rewrites_port"`
+		Conntrack    bool         `json:"conntrack"`
 	} `json:"tc_programs"`
 	// XDPPrograms: the uplinks' XDP programs, and with host those of the
 	// host veth ifindex (flow.Attribution.UplinkXDPPrograms, HostXDPPrograms).
@@ -578,7 +580,7 @@ func (a attribution) convert() (flow.Attribution, error) {
 		out.SockPrograms = append(out.SockPrograms, flow.SockProgram{AttachType: p.AttachType, Name: p.Name, ID: p.ID, Cgroup: p.Cgroup})
 	}
 	for _, p := range a.TCPrograms {
-		tp := flow.TCProgram{Direction: p.Direction, Kind: p.Kind, Name: p.Name, ID: p.ID, Ifindex: p.Ifindex, Action: p.Action, Dst: p.Rewrites, Conntrack: p.Conntrack}
+		tp := flow.TCProgram{Direction: p.Direction, Kind: p.Kind, Name: p.Name, ID: p.ID, Ifindex: p.Ifindex, Action: p.Action, Dst: p.Rewrites, DstPort: p.RewritesPort, Conntrack: p.Conntrack}
 		switch {
 		case p.Uplink:
 			out.UplinkTCPrograms = append(out.UplinkTCPrograms, tp)
