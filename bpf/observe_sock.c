@@ -244,6 +244,26 @@ static __always_inline __u32 pt_sock_netns(struct bpf_sock_addr *ctx)
 	return k->sk->__sk_common.skc_net.net->ns.inum;
 }
 
+/* The network namespaces (inodes) whose sockets teach the other points,
+ * once user space has set them (key 0 present): the traced node's and its
+ * Pods'. These observers see every socket of the host, and the same
+ * addresses can live in netns of another node there (two kind clusters'
+ * Pod CIDRs): that node's clients would have the traced node's packets of
+ * the same endpoints captured, to any port. Their events still come (user
+ * space counts them out of scope, or holds them for a Pod not found yet). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} scope_netns SEC(".maps");
+
+static __always_inline bool pt_learns_from(__u32 netns)
+{
+	__u32 scoped = 0;
+	return !bpf_map_lookup_elem(&scope_netns, &scoped) || (netns && bpf_map_lookup_elem(&scope_netns, &netns));
+}
+
 static __always_inline void pt_set_task(struct pt_event *e, __u64 pid_tgid)
 {
 	e->pid = pid_tgid >> 32;
@@ -313,7 +333,7 @@ static __always_inline int pt_sock_addr(struct bpf_sock_addr *ctx, __u8 kind, __
 	/* A socket LB rewrote a watched destination: follow the backend
 	 * endpoint from the connection's first packet on, at every later
 	 * point. */
-	if (req_watched && (daddr != req_daddr || dport != req_dport))
+	if (req_watched && (daddr != req_daddr || dport != req_dport) && pt_learns_from(pt_sock_netns(ctx)))
 		pt_learn_endpoint(daddr, dport, proto);
 
 	__u64 cookie = bpf_get_socket_cookie(ctx);
@@ -431,8 +451,10 @@ int pt_sock_egress(struct __sk_buff *skb)
 		netns = pt_skb_netns(skb);
 		kind = PT_KIND_SENDMSG;
 		sent = bpf_map_lookup_elem(&sent_again, &cookie);
-		pt_learn_endpoint(t.daddr, t.dport, t.proto);
 	}
+	bool learn = pt_learns_from(netns);
+	if (learn && kind == PT_KIND_SENDMSG)
+		pt_learn_endpoint(t.daddr, t.dport, t.proto);
 	/* The packet's source is what it leaves with, which a node socket's
 	 * packet gets after POSTROUTING: its masquerade (kube-proxy's
 	 * MASQUERADE --random-fully of a hostNetwork client to a ClusterIP)
@@ -440,14 +462,15 @@ int pt_sock_egress(struct __sk_buff *skb)
 	 * original tuple name the socket's own endpoint, which is the flow's
 	 * client: report that; the port the SNAT chose stays learned for the
 	 * uplink's frames. */
-	pt_learn_client(t.saddr, t.sport, t.proto);
+	if (learn)
+		pt_learn_client(t.saddr, t.sport, t.proto);
 	__u32 saddr = t.saddr;
 	__u16 sport = t.sport;
 	pt_socket_source(skb, &t);
 	/* The source port is known from here on: later points follow the
 	 * client endpoint whatever its destination becomes (learned above
 	 * unless the packet's source is another). */
-	if (t.saddr != saddr || t.sport != sport)
+	if (learn && (t.saddr != saddr || t.sport != sport))
 		pt_learn_client(t.saddr, t.sport, t.proto);
 	struct pt_event *e = pt_reserve(PT_SOCKEGRESS);
 	if (!e)

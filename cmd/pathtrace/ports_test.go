@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -28,10 +29,15 @@ var otherPorts = []uint16{9100, 9101, 9102, 9103}
 // chose, learned in the kernel) is followed on that port only. The Pod's
 // traffic to the same backend address on other ports (a metrics scrape, a
 // flood) is not captured at any point, while the traced flows keep their
-// verdicts, points and pcapng frames.
+// verdicts, points and pcapng frames. Nor is it when a netns of no Pod of
+// the node, with the Pod's address (another node's Pod on this host, as two
+// kind clusters' Pods share their CIDR), sent to the Services from the
+// flood's ports before: the socket observers see every socket of the host,
+// and learn clients from the node's and its Pods' only.
 func TestBackendOtherPortsNotCaptured(t *testing.T) {
 	needRoot(t)
 	l := testLab(t, "ptlab-ports")
+	stranger := strangerNetNS(t, filepath.Base(l.PodNetNS())+"-x")
 	const requests = 3
 	for _, mode := range []lab.Mode{lab.ModeNetfilter, lab.ModeSocket} {
 		t.Run(string(mode), func(t *testing.T) {
@@ -53,7 +59,14 @@ func TestBackendOtherPortsNotCaptured(t *testing.T) {
 				t.Fatalf("lab client: %v", err)
 			}
 			time.Sleep(1500 * time.Millisecond) // the session's widen has run
-			if err := otherPortTraffic(l.PodNetNS()); err != nil {
+			srcPorts, err := belowEphemeralPorts(l.PodNetNS(), len(otherPorts))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := toServicesFrom(stranger, srcPorts); err != nil {
+				t.Fatal(err)
+			}
+			if err := otherPortTraffic(l.PodNetNS(), srcPorts); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(300 * time.Millisecond)
@@ -82,15 +95,19 @@ func TestBackendOtherPortsNotCaptured(t *testing.T) {
 }
 
 // otherPortTraffic sends, from the Pod, TCP connection attempts and UDP
-// datagrams to the lab backend's otherPorts.
-func otherPortTraffic(netns string) error {
+// datagrams to the lab backend's otherPorts, from srcPorts, one each. The
+// taps follow a traced flow's client endpoint whatever its peer (a stray
+// reply from another port of the backend): a flood from one of the lab
+// client's ports would rightly be captured.
+func otherPortTraffic(netns string, srcPorts []uint16) error {
 	return nsutil.Do(netns, func() error {
-		for _, p := range otherPorts {
+		for i, p := range otherPorts {
 			ap := netip.AddrPortFrom(lab.BackendIP, p)
-			if c, err := net.DialTimeout("tcp", ap.String(), 300*time.Millisecond); err == nil {
+			d := net.Dialer{Timeout: 300 * time.Millisecond, LocalAddr: &net.TCPAddr{Port: int(srcPorts[i])}}
+			if c, err := d.Dial("tcp4", ap.String()); err == nil {
 				c.Close()
 			}
-			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(ap))
+			c, err := net.DialUDP("udp4", &net.UDPAddr{Port: int(srcPorts[i])}, net.UDPAddrFromAddrPort(ap))
 			if err != nil {
 				return fmt.Errorf("udp to %v: %w", ap, err)
 			}
@@ -103,8 +120,74 @@ func otherPortTraffic(netns string) error {
 	})
 }
 
+// belowEphemeralPorts returns n ports just below the netns's ephemeral
+// ones, which the kernel gives no socket that did not ask for them (the lab
+// client's).
+func belowEphemeralPorts(netns string, n int) ([]uint16, error) {
+	var low int
+	err := nsutil.Do(netns, func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Sscan(string(b), &low)
+		return err
+	})
+	if err != nil || low <= n {
+		return nil, fmt.Errorf("ephemeral ports of %s: from %d: %v", netns, low, err)
+	}
+	ports := make([]uint16, n)
+	for i := range ports {
+		ports[i] = uint16(low - 1 - i)
+	}
+	return ports, nil
+}
+
+// strangerNetNS makes a netns, name, that is no Pod of the lab's node and
+// has the lab Pod's address, routed out of a veth of its own.
+func strangerNetNS(t *testing.T, name string) string {
+	t.Helper()
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	for _, args := range [][]string{
+		{"netns", "add", name},
+		{"-n", name, "link", "add", "s0", "type", "veth", "peer", "name", "s1"},
+		{"-n", name, "link", "set", "s1", "up"},
+		{"-n", name, "addr", "add", lab.PodIP.String() + "/22", "dev", "s0"},
+		{"-n", name, "link", "set", "s0", "up"},
+		{"-n", name, "route", "add", "default", "dev", "s0"},
+	} {
+		mustRun(t, nil, "ip", args...)
+	}
+	return "/run/netns/" + name
+}
+
+// toServicesFrom sends, from netns, a TCP connection attempt to the lab's
+// TCP VIP and a datagram to its UDP VIP from each of srcPorts. Nothing
+// answers: the socket observers see them leave.
+func toServicesFrom(netns string, srcPorts []uint16) error {
+	return nsutil.Do(netns, func() error {
+		for _, p := range srcPorts {
+			d := net.Dialer{Timeout: 50 * time.Millisecond, LocalAddr: &net.TCPAddr{Port: int(p)}}
+			if c, err := d.Dial("tcp4", lab.TCPVIP.String()); err == nil {
+				c.Close()
+			}
+			c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: int(p)})
+			if err != nil {
+				return err
+			}
+			_, err = c.WriteToUDPAddrPort([]byte("query"), lab.UDPVIP)
+			c.Close()
+			if err != nil {
+				return fmt.Errorf("udp to %v: %w", lab.UDPVIP, err)
+			}
+		}
+		return nil
+	})
+}
+
 // framesOnPorts counts the pcapng's TCP and UDP frames with one of ports on
-// either side (ICMP errors quoting them included).
+// either side; not the ICMP errors about them, which the taps keep as every
+// ICMP message of a watched address.
 func framesOnPorts(t *testing.T, path string, ports []uint16) int {
 	t.Helper()
 	f, err := os.Open(path)

@@ -89,6 +89,52 @@ func TestSocketObserversLearnBackendAndClient(t *testing.T) {
 	}
 }
 
+// TestSocketObserversLearnInScopeOnly: the socket observers see every
+// socket of the host, but once a scope is set they learn only from its
+// netns: a client of a netns out of it (another node's on this host) is
+// reported and teaches the other points nothing, neither its endpoint nor
+// the backend its socket LB chose; one in it does, until it is taken out.
+func TestSocketObserversLearnInScopeOnly(t *testing.T) {
+	needRoot(t)
+	env, cg, lbTCP := newLBEnv(t)
+	p, c := startProbe(t, env.lbVIP)
+	mustAttach(t, p.AttachSocket(cg))
+	clientNS, err := nsutil.Inode(env.clientNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvNS, err := nsutil.Inode(env.srvNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect := func(n int) netip.AddrPort {
+		t.Helper()
+		env.runClient(t, cg, "tcp="+lbTCP.String())
+		firsts := c.waitCount(t, "first packets of the LB connections", n, func(o obs.Observation) bool {
+			return o.Point == obs.PointSockEgress && o.Dst == env.backendTCP
+		})
+		return firsts[n-1].Src
+	}
+	if err := p.Scope(srvNS); err != nil {
+		t.Fatal(err)
+	}
+	if client := connect(1); p.hasClient(t, client, obs.TCP) || p.hasAddr(t, env.srvIP) {
+		t.Errorf("learned from a netns out of scope: client %v %v, backend %v %v", client, p.hasClient(t, client, obs.TCP), env.srvIP, p.hasAddr(t, env.srvIP))
+	}
+	if err := p.Scope(clientNS); err != nil {
+		t.Fatal(err)
+	}
+	if client := connect(2); !p.hasClient(t, client, obs.TCP) || !p.hasEndpoint(env.backendTCP, obs.TCP) {
+		t.Errorf("not learned from a netns in scope: client %v %v, backend %v %v", client, p.hasClient(t, client, obs.TCP), env.backendTCP, p.hasEndpoint(env.backendTCP, obs.TCP))
+	}
+	if err := p.Unscope(clientNS); err != nil {
+		t.Fatal(err)
+	}
+	if client := connect(3); p.hasClient(t, client, obs.TCP) {
+		t.Errorf("client %v learned from a netns taken out of scope", client)
+	}
+}
+
 // TestSocketLBEachBackend: a socket LB sends an unconnected UDP socket's
 // datagrams to the VIP to a backend per datagram. Attached after the
 // observers on their cgroup, it runs after them: sendmsg4 sees the VIP each

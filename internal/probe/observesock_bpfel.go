@@ -28,6 +28,7 @@ const (
 	observeSockMapReadRequested    = "read_requested"
 	observeSockMapReaderAsleep     = "reader_asleep"
 	observeSockMapRingbufLosses    = "ringbuf_losses"
+	observeSockMapScopeNetns       = "scope_netns"
 	observeSockMapSentAgain        = "sent_again"
 	observeSockMapSentTo           = "sent_to"
 	observeSockMapSubmitFence      = "submit_fence"
@@ -113,6 +114,7 @@ type observeSockMapSpecs struct {
 	ReadRequested    *ebpf.MapSpec `ebpf:"read_requested"`
 	ReaderAsleep     *ebpf.MapSpec `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.MapSpec `ebpf:"ringbuf_losses"`
+	ScopeNetns       *ebpf.MapSpec `ebpf:"scope_netns"`
 	SentAgain        *ebpf.MapSpec `ebpf:"sent_again"`
 	SentTo           *ebpf.MapSpec `ebpf:"sent_to"`
 	SubmitFence      *ebpf.MapSpec `ebpf:"submit_fence"`
@@ -166,6 +168,7 @@ type observeSockMaps struct {
 	ReadRequested    *ebpf.Map `ebpf:"read_requested"`
 	ReaderAsleep     *ebpf.Map `ebpf:"reader_asleep"`
 	RingbufLosses    *ebpf.Map `ebpf:"ringbuf_losses"`
+	ScopeNetns       *ebpf.Map `ebpf:"scope_netns"`
 	SentAgain        *ebpf.Map `ebpf:"sent_again"`
 	SentTo           *ebpf.Map `ebpf:"sent_to"`
 	SubmitFence      *ebpf.Map `ebpf:"submit_fence"`
@@ -194,6 +197,7 @@ func (m *observeSockMaps) Close() error {
 		m.ReadRequested,
 		m.ReaderAsleep,
 		m.RingbufLosses,
+		m.ScopeNetns,
 		m.SentAgain,
 		m.SentTo,
 		m.SubmitFence,

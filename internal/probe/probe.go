@@ -64,7 +64,7 @@ type Stats struct {
 var sharedMaps = []string{"events", "ringbuf_losses", "watch_addrs", "watch_endpoints", "watch_clients", "learn_errors",
 	"watch_cookies_0", "watch_cookies_1", "watch_cookies_2", "watch_cookies_3", "flow_events_0", "flow_events_1", "flow_events_2", "flow_events_3", "events_summarized", "read_requested",
 	"watch_bits_user", "watch_bits_kernel",
-	"reader_asleep", "submit_fence", "last_to_watched", "sent_to", "sent_again"}
+	"reader_asleep", "submit_fence", "last_to_watched", "sent_to", "sent_again", "scope_netns"}
 
 // Probe owns every map, program, link and socket of one session.
 type Probe struct {
@@ -183,6 +183,28 @@ func (p *Probe) ReadRequested(on bool) error {
 	}
 	if err := p.maps["read_requested"].Put(uint32(0), v); err != nil {
 		return fmt.Errorf("socket observers: set read_requested: %w", err)
+	}
+	return nil
+}
+
+// Scope adds network namespaces (inodes) to those whose sockets the socket
+// observers learn from (the clients and backends they teach the other
+// points, the taps' filter included); before the first call, every netns's.
+// Their events are reported whatever the netns.
+func (p *Probe) Scope(inodes ...uint64) error {
+	for _, ino := range append([]uint64{0}, inodes...) { // 0: the scope is set
+		if err := p.maps["scope_netns"].Put(uint32(ino), uint8(1)); err != nil {
+			return fmt.Errorf("socket observers: scope netns %d: %w", ino, err)
+		}
+	}
+	return nil
+}
+
+// Unscope takes a netns (inode) out of Scope's: its Pod went, and the
+// kernel gives the inode to the next netns made.
+func (p *Probe) Unscope(inode uint64) error {
+	if err := p.maps["scope_netns"].Delete(uint32(inode)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("socket observers: unscope netns %d: %w", inode, err)
 	}
 	return nil
 }

@@ -86,7 +86,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 		return ""
 	}
 	for _, p := range found.Pods {
-		tr.scope[p.NetNS.Inode] = true
+		tr.addScope(p.NetNS.Inode)
 	}
 	// The node as the report and an incident's snapshot describe it after
 	// the run: its Pods, their capture points and tc programs.
@@ -319,7 +319,7 @@ func (tr *tracer) releaseGone(now time.Time) {
 		// the last holder, closes, the kernel frees the netns and gives
 		// its inode number to the next netns made on the machine, which
 		// is no Pod of this run (or one the Pod watch finds and adds).
-		delete(tr.scope, tp.inode)
+		tr.unscope(tp.inode)
 		// Close waits for the tap's producer to leave the ring, and the
 		// producer may be waiting for this goroutine, the consumer, to
 		// take its batch.
@@ -462,7 +462,7 @@ func (tr *tracer) forgetGonePods(now time.Time, gone []uint64) {
 		return r.Role == discover.RoleHost && veths[r.Ifindex]
 	})
 	for _, ino := range gone {
-		delete(tr.scope, ino) // the kernel gives the inode to the next netns made
+		tr.unscope(ino)
 	}
 	if tr.eng != nil {
 		tr.eng.PodsGone(now, slices.Sorted(maps.Keys(veths)))

@@ -42,10 +42,12 @@ type tracer struct {
 	// after the observers on their cgroup leaves the VIP they see).
 	cgroupNoLB map[uint64]time.Time
 	// filterErrors counts failed widenings (watch list or tap filter
-	// updates): each one may lose the packets of a learned backend.
+	// updates, the socket observers' scope): each one may lose the packets
+	// of a learned backend or client.
 	filterErrors uint64
 	// scope is the netns inodes of the traced Pods and the node: the socket
 	// observers are host-wide and would also report other netns' clients.
+	// The kernel has it too (probe.Scope): they learn from these only.
 	scope map[uint64]bool
 	// unscoped are the socket events of netns out of scope that a run
 	// following the Pods that start keeps for a while (holdUnscoped).
@@ -119,6 +121,24 @@ func netnsScope(node *discover.NodeInfo) map[uint64]bool {
 		scope[p.NetNS.Inode] = true
 	}
 	return scope
+}
+
+// addScope puts the netns inode of a Pod found in the socket observers'
+// scope.
+func (tr *tracer) addScope(ino uint64) {
+	tr.scope[ino] = true
+	if tr.pr != nil && tr.pr.Scope(ino) != nil {
+		tr.filterErrors++
+	}
+}
+
+// unscope takes the netns inode of a Pod that went out of it: the kernel
+// gives the inode to the next netns made.
+func (tr *tracer) unscope(ino uint64) {
+	delete(tr.scope, ino)
+	if tr.pr != nil && tr.pr.Unscope(ino) != nil {
+		tr.filterErrors++
+	}
 }
 
 // add feeds the engine one observation that is within scope.

@@ -9,8 +9,10 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -197,6 +199,12 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		node.Notes = append(node.Notes, fmt.Sprintf("another pathtrace runs on this node: %d of its observer programs were found, and left out of attribution", n))
 	}
 
+	// The socket observers learn from the node's and its Pods' sockets
+	// only, from the first one on.
+	scope := netnsScope(node)
+	if err := pr.Scope(slices.Collect(maps.Keys(scope))...); err != nil {
+		return nil, err
+	}
 	watch := initialWatch(opt.Services, node)
 	if err := pr.WatchEndpoints(watch...); err != nil {
 		return nil, fmt.Errorf("watch addresses: %w", err)
@@ -236,7 +244,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		root = cgroup
 	}
-	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: netnsScope(node), clients: clientScope(opt.Discover, node), clientVIPPorts: clientVIPPortScope(opt.Discover, node), classes: newClassTable(), lb: lb,
+	tr := &tracer{opt: opt, pr: pr, taps: taps, eng: eng, watch: watch, cgroupRoot: root, scope: scope, clients: clientScope(opt.Discover, node), clientVIPPorts: clientVIPPortScope(opt.Discover, node), classes: newClassTable(), lb: lb,
 		tc:  newTCWatch(node, pr.IsObserver, time.Now()),
 		nat: newNATWatch(node, discovered), node: node,
 		late: &tcLate{observed: tcObserved(node), tails: needTails(node)},
