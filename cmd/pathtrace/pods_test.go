@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/pathtrace/pathtrace/internal/lab"
 	"github.com/pathtrace/pathtrace/internal/nsutil"
@@ -369,7 +371,7 @@ func TestPodStartedMidTrace(t *testing.T) {
 	pod := addPod(t, l, ip)
 	// Found within two looks (every 2 s, on a 1 s tick): one may come while
 	// the Pod's netns is still being set up.
-	time.Sleep(7 * time.Second)
+	waitUntil(t, r, "the new Pod's eth0 tapped", func() bool { return packetSockets(t, pod) > 0 })
 	flows, summary := r.connectAndStop(t, pod, lab.TCPVIP.String(), 2)
 
 	mine := flowsFrom(flows, ip)
@@ -412,11 +414,14 @@ func TestPodStartedMidTraceTC(t *testing.T) {
 	r := startJSON(t, "--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String()+"/tcp", "--duration", "60s")
 	r.waitNode(t)
 	pod := addPod(t, l, ip)
-	time.Sleep(2500 * time.Millisecond) // the Pod is found first, without a tc program
+	// The Pod is found first, without a tc program; then the tc programs
+	// are read every 2 s. Each is waited for as the kernel shows it: a
+	// loaded machine can keep pathtrace from its looks for seconds.
+	waitUntil(t, r, "the new Pod's eth0 tapped", func() bool { return packetSockets(t, pod) > 0 })
 	if err := l.AttachTCLBTo(addedPodVeth(ip)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Second) // the tc programs are read every 2 s
+	waitUntil(t, r, "tcx observers next to the LB", func() bool { return tcxIngress(t, l.NodeNetNS(), addedPodVeth(ip)) > 1 })
 	flows, summary := r.connectAndStop(t, pod, lab.TCPVIP.String(), 2)
 
 	mine := flowsFrom(flows, ip)
@@ -439,6 +444,60 @@ func TestPodStartedMidTraceTC(t *testing.T) {
 	if len(added) != 1 || !strings.Contains(fmt.Sprint(added[0]), "tcx observers on "+addedPodVeth(ip)) || strings.Contains(fmt.Sprint(added[0]), "not attached") {
 		t.Errorf("observers_added %v, want the new Pod's veth's, attached", added)
 	}
+}
+
+// waitUntil waits for cond, which pathtrace's run r brings about, for up
+// to 30 s.
+func waitUntil(t *testing.T, r *run, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30 s (stderr: %s)", what, r.stderr.String())
+		}
+	}
+}
+
+// packetSockets counts the packet sockets of the netns at path that are
+// bound to an interface and running: pathtrace's taps, in a Pod's.
+func packetSockets(t *testing.T, path string) int {
+	t.Helper()
+	var n int
+	err := nsutil.Do(path, func() error {
+		b, err := os.ReadFile("/proc/thread-self/net/packet")
+		for _, line := range strings.Split(string(b), "\n")[1:] { // sk RefCnt Type Proto Iface R ...
+			if f := strings.Fields(line); len(f) > 5 && f[4] != "0" && f[5] == "1" {
+				n++
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// tcxIngress counts the tcx programs on the ingress of the node netns's
+// interface ifname.
+func tcxIngress(t *testing.T, nodeNetNS, ifname string) int {
+	t.Helper()
+	var n int
+	err := nsutil.Do(nodeNetNS, func() error {
+		ifc, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		res, err := link.QueryPrograms(link.QueryOptions{Target: ifc.Index, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		n = len(res.Programs)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestPodReplacedMidTrace: a Pod goes (its netns deleted, not its veth)
