@@ -41,10 +41,13 @@ static __always_inline int pt_skb_tuple(struct sk_buff *skb, struct pt_tuple *t)
 }
 
 /* Left out: SKB_CONSUMED (a packet freed after its use, not dropped),
- * QUEUE_PURGE (a queue emptied as its socket or device goes away), and
- * every packet freed by a packet socket (rx_sk an AF_PACKET socket): the
- * copies the taps, pathtrace's or tcpdump's, were given, whose losses their
- * own counters report. The packet itself went on. The reasons' numbers are
+ * QUEUE_PURGE (a queue emptied as its socket or device goes away), every
+ * packet freed by a packet socket (rx_sk an AF_PACKET socket): the copies
+ * the taps, pathtrace's or tcpdump's, were given, whose losses their own
+ * counters report, the packet itself went on; and the segments a TIME_WAIT
+ * socket took (an orphaned FIN_WAIT2 one is one: a peer's FIN after the
+ * socket closed), which it answered before tcp_v4_rcv freed them with no
+ * reason (NOT_SPECIFIED). The reasons' numbers are
  * the running kernel's (CO-RE enum value relocations, resolved at load):
  * enum skb_drop_reason grows in its middle between kernel releases
  * (QUEUE_PURGE is 104 in the headers built against, 105 on 6.18.44). */
@@ -54,7 +57,9 @@ int BPF_PROG(pt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason 
 	if (reason == bpf_core_enum_value(enum skb_drop_reason, SKB_CONSUMED) ||
 	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE))
 		return 0;
-	if (rx_sk && rx_sk->__sk_common.skc_family == AF_PACKET)
+	if (rx_sk && (rx_sk->__sk_common.skc_family == AF_PACKET ||
+		      (rx_sk->__sk_common.skc_state == TCP_TIME_WAIT &&
+		       reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED))))
 		return 0;
 	/* Only TCP and UDP packets with their ports: a flow is made of them
 	 * (a packet without, ICMP or a later fragment, is no flow's). This

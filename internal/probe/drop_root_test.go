@@ -2,6 +2,7 @@ package probe
 
 import (
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -115,6 +116,42 @@ func TestDropObserverReadsTCPFlags(t *testing.T) {
 	const syn = 0x02
 	if o.Proto != obs.TCP || o.TCPFlags != syn || o.Src.Addr() != env.clientIP || o.Src.Port() == 0 {
 		t.Errorf("dropped packet %v %v -> %v flags %#x, want a tcp SYN from %v and a port", o.Proto, o.Src, o.Dst, o.TCPFlags, env.clientIP)
+	}
+}
+
+// A connection's last FIN that comes after its peer closed (a client that
+// closes a moment after the server, as one kept off the CPU does) meets a
+// TIME_WAIT socket (an orphaned FIN_WAIT2 one is one), which answers it;
+// tcp_v4_rcv then frees it with no reason (NOT_SPECIFIED). It went no
+// further than where it was going: no drop.
+func TestDropObserverLeavesOutWhatTimeWaitTook(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	p, c := startProbe(t, env.srvIP)
+	mustAttach(t, p.AttachDrops())
+	var client netip.AddrPort
+	err := nsutil.Do(env.clientNS, func() error {
+		conn, err := net.DialTimeout("tcp4", env.backendTCP.String(), time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ap := conn.LocalAddr().(*net.TCPAddr).AddrPort()
+		client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		if _, err := conn.Write([]byte("bye\n")); err != nil {
+			return err
+		}
+		_, err = io.ReadAll(conn)          // the echo, then the server's FIN
+		time.Sleep(100 * time.Millisecond) // its socket is a TIME_WAIT one by now
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if drops := c.matching(func(o obs.Observation) bool { return o.Point == obs.PointDrop && o.Src == client }); len(drops) > 0 {
+		t.Errorf("the client's FIN, which the server's TIME_WAIT socket answered, reported dropped: %+v", drops[0].Drop)
 	}
 }
 
