@@ -353,19 +353,81 @@ func TestFollowPcapReaderGone(t *testing.T) {
 				<-done
 				t.Fatalf("still tracing 30 s after the stream's reader went away (stderr %q)", stderr.String())
 			}
-			var summary map[string]any
-			for _, line := range strings.Split(stderr.String(), "\n") {
-				var m map[string]any
-				if json.Unmarshal([]byte(line), &m) == nil && m["type"] == "summary" {
-					summary = m
-				}
-			}
-			if summary == nil || summary["stop_reason"] != "reader-gone" {
-				t.Errorf("summary %v, want stop_reason reader-gone (stderr %q)", summary, stderr.String())
-			}
-			if code != exitRuntime {
-				t.Errorf("exit %d, want %d: the stream was cut", code, exitRuntime)
-			}
+			wantPcapReaderGone(t, stderr.String(), code)
 		})
+	}
+}
+
+// wantPcapReaderGone checks the end of a run whose --pcap - stream's
+// reader went away: the summary on stderr says reader-gone, exit 1.
+func wantPcapReaderGone(t *testing.T, stderr string, code int) {
+	t.Helper()
+	var summary map[string]any
+	for _, line := range strings.Split(stderr, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["type"] == "summary" {
+			summary = m
+		}
+	}
+	if summary == nil || summary["stop_reason"] != "reader-gone" {
+		t.Errorf("summary %v, want stop_reason reader-gone (stderr %q)", summary, stderr)
+	}
+	if code != exitRuntime {
+		t.Errorf("exit %d, want %d: the stream was cut", code, exitRuntime)
+	}
+}
+
+// TestBoundedPcapReaderGoneWhileIdle: `pathtrace --duration 1m --pcap - |
+// tshark -r - -c 5`: the stream's reader goes away, and no frame comes
+// after it. The run ends then (exit 1, stop reason reader-gone), as it
+// does at the next frame it cannot write; it traced on for the whole
+// minute with nowhere to write what it captured.
+func TestBoundedPcapReaderGoneWhileIdle(t *testing.T) {
+	needRoot(t)
+	l := testLab(t, "ptpc-pipe")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := l.Up(ctx, lab.ModeTC); err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	out, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "1m", "--output", "json", "--pcap", "-")
+	cmd.Stdout, cmd.Stderr = outW, errW
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	outW.Close()
+	errW.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// Tracing has begun once the node is reported; the reader goes then.
+	stderr := bufio.NewReader(errR)
+	var said strings.Builder
+	for !strings.Contains(said.String(), `"type":"node"`) {
+		line, err := stderr.ReadString('\n')
+		said.WriteString(line)
+		if err != nil {
+			t.Fatalf("no node line: %v (stderr %q)", err, said.String())
+		}
+	}
+	out.Close()
+	rest := make(chan string, 1)
+	go func() { b, _ := io.ReadAll(stderr); rest <- string(b) }()
+	select {
+	case err := <-done:
+		said.WriteString(<-rest)
+		wantPcapReaderGone(t, said.String(), exitCode(err))
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still tracing 20 s after the stream's reader went away, with no frame to write (stderr %q)", said.String()+<-rest)
 	}
 }

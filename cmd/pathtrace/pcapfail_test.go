@@ -94,9 +94,9 @@ func (s *streamRun) finish(t *testing.T, limit time.Duration) (map[string]any, i
 }
 
 // TestPcapWriteErrorExitsOne: a capture that could not be written whole (its
-// reader went away here; a full disk is the same) is a runtime failure: the
-// report says why, and the exit code says it failed, so that a script does
-// not take the cut file for the capture it asked for.
+// reader went away here, which ends the run; a full disk is the same) is a
+// runtime failure: the report says why, and the exit code says it failed,
+// so that a script does not take the cut file for the capture it asked for.
 func TestPcapWriteErrorExitsOne(t *testing.T) {
 	needRoot(t)
 	l := upLab(t, lab.ModeTC)
@@ -106,8 +106,11 @@ func TestPcapWriteErrorExitsOne(t *testing.T) {
 		t.Fatalf("lab client: %v", err)
 	}
 	summary, code := s.finish(t, 30*time.Second)
-	if summary == nil || summary["stop_reason"] != "pcap-error" {
-		t.Fatalf("summary %v, want stop_reason pcap-error", summary)
+	if summary == nil || summary["stop_reason"] != "reader-gone" {
+		t.Fatalf("summary %v, want stop_reason reader-gone", summary)
+	}
+	if pcap, _ := summary["pcap"].(map[string]any); pcap == nil || pcap["error"] == nil {
+		t.Errorf("summary's pcap %v, want the cut stream's error", pcap)
 	}
 	if code != exitRuntime {
 		t.Errorf("exit code %d after a failed capture, want %d", code, exitRuntime)

@@ -562,8 +562,9 @@ func runTrace(args []string) int {
 		// A run until stopped may write nothing for hours (no flow to the
 		// VIP), a bounded one nothing until its end: a reader that went
 		// away after the node block (`| head -1`) is seen when it goes,
-		// not at a next write that may never come. A bounded run goes on
-		// for its --pcap file.
+		// not at a next write that may never come. So is a --pcap -
+		// stream's (`| tshark -r - -c 5`). A bounded run goes on for its
+		// --pcap file.
 		watchReaderGone(os.Stdout, func() { endRunCause(errReaderGone) })
 	}
 	rw := report.NewWriter(out, f.output)
