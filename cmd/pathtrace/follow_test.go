@@ -431,3 +431,25 @@ func TestBoundedPcapReaderGoneWhileIdle(t *testing.T) {
 		t.Fatalf("still tracing 20 s after the stream's reader went away, with no frame to write (stderr %q)", said.String()+<-rest)
 	}
 }
+
+// TestPcapReaderGoneBeforeTracing: `pathtrace --pcap - | true`: the
+// stream's reader is gone before tracing begins, and the run says whose
+// reader it was, the stream's on stdout; it said the report's, which goes
+// to stderr with --pcap - and was being read.
+func TestPcapReaderGoneBeforeTracing(t *testing.T) {
+	needRoot(t)
+	l := testLab(t, "ptpc-pipe")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := l.Up(ctx, lab.ModeTC); err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	for _, duration := range []string{"0", "1m"} {
+		var stderr strings.Builder
+		cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", duration, "--max-bytes", "1M", "--pcap", "-")
+		cmd.Stdout, cmd.Stderr = goneStdout(t), &stderr
+		if code := exitCode(cmd.Run()); code != exitRuntime || !strings.Contains(stderr.String(), "the capture stream's reader went away (stdout closed) before tracing began") {
+			t.Errorf("--duration %s --pcap - | true: exit %d, stderr %q; want exit 1 saying the stream's reader went away", duration, code, stderr.String())
+		}
+	}
+}

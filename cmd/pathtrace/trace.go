@@ -624,7 +624,11 @@ func runTrace(args []string) int {
 			return exitUsage
 		}
 		if errors.Is(err, context.Canceled) && errors.Is(context.Cause(runCtx), errReaderGone) {
-			fmt.Fprintln(os.Stderr, "pathtrace: the report's reader went away (stdout closed) before tracing began: nothing was traced, nothing stays attached")
+			reader := "the report's reader"
+			if f.pcap == "-" {
+				reader = "the capture stream's reader"
+			}
+			fmt.Fprintf(os.Stderr, "pathtrace: %s went away (stdout closed) before tracing began: nothing was traced, nothing stays attached\n", reader)
 			return exitRuntime
 		}
 		if startInterrupted(ctx, err) {
