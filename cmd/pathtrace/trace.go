@@ -63,7 +63,7 @@ points, the Service mechanisms found, every observer's status), then one row per
                   the node dropped it unrewritten after NAT: named below the rows) or unknown
   BY              the program or rule that rewrote it (shortened; the summary, with each rule's
                   flows, and JSON "by" have it whole)
-  VLAN            uplink 802.1Q tag ("untagged"; "-": the flow never reached the uplink)
+  VLAN            uplink 802.1Q tag ("untagged"; "0 (802.1Q)": a priority tag; "-": the flow never reached the uplink)
   UPLINK DST MAC  destination MAC on the uplink, "gw" when it is the Pod's gateway, else the
                   neighbour the node knows it as, "(172.30.0.1)", a VXLAN uplink's remote VTEP
   REPLY           yes, no, rst (refused), icmp (an ICMP error instead, listed below the rows)

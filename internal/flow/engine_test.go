@@ -306,20 +306,21 @@ func TestPending(t *testing.T) {
 }
 
 // TestVLANProto: an uplink frame whose outer tag is a QinQ service tag
-// (802.1ad) says so next to its VLAN ID; an 802.1Q one does not.
+// (802.1ad) says so next to its VLAN ID; an 802.1Q one does not, but for
+// a priority tag (VLAN ID 0), which VLAN 0 alone would call untagged.
 func TestVLANProto(t *testing.T) {
 	for _, tc := range []struct {
-		tpid uint16
-		want string
-	}{{0x88a8, "802.1ad"}, {0x8100, ""}} {
+		tpid, vlan uint16
+		want       string
+	}{{0x88a8, 10, "802.1ad"}, {0x8100, 10, ""}, {0x8100, 0, "802.1Q"}, {0, 0, ""}} {
 		e := flow.NewEngine(httpConfig(obs.PointPod, obs.PointUplink))
 		e.Add(req(0, obs.PointPod, obs.DirOut, vip))
 		up := req(0.1, obs.PointUplink, obs.DirOut, vip)
-		up.VLAN, up.TPID = 10, tc.tpid
+		up.VLAN, up.TPID = tc.vlan, tc.tpid
 		e.Add(up)
 		f := e.Flows()[0]
-		if f.VLAN == nil || *f.VLAN != 10 || f.VLANProto != tc.want {
-			t.Errorf("TPID %#x: vlan %v proto %q, want 10 %q", tc.tpid, f.VLAN, f.VLANProto, tc.want)
+		if f.VLAN == nil || *f.VLAN != tc.vlan || f.VLANProto != tc.want {
+			t.Errorf("TPID %#x VLAN %d: vlan %v proto %q, want %d %q", tc.tpid, tc.vlan, f.VLAN, f.VLANProto, tc.vlan, tc.want)
 		}
 	}
 }

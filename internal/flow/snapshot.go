@@ -104,7 +104,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	switch {
 	case f.uplink.seen:
 		vlan := f.uplink.vlan
-		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplink.tpid)
+		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplink.tpid, vlan)
 		if !f.uplink.dstMAC.IsZero() {
 			out.UplinkDstMAC = f.uplink.dstMAC.String()
 			out.UplinkDstIsGateway = e.isGateway(f.uplink.dstMAC[:])
@@ -115,13 +115,13 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		}
 	case f.uplinkReply.seen:
 		vlan := f.uplinkReply.vlan
-		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplinkReply.tpid)
+		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplinkReply.tpid, vlan)
 	case f.uplinkIn.seen:
 		// An outside client's request that came in on the uplink and
 		// neither left again nor got a reply out of it (rejected by the
 		// node): it did reach the uplink, on this VLAN.
 		vlan := f.uplinkIn.vlan
-		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplinkIn.tpid)
+		out.VLAN, out.VLANProto = &vlan, tagProto(f.uplinkIn.tpid, vlan)
 	}
 	way := e.lostOnTheWay(f)
 	out.LostOnNode = way.lost
@@ -210,11 +210,15 @@ func whyUntranslated(p Place, routed bool) string {
 	return "nothing on their way back knew the flow's translation"
 }
 
-// tagProto names an outer tag other than 802.1Q's (a QinQ S-tag); "" for
-// 802.1Q and untagged.
-func tagProto(tpid uint16) string {
-	if tpid == 0x88a8 {
+// tagProto names an outer tag other than 802.1Q's (a QinQ S-tag), and an
+// 802.1Q priority tag (VLAN ID 0: a tag in the frame all the same, which
+// VLAN 0 alone says untagged); "" for other 802.1Q tags and untagged.
+func tagProto(tpid, vlan uint16) string {
+	switch {
+	case tpid == 0x88a8:
 		return "802.1ad"
+	case tpid != 0 && vlan == 0:
+		return "802.1Q"
 	}
 	return ""
 }

@@ -508,11 +508,11 @@ func uplinkWords(f flow.Flow, one, toGateway bool, uplink string) string {
 		return pick(one, "; it was never seen on the uplink", "; they were never seen on the uplink")
 	}
 	var s string
-	if *f.VLAN == 0 {
+	if *f.VLAN == 0 && f.VLANProto == "" {
 		s = fmt.Sprintf("; on %s the frames were untagged", theUplink(uplink))
 	} else {
 		s = fmt.Sprintf("; on %s the frames carried VLAN %d", theUplink(uplink), *f.VLAN)
-		if f.VLANProto != "" { // a service tag's VLAN is not the 802.1Q one of that number
+		if f.VLANProto != "" { // a service tag's VLAN is not the 802.1Q one of that number, a priority tag's 0 no VLAN
 			s += " (" + f.VLANProto + ")"
 		}
 	}

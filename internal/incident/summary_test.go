@@ -678,6 +678,25 @@ func TestSummarySays8021adTags(t *testing.T) {
 	}
 }
 
+// TestSummarySaysPriorityTags: an uplink frame with an 802.1Q priority tag
+// (VLAN ID 0, a tag in the frame that names no VLAN) is not untagged:
+// SUMMARY.md says the tag, as the table does ("0 (802.1Q)").
+func TestSummarySaysPriorityTags(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	vid := uint16(0)
+	f := flow.Flow{ID: 1, Proto: "udp", Client: ap("10.77.1.11:40000"), Service: ap("10.177.0.10:53"), Backend: ap("10.77.2.31:5353"),
+		RewrittenAt: flow.PlaceNetfilter, By: "nftables ip kube-proxy nat-prerouting -> dnat to 10.77.2.31:5353",
+		VLAN: &vid, VLANProto: "802.1Q", UplinkDstMAC: "02:00:0a:4d:01:01", UplinkDstIsGateway: true, Reply: true}
+	dir := t.TempDir()
+	if err := WriteSummary(dir, []flow.Flow{f}, flow.Summary{Flows: 1}, nil, "duration", Ended{}, Taken{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, SummaryFile))
+	if want := "on the uplink the frames carried VLAN 0 (802.1Q) and went"; !strings.Contains(string(got), want) {
+		t.Errorf("summary lacks %q:\n%s", want, got)
+	}
+}
+
 // TestSummaryNamesXDPPrograms: an uplink's XDP program (Cilium's bpf_xdp, a
 // Katran-like LB) rewrites requests before any capture: SUMMARY.md lists it
 // where it lists the tc programs, as the node block does.

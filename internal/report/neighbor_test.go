@@ -65,3 +65,25 @@ func TestUplinkNeighborCell(t *testing.T) {
 		t.Errorf("JSON has the uplink ifindex: %s", b.String())
 	}
 }
+
+// TestVLANColumn: the VLAN column says untagged only for a frame without a
+// tag; an 802.1Q priority tag (VLAN ID 0) is a tag, shown as tcpdump -e
+// shows it (vlan 0), with its protocol.
+func TestVLANColumn(t *testing.T) {
+	v := func(n uint16) *uint16 { return &n }
+	for _, c := range []struct {
+		vlan  *uint16
+		proto string
+		want  string
+	}{
+		{nil, "", "-"},
+		{v(0), "", "untagged"},
+		{v(0), "802.1Q", "0 (802.1Q)"},
+		{v(200), "", "200"},
+		{v(300), "802.1ad", "300 (802.1ad)"},
+	} {
+		if got := vlan(c.vlan, c.proto); got != c.want {
+			t.Errorf("vlan(%v, %q) = %q, want %q", c.vlan, c.proto, got, c.want)
+		}
+	}
+}

@@ -452,7 +452,7 @@ func vlan(v *uint16, proto string) string {
 	switch {
 	case v == nil:
 		return "-"
-	case *v == 0:
+	case *v == 0 && proto == "":
 		return "untagged"
 	case proto != "":
 		return fmt.Sprintf("%d (%s)", *v, proto)
