@@ -894,10 +894,14 @@ func (e *Engine) nowhereNotes(f *flowState) string {
 func (e *Engine) vlanTaggedBypass(f *flowState) string {
 	a := e.cfg.Attribution
 	call, vlanTagged := a.BridgeNFCallIPTables, a.BridgeNFFilterVLANTagged
-	if f.fromNode || a.RoutedHostVeths[f.hostIfindex] || call == nil || !*call || vlanTagged == nil || *vlanTagged || !f.uplink.seen || f.uplink.vlan == 0 {
+	if f.fromNode || a.RoutedHostVeths[f.hostIfindex] || call == nil || !*call || vlanTagged == nil || *vlanTagged || !f.uplink.seen || (f.uplink.vlan == 0 && f.uplink.tpid == 0) {
 		return ""
 	}
-	return fmt.Sprintf(" (bridge-nf-filter-vlan-tagged=0: netfilter does not see the frames a bridge carries VLAN-tagged, and it left the uplink on VLAN %d)", f.uplink.vlan)
+	on := fmt.Sprintf("on VLAN %d", f.uplink.vlan)
+	if f.uplink.vlan == 0 { // br_netfilter passes by a tag whatever its VLAN ID
+		on = "with a priority tag, VLAN ID 0"
+	}
+	return " (bridge-nf-filter-vlan-tagged=0: netfilter does not see the frames a bridge carries VLAN-tagged, and it left the uplink " + on + ")"
 }
 
 // fromWire decides a request that came in on the uplink with the VIP (an

@@ -526,6 +526,9 @@ type observation struct {
 	// DropReason, DropFunc: a drop's (point "drop") reason and function.
 	DropReason string `json:"drop_reason"`
 	DropFunc   string `json:"drop_func"`
+	// PriorityTag: the frame has an 802.1Q tag of VLAN ID 0 (one with a
+	// VLAN has an 802.1Q tag anyway).
+	PriorityTag bool `json:"priority_tag"`
 }
 
 func (f file) scenario() (Scenario, error) {
@@ -660,7 +663,7 @@ func (o observation) convert() (obs.Observation, error) {
 		Cookie: o.Cookie, PID: o.PID, Comm: o.Comm, Cgroup: o.Cgroup, NetNS: o.NetNS,
 		Ifname: o.Ifname, Ifindex: o.Ifindex, Prio: o.Prio, Len: o.Len, VLAN: o.VLAN, TCPFlags: o.TCPFlags,
 	}
-	if o.VLAN != 0 {
+	if o.VLAN != 0 || o.PriorityTag {
 		v.TPID = 0x8100
 	}
 	var err error
