@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,6 +31,8 @@ const (
 	bridgeNFSysctl   = "/proc/sys/net/bridge/bridge-nf-call-iptables"
 	bridgeNFVLAN     = "/proc/sys/net/bridge/bridge-nf-filter-vlan-tagged"
 	ipForwardSysctl  = "/proc/sys/net/ipv4/ip_forward"
+	udpTimeoutSysctl = "/proc/sys/net/netfilter/nf_conntrack_udp_timeout"
+	udpStreamSysctl  = "/proc/sys/net/netfilter/nf_conntrack_udp_timeout_stream"
 )
 
 // readNetfilter reports the node netns's netfilter: DNAT rules reachable for
@@ -40,6 +43,8 @@ func readNetfilter(ctx context.Context, hostPath string, svcs serviceSet, info *
 	nf.BridgeNFCallIPTables = readBoolSysctl(hostPath, bridgeNFSysctl)
 	nf.BridgeNFFilterVLANTagged = readBoolSysctl(hostPath, bridgeNFVLAN)
 	nf.IPForward = readBoolSysctl(hostPath, ipForwardSysctl)
+	nf.UDPTimeout = readIntSysctl(hostPath, udpTimeoutSysctl)
+	nf.UDPStreamTimeout = readIntSysctl(hostPath, udpStreamSysctl)
 
 	var graphs []*natGraph
 	var nftErr error
@@ -429,15 +434,30 @@ func hasLine(b []byte, want string) bool {
 
 // readBoolSysctl reads a 0/1 sysctl of the node netns; nil when absent.
 func readBoolSysctl(hostPath, file string) *bool {
+	b, err := readSysctl(hostPath, file)
+	if err != nil {
+		return nil
+	}
+	v := strings.TrimSpace(string(b)) != "0"
+	return &v
+}
+
+// readIntSysctl reads a number sysctl of the node netns; 0 when absent.
+func readIntSysctl(hostPath, file string) int {
+	b, err := readSysctl(hostPath, file)
+	if err != nil {
+		return 0
+	}
+	v, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return v
+}
+
+func readSysctl(hostPath, file string) ([]byte, error) {
 	var b []byte
 	err := nsutil.Do(hostPath, func() error {
 		var err error
 		b, err = os.ReadFile(file)
 		return err
 	})
-	if err != nil {
-		return nil
-	}
-	v := strings.TrimSpace(string(b)) != "0"
-	return &v
+	return b, err
 }

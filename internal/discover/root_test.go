@@ -390,7 +390,8 @@ func TestNodeNetfilter(t *testing.T) {
 	node := filepath.Base(tb.node)
 	if out, err := exec.Command("ip", "netns", "exec", node, "sh", "-c",
 		"echo 1 > /proc/sys/net/ipv4/ip_forward; [ ! -e "+bridgeNFSysctl+" ] || echo 0 > "+bridgeNFSysctl+
-			"; [ ! -e "+bridgeNFVLAN+" ] || echo 1 > "+bridgeNFVLAN).CombinedOutput(); err != nil {
+			"; [ ! -e "+bridgeNFVLAN+" ] || echo 1 > "+bridgeNFVLAN+
+			"; [ ! -e "+udpTimeoutSysctl+" ] || { echo 45 > "+udpTimeoutSysctl+"; echo 95 > "+udpStreamSysctl+"; }").CombinedOutput(); err != nil {
 		t.Fatalf("set sysctls: %v %s", err, out)
 	}
 
@@ -442,6 +443,9 @@ func TestNodeNetfilter(t *testing.T) {
 	}
 	if _, err := os.Stat(bridgeNFVLAN); err == nil && (nf.BridgeNFFilterVLANTagged == nil || !*nf.BridgeNFFilterVLANTagged) {
 		t.Errorf("bridge-nf-filter-vlan-tagged of the node netns: got %v, want 1", nf.BridgeNFFilterVLANTagged)
+	}
+	if fileExistsIn(t, tb.node, udpTimeoutSysctl) && (nf.UDPTimeout != 45 || nf.UDPStreamTimeout != 95) {
+		t.Errorf("conntrack's UDP timeouts of the node netns: got %d, %d s, want 45, 95", nf.UDPTimeout, nf.UDPStreamTimeout)
 	}
 	if info.IPVS.Present != fileExistsIn(t, tb.node, ipvsFile) {
 		t.Errorf("ipvs: got %+v", info.IPVS)

@@ -356,6 +356,11 @@ type Netfilter struct {
 	// pathtrace's observers), the machine's: the kernel does not say in
 	// which netns a netfilter link is. Read once, at discovery.
 	BPFPrograms []NetfilterProgram `json:"bpf_programs,omitempty"`
+	// UDPTimeout, UDPStreamTimeout: how long conntrack keeps a UDP entry
+	// after its last packet, before and once it is a stream (seconds;
+	// nf_conntrack_udp_timeout, _stream); 0 when absent (no conntrack).
+	UDPTimeout       int `json:"udp_timeout,omitempty"`
+	UDPStreamTimeout int `json:"udp_timeout_stream,omitempty"`
 }
 
 // NATRule is one DNAT reachable for a VIP: the chain path from a NAT base chain

@@ -53,6 +53,11 @@ type Config struct {
 	// unknown). A flow that began before it may have met some points before
 	// they were there.
 	Ready time.Time
+	// UDPTimeout and UDPStreamTimeout are how long the node's conntrack
+	// keeps a UDP entry after its last packet (nf_conntrack_udp_timeout,
+	// nf_conntrack_udp_timeout_stream; the kernel's defaults when 0): a
+	// datagram after that makes a new entry, and NAT picks a backend again.
+	UDPTimeout, UDPStreamTimeout time.Duration
 }
 
 // Attribution is what the node has that can rewrite a VIP, read from the node by

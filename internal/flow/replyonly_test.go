@@ -275,17 +275,21 @@ func TestRepliesWithoutRequestAfterRetire(t *testing.T) {
 	for _, o := range seq {
 		e.Add(o)
 	}
-	first := e.Retire(at.Add(61 * time.Second))
+	// A second exchange 5 s later: conntrack keeps the stream's entry 120 s.
+	for _, o := range resent(churnFlow(7, obs.UDP, svc, be, at.Add(5*time.Second))) {
+		e.Add(o)
+	}
+	first := e.Retire(at.Add(66 * time.Second))
 	if len(first) != 1 {
 		t.Fatalf("retired %d flows, want 1", len(first))
 	}
 	late := seq[len(seq)-1] // the answer at the Pod, from the VIP
-	late.Time = at.Add(62 * time.Second)
+	late.Time = at.Add(67 * time.Second)
 	e.Add(late)
 	stranger := late
 	stranger.Dst = netip.AddrPortFrom(late.Dst.Addr(), late.Dst.Port()+1)
 	e.Add(stranger)
-	e.Stopping(at.Add(63 * time.Second))
+	e.Stopping(at.Add(68 * time.Second))
 	fs := e.Flows()
 	if len(fs) != 1 || fs[0].Continues != first[0].ID || fs[0].Client != late.Dst {
 		t.Fatalf("flows %+v, want one of %s continuing flow %d", fs, late.Dst, first[0].ID)

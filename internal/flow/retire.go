@@ -47,6 +47,11 @@ type retiredNote struct {
 	// answer yet (nor acknowledged one): its SYN retransmissions after it
 	// was retired continue it.
 	opening bool
+	// replied: a UDP connection that got a reply (with the flow it
+	// continues); life: how long after last its conntrack entry stands
+	// (udpLife).
+	replied bool
+	life    time.Duration
 	// sock is what its socket's observers taught (nil: none): a facet of
 	// the socket, not of the packets, true for the socket's life.
 	sock *retiredSocket
@@ -207,7 +212,12 @@ func (e *Engine) forget(f *flowState) {
 		// heard of: it goes on retransmitting its SYN.
 		opening := f.proto == obs.TCP && f.tcp.syn != 0 && f.tcp.synAck == 0 && f.tcp.ack == 0 &&
 			(f.tcp.rstReply == 0 || f.tcp.rstUntranslated && !f.tcp.direct)
-		e.rememberRetired(flowKey{k, f.service}, retiredNote{id: f.id, last: f.last.UnixNano(), began: f.connStart(), opening: opening, sock: retiredSocketOf(f)})
+		r := retiredNote{id: f.id, last: f.last.UnixNano(), began: f.connStart(), opening: opening, sock: retiredSocketOf(f), replied: f.reply}
+		if prev, ok := e.retiredKeys.get(flowKey{k, f.service}); ok && f.continues != 0 && f.continues == prev.id {
+			r.replied = r.replied || prev.replied
+		}
+		r.life = e.udpLife(f, r)
+		e.rememberRetired(flowKey{k, f.service}, r)
 		// Its backends too: behind a socket LB no packet of its
 		// endpoint names the VIP, only the backend (resumed).
 		for _, b := range f.backends {
@@ -257,6 +267,22 @@ func (e *Engine) resumed(client, peer netip.AddrPort, proto obs.Proto, cookie ui
 	return f, res
 }
 
+// udpLife is how long conntrack keeps the entry of r, the retired UDP flow
+// f, after its last packet (nf_conntrack_udp_packet): the stream timeout
+// once the entry saw a reply and then a packet more than udpStreamAfter
+// after it began, the plain one before. A last packet that was the first
+// reply counts too (the flow does not tell), and so does the unseen
+// beginning of one that began before the run: the longer life only makes
+// a later datagram continue it, where conntrack's silence then proves
+// nothing.
+func (e *Engine) udpLife(f *flowState, r retiredNote) time.Duration {
+	plain, stream := e.udpTimeouts()
+	if r.replied && (r.last-r.began > int64(udpStreamAfter) || e.window(f) == beforeReady) {
+		return stream
+	}
+	return plain
+}
+
 // rememberRetired puts a retired flow in retiredKeys. When that forgets a
 // generation of them, forgotten is moved to the latest of their last
 // sightings: a flow first seen within udpEntryLife of it may continue one
@@ -281,7 +307,7 @@ func (e *Engine) rememberRetired(k flowKey, r retiredNote) {
 // retires more flows than it remembers): it was first seen less than
 // udpEntryLife after the last sighting of a forgotten one.
 func (e *Engine) mayContinueForgotten(f *flowState) bool {
-	return e.retiredForgotten != 0 && f.continues == 0 && f.first.UnixNano()-e.retiredForgotten < int64(udpEntryLife)
+	return e.retiredForgotten != 0 && f.continues == 0 && f.first.UnixNano()-e.retiredForgotten < int64(e.udpEntryLife())
 }
 
 // continued notes, of a flow f made at m, the retired flow of its client
@@ -290,7 +316,7 @@ func (e *Engine) mayContinueForgotten(f *flowState) bool {
 // connection opening (a SYN is another connection), unless the retired
 // one was still sending its SYN unanswered (a retransmission: a client
 // retries for up to synRetryWindow, with gaps that double), nor, for UDP, one idle for longer than conntrack keeps an entry
-// (udpEntryLife): a datagram then makes a new entry, as a new flow's.
+// (udpLife): a datagram then makes a new entry, as a new flow's.
 func (e *Engine) continued(f *flowState, m moment) {
 	if r, ok := e.retiredBefore(flowKey{f.key(), f.service}, m); ok && !e.tcpClosedSince(f) {
 		f.continues, f.continuesLast, f.connBegan = r.id, r.last, r.began
@@ -356,7 +382,7 @@ func (r retiredNote) continuedBy(proto obs.Proto, m moment) bool {
 	if proto == obs.TCP {
 		return !m.opens() || r.opening && !m.reply && m.at-r.last <= int64(synRetryWindow)
 	}
-	return m.at-r.last <= int64(udpEntryLife)
+	return m.at-r.last <= int64(r.life)
 }
 
 // continuesNote says, of a flow that continues a retired one, that its

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -216,25 +217,21 @@ func TestRetireContinued(t *testing.T) {
 	for _, o := range churnFlow(7, obs.UDP, svc, be, at) {
 		e.Add(o)
 	}
-	if got := e.Retire(at.Add(30 * time.Second)); len(got) != 0 {
+	// A second exchange 5 s later: conntrack keeps the stream's entry 120 s.
+	for _, o := range resent(churnFlow(7, obs.UDP, svc, be, at.Add(5*time.Second))) {
+		e.Add(o)
+	}
+	if got := e.Retire(at.Add(35 * time.Second)); len(got) != 0 {
 		t.Fatalf("retired %d flows before the timeout", len(got))
 	}
-	first := e.Retire(at.Add(61 * time.Second))
+	first := e.Retire(at.Add(66 * time.Second))
 	if len(first) != 1 || first[0].RewrittenAt != flow.PlaceNetfilter || first[0].Backend != be {
 		t.Fatalf("retired %+v, want one netfilter flow to %s", first, be)
 	}
 	// The same socket again, 90 s later: no socket event (connected long
 	// ago), no conntrack event (its entry stands).
 	again := at.Add(90 * time.Second)
-	var seq []obs.Observation
-	for _, o := range churnFlow(7, obs.UDP, svc, be, again) {
-		switch o.Point {
-		case obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress, obs.PointConntrack:
-			continue
-		}
-		seq = append(seq, o)
-	}
-	for _, o := range seq {
+	for _, o := range resent(churnFlow(7, obs.UDP, svc, be, again)) {
 		e.Add(o)
 	}
 	fs := e.Flows()
@@ -442,6 +439,13 @@ func TestRetireContinuedConntrackOnly(t *testing.T) {
 				}
 			}
 			e.Add(o)
+		}
+		if i == 0 { // a second exchange: conntrack keeps the stream's entry 120 s
+			for _, o := range resent(churnFlow(7, obs.UDP, svc, be, at.Add(5*time.Second))) {
+				if o.Point != obs.PointNFBefore && o.Point != obs.PointNFAfter {
+					e.Add(o)
+				}
+			}
 		}
 		retired = append(retired, e.Retire(at.Add(70*time.Second))...)
 	}
@@ -755,7 +759,11 @@ func TestRetireContinuedSocketLB(t *testing.T) {
 			for _, o := range socketLBFlow(tc.proto, c, tc.svc, tc.be, 77, at) {
 				e.Add(o)
 			}
-			first := e.Retire(at.Add(61 * time.Second))
+			// A second exchange: conntrack keeps a UDP stream's entry 120 s.
+			for _, o := range socketLBPackets(tc.proto, c, tc.be, at.Add(5*time.Second)) {
+				e.Add(o)
+			}
+			first := e.Retire(at.Add(66 * time.Second))
 			if len(first) != 1 || first[0].RewrittenAt != flow.PlaceSocket || first[0].Backend != tc.be {
 				t.Fatalf("retired %+v, want one socket flow to %s", first, tc.be)
 			}
@@ -968,6 +976,70 @@ func TestRetireTCPReusedAfterContinuedClose(t *testing.T) {
 		}
 		if len(fresh) != 1 || fresh[0].Continues != 0 || fresh[0].RewrittenAt != flow.PlaceNetfilter || fresh[0].Backend != be {
 			t.Errorf("closed flow retired %v: the port's new connection: %+v, want one netfilter flow to %s continuing none", retireClosed, fresh, be)
+		}
+	}
+}
+
+// resent is what is seen of a later exchange of a flow of churnFlow's: no
+// socket event (it connected before), no conntrack event (its entry
+// stands).
+func resent(seq []obs.Observation) []obs.Observation {
+	return slices.DeleteFunc(seq, func(o obs.Observation) bool {
+		switch o.Point {
+		case obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress, obs.PointConntrack:
+			return true
+		}
+		return false
+	})
+}
+
+// TestRetireUDPEntryLife: a retired UDP flow is continued only while its
+// conntrack entry stands, as nf_conntrack_udp_packet keeps it: the plain
+// timeout after one exchange (or exchanges within 2 s of the first
+// packet), the stream one after a reply and a later packet; a datagram
+// after that makes a new entry, a new flow. The node's timeouts count.
+func TestRetireUDPEntryLife(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	for _, c := range []struct {
+		name      string
+		exchanges []time.Duration // from the first, of the retired flow
+		cfg       flow.Config
+		gap       time.Duration // from its last exchange to the next datagram
+		continues bool
+	}{
+		{"one exchange, within the timeout", []time.Duration{0}, flow.Config{}, 25 * time.Second, true},
+		{"one exchange, past the timeout", []time.Duration{0}, flow.Config{}, 35 * time.Second, false},
+		{"two exchanges in 1 s, past the timeout", []time.Duration{0, time.Second}, flow.Config{}, 35 * time.Second, false},
+		{"stream, within its timeout", []time.Duration{0, 5 * time.Second}, flow.Config{}, 110 * time.Second, true},
+		{"stream, past its timeout", []time.Duration{0, 5 * time.Second}, flow.Config{}, 125 * time.Second, false},
+		{"the node's timeout", []time.Duration{0}, flow.Config{UDPTimeout: 60 * time.Second}, 50 * time.Second, true},
+		{"the node's stream timeout", []time.Duration{0, 5 * time.Second}, flow.Config{UDPStreamTimeout: 60 * time.Second}, 70 * time.Second, false},
+	} {
+		cfg := c.cfg
+		cfg.Services = []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}}
+		cfg.FlowTimeout = 10 * time.Second
+		e := flow.NewEngine(cfg)
+		at := flowtest.At(0)
+		for _, d := range c.exchanges {
+			for _, o := range churnFlow(7, obs.UDP, svc, be, at.Add(d)) {
+				e.Add(o)
+			}
+		}
+		last := at.Add(c.exchanges[len(c.exchanges)-1])
+		first := e.Retire(last.Add(20 * time.Second))
+		if len(first) != 1 {
+			t.Fatalf("%s: retired %d flows, want 1", c.name, len(first))
+		}
+		for _, o := range churnFlow(7, obs.UDP, svc, be, last.Add(c.gap)) {
+			e.Add(o)
+		}
+		fs := e.Flows()
+		want := 0
+		if c.continues {
+			want = first[0].ID
+		}
+		if len(fs) != 1 || fs[0].Continues != want || fs[0].ID == first[0].ID {
+			t.Errorf("%s: flows %+v, want one new flow continuing %d", c.name, fs, want)
 		}
 	}
 }

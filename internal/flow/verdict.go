@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -1604,9 +1605,27 @@ func (e *Engine) netfilterExcluded(f *flowState, why bool) (excluded, doubt stri
 	return "", ""
 }
 
+// The kernel's defaults of conntrack's UDP entry lives (Config.UDPTimeout,
+// UDPStreamTimeout), and how long after its beginning an entry that saw a
+// reply must see a packet to live the longer one (nf_conntrack_udp_packet).
+const (
+	defaultUDPTimeout       = 30 * time.Second
+	defaultUDPStreamTimeout = 120 * time.Second
+	udpStreamAfter          = 2 * time.Second
+)
+
+// udpTimeouts are conntrack's UDP entry lives after the last packet: of
+// an entry before it is a stream, and of a stream.
+func (e *Engine) udpTimeouts() (plain, stream time.Duration) {
+	return cmp.Or(e.cfg.UDPTimeout, defaultUDPTimeout), cmp.Or(e.cfg.UDPStreamTimeout, defaultUDPStreamTimeout)
+}
+
 // udpEntryLife bounds how long conntrack keeps a UDP entry after its last
-// packet: nf_conntrack_udp_timeout_stream (120 s; 180 s before Linux 5.19).
-const udpEntryLife = 180 * time.Second
+// packet, whether it is a stream or not.
+func (e *Engine) udpEntryLife() time.Duration {
+	plain, stream := e.udpTimeouts()
+	return max(plain, stream)
+}
 
 // ctMayBeOthers tells whether conntrack's report of f may have been taken
 // for another flow of its client endpoint and VIP, an earlier connection
@@ -1650,12 +1669,12 @@ func (e *Engine) conntrackBlind(f *flowState) string {
 		return "its first packets seen were not a SYN: the connection began before they were seen, and " + when
 	case f.proto == obs.UDP:
 		if e.mayContinueForgotten(f) {
-			return fmt.Sprintf("it may continue one of the flows reported as ended less than %s before it began, more than pathtrace remembers (a busy node), and ride the conntrack entry made for it, which conntrack does not report again", udpEntryLife)
+			return fmt.Sprintf("it may continue one of the flows reported as ended less than %s before it began, more than pathtrace remembers (a busy node), and ride the conntrack entry made for it, which conntrack does not report again", e.udpEntryLife())
 		}
-		if !e.cfg.Ready.IsZero() && f.first.Sub(e.cfg.Ready) >= udpEntryLife {
+		if !e.cfg.Ready.IsZero() && f.first.Sub(e.cfg.Ready) >= e.udpEntryLife() {
 			return ""
 		}
-		return fmt.Sprintf("a UDP flow first seen less than %s after pathtrace was in place may ride a conntrack entry made before, and %s", udpEntryLife, when)
+		return fmt.Sprintf("a UDP flow first seen less than %s after pathtrace was in place may ride a conntrack entry made before, and %s", e.udpEntryLife(), when)
 	}
 	return "its protocol is not known"
 }

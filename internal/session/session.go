@@ -238,6 +238,9 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		FlowTimeout: opt.FlowTimeout,
 		HostNetNS:   node.HostNetNS.Inode,
 		Ready:       ready,
+		// 0 when unread: the engine takes the kernel's defaults.
+		UDPTimeout:       time.Duration(node.Netfilter.UDPTimeout) * time.Second,
+		UDPStreamTimeout: time.Duration(node.Netfilter.UDPStreamTimeout) * time.Second,
 	})
 
 	root, err := cgroup2.Root()
