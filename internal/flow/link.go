@@ -974,6 +974,13 @@ func (e *Engine) merge(g, f *flowState) {
 		e.lateOf(g).add(*l)
 		delete(e.lateCounts, f)
 	}
+	if ups, ok := e.retiredUpstreams[f]; ok {
+		for i := range ups {
+			ups[i].after += f.first.Sub(g.first) // from g's first sighting, as proxyUpstreams counts
+		}
+		e.retiredUpstreams[g] = append(e.retiredUpstreams[g], ups...)
+		delete(e.retiredUpstreams, f)
+	}
 	e.nflows--
 	e.replays = append(e.replays, g.key()) // g may know new backends
 }
