@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -137,6 +138,16 @@ func (pf *partialFile) finish() error {
 	}
 	return nil
 }
+
+// renamedError is an error met while the file was PATH.partial, told once
+// it was renamed to PATH: it names the file as it is on disk.
+type renamedError struct {
+	err           error
+	partial, path string
+}
+
+func (e renamedError) Error() string { return strings.ReplaceAll(e.err.Error(), e.partial, e.path) }
+func (e renamedError) Unwrap() error { return e.err }
 
 // discard closes and removes the file (a Create that failed).
 func (pf *partialFile) discard() {

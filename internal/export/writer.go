@@ -511,7 +511,11 @@ func (w *Writer) Close(stats []InterfaceStats) error {
 	}
 	if w.file != nil {
 		// Only whole blocks are in the file, even after a failed write.
-		err = errors.Join(err, w.file.finish())
+		if ferr := w.file.finish(); ferr != nil {
+			err = errors.Join(err, ferr)
+		} else if err != nil {
+			err = renamedError{err, w.file.partial, w.file.path}
+		}
 	}
 	if w.stream != nil {
 		w.stream.close()

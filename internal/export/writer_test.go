@@ -443,6 +443,9 @@ func TestDiskFullLeavesReadableFile(t *testing.T) {
 	if _, err := os.Stat(file); err != nil {
 		file = path + ".partial" // the rename may fail on a full filesystem
 	}
+	if cerr != nil && (!strings.Contains(cerr.Error(), file) || file == path && strings.Contains(cerr.Error(), ".partial")) {
+		t.Errorf("Close: %v; want the file named as it is on disk, %s", cerr, file)
+	}
 	n, err := readAll(file)
 	if err != nil || n == 0 {
 		t.Errorf("%s after the disk filled: %d packets, %v; want whole blocks only", file, n, err)

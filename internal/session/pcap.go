@@ -211,8 +211,8 @@ func (p *pcapOut) endFile(taps []tap) {
 	}
 	p.published = true
 	stats, _ := p.interfaces(taps)
-	if err := p.w.Close(stats); err != nil && p.err == nil {
-		p.err = err
+	if err := p.w.Close(stats); err != nil {
+		p.err = err // as close says
 	}
 }
 
@@ -246,8 +246,10 @@ func (p *pcapOut) close(taps []tap) *export.Summary {
 	// A failed close (a reader that went away from "-", a full disk) is
 	// reported with the rest, never at the cost of the report. The counts
 	// are read after it: a failed write makes them what the file holds.
+	// Close repeats an earlier write error, naming the file as it is now
+	// (PATH once renamed).
 	if !p.published {
-		if err := p.w.Close(stats); err != nil && p.err == nil {
+		if err := p.w.Close(stats); err != nil {
 			p.err = err
 		}
 	}

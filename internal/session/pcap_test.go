@@ -17,6 +17,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
 	"github.com/pathtrace/pathtrace/internal/export"
@@ -579,5 +580,38 @@ func TestCommentOfFrameStillWaiting(t *testing.T) {
 	}
 	if got := readBack(t, out.Bytes()); len(got) != 1 || got[0].comment != commentFlowNotYetKnown {
 		t.Errorf("read %+v, want the frame with the comment %q", got, commentFlowNotYetKnown)
+	}
+}
+
+// TestPcapDiskFullNamesFileOnDisk: a capture cut by a full disk is still
+// renamed to PATH at the end; the error the summary gives (and the CLI
+// prints) names the file there, not PATH.partial, which no longer exists.
+func TestPcapDiskFullNamesFileOnDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts a small tmpfs")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=256k"); err != nil {
+		t.Skipf("cannot mount a small tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	path := filepath.Join(dir, "c.pcapng")
+	tr := testTracer(t, io.Discard)
+	w, err := export.Create(path, []export.Interface{{Name: "pod:eth0"}, {Name: "uplink:bond0"}}, export.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.pcap = &pcapOut{w: w, path: path, queues: make([][]*batch, 2)}
+	for i := range 100000 {
+		if frames(t, tr, 0, time.Duration(i)*time.Millisecond) != "" {
+			break // the disk is full
+		}
+	}
+	res := tr.pcap.close(tr.taps)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the cut capture is not at %s: %v", path, err)
+	}
+	if !strings.Contains(res.Error, "no space left") || !strings.Contains(res.Error, path) || strings.Contains(res.Error, ".partial") {
+		t.Errorf("error %q, want the full disk's, naming %s as it is on disk", res.Error, path)
 	}
 }
