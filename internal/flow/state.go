@@ -595,6 +595,24 @@ func (e *Engine) sweepLabels() {
 	e.labels.sweep(func(i uint16) bool { return used[i] })
 }
 
+// CountsAt tells whether an open flow counts at the point labelled name.
+func (e *Engine) CountsAt(name string) bool {
+	i, ok := e.labels.index[name]
+	if !ok || i == 0 {
+		return false
+	}
+	for _, list := range e.clients {
+		for _, f := range list {
+			for _, p := range f.points {
+				if p.iface == i {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // UnnamedPoints counts the observations counted at a point without its
 // label: more labels than the engine holds at once (maxLabels).
 func (e *Engine) UnnamedPoints() uint64 { return e.labels.unnamed }

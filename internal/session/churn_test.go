@@ -10,6 +10,7 @@ import (
 
 	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/obs"
 )
 
 // TestPodsStartedBounded: the Pods started that the report lists stay
@@ -91,6 +92,33 @@ func TestForgetGonePods(t *testing.T) {
 	}
 	if s := tr.pods.summary(); !slices.Contains(s, "2 Pods followed went during the run") {
 		t.Errorf("summary %q", s)
+	}
+}
+
+// TestGonePodsLabelsStayTaken: in a run until stopped without a capture
+// file, a gone Pod's taps are forgotten at once; a Pod made again with its
+// address (or host veth name) must still get a label of its own (#2)
+// while the report names the old one: in capture_ended (the last gone
+// listed: its eth0), or in an open flow's points (its host veth, listed
+// no more).
+func TestGonePodsLabelsStayTaken(t *testing.T) {
+	svc := netip.MustParseAddrPort("10.120.0.10:53")
+	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}}})
+	// A flow of the gone Pod still open, counted at its host veth.
+	eng.Add(obs.Observation{Time: time.Unix(1_700_000_000, 0), Point: obs.PointHost, Ifname: "host:veth-b", Dir: obs.DirIn, Proto: obs.UDP,
+		Src: netip.MustParseAddrPort("10.244.8.23:40000"), Dst: svc, Len: 74})
+	tr := &tracer{eng: eng, taps: []tap{{}, {}, {label: "uplink:bond0"}},
+		gone: &goneTaps{free: []int{0, 1}, n: 2, ended: []goneTap{{"pod:eth0@10.244.8.23", "its netns was deleted"}}}}
+	taken := tr.labelsTaken()
+	for _, l := range []string{"pod:eth0@10.244.8.23", "host:veth-b", "uplink:bond0"} {
+		if got := tr.newLabel(l, taken); got != l+"#2" {
+			t.Errorf("new tap %s labelled %q while the report names %s, want #2", l, got, l)
+		}
+	}
+	// Listed no more, and no open flow counts there: free again.
+	tr.gone.ended = nil
+	if got := tr.newLabel("pod:eth0@10.244.8.23", tr.labelsTaken()); got != "pod:eth0@10.244.8.23" {
+		t.Errorf("new tap labelled %q: a label nothing names any more stays taken", got)
 	}
 }
 

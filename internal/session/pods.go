@@ -136,10 +136,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 
 	all := append(append([]tap(nil), tr.taps...), taps...)
 	labels := pointLabels(all, pf.node.Pods)
-	taken := map[string]bool{}
-	for _, tp := range tr.taps {
-		taken[tp.label] = true
-	}
+	taken := tr.labelsTaken()
 	first := len(tr.taps)
 	for i := range taps {
 		// A Pod that came back with the address of one that went (a
@@ -149,12 +146,7 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 		if taps[i].role == discover.RoleHost {
 			base = taps[i].role + ":" + taps[i].ifname // the node's veths have names of their own
 		}
-		label := base
-		for n := 2; taken[label]; n++ {
-			label = fmt.Sprintf("%s#%d", base, n)
-		}
-		taken[label] = true
-		taps[i].label = label
+		taps[i].label = tr.newLabel(base, taken)
 	}
 	var opened []tap
 	for _, tp := range taps {
@@ -194,6 +186,34 @@ func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap fun
 		}
 	}
 	return stop
+}
+
+// labelsTaken are the capture point labels a new tap must not take: the
+// taps', and those of the gone taps the report lists (capture_ended). A
+// run until stopped forgets a gone Pod's taps, and reuses their slots.
+func (tr *tracer) labelsTaken() map[string]bool {
+	taken := map[string]bool{}
+	for _, tp := range tr.taps {
+		taken[tp.label] = true
+	}
+	if g := tr.gone; g != nil {
+		for _, e := range g.ended {
+			taken[e.label] = true
+		}
+	}
+	return taken
+}
+
+// newLabel is the label of a new tap named base: base, or base#2, #3...
+// when taken, or when an open flow counts at it (a gone Pod's, listed no
+// more); it takes it.
+func (tr *tracer) newLabel(base string, taken map[string]bool) string {
+	label := base
+	for n := 2; taken[label] || tr.eng.CountsAt(label); n++ {
+		label = fmt.Sprintf("%s#%d", base, n)
+	}
+	taken[label] = true
+	return label
 }
 
 // note records a started Pod for the report: who it is, when it was found
