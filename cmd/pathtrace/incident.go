@@ -200,7 +200,7 @@ func runIncident(args []string) int {
 // stops watching.
 func incidentStops() (capture, bundle context.Context, captureOver, release func()) {
 	capture, endCapture := context.WithCancel(context.Background())
-	bundle, cutBundle := context.WithCancel(context.Background())
+	bundle, cutBundle := context.WithCancelCause(context.Background())
 	sigs := make(chan os.Signal, 3) // all three may come before this reads one
 	signal.Notify(sigs, stopSignals()...)
 	done := make(chan struct{})
@@ -215,7 +215,7 @@ func incidentStops() (capture, bundle context.Context, captureOver, release func
 		select {
 		case <-sigs:
 			fmt.Fprintln(os.Stderr, "pathtrace incident: interrupted: finishing the bundle without the snapshot parts not collected yet (interrupt again to abandon it)")
-			cutBundle()
+			cutBundle(errSnapshotStop)
 		case <-done:
 			return
 		}
@@ -229,9 +229,14 @@ func incidentStops() (capture, bundle context.Context, captureOver, release func
 		signal.Stop(sigs)
 		close(done)
 		endCapture()
-		cutBundle()
+		cutBundle(nil)
 	}
 }
+
+// errSnapshotStop is why the bundle's snapshot was cut short (the stop
+// signal after the one that ended the capture, or the first once it
+// ended), which its manifest's notes say of the parts not collected.
+var errSnapshotStop = errors.New("interrupted by a stop signal")
 
 // incidentOptions validates the flags; the pcapng gets what the snapshot and
 // the reports leave of the budget.

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -72,5 +75,27 @@ func TestIncidentHelpNamesSnapshot(t *testing.T) {
 		if !strings.Contains(strings.Join(strings.Fields(incidentUsage), " "), want) {
 			t.Errorf("pathtrace incident --help does not name %q among the snapshot's parts", want)
 		}
+	}
+}
+
+// TestIncidentSecondStopSaysWhy: the stop signal that cuts the snapshot
+// short (the second) cancels the bundle's context with its cause, which
+// the manifest's notes say ("not collected: interrupted by a stop
+// signal"), not "context canceled".
+func TestIncidentSecondStopSaysWhy(t *testing.T) {
+	capture, bundle, _, release := incidentStops()
+	defer release()
+	for i, ctx := range []context.Context{capture, bundle} {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("stop signal %d: its context not cancelled", i+1)
+		}
+	}
+	if why := context.Cause(bundle).Error(); why != "interrupted by a stop signal" {
+		t.Errorf("the bundle's context cancelled because %q, want the stop signal", why)
 	}
 }

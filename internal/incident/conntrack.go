@@ -100,8 +100,8 @@ func dumpConntrack(ctx context.Context, path string, want func(netip.Addr) bool,
 	buf := make([]byte, conntrackReadBuffer)
 	n := 0
 	for {
-		if err := ctx.Err(); err != nil {
-			return n, err
+		if ctx.Err() != nil {
+			return n, context.Cause(ctx)
 		}
 		size, _, err := unix.Recvfrom(fd, buf, 0)
 		switch {

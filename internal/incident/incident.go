@@ -144,8 +144,8 @@ func (s *snapshot) collect(ctx context.Context, dir string, topics []topic) (Man
 	budget := s.opt.MaxBytes
 	reserve := min(s.opt.MaxBytes/int64(2*max(len(topics), 1)), topicReserve)
 	for i, t := range topics {
-		if err := ctx.Err(); err != nil {
-			m.Notef("%s: not collected: %v", t.file, err)
+		if ctx.Err() != nil {
+			m.Notef("%s: not collected: %v", t.file, context.Cause(ctx)) // why it was cancelled
 			continue
 		}
 		limit := min(s.opt.MaxFileBytes, budget-reserve*int64(len(topics)-1-i))
@@ -187,10 +187,10 @@ func (s *snapshot) run(parent context.Context, t topic, limit int) (body []byte,
 		return body, w.notes, truncated
 	case <-ctx.Done():
 		msg := fmt.Sprintf("not collected: %v after %s", ctx.Err(), s.opt.CollectorTimeout)
-		if err := parent.Err(); err != nil {
+		if parent.Err() != nil {
 			// Interrupted (a second Ctrl-C), not out of its time: said as
 			// for the topics after it (collect).
-			msg = fmt.Sprintf("not collected: %v", err)
+			msg = fmt.Sprintf("not collected: %v", context.Cause(parent))
 		}
 		return []byte("# " + msg + "\n"), []string{msg}, false
 	}

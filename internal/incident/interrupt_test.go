@@ -2,6 +2,9 @@ package incident
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +35,38 @@ func TestCollectorInterruptedIsNotATimeout(t *testing.T) {
 	for _, text := range []string{notes[0], string(body)} {
 		if strings.Contains(text, "after 10s") {
 			t.Errorf("interrupted after 20ms, but said %q", text)
+		}
+	}
+}
+
+// TestInterruptedSaysWhy: the snapshot's context cancelled by the user (a
+// second stop signal, its cause) says so in the manifest's notes and the
+// files, for the topic running and those after it, not "context canceled".
+func TestInterruptedSaysWhy(t *testing.T) {
+	const why = "interrupted by a stop signal"
+	s := &snapshot{opt: Options{CollectorTimeout: 10 * time.Second, MaxBytes: 1 << 20, MaxFileBytes: 1 << 20}}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	stuck := topic{file: "conntrack.txt", collect: func(ctx context.Context, w *topicWriter) error {
+		cancel(errors.New(why))
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}}
+	after := topic{file: "bridges.txt", collect: func(context.Context, *topicWriter) error { return nil }}
+	dir := t.TempDir()
+	m, err := s.collect(ctx, dir, []topic{stuck, after})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Notes) != 2 {
+		t.Fatalf("notes %q, want one for each topic", m.Notes)
+	}
+	body, err := os.ReadFile(filepath.Join(dir, "conntrack.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, text := range append(m.Notes, string(body)) {
+		if !strings.Contains(text, why) || strings.Contains(text, "context canceled") {
+			t.Errorf("%q, want %q", text, why)
 		}
 	}
 }

@@ -299,8 +299,8 @@ func (s *snapshot) cgroupPrograms(ctx context.Context, w *topicWriter) error {
 		if walked++; walked > maxCgroups {
 			return errEnough
 		}
-		if err := ctx.Err(); err != nil {
-			return err
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
 		}
 		if !hasSockPrograms(path) {
 			return nil
@@ -379,8 +379,8 @@ func (s *snapshot) bpfLinks(ctx context.Context, w *topicWriter) error {
 			w.notef("listing stopped after %d links", maxBPFLinks)
 			return nil
 		}
-		if err := ctx.Err(); err != nil {
-			return err
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
 		}
 		info, err := it.Link.Info()
 		if err != nil {
