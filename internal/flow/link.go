@@ -956,6 +956,10 @@ func (e *Engine) rekey(s *sockState, cookie uint64) {
 			s.flows[i] = g
 			continue
 		}
+		// Made before its port was known, it may continue a retired flow
+		// of its endpoint (a new socket on the port rides its conntrack
+		// entry), as one its packets made would.
+		e.continued(f, m)
 		e.index(f)
 	}
 	s.flows = dedupe(s.flows)

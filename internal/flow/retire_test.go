@@ -1043,3 +1043,39 @@ func TestRetireUDPEntryLife(t *testing.T) {
 		}
 	}
 }
+
+// TestRetireContinuedByNewSocket: a new socket on the port of a retired UDP
+// flow (a process per query) whose flow its socket events made, before its
+// port was known, continues the retired flow while the conntrack entry
+// stands, as a flow its packets made does: it rides that entry, and
+// conntrack reports nothing of it.
+func TestRetireContinuedByNewSocket(t *testing.T) {
+	svc, be := netip.MustParseAddrPort("10.120.0.10:53"), netip.MustParseAddrPort("10.244.20.31:5353")
+	for _, c := range []struct {
+		gap       time.Duration
+		continues bool
+	}{{20 * time.Second, true}, {130 * time.Second, false}} {
+		e := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: svc.Addr(), Port: 53, Proto: obs.UDP}}, FlowTimeout: 10 * time.Second})
+		at := flowtest.At(0)
+		add := func(at time.Time, cookie uint64) {
+			for _, o := range churnFlow(7, obs.UDP, svc, be, at) {
+				if o.Cookie != 0 {
+					o.Cookie = cookie
+				}
+				e.Add(o)
+			}
+		}
+		add(at, 1)
+		add(at.Add(3*time.Second), 1) // a stream: its entry stands 120 s
+		first := e.Retire(at.Add(20 * time.Second))
+		add(at.Add(3*time.Second+c.gap), 2) // its socket's events first, then its packets
+		fs := e.Flows()
+		want := 0
+		if c.continues {
+			want = first[0].ID
+		}
+		if len(first) != 1 || len(fs) != 1 || fs[0].Continues != want {
+			t.Errorf("%s later: retired %+v, open %+v; want one open flow continuing %d", c.gap, first, fs, want)
+		}
+	}
+}
