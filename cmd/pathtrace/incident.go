@@ -422,6 +422,7 @@ func writeBundle(ctx context.Context, out string, opt session.Options, res *sess
 func bundlePcap(p *export.Summary) *export.Summary {
 	inBundle := *p
 	inBundle.Path = captureFile
+	inBundle.Error = strings.ReplaceAll(p.Error, p.Path, captureFile) // a write error names it too
 	return &inBundle
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/pathtrace/pathtrace/internal/export"
 )
 
 // TestIncidentOutTrailingSlash: an --out written with a trailing slash
@@ -97,5 +99,19 @@ func TestIncidentSecondStopSaysWhy(t *testing.T) {
 	}
 	if why := context.Cause(bundle).Error(); why != "interrupted by a stop signal" {
 		t.Errorf("the bundle's context cancelled because %q, want the stop signal", why)
+	}
+}
+
+// TestBundlePcapNamesFileInBundle: the bundle's reports name its capture
+// within the bundle, its write error too (a full disk): the bundle was
+// built as DIR.partial, then renamed and archived.
+func TestBundlePcapNamesFileInBundle(t *testing.T) {
+	p := &export.Summary{Path: "/var/tmp/inc-42.partial/capture.pcapng", Error: "write pcapng: write /var/tmp/inc-42.partial/capture.pcapng: no space left on device"}
+	got := bundlePcap(p)
+	if got.Path != captureFile || got.Error != "write pcapng: write capture.pcapng: no space left on device" {
+		t.Errorf("in the bundle: %q, %q; want %s named within it", got.Path, got.Error, captureFile)
+	}
+	if p.Path != "/var/tmp/inc-42.partial/capture.pcapng" {
+		t.Errorf("the run's summary changed: %q", p.Path)
 	}
 }
