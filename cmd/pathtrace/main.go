@@ -285,11 +285,19 @@ func stopSignals() []os.Signal {
 }
 
 // endAtOnce ends pathtrace on a stop signal s that came while it stopped:
-// at once, without the report, with the status a shell gives a process s
-// killed (the kernel detaches what it attached). The stop signals stay
+// at once, without the report, killed by s (the kernel detaches what it
+// attached). Killed, not exited 128+s: bash goes on with a script whose
+// command exited after a Ctrl-C, taking it as handled. The stop signals stay
 // notified until then: giving them their default action back as the stop
 // began dropped one that came close behind the first, still queued for the
 // channel that reset took away.
 func endAtOnce(s os.Signal) {
-	os.Exit(128 + int(s.(syscall.Signal)))
+	sig := s.(syscall.Signal)
+	signal.Reset(s)
+	// To this thread: delivered before the call returns.
+	runtime.LockOSThread()
+	_ = syscall.Tgkill(syscall.Getpid(), syscall.Gettid(), sig)
+	// Still here: s was ignored when pathtrace started (SIGINT in a
+	// script's background job), and is again.
+	os.Exit(128 + int(sig))
 }
