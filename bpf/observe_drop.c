@@ -18,7 +18,7 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
  * (plain loads the kernel guards against faults: one that faults reads 0)
  * rather than with bpf_probe_read_kernel: this runs for every packet the
  * node drops, and took ~95 ns a run instead of ~150 here. */
-static __always_inline int pt_skb_tuple(struct sk_buff *skb, struct pt_tuple *t)
+static __always_inline int pt_skb_tuple(struct sk_buff *skb, struct pt_tuple *t, __u32 *payload)
 {
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return -1;
@@ -34,8 +34,10 @@ static __always_inline int pt_skb_tuple(struct sk_buff *skb, struct pt_tuple *t)
 		/* A UDP header's ports are where TCP's are. */
 		t->sport = l4->source;
 		t->dport = l4->dest;
-		if (ip->protocol == IPPROTO_TCP)
+		if (ip->protocol == IPPROTO_TCP) {
 			t->tcp_flags = ((const __u8 *)l4)[13]; /* FIN, SYN, RST, ... */
+			*payload = bpf_ntohs(ip->tot_len) - ip->ihl * 4 - (((const __u8 *)l4)[12] >> 4) * 4;
+		}
 	}
 	return 0;
 }
@@ -44,10 +46,12 @@ static __always_inline int pt_skb_tuple(struct sk_buff *skb, struct pt_tuple *t)
  * QUEUE_PURGE (a queue emptied as its socket or device goes away), every
  * packet freed by a packet socket (rx_sk an AF_PACKET socket): the copies
  * the taps, pathtrace's or tcpdump's, were given, whose losses their own
- * counters report, the packet itself went on; and the segments a TIME_WAIT
- * socket took (an orphaned FIN_WAIT2 one is one: a peer's FIN after the
- * socket closed), which it answered before tcp_v4_rcv freed them with no
- * reason (NOT_SPECIFIED). The reasons' numbers are
+ * counters report, the packet itself went on; and the segments without
+ * data or SYN a TIME_WAIT socket took (an orphaned FIN_WAIT2 one is one: a
+ * peer's FIN after the socket closed), which it answered before tcp_v4_rcv
+ * freed them with no reason (NOT_SPECIFIED). It frees so, too, the data
+ * and the SYN it refused (a request on a connection the server closed,
+ * reset; a SYN no listener took): those are drops. The reasons' numbers are
  * the running kernel's (CO-RE enum value relocations, resolved at load):
  * enum skb_drop_reason grows in its middle between kernel releases
  * (QUEUE_PURGE is 104 in the headers built against, 105 on 6.18.44). */
@@ -57,9 +61,7 @@ int BPF_PROG(pt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason 
 	if (reason == bpf_core_enum_value(enum skb_drop_reason, SKB_CONSUMED) ||
 	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE))
 		return 0;
-	if (rx_sk && (rx_sk->__sk_common.skc_family == AF_PACKET ||
-		      (rx_sk->__sk_common.skc_state == TCP_TIME_WAIT &&
-		       reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED))))
+	if (rx_sk && rx_sk->__sk_common.skc_family == AF_PACKET)
 		return 0;
 	/* Only TCP and UDP packets with their ports: a flow is made of them
 	 * (a packet without, ICMP or a later fragment, is no flow's). This
@@ -67,7 +69,11 @@ int BPF_PROG(pt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason 
 	 * (RTM_GETROUTE, which pathtrace's discovery asks for): it has a
 	 * watched address but no ports, and is no packet. */
 	struct pt_tuple t;
-	if (pt_skb_tuple(skb, &t) < 0 || !pt_has_ports(t.sport, t.proto) || !t.dport || !pt_interesting(&t))
+	__u32 payload = 0;
+	if (pt_skb_tuple(skb, &t, &payload) < 0 || !pt_has_ports(t.sport, t.proto) || !t.dport || !pt_interesting(&t))
+		return 0;
+	if (rx_sk && rx_sk->__sk_common.skc_state == TCP_TIME_WAIT && !payload && !(t.tcp_flags & 0x02) /* SYN */ &&
+	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED))
 		return 0;
 	/* Every drop counts against the budget, TCP control packets too: a
 	 * flood of dropped SYNs must not flood the ring. */

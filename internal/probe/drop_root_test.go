@@ -155,6 +155,44 @@ func TestDropObserverLeavesOutWhatTimeWaitTook(t *testing.T) {
 	}
 }
 
+// TestDropObserverReportsWhatTimeWaitRefused: a request sent on a connection
+// the server closed meets its orphaned FIN_WAIT2 socket (a TIME_WAIT one),
+// which answers it with a reset; tcp_v4_rcv frees the segment with no
+// reason, as it does a FIN the socket took, but this one is a drop of the
+// request (the keep-alive race a client loses), and is reported.
+func TestDropObserverReportsWhatTimeWaitRefused(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	env.serve(t)
+	p, c := startProbe(t, env.srvIP)
+	mustAttach(t, p.AttachDrops())
+	var client netip.AddrPort
+	err := nsutil.Do(env.clientNS, func() error {
+		conn, err := net.DialTimeout("tcp4", env.backendTCP.String(), time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ap := conn.LocalAddr().(*net.TCPAddr).AddrPort()
+		client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		if _, err := conn.Write([]byte("bye\n")); err != nil {
+			return err
+		}
+		if _, err := io.ReadAll(conn); err != nil { // the echo, then the server's FIN
+			return err
+		}
+		time.Sleep(100 * time.Millisecond) // its socket is a TIME_WAIT one by now
+		_, err = conn.Write([]byte("again\n"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, "the request the server's TIME_WAIT socket refused", func(o obs.Observation) bool {
+		return o.Point == obs.PointDrop && o.Src == client
+	})
+}
+
 // The copies of a packet a packet socket was given and drops (its queue
 // full) are not drops of the packet, which went on: the observer leaves
 // them out, whoever the socket's owner (a tap, tcpdump). So is the buffer
