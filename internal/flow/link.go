@@ -915,10 +915,15 @@ func (e *Engine) socketPort(o obs.Observation) {
 }
 
 // noteNodeSocket marks f as a node process's when the socket observation o
-// comes from the node's netns.
+// comes from the node's netns, and as unfollowed when o came before its
+// Pod was found.
 func (e *Engine) noteNodeSocket(f *flowState, o obs.Observation) {
 	if !f.fromNode && e.cfg.HostNetNS != 0 && o.NetNS == e.cfg.HostNetNS {
 		f.fromNode = true
+		f.evidenceChanged()
+	}
+	if !f.unfollowed && o.Unfollowed {
+		f.unfollowed = true
 		f.evidenceChanged()
 	}
 }

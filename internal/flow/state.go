@@ -225,6 +225,9 @@ type flowState struct {
 	// reply: some point saw a reply of it. (Among the other flags: the
 	// flow fills a size class of the allocator, 1408 bytes, exactly.)
 	reply bool
+	// unfollowed: its socket's events came before its Pod was found
+	// (obs.Observation.Unfollowed): no later point followed it until then.
+	unfollowed bool
 
 	// cached is the verdict as of engine generation cachedGen, valid while
 	// cachedOK: every change to the evidence decide reads clears cachedOK.
@@ -423,6 +426,7 @@ func (f *flowState) absorb(o *flowState) {
 		f.addBackend(b.addr, b.at)
 	}
 	f.fromNode = f.fromNode || o.fromNode
+	f.unfollowed = f.unfollowed || o.unfollowed
 	for i := range f.cps {
 		// A checkpoint's backend stays seen only by resets when each
 		// flow that saw one there saw it so (sawBackend).

@@ -1392,6 +1392,9 @@ func (e *Engine) notLeftNote(f *flowState, g gap) string {
 	if !e.active(obs.PointUplink) {
 		return ""
 	}
+	if f.unfollowed {
+		return "no answer seen: its Pod was found after it began, and until then no point after its socket followed it (the uplink's capture among them)"
+	}
 	note := "no answer, and the uplink TX (captured) never saw the request after its rewrite: the node dropped it on its way out (a filter rule, a qdisc on the uplink) or sent it elsewhere (to itself or one of its Pods, out another interface)"
 	switch hp := e.hairpinRefused(f); {
 	case hp != nil:

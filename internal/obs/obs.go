@@ -185,6 +185,10 @@ type Observation struct {
 	PID    uint32
 	Comm   string
 	Cgroup uint64 // cgroup v2 id
+	// Unfollowed: the event of a netns out of the observers' scope when it
+	// came, held until its Pod was found: they taught the other points
+	// nothing of its socket, which missed its packets until then.
+	Unfollowed bool
 
 	// Packet taps and tc/netfilter observers.
 	Ifindex  int

@@ -205,7 +205,8 @@ func (tr *tracer) holdUnscoped(o obs.Observation) {
 
 // replayUnscoped adds the held socket events of the netns in scope now
 // (Pods found), no longer out of scope, and forgets those older than
-// unscopedAge at now.
+// unscopedAge at now. The observers learned nothing from them: no other
+// point followed their sockets until then.
 func (tr *tracer) replayUnscoped(now time.Time) {
 	held := tr.unscoped
 	tr.unscoped = nil
@@ -213,6 +214,7 @@ func (tr *tracer) replayUnscoped(now time.Time) {
 		switch {
 		case tr.scope[o.NetNS]:
 			tr.outOfScope--
+			o.Unfollowed = true
 			tr.add(o)
 		case now.Sub(o.Time) < unscopedAge:
 			tr.unscoped = append(tr.unscoped, o)

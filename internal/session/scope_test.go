@@ -2,6 +2,7 @@ package session
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,6 +172,28 @@ func TestUnscopedSocketEventsOfPodFoundLater(t *testing.T) {
 	}
 	if tr.outOfScope != 1 || len(tr.unscoped) != 1 {
 		t.Errorf("out_of_scope %d, %d events held: want 1 and 1 (the other netns's)", tr.outOfScope, len(tr.unscoped))
+	}
+}
+
+// TestUnscopedSocketEventsUnfollowed: a Pod's connection through a socket
+// LB before the next look found it was followed by no later point (its
+// netns was out of the observers' scope): replayed, its flow does not say
+// the node dropped the request because the uplink never saw it.
+func TestUnscopedSocketEventsUnfollowed(t *testing.T) {
+	const hostNS, podNS = 1, 42
+	vip, backend := netip.MustParseAddrPort("192.168.200.20:80"), netip.MustParseAddrPort("172.20.2.11:8080")
+	client := netip.MustParseAddrPort("172.20.1.11:38368")
+	eng := flow.NewEngine(flow.Config{Services: []flow.Service{{Addr: vip.Addr(), Port: 80, Proto: obs.TCP}},
+		Points: map[obs.Point]bool{obs.PointSockAddr: true, obs.PointSockEgress: true, obs.PointUplink: true}})
+	tr := &tracer{eng: eng, pods: &podFollow{}, scope: map[uint64]bool{hostNS: true}}
+	at := time.Now()
+	tr.add(obs.Observation{Time: at, Point: obs.PointSockAddr, Kind: obs.SockConnect, Proto: obs.TCP, Src: netip.AddrPortFrom(client.Addr(), 0), Dst: backend, ReqDst: vip, Cookie: 7, NetNS: podNS})
+	tr.add(obs.Observation{Time: at.Add(20 * time.Microsecond), Point: obs.PointSockEgress, Proto: obs.TCP, Src: client, Dst: backend, Cookie: 7, NetNS: podNS, TCPFlags: 2, Len: 60})
+	tr.scope[podNS] = true // the next look found the Pod
+	tr.replayUnscoped(at.Add(time.Second))
+	flows := eng.Flows()
+	if len(flows) != 1 || flows[0].Backend != backend || strings.Contains(flows[0].Reason, "never saw the request") {
+		t.Fatalf("flows %+v, want one to %s whose reason does not blame the node for what no point followed", flows, backend)
 	}
 }
 

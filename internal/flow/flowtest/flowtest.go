@@ -529,6 +529,8 @@ type observation struct {
 	// PriorityTag: the frame has an 802.1Q tag of VLAN ID 0 (one with a
 	// VLAN has an 802.1Q tag anyway).
 	PriorityTag bool `json:"priority_tag"`
+	// Unfollowed: a socket event held while its netns was out of scope.
+	Unfollowed bool `json:"unfollowed"`
 }
 
 func (f file) scenario() (Scenario, error) {
@@ -661,7 +663,7 @@ func (o observation) convert() (obs.Observation, error) {
 		Time: At(o.MS),
 		Src:  o.Src, Dst: o.Dst, ReqDst: o.ReqDst, NATDst: o.NATDst, NATSrc: o.NATSrc,
 		Cookie: o.Cookie, PID: o.PID, Comm: o.Comm, Cgroup: o.Cgroup, NetNS: o.NetNS,
-		Ifname: o.Ifname, Ifindex: o.Ifindex, Prio: o.Prio, Len: o.Len, VLAN: o.VLAN, TCPFlags: o.TCPFlags,
+		Ifname: o.Ifname, Ifindex: o.Ifindex, Prio: o.Prio, Len: o.Len, VLAN: o.VLAN, TCPFlags: o.TCPFlags, Unfollowed: o.Unfollowed,
 	}
 	if o.VLAN != 0 || o.PriorityTag {
 		v.TPID = 0x8100
