@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -190,6 +191,58 @@ func TestDropObserverReportsWhatTimeWaitRefused(t *testing.T) {
 	}
 	c.waitFor(t, "the request the server's TIME_WAIT socket refused", func(o obs.Observation) bool {
 		return o.Point == obs.PointDrop && o.Src == client
+	})
+}
+
+// TestDropObserverReportsSYNTimeWaitRefused: a SYN from the port of a
+// connection the server closed first meets the server's TIME_WAIT socket;
+// with no listener left to hand it to, the socket answers it with an ACK
+// and tcp_v4_rcv frees it with no reason: the connection attempt's drop.
+func TestDropObserverReportsSYNTimeWaitRefused(t *testing.T) {
+	needRoot(t)
+	env := newTestEnv(t)
+	var ln net.Listener
+	if err := nsutil.Do(env.srvNS, func() (err error) { ln, err = net.Listen("tcp4", env.backendTCP.String()); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close() // first: its socket ends in TIME_WAIT
+		}
+	}()
+	p, c := startProbe(t, env.srvIP)
+	mustAttach(t, p.AttachDrops())
+	var client netip.AddrPort
+	err := nsutil.Do(env.clientNS, func() error {
+		conn, err := net.DialTimeout("tcp4", env.backendTCP.String(), time.Second)
+		if err != nil {
+			return err
+		}
+		ap := conn.LocalAddr().(*net.TCPAddr).AddrPort()
+		client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		_, err = io.ReadAll(conn) // the server's FIN
+		conn.Close()
+		if err != nil {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+		ln.Close()
+		d := net.Dialer{Timeout: 1500 * time.Millisecond, LocalAddr: net.TCPAddrFromAddrPort(client),
+			Control: func(_, _ string, rc syscall.RawConn) error {
+				return rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+			}}
+		if conn, err := d.Dial("tcp4", env.backendTCP.String()); err == nil {
+			conn.Close()
+			return errors.New("connected again with no listener")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, "the SYN the server's TIME_WAIT socket refused", func(o obs.Observation) bool {
+		return o.Point == obs.PointDrop && o.Src == client && o.TCPFlags&0x02 != 0 && o.Drop.Reason == "NOT_SPECIFIED"
 	})
 }
 
