@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -202,7 +204,44 @@ func hupNotIgnored(t *testing.T) {
 	}
 	c := make(chan os.Signal, 1)
 	signal.Notify(c, syscall.SIGHUP)
-	t.Cleanup(func() { signal.Stop(c) }) // ignored again, as it came
+	// Ignored again, as it came. Not with signal.Stop: it gives SIGHUP
+	// back to SIG_IGN but leaves signal.Ignored false, and a later test
+	// took it for a signal its pathtrace would get.
+	t.Cleanup(func() { signal.Ignore(syscall.SIGHUP) })
+}
+
+// TestHupNotIgnoredTwice: under nohup, each test that calls hupNotIgnored
+// starts a pathtrace that gets SIGHUP, and SIGHUP is ignored again after.
+func TestHupNotIgnoredTwice(t *testing.T) {
+	if !signal.Ignored(syscall.SIGHUP) { // as under nohup
+		signal.Ignore(syscall.SIGHUP)
+		t.Cleanup(func() { signal.Reset(syscall.SIGHUP) })
+	}
+	for i := range 2 {
+		t.Run(fmt.Sprint(i+1), func(t *testing.T) {
+			hupNotIgnored(t)
+			if childIgnoresHUP(t) {
+				t.Error("a child started after hupNotIgnored ignores SIGHUP")
+			}
+		})
+	}
+	if !childIgnoresHUP(t) || !signal.Ignored(syscall.SIGHUP) {
+		t.Errorf("after the tests: SIGHUP ignored in a child %v, signal.Ignored %v; want both", childIgnoresHUP(t), signal.Ignored(syscall.SIGHUP))
+	}
+}
+
+// childIgnoresHUP: a child started now ignores SIGHUP (its SigIgn mask).
+func childIgnoresHUP(t *testing.T) bool {
+	t.Helper()
+	out, err := exec.Command("grep", "SigIgn", "/proc/self/status").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mask, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(string(out), "SigIgn:")), 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mask&(1<<(syscall.SIGHUP-1)) != 0
 }
 
 // TestNohupKeepsRunning: started under nohup (SIGHUP ignored), pathtrace
