@@ -131,25 +131,7 @@ func TestDropObserverLeavesOutWhatTimeWaitTook(t *testing.T) {
 	env.serve(t)
 	p, c := startProbe(t, env.srvIP)
 	mustAttach(t, p.AttachDrops())
-	var client netip.AddrPort
-	err := nsutil.Do(env.clientNS, func() error {
-		conn, err := net.DialTimeout("tcp4", env.backendTCP.String(), time.Second)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		ap := conn.LocalAddr().(*net.TCPAddr).AddrPort()
-		client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-		if _, err := conn.Write([]byte("bye\n")); err != nil {
-			return err
-		}
-		_, err = io.ReadAll(conn)          // the echo, then the server's FIN
-		time.Sleep(100 * time.Millisecond) // its socket is a TIME_WAIT one by now
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := afterServerClosed(t, env, func(net.Conn) error { return nil })
 	time.Sleep(300 * time.Millisecond)
 	if drops := c.matching(func(o obs.Observation) bool { return o.Point == obs.PointDrop && o.Src == client }); len(drops) > 0 {
 		t.Errorf("the client's FIN, which the server's TIME_WAIT socket answered, reported dropped: %+v", drops[0].Drop)
@@ -167,28 +149,10 @@ func TestDropObserverReportsWhatTimeWaitRefused(t *testing.T) {
 	env.serve(t)
 	p, c := startProbe(t, env.srvIP)
 	mustAttach(t, p.AttachDrops())
-	var client netip.AddrPort
-	err := nsutil.Do(env.clientNS, func() error {
-		conn, err := net.DialTimeout("tcp4", env.backendTCP.String(), time.Second)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		ap := conn.LocalAddr().(*net.TCPAddr).AddrPort()
-		client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-		if _, err := conn.Write([]byte("bye\n")); err != nil {
-			return err
-		}
-		if _, err := io.ReadAll(conn); err != nil { // the echo, then the server's FIN
-			return err
-		}
-		time.Sleep(100 * time.Millisecond) // its socket is a TIME_WAIT one by now
-		_, err = conn.Write([]byte("again\n"))
+	client := afterServerClosed(t, env, func(conn net.Conn) error {
+		_, err := conn.Write([]byte("again\n"))
 		return err
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	c.waitFor(t, "the request the server's TIME_WAIT socket refused", func(o obs.Observation) bool {
 		return o.Point == obs.PointDrop && o.Src == client
 	})
@@ -377,4 +341,34 @@ func kallsymsText(t *testing.T, names ...string) map[string]uint64 {
 		}
 	}
 	return out
+}
+
+// afterServerClosed opens a connection from the client to the backend's
+// echo server, sends a line and reads until the server closed it; once the
+// server's socket is a TIME_WAIT one, then runs on the open connection. It
+// returns the client's endpoint.
+func afterServerClosed(t *testing.T, env *testEnv, then func(net.Conn) error) netip.AddrPort {
+	t.Helper()
+	var client netip.AddrPort
+	err := nsutil.Do(env.clientNS, func() error {
+		conn, err := net.DialTimeout("tcp4", env.backendTCP.String(), time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ap := conn.LocalAddr().(*net.TCPAddr).AddrPort()
+		client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		if _, err := conn.Write([]byte("bye\n")); err != nil {
+			return err
+		}
+		if _, err := io.ReadAll(conn); err != nil { // the echo, then the server's FIN
+			return err
+		}
+		time.Sleep(100 * time.Millisecond) // its socket is a TIME_WAIT one by now
+		return then(conn)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }
