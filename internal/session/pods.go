@@ -25,7 +25,8 @@ import (
 type podFollow struct {
 	watch   *discover.PodWatch
 	node    *discover.NodeInfo // new Pods join its list
-	next    time.Time          // no look before
+	next    time.Time          // no periodic look before
+	last    time.Time          // the last look
 	prog    *ebpf.Program      // the taps' eBPF filter (nil: classic)
 	progErr error
 
@@ -51,23 +52,28 @@ type podFollow struct {
 }
 
 const (
-	// podWatchEvery is how often the node's veths are looked at.
+	// podWatchEvery is how often the node's veths are looked at, and
+	// podHintGap the least time between two looks when a veth came (a
+	// look behind a veth enters its netns: a node whose links churn must
+	// not have the loop do only that).
 	podWatchEvery = 2 * time.Second
+	podHintGap    = 200 * time.Millisecond
 	// maxStartedListed bounds the Pods the report lists one by one.
 	maxStartedListed = 64
 )
 
-// followNewPods looks, every podWatchEvery, for Pods that started, and
-// follows them; startTap runs the producer of a new tap. A new Pod's
-// uplink not tapped yet (a routed node's rules can send a Pod's source
-// elsewhere) is tapped too. It returns a stop reason when the capture file
-// reached a bound.
-func (tr *tracer) followNewPods(ctx context.Context, now time.Time, startTap func(int)) (stop string) {
+// followNewPods looks, every podWatchEvery, or sooner when hinted that a
+// veth came (the Pod's first connections follow its CNI's set-up at once),
+// for Pods that started, and follows them; startTap runs the producer of a
+// new tap. A new Pod's uplink not tapped yet (a routed node's rules can
+// send a Pod's source elsewhere) is tapped too. It returns a stop reason
+// when the capture file reached a bound.
+func (tr *tracer) followNewPods(ctx context.Context, now time.Time, hinted bool, startTap func(int)) (stop string) {
 	pf := tr.pods
-	if pf == nil || now.Before(pf.next) {
+	if pf == nil || (!hinted && now.Before(pf.next)) || (hinted && now.Sub(pf.last) < podHintGap) {
 		return ""
 	}
-	pf.next = now.Add(podWatchEvery)
+	pf.next, pf.last = now.Add(podWatchEvery), now
 	found, err := pf.watch.Look(ctx, now)
 	tr.forgetGonePods(now, found.Gone)
 	if err != nil {

@@ -24,7 +24,7 @@ func TestLookInterrupted(t *testing.T) {
 	run(t, "ip", "-n", node, "link", "add", "hv0", "type", "veth", "peer", "name", "eth0", "netns", other)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	tr.followNewPods(ctx, time.Now(), nil)
+	tr.followNewPods(ctx, time.Now(), false, nil)
 	if s := tr.pods.summary(); len(s) != 0 {
 		t.Errorf("an interrupted look is reported: %q", s)
 	}

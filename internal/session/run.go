@@ -414,6 +414,10 @@ func (tr *tracer) run(ctx context.Context) string {
 	nextInterval := start.Add(tr.opt.ReportEvery)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	var podHints <-chan struct{} // nil: no Pod watch
+	if tr.pods != nil {
+		podHints = tr.pods.watch.Hints(runCtx)
+	}
 	// Held frames are written once due, also when no later frame comes to
 	// release them: a burst's last ones waited for the tick, up to a second
 	// more, lost to a SIGKILL and late for a live reader.
@@ -472,7 +476,7 @@ loop:
 			tr.observeTC(time.Now(), tr.tc.check(time.Now(), tr.eng))
 			tr.nat.check(ctx, time.Now(), tr.eng, false)
 			tr.releaseGone(time.Now())
-			if reason := tr.followNewPods(ctx, time.Now(), startTap); reason != "" {
+			if reason := tr.followNewPods(ctx, time.Now(), false, startTap); reason != "" {
 				stop = stopFor(reason)
 				break loop
 			}
@@ -480,6 +484,11 @@ loop:
 				p := Progress{Elapsed: time.Since(start), Duration: tr.opt.Duration, Summary: tr.eng.Summary(), Pending: tr.eng.Pending(time.Now())}
 				p.Packets, p.Drops = tr.counters()
 				tr.opt.Progress(p)
+			}
+		case <-podHints:
+			if reason := tr.followNewPods(ctx, time.Now(), true, startTap); reason != "" {
+				stop = stopFor(reason)
+				break loop
 			}
 		case <-timer:
 			stop = "duration"

@@ -1,0 +1,99 @@
+package discover
+
+import (
+	"context"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// A CNI plugin makes a Pod's veth in the node's netns, then configures the
+// Pod's netns (addresses, routes) within a few seconds at most, and the
+// kubelet starts its containers right after: a Pod found only by the
+// periodic look (every few seconds, then once more once its netns is set
+// up) missed its first connections. So a veth that appears makes the watch
+// look every hintEvery for hintFor, which covers that set-up.
+const (
+	hintEvery = 250 * time.Millisecond
+	hintFor   = 5 * time.Second
+	// hintRetry is the wait before subscribing again once the kernel's
+	// link notifications ended (a full receive buffer ends them).
+	hintRetry = time.Second
+)
+
+// Hints returns a channel that tells when to Look before the next periodic
+// look: every hintEvery for hintFor after a veth (or netkit) appeared or
+// changed in the node's netns. Without the kernel's link notifications
+// (the netns cannot be entered), nothing is told and the periodic looks
+// stay. It ends with ctx.
+func (w *PodWatch) Hints(ctx context.Context) <-chan struct{} {
+	hints := make(chan struct{}, 1)
+	go func() {
+		ns, err := netns.GetFromPath(w.hostPath)
+		if err != nil {
+			return
+		}
+		defer ns.Close()
+		tell := func() {
+			select {
+			case hints <- struct{}{}:
+			default: // one is waiting already
+			}
+		}
+		var (
+			updates <-chan netlink.LinkUpdate
+			retry   <-chan time.Time
+			until   time.Time
+		)
+		every := time.NewTicker(hintEvery)
+		every.Stop()
+		defer every.Stop()
+		subscribe := func() {
+			ch := make(chan netlink.LinkUpdate, 64)
+			if err := netlink.LinkSubscribeWithOptions(ch, ctx.Done(), netlink.LinkSubscribeOptions{Namespace: &ns}); err != nil {
+				updates, retry = nil, time.After(hintRetry)
+				return
+			}
+			updates, retry = ch, nil
+		}
+		subscribe()
+		for {
+			select {
+			case <-ctx.Done():
+				if updates != nil {
+					go drain(updates) // its reader closes it once its socket is closed
+				}
+				return
+			case <-retry:
+				subscribe()
+			case u, ok := <-updates:
+				if !ok {
+					updates, retry = nil, time.After(hintRetry)
+					continue
+				}
+				if u.Header.Type != unix.RTM_NEWLINK || !isVeth(u.Link) {
+					continue
+				}
+				if time.Now().After(until) {
+					every.Reset(hintEvery)
+				}
+				until = time.Now().Add(hintFor)
+				tell()
+			case now := <-every.C:
+				if now.After(until) {
+					every.Stop()
+					continue
+				}
+				tell()
+			}
+		}
+	}()
+	return hints
+}
+
+func drain(updates <-chan netlink.LinkUpdate) {
+	for range updates {
+	}
+}
