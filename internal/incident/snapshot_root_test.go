@@ -90,7 +90,81 @@ func newTestNode(t *testing.T) *testNode {
 	tn.addDNAT(t)
 	tn.addConntrack(t)
 	tn.addPrograms(t, prefix)
+	for _, path := range []string{tn.node, tn.pod, tn.gw} {
+		ipv6Settled(t, path)
+	}
 	return tn
+}
+
+// ipv6Settled waits until each interface up with a carrier in the netns at
+// path has its IPv6 link-local address, none tentative: the kernel adds
+// that address once it sees the carrier and its local route once DAD ends
+// (a second or two after the link came up, later on a loaded machine), and
+// a route that came in the middle of a test that compares the node before
+// and after the snapshot is a change it did not make.
+func ipv6Settled(t *testing.T, path string) {
+	t.Helper()
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		return // no IPv6 in this kernel
+	}
+	var pending string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		pending = ""
+		err := nsutil.Netlink(path, func(h *vnl.Handle) error {
+			links, err := h.LinkList()
+			if err != nil {
+				return err
+			}
+			for _, l := range links {
+				a := l.Attrs()
+				if a.RawFlags&unix.IFF_LOOPBACK != 0 || a.RawFlags&unix.IFF_UP == 0 || a.RawFlags&unix.IFF_LOWER_UP == 0 || ipv6Disabled(t, path, a.Name) {
+					continue
+				}
+				addrs, err := h.AddrList(l, vnl.FAMILY_V6)
+				if err != nil {
+					return err
+				}
+				linkLocal := false
+				for _, ad := range addrs {
+					if ad.Flags&unix.IFA_F_TENTATIVE != 0 {
+						pending = fmt.Sprintf("%s: %s tentative", a.Name, ad.IPNet)
+						return nil
+					}
+					linkLocal = linkLocal || ad.Scope == unix.RT_SCOPE_LINK
+				}
+				if !linkLocal {
+					pending = a.Name + ": no IPv6 link-local address yet"
+					return nil
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pending == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: IPv6 addresses not settled within 30 s: %s", path, pending)
+		}
+	}
+}
+
+// ipv6Disabled reports whether IPv6 is off on the interface name of the
+// netns at path: it gets no address to wait for.
+func ipv6Disabled(t *testing.T, path, name string) bool {
+	t.Helper()
+	var b []byte
+	err := nsutil.Do(path, func() error {
+		var err error
+		b, err = os.ReadFile("/proc/sys/net/ipv6/conf/" + name + "/disable_ipv6")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b)) == "1"
 }
 
 // talk sends a datagram from the pod to its gateway, so neighbour tables and
