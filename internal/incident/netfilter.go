@@ -190,7 +190,7 @@ func (s *snapshot) iptablesNFT(ctx context.Context, w *topicWriter) error {
 			}
 			lctx, cancel := context.WithCancel(ctx)
 			if deadline, ok := ctx.Deadline(); ok {
-				lctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(deadline)*9/10/time.Duration(left)))
+				lctx, cancel = context.WithDeadline(ctx, time.Now().Add(listingShare(time.Until(deadline), left)))
 			}
 			left--
 			err := s.listRuleset(lctx, w, newVIPLines(styleIPTablesSave, discover.SourceNFTables, s.node, s.vips, 0), l.bin, "-t", l.table)
@@ -208,6 +208,18 @@ func (s *snapshot) iptablesNFT(ctx context.Context, w *topicWriter) error {
 		fmt.Fprintln(w)
 	}
 	return nil
+}
+
+// listingShare is the time of one of n listings still to run when the
+// collector has remaining: their equal parts of what is left once a
+// reserve is kept to stop one that overruns and write what it got. The
+// reserve is a tenth, and at least the command's kill and its
+// commandWaitDelay with some room: a tenth of a short time (2 s) was less
+// than a loaded machine takes to reap a killed listing, and the collector
+// then overran too, its whole file lost for what the listing had written.
+func listingShare(remaining time.Duration, n int) time.Duration {
+	reserve := max(remaining/10, commandWaitDelay+500*time.Millisecond)
+	return max(remaining-reserve, 0) / time.Duration(n)
 }
 
 // legacyFamily is one iptables-legacy address family.

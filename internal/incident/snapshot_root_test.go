@@ -737,7 +737,9 @@ func TestNFTablesOverrunNarrowed(t *testing.T) {
 
 // An iptables-nft-save that does not finish in its share of the
 // collector's time (a nat table of thousands of Services) is cut where it
-// got to, said so, within the collector's time: not the whole file lost.
+// got to, said so, within the collector's time: not the whole file lost,
+// also when a child of it holds its output open after the kill (runCommand
+// waits commandWaitDelay for it) on a loaded machine.
 func TestIPTablesNFTOverrunCut(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the tests that need root are left out")
@@ -754,10 +756,16 @@ func TestIPTablesNFTOverrunCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := t.TempDir()
-	slow := "#!/bin/sh\necho '*nat'\necho '-A KUBE-SERVICES -d 10.120.0.80/32 -j KUBE-SVC-WEB'\nexec sleep 30\n"
+	child := filepath.Join(bin, "child.pid")
+	slow := "#!/bin/sh\necho '*nat'\necho '-A KUBE-SERVICES -d 10.120.0.80/32 -j KUBE-SVC-WEB'\nsleep 30 &\necho $! >" + child + "\nexec sleep 30\n"
 	if err := os.WriteFile(filepath.Join(bin, "iptables-nft-save"), []byte(slow), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(child); err == nil {
+			exec.Command("kill", strings.TrimSpace(string(b))).Run()
+		}
+	})
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	s := &snapshot{node: &discover.NodeInfo{}, hostPath: "/run/netns/" + name, opt: Options{CollectorTimeout: 2 * time.Second}}
 	body, notes, _ := s.run(context.Background(), topic{"iptables-nft.txt", "", s.iptablesNFT}, 1<<20)

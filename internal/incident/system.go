@@ -150,6 +150,11 @@ func readSysctl(name string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// commandWaitDelay is how long runCommand waits, once its command was
+// killed at its context's end, for the command's output to close (a child
+// of it may hold it open) before it gives up on the rest.
+const commandWaitDelay = time.Second
+
 // runCommand runs a read-only command with its stdout into w, inside the
 // netns at nsPath ("" = pathtrace's own). The child inherits the netns of
 // the locked thread that starts it.
@@ -159,7 +164,7 @@ func runCommand(ctx context.Context, nsPath string, w io.Writer, bin string, arg
 		cmd := nsutil.Command(ctx, bin, args...)
 		cmd.Stdout, cmd.Stderr = w, stderr
 		cmd.Env = append(os.Environ(), "LC_ALL=C")
-		cmd.WaitDelay = time.Second
+		cmd.WaitDelay = commandWaitDelay
 		return cmd.Run()
 	}
 	var err error
