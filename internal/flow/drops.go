@@ -153,11 +153,12 @@ func (f *flowState) kernelDrops() []KernelDrop {
 }
 
 // refusedInPod is the drop of f's request that its Pod's own redirect sent
-// to a loopback address (a sidecar proxy's port) where no socket took it:
-// the Pod's kernel then refuses it (a TCP reset, for UDP an ICMP port
-// unreachable), so no proxy ever saw the connection. nil otherwise.
+// to a loopback address (a sidecar proxy's port), or a socket LB to the
+// Pod itself (toOwnPod), where no socket took it: the Pod's kernel then
+// refuses it (a TCP reset, for UDP an ICMP port unreachable), so no proxy
+// or server ever saw the connection. nil otherwise.
 func (f *flowState) refusedInPod() *KernelDrop {
-	if bs := f.sortedBackends(); len(bs) == 0 || !bs[0].Addr().IsLoopback() {
+	if !f.toOwnPod() {
 		return nil
 	}
 	for i, d := range f.kernelDrops() {

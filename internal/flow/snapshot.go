@@ -35,7 +35,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		By:             v.by,
 		Reason:         v.reason,
 		Reply:          f.answered(),
-		Refused:        f.reply && f.tcp.refused() || f.proto == obs.TCP && v.by == ByClientNetfilter && f.refusedInPod() != nil,
+		Refused:        f.reply && f.tcp.refused() || f.proto == obs.TCP && (v.by == ByClientNetfilter || v.place == PlaceSocket) && f.refusedInPod() != nil,
 		ICMPError:      f.icmp,
 		StrayReplies:   f.stray,
 		PID:            f.pid,

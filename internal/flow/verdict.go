@@ -1161,6 +1161,8 @@ func (e *Engine) bracket(f *flowState, iV, iB checkpoint, why bool) verdict {
 		if !f.reply && !f.cps[cpPod].any() {
 			notes = append(notes, "it never left the Pod: no capture point could see it or its reply")
 		}
+	case gapSocket:
+		notes = append(notes, f.ownPodNote())
 	}
 	if v.by == "" {
 		notes = append(notes, "no "+g.String()+" rewriter for the VIP was found on the node")
@@ -1225,6 +1227,38 @@ func (e *Engine) proxyUpstreams(f *flowState) []proxyUpstream {
 		}
 	}
 	return ups
+}
+
+// toOwnPod tells whether f's backend is an address of its client's own
+// Pod: a loopback address, or the client's own (a socket LB that picked
+// the client's Pod, as Cilium's does when the Service's endpoint is that
+// Pod). A packet the socket sent there goes through the Pod's loopback,
+// never to its eth0: no capture point is on its way, nor on its reply's.
+func (f *flowState) toOwnPod() bool {
+	bs := f.sortedBackends()
+	return !f.fromNode && len(bs) > 0 && (bs[0].Addr().IsLoopback() || bs[0].Addr() == f.client.Addr())
+}
+
+// ownPodNote says, of a flow the socket layer sent to its client's own
+// Pod (toOwnPod), that it never left the Pod, or that nothing listened
+// there (refusedInPod); rather than let the row read as a request the
+// node lost. "" for any other flow, or one that got a reply all the same.
+func (f *flowState) ownPodNote() string {
+	if !f.toOwnPod() {
+		return ""
+	}
+	b := f.sortedBackends()[0]
+	if d := f.refusedInPod(); d != nil {
+		answer := "a TCP reset"
+		if f.proto == obs.UDP {
+			answer = "an ICMP port unreachable"
+		}
+		return fmt.Sprintf("the socket layer sent it to the client's own Pod (%s), but nothing listened there: the Pod's kernel dropped the request (%s in %s) and refused it with %s (not captured: known from the drop)", b, d.Reason, d.Function, answer)
+	}
+	if f.reply {
+		return ""
+	}
+	return fmt.Sprintf("the socket layer sent it to the client's own Pod (%s): it went through the Pod's loopback and never left the Pod, so no capture point could see it or its reply", b)
 }
 
 // redirectedInPod tells whether f's backend is a loopback address: its
@@ -1380,7 +1414,7 @@ func (e *Engine) noSockPrograms(f *flowState) bool {
 // master, Attribution.RoutedHostVeths), which no hairpin mode concerns,
 // a filter rule.
 func (e *Engine) notLeftNote(f *flowState, g gap) string {
-	if f.reply || f.icmp != nil || g == gapPodNAT || f.cps[cpUplink].any() || f.cps[cpLocal].any() || e.window(f) != withinWindow {
+	if f.reply || f.icmp != nil || g == gapPodNAT || g == gapSocket && f.toOwnPod() || f.cps[cpUplink].any() || f.cps[cpLocal].any() || e.window(f) != withinWindow {
 		return ""
 	}
 	if bs := f.sortedBackends(); len(bs) > 0 && bs[0].Addr() == f.client.Addr() && !f.fromNode && e.active(obs.PointHost) {

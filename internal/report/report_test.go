@@ -232,6 +232,40 @@ func TestReplyUnseen(t *testing.T) {
 	}
 }
 
+// TestReplyUnseenSocketToOwnPod: a flow a socket LB sent to its client's
+// own Pod (its own address, or loopback) went through the Pod's loopback,
+// where no tap is: the table says unseen, not no; a node process's, or a
+// Pod's to another backend, keeps "no"; and it is not listed among the
+// requests lost on the node.
+func TestReplyUnseenSocketToOwnPod(t *testing.T) {
+	pod := netip.MustParseAddrPort("10.244.8.23:40026")
+	flows := []flow.Flow{
+		{ID: 1, Proto: "tcp", Client: pod, Backend: netip.MustParseAddrPort("10.244.8.23:8080")},
+		{ID: 2, Proto: "udp", Client: netip.MustParseAddrPort("127.0.0.1:40027"), Backend: netip.MustParseAddrPort("127.0.0.1:5353")},
+		{ID: 3, Proto: "tcp", Client: netip.MustParseAddrPort("192.168.77.2:40028"), Backend: netip.MustParseAddrPort("192.168.77.2:6443"), NodeClient: true},
+		{ID: 4, Proto: "tcp", Client: pod, Backend: netip.MustParseAddrPort("10.244.20.31:3000")},
+	}
+	for i := range flows {
+		flows[i].Service, flows[i].RewrittenAt, flows[i].By = netip.MustParseAddrPort("10.120.0.80:80"), flow.PlaceSocket, "connect4 cil_sock4_connect (id 41)"
+		flows[i].Reason = fmt.Sprintf("reason of flow %d", i+1)
+	}
+	var buf bytes.Buffer
+	if err := report.WriteTable(&buf, flows, flow.Summary{}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(buf.String(), "\n")
+	for i, want := range []string{"unseen", "unseen", "no", "no"} {
+		if row := strings.TrimSpace(lines[i+1]); !strings.HasSuffix(row, " "+want) {
+			t.Errorf("row %q, want the reply column to say %s", row, want)
+		}
+	}
+	for id, listed := range []bool{false, false, true, true} {
+		if got := strings.Contains(buf.String(), fmt.Sprintf("reason of flow %d", id+1)); got != listed {
+			t.Errorf("flow %d listed among the unanswered: %v, want %v:\n%s", id+1, got, listed, buf.String())
+		}
+	}
+}
+
 // TestProxyRedirects: the rows of connections a sidecar's redirect kept in
 // their Pod end at the proxy's port; under the rows, each names the flows
 // that can be its proxy's upstream, whose rows say where the VIP was

@@ -302,7 +302,8 @@ func orDash(s string) string {
 }
 
 // reply says whether a reply came back; "unseen" for a flow that never left
-// its client's netns (a sidecar's redirect), where no capture point is.
+// its client's netns (a sidecar's redirect, a socket LB's pick of the
+// client's own Pod), where no capture point is.
 func reply(f flow.Flow) string {
 	switch {
 	case f.Refused:
@@ -311,10 +312,18 @@ func reply(f flow.Flow) string {
 		return "yes"
 	case f.ICMPError != nil:
 		return "icmp" // an ICMP error came back instead: writeICMPErrors says which
-	case f.By == flow.ByClientNetfilter && f.VLAN == nil:
+	case f.By == flow.ByClientNetfilter && f.VLAN == nil, socketToOwnPod(f):
 		return "unseen"
 	}
 	return "no"
+}
+
+// socketToOwnPod tells whether the socket layer sent f, a Pod's flow, to
+// an address of the Pod itself (loopback, or the client's own address):
+// its packets went through the Pod's loopback and never reached a tap.
+func socketToOwnPod(f flow.Flow) bool {
+	b := f.Backend.Addr()
+	return f.RewrittenAt == flow.PlaceSocket && !f.NodeClient && f.VLAN == nil && (b.IsLoopback() || b.IsValid() && b == f.Client.Addr())
 }
 
 // clientOrDash is the flow's client, "-" when no source address was seen
