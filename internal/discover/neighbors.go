@@ -81,6 +81,16 @@ func readUplinkNeighbors(nl *netlink.Handle, cps []CapturePoint) ([]UplinkNeighb
 		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 			errs = append(errs, err)
 		}
+		// A bridge port has no neighbour entries of its own: the node's
+		// address, and the entries of the next hop its frames go to, are
+		// the bridge's (a NIC enslaved to br0).
+		if cp.MasterKind == "bridge" {
+			more, err := masterNeighbors(nl, cp.Master)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			neighs = append(neighs, more...)
+		}
 		for _, ne := range neighs {
 			a, ok := netip.AddrFromSlice(ne.IP)
 			if !ok || ne.State&(unix.NUD_INCOMPLETE|unix.NUD_FAILED) != 0 {
@@ -120,4 +130,18 @@ func readUplinkNeighbors(nl *netlink.Handle, cps []CapturePoint) ([]UplinkNeighb
 		return cmp.Or(a.Ifindex-b.Ifindex, bytes.Compare(a.MAC, b.MAC))
 	})
 	return out, errors.Join(errs...)
+}
+
+// masterNeighbors lists the IPv4 neighbour entries of the bridge named
+// master.
+func masterNeighbors(nl *netlink.Handle, master string) ([]netlink.Neigh, error) {
+	br, err := nl.LinkByName(master)
+	if err != nil {
+		return nil, err
+	}
+	neighs, err := nl.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		err = nil
+	}
+	return neighs, err
 }

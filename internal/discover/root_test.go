@@ -736,10 +736,21 @@ func TestRoutedUplinkBridgePort(t *testing.T) {
 		!strings.Contains(info.Pods[0].UplinkHow, "up0: the port of br0 on which it learned next hop 10.99.50.254's MAC "+gwMAC) {
 		t.Fatalf("pods: got %+v, want one whose uplink is up0, br0's port towards the gateway", info.Pods)
 	}
+	upIndex := 0
 	for _, cp := range info.CapturePoints {
 		if cp.Role == RoleUplink && (cp.Ifname != "up0" || cp.Master != "br0" || cp.Hairpin == nil || *cp.Hairpin) {
 			t.Errorf("uplink capture point %+v, want up0 on br0, hairpin off", cp)
 		}
+		if cp.Role == RoleUplink {
+			upIndex = cp.Ifindex
+		}
+	}
+	// The next hop's neighbour entry is br0's, where the node's address
+	// is: the frames that leave by up0 go to its MAC, which names it.
+	if !slices.ContainsFunc(info.UplinkNeighbors, func(ne UplinkNeighbor) bool {
+		return ne.Ifindex == upIndex && ne.MAC.String() == gwMAC && slices.Equal(ne.Addrs, []netip.Addr{netip.MustParseAddr("10.99.50.254")})
+	}) {
+		t.Errorf("uplink neighbours %+v, want up0's (ifindex %d) MAC %s named 10.99.50.254 from br0's table", info.UplinkNeighbors, upIndex, gwMAC)
 	}
 }
 
