@@ -1412,12 +1412,19 @@ func (e *Engine) noSockPrograms(f *flowState) bool {
 // and what usually stops it there, rather than name the uplink: a bridge
 // port without hairpin mode, or on a routed Pod (its host veth has no
 // master, Attribution.RoutedHostVeths), which no hairpin mode concerns,
-// a filter rule.
+// a filter rule; or, when the kernel named why it dropped the request
+// (requestDropped), that drop alone.
 func (e *Engine) notLeftNote(f *flowState, g gap) string {
 	if f.reply || f.icmp != nil || g == gapPodNAT || g == gapSocket && f.toOwnPod() || f.cps[cpUplink].any() || f.cps[cpLocal].any() || e.window(f) != withinWindow {
 		return ""
 	}
 	if bs := f.sortedBackends(); len(bs) > 0 && bs[0].Addr() == f.client.Addr() && !f.fromNode && e.active(obs.PointHost) {
+		if f.requestDropped() {
+			// The drop observer saw why (its drops follow): a filter rule,
+			// a masquerade with no address to give; a bridge that refuses
+			// a hairpin names no reason, so its hairpin mode is not it.
+			return "no answer: its backend is the client's own Pod (a hairpin), and the request never came back into it after the rewrite (its host veth's TX tap, which captured, never saw it): the kernel dropped it on the node, for the reason it names"
+		}
 		if f.hostIfindex != 0 && e.cfg.Attribution.RoutedHostVeths[f.hostIfindex] {
 			return "no answer: its backend is the client's own Pod (a hairpin), and the request never came back into it after the rewrite (its host veth's TX tap, which captured, never saw it): the node routes this Pod's packets (its host veth has no bridge, so no hairpin mode applies): the node dropped it between the rewrite and that veth (a filter rule at forward, a NetworkPolicy's) or routed it elsewhere"
 		}
