@@ -70,7 +70,38 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m
 	if g.out != nil || g.in != nil {
 		return nil, false, deferredLink
 	}
+	if f := e.renatSYN(proto, src, dst, m); f != nil {
+		e.learnBackend(f, dst, at)
+		return f, false, linked
+	}
 	return nil, false, unlinked
+}
+
+// renatSYN is the flow of src whose connection a SYN from src to dst at m
+// opened before its retransmission was NATed anew (renatable): dst is one
+// of its VIP's NAT rules' backends, which that SYN went to before the node
+// dropped it, and the flow was seen going to other backends only after m
+// (their packets, or conntrack's event, delivered ahead of this SYN's).
+// nil otherwise.
+func (e *Engine) renatSYN(proto obs.Proto, src, dst netip.AddrPort, m moment) *flowState {
+	if proto != obs.TCP || m.reply || !m.opens() {
+		return nil
+	}
+	for _, f := range e.clients[clientKey{proto, src}] {
+		if len(f.backends) == 0 || f.hasBackend(dst) || f.tcp.superseded(m) || len(e.natRulesFor(f, dst)) == 0 {
+			continue
+		}
+		later := true
+		for _, b := range f.backends {
+			later = later && b.at.UnixNano() > m.at
+		}
+		if later {
+			f.renat = true
+			f.evidenceChanged()
+			return f
+		}
+	}
+	return nil
 }
 
 // guesses are link's candidates for a backend guess (lookup): a flow of the
@@ -1032,7 +1063,14 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 	if o.NATDst.IsValid() {
 		final = o.NATDst
 	}
-	if o.Proto == obs.TCP && o.NATDst.IsValid() && o.Dst == f.service && !ctAgrees(f, final) {
+	switch {
+	case o.Proto != obs.TCP || !o.NATDst.IsValid() || o.Dst != f.service || ctAgrees(f, final):
+	case f.renatable(m):
+		// Its SYN NATed to another backend was dropped before conntrack
+		// confirmed it: this is its retransmission, NATed anew.
+		f.renat = true
+		f.evidenceChanged()
+	default:
 		// A TCP connection keeps the backend its DNAT chose for its
 		// life: conntrack naming another one for this flow reports
 		// another connection of its reused client port, whose packets

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/obs"
@@ -100,6 +101,14 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		if len(bs) > 1 {
 			out.Backends = bs
 		}
+	}
+	if f.renat && len(bs) > 1 {
+		dropped := make([]string, len(bs)-1)
+		for i, b := range bs[1:] {
+			dropped[i] = b.String()
+		}
+		out.Reason += fmt.Sprintf("; its SYN was first NATed to %s, where the node dropped it before conntrack confirmed the connection (no entry kept that backend); a retransmission of it was NATed anew, to %s",
+			strings.Join(dropped, ", then "), bs[0])
 	}
 	switch {
 	case f.uplink.seen:

@@ -169,10 +169,15 @@ type flowState struct {
 	// resolver's socket per query) makes a flow of its own.
 	sock uint64
 
-	backends    []backendSeen
-	cps         [numCheckpoints]sighting
-	ctSeen      bool           // conntrack reported this flow
-	ctNAT       bool           // ... with the VIP as original destination and a backend replying
+	backends []backendSeen
+	cps      [numCheckpoints]sighting
+	ctSeen   bool // conntrack reported this flow
+	ctNAT    bool // ... with the VIP as original destination and a backend replying
+	// renat: a SYN of the connection was NATed to a backend and dropped on
+	// the node before conntrack confirmed its entry (no entry binds that
+	// backend), and a retransmitted SYN was NATed anew, to ctFinal: the
+	// backend it reached (renatSYN, Engine.conntrack).
+	renat       bool
 	ctFinal     netip.AddrPort // the destination conntrack first reported for it after NAT (its reply source)
 	ctLast      int64          // its latest conntrack event (unix ns)
 	snat        netip.AddrPort // the source conntrack says the node's SNAT gave it
@@ -325,7 +330,49 @@ func (f *flowState) sortedBackends() []netip.AddrPort {
 	for i, b := range bs {
 		out[i] = b.addr
 	}
+	if f.renat && len(out) > 1 {
+		// The backend its connection reached comes first: the ones
+		// before were its dropped SYNs' (renat): conntrack's, else the
+		// latest seen.
+		reached := out[len(out)-1]
+		if f.ctFinal.IsValid() && slices.Contains(out, f.ctFinal) {
+			reached = f.ctFinal
+		}
+		out = append([]netip.AddrPort{reached}, slices.DeleteFunc(out, func(b netip.AddrPort) bool { return b == reached })...)
+	}
 	return out
+}
+
+// renatable tells whether a conntrack entry at m that DNATs f's VIP to
+// another backend than f's packets were seen going to can be f's own: a
+// SYN whose entry conntrack never confirmed (it reports entries as they are
+// confirmed; a SYN the node dropped before, as a bridge refusing a hairpin,
+// a filter rule or a masquerade with no address to give do, leaves none)
+// binds no backend, and the client's retransmission, within its SYN retry
+// window, is NATed anew. So when no entry was reported for f and none of
+// the backends it was seen going to answered it.
+func (f *flowState) renatable(m moment) bool {
+	l := &f.tcp
+	if f.proto != obs.TCP || f.ctFinal.IsValid() || l.syn == 0 || l.superseded(m) || m.at-l.syn > int64(synRetryWindow) {
+		return false
+	}
+	for _, b := range f.backends {
+		if f.repliedFrom(b.addr) {
+			return false
+		}
+	}
+	return true
+}
+
+// repliedFrom tells whether a point saw a reply of f come from b.
+func (f *flowState) repliedFrom(b netip.AddrPort) bool {
+	ep := endpointOf(b)
+	for _, p := range f.points {
+		if p.reply && f.end(p.src) == ep {
+			return true
+		}
+	}
+	return false
 }
 
 // count adds packets and bytes to the entry of point k (its endpoints
@@ -461,6 +508,7 @@ func (f *flowState) absorb(o *flowState) {
 		f.ctFinal = o.ctFinal
 	}
 	f.ctLast = max(f.ctLast, o.ctLast)
+	f.renat = f.renat || o.renat
 	if !f.snat.IsValid() {
 		f.snat, f.snatDst = o.snat, o.snatDst
 	}
