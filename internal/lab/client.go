@@ -109,8 +109,11 @@ func (l *Lab) Client(ctx context.Context, opt ClientOptions) (ClientResult, erro
 	cmd.Env = l.workerEnv(workerClient, l.PodNetNS(), envClient+"="+string(optJSON))
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	// Born inside the cgroup (clone3 CLONE_INTO_CGROUP): every socket it makes
-	// is the cgroup's from the start.
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	// is the cgroup's from the start. It dies with its parent, even by
+	// SIGKILL (a test's timeout, timeout -s KILL), which cannot cancel ctx:
+	// it would otherwise go on sending its requests to the Services, into
+	// the traces run after, until its --requests were done.
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Run(); err != nil {
 		return ClientResult{}, fmt.Errorf("lab client: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
 	}
