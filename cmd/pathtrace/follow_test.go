@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/pathtrace/pathtrace/internal/lab"
 )
@@ -451,5 +452,67 @@ func TestPcapReaderGoneBeforeTracing(t *testing.T) {
 		if code := exitCode(cmd.Run()); code != exitRuntime || !strings.Contains(stderr.String(), "the capture stream's reader went away (stdout closed) before tracing began") {
 			t.Errorf("--duration %s --pcap - | true: exit %d, stderr %q; want exit 1 saying the stream's reader went away", duration, code, stderr.String())
 		}
+	}
+}
+
+// TestPcapReaderGoneWhileAttaching: the stream's reader goes away while the
+// observers attach (`--pcap - | tshark -Y BADFILTER`, which exits in half a
+// second): the run says it was the stream's reader, before tracing began,
+// as when it went before. The run's end is not looked at while attaching,
+// so the header's write met the closed pipe first, and pathtrace said only
+// "pcapng -: write pcapng header: write /dev/stdout: broken pipe". A full
+// pipe holds the header back until the reader is closed, once pathtrace's
+// tcx observers are on the lab's host veth.
+func TestPcapReaderGoneWhileAttaching(t *testing.T) {
+	needRoot(t)
+	l := testLab(t, "ptcx-attach")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := l.Up(ctx, lab.ModeTC); err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		t.Fatal(err)
+	}
+	r, w := os.NewFile(uintptr(p[0]), "reader"), os.NewFile(uintptr(p[1]), "stdout")
+	defer r.Close()
+	defer w.Close()
+	chunk := make([]byte, 4096)
+	for {
+		if _, err := unix.Write(p[1], chunk); err == unix.EAGAIN {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.SetNonblock(p[1], false); err != nil { // as a shell's pipe is
+		t.Fatal(err)
+	}
+	base := tcxIngress(t, l.NodeNetNS(), "veth-a") // the lab's DNAT
+	var stderr strings.Builder
+	cmd := pathtrace("--host-netns", l.NodeNetNS(), "--svc", lab.TCPVIP.String(), "--duration", "1m", "--pcap", "-")
+	cmd.Stdout, cmd.Stderr = w, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() { _ = cmd.Process.Kill() }()
+	for tcxIngress(t, l.NodeNetNS(), "veth-a") == base {
+		select {
+		case err := <-done:
+			t.Fatalf("pathtrace ended before attaching: %v (stderr %q)", err, stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	r.Close()
+	select {
+	case err := <-done:
+		if code := exitCode(err); code != exitRuntime || !strings.Contains(stderr.String(), "the capture stream's reader went away (stdout closed) before tracing began") {
+			t.Errorf("--pcap - whose reader went while attaching: exit %d, stderr %q; want exit 1 saying the stream's reader went away before tracing began", code, stderr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("still running a minute after the stream's reader went away (stderr %q)", stderr.String())
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -623,7 +624,9 @@ func runTrace(args []string) int {
 			fmt.Fprintf(os.Stderr, "pathtrace: --max-bytes %s: %v; give a larger bound, e.g. --max-bytes 64M\n", f.maxBytes, err)
 			return exitUsage
 		}
-		if errors.Is(err, context.Canceled) && errors.Is(context.Cause(runCtx), errReaderGone) {
+		// The stream's reader may go while the observers attach, when the
+		// run's end is not looked at: the header's write then tells it.
+		if errors.Is(err, context.Canceled) && errors.Is(context.Cause(runCtx), errReaderGone) || f.pcap == "-" && errors.Is(err, syscall.EPIPE) {
 			reader := "the report's reader"
 			if f.pcap == "-" {
 				reader = "the capture stream's reader"
