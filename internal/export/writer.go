@@ -213,6 +213,18 @@ func newWriter(dst io.Writer, file bool, ifaces []Interface, lim Limits) (*Write
 	return w, nil
 }
 
+// HeaderSize is what the header of a capture of ifaces takes (the section
+// header and the interface descriptions), in a file (file) or a stream: a
+// MaxBytes below it cannot hold the header, which Create refuses. Known
+// before anything is captured: a caller refuses such a bound first.
+func HeaderSize(file bool, ifaces []Interface) (int64, error) {
+	w, err := newWriter(io.Discard, file, ifaces, Limits{})
+	if err != nil {
+		return 0, err
+	}
+	return w.bytes, nil
+}
+
 // AddInterface adds one more interface (a capture point opened while the
 // capture runs: a Pod that started), whose index is the number of
 // interfaces before it. Its description is written with its first packet

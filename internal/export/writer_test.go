@@ -242,6 +242,29 @@ func TestMaxBytesBelowHeader(t *testing.T) {
 	}
 }
 
+// TestHeaderSize: HeaderSize is what Create writes before any packet, so a
+// bound refused by it is the one Create refuses: at it the header fits, a
+// byte below it does not.
+func TestHeaderSize(t *testing.T) {
+	n, err := export.HeaderSize(true, testIfaces)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "h.pcapng")
+	w, err := export.Create(path, testIfaces, export.Limits{MaxBytes: n})
+	if err != nil {
+		t.Fatalf("Create with MaxBytes HeaderSize %d: %v", n, err)
+	}
+	fi, err := os.Stat(path + ".partial")
+	if err != nil || fi.Size() != n {
+		t.Errorf("header written: %v (%v), HeaderSize %d", fi.Size(), err, n)
+	}
+	w.Close(nil)
+	if _, err := export.Create(filepath.Join(t.TempDir(), "h.pcapng"), testIfaces, export.Limits{MaxBytes: n - 1}); !errors.Is(err, export.ErrLimit) {
+		t.Errorf("Create with MaxBytes HeaderSize-1: %v, want ErrLimit", err)
+	}
+}
+
 // TestPartialThenRename: PATH.partial (mode 0600 whatever the umask, readable
 // within the flush interval) while writing, PATH after Close.
 func TestPartialThenRename(t *testing.T) {

@@ -217,15 +217,7 @@ const (
 // behind (nil: none) is every tap's capture.Config.Behind.
 func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []obs.Watch, snaplen, ringBytes int, behind func(), prog *ebpf.Program, progErr error) ([]tap, []probe.Attachment) {
 	filter, ferr := capture.FilterFor(watch, snaplen)
-	var points []discover.CapturePoint
-	seen := map[string]bool{}
-	for _, cp := range node.CapturePoints {
-		key := cp.NetNS + "|" + cp.Ifname
-		if !seen[key] {
-			seen[key] = true
-			points = append(points, cp)
-		}
-	}
+	points := tapPoints(node)
 	rings, shared := ringSizes(points, podPointsOpen, ringBytes, snaplen)
 	opened := make([]tap, len(points))
 	atts := make([]probe.Attachment, len(points))
@@ -277,6 +269,21 @@ func openTaps(node *discover.NodeInfo, podPointsOpen int, watch []obs.Watch, sna
 		taps[i].label = labels[i]
 	}
 	return taps, atts
+}
+
+// tapPoints are the capture points of node that get a tap each: one per
+// interface, whatever roles it has.
+func tapPoints(node *discover.NodeInfo) []discover.CapturePoint {
+	var points []discover.CapturePoint
+	seen := map[string]bool{}
+	for _, cp := range node.CapturePoints {
+		key := cp.NetNS + "|" + cp.Ifname
+		if !seen[key] {
+			seen[key] = true
+			points = append(points, cp)
+		}
+	}
+	return points
 }
 
 // closeTaps closes every tap at once: closing a ring waits for RCU grace

@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/pathtrace/pathtrace/internal/capture"
+	"github.com/pathtrace/pathtrace/internal/discover"
 	"github.com/pathtrace/pathtrace/internal/export"
 	"github.com/pathtrace/pathtrace/internal/flow"
+	"github.com/pathtrace/pathtrace/internal/nsutil"
 )
 
 // pcapOut is the session's pcapng file: one interface per tap, in tap order.
@@ -108,11 +110,41 @@ func openPcap(path string, lim export.Limits, taps []tap, snaplen int) (*pcapOut
 
 // pcapInterface is the pcapng interface of a tap.
 func pcapInterface(tp tap, snaplen int) export.Interface {
+	return pcapInterfaceAt(tp, tp.t.Ifindex(), snaplen)
+}
+
+func pcapInterfaceAt(tp tap, ifindex, snaplen int) export.Interface {
 	return export.Interface{
 		Name:        tp.label,
-		Description: fmt.Sprintf("%s: %s ifindex %d, netns %s", tp.role, tp.ifname, tp.t.Ifindex(), tp.netns),
+		Description: fmt.Sprintf("%s: %s ifindex %d, netns %s", tp.role, tp.ifname, ifindex, tp.netns),
 		Snaplen:     snaplen,
 	}
+}
+
+// pcapHeaderFits refuses, before anything is attached, a --max-bytes that
+// cannot hold the file's header with the interfaces of node's capture
+// points: found when the file was made, it came once the observers and
+// taps were in place on the node, to be taken down at once.
+func pcapHeaderFits(path string, lim export.Limits, node *discover.NodeInfo, snaplen int) error {
+	if path == "" || lim.MaxBytes <= 0 {
+		return nil
+	}
+	points := tapPoints(node)
+	taps := make([]tap, len(points))
+	for i, cp := range points {
+		inode, _ := nsutil.Inode(cp.NetNS)
+		taps[i] = tap{role: cp.Role, ifname: cp.Ifname, ifindex: cp.Ifindex, netns: cp.NetNS, inode: inode}
+	}
+	ifaces := make([]export.Interface, len(taps))
+	for i, label := range pointLabels(taps, node.Pods) {
+		taps[i].label = label
+		ifaces[i] = pcapInterfaceAt(taps[i], taps[i].ifindex, snaplen)
+	}
+	n, err := export.HeaderSize(path != "-", ifaces)
+	if err != nil || n <= lim.MaxBytes {
+		return nil // no interface: the file's creation says so
+	}
+	return fmt.Errorf("pcapng %s: %w: the header alone, with the %d capture points' descriptions, takes %d bytes, more than the maximum of %d", path, export.ErrLimit, len(ifaces), n, lim.MaxBytes)
 }
 
 // addInterface adds the interface of a tap opened while the session runs,

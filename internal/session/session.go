@@ -195,6 +195,9 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := pcapHeaderFits(opt.Pcap, opt.PcapLimits, node, opt.Snaplen); err != nil {
+		return nil, err
+	}
 	if n := pr.ForeignObservers(); n > 0 {
 		node.Notes = append(node.Notes, fmt.Sprintf("another pathtrace runs on this node: %d of its observer programs were found, and left out of attribution", n))
 	}
