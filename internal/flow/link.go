@@ -376,6 +376,15 @@ func (f *flowState) owesEntry(m moment) bool {
 	return m.entry && !f.ctSeen && f.tcp.syn != 0 && !f.tcp.superseded(m) && m.at-f.tcp.closed() <= int64(reorderWindow)
 }
 
+// otherEntry tells whether the conntrack event at m reports another
+// connection's entry than f's: a new entry's (moment.fresh), conntrack
+// having reported f's already, and f's connection closed. (Without seeing
+// it close, f may be a flow made of conntrack's events alone, which are
+// read ahead of the packets: the packets tell such flows apart.)
+func (f *flowState) otherEntry(m moment) bool {
+	return m.fresh && f.ctSeen && f.tcp.closed() != 0
+}
+
 // flowFor returns the flow client -> service of a packet (or socket event
 // of socket cookie, 0 for others) at m, creating it within MaxFlows. A
 // client without a port (socket layer before bind) is told apart by
@@ -390,15 +399,18 @@ func (e *Engine) flowFor(proto obs.Proto, client, service netip.AddrPort, cookie
 	f := withService(e.clients[k], service, cookie, m)
 	if f != nil && f.tcp.superseded(m) && e.refused.has(flowKey{k, service}) {
 		// The later connection of the port, refused beyond MaxFlows
-		// (had it a flow, withService would have found it).
+		// (had it a flow, withService would have found it); refuse counts
+		// a connection after it again.
+		e.refuse(flowKey{k, service}, cookie, m)
 		return nil, refused
 	}
-	if f != nil && !(m.starts() && f.tcp.over(m) && !f.owesEntry(m)) {
+	if f != nil && !(m.starts() && (f.tcp.over(m) || f.otherEntry(m)) && !f.owesEntry(m)) {
 		return f, linked
 	}
-	if f != nil && m.opens() && !m.reply {
-		// A later connection of the port: the rest of what is seen of it
-		// is not f's, even when it is refused beyond MaxFlows.
+	if f != nil && (m.opens() && !m.reply || m.fresh) {
+		// A later connection of the port (its SYN, or conntrack's new
+		// entry): the rest of what is seen of it is not f's, even when it
+		// is refused beyond MaxFlows.
 		earliest(&f.tcp.next, m.at)
 	}
 	if f == nil && cookie != 0 && client.Port() != 0 {
@@ -527,6 +539,7 @@ func (e *Engine) unrefuse(k flowKey, sock uint64, m moment) {
 type refusedFlow struct {
 	sock     uint64 // its socket's cookie, 0 while no socket observer named it
 	syn, end int64  // TCP: its client's first SYN, its first FIN or RST (unix ns; 0 not seen)
+	entry    int64  // TCP: conntrack's first report of its entry (moment.fresh)
 	// last is the latest observation of it (unix ns), as Repeat lets
 	// through at least every refusedRecheck (Engine.refusalOver).
 	last int64
@@ -541,6 +554,9 @@ func (r refusedFlow) another(sock uint64, m moment) bool {
 	if sock != 0 && r.sock != 0 && sock != r.sock {
 		return true
 	}
+	if m.fresh && r.entry != 0 && r.entry < m.at {
+		return true // a second entry: another connection (moment.fresh)
+	}
 	if !m.opens() || m.reply {
 		return false
 	}
@@ -552,6 +568,9 @@ func (r *refusedFlow) note(sock uint64, m moment) {
 		r.sock = sock
 	}
 	r.last = max(r.last, m.at)
+	if m.fresh {
+		earliest(&r.entry, m.at)
+	}
 	if m.opens() && !m.reply {
 		earliest(&r.syn, m.at)
 	}
@@ -1035,6 +1054,13 @@ func dedupe(flows []*flowState) []*flowState {
 	return out
 }
 
+// Conntrack status bits (obs.Observation.CTStatus): the entry saw a reply,
+// and it is confirmed (every event's is; 0 where the status is not known).
+const (
+	ipsSeenReply = 0x2
+	ipsConfirmed = 0x8
+)
+
 // conntrack handles a conntrack event: Dst is the original destination, NATDst
 // the reply source when NAT changed it. Conntrack sits just before the NAT hook
 // on the way in (original tuple) and confirms after every hook (reply tuple),
@@ -1054,6 +1080,7 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 	}
 	m := momentOf(&o, false)
 	m.entry = o.Proto == obs.TCP
+	m.fresh = m.entry && o.CTStatus&ipsConfirmed != 0 && o.CTStatus&ipsSeenReply == 0
 	m.cp, m.atCP = cpNFBefore, true // its original tuple
 	f, _, r := e.link(o.Proto, o.Src, o.Dst, 0, m, false, last)
 	if r != linked {

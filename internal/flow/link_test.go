@@ -570,3 +570,89 @@ func TestDelayedRewriteSightingStillGuessed(t *testing.T) {
 		}
 	}
 }
+
+// ctRead is nfConn's connection at ms with conntrack's events as the
+// subscription delivers them: stamped when read, after the packets they
+// tell of, the entry's first (no reply seen yet: 0x1a8) and its updates
+// (seen reply 0x1aa, assured 0x1ae), read ahead of the packets, which the
+// observers' ring and the taps' blocks hand over later.
+func ctRead(ms float64, be netip.AddrPort) (events, packets []obs.Observation) {
+	for _, o := range nfConn(ms, client, vip, be) {
+		if o.Point != obs.PointConntrack {
+			packets = append(packets, o)
+		}
+	}
+	sort.SliceStable(packets, func(i, j int) bool { return packets[i].Time.Before(packets[j].Time) })
+	for i, status := range []uint32{0x1a8, 0x1aa, 0x1ae, 0x1ae} {
+		events = append(events, obs.Observation{Time: flowtest.At(ms + 10.5 + float64(i)*0.001), Point: obs.PointConntrack,
+			Proto: obs.TCP, Src: client, Dst: vip, NATDst: be, CTStatus: status})
+	}
+	return events, packets
+}
+
+// A client port reused 50 ms after its connection closed (a client that
+// binds its port, a server that closed first and keeps the TIME_WAIT):
+// conntrack's events of the new connection, read before its packets, are
+// its own, not the closed connection's, which conntrack reported already
+// (their first is a new entry's: no reply seen). The closed flow kept
+// them before: conntrack counted 8 events in it, none in the new one, and
+// its last sighting the new connection's; and with the netfilter
+// observers out, the new flow lacked the conntrack event its netfilter
+// verdict rests on. Also beyond MaxFlows, where the later connections are
+// refused: the flow followed keeps its own events and last sighting, and
+// each refused connection is counted (only the first was, without socket
+// events telling them apart).
+func TestPortReusedAtOnceConntrackReadAhead(t *testing.T) {
+	withNF := []obs.Point{obs.PointHost, obs.PointNFBefore, obs.PointNFAfter, obs.PointConntrack, obs.PointUplink}
+	ctOnly := []obs.Point{obs.PointHost, obs.PointConntrack, obs.PointUplink}
+	for _, points := range [][]obs.Point{withNF, ctOnly} {
+		var all []obs.Observation
+		for _, ms := range []float64{0, 60, 120} {
+			events, packets := ctRead(ms, backend)
+			all = append(append(all, events...), packets...)
+		}
+		e := flow.NewEngine(httpConfig(points...))
+		feed(t, e, all, identity(len(all)))
+		fs := e.Flows()
+		if len(fs) != 3 {
+			t.Errorf("points %v: %d flows, want 3", points, len(fs))
+			logFlows(t, fs)
+			continue
+		}
+		for i, f := range fs {
+			began := flowtest.At(float64(60 * i))
+			if f.Last.After(began.Add(20*time.Millisecond)) || ctEvents(f) != 4 || f.RewrittenAt != flow.PlaceNetfilter {
+				t.Errorf("points %v: flow %d: last %v after its connection began, %d conntrack events, %s (%s); want within 20ms, 4, netfilter",
+					points, f.ID, f.Last.Sub(began), ctEvents(f), f.RewrittenAt, f.Reason)
+			}
+		}
+	}
+
+	// Beyond MaxFlows: the first connection holds the one place; each
+	// later one is refused, and counted, once.
+	cfg := httpConfig(withNF...)
+	cfg.MaxFlows = 1
+	e := flow.NewEngine(cfg)
+	for _, ms := range []float64{0, 60, 120, 180} {
+		events, packets := ctRead(ms, backend)
+		feed(t, e, append(events, packets...), identity(len(events)+len(packets)))
+	}
+	fs := e.Flows()
+	if s := e.Summary(); len(fs) != 1 || s.Drops[flow.DropFlowsOverMax] != 3 || fs[0].Last.After(flowtest.At(20)) || ctEvents(fs[0]) != 4 {
+		t.Errorf("MaxFlows 1: %d flows, flows_over_max %d; want 1 and 3, and the flow's own 4 conntrack events and last sighting", len(fs), s.Drops[flow.DropFlowsOverMax])
+		for _, f := range fs {
+			t.Logf("flow %d: last %v after the first began, %d conntrack events", f.ID, f.Last.Sub(flowtest.At(0)), ctEvents(f))
+		}
+	}
+}
+
+// ctEvents is the number of conntrack events counted in f.
+func ctEvents(f flow.Flow) uint64 {
+	var n uint64
+	for _, p := range f.Points {
+		if p.Point == obs.PointConntrack.String() {
+			n += p.Packets
+		}
+	}
+	return n
+}

@@ -56,6 +56,12 @@ type moment struct {
 	// reports nothing of a connection once it has closed, so one well after
 	// a flow's close is another connection's.
 	entry bool
+	// fresh: such an event of an entry that has seen no reply yet, the
+	// first conntrack reports of a connection (its NEW): one for a flow
+	// conntrack reported already is another connection's, however soon
+	// after its close (a port reused at once; conntrack's events are read
+	// ahead of the packets of that connection).
+	fresh bool
 	// aside: the client's bare RST (no ACK) to another destination than
 	// the Service; direct: another packet of the client's to such a
 	// destination where nothing on the node rewrote it yet (a socket LB's
