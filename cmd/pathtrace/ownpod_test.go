@@ -20,7 +20,7 @@ import (
 // the reasons said, with bridge hairpin advice, and no flow was refused.
 func TestSocketLBToOwnPod(t *testing.T) {
 	needRoot(t)
-	l := testLab(t, "ptbx-own")
+	l := testLab(t, "ptlab-ownpod")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := l.Up(ctx, lab.ModeSocket); err != nil {
