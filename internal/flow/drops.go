@@ -53,6 +53,10 @@ type KernelDrop struct {
 // never makes a flow's replies lost.
 const reasonNotSpecified = "NOT_SPECIFIED"
 
+// reasonOtherHost is the drop of a frame addressed to another host's MAC
+// (ip_rcv_core): a copy a bridge flooded to a Pod, not the packet's way.
+const reasonOtherHost = "OTHERHOST"
+
 // maxKernelDrops bounds the entries of one flow (each a direction, reason,
 // function and place); further ones are added to the last.
 const maxKernelDrops = 8
@@ -173,7 +177,7 @@ func (f *flowState) refusedInPod() *KernelDrop {
 // reason it named (named).
 func (f *flowState) requestDropped() bool {
 	for _, d := range f.kernelDrops() {
-		if d.Direction == "request" && d.named() {
+		if d.Direction == "request" && d.named() && d.Reason != reasonOtherHost {
 			return true
 		}
 	}

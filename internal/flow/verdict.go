@@ -34,6 +34,27 @@ const (
 	numCheckpoints
 )
 
+// floodedCopy tells whether a request seen going into a Pod (its host
+// veth's TX, its eth0's RX) is addressed to another than that Pod: a copy
+// a bridge flooded to every port, not knowing where the destination MAC is
+// (the port it learned it on went down, which forgets it), which the Pod
+// drops (OTHERHOST). It was not delivered there: the request may never
+// have left the node. False where the node's Pods are not known.
+func (e *Engine) floodedCopy(o *obs.Observation) bool {
+	a := &e.cfg.Attribution
+	if len(a.PodHostSides) == 0 {
+		return false
+	}
+	dst := o.Dst.Addr()
+	side, veth := a.PodHostSides[dst]
+	if o.Point == obs.PointHost {
+		return o.Ifindex > 0 && (!veth || side != o.Ifindex)
+	}
+	_, stacked := a.StackedPods[dst]
+	_, other := a.PodOtherIfaces[dst]
+	return !veth && !stacked && !other
+}
+
 // requestCheckpoint maps a request-direction packet observation to its checkpoint.
 func (e *Engine) requestCheckpoint(o *obs.Observation) (checkpoint, bool) {
 	switch o.Point {
@@ -47,7 +68,7 @@ func (e *Engine) requestCheckpoint(o *obs.Observation) (checkpoint, bool) {
 	case obs.PointPod:
 		if o.Dir == obs.DirIn {
 			// A request entering a Pod: the backend's, on this node.
-			return cpLocal, true
+			return cpLocal, !e.floodedCopy(o)
 		}
 		return cpPod, true
 	case obs.PointHost:
@@ -55,7 +76,7 @@ func (e *Engine) requestCheckpoint(o *obs.Observation) (checkpoint, bool) {
 			// A request leaving the node towards a Pod: a backend of
 			// this node (hairpin), after its veth's tc egress, as the
 			// uplink TX is for a remote one.
-			return cpLocal, true
+			return cpLocal, !e.floodedCopy(o)
 		}
 		return cpHost, true
 	case obs.PointTCHead:
