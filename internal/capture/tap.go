@@ -542,8 +542,17 @@ func (t *Tap) Close() error {
 
 // linkPoll is how often a tap whose interface is down looks whether it is
 // back up or was deleted: the kernel reports neither on the socket (an
-// interface deleted while down raises no second error).
-const linkPoll = 250 * time.Millisecond
+// interface deleted while down raises no second error). In the first
+// linkPollFirstFor of a down it looks every linkPollFirst: the block the
+// kernel was filling when it went down retires on its timeout, and its
+// frames must reach the merge within its hold (200 ms) or the file has
+// them out of time order (a look every 250 ms took up to 1.6 ms old frames
+// there after the merge had written later ones).
+const (
+	linkPoll         = 250 * time.Millisecond
+	linkPollFirst    = 20 * time.Millisecond
+	linkPollFirstFor = 3 * retireTimeoutMs * time.Millisecond
+)
 
 // waitLinkBack waits while the interface is down: it returns nil when a
 // block retired (the block the kernel was filling when the interface went
@@ -551,8 +560,8 @@ const linkPoll = 250 * time.Millisecond
 // or ctx ends the run, or, once draining (drainUntil set), at drainUntil;
 // an error once the interface was deleted.
 func (t *Tap) waitLinkBack(ctx context.Context, retired func() bool, drainUntil time.Time) error {
-	tick := time.NewTicker(linkPoll)
-	defer tick.Stop()
+	poll := time.NewTimer(linkPoll)
+	defer poll.Stop()
 	var ended <-chan struct{}
 	if drainUntil.IsZero() {
 		ended = ctx.Done() // then Run starts draining
@@ -571,12 +580,17 @@ func (t *Tap) waitLinkBack(ctx context.Context, retired func() bool, drainUntil 
 		if !drainUntil.IsZero() && !time.Now().Before(drainUntil) {
 			return nil
 		}
+		every := linkPoll
+		if t.link.downFor(time.Now()) < linkPollFirstFor {
+			every = linkPollFirst
+		}
+		poll.Reset(every)
 		select {
 		case <-t.closing:
 			return nil
 		case <-ended:
 			return nil
-		case <-tick.C:
+		case <-poll.C:
 		}
 	}
 }
@@ -645,6 +659,16 @@ func (l *linkState) up(at time.Time) {
 	}
 	l.downTotal += at.Sub(l.since)
 	l.since = time.Time{}
+}
+
+// downFor is how long the ongoing down has lasted at now (0 while up).
+func (l *linkState) downFor(now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.since.IsZero() {
+		return 0
+	}
+	return now.Sub(l.since)
 }
 
 func (l *linkState) isDown() bool {
