@@ -2,6 +2,7 @@ package discover
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -50,9 +51,17 @@ func (w *PodWatch) Hints(ctx context.Context) <-chan struct{} {
 		every := time.NewTicker(hintEvery)
 		every.Stop()
 		defer every.Stop()
+		// end closes the socket of the subscription made last (its
+		// notifications ended, or ctx did): one that ended is not left
+		// open, with its goroutine, until ctx ends (a run until stopped
+		// subscribes again at each overflow).
+		end := func() {}
 		subscribe := func() {
 			ch := make(chan netlink.LinkUpdate, 64)
-			if err := netlink.LinkSubscribeWithOptions(ch, ctx.Done(), netlink.LinkSubscribeOptions{Namespace: &ns}); err != nil {
+			done := make(chan struct{})
+			end = sync.OnceFunc(func() { close(done) })
+			if err := linkSubscribe(ch, done, netlink.LinkSubscribeOptions{Namespace: &ns}); err != nil {
+				end()
 				updates, retry = nil, time.After(hintRetry)
 				return
 			}
@@ -62,6 +71,7 @@ func (w *PodWatch) Hints(ctx context.Context) <-chan struct{} {
 		for {
 			select {
 			case <-ctx.Done():
+				end()
 				if updates != nil {
 					go drain(updates) // its reader closes it once its socket is closed
 				}
@@ -70,6 +80,7 @@ func (w *PodWatch) Hints(ctx context.Context) <-chan struct{} {
 				subscribe()
 			case u, ok := <-updates:
 				if !ok {
+					end()
 					updates, retry = nil, time.After(hintRetry)
 					continue
 				}
@@ -92,6 +103,10 @@ func (w *PodWatch) Hints(ctx context.Context) <-chan struct{} {
 	}()
 	return hints
 }
+
+// linkSubscribe subscribes to the link notifications of a netns until done
+// is closed (a test's stand-in tells when it is).
+var linkSubscribe = netlink.LinkSubscribeWithOptions
 
 func drain(updates <-chan netlink.LinkUpdate) {
 	for range updates {
