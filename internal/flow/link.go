@@ -70,9 +70,12 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m
 	if g.out != nil || g.in != nil {
 		return nil, false, deferredLink
 	}
-	if f := e.renatSYN(proto, src, dst, m); f != nil {
+	switch f, r := e.renatSYN(proto, src, dst, m, last); r {
+	case linked:
 		e.learnBackend(f, dst, at)
 		return f, false, linked
+	case deferredLink:
+		return nil, false, deferredLink
 	}
 	return nil, false, unlinked
 }
@@ -82,13 +85,25 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m
 // of its VIP's NAT rules' backends, which that SYN went to before the node
 // dropped it, and the flow was seen going to other backends only after m
 // (their packets, or conntrack's event, delivered ahead of this SYN's).
-// nil otherwise.
-func (e *Engine) renatSYN(proto obs.Proto, src, dst netip.AddrPort, m moment) *flowState {
-	if proto != obs.TCP || m.reply || !m.opens() {
-		return nil
+// nil otherwise. Not a SYN seen where nothing on the node rewrote it yet
+// (its socket, its Pod's eth0, its host veth, tc head), nor one sent before
+// the flow's client sent its first SYN to the VIP: the client's own
+// connection to that backend (the kernel picks a client's port per
+// destination, so one port can serve both at once, or one soon after the
+// other). That first SYN may be delivered later: until its last chance
+// (last) the SYN waits for it (deferredLink).
+func (e *Engine) renatSYN(proto obs.Proto, src, dst netip.AddrPort, m moment, last bool) (*flowState, linkResult) {
+	if proto != obs.TCP || m.reply || !m.opens() || m.atCP && m.cp <= cpTCHead {
+		return nil, unlinked
 	}
+	wait := false
 	for _, f := range e.clients[clientKey{proto, src}] {
 		if len(f.backends) == 0 || f.hasBackend(dst) || f.tcp.superseded(m) || len(e.natRulesFor(f, dst)) == 0 {
+			continue
+		}
+		if f.tcp.syn == 0 || f.tcp.syn > m.at+int64(clockSlack) {
+			// No SYN of the flow's to the VIP seen before it (yet).
+			wait = wait || !last
 			continue
 		}
 		later := true
@@ -98,10 +113,13 @@ func (e *Engine) renatSYN(proto obs.Proto, src, dst netip.AddrPort, m moment) *f
 		if later {
 			f.renat = true
 			f.evidenceChanged()
-			return f
+			return f, linked
 		}
 	}
-	return nil
+	if wait {
+		return nil, deferredLink
+	}
+	return nil, unlinked
 }
 
 // guesses are link's candidates for a backend guess (lookup): a flow of the
@@ -687,8 +705,13 @@ func (e *Engine) sightPacket(f *flowState, cp checkpoint, dst netip.AddrPort, fr
 
 func (e *Engine) applyPacket(f *flowState, o obs.Observation, reply bool) (slot int) {
 	e.touch(f, o.Time)
+	syn := f.tcp.syn
 	if o.TCPFlags != 0 && o.Proto == obs.TCP && f.tcp.note(e.packetMoment(f, &o, reply)) {
 		f.evidenceChanged() // whether it was seen from its start (conntrackBlind)
+		if f.tcp.syn != syn && f.client.Port() != 0 {
+			// A SYN NATed before this one's may wait for it (renatSYN).
+			e.replays = append(e.replays, f.key())
+		}
 	}
 	slot = f.count(pointKey{point: o.Point, dir: o.Dir, reply: reply, iface: e.labels.indexOf(o.Ifname)}, endpointOf(o.Src), endpointOf(o.Dst), endpoint{}, 1, uint64(o.Len))
 	if !reply && e.late(o.Time.UnixNano()) {
