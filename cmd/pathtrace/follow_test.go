@@ -465,7 +465,7 @@ func TestPcapReaderGoneBeforeTracing(t *testing.T) {
 // tcx observers are on the lab's host veth.
 func TestPcapReaderGoneWhileAttaching(t *testing.T) {
 	needRoot(t)
-	l := testLab(t, "ptcx-attach")
+	l := testLab(t, "ptlab-attach")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := l.Up(ctx, lab.ModeTC); err != nil {

@@ -20,7 +20,7 @@ import (
 // flows to the Services in every trace run after).
 func TestLabClientKilledTakesItsWorker(t *testing.T) {
 	needRoot(t)
-	l := testLab(t, "ptcx-ckill")
+	l := testLab(t, "ptlab-ckill")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := l.Up(ctx, lab.ModeSocket); err != nil {

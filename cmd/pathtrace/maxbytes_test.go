@@ -17,7 +17,7 @@ import (
 // lab's host veth), then taken down.
 func TestMaxBytesBelowHeaderRefusedBeforeAttaching(t *testing.T) {
 	needRoot(t)
-	l := testLab(t, "ptcx-maxb")
+	l := testLab(t, "ptlab-maxb")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := l.Up(ctx, lab.ModeTC); err != nil {
