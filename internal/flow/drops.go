@@ -83,6 +83,15 @@ func (e *Engine) noteDrop(o obs.Observation, last bool) (done, deferred bool) {
 		}
 	}
 	if f == nil {
+		// A datagram NATed to a backend and dropped before conntrack
+		// confirmed an entry, delivered after the backend a later
+		// one reached.
+		if g, r := e.renatSYN(o.Proto, o.Src, o.Dst, momentOf(&o, false), last); r == linked {
+			f = g
+			e.learnBackend(f, o.Dst, o.Time)
+		}
+	}
+	if f == nil {
 		return e.refusedClients.has(clientKey{o.Proto, o.Src}) || e.refusedClients.has(clientKey{o.Proto, o.Dst}) || e.ReplyWithoutRequest(o), false
 	}
 	d := KernelDrop{Direction: "request", Count: 1, NetNS: o.NetNS, Ifindex: o.Ifindex, First: o.Time}

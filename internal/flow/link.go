@@ -91,27 +91,40 @@ func (e *Engine) link(proto obs.Proto, src, dst netip.AddrPort, cookie uint64, m
 // connection to that backend (the kernel picks a client's port per
 // destination, so one port can serve both at once, or one soon after the
 // other). That first SYN may be delivered later: until its last chance
-// (last) the SYN waits for it (deferredLink).
+// (last) the SYN waits for it (deferredLink). For UDP, the same of a
+// datagram the kernel dropped (seen after NAT only, its drop tells it went
+// nowhere: a datagram the client sent to that backend itself would not be
+// taken for the flow's) within the UDP entry life before those backends
+// (udpRenatted tells whether conntrack's entry names one of them).
 func (e *Engine) renatSYN(proto obs.Proto, src, dst netip.AddrPort, m moment, last bool) (*flowState, linkResult) {
-	if proto != obs.TCP || m.reply || !m.opens() || m.atCP && m.cp <= cpTCHead {
+	switch {
+	case m.reply:
+		return nil, unlinked
+	case proto == obs.TCP && m.opens():
+		if m.atCP && m.cp <= cpTCHead {
+			return nil, unlinked
+		}
+	case proto == obs.UDP && m.point == obs.PointDrop:
+	default:
 		return nil, unlinked
 	}
+	plain, _ := e.udpTimeouts()
 	wait := false
 	for _, f := range e.clients[clientKey{proto, src}] {
 		if len(f.backends) == 0 || f.hasBackend(dst) || f.tcp.superseded(m) || len(e.natRulesFor(f, dst)) == 0 {
 			continue
 		}
-		if f.tcp.syn == 0 || f.tcp.syn > m.at+int64(clockSlack) {
+		if proto == obs.TCP && (f.tcp.syn == 0 || f.tcp.syn > m.at+int64(clockSlack)) {
 			// No SYN of the flow's to the VIP seen before it (yet).
 			wait = wait || !last
 			continue
 		}
 		later := true
 		for _, b := range f.backends {
-			later = later && b.at.UnixNano() > m.at
+			later = later && b.at.UnixNano() > m.at && (proto == obs.TCP || b.at.UnixNano()-m.at < int64(plain))
 		}
 		if later {
-			f.renat = true
+			f.renat = proto == obs.TCP || e.udpRenatted(f)
 			f.evidenceChanged()
 			return f, linked
 		}
@@ -120,6 +133,38 @@ func (e *Engine) renatSYN(proto obs.Proto, src, dst netip.AddrPort, m moment, la
 		return nil, deferredLink
 	}
 	return nil, unlinked
+}
+
+// udpRenatted tells whether f, a UDP flow whose VIP conntrack reported
+// DNATed to ctFinal, sent datagrams before that were NATed to other
+// backends of its VIP's NAT rules and dropped on the node before
+// conntrack confirmed an entry for them (a bridge refusing a hairpin, a
+// filter rule): no entry bound those, so a later datagram of its socket
+// was NATed anew. Each such backend was first seen before ctFinal, less
+// than conntrack's UDP entry life before it (an entry that expired lets a
+// flow change backend for real, and conntrack reported it first), never
+// answered, and was not one the client sent to itself.
+func (e *Engine) udpRenatted(f *flowState) bool {
+	if f.proto != obs.UDP || !f.ctFinal.IsValid() || len(f.backends) < 2 {
+		return false
+	}
+	i := slices.IndexFunc(f.backends, func(b backendSeen) bool { return b.addr == f.ctFinal })
+	if i < 0 {
+		return false
+	}
+	reached := f.backends[i].at.UnixNano()
+	plain, _ := e.udpTimeouts()
+	for _, b := range f.backends {
+		at := b.at.UnixNano()
+		if b.addr == f.ctFinal {
+			continue
+		}
+		if at >= reached || reached-at >= int64(plain) || f.repliedFrom(b.addr) ||
+			f.sendsDirect() && f.directBackend() == b.addr || len(e.natRulesFor(f, b.addr)) == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // guesses are link's candidates for a backend guess (lookup): a flow of the
@@ -661,6 +706,11 @@ func (e *Engine) learnBackend(f *flowState, b netip.AddrPort, at time.Time) {
 	}
 	e.backendWatches[w] = true
 	e.checkListed(f, b)
+	if !f.renat && e.udpRenatted(f) {
+		// Conntrack's backend came before this one's datagrams did.
+		f.renat = true
+		f.evidenceChanged()
+	}
 	if f.client.Port() != 0 {
 		e.replays = append(e.replays, f.key())
 	}
@@ -1132,6 +1182,12 @@ func (e *Engine) conntrack(o obs.Observation, last bool) (done, deferred bool) {
 	}
 	if !f.ctFinal.IsValid() {
 		f.ctFinal = final
+		if !f.renat && e.udpRenatted(f) {
+			// Its datagrams NATed to other backends before were
+			// dropped before conntrack confirmed an entry.
+			f.renat = true
+			f.evidenceChanged()
+		}
 	}
 	if at := o.Time.UnixNano(); at > f.ctLast {
 		f.ctLast = at

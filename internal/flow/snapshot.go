@@ -107,8 +107,13 @@ func (e *Engine) snapshot(f *flowState) Flow {
 		for i, b := range bs[1:] {
 			dropped[i] = b.String()
 		}
-		out.Reason += fmt.Sprintf("; its SYN was first NATed to %s, where the node dropped it before conntrack confirmed the connection (no entry kept that backend); a retransmission of it was NATed anew, to %s",
-			strings.Join(dropped, ", then "), bs[0])
+		if f.proto == obs.UDP {
+			out.Reason += fmt.Sprintf("; its first datagram was NATed to %s, where the node dropped it before conntrack confirmed an entry (none kept that backend); a later one was NATed anew, to %s",
+				strings.Join(dropped, ", then "), bs[0])
+		} else {
+			out.Reason += fmt.Sprintf("; its SYN was first NATed to %s, where the node dropped it before conntrack confirmed the connection (no entry kept that backend); a retransmission of it was NATed anew, to %s",
+				strings.Join(dropped, ", then "), bs[0])
+		}
 	}
 	switch {
 	case f.uplink.seen:

@@ -173,10 +173,11 @@ type flowState struct {
 	cps      [numCheckpoints]sighting
 	ctSeen   bool // conntrack reported this flow
 	ctNAT    bool // ... with the VIP as original destination and a backend replying
-	// renat: a SYN of the connection was NATed to a backend and dropped on
-	// the node before conntrack confirmed its entry (no entry binds that
-	// backend), and a retransmitted SYN was NATed anew, to ctFinal: the
-	// backend it reached (renatSYN, Engine.conntrack).
+	// renat: a SYN of the connection (a UDP socket's datagram) was NATed
+	// to a backend and dropped on the node before conntrack confirmed its
+	// entry (no entry binds that backend), and a retransmitted SYN (a
+	// later datagram) was NATed anew, to ctFinal: the backend it reached
+	// (renatSYN, Engine.conntrack, udpRenatted).
 	renat       bool
 	ctFinal     netip.AddrPort // the destination conntrack first reported for it after NAT (its reply source)
 	ctLast      int64          // its latest conntrack event (unix ns)
