@@ -1638,8 +1638,14 @@ func (e *Engine) nodeSynAckLost(f *flowState) bool {
 // bracketBase is the start of a bracketed verdict's reason: where the VIP
 // was seen last and the backend first.
 func bracketBase(f *flowState, iV, iB checkpoint) string {
+	b := f.cps[iB].backendAddr.addrPort()
+	if f.renat {
+		// The point saw the dropped pick first; the flow's backend is
+		// the one its later packets reached through the same rewrite.
+		b = f.sortedBackends()[0]
+	}
 	return fmt.Sprintf("VIP %s at %s, backend %s at %s", f.service, iV.describe(f.cps[iV].vipFrom),
-		f.cps[iB].backendAddr.addrPort(), iB.describe(f.cps[iB].backendFrom))
+		b, iB.describe(f.cps[iB].backendFrom))
 }
 
 // nfNeverSaw tells whether the netfilter observers, watching, never saw f's
