@@ -102,7 +102,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 			out.Backends = bs
 		}
 	}
-	if f.renat && len(bs) > 1 {
+	if f.renatted() && len(bs) > 1 {
 		dropped := make([]string, len(bs)-1)
 		for i, b := range bs[1:] {
 			dropped[i] = b.String()

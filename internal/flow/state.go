@@ -331,7 +331,7 @@ func (f *flowState) sortedBackends() []netip.AddrPort {
 	for i, b := range bs {
 		out[i] = b.addr
 	}
-	if f.renat && len(out) > 1 {
+	if f.renatted() && len(out) > 1 {
 		// The backend its connection reached comes first: the ones
 		// before were its dropped SYNs' (renat): conntrack's, else the
 		// latest seen.
@@ -342,6 +342,14 @@ func (f *flowState) sortedBackends() []netip.AddrPort {
 		out = append([]netip.AddrPort{reached}, slices.DeleteFunc(out, func(b netip.AddrPort) bool { return b == reached })...)
 	}
 	return out
+}
+
+// renatted is renat, unless f is a UDP flow whose client also sent to
+// another backend than conntrack's itself (sendsDirect), which evidence
+// delivered after renat was set can show: the datagrams the node dropped
+// may be those, not the VIP's.
+func (f *flowState) renatted() bool {
+	return f.renat && !(f.proto == obs.UDP && f.sendsDirect() && f.directBackend() != f.ctFinal)
 }
 
 // renatable tells whether a conntrack entry at m that DNATs f's VIP to

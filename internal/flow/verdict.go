@@ -1639,7 +1639,7 @@ func (e *Engine) nodeSynAckLost(f *flowState) bool {
 // was seen last and the backend first.
 func bracketBase(f *flowState, iV, iB checkpoint) string {
 	b := f.cps[iB].backendAddr.addrPort()
-	if f.renat {
+	if f.renatted() {
 		// The point saw the dropped pick first; the flow's backend is
 		// the one its later packets reached through the same rewrite.
 		b = f.sortedBackends()[0]
