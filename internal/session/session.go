@@ -222,16 +222,30 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	// Everything is loaded before anything is attached, and the taps open
 	// right after the observers: the start-up window in which a flow meets
 	// some points and not others stays short (and its flows are marked).
+	// A stop that came meanwhile ends the start between these steps, each
+	// of which can take seconds on a node of many Pods (loading, then
+	// attaching a tcx observer per veth direction under RTNL, then opening
+	// the rings): nothing traced yet, it says so, and what was attached is
+	// taken down at once rather than after an empty run's report.
 	preloadObservers(pr, node)
 	tapProg, tapProgErr := pr.TapFilter(opt.Snaplen) // owned by pr
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	atts := attachObservers(pr, node, cgroup, opt.Services)
 	atts = append(atts, probe.KernelFunctionProbes()...)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	taps, tapAtts := openTaps(node, 0, watch, opt.Snaplen, opt.RingBytes, opt.CaptureBehind, tapProg, tapProgErr)
+	defer closeTaps(taps)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	atts = append(atts, tapAtts...)
 	ready := time.Now()
 	pr.ReleaseSpecs() // everything is loaded: their BTF would stay live for nothing
 	lb := newLBWatch(pr)
-	defer closeTaps(taps)
 
 	eng := flow.NewEngine(flow.Config{
 		Services:    opt.Services,
