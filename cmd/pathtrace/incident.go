@@ -141,6 +141,13 @@ func runIncident(args []string) int {
 		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
 		return exitRuntime
 	}
+	unhold, err := holdBuilding(building)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pathtrace incident: %v\n", err)
+		os.Remove(building)
+		return exitRuntime
+	}
+	defer unhold()
 
 	ctx, bctx, captureOver, release := incidentStops()
 	defer release()
@@ -233,6 +240,34 @@ func incidentStops() (capture, bundle context.Context, captureOver, release func
 	}
 }
 
+// holdBuilding locks dir, the bundle being built (DIR.partial), until
+// release or pathtrace's end, even by SIGKILL (a flock): an incident given
+// the same --out then tells one being built now, which removing would
+// destroy, from one a killed run left (buildingInUse). Held by the
+// directory's inode, it goes with the rename to DIR.
+func holdBuilding(dir string) (release func(), err error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// buildingInUse tells whether dir, a DIR.partial that exists, is held by
+// the incident building it now (holdBuilding).
+func buildingInUse(dir string) bool {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return errors.Is(unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB), unix.EWOULDBLOCK)
+}
+
 // errSnapshotStop is why the bundle's snapshot was cut short (the stop
 // signal after the one that ended the capture, or the first once it
 // ended), which its manifest's notes say of the parts not collected.
@@ -246,9 +281,17 @@ func incidentOptions(f *traceFlags, out, maxBytes string) (session.Options, int6
 	}
 	out = filepath.Clean(out)
 	for _, p := range []string{out, incident.PartialDir(out), tarballOf(out)} {
-		if _, err := os.Lstat(p); err == nil {
-			return session.Options{}, 0, usagef("--out %s: %s exists: give a new directory, pathtrace never mixes two incidents", out, p)
+		if _, err := os.Lstat(p); err != nil {
+			continue
 		}
+		switch {
+		case p != incident.PartialDir(out):
+		case buildingInUse(p):
+			return session.Options{}, 0, usagef("--out %s: %s is being built by an incident running now: give a new directory", out, p)
+		default:
+			return session.Options{}, 0, usagef("--out %s: %s exists, left by an interrupted incident: remove it, or give a new directory", out, p)
+		}
+		return session.Options{}, 0, usagef("--out %s: %s exists: give a new directory, pathtrace never mixes two incidents", out, p)
 	}
 	if st, err := os.Stat(filepath.Dir(out)); err != nil || !st.IsDir() {
 		return session.Options{}, 0, usagef("--out %s: no directory %s to create it in", out, filepath.Dir(out))
