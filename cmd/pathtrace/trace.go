@@ -323,6 +323,9 @@ func (f *traceFlags) validate() (session.Options, error) {
 		if err := partialFits(f.pcap, ".partial"); err != nil {
 			return opt, usagef("--pcap %s: %v", f.pcap, err)
 		}
+		if hasNoRoom(filepath.Dir(f.pcap)) {
+			return opt, capError{fmt.Sprintf("--pcap %s: no space left on the filesystem of %s: free some, or give a file on another filesystem", f.pcap, filepath.Dir(f.pcap))}
+		}
 	}
 	if f.duration == 0 && f.pcap != "" && f.maxBytes == "" && f.maxPkts > 0 {
 		return opt, usagef("--pcap with --duration 0 (until stopped) needs --max-bytes: --max-packets bounds the packets, not the bytes on disk; give --max-bytes SIZE too (e.g. --max-bytes 1G)")
@@ -421,6 +424,19 @@ func canWriteIn(dir string) error {
 	}
 	f.Close()
 	return os.Remove(f.Name())
+}
+
+// hasNoRoom tells whether dir's filesystem cannot take one page more (a
+// full disk): a runtime condition, not bad usage, but known before anything
+// is attached, where the file's header would fail only once the observers
+// and taps were in place. A new file is unnamed, so it leaves nothing behind.
+func hasNoRoom(dir string) bool {
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return false // the create will say
+	}
+	defer unix.Close(fd)
+	return errors.Is(unix.Fallocate(fd, 0, 0, int64(os.Getpagesize())), unix.ENOSPC)
 }
 
 // partialFits tells why path cannot be built as PATH+suffix (FILE.partial;
