@@ -29,12 +29,12 @@ import (
 // late that the start was over is an interrupted run as before, so each of
 // a few tries may be one, but not all.
 func TestStopWhileAttachingEndsStart(t *testing.T) {
-	name := testNetNS(t, "ptcx-stop", "")[0]
+	name := testNetNS(t, "pttest-stop", "")[0]
 	root, err := cgroup2.Root()
 	if err != nil {
 		t.Skipf("cgroup2: %v", err)
 	}
-	dir := filepath.Join(root, fmt.Sprintf("ptcx-stop-%06x", rand.IntN(1<<24)))
+	dir := filepath.Join(root, fmt.Sprintf("pttest-stop-%06x", rand.IntN(1<<24)))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
