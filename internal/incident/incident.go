@@ -174,26 +174,31 @@ func (s *snapshot) run(parent context.Context, t topic, limit int) (body []byte,
 	w := newTopicWriter(limit)
 	done := make(chan error, 1)
 	go func() { done <- t.collect(ctx, w) }()
+	var err error
 	select {
-	case err := <-done:
-		if err != nil {
-			fmt.Fprintf(w, "\n# not complete: %v\n", err)
-			w.notef("not complete: %v", err)
-		}
-		body, truncated = w.finish()
-		if truncated {
-			w.notef("cut at %d bytes", limit)
-		}
-		return body, w.notes, truncated
+	case err = <-done:
 	case <-ctx.Done():
-		msg := fmt.Sprintf("not collected: %v after %s", ctx.Err(), s.opt.CollectorTimeout)
-		if parent.Err() != nil {
-			// Interrupted (a second Ctrl-C), not out of its time: said as
-			// for the topics after it (collect).
-			msg = fmt.Sprintf("not collected: %v", context.Cause(parent))
+		select {
+		case err = <-done: // it ended as its time ran out: what it wrote stands
+		default:
+			msg := fmt.Sprintf("not collected: %v after %s", ctx.Err(), s.opt.CollectorTimeout)
+			if parent.Err() != nil {
+				// Interrupted (a second Ctrl-C), not out of its time: said as
+				// for the topics after it (collect).
+				msg = fmt.Sprintf("not collected: %v", context.Cause(parent))
+			}
+			return []byte("# " + msg + "\n"), []string{msg}, false
 		}
-		return []byte("# " + msg + "\n"), []string{msg}, false
 	}
+	if err != nil {
+		fmt.Fprintf(w, "\n# not complete: %v\n", err)
+		w.notef("not complete: %v", err)
+	}
+	body, truncated = w.finish()
+	if truncated {
+		w.notef("cut at %d bytes", limit)
+	}
+	return body, w.notes, truncated
 }
 
 // topics lists the snapshot's files, most telling first: when the byte
