@@ -130,6 +130,11 @@ func (pf *partialFile) finish() error {
 		}
 	}
 	if err != nil {
+		if _, statErr := os.Lstat(pf.partial); errors.Is(statErr, os.ErrNotExist) {
+			// Removed during the run, or its directory: what was written
+			// went with it.
+			return fmt.Errorf("rename %s to %s: %w (%s was removed during the run, or its directory: the capture is lost)", pf.partial, pf.path, err, pf.partial)
+		}
 		return fmt.Errorf("rename %s to %s (the capture stays in %s): %w", pf.partial, pf.path, pf.partial, err)
 	}
 	if d, err := os.Open(filepath.Dir(pf.path)); err == nil {

@@ -76,3 +76,27 @@ func TestPartialOfRunningCapture(t *testing.T) {
 		}
 	}
 }
+
+// TestFinishPartialRemoved: a PATH.partial removed during the run (its
+// directory deleted) is not said to hold the capture when the rename
+// fails; one still there is.
+func TestFinishPartialRemoved(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "caps")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pf, err := createPartial(filepath.Join(dir, "cap.pcapng"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pf.WriteString("header"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	err = pf.finish()
+	if err == nil || strings.Contains(err.Error(), "stays in") || !strings.Contains(err.Error(), "the capture is lost") {
+		t.Errorf("finish after its directory went: %v; want the capture said lost, not kept", err)
+	}
+}
