@@ -78,7 +78,8 @@ type Flow struct {
 	// LostOnNode: request packets its host veth's tap received that the
 	// uplink's TX tap (after the qdisc) never saw, when some did leave: the
 	// node dropped them on the way out (a TBF, a full queue, a filter rule)
-	// or the capture lost them (kernel_drops); and those the uplink's TX
+	// or the capture lost them (kernel_drops), less those that never
+	// headed for it (Engine.wentElsewhere); and those the uplink's TX
 	// tap saw that the kernel then dropped at the uplink device, after the
 	// tap (Engine.dropsAfterUplinkTap): they never left either.
 	LostOnNode uint64 `json:"lost_on_node,omitempty"`

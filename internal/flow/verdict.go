@@ -1581,9 +1581,51 @@ func (e *Engine) lostOnTheWay(f *flowState) wayOut {
 		return w
 	}
 	if up > 0 && host > up {
-		w.lost += host - up
+		w.lost += host - up - min(host-up, e.wentElsewhere(f))
 	}
 	return w
+}
+
+// wentElsewhere counts f's request packets that did not head for the
+// uplink, so that its TX tap's shortfall is no loss on the way out: those
+// the kernel dropped on the node elsewhere than at the uplink device (a
+// bridge refusing a hairpin to the client's own Pod: the flow's
+// kernel_drops tell), and those a node point saw rewritten to another
+// backend than the one that left by the uplink (a first pick dropped
+// before conntrack confirmed it, a local backend). The two may be the same
+// packets: the larger count is taken.
+func (e *Engine) wentElsewhere(f *flowState) uint64 {
+	var dropped uint64
+	for _, d := range f.kernelDrops() {
+		if d.Direction == "request" && (e.cfg.HostNetNS == 0 || d.NetNS == e.cfg.HostNetNS) && d.Ifindex != int(f.uplink.ifindex) {
+			dropped += d.Count
+		}
+	}
+	var left []netip.AddrPort
+	for _, p := range f.points {
+		if p.point == obs.PointUplink && p.dir == obs.DirOut && !p.reply {
+			left = append(left, f.end(p.dst).addrPort())
+		}
+	}
+	// Each packet crosses each point once: the point that saw most of
+	// them go to another backend counts.
+	other := map[pointKey]uint64{}
+	for _, p := range f.points {
+		switch p.point {
+		case obs.PointTCHead, obs.PointTCTail, obs.PointNFBefore, obs.PointNFAfter:
+		default:
+			continue
+		}
+		if dst := f.end(p.dst).addrPort(); p.reply || dst == f.service || slices.Contains(left, dst) {
+			continue
+		}
+		other[pointKey{point: p.point, dir: p.dir, iface: p.iface}] += p.packets
+	}
+	var most uint64
+	for _, n := range other {
+		most = max(most, n)
+	}
+	return max(dropped, most)
 }
 
 // repliesLostOnNode counts the reply packets of f the uplink's RX tap
