@@ -988,6 +988,15 @@ func (e *Engine) sockTuple(o obs.Observation, last bool) (done, deferred bool) {
 				e.learnBackend(f, o.Dst, o.Time)
 			}
 		}
+		if f == nil && o.Point == obs.PointSockEgress && o.Proto == obs.UDP && len(s.flows) == 1 &&
+			s.flows[0].cps[cpSockEgress].vip && !e.isService(o.Proto, o.Dst) {
+			// The socket's egress saw its datagrams to the VIP go
+			// unrewritten, so one to another peer is the client's
+			// own (sendsDirect), sent before its queries to the VIP
+			// too: the cookie tells whose, where a guess by time
+			// would not take it.
+			f = s.flows[0]
+		}
 	}
 	reply := false
 	if f == nil {

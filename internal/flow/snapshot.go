@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"fmt"
 	"net"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -90,12 +89,7 @@ func (e *Engine) snapshot(f *flowState) Flow {
 	if f.sendsDirect() {
 		out.Reason += fmt.Sprintf("; the client also sent to backend %s itself from this port, not to the VIP: those datagrams, counted with the flow, are not taken for its rewrite, nor the answers they got from the backend's address for its replies", f.directBackend())
 	}
-	// A backend the client sent to itself alone is not where the VIP went;
-	// beside another, it comes last.
 	bs := f.sortedBackends()
-	if d := f.directBackend(); f.sendsDirect() && len(bs) > 1 && slices.Contains(bs, d) {
-		bs = append(slices.DeleteFunc(bs, func(b netip.AddrPort) bool { return b == d }), d)
-	}
 	if len(bs) > 0 && (!f.sendsDirect() || f.rewriteSeen()) {
 		out.Backend = bs[0]
 		if len(bs) > 1 {

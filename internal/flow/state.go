@@ -341,6 +341,13 @@ func (f *flowState) sortedBackends() []netip.AddrPort {
 		}
 		out = append([]netip.AddrPort{reached}, slices.DeleteFunc(out, func(b netip.AddrPort) bool { return b == reached })...)
 	}
+	// A backend the client sent to itself alone is not where the VIP
+	// went; beside another, it comes last, though seen first (a resolver
+	// that asks a server itself before the VIP): the verdict's backend,
+	// its rule and its reason name the VIP's.
+	if d := f.directBackend(); len(out) > 1 && f.sendsDirect() && slices.Contains(out, d) {
+		out = append(slices.DeleteFunc(out, func(b netip.AddrPort) bool { return b == d }), d)
+	}
 	return out
 }
 

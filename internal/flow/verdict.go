@@ -1681,9 +1681,10 @@ func (e *Engine) nodeSynAckLost(f *flowState) bool {
 // was seen last and the backend first.
 func bracketBase(f *flowState, iV, iB checkpoint) string {
 	b := f.cps[iB].backendAddr.addrPort()
-	if f.renatted() {
-		// The point saw the dropped pick first; the flow's backend is
-		// the one its later packets reached through the same rewrite.
+	if f.renatted() || f.sendsDirect() && b == f.directBackend() {
+		// The point saw the dropped pick first, or the client's own
+		// datagrams to a backend; the flow's backend is the one its
+		// VIP's packets reached through the rewrite.
 		b = f.sortedBackends()[0]
 	}
 	return fmt.Sprintf("VIP %s at %s, backend %s at %s", f.service, iV.describe(f.cps[iV].vipFrom),
