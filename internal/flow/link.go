@@ -143,7 +143,8 @@ func (e *Engine) renatSYN(proto obs.Proto, src, dst netip.AddrPort, m moment, la
 // was NATed anew. Each such backend was first seen before ctFinal, less
 // than conntrack's UDP entry life before it (an entry that expired lets a
 // flow change backend for real, and conntrack reported it first), never
-// answered, and was not one the client sent to itself.
+// answered, and was not one the client sent to itself (renatted also
+// looks, at each report, at whether a datagram to it left the node).
 func (e *Engine) udpRenatted(f *flowState) bool {
 	if f.proto != obs.UDP || !f.ctFinal.IsValid() || len(f.backends) < 2 {
 		return false

@@ -1,7 +1,10 @@
 package flow_test
 
 import (
+	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,4 +69,83 @@ func TestUDPDirectDropNotRenat(t *testing.T) {
 			t.Errorf("%s order: reason %q takes the client's own datagram to %s for the VIP's", name, fs[0].Reason, other)
 		}
 	}
+}
+
+// TestUDPBackendChangedNotRenat: a connected UDP socket's datagrams to the
+// VIP ride an entry made before the run (no event), DNATed to a backend
+// behind the uplink that no longer answers; they leave the uplink. The
+// backend is taken out of the Service and kube-proxy deletes its UDP
+// entries: the next datagram gets a new entry, to the other backend,
+// which conntrack reports and which answers. The flow changed backend for
+// real: the uplink's TX tap, which runs after conntrack confirms an entry,
+// saw its datagrams to the first one, so in no delivery order may its
+// reason say they were dropped before conntrack confirmed an entry and a
+// later one NATed anew.
+func TestUDPBackendChangedNotRenat(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/netfilter-udp-renatted-after-drop.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := netip.MustParseAddrPort("10.244.8.23:5353")
+	gone := netip.MustParseAddrPort("10.244.20.32:5353")
+	rule := &s.Config.Attribution.NATRules[0]
+	if !slices.Contains(rule.Backends, pod) {
+		t.Fatalf("rule %v does not name %s", rule, pod)
+	}
+	rule.Backends = []netip.AddrPort{gone}
+	rule.Rule = "dnat to " + gone.String()
+
+	var observations []obs.Observation
+	var uplink obs.Observation
+	for _, o := range s.Observations {
+		if o.Point == obs.PointUplink && o.Dir == obs.DirOut {
+			uplink = o
+			break
+		}
+	}
+	for _, o := range s.Observations {
+		switch {
+		case o.Point == obs.PointSockAddr:
+			continue // connected before the run
+		case o.Point == obs.PointDrop:
+			// It left the uplink to the backend that no longer answers.
+			u := uplink
+			u.Time, u.Dst = o.Time, gone
+			observations = append(observations, u)
+			continue
+		case o.Dst == pod:
+			o.Dst = gone
+		}
+		observations = append(observations, o)
+	}
+	s.Observations = observations
+	all := orders(s)
+	maps.Copy(all, movedOrders(len(s.Observations)))
+	for name, order := range all {
+		fs := s.Run(order).Flows()
+		if len(fs) != 1 {
+			t.Errorf("%s order: %d flows, want 1", name, len(fs))
+			continue
+		}
+		if strings.Contains(fs[0].Reason, "NATed anew") {
+			t.Errorf("%s order: reason %q says the datagrams that left the uplink to %s were dropped before conntrack confirmed an entry", name, fs[0].Reason, gone)
+		}
+	}
+}
+
+// movedOrders are the orders of n observations in which one of them is
+// delivered first, or last, the others in their recorded order.
+func movedOrders(n int) map[string][]int {
+	out := make(map[string][]int, 2*n)
+	for i := range n {
+		rest := make([]int, 0, n-1)
+		for j := range n {
+			if j != i {
+				rest = append(rest, j)
+			}
+		}
+		out[fmt.Sprintf("observation %d first", i)] = append([]int{i}, rest...)
+		out[fmt.Sprintf("observation %d last", i)] = append(rest, i)
+	}
+	return out
 }

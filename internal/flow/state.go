@@ -352,11 +352,38 @@ func (f *flowState) sortedBackends() []netip.AddrPort {
 }
 
 // renatted is renat, unless f is a UDP flow whose client also sent to
-// another backend than conntrack's itself (sendsDirect), which evidence
+// another backend than conntrack's itself (sendsDirect), or one of whose
+// datagrams to another backend left the node (leftFor), which evidence
 // delivered after renat was set can show: the datagrams the node dropped
-// may be those, not the VIP's.
+// may be those, not the VIP's; and an entry that bound another backend
+// (made before the run, or whose event was lost) then expired or was
+// deleted lets a flow change backend for real.
 func (f *flowState) renatted() bool {
-	return f.renat && !(f.proto == obs.UDP && f.sendsDirect() && f.directBackend() != f.ctFinal)
+	if !f.renat || f.proto != obs.UDP {
+		return f.renat
+	}
+	if f.sendsDirect() && f.directBackend() != f.ctFinal {
+		return false
+	}
+	for _, b := range f.backends {
+		if b.addr != f.ctFinal && f.leftFor(b.addr) {
+			return false
+		}
+	}
+	return true
+}
+
+// leftFor tells whether a request of f to b left the node: its uplink's
+// TX tap or a host veth's TX (towards a Pod of the node) saw it, and both
+// run after conntrack confirmed its entry, which bound b.
+func (f *flowState) leftFor(b netip.AddrPort) bool {
+	ep := endpointOf(b)
+	for _, p := range f.points {
+		if !p.reply && p.dir == obs.DirOut && (p.point == obs.PointUplink || p.point == obs.PointHost) && f.end(p.dst) == ep {
+			return true
+		}
+	}
+	return false
 }
 
 // renatable tells whether a conntrack entry at m that DNATs f's VIP to
