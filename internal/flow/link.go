@@ -1099,6 +1099,11 @@ func (e *Engine) rekey(s *sockState, cookie uint64) {
 		// entry), as one its packets made would.
 		e.continued(f, m)
 		e.index(f)
+		// Replies of its endpoint that came before its port was known
+		// were taken for a connection seen by its replies alone: it has
+		// a flow now, and its client's packets to a backend's address are
+		// no longer that connection's (lookup).
+		e.replyOnly.requested(f.key(), f.service, m.at)
 	}
 	s.flows = dedupe(s.flows)
 }

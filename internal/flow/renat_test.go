@@ -149,3 +149,22 @@ func movedOrders(n int) map[string][]int {
 	}
 	return out
 }
+
+// TestRenatAnyObservationFirstOrLast runs the renat scenarios with each
+// observation delivered first, and last: a drop delivered before any of
+// its flow's packets, or after everything, a reply before its request
+// (another ring's block), and the verdicts must not change.
+func TestRenatAnyObservationFirstOrLast(t *testing.T) {
+	for _, name := range []string{"netfilter-syn-renatted-after-drop", "netfilter-udp-renatted-after-drop"} {
+		s, err := flowtest.Load(scenarioDir + "/" + name + ".json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for order, o := range movedOrders(len(s.Observations)) {
+			e := s.Run(o)
+			if errs := s.Want.Check(e.Flows(), e.Summary()); len(errs) > 0 {
+				t.Errorf("%s, %s:\n  %s", name, order, strings.Join(errs, "\n  "))
+			}
+		}
+	}
+}
