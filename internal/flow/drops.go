@@ -82,10 +82,11 @@ func (e *Engine) noteDrop(o obs.Observation, last bool) (done, deferred bool) {
 			e.learnBackend(f, o.Dst, o.Time)
 		}
 	}
-	if f == nil {
+	if f == nil && (o.NetNS == 0 || e.cfg.HostNetNS == 0 || o.NetNS == e.cfg.HostNetNS) {
 		// A datagram NATed to a backend and dropped before conntrack
 		// confirmed an entry, delivered after the backend a later
-		// one reached.
+		// one reached: on the node, whose NAT rules picked it (one
+		// dropped in the client's Pod was its own, to that address).
 		if g, r := e.renatSYN(o.Proto, o.Src, o.Dst, momentOf(&o, false), last); r == linked {
 			f = g
 			e.learnBackend(f, o.Dst, o.Time)

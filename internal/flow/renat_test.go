@@ -168,3 +168,62 @@ func TestRenatAnyObservationFirstOrLast(t *testing.T) {
 		}
 	}
 }
+
+// TestUDPDropInPodNotRenat: a resolver's unconnected socket sends a
+// datagram to one of the VIP's NAT backends itself, which its Pod drops
+// (a tc program on the Pod's eth0: nothing captured it), then queries the
+// VIP, NATed to the other backend and answered; no socket observers. The
+// drop, in the Pod's netns, where nothing on the node rewrote anything,
+// is not the VIP's datagram NATed to a pick the node dropped: in no
+// delivery order may the flow say it was NATed anew.
+func TestUDPDropInPodNotRenat(t *testing.T) {
+	s, err := flowtest.Load("../../testdata/flows/udp-unconnected-vip-and-other-server-netfilter.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const podNetNS = 4026532654
+	s.Config.HostNetNS = 4026532774
+	other := netip.MustParseAddrPort("10.244.20.32:5353")
+	rule := s.Config.Attribution.NATRules[0]
+	rule.Backends = []netip.AddrPort{other}
+	rule.Rule = "dnat to " + other.String()
+	s.Config.Attribution.NATRules = append(s.Config.Attribution.NATRules, rule)
+	s.Config.Points[obs.PointDrop] = true
+	for _, p := range []obs.Point{obs.PointSockAddr, obs.PointSockState, obs.PointSockEgress} {
+		delete(s.Config.Points, p)
+	}
+
+	var observations []obs.Observation
+	for _, o := range s.Observations {
+		switch {
+		case o.Point == obs.PointSockAddr || o.Point == obs.PointSockState || o.Point == obs.PointSockEgress:
+			continue
+		case o.Src.Addr() == other.Addr():
+			continue
+		case o.Dst != other:
+			observations = append(observations, o)
+		case o.Point == obs.PointPod:
+			// Dropped at the Pod's eth0 egress, a millisecond before
+			// the VIP's query, before its tap.
+			d := o
+			d.Point, d.Dir, d.Len = obs.PointDrop, 0, 0
+			d.Time = o.Time.Add(-time.Millisecond)
+			d.NetNS = podNetNS
+			d.Drop = &obs.KernelDrop{Reason: "TC_EGRESS", Func: "tcf_classify"}
+			observations = append(observations, d)
+		}
+	}
+	s.Observations = observations
+	all := orders(s)
+	maps.Copy(all, movedOrders(len(s.Observations)))
+	for name, order := range all {
+		fs := s.Run(order).Flows()
+		if len(fs) != 1 {
+			t.Errorf("%s order: %d flows, want 1", name, len(fs))
+			continue
+		}
+		if strings.Contains(fs[0].Reason, "NATed anew") {
+			t.Errorf("%s order: reason %q takes the datagram its Pod dropped for the VIP's, NATed on the node", name, fs[0].Reason)
+		}
+	}
+}
