@@ -59,16 +59,7 @@ func TestUDPDirectDropNotRenat(t *testing.T) {
 		}
 	}
 	s.Observations = observations
-	for name, order := range orders(s) {
-		fs := s.Run(order).Flows()
-		if len(fs) != 1 {
-			t.Errorf("%s order: %d flows, want 1", name, len(fs))
-			continue
-		}
-		if strings.Contains(fs[0].Reason, "NATed anew") {
-			t.Errorf("%s order: reason %q takes the client's own datagram to %s for the VIP's", name, fs[0].Reason, other)
-		}
-	}
+	oneFlowNotRenatted(t, s, orders(s), fmt.Sprintf("takes the client's own datagram to %s for the VIP's", other))
 }
 
 // TestUDPBackendChangedNotRenat: a connected UDP socket's datagrams to the
@@ -121,14 +112,22 @@ func TestUDPBackendChangedNotRenat(t *testing.T) {
 	s.Observations = observations
 	all := orders(s)
 	maps.Copy(all, movedOrders(len(s.Observations)))
-	for name, order := range all {
+	oneFlowNotRenatted(t, s, all, fmt.Sprintf("says the datagrams that left the uplink to %s were dropped before conntrack confirmed an entry", gone))
+}
+
+// oneFlowNotRenatted checks that s, delivered in each of the orders, makes
+// one flow whose reason does not say it was NATed anew (what such a
+// reason would wrongly do).
+func oneFlowNotRenatted(t *testing.T, s flowtest.Scenario, orders map[string][]int, what string) {
+	t.Helper()
+	for name, order := range orders {
 		fs := s.Run(order).Flows()
 		if len(fs) != 1 {
 			t.Errorf("%s order: %d flows, want 1", name, len(fs))
 			continue
 		}
 		if strings.Contains(fs[0].Reason, "NATed anew") {
-			t.Errorf("%s order: reason %q says the datagrams that left the uplink to %s were dropped before conntrack confirmed an entry", name, fs[0].Reason, gone)
+			t.Errorf("%s order: reason %q %s", name, fs[0].Reason, what)
 		}
 	}
 }
@@ -216,14 +215,5 @@ func TestUDPDropInPodNotRenat(t *testing.T) {
 	s.Observations = observations
 	all := orders(s)
 	maps.Copy(all, movedOrders(len(s.Observations)))
-	for name, order := range all {
-		fs := s.Run(order).Flows()
-		if len(fs) != 1 {
-			t.Errorf("%s order: %d flows, want 1", name, len(fs))
-			continue
-		}
-		if strings.Contains(fs[0].Reason, "NATed anew") {
-			t.Errorf("%s order: reason %q takes the datagram its Pod dropped for the VIP's, NATed on the node", name, fs[0].Reason)
-		}
-	}
+	oneFlowNotRenatted(t, s, all, "takes the datagram its Pod dropped for the VIP's, NATed on the node")
 }
