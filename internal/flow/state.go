@@ -808,10 +808,10 @@ func (f *flowState) answered() bool {
 // guessable tells whether a packet of f's client endpoint at m to a peer
 // f does not know can be f's, that peer its backend (toPeer): f knows
 // none yet, or only the one its client sends to itself (sendsDirect),
-// which is no rewrite's; or it is a UDP datagram seen where nothing on the
-// node rewrote it yet (moment.direct), where f's requests went to the
-// VIP: the client sent it to that peer itself, beside its queries to the
-// VIP.
+// which is no rewrite's, or (UDP) none it had seen by m (noBackendBy); or
+// it is a UDP datagram seen where nothing on the node rewrote it yet
+// (moment.direct), where f's requests went to the VIP: the client sent it
+// to that peer itself, beside its queries to the VIP.
 func (f *flowState) guessable(m moment) bool {
 	if len(f.backends) == 0 {
 		return true
@@ -819,10 +819,26 @@ func (f *flowState) guessable(m moment) bool {
 	if f.proto != obs.UDP {
 		return false
 	}
+	if f.noBackendBy(m.at) {
+		return true
+	}
 	if m.direct && !m.reply && (f.cps[cpPod].vip || f.cps[cpHost].vip || f.cps[cpTCHead].vip) {
 		return true
 	}
 	return f.sendsDirect() && len(f.backends) == 1 && f.backends[0].addr == f.directBackend()
+}
+
+// noBackendBy tells whether every backend f knows was first seen after
+// at: at that time f knew none, as when its datagrams come in order (a
+// UDP flow that changed backend, its first backend's datagrams delivered
+// after the second's).
+func (f *flowState) noBackendBy(at int64) bool {
+	for _, b := range f.backends {
+		if b.at.UnixNano() <= at {
+			return false
+		}
+	}
+	return true
 }
 
 // rewriteSeen tells whether a checkpoint saw a request of f go to a
