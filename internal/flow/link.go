@@ -281,7 +281,8 @@ func (e *Engine) lookup(proto obs.Proto, src, dst netip.AddrPort, cookie uint64,
 		// on an uplink, so does a connection's opening request to any
 		// address just before its first reply: XDP rewrites an outside
 		// client's request before every point, to a backend no rule names.
-		if c := e.replyOnly.get(clientKey{proto, src}); c != nil && (e.watchedAddr(dst.Addr()) || e.openedBeforeXDP(proto, c, req)) {
+		// Not a request that cannot be that connection's (ownRequest).
+		if c := e.replyOnly.get(clientKey{proto, src}); c != nil && c.ownRequest(dst, req) && (e.watchedAddr(dst.Addr()) || e.openedBeforeXDP(proto, c, req)) {
 			f, r := e.flowFor(proto, src, c.service, cookie, req, last)
 			if r == linked {
 				e.learnBackend(f, dst, time.Unix(0, m.at))

@@ -24,6 +24,13 @@ type replyConn struct {
 	// opened: that first reply opens the connection (a SYN-ACK): it
 	// began in the run, its SYN just before.
 	opened bool
+	// atPod: a reply of it from the Service was seen at the client's Pod
+	// (its eth0, its host veth): the node translated its replies back, so
+	// its requests left the Pod to the Service (ownRequest).
+	atPod bool
+	// own: the latest address its client endpoint's requests were seen
+	// going to where nothing on the node rewrote them yet (ownRequest).
+	own netip.AddrPort
 	// waited counts its replies kept waiting for its request within the
 	// reordering window, at most replyWaitCap.
 	waited int
@@ -101,6 +108,7 @@ func (r *replyOnly) reply(k clientKey, service netip.AddrPort, m moment) (wait, 
 	if at < c.first {
 		c.first, c.opened = at, m.opens()
 	}
+	c.atPod = c.atPod || m.point == obs.PointPod || m.point == obs.PointHost
 	r.put(k, c)
 	if c.counts(at, false) || c.waited >= replyWaitCap {
 		return false, isNew
@@ -179,6 +187,22 @@ func (e *Engine) replyWithoutRequest(proto obs.Proto, client, service netip.Addr
 func (e *Engine) replyToReplyOnly(proto obs.Proto, src, dst netip.AddrPort, at int64) bool {
 	c := e.replyOnly.get(clientKey{proto, dst})
 	return c != nil && (c.counts(at, false) || c.waited >= replyWaitCap) && e.watchedAddr(src.Addr())
+}
+
+// ownRequest tells whether a request at m of c's client endpoint to dst,
+// another address than c's Service, can be c's. Not when c's replies came
+// from the Service at the client's Pod (atPod): c's requests left the Pod
+// to the Service, so one seen going to dst where nothing on the node
+// rewrote it yet (its Pod's eth0, its host veth, tc head) is another
+// connection of the port, the client's own to dst (the kernel picks a
+// client's port per destination); so are its requests to dst seen past
+// the Pod (own), which would else make c's flow of that connection.
+func (c *replyConn) ownRequest(dst netip.AddrPort, m moment) bool {
+	direct := m.atCP && (m.cp == cpPod || m.cp == cpHost || m.cp == cpTCHead)
+	if direct {
+		c.own = dst
+	}
+	return !c.atPod || !direct && dst != c.own
 }
 
 // openedBeforeXDP tells whether a request at m of c's client endpoint to

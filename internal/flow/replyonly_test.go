@@ -259,6 +259,37 @@ func TestSynAckBeforeItsSyn(t *testing.T) {
 	}
 }
 
+// TestReplyOnlyNotTheClientsOwn: a Pod talks to a backend directly, then
+// from the same port to the VIP, NATed to the other backend
+// (netfilter-direct-and-vip-same-port). Delivered first, the VIP
+// connection's SYN-ACK (from the VIP at the Pod) makes a connection seen by
+// its replies alone; the direct connection's SYN to the backend, seen at
+// the Pod going there, is not that connection's request, nor are its
+// sightings past the Pod: in every order that moves one observation first
+// or last, one flow, the VIP's. Before ownRequest, "observation 22 first"
+// and "observation 23 first" gave the direct connection a VIP flow of its
+// own ("backend 172.29.3.12:80 seen at pod eth0 TX, but no active
+// observation point saw the VIP before it").
+func TestReplyOnlyNotTheClientsOwn(t *testing.T) {
+	s, err := flowtest.Load(scenarioDir + "/netfilter-direct-and-vip-same-port.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := movedOrders(len(s.Observations))
+	var failed []string
+	for name, order := range all {
+		e := s.Run(order)
+		if errs := s.Want.Check(e.Flows(), e.Summary()); len(errs) > 0 {
+			failed = append(failed, name)
+			t.Errorf("%s:\n  %s", name, strings.Join(errs, "\n  "))
+		}
+	}
+	if len(failed) > 0 {
+		slices.Sort(failed)
+		t.Errorf("%d of %d orders fail: %s", len(failed), len(all), strings.Join(failed, ", "))
+	}
+}
+
 // TestRepliesWithoutRequestAfterRetire: in a run until stopped, a reply of
 // a connection whose flow was reported as ended (its requests were seen)
 // continues that flow, as its request would: it is no connection seen by
