@@ -38,6 +38,9 @@ func (w *PodWatch) Hints(ctx context.Context) <-chan struct{} {
 		}
 		defer ns.Close()
 		tell := func() {
+			if ctx.Err() != nil {
+				return // a select that found ctx done and a tick or an update ready may take either
+			}
 			select {
 			case hints <- struct{}{}:
 			default: // one is waiting already
