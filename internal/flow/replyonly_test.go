@@ -275,19 +275,7 @@ func TestReplyOnlyNotTheClientsOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := movedOrders(len(s.Observations))
-	var failed []string
-	for name, order := range all {
-		e := s.Run(order)
-		if errs := s.Want.Check(e.Flows(), e.Summary()); len(errs) > 0 {
-			failed = append(failed, name)
-			t.Errorf("%s:\n  %s", name, strings.Join(errs, "\n  "))
-		}
-	}
-	if len(failed) > 0 {
-		slices.Sort(failed)
-		t.Errorf("%d of %d orders fail: %s", len(failed), len(all), strings.Join(failed, ", "))
-	}
+	wantInEveryOrder(t, s, movedOrders(len(s.Observations)))
 }
 
 // TestRepliesWithoutRequestAfterRetire: in a run until stopped, a reply of
